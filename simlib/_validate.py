@@ -1,0 +1,69 @@
+"""Validation at the boundary: every check raises ValueError naming the field and the allowed range."""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+
+def positive(name: str, value: Any) -> None:
+    """Require value > 0 (and finite)."""
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def non_negative(name: str, value: Any) -> None:
+    """Require value >= 0 (and finite)."""
+    if not _is_number(value) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def positive_int(name: str, value: Any) -> None:
+    """Require an integer >= 1."""
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def non_negative_int(name: str, value: Any) -> None:
+    """Require an integer >= 0."""
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def probability(name: str, value: Any) -> None:
+    """Require 0 <= value <= 1."""
+    if not _is_number(value) or not (0.0 <= value <= 1.0):
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+
+
+def one_of(name: str, value: Any, allowed: Iterable[Any]) -> None:
+    """Require value to be one of the allowed choices."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        choices = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"{name} must be one of {choices}; got {value!r}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) or _is_np_number(value)
+
+
+def _is_int(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    try:
+        import numpy as np
+
+        return isinstance(value, np.integer)
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def _is_np_number(value: Any) -> bool:
+    try:
+        import numpy as np
+
+        return isinstance(value, (np.integer, np.floating)) and not isinstance(value, np.bool_)
+    except ImportError:  # pragma: no cover
+        return False

@@ -1,0 +1,279 @@
+"""Sparse logistic regression: the running example of data-parallel SGD (and of Hogwild!).
+
+Labels are y in {-1, +1}; the objective is
+
+    L(w) = (1/M) sum_i log(1 + exp(-y_i x_i . w)) + (lam / 2) ||w||^2.
+
+The data are CSR arrays (``indptr``, ``indices``, ``values``) so that a mini-batch touches only
+the features its rows contain: a worker pulls those rows of the parameter table, computes a
+sparse gradient, and pushes it back. That is the parameter-server contract every substrate
+implements (see ``simlib.sim`` and ``simlib.parallel``).
+
+Example::
+
+    >>> data = make_sparse_classification(n_rows=1000, n_features=500, nnz_per_row=10, seed=0)
+    >>> prob = LogisticProblem(data, l2=1e-4)
+    >>> import numpy as np
+    >>> w = prob.init_params()
+    >>> round(prob.loss(w), 4)  # log(2) at w = 0
+    0.6931
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.backend import array_module
+
+LOG2 = float(np.log(2.0))
+
+
+@dataclass
+class SparseDataset:
+    """Rows of a CSR matrix with labels y in {-1, +1}."""
+
+    indptr: np.ndarray  # int64, n_rows + 1
+    indices: np.ndarray  # int32 feature ids, sorted and unique within a row
+    values: np.ndarray  # float32
+    y: np.ndarray  # float32, -1 or +1
+    n_features: int
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def n_rows(self) -> int:
+        """Number of examples."""
+        return len(self.indptr) - 1
+
+    @property
+    def nnz(self) -> int:
+        """Number of stored nonzeros."""
+        return int(self.indptr[-1])
+
+    def validate(self) -> None:
+        """Check shapes, ranges and finiteness; raise ValueError naming the field."""
+        check.positive_int("n_features", self.n_features)
+        if self.indptr.ndim != 1 or len(self.indptr) < 2:
+            raise ValueError("indptr must be a 1-D array of length n_rows + 1 >= 2")
+        if self.indptr[0] != 0 or np.any(np.diff(self.indptr) < 0):
+            raise ValueError("indptr must start at 0 and be non-decreasing")
+        nnz = int(self.indptr[-1])
+        if len(self.indices) != nnz or len(self.values) != nnz:
+            raise ValueError(
+                f"indices and values must have indptr[-1] = {nnz} entries, "
+                f"got {len(self.indices)} and {len(self.values)}"
+            )
+        if len(self.y) != self.n_rows:
+            raise ValueError(f"y must have one label per row ({self.n_rows}), got {len(self.y)}")
+        if nnz and (self.indices.min() < 0 or self.indices.max() >= self.n_features):
+            raise ValueError(f"indices must lie in [0, n_features={self.n_features})")
+        if not np.all(np.isfinite(self.values)):
+            raise ValueError("values must be finite (found NaN or inf)")
+        if not np.all(np.isin(self.y, (-1.0, 1.0))):
+            raise ValueError("y must hold labels -1 or +1")
+
+    def rows(self, start: int, stop: int) -> "SparseDataset":
+        """The contiguous slice of rows [start, stop) as its own dataset (a shard)."""
+        lo, hi = int(self.indptr[start]), int(self.indptr[stop])
+        return SparseDataset(
+            self.indptr[start : stop + 1] - lo,
+            self.indices[lo:hi],
+            self.values[lo:hi],
+            self.y[start:stop],
+            self.n_features,
+        )
+
+    def to_scipy(self) -> Any:
+        """The same matrix as ``scipy.sparse.csr_matrix`` (for peers such as scikit-learn)."""
+        from scipy.sparse import csr_matrix
+
+        return csr_matrix((self.values, self.indices, self.indptr), shape=(self.n_rows, self.n_features))
+
+
+def make_sparse_classification(
+    n_rows: int = 20_000,
+    n_features: int = 10_000,
+    nnz_per_row: int = 20,
+    label_noise: float = 0.05,
+    zipf: float = 1.1,
+    seed: int = 0,
+) -> SparseDataset:
+    """An RCV1-like problem: Zipf-distributed feature ids, unit-norm tf-idf-like rows, noisy labels.
+
+    Features are drawn with probability proportional to 1 / rank**zipf (a few words are common,
+    most are rare), values are positive and each row has unit L2 norm, labels come from a hidden
+    weight vector and are flipped with probability ``label_noise``.
+    """
+    check.positive_int("n_rows", n_rows)
+    check.positive_int("n_features", n_features)
+    check.positive_int("nnz_per_row", nnz_per_row)
+    check.probability("label_noise", label_noise)
+    check.non_negative("zipf", zipf)
+    if nnz_per_row > n_features:
+        raise ValueError(f"nnz_per_row ({nnz_per_row}) must be <= n_features ({n_features})")
+    rng = np.random.default_rng(seed)
+    # Sample feature ids by inverse CDF of the Zipf weights, then drop repeats within a row.
+    weights = 1.0 / np.arange(1, n_features + 1, dtype=np.float64) ** zipf
+    cdf = np.cumsum(weights)
+    cdf /= cdf[-1]
+    perm = rng.permutation(n_features).astype(np.int32)  # so common features are not ids 0, 1, 2, ...
+    raw = perm[np.searchsorted(cdf, rng.random((n_rows, nnz_per_row)), side="right").clip(0, n_features - 1)]
+    raw.sort(axis=1)
+    keep = np.ones_like(raw, dtype=bool)
+    keep[:, 1:] = raw[:, 1:] != raw[:, :-1]
+    counts = keep.sum(axis=1)
+    indices = raw[keep].astype(np.int32)
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    # tf-idf-like values: log-normal term weights, rows normalised to unit length.
+    values = rng.lognormal(0.0, 0.5, size=len(indices))
+    row_of = np.repeat(np.arange(n_rows), counts)
+    norms = np.sqrt(np.bincount(row_of, weights=values * values, minlength=n_rows))
+    values = (values / norms[row_of]).astype(np.float32)
+    # Hidden weights, scaled so the clean margin is informative (most |x.w| well above 1).
+    w_true = rng.normal(0.0, 1.0, size=n_features) * np.sqrt(n_features / max(nnz_per_row, 1)) * 0.6
+    margin = np.bincount(row_of, weights=values * w_true[indices], minlength=n_rows)
+    y = np.where(margin >= 0, 1.0, -1.0)
+    flip = rng.random(n_rows) < label_noise
+    y[flip] = -y[flip]
+    return SparseDataset(indptr, indices, values, y.astype(np.float32), n_features)
+
+
+def sigmoid(z: Any) -> Any:
+    """sigma(z) = 1 / (1 + exp(-z)), computed without overflow."""
+    xp = array_module(z)
+    ez = xp.exp(-xp.abs(z))
+    return xp.where(z >= 0, 1.0 / (1.0 + ez), ez / (1.0 + ez))
+
+
+def log1pexp(z: Any) -> Any:
+    """log(1 + exp(z)) without overflow."""
+    xp = array_module(z)
+    return xp.maximum(z, 0) + xp.log1p(xp.exp(-xp.abs(z)))
+
+
+class LogisticProblem:
+    """Sparse L2-regularised logistic regression, split into the parameter-server contract.
+
+    ``keys(batch)`` are the feature ids a mini-batch touches; ``gradient(w_keys, batch)`` is the
+    mini-batch gradient restricted to those keys (including lam * w on them: the usual sparse
+    treatment of L2 in a parameter server, where untouched weights are not sent); ``loss(w)`` is
+    the full objective above. ``work(batch)`` is the number of nonzeros, what compute costs.
+    """
+
+    metric = "loss"
+    lower_is_better = True
+
+    def __init__(self, data: SparseDataset, l2: float = 1e-4, eval_rows: int | None = 5_000, seed: int = 0):
+        check.non_negative("l2", l2)
+        if eval_rows is not None:
+            check.positive_int("eval_rows", eval_rows)
+        self.data = data
+        self.l2 = float(l2)
+        self.n_params = data.n_features
+        self._row_of = np.repeat(np.arange(data.n_rows), np.diff(data.indptr))
+        # Loss is evaluated on a fixed sample of rows so that frequent evaluation stays cheap.
+        if eval_rows is None or eval_rows >= data.n_rows:
+            self._eval = data
+        else:
+            pick = np.sort(np.random.default_rng(seed).choice(data.n_rows, eval_rows, replace=False))
+            self._eval = _take_rows(data, pick)
+        self._eval_row_of = np.repeat(np.arange(self._eval.n_rows), np.diff(self._eval.indptr))
+
+    def init_params(self, xp: Any = np) -> Any:
+        """w = 0 (float64), the usual start for logistic regression."""
+        return xp.zeros(self.n_params, dtype=np.float64)
+
+    def shards(self, n_workers: int) -> list[tuple[int, int]]:
+        """Row ranges [start, stop) giving each worker a contiguous, near-equal part of the data."""
+        check.positive_int("n_workers", n_workers)
+        if n_workers > self.data.n_rows:
+            raise ValueError(f"n_workers ({n_workers}) must be <= the number of rows ({self.data.n_rows})")
+        bounds = np.linspace(0, self.data.n_rows, n_workers + 1).astype(int)
+        return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n_workers)]
+
+    def batch(self, shard: tuple[int, int], step: int, batch_size: int) -> np.ndarray:
+        """Row ids of mini-batch number ``step`` in a shard (cycling through it in order)."""
+        start, stop = shard
+        size = stop - start
+        offs = (np.arange(batch_size) + step * batch_size) % size
+        return start + offs
+
+    def keys(self, batch: np.ndarray) -> np.ndarray:
+        """Sorted unique feature ids touched by the rows in ``batch``."""
+        return np.unique(self._batch_indices(batch))
+
+    def work(self, batch: np.ndarray) -> int:
+        """Nonzeros in the batch: the unit the compute model charges."""
+        ip = self.data.indptr
+        return int(np.sum(ip[batch + 1] - ip[batch]))
+
+    def gradient(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
+        """(keys, g): mean log-loss gradient over the batch plus lam * w, on the touched keys only."""
+        d = self.data
+        ip = d.indptr
+        lens = ip[batch + 1] - ip[batch]
+        flat = _ranges(ip[batch], lens)
+        cols = d.indices[flat]
+        if keys is None:
+            keys = np.unique(cols)
+        local = np.searchsorted(keys, cols)
+        xp = array_module(w_keys)
+        vals = xp.asarray(d.values[flat], dtype=np.float64)
+        row = xp.asarray(np.repeat(np.arange(len(batch)), lens))
+        local_x = xp.asarray(local)
+        margin = xp.bincount(row, weights=vals * w_keys[local_x], minlength=len(batch))
+        yb = xp.asarray(d.y[batch], dtype=np.float64)
+        coef = -yb * sigmoid(-yb * margin) / len(batch)
+        g = xp.bincount(local_x, weights=coef[row] * vals, minlength=len(keys))
+        return keys, g + self.l2 * w_keys
+
+    def loss(self, w: Any) -> float:
+        """L(w) on the evaluation rows: mean log-loss plus (lam / 2) ||w||^2."""
+        e = self._eval
+        xp = array_module(w)
+        margin = xp.bincount(
+            xp.asarray(self._eval_row_of),
+            weights=xp.asarray(e.values, dtype=np.float64) * w[xp.asarray(e.indices)],
+            minlength=e.n_rows,
+        )
+        data_loss = float(xp.mean(log1pexp(-xp.asarray(e.y, dtype=np.float64) * margin)))
+        return data_loss + 0.5 * self.l2 * float(xp.dot(w, w))
+
+    def accuracy(self, w: Any) -> float:
+        """Fraction of evaluation rows whose sign(x . w) equals the label."""
+        e = self._eval
+        w = np.asarray(w)
+        margin = np.bincount(self._eval_row_of, weights=e.values * w[e.indices], minlength=e.n_rows)
+        return float(np.mean(np.where(margin >= 0, 1.0, -1.0) == e.y))
+
+    def _batch_indices(self, batch: np.ndarray) -> np.ndarray:
+        ip = self.data.indptr
+        return self.data.indices[_ranges(ip[batch], ip[batch + 1] - ip[batch])]
+
+
+def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n), vectorised."""
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lens)
+    out = np.ones(total, dtype=np.int64)
+    out[0] = starts[0]
+    nz = lens > 0
+    s, e = starts[nz], ends[nz]
+    # At the first element of each range jump to its start; elsewhere step by one.
+    out[e[:-1]] = s[1:] - (s[:-1] + lens[nz][:-1] - 1)
+    return np.cumsum(out)
+
+
+def _take_rows(d: SparseDataset, rows: np.ndarray) -> SparseDataset:
+    lens = d.indptr[rows + 1] - d.indptr[rows]
+    flat = _ranges(d.indptr[rows], lens)
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lens, out=indptr[1:])
+    return SparseDataset(indptr, d.indices[flat], d.values[flat], d.y[rows], d.n_features)

@@ -1,0 +1,181 @@
+"""The trace: what every substrate (simulator, processes, GPU) returns from a run.
+
+One format, so one set of plots and one summary compare a simulated run with a real one.
+
+* ``spans``    -- per worker, what it was doing and when: ``compute``, ``send``, ``recv``, ``wait``,
+  with the bytes moved (send/recv) and the step it belonged to.
+* ``updates``  -- one per gradient (or count delta) a worker produced: when, by whom, for which
+  step, how stale the parameters it was computed from were, and whether it was applied.
+* ``quality``  -- the problem's metric (loss, log-likelihood, ...) over time and steps.
+
+Times are seconds: simulated seconds for ``substrate="sim"``, wall seconds since the run's start
+otherwise. Example::
+
+    >>> t = Trace(label="demo", substrate="sim", n_workers=1)
+    >>> t.span(0, "compute", 0.0, 1.0, step=0)
+    >>> t.update(1.0, worker=0, step=0, staleness=0)
+    >>> t.record_quality(1.0, step=1, value=0.5)
+    >>> t.summary()["time_per_step"]
+    1.0
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+SPAN_KINDS = ("compute", "send", "recv", "wait")
+
+
+class Span(NamedTuple):
+    """An interval [start, end) in which ``worker`` did ``kind``, moving ``nbytes``."""
+
+    worker: int
+    kind: str
+    start: float
+    end: float
+    nbytes: int = 0
+    step: int = -1
+
+
+class Update(NamedTuple):
+    """A contribution from ``worker`` at its clock ``step``, computed on parameters ``staleness`` steps old."""
+
+    time: float
+    worker: int
+    step: int
+    staleness: int
+    applied: bool = True
+
+
+class QualityPoint(NamedTuple):
+    """The metric's ``value`` at ``time`` after ``step`` global steps (or updates)."""
+
+    time: float
+    step: int
+    value: float
+
+
+@dataclass
+class Trace:
+    """A run's record; equal traces compare equal (``==``), which is how determinism is tested."""
+
+    label: str
+    substrate: str
+    n_workers: int
+    metric: str = "loss"
+    lower_is_better: bool = True
+    spans: list[Span] = field(default_factory=list)
+    updates: list[Update] = field(default_factory=list)
+    quality: list[QualityPoint] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -- recording -------------------------------------------------------------------------
+    def span(self, worker: int, kind: str, start: float, end: float, nbytes: int = 0, step: int = -1) -> None:
+        """Record that ``worker`` spent [start, end) on ``kind``."""
+        if kind not in SPAN_KINDS:
+            raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
+        if end > start:
+            self.spans.append(Span(worker, kind, float(start), float(end), int(nbytes), int(step)))
+
+    def update(self, time: float, worker: int, step: int, staleness: int, applied: bool = True) -> None:
+        """Record one contribution and the staleness it was computed with."""
+        self.updates.append(Update(float(time), int(worker), int(step), int(staleness), bool(applied)))
+
+    def record_quality(self, time: float, step: int, value: float) -> None:
+        """Record the metric at a moment of the run."""
+        self.quality.append(QualityPoint(float(time), int(step), float(value)))
+
+    # -- reading ---------------------------------------------------------------------------
+    @property
+    def makespan(self) -> float:
+        """Time from the start to the last recorded event."""
+        ends = [s.end for s in self.spans] + [u.time for u in self.updates] + [q.time for q in self.quality]
+        return max(ends, default=0.0)
+
+    def time_to(self, target: float) -> float | None:
+        """First time the metric reaches ``target`` (<= for losses, >= otherwise); None if never."""
+        for q in self.quality:
+            if (q.value <= target) if self.lower_is_better else (q.value >= target):
+                return q.time
+        return None
+
+    def steps_to(self, target: float) -> int | None:
+        """First step count at which the metric reaches ``target``; None if never."""
+        for q in self.quality:
+            if (q.value <= target) if self.lower_is_better else (q.value >= target):
+                return q.step
+        return None
+
+    def busy_time(self, kind: str) -> float:
+        """Total time all workers spent on spans of ``kind``."""
+        return sum(s.end - s.start for s in self.spans if s.kind == kind)
+
+    def summary(self) -> dict[str, float]:
+        """Headline numbers: time per step, fraction waiting, bytes moved, staleness, final metric."""
+        makespan = self.makespan
+        n = max(self.n_workers, 1)
+        steps_per_worker = len(self.updates) / n
+        worker_time = makespan * n
+        waiting = self.busy_time("wait")
+        stale = [u.staleness for u in self.updates]
+        return {
+            "makespan": makespan,
+            "steps_per_worker": steps_per_worker,
+            "time_per_step": makespan / steps_per_worker if steps_per_worker else math.nan,
+            "wait_fraction": waiting / worker_time if worker_time > 0 else 0.0,
+            "compute_fraction": self.busy_time("compute") / worker_time if worker_time > 0 else 0.0,
+            "bytes_sent": float(sum(s.nbytes for s in self.spans if s.kind == "send")),
+            "bytes_received": float(sum(s.nbytes for s in self.spans if s.kind == "recv")),
+            "updates_applied": float(sum(1 for u in self.updates if u.applied)),
+            "updates_dropped": float(sum(1 for u in self.updates if not u.applied)),
+            "max_staleness": float(max(stale, default=0)),
+            "mean_staleness": float(sum(stale) / len(stale)) if stale else 0.0,
+            "final_" + self.metric: self.quality[-1].value if self.quality else math.nan,
+        }
+
+    def worker_spans(self, worker: int) -> list[Span]:
+        """The spans of one worker, in time order."""
+        return sorted((s for s in self.spans if s.worker == worker), key=lambda s: (s.start, s.end))
+
+    # -- persistence -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (lists of lists), loss-free for floats."""
+        return {
+            "label": self.label,
+            "substrate": self.substrate,
+            "n_workers": self.n_workers,
+            "metric": self.metric,
+            "lower_is_better": self.lower_is_better,
+            "spans": [list(s) for s in self.spans],
+            "updates": [list(u) for u in self.updates],
+            "quality": [list(q) for q in self.quality],
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trace":
+        """Inverse of :meth:`to_dict`."""
+        return cls(
+            label=d["label"],
+            substrate=d["substrate"],
+            n_workers=int(d["n_workers"]),
+            metric=d.get("metric", "loss"),
+            lower_is_better=bool(d.get("lower_is_better", True)),
+            spans=[Span(*s) for s in d.get("spans", [])],
+            updates=[Update(*u) for u in d.get("updates", [])],
+            quality=[QualityPoint(*q) for q in d.get("quality", [])],
+            meta=dict(d.get("meta", {})),
+        )
+
+    def save(self, path: str) -> None:
+        """Write the trace as JSON."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f)
+
+    @classmethod
+    def load(cls, path: str) -> "Trace":
+        """Read a trace written by :meth:`save`."""
+        with open(path, encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))

@@ -1,0 +1,84 @@
+"""Sparse logistic regression: generator, loss, sparse gradient against finite differences."""
+import numpy as np
+import pytest
+
+from simlib.problems.logistic import LogisticProblem, SparseDataset, _ranges, make_sparse_classification
+
+
+def test_generator_is_deterministic_and_well_formed():
+    a = make_sparse_classification(500, 200, 8, seed=3)
+    b = make_sparse_classification(500, 200, 8, seed=3)
+    assert np.array_equal(a.indices, b.indices) and np.array_equal(a.y, b.y)
+    norms = np.sqrt(np.add.reduceat(a.values.astype(np.float64) ** 2, a.indptr[:-1]))
+    assert np.allclose(norms, 1.0, atol=1e-5)
+    for r in range(a.n_rows):  # sorted, unique ids within each row
+        row = a.indices[a.indptr[r] : a.indptr[r + 1]]
+        assert np.all(np.diff(row) > 0)
+
+
+def test_label_noise_flips_about_that_fraction():
+    clean = make_sparse_classification(20_000, 300, 8, label_noise=0.0, seed=1)
+    noisy = make_sparse_classification(20_000, 300, 8, label_noise=0.2, seed=1)
+    assert np.mean(clean.y != noisy.y) == pytest.approx(0.2, abs=0.015)
+
+
+def test_loss_at_zero_is_log2(small_problem):
+    assert small_problem.loss(small_problem.init_params()) == pytest.approx(np.log(2.0))
+
+
+def test_sparse_gradient_matches_finite_differences(small_problem):
+    p = small_problem
+    rng = np.random.default_rng(0)
+    w = rng.normal(scale=0.3, size=p.n_params)
+    batch = p.batch((0, 500), step=2, batch_size=16)
+    keys, g = p.gradient(w[p.keys(batch)], batch)
+
+    def batch_loss(wk):
+        full = w.copy()
+        full[keys] = wk
+        d = p.data
+        m = np.array([d.values[d.indptr[r] : d.indptr[r + 1]] @ full[d.indices[d.indptr[r] : d.indptr[r + 1]]] for r in batch])
+        return np.mean(np.log1p(np.exp(-d.y[batch] * m))) + 0.5 * p.l2 * np.sum(wk**2)
+
+    wk, eps = w[keys].copy(), 1e-6
+    fd = np.array([(batch_loss(wk + eps * e) - batch_loss(wk - eps * e)) / (2 * eps) for e in np.eye(len(keys))])
+    assert np.allclose(fd, g, atol=1e-7)
+
+
+def test_sgd_lowers_loss(small_problem):
+    p = small_problem
+    w = p.init_params()
+    for s in range(200):
+        b = p.batch((0, p.data.n_rows), s, 20)
+        k, g = p.gradient(w[p.keys(b)], b)
+        w[k] -= 0.5 * g
+    assert p.loss(w) < 0.6 and p.accuracy(w) > 0.7
+
+
+def test_ranges_vectorised_equals_loop():
+    starts, lens = np.array([5, 0, 9, 2]), np.array([3, 0, 2, 1])
+    assert _ranges(starts, lens).tolist() == [5, 6, 7, 9, 10, 2]
+
+
+def test_shards_cover_rows_exactly(small_problem):
+    sh = small_problem.shards(3)
+    assert sh[0][0] == 0 and sh[-1][1] == small_problem.data.n_rows
+    assert all(a[1] == b[0] for a, b in zip(sh, sh[1:]))
+    with pytest.raises(ValueError, match="n_workers"):
+        small_problem.shards(0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"n_rows": 0}, "n_rows"), ({"nnz_per_row": 0}, "nnz_per_row"), ({"label_noise": 1.5}, "label_noise")],
+)
+def test_bad_generator_arguments_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        make_sparse_classification(**kwargs)
+
+
+def test_bad_dataset_is_rejected():
+    with pytest.raises(ValueError, match="finite"):
+        SparseDataset(np.array([0, 1]), np.array([0], np.int32), np.array([np.nan], np.float32), np.array([1.0], np.float32), 3)
+    with pytest.raises(ValueError, match="indices"):
+        SparseDataset(np.array([0, 1]), np.array([7], np.int32), np.array([1.0], np.float32), np.array([1.0], np.float32), 3)

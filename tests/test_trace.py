@@ -1,0 +1,62 @@
+"""The trace format: recording, summary arithmetic, persistence, validation."""
+import math
+
+import pytest
+
+from simlib.trace import Trace
+
+
+def _two_worker_trace():
+    t = Trace(label="t", substrate="sim", n_workers=2)
+    t.span(0, "compute", 0.0, 2.0, step=0)
+    t.span(0, "send", 2.0, 3.0, nbytes=100, step=0)
+    t.span(1, "compute", 0.0, 1.0, step=0)
+    t.span(1, "send", 1.0, 2.0, nbytes=100, step=0)
+    t.span(1, "wait", 2.0, 3.0, step=0)
+    t.update(3.0, worker=0, step=0, staleness=0)
+    t.update(3.0, worker=1, step=0, staleness=2, applied=False)
+    t.record_quality(0.0, 0, 1.0)
+    t.record_quality(3.0, 1, 0.4)
+    return t
+
+
+def test_summary_arithmetic():
+    s = _two_worker_trace().summary()
+    assert s["makespan"] == 3.0
+    assert s["steps_per_worker"] == 1.0
+    assert s["time_per_step"] == 3.0
+    assert s["wait_fraction"] == pytest.approx(1.0 / 6.0)
+    assert s["bytes_sent"] == 200.0
+    assert s["updates_applied"] == 1.0 and s["updates_dropped"] == 1.0
+    assert s["max_staleness"] == 2.0 and s["mean_staleness"] == 1.0
+    assert s["final_loss"] == 0.4
+
+
+def test_time_to_target_both_directions():
+    t = _two_worker_trace()
+    assert t.time_to(0.5) == 3.0
+    assert t.steps_to(0.5) == 1
+    assert t.time_to(0.1) is None
+    t.lower_is_better = False
+    assert t.time_to(0.9) == 0.0
+
+
+def test_zero_length_spans_are_dropped_and_kinds_checked():
+    t = Trace(label="t", substrate="sim", n_workers=1)
+    t.span(0, "compute", 1.0, 1.0)
+    assert t.spans == []
+    with pytest.raises(ValueError, match="span kind"):
+        t.span(0, "nap", 0.0, 1.0)
+
+
+def test_roundtrip_json(tmp_path):
+    t = _two_worker_trace()
+    t.meta["protocol"] = "bsp"
+    path = tmp_path / "trace.json"
+    t.save(str(path))
+    assert Trace.load(str(path)) == t
+
+
+def test_empty_trace_summary_is_defined():
+    s = Trace(label="e", substrate="sim", n_workers=3).summary()
+    assert s["makespan"] == 0.0 and math.isnan(s["time_per_step"]) and s["wait_fraction"] == 0.0
