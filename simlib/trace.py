@@ -2,7 +2,8 @@
 
 One format, so one set of plots and one summary compare a simulated run with a real one.
 
-* ``spans``    -- per worker, what it was doing and when: ``compute``, ``send``, ``recv``, ``wait``,
+* ``spans``    -- per worker, what it was doing and when: ``compute``, ``send``, ``recv``, ``wait``
+  (and ``down`` while a worker has failed),
   with the bytes moved (send/recv) and the step it belonged to.
 * ``updates``  -- one per gradient (or count delta) a worker produced: when, by whom, for which
   step, how stale the parameters it was computed from were, and whether it was applied.
@@ -25,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-SPAN_KINDS = ("compute", "send", "recv", "wait")
+SPAN_KINDS = ("compute", "send", "recv", "wait", "down")
 
 
 class Span(NamedTuple):
@@ -117,13 +118,21 @@ class Trace:
         makespan = self.makespan
         n = max(self.n_workers, 1)
         steps_per_worker = len(self.updates) / n
+        # Per worker: time of its last update / its number of updates; async fast workers finish
+        # early, so this (not makespan / steps) is what "time per step" means to a reader.
+        last: dict[int, float] = {}
+        count: dict[int, int] = {}
+        for u in self.updates:
+            last[u.worker] = max(last.get(u.worker, 0.0), u.time)
+            count[u.worker] = count.get(u.worker, 0) + 1
+        per_worker = [last[w] / count[w] for w in count]
         worker_time = makespan * n
         waiting = self.busy_time("wait")
         stale = [u.staleness for u in self.updates]
         return {
             "makespan": makespan,
             "steps_per_worker": steps_per_worker,
-            "time_per_step": makespan / steps_per_worker if steps_per_worker else math.nan,
+            "time_per_step": sum(per_worker) / len(per_worker) if per_worker else math.nan,
             "wait_fraction": waiting / worker_time if worker_time > 0 else 0.0,
             "compute_fraction": self.busy_time("compute") / worker_time if worker_time > 0 else 0.0,
             "bytes_sent": float(sum(s.nbytes for s in self.spans if s.kind == "send")),
