@@ -8,19 +8,20 @@ is called on each message::
 ``keys`` are sorted unique parameter ids, ``values`` the update on them. ``values_out`` is what
 the receiver decodes and applies at ``keys_out`` (a subset of the keys, or, for compressors with
 error feedback, keys carried over from earlier messages), and ``nbytes`` is the exact encoded
-size. The message is *dense* when its keys are all of ``0 .. n_params - 1``; then no indices are
-sent. With ``k`` entries in, ``K = key_bytes``, ``V = value_bytes`` and ``idx = K * k`` for a sparse
-message (0 for a dense one), the wire formats are:
+size. The message is *dense* when its keys are all of ``0 .. n`` - 1 (``n = n_params``); then no
+indices are sent. A sparse message names its k entries by a list of key ids or by a bitmap over
+all n parameters, whichever is smaller: ``idx = min(K * k, ceil(n / 8))`` (0 for a dense message),
+with ``K = key_bytes`` and ``V = value_bytes``. The wire formats are:
 
 ==================  ===================================================  ===========================================
 spec                sends                                                bytes
 ==================  ===================================================  ===========================================
 ``none``            every value as given                                 ``V * k + idx``
-``sparse``          (index, value) of each nonzero entry                 ``(K + V) * nnz``
+``sparse``          the nonzero entries, indexed                         ``V * nnz + idx(nnz)``
 ``onebit``          a sign bit per entry, then avg+ and avg-             ``ceil(k / 8) + 2 V + idx``
 ``qsgd[:s]``        ||v||_2, then sign and level (0..s) per entry        ``V + ceil(k (1 + ceil(log2(s + 1))) / 8) + idx``
-``topk:f``          (index, value) of the k' largest |entries|           ``(K + V) * k'``
-``budget:B``        (index, value), largest |entries| first, within B    ``(K + V) * floor(B / (K + V))`` at most
+``topk:f``          the k' largest |entries|, indexed                    ``V * k' + idx(k')``
+``budget:B``        the largest |entries| first, as many as fit in B     ``V * m + idx(m) <= B``
 ==================  ===================================================  ===========================================
 
 ``onebit`` decodes entry i as avg+ (the mean of the nonnegative entries) if v_i >= 0, else avg-
@@ -125,8 +126,10 @@ class Compressor:
         raise NotImplementedError
 
     def index_bytes(self, k: int) -> int:
-        """Bytes for the message's indices: none for a dense message, key_bytes each otherwise."""
-        return 0 if k == self.n_params else self.key_bytes * k
+        """idx(k) = 0 for a dense message, else min(K k, ceil(n / 8)): a key list or a bitmap."""
+        if k == self.n_params or k == 0:
+            return 0
+        return min(self.key_bytes * k, -(-self.n_params // 8))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec!r}, n_params={self.n_params})"
@@ -135,7 +138,7 @@ class Compressor:
 class NoCompression(Compressor):
     """Identity: C(v) = v."""
 
-    wire_format = "V per value (+ K per index unless dense)"
+    wire_format = "V per value + idx"
 
     def encode(self, keys: Any, values: Any, n_fresh: int) -> Message:
         """C(v) = v, at V * k + idx bytes."""
@@ -144,22 +147,22 @@ class NoCompression(Compressor):
 
 
 class SparseEncoding(Compressor):
-    """Lossless sparse encoding: (index, value) for each v_i != 0."""
+    """Lossless sparse encoding: the entries with v_i != 0, indexed."""
 
-    wire_format = "(K + V) per nonzero"
+    wire_format = "V per nonzero + idx"
 
     def encode(self, keys: Any, values: Any, n_fresh: int) -> Message:
-        """Drop exact zeros; (K + V) * nnz bytes."""
+        """Drop exact zeros; V * nnz + idx(nnz) bytes."""
         xp = array_module(values)
         nz = values != 0
-        keys_out, values_out = keys[nz], values[nz]
-        return keys_out, values_out, (self.key_bytes + self.value_bytes) * int(xp.count_nonzero(nz))
+        nnz = int(xp.count_nonzero(nz))
+        return keys[nz], values[nz], self.value_bytes * nnz + self.index_bytes(nnz)
 
 
 class OneBit(Compressor):
     """1-bit quantization: Q(v)_i = avg+ if v_i >= 0 else avg- (biased)."""
 
-    wire_format = "1 bit per entry + avg+ and avg- (+ K per index unless dense)"
+    wire_format = "1 bit per entry + avg+ and avg- + idx"
 
     def encode(self, keys: Any, values: Any, n_fresh: int) -> Message:
         """Q(v)_i = mean{v_j >= 0} if v_i >= 0 else mean{v_j < 0}; ceil(k/8) + 2V + idx bytes."""
@@ -183,7 +186,7 @@ class StochasticQuantization(Compressor):
         self.levels = int(levels)
         # A sign bit plus enough bits for a level in 0..s (s = 1: 2 bits per entry).
         self.bits_per_entry = 1 + max(1, math.ceil(math.log2(self.levels + 1)))
-        self.wire_format = f"||v|| + {self.bits_per_entry} bits per entry (+ K per index unless dense)"
+        self.wire_format = f"||v|| + {self.bits_per_entry} bits per entry + idx"
 
     def encode(self, keys: Any, values: Any, n_fresh: int) -> Message:
         """Round s|v_i|/||v|| to a neighbouring integer level at random; V + ceil(k b / 8) + idx bytes."""
@@ -205,9 +208,9 @@ class StochasticQuantization(Compressor):
 
 
 class TopK(Compressor):
-    """Top-k sparsification: keep the k' entries of largest |v_i|, send (index, value) pairs."""
+    """Top-k sparsification: keep the k' entries of largest |v_i|, indexed."""
 
-    wire_format = "(K + V) per kept entry"
+    wire_format = "V per kept entry + idx"
 
     def __init__(self, spec: str, n_params: int, rng: np.random.Generator, k: float = 1, **kw: int):
         super().__init__(spec, n_params, rng, **kw)
@@ -220,29 +223,31 @@ class TopK(Compressor):
         return int(self.k)
 
     def encode(self, keys: Any, values: Any, n_fresh: int) -> Message:
-        """Keep the largest |v_i|; (K + V) * k' bytes."""
+        """Keep the largest |v_i|; V * k' + idx(k') bytes."""
         xp = array_module(values)
         keep = min(self.n_keep(n_fresh), len(keys))
         if keep >= len(keys):
-            return keys, values, (self.key_bytes + self.value_bytes) * len(keys)
+            return keys, values, self.value_bytes * len(keys) + self.index_bytes(len(keys))
         if keep == 0:
             return keys[:0], values[:0], 0
         pick = xp.sort(xp.argpartition(-xp.abs(values), keep - 1)[:keep])
-        return keys[pick], values[pick], (self.key_bytes + self.value_bytes) * keep
+        return keys[pick], values[pick], self.value_bytes * keep + self.index_bytes(keep)
 
 
 class ByteBudget(TopK):
-    """Bosen-style prioritisation: largest |v_i| first, as many (index, value) pairs as fit in B bytes."""
+    """Bosen-style prioritisation: largest |v_i| first, as many indexed entries as fit in B bytes."""
 
-    wire_format = "(K + V) per entry, largest first, at most B bytes"
+    wire_format = "V per entry + idx, largest first, at most B bytes"
 
     def __init__(self, spec: str, n_params: int, rng: np.random.Generator, budget: int = 4096, **kw: int):
         super().__init__(spec, n_params, rng, k=1, **kw)
         self.budget = int(budget)
 
     def n_keep(self, n_fresh: int) -> int:
-        """floor(B / (K + V)) entries fit the budget."""
-        return self.budget // (self.key_bytes + self.value_bytes)
+        """The most entries m with V m + idx(m) <= B (a key list, or a bitmap once m is large)."""
+        by_list = self.budget // (self.key_bytes + self.value_bytes)
+        by_bitmap = max(0, (self.budget - -(-self.n_params // 8)) // self.value_bytes)
+        return min(max(by_list, by_bitmap), self.n_params)
 
 
 class ErrorFeedback(Compressor):

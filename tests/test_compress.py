@@ -30,20 +30,37 @@ def test_byte_counts_match_the_documented_formulas_for_sparse_messages(k: int) -
     keys, vals = _sparse_message(rng, k)
     vals[0] = 0.0  # one exact zero, which only 'sparse' drops
     nnz = k - 1
+
+    def idx(m: int) -> int:  # a list of 4-byte key ids or a bitmap over N, whichever is smaller
+        return min(4 * m, math.ceil(N / 8)) if m else 0
+
+    kk = math.ceil(0.1 * k)
     expected = {
-        "none": 4 * k + 4 * k,
-        "sparse": 8 * nnz,
-        "onebit": math.ceil(k / 8) + 8 + 4 * k,
-        "qsgd": 4 + math.ceil(2 * k / 8) + 4 * k,
-        "qsgd:4": 4 + math.ceil(4 * k / 8) + 4 * k,  # sign + 3 bits for levels 0..4
-        "topk-noef:0.1": 8 * math.ceil(0.1 * k),
-        "topk-noef:5": 8 * min(5, k),
-        "budget:100": 8 * min(12, k),
+        "none": 4 * k + idx(k),
+        "sparse": 4 * nnz + idx(nnz),
+        "onebit": math.ceil(k / 8) + 8 + idx(k),
+        "qsgd": 4 + math.ceil(2 * k / 8) + idx(k),
+        "qsgd:4": 4 + math.ceil(4 * k / 8) + idx(k),  # sign + 3 bits for levels 0..4
+        "topk-noef:0.1": 4 * kk + idx(kk),
+        "topk-noef:5": 4 * min(5, k) + idx(min(5, k)),
+        "budget:100": 4 * min(12, k) + idx(min(12, k)),  # 12 (key, value) pairs fit in 100 bytes
     }
     for spec, nbytes in expected.items():
         out_keys, out_vals, got = make_compressor(spec, N, rng)(keys, vals)
         assert got == nbytes, spec
         assert len(out_keys) == len(out_vals)
+
+
+def test_large_sparse_messages_switch_to_a_bitmap_index() -> None:
+    rng = np.random.default_rng(15)
+    keys, vals = _sparse_message(rng, 31)  # 31 key ids (124 bytes) beat a 125-byte bitmap
+    assert make_compressor("none", N, rng)(keys, vals)[2] == 4 * 31 + 124
+    keys, vals = _sparse_message(rng, 32)  # 128 bytes of ids: the bitmap wins
+    assert make_compressor("none", N, rng)(keys, vals)[2] == 4 * 32 + 125
+    # A budget large enough for a bitmap packs (B - 125) / 4 values instead of B / 8 pairs.
+    keys, vals = _sparse_message(rng, 600)
+    k, _, nbytes = make_compressor("budget:1125", N, rng)(keys, vals)
+    assert len(k) == 250 and nbytes == 1125
 
 
 def test_dense_messages_carry_no_indices() -> None:
@@ -176,14 +193,14 @@ def test_error_feedback_eventually_sends_held_back_mass() -> None:
 
 def test_budget_never_exceeds_its_bytes_and_sends_largest_first() -> None:
     rng = np.random.default_rng(8)
-    comp = make_compressor("budget:50", N, rng)  # 6 pairs of 8 bytes fit
+    comp = make_compressor("budget:50", N, rng)  # 6 pairs of (4-byte key, 4-byte value) fit
     for _ in range(20):
         keys, vals = _sparse_message(rng, 40)
         before = comp.residual.copy() if comp.residual is not None else np.zeros(N)
         acc = before.copy()
         acc[keys] += vals
         k, v, nbytes = comp(keys, vals)
-        assert nbytes == 48 and len(k) == 6
+        assert nbytes == 4 * 6 + 24 and len(k) == 6
         assert np.min(np.abs(v)) >= np.max(np.abs(np.delete(acc, k)))
 
 
