@@ -1,0 +1,331 @@
+"""GloVe training on worker processes sharing memory: Hogwild, model-parallel, synchronous data-parallel.
+
+All three run the AdaGrad update of :mod:`simlib.problems.glove` on parameters held in shared
+memory (:class:`~simlib.parallel.SharedArray`), and return a :class:`GloveRun` whose trace
+(``substrate="parallel"``) has one quality point per epoch: the C program's cost, the mean of
+0.5 f diff^2 over the pass.
+
+* ``mode="hogwild"``: each epoch the entries are shuffled and cut into one contiguous shard per
+  worker; every worker runs the compiled AdaGrad loop on its shard, reading and writing the
+  shared rows with no lock. Two workers rarely touch the same row at the same instant, and
+  when they do one update may be partly lost -- the race is the lesson.
+* ``mode="model"``: worker p owns the slice p of the embedding dimensions (of W, C and their
+  accumulators) for every word. For each batch of entries each worker writes its partial dot
+  products w_i[slice] . c_j[slice] to shared memory (worker 0 adds the biases); after a barrier
+  every worker sums the partials into diff and updates only its own slice. Parameters never
+  move; only B floats per worker per batch do. Within a batch the dot products are computed
+  before the batch's updates (at most B - 1 updates stale).
+* ``mode="sync"``: synchronous data-parallel. For each batch every worker computes the gradient
+  of its half of the batch at the same parameters into a private buffer; after a barrier,
+  worker p sums all buffers for its block of rows and applies one AdaGrad step to them. One
+  update per row per batch: far fewer steps per epoch than the two asynchronous modes.
+
+Example::
+
+    >>> run = train_parallel(cooc, GloveConfig(dim=50, epochs=5), n_workers=2, mode="hogwild")
+    >>> run.costs, run.updates_per_s
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from simlib import _validate as check
+from simlib.parallel.group import WorkerGroup
+from simlib.parallel.shm import SharedArray
+from simlib.parallel.worker import current
+from simlib.problems.glove import (
+    Cooccurrence,
+    GloveConfig,
+    GloveParams,
+    adagrad_kernel,
+    entry_terms,
+    validate_training,
+)
+from simlib.trace import Trace
+
+MODES = ("hogwild", "model", "sync")
+_BARRIER_TIMEOUT = 600.0  # a peer that died is noticed by the group long before this
+
+
+@dataclass
+class GloveRun:
+    """What a parallel run returns: final parameters (copies), cost per epoch, speed, and the trace."""
+
+    params: GloveParams
+    costs: list[float]
+    epoch_seconds: list[float]
+    nnz: int
+    trace: Trace
+    mode: str
+    n_workers: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def updates_per_s(self) -> float:
+        """Entry updates per second over all epochs: epochs * nnz / total epoch time."""
+        return len(self.epoch_seconds) * self.nnz / max(sum(self.epoch_seconds), 1e-12)
+
+
+def epoch_order(nnz: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled order of all entries for ``epoch``; every worker computes the same one."""
+    return np.random.default_rng([seed, epoch]).permutation(nnz).astype(np.int64)
+
+
+def _shard(n: int, worker_id: int, n_workers: int) -> slice:
+    """Worker ``worker_id``'s contiguous share of n items."""
+    return slice(n * worker_id // n_workers, n * (worker_id + 1) // n_workers)
+
+
+# -- Hogwild --------------------------------------------------------------------------------------
+
+
+def _hogwild_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], params: dict[str, SharedArray],
+                    costs: SharedArray, config: GloveConfig, barrier) -> None:
+    """Worker: each epoch, AdaGrad over this worker's shard of the shuffled entries, no locks."""
+    ctx = current()
+    assert ctx is not None
+    rows, cols, logx, fx = (data[k].array for k in ("rows", "cols", "logx", "fx"))
+    arrays = tuple(params[k].array for k in GloveParams.ARRAYS)
+    eta, clip = np.float32(config.learning_rate), np.float32(config.grad_clip)
+    for epoch in range(config.epochs):
+        order = epoch_order(rows.shape[0], config.seed, epoch)[_shard(rows.shape[0], worker_id, n_workers)]
+        with ctx.timed("compute", step=epoch):
+            costs.array[epoch, worker_id] = adagrad_kernel(rows, cols, logx, fx, order, *arrays, eta, clip)
+        ctx.update(step=epoch, staleness=0)
+        with ctx.timed("wait", step=epoch):
+            barrier.wait(_BARRIER_TIMEOUT)
+        if worker_id == 0:
+            ctx.record_quality(epoch + 1, float(costs.array[epoch].sum() / rows.shape[0]))
+
+
+# -- model-parallel -------------------------------------------------------------------------------
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def partial_dots_kernel(rows, cols, order, W, C, lo, hi, bw, bc, with_bias, out) -> None:
+    """out[t] = W[i, lo:hi] . C[j, lo:hi] (+ b_i + b'_j if ``with_bias``) for entry order[t] = (i, j)."""
+    for t in range(order.shape[0]):
+        e = order[t]
+        i = rows[e]
+        j = cols[e]
+        s = bw[i] + bc[j] if with_bias else np.float32(0.0)
+        for k in range(lo, hi):
+            s += W[i, k] * C[j, k]
+        out[t] = s
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def slice_update_kernel(rows, cols, logx, fx, order, partials, W, C, gW, gC, lo, hi,
+                        bw, bc, gbw, gbc, with_bias, eta, clip) -> float:
+    """diff = sum of the partial dots - log X; AdaGrad on dimensions [lo, hi) (and the biases); returns cost."""
+    cost = 0.0
+    for t in range(order.shape[0]):
+        e = order[t]
+        i = rows[e]
+        j = cols[e]
+        diff = -logx[e]
+        for p in range(partials.shape[0]):
+            diff += partials[p, t]
+        fdiff = fx[e] * diff
+        cost += 0.5 * fdiff * diff
+        g = eta * fdiff
+        for k in range(lo, hi):
+            tw = min(max(g * C[j, k], -clip), clip)
+            tc = min(max(g * W[i, k], -clip), clip)
+            uw = tw / np.sqrt(gW[i, k])
+            uc = tc / np.sqrt(gC[j, k])
+            gW[i, k] += tw * tw
+            gC[j, k] += tc * tc
+            W[i, k] -= uw
+            C[j, k] -= uc
+        if with_bias:
+            bw[i] -= g / np.sqrt(gbw[i])
+            bc[j] -= g / np.sqrt(gbc[j])
+            gbw[i] += g * g
+            gbc[j] += g * g
+    return cost
+
+
+def _model_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], params: dict[str, SharedArray],
+                  costs: SharedArray, partials: SharedArray, config: GloveConfig, batch: int, barrier) -> None:
+    """Worker: own dimensions [lo, hi); per batch, publish partial dots, wait, update the own slice."""
+    ctx = current()
+    assert ctx is not None
+    rows, cols, logx, fx = (data[k].array for k in ("rows", "cols", "logx", "fx"))
+    W, C, bw, bc, gW, gC, gbw, gbc = (params[k].array for k in GloveParams.ARRAYS)
+    dims = _shard(config.dim, worker_id, n_workers)
+    lo, hi = dims.start, dims.stop
+    with_bias = worker_id == 0  # worker 0 owns the biases
+    eta, clip = np.float32(config.learning_rate), np.float32(config.grad_clip)
+    nnz = rows.shape[0]
+    buf = partials.array
+    for epoch in range(config.epochs):
+        order = epoch_order(nnz, config.seed, epoch)
+        cost = 0.0
+        for b, start in enumerate(range(0, nnz, batch)):
+            part = order[start:start + batch]
+            # Double-buffered: batch b writes buffer b % 2, so one barrier per batch suffices.
+            out = buf[b % 2, :, : part.shape[0]]
+            with ctx.timed("compute", step=epoch):
+                partial_dots_kernel(rows, cols, part, W, C, lo, hi, bw, bc, with_bias, out[worker_id])
+            with ctx.timed("wait", step=epoch):
+                barrier.wait(_BARRIER_TIMEOUT)
+            with ctx.timed("compute", step=epoch):
+                cost += slice_update_kernel(rows, cols, logx, fx, part, out, W, C, gW, gC, lo, hi,
+                                            bw, bc, gbw, gbc, with_bias, eta, clip)
+        costs.array[epoch, worker_id] = cost
+        ctx.update(step=epoch, staleness=0)
+        with ctx.timed("wait", step=epoch):
+            barrier.wait(_BARRIER_TIMEOUT)
+        if worker_id == 0:
+            ctx.record_quality(epoch + 1, float(costs.array[epoch, 0] / nnz))
+
+
+# -- synchronous data-parallel --------------------------------------------------------------------
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def batch_gradient_kernel(rows, cols, logx, fx, order, W, C, bw, bc, eta, gW, gC, gbw, gbc) -> float:
+    """Accumulate g c_j, g w_i, g, g (g = eta f diff) of each entry into the buffers at fixed parameters."""
+    dim = W.shape[1]
+    cost = 0.0
+    for t in range(order.shape[0]):
+        e = order[t]
+        i = rows[e]
+        j = cols[e]
+        diff = bw[i] + bc[j] - logx[e]
+        for k in range(dim):
+            diff += W[i, k] * C[j, k]
+        fdiff = fx[e] * diff
+        cost += 0.5 * fdiff * diff
+        g = eta * fdiff
+        for k in range(dim):
+            gW[i, k] += g * C[j, k]
+            gC[j, k] += g * W[i, k]
+        gbw[i] += g
+        gbc[j] += g
+    return cost
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def apply_summed_kernel(lo, hi, grads_W, grads_C, grads_bw, grads_bc, W, C, bw, bc, aW, aC, abw, abc, clip) -> None:
+    """For rows [lo, hi): sum the workers' buffers, take one clipped AdaGrad step, zero the buffers."""
+    n_workers = grads_W.shape[0]
+    dim = W.shape[1]
+    for r in range(lo, hi):
+        for k in range(dim):
+            sw = np.float32(0.0)
+            sc = np.float32(0.0)
+            for p in range(n_workers):
+                sw += grads_W[p, r, k]
+                sc += grads_C[p, r, k]
+                grads_W[p, r, k] = 0.0
+                grads_C[p, r, k] = 0.0
+            if sw != 0.0:
+                sw = min(max(sw, -clip), clip)
+                W[r, k] -= sw / np.sqrt(aW[r, k])
+                aW[r, k] += sw * sw
+            if sc != 0.0:
+                sc = min(max(sc, -clip), clip)
+                C[r, k] -= sc / np.sqrt(aC[r, k])
+                aC[r, k] += sc * sc
+        sb = np.float32(0.0)
+        sbc = np.float32(0.0)
+        for p in range(n_workers):
+            sb += grads_bw[p, r]
+            sbc += grads_bc[p, r]
+            grads_bw[p, r] = 0.0
+            grads_bc[p, r] = 0.0
+        if sb != 0.0:
+            bw[r] -= sb / np.sqrt(abw[r])
+            abw[r] += sb * sb
+        if sbc != 0.0:
+            bc[r] -= sbc / np.sqrt(abc[r])
+            abc[r] += sbc * sbc
+
+
+def _sync_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], params: dict[str, SharedArray],
+                 costs: SharedArray, grads: dict[str, SharedArray], config: GloveConfig, batch: int, barrier) -> None:
+    """Worker: per batch, gradient of its half at shared parameters; barrier; sum and apply for its rows."""
+    ctx = current()
+    assert ctx is not None
+    rows, cols, logx, fx = (data[k].array for k in ("rows", "cols", "logx", "fx"))
+    W, C, bw, bc, aW, aC, abw, abc = (params[k].array for k in GloveParams.ARRAYS)
+    gW, gC, gbw, gbc = (grads[k].array for k in ("W", "C", "bw", "bc"))
+    mine = _shard(W.shape[0], worker_id, n_workers)
+    eta, clip = np.float32(config.learning_rate), np.float32(config.grad_clip)
+    nnz = rows.shape[0]
+    for epoch in range(config.epochs):
+        order = epoch_order(nnz, config.seed, epoch)
+        cost = 0.0
+        for start in range(0, nnz, batch):
+            part = order[start:start + batch]
+            part = part[_shard(part.shape[0], worker_id, n_workers)]
+            with ctx.timed("compute", step=epoch):
+                cost += batch_gradient_kernel(rows, cols, logx, fx, part, W, C, bw, bc, eta,
+                                              gW[worker_id], gC[worker_id], gbw[worker_id], gbc[worker_id])
+            with ctx.timed("wait", step=epoch):
+                barrier.wait(_BARRIER_TIMEOUT)
+            with ctx.timed("compute", step=epoch):
+                apply_summed_kernel(mine.start, mine.stop, gW, gC, gbw, gbc, W, C, bw, bc, aW, aC, abw, abc, clip)
+            with ctx.timed("wait", step=epoch):
+                barrier.wait(_BARRIER_TIMEOUT)
+        costs.array[epoch, worker_id] = cost
+        ctx.update(step=epoch, staleness=0)
+        barrier.wait(_BARRIER_TIMEOUT)
+        if worker_id == 0:
+            ctx.record_quality(epoch + 1, float(costs.array[epoch].sum() / nnz))
+
+
+# -- the entry point ------------------------------------------------------------------------------
+
+
+def epoch_seconds(trace: Trace, epochs: int) -> list[float]:
+    """Wall time of each epoch: from the first span of that step to the last, over all workers."""
+    out = []
+    for epoch in range(epochs):
+        spans = [s for s in trace.spans if s.step == epoch]
+        out.append(max(s.end for s in spans) - min(s.start for s in spans) if spans else 0.0)
+    return out
+
+
+def train_parallel(
+    cooc: Cooccurrence, config: GloveConfig, n_workers: int = 2, mode: str = "hogwild", batch: int = 8192,
+    start_method: str | None = None, timeout: float | None = None,
+) -> GloveRun:
+    """Train GloVe on ``n_workers`` processes in ``mode`` ('hogwild', 'model' or 'sync'); see the module docs."""
+    check.positive_int("n_workers", n_workers)
+    check.one_of("mode", mode, MODES)
+    check.positive_int("batch", batch)
+    validate_training(cooc, config)
+    if mode == "model" and n_workers > config.dim:
+        raise ValueError(f"n_workers must be <= dim ({config.dim}) in model-parallel mode, got {n_workers}")
+    logx, fx = entry_terms(cooc.values, config)
+    with WorkerGroup(n_workers, start_method, label=f"glove-{mode}") as group:
+        data = {"rows": group.copy_of(cooc.rows), "cols": group.copy_of(cooc.cols),
+                "logx": group.copy_of(logx), "fx": group.copy_of(fx)}
+        shapes = GloveParams.shapes(cooc.n_words, config.dim)
+        params = {name: group.zeros(shape, np.float32) for name, shape in shapes.items()}
+        GloveParams.init(cooc.n_words, config, out={k: v.array for k, v in params.items()})
+        costs = group.zeros((config.epochs, n_workers), np.float64)
+        barrier = group.barrier()
+        if mode == "hogwild":
+            args: tuple = (data, params, costs, config, barrier)
+            fn = _hogwild_worker
+        elif mode == "model":
+            partials = group.zeros((2, n_workers, batch), np.float32)
+            args, fn = (data, params, costs, partials, config, batch, barrier), _model_worker
+        else:
+            grads = {name: group.zeros((n_workers, *shapes[name]), np.float32) for name in ("W", "C", "bw", "bc")}
+            args, fn = (data, params, costs, grads, config, batch, barrier), _sync_worker
+        group.run(fn, *args, timeout=timeout)
+        trace = group.trace
+        trace.meta.update(mode=mode, nnz=cooc.nnz, dim=config.dim, epochs=config.epochs, batch=batch)
+        result = GloveParams(**{k: params[k].array.copy() for k in GloveParams.ARRAYS})
+        per_epoch = costs.array.sum(axis=1) if mode != "model" else costs.array[:, 0].copy()
+        seconds = epoch_seconds(trace, config.epochs)
+        return GloveRun(params=result, costs=(per_epoch / cooc.nnz).tolist(), epoch_seconds=seconds,
+                        nnz=cooc.nnz, trace=trace, mode=mode, n_workers=n_workers)
