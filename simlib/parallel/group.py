@@ -1,0 +1,342 @@
+"""A group of worker processes that fails fast and leaves nothing behind.
+
+:meth:`WorkerGroup.run` starts N processes, calls a top-level ``fn(worker_id, n_workers, *args)``
+in each and returns their results in worker order. The parent waits on every worker's result
+pipe and process sentinel at once (``multiprocessing.connection.wait``), so:
+
+* a worker that raises stops the run: the others are terminated, then killed if they linger,
+  and the parent raises :class:`WorkerError` with the worker's id and traceback text;
+* a worker that dies without a word (SIGKILL, segfault, ``os._exit``) is noticed as soon as its
+  sentinel fires (well within a second) and reported as :class:`WorkerDied` with its exit code;
+* Ctrl-C (KeyboardInterrupt) or SIGTERM in the parent does the same clean-up and re-raises;
+* after any failure, every shared array the group made is unlinked.
+
+Workers are daemon processes, ignore SIGINT (the parent decides), and on Linux ask the kernel to
+kill them if the parent dies (``PR_SET_PDEATHSIG``), so no worker outlives its parent.
+"""
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.parallel import log as _log
+from simlib.parallel import worker as _worker
+from simlib.parallel.channel import Channel, channel_pair
+from simlib.parallel.shm import SharedArray
+from simlib.trace import Trace
+
+START_METHODS = tuple(m for m in ("fork", "spawn", "forkserver") if m in multiprocessing.get_all_start_methods())
+
+
+class WorkerError(RuntimeError):
+    """A worker failed; ``worker_id``, ``exitcode`` and the worker's ``traceback_text`` say how."""
+
+    def __init__(self, worker_id: int, message: str, traceback_text: str = "", exitcode: int | None = None):
+        self.worker_id = worker_id
+        self.exitcode = exitcode
+        self.traceback_text = traceback_text
+        detail = f"\n--- traceback in worker {worker_id} ---\n{traceback_text}" if traceback_text else ""
+        super().__init__(f"worker {worker_id} failed: {message}{detail}")
+
+
+class WorkerDied(WorkerError):
+    """A worker process ended without reporting a result (killed, crashed, exited early)."""
+
+
+def _set_parent_death_signal() -> None:
+    """Linux: have the kernel SIGKILL this process when its parent dies (no orphans)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        pass
+
+
+def _bootstrap(
+    fn: Callable[..., Any],
+    worker_id: int,
+    n_workers: int,
+    t0: float,
+    parent_pid: int,
+    conn: Connection,
+    log_queue: Any,
+    verbose: bool,
+    args: tuple[Any, ...],
+) -> None:
+    """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _set_parent_death_signal()
+    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
+        os._exit(1)
+    _log.worker_setup(log_queue, verbose)
+    ctx = _worker.WorkerContext(worker_id, n_workers, t0)
+    _worker._install(ctx)
+    try:
+        message: tuple[Any, ...] = ("ok", fn(worker_id, n_workers, *args), ctx.records())
+    except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
+        message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    _log.worker_flush(log_queue)
+    try:
+        conn.send(message)
+    except Exception as exc:  # the result could not be pickled
+        conn.send(("error", f"could not send the result back: {type(exc).__name__}: {exc}", traceback.format_exc()))
+    conn.close()
+
+
+class WorkerGroup:
+    """N worker processes plus the shared state they use; a context manager that cleans up.
+
+    Example (functions run in workers must be importable, i.e. defined at module top level)::
+
+        with WorkerGroup(2, start_method="spawn") as group:
+            w = group.zeros(1000)                      # shared float64 array, unlinked at exit
+            results = group.run(fit_shard, w, 0.1)     # fit_shard(worker_id, n_workers, w, 0.1)
+            group.trace.summary()
+    """
+
+    def __init__(
+        self,
+        n_workers: int,
+        start_method: str | None = None,
+        *,
+        verbose: bool = False,
+        label: str = "parallel",
+        poll_interval: float = 0.05,
+        grace: float = 1.0,
+    ):
+        check.positive_int("n_workers", n_workers)
+        if start_method is not None:
+            check.one_of("start_method", start_method, START_METHODS)
+        check.positive("poll_interval", poll_interval)
+        check.positive("grace", grace)
+        self.n_workers = int(n_workers)
+        self.ctx = multiprocessing.get_context(start_method)
+        self.start_method = self.ctx.get_start_method()
+        self.verbose = bool(verbose)
+        self.poll_interval = float(poll_interval)
+        self.grace = float(grace)
+        self.trace = Trace(label=label, substrate="parallel", n_workers=self.n_workers)
+        self.trace.meta["start_method"] = self.start_method
+        self.t0: float | None = None
+        self._arrays: list[SharedArray] = []
+        self._procs: list[BaseProcess] = []
+
+    # -- shared state ----------------------------------------------------------------------
+    def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float64) -> SharedArray:
+        """A zero-filled shared array that this group unlinks when it closes or fails."""
+        return self.adopt(SharedArray.zeros(shape, dtype))
+
+    def copy_of(self, a: np.ndarray) -> SharedArray:
+        """A shared copy of ``a`` that this group unlinks when it closes or fails."""
+        return self.adopt(SharedArray.copy_of(a))
+
+    def adopt(self, a: SharedArray) -> SharedArray:
+        """Make the group responsible for unlinking ``a``."""
+        self._arrays.append(a)
+        return a
+
+    def lock(self) -> Any:
+        """A process lock from this group's start-method context."""
+        return self.ctx.Lock()
+
+    def barrier(self, parties: int | None = None) -> Any:
+        """A barrier for ``parties`` processes (default: all workers)."""
+        return self.ctx.Barrier(parties or self.n_workers)
+
+    def channel_pair(self, duplex: bool = True) -> tuple[Channel, Channel]:
+        """Two connected byte-counting channels (see :mod:`simlib.parallel.channel`)."""
+        return channel_pair(self.ctx, duplex)
+
+    def now(self) -> float:
+        """Seconds since this group's first run started (0 before it)."""
+        return 0.0 if self.t0 is None else time.perf_counter() - self.t0
+
+    # -- running ---------------------------------------------------------------------------
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        worker_args: Sequence[tuple[Any, ...]] | None = None,
+        monitor: Callable[[float], None] | None = None,
+        monitor_every: float = 0.1,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """Run ``fn(worker_id, n_workers, *args, *worker_args[worker_id])`` in every worker; results in order.
+
+        ``monitor(seconds_since_start)`` is called in the parent about every ``monitor_every``
+        seconds while workers run and once after they finish (for example to snapshot shared
+        weights). ``timeout`` (seconds) stops the run with TimeoutError.
+        """
+        if not callable(fn):
+            raise ValueError(f"fn must be callable, got {fn!r}")
+        if worker_args is not None and len(worker_args) != self.n_workers:
+            raise ValueError(f"worker_args must have one tuple per worker ({self.n_workers}), got {len(worker_args)}")
+        check.positive("monitor_every", monitor_every)
+        if timeout is not None:
+            check.positive("timeout", timeout)
+        handler = _log.parent_handler(self.ctx)
+        _log.set_verbose(self.verbose)
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+        restore = _trap_sigterm()
+        readers: list[Connection] = []
+        try:
+            for i in range(self.n_workers):
+                extra = tuple(worker_args[i]) if worker_args is not None else ()
+                reader, writer = self.ctx.Pipe(duplex=False)
+                proc = self.ctx.Process(
+                    target=_bootstrap,
+                    args=(fn, i, self.n_workers, self.t0, os.getpid(), writer, handler.queue, self.verbose, args + extra),
+                    name=f"worker-{i}",
+                    daemon=True,
+                )
+                self._procs.append(proc)
+                proc.start()
+                writer.close()  # only the child writes; closing ours lets a dead child read as EOF
+                readers.append(reader)
+            _log.logger().info("started %d workers (%s)", self.n_workers, self.start_method)
+            results = self._collect(readers, monitor, monitor_every, timeout)
+            deadline = time.monotonic() + self.grace
+            for p in self._procs:  # let finished workers exit on their own before any terminate
+                p.join(max(0.0, deadline - time.monotonic()))
+            if monitor is not None:
+                monitor(self.now())
+            return results
+        except BaseException:
+            self._stop()
+            self.unlink_all()
+            raise
+        finally:
+            self._stop()
+            for r in readers:
+                r.close()
+            restore()
+
+    def _collect(
+        self,
+        readers: list[Connection],
+        monitor: Callable[[float], None] | None,
+        monitor_every: float,
+        timeout: float | None,
+    ) -> list[Any]:
+        """Wait for every worker's message, failing fast on an error, a death or the deadline."""
+        results: list[Any] = [None] * self.n_workers
+        pending = set(range(self.n_workers))
+        start = time.perf_counter()
+        next_monitor = start + monitor_every
+        procs = self._procs[-self.n_workers :]
+        while pending:
+            now = time.perf_counter()
+            limit = self.poll_interval if monitor is None else max(0.0, min(self.poll_interval, next_monitor - now))
+            ready = set(wait([readers[i] for i in pending] + [procs[i].sentinel for i in pending], timeout=limit))
+            for i in sorted(pending):
+                if readers[i] not in ready and procs[i].sentinel not in ready:
+                    continue
+                message = None
+                try:
+                    if readers[i].poll():
+                        message = readers[i].recv()
+                except (EOFError, OSError):
+                    message = None
+                if message is None:
+                    procs[i].join(self.grace)
+                    code = procs[i].exitcode
+                    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                    raise WorkerDied(i, f"process died without reporting a result ({how})", exitcode=code)
+                if message[0] == "error":
+                    raise WorkerError(i, message[1], message[2])
+                results[i] = message[1]
+                self._merge(i, message[2])
+                pending.discard(i)
+            now = time.perf_counter()
+            if monitor is not None and now >= next_monitor:
+                monitor(self.now())
+                next_monitor = now + monitor_every
+            if timeout is not None and now - start > timeout:
+                raise TimeoutError(f"workers {sorted(pending)} did not finish within timeout={timeout} s")
+        return results
+
+    def _merge(self, worker_id: int, records: tuple[list, list, list]) -> None:
+        """Add one worker's spans, updates and quality points to the run's trace."""
+        spans, updates, quality = records
+        for kind, s, e, nbytes, step in spans:
+            self.trace.span(worker_id, kind, s, e, nbytes, step)
+        for t, step, staleness, applied in updates:
+            self.trace.update(t, worker_id, step, staleness, applied)
+        for t, step, value in quality:
+            self.trace.record_quality(t, step, value)
+
+    def _stop(self) -> None:
+        """Terminate, then kill, then join every process this group started."""
+        procs, self._procs = self._procs, []
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + self.grace
+        for p in procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+            p.close()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def unlink_all(self) -> None:
+        """Unlink every shared array this group made or adopted."""
+        arrays, self._arrays = self._arrays, []
+        for a in arrays:
+            a.unlink()
+
+    def close(self) -> None:
+        """Stop any worker and unlink all shared arrays (idempotent)."""
+        self._stop()
+        self.unlink_all()
+
+    def __enter__(self) -> "WorkerGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _trap_sigterm() -> Callable[[], None]:
+    """While a run is in progress, turn SIGTERM into SystemExit so clean-up code runs."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
+        return lambda: None  # someone else handles SIGTERM; leave it to them
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def run_workers(
+    fn: Callable[..., Any],
+    n_workers: int,
+    *args: Any,
+    start_method: str | None = None,
+    verbose: bool = False,
+    **run_kwargs: Any,
+) -> tuple[list[Any], Trace]:
+    """One-shot: a :class:`WorkerGroup` that runs ``fn`` once and closes; returns (results, trace)."""
+    with WorkerGroup(n_workers, start_method, verbose=verbose) as group:
+        results = group.run(fn, *args, **run_kwargs)
+        return results, group.trace

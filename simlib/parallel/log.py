@@ -1,0 +1,92 @@
+"""Logging from worker processes: one format, the worker's name in every line, quiet by default.
+
+Records from every process go through one ``multiprocessing-logging`` handler in the parent: its
+queue carries them from the workers and its thread writes them, so lines from different
+processes never interleave mid-line. Workers name themselves ``worker-<id>``, which the format
+prints. Level is WARNING unless a run asks for ``verbose=True`` (INFO).
+"""
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import sys
+import threading
+from multiprocessing.context import BaseContext
+from typing import Any
+
+from multiprocessing_logging import MultiProcessingHandler
+
+LOGGER_NAME = "simlib.parallel"
+LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(name)s: %(message)s"
+
+_handlers: dict[tuple[int, str], "_ContextHandler"] = {}
+
+
+class _ContextHandler(MultiProcessingHandler):
+    """A MultiProcessingHandler whose queue belongs to a chosen start-method context.
+
+    The package's own handler makes its queue from the default context, which a ``spawn`` child
+    on Linux cannot receive; this builds the same parts with the group's context instead.
+    """
+
+    def __init__(self, name: str, sub_handler: logging.Handler, ctx: BaseContext):
+        logging.Handler.__init__(self)
+        self.sub_handler = sub_handler
+        self.setLevel(sub_handler.level)
+        self.setFormatter(sub_handler.formatter)
+        self.filters = sub_handler.filters
+        self.queue = ctx.Queue(-1)
+        self._is_closed = False
+        self._receive_thread = threading.Thread(target=self._receive, name=name, daemon=True)
+        self._receive_thread.start()
+
+
+def logger() -> logging.Logger:
+    """The logger every part of ``simlib.parallel`` writes to."""
+    return logging.getLogger(LOGGER_NAME)
+
+
+def parent_handler(ctx: BaseContext) -> _ContextHandler:
+    """The parent's receiving handler for ``ctx`` (made once per process and start method)."""
+    key = (os.getpid(), ctx.get_start_method())
+    handler = _handlers.get(key)
+    if handler is None:
+        stream = logging.StreamHandler(sys.stderr)
+        stream.setFormatter(logging.Formatter(LOG_FORMAT))
+        handler = _ContextHandler(f"simlib-log-{key[1]}", stream, ctx)
+        _handlers[key] = handler
+    log = logger()
+    for h in list(log.handlers):
+        if isinstance(h, _ContextHandler) and h is not handler:
+            log.removeHandler(h)
+    if handler not in log.handlers:
+        log.addHandler(handler)
+    log.propagate = False
+    return handler
+
+
+def set_verbose(verbose: bool) -> None:
+    """INFO when verbose, WARNING otherwise (for the calling process)."""
+    logger().setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def worker_setup(queue: Any, verbose: bool) -> None:
+    """In a worker: send records to the parent's queue (under fork and spawn alike)."""
+    log = logger()
+    for h in list(log.handlers):  # inherited under fork: the parent's thread is not running here
+        log.removeHandler(h)
+    log.addHandler(logging.handlers.QueueHandler(queue))
+    log.propagate = False
+    set_verbose(verbose)
+
+
+def worker_flush(queue: Any) -> None:
+    """In a worker, before reporting back: detach from the queue and wait until it is written."""
+    log = logger()
+    for h in list(log.handlers):
+        if isinstance(h, logging.handlers.QueueHandler):
+            log.removeHandler(h)
+    log.addHandler(logging.NullHandler())
+    queue.close()
+    queue.join_thread()  # records still buffered in this process would die with it otherwise

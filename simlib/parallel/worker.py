@@ -1,0 +1,81 @@
+"""The worker's side of a run: who am I, and a cheap local record of spans, updates and quality.
+
+Inside a worker started by :class:`~simlib.parallel.WorkerGroup`, :func:`current` returns a
+:class:`WorkerContext`. Records stay in the worker's memory (appending a tuple, well under a
+microsecond) and travel to the parent once, with the worker's result, where they are merged
+into the run's :class:`~simlib.trace.Trace`. Record per chunk of work, not per row.
+
+Times are ``time.perf_counter()`` readings taken relative to the run's start ``t0``, which the
+parent passes in; on Linux, macOS and Windows that clock is system-wide, so the workers'
+timelines line up with each other and with the parent's.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from simlib.trace import SPAN_KINDS
+
+
+@dataclass
+class WorkerContext:
+    """This worker's id, the group size, the run's clock origin and its local records."""
+
+    worker_id: int
+    n_workers: int
+    t0: float
+    spans: list[tuple[str, float, float, int, int]] = field(default_factory=list)
+    updates: list[tuple[float, int, int, bool]] = field(default_factory=list)
+    quality: list[tuple[float, int, float]] = field(default_factory=list)
+
+    def now(self) -> float:
+        """Seconds since the run started."""
+        return time.perf_counter() - self.t0
+
+    def span(self, kind: str, start: float, end: float, nbytes: int = 0, step: int = -1) -> None:
+        """Record ``kind`` over [start, end), given as ``time.perf_counter()`` readings."""
+        if kind not in SPAN_KINDS:
+            raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
+        self.spans.append((kind, start - self.t0, end - self.t0, int(nbytes), int(step)))
+
+    @contextmanager
+    def timed(self, kind: str, step: int = -1, nbytes: int = 0) -> Iterator[None]:
+        """Record the enclosed block as one span of ``kind``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.span(kind, start, time.perf_counter(), nbytes, step)
+
+    def update(self, step: int, staleness: int = 0, applied: bool = True) -> None:
+        """Record one contribution (or one chunk of them) made now."""
+        self.updates.append((self.now(), int(step), int(staleness), bool(applied)))
+
+    def record_quality(self, step: int, value: float) -> None:
+        """Record the metric as this worker saw it now."""
+        self.quality.append((self.now(), int(step), float(value)))
+
+    def records(self) -> tuple[list, list, list]:
+        """Everything recorded, for shipping to the parent."""
+        return self.spans, self.updates, self.quality
+
+
+_current: WorkerContext | None = None
+
+
+def current() -> WorkerContext | None:
+    """The running worker's context, or None outside a worker."""
+    return _current
+
+
+def _install(ctx: WorkerContext | None) -> None:
+    global _current
+    _current = ctx
+
+
+def record_span(kind: str, start: float, end: float, nbytes: int = 0, step: int = -1) -> None:
+    """Record a span in the current worker's context; does nothing outside a worker."""
+    if _current is not None:
+        _current.span(kind, start, end, nbytes, step)

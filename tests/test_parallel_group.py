@@ -1,0 +1,230 @@
+"""WorkerGroup: results in order, fail fast with the worker's id, no orphans, no leaked segments."""
+from __future__ import annotations
+
+import gc
+import io
+import multiprocessing
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from simlib.parallel import PREFIX, SharedArray, WorkerDied, WorkerError, WorkerGroup, current, run_workers
+from simlib.parallel import log as plog
+
+METHODS = ["fork", "spawn"]
+
+
+# -- worker functions (top level, so spawn can import them) --------------------------------
+def square(worker_id: int, n_workers: int, base: int, extra: int = 0) -> int:
+    """Return a value that depends on the id, so order is visible."""
+    return (base + worker_id) ** 2 + extra
+
+
+def record_work(worker_id: int, n_workers: int) -> int:
+    """Record two compute spans and an update in the worker's context."""
+    ctx = current()
+    assert ctx is not None and ctx.worker_id == worker_id and ctx.n_workers == n_workers
+    for step in range(2):
+        with ctx.timed("compute", step=step):
+            time.sleep(0.01)
+        ctx.update(step, staleness=worker_id)
+    ctx.record_quality(2, 0.5)
+    return worker_id
+
+
+def raise_in_one(worker_id: int, n_workers: int, pids: SharedArray) -> None:
+    """Worker 1 raises; the others would wait for a minute."""
+    pids.array[worker_id] = os.getpid()
+    if worker_id == 1:
+        time.sleep(0.2)
+        raise ZeroDivisionError("the learning rate was 1/0")
+    time.sleep(60)
+
+
+def sleep_forever(worker_id: int, n_workers: int, pids: SharedArray) -> None:
+    """Publish the pid, then keep busy until killed."""
+    pids.array[worker_id] = os.getpid()
+    time.sleep(60)
+
+
+def exit_early(worker_id: int, n_workers: int) -> None:
+    """Leave without a result, as a crashing extension would."""
+    os._exit(3)
+
+
+def log_lines(worker_id: int, n_workers: int) -> None:
+    """Emit one line at INFO and one at WARNING."""
+    plog.logger().info("info from %d", worker_id)
+    plog.logger().warning("warning from %d", worker_id)
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _children() -> set[int]:
+    """Live child pids of this process, read from /proc (no psutil), else from multiprocessing."""
+    path = f"/proc/{os.getpid()}/task"
+    if not os.path.isdir(path):
+        return {p.pid for p in multiprocessing.active_children()}
+    pids: set[int] = set()
+    for tid in os.listdir(path):
+        try:
+            with open(f"{path}/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:
+            pass
+    # the resource tracker and forkserver are long-lived helpers of multiprocessing, not workers
+    helpers = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"resource_tracker" in f.read() or b"forkserver" in f.read():
+                    helpers.add(pid)
+        except OSError:
+            helpers.add(pid)  # already gone
+    return pids - helpers
+
+
+def _dev_shm() -> set[str]:
+    """This process's segments in /dev/shm (other programs on the machine may make their own)."""
+    gc.collect()
+    mine = f"{PREFIX}{os.getpid()}_"
+    return {n for n in os.listdir("/dev/shm") if n.startswith(mine)} if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.fixture
+def clean(request: pytest.FixtureRequest):
+    """Assert that the test leaves no child process and no new shared-memory segment behind."""
+    before = _dev_shm()
+    yield
+    assert not multiprocessing.active_children()
+    assert not _children()
+    assert _dev_shm() == before, f"leaked: {_dev_shm() - before}"
+
+
+# -- tests ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", METHODS)
+def test_results_come_back_in_worker_order(method: str, clean: None) -> None:
+    with WorkerGroup(3, method) as group:
+        assert group.run(square, 10) == [100, 121, 144]
+        assert group.run(square, 1, worker_args=[(0,), (5,), (7,)]) == [1, 9, 16]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_worker_records_land_in_the_trace(method: str, clean: None) -> None:
+    results, trace = run_workers(record_work, 2, start_method=method)
+    assert results == [0, 1]
+    assert trace.substrate == "parallel" and trace.n_workers == 2
+    for w in (0, 1):
+        spans = trace.worker_spans(w)
+        assert [s.step for s in spans] == [0, 1] and all(s.kind == "compute" for s in spans)
+        assert all(0.0 <= s.start < s.end and s.end - s.start >= 0.009 for s in spans)
+    assert sorted((u.worker, u.staleness) for u in trace.updates) == [(0, 0), (0, 0), (1, 1), (1, 1)]
+    assert len(trace.quality) == 2
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_exception_in_a_worker_is_reraised_fast_with_its_traceback(method: str, clean: None) -> None:
+    with WorkerGroup(3, method) as group:
+        pids = group.zeros(3, np.int64)
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            group.run(raise_in_one, pids)
+        assert time.monotonic() - start < 5.0
+        assert pids.closed  # a failed run unlinks the group's arrays at once
+    err = info.value
+    assert err.worker_id == 1 and not isinstance(err, WorkerDied)
+    assert "ZeroDivisionError: the learning rate was 1/0" in str(err)
+    assert "raise_in_one" in err.traceback_text
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sigkilled_worker_is_reported_within_five_seconds(method: str, clean: None) -> None:
+    with WorkerGroup(2, method) as group:
+        pids = group.zeros(2, np.int64)
+        killed: list[float] = []
+
+        def kill_worker_1(elapsed: float) -> None:
+            if not killed and pids.array[1] > 0:
+                os.kill(int(pids.array[1]), signal.SIGKILL)
+                killed.append(time.monotonic())
+
+        with pytest.raises(WorkerDied) as info:
+            group.run(sleep_forever, pids, monitor=kill_worker_1, monitor_every=0.05, timeout=30)
+        assert time.monotonic() - killed[0] < 5.0
+    assert info.value.worker_id == 1 and info.value.exitcode == -signal.SIGKILL
+    assert "killed by signal 9" in str(info.value)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_worker_that_exits_without_a_result_is_reported(method: str, clean: None) -> None:
+    with pytest.raises(WorkerDied) as info:
+        run_workers(exit_early, 1, start_method=method)
+    assert info.value.worker_id == 0 and info.value.exitcode == 3
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_ctrl_c_in_the_parent_stops_workers_and_unlinks(method: str, clean: None) -> None:
+    with WorkerGroup(2, method) as group:
+        pids = group.zeros(2, np.int64)
+
+        def press_ctrl_c(elapsed: float) -> None:
+            if np.all(pids.array > 0):
+                os.kill(os.getpid(), signal.SIGINT)  # a real SIGINT, delivered to this process
+
+        with pytest.raises(KeyboardInterrupt):
+            group.run(sleep_forever, pids, monitor=press_ctrl_c, monitor_every=0.05, timeout=30)
+        assert pids.closed
+
+
+def test_timeout_stops_the_run(clean: None) -> None:
+    with WorkerGroup(1, "fork") as group:
+        pids = group.zeros(1, np.int64)
+        with pytest.raises(TimeoutError, match="timeout=0.3"):
+            group.run(sleep_forever, pids, timeout=0.3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"n_workers": 0}, "n_workers"), ({"n_workers": 2.5}, "n_workers"), ({"n_workers": 2, "start_method": "thread"}, "start_method")],
+)
+def test_bad_configuration_fails_before_any_process(kwargs: dict, field: str, clean: None) -> None:
+    with pytest.raises(ValueError, match=field):
+        WorkerGroup(**kwargs)
+
+
+def test_bad_run_arguments_fail_before_any_process(clean: None) -> None:
+    with WorkerGroup(2, "fork") as group:
+        with pytest.raises(ValueError, match="worker_args"):
+            group.run(square, 1, worker_args=[(1,)])
+        with pytest.raises(ValueError, match="fn"):
+            group.run("not a function")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="timeout"):
+            group.run(square, 1, timeout=0)
+        assert group.t0 is None  # nothing was started
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_logging_is_quiet_by_default_and_names_the_worker(method: str, clean: None) -> None:
+    sink = io.StringIO()
+    handler = plog.parent_handler(multiprocessing.get_context(method))
+    old = handler.sub_handler.setStream(sink)
+    try:
+        run_workers(log_lines, 2, start_method=method)
+        _wait_for(lambda: sink.getvalue().count("warning from") == 2)
+        quiet = sink.getvalue()
+        run_workers(log_lines, 2, start_method=method, verbose=True)
+        _wait_for(lambda: sink.getvalue().count("info from") == 2)
+    finally:
+        handler.sub_handler.setStream(old)
+        plog.set_verbose(False)
+    assert "info from" not in quiet
+    assert "worker-1 WARNING simlib.parallel: warning from 1" in quiet
+    assert "worker-0 INFO simlib.parallel: info from 0" in sink.getvalue()
+
+
+def _wait_for(cond, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.02)
