@@ -42,6 +42,7 @@ from simlib.problems.glove import (
     GloveParams,
     adagrad_kernel,
     entry_terms,
+    epoch_order,
     validate_training,
 )
 from simlib.trace import Trace
@@ -67,11 +68,6 @@ class GloveRun:
     def updates_per_s(self) -> float:
         """Entry updates per second over all epochs: epochs * nnz / total epoch time."""
         return len(self.epoch_seconds) * self.nnz / max(sum(self.epoch_seconds), 1e-12)
-
-
-def epoch_order(nnz: int, seed: int, epoch: int) -> np.ndarray:
-    """The shuffled order of all entries for ``epoch``; every worker computes the same one."""
-    return np.random.default_rng([seed, epoch]).permutation(nnz).astype(np.int64)
 
 
 def _shard(n: int, worker_id: int, n_workers: int) -> slice:

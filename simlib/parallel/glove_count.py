@@ -26,10 +26,13 @@ from simlib.trace import Trace
 def shard_documents(offsets: np.ndarray, n_shards: int) -> list[tuple[int, int]]:
     """Split documents into ``n_shards`` contiguous ranges [lo, hi) of about equal token counts."""
     n_docs = offsets.shape[0] - 1
-    targets = np.linspace(0, offsets[-1], n_shards + 1)
-    cuts = np.searchsorted(offsets, targets[1:-1], side="left").clip(0, n_docs)
+    targets = np.linspace(0, offsets[-1], n_shards + 1)[1:-1]
+    right = np.searchsorted(offsets, targets, side="left").clip(1, n_docs)
+    # Cut at whichever document boundary lies nearer the even split.
+    nearer_left = (targets - offsets[right - 1]) < (offsets[right] - targets)
+    cuts = np.maximum.accumulate(np.where(nearer_left, right - 1, right))
     bounds = [0, *cuts.tolist(), n_docs]
-    return [(int(bounds[k]), int(max(bounds[k], bounds[k + 1]))) for k in range(n_shards)]
+    return [(int(bounds[k]), int(bounds[k + 1])) for k in range(n_shards)]
 
 
 def _count_shard(worker_id: int, n_workers: int, ids: SharedArray, offsets: SharedArray, n_words: int,

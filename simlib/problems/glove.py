@@ -24,7 +24,7 @@ Example::
     >>> ids, offsets = vocab.encode_docs(kjv.docs)
     >>> cooc = count_cooccurrences(ids, offsets, len(vocab), window=10)
     >>> params = GloveParams.init(len(vocab), GloveConfig(dim=50))
-    >>> cost = train_epoch(params, cooc, GloveConfig(dim=50), np.random.default_rng(0))
+    >>> cost = train_epoch(params, cooc, GloveConfig(dim=50), epoch=0)
 """
 from __future__ import annotations
 
@@ -413,13 +413,18 @@ def validate_training(cooc: Cooccurrence, config: GloveConfig) -> None:
         raise ValueError(f"n_words (the vocabulary size) must be >= 2, got {cooc.n_words}")
 
 
+def epoch_order(nnz: int, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled order of all entries in ``epoch``: one seeded permutation that every process can recompute."""
+    return np.random.default_rng([seed, epoch]).permutation(nnz).astype(np.int64)
+
+
 def train_epoch(
-    params: GloveParams, cooc: Cooccurrence, config: GloveConfig, rng: np.random.Generator,
+    params: GloveParams, cooc: Cooccurrence, config: GloveConfig, epoch: int,
     terms: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> float:
-    """One AdaGrad pass over all entries in a fresh random order; returns the pass's mean 0.5 f diff^2."""
+    """One AdaGrad pass over all entries in the order of ``epoch``; returns the pass's mean 0.5 f diff^2."""
     logx, fx = terms if terms is not None else entry_terms(cooc.values, config)
-    order = rng.permutation(cooc.nnz).astype(np.int64)
+    order = epoch_order(cooc.nnz, config.seed, epoch)
     total = adagrad_kernel(cooc.rows, cooc.cols, logx, fx, order, *params.arrays(),
                            np.float32(config.learning_rate), np.float32(config.grad_clip))
     return total / cooc.nnz
@@ -444,7 +449,6 @@ def train(cooc: Cooccurrence, config: GloveConfig) -> tuple[GloveParams, list[fl
     """Single-process GloVe: ``config.epochs`` shuffled AdaGrad passes; returns params and cost per epoch."""
     validate_training(cooc, config)
     params = GloveParams.init(cooc.n_words, config)
-    rng = np.random.default_rng(config.seed)
     terms = entry_terms(cooc.values, config)
-    costs = [train_epoch(params, cooc, config, rng, terms) for _ in range(config.epochs)]
+    costs = [train_epoch(params, cooc, config, epoch, terms) for epoch in range(config.epochs)]
     return params, costs

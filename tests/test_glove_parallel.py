@@ -1,0 +1,109 @@
+"""Tests for simlib.parallel.glove (training) and simlib.parallel.glove_count (counting) on real processes."""
+import os
+import signal
+import threading
+import time
+import multiprocessing
+
+import numpy as np
+import pytest
+
+from simlib.data import Vocabulary, load_kjv
+from simlib.parallel import WorkerDied, live_segments
+from simlib.parallel.glove import train_parallel
+from simlib.parallel.glove_count import count_parallel, shard_documents
+from simlib.problems.glove import GloveConfig, count_cooccurrences, train
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    kjv = load_kjv()
+    docs = kjv.docs[:120]
+    vocab = Vocabulary.build(docs, min_count=3)
+    ids, offsets = vocab.encode_docs(docs)
+    return vocab, ids, offsets
+
+
+@pytest.fixture(scope="module")
+def cooc(corpus):
+    vocab, ids, offsets = corpus
+    return count_cooccurrences(ids, offsets, len(vocab), window=6)
+
+
+def my_segments() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"simlib_{os.getpid()}_")]
+
+
+def test_shards_cover_documents_with_balanced_tokens():
+    offsets = np.array([0, 10, 20, 30, 40, 100])
+    shards = shard_documents(offsets, 2)
+    assert shards[0][0] == 0 and shards[-1][1] == 5 and shards[0][1] == shards[1][0]
+    assert shard_documents(offsets, 3)[-1] == (4, 5)  # the heavy last document sits alone
+
+
+def test_parallel_counts_equal_single_process(corpus, cooc):
+    vocab, ids, offsets = corpus
+    par, trace = count_parallel(ids, offsets, len(vocab), window=6, n_workers=2, buffer_entries=5000)
+    np.testing.assert_allclose(par.to_dense(), cooc.to_dense(), rtol=1e-5)
+    assert trace.substrate == "parallel" and {s.worker for s in trace.spans} == {0, 1}
+    assert not my_segments()
+
+
+def test_hogwild_one_worker_reproduces_single_process_training(cooc):
+    cfg = GloveConfig(dim=16, epochs=3)
+    run = train_parallel(cooc, cfg, n_workers=1, mode="hogwild")
+    _, costs = train(cooc, cfg)
+    np.testing.assert_allclose(run.costs, costs, rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["hogwild", "model", "sync"])
+def test_two_workers_lower_the_cost_and_record_it_per_epoch(cooc, mode):
+    cfg = GloveConfig(dim=16, epochs=4)
+    run = train_parallel(cooc, cfg, n_workers=2, mode=mode, batch=2048)
+    assert all(b < a for a, b in zip(run.costs, run.costs[1:])), run.costs
+    assert [q.step for q in run.trace.quality] == [1, 2, 3, 4]
+    np.testing.assert_allclose([q.value for q in run.trace.quality], run.costs, rtol=1e-6)
+    assert run.trace.substrate == "parallel" and run.updates_per_s > 0
+    assert not my_segments() and not live_segments()
+
+
+@pytest.mark.parametrize("mode", ["model", "sync"])
+def test_deterministic_modes_do_not_depend_on_worker_count(cooc, mode):
+    # Model-parallel splits dimensions and sync sums gradients: the same arithmetic on 1 or 2 workers.
+    cfg = GloveConfig(dim=16, epochs=2)
+    one = train_parallel(cooc, cfg, n_workers=1, mode=mode, batch=1024)
+    two = train_parallel(cooc, cfg, n_workers=2, mode=mode, batch=1024)
+    np.testing.assert_allclose(one.costs, two.costs, rtol=1e-4)
+    np.testing.assert_allclose(one.params.W, two.params.W, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "field, kwargs",
+    [("n_workers", {"n_workers": 0}), ("mode", {"mode": "magic"}), ("batch", {"batch": 0}),
+     ("n_workers", {"n_workers": 17, "mode": "model"})],
+)
+def test_bad_configuration_names_the_field(cooc, field, kwargs):
+    with pytest.raises(ValueError, match=field):
+        train_parallel(cooc, GloveConfig(dim=16, epochs=1), **kwargs)
+
+
+def test_killed_worker_fails_fast_and_leaks_nothing(cooc):
+    def kill_one_worker() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            children = multiprocessing.active_children()
+            if children:
+                time.sleep(0.3)
+                os.kill(children[0].pid, signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_one_worker)
+    killer.start()
+    start = time.monotonic()
+    with pytest.raises(WorkerDied):
+        train_parallel(cooc, GloveConfig(dim=16, epochs=10_000), n_workers=2, mode="hogwild")
+    killer.join()
+    assert time.monotonic() - start < 15
+    assert not my_segments() and not live_segments()
+    assert not multiprocessing.active_children()
