@@ -1,0 +1,89 @@
+"""The compiled Gibbs sweeps: exact stationary distribution, consistent counts, topic recovery, agreement with `lda`."""
+import itertools
+
+import numpy as np
+import pytest
+
+from simlib.problems.lda import (
+    LDACorpus,
+    count_tables,
+    log_likelihood,
+    make_synthetic_corpus,
+    topic_match,
+    topic_word,
+)
+from simlib.problems.lda_gibbs import KERNELS, GibbsState, fit
+
+
+def _exact_posterior(corpus: LDACorpus, K: int, alpha: float, beta: float) -> np.ndarray:
+    """p(z | w) for every assignment z, by enumeration (z read as a base-K number, token 0 most significant)."""
+    lls = np.array(
+        [
+            log_likelihood(*count_tables(corpus, np.array(z, np.int32), K), alpha, beta)
+            for z in itertools.product(range(K), repeat=corpus.n_tokens)
+        ]
+    )
+    p = np.exp(lls - lls.max())
+    return p / p.sum()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_chain_samples_the_exact_posterior(kernel):
+    corpus = LDACorpus.from_docs([[0, 1, 1], [1, 2]], n_words=3)
+    K, alpha, beta = 2, 0.4, 0.3
+    exact = _exact_posterior(corpus, K, alpha, beta)
+    # The check is sharp enough: doubling alpha moves the posterior by much more than the tolerance.
+    assert 0.5 * np.abs(exact - _exact_posterior(corpus, K, 2 * alpha, beta)).sum() > 0.06
+    state = GibbsState.init(corpus, K, alpha, beta, seed=0, kernel=kernel)
+    weights = K ** np.arange(corpus.n_tokens)[::-1]
+    n = 20_000
+    seen = np.zeros(len(exact))
+    for s in range(n):
+        state.sweep(seed=s)
+        seen[int(state.z @ weights)] += 1
+    assert 0.5 * np.abs(seen / n - exact).sum() < 0.02
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_tables_stay_equal_to_the_counts_of_z(kernel):
+    corpus, _, _ = make_synthetic_corpus(n_docs=80, n_topics=4, n_words=50, doc_length=40, seed=1)
+    state = GibbsState.init(corpus, 7, 0.1, 0.01, seed=1, kernel=kernel)
+    for s in range(5):
+        state.sweep(seed=s)
+        state.check_counts()
+        assert state.n_wk.min() >= 0 and state.n_dk.min() >= 0
+        if kernel == "sparse":  # the per-document topic lists list exactly the non-zero topics
+            assert np.array_equal(state.dk_len, (state.n_dk > 0).sum(1))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_synthetic_topics_are_recovered(kernel):
+    corpus, phi, _ = make_synthetic_corpus(seed=2)
+    state, lls = fit(corpus, 8, alpha=0.5, beta=0.01, n_sweeps=50, seed=0, kernel=kernel, record_every=25)
+    score, _ = topic_match(phi, topic_word(state.n_wk, state.n_k, 0.01))
+    assert score >= 0.9
+    assert lls[0] < lls[-1]
+
+
+def test_log_likelihood_tracks_the_lda_package():
+    lda = pytest.importorskip("lda")
+    corpus, _, _ = make_synthetic_corpus(n_docs=300, n_topics=10, n_words=400, doc_length=80, seed=5)
+    X = np.zeros((corpus.n_docs, corpus.n_words), np.int64)
+    np.add.at(X, (corpus.doc_of, corpus.words), 1)
+    n = 60
+    peer = lda.LDA(n_topics=10, n_iter=n + 1, alpha=0.1, eta=0.01, random_state=0, refresh=20)
+    peer.fit(X)
+    theirs = np.array(peer.loglikelihoods_)  # after sweeps 0, 20, 40, 60
+    ours = np.array(fit(corpus, 10, 0.1, 0.01, n_sweeps=n + 1, seed=0, record_every=20)[1])
+    assert np.all(np.abs(ours - theirs[1:]) / np.abs(theirs[1:]) < 0.01)  # theirs[0] is the random start
+    # A sampler that ignored the doc-topic counts would be far off: a fresh random start is.
+    rand = GibbsState.init(corpus, 10, 0.1, 0.01, seed=9).log_likelihood()
+    assert abs(rand - theirs[-1]) / abs(theirs[-1]) > 0.05
+
+
+def test_bad_kernel_names_the_field():
+    corpus, _, _ = make_synthetic_corpus(n_docs=5, n_topics=2, n_words=10, doc_length=5, seed=0)
+    with pytest.raises(ValueError, match="kernel"):
+        GibbsState.init(corpus, 2, kernel="fast")
+    with pytest.raises(ValueError, match="n_sweeps"):
+        fit(corpus, 2, n_sweeps=0)
