@@ -74,7 +74,7 @@ class _Run:
             lower_is_better=getattr(problem, "lower_is_better", True),
         )
         self.n_shards = cfg.n_servers + cfg.n_summation
-        self.servers = [Node(self.env, f"server{k}") for k in range(self.n_shards)]
+        self.servers = [Node(f"server{k}") for k in range(self.n_shards)]
         self.key_bounds = np.linspace(0, problem.n_params, self.n_shards + 1).astype(np.int64)
         self.compressors = _make_compressors(cfg, problem.n_params, comp_seq)
         self.applied = 0
@@ -110,6 +110,8 @@ class _Run:
             barriers=list(self.clocks.barriers) if cfg.bound == 0 else [],
             stalled=stalled,
             failed_workers=sorted(self.down_since),
+            # SimPy numbers every scheduled event from one counter: its next value is the total.
+            events=next(self.env._eid),
         )
         if stalled:
             self.trace.meta["stall_reason"] = (

@@ -1,0 +1,75 @@
+"""The main job, ``python -m simlib compare``: the seeds' results, the table, the figure, clean errors."""
+import subprocess
+import sys
+
+import pytest
+
+from simlib.cli import main
+from simlib.sim.experiments import DEFAULT_TARGET, compare, parse_protocol, summary_rows
+
+
+@pytest.fixture(scope="module")
+def default_runs():
+    return {t.label: t for t in compare()}
+
+
+def test_ssp_reaches_target_sooner_than_bsp_with_stragglers(default_runs):
+    bsp, ssp = default_runs["BSP"], default_runs["SSP(3)"]
+    assert ssp.time_to(DEFAULT_TARGET) < 0.8 * bsp.time_to(DEFAULT_TARGET)
+
+
+def test_async_has_shortest_step_but_needs_more_steps(default_runs):
+    bsp, ssp, asy = default_runs["BSP"], default_runs["SSP(3)"], default_runs["Async"]
+    step = {k: t.summary()["time_per_step"] for k, t in default_runs.items()}
+    assert step["Async"] < step["SSP(3)"] < step["BSP"]
+    assert asy.steps_to(DEFAULT_TARGET) > bsp.steps_to(DEFAULT_TARGET)
+    assert asy.summary()["max_staleness"] > ssp.summary()["max_staleness"] == 3
+
+
+def test_summary_rows_carry_the_table_columns(default_runs):
+    rows = summary_rows(list(default_runs.values()), DEFAULT_TARGET)
+    assert [r["run"] for r in rows] == ["BSP", "SSP(3)", "Async"]
+    assert rows[0]["wait_fraction"] > rows[1]["wait_fraction"] > rows[2]["wait_fraction"] == 0.0
+    assert all(r["bytes_moved"] > 0 for r in rows)
+
+
+def test_cli_prints_table_and_writes_figure(tmp_path, capsys):
+    out = tmp_path / "cmp.png"
+    rc = main(["compare", "--workers", "4", "--steps", "30", "--protocols", "bsp,ssp:2", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "BSP" in text and "SSP(2)" in text and "time/step (ms)" in text
+    assert out.exists() and out.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--workers", "0"], "--workers"),
+        (["--latency", "-1"], "--latency"),
+        (["--protocols", "ssp:-1"], "protocols"),
+        (["--protocols", "gossip"], "unknown protocol"),
+        (["--slow-factor", "0.5"], "--slow-factor"),
+    ],
+)
+def test_cli_bad_configuration_exits_2_with_one_line(argv, needle):
+    proc = subprocess.run(
+        [sys.executable, "-m", "simlib", "compare", "--no-plot", *argv], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1
+
+
+def test_help_explains_every_flag():
+    proc = subprocess.run([sys.executable, "-m", "simlib", "compare", "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    for flag in ("--workers", "--protocols", "--latency", "--bandwidth", "--jitter", "--backup-workers", "--target"):
+        assert flag in proc.stdout
+
+
+def test_parse_protocol():
+    assert parse_protocol("SSP(4)") == {"protocol": "ssp", "staleness": 4}
+    assert parse_protocol("bsp") == {"protocol": "bsp", "staleness": 0}
+    with pytest.raises(ValueError, match="protocols"):
+        parse_protocol("ssp")
