@@ -134,7 +134,7 @@ def test_loss_plot_labels_runs_marks_target_and_time_to_target():
              if (ln.get_gid() or "").startswith("reached:")}
     assert marks == {"reached:BSP": (3, 0.5), "reached:SSP(3)": (2, 0.5)}
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert any(t.startswith("BSP") and "3 s" in t for t in legend)
+    assert any(t.startswith("BSP") and "at 3 s" in t for t in legend)
     assert any(t.startswith("SSP(3)") for t in legend)
     assert "1.5x sooner than BSP" in ax.get_title()
 

@@ -36,7 +36,7 @@ SpeedupInput = Union[Mapping[str, Mapping[int, float]], Mapping[str, Sequence[Tr
 
 BAR_HEIGHT = 0.8
 # Above this many messages the arrows turn into a grey haze that hides the spans, so they are left out.
-MAX_ARROWS = 4000
+MAX_ARROWS = 600
 MAX_YTICKS = 16
 
 
@@ -250,7 +250,7 @@ def plot_loss(
                 if reached is None or (t_max is not None and x == "time" and reached > t_max):
                     label += " (not reached)"
                 else:
-                    label += f" (reached at {_fmt_time(reached) if x == 'time' else f'step {reached}'})"
+                    label += f" (at {_fmt_time(reached) if x == 'time' else f'step {reached}'})"
                     mark = ax.plot([reached], [target], marker="o", markersize=11, color=color,
                                    markeredgecolor=OKABE_ITO["black"], linestyle="none", zorder=5)[0]
                     mark.set_gid(f"reached:{run_label(tr)}")

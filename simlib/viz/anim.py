@@ -1,0 +1,243 @@
+"""Runs side by side, revealed as simulated time advances: the live panel's figure and its exported animation.
+
+:func:`draw_runs` lays out one timeline per run (top row, shared time axis) above the loss
+against time of all runs, and returns a :class:`Reveal`; calling it with a time ``t`` shows the
+figure as it stood at ``t``: spans and messages drawn up to ``t``, a cursor, how many workers are
+waiting, loss curves cut at ``t``. The live panel's play mode and :func:`export_animation` (a
+self-contained HTML page or a GIF for slides) both go through it. Example::
+
+    >>> from matplotlib.figure import Figure
+    >>> reveal = draw_runs(Figure(), traces)          # doctest: +SKIP
+    >>> reveal(0.5 * reveal.t_end)                     # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.transforms import Bbox, TransformedBbox
+from matplotlib.ticker import MaxNLocator
+
+from simlib._validate import one_of, positive, positive_int
+from simlib.trace import Trace
+from simlib.viz.plots import MAX_ARROWS, default_target, finding, plot_loss, plot_timeline
+from simlib.viz.style import KIND_COLORS, KIND_LABELS, OKABE_ITO, run_label, style
+
+if TYPE_CHECKING:
+    from matplotlib.animation import FuncAnimation
+
+# Artists of a timeline that appear as time passes; labels and axes stay.
+_REVEALED_GIDS = ("span:", "messages", "message-heads", "barriers")
+
+
+class Reveal:
+    """Shows a figure drawn by :func:`draw_runs` as it stood at time t (t >= makespan shows everything)."""
+
+    def __init__(self, fig: Figure, traces: Sequence[Trace], timelines: Sequence[Axes], loss_ax: Axes | None,
+                 window: float | None = None) -> None:
+        self.fig = fig
+        self.traces = list(traces)
+        self.timelines = list(timelines)
+        self.loss_ax = loss_ax
+        self.t_end = max((t.makespan for t in self.traces), default=1.0) or 1.0
+        self.window = self.t_end if window is None else min(window, self.t_end)
+        self._waits = [self._wait_columns(tr) for tr in self.traces]
+        self._curves: list[tuple[Line2D, np.ndarray, np.ndarray]] = []
+        self._marks: list[tuple[Line2D, float]] = []
+        if loss_ax is not None:
+            for line in loss_ax.lines:
+                gid = line.get_gid() or ""
+                if gid.startswith("loss:"):
+                    self._curves.append((line, np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)))
+                elif gid.startswith("reached:"):
+                    self._marks.append((line, float(line.get_xdata()[0])))
+        self._cursors = [ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=2.5, zorder=6) for ax in self.timelines]
+        for c in self._cursors:
+            c.set_gid("cursor")
+        self._texts = [
+            ax.text(0.99, 0.02, "", transform=ax.transAxes, ha="right", va="bottom", fontsize=14, gid="waiting",
+                    zorder=7, bbox={"facecolor": "white", "edgecolor": OKABE_ITO["black"], "alpha": 0.9})
+            for ax in self.timelines
+        ]
+        self.t = self.t_end
+
+    @staticmethod
+    def _wait_columns(tr: Trace) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end of every wait span, for counting who waits at t."""
+        w = [(s.start, s.end) for s in tr.spans if s.kind == "wait"]
+        arr = np.asarray(w, dtype=float).reshape(-1, 2)
+        return arr[:, 0], arr[:, 1]
+
+    def waiting_at(self, i: int, t: float) -> int:
+        """Number of workers of run ``i`` inside a wait span at time t."""
+        start, end = self._waits[i]
+        return int(np.count_nonzero((start <= t) & (t < end)))
+
+    def __call__(self, t: float) -> list[Artist]:
+        """Reveal everything up to time t; returns the artists that changed (for FuncAnimation)."""
+        self.t = t = float(min(max(t, 0.0), self.t_end))
+        changed: list[Artist] = []
+        for i, ax in enumerate(self.timelines):
+            if self.window < self.t_end:
+                # The timeline pans so the cursor stays in the last quarter of the window.
+                lo = min(max(0.0, t - 0.75 * self.window), self.t_end - self.window)
+                ax.set_xlim(lo, lo + self.window)
+            # Clip to the part of the axes left of the cursor: the axes' own box, cut at t.
+            x0, x1 = ax.get_xlim()
+            y0, y1 = sorted(ax.get_ylim())
+            box = TransformedBbox(Bbox([[x0, y0], [min(max(t, x0), x1), y1]]), ax.transData)
+            for art in list(ax.collections):
+                gid = art.get_gid() or ""
+                if gid.startswith(_REVEALED_GIDS):
+                    art.set_clip_box(box)
+                    changed.append(art)
+            self._cursors[i].set_xdata([t, t])
+            self._cursors[i].set_visible(t < self.t_end)
+            n_wait = self.waiting_at(i, t)
+            self._texts[i].set_text(f"t = {t:.3g} s, {n_wait} waiting" if t < self.t_end else "")
+            changed += [self._cursors[i], self._texts[i]]
+        for line, xs, ys in self._curves:
+            keep = xs <= t
+            line.set_data(xs[keep], ys[keep])
+            changed.append(line)
+        for mark, when in self._marks:
+            mark.set_visible(when <= t)
+            changed.append(mark)
+        return changed
+
+
+def messages_before(trace: Trace, t: float, n_workers: int) -> int:
+    """Number of send/recv spans of the first ``n_workers`` workers that start before t."""
+    return sum(1 for s in trace.spans if s.kind in ("send", "recv") and s.start < t and s.worker < n_workers)
+
+
+def draw_runs(
+    fig: Figure,
+    traces: Sequence[Trace],
+    target: float | None = None,
+    max_workers: int = 16,
+    title: str | None = None,
+    window: float | None = None,
+) -> Reveal:
+    """Draw each run's timeline side by side above loss against time of all runs; title = :func:`finding`.
+
+    ``window`` (seconds) zooms the timelines to [0, window] so single messages stay visible;
+    arrows are drawn when the window holds at most ``MAX_ARROWS`` messages. A figure without
+    a layout engine gets fixed margins, which keeps a live redraw from re-solving the layout.
+    """
+    positive_int("max_workers", max_workers)
+    runs = list(traces)
+    if not runs:
+        raise ValueError("traces must hold at least one Trace")
+    has_quality = all(t.quality for t in runs)
+    if target is None and has_quality:
+        target = default_target(runs)
+    k = len(runs)
+    t_end = max(t.makespan for t in runs) or 1.0
+    window = t_end if window is None else min(float(window), t_end)
+    fixed = fig.get_layout_engine() is None
+    with style():
+        margins = dict(left=0.07, right=0.77, top=0.88, bottom=0.08, hspace=0.32, wspace=0.06) if fixed else {}
+        gs = fig.add_gridspec(2, k, height_ratios=[3, 2] if has_quality else [1, 0.001], **margins)
+        timelines: list[Axes] = []
+        arrows = all(messages_before(r, window, max_workers) <= MAX_ARROWS for r in runs)
+        for i, tr in enumerate(runs):
+            first = timelines[0] if timelines else None
+            ax = fig.add_subplot(gs[0, i], sharex=first, sharey=first)
+            plot_timeline(tr, ax=ax, max_workers=max_workers, legend=False, arrows=arrows,
+                          title=f"{run_label(tr)}: {tr.summary()['wait_fraction']:.0%} waiting")
+            ax.xaxis.set_major_locator(MaxNLocator(4))
+            if i:
+                ax.set_ylabel("")
+                ax.tick_params(labelleft=False)
+            timelines.append(ax)
+        timelines[0].set_xlim(0.0, window)
+        loss_ax = None
+        if has_quality:
+            loss_ax = fig.add_subplot(gs[1, :])
+            plot_loss(runs, x="time", ax=loss_ax, target=target, title="")
+            loss_ax.set_xlim(0.0, t_end)
+            runs_legend = loss_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+            # The span colours are explained once, beside the loss legend, to keep the timelines wide.
+            kinds = sorted({(c.get_gid() or "")[5:] for a in timelines for c in a.collections
+                            if (c.get_gid() or "").startswith("span:")}, key=list(KIND_COLORS).index)
+            loss_ax.add_artist(runs_legend)
+            handles = [Patch(facecolor=KIND_COLORS[kd], label=KIND_LABELS[kd]) for kd in kinds]
+            gids = {c.get_gid() for a in timelines for c in a.collections}
+            black = OKABE_ITO["black"]
+            if "barriers" in gids:
+                handles.append(Line2D([], [], color=black, linestyle="--", linewidth=1.2, label="barrier"))
+            if "messages" in gids:
+                handles.append(Line2D([], [], color=black, linewidth=0.8, marker=".", label="message"))
+            timelines[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        fig.suptitle(title if title is not None else (finding(runs, target) if target is not None else ""))
+    return Reveal(fig, runs, timelines, loss_ax, window=window)
+
+
+def animate(traces: Sequence[Trace], frames: int = 48, target: float | None = None, max_workers: int = 16,
+            figsize: tuple[float, float] = (16, 9), dpi: int = 72, window: float | None = None) -> "FuncAnimation":
+    """A FuncAnimation of :func:`draw_runs` revealing time 0 .. makespan over ``frames`` frames (Agg canvas)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    positive_int("frames", frames)
+    with style():
+        # Fixed margins: a layout re-solved per frame would make the axes jump as the cursor text changes.
+        fig = Figure(figsize=figsize, dpi=dpi)
+        FigureCanvasAgg(fig)
+        reveal = draw_runs(fig, traces, target=target, max_workers=max_workers, window=window)
+        times = np.linspace(0.0, reveal.t_end, frames)
+        from matplotlib.animation import FuncAnimation
+
+        anim = FuncAnimation(fig, lambda i: reveal(times[i]), frames=frames, blit=False, repeat=True)
+    return anim
+
+
+# Icons of matplotlib's HTML player, which otherwise come from a font on a CDN.
+_PLAYER_ICONS = {
+    "fa fa-play fa-flip-horizontal": "\u25c0", "fa fa-play": "\u25b6", "fa fa-pause": "\u275a\u275a",
+    "fa fa-fast-backward": "\u23ee", "fa fa-fast-forward": "\u23ed", "fa fa-step-backward": "\u23f4",
+    "fa fa-step-forward": "\u23f5", "fa fa-minus": "\u2212", "fa fa-plus": "+",
+}
+
+
+def offline_html(html: str) -> str:
+    """Make ``to_jshtml`` output self-contained: drop the CDN icon stylesheet, use Unicode symbols."""
+    html = re.sub(r"<link[^>]*font-awesome[^>]*>", "", html)
+    for cls, symbol in _PLAYER_ICONS.items():
+        html = html.replace(f'<i class="{cls}"></i>', symbol)
+    return html
+
+
+def export_animation(
+    traces: Sequence[Trace],
+    path: str,
+    frames: int = 48,
+    fps: float = 12.0,
+    target: float | None = None,
+    max_workers: int = 16,
+    dpi: int = 72,
+    window: float | None = None,
+) -> str:
+    """Write the play-mode animation to ``path``: '.html' (self-contained, no kernel needed) or '.gif'."""
+    positive("fps", fps)
+    ext = os.path.splitext(path)[1].lower()
+    one_of("path extension", ext, (".html", ".gif"))
+    anim = animate(traces, frames=frames, target=target, max_workers=max_workers, dpi=dpi, window=window)
+    with style():
+        if ext == ".html":
+            html = offline_html(anim.to_jshtml(fps=fps, embed_frames=True, default_mode="loop"))
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(html)
+        else:
+            from matplotlib.animation import PillowWriter
+
+            anim.save(path, writer=PillowWriter(fps=fps), dpi=dpi)
+    return path

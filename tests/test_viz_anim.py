@@ -1,0 +1,87 @@
+"""The reveal behind play mode and the exported animation (Agg backend)."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from test_viz_plots import bsp_trace
+
+from simlib.viz.anim import draw_runs, export_animation
+
+
+def _figure() -> Figure:
+    fig = Figure(figsize=(12, 7))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _runs():
+    slow = bsp_trace(n_workers=4, steps=5, slow=3.0, label="BSP")
+    even = bsp_trace(n_workers=4, steps=5, slow=1.0, label="SSP(3)")
+    even.meta["config"] = {"protocol": "ssp"}
+    return [slow, even]
+
+
+def test_draw_runs_puts_one_timeline_per_run_above_the_loss():
+    fig = _figure()
+    runs = _runs()
+    reveal = draw_runs(fig, runs)
+    assert len(reveal.timelines) == 2 and reveal.loss_ax is not None
+    assert reveal.t_end == max(r.makespan for r in runs)
+    assert "sooner than BSP" in fig.get_suptitle()
+    # Both timelines share one time axis, so the slower run is visibly longer.
+    assert reveal.timelines[0].get_xlim() == reveal.timelines[1].get_xlim() == (0.0, reveal.t_end)
+
+
+def test_reveal_shows_the_state_at_t_and_counts_waiting_workers():
+    fig = _figure()
+    runs = _runs()
+    reveal = draw_runs(fig, runs)
+    # BSP with worker 0 taking 3 s: at t = 2 s workers 1-3 have pushed (1.1 s) and wait for it.
+    reveal(2.0)
+    assert reveal.waiting_at(0, 2.0) == 3 and reveal.waiting_at(1, 2.0) == 0
+    assert "3 waiting" in reveal._texts[0].get_text()
+    assert list(reveal._cursors[0].get_xdata()) == [2.0, 2.0]
+    bsp_line = [ln for ln in reveal.loss_ax.lines if ln.get_gid() == "loss:BSP"][0]
+    assert len(bsp_line.get_xdata()) == 0  # BSP's first loss point comes at 3.2 s
+    spans = [c for c in reveal.timelines[0].collections if c.get_gid() == "span:compute"][0]
+    x0, x1 = spans.get_clip_box().get_points()[:, 0]
+    assert x1 == pytest.approx(reveal.timelines[0].transData.transform((2.0, 0))[0])
+    reveal(reveal.t_end)
+    assert len(bsp_line.get_xdata()) == len(runs[0].quality)
+    assert not reveal._cursors[0].get_visible()
+
+
+def test_a_window_zooms_and_pans_with_the_cursor():
+    fig = _figure()
+    reveal = draw_runs(fig, _runs(), window=4.0)
+    ax = reveal.timelines[0]
+    assert ax.get_xlim() == (0.0, 4.0)
+    reveal(8.0)
+    lo, hi = ax.get_xlim()
+    assert hi - lo == pytest.approx(4.0) and lo < 8.0 < hi
+
+
+@pytest.mark.parametrize("ext", [".html", ".gif"])
+def test_export_writes_a_self_contained_animation(tmp_path, ext):
+    path = export_animation(_runs(), str(tmp_path / f"anim{ext}"), frames=4, fps=4, dpi=40)
+    data = open(path, "rb").read()
+    if ext == ".html":
+        text = data.decode()
+        assert text.count("data:image/png;base64") == 4  # every frame is embedded
+        assert "http://" not in text and "https://" not in text  # nothing is fetched: works offline
+    else:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            assert im.n_frames == 4
+
+
+def test_export_rejects_an_unknown_format(tmp_path):
+    with pytest.raises(ValueError, match="extension"):
+        export_animation(_runs(), str(tmp_path / "anim.mp4"), frames=2)
