@@ -102,7 +102,8 @@ def test_entry_gradient_matches_finite_differences():
 
 
 def test_kernel_first_step_is_eta_times_half_gradient():
-    # Accumulators start at 1, so the first AdaGrad step is eta * (gradient / 2) (the C convention).
+    # Accumulators start at 1, so the first step is eta * gradient / 2 for vectors and gradient / 2 for
+    # biases (the C program's convention: the factor 2 folded in, no learning rate on the biases).
     cfg = GloveConfig(dim=4, learning_rate=0.5)
     p = GloveParams.init(2, cfg)
     before = {k: getattr(p, k).copy() for k in ("W", "C", "bw", "bc")}
@@ -113,7 +114,7 @@ def test_kernel_first_step_is_eta_times_half_gradient():
                                       float(before["bw"][0]), float(before["bc"][1]), 3.0, cfg)
     np.testing.assert_allclose(before["W"][0] - p.W[0], 0.5 * gw / 2, rtol=1e-3)
     np.testing.assert_allclose(before["C"][1] - p.C[1], 0.5 * gc / 2, rtol=1e-3)
-    assert before["bw"][0] - p.bw[0] == pytest.approx(0.5 * gbw / 2, rel=1e-3)
+    assert before["bw"][0] - p.bw[0] == pytest.approx(gbw / 2, rel=1e-3)
     np.testing.assert_array_equal(p.W[1], before["W"][1])  # untouched rows stay put
 
 

@@ -43,12 +43,12 @@ def adagrad_batch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: 
     diff = xp.sum(wi * cj, axis=1) + bw[i] + bc[j] - logx[batch]
     fdiff = fx[batch] * diff
     cost = float(0.5 * xp.sum(fdiff * diff, dtype=xp.float64))
-    g = (eta * fdiff)[:, None]
-    tw = xp.clip(g * cj, -clip, clip)
-    tc = xp.clip(g * wi, -clip, clip)
+    g = fdiff[:, None]
+    tw = xp.clip(g * cj, -clip, clip) * eta
+    tc = xp.clip(g * wi, -clip, clip) * eta
     uw = tw / xp.sqrt(gW[i])
     uc = tc / xp.sqrt(gC[j])
-    ub = eta * fdiff
+    ub = fdiff  # the C update gives the biases no learning rate
     step_bw = ub / xp.sqrt(gbw[i])
     step_bc = ub / xp.sqrt(gbc[j])
     scatter_add(xp, W, i, -uw)

@@ -125,12 +125,11 @@ def slice_update_kernel(rows, cols, logx, fx, order, partials, W, C, gW, gC, lo,
         diff = -logx[e]
         for p in range(partials.shape[0]):
             diff += partials[p, t]
-        fdiff = fx[e] * diff
-        cost += 0.5 * fdiff * diff
-        g = eta * fdiff
+        g = fx[e] * diff
+        cost += 0.5 * g * diff
         for k in range(lo, hi):
-            tw = min(max(g * C[j, k], -clip), clip)
-            tc = min(max(g * W[i, k], -clip), clip)
+            tw = min(max(g * C[j, k], -clip), clip) * eta
+            tc = min(max(g * W[i, k], -clip), clip) * eta
             uw = tw / np.sqrt(gW[i, k])
             uc = tc / np.sqrt(gC[j, k])
             gW[i, k] += tw * tw
@@ -184,8 +183,8 @@ def _model_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], 
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def batch_gradient_kernel(rows, cols, logx, fx, order, W, C, bw, bc, eta, gW, gC, gbw, gbc) -> float:
-    """Accumulate g c_j, g w_i, g, g (g = eta f diff) of each entry into the buffers at fixed parameters."""
+def batch_gradient_kernel(rows, cols, logx, fx, order, W, C, bw, bc, gW, gC, gbw, gbc) -> float:
+    """Accumulate g c_j, g w_i, g, g (g = f diff) of each entry into the buffers at fixed parameters."""
     dim = W.shape[1]
     cost = 0.0
     for t in range(order.shape[0]):
@@ -195,9 +194,8 @@ def batch_gradient_kernel(rows, cols, logx, fx, order, W, C, bw, bc, eta, gW, gC
         diff = bw[i] + bc[j] - logx[e]
         for k in range(dim):
             diff += W[i, k] * C[j, k]
-        fdiff = fx[e] * diff
-        cost += 0.5 * fdiff * diff
-        g = eta * fdiff
+        g = fx[e] * diff
+        cost += 0.5 * g * diff
         for k in range(dim):
             gW[i, k] += g * C[j, k]
             gC[j, k] += g * W[i, k]
@@ -207,8 +205,8 @@ def batch_gradient_kernel(rows, cols, logx, fx, order, W, C, bw, bc, eta, gW, gC
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def apply_summed_kernel(lo, hi, grads_W, grads_C, grads_bw, grads_bc, W, C, bw, bc, aW, aC, abw, abc, clip) -> None:
-    """For rows [lo, hi): sum the workers' buffers, take one clipped AdaGrad step, zero the buffers."""
+def apply_summed_kernel(lo, hi, grads_W, grads_C, grads_bw, grads_bc, W, C, bw, bc, aW, aC, abw, abc, eta, clip) -> None:
+    """For rows [lo, hi): sum the workers' buffers, take one AdaGrad step as the C update does, zero the buffers."""
     n_workers = grads_W.shape[0]
     dim = W.shape[1]
     for r in range(lo, hi):
@@ -221,11 +219,11 @@ def apply_summed_kernel(lo, hi, grads_W, grads_C, grads_bw, grads_bc, W, C, bw, 
                 grads_W[p, r, k] = 0.0
                 grads_C[p, r, k] = 0.0
             if sw != 0.0:
-                sw = min(max(sw, -clip), clip)
+                sw = min(max(sw, -clip), clip) * eta
                 W[r, k] -= sw / np.sqrt(aW[r, k])
                 aW[r, k] += sw * sw
             if sc != 0.0:
-                sc = min(max(sc, -clip), clip)
+                sc = min(max(sc, -clip), clip) * eta
                 C[r, k] -= sc / np.sqrt(aC[r, k])
                 aC[r, k] += sc * sc
         sb = np.float32(0.0)
@@ -261,12 +259,12 @@ def _sync_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], p
             part = order[start:start + batch]
             part = part[_shard(part.shape[0], worker_id, n_workers)]
             with ctx.timed("compute", step=epoch):
-                cost += batch_gradient_kernel(rows, cols, logx, fx, part, W, C, bw, bc, eta,
+                cost += batch_gradient_kernel(rows, cols, logx, fx, part, W, C, bw, bc,
                                               gW[worker_id], gC[worker_id], gbw[worker_id], gbc[worker_id])
             with ctx.timed("wait", step=epoch):
                 barrier.wait(_BARRIER_TIMEOUT)
             with ctx.timed("compute", step=epoch):
-                apply_summed_kernel(mine.start, mine.stop, gW, gC, gbw, gbc, W, C, bw, bc, aW, aC, abw, abc, clip)
+                apply_summed_kernel(mine.start, mine.stop, gW, gC, gbw, gbc, W, C, bw, bc, aW, aC, abw, abc, eta, clip)
             with ctx.timed("wait", step=epoch):
                 barrier.wait(_BARRIER_TIMEOUT)
         costs.array[epoch, worker_id] = cost

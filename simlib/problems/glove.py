@@ -7,13 +7,13 @@ document with 0 < |p - q| <= L, word i at p and word j at q (so X is symmetric).
     f(x) = min(1, (x / x_max) ** alpha),   alpha = 0.75, x_max = 100,
 
 with AdaGrad, one co-occurrence entry at a time. The update follows the reference C program
-(stanfordnlp/GloVe) exactly, so that its loss per epoch is comparable: with
-g = eta * f(X_ij) * diff (the factor 2 of the gradient folded into eta),
+(stanfordnlp/GloVe, current master) exactly, so that its loss per epoch is comparable: with
+g = f(X_ij) * diff (the factor 2 of the gradient folded into the step sizes),
 
-    w_i -= clip(g c_j) / sqrt(G_w_i),   G_w_i += clip(g c_j)^2     (element-wise; same for c_j)
-    b_i -= g / sqrt(G_b_i),             G_b_i += g^2               (same for b'_j)
+    t = eta * clip(g c_j),  w_i -= t / sqrt(G_w_i),  G_w_i += t^2   (element-wise; same for c_j)
+    b_i -= g / sqrt(G_b_i),  G_b_i += g^2                          (same for b'_j; no eta here)
 
-where every accumulator G starts at 1. The reported cost is the C program's: the mean over the
+where every accumulator G starts at 1 and clip limits each component to +-grad_clip. The reported cost is the C program's: the mean over the
 entries of a pass of 0.5 f diff^2, each measured just before its update.
 
 Example::
@@ -385,12 +385,11 @@ def adagrad_kernel(rows, cols, logx, fx, order, W, C, bw, bc, gW, gC, gbw, gbc, 
         diff = bw[i] + bc[j] - logx[e]
         for k in range(dim):
             diff += W[i, k] * C[j, k]
-        fdiff = fx[e] * diff
-        cost += 0.5 * fdiff * diff
-        g = eta * fdiff
+        g = fx[e] * diff
+        cost += 0.5 * g * diff
         for k in range(dim):
-            tw = min(max(g * C[j, k], -clip), clip)
-            tc = min(max(g * W[i, k], -clip), clip)
+            tw = min(max(g * C[j, k], -clip), clip) * eta
+            tc = min(max(g * W[i, k], -clip), clip) * eta
             uw[k] = tw / np.sqrt(gW[i, k])
             uc[k] = tc / np.sqrt(gC[j, k])
             gW[i, k] += tw * tw
