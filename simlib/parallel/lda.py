@@ -1,0 +1,370 @@
+"""AD-LDA on a parameter server: real processes, a shared word-topic table, BSP or SSP clocks.
+
+The parent process is the parameter server: it owns the word-topic table n_wk and the topic
+totals n_k. Each worker owns a contiguous block of documents, their topic assignments and
+their doc-topic counts, and keeps a *cached copy* of the table. One clock of a worker is:
+
+1. wait until the table is fresh enough: under SSP(s) a worker about to run clock c needs every
+   worker to have finished clock c - s (BSP is s = 0); it records the clock m of the table it
+   then pulls (m = the slowest worker's finished clocks), so its staleness is c - m <= s;
+2. pull the table into its cache and sample every one of its tokens against the cache (the
+   compiled sweep of :mod:`simlib.problems.lda_gibbs`, updating the cache as it goes: AD-LDA);
+3. push its count deltas (cache minus what it pulled) and its clock.
+
+Two transports carry steps 2-3:
+
+* ``"shm"``: the table is a :class:`~simlib.parallel.SharedArray`; push adds the delta under a
+  lock, pull copies the table under the same lock.
+* ``"pipe"``: the table is an ordinary array in the parent, served by a thread; workers send
+  their non-zero deltas (flat index, value) through a counted pipe and receive back only the
+  rows of the words they hold. ``LDARun.bytes_moved`` is what crossed the pipes.
+
+Counts stay consistent: every push carries exactly the changes of the worker's own tokens, so
+after the final push the table equals the counts recomputed from all assignments (checked at
+the end of every run), and since a worker's pulled table always includes its own latest push,
+no cached count can go negative.
+
+Example::
+
+    >>> from simlib.problems.lda import make_synthetic_corpus
+    >>> corpus, phi, _ = make_synthetic_corpus(seed=0)
+    >>> run = train_parallel(corpus, n_topics=8, alpha=0.5, n_sweeps=10, n_workers=2, protocol="ssp", staleness=1)
+    >>> run.trace.summary()["max_staleness"] <= 1
+    True
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.parallel.channel import Channel
+from simlib.parallel.group import WorkerGroup
+from simlib.parallel.worker import current
+from simlib.problems.lda import (
+    LDACorpus,
+    check_hyper,
+    count_tables,
+    doc_log_likelihood,
+    log_likelihood,
+    random_assignments,
+    word_log_likelihood,
+)
+from simlib.problems.lda_gibbs import KERNELS, GibbsState
+from simlib.trace import Trace
+
+PROTOCOLS = ("bsp", "ssp")
+TRANSPORTS = ("shm", "pipe")
+_POLL = 1e-4  # seconds between checks of the clock table while a worker waits
+
+
+@dataclass
+class LDARun:
+    """What a parallel run leaves: the trace, final assignments and tables, and the staleness record."""
+
+    trace: Trace
+    z: np.ndarray  # final topic of every token, corpus order
+    n_wk: np.ndarray  # the server's final word-topic table
+    n_k: np.ndarray  # the server's final topic totals
+    table_clock: np.ndarray  # (n_workers, n_sweeps): clock m of the table each worker sampled against
+    min_count: int  # smallest count any worker saw in its cache or the server's table
+    bytes_moved: int  # bytes through the pipes (0 for shared memory)
+    tokens_per_s: float  # tokens sampled per wall second, first pull to last push
+
+    @property
+    def log_likelihood(self) -> float:
+        """Final log p(w, z)."""
+        return self.trace.quality[-1].value
+
+
+def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:
+    """Document boundaries (n_workers + 1) giving each worker a contiguous block with about N / n_workers tokens."""
+    targets = corpus.n_tokens * np.arange(1, n_workers) / n_workers
+    cuts = np.searchsorted(corpus.offsets, targets)
+    bounds = np.concatenate([[0], cuts, [corpus.n_docs]]).astype(np.int64)
+    return np.maximum.accumulate(bounds)
+
+
+# -- the two transports, worker side ---------------------------------------------------------
+class _ShmTable:
+    """Worker's handle on the shared-memory server: pull copies the table, push adds a delta."""
+
+    def __init__(self, shared: dict[str, Any], lock: Any, worker_id: int, words: np.ndarray):
+        self.n_wk, self.n_k = shared["n_wk"].array, shared["n_k"].array
+        self.clock, self.doc_ll = shared["clock"].array, shared["doc_ll"].array
+        self.lock, self.worker_id = lock, worker_id
+
+    def min_clock(self) -> int:
+        """Clocks finished by the slowest worker."""
+        return int(self.clock.min())
+
+    def pull(self, n_wk: np.ndarray, n_k: np.ndarray) -> int:
+        """Copy the table into the cache; return its clock m."""
+        with self.lock:
+            np.copyto(n_wk, self.n_wk)
+            np.copyto(n_k, self.n_k)
+            return int(self.clock.min())
+
+    def push(self, clock: int, d_wk: np.ndarray, d_k: np.ndarray, doc_ll: float) -> int:
+        """Add the deltas and publish the clock; return the smallest count now in the table."""
+        with self.lock:
+            self.n_wk += d_wk
+            self.n_k += d_k
+            self.doc_ll[self.worker_id] = doc_ll
+            self.clock[self.worker_id] = clock
+        # Outside the lock: a concurrent add changes each int32 atomically, from one count >= 0 to another.
+        return int(min(self.n_wk.min(), self.n_k.min()))
+
+
+class _PipeTable:
+    """Worker's handle on the pipe server: deltas go out sparse, the worker's rows come back."""
+
+    def __init__(self, channel: Channel, words: np.ndarray):
+        self.channel = channel
+        self.words = words  # the rows this worker needs (its vocabulary)
+
+    def min_clock(self) -> int:
+        """Unknown locally: the server decides when to answer a pull."""
+        return -1
+
+    def pull(self, n_wk: np.ndarray, n_k: np.ndarray) -> int:
+        """Ask for fresh rows (the server answers when the bound allows); return the table's clock."""
+        self.channel.send(("pull",))
+        m = self.channel.recv()
+        n_wk[self.words] = self.channel.recv_array()
+        n_k[:] = self.channel.recv_array()
+        return int(m)
+
+    def push(self, clock: int, d_wk: np.ndarray, d_k: np.ndarray, doc_ll: float) -> int:
+        """Send the non-zero deltas as (flat index, value) and the clock; the server returns its minimum count."""
+        flat = d_wk.ravel()
+        idx = np.flatnonzero(flat).astype(np.int32)
+        self.channel.send(("push", clock, doc_ll))
+        self.channel.send_array(idx)
+        self.channel.send_array(flat[idx])
+        self.channel.send_array(d_k)
+        return int(self.channel.recv())
+
+
+def _worker(
+    worker_id: int, n_workers: int, corpus: LDACorpus, bounds: np.ndarray, z0: np.ndarray, cfg: dict[str, Any],
+    shared: dict[str, Any], lock: Any, channels: list[Channel] | None,
+) -> np.ndarray:
+    """One AD-LDA worker: wait for a fresh enough table, pull, sweep its documents, push; return its z."""
+    ctx = current()
+    d0, d1 = int(bounds[worker_id]), int(bounds[worker_id + 1])
+    shard = corpus.subset(np.arange(d0, d1))
+    t0, t1 = int(corpus.offsets[d0]), int(corpus.offsets[d1])
+    words = np.unique(shard.words)
+    if channels is None:
+        table: Any = _ShmTable(shared, lock, worker_id, words)
+    else:
+        table = _PipeTable(channels[worker_id], words)
+    K, s = cfg["n_topics"], cfg["staleness"]
+    n_wk = np.zeros((corpus.n_words, K), np.int32)
+    n_k = np.zeros(K, np.int32)
+    state = GibbsState(shard, K, cfg["alpha"], cfg["beta"], z0[t0:t1], n_wk=n_wk, n_k=n_k, kernel=cfg["kernel"])
+    fail_at = cfg.get("fail_at")
+    stamps = shared["table_clock"].array
+    lowest = int(np.iinfo(np.int64).max)
+    for c in range(cfg["n_sweeps"]):
+        if fail_at is not None and fail_at == (worker_id, c):
+            raise RuntimeError(f"injected failure in worker {worker_id} at clock {c}")
+        start = time.perf_counter()
+        while table.min_clock() != -1 and table.min_clock() < c - s:  # SSP gate (pipe: the server gates)
+            time.sleep(_POLL)
+        gated = time.perf_counter()
+        ctx.span("wait", start, gated, step=c)
+        m = table.pull(n_wk, n_k)
+        got = time.perf_counter()
+        if channels is None:  # the pipe records its own recv spans (including the server's gating)
+            ctx.span("recv", gated, got, nbytes=n_wk.nbytes + n_k.nbytes, step=c)
+        if c - m > s:  # the invariant the protocol promises; fail loudly if it ever breaks
+            raise RuntimeError(f"worker {worker_id} at clock {c} got a table of clock {m}, older than staleness {s}")
+        stamps[worker_id, c] = m
+        ctx.update(c, staleness=c - m)
+        pulled_wk, pulled_k = n_wk.copy(), n_k.copy()
+        state.sweep(seed=cfg["seed"] * 1_000_003 + worker_id * 10_007 + c)
+        if cfg["straggler"] is not None and cfg["straggler"][0] == worker_id:
+            time.sleep(cfg["straggler"][1])  # a slow machine: its clocks take this much longer
+        done = time.perf_counter()
+        ctx.span("compute", got, done, step=c)
+        lowest = min(lowest, int(n_wk.min()), int(n_k.min()), int(state.n_dk.min()))
+        top = table.push(c + 1, n_wk - pulled_wk, n_k - pulled_k, doc_log_likelihood(state.n_dk, cfg["alpha"]))
+        lowest = min(lowest, top)
+        if channels is None:
+            ctx.span("send", done, time.perf_counter(), nbytes=n_wk.nbytes + n_k.nbytes, step=c)
+    shared["min_count"].array[worker_id] = lowest
+    return state.z
+
+
+# -- the pipe server (a thread in the parent) ------------------------------------------------
+def _serve(
+    channels: list[Channel], n_wk: np.ndarray, n_k: np.ndarray, rows: list[np.ndarray], clock: np.ndarray,
+    doc_ll: np.ndarray, staleness: int, n_sweeps: int, lock: threading.Lock, stop: threading.Event,
+) -> None:
+    """Apply pushes, answer pulls once min(clock) >= c - s, until every worker has pushed its last clock."""
+    waiting: dict[int, int] = {}  # worker -> clock it wants to start
+
+    def answer(w: int) -> None:
+        m = int(clock.min())
+        channels[w].send(m)
+        channels[w].send_array(n_wk[rows[w]])
+        channels[w].send_array(n_k)
+
+    while not stop.is_set() and clock.min() < n_sweeps:
+        for ch in wait(channels, timeout=0.05):
+            w = channels.index(ch)  # type: ignore[arg-type]
+            msg = ch.recv()
+            if msg[0] == "pull":
+                waiting[w] = int(clock[w])
+            else:
+                _, c, ll = msg
+                idx, vals, d_k = ch.recv_array(), ch.recv_array(), ch.recv_array()
+                with lock:
+                    n_wk.ravel()[idx] += vals  # indices are unique within one push
+                    n_k += d_k
+                    clock[w] = c
+                    doc_ll[w] = ll
+                ch.send(int(min(n_wk.min(), n_k.min())))
+            for v in [v for v, c in waiting.items() if clock.min() >= c - staleness]:
+                del waiting[v]
+                answer(v)
+
+
+def train_parallel(
+    corpus: LDACorpus,
+    n_topics: int,
+    alpha: float = 0.1,
+    beta: float = 0.01,
+    n_sweeps: int = 20,
+    n_workers: int = 2,
+    protocol: str = "bsp",
+    staleness: int = 0,
+    transport: str = "shm",
+    kernel: str = "sparse",
+    seed: int = 0,
+    start_method: str | None = None,
+    timeout: float | None = None,
+    record_every: float = 0.02,
+    straggler: tuple[int, float] | None = None,
+    fail_at: tuple[int, int] | None = None,
+) -> LDARun:
+    """Collapsed Gibbs for LDA on ``n_workers`` processes around a parameter server (AD-LDA, BSP or SSP).
+
+    ``protocol='bsp'`` forces ``staleness=0``; ``'ssp'`` lets a worker run up to ``staleness``
+    clocks ahead of the slowest. The trace has ``metric='log_likelihood'`` (higher is better),
+    one quality point each time the slowest worker finishes a clock (the joint log p(w, z) of
+    the pushed state), spans for wait / compute / send / recv and one update per worker clock
+    with its staleness. ``record_every`` (seconds) spaces the parent's log-likelihood checks
+    (each costs O(V K) lgamma calls: raise it when timing). ``fail_at=(worker, clock)`` makes
+    that worker raise there (for tests of the clean failure path). ``straggler=(worker, seconds)``
+    makes one worker that much slower per clock, to show what SSP buys.
+    """
+    check_hyper(n_topics, alpha, beta)
+    check.positive_int("n_sweeps", n_sweeps)
+    check.positive_int("n_workers", n_workers)
+    check.one_of("protocol", protocol, PROTOCOLS)
+    check.non_negative_int("staleness", staleness)
+    check.one_of("transport", transport, TRANSPORTS)
+    check.one_of("kernel", kernel, KERNELS)
+    check.positive("record_every", record_every)
+    if protocol == "bsp" and staleness != 0:
+        raise ValueError(f"staleness must be 0 under protocol='bsp', got {staleness}")
+    if straggler is not None:
+        if len(straggler) != 2 or not 0 <= straggler[0] < n_workers:
+            raise ValueError(f"straggler must be (worker in [0, {n_workers}), seconds), got {straggler!r}")
+        check.non_negative("straggler seconds", straggler[1])
+    if n_workers > corpus.n_docs:
+        raise ValueError(f"n_workers must be <= the number of documents ({corpus.n_docs}), got {n_workers}")
+    K = n_topics
+    z0 = random_assignments(corpus, K, seed)
+    _, n_wk0, n_k0 = count_tables(corpus, z0, K)
+    bounds = shard_documents(corpus, n_workers)
+    _warm_up(kernel)
+    cfg = dict(n_topics=K, alpha=float(alpha), beta=float(beta), n_sweeps=n_sweeps, staleness=staleness,
+               kernel=kernel, seed=seed, fail_at=fail_at, straggler=straggler)
+    label = f"lda-{protocol}{staleness if protocol == 'ssp' else ''}-{transport}-{n_workers}w"
+    with WorkerGroup(n_workers, start_method, label=label) as group:
+        shared = {
+            "clock": group.zeros(n_workers, np.int64),
+            "doc_ll": group.zeros(n_workers, np.float64),
+            "table_clock": group.zeros((n_workers, n_sweeps), np.int64),
+            "min_count": group.zeros(n_workers, np.int64),
+        }
+        trace = group.trace
+        trace.metric, trace.lower_is_better = "log_likelihood", False
+        trace.meta.update(protocol=protocol, staleness=staleness, transport=transport, n_topics=K,
+                          n_tokens=corpus.n_tokens, n_sweeps=n_sweeps)
+        doc_ll0 = [doc_log_likelihood(count_tables(corpus.subset(np.arange(bounds[w], bounds[w + 1])),
+                                                   z0[corpus.offsets[bounds[w]]:corpus.offsets[bounds[w + 1]]], K)[0], alpha)
+                   for w in range(n_workers)]
+        shared["doc_ll"].array[:] = doc_ll0
+        server_lock = threading.Lock()
+        if transport == "shm":
+            shared["n_wk"], shared["n_k"] = group.copy_of(n_wk0), group.copy_of(n_k0)
+            lock, channels, server_ends = group.lock(), None, []
+            n_wk, n_k, clock = shared["n_wk"].array, shared["n_k"].array, shared["clock"].array
+        else:
+            pairs = [group.channel_pair() for _ in range(n_workers)]
+            server_ends, channels = [p[0] for p in pairs], [p[1] for p in pairs]
+            lock, n_wk, n_k, clock = None, n_wk0.copy(), n_k0.copy(), np.zeros(n_workers, np.int64)
+        doc_ll = shared["doc_ll"].array if transport == "shm" else np.array(doc_ll0)
+        last = [-1]
+
+        def snapshot(now: float) -> None:
+            """Record log p(w, z) of the pushed state whenever the slowest worker has moved on."""
+            guard = lock if lock is not None else server_lock
+            with guard:
+                m = int(clock.min())
+                if m == last[0]:
+                    return
+                wk, k, dll = n_wk.copy(), n_k.copy(), float(doc_ll.sum())
+            last[0] = m
+            trace.record_quality(now, m, word_log_likelihood(wk, k, beta) + dll)
+
+        snapshot(0.0)
+        stop = threading.Event()
+        server = None
+        if transport == "pipe":
+            rows = [np.unique(corpus.words[corpus.offsets[bounds[w]]:corpus.offsets[bounds[w + 1]]])
+                    for w in range(n_workers)]
+            server = threading.Thread(
+                target=_serve, args=(server_ends, n_wk, n_k, rows, clock, doc_ll, staleness, n_sweeps, server_lock, stop),
+                daemon=True)
+            server.start()
+        try:
+            parts = group.run(_worker, corpus, bounds, z0, cfg, shared, lock, channels,
+                              monitor=snapshot, monitor_every=record_every, timeout=timeout)
+        finally:
+            stop.set()
+            if server is not None:
+                server.join()
+        z = np.concatenate(parts)
+        table_clock = shared["table_clock"].array.copy()
+        min_count = int(shared["min_count"].array.min())
+        final_wk, final_k = n_wk.copy(), n_k.copy()
+        bytes_moved = sum(ch.bytes_sent + ch.bytes_received for ch in server_ends)
+    n_dk, check_wk, check_k = count_tables(corpus, z, K)
+    if not (np.array_equal(check_wk, final_wk) and np.array_equal(check_k, final_k)):
+        raise RuntimeError("the server's table differs from the counts of the final assignments")
+    trace.record_quality(group.now(), n_sweeps, log_likelihood(n_dk, final_wk, final_k, alpha, beta))
+    wall = max(sp.end for sp in trace.spans) - min(sp.start for sp in trace.spans)
+    trace.meta["bytes_moved"] = bytes_moved
+    return LDARun(trace, z, final_wk, final_k, table_clock, min_count, bytes_moved, corpus.n_tokens * n_sweeps / wall)
+
+
+def _warm_up(kernel: str) -> None:
+    """Load the compiled sweep in the parent so forked workers start sampling at once."""
+    from simlib.problems.lda import make_synthetic_corpus
+
+    tiny, _, _ = make_synthetic_corpus(n_docs=2, n_topics=2, n_words=5, doc_length=3, seed=0)
+    GibbsState.init(tiny, 2, kernel=kernel).sweep(0)
+
+
+__all__ = ["LDARun", "train_parallel", "shard_documents", "PROTOCOLS", "TRANSPORTS"]

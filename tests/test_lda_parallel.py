@@ -1,0 +1,137 @@
+"""AD-LDA on real processes: consistent counts, the SSP bound, topic recovery, byte counts, clean failures."""
+import multiprocessing
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from simlib.parallel import WorkerDied, WorkerError
+from simlib.parallel.lda import shard_documents, train_parallel
+from simlib.problems.lda import count_tables, make_synthetic_corpus, topic_match, topic_word
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return make_synthetic_corpus(seed=0)
+
+
+def _segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("simlib_")} if os.path.isdir("/dev/shm") else set()
+
+
+def _assert_consistent(corpus, run, K):
+    _, n_wk, n_k = count_tables(corpus, run.z, K)
+    assert np.array_equal(n_wk, run.n_wk) and np.array_equal(n_k, run.n_k)
+    assert run.min_count >= 0
+
+
+@pytest.mark.parametrize(
+    "n_workers, protocol, staleness, transport",
+    [(1, "bsp", 0, "shm"), (2, "bsp", 0, "shm"), (2, "ssp", 2, "shm"), (2, "ssp", 1, "pipe")],
+)
+def test_topics_recovered_and_counts_consistent(synthetic, n_workers, protocol, staleness, transport):
+    corpus, phi, _ = synthetic
+    run = train_parallel(corpus, 8, alpha=0.5, n_sweeps=40, n_workers=n_workers, protocol=protocol,
+                         staleness=staleness, transport=transport, seed=1, timeout=60)
+    _assert_consistent(corpus, run, 8)
+    assert topic_match(phi, topic_word(run.n_wk, run.n_k, 0.01))[0] >= 0.9
+    t = run.trace
+    assert t.substrate == "parallel" and t.metric == "log_likelihood" and not t.lower_is_better
+    assert t.quality[-1].value > t.quality[0].value  # the chain climbed from the random start
+    assert len(t.updates) == n_workers * 40
+
+
+def test_ssp_never_samples_against_a_table_older_than_the_bound(synthetic):
+    corpus, _, _ = synthetic
+    s, n = 2, 12
+    # Worker 0 is 20 ms slower per clock, so worker 1 runs ahead as far as the bound allows.
+    run = train_parallel(corpus, 8, alpha=0.5, n_sweeps=n, n_workers=2, protocol="ssp", staleness=s,
+                         straggler=(0, 0.02), seed=2, timeout=60)
+    lag = np.arange(n)[None, :] - run.table_clock
+    assert lag.min() >= 0 and lag.max() <= s
+    assert lag[1].max() == s  # the fast worker did use the slack
+    assert max(u.staleness for u in run.trace.updates) == s
+    _assert_consistent(corpus, run, 8)
+
+
+def test_bsp_waits_for_the_straggler_and_is_never_stale(synthetic):
+    corpus, _, _ = synthetic
+    run = train_parallel(corpus, 8, n_sweeps=6, n_workers=2, protocol="bsp", straggler=(0, 0.02), timeout=60)
+    assert np.array_equal(run.table_clock, np.tile(np.arange(6), (2, 1)))
+    assert run.trace.busy_time("wait") > 5 * 0.02 * 0.5  # worker 1 waited most of the straggler's delay
+
+
+def test_pipe_bytes_are_counted_on_both_ends(synthetic):
+    corpus, _, _ = synthetic
+    run = train_parallel(corpus, 8, n_sweeps=5, n_workers=2, transport="pipe", timeout=60)
+    summary = run.trace.summary()  # the workers' own send / recv spans
+    assert summary["bytes_sent"] > 0 and summary["bytes_received"] > 0
+    assert run.bytes_moved == summary["bytes_sent"] + summary["bytes_received"]
+    _assert_consistent(corpus, run, 8)
+
+
+def test_shards_cover_the_corpus_evenly(synthetic):
+    corpus, _, _ = synthetic
+    b = shard_documents(corpus, 3)
+    assert b[0] == 0 and b[-1] == corpus.n_docs and np.all(np.diff(b) > 0)
+    tokens = np.diff(corpus.offsets[b])
+    assert tokens.max() - tokens.min() < 3 * np.diff(corpus.offsets).max()
+
+
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_a_failing_worker_gives_a_clear_error_and_leaves_nothing(synthetic, transport):
+    corpus, _, _ = synthetic
+    before = _segments()
+    with pytest.raises(WorkerError, match="injected failure in worker 1 at clock 3") as info:
+        train_parallel(corpus, 8, n_sweeps=10, n_workers=2, protocol="ssp", staleness=1, transport=transport,
+                       fail_at=(1, 3), timeout=60)
+    assert info.value.worker_id == 1
+    assert multiprocessing.active_children() == []
+    assert _segments() <= before
+
+
+def test_a_killed_worker_is_reported_and_cleaned_up(synthetic):
+    corpus, _, _ = synthetic
+    before = _segments()
+
+    def kill_one() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            children = multiprocessing.active_children()
+            if children:
+                time.sleep(0.2)
+                os.kill(children[0].pid, signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_one)
+    killer.start()
+    with pytest.raises(WorkerDied, match="killed by signal 9"):
+        train_parallel(corpus, 8, n_sweeps=100_000, n_workers=2, straggler=(0, 0.01), timeout=60)
+    killer.join()
+    assert multiprocessing.active_children() == []
+    assert _segments() <= before
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(n_topics=0), "n_topics"),
+        (dict(alpha=0.0), "alpha"),
+        (dict(beta=-1.0), "beta"),
+        (dict(protocol="async"), "protocol"),
+        (dict(protocol="bsp", staleness=2), "staleness"),
+        (dict(transport="tcp"), "transport"),
+        (dict(n_workers=10_000), "n_workers"),
+        (dict(straggler=(5, 0.1)), "straggler"),
+    ],
+)
+def test_bad_configuration_fails_before_any_process_starts(synthetic, kwargs, field):
+    corpus, _, _ = synthetic
+    args = dict(n_topics=8, n_sweeps=2, n_workers=2) | kwargs
+    with pytest.raises(ValueError, match=field):
+        train_parallel(corpus, **args)
+    assert multiprocessing.active_children() == []
