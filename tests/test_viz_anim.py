@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from test_viz_plots import bsp_trace
 
 from simlib.viz.anim import draw_runs, export_animation
+from simlib.viz.plots import timeline_artists
 
 
 def _figure() -> Figure:
@@ -49,7 +50,7 @@ def test_reveal_shows_the_state_at_t_and_counts_waiting_workers():
     assert list(reveal._cursors[0].get_xdata()) == [2.0, 2.0]
     bsp_line = [ln for ln in reveal.loss_ax.lines if ln.get_gid() == "loss:BSP"][0]
     assert len(bsp_line.get_xdata()) == 0  # BSP's first loss point comes at 3.2 s
-    spans = [c for c in reveal.timelines[0].collections if c.get_gid() == "span:compute"][0]
+    spans = timeline_artists(reveal.timelines[0])["span:compute"]
     x0, x1 = spans.get_clip_box().get_points()[:, 0]
     assert x1 == pytest.approx(reveal.timelines[0].transData.transform((2.0, 0))[0])
     reveal(reveal.t_end)

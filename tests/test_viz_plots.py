@@ -12,6 +12,7 @@ import pytest
 from matplotlib.colors import to_hex
 
 from simlib.trace import Trace
+from simlib.viz.plots import bar_count, timeline_artists
 from simlib.viz import (
     KIND_COLORS,
     barrier_times,
@@ -55,8 +56,12 @@ def curve_trace(label: str, times: list[float], values: list[float], substrate: 
 
 
 def _spans_drawn(ax, kind: str):
-    colls = [c for c in ax.collections if c.get_gid() == f"span:{kind}"]
-    return colls[0] if colls else None
+    return timeline_artists(ax).get(f"span:{kind}")
+
+
+def _bar_vertices(artist) -> np.ndarray:
+    """(n, 5, 2): the corners of each bar (closed)."""
+    return artist.get_path().vertices.reshape(-1, 5, 2)
 
 
 def test_timeline_draws_one_bar_per_span_coloured_by_kind():
@@ -65,13 +70,13 @@ def test_timeline_draws_one_bar_per_span_coloured_by_kind():
     for kind in ("compute", "send", "recv", "wait"):
         expected = sum(1 for s in tr.spans if s.kind == kind)
         coll = _spans_drawn(ax, kind)
-        assert coll is not None and len(coll.get_paths()) == expected, kind
-        assert to_hex(coll.get_facecolor()[0]) == KIND_COLORS[kind].lower()
+        assert coll is not None and bar_count(coll) == expected, kind
+        assert to_hex(coll.get_facecolor()) == KIND_COLORS[kind].lower()
     assert len({KIND_COLORS[k] for k in KIND_COLORS}) == len(KIND_COLORS)
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any("wait" in t for t in legend) and any("compute" in t for t in legend)
     # The bars sit on the worker's row: worker 2's compute bar spans y in [1.6, 2.4].
-    verts = _spans_drawn(ax, "compute").get_paths()[2].vertices
+    verts = _bar_vertices(_spans_drawn(ax, "compute"))[2]
     assert verts[:, 1].min() == pytest.approx(1.6) and verts[:, 1].max() == pytest.approx(2.4)
 
 
@@ -79,13 +84,11 @@ def test_timeline_marks_each_bsp_barrier_and_clips_to_t_max():
     tr = bsp_trace(n_workers=4, steps=5, slow=2.0)
     assert np.allclose(barrier_times(tr), [2.1 + 2.2 * k for k in range(5)])
     ax = plot_timeline(tr, t_max=5.0)
-    barriers = [c for c in ax.collections if c.get_gid() == "barriers"][0]
+    barriers = timeline_artists(ax)["barriers"]
     assert len(barriers.get_segments()) == 2  # 2.1 and 4.3 lie before 5.0
-    drawn = sum(len(c.get_paths()) for c in ax.collections if (c.get_gid() or "").startswith("span:"))
-    assert drawn == sum(1 for s in tr.spans if s.start < 5.0)
-    ends = np.concatenate([p.vertices[:, 0] for c in ax.collections
-                           if (c.get_gid() or "").startswith("span:") for p in c.get_paths()])
-    assert ends.max() <= 5.0
+    spans = timeline_artists(ax, "span:").values()
+    assert sum(bar_count(a) for a in spans) == sum(1 for s in tr.spans if s.start < 5.0)
+    assert max(_bar_vertices(a)[:, :, 0].max() for a in spans) <= 5.0
     assert ax.get_xlim() == (0.0, 5.0)
 
 
@@ -93,20 +96,24 @@ def test_timeline_uses_recorded_barriers_and_draws_one_arrow_per_message():
     tr = bsp_trace(n_workers=3, steps=2)
     tr.meta["barriers"] = [0.5]
     ax = plot_timeline(tr)
-    barriers = [c for c in ax.collections if c.get_gid() == "barriers"][0]
+    barriers = timeline_artists(ax)["barriers"]
     assert [s[0][0] for s in barriers.get_segments()] == [0.5]
-    msgs = [c for c in ax.collections if c.get_gid() == "messages"][0]
-    assert len(msgs.get_segments()) == sum(1 for s in tr.spans if s.kind in ("send", "recv"))
+    msgs = timeline_artists(ax)["messages"]
+    n_messages = sum(1 for s in tr.spans if s.kind in ("send", "recv"))
+    assert np.count_nonzero(np.isnan(msgs.get_xdata())) == n_messages  # one NaN ends each arrow
+    heads = timeline_artists(ax)["message-heads"]
+    arrivals = sorted(s.end for s in tr.spans if s.kind in ("send", "recv"))
+    assert sorted(heads.get_xdata()) == pytest.approx(arrivals)  # a dot where each message lands
     assert "servers" in [t.get_text() for t in ax.get_yticklabels()]
     ax2 = plot_timeline(tr, arrows=False)
-    assert not [c for c in ax2.collections if c.get_gid() == "messages"]
+    assert "messages" not in timeline_artists(ax2)
 
 
 def test_timeline_caps_workers_and_says_so():
     tr = bsp_trace(n_workers=40, steps=1)
     ax = plot_timeline(tr, max_workers=8)
     compute = _spans_drawn(ax, "compute")
-    assert len(compute.get_paths()) == 8
+    assert bar_count(compute) == 8
     assert "8 of 40" in ax.get_ylabel()
 
 
@@ -184,7 +191,7 @@ def test_compare_figure_has_a_timeline_per_run_and_states_the_finding():
     fig = compare_figure([bsp, ssp], target=0.1)
     expected = bsp.time_to(0.1) / ssp.time_to(0.1)
     assert fig.get_suptitle() == f"SSP(3) reaches loss 0.1 {expected:.1f}x sooner than BSP"
-    timelines = [ax for ax in fig.axes if any((c.get_gid() or "").startswith("span:") for c in ax.collections)]
+    timelines = [ax for ax in fig.axes if timeline_artists(ax, "span:")]
     assert len(timelines) == 2
     assert any(ax.get_xlabel() == "steps (updates applied)" for ax in fig.axes)
     fig.canvas.draw()  # the whole figure renders

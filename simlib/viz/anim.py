@@ -28,7 +28,7 @@ from matplotlib.ticker import MaxNLocator
 
 from simlib._validate import one_of, positive, positive_int
 from simlib.trace import Trace
-from simlib.viz.plots import MAX_ARROWS, default_target, finding, plot_loss, plot_timeline
+from simlib.viz.plots import MAX_ARROWS, default_target, finding, plot_loss, plot_timeline, timeline_artists
 from simlib.viz.style import KIND_COLORS, KIND_LABELS, OKABE_ITO, run_label, style
 
 if TYPE_CHECKING:
@@ -94,8 +94,7 @@ class Reveal:
             x0, x1 = ax.get_xlim()
             y0, y1 = sorted(ax.get_ylim())
             box = TransformedBbox(Bbox([[x0, y0], [min(max(t, x0), x1), y1]]), ax.transData)
-            for art in list(ax.collections):
-                gid = art.get_gid() or ""
+            for gid, art in timeline_artists(ax).items():
                 if gid.startswith(_REVEALED_GIDS):
                     art.set_clip_box(box)
                     changed.append(art)
@@ -167,11 +166,10 @@ def draw_runs(
             loss_ax.set_xlim(0.0, t_end)
             runs_legend = loss_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
             # The span colours are explained once, beside the loss legend, to keep the timelines wide.
-            kinds = sorted({(c.get_gid() or "")[5:] for a in timelines for c in a.collections
-                            if (c.get_gid() or "").startswith("span:")}, key=list(KIND_COLORS).index)
+            gids = {g for a in timelines for g in timeline_artists(a)}
+            kinds = sorted((g[5:] for g in gids if g.startswith("span:")), key=list(KIND_COLORS).index)
             loss_ax.add_artist(runs_legend)
             handles = [Patch(facecolor=KIND_COLORS[kd], label=KIND_LABELS[kd]) for kd in kinds]
-            gids = {c.get_gid() for a in timelines for c in a.collections}
             black = OKABE_ITO["black"]
             if "barriers" in gids:
                 handles.append(Line2D([], [], color=black, linestyle="--", linewidth=1.2, label="barrier"))

@@ -1,0 +1,86 @@
+"""Redraw latency of the live lecture panel: what a lecturer waits for after moving a slider.
+
+One redraw = simulate every chosen protocol (BSP, SSP(3), async; 16 workers x 100 steps by
+default) + lay the runs out side by side + render the figure to pixels (what ipympl sends to the
+browser). Each repetition moves the straggler-severity slider to a new value, so nothing comes
+from the panel's cache. Compared in the same run with the plain way to get the same picture:
+a fresh constrained-layout figure from ``compare_figure`` for the same traces.
+
+    python benchmarks/live_redraw.py            # 16 workers x 100 steps, 7 repetitions
+    python benchmarks/live_redraw.py --quick    # 3 repetitions
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+
+from simlib.viz import compare_figure  # noqa: E402
+from simlib.viz.live import LivePanel, LiveSettings  # noqa: E402
+
+BUDGET_S = 0.5
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=16, help="simulated workers (default 16)")
+    ap.add_argument("--steps", type=int, default=100, help="steps per worker (default 100)")
+    ap.add_argument("--repeats", type=int, default=7, help="slider moves timed (default 7)")
+    ap.add_argument("--quick", action="store_true", help="3 repetitions")
+    args = ap.parse_args()
+    repeats = 3 if args.quick else args.repeats
+
+    panel = LivePanel(LiveSettings(n_workers=args.workers, steps=args.steps))
+    # Render with Agg here: the panel's ipympl canvas renders only when a browser asks.
+    agg = FigureCanvasAgg(panel.fig)
+    stages: dict[str, list[float]] = {"simulate": [], "lay out": [], "render": [], "total": [],
+                                      "cached (slider moved back)": [], "peer: fresh compare_figure": []}
+    for r in range(repeats):
+        severity = 3.5 + 0.5 * r  # a value not simulated before: a real re-run
+        panel.settings = LiveSettings(**{**panel.settings_dict(), "severity": severity})
+        cfgs = panel.settings.configs(panel.runner.nnz_per_row)
+        t0 = time.perf_counter()
+        traces = panel.runner.run(cfgs)
+        t1 = time.perf_counter()
+        panel.traces = traces
+        panel._draw()
+        t2 = time.perf_counter()
+        agg.draw()
+        t3 = time.perf_counter()
+        stages["simulate"].append(t1 - t0)
+        stages["lay out"].append(t2 - t1)
+        stages["render"].append(t3 - t2)
+        stages["total"].append(t3 - t0)
+
+        t4 = time.perf_counter()
+        panel.traces = panel.runner.run(cfgs)  # all three hit the cache
+        panel._draw()
+        agg.draw()
+        stages["cached (slider moved back)"].append(time.perf_counter() - t4)
+
+        t5 = time.perf_counter()
+        fig = compare_figure(traces)
+        FigureCanvasAgg(fig).draw()
+        stages["peer: fresh compare_figure"].append(time.perf_counter() - t5 + (t1 - t0))
+    panel.close()
+
+    runs = ", ".join(t.label for t in panel.traces)
+    print(f"live panel redraw, {args.workers} workers x {args.steps} steps, runs: {runs}; median of {repeats}")
+    print(f"{'stage':<30}{'median s':>10}{'min s':>10}{'vs budget':>12}")
+    for name, xs in stages.items():
+        med = statistics.median(xs)
+        print(f"{name:<30}{med:>10.3f}{min(xs):>10.3f}{med / BUDGET_S:>11.2f}x")
+    total = statistics.median(stages["total"])
+    peer = statistics.median(stages["peer: fresh compare_figure"])
+    print(f"\nredraw {total:.3f} s against a {BUDGET_S} s budget; the plain fresh figure takes {peer / total:.2f}x as long")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,499 @@
+"""Live lecture mode: sliders that re-run the simulator and redraw the runs side by side.
+
+A lecturer asks "what if one worker is three times slower?" and moves a slider: the panel
+re-simulates every chosen protocol (BSP, SSP(s), async) with :func:`simlib.sim.simulate`, then
+redraws their timelines side by side above loss against simulated time (:func:`simlib.viz.anim.draw_runs`).
+Play mode reveals the runs as simulated time advances; Export writes the same animation as an
+offline HTML page for slides. In a notebook::
+
+    from simlib.viz.live import LivePanel
+    LivePanel()            # the panel displays itself
+
+Runs go to a worker thread, so the kernel keeps answering the sliders while a large run is
+simulated; a newer change cancels an older run at its next progress report. Outside an event
+loop (scripts, tests) every change runs synchronously.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import io
+import os
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import ipywidgets as W
+from matplotlib.figure import Figure
+
+from simlib import _validate as check
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from simlib.sim import SimConfig, Stragglers, simulate
+from simlib.trace import Trace
+from simlib.viz.anim import Reveal, draw_runs, export_animation
+from simlib.viz.style import style
+
+PROTOCOLS = ("bsp", "ssp", "async")
+PROTOCOL_NAMES = {"bsp": "BSP", "ssp": "SSP(s)", "async": "Async"}
+STRAGGLERS = ("none", "slow worker", "jitter", "pauses", "failure")
+TOPOLOGY_NAMES = {"ps": "PS shards", "allreduce": "ring all-reduce"}
+PLAY_FRAMES = 100
+
+
+def compression_choices() -> tuple[str, ...]:
+    """Compressor specs the panel offers: 'none', plus a few of simlib.compress's when it is present."""
+    try:
+        import simlib.compress  # noqa: F401
+    except ImportError:
+        return ("none",)
+    return ("none", "topk:0.01", "qsgd:4", "onebit-ef")
+
+
+@functools.lru_cache(maxsize=1)
+def live_problem() -> LogisticProblem:
+    """The panel's default workload: sparse logistic regression, 4,000 x 1,000, 20 nonzeros per row.
+
+    Small on purpose: the math per update is then cheap next to the simulation, so 16 workers x
+    100 steps of three protocols re-run at slider speed.
+    """
+    data = make_sparse_classification(n_rows=4_000, n_features=1_000, nnz_per_row=20, label_noise=0.05, seed=0)
+    return LogisticProblem(data, l2=1e-4, eval_rows=1_000, seed=0)
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """What the panel's controls set; :meth:`configs` turns it into one SimConfig per chosen protocol.
+
+    ``severity`` reads per straggler kind: 'slow worker' = worker 0 is ``severity`` times slower;
+    'jitter' = lognormal compute noise with sigma 0.25 x severity; 'pauses' = 5% of steps stall
+    for ``severity`` step times; 'failure' = worker 0 fails a quarter of the way in and returns
+    after 5 x ``severity`` step times.
+    """
+
+    n_workers: int = 16
+    steps: int = 100
+    protocols: tuple[str, ...] = PROTOCOLS
+    staleness: int = 3
+    straggler: str = "slow worker"
+    severity: float = 3.0
+    latency: float = 1e-4
+    bandwidth: float = 1.25e9
+    topology: str = "ps"
+    n_servers: int = 1
+    compression: str = "none"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check.positive_int("n_workers", self.n_workers)
+        check.positive_int("steps", self.steps)
+        if not self.protocols:
+            raise ValueError("protocols must name at least one of 'bsp', 'ssp', 'async'")
+        for p in self.protocols:
+            check.one_of("protocols", p, PROTOCOLS)
+        check.non_negative_int("staleness", self.staleness)
+        check.one_of("straggler", self.straggler, STRAGGLERS)
+        if not (isinstance(self.severity, (int, float)) and 1.0 <= self.severity <= 100.0):
+            raise ValueError(f"severity must be a number in [1, 100], got {self.severity!r}")
+        check.non_negative("latency", self.latency)
+        check.positive("bandwidth", self.bandwidth)
+        check.one_of("topology", self.topology, tuple(TOPOLOGY_NAMES))
+        check.positive_int("n_servers", self.n_servers)
+        check.non_negative_int("seed", self.seed)
+
+    def step_estimate(self, nnz_per_row: float = 20.0) -> float:
+        """Seconds one step takes without stragglers: compute overhead + batch nonzeros x cost + a round trip."""
+        base = SimConfig()
+        return base.compute_overhead + base.batch_size * nnz_per_row * base.compute_per_unit + 2 * self.latency
+
+    def stragglers(self, nnz_per_row: float = 20.0) -> Stragglers:
+        """The straggler model the kind and severity stand for."""
+        s, step = self.severity, self.step_estimate(nnz_per_row)
+        if self.straggler == "slow worker":
+            return Stragglers(slow_workers=1, slow_factor=s)
+        if self.straggler == "jitter":
+            return Stragglers(jitter="lognormal", jitter_sigma=0.25 * s)
+        if self.straggler == "pauses":
+            return Stragglers(pause_prob=0.05, pause_time=s * step)
+        if self.straggler == "failure":
+            return Stragglers(fail_worker=0, fail_time=self.steps / 4 * step, restart_after=5 * s * step)
+        return Stragglers()
+
+    def runnable(self) -> tuple[str, ...]:
+        """The chosen protocols that the topology allows (a ring all-reduce is a barrier: BSP only)."""
+        return ("bsp",) if self.topology == "allreduce" else self.protocols
+
+    def configs(self, nnz_per_row: float = 20.0) -> list[SimConfig]:
+        """One validated SimConfig per runnable protocol."""
+        common = dict(
+            n_workers=self.n_workers, steps=self.steps, topology=self.topology, latency=self.latency,
+            bandwidth=self.bandwidth, stragglers=self.stragglers(nnz_per_row), seed=self.seed,
+            n_servers=self.n_servers if self.topology == "ps" else 1,
+            compression=None if self.compression == "none" else self.compression,
+            # One loss point per two rounds keeps evaluation cheap; curves stay smooth at 100 steps.
+            eval_every=max(1, self.steps // 50),
+        )
+        return [SimConfig(protocol=p, staleness=self.staleness if p == "ssp" else 0, **common) for p in self.runnable()]
+
+
+class Superseded(Exception):
+    """Raised inside a run's progress callback when a newer change has made the run pointless."""
+
+
+class Runner:
+    """Runs SimConfigs on one problem, remembering the last ``capacity`` traces (a slider moved back is instant)."""
+
+    def __init__(self, problem: Any = None, capacity: int = 64) -> None:
+        self.problem = live_problem() if problem is None else problem
+        self.capacity = capacity
+        self.cache: OrderedDict[SimConfig, Trace] = OrderedDict()
+        self.simulated = 0  # runs actually simulated (cache misses)
+        self._lock = threading.Lock()
+        ip = getattr(getattr(self.problem, "data", None), "indptr", None)
+        self.nnz_per_row = float((ip[-1] - ip[0]) / max(len(ip) - 1, 1)) if ip is not None else 20.0
+
+    def run(self, configs: Sequence[SimConfig], progress: Callable[[float, str], None] | None = None) -> list[Trace]:
+        """Traces for ``configs`` in order; ``progress(fraction, label)`` may raise :class:`Superseded` to stop."""
+        out = []
+        for i, cfg in enumerate(configs):
+            with self._lock:
+                hit = self.cache.get(cfg)
+                if hit is not None:
+                    self.cache.move_to_end(cfg)
+            if hit is None:
+                label = cfg.label
+
+                def report(frac: float, i: int = i, label: str = label) -> None:
+                    if progress is not None:
+                        progress((i + frac) / len(configs), label)
+
+                hit = simulate(cfg, self.problem, progress=report)
+                with self._lock:
+                    self.simulated += 1
+                    self.cache[cfg] = hit
+                    while len(self.cache) > self.capacity:
+                        self.cache.popitem(last=False)
+            out.append(hit)
+        return out
+
+
+def _canvas_for(fig: Figure) -> tuple[Any, bool]:
+    """An ipympl canvas widget for ``fig`` if ipympl is installed (True), else an Agg canvas (False)."""
+    try:
+        from ipympl.backend_nbagg import Canvas, FigureManager
+    except ImportError:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        return FigureCanvasAgg(fig), False
+    canvas = Canvas(fig)
+    with warnings.catch_warnings():
+        # ipympl 0.10's toolbar passes an argument traitlets deprecates; nothing to fix on our side.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        FigureManager(canvas, 0)
+    canvas.header_visible = False
+    canvas.footer_visible = False
+    canvas.toolbar_visible = False
+    canvas.resizable = False
+    canvas.layout = W.Layout(width="100%")
+    return canvas, True
+
+
+class LivePanel:
+    """The lecture panel: controls on the left, runs side by side on the right, play and export below.
+
+    ``panel.settings`` is the current :class:`LiveSettings`; ``panel.traces`` the runs drawn;
+    ``panel.refresh()`` re-runs and redraws now (synchronously). Displaying the panel shows
+    ``panel.widget``.
+    """
+
+    def __init__(self, settings: LiveSettings | None = None, problem: Any = None, figsize: tuple[float, float] = (16, 9),
+                 debounce: float = 0.15, export_dir: str = ".") -> None:
+        check.non_negative("debounce", debounce)
+        self.settings = settings or LiveSettings()
+        self.runner = Runner(problem)
+        self.debounce = debounce
+        self.export_dir = export_dir
+        self.traces: list[Trace] = []
+        self.reveal: Reveal | None = None
+        self.redraws = 0
+        self.last_redraw_s = float("nan")
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="simlib-live")
+        self._gen = 0
+        self._pending: asyncio.TimerHandle | None = None
+        self._last_progress = 0.0
+        with style():
+            self.fig = Figure(figsize=figsize, dpi=80)
+        self.canvas, self._widget_canvas = _canvas_for(self.fig)
+        self._image = None if self._widget_canvas else W.Image(format="png", layout=W.Layout(width="100%"))
+        self._build()
+        self.refresh()
+
+    # -- controls ---------------------------------------------------------------------------
+    def _build(self) -> None:
+        s = self.settings
+        wide = {"style": {"description_width": "9em"}, "layout": W.Layout(width="30em")}
+        self.c_workers = W.IntSlider(s.n_workers, min=1, max=64, description="workers", continuous_update=False, **wide)
+        self.c_steps = W.IntSlider(s.steps, min=10, max=1000, step=10, description="steps", continuous_update=False,
+                                   **wide)
+        self.c_protocols = {p: W.ToggleButton(value=p in s.protocols, description=PROTOCOL_NAMES[p],
+                                              layout=W.Layout(width="9em")) for p in PROTOCOLS}
+        self.c_staleness = W.IntSlider(s.staleness, min=0, max=20, description="staleness s", continuous_update=False,
+                                       **wide)
+        self.c_straggler = W.Dropdown(options=STRAGGLERS, value=s.straggler, description="stragglers", **wide)
+        self.c_severity = W.FloatSlider(s.severity, min=1.0, max=10.0, step=0.5, description="severity (x)",
+                                        continuous_update=False, **wide)
+        self.c_latency = W.FloatLogSlider(s.latency, base=10, min=-6, max=-1, step=0.25, description="latency (s)",
+                                          readout_format=".1e", continuous_update=False, **wide)
+        self.c_bandwidth = W.FloatLogSlider(s.bandwidth, base=10, min=6, max=11, step=0.25,
+                                            description="bandwidth (B/s)", readout_format=".1e",
+                                            continuous_update=False, **wide)
+        self.c_topology = W.ToggleButtons(options=[(v, k) for k, v in TOPOLOGY_NAMES.items()], value=s.topology,
+                                          description="topology", style={"description_width": "9em",
+                                                                          "button_width": "10em"})
+        self.c_servers = W.IntSlider(s.n_servers, min=1, max=8, description="PS shards", continuous_update=False,
+                                     **wide)
+        self.c_compression = W.Dropdown(options=compression_choices(), value=s.compression, description="compression",
+                                        **wide)
+        self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", continuous_update=False, **wide)
+        self._controls = [self.c_workers, self.c_steps, *self.c_protocols.values(), self.c_staleness,
+                          self.c_straggler, self.c_severity, self.c_latency, self.c_bandwidth, self.c_topology,
+                          self.c_servers, self.c_compression]
+        for c in self._controls:
+            c.observe(self._on_change, names="value")
+        self.c_window.observe(lambda _: self._draw(), names="value")
+
+        self.play = W.Play(value=PLAY_FRAMES, min=0, max=PLAY_FRAMES, step=1, interval=100, description="play")
+        self.c_speed = W.FloatLogSlider(1.0, base=2, min=-2, max=2, step=0.5, description="speed (x)",
+                                        style={"description_width": "6em"})
+        self.time_slider = W.IntSlider(PLAY_FRAMES, min=0, max=PLAY_FRAMES, description="time (%)",
+                                       style={"description_width": "6em"}, layout=W.Layout(width="40em"))
+        W.jslink((self.play, "value"), (self.time_slider, "value"))
+        self.time_slider.observe(self._on_time, names="value")
+        self.c_speed.observe(lambda ch: setattr(self.play, "interval", max(10, int(100 / ch["new"]))), names="value")
+        self.export_button = W.Button(description="Export HTML", icon="download")
+        self.export_button.on_click(lambda _: self.export())
+        self.progress = W.FloatProgress(value=0.0, min=0.0, max=1.0, description="", layout=W.Layout(width="20em",
+                                                                                                   visibility="hidden"))
+        self.status = W.HTML(layout=W.Layout(width="100%"))
+        self.status.add_class("simlib-live-status")
+
+        title = W.HTML("<h2 style='margin:0.2em 0'>Live: BSP, SSP and async on a simulated cluster</h2>")
+        left = W.VBox([
+            W.HTML("<b>cluster</b>"), self.c_workers, self.c_steps,
+            W.HTML("<b>protocols</b>"), W.HBox(list(self.c_protocols.values())), self.c_staleness,
+            W.HTML("<b>stragglers</b>"), self.c_straggler, self.c_severity,
+            W.HTML("<b>network</b>"), self.c_latency, self.c_bandwidth, self.c_topology, self.c_servers,
+            self.c_compression, W.HTML("<b>view</b>"), self.c_window,
+        ], layout=W.Layout(min_width="31em"))
+        figure = self.canvas if self._widget_canvas else self._image
+        right = W.VBox([figure, W.HBox([self.play, self.c_speed, self.time_slider, self.export_button]),
+                        W.HBox([self.progress]), self.status], layout=W.Layout(width="100%"))
+        self.widget = W.VBox([title, W.HBox([left, right], layout=W.Layout(width="100%"))],
+                             layout=W.Layout(width="100%"))
+        self.widget.add_class("simlib-live")
+
+    def _read_controls(self) -> LiveSettings:
+        """The settings the controls show now."""
+        chosen = tuple(p for p in PROTOCOLS if self.c_protocols[p].value) or ("bsp",)
+        return LiveSettings(
+            n_workers=self.c_workers.value, steps=self.c_steps.value, protocols=chosen,
+            staleness=self.c_staleness.value, straggler=self.c_straggler.value, severity=float(self.c_severity.value),
+            latency=float(self.c_latency.value), bandwidth=float(self.c_bandwidth.value), topology=self.c_topology.value,
+            n_servers=self.c_servers.value, compression=self.c_compression.value, seed=self.settings.seed,
+        )
+
+    def set(self, **changes: Any) -> None:
+        """Change settings from code (as the sliders do) and re-run synchronously."""
+        self.settings = replace(self.settings, **changes)
+        self._sync_controls()
+        self.refresh()
+
+    def _sync_controls(self) -> None:
+        """Show ``self.settings`` on the controls without triggering runs."""
+        s = self.settings
+        self._muted = True
+        try:
+            self.c_workers.value, self.c_steps.value, self.c_staleness.value = s.n_workers, s.steps, s.staleness
+            for p, b in self.c_protocols.items():
+                b.value = p in s.protocols
+            self.c_straggler.value, self.c_severity.value = s.straggler, s.severity
+            self.c_latency.value, self.c_bandwidth.value = s.latency, s.bandwidth
+            self.c_topology.value, self.c_servers.value, self.c_compression.value = s.topology, s.n_servers, s.compression
+        finally:
+            self._muted = False
+
+    _muted = False
+
+    # -- running ----------------------------------------------------------------------------
+    def _on_change(self, _change: dict[str, Any]) -> None:
+        """A control moved: re-run after ``debounce`` seconds of quiet (or now, without an event loop)."""
+        if self._muted:
+            return
+        try:
+            self.settings = self._read_controls()
+        except ValueError as exc:
+            self._show_error(exc)
+            return
+        self.c_servers.disabled = self.settings.topology != "ps"
+        self.c_staleness.disabled = "ssp" not in self.settings.runnable()
+        for p in ("ssp", "async"):
+            self.c_protocols[p].disabled = self.settings.topology == "allreduce"
+        if self._loop is None:
+            self.refresh()
+            return
+        self._gen += 1  # cancels a run in flight at its next progress report
+        if self._pending is not None:
+            self._pending.cancel()
+        self._pending = self._loop.call_later(self.debounce, self._start, self._gen)
+
+    def refresh(self) -> list[Trace]:
+        """Re-run the current settings and redraw, synchronously; returns the traces."""
+        self._gen += 1
+        t0 = time.perf_counter()
+        try:
+            traces = self.runner.run(self.settings.configs(self.runner.nnz_per_row))
+        except ValueError as exc:
+            self._show_error(exc)
+            return self.traces
+        self._finish_draw(traces, t0)
+        return traces
+
+    def _start(self, gen: int) -> None:
+        """Submit the run for generation ``gen`` to the worker thread."""
+        self._pending = None
+        if gen != self._gen:
+            return
+        t0 = time.perf_counter()
+        try:
+            configs = self.settings.configs(self.runner.nnz_per_row)
+        except ValueError as exc:
+            self._show_error(exc)
+            return
+        loop = self._loop
+        assert loop is not None
+
+        def progress(frac: float, label: str) -> None:
+            if gen != self._gen:
+                raise Superseded()
+            now = time.perf_counter()
+            if now - self._last_progress > 0.1:  # a widget message per report would flood the browser
+                self._last_progress = now
+                loop.call_soon_threadsafe(self._show_progress, gen, frac, label, now - t0)
+
+        fut = self._executor.submit(self.runner.run, configs, progress)
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._done, f, gen, t0))
+
+    def _show_progress(self, gen: int, frac: float, label: str, elapsed: float) -> None:
+        """Show the progress bar once a run has taken a moment."""
+        if gen != self._gen or elapsed < 0.3:
+            return
+        self.progress.layout.visibility = "visible"
+        self.progress.value = frac
+        self.progress.description = f"{label}"
+
+    def _done(self, fut: concurrent.futures.Future, gen: int, t0: float) -> None:
+        """The worker thread finished: draw if this is still the newest run."""
+        if gen != self._gen:
+            return
+        self.progress.layout.visibility = "hidden"
+        exc = fut.exception()
+        if isinstance(exc, Superseded):
+            return
+        if exc is not None:
+            self._show_error(exc)
+            return
+        self._finish_draw(fut.result(), t0)
+
+    def _show_error(self, exc: BaseException) -> None:
+        """Say what is wrong in the status line instead of drawing."""
+        self.status.value = f"<span style='color:#D55E00;font-size:16pt'>cannot run: {exc}</span>"
+
+    # -- drawing ----------------------------------------------------------------------------
+    def _finish_draw(self, traces: list[Trace], t0: float) -> None:
+        """Draw ``traces`` and report how long the change took to show."""
+        self.traces = traces
+        self._draw()
+        self.last_redraw_s = time.perf_counter() - t0
+        self.redraws += 1
+        self.play.value = PLAY_FRAMES
+        self.time_slider.value = PLAY_FRAMES
+        self._write_status()
+
+    def _draw(self) -> None:
+        """Redraw the figure from ``self.traces``."""
+        if not self.traces:
+            return
+        t_end = max(t.makespan for t in self.traces) or 1.0
+        with style():
+            self.fig.clear()
+            self.reveal = draw_runs(self.fig, self.traces, window=t_end * self.c_window.value / 100)
+        self._show()
+
+    def _show(self) -> None:
+        """Push the figure to the browser: ipympl sends a PNG on draw; the fallback re-encodes one."""
+        if self._widget_canvas:
+            self.canvas.draw_idle()
+        else:
+            self.canvas.draw()
+            buf = io.BytesIO()
+            self.fig.savefig(buf, format="png")
+            assert self._image is not None
+            self._image.value = buf.getvalue()
+
+    def _on_time(self, change: dict[str, Any]) -> None:
+        """Play mode: reveal the runs up to the slider's share of the longest run."""
+        if self.reveal is None:
+            return
+        self.reveal(change["new"] / PLAY_FRAMES * self.reveal.t_end)
+        self._show()
+
+    def _write_status(self) -> None:
+        """One line per run: time per step, waiting share, staleness, bytes; plus the redraw count."""
+        rows = []
+        for tr in self.traces:
+            s = tr.summary()
+            rows.append(f"<b>{tr.label}</b>: {s['time_per_step'] * 1e3:.3g} ms/step, {s['wait_fraction']:.0%} waiting, "
+                        f"max staleness {s['max_staleness']:.0f}, {s['bytes_sent'] / 1e6:.3g} MB sent")
+        self.status.value = (
+            f"<div style='font-size:15pt' data-redraws='{self.redraws}'>" + "<br>".join(rows) +
+            f"<br><small>redraw #{self.redraws} in {self.last_redraw_s:.2f} s</small></div>"
+        )
+
+    def export(self, path: str | None = None, frames: int = 48) -> str:
+        """Write the play-mode animation of the current runs to a self-contained HTML (or .gif) file."""
+        path = path or os.path.join(self.export_dir, "live-animation.html")
+        t_end = max(t.makespan for t in self.traces) or 1.0
+        export_animation(self.traces, path, frames=frames, window=t_end * self.c_window.value / 100)
+        self.status.value += f"<div>animation written to <code>{os.path.abspath(path)}</code></div>"
+        return path
+
+    def close(self) -> None:
+        """Stop the worker thread and release the figure's widget."""
+        self._gen += 1
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._widget_canvas:
+            self.canvas.close()
+        self.widget.close()
+
+    def settings_dict(self) -> dict[str, Any]:
+        """The current settings as a plain dict (for notes or reproducing a run)."""
+        return asdict(self.settings)
+
+    def _ipython_display_(self) -> None:
+        """Display the panel's widget."""
+        from IPython.display import display
+
+        display(self.widget)
+
+
+def live_panel(**settings: Any) -> LivePanel:
+    """A :class:`LivePanel` started from keyword settings, e.g. ``live_panel(n_workers=8, straggler='jitter')``."""
+    return LivePanel(LiveSettings(**settings))

@@ -1,0 +1,152 @@
+"""The live lecture panel, driven from Python: settings, caching, redraws, play mode, export, the async path."""
+from __future__ import annotations
+
+import asyncio
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ipywidgets", reason="the live panel needs ipywidgets (pip install ipywidgets ipympl)")
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
+from simlib.viz.live import LivePanel, LiveSettings, Runner  # noqa: E402
+
+SMALL = dict(n_workers=4, steps=20)
+
+
+@pytest.fixture(scope="module")
+def tiny_problem():
+    data = make_sparse_classification(n_rows=400, n_features=200, nnz_per_row=8, seed=1)
+    return LogisticProblem(data, l2=1e-4, eval_rows=200)
+
+
+@pytest.fixture
+def panel(tiny_problem):
+    p = LivePanel(LiveSettings(**SMALL), problem=tiny_problem, figsize=(10, 6))
+    yield p
+    p.close()
+
+
+def _pixels(panel: LivePanel) -> np.ndarray:
+    canvas = FigureCanvasAgg(panel.fig)
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba()).copy()
+
+
+def test_settings_map_sliders_to_simulator_configs():
+    s = LiveSettings(n_workers=8, steps=40, straggler="slow worker", severity=4.0, staleness=2)
+    cfgs = s.configs()
+    assert [c.label for c in cfgs] == ["BSP", "SSP(2)", "Async"]
+    assert all(c.stragglers.slow_workers == 1 and c.stragglers.slow_factor == 4.0 for c in cfgs)
+    assert all(c.n_workers == 8 and c.steps == 40 for c in cfgs)
+    jitter = LiveSettings(straggler="jitter", severity=2.0).configs()[0].stragglers
+    assert jitter.jitter == "lognormal" and jitter.jitter_sigma == pytest.approx(0.5)
+    fail = LiveSettings(straggler="failure", steps=100).configs()[0].stragglers
+    assert fail.fail_worker == 0 and fail.fail_time > 0 and fail.restart_after > 0
+    ring = LiveSettings(topology="allreduce").configs()
+    assert [c.protocol for c in ring] == ["bsp"] and ring[0].topology == "allreduce"
+
+
+@pytest.mark.parametrize("field, value", [("n_workers", 0), ("protocols", ("bsp", "gossip")), ("staleness", -1),
+                                          ("straggler", "cosmic rays"), ("severity", 0.5), ("latency", -1.0),
+                                          ("bandwidth", 0.0), ("topology", "tree")])
+def test_bad_settings_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        LiveSettings(**{field: value})
+
+
+def test_panel_draws_the_chosen_protocols_side_by_side(panel):
+    assert [t.label for t in panel.traces] == ["BSP", "SSP(3)", "Async"]
+    assert len(panel.reveal.timelines) == 3
+    assert "BSP" in panel.status.value and "waiting" in panel.status.value
+    assert panel.fig.get_suptitle()  # the finding, computed from the runs
+
+
+def test_moving_a_slider_reruns_and_changes_the_figure(panel):
+    before, makespan = _pixels(panel), panel.traces[0].makespan
+    redraws = panel.redraws
+    panel.c_severity.value = 8.0  # worker 0 becomes 8x slower
+    assert panel.redraws == redraws + 1
+    assert panel.settings.severity == 8.0
+    assert panel.traces[0].makespan > makespan  # BSP waits for the slow worker every step
+    assert not np.array_equal(before, _pixels(panel))
+    assert f"data-redraws='{panel.redraws}'" in panel.status.value
+
+
+def test_only_changed_runs_are_simulated_again(panel):
+    done = panel.runner.simulated
+    panel.c_staleness.value = 5  # BSP and async do not depend on s
+    assert panel.runner.simulated == done + 1
+    panel.c_staleness.value = 3  # back to a setting already run: all from the cache
+    assert panel.runner.simulated == done + 1
+
+
+def test_protocol_toggles_and_allreduce(panel):
+    panel.c_protocols["async"].value = False
+    assert [t.label for t in panel.traces] == ["BSP", "SSP(3)"]
+    panel.c_topology.value = "allreduce"
+    assert [t.label for t in panel.traces] == ["BSP all-reduce"]
+    assert panel.c_protocols["ssp"].disabled and panel.c_servers.disabled
+
+
+def test_a_run_the_simulator_rejects_is_reported_in_the_panel(panel):
+    kept = list(panel.traces)
+    panel.settings = LiveSettings(**SMALL, compression="bogus:1")
+    panel.refresh()  # the simulator names the field; the lecture goes on
+    assert "cannot run" in panel.status.value and "compression" in panel.status.value
+    assert panel.traces == kept
+
+
+def test_play_mode_reveals_time_and_counts_waiting(panel):
+    panel.c_severity.value = 6.0
+    panel.time_slider.value = 30
+    assert panel.reveal.t == pytest.approx(0.3 * panel.reveal.t_end)
+    assert "waiting" in panel.reveal._texts[0].get_text()
+    frame = _pixels(panel)
+    panel.time_slider.value = 100
+    assert not np.array_equal(frame, _pixels(panel))
+    panel.c_speed.value = 2.0
+    assert panel.play.interval == 50
+
+
+def test_export_writes_the_animation(panel, tmp_path):
+    path = panel.export(str(tmp_path / "lecture.html"), frames=3)
+    assert open(path, encoding="utf-8").read().count("data:image/png;base64") == 3
+    assert "lecture.html" in panel.status.value
+
+
+def test_runner_cache_is_bounded(tiny_problem):
+    runner = Runner(tiny_problem, capacity=2)
+    cfgs = [c for s in (1.0, 2.0) for c in LiveSettings(**SMALL, severity=s, protocols=("bsp",)).configs()]
+    cfgs += LiveSettings(**SMALL, severity=3.0, protocols=("bsp",)).configs()
+    runner.run(cfgs)
+    assert len(runner.cache) == 2 and runner.simulated == 3
+    runner.run(cfgs[:1])  # evicted: simulated again
+    assert runner.simulated == 4
+
+
+def test_changes_in_an_event_loop_run_in_the_background_and_coalesce(tiny_problem):
+    async def scenario() -> tuple[int, float, int]:
+        p = LivePanel(LiveSettings(**SMALL), problem=tiny_problem, figsize=(8, 5), debounce=0.05)
+        try:
+            start = p.redraws
+            for sev in (4.0, 5.0, 6.0):  # three quick moves: one redraw, of the last value
+                p.c_severity.value = sev
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if p.redraws > start:
+                    break
+            await asyncio.sleep(0.2)
+            return p.redraws - start, p.traces[0].meta["config"]["stragglers"]["slow_factor"], p.runner.simulated
+        finally:
+            p.close()
+
+    redraws, slow_factor, simulated = asyncio.run(scenario())
+    assert redraws == 1 and slow_factor == 6.0
+    assert simulated == 6  # the first draw's three runs plus the last value's three
