@@ -204,8 +204,8 @@ class WorkerGroup:
                     name=f"worker-{i}",
                     daemon=True,
                 )
-                self._procs.append(proc)
                 proc.start()
+                self._procs.append(proc)
                 writer.close()  # only the child writes; closing ours lets a dead child read as EOF
                 readers.append(reader)
             _log.logger().info("started %d workers (%s)", self.n_workers, self.start_method)

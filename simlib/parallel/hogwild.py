@@ -1,0 +1,359 @@
+"""Hogwild! for sparse logistic regression on real processes sharing one weight vector.
+
+Four ways to run the same SGD on the same data with the same step size ``alpha`` and L2 ``lam``
+(the objective of :mod:`simlib.problems.logistic`):
+
+* ``serial``  -- one process, rows in order: the reference.
+* ``locked``  -- N processes, one lock held around every row's update (read, gradient, write).
+* ``hogwild`` -- N processes, no locks at all: each worker updates the shared weights in place
+  while the others do the same. Rows are sparse, so two workers rarely touch the same weight at
+  the same moment, and the occasional overwrite costs less than any lock.
+* ``bsp``     -- synchronous data parallelism for contrast: every step each worker computes a
+  mini-batch gradient at the same weights, a barrier, then the workers sum the gradients
+  (each for its slice of the features) and apply one averaged step, then a barrier again.
+
+The inner loops are numba kernels (:mod:`simlib.parallel.hogwild_kernels`, which explains the
+choice with measured numbers) with the L2 decay applied lazily. Each worker keeps its own decay
+stamps, so with N workers each weight is decayed by every worker's steps, in whatever order the
+workers happen to touch it: exact for one worker, and off only by the interleaving otherwise.
+
+The step schedule is scikit-learn's ``learning_rate='constant'`` (``eta0 = alpha``), so a run
+of ``epochs`` passes is directly comparable with ``SGDClassifier(loss='log_loss',
+penalty='l2', alpha=lam, learning_rate='constant', eta0=alpha, fit_intercept=False,
+shuffle=False, max_iter=epochs, tol=None)``: serial mode reproduces its weights to rounding.
+
+Example::
+
+    >>> from simlib.problems.logistic import make_sparse_classification
+    >>> data = make_sparse_classification(5_000, 1_000, 20, seed=0)
+    >>> res = train(data, "serial", alpha=0.5, lam=1e-4, epochs=2)
+    >>> res.trace.quality[-1].value < 0.69
+    True
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.parallel.group import WorkerGroup
+from simlib.parallel.hogwild_kernels import apply_mean_gradient, catch_up, grad_rows, sgd_rows
+from simlib.parallel.shm import SharedArray
+from simlib.parallel.worker import current
+from simlib.problems.logistic import LogisticProblem, SparseDataset
+from simlib.trace import Trace
+
+MODES = ("serial", "locked", "hogwild", "bsp")
+
+
+@dataclass
+class HogwildResult:
+    """Final weights, the run's trace, and the speed figures of one training run."""
+
+    mode: str
+    n_workers: int
+    w: np.ndarray
+    trace: Trace
+    nnz: int  # nonzeros processed: epochs x the data's nonzeros
+    train_seconds: float  # first compute span start to last compute span end
+    wall_seconds: float  # the whole call, process start-up and copies included
+
+    @property
+    def nnz_per_s(self) -> float:
+        """Training throughput in nonzeros per second."""
+        return self.nnz / self.train_seconds if self.train_seconds > 0 else math.nan
+
+
+@dataclass
+class _Shared:
+    """Everything the workers share, as shared arrays (pickled by name under spawn)."""
+
+    indptr: SharedArray
+    indices: SharedArray
+    values: SharedArray
+    y: SharedArray
+    w: SharedArray
+    stamps: SharedArray  # (n_workers, n_features): each worker's decay stamps (sgd modes)
+    scales: SharedArray  # (n_workers,): each worker's running decay scale (sgd modes)
+    clocks: SharedArray  # (n_workers,): rows processed by each worker so far
+    grads: SharedArray  # (n_workers, n_features) for bsp, (1, 1) otherwise
+
+
+@dataclass(frozen=True)
+class _Config:
+    """What a worker needs to know about the run."""
+
+    mode: str
+    alpha: float
+    lam: float
+    epochs: int
+    chunk_rows: int
+    batch_size: int
+    shards: tuple[tuple[int, int], ...]
+    n_features: int
+
+
+def validate(
+    data: Any,
+    mode: str,
+    n_workers: int,
+    alpha: float,
+    lam: float,
+    epochs: int,
+    batch_size: int,
+    chunk_rows: int,
+    monitor_every: float,
+    w0: Any,
+) -> None:
+    """Check every argument; raise ValueError naming the field before any process starts."""
+    if not isinstance(data, SparseDataset):
+        raise ValueError(f"data must be a SparseDataset, got {type(data).__name__}")
+    data.validate()  # shapes, index range, finite values, labels (arrays may have changed since)
+    check.one_of("mode", mode, MODES)
+    check.positive_int("n_workers", n_workers)
+    if mode == "serial" and n_workers != 1:
+        raise ValueError(f"n_workers must be 1 for mode='serial', got {n_workers}")
+    if n_workers > data.n_rows:
+        raise ValueError(f"n_workers ({n_workers}) must be <= the number of rows ({data.n_rows})")
+    check.positive("alpha", alpha)
+    check.non_negative("lam", lam)
+    if alpha * lam >= 1.0:
+        raise ValueError(f"alpha * lam must be < 1 (the decay factor 1 - alpha*lam must stay positive), got {alpha * lam}")
+    check.positive_int("epochs", epochs)
+    check.positive_int("batch_size", batch_size)
+    check.positive_int("chunk_rows", chunk_rows)
+    check.positive("monitor_every", monitor_every)
+    if w0 is not None:
+        w0 = np.asarray(w0)
+        if w0.shape != (data.n_features,):
+            raise ValueError(f"w0 must have shape ({data.n_features},) to match n_features, got {w0.shape}")
+        if not np.all(np.isfinite(w0)):
+            raise ValueError("w0 must be finite (found NaN or inf)")
+
+
+def train(
+    data: SparseDataset,
+    mode: str = "hogwild",
+    *,
+    n_workers: int | None = None,
+    alpha: float = 0.5,
+    lam: float = 1e-5,
+    epochs: int = 5,
+    batch_size: int = 256,
+    chunk_rows: int = 10_000,
+    start_method: str | None = None,
+    monitor_every: float = 0.1,
+    eval_rows: int = 2_000,
+    w0: np.ndarray | None = None,
+    verbose: bool = False,
+    timeout: float | None = None,
+    seed: int = 0,
+) -> HogwildResult:
+    """Train L2 logistic regression by SGD in ``mode`` (serial | locked | hogwild | bsp); see the module doc.
+
+    ``n_workers`` defaults to 1 for serial and 2 otherwise. Rows are split into contiguous
+    shards, one per worker, each visited in order ``epochs`` times. ``batch_size`` is the
+    per-worker mini-batch of ``bsp``; ``chunk_rows`` is how many rows a worker processes
+    between two trace records. The loss on ``eval_rows`` sampled rows is recorded about every
+    ``monitor_every`` seconds of wall time.
+    """
+    if n_workers is None:
+        n_workers = 1 if mode == "serial" else 2
+    validate(data, mode, n_workers, alpha, lam, epochs, batch_size, chunk_rows, monitor_every, w0)
+    check.positive_int("eval_rows", eval_rows)
+    started = time.perf_counter()
+    warm_up()
+    problem = LogisticProblem(data, l2=lam, eval_rows=eval_rows, seed=seed)
+    cfg = _Config(
+        mode=mode,
+        alpha=float(alpha),
+        lam=float(lam),
+        epochs=int(epochs),
+        chunk_rows=int(chunk_rows),
+        batch_size=int(batch_size),
+        shards=tuple(problem.shards(n_workers)),
+        n_features=data.n_features,
+    )
+    w_init = np.zeros(data.n_features) if w0 is None else np.asarray(w0, dtype=np.float64)
+    if mode == "serial":
+        w, trace = _train_serial(data, problem, cfg, w_init, monitor_every)
+    else:
+        w, trace = _train_parallel(data, problem, cfg, w_init, n_workers, start_method, monitor_every, verbose, timeout)
+    compute = [s for s in trace.spans if s.kind == "compute"]
+    if mode == "serial":
+        train_seconds = sum(s.end - s.start for s in compute)
+    else:
+        train_seconds = max(s.end for s in compute) - min(s.start for s in compute)
+    trace.meta.update(
+        mode=mode, alpha=alpha, lam=lam, epochs=epochs, n_rows=data.n_rows, n_features=data.n_features,
+        nnz=data.nnz * epochs, chunk_rows=chunk_rows, batch_size=batch_size if mode == "bsp" else None,
+        update_unit="one mini-batch step" if mode == "bsp" else f"a chunk of up to {chunk_rows} rows",
+    )
+    return HogwildResult(mode, n_workers, w, trace, data.nnz * epochs, train_seconds, time.perf_counter() - started)
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel for the dtypes used here, off the clock."""
+    ip = np.zeros(2, np.int64)
+    ix = np.zeros(1, np.int32)
+    v = np.ones(1, np.float32)
+    y = np.ones(1, np.float32)
+    w = np.zeros(1)
+    stamp = np.ones(1)
+    sgd_rows(ip, ix, v, y, w, stamp, 0, 1, 1.0, 0.1, 0.0)
+    catch_up(w, stamp, 1.0)
+    grads = np.zeros((1, 1))
+    grad_rows(ip, ix, v, y, w, 0, 1, grads[0])
+    apply_mean_gradient(w, grads, 0, 1, 0.1, 1.0)
+
+
+# -- serial: the same kernel in this process -------------------------------------------------
+def _train_serial(
+    data: SparseDataset, problem: LogisticProblem, cfg: _Config, w: np.ndarray, monitor_every: float
+) -> tuple[np.ndarray, Trace]:
+    """One process, rows in order; evaluation happens between chunks and is not timed as compute."""
+    trace = Trace(label="serial", substrate="parallel", n_workers=1)
+    w = w.copy()
+    stamp = np.ones_like(w)
+    scale, t, chunk = 1.0, 0, 0
+    t0 = time.perf_counter()
+    trace.record_quality(0.0, 0, problem.loss(w))
+    next_eval = t0 + monitor_every
+    for _ in range(cfg.epochs):
+        for start in range(0, data.n_rows, cfg.chunk_rows):
+            stop = min(start + cfg.chunk_rows, data.n_rows)
+            s = time.perf_counter()
+            scale = sgd_rows(data.indptr, data.indices, data.values, data.y, w, stamp, start, stop, scale, cfg.alpha, cfg.lam)
+            e = time.perf_counter()
+            t += stop - start
+            trace.span(0, "compute", s - t0, e - t0, step=chunk)
+            trace.update(e - t0, 0, chunk, 0)
+            chunk += 1
+            if e >= next_eval:
+                trace.record_quality(time.perf_counter() - t0, t, problem.loss(w * (scale / stamp)))
+                next_eval = time.perf_counter() + monitor_every
+    catch_up(w, stamp, scale)
+    trace.record_quality(time.perf_counter() - t0, t, problem.loss(w))
+    return w, trace
+
+
+# -- processes: locked, hogwild, bsp ---------------------------------------------------------
+def _train_parallel(
+    data: SparseDataset,
+    problem: LogisticProblem,
+    cfg: _Config,
+    w_init: np.ndarray,
+    n_workers: int,
+    start_method: str | None,
+    monitor_every: float,
+    verbose: bool,
+    timeout: float | None,
+) -> tuple[np.ndarray, Trace]:
+    """Start the workers on shared copies of the data and weights; snapshot the loss while they run."""
+    with WorkerGroup(n_workers, start_method, verbose=verbose, label=cfg.mode) as group:
+        sgd = cfg.mode != "bsp"
+        shared = _Shared(
+            indptr=group.copy_of(data.indptr),
+            indices=group.copy_of(data.indices),
+            values=group.copy_of(data.values),
+            y=group.copy_of(data.y),
+            w=group.copy_of(w_init),
+            stamps=group.zeros((n_workers, data.n_features) if sgd else (1, 1)),
+            scales=group.zeros(n_workers),
+            clocks=group.zeros(n_workers, np.int64),
+            grads=group.zeros((1, 1) if sgd else (n_workers, data.n_features)),
+        )
+        shared.stamps.array.fill(1.0)
+        shared.scales.array.fill(1.0)
+
+        def current_weights() -> np.ndarray:
+            """The weights with every worker's pending decay applied (a racy but harmless read)."""
+            w = shared.w.array.copy()
+            if sgd:
+                w *= np.prod(shared.scales.array[:, None] / shared.stamps.array, axis=0)
+            return w
+
+        def monitor(elapsed: float) -> None:
+            group.trace.record_quality(elapsed, int(shared.clocks.array.sum()), problem.loss(current_weights()))
+
+        group.trace.record_quality(0.0, 0, problem.loss(current_weights()))
+        extra = group.lock() if cfg.mode == "locked" else group.barrier() if cfg.mode == "bsp" else None
+        worker = _bsp_worker if cfg.mode == "bsp" else _sgd_worker
+        group.run(worker, shared, cfg, extra, monitor=monitor, monitor_every=monitor_every, timeout=timeout)
+        return current_weights(), group.trace
+
+
+def _sgd_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, lock: Any) -> int:
+    """Hogwild (lock is None) or locked SGD over this worker's shard; returns rows processed."""
+    ctx = current()
+    warm_up()  # under spawn this loads the compiled kernels from the cache before the clock starts
+    ip, ix, vals, y, w = sh.indptr.array, sh.indices.array, sh.values.array, sh.y.array, sh.w.array
+    stamp = sh.stamps.array[worker_id]
+    clocks = sh.clocks.array
+    lo, hi = cfg.shards[worker_id]
+    scale, t, chunk = 1.0, 0, 0
+    for _ in range(cfg.epochs):
+        for start in range(lo, hi, cfg.chunk_rows):
+            stop = min(start + cfg.chunk_rows, hi)
+            others_before = int(clocks.sum()) - t
+            s = time.perf_counter()
+            if lock is None:
+                scale = sgd_rows(ip, ix, vals, y, w, stamp, start, stop, scale, cfg.alpha, cfg.lam)
+            else:
+                # NOTE: one kernel call per row, because the lock must cover each single update.
+                for i in range(start, stop):
+                    with lock:
+                        scale = sgd_rows(ip, ix, vals, y, w, stamp, i, i + 1, scale, cfg.alpha, cfg.lam)
+            e = time.perf_counter()
+            t += stop - start
+            clocks[worker_id] = t
+            sh.scales.array[worker_id] = scale
+            if ctx is not None:
+                ctx.span("compute", s, e, step=chunk)
+                # staleness: other workers' updates interleaved with each of ours, on average
+                ctx.update(chunk, staleness=round((int(clocks.sum()) - t - others_before) / (stop - start)))
+            chunk += 1
+    return t
+
+
+def _bsp_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, barrier: Any) -> int:
+    """Synchronous mini-batch SGD: gradient, barrier, sum and apply a feature slice, barrier."""
+    ctx = current()
+    warm_up()
+    ip, ix, vals, y, w = sh.indptr.array, sh.indices.array, sh.values.array, sh.y.array, sh.w.array
+    grads = sh.grads.array
+    lo, hi = cfg.shards[worker_id]
+    sizes = [b - a for a, b in cfg.shards]
+    n_steps = -(-max(sizes) // cfg.batch_size)  # every worker takes the same number of steps
+    f_lo = cfg.n_features * worker_id // n_workers
+    f_hi = cfg.n_features * (worker_id + 1) // n_workers
+    keep = 1.0 - cfg.alpha * cfg.lam
+    t, step = 0, 0
+    for _ in range(cfg.epochs):
+        for k in range(n_steps):
+            start, stop = min(lo + k * cfg.batch_size, hi), min(lo + (k + 1) * cfg.batch_size, hi)
+            total = sum(max(0, min((k + 1) * cfg.batch_size, n) - k * cfg.batch_size) for n in sizes)
+            s = time.perf_counter()
+            grad_rows(ip, ix, vals, y, w, start, stop, grads[worker_id])
+            e = time.perf_counter()
+            barrier.wait()
+            e2 = time.perf_counter()
+            if total:
+                apply_mean_gradient(w, grads, f_lo, f_hi, cfg.alpha / total, keep)
+            e3 = time.perf_counter()
+            barrier.wait()
+            e4 = time.perf_counter()
+            t += stop - start
+            sh.clocks.array[worker_id] = t
+            if ctx is not None:
+                ctx.span("compute", s, e, step=step)
+                ctx.span("wait", e, e2, step=step)
+                ctx.span("compute", e2, e3, step=step)
+                ctx.span("wait", e3, e4, step=step)
+                ctx.update(step, staleness=0)
+            step += 1
+    return t

@@ -1,0 +1,144 @@
+"""Hogwild! and its comparison modes: lazy L2 equals the dense update, serial equals scikit-learn,
+parallel modes reach the serial loss, bad input fails before any process starts."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import pytest
+
+from simlib.parallel.hogwild import MODES, train
+from simlib.parallel.hogwild_kernels import RESCALE_BELOW, catch_up, sgd_rows
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+
+
+@pytest.fixture(scope="module")
+def data():
+    """4,000 x 2,000, ~20 nonzeros per row: big enough for two workers, small enough to be quick."""
+    return make_sparse_classification(4_000, 2_000, 24, zipf=1.0, seed=3)
+
+
+def dense_sgd(data, alpha: float, lam: float, rows: range) -> np.ndarray:
+    """The textbook dense step, row by row: w <- (1 - alpha*lam) w - alpha * (-y sigma(-y x.w)) x."""
+    x = data.to_scipy().toarray().astype(np.float64)
+    w = np.zeros(data.n_features)
+    for i in rows:
+        yi = float(data.y[i])  # a Python float, so NumPy 2 does not round the step to float32
+        coef = -yi / (1.0 + math.exp(yi * (x[i] @ w)))
+        w = (1.0 - alpha * lam) * w - alpha * coef * x[i]
+    return w
+
+
+@pytest.mark.parametrize("alpha, lam, n", [(0.5, 0.01, 7), (0.3, 0.1, 40), (0.9, 1.0, 300)])
+def test_lazy_l2_equals_the_dense_update(data, alpha: float, lam: float, n: int) -> None:
+    small = data.rows(0, n)
+    w = np.zeros(small.n_features)
+    stamp = np.ones_like(w)
+    scale = sgd_rows(small.indptr, small.indices, small.values, small.y, w, stamp, 0, n, 1.0, alpha, lam)
+    catch_up(w, stamp, scale)
+    expected = dense_sgd(small, alpha, lam, range(n))
+    assert np.count_nonzero(expected) > 10
+    np.testing.assert_allclose(w, expected, rtol=1e-11, atol=1e-300)
+
+
+def test_scale_is_renormalised_before_it_underflows(data) -> None:
+    small = data.rows(0, 300)
+    w = np.zeros(small.n_features)
+    stamp = np.ones_like(w)
+    scale = sgd_rows(small.indptr, small.indices, small.values, small.y, w, stamp, 0, 300, 1.0, 0.9, 1.0)
+    # keep = 0.1, so 300 steps would reach 1e-300 without the restart
+    assert RESCALE_BELOW <= scale <= 1.0 and np.all(stamp >= RESCALE_BELOW)
+
+
+def test_serial_matches_scikit_learn_constant_rate(data) -> None:
+    from sklearn.linear_model import SGDClassifier
+
+    alpha, lam, epochs = 0.4, 1e-3, 3
+    peer = SGDClassifier(
+        loss="log_loss", penalty="l2", alpha=lam, learning_rate="constant", eta0=alpha,
+        fit_intercept=False, shuffle=False, max_iter=epochs, tol=None,
+    ).fit(data.to_scipy().astype(np.float64), data.y)
+    ours = train(data, "serial", alpha=alpha, lam=lam, epochs=epochs)
+    np.testing.assert_allclose(ours.w, peer.coef_.ravel(), rtol=1e-9, atol=1e-12)
+
+
+def test_one_hogwild_worker_is_the_serial_algorithm(data) -> None:
+    serial = train(data, "serial", epochs=2)
+    one = train(data, "hogwild", n_workers=1, epochs=2, start_method="fork")
+    np.testing.assert_allclose(one.w, serial.w, rtol=1e-12)
+
+
+def test_bsp_with_one_worker_and_batches_of_one_is_serial_sgd(data) -> None:
+    small = data.rows(0, 500)
+    serial = train(small, "serial", epochs=2)
+    bsp = train(small, "bsp", n_workers=1, batch_size=1, epochs=2, start_method="fork")
+    np.testing.assert_allclose(bsp.w, serial.w, rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("mode, method", [("hogwild", "fork"), ("hogwild", "spawn"), ("locked", "fork")])
+def test_two_workers_reach_the_serial_loss(data, mode: str, method: str) -> None:
+    full = LogisticProblem(data, l2=1e-5, eval_rows=None)
+    serial = full.loss(train(data, "serial", epochs=3).w)
+    res = train(data, mode, n_workers=2, epochs=3, start_method=method, timeout=60)
+    assert abs(full.loss(res.w) - serial) < 0.02 * serial
+    trace = res.trace
+    assert trace.substrate == "parallel" and trace.n_workers == 2 and trace.meta["mode"] == mode
+    assert {s.worker for s in trace.spans} == {0, 1}
+    assert trace.quality[0].value == pytest.approx(math.log(2)) and trace.quality[-1].value < 0.6
+    assert res.nnz == 3 * data.nnz and res.nnz_per_s > 0
+
+
+def test_bsp_records_barrier_waits_and_learns(data) -> None:
+    res = train(data, "bsp", n_workers=2, batch_size=50, epochs=2, start_method="fork", timeout=60)
+    steps = -(-2_000 // 50) * 2
+    assert len(res.trace.updates) == 2 * steps  # one update per worker per synchronous step
+    assert res.trace.busy_time("wait") > 0
+    assert res.trace.quality[-1].value < res.trace.quality[0].value
+
+
+def _broken(data, **changes):
+    """A copy of ``data`` with fields replaced after construction (skipping its own checks)."""
+    bad = dataclasses.replace(data)
+    for k, v in changes.items():
+        setattr(bad, k, v)
+    return bad
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"n_workers": 0}, "n_workers"),
+        ({"alpha": 0.0}, "alpha"),
+        ({"alpha": -1.0}, "alpha"),
+        ({"lam": -1e-3}, "lam"),
+        ({"alpha": 2.0, "lam": 0.5}, "alpha \\* lam"),
+        ({"epochs": 0}, "epochs"),
+        ({"mode": "async"}, "mode"),
+        ({"mode": "serial", "n_workers": 2}, "n_workers"),
+        ({"w0": np.zeros(3)}, "w0"),
+        ({"w0": np.full(2_000, np.nan)}, "w0"),
+    ],
+)
+def test_bad_arguments_fail_before_any_process(data, kwargs: dict, field: str) -> None:
+    kwargs = {"mode": "hogwild", **kwargs}
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=field):
+        train(data, start_method="spawn", **kwargs)
+    assert time.perf_counter() - start < 0.5  # starting even one spawned worker takes longer
+
+
+def test_bad_data_fails_before_any_process(data) -> None:
+    values = data.values.copy()
+    values[5] = np.inf
+    with pytest.raises(ValueError, match="finite"):
+        train(_broken(data, values=values), start_method="spawn")
+    with pytest.raises(ValueError, match="y must have one label per row"):
+        train(_broken(data, y=data.y[:-1]), start_method="spawn")
+    with pytest.raises(ValueError, match="data must be a SparseDataset"):
+        train(data.to_scipy(), start_method="spawn")  # type: ignore[arg-type]
+
+
+def test_modes_are_the_four_documented_ones() -> None:
+    assert MODES == ("serial", "locked", "hogwild", "bsp")
