@@ -1,0 +1,135 @@
+"""``python -m simlib live``: serve the live lecture panel on this machine, for a lecturer who does not open notebooks.
+
+Serves ``lessons/live.ipynb`` with Voilà when it is installed (the page opens straight into the
+panel, no code shown), else with JupyterLab (then: Run > Run All Cells). Always on 127.0.0.1:
+a classroom projects the laptop's screen, the network never sees the server. Example::
+
+    python -m simlib live --port 8866
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HOST = "127.0.0.1"
+
+# The notebook the panel lives in; lessons/live.ipynb holds exactly these cells (a test checks it).
+LIVE_NOTEBOOK_CELLS: list[tuple[str, str]] = [
+    ("markdown",
+     "# Live: BSP, SSP and async on a simulated cluster\n"
+     "\n"
+     "Run this cell, then move a slider: every change re-simulates the chosen protocols and redraws their\n"
+     "timelines (red = waiting) and loss against simulated time. **Play** replays the run as simulated\n"
+     "time advances; **Export HTML** writes that animation to a file that opens in any browser, offline."),
+    ("code",
+     "from simlib.viz.live import LivePanel\n"
+     "\n"
+     "panel = LivePanel()\n"
+     "panel"),
+]
+
+
+def live_notebook_json() -> dict:
+    """The live notebook as nbformat-4 JSON, without outputs."""
+    cells = []
+    for i, (kind, source) in enumerate(LIVE_NOTEBOOK_CELLS):
+        cell: dict = {"cell_type": kind, "id": f"live-{i}", "metadata": {}, "source": source.splitlines(keepends=True)}
+        if kind == "code":
+            cell.update(execution_count=None, outputs=[])
+        cells.append(cell)
+    return {
+        "cells": cells,
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+def default_notebook() -> Path:
+    """``lessons/live.ipynb`` of a source checkout, or a copy written to a temporary folder for an installed package."""
+    here = Path(__file__).resolve().parents[2] / "lessons" / "live.ipynb"
+    if here.is_file():
+        return here
+    folder = Path(tempfile.mkdtemp(prefix="simlib-live-"))
+    path = folder / "live.ipynb"
+    path.write_text(json.dumps(live_notebook_json(), indent=1), encoding="utf-8")
+    return path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register the ``live`` subcommand on a ``simlib`` command line."""
+    p = subparsers.add_parser(
+        "live",
+        help="serve the live lecture panel (sliders, timelines, play mode) on 127.0.0.1",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--port", type=int, default=8866, help="port on 127.0.0.1 (default 8866)")
+    p.add_argument("--server", choices=("auto", "voila", "lab"), default="auto",
+                   help="voila: the panel alone; lab: JupyterLab; auto: Voilà if installed, else JupyterLab")
+    p.add_argument("--notebook", default=None, help="notebook to serve (default: lessons/live.ipynb)")
+    p.add_argument("--no-browser", action="store_true", help="do not open a browser window")
+    p.add_argument("--dry-run", action="store_true", help="print the server command and exit")
+    return p
+
+
+def has_voila() -> bool:
+    """Whether Voilà can be started from this Python."""
+    return importlib.util.find_spec("voila") is not None
+
+
+def build_command(args: argparse.Namespace) -> list[str]:
+    """The server command line for ``args`` (validated: port range, server availability, notebook present)."""
+    port = args.port
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port must be an integer in [1, 65535], got {port!r}")
+    server = args.server
+    if server == "auto":
+        server = "voila" if has_voila() else "lab"
+    if server == "voila" and not has_voila():
+        raise ValueError("server 'voila' needs Voilà: pip install voila (or use --server lab)")
+    notebook = Path(args.notebook) if args.notebook else default_notebook()
+    if not notebook.is_file():
+        raise ValueError(f"notebook {str(notebook)!r} does not exist")
+    if server == "voila":
+        cmd = [sys.executable, "-m", "voila", str(notebook), f"--Voila.ip={HOST}", f"--port={port}",
+               "--theme=light"]
+        if args.no_browser:
+            cmd.append("--no-browser")
+        return cmd
+    cmd = [sys.executable, "-m", "jupyter", "lab", str(notebook), f"--ip={HOST}", f"--port={port}",
+           f"--ServerApp.root_dir={notebook.parent}"]
+    if args.no_browser:
+        cmd.append("--no-browser")
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the server and wait; Ctrl-C stops it (and its kernels) cleanly. Returns its exit status."""
+    cmd = build_command(args)
+    if args.dry_run:
+        print(" ".join(cmd))
+        return 0
+    lab = cmd[2] == "jupyter"
+    print(f"serving the live panel on http://{HOST}:{args.port}"
+          + (" (JupyterLab: Run > Run All Cells to start it)" if lab else "") + "; Ctrl-C stops it", flush=True)
+    proc = subprocess.Popen(cmd, env=dict(os.environ))
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        # Jupyter servers shut their kernels down on SIGTERM; SIGKILL only if that takes too long.
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return 0
