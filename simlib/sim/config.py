@@ -150,8 +150,10 @@ class SimConfig:
             check.positive("timeout", self.timeout)
             if self.protocol == "async":
                 raise ValueError("timeout needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
-        if self.compression is not None and not isinstance(self.compression, str):
-            raise ValueError(f"compression must be a spec string such as 'topk:0.01' or None, got {self.compression!r}")
+        if self.compression is not None:
+            from simlib.compress import parse_spec  # raises ValueError naming 'compression'
+
+            parse_spec(self.compression)
         check.positive_int("value_bytes", self.value_bytes)
         check.positive_int("key_bytes", self.key_bytes)
         check.positive_int("eval_every", self.eval_every)

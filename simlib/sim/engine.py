@@ -157,7 +157,12 @@ class _Run:
                     self.w[keys] -= lr * g
                 trace.update(env.now, i, c, stale, applied)
                 self._count_step(applied)
-                c += 1
+                # A dropped worker (backup workers, deadline) abandons the steps the others have
+                # already completed and rejoins at the current one, as in synchronous SGD with
+                # backup workers; otherwise it would keep computing gradients nobody will use.
+                nxt = c + 1 if applied else max(c + 1, self.clocks.completed)
+                self.done_steps += nxt - (c + 1)
+                c = min(nxt, cfg.steps)
             except simpy.Interrupt:
                 restarted = yield from self._down(i)
                 if not restarted:
@@ -275,7 +280,12 @@ class _Run:
 
 
 class _AllReduce:
-    """A ring all-reduce per step: starts when every worker has its gradient, costs the ring formula."""
+    """A ring all-reduce per step: starts when every worker has its gradient, costs the ring formula.
+
+    With a compressor, the summed gradient is compressed once (worker 0's compressor) and its
+    encoded size is what travels the ring: a model of compressed all-reduce, not of per-worker
+    compression before the reduction.
+    """
 
     def __init__(self, run: _Run):
         self.run = run
@@ -316,4 +326,7 @@ def _make_compressors(cfg: SimConfig, n_params: int, seed_seq: np.random.SeedSeq
     except ImportError as exc:  # pragma: no cover - until the compression module exists
         raise ValueError(f"compression {cfg.compression!r} needs simlib.compress, which is not available") from exc
     rngs = [np.random.default_rng(s) for s in seed_seq.spawn(cfg.n_workers)]
-    return [make_compressor(cfg.compression, n_params, rngs[i]) for i in range(cfg.n_workers)]
+    return [
+        make_compressor(cfg.compression, n_params, rngs[i], key_bytes=cfg.key_bytes, value_bytes=cfg.value_bytes)
+        for i in range(cfg.n_workers)
+    ]
