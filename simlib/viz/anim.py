@@ -144,13 +144,13 @@ def draw_runs(
     window = t_end if window is None else min(float(window), t_end)
     fixed = fig.get_layout_engine() is None
     with style():
-        margins = dict(left=0.07, right=0.77, top=0.88, bottom=0.08, hspace=0.32, wspace=0.06) if fixed else {}
+        margins = dict(left=0.09, right=0.98, top=0.82, bottom=0.08, hspace=0.35, wspace=0.06) if fixed else {}
         gs = fig.add_gridspec(2, k, height_ratios=[3, 2] if has_quality else [1, 0.001], **margins)
         timelines: list[Axes] = []
-        arrows = all(messages_before(r, window, max_workers) <= MAX_ARROWS for r in runs)
         for i, tr in enumerate(runs):
             first = timelines[0] if timelines else None
             ax = fig.add_subplot(gs[0, i], sharex=first, sharey=first)
+            arrows = messages_before(tr, window, max_workers) <= MAX_ARROWS
             plot_timeline(tr, ax=ax, max_workers=max_workers, legend=False, arrows=arrows,
                           title=f"{run_label(tr)}: {tr.summary()['wait_fraction']:.0%} waiting")
             ax.xaxis.set_major_locator(MaxNLocator(4))
@@ -159,24 +159,23 @@ def draw_runs(
                 ax.tick_params(labelleft=False)
             timelines.append(ax)
         timelines[0].set_xlim(0.0, window)
+        # The span colours are explained once, in a row under the title, so the plots keep the full width.
+        gids = {g for a in timelines for g in timeline_artists(a)}
+        kinds = sorted((g[5:] for g in gids if g.startswith("span:")), key=list(KIND_COLORS).index)
+        handles: list[Artist] = [Patch(facecolor=KIND_COLORS[kd], label=KIND_LABELS[kd]) for kd in kinds]
+        black = OKABE_ITO["black"]
+        if "barriers" in gids:
+            handles.append(Line2D([], [], color=black, linestyle="--", linewidth=1.2, label="barrier"))
+        if "messages" in gids:
+            handles.append(Line2D([], [], color=black, linewidth=0.8, marker=".", label="message"))
+        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.935), ncols=max(len(handles), 1),
+                   frameon=False)
         loss_ax = None
         if has_quality:
             loss_ax = fig.add_subplot(gs[1, :])
             plot_loss(runs, x="time", ax=loss_ax, target=target, title="")
             loss_ax.set_xlim(0.0, t_end)
-            runs_legend = loss_ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-            # The span colours are explained once, beside the loss legend, to keep the timelines wide.
-            gids = {g for a in timelines for g in timeline_artists(a)}
-            kinds = sorted((g[5:] for g in gids if g.startswith("span:")), key=list(KIND_COLORS).index)
-            loss_ax.add_artist(runs_legend)
-            handles = [Patch(facecolor=KIND_COLORS[kd], label=KIND_LABELS[kd]) for kd in kinds]
-            black = OKABE_ITO["black"]
-            if "barriers" in gids:
-                handles.append(Line2D([], [], color=black, linestyle="--", linewidth=1.2, label="barrier"))
-            if "messages" in gids:
-                handles.append(Line2D([], [], color=black, linewidth=0.8, marker=".", label="message"))
-            timelines[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-        fig.suptitle(title if title is not None else (finding(runs, target) if target is not None else ""))
+        fig.suptitle(title if title is not None else (finding(runs, target) if target is not None else ""), y=0.99)
     return Reveal(fig, runs, timelines, loss_ax, window=window)
 
 

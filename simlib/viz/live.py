@@ -210,7 +210,7 @@ class LivePanel:
     ``panel.widget``.
     """
 
-    def __init__(self, settings: LiveSettings | None = None, problem: Any = None, figsize: tuple[float, float] = (16, 9),
+    def __init__(self, settings: LiveSettings | None = None, problem: Any = None, figsize: tuple[float, float] = (13.5, 8),
                  debounce: float = 0.15, export_dir: str = ".") -> None:
         check.non_negative("debounce", debounce)
         self.settings = settings or LiveSettings()
@@ -245,6 +245,10 @@ class LivePanel:
                                    **wide)
         self.c_protocols = {p: W.ToggleButton(value=p in s.protocols, description=PROTOCOL_NAMES[p],
                                               layout=W.Layout(width="9em")) for p in PROTOCOLS}
+        for b in self.c_protocols.values():
+            # A chosen protocol is drawn in the accent colour: the default grey pressed state is hard to see projected.
+            b.button_style = "primary" if b.value else ""
+            b.observe(lambda ch: setattr(ch["owner"], "button_style", "primary" if ch["new"] else ""), names="value")
         self.c_staleness = W.IntSlider(s.staleness, min=0, max=20, description="staleness s", continuous_update=False,
                                        **wide)
         self.c_straggler = W.Dropdown(options=STRAGGLERS, value=s.straggler, description="stragglers", **wide)

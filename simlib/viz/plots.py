@@ -37,7 +37,7 @@ SpeedupInput = Union[Mapping[str, Mapping[int, float]], Mapping[str, Sequence[Tr
 
 BAR_HEIGHT = 0.8
 # Above this many messages the arrows turn into a grey haze that hides the spans, so they are left out.
-MAX_ARROWS = 600
+MAX_ARROWS = 800
 MAX_YTICKS = 16
 
 
