@@ -1,0 +1,154 @@
+"""GloVe in the simulator: the same AdaGrad updates, priced as a parameter server would move them.
+
+The table holds every GloVe array (W, C, the biases and all AdaGrad accumulators) flattened in
+the kernel's order. A worker pulls the rows its batch of co-occurrence entries touches, runs the
+real AdaGrad kernel on its local copy, and pushes the change; the server adds it (the design's
+``add(keys, deltas)``: run with ``lr = 1`` so the pushed change is applied as is). With one
+worker the run equals :func:`simlib.problems.glove.train_epoch` on the same order.
+
+Use it to predict before measuring: :func:`predict_speedup` charges each entry the time measured
+for one process and reports the simulated updates/s for 1, 2, ... workers.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order, validate_training
+from simlib.sim.config import SimConfig
+from simlib.sim.engine import simulate
+from simlib.trace import Trace
+
+
+class GloveTableProblem:
+    """GloVe in the parameter-server contract: keys are flat indices of the rows a batch touches."""
+
+    metric = "cost"
+    lower_is_better = True
+
+    def __init__(self, cooc: Cooccurrence, config: GloveConfig, eval_entries: int = 20_000):
+        validate_training(cooc, config)
+        check.positive_int("eval_entries", eval_entries)
+        self.cooc, self.config = cooc, config
+        v, d = cooc.n_words, config.dim
+        self.v, self.d = v, d
+        sizes = [v * d, v * d, v, v, v * d, v * d, v, v]  # W, C, bw, bc, gW, gC, gbw, gbc
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.n_params = int(self.offsets[-1])
+        self.logx, self.fx = entry_terms(cooc.values, config)
+        self.order = epoch_order(cooc.nnz, config.seed, 0)
+        rng = np.random.default_rng(config.seed + 1)
+        self.eval_idx = np.sort(rng.choice(cooc.nnz, min(eval_entries, cooc.nnz), replace=False))
+
+    def init_params(self, xp: Any = np) -> np.ndarray:
+        """The flat table, initialised as :meth:`GloveParams.init` does (float64 storage)."""
+        p = GloveParams.init(self.v, self.config)
+        return np.concatenate([a.ravel() for a in p.arrays()]).astype(np.float64)
+
+    def unflatten(self, w: np.ndarray) -> GloveParams:
+        """The flat table as GloveParams (float32 copies)."""
+        parts = [w[self.offsets[k] : self.offsets[k + 1]].astype(np.float32) for k in range(8)]
+        shapes = GloveParams.shapes(self.v, self.d)
+        return GloveParams(**{n: parts[k].reshape(shapes[n]) for k, n in enumerate(GloveParams.ARRAYS)})
+
+    def shards(self, n_workers: int) -> list[tuple[int, int]]:
+        """Contiguous ranges of the shuffled entry order, one per worker."""
+        check.positive_int("n_workers", n_workers)
+        bounds = np.linspace(0, self.cooc.nnz, n_workers + 1).astype(int)
+        return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n_workers)]
+
+    def batch(self, shard: tuple[int, int], step: int, batch_size: int) -> np.ndarray:
+        """Entry ids of batch ``step`` in the shard (cycling)."""
+        start, stop = shard
+        return self.order[start + (np.arange(batch_size) + step * batch_size) % (stop - start)]
+
+    def work(self, batch: np.ndarray) -> int:
+        """One unit per co-occurrence entry updated."""
+        return len(batch)
+
+    def _rows(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.unique(self.cooc.rows[batch]), np.unique(self.cooc.cols[batch])
+
+    def keys(self, batch: np.ndarray) -> np.ndarray:
+        """Flat indices of W, C, biases and accumulators of the batch's words and contexts (sorted)."""
+        ui, uj = self._rows(batch)
+        d, o = np.arange(self.d), self.offsets
+        row_keys = lambda base, u: (base + u[:, None] * self.d + d).ravel()  # noqa: E731
+        return np.concatenate([
+            row_keys(o[0], ui), row_keys(o[1], uj), o[2] + ui, o[3] + uj,
+            row_keys(o[4], ui), row_keys(o[5], uj), o[6] + ui, o[7] + uj,
+        ])
+
+    def gradient(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, -change): AdaGrad on the pulled rows, returned so that ``w -= 1 * g`` applies it."""
+        if keys is None:
+            keys = self.keys(batch)
+        ui, uj = self._rows(batch)
+        a, b, d = len(ui), len(uj), self.d
+        sizes = [a * d, b * d, a, b, a * d, b * d, a, b]
+        cuts = np.concatenate([[0], np.cumsum(sizes)])
+        local = [np.ascontiguousarray(values[cuts[k] : cuts[k + 1]], dtype=np.float32) for k in range(8)]
+        for k in (0, 1, 4, 5):
+            local[k] = local[k].reshape(-1, d)
+        rows = np.searchsorted(ui, self.cooc.rows[batch]).astype(np.int32)
+        cols = np.searchsorted(uj, self.cooc.cols[batch]).astype(np.int32)
+        adagrad_kernel(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), *local,
+                       np.float32(self.config.learning_rate), np.float32(self.config.grad_clip))
+        new = np.concatenate([x.ravel() for x in local]).astype(np.float64)
+        return keys, values - new
+
+    def loss(self, w: np.ndarray) -> float:
+        """The C program's cost 0.5 f diff^2, averaged over a fixed sample of entries."""
+        e = self.eval_idx
+        r, c = self.cooc.rows[e], self.cooc.cols[e]
+        o, d = self.offsets, self.d
+        W = w[o[0] : o[1]].reshape(-1, d)
+        C = w[o[1] : o[2]].reshape(-1, d)
+        diff = np.einsum("ij,ij->i", W[r], C[c]) + w[o[2] + r] + w[o[3] + c] - self.logx[e]
+        return float(np.mean(0.5 * self.fx[e] * diff * diff))
+
+
+def simulate_glove(cooc: Cooccurrence, config: GloveConfig, cluster: SimConfig, problem: GloveTableProblem | None = None) -> Trace:
+    """One simulated GloVe run on ``cluster`` (its lr is forced to 1: the pushed change is applied as is)."""
+    problem = problem or GloveTableProblem(cooc, config)
+    return simulate(cluster.replace(lr=1.0, cost_unit="sample"), problem)
+
+
+def predict_speedup(
+    cooc: Cooccurrence,
+    config: GloveConfig,
+    updates_per_second: float,
+    workers: Sequence[int] = (1, 2),
+    batch_size: int = 8192,
+    epochs: float = 1.0,
+    latency: float = 2e-6,
+    bandwidth: float = 4e9,
+    protocol: str = "async",
+) -> dict[int, dict[str, Any]]:
+    """Predict updates/s for each worker count from one process's measured rate.
+
+    Each entry costs ``1 / updates_per_second`` seconds of compute; every batch pulls and pushes
+    its rows at ``latency`` and ``bandwidth`` (defaults: shared memory on one machine, where a
+    "message" is a copy). Returns, per worker count, the simulated updates/s, the speed-up over
+    the first count, and the trace.
+    """
+    check.positive("updates_per_second", updates_per_second)
+    check.positive("epochs", epochs)
+    problem = GloveTableProblem(cooc, config)
+    out: dict[int, dict[str, Any]] = {}
+    for n in workers:
+        check.positive_int("workers", n)
+        steps = max(1, int(round(epochs * cooc.nnz / (n * batch_size))))
+        cluster = SimConfig(n_workers=n, protocol=protocol, steps=steps, batch_size=batch_size,
+                            compute_per_unit=1.0 / updates_per_second, compute_overhead=0.0,
+                            latency=latency, bandwidth=bandwidth, value_bytes=4, key_bytes=4,
+                            eval_every=max(1, steps // 10))
+        trace = simulate_glove(cooc, config, cluster, problem)
+        rate = steps * n * batch_size / trace.makespan
+        out[n] = {"updates_per_s": rate, "trace": trace}
+    base = out[workers[0]]["updates_per_s"]
+    for n in workers:
+        out[n]["speedup"] = out[n]["updates_per_s"] / base
+    return out

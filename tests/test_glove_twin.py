@@ -1,0 +1,57 @@
+"""GloVe in the simulator: one worker equals the sequential kernel; more workers are predicted faster."""
+import numpy as np
+import pytest
+
+from simlib.data import Vocabulary, load_kjv
+from simlib.problems.glove import (
+    GloveConfig, GloveParams, adagrad_kernel, count_cooccurrences, entry_terms, epoch_order,
+)
+from simlib.sim import SimConfig
+from simlib.sim.glove_twin import GloveTableProblem, predict_speedup, simulate_glove
+
+
+@pytest.fixture(scope="module")
+def cooc():
+    docs = load_kjv().docs[:40]
+    vocab = Vocabulary.build(docs, min_count=3)
+    ids, offsets = vocab.encode_docs(docs)
+    return count_cooccurrences(ids, offsets, len(vocab), window=5)
+
+
+def test_one_worker_equals_the_sequential_kernel(cooc):
+    cfg = GloveConfig(dim=8, seed=3)
+    batch, steps = 64, 50
+    assert batch * steps <= cooc.nnz  # batches are consecutive slices of the epoch order
+    prob = GloveTableProblem(cooc, cfg)
+    w = prob.init_params()
+    for s in range(steps):
+        b = prob.batch((0, cooc.nnz), s, batch)
+        k, g = prob.gradient(w[prob.keys(b)], b)
+        w[k] -= g
+    ref = GloveParams.init(cooc.n_words, cfg)
+    logx, fx = entry_terms(cooc.values, cfg)
+    order = epoch_order(cooc.nnz, cfg.seed, 0)[: batch * steps]
+    adagrad_kernel(cooc.rows, cooc.cols, logx, fx, order, *ref.arrays(), np.float32(cfg.learning_rate), np.float32(cfg.grad_clip))
+    got = prob.unflatten(w)
+    for name in GloveParams.ARRAYS:
+        assert np.allclose(getattr(got, name), getattr(ref, name), rtol=1e-6, atol=1e-7), name
+
+
+def test_simulated_run_lowers_the_cost(cooc):
+    cfg = GloveConfig(dim=8)
+    trace = simulate_glove(cooc, cfg, SimConfig(n_workers=2, protocol="async", steps=40, batch_size=256))
+    assert trace.quality[-1].value < 0.7 * trace.quality[0].value
+    assert trace.summary()["bytes_sent"] > 0
+
+
+def test_prediction_two_workers_faster_when_compute_bound(cooc):
+    pred = predict_speedup(cooc, GloveConfig(dim=8), updates_per_second=1e6, workers=(1, 2), batch_size=256, epochs=0.5)
+    assert 1.6 < pred[2]["speedup"] <= 2.05
+    slow_net = predict_speedup(cooc, GloveConfig(dim=8), updates_per_second=1e6, workers=(1, 2), batch_size=256,
+                               epochs=0.5, latency=1e-3, bandwidth=1e6)
+    assert slow_net[2]["speedup"] < pred[2]["speedup"]
+
+
+def test_bad_rate_is_rejected(cooc):
+    with pytest.raises(ValueError, match="updates_per_second"):
+        predict_speedup(cooc, GloveConfig(dim=8), updates_per_second=0.0)
