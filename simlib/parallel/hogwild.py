@@ -188,6 +188,7 @@ def train(
         train_seconds = sum(s.end - s.start for s in compute)
     else:
         train_seconds = max(s.end for s in compute) - min(s.start for s in compute)
+    trace.label = f"{mode}, {n_workers} process{'es' if n_workers > 1 else ''}"
     trace.meta.update(
         mode=mode, alpha=alpha, lam=lam, epochs=epochs, n_rows=data.n_rows, n_features=data.n_features,
         nnz=data.nnz * epochs, chunk_rows=chunk_rows, batch_size=batch_size if mode == "bsp" else None,
