@@ -1,4 +1,31 @@
-"""The math of each lesson, substrate-agnostic: parameters, data shards, a step, a quality metric."""
+"""The math of each lesson, substrate-agnostic: parameters, data shards, a step, a quality metric.
+
+* ``logistic`` -- sparse logistic regression (Hogwild, the simulator's default workload)
+* ``textclass`` -- the shipped corpus as a sparse classification task
+* ``glove`` and ``embedding_eval`` -- GloVe co-occurrence counting, AdaGrad, evaluation
+* ``lda`` and ``lda_sampler`` -- LDA by collapsed Gibbs sampling
+* ``lasso`` -- Lasso by (parallel) coordinate descent, for Shotgun
+
+Names below are imported on first use, so ``import simlib.problems`` stays light.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from simlib.problems.logistic import LogisticProblem, SparseDataset, make_sparse_classification
 
-__all__ = ["LogisticProblem", "SparseDataset", "make_sparse_classification"]
+_LAZY = {
+    "GloveConfig": "glove", "GloveParams": "glove", "Cooccurrence": "glove", "count_cooccurrences": "glove",
+    "LDACorpus": "lda", "make_synthetic_corpus": "lda", "kjv_corpus": "lda",
+    "LassoProblem": "lasso", "make_lasso": "lasso", "make_uncorrelated_lasso": "lasso",
+    "make_correlated_lasso": "lasso", "CorrelationScheduler": "lasso", "random_schedule": "lasso", "shotgun": "lasso",
+}
+
+__all__ = ["LogisticProblem", "SparseDataset", "make_sparse_classification", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"simlib.problems.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'simlib.problems' has no attribute {name!r}")
