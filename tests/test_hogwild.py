@@ -88,6 +88,7 @@ def test_two_workers_reach_the_serial_loss(data, mode: str, method: str) -> None
     assert {s.worker for s in trace.spans} == {0, 1}
     assert trace.quality[0].value == pytest.approx(math.log(2)) and trace.quality[-1].value < 0.6
     assert res.nnz == 3 * data.nnz and res.nnz_per_s > 0
+    assert 0 < res.cpu_seconds and 0 < res.cores_used <= 2.2  # two processes get at most two cores
 
 
 def test_bsp_records_barrier_waits_and_learns(data) -> None:

@@ -108,18 +108,19 @@ def train_batched(
     w[:] = 0.0
     _sync(mod)
     t0 = time.perf_counter()
-    busy = 0.0
+    busy = cpu = 0.0
     step = 0
     for _ in range(epochs):
         for lo in range(0, data.n_rows, batch_size * record_every):
-            s = time.perf_counter()
+            c, s = time.thread_time(), time.perf_counter()
             for blo in range(lo, min(lo + batch_size * record_every, data.n_rows), batch_size):
                 batch_step(w, data.indptr, indices, values, y, row_of, blo, min(blo + batch_size, data.n_rows), alpha, lam)
                 step += 1
             _sync(mod)
             e = time.perf_counter()
             busy += e - s
+            cpu += time.thread_time() - c
             trace.span(0, "compute", s - t0, e - t0, step=step)
             trace.update(e - t0, 0, step, staleness=batch_size - 1)
         trace.record_quality(time.perf_counter() - t0, step, problem.loss(to_numpy(w)))
-    return HogwildResult(f"batched-{name}", 1, to_numpy(w), trace, data.nnz * epochs, busy, time.perf_counter() - started)
+    return HogwildResult(f"batched-{name}", 1, to_numpy(w), trace, data.nnz * epochs, busy, time.perf_counter() - started, cpu)

@@ -61,11 +61,17 @@ class HogwildResult:
     nnz: int  # nonzeros processed: epochs x the data's nonzeros
     train_seconds: float  # first compute span start to last compute span end
     wall_seconds: float  # the whole call, process start-up and copies included
+    cpu_seconds: float = math.nan  # CPU time the workers' training loops got, summed over workers
 
     @property
     def nnz_per_s(self) -> float:
         """Training throughput in nonzeros per second."""
         return self.nnz / self.train_seconds if self.train_seconds > 0 else math.nan
+
+    @property
+    def cores_used(self) -> float:
+        """CPU seconds per training second: how many cores the run really got (a busy machine gives fewer)."""
+        return self.cpu_seconds / self.train_seconds if self.train_seconds > 0 else math.nan
 
 
 @dataclass
@@ -180,9 +186,9 @@ def train(
     )
     w_init = np.zeros(data.n_features) if w0 is None else np.asarray(w0, dtype=np.float64)
     if mode == "serial":
-        w, trace = _train_serial(data, problem, cfg, w_init, monitor_every)
+        w, trace, cpu = _train_serial(data, problem, cfg, w_init, monitor_every)
     else:
-        w, trace = _train_parallel(data, problem, cfg, w_init, n_workers, start_method, monitor_every, verbose, timeout)
+        w, trace, cpu = _train_parallel(data, problem, cfg, w_init, n_workers, start_method, monitor_every, verbose, timeout)
     compute = [s for s in trace.spans if s.kind == "compute"]
     if mode == "serial":
         train_seconds = sum(s.end - s.start for s in compute)
@@ -194,7 +200,8 @@ def train(
         nnz=data.nnz * epochs, chunk_rows=chunk_rows, batch_size=batch_size if mode == "bsp" else None,
         update_unit="one mini-batch step" if mode == "bsp" else f"a chunk of up to {chunk_rows} rows",
     )
-    return HogwildResult(mode, n_workers, w, trace, data.nnz * epochs, train_seconds, time.perf_counter() - started)
+    wall = time.perf_counter() - started
+    return HogwildResult(mode, n_workers, w, trace, data.nnz * epochs, train_seconds, wall, cpu)
 
 
 def warm_up() -> None:
@@ -215,21 +222,22 @@ def warm_up() -> None:
 # -- serial: the same kernel in this process -------------------------------------------------
 def _train_serial(
     data: SparseDataset, problem: LogisticProblem, cfg: _Config, w: np.ndarray, monitor_every: float
-) -> tuple[np.ndarray, Trace]:
+) -> tuple[np.ndarray, Trace, float]:
     """One process, rows in order; evaluation happens between chunks and is not timed as compute."""
     trace = Trace(label="serial", substrate="parallel", n_workers=1)
     w = w.copy()
     stamp = np.ones_like(w)
-    scale, t, chunk = 1.0, 0, 0
+    scale, t, chunk, cpu = 1.0, 0, 0, 0.0
     t0 = time.perf_counter()
     trace.record_quality(0.0, 0, problem.loss(w))
     next_eval = t0 + monitor_every
     for _ in range(cfg.epochs):
         for start in range(0, data.n_rows, cfg.chunk_rows):
             stop = min(start + cfg.chunk_rows, data.n_rows)
-            s = time.perf_counter()
+            c, s = time.thread_time(), time.perf_counter()
             scale = sgd_rows(data.indptr, data.indices, data.values, data.y, w, stamp, start, stop, scale, cfg.alpha, cfg.lam)
             e = time.perf_counter()
+            cpu += time.thread_time() - c
             t += stop - start
             trace.span(0, "compute", s - t0, e - t0, step=chunk)
             trace.update(e - t0, 0, chunk, 0)
@@ -239,7 +247,7 @@ def _train_serial(
                 next_eval = time.perf_counter() + monitor_every
     catch_up(w, stamp, scale)
     trace.record_quality(time.perf_counter() - t0, t, problem.loss(w))
-    return w, trace
+    return w, trace, cpu
 
 
 # -- processes: locked, hogwild, bsp ---------------------------------------------------------
@@ -253,7 +261,7 @@ def _train_parallel(
     monitor_every: float,
     verbose: bool,
     timeout: float | None,
-) -> tuple[np.ndarray, Trace]:
+) -> tuple[np.ndarray, Trace, float]:
     """Start the workers on shared copies of the data and weights; snapshot the loss while they run."""
     with WorkerGroup(n_workers, start_method, verbose=verbose, label=cfg.mode) as group:
         sgd = cfg.mode != "bsp"
@@ -284,12 +292,12 @@ def _train_parallel(
         group.trace.record_quality(0.0, 0, problem.loss(current_weights()))
         extra = group.lock() if cfg.mode == "locked" else group.barrier() if cfg.mode == "bsp" else None
         worker = _bsp_worker if cfg.mode == "bsp" else _sgd_worker
-        group.run(worker, shared, cfg, extra, monitor=monitor, monitor_every=monitor_every, timeout=timeout)
-        return current_weights(), group.trace
+        cpu = group.run(worker, shared, cfg, extra, monitor=monitor, monitor_every=monitor_every, timeout=timeout)
+        return current_weights(), group.trace, float(sum(cpu))
 
 
-def _sgd_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, lock: Any) -> int:
-    """Hogwild (lock is None) or locked SGD over this worker's shard; returns rows processed."""
+def _sgd_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, lock: Any) -> float:
+    """Hogwild (lock is None) or locked SGD over this worker's shard; returns its CPU seconds."""
     ctx = current()
     warm_up()  # under spawn this loads the compiled kernels from the cache before the clock starts
     ip, ix, vals, y, w = sh.indptr.array, sh.indices.array, sh.values.array, sh.y.array, sh.w.array
@@ -297,6 +305,7 @@ def _sgd_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, lock:
     clocks = sh.clocks.array
     lo, hi = cfg.shards[worker_id]
     scale, t, chunk = 1.0, 0, 0
+    cpu0 = time.thread_time()
     for _ in range(cfg.epochs):
         for start in range(lo, hi, cfg.chunk_rows):
             stop = min(start + cfg.chunk_rows, hi)
@@ -318,11 +327,11 @@ def _sgd_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, lock:
                 # staleness: other workers' updates interleaved with each of ours, on average
                 ctx.update(chunk, staleness=round((int(clocks.sum()) - t - others_before) / (stop - start)))
             chunk += 1
-    return t
+    return time.thread_time() - cpu0
 
 
-def _bsp_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, barrier: Any) -> int:
-    """Synchronous mini-batch SGD: gradient, barrier, sum and apply a feature slice, barrier."""
+def _bsp_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, barrier: Any) -> float:
+    """Synchronous mini-batch SGD: gradient, barrier, sum and apply a feature slice, barrier; returns CPU seconds."""
     ctx = current()
     warm_up()
     ip, ix, vals, y, w = sh.indptr.array, sh.indices.array, sh.values.array, sh.y.array, sh.w.array
@@ -334,6 +343,7 @@ def _bsp_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, barri
     f_hi = cfg.n_features * (worker_id + 1) // n_workers
     keep = 1.0 - cfg.alpha * cfg.lam
     t, step = 0, 0
+    cpu0 = time.thread_time()
     for _ in range(cfg.epochs):
         for k in range(n_steps):
             start, stop = min(lo + k * cfg.batch_size, hi), min(lo + (k + 1) * cfg.batch_size, hi)
@@ -357,4 +367,4 @@ def _bsp_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, barri
                 ctx.span("wait", e3, e4, step=step)
                 ctx.update(step, staleness=0)
             step += 1
-    return t
+    return time.thread_time() - cpu0
