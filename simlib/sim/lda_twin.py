@@ -87,7 +87,7 @@ def simulate_lda(
         states.append(GibbsState(shard, K, alpha, beta, z0[t0:t1], n_wk=n_wk.copy(), n_k=n_k.copy()))
         rows.append(np.unique(shard.words))
     doc_ll = [doc_log_likelihood(s.n_dk, alpha) for s in states]
-    trace = Trace(label=f"LDA {cfg.label}", substrate="sim", n_workers=n, metric="log_likelihood", lower_is_better=False)
+    trace = Trace(label=cfg.label, substrate="sim", n_workers=n, metric="log_likelihood", lower_is_better=False)
     trace.record_quality(0.0, 0, word_log_likelihood(n_wk, n_k, beta) + sum(doc_ll))
     table_clock: list[list[int]] = [[] for _ in range(n)]
     landed = [0]

@@ -1,0 +1,127 @@
+"""Benchmark LDA collapsed Gibbs: tokens per second and log-likelihood after a fixed number of sweeps.
+
+    python benchmarks/lda.py            # KJV chapters (stop words removed), K = 20 and 100, 100 sweeps
+    python benchmarks/lda.py --quick    # 400 chapters, 20 sweeps
+
+Peers, measured in the same run on the same documents, alpha = 0.1, beta = 0.01:
+
+* the `lda` package (Cython collapsed Gibbs, one core): the classic reference for the likelihood;
+* tomotopy with 1 and 2 workers (hyper-parameter optimisation off, so it samples the same model);
+* this project: the single-process sparse sampler (``simlib.problems.lda_gibbs``) and AD-LDA on
+  1 and 2 processes with BSP (``simlib.parallel.lda``).
+
+Every row's log-likelihood is the joint log p(w, z) computed by ``simlib.problems.lda`` from that
+sampler's final assignments, so the numbers compare like for like. Sampling time excludes
+model construction and the random initialisation. Goals (from the issue): tokens/s >= tomotopy's
+with the same number of workers at K = 100; log-likelihood within 1% of the `lda` package's.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+# This file is named like the `lda` package: take its folder off the path so `import lda` finds the peer.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+from simlib.parallel.lda import train_parallel  # noqa: E402
+from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelihood  # noqa: E402
+from simlib.problems.lda_gibbs import GibbsState  # noqa: E402
+
+ALPHA, BETA = 0.1, 0.01
+
+
+def run_lda_package(c: LDACorpus, K: int, sweeps: int) -> tuple[float, float]:
+    """(tokens/s, log-likelihood) of the `lda` package."""
+    import lda
+
+    logging.getLogger("lda").setLevel(logging.ERROR)
+    X = np.zeros((c.n_docs, c.n_words), np.int64)
+    np.add.at(X, (c.doc_of, c.words), 1)
+    model = lda.LDA(n_topics=K, n_iter=sweeps, alpha=ALPHA, eta=BETA, random_state=0, refresh=10 * sweeps)
+    t = time.perf_counter()
+    model.fit(X)
+    dt = time.perf_counter() - t
+    ll = log_likelihood(model.ndz_, model.nzw_.T, model.nz_, ALPHA, BETA)
+    return c.n_tokens * sweeps / dt, ll
+
+
+def run_tomotopy(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float, float]:
+    """(tokens/s, log-likelihood) of tomotopy with ``workers`` threads."""
+    import tomotopy as tp
+
+    model = tp.LDAModel(k=K, alpha=ALPHA, eta=BETA, seed=0)
+    model.optim_interval = 0  # keep alpha fixed: the same model as the other rows
+    for d in range(c.n_docs):
+        model.add_doc([c.vocab[w] for w in c.doc(d)])
+    with warnings.catch_warnings():  # tomotopy warns that runs with several workers are not reproducible
+        warnings.simplefilter("ignore", RuntimeWarning)
+        model.train(0, workers=workers)
+        t = time.perf_counter()
+        model.train(sweeps, workers=workers)
+    dt = time.perf_counter() - t
+    index = {w: i for i, w in enumerate(c.vocab)}
+    vocab = list(model.used_vocabs)
+    words = np.concatenate([[index[vocab[w]] for w in doc.words] for doc in model.docs]).astype(np.int32)
+    z = np.concatenate([np.asarray(doc.topics) for doc in model.docs]).astype(np.int32)
+    lengths = [len(doc.words) for doc in model.docs]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    ll = log_likelihood(*count_tables(LDACorpus(words, offsets, c.n_words), z, K), ALPHA, BETA)
+    return c.n_tokens * sweeps / dt, ll
+
+
+def run_simlib(c: LDACorpus, K: int, sweeps: int) -> tuple[float, float]:
+    """(tokens/s, log-likelihood) of the single-process sparse sampler."""
+    state = GibbsState.init(c, K, ALPHA, BETA, seed=0)
+    t = time.perf_counter()
+    for s in range(sweeps):
+        state.sweep(seed=s)
+    dt = time.perf_counter() - t
+    return c.n_tokens * sweeps / dt, state.log_likelihood()
+
+
+def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float, float]:
+    """(tokens/s, log-likelihood) of AD-LDA with BSP on ``workers`` processes (shared memory)."""
+    run = train_parallel(c, K, ALPHA, BETA, n_sweeps=sweeps, n_workers=workers, protocol="bsp", record_every=1e6)
+    return run.tokens_per_s, run.log_likelihood
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="400 chapters and 20 sweeps")
+    ap.add_argument("--sweeps", type=int, default=None, help="sweeps per run (default 100, 20 with --quick)")
+    args = ap.parse_args()
+    sweeps = args.sweeps or (20 if args.quick else 100)
+    c = kjv_corpus(max_docs=400 if args.quick else None)
+    print(f"KJV chapters: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; "
+          f"{sweeps} sweeps; alpha={ALPHA}, beta={BETA}")
+    GibbsState.init(c, 2).sweep(0)  # load the compiled kernels before timing
+    header = f"{'K':>4} {'sampler':<26} {'workers':>7} {'M tokens/s':>11} {'log p(w,z)':>14} {'vs tomotopy':>12} {'LL vs lda':>10}"
+    print(header)
+    print("-" * len(header))
+    for K in (20, 100):
+        rows = [("lda package", 1, *run_lda_package(c, K, sweeps))]
+        rows += [("tomotopy", w, *run_tomotopy(c, K, sweeps, w)) for w in (1, 2)]
+        rows.append(("simlib sparse (1 process)", 1, *run_simlib(c, K, sweeps)))
+        rows += [(f"simlib AD-LDA BSP", w, *run_simlib_parallel(c, K, sweeps, w)) for w in (1, 2)]
+        peer_ll = rows[0][3]
+        tomo = {w: r[2] for r in rows if r[0] == "tomotopy" for w in [r[1]]}
+        for name, w, speed, ll in rows:
+            ratio = "" if name == "tomotopy" else f"{speed / tomo[w]:.2f}x"
+            print(f"{K:>4} {name:<26} {w:>7} {speed / 1e6:>11.2f} {ll:>14,.0f} {ratio:>12} {(ll - peer_ll) / abs(peer_ll):>+10.2%}")
+        best = {w: max(r[2] for r in rows if r[0].startswith("simlib") and r[1] == w) for w in (1, 2)}
+        worst_ll = max(abs(r[3] - peer_ll) / abs(peer_ll) for r in rows if r[0].startswith("simlib"))
+        print(f"     goals at K={K}: speed vs tomotopy 1 worker {best[1] / tomo[1]:.2f}x, 2 workers "
+              f"{best[2] / tomo[2]:.2f}x (goal >= 1); largest log-likelihood gap to lda {worst_ll:.2%} (goal < 1%)")
+    print("Timings on a shared, busy 2-core machine are noisy: compare rows of one run, not across runs.")
+
+
+if __name__ == "__main__":
+    main()
