@@ -15,7 +15,7 @@ pytest.importorskip("ipywidgets", reason="the live panel needs ipywidgets (pip i
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
-from simlib.viz.live import LivePanel, LiveSettings, Runner  # noqa: E402
+from simlib.viz.live import LivePanel, LiveSettings, Runner, shutdown_pool  # noqa: E402
 
 SMALL = dict(n_workers=4, steps=20)
 
@@ -23,7 +23,8 @@ SMALL = dict(n_workers=4, steps=20)
 @pytest.fixture(scope="module")
 def tiny_problem():
     data = make_sparse_classification(n_rows=400, n_features=200, nnz_per_row=8, seed=1)
-    return LogisticProblem(data, l2=1e-4, eval_rows=200)
+    yield LogisticProblem(data, l2=1e-4, eval_rows=200)
+    shutdown_pool()
 
 
 @pytest.fixture
@@ -150,3 +151,42 @@ def test_changes_in_an_event_loop_run_in_the_background_and_coalesce(tiny_proble
     redraws, slow_factor, simulated = asyncio.run(scenario())
     assert redraws == 1 and slow_factor == 6.0
     assert simulated == 6  # the first draw's three runs plus the last value's three
+
+
+def _children(pid: int) -> set[int]:
+    import os
+
+    out = set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.add(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def _grandchildren() -> set[int]:
+    """Processes started by our children: the pool's workers (forked by the forkserver child)."""
+    import os
+
+    return {g for c in _children(os.getpid()) for g in _children(c)}
+
+
+def test_process_pool_gives_the_same_traces_and_leaves_no_process(tiny_problem):
+    import time
+
+    shutdown_pool()
+    cfgs = LiveSettings(**SMALL, severity=2.5).configs()
+    pooled = Runner(tiny_problem, processes=2).run(cfgs)
+    serial = Runner(tiny_problem, processes=1).run(cfgs)
+    assert pooled == serial  # each run is deterministic, wherever it is simulated
+    assert len(_grandchildren()) >= 2  # the runs really went to two worker processes
+    shutdown_pool()
+    for _ in range(50):
+        if not _grandchildren():
+            break
+        time.sleep(0.1)
+    assert not _grandchildren()

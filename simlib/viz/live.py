@@ -16,6 +16,7 @@ loop (scripts, tests) every change runs synchronously.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import functools
 import io
@@ -144,41 +145,125 @@ class Superseded(Exception):
     """Raised inside a run's progress callback when a newer change has made the run pointless."""
 
 
-class Runner:
-    """Runs SimConfigs on one problem, remembering the last ``capacity`` traces (a slider moved back is instant)."""
+# -- simulating in worker processes ------------------------------------------------------------
+# The chosen protocols are independent runs, so they go to separate processes: on a machine with
+# three free cores three runs take the time of one. The pool lives once per kernel (re-running the
+# notebook cell reuses it) and the problem is sent to each worker once, at start-up.
+_worker_problem: Any = None
+_pool_lock = threading.Lock()
+_pool: tuple[int, int, concurrent.futures.ProcessPoolExecutor] | None = None
 
-    def __init__(self, problem: Any = None, capacity: int = 64) -> None:
+
+def _init_worker(problem: Any) -> None:
+    """Worker start-up: keep the problem for every run this process will simulate."""
+    global _worker_problem
+    _worker_problem = problem
+
+
+def _simulate_in_worker(cfg: SimConfig) -> Trace:
+    """One run inside a pool worker."""
+    return simulate(cfg, _worker_problem)
+
+
+def process_pool(problem: Any, processes: int) -> concurrent.futures.ProcessPoolExecutor:
+    """The kernel's pool of ``processes`` simulator workers for ``problem`` (made on first use)."""
+    global _pool
+    import multiprocessing
+
+    with _pool_lock:
+        if _pool is not None and _pool[0] == id(problem) and _pool[1] == processes:
+            return _pool[2]
+        if _pool is not None:
+            _pool[2].shutdown(wait=False, cancel_futures=True)
+        # forkserver, not fork: the kernel has threads (ZMQ, the panel's runner), and forking a
+        # threaded process can deadlock the child.
+        ctx = multiprocessing.get_context("forkserver")
+        executor = concurrent.futures.ProcessPoolExecutor(processes, mp_context=ctx, initializer=_init_worker,
+                                                          initargs=(problem,))
+        _pool = (id(problem), processes, executor)
+        return executor
+
+
+def shutdown_pool() -> None:
+    """Stop the simulator worker processes (also done at interpreter exit)."""
+    global _pool
+    with _pool_lock:
+        if _pool is not None:
+            _pool[2].shutdown(wait=True, cancel_futures=True)
+            _pool = None
+
+
+atexit.register(shutdown_pool)
+
+
+class Runner:
+    """Runs SimConfigs on one problem, remembering the last ``capacity`` traces (a slider moved back is instant).
+
+    With ``processes`` > 1, runs that miss the cache are simulated side by side in a process pool.
+    """
+
+    def __init__(self, problem: Any = None, capacity: int = 64, processes: int = 1) -> None:
+        check.positive_int("processes", processes)
         self.problem = live_problem() if problem is None else problem
         self.capacity = capacity
+        self.processes = processes
         self.cache: OrderedDict[SimConfig, Trace] = OrderedDict()
         self.simulated = 0  # runs actually simulated (cache misses)
         self._lock = threading.Lock()
         ip = getattr(getattr(self.problem, "data", None), "indptr", None)
         self.nnz_per_row = float((ip[-1] - ip[0]) / max(len(ip) - 1, 1)) if ip is not None else 20.0
 
+    def warm_up(self) -> None:
+        """Start the worker processes now, so the first slider move does not pay for it."""
+        if self.processes > 1:
+            pool = process_pool(self.problem, self.processes)
+            for f in [pool.submit(time.sleep, 0) for _ in range(self.processes)]:
+                f.result()
+
+    def _store(self, cfg: SimConfig, trace: Trace, fresh: dict[SimConfig, Trace]) -> None:
+        fresh[cfg] = trace
+        with self._lock:
+            self.simulated += 1
+            self.cache[cfg] = trace
+            while len(self.cache) > self.capacity:
+                self.cache.popitem(last=False)
+
     def run(self, configs: Sequence[SimConfig], progress: Callable[[float, str], None] | None = None) -> list[Trace]:
         """Traces for ``configs`` in order; ``progress(fraction, label)`` may raise :class:`Superseded` to stop."""
-        out = []
-        for i, cfg in enumerate(configs):
-            with self._lock:
-                hit = self.cache.get(cfg)
-                if hit is not None:
-                    self.cache.move_to_end(cfg)
-            if hit is None:
-                label = cfg.label
+        with self._lock:
+            found = {c: self.cache[c] for c in configs if c in self.cache}
+            for c in found:
+                self.cache.move_to_end(c)
+        missing = list(dict.fromkeys(c for c in configs if c not in found))
+        if len(missing) > 1 and self.processes > 1:
+            self._run_pool(missing, progress, found)
+        else:
+            for i, cfg in enumerate(missing):
 
-                def report(frac: float, i: int = i, label: str = label) -> None:
+                def report(frac: float, i: int = i, label: str = cfg.label) -> None:
                     if progress is not None:
-                        progress((i + frac) / len(configs), label)
+                        progress((i + frac) / len(missing), label)
 
-                hit = simulate(cfg, self.problem, progress=report)
-                with self._lock:
-                    self.simulated += 1
-                    self.cache[cfg] = hit
-                    while len(self.cache) > self.capacity:
-                        self.cache.popitem(last=False)
-            out.append(hit)
-        return out
+                self._store(cfg, simulate(cfg, self.problem, progress=report), found)
+        return [found[cfg] for cfg in configs]
+
+    def _run_pool(self, missing: list[SimConfig], progress: Callable[[float, str], None] | None,
+                  fresh: dict[SimConfig, Trace]) -> None:
+        """Simulate ``missing`` in the process pool, checking every 0.1 s whether the caller gave up."""
+        pool = process_pool(self.problem, self.processes)
+        futures = {pool.submit(_simulate_in_worker, cfg): cfg for cfg in missing}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = concurrent.futures.wait(pending, timeout=0.1,
+                                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                for f in done:
+                    self._store(futures[f], f.result(), fresh)
+                if progress is not None:
+                    progress(1 - len(pending) / len(missing), ", ".join(futures[f].label for f in pending))
+        finally:
+            for f in pending:
+                f.cancel()
 
 
 def _canvas_for(fig: Figure) -> tuple[Any, bool]:
@@ -211,10 +296,12 @@ class LivePanel:
     """
 
     def __init__(self, settings: LiveSettings | None = None, problem: Any = None, figsize: tuple[float, float] = (13.5, 8),
-                 debounce: float = 0.15, export_dir: str = ".") -> None:
+                 debounce: float = 0.15, export_dir: str = ".", processes: int | None = None) -> None:
         check.non_negative("debounce", debounce)
         self.settings = settings or LiveSettings()
-        self.runner = Runner(problem)
+        if processes is None:
+            processes = min(len(PROTOCOLS), os.cpu_count() or 1)
+        self.runner = Runner(problem, processes=processes)
         self.debounce = debounce
         self.export_dir = export_dir
         self.traces: list[Trace] = []
