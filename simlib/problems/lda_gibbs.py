@@ -5,34 +5,38 @@ Two compiled sweeps share one state (:class:`GibbsState`):
 * ``dense``: the textbook sampler. For each token, in document order, build the K-term
   cumulative sum of (n_dk + a)(n_wk + b)/(n_k + V b) and invert it: O(K) per token.
 * ``sparse`` (the default): exact Gibbs with the conditional split in two, visiting tokens
-  word by word (the F+LDA scheme of Yu et al., 2015):
+  word by word (the decomposition of SparseLDA and F+LDA, with w fixed for a run of tokens):
 
       p(k) ∝ n_dk * phi_w(k)   +   a * phi_w(k),      phi_w(k) = (n_wk + b) / (n_k + V b)
              (doc part: only the topics present in d)  (word part: all K topics, same for every
                                                         token of word w)
 
-  The doc part is summed over the document's non-zero topics (a list kept per document,
-  typically 10-40 entries, not K). The word part lives in a Fenwick-style sum tree over K
-  leaves, built once per word and updated in O(log K) when a token moves from one topic to
-  another; drawing from it is a root-to-leaf descent. Since visiting tokens word by word keeps
-  w fixed, only the two leaves of the old and new topic change per token. The chain is the
-  same as the dense one (only the order in which tokens are visited differs), so the
-  log-likelihood per sweep matches the `lda` package's.
+  The doc part is summed over the document's non-zero topics (a list per document, kept
+  roughly sorted by count; about 10 entries at K = 20 and 25-30 at K = 100 on the KJV
+  chapters, not K). The word part's total is kept as a running sum, updated in O(1) when a
+  token moves (only phi_w of the old and new topic change, because w is fixed); it is drawn
+  5-10% of the time and then found by a linear scan over K. The chain is the same as the
+  dense one (only the order in which tokens are visited differs), so the log-likelihood per
+  sweep matches the `lda` package's.
 
-Why this choice (measured on the KJV chapters, 278 k tokens, one busy core; see
-``benchmarks/lda.py``): the dense sweep gives ~11 M tokens/s at K = 20 but ~3 M tokens/s at
-K = 100; the sparse sweep keeps ~9-13 M tokens/s at K = 100 because its cost grows with the
-topics a document uses (and log K), not with K. Alias-table / Metropolis-Hastings samplers
-(LightLDA, WarpLDA) are O(1) per token but are not exact Gibbs: their per-sweep likelihood
-lags the exact chain, which the 1% agreement with `lda` would not allow.
+Why this choice (measured on the KJV chapters, 278 k tokens, one core of a busy 2-core
+machine): the dense sweep runs at ~13 M tokens/s at K = 20 but ~4.9 M at K = 100; the sparse
+sweep ran at 20 M (K = 20) and 11.8 M (K = 100) over 100 sweeps from a random start, level
+with tomotopy measured in the same run (20.2 M and 11.1 M; ``benchmarks/lda.py``), because
+its cost grows with the topics a document uses, not with K. A sum tree over K for the word
+part (as in F+LDA) measured no faster here (6-8 M tokens/s at K = 100 either way, under the
+same load) while costing O(log K) per move, so the simpler running sum stayed. Alias-table /
+Metropolis-Hastings samplers (LightLDA, WarpLDA) are O(1) per token but not exact Gibbs:
+their per-sweep likelihood lags the exact chain, which the 1% agreement with `lda` forbids.
 
 Example::
 
     >>> from simlib.problems.lda import make_synthetic_corpus
     >>> corpus, phi, _ = make_synthetic_corpus(n_docs=100, n_topics=5, n_words=100, doc_length=50, seed=0)
     >>> state = GibbsState.init(corpus, n_topics=5, alpha=0.1, beta=0.01, seed=0)
-    >>> lls = [state.sweep(seed=s) for s in range(3)]
-    >>> state.check_counts()
+    >>> for s in range(3):
+    ...     state.sweep(seed=s)
+    >>> state.check_counts()  # the tables still equal the counts of the assignments
 """
 from __future__ import annotations
 
@@ -79,7 +83,8 @@ def _sweep_dense(
 @njit(cache=True, nogil=True, inline="always")
 def _uniform(state: np.uint64) -> tuple[np.uint64, float]:
     """xorshift64* step: the new state and a uniform draw in [0, 1)."""
-    # NOTE: replaces np.random.random() (Mersenne Twister) in the inner loop: 8.5 -> ~2 ns per draw.
+    # NOTE: replaces np.random.random() (numba's Mersenne Twister) in the inner loop: 17 -> 4 ns
+    # per draw measured on a busy core; numba's generator state would also be global per process.
     state ^= state >> np.uint64(12)
     state ^= state << np.uint64(25)
     state ^= state >> np.uint64(27)
