@@ -1,8 +1,8 @@
 """The live notebook in a real browser: JupyterLab on 127.0.0.1, headless Chromium driven by Playwright.
 
 Opens lessons/live.ipynb, runs it, moves the straggler-severity slider and checks that the panel
-re-ran (its status line counts redraws) and that the figure's pixels changed, with no error or
-warning printed by any cell. Screenshots go to test-artifacts/. Needs Debian's chromium
+re-ran (its status line counts redraws) and that the figure's pixels changed, then presses Play
+and checks that simulated time advances on screen, with no error or warning printed by any cell. Screenshots go to test-artifacts/. Needs Debian's chromium
 (apt-get install chromium) and the playwright Python package; no browser is downloaded.
 """
 from __future__ import annotations
@@ -194,6 +194,19 @@ def test_live_notebook_runs_and_redraws_when_a_slider_moves(lab):
             assert "BSP" in status and "cannot run" not in status
             readout = slider.locator(".widget-readout").first.inner_text()
             assert float(readout) > 3.0
+            # Play mode: the time slider runs from 0 and the revealed figure differs from the full one.
+            time_slider = page.locator(".widget-slider", has=page.locator("label", has_text="time (%)")).first
+            page.locator(".widget-play button").first.click()
+            seen: set[float] = set()
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and len(seen) < 3:
+                seen.add(float(time_slider.locator(".widget-readout").first.inner_text()))
+                time.sleep(0.2)
+            playing = _canvas_png(page)
+            page.screenshot(path=str(ARTIFACTS / "live-playing.png"))
+            assert len(seen) >= 3 and min(seen) < 100, f"the time slider did not advance: {sorted(seen)}"
+            assert playing != after
+
             errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
             assert errors.count() == 0, errors.first.inner_text()
         finally:
