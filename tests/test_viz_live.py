@@ -116,6 +116,15 @@ def test_play_mode_reveals_time_and_counts_waiting(panel):
     assert panel.play.interval == 50
 
 
+def test_projector_size_enlarges_the_figure(panel):
+    w, h = panel.fig.get_size_inches()
+    panel.c_large.value = True
+    assert tuple(panel.fig.get_size_inches()) == pytest.approx((1.35 * w, 1.35 * h))
+    assert _pixels(panel).shape[:2] == (round(1.35 * h * panel.fig.dpi), round(1.35 * w * panel.fig.dpi))
+    panel.c_large.value = False
+    assert tuple(panel.fig.get_size_inches()) == pytest.approx((w, h))
+
+
 def test_export_writes_the_animation(panel, tmp_path):
     path = panel.export(str(tmp_path / "lecture.html"), frames=3)
     assert open(path, encoding="utf-8").read().count("data:image/png;base64") == 3

@@ -26,7 +26,10 @@ LIVE_NOTEBOOK_CELLS: list[tuple[str, str]] = [
      "\n"
      "Run this cell, then move a slider: every change re-simulates the chosen protocols and redraws their\n"
      "timelines (red = waiting) and loss against simulated time. **Play** replays the run as simulated\n"
-     "time advances; **Export HTML** writes that animation to a file that opens in any browser, offline."),
+     "time advances; **Export HTML** writes that animation to a file that opens in any browser, offline.\n"
+     "\n"
+     "On a projector: press **projector size**, then View > Presentation Mode (or start the panel alone\n"
+     "with `python -m simlib live`)."),
     ("code",
      "from simlib.viz.live import LivePanel\n"
      "\n"
