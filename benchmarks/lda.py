@@ -89,7 +89,7 @@ def run_simlib(c: LDACorpus, K: int, sweeps: int) -> tuple[float, float]:
 
 def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float, float]:
     """(tokens/s, log-likelihood) of AD-LDA with BSP on ``workers`` processes (shared memory)."""
-    run = train_parallel(c, K, ALPHA, BETA, n_sweeps=sweeps, n_workers=workers, protocol="bsp", record_every=1e6)
+    run = train_parallel(c, K, ALPHA, BETA, n_sweeps=sweeps, n_workers=workers, protocol="bsp", record_every=None)
     return run.tokens_per_s, run.log_likelihood
 
 

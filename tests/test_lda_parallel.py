@@ -10,7 +10,7 @@ import pytest
 
 from simlib.parallel import WorkerDied, WorkerError
 from simlib.parallel.lda import shard_documents, train_parallel
-from simlib.problems.lda import count_tables, make_synthetic_corpus, topic_match, topic_word
+from simlib.problems.lda import count_tables, log_likelihood, make_synthetic_corpus, topic_match, topic_word
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +135,12 @@ def test_bad_configuration_fails_before_any_process_starts(synthetic, kwargs, fi
     with pytest.raises(ValueError, match=field):
         train_parallel(corpus, **args)
     assert multiprocessing.active_children() == []
+
+
+def test_untracked_run_reports_the_exact_final_log_likelihood(synthetic):
+    corpus, _, _ = synthetic
+    run = train_parallel(corpus, 8, alpha=0.5, n_sweeps=5, n_workers=2, record_every=None, timeout=60)
+    assert [q.step for q in run.trace.quality] == [0, 5]
+    n_dk, n_wk, n_k = count_tables(corpus, run.z, 8)
+    assert run.log_likelihood == pytest.approx(log_likelihood(n_dk, n_wk, n_k, 0.5, 0.01), rel=1e-12)
+    assert run.tokens_per_s > 0

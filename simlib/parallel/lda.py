@@ -41,6 +41,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from simlib import _validate as check
 from simlib.parallel.channel import Channel
@@ -90,6 +91,29 @@ def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:
     return np.maximum.accumulate(bounds)
 
 
+# -- fused table copies: one pass over the table instead of several NumPy passes ------------------
+@njit(cache=True, nogil=True)
+def _copy_twice(src: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """a = b = src, in one pass (the pull: the cache, and the copy its delta is measured against)."""
+    s, x, y = src.ravel(), a.ravel(), b.ravel()
+    for i in range(s.size):
+        x[i] = s[i]
+        y[i] = s[i]
+
+
+@njit(cache=True, nogil=True)
+def _add_delta(table: np.ndarray, cache: np.ndarray, pulled: np.ndarray) -> int:
+    """table += cache - pulled, in one pass; returns the smallest count now in the table."""
+    # NOTE: replaces `d = cache - pulled; table += d; table.min()` (five passes over the table).
+    t, c, p = table.ravel(), cache.ravel(), pulled.ravel()
+    low = np.iinfo(np.int64).max
+    for i in range(t.size):
+        t[i] += c[i] - p[i]
+        if t[i] < low:
+            low = t[i]
+    return low
+
+
 # -- the two transports, worker side ---------------------------------------------------------
 class _ShmTable:
     """Worker's handle on the shared-memory server: pull copies the table, push adds a delta."""
@@ -103,22 +127,21 @@ class _ShmTable:
         """Clocks finished by the slowest worker."""
         return int(self.clock.min())
 
-    def pull(self, n_wk: np.ndarray, n_k: np.ndarray) -> int:
-        """Copy the table into the cache; return its clock m."""
+    def pull(self, n_wk: np.ndarray, n_k: np.ndarray, was_wk: np.ndarray, was_k: np.ndarray) -> int:
+        """Copy the table into the cache (and into was_*, to measure the delta against); return its clock m."""
         with self.lock:
-            np.copyto(n_wk, self.n_wk)
-            np.copyto(n_k, self.n_k)
+            _copy_twice(self.n_wk, n_wk, was_wk)
+            _copy_twice(self.n_k, n_k, was_k)
             return int(self.clock.min())
 
-    def push(self, clock: int, d_wk: np.ndarray, d_k: np.ndarray, doc_ll: float) -> int:
-        """Add the deltas and publish the clock; return the smallest count now in the table."""
+    def push(self, clock: int, n_wk: np.ndarray, n_k: np.ndarray, was_wk: np.ndarray, was_k: np.ndarray,
+             doc_ll: float) -> int:
+        """Add the deltas (cache - was) and publish the clock; return the smallest count now in the table."""
         with self.lock:
-            self.n_wk += d_wk
-            self.n_k += d_k
+            low = min(_add_delta(self.n_wk, n_wk, was_wk), _add_delta(self.n_k, n_k, was_k))
             self.doc_ll[self.worker_id] = doc_ll
             self.clock[self.worker_id] = clock
-        # Outside the lock: a concurrent add changes each int32 atomically, from one count >= 0 to another.
-        return int(min(self.n_wk.min(), self.n_k.min()))
+        return int(low)
 
 
 class _PipeTable:
@@ -132,22 +155,26 @@ class _PipeTable:
         """Unknown locally: the server decides when to answer a pull."""
         return -1
 
-    def pull(self, n_wk: np.ndarray, n_k: np.ndarray) -> int:
+    def pull(self, n_wk: np.ndarray, n_k: np.ndarray, was_wk: np.ndarray, was_k: np.ndarray) -> int:
         """Ask for fresh rows (the server answers when the bound allows); return the table's clock."""
         self.channel.send(("pull",))
         m = self.channel.recv()
-        n_wk[self.words] = self.channel.recv_array()
-        n_k[:] = self.channel.recv_array()
+        n_wk[self.words] = was_wk[self.words] = self.channel.recv_array()
+        n_k[:] = was_k[:] = self.channel.recv_array()
         return int(m)
 
-    def push(self, clock: int, d_wk: np.ndarray, d_k: np.ndarray, doc_ll: float) -> int:
+    def push(self, clock: int, n_wk: np.ndarray, n_k: np.ndarray, was_wk: np.ndarray, was_k: np.ndarray,
+             doc_ll: float) -> int:
         """Send the non-zero deltas as (flat index, value) and the clock; the server returns its minimum count."""
-        flat = d_wk.ravel()
-        idx = np.flatnonzero(flat).astype(np.int32)
+        flat = (n_wk[self.words] - was_wk[self.words]).ravel()
+        pos = np.flatnonzero(flat)
+        # Flat indices into the full table: row words[pos // K], column pos % K.
+        K = n_wk.shape[1]
+        idx = (self.words[pos // K].astype(np.int64) * K + pos % K).astype(np.int32)
         self.channel.send(("push", clock, doc_ll))
         self.channel.send_array(idx)
-        self.channel.send_array(flat[idx])
-        self.channel.send_array(d_k)
+        self.channel.send_array(flat[pos])
+        self.channel.send_array(n_k - was_k)
         return int(self.channel.recv())
 
 
@@ -168,6 +195,7 @@ def _worker(
     K, s = cfg["n_topics"], cfg["staleness"]
     n_wk = np.zeros((corpus.n_words, K), np.int32)
     n_k = np.zeros(K, np.int32)
+    was_wk, was_k = np.zeros_like(n_wk), np.zeros_like(n_k)  # the table as pulled
     state = GibbsState(shard, K, cfg["alpha"], cfg["beta"], z0[t0:t1], n_wk=n_wk, n_k=n_k, kernel=cfg["kernel"])
     fail_at = cfg.get("fail_at")
     stamps = shared["table_clock"].array
@@ -180,7 +208,7 @@ def _worker(
             time.sleep(_POLL)
         gated = time.perf_counter()
         ctx.span("wait", start, gated, step=c)
-        m = table.pull(n_wk, n_k)
+        m = table.pull(n_wk, n_k, was_wk, was_k)
         got = time.perf_counter()
         if channels is None:  # the pipe records its own recv spans (including the server's gating)
             ctx.span("recv", gated, got, nbytes=n_wk.nbytes + n_k.nbytes, step=c)
@@ -188,14 +216,14 @@ def _worker(
             raise RuntimeError(f"worker {worker_id} at clock {c} got a table of clock {m}, older than staleness {s}")
         stamps[worker_id, c] = m
         ctx.update(c, staleness=c - m)
-        pulled_wk, pulled_k = n_wk.copy(), n_k.copy()
         state.sweep(seed=cfg["seed"] * 1_000_003 + worker_id * 10_007 + c)
         if cfg["straggler"] is not None and cfg["straggler"][0] == worker_id:
             time.sleep(cfg["straggler"][1])  # a slow machine: its clocks take this much longer
+        lowest = min(lowest, int(n_wk.min()), int(n_k.min()), int(state.n_dk.min()))
+        doc_ll = doc_log_likelihood(state.n_dk, cfg["alpha"]) if cfg["track"] else 0.0
         done = time.perf_counter()
         ctx.span("compute", got, done, step=c)
-        lowest = min(lowest, int(n_wk.min()), int(n_k.min()), int(state.n_dk.min()))
-        top = table.push(c + 1, n_wk - pulled_wk, n_k - pulled_k, doc_log_likelihood(state.n_dk, cfg["alpha"]))
+        top = table.push(c + 1, n_wk, n_k, was_wk, was_k, doc_ll)
         lowest = min(lowest, top)
         if channels is None:
             ctx.span("send", done, time.perf_counter(), nbytes=n_wk.nbytes + n_k.nbytes, step=c)
@@ -251,7 +279,7 @@ def train_parallel(
     seed: int = 0,
     start_method: str | None = None,
     timeout: float | None = None,
-    record_every: float = 0.02,
+    record_every: float | None = 0.02,
     straggler: tuple[int, float] | None = None,
     fail_at: tuple[int, int] | None = None,
 ) -> LDARun:
@@ -262,7 +290,7 @@ def train_parallel(
     one quality point each time the slowest worker finishes a clock (the joint log p(w, z) of
     the pushed state), spans for wait / compute / send / recv and one update per worker clock
     with its staleness. ``record_every`` (seconds) spaces the parent's log-likelihood checks
-    (each costs O(V K) lgamma calls: raise it when timing). ``fail_at=(worker, clock)`` makes
+    (each costs O(V K) lgamma calls); None records only the start and the end, for timing. ``fail_at=(worker, clock)`` makes
     that worker raise there (for tests of the clean failure path). ``straggler=(worker, seconds)``
     makes one worker that much slower per clock, to show what SSP buys.
     """
@@ -273,7 +301,8 @@ def train_parallel(
     check.non_negative_int("staleness", staleness)
     check.one_of("transport", transport, TRANSPORTS)
     check.one_of("kernel", kernel, KERNELS)
-    check.positive("record_every", record_every)
+    if record_every is not None:
+        check.positive("record_every", record_every)
     if protocol == "bsp" and staleness != 0:
         raise ValueError(f"staleness must be 0 under protocol='bsp', got {staleness}")
     if straggler is not None:
@@ -288,7 +317,8 @@ def train_parallel(
     bounds = shard_documents(corpus, n_workers)
     _warm_up(kernel)
     cfg = dict(n_topics=K, alpha=float(alpha), beta=float(beta), n_sweeps=n_sweeps, staleness=staleness,
-               kernel=kernel, seed=seed, fail_at=fail_at, straggler=straggler)
+               kernel=kernel, seed=seed, fail_at=fail_at, straggler=straggler,
+               track=record_every is not None)
     label = f"lda-{protocol}{staleness if protocol == 'ssp' else ''}-{transport}-{n_workers}w"
     with WorkerGroup(n_workers, start_method, label=label) as group:
         shared = {
@@ -340,7 +370,8 @@ def train_parallel(
             server.start()
         try:
             parts = group.run(_worker, corpus, bounds, z0, cfg, shared, lock, channels,
-                              monitor=snapshot, monitor_every=record_every, timeout=timeout)
+                              monitor=snapshot if record_every is not None else None,
+                              monitor_every=record_every or 1.0, timeout=timeout)
         finally:
             stop.set()
             if server is not None:
@@ -365,6 +396,10 @@ def _warm_up(kernel: str) -> None:
 
     tiny, _, _ = make_synthetic_corpus(n_docs=2, n_topics=2, n_words=5, doc_length=3, seed=0)
     GibbsState.init(tiny, 2, kernel=kernel).sweep(0)
+    for shape in ((1, 1), (1,)):
+        a = np.zeros(shape, np.int32)
+        _copy_twice(a, a.copy(), a.copy())
+        _add_delta(a, a.copy(), a.copy())
 
 
 __all__ = ["LDARun", "train_parallel", "shard_documents", "PROTOCOLS", "TRANSPORTS"]
