@@ -13,6 +13,7 @@ constrained-layout figure from ``compare_figure``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -81,6 +82,8 @@ def main() -> int:
     shutdown_pool()
 
     runs = ", ".join(t.label for t in panel.traces)
+    load = os.getloadavg()[0]
+    print(f"machine: {os.cpu_count()} cores, 1-minute load average {load:.1f} at the end (timings are wall clock)")
     print(f"live panel redraw, {args.workers} workers x {args.steps} steps, runs: {runs}; median of {repeats};"
           f" simulator runs in {panel.runner.processes} processes")
     print(f"{'stage':<30}{'median s':>10}{'min s':>10}{'vs budget':>12}")

@@ -162,6 +162,27 @@ def test_changes_in_an_event_loop_run_in_the_background_and_coalesce(tiny_proble
     assert simulated == 6  # the first draw's three runs plus the last value's three
 
 
+def test_a_long_run_shows_progress_and_the_kernel_stays_responsive(tiny_problem):
+    async def scenario() -> tuple[int, set[str], float]:
+        p = LivePanel(LiveSettings(n_workers=16, steps=60, protocols=("bsp",)), problem=tiny_problem, figsize=(8, 5),
+                      debounce=0.0, processes=1, progress_after=0.0)
+        shown: set[str] = set()
+        try:
+            start, ticks = p.redraws, 0
+            p.c_steps.value = 300  # a run several times longer
+            while p.redraws == start:
+                await asyncio.sleep(0.01)  # the event loop (the kernel) keeps running during the run
+                ticks += 1
+                shown.add(p.progress.layout.visibility)
+            return ticks, shown, p.progress.value
+        finally:
+            p.close()
+
+    ticks, shown, last = asyncio.run(scenario())
+    assert ticks >= 3  # a synchronous run would have blocked the loop: zero ticks until it finished
+    assert "visible" in shown and last > 0.0
+
+
 def _children(pid: int) -> set[int]:
     import os
 

@@ -296,8 +296,11 @@ class LivePanel:
     """
 
     def __init__(self, settings: LiveSettings | None = None, problem: Any = None, figsize: tuple[float, float] = (13.5, 8),
-                 debounce: float = 0.15, export_dir: str = ".", processes: int | None = None) -> None:
+                 debounce: float = 0.15, export_dir: str = ".", processes: int | None = None,
+                 progress_after: float = 0.3) -> None:
         check.non_negative("debounce", debounce)
+        check.non_negative("progress_after", progress_after)
+        self.progress_after = progress_after  # seconds a run may take before the progress bar appears
         self.settings = settings or LiveSettings()
         if processes is None:
             processes = min(len(PROTOCOLS), os.cpu_count() or 1)
@@ -479,7 +482,7 @@ class LivePanel:
             if gen != self._gen:
                 raise Superseded()
             now = time.perf_counter()
-            if now - self._last_progress > 0.1:  # a widget message per report would flood the browser
+            if now - self._last_progress > 0.05:  # a widget message per report would flood the browser
                 self._last_progress = now
                 loop.call_soon_threadsafe(self._show_progress, gen, frac, label, now - t0)
 
@@ -488,7 +491,7 @@ class LivePanel:
 
     def _show_progress(self, gen: int, frac: float, label: str, elapsed: float) -> None:
         """Show the progress bar once a run has taken a moment."""
-        if gen != self._gen or elapsed < 0.3:
+        if gen != self._gen or elapsed < self.progress_after:
             return
         self.progress.layout.visibility = "visible"
         self.progress.value = frac
