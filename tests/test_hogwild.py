@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
+import os
+import signal
+import threading
 import time
 
 import numpy as np
 import pytest
 
+from simlib.parallel import PREFIX, WorkerDied
 from simlib.parallel.hogwild import MODES, train
 from simlib.parallel.hogwild_kernels import RESCALE_BELOW, catch_up, sgd_rows
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
@@ -143,3 +148,55 @@ def test_bad_data_fails_before_any_process(data) -> None:
 
 def test_modes_are_the_four_documented_ones() -> None:
     assert MODES == ("serial", "locked", "hogwild", "bsp")
+
+
+def _worker_children() -> list[int]:
+    """Pids of this process's children that are workers (not multiprocessing's resource tracker)."""
+    pids = []
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        try:
+            with open(f"/proc/{os.getpid()}/task/{tid}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    workers = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"resource_tracker" not in f.read():
+                    workers.append(pid)
+        except OSError:
+            pass
+    return workers
+
+
+def _my_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"{PREFIX}{os.getpid()}_")}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc") or not os.path.isdir("/dev/shm"), reason="reads /proc and /dev/shm")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_sigkill_of_a_hogwild_worker_fails_fast_and_leaves_nothing(data, method: str) -> None:
+    before = _my_segments()
+    killed: list[tuple[int, float]] = []
+
+    def kill_one_worker() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            workers = _worker_children()
+            if len(workers) >= 2:
+                time.sleep(0.3)  # let it get going
+                os.kill(workers[-1], signal.SIGKILL)
+                killed.append((workers[-1], time.monotonic()))
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_one_worker, daemon=True)
+    killer.start()
+    with pytest.raises(WorkerDied) as info:
+        train(data, "hogwild", n_workers=2, epochs=1_000_000, start_method=method, timeout=60)
+    assert killed and time.monotonic() - killed[0][1] < 5.0
+    assert info.value.exitcode == -signal.SIGKILL and "killed by signal 9" in str(info.value)
+    killer.join()
+    assert not multiprocessing.active_children() and not _worker_children()
+    assert _my_segments() == before

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gc
-import io
 import multiprocessing
 import os
 import signal
@@ -12,7 +11,6 @@ import numpy as np
 import pytest
 
 from simlib.parallel import PREFIX, SharedArray, WorkerDied, WorkerError, WorkerGroup, current, run_workers
-from simlib.parallel import log as plog
 
 METHODS = ["fork", "spawn"]
 
@@ -53,12 +51,6 @@ def sleep_forever(worker_id: int, n_workers: int, pids: SharedArray) -> None:
 def exit_early(worker_id: int, n_workers: int) -> None:
     """Leave without a result, as a crashing extension would."""
     os._exit(3)
-
-
-def log_lines(worker_id: int, n_workers: int) -> None:
-    """Emit one line at INFO and one at WARNING."""
-    plog.logger().info("info from %d", worker_id)
-    plog.logger().warning("warning from %d", worker_id)
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -203,28 +195,3 @@ def test_bad_run_arguments_fail_before_any_process(clean: None) -> None:
         with pytest.raises(ValueError, match="timeout"):
             group.run(square, 1, timeout=0)
         assert group.t0 is None  # nothing was started
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_logging_is_quiet_by_default_and_names_the_worker(method: str, clean: None) -> None:
-    sink = io.StringIO()
-    handler = plog.parent_handler(multiprocessing.get_context(method))
-    old = handler.sub_handler.setStream(sink)
-    try:
-        run_workers(log_lines, 2, start_method=method)
-        _wait_for(lambda: sink.getvalue().count("warning from") == 2)
-        quiet = sink.getvalue()
-        run_workers(log_lines, 2, start_method=method, verbose=True)
-        _wait_for(lambda: sink.getvalue().count("info from") == 2)
-    finally:
-        handler.sub_handler.setStream(old)
-        plog.set_verbose(False)
-    assert "info from" not in quiet
-    assert "worker-1 WARNING simlib.parallel: warning from 1" in quiet
-    assert "worker-0 INFO simlib.parallel: info from 0" in sink.getvalue()
-
-
-def _wait_for(cond, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.02)
