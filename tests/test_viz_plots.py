@@ -161,6 +161,8 @@ def test_finding_computes_the_ratio_against_bsp():
     assert finding([asy, ssp], target=0.45).endswith("async never does")
     same = curve_trace("SSP(1)", [1.0], [0.4])
     assert finding([fast_bsp, same], target=0.45) == "BSP and SSP(1) reach loss 0.45 at the same time"
+    also = curve_trace("Async", [1.0], [0.4], protocol="async")
+    assert finding([fast_bsp, same, also], target=0.45) == "BSP, SSP(1) and Async reach loss 0.45 at the same time"
 
 
 def test_default_target_is_reached_by_every_run():

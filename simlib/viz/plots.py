@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Union
 
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.artist import Artist
@@ -214,7 +215,10 @@ def plot_timeline(
         x_end = t_max if t_max is not None else (trace.makespan or 1.0)
         ax.set_xlim(0.0, x_end)
         ax.set_ylim(n_shown - 0.5, -0.5 - (1.2 if has_server_row else 0.0))  # worker 0 on top
-        stride = max(1, math.ceil(n_shown / MAX_YTICKS))
+        # As many worker labels as fit the axes' height at the tick font size (1.6 lines each).
+        height_pt = ax.get_position().height * ax.get_figure().get_figheight() * 72
+        fits = max(2, int(height_pt / (1.6 * float(matplotlib.rcParams["ytick.labelsize"]))))
+        stride = max(1, math.ceil(n_shown / min(MAX_YTICKS, fits)))
         ticks = list(range(0, n_shown, stride))
         labels = [str(w) for w in ticks]
         if has_server_row:
@@ -419,14 +423,17 @@ def finding(traces: Trace | Iterable[Trace], target: float | None = None, x: str
     sooner = "sooner" if x == "time" else "fewer steps"
     if len(runs) == 1:
         return f"{winner} reaches {goal} at {_fmt_time(reached[winner]) if x == 'time' else f'step {reached[winner]}'}"
+    # Runs within 0.5% of the first are a tie: "1.00x sooner" would overstate a difference of noise.
+    tied = [k for k in reached if reached[k] <= reached[winner] * 1.005]
+    if len(tied) > 1 and (ref in tied or len(tied) == len(runs)):
+        names = ", ".join(tied[:-1]) + f" and {tied[-1]}"
+        return f"{names} reach {goal} {'at the same time' if x == 'time' else 'in the same number of steps'}"
     if winner == ref:
         others = {k: v for k, v in reached.items() if k != ref}
         if not others:
             return f"{ref} reaches {goal}; no other run does"
         second = min(others, key=lambda k: others[k])
         ratio = others[second] / reached[ref] if reached[ref] > 0 else math.inf
-        if ratio < 1.005:
-            return f"{ref} and {second} reach {goal} {'at the same time' if x == 'time' else 'in the same number of steps'}"
         return f"{ref} reaches {goal} first, {_fmt_ratio(ratio)} {sooner} than {second}"
     if ref not in reached:
         when = _fmt_time(reached[winner]) if x == "time" else f"step {reached[winner]}"
