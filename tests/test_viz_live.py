@@ -1,4 +1,4 @@
-"""The live lecture panel, driven from Python: settings, caching, redraws, play mode, export, the async path."""
+"""The live lecture panel, driven from Python: controls, redraws, play mode, export, the background path."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +15,8 @@ pytest.importorskip("ipywidgets", reason="the live panel needs ipywidgets (pip i
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
-from simlib.viz.live import LivePanel, LiveSettings, Runner, shutdown_pool  # noqa: E402
+from simlib.viz.live import LivePanel  # noqa: E402
+from simlib.viz.scenario import LiveSettings, shutdown_pool  # noqa: E402
 
 SMALL = dict(n_workers=4, steps=20)
 
@@ -38,28 +39,6 @@ def _pixels(panel: LivePanel) -> np.ndarray:
     canvas = FigureCanvasAgg(panel.fig)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba()).copy()
-
-
-def test_settings_map_sliders_to_simulator_configs():
-    s = LiveSettings(n_workers=8, steps=40, straggler="slow worker", severity=4.0, staleness=2)
-    cfgs = s.configs()
-    assert [c.label for c in cfgs] == ["BSP", "SSP(2)", "Async"]
-    assert all(c.stragglers.slow_workers == 1 and c.stragglers.slow_factor == 4.0 for c in cfgs)
-    assert all(c.n_workers == 8 and c.steps == 40 for c in cfgs)
-    jitter = LiveSettings(straggler="jitter", severity=2.0).configs()[0].stragglers
-    assert jitter.jitter == "lognormal" and jitter.jitter_sigma == pytest.approx(0.5)
-    fail = LiveSettings(straggler="failure", steps=100).configs()[0].stragglers
-    assert fail.fail_worker == 0 and fail.fail_time > 0 and fail.restart_after > 0
-    ring = LiveSettings(topology="allreduce").configs()
-    assert [c.protocol for c in ring] == ["bsp"] and ring[0].topology == "allreduce"
-
-
-@pytest.mark.parametrize("field, value", [("n_workers", 0), ("protocols", ("bsp", "gossip")), ("staleness", -1),
-                                          ("straggler", "cosmic rays"), ("severity", 0.5), ("latency", -1.0),
-                                          ("bandwidth", 0.0), ("topology", "tree")])
-def test_bad_settings_name_the_field(field, value):
-    with pytest.raises(ValueError, match=field):
-        LiveSettings(**{field: value})
 
 
 def test_panel_draws_the_chosen_protocols_side_by_side(panel):
@@ -131,16 +110,6 @@ def test_export_writes_the_animation(panel, tmp_path):
     assert "lecture.html" in panel.status.value
 
 
-def test_runner_cache_is_bounded(tiny_problem):
-    runner = Runner(tiny_problem, capacity=2)
-    cfgs = [c for s in (1.0, 2.0) for c in LiveSettings(**SMALL, severity=s, protocols=("bsp",)).configs()]
-    cfgs += LiveSettings(**SMALL, severity=3.0, protocols=("bsp",)).configs()
-    runner.run(cfgs)
-    assert len(runner.cache) == 2 and runner.simulated == 3
-    runner.run(cfgs[:1])  # evicted: simulated again
-    assert runner.simulated == 4
-
-
 def test_changes_in_an_event_loop_run_in_the_background_and_coalesce(tiny_problem):
     async def scenario() -> tuple[int, float, int]:
         p = LivePanel(LiveSettings(**SMALL), problem=tiny_problem, figsize=(8, 5), debounce=0.05)
@@ -181,42 +150,3 @@ def test_a_long_run_shows_progress_and_the_kernel_stays_responsive(tiny_problem)
     ticks, shown, last = asyncio.run(scenario())
     assert ticks >= 3  # a synchronous run would have blocked the loop: zero ticks until it finished
     assert "visible" in shown and last > 0.0
-
-
-def _children(pid: int) -> set[int]:
-    import os
-
-    out = set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.add(int(d))
-            except OSError:
-                pass
-    return out
-
-
-def _grandchildren() -> set[int]:
-    """Processes started by our children: the pool's workers (forked by the forkserver child)."""
-    import os
-
-    return {g for c in _children(os.getpid()) for g in _children(c)}
-
-
-def test_process_pool_gives_the_same_traces_and_leaves_no_process(tiny_problem):
-    import time
-
-    shutdown_pool()
-    cfgs = LiveSettings(**SMALL, severity=2.5).configs()
-    pooled = Runner(tiny_problem, processes=2).run(cfgs)
-    serial = Runner(tiny_problem, processes=1).run(cfgs)
-    assert pooled == serial  # each run is deterministic, wherever it is simulated
-    assert len(_grandchildren()) >= 2  # the runs really went to two worker processes
-    shutdown_pool()
-    for _ in range(50):
-        if not _grandchildren():
-            break
-        time.sleep(0.1)
-    assert not _grandchildren()

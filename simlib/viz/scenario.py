@@ -1,0 +1,251 @@
+"""What the live panel's controls stand for, and how its runs are simulated.
+
+:class:`LiveSettings` maps a few lecture-sized knobs (workers, protocols, staleness, a straggler
+kind and its severity, latency, bandwidth, topology, compression) onto one
+:class:`simlib.sim.SimConfig` per protocol; :class:`Runner` simulates them, caching each trace by
+its config and sending independent runs to a per-kernel process pool. Example::
+
+    >>> runner = Runner(processes=1)
+    >>> [t.label for t in runner.run(LiveSettings(n_workers=4, steps=10).configs())]
+    ['BSP', 'SSP(3)', 'Async']
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import functools
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from simlib import _validate as check
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from simlib.sim import SimConfig, Stragglers, simulate
+from simlib.trace import Trace
+
+PROTOCOLS = ("bsp", "ssp", "async")
+STRAGGLERS = ("none", "slow worker", "jitter", "pauses", "failure")
+TOPOLOGIES = ("ps", "allreduce")
+
+
+def compression_choices() -> tuple[str, ...]:
+    """Compressor specs the panel offers: 'none', plus a few of simlib.compress's when it is present."""
+    try:
+        import simlib.compress  # noqa: F401
+    except ImportError:
+        return ("none",)
+    return ("none", "topk:0.01", "qsgd:4", "onebit-ef")
+
+
+@functools.lru_cache(maxsize=1)
+def live_problem() -> LogisticProblem:
+    """The panel's default workload: sparse logistic regression, 4,000 x 1,000, 20 nonzeros per row.
+
+    Small on purpose: the math per update is then cheap next to the simulation, so 16 workers x
+    100 steps of three protocols re-run at slider speed.
+    """
+    data = make_sparse_classification(n_rows=4_000, n_features=1_000, nnz_per_row=20, label_noise=0.05, seed=0)
+    return LogisticProblem(data, l2=1e-4, eval_rows=1_000, seed=0)
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """What the panel's controls set; :meth:`configs` turns it into one SimConfig per chosen protocol.
+
+    ``severity`` reads per straggler kind: 'slow worker' = worker 0 is ``severity`` times slower;
+    'jitter' = lognormal compute noise with sigma 0.25 x severity; 'pauses' = 5% of steps stall
+    for ``severity`` step times; 'failure' = worker 0 fails a quarter of the way in and returns
+    after 5 x ``severity`` step times.
+    """
+
+    n_workers: int = 16
+    steps: int = 100
+    protocols: tuple[str, ...] = PROTOCOLS
+    staleness: int = 3
+    straggler: str = "slow worker"
+    severity: float = 3.0
+    latency: float = 1e-4
+    bandwidth: float = 1.25e9
+    topology: str = "ps"
+    n_servers: int = 1
+    compression: str = "none"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check.positive_int("n_workers", self.n_workers)
+        check.positive_int("steps", self.steps)
+        if not self.protocols:
+            raise ValueError("protocols must name at least one of 'bsp', 'ssp', 'async'")
+        for p in self.protocols:
+            check.one_of("protocols", p, PROTOCOLS)
+        check.non_negative_int("staleness", self.staleness)
+        check.one_of("straggler", self.straggler, STRAGGLERS)
+        if not (isinstance(self.severity, (int, float)) and 1.0 <= self.severity <= 100.0):
+            raise ValueError(f"severity must be a number in [1, 100], got {self.severity!r}")
+        check.non_negative("latency", self.latency)
+        check.positive("bandwidth", self.bandwidth)
+        check.one_of("topology", self.topology, TOPOLOGIES)
+        check.positive_int("n_servers", self.n_servers)
+        check.non_negative_int("seed", self.seed)
+
+    def step_estimate(self, nnz_per_row: float = 20.0) -> float:
+        """Seconds one step takes without stragglers: compute overhead + batch nonzeros x cost + a round trip."""
+        base = SimConfig()
+        return base.compute_overhead + base.batch_size * nnz_per_row * base.compute_per_unit + 2 * self.latency
+
+    def stragglers(self, nnz_per_row: float = 20.0) -> Stragglers:
+        """The straggler model the kind and severity stand for."""
+        s, step = self.severity, self.step_estimate(nnz_per_row)
+        if self.straggler == "slow worker":
+            return Stragglers(slow_workers=1, slow_factor=s)
+        if self.straggler == "jitter":
+            return Stragglers(jitter="lognormal", jitter_sigma=0.25 * s)
+        if self.straggler == "pauses":
+            return Stragglers(pause_prob=0.05, pause_time=s * step)
+        if self.straggler == "failure":
+            return Stragglers(fail_worker=0, fail_time=self.steps / 4 * step, restart_after=5 * s * step)
+        return Stragglers()
+
+    def runnable(self) -> tuple[str, ...]:
+        """The chosen protocols that the topology allows (a ring all-reduce is a barrier: BSP only)."""
+        return ("bsp",) if self.topology == "allreduce" else self.protocols
+
+    def configs(self, nnz_per_row: float = 20.0) -> list[SimConfig]:
+        """One validated SimConfig per runnable protocol."""
+        common = dict(
+            n_workers=self.n_workers, steps=self.steps, topology=self.topology, latency=self.latency,
+            bandwidth=self.bandwidth, stragglers=self.stragglers(nnz_per_row), seed=self.seed,
+            n_servers=self.n_servers if self.topology == "ps" else 1,
+            compression=None if self.compression == "none" else self.compression,
+            # One loss point per two rounds keeps evaluation cheap; curves stay smooth at 100 steps.
+            eval_every=max(1, self.steps // 50),
+        )
+        return [SimConfig(protocol=p, staleness=self.staleness if p == "ssp" else 0, **common) for p in self.runnable()]
+
+
+class Superseded(Exception):
+    """Raised inside a run's progress callback when a newer change has made the run pointless."""
+
+
+# -- simulating in worker processes ------------------------------------------------------------
+# The chosen protocols are independent runs, so they go to separate processes: on a machine with
+# three free cores three runs take the time of one. The pool lives once per kernel (re-running the
+# notebook cell reuses it) and the problem is sent to each worker once, at start-up.
+_worker_problem: Any = None
+_pool_lock = threading.Lock()
+_pool: tuple[int, int, concurrent.futures.ProcessPoolExecutor] | None = None
+
+
+def _init_worker(problem: Any) -> None:
+    """Worker start-up: keep the problem for every run this process will simulate."""
+    global _worker_problem
+    _worker_problem = problem
+
+
+def _simulate_in_worker(cfg: SimConfig) -> Trace:
+    """One run inside a pool worker."""
+    return simulate(cfg, _worker_problem)
+
+
+def process_pool(problem: Any, processes: int) -> concurrent.futures.ProcessPoolExecutor:
+    """The kernel's pool of ``processes`` simulator workers for ``problem`` (made on first use)."""
+    global _pool
+    import multiprocessing
+
+    with _pool_lock:
+        if _pool is not None and _pool[0] == id(problem) and _pool[1] == processes:
+            return _pool[2]
+        if _pool is not None:
+            _pool[2].shutdown(wait=False, cancel_futures=True)
+        # forkserver, not fork: the kernel has threads (ZMQ, the panel's runner), and forking a
+        # threaded process can deadlock the child.
+        ctx = multiprocessing.get_context("forkserver")
+        executor = concurrent.futures.ProcessPoolExecutor(processes, mp_context=ctx, initializer=_init_worker,
+                                                          initargs=(problem,))
+        _pool = (id(problem), processes, executor)
+        return executor
+
+
+def shutdown_pool() -> None:
+    """Stop the simulator worker processes (also done at interpreter exit)."""
+    global _pool
+    with _pool_lock:
+        if _pool is not None:
+            _pool[2].shutdown(wait=True, cancel_futures=True)
+            _pool = None
+
+
+atexit.register(shutdown_pool)
+
+
+class Runner:
+    """Runs SimConfigs on one problem, remembering the last ``capacity`` traces (a slider moved back is instant).
+
+    With ``processes`` > 1, runs that miss the cache are simulated side by side in a process pool.
+    """
+
+    def __init__(self, problem: Any = None, capacity: int = 64, processes: int = 1) -> None:
+        check.positive_int("processes", processes)
+        self.problem = live_problem() if problem is None else problem
+        self.capacity = capacity
+        self.processes = processes
+        self.cache: OrderedDict[SimConfig, Trace] = OrderedDict()
+        self.simulated = 0  # runs actually simulated (cache misses)
+        self._lock = threading.Lock()
+        ip = getattr(getattr(self.problem, "data", None), "indptr", None)
+        self.nnz_per_row = float((ip[-1] - ip[0]) / max(len(ip) - 1, 1)) if ip is not None else 20.0
+
+    def warm_up(self) -> None:
+        """Start the worker processes now, so the first slider move does not pay for it."""
+        if self.processes > 1:
+            pool = process_pool(self.problem, self.processes)
+            for f in [pool.submit(time.sleep, 0) for _ in range(self.processes)]:
+                f.result()
+
+    def _store(self, cfg: SimConfig, trace: Trace, fresh: dict[SimConfig, Trace]) -> None:
+        fresh[cfg] = trace
+        with self._lock:
+            self.simulated += 1
+            self.cache[cfg] = trace
+            while len(self.cache) > self.capacity:
+                self.cache.popitem(last=False)
+
+    def run(self, configs: Sequence[SimConfig], progress: Callable[[float, str], None] | None = None) -> list[Trace]:
+        """Traces for ``configs`` in order; ``progress(fraction, label)`` may raise :class:`Superseded` to stop."""
+        with self._lock:
+            found = {c: self.cache[c] for c in configs if c in self.cache}
+            for c in found:
+                self.cache.move_to_end(c)
+        missing = list(dict.fromkeys(c for c in configs if c not in found))
+        if len(missing) > 1 and self.processes > 1:
+            self._run_pool(missing, progress, found)
+        else:
+            for i, cfg in enumerate(missing):
+
+                def report(frac: float, i: int = i, label: str = cfg.label) -> None:
+                    if progress is not None:
+                        progress((i + frac) / len(missing), label)
+
+                self._store(cfg, simulate(cfg, self.problem, progress=report), found)
+        return [found[cfg] for cfg in configs]
+
+    def _run_pool(self, missing: list[SimConfig], progress: Callable[[float, str], None] | None,
+                  fresh: dict[SimConfig, Trace]) -> None:
+        """Simulate ``missing`` in the process pool, checking every 0.1 s whether the caller gave up."""
+        pool = process_pool(self.problem, self.processes)
+        futures = {pool.submit(_simulate_in_worker, cfg): cfg for cfg in missing}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = concurrent.futures.wait(pending, timeout=0.1,
+                                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                for f in done:
+                    self._store(futures[f], f.result(), fresh)
+                if progress is not None:
+                    progress(1 - len(pending) / len(missing), ", ".join(futures[f].label for f in pending))
+        finally:
+            for f in pending:
+                f.cancel()
