@@ -65,8 +65,9 @@ def test_serial_matches_scikit_learn_constant_rate(data) -> None:
         loss="log_loss", penalty="l2", alpha=lam, learning_rate="constant", eta0=alpha,
         fit_intercept=False, shuffle=False, max_iter=epochs, tol=None,
     ).fit(data.to_scipy().astype(np.float64), data.y)
-    ours = train(data, "serial", alpha=alpha, lam=lam, epochs=epochs)
-    np.testing.assert_allclose(ours.w, peer.coef_.ravel(), rtol=1e-9, atol=1e-12)
+    for l2 in ("lazy", "scaled"):
+        ours = train(data, "serial", alpha=alpha, lam=lam, epochs=epochs, l2=l2)
+        np.testing.assert_allclose(ours.w, peer.coef_.ravel(), rtol=1e-9, atol=1e-12)
 
 
 def test_one_hogwild_worker_is_the_serial_algorithm(data) -> None:
@@ -82,11 +83,21 @@ def test_bsp_with_one_worker_and_batches_of_one_is_serial_sgd(data) -> None:
     np.testing.assert_allclose(bsp.w, serial.w, rtol=1e-10, atol=1e-14)
 
 
-@pytest.mark.parametrize("mode, method", [("hogwild", "fork"), ("hogwild", "spawn"), ("locked", "fork")])
-def test_two_workers_reach_the_serial_loss(data, mode: str, method: str) -> None:
+def test_scaled_decay_with_one_worker_is_the_serial_algorithm(data) -> None:
+    serial = train(data, "serial", epochs=2)
+    one = train(data, "hogwild", n_workers=1, epochs=2, start_method="fork", l2="scaled")
+    np.testing.assert_allclose(one.w, serial.w, rtol=1e-10, atol=1e-14)
+    assert one.trace.meta["l2"] == "scaled"
+
+
+@pytest.mark.parametrize(
+    "mode, method, l2",
+    [("hogwild", "fork", "lazy"), ("hogwild", "spawn", "lazy"), ("locked", "fork", "lazy"), ("hogwild", "fork", "scaled"), ("locked", "spawn", "scaled")],
+)
+def test_two_workers_reach_the_serial_loss(data, mode: str, method: str, l2: str) -> None:
     full = LogisticProblem(data, l2=1e-5, eval_rows=None)
     serial = full.loss(train(data, "serial", epochs=3).w)
-    res = train(data, mode, n_workers=2, epochs=3, start_method=method, timeout=60)
+    res = train(data, mode, n_workers=2, epochs=3, start_method=method, timeout=60, l2=l2)
     assert abs(full.loss(res.w) - serial) < 0.02 * serial
     trace = res.trace
     assert trace.substrate == "parallel" and trace.n_workers == 2 and trace.meta["mode"] == mode
@@ -125,6 +136,8 @@ def _broken(data, **changes):
         ({"mode": "serial", "n_workers": 2}, "n_workers"),
         ({"w0": np.zeros(3)}, "w0"),
         ({"w0": np.full(2_000, np.nan)}, "w0"),
+        ({"l2": "l1"}, "l2"),
+        ({"l2": "scaled", "lam": 0.05, "epochs": 10}, "l2='scaled' needs"),
     ],
 )
 def test_bad_arguments_fail_before_any_process(data, kwargs: dict, field: str) -> None:

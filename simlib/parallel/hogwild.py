@@ -13,9 +13,17 @@ Four ways to run the same SGD on the same data with the same step size ``alpha``
   (each for its slice of the features) and apply one averaged step, then a barrier again.
 
 The inner loops are numba kernels (:mod:`simlib.parallel.hogwild_kernels`, which explains the
-choice with measured numbers) with the L2 decay applied lazily. Each worker keeps its own decay
-stamps, so with N workers each weight is decayed by every worker's steps, in whatever order the
-workers happen to touch it: exact for one worker, and off only by the interleaving otherwise.
+choice with measured numbers). The L2 decay ``(1 - alpha*lam)`` per step is applied in one of
+two ways, both touching only the row's features:
+
+* ``l2='lazy'`` (default, the seeds' method): each weight catches up on the decay it missed when
+  a row next touches it. Each worker keeps its own stamps, so with N workers each weight is
+  decayed by every worker's steps, in whatever order the workers touch it: exact for one
+  worker, off only by the interleaving otherwise.
+* ``l2='scaled'`` (scikit-learn's method): ``w = v * prod(worker scales)``; a step multiplies
+  the worker's scale by the decay and divides its update by the total scale. No per-feature
+  state, so the loop is faster; the total decay of a run is bounded so the scale cannot
+  underflow.
 
 The step schedule is scikit-learn's ``learning_rate='constant'`` (``eta0 = alpha``), so a run
 of ``epochs`` passes is directly comparable with ``SGDClassifier(loss='log_loss',
@@ -41,13 +49,15 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.parallel.group import WorkerGroup
-from simlib.parallel.hogwild_kernels import apply_mean_gradient, catch_up, grad_rows, sgd_rows
+from simlib.parallel.hogwild_kernels import apply_mean_gradient, catch_up, grad_rows, sgd_rows, sgd_rows_scaled
 from simlib.parallel.shm import SharedArray
 from simlib.parallel.worker import current
 from simlib.problems.logistic import LogisticProblem, SparseDataset
 from simlib.trace import Trace
 
 MODES = ("serial", "locked", "hogwild", "bsp")
+L2_METHODS = ("lazy", "scaled")
+MAX_TOTAL_DECAY = 300.0  # l2='scaled' keeps prod(scales) = exp(-alpha*lam*steps) above 1e-130
 
 
 @dataclass
@@ -83,8 +93,8 @@ class _Shared:
     values: SharedArray
     y: SharedArray
     w: SharedArray
-    stamps: SharedArray  # (n_workers, n_features): each worker's decay stamps (sgd modes)
-    scales: SharedArray  # (n_workers,): each worker's running decay scale (sgd modes)
+    stamps: SharedArray  # (n_workers, n_features): each worker's decay stamps (l2='lazy'), else (1, 1)
+    scales: SharedArray  # (n_workers, 8): each worker's running decay scale in [k, 0], one cache line each
     clocks: SharedArray  # (n_workers,): rows processed by each worker so far
     grads: SharedArray  # (n_workers, n_features) for bsp, (1, 1) otherwise
 
@@ -101,6 +111,7 @@ class _Config:
     batch_size: int
     shards: tuple[tuple[int, int], ...]
     n_features: int
+    l2: str = "lazy"
 
 
 def validate(
@@ -114,6 +125,7 @@ def validate(
     chunk_rows: int,
     monitor_every: float,
     w0: Any,
+    l2: str = "lazy",
 ) -> None:
     """Check every argument; raise ValueError naming the field before any process starts."""
     if not isinstance(data, SparseDataset):
@@ -133,6 +145,12 @@ def validate(
     check.positive_int("batch_size", batch_size)
     check.positive_int("chunk_rows", chunk_rows)
     check.positive("monitor_every", monitor_every)
+    check.one_of("l2", l2, L2_METHODS)
+    if l2 == "scaled" and alpha * lam * epochs * data.n_rows > MAX_TOTAL_DECAY:
+        raise ValueError(
+            f"l2='scaled' needs alpha * lam * epochs * n_rows <= {MAX_TOTAL_DECAY:g} (the shared scale would "
+            f"underflow), got {alpha * lam * epochs * data.n_rows:g}; use l2='lazy'"
+        )
     if w0 is not None:
         w0 = np.asarray(w0)
         if w0.shape != (data.n_features,):
@@ -158,6 +176,7 @@ def train(
     verbose: bool = False,
     timeout: float | None = None,
     seed: int = 0,
+    l2: str = "lazy",
 ) -> HogwildResult:
     """Train L2 logistic regression by SGD in ``mode`` (serial | locked | hogwild | bsp); see the module doc.
 
@@ -165,11 +184,13 @@ def train(
     shards, one per worker, each visited in order ``epochs`` times. ``batch_size`` is the
     per-worker mini-batch of ``bsp``; ``chunk_rows`` is how many rows a worker processes
     between two trace records. The loss on ``eval_rows`` sampled rows is recorded about every
-    ``monitor_every`` seconds of wall time.
+    ``monitor_every`` seconds of wall time. ``l2`` picks how the decay is applied in the SGD
+    modes: ``'lazy'`` (per-feature catch-up, the seeds' method) or ``'scaled'`` (one shared
+    scale per worker, scikit-learn's method; faster, for runs whose total decay stays moderate).
     """
     if n_workers is None:
         n_workers = 1 if mode == "serial" else 2
-    validate(data, mode, n_workers, alpha, lam, epochs, batch_size, chunk_rows, monitor_every, w0)
+    validate(data, mode, n_workers, alpha, lam, epochs, batch_size, chunk_rows, monitor_every, w0, l2)
     check.positive_int("eval_rows", eval_rows)
     started = time.perf_counter()
     warm_up()
@@ -183,6 +204,7 @@ def train(
         batch_size=int(batch_size),
         shards=tuple(problem.shards(n_workers)),
         n_features=data.n_features,
+        l2=l2,
     )
     w_init = np.zeros(data.n_features) if w0 is None else np.asarray(w0, dtype=np.float64)
     if mode == "serial":
@@ -196,7 +218,7 @@ def train(
         train_seconds = max(s.end for s in compute) - min(s.start for s in compute)
     trace.label = f"{mode}, {n_workers} process{'es' if n_workers > 1 else ''}"
     trace.meta.update(
-        mode=mode, alpha=alpha, lam=lam, epochs=epochs, n_rows=data.n_rows, n_features=data.n_features,
+        mode=mode, l2=l2 if mode != "bsp" else "dense", alpha=alpha, lam=lam, epochs=epochs, n_rows=data.n_rows, n_features=data.n_features,
         nnz=data.nnz * epochs, chunk_rows=chunk_rows, batch_size=batch_size if mode == "bsp" else None,
         update_unit="one mini-batch step" if mode == "bsp" else f"a chunk of up to {chunk_rows} rows",
     )
@@ -214,6 +236,7 @@ def warm_up() -> None:
     stamp = np.ones(1)
     sgd_rows(ip, ix, v, y, w, stamp, 0, 1, 1.0, 0.1, 0.0)
     catch_up(w, stamp, 1.0)
+    sgd_rows_scaled(ip, ix, v, y, w, np.ones((1, 8)), 0, 0, 1, 0.1, 0.0)
     grads = np.zeros((1, 1))
     grad_rows(ip, ix, v, y, w, 0, 1, grads[0])
     apply_mean_gradient(w, grads, 0, 1, 0.1, 1.0)
@@ -227,6 +250,7 @@ def _train_serial(
     trace = Trace(label="serial", substrate="parallel", n_workers=1)
     w = w.copy()
     stamp = np.ones_like(w)
+    scales = np.ones((1, 8))
     scale, t, chunk, cpu = 1.0, 0, 0, 0.0
     t0 = time.perf_counter()
     trace.record_quality(0.0, 0, problem.loss(w))
@@ -235,7 +259,11 @@ def _train_serial(
         for start in range(0, data.n_rows, cfg.chunk_rows):
             stop = min(start + cfg.chunk_rows, data.n_rows)
             c, s = time.thread_time(), time.perf_counter()
-            scale = sgd_rows(data.indptr, data.indices, data.values, data.y, w, stamp, start, stop, scale, cfg.alpha, cfg.lam)
+            if cfg.l2 == "lazy":
+                scale = sgd_rows(data.indptr, data.indices, data.values, data.y, w, stamp, start, stop, scale, cfg.alpha, cfg.lam)
+            else:
+                sgd_rows_scaled(data.indptr, data.indices, data.values, data.y, w, scales, 0, start, stop, cfg.alpha, cfg.lam)
+                scale = scales[0, 0]
             e = time.perf_counter()
             cpu += time.thread_time() - c
             t += stop - start
@@ -243,9 +271,13 @@ def _train_serial(
             trace.update(e - t0, 0, chunk, 0)
             chunk += 1
             if e >= next_eval:
-                trace.record_quality(time.perf_counter() - t0, t, problem.loss(w * (scale / stamp)))
+                now_w = w * (scale / stamp) if cfg.l2 == "lazy" else w * scale
+                trace.record_quality(time.perf_counter() - t0, t, problem.loss(now_w))
                 next_eval = time.perf_counter() + monitor_every
-    catch_up(w, stamp, scale)
+    if cfg.l2 == "lazy":
+        catch_up(w, stamp, scale)
+    else:
+        w *= scale
     trace.record_quality(time.perf_counter() - t0, t, problem.loss(w))
     return w, trace, cpu
 
@@ -265,14 +297,15 @@ def _train_parallel(
     """Start the workers on shared copies of the data and weights; snapshot the loss while they run."""
     with WorkerGroup(n_workers, start_method, verbose=verbose, label=cfg.mode) as group:
         sgd = cfg.mode != "bsp"
+        lazy = sgd and cfg.l2 == "lazy"
         shared = _Shared(
             indptr=group.copy_of(data.indptr),
             indices=group.copy_of(data.indices),
             values=group.copy_of(data.values),
             y=group.copy_of(data.y),
             w=group.copy_of(w_init),
-            stamps=group.zeros((n_workers, data.n_features) if sgd else (1, 1)),
-            scales=group.zeros(n_workers),
+            stamps=group.zeros((n_workers, data.n_features) if lazy else (1, 1)),
+            scales=group.zeros((n_workers, 8)),
             clocks=group.zeros(n_workers, np.int64),
             grads=group.zeros((1, 1) if sgd else (n_workers, data.n_features)),
         )
@@ -282,8 +315,10 @@ def _train_parallel(
         def current_weights() -> np.ndarray:
             """The weights with every worker's pending decay applied (a racy but harmless read)."""
             w = shared.w.array.copy()
-            if sgd:
-                w *= np.prod(shared.scales.array[:, None] / shared.stamps.array, axis=0)
+            if lazy:
+                w *= np.prod(shared.scales.array[:, :1] / shared.stamps.array, axis=0)
+            elif sgd:
+                w *= float(np.prod(shared.scales.array[:, 0]))
             return w
 
         def monitor(elapsed: float) -> None:
@@ -301,7 +336,9 @@ def _sgd_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, lock:
     ctx = current()
     warm_up()  # under spawn this loads the compiled kernels from the cache before the clock starts
     ip, ix, vals, y, w = sh.indptr.array, sh.indices.array, sh.values.array, sh.y.array, sh.w.array
-    stamp = sh.stamps.array[worker_id]
+    lazy = cfg.l2 == "lazy"
+    stamp = sh.stamps.array[worker_id] if lazy else sh.stamps.array[0]
+    scales = sh.scales.array
     clocks = sh.clocks.array
     lo, hi = cfg.shards[worker_id]
     scale, t, chunk = 1.0, 0, 0
@@ -312,16 +349,23 @@ def _sgd_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, lock:
             others_before = int(clocks.sum()) - t
             s = time.perf_counter()
             if lock is None:
-                scale = sgd_rows(ip, ix, vals, y, w, stamp, start, stop, scale, cfg.alpha, cfg.lam)
+                if lazy:
+                    scale = sgd_rows(ip, ix, vals, y, w, stamp, start, stop, scale, cfg.alpha, cfg.lam)
+                else:
+                    sgd_rows_scaled(ip, ix, vals, y, w, scales, worker_id, start, stop, cfg.alpha, cfg.lam)
             else:
                 # NOTE: one kernel call per row, because the lock must cover each single update.
                 for i in range(start, stop):
                     with lock:
-                        scale = sgd_rows(ip, ix, vals, y, w, stamp, i, i + 1, scale, cfg.alpha, cfg.lam)
+                        if lazy:
+                            scale = sgd_rows(ip, ix, vals, y, w, stamp, i, i + 1, scale, cfg.alpha, cfg.lam)
+                        else:
+                            sgd_rows_scaled(ip, ix, vals, y, w, scales, worker_id, i, i + 1, cfg.alpha, cfg.lam)
             e = time.perf_counter()
             t += stop - start
             clocks[worker_id] = t
-            sh.scales.array[worker_id] = scale
+            if lazy:
+                scales[worker_id, 0] = scale
             if ctx is not None:
                 ctx.span("compute", s, e, step=chunk)
                 # staleness: other workers' updates interleaved with each of ours, on average

