@@ -1,0 +1,484 @@
+"""Measure this machine and turn the numbers into a simulated cluster (``SimConfig``).
+
+What is measured, each in real worker processes and repeated so the spread is known:
+
+* compute per unit of each kernel: the numpy parameter-server step (``batch + keys + gradient``
+  of :class:`~simlib.problems.logistic.LogisticProblem`, per nonzero, fitted as
+  ``overhead + nnz * per_unit`` over batch sizes), its dense part (per parameter), the server's
+  apply (per key), and the compiled Hogwild / BSP kernels (per nonzero, per entry). Each is
+  timed alone and then with two processes running it at once: the ratio is the *contention*
+  (two cores sharing a memory bus, or fewer than two free cores on a busy machine);
+* process start: seconds from a group's start until its last worker runs user code;
+* pipes: one-way time of a ``Channel.send_array`` message by size (half a ping-pong), fitted by
+  least squares in relative error as ``latency + size / bandwidth``;
+* shared-memory copy bandwidth, lock acquire + release, and a barrier round (1 and 2 parties).
+
+Every figure is a :class:`Spread` (median, quartiles, count). Example::
+
+    >>> cal = calibrate(quick=True)
+    >>> cfg = cal.sim_config(n_workers=2, steps=10)
+    >>> cfg.latency == cal.pipe_latency.median
+    True
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.parallel.channel import Channel
+from simlib.parallel.group import WorkerGroup
+from simlib.parallel.shm import SharedArray
+from simlib.parallel.worker import current
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from simlib.sim.config import SimConfig
+
+KERNELS = ("ps_step", "ps_dense", "ps_apply", "hogwild_sgd", "bsp_grad", "bsp_apply")
+KERNEL_UNITS = {
+    "ps_step": "nonzero",  # LogisticProblem batch + keys + gradient (numpy)
+    "ps_dense": "parameter",  # the same step when every parameter is a key (dense model)
+    "ps_apply": "key",  # the server: w[keys] -= lr * g, and the gather w[keys] of a pull
+    "hogwild_sgd": "nonzero",  # numba sgd_rows with lazy L2
+    "bsp_grad": "nonzero",  # numba grad_rows
+    "bsp_apply": "entry",  # numba apply_mean_gradient, per (feature, worker) entry
+}
+
+
+# -- a measured quantity ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Spread:
+    """Repeated measurements summarised: median and quartiles (IQR = q75 - q25) of n samples."""
+
+    median: float
+    q25: float
+    q75: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> "Spread":
+        """Median and quartiles of ``samples`` (finite values only)."""
+        x = np.asarray([s for s in samples if math.isfinite(s)], dtype=np.float64)
+        if x.size == 0:
+            return cls(math.nan, math.nan, math.nan, 0)
+        q25, med, q75 = np.percentile(x, [25, 50, 75])
+        return cls(float(med), float(q25), float(q75), int(x.size))
+
+    @property
+    def iqr(self) -> float:
+        """Interquartile range q75 - q25."""
+        return self.q75 - self.q25
+
+    @property
+    def rel_iqr(self) -> float:
+        """IQR / median: the spread as a fraction of the value."""
+        return self.iqr / self.median if self.median else math.nan
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """time = overhead + units * per_unit (alone); two processes at once multiply by contention."""
+
+    unit: str
+    per_unit: Spread
+    overhead: Spread
+    contention: Spread  # per-unit time with 2 concurrent processes / alone
+
+    def time(self, units: float, concurrent: bool = False) -> float:
+        """Predicted seconds for ``units`` (medians), with the two-process slowdown if concurrent."""
+        slow = self.contention.median if concurrent else 1.0
+        return (self.overhead.median + units * self.per_unit.median) * slow
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """This machine's measured costs; ``sim_config()`` turns them into a simulated cluster."""
+
+    kernels: dict[str, KernelCost]
+    pipe_latency: Spread
+    pipe_bandwidth: Spread
+    pipe_sizes: tuple[int, ...]
+    pipe_times: tuple[float, ...]  # median one-way seconds per size
+    process_start: dict[int, Spread]  # processes in the group -> seconds until the last one runs
+    shm_copy_bandwidth: Spread
+    lock_cost: Spread
+    barrier_cost: dict[int, Spread]  # parties -> seconds per barrier round
+    context: dict[str, Any] = field(default_factory=dict)  # cores, load average, seconds taken
+
+    # -- into the simulator ------------------------------------------------------------------
+    def pipe_time(self, nbytes: float) -> float:
+        """Fitted one-way message time: latency + nbytes / bandwidth."""
+        return self.pipe_latency.median + nbytes / self.pipe_bandwidth.median
+
+    def start_time(self, n_processes: int) -> float:
+        """Seconds from a group's start until its n-th process runs (linear between measured counts)."""
+        check.positive_int("n_processes", n_processes)
+        ns = sorted(self.process_start)
+        ts = [self.process_start[n].median for n in ns]
+        if n_processes in self.process_start:
+            return self.process_start[n_processes].median
+        if len(ns) == 1:
+            return ts[0] * n_processes / ns[0]
+        slope = (ts[-1] - ts[0]) / (ns[-1] - ns[0])
+        return ts[0] + slope * (n_processes - ns[0])
+
+    def sim_config(self, kernel: str = "ps_step", concurrent: bool = False, **overrides: Any) -> SimConfig:
+        """A SimConfig priced by this machine: pipe latency/bandwidth, ``kernel``'s cost per nonzero.
+
+        ``concurrent=True`` uses the two-process cost (compute_per_unit and compute_overhead
+        times the measured contention). Wire sizes are the pipe PS's (4-byte keys, 8-byte
+        values); any SimConfig field can be overridden.
+        """
+        check.one_of("kernel", kernel, tuple(self.kernels))
+        k = self.kernels[kernel]
+        slow = k.contention.median if concurrent else 1.0
+        fields = dict(
+            latency=self.pipe_latency.median,
+            bandwidth=self.pipe_bandwidth.median,
+            compute_per_unit=k.per_unit.median * slow,
+            compute_overhead=k.overhead.median * slow,
+            cost_unit="nonzero",
+            key_bytes=4,
+            value_bytes=8,
+        )
+        fields.update(overrides)
+        return SimConfig(**fields)
+
+    # -- persistence and display -------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (integer keys become strings)."""
+        d = asdict(self)
+        d["process_start"] = {str(n): v for n, v in d["process_start"].items()}
+        d["barrier_cost"] = {str(n): v for n, v in d["barrier_cost"].items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Calibration":
+        """Inverse of :meth:`to_dict`."""
+        sp = lambda v: Spread(**v)  # noqa: E731
+        return cls(
+            kernels={name: KernelCost(k["unit"], sp(k["per_unit"]), sp(k["overhead"]), sp(k["contention"]))
+                     for name, k in d["kernels"].items()},
+            pipe_latency=sp(d["pipe_latency"]),
+            pipe_bandwidth=sp(d["pipe_bandwidth"]),
+            pipe_sizes=tuple(int(s) for s in d["pipe_sizes"]),
+            pipe_times=tuple(float(t) for t in d["pipe_times"]),
+            process_start={int(n): sp(v) for n, v in d["process_start"].items()},
+            shm_copy_bandwidth=sp(d["shm_copy_bandwidth"]),
+            lock_cost=sp(d["lock_cost"]),
+            barrier_cost={int(n): sp(v) for n, v in d["barrier_cost"].items()},
+            context=dict(d.get("context", {})),
+        )
+
+    def to_json(self) -> str:
+        """The calibration as a JSON string."""
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Calibration":
+        """Inverse of :meth:`to_json`."""
+        return cls.from_dict(json.loads(text))
+
+    def rows(self) -> list[tuple[str, Spread, str]]:
+        """(quantity, spread, unit) for every measured figure, in display units."""
+        out: list[tuple[str, Spread, str]] = []
+        for name, k in self.kernels.items():
+            out.append((f"{name}: per {k.unit}", _scaled(k.per_unit, 1e9), "ns"))
+            out.append((f"{name}: overhead per call", _scaled(k.overhead, 1e6), "us"))
+            out.append((f"{name}: 2-process slowdown", k.contention, "x"))
+        out.append(("pipe latency (fit)", _scaled(self.pipe_latency, 1e6), "us"))
+        out.append(("pipe bandwidth (fit)", _scaled(self.pipe_bandwidth, 1 / 2**20), "MiB/s"))
+        for n, s in sorted(self.process_start.items()):
+            out.append((f"process start, {n} process{'es' if n > 1 else ''}", _scaled(s, 1e3), "ms"))
+        out.append(("shared-memory copy", _scaled(self.shm_copy_bandwidth, 1 / 2**30), "GiB/s"))
+        out.append(("lock acquire + release", _scaled(self.lock_cost, 1e6), "us"))
+        for n, s in sorted(self.barrier_cost.items()):
+            out.append((f"barrier round, {n} part{'ies' if n > 1 else 'y'}", _scaled(s, 1e6), "us"))
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"{'quantity':<34} {'median':>10} {'IQR':>10}  unit"]
+        for name, s, unit in self.rows():
+            lines.append(f"{name:<34} {s.median:>10.4g} {s.iqr:>10.3g}  {unit}")
+        ctx = self.context
+        if ctx:
+            lines.append(f"({ctx.get('cpu_count')} cores, load average {ctx.get('load_before')} -> "
+                         f"{ctx.get('load_after')}, measured in {ctx.get('seconds', math.nan):.1f} s)")
+        lines.append("pipe one-way time by size: " + ", ".join(
+            f"{_fmt_bytes(n)} {t * 1e6:.0f} us" for n, t in zip(self.pipe_sizes, self.pipe_times)))
+        return "\n".join(lines)
+
+
+def _scaled(s: Spread, k: float) -> Spread:
+    return Spread(s.median * k, s.q25 * k, s.q75 * k, s.n)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"
+
+
+# -- fitting ---------------------------------------------------------------------------------
+def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(intercept a, slope b) of y ~ a + b x minimising sum(((a + b x - y) / y)^2): relative error."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.size < 2:
+        raise ValueError("x and y must be equal-length sequences of at least 2 points")
+    if np.any(y <= 0):
+        raise ValueError("y must be positive (times)")
+    # Dividing each row by y turns relative error into ordinary least squares, so the small
+    # messages' times count as much as the large ones' (absolute error would ignore them).
+    design = np.column_stack([np.ones_like(x), x]) / y[:, None]
+    (a, b), *_ = np.linalg.lstsq(design, np.ones_like(y), rcond=None)
+    return float(a), float(b)
+
+
+# -- measurements run inside worker processes ------------------------------------------------
+def _time_calls(fn: Callable[[], Any], calls: int) -> float:
+    """Median seconds of one call of ``fn`` over ``calls`` calls."""
+    ts = np.empty(calls)
+    for i in range(calls):
+        s = time.perf_counter()
+        fn()
+        ts[i] = time.perf_counter() - s
+    return float(np.median(ts))
+
+
+def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> tuple[float, float]:
+    """(overhead, per_unit) of kernel ``kind`` from median times at several sizes, fitted by fit_line."""
+    from simlib.parallel import hogwild_kernels as hk
+
+    prob: LogisticProblem = cache["problem"]
+    d = prob.data
+    base = worker * (d.n_rows // 2)  # each worker has its own rows, as in a data-parallel run
+    units, times = [], []
+    if kind == "ps_step":
+        w = cache["w"]
+        for b in (4, 32, 128, 512):
+            batch = np.arange(base, base + b)
+
+            def step(batch: np.ndarray = batch) -> None:
+                keys = prob.keys(batch)
+                prob.gradient(w[keys], batch, keys)
+
+            units.append(prob.work(batch))
+            times.append(_time_calls(step, calls))
+    elif kind == "ps_dense":
+        for dp in cache["dense_problems"]:
+            batch = np.arange(4)
+            keys = np.arange(dp.n_params)
+            wk = np.zeros(dp.n_params)
+            units.append(dp.n_params)
+            times.append(_time_calls(lambda dp=dp, batch=batch, keys=keys, wk=wk: dp.gradient(wk, batch, keys), calls))
+    elif kind == "ps_apply":
+        w = cache["w_apply"]
+        rng = np.random.default_rng(worker)
+        for n in (64, 1024, 16384, len(w) // 2):
+            keys = np.sort(rng.choice(len(w), n, replace=False)).astype(np.int32)
+            g = rng.standard_normal(n)
+
+            def apply(keys: np.ndarray = keys, g: np.ndarray = g) -> None:
+                w[keys] -= 0.1 * g
+                w[keys].copy()
+
+            units.append(n)
+            times.append(_time_calls(apply, calls))
+    elif kind in ("hogwild_sgd", "bsp_grad"):
+        w = cache["shared_w"].array  # shared by both workers, as in Hogwild
+        stamp = np.ones(d.n_features)
+        g = np.zeros(d.n_features)
+        for rows in (16, 256, 2048):
+            lo, hi = base, base + rows
+            units.append(int(d.indptr[hi] - d.indptr[lo]))
+            if kind == "hogwild_sgd":
+                f = lambda lo=lo, hi=hi: hk.sgd_rows(d.indptr, d.indices, d.values, d.y, w, stamp, lo, hi, 1.0, 1e-3, 0.0)
+            else:
+                f = lambda lo=lo, hi=hi: hk.grad_rows(d.indptr, d.indices, d.values, d.y, w, lo, hi, g)
+            times.append(_time_calls(f, calls))
+    elif kind == "bsp_apply":
+        grads = cache["grads"]
+        w = np.zeros(grads.shape[1])
+        for n in (grads.shape[1] // 16, grads.shape[1] // 4, grads.shape[1]):
+            units.append(n * grads.shape[0])
+            times.append(_time_calls(lambda n=n: hk.apply_mean_gradient(w, grads, 0, n, 0.01, 1.0), calls))
+    else:  # pragma: no cover - guarded by KERNELS
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kind!r}")
+    a, b = fit_line(units, times)
+    return max(a, 0.0), b
+
+
+def _kernels_member(worker: int, n: int, cache: dict[str, Any], repeats: int, calls: int, barrier: Any) -> dict:
+    """Time every kernel alone (worker 0, the other waits) and then both workers at once."""
+    from simlib.parallel.hogwild import warm_up
+
+    warm_up()
+    out: dict[str, dict[str, list]] = {k: {"alone": [], "together": []} for k in KERNELS}
+    for _ in range(repeats):
+        for kind in KERNELS:
+            barrier.wait()
+            if worker == 0:
+                out[kind]["alone"].append(_kernel_fits(kind, cache, worker, calls))
+            barrier.wait()
+            out[kind]["together"].append(_kernel_fits(kind, cache, worker, calls))
+    return out
+
+
+def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, calls: int,
+                     ch: Channel) -> list[list[float]]:
+    """Worker 0 sends and times round trips of each size; worker 1 echoes. Returns one-way times."""
+    times: list[list[float]] = []
+    for _ in range(repeats):
+        row = []
+        for size in sizes:
+            payload = np.zeros(size, np.uint8)
+            if worker == 1:
+                for _ in range(calls + 1):
+                    ch.send_array(ch.recv_array())
+                continue
+            ch.send_array(payload)  # one untimed trip: both sides awake, pages touched
+            ch.recv_array()
+            rtt = []
+            for _ in range(calls):
+                s = time.perf_counter()
+                ch.send_array(payload)
+                ch.recv_array()
+                rtt.append(time.perf_counter() - s)
+            row.append(float(np.median(rtt)) / 2)
+        times.append(row)
+    return times
+
+
+def _barrier_member(worker: int, n: int, barrier2: Any, barrier1: Any, lock: Any, rounds: int) -> dict[str, float]:
+    """Seconds per barrier round (2 parties, and 1 party in worker 0) and per lock acquire+release."""
+    out: dict[str, float] = {}
+    barrier2.wait()
+    s = time.perf_counter()
+    for _ in range(rounds):
+        barrier2.wait()
+    out["barrier2"] = (time.perf_counter() - s) / rounds
+    if worker == 0:
+        s = time.perf_counter()
+        for _ in range(rounds):
+            barrier1.wait()
+        out["barrier1"] = (time.perf_counter() - s) / rounds
+        s = time.perf_counter()
+        for _ in range(rounds * 10):
+            lock.acquire()
+            lock.release()
+        out["lock"] = (time.perf_counter() - s) / (rounds * 10)
+    return out
+
+
+def _start_member(worker: int, n: int) -> float:
+    """Seconds since the group started, read as this worker's first action."""
+    ctx = current()
+    return ctx.now() if ctx is not None else math.nan
+
+
+# -- the public entry point ------------------------------------------------------------------
+def calibrate(quick: bool = False, repeats: int | None = None, start_method: str | None = None) -> Calibration:
+    """Measure this machine (under a minute; ``quick`` a few seconds) and return a Calibration.
+
+    ``repeats`` (default 2 quick, 5 full) is how many times each quantity is measured; the
+    Calibration keeps the median and quartiles of the repeats.
+    """
+    if not isinstance(quick, bool):
+        raise ValueError(f"quick must be True or False, got {quick!r}")
+    if repeats is None:
+        repeats = 2 if quick else 5
+    check.positive_int("repeats", repeats)
+    t_start = time.perf_counter()
+    load_before = _loadavg()
+    calls = 5 if quick else 15
+
+    # Kernels: a 20 k x 20 k problem (20 nonzeros per row) is the parameter servers' default size.
+    data = make_sparse_classification(8_000 if quick else 20_000, 20_000, 20, seed=1)
+    prob = LogisticProblem(data, l2=1e-4, eval_rows=500, seed=1)
+    n_dense = 100_000 if quick else 200_000
+    with WorkerGroup(2, start_method, label="calibrate") as group:
+        cache = {
+            "problem": prob,
+            "w": np.zeros(data.n_features),
+            "dense_problems": [_dense_problem(n_dense // k) for k in (8, 2, 1)],
+            "w_apply": np.zeros(n_dense),
+            "shared_w": group.zeros(data.n_features),
+            "grads": np.random.default_rng(0).standard_normal((2, n_dense // 2)),
+        }
+        raw = group.run(_kernels_member, cache, repeats, calls, group.barrier())
+    kernels = {}
+    for kind in KERNELS:
+        alone = raw[0][kind]["alone"]
+        together = [f for r in raw for f in r[kind]["together"]]
+        per_alone = [b for _, b in alone]
+        ratio = [b / float(np.median(per_alone)) for _, b in together]
+        kernels[kind] = KernelCost(KERNEL_UNITS[kind], Spread.of(per_alone), Spread.of([a for a, _ in alone]),
+                                   Spread.of(ratio))
+
+    # Pipes: half a ping-pong between two workers, by size.
+    sizes = (8, 1024, 16384, 262144, 2**20, 4 * 2**20) if not quick else (8, 4096, 262144, 2**20)
+    with WorkerGroup(2, start_method, label="calibrate pipes") as group:
+        a, b = group.channel_pair()
+        res = group.run(_pingpong_member, sizes, repeats, 20 if quick else 40, worker_args=[(a,), (b,)])
+    per_repeat = res[0]
+    fits = [fit_line(sizes, row) for row in per_repeat]
+    pipe_times = tuple(float(np.median([row[j] for row in per_repeat])) for j in range(len(sizes)))
+
+    # Process start for groups of 1, 2 and 3 processes.
+    starts: dict[int, list[float]] = {1: [], 2: [], 3: []}
+    for _ in range(repeats + 1):
+        for n in starts:
+            with WorkerGroup(n, start_method, label="calibrate start") as group:
+                starts[n].append(max(group.run(_start_member)))
+
+    # Shared-memory copy bandwidth.
+    nbytes = (16 if quick else 64) * 2**20
+    src = np.ones(nbytes // 8)
+    copy_bw = []
+    with SharedArray.zeros(src.shape) as dst:
+        for _ in range(repeats + 1):
+            s = time.perf_counter()
+            np.copyto(dst.array, src)
+            copy_bw.append(nbytes / (time.perf_counter() - s))
+
+    # Locks and barriers.
+    bar: dict[str, list[float]] = {"barrier1": [], "barrier2": [], "lock": []}
+    with WorkerGroup(2, start_method, label="calibrate sync") as group:
+        for _ in range(repeats):
+            res = group.run(_barrier_member, group.barrier(2), group.barrier(1), group.lock(), 50 if quick else 200)
+            for key in bar:
+                bar[key].extend(r[key] for r in res if key in r)
+
+    return Calibration(
+        kernels=kernels,
+        pipe_latency=Spread.of([max(a, 0.0) for a, _ in fits]),
+        pipe_bandwidth=Spread.of([1.0 / b if b > 0 else math.inf for _, b in fits]),
+        pipe_sizes=tuple(sizes),
+        pipe_times=pipe_times,
+        process_start={n: Spread.of(v[1:]) for n, v in starts.items()},  # the first group warms imports
+        shm_copy_bandwidth=Spread.of(copy_bw[1:]),  # the first copy pays the page faults
+        lock_cost=Spread.of(bar["lock"]),
+        barrier_cost={1: Spread.of(bar["barrier1"]), 2: Spread.of(bar["barrier2"])},
+        context=dict(cpu_count=os.cpu_count(), load_before=load_before, load_after=_loadavg(),
+                     seconds=time.perf_counter() - t_start, quick=quick, repeats=repeats),
+    )
+
+
+def _dense_problem(n_params: int) -> LogisticProblem:
+    """A tiny data set over ``n_params`` features: its gradient on all keys costs per parameter."""
+    return LogisticProblem(make_sparse_classification(64, n_params, 20, seed=2), l2=1e-4, eval_rows=None)
+
+
+def _loadavg() -> float:
+    """The 1-minute load average (NaN where the OS has none)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):  # pragma: no cover - Windows
+        return math.nan
