@@ -168,6 +168,15 @@ def test_backup_workers_drop_the_slowest(small_problem):
     assert sum(1 for u in backup.updates if u.worker == 0) < 20
 
 
+@pytest.mark.parametrize("spec", ["topk:0.01", "qsgd", "onebit"])
+def test_allreduce_with_compression_sends_fewer_bytes(small_problem, spec):
+    base = SimConfig(n_workers=4, steps=5, topology="allreduce")
+    plain = simulate(base, small_problem)
+    packed = simulate(base.replace(compression=spec), small_problem)
+    assert 0 < packed.summary()["bytes_sent"] < plain.summary()["bytes_sent"]
+    assert packed.quality[-1].value < packed.quality[0].value
+
+
 def test_bad_compression_spec_fails_at_config_time():
     with pytest.raises(ValueError, match="compression"):
         SimConfig(compression="gzip")

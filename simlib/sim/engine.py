@@ -307,8 +307,9 @@ class _AllReduce:
             dense[keys] += g
         size = run.w.size * cfg.value_bytes
         if run.compressors is not None:
-            _, dense_dec, size = run.compressors[0](np.arange(run.w.size), dense)
-            dense = np.asarray(dense_dec, dtype=np.float64)
+            k_dec, v_dec, size = run.compressors[0](np.arange(run.w.size), dense)
+            dense = np.zeros_like(run.w)
+            dense[np.asarray(k_dec)] = np.asarray(v_dec, dtype=np.float64)  # a sparse compressor keeps a subset
         yield env.timeout(ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth))
         run.w -= cfg.lr * dense
         run.clocks.barriers.append(t_start)
