@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=100_000)
     ap.add_argument("--draws", type=int, default=60, help="feature draws per row (repeats dropped: ~50 unique)")
     ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--alpha", type=float, default=0.5, help="constant step size")
+    ap.add_argument("--alpha", type=float, default=0.2, help="constant step size")
     ap.add_argument("--lam", type=float, default=1e-5, help="L2 weight")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--start-method", default="fork", choices=["fork", "spawn"])

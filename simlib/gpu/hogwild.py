@@ -67,7 +67,7 @@ def _sync(xp: ModuleType) -> None:
 def train_batched(
     data: SparseDataset,
     *,
-    alpha: float = 0.5,
+    alpha: float = 0.2,
     lam: float = 1e-5,
     epochs: int = 5,
     batch_size: int = 256,

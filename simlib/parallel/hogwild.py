@@ -164,7 +164,7 @@ def train(
     mode: str = "hogwild",
     *,
     n_workers: int | None = None,
-    alpha: float = 0.5,
+    alpha: float = 0.2,
     lam: float = 1e-5,
     epochs: int = 5,
     batch_size: int = 256,
