@@ -82,3 +82,26 @@ def test_bad_dataset_is_rejected():
         SparseDataset(np.array([0, 1]), np.array([0], np.int32), np.array([np.nan], np.float32), np.array([1.0], np.float32), 3)
     with pytest.raises(ValueError, match="indices"):
         SparseDataset(np.array([0, 1]), np.array([7], np.int32), np.array([1.0], np.float32), np.array([1.0], np.float32), 3)
+
+
+def test_compiled_kernels_equal_the_array_module_code(small_problem):
+    p = small_problem
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=p.n_params)
+    for step in range(5):
+        batch = p.batch((100, 1900), step, 37)
+        ref_keys = np.unique(p._batch_indices(batch))
+        keys = p.keys(batch)
+        assert np.array_equal(keys, ref_keys)
+        _, g = p.gradient(w[keys], batch, keys)
+        _, g_ref = p.gradient_xp(w[keys], batch, keys)
+        assert np.allclose(g, g_ref, rtol=1e-12, atol=1e-15)
+
+
+def test_compiled_loss_equals_the_array_module_formula(small_problem):
+    p = small_problem
+    w = np.random.default_rng(9).normal(scale=0.5, size=p.n_params)
+    e = p._eval
+    margin = np.bincount(p._eval_row_of, weights=e.values * w[e.indices], minlength=e.n_rows)
+    ref = np.mean(np.logaddexp(0.0, -e.y * margin)) + 0.5 * p.l2 * np.dot(w, w)
+    assert p.loss(w) == pytest.approx(ref, rel=1e-12)
