@@ -22,6 +22,7 @@ Every figure is a :class:`Spread` (median, quartiles, count). Example::
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
+from simlib.parallel.pipe_ps import DenseKeys, pull_keys, push_message, warm_up
 from simlib.parallel.shm import SharedArray
 from simlib.parallel.worker import current
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
@@ -89,9 +91,9 @@ class KernelCost:
     overhead: Spread
     contention: Spread  # per-unit time with 2 concurrent processes / alone
 
-    def time(self, units: float, concurrent: bool = False) -> float:
-        """Predicted seconds for ``units`` (medians), with the two-process slowdown if concurrent."""
-        slow = self.contention.median if concurrent else 1.0
+    def time(self, units: float, busy: int = 1) -> float:
+        """CPU seconds for ``units`` (medians), times the two-process slowdown when ``busy`` >= 2."""
+        slow = self.contention.median if busy >= 2 else 1.0
         return (self.overhead.median + units * self.per_unit.median) * slow
 
 
@@ -108,11 +110,13 @@ class Calibration:
     shm_copy_bandwidth: Spread
     lock_cost: Spread
     barrier_cost: dict[int, Spread]  # parties -> seconds per barrier round
+    cpu_share: dict[int, Spread]  # our busy processes -> CPU seconds each gets per wall second
+    pipe_share: float  # CPU share of one busy process while the pipes were measured
     context: dict[str, Any] = field(default_factory=dict)  # cores, load average, seconds taken
 
     # -- into the simulator ------------------------------------------------------------------
     def pipe_time(self, nbytes: float) -> float:
-        """Fitted one-way message time: latency + nbytes / bandwidth."""
+        """Fitted one-way message time as measured: latency + nbytes / bandwidth."""
         return self.pipe_latency.median + nbytes / self.pipe_bandwidth.median
 
     def start_time(self, n_processes: int) -> float:
@@ -127,19 +131,45 @@ class Calibration:
         slope = (ts[-1] - ts[0]) / (ns[-1] - ns[0])
         return ts[0] + slope * (n_processes - ns[0])
 
-    def sim_config(self, kernel: str = "ps_step", concurrent: bool = False, **overrides: Any) -> SimConfig:
-        """A SimConfig priced by this machine: pipe latency/bandwidth, ``kernel``'s cost per nonzero.
+    def share(self, busy: int) -> float:
+        """CPU seconds per wall second each of ``busy`` processes gets (1 on an idle machine with enough cores)."""
+        check.positive_int("busy", busy)
+        n = min(busy, max(self.cpu_share))
+        return self.cpu_share[n].median if n in self.cpu_share else 1.0
 
-        ``concurrent=True`` uses the two-process cost (compute_per_unit and compute_overhead
-        times the measured contention). Wire sizes are the pipe PS's (4-byte keys, 8-byte
-        values); any SimConfig field can be overridden.
-        """
+    def compute_time(self, kernel: str, units: float, busy: int = 1) -> float:
+        """Wall seconds of one kernel call with ``busy`` of our processes running: CPU cost / CPU share."""
+        check.one_of("kernel", kernel, tuple(self.kernels))
+        return self.kernels[kernel].time(units, busy) / self.share(busy)
+
+    def unit_time(self, kernel: str, busy: int = 1) -> float:
+        """Wall seconds per unit of ``kernel`` (no per-call overhead) with ``busy`` processes running."""
         check.one_of("kernel", kernel, tuple(self.kernels))
         k = self.kernels[kernel]
-        slow = k.contention.median if concurrent else 1.0
+        return k.per_unit.median * (k.contention.median if busy >= 2 else 1.0) / self.share(busy)
+
+    def with_load(self, cpu_share: dict[int, Spread]) -> "Calibration":
+        """The same costs on a machine whose free CPU is now ``cpu_share`` (see :func:`measure_load`)."""
+        return dataclasses.replace(self, cpu_share=dict(cpu_share))
+
+    def sim_config(self, kernel: str = "ps_step", busy: int = 1, **overrides: Any) -> SimConfig:
+        """A SimConfig priced by this machine: pipe latency/bandwidth, ``kernel``'s cost per nonzero.
+
+        ``busy`` is how many of our processes compute at once: with 2 the cost per unit and the
+        overhead are multiplied by the kernel's two-process slowdown; either way they are divided
+        by the CPU share each busy process gets. Wire sizes are the pipe PS's (4-byte keys,
+        8-byte values); any SimConfig field can be overridden.
+        """
+        check.one_of("kernel", kernel, tuple(self.kernels))
+        check.positive_int("busy", busy)
+        k = self.kernels[kernel]
+        slow = (k.contention.median if busy >= 2 else 1.0) / self.share(busy)
+        # A message is CPU work at both ends (system calls, copies, wake-ups), so it stretches
+        # like compute when our processes get less of a core than when the pipes were measured.
+        stretch = self.pipe_share / self.share(busy)
         fields = dict(
-            latency=self.pipe_latency.median,
-            bandwidth=self.pipe_bandwidth.median,
+            latency=self.pipe_latency.median * stretch,
+            bandwidth=self.pipe_bandwidth.median / stretch,
             compute_per_unit=k.per_unit.median * slow,
             compute_overhead=k.overhead.median * slow,
             cost_unit="nonzero",
@@ -155,6 +185,7 @@ class Calibration:
         d = asdict(self)
         d["process_start"] = {str(n): v for n, v in d["process_start"].items()}
         d["barrier_cost"] = {str(n): v for n, v in d["barrier_cost"].items()}
+        d["cpu_share"] = {str(n): v for n, v in d["cpu_share"].items()}
         return d
 
     @classmethod
@@ -172,6 +203,8 @@ class Calibration:
             shm_copy_bandwidth=sp(d["shm_copy_bandwidth"]),
             lock_cost=sp(d["lock_cost"]),
             barrier_cost={int(n): sp(v) for n, v in d["barrier_cost"].items()},
+            cpu_share={int(n): sp(v) for n, v in d["cpu_share"].items()},
+            pipe_share=float(d["pipe_share"]),
             context=dict(d.get("context", {})),
         )
 
@@ -199,6 +232,8 @@ class Calibration:
         out.append(("lock acquire + release", _scaled(self.lock_cost, 1e6), "us"))
         for n, s in sorted(self.barrier_cost.items()):
             out.append((f"barrier round, {n} part{'ies' if n > 1 else 'y'}", _scaled(s, 1e6), "us"))
+        for n, s in sorted(self.cpu_share.items()):
+            out.append((f"CPU share, {n} busy process{'es' if n > 1 else ''}", s, "cores each"))
         return out
 
     def __str__(self) -> str:
@@ -243,13 +278,14 @@ def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
 
 # -- measurements run inside worker processes ------------------------------------------------
 def _time_calls(fn: Callable[[], Any], calls: int) -> float:
-    """Median seconds of one call of ``fn`` over ``calls`` calls."""
-    ts = np.empty(calls)
-    for i in range(calls):
-        s = time.perf_counter()
+    """CPU seconds of one call of ``fn``, averaged over ``calls`` calls (after one warm-up call)."""
+    # CPU time, not wall time: a busy machine preempts us at random, and that share of the
+    # machine is measured on its own (cpu_share), close to the run it prices.
+    fn()
+    s = time.thread_time()
+    for _ in range(calls):
         fn()
-        ts[i] = time.perf_counter() - s
-    return float(np.median(ts))
+    return (time.thread_time() - s) / calls
 
 
 def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> tuple[float, float]:
@@ -260,24 +296,19 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
     d = prob.data
     base = worker * (d.n_rows // 2)  # each worker has its own rows, as in a data-parallel run
     units, times = [], []
-    if kind == "ps_step":
-        w = cache["w"]
-        for b in (4, 32, 128, 512):
-            batch = np.arange(base, base + b)
+    if kind in ("ps_step", "ps_dense"):
+        # exactly the pipe PS worker's work per step: keys, gradient, packing the push
+        cases = [(prob, np.arange(base, base + b)) for b in (4, 32, 128, 512)] if kind == "ps_step" else \
+            [(dp, np.arange(4)) for dp in cache["dense_problems"]]
+        for p, batch in cases:
+            keys = pull_keys(p, batch)
+            values = np.zeros(len(keys))
+            units.append(p.work(batch) if kind == "ps_step" else p.n_params)
 
-            def step(batch: np.ndarray = batch) -> None:
-                keys = prob.keys(batch)
-                prob.gradient(w[keys], batch, keys)
+            def step(p: Any = p, batch: np.ndarray = batch, values: np.ndarray = values) -> None:
+                push_message(p, values, batch, pull_keys(p, batch))
 
-            units.append(prob.work(batch))
             times.append(_time_calls(step, calls))
-    elif kind == "ps_dense":
-        for dp in cache["dense_problems"]:
-            batch = np.arange(4)
-            keys = np.arange(dp.n_params)
-            wk = np.zeros(dp.n_params)
-            units.append(dp.n_params)
-            times.append(_time_calls(lambda dp=dp, batch=batch, keys=keys, wk=wk: dp.gradient(wk, batch, keys), calls))
     elif kind == "ps_apply":
         w = cache["w_apply"]
         rng = np.random.default_rng(worker)
@@ -345,13 +376,12 @@ def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, 
                 continue
             ch.send_array(payload)  # one untimed trip: both sides awake, pages touched
             ch.recv_array()
-            rtt = []
+            s = time.perf_counter()
             for _ in range(calls):
-                s = time.perf_counter()
                 ch.send_array(payload)
                 ch.recv_array()
-                rtt.append(time.perf_counter() - s)
-            row.append(float(np.median(rtt)) / 2)
+            # the mean, not the median: a real run pays for the slow trips too
+            row.append((time.perf_counter() - s) / calls / 2)
         times.append(row)
     return times
 
@@ -374,6 +404,30 @@ def _barrier_member(worker: int, n: int, barrier2: Any, barrier1: Any, lock: Any
             lock.acquire()
             lock.release()
         out["lock"] = (time.perf_counter() - s) / (rounds * 10)
+    return out
+
+
+def _spin_member(worker: int, n: int, seconds: float, slices: int) -> list[float]:
+    """CPU seconds per wall second this process got while spinning, in ``slices`` windows."""
+    a = np.ones(256)
+    out = []
+    for _ in range(slices):
+        w0, c0 = time.perf_counter(), time.thread_time()
+        while time.perf_counter() - w0 < seconds / slices:
+            a.dot(a)
+        out.append((time.thread_time() - c0) / (time.perf_counter() - w0))
+    return out
+
+
+def measure_load(seconds: float = 0.1, max_busy: int = 2, start_method: str | None = None) -> dict[int, Spread]:
+    """CPU share per process with 1 .. max_busy of our processes spinning for ``seconds`` each."""
+    check.positive("seconds", seconds)
+    check.positive_int("max_busy", max_busy)
+    out = {}
+    for n in range(1, max_busy + 1):
+        with WorkerGroup(n, start_method, label="calibrate load") as group:
+            res = group.run(_spin_member, seconds, 5)
+        out[n] = Spread.of([min(x, 1.0) for r in res for x in r])
     return out
 
 
@@ -403,10 +457,10 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
     data = make_sparse_classification(8_000 if quick else 20_000, 20_000, 20, seed=1)
     prob = LogisticProblem(data, l2=1e-4, eval_rows=500, seed=1)
     n_dense = 100_000 if quick else 200_000
+    warm_up(prob)
     with WorkerGroup(2, start_method, label="calibrate") as group:
         cache = {
             "problem": prob,
-            "w": np.zeros(data.n_features),
             "dense_problems": [_dense_problem(n_dense // k) for k in (8, 2, 1)],
             "w_apply": np.zeros(n_dense),
             "shared_w": group.zeros(data.n_features),
@@ -427,6 +481,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
     with WorkerGroup(2, start_method, label="calibrate pipes") as group:
         a, b = group.channel_pair()
         res = group.run(_pingpong_member, sizes, repeats, 20 if quick else 40, worker_args=[(a,), (b,)])
+    pipe_share = measure_load(0.05 if quick else 0.1, 1, start_method)[1].median
     per_repeat = res[0]
     fits = [fit_line(sizes, row) for row in per_repeat]
     pipe_times = tuple(float(np.median([row[j] for row in per_repeat])) for j in range(len(sizes)))
@@ -456,6 +511,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             for key in bar:
                 bar[key].extend(r[key] for r in res if key in r)
 
+    share = measure_load(0.1 if quick else 0.3, 2, start_method)
     return Calibration(
         kernels=kernels,
         pipe_latency=Spread.of([max(a, 0.0) for a, _ in fits]),
@@ -466,6 +522,8 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         shm_copy_bandwidth=Spread.of(copy_bw[1:]),  # the first copy pays the page faults
         lock_cost=Spread.of(bar["lock"]),
         barrier_cost={1: Spread.of(bar["barrier1"]), 2: Spread.of(bar["barrier2"])},
+        cpu_share=share,
+        pipe_share=pipe_share,
         context=dict(cpu_count=os.cpu_count(), load_before=load_before, load_after=_loadavg(),
                      seconds=time.perf_counter() - t_start, quick=quick, repeats=repeats),
     )
@@ -473,7 +531,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
 
 def _dense_problem(n_params: int) -> LogisticProblem:
     """A tiny data set over ``n_params`` features: its gradient on all keys costs per parameter."""
-    return LogisticProblem(make_sparse_classification(64, n_params, 20, seed=2), l2=1e-4, eval_rows=None)
+    return DenseKeys(LogisticProblem(make_sparse_classification(64, n_params, 20, seed=2), l2=1e-4, eval_rows=None))
 
 
 def _loadavg() -> float:

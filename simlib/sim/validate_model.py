@@ -1,0 +1,307 @@
+"""Predict, measure, compare: does the calibrated simulator forecast real runs on this machine?
+
+For a :class:`Workload` on a real substrate -- the pipe parameter server
+(:mod:`simlib.parallel.pipe_ps`), shared-memory Hogwild or shared-memory BSP
+(:mod:`simlib.parallel.hogwild`) -- :func:`predict` builds the simulated twin from a
+:class:`~simlib.sim.calibrate.Calibration` and runs it, :func:`measure` runs the real thing,
+and :func:`compare` does both for 1 and 2 workers and reports the relative error of the
+predicted wall time, ``(predicted - measured) / measured``.
+
+Wall time, on both sides, runs from the group's start (process start-up included) to the end
+of the last worker's last span. The twin is the engine's cluster with these fields composed
+from measured costs (the engine has no separate terms for them; each is justified by the error
+it removes, see ``benchmarks/calibration.py``):
+
+* process start: ``Calibration.start_time(processes)`` is added to the simulated makespan;
+* two busy processes: with 2 workers every compute cost is multiplied by the kernel's measured
+  two-process slowdown (memory bus, or fewer free cores on a busy machine);
+* the server's own work per key (apply the push, gather the pull) is folded into the pipe's
+  bandwidth, since it is serialised on the server like the bytes: ``1/bw' = 1/bw + c_key / 24``
+  (24 bytes cross the server per key: 4 request, 8 reply, 12 push);
+* a dense model's per-parameter gradient work goes into ``compute_overhead``;
+* shared-memory BSP is the engine's ring all-reduce with latency = one barrier round and
+  bandwidth = 8 bytes per apply entry; with one worker the barriers and the apply, which the
+  ring formula prices at zero, go into ``compute_overhead``;
+* Hogwild is async with free messages (latency 0): workers only read and write shared memory.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from simlib.sim.calibrate import Calibration, Spread, calibrate, measure_load
+from simlib.parallel.pipe_ps import DenseKeys
+from simlib.sim.config import SimConfig
+from simlib.sim.engine import simulate
+from simlib.trace import Trace
+
+SUBSTRATES = ("pipe_ps", "hogwild", "bsp_shm")
+FREE_BANDWIDTH = 1e18  # bytes/s for messages that do not exist (shared memory)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A training job: data shape, substrate, global batch per step and length.
+
+    ``global_batch`` rows per step are split evenly over the workers (the BSP data-parallel
+    convention: more workers, smaller per-worker batches, same number of steps). Hogwild has no
+    steps: each worker runs SGD over its shard ``epochs`` times in chunks of ``global_batch`` rows.
+    """
+
+    name: str
+    substrate: str
+    n_rows: int = 20_000
+    n_features: int = 10_000
+    nnz_per_row: int = 20
+    global_batch: int = 256
+    steps: int = 50
+    epochs: int = 1
+    dense: bool = False
+    lr: float = 0.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check.one_of("substrate", self.substrate, SUBSTRATES)
+        for name in ("n_rows", "n_features", "nnz_per_row", "global_batch", "steps", "epochs"):
+            check.positive_int(name, getattr(self, name))
+        check.positive("lr", self.lr)
+        if self.dense and self.substrate != "pipe_ps":
+            raise ValueError("dense applies to substrate 'pipe_ps' only")
+        if self.global_batch % 2:
+            raise ValueError(f"global_batch must be even (split over 1 or 2 workers), got {self.global_batch}")
+
+    def batch_size(self, n_workers: int) -> int:
+        """Rows per worker per step: global_batch / n_workers."""
+        return max(1, self.global_batch // n_workers)
+
+
+# The must-show set: compute-bound, latency-bound and bandwidth-bound pipes, Hogwild, and BSP.
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("ps compute-bound", "pipe_ps", global_batch=1024, steps=40),
+    Workload("ps latency-bound", "pipe_ps", global_batch=4, steps=300),
+    Workload("ps dense 200k", "pipe_ps", n_rows=2_000, n_features=200_000, global_batch=8, steps=25, dense=True),
+    Workload("hogwild", "hogwild", n_rows=200_000, n_features=20_000, global_batch=20_000, epochs=2, lr=0.5),
+    Workload("bsp shm", "bsp_shm", n_rows=40_000, n_features=20_000, global_batch=400, epochs=1, lr=0.5),
+)}
+
+
+@functools.lru_cache(maxsize=8)
+def workload_problem(w: Workload) -> Any:
+    """The workload's data and problem (cached; the same object for the twin and the real run)."""
+    data = make_sparse_classification(w.n_rows, w.n_features, w.nnz_per_row, seed=w.seed)
+    prob = LogisticProblem(data, l2=1e-4, eval_rows=min(2_000, w.n_rows), seed=w.seed)
+    return DenseKeys(prob) if w.dense else prob
+
+
+# -- predict -----------------------------------------------------------------------------------
+def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
+    """The simulated twin of ``w`` on ``n_workers``, priced by ``cal`` (see the module doc)."""
+    check.positive_int("n_workers", n_workers)
+    busy = min(n_workers, 2)
+    both = busy >= 2
+    b = w.batch_size(n_workers)
+    if w.substrate == "pipe_ps":
+        inv_bw = 1.0 / cal.pipe_bandwidth.median + cal.unit_time("ps_apply", busy) / 24
+        cfg = cal.sim_config("ps_step", busy=busy, n_workers=n_workers, protocol="bsp", steps=w.steps,
+                             batch_size=b, lr=w.lr, bandwidth=1.0 / inv_bw, eval_every=w.steps)
+        if w.dense:
+            dense = cal.compute_time("ps_dense", w.n_features, busy)
+            cfg = cfg.replace(compute_overhead=cfg.compute_overhead + dense)
+        return cfg
+    if w.substrate == "hogwild":
+        shard = w.n_rows // n_workers
+        chunks = -(-shard // w.global_batch)
+        return cal.sim_config("hogwild_sgd", busy=busy, n_workers=n_workers, protocol="async",
+                              steps=chunks * w.epochs, batch_size=w.global_batch, lr=w.lr, latency=0.0,
+                              bandwidth=FREE_BANDWIDTH, eval_every=chunks * w.epochs)
+    # bsp_shm
+    shard = w.n_rows // n_workers
+    steps = -(-shard // b) * w.epochs
+    entry = cal.unit_time("bsp_apply", busy)
+    cfg = cal.sim_config("bsp_grad", busy=busy, n_workers=n_workers, protocol="bsp", topology="allreduce",
+                         steps=steps, batch_size=b, lr=w.lr, value_bytes=8, eval_every=steps)
+    if both:
+        return cfg.replace(latency=cal.barrier_cost[2].median, bandwidth=8.0 / entry)
+    one = 2 * cal.barrier_cost[1].median + cal.compute_time("bsp_apply", w.n_features, 1)
+    return cfg.replace(latency=0.0, bandwidth=FREE_BANDWIDTH, compute_overhead=cfg.compute_overhead + one)
+
+
+def processes(w: Workload, n_workers: int) -> int:
+    """Processes the real run starts: the workers, plus the server for the pipe PS."""
+    return n_workers + 1 if w.substrate == "pipe_ps" else n_workers
+
+
+def predict(w: Workload, n_workers: int, cal: Calibration) -> tuple[float, Trace]:
+    """(predicted wall seconds, simulated trace): process start plus the twin's last span end."""
+    trace = simulate(twin_config(w, n_workers, cal), workload_problem(w))
+    trace.label = f"{w.name}, {n_workers} worker{'s' if n_workers > 1 else ''} (predicted)"
+    return cal.start_time(processes(w, n_workers)) + last_span_end(trace), trace
+
+
+def last_span_end(trace: Trace) -> float:
+    """When the last worker span ends (seconds from the start)."""
+    return max((s.end for s in trace.spans), default=0.0)
+
+
+# -- measure -----------------------------------------------------------------------------------
+def measure(w: Workload, n_workers: int) -> tuple[float, Trace]:
+    """(measured wall seconds, real trace) of one real run of ``w`` on ``n_workers`` processes."""
+    check.positive_int("n_workers", n_workers)
+    prob = workload_problem(w)
+    if w.substrate == "pipe_ps":
+        from simlib.parallel.pipe_ps import run_pipe_ps
+
+        trace = run_pipe_ps(prob, n_workers, w.steps, w.batch_size(n_workers), w.lr).trace
+    else:
+        from simlib.parallel.hogwild import train
+
+        mode = "hogwild" if w.substrate == "hogwild" else "bsp"
+        res = train(prob.data if not isinstance(prob, DenseKeys) else prob.inner.data, mode, n_workers=n_workers,
+                    alpha=w.lr, lam=1e-4, epochs=w.epochs, batch_size=w.batch_size(n_workers),
+                    chunk_rows=w.global_batch, monitor_every=10.0, eval_rows=min(2_000, w.n_rows), seed=w.seed)
+        trace = res.trace
+    trace.label = f"{w.name}, {n_workers} worker{'s' if n_workers > 1 else ''} (measured)"
+    return last_span_end(trace), trace
+
+
+# -- compare -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """One prediction checked: predicted and measured wall seconds (median of repeats), error."""
+
+    workload: str
+    substrate: str
+    n_workers: int
+    predicted: float
+    measured: float
+    measured_q25: float
+    measured_q75: float
+    repeats: int
+
+    @property
+    def error(self) -> float:
+        """Relative error (predicted - measured) / measured."""
+        return (self.predicted - self.measured) / self.measured if self.measured > 0 else math.nan
+
+
+@dataclass
+class Comparison:
+    """Rows of predictions against measurements, with one predicted and one measured trace each."""
+
+    rows: list[Row]
+    calibration: Calibration
+    predicted: dict[tuple[str, int], Trace] = field(default_factory=dict)
+    measured: dict[tuple[str, int], Trace] = field(default_factory=dict)
+    loads: dict[str, dict[int, Spread]] = field(default_factory=dict)  # CPU share around each workload
+
+    def max_error(self) -> float:
+        """Largest |relative error| over the rows."""
+        return max((abs(r.error) for r in self.rows), default=math.nan)
+
+    def speedups(self, workload: str) -> dict[str, dict[int, float]]:
+        """{'predicted': {n: seconds}, 'measured': {n: seconds}} for plot_speedup."""
+        rows = [r for r in self.rows if r.workload == workload]
+        return {"predicted": {r.n_workers: r.predicted for r in rows},
+                "measured": {r.n_workers: r.measured for r in rows}}
+
+    def table(self, bound: float | None = None) -> str:
+        """The rows as a text table; with ``bound``, a column says whether each error is within it."""
+        head = f"{'workload':<20} {'substrate':<9} {'workers':>7} {'predicted s':>11} {'measured s':>10} " \
+               f"{'IQR s':>8} {'error':>7} {'speed-up pred/meas':>19}"
+        lines = [head + ("  ok" if bound is not None else "")]
+        for r in self.rows:
+            sp = self.speedups(r.workload)
+            p1, m1 = sp["predicted"].get(1), sp["measured"].get(1)
+            speed = f"{p1 / r.predicted:.2f} / {m1 / r.measured:.2f}" if p1 and m1 else "-"
+            line = (f"{r.workload:<20} {r.substrate:<9} {r.n_workers:>7} {r.predicted:>11.4f} {r.measured:>10.4f} "
+                    f"{r.measured_q75 - r.measured_q25:>8.4f} {r.error:>+7.1%} {speed:>19}")
+            if bound is not None:
+                line += "  " + ("yes" if abs(r.error) <= bound else "NO")
+            lines.append(line)
+        return "\n".join(lines)
+
+
+def compare(
+    workloads: Sequence[Workload] | None = None,
+    workers: Sequence[int] = (1, 2),
+    repeats: int = 3,
+    cal: Calibration | None = None,
+    quick_calibration: bool = False,
+    load_seconds: float = 0.1,
+) -> Comparison:
+    """Calibrate (unless ``cal`` is given), then predict and measure each workload on each worker count.
+
+    Real runs of one workload alternate between worker counts (1, 2, 1, 2, ...) so that a change
+    in the machine's load hits both counts alike; the measured time is the median of ``repeats``.
+    """
+    workloads = list(WORKLOADS.values()) if workloads is None else list(workloads)
+    if not workloads or not all(isinstance(w, Workload) for w in workloads):
+        raise ValueError("workloads must be a non-empty sequence of Workload")
+    if not workers:
+        raise ValueError("workers must name at least one worker count")
+    for n in workers:
+        check.positive_int("workers", n)
+    check.positive_int("repeats", repeats)
+    if cal is None:
+        cal = calibrate(quick=quick_calibration)
+    out = Comparison(rows=[], calibration=cal)
+    for w in workloads:
+        workload_problem(w)  # build the data outside every timed region
+        times: dict[int, list[tuple[float, Trace]]] = {n: [] for n in workers}
+        before = measure_load(load_seconds)
+        for _ in range(repeats):
+            for n in workers:
+                times[n].append(measure(w, n))
+        after = measure_load(load_seconds)
+        # The machine's free CPU is measured right before and after this workload's runs, so a
+        # neighbour's burst is priced in (other costs come from the one calibration).
+        cal_w = cal.with_load({n: Spread.of([before[n].median, after[n].median]) for n in before})
+        out.loads[w.name] = cal_w.cpu_share
+        for n in workers:
+            pred, ptrace = predict(w, n, cal_w)
+            runs = sorted(times[n], key=lambda x: x[0])
+            secs = [t for t, _ in runs]
+            q25, med, q75 = np.percentile(secs, [25, 50, 75])
+            out.rows.append(Row(w.name, w.substrate, n, pred, float(med), float(q25), float(q75), repeats))
+            out.predicted[(w.name, n)] = ptrace
+            out.measured[(w.name, n)] = runs[len(runs) // 2][1]
+    return out
+
+
+def plot_comparison(result: Comparison, workload: str, n_workers: int = 2) -> Any:
+    """Predicted and measured timelines of ``workload`` on ``n_workers``, and both speed-up curves."""
+    import matplotlib.pyplot as plt
+
+    from simlib.viz import plot_speedup, plot_timeline
+
+    if (workload, n_workers) not in result.predicted:
+        raise ValueError(f"workload {workload!r} with {n_workers} workers is not in this comparison")
+    row = next(r for r in result.rows if r.workload == workload and r.n_workers == n_workers)
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1.3, 1.3, 1.0]})
+    pred, meas = result.predicted[(workload, n_workers)], result.measured[(workload, n_workers)]
+    t_max = max(last_span_end(pred) + result.calibration.start_time(processes(WORKLOADS.get(workload) or
+                _workload_of(result, workload), n_workers)), last_span_end(meas))
+    plot_timeline(pred, ax=axes[0], t_max=t_max, arrows=False, legend=False,
+                  title=f"predicted: {row.predicted * 1e3:.0f} ms (sim, start-up not drawn)")
+    plot_timeline(meas, ax=axes[1], t_max=t_max, arrows=False, barriers=False,
+                  title=f"measured: {row.measured * 1e3:.0f} ms ({row.error:+.0%} error)")
+    plot_speedup(result.speedups(workload), ax=axes[2])
+    sp = result.speedups(workload)
+    if 1 in sp["measured"] and n_workers in sp["measured"]:
+        axes[2].set_title(f"speed-up on {n_workers}: predicted {sp['predicted'][1] / sp['predicted'][n_workers]:.2f}x, "
+                          f"measured {sp['measured'][1] / sp['measured'][n_workers]:.2f}x")
+    fig.suptitle(workload)
+    fig.tight_layout()
+    return fig
+
+
+def _workload_of(result: Comparison, name: str) -> Workload:
+    """A workload not in WORKLOADS: recover its substrate from the rows (for the process count)."""
+    sub = next(r.substrate for r in result.rows if r.workload == name)
+    return Workload(name, sub)
