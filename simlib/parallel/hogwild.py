@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.parallel.group import WorkerGroup
+from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.hogwild_kernels import apply_mean_gradient, catch_up, grad_rows, sgd_rows, sgd_rows_scaled
 from simlib.parallel.shm import SharedArray
 from simlib.parallel.worker import current
@@ -126,6 +126,7 @@ def validate(
     monitor_every: float,
     w0: Any,
     l2: str = "lazy",
+    start_method: str | None = None,
 ) -> None:
     """Check every argument; raise ValueError naming the field before any process starts."""
     if not isinstance(data, SparseDataset):
@@ -146,6 +147,8 @@ def validate(
     check.positive_int("chunk_rows", chunk_rows)
     check.positive("monitor_every", monitor_every)
     check.one_of("l2", l2, L2_METHODS)
+    if start_method is not None:
+        check.one_of("start_method", start_method, START_METHODS)
     if l2 == "scaled" and alpha * lam * epochs * data.n_rows > MAX_TOTAL_DECAY:
         raise ValueError(
             f"l2='scaled' needs alpha * lam * epochs * n_rows <= {MAX_TOTAL_DECAY:g} (the shared scale would "
@@ -190,7 +193,7 @@ def train(
     """
     if n_workers is None:
         n_workers = 1 if mode == "serial" else 2
-    validate(data, mode, n_workers, alpha, lam, epochs, batch_size, chunk_rows, monitor_every, w0, l2)
+    validate(data, mode, n_workers, alpha, lam, epochs, batch_size, chunk_rows, monitor_every, w0, l2, start_method)
     check.positive_int("eval_rows", eval_rows)
     started = time.perf_counter()
     warm_up()
@@ -218,8 +221,16 @@ def train(
         train_seconds = max(s.end for s in compute) - min(s.start for s in compute)
     trace.label = f"{mode}, {n_workers} process{'es' if n_workers > 1 else ''}"
     trace.meta.update(
-        mode=mode, l2=l2 if mode != "bsp" else "dense", alpha=alpha, lam=lam, epochs=epochs, n_rows=data.n_rows, n_features=data.n_features,
-        nnz=data.nnz * epochs, chunk_rows=chunk_rows, batch_size=batch_size if mode == "bsp" else None,
+        mode=mode,
+        l2=l2 if mode != "bsp" else "dense",
+        alpha=alpha,
+        lam=lam,
+        epochs=epochs,
+        n_rows=data.n_rows,
+        n_features=data.n_features,
+        nnz=data.nnz * epochs,
+        chunk_rows=chunk_rows,
+        batch_size=batch_size if mode == "bsp" else None,
         update_unit="one mini-batch step" if mode == "bsp" else f"a chunk of up to {chunk_rows} rows",
     )
     wall = time.perf_counter() - started
