@@ -14,3 +14,35 @@ def small_data():
 def small_problem(small_data):
     """Logistic regression on ``small_data``."""
     return LogisticProblem(small_data, l2=1e-4, eval_rows=1_000)
+
+
+@pytest.fixture
+def sigkill_a_worker():
+    """A context manager: SIGKILL the first worker process that appears, ``delay`` s after it starts."""
+    import contextlib
+    import multiprocessing
+    import os
+    import signal
+    import threading
+    import time
+
+    @contextlib.contextmanager
+    def killer(delay: float = 0.3, within: float = 20.0):
+        def run() -> None:
+            deadline = time.monotonic() + within
+            while time.monotonic() < deadline:
+                children = multiprocessing.active_children()
+                if children:
+                    time.sleep(delay)
+                    os.kill(children[0].pid, signal.SIGKILL)
+                    return
+                time.sleep(0.01)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            thread.join()
+
+    return killer

@@ -1,7 +1,5 @@
 """Tests for simlib.parallel.glove (training) and simlib.parallel.glove_count (counting) on real processes."""
 import os
-import signal
-import threading
 import time
 import multiprocessing
 
@@ -87,23 +85,10 @@ def test_bad_configuration_names_the_field(cooc, field, kwargs):
         train_parallel(cooc, GloveConfig(dim=16, epochs=1), **kwargs)
 
 
-def test_killed_worker_fails_fast_and_leaks_nothing(cooc):
-    def kill_one_worker() -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            children = multiprocessing.active_children()
-            if children:
-                time.sleep(0.3)
-                os.kill(children[0].pid, signal.SIGKILL)
-                return
-            time.sleep(0.01)
-
-    killer = threading.Thread(target=kill_one_worker)
-    killer.start()
+def test_killed_worker_fails_fast_and_leaks_nothing(cooc, sigkill_a_worker):
     start = time.monotonic()
-    with pytest.raises(WorkerDied):
+    with sigkill_a_worker(delay=0.3), pytest.raises(WorkerDied):
         train_parallel(cooc, GloveConfig(dim=16, epochs=10_000), n_workers=2, mode="hogwild")
-    killer.join()
     assert time.monotonic() - start < 15
     assert not my_segments() and not live_segments()
     assert not multiprocessing.active_children()

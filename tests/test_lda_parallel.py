@@ -1,9 +1,6 @@
 """AD-LDA on real processes: consistent counts, the SSP bound, topic recovery, byte counts, clean failures."""
 import multiprocessing
 import os
-import signal
-import threading
-import time
 
 import numpy as np
 import pytest
@@ -93,25 +90,11 @@ def test_a_failing_worker_gives_a_clear_error_and_leaves_nothing(synthetic, tran
     assert _segments() <= before
 
 
-def test_a_killed_worker_is_reported_and_cleaned_up(synthetic):
+def test_a_killed_worker_is_reported_and_cleaned_up(synthetic, sigkill_a_worker):
     corpus, _, _ = synthetic
     before = _segments()
-
-    def kill_one() -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            children = multiprocessing.active_children()
-            if children:
-                time.sleep(0.2)
-                os.kill(children[0].pid, signal.SIGKILL)
-                return
-            time.sleep(0.01)
-
-    killer = threading.Thread(target=kill_one)
-    killer.start()
-    with pytest.raises(WorkerDied, match="killed by signal 9"):
+    with sigkill_a_worker(delay=0.2), pytest.raises(WorkerDied, match="killed by signal 9"):
         train_parallel(corpus, 8, n_sweeps=100_000, n_workers=2, straggler=(0, 0.01), timeout=60)
-    killer.join()
     assert multiprocessing.active_children() == []
     assert _segments() <= before
 
