@@ -71,8 +71,9 @@ def _children() -> set[int]:
     for pid in pids:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"resource_tracker" in f.read() or b"forkserver" in f.read():
-                    helpers.add(pid)
+                cmdline = f.read()
+            if b"resource_tracker" in cmdline or b"forkserver" in cmdline:
+                helpers.add(pid)
         except OSError:
             helpers.add(pid)  # already gone
     return pids - helpers
