@@ -298,7 +298,7 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
     units, times = [], []
     if kind in ("ps_step", "ps_dense"):
         # exactly the pipe PS worker's work per step: keys, gradient, packing the push
-        cases = [(prob, np.arange(base, base + b)) for b in (4, 32, 128, 512)] if kind == "ps_step" else \
+        cases = [(prob, np.arange(base, base + b)) for b in (16, 256, 1024, 2048)] if kind == "ps_step" else \
             [(dp, np.arange(4)) for dp in cache["dense_problems"]]
         for p, batch in cases:
             keys = pull_keys(p, batch)
@@ -454,7 +454,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
     calls = 5 if quick else 15
 
     # Kernels: a 20 k x 20 k problem (20 nonzeros per row) is the parameter servers' default size.
-    data = make_sparse_classification(8_000 if quick else 20_000, 20_000, 20, seed=1)
+    data = make_sparse_classification(10_000 if quick else 20_000, 20_000, 20, seed=1)
     prob = LogisticProblem(data, l2=1e-4, eval_rows=500, seed=1)
     n_dense = 100_000 if quick else 200_000
     warm_up(prob)

@@ -1,0 +1,107 @@
+"""Calibration: real measurements (quick mode) with spreads, a pipe fit that reproduces them, clean failures."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from simlib.parallel.shm import PREFIX
+from simlib.sim.calibrate import Calibration, Spread, calibrate, fit_line, measure_load
+from simlib.sim.config import SimConfig
+
+
+def _segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith(PREFIX)} if os.path.isdir("/dev/shm") else set()
+
+
+def _children() -> set[int]:
+    import multiprocessing
+
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+@pytest.fixture(scope="module")
+def cal():
+    before_shm, before_kids = _segments(), _children()
+    c = calibrate(quick=True)
+    assert _segments() <= before_shm, "calibration left shared-memory segments behind"
+    assert _children() <= before_kids, "calibration left child processes behind"
+    return c
+
+
+def _spreads(c: Calibration) -> list[tuple[str, Spread]]:
+    out = [(f"kernel {k} {f}", getattr(v, f)) for k, v in c.kernels.items() for f in ("per_unit", "contention")]
+    out += [("pipe_latency", c.pipe_latency), ("pipe_bandwidth", c.pipe_bandwidth),
+            ("shm_copy_bandwidth", c.shm_copy_bandwidth), ("lock_cost", c.lock_cost)]
+    out += [(f"process_start {n}", s) for n, s in c.process_start.items()]
+    out += [(f"barrier {n}", s) for n, s in c.barrier_cost.items()]
+    out += [(f"cpu_share {n}", s) for n, s in c.cpu_share.items()]
+    return out
+
+
+def test_every_figure_is_positive_finite_with_a_spread(cal):
+    for name, s in _spreads(cal):
+        assert math.isfinite(s.median) and s.median > 0, name
+        assert s.n >= 2, f"{name} was measured {s.n} time(s)"
+        assert s.q25 <= s.median <= s.q75, name
+    assert cal.context["seconds"] < 30  # quick mode stays quick even on a busy machine
+
+
+def test_fitted_pipe_model_reproduces_its_own_measurements(cal):
+    for size, measured in zip(cal.pipe_sizes, cal.pipe_times):
+        predicted = cal.pipe_time(size)
+        assert abs(predicted - measured) / measured < 0.5, (size, predicted, measured)
+    # bigger messages take longer, in the measurements and in the fit
+    assert cal.pipe_times[-1] > cal.pipe_times[0]
+    assert cal.pipe_time(cal.pipe_sizes[-1]) > cal.pipe_time(cal.pipe_sizes[0])
+
+
+def test_fit_line_recovers_a_known_line_and_names_bad_input():
+    x = np.array([8.0, 1e3, 1e5, 1e6])
+    a, b = fit_line(x, 5e-5 + x / 1e9)
+    assert a == pytest.approx(5e-5, rel=1e-9) and b == pytest.approx(1e-9, rel=1e-9)
+    with pytest.raises(ValueError, match="y must be positive"):
+        fit_line([1, 2], [1.0, 0.0])
+
+
+def test_sim_config_is_priced_by_the_calibration(cal):
+    cfg = cal.sim_config("hogwild_sgd", busy=1, n_workers=2, steps=3)
+    assert isinstance(cfg, SimConfig)
+    k = cal.kernels["hogwild_sgd"]
+    assert cfg.compute_per_unit == pytest.approx(k.per_unit.median / cal.share(1))
+    assert cfg.latency == pytest.approx(cal.pipe_latency.median * cal.pipe_share / cal.share(1))
+    two = cal.sim_config("hogwild_sgd", busy=2)
+    assert two.compute_per_unit == pytest.approx(k.per_unit.median * k.contention.median / cal.share(2))
+
+
+def test_json_round_trip_and_table(cal):
+    back = Calibration.from_json(cal.to_json())
+    assert back == cal
+    json.loads(cal.to_json())
+    text = str(cal)
+    assert "pipe latency" in text and "IQR" in text and "hogwild_sgd" in text
+
+
+def test_load_share_is_a_fraction_of_a_core():
+    share = measure_load(0.02, 2)
+    for n, s in share.items():
+        assert 0 < s.median <= 1.0 and s.n >= 5 * n
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"quick": "yes"}, "quick"),
+    ({"quick": True, "repeats": 0}, "repeats"),
+])
+def test_bad_arguments_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        calibrate(**kwargs)
+
+
+def test_bad_kernel_and_busy_name_the_field(cal):
+    with pytest.raises(ValueError, match="kernel"):
+        cal.sim_config("nope")
+    with pytest.raises(ValueError, match="busy"):
+        cal.sim_config(busy=0)
+    with pytest.raises(ValueError, match="seconds"):
+        measure_load(-1.0)

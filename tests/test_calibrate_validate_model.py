@@ -1,0 +1,69 @@
+"""Predict -> measure -> compare: deterministic predictions, real runs, honest errors, no leaks."""
+import os
+
+import pytest
+
+from simlib.parallel.shm import PREFIX
+from simlib.sim.calibrate import calibrate
+from simlib.sim.validate_model import WORKLOADS, Workload, compare, predict, twin_config
+
+
+@pytest.fixture(scope="module")
+def cal():
+    return calibrate(quick=True)
+
+
+def test_same_calibration_gives_identical_predicted_traces(cal):
+    w = Workload("tiny ps", "pipe_ps", n_rows=2_000, n_features=500, nnz_per_row=10, global_batch=16, steps=10)
+    t1, tr1 = predict(w, 2, cal)
+    t2, tr2 = predict(w, 2, type(cal).from_json(cal.to_json()))
+    assert t1 == t2 and tr1 == tr2
+    assert len(tr1.updates) == 20
+
+
+def test_twin_prices_each_substrate_from_the_calibration(cal):
+    ps = twin_config(WORKLOADS["ps compute-bound"], 2, cal)
+    assert ps.protocol == "bsp" and ps.topology == "ps" and ps.batch_size == 512
+    hog = twin_config(WORKLOADS["hogwild"], 2, cal)
+    assert hog.protocol == "async" and hog.latency == 0.0
+    bsp2 = twin_config(WORKLOADS["bsp shm"], 2, cal)
+    assert bsp2.topology == "allreduce" and bsp2.latency == pytest.approx(cal.barrier_cost[2].median)
+    bsp1 = twin_config(WORKLOADS["bsp shm"], 1, cal)
+    assert bsp1.compute_overhead > cal.sim_config("bsp_grad").compute_overhead  # barriers + apply folded in
+
+
+def test_compare_runs_real_processes_and_reports_errors(cal):
+    before = {n for n in os.listdir("/dev/shm") if n.startswith(PREFIX)}
+    small = [
+        Workload("tiny ps", "pipe_ps", n_rows=2_000, n_features=500, nnz_per_row=10, global_batch=16, steps=10),
+        Workload("tiny hogwild", "hogwild", n_rows=4_000, n_features=500, nnz_per_row=10, global_batch=1_000),
+    ]
+    res = compare(small, workers=(1, 2), repeats=1, cal=cal, load_seconds=0.02)
+    assert [(r.workload, r.n_workers) for r in res.rows] == [(w.name, n) for w in small for n in (1, 2)]
+    for r in res.rows:
+        assert r.measured > 0 and r.predicted > 0
+        assert r.error == pytest.approx((r.predicted - r.measured) / r.measured)
+        assert res.measured[(r.workload, r.n_workers)].substrate == "parallel"
+        assert res.predicted[(r.workload, r.n_workers)].substrate == "sim"
+    assert "error" in res.table(0.25)
+    assert {n for n in os.listdir("/dev/shm") if n.startswith(PREFIX)} <= before
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"substrate": "gpu"}, "substrate"),
+    ({"global_batch": 0}, "global_batch"),
+    ({"global_batch": 3}, "global_batch"),
+    ({"substrate": "hogwild", "dense": True}, "dense"),
+])
+def test_bad_workload_names_the_field(kwargs, field):
+    base = dict(name="x", substrate="pipe_ps")
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        Workload(**base)
+
+
+def test_bad_compare_arguments_name_the_field(cal):
+    with pytest.raises(ValueError, match="repeats"):
+        compare([WORKLOADS["hogwild"]], repeats=0, cal=cal)
+    with pytest.raises(ValueError, match="workers"):
+        compare([WORKLOADS["hogwild"]], workers=(0,), cal=cal)
