@@ -249,6 +249,25 @@ class Calibration:
         return "\n".join(lines)
 
 
+def plot_pipe_fit(cal: Calibration, ax: Any = None) -> Any:
+    """Measured one-way pipe times by message size (dots) and the fitted latency + size / bandwidth."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 5))
+    sizes = np.asarray(cal.pipe_sizes, dtype=np.float64)
+    xs = np.geomspace(sizes.min(), sizes.max(), 100)
+    ax.loglog(sizes, np.asarray(cal.pipe_times) * 1e6, "o", markersize=9, label="measured (median of repeats)")
+    ax.loglog(xs, [cal.pipe_time(x) * 1e6 for x in xs], "-",
+              label=f"fit: {cal.pipe_latency.median * 1e6:.0f} us + size / {cal.pipe_bandwidth.median / 2**20:.0f} MiB/s")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("one-way time (microseconds)")
+    worst = max(abs(cal.pipe_time(n) - t) / t for n, t in zip(cal.pipe_sizes, cal.pipe_times))
+    ax.set_title(f"A pipe message costs latency + size / bandwidth (worst fit error {worst:.0%})")
+    ax.legend()
+    return ax
+
+
 def _scaled(s: Spread, k: float) -> Spread:
     return Spread(s.median * k, s.q25 * k, s.q75 * k, s.n)
 

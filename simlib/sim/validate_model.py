@@ -287,7 +287,7 @@ def plot_comparison(result: Comparison, workload: str, n_workers: int = 2) -> An
     pred, meas = result.predicted[(workload, n_workers)], result.measured[(workload, n_workers)]
     t_max = max(last_span_end(pred) + result.calibration.start_time(processes(WORKLOADS.get(workload) or
                 _workload_of(result, workload), n_workers)), last_span_end(meas))
-    plot_timeline(pred, ax=axes[0], t_max=t_max, arrows=False, legend=False,
+    plot_timeline(pred, ax=axes[0], t_max=t_max, arrows=False, legend=False, barriers=False,
                   title=f"predicted: {row.predicted * 1e3:.0f} ms (sim, start-up not drawn)")
     plot_timeline(meas, ax=axes[1], t_max=t_max, arrows=False, barriers=False,
                   title=f"measured: {row.measured * 1e3:.0f} ms ({row.error:+.0%} error)")
@@ -296,7 +296,8 @@ def plot_comparison(result: Comparison, workload: str, n_workers: int = 2) -> An
     if 1 in sp["measured"] and n_workers in sp["measured"]:
         axes[2].set_title(f"speed-up on {n_workers}: predicted {sp['predicted'][1] / sp['predicted'][n_workers]:.2f}x, "
                           f"measured {sp['measured'][1] / sp['measured'][n_workers]:.2f}x")
-    fig.suptitle(workload)
+    verdict = "within" if abs(row.error) <= 0.25 else "outside"
+    fig.suptitle(f"{workload}: the prediction is {verdict} 25% of the measured wall time on {n_workers} workers")
     fig.tight_layout()
     return fig
 
