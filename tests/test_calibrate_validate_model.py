@@ -67,3 +67,24 @@ def test_bad_compare_arguments_name_the_field(cal):
         compare([WORKLOADS["hogwild"]], repeats=0, cal=cal)
     with pytest.raises(ValueError, match="workers"):
         compare([WORKLOADS["hogwild"]], workers=(0,), cal=cal)
+
+
+def test_pipe_ps_residual_is_what_the_model_leaves_unexplained(cal):
+    import dataclasses
+    import math
+
+    from simlib.sim.calibrate import Calibration, Spread
+    from simlib.sim.validate_model import pipe_ps_residual
+
+    assert cal.ps_step.n > 0 and cal.ps_step.median > 0  # calibration measured the null run
+    unmeasured = dataclasses.replace(cal, ps_step=Spread(math.nan, math.nan, math.nan, 0))
+    assert pipe_ps_residual(unmeasured) == 0.0
+    # A null step far slower than the model: the residual is the difference, to the second.
+    slow = dataclasses.replace(cal, ps_step=Spread(0.01, 0.0, 0.0, 1))
+    slower = dataclasses.replace(cal, ps_step=Spread(0.0101, 0.0, 0.0, 1))
+    assert 0 < pipe_ps_residual(slow) < 0.01
+    assert pipe_ps_residual(slower) - pipe_ps_residual(slow) == pytest.approx(1e-4, rel=1e-9)
+    # The twin charges the residual to every step, and the JSON form keeps it.
+    w = WORKLOADS["ps latency-bound"]
+    assert twin_config(w, 1, slower).compute_overhead == pytest.approx(twin_config(w, 1, unmeasured).compute_overhead + pipe_ps_residual(slower))
+    assert Calibration.from_json(cal.to_json()).ps_step == cal.ps_step

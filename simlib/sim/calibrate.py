@@ -23,6 +23,7 @@ Every figure is a :class:`Spread` (median, quartiles, count). Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -35,11 +36,14 @@ import numpy as np
 from simlib import _validate as check
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
-from simlib.parallel.pipe_ps import DenseKeys, pull_keys, push_message, warm_up
+from simlib.parallel.pipe_ps import DenseKeys, pull_keys, push_message, run_pipe_ps, warm_up
 from simlib.parallel.shm import SharedArray
 from simlib.parallel.worker import current
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim.config import SimConfig
+
+# The null pipe-PS run whose step time calibration measures (its rows are the kernels' problem).
+NULL_PS = {"n_workers": 1, "steps": 200, "batch_size": 1}
 
 KERNELS = ("ps_step", "ps_dense", "ps_apply", "hogwild_sgd", "bsp_grad", "bsp_apply")
 KERNEL_UNITS = {
@@ -113,6 +117,9 @@ class Calibration:
     cpu_share: dict[int, Spread]  # our busy processes -> CPU seconds each gets per wall second
     pipe_share: float  # CPU share of one busy process while the pipes were measured
     context: dict[str, Any] = field(default_factory=dict)  # cores, load average, seconds taken
+    # Seconds per step of the real pipe PS on a null workload (1 worker, 1-row batches): what a
+    # step costs beyond its messages and math (wake-ups, cold caches, dispatch); see NULL_PS.
+    ps_step: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
 
     # -- into the simulator ------------------------------------------------------------------
     def pipe_time(self, nbytes: float) -> float:
@@ -206,6 +213,7 @@ class Calibration:
             cpu_share={int(n): sp(v) for n, v in d["cpu_share"].items()},
             pipe_share=float(d["pipe_share"]),
             context=dict(d.get("context", {})),
+            ps_step=sp(d["ps_step"]) if "ps_step" in d else Spread(math.nan, math.nan, math.nan, 0),
         )
 
     def to_json(self) -> str:
@@ -234,6 +242,8 @@ class Calibration:
             out.append((f"barrier round, {n} part{'ies' if n > 1 else 'y'}", _scaled(s, 1e6), "us"))
         for n, s in sorted(self.cpu_share.items()):
             out.append((f"CPU share, {n} busy process{'es' if n > 1 else ''}", s, "cores each"))
+        if self.ps_step.n:
+            out.append(("pipe PS step, null workload", _scaled(self.ps_step, 1e6), "us"))
         return out
 
     def __str__(self) -> str:
@@ -473,8 +483,8 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
     calls = 5 if quick else 15
 
     # Kernels: a 20 k x 20 k problem (20 nonzeros per row) is the parameter servers' default size.
-    data = make_sparse_classification(10_000 if quick else 20_000, 20_000, 20, seed=1)
-    prob = LogisticProblem(data, l2=1e-4, eval_rows=500, seed=1)
+    prob = kernel_problem(quick)
+    data = prob.data
     n_dense = 100_000 if quick else 200_000
     warm_up(prob)
     with WorkerGroup(2, start_method, label="calibrate") as group:
@@ -530,6 +540,14 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             for key in bar:
                 bar[key].extend(r[key] for r in res if key in r)
 
+    # The real pipe PS on a null workload: one worker, one-row batches, on its own problem.
+    null_steps = []
+    for _ in range(repeats):
+        run = run_pipe_ps(prob, NULL_PS["n_workers"], NULL_PS["steps"], NULL_PS["batch_size"],
+                          start_method=start_method)
+        spans = run.trace.spans
+        null_steps.append((max(s.end for s in spans) - min(s.start for s in spans)) / NULL_PS["steps"])
+
     share = measure_load(0.1 if quick else 0.3, 2, start_method)
     return Calibration(
         kernels=kernels,
@@ -545,7 +563,15 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         pipe_share=pipe_share,
         context=dict(cpu_count=os.cpu_count(), load_before=load_before, load_after=_loadavg(),
                      seconds=time.perf_counter() - t_start, quick=quick, repeats=repeats),
+        ps_step=Spread.of(null_steps),
     )
+
+
+@functools.lru_cache(maxsize=2)
+def kernel_problem(quick: bool) -> LogisticProblem:
+    """The problem the kernels and the null pipe-PS run are measured on (10 k or 20 k rows x 20 k features)."""
+    data = make_sparse_classification(10_000 if quick else 20_000, 20_000, 20, seed=1)
+    return LogisticProblem(data, l2=1e-4, eval_rows=500, seed=1)
 
 
 def _dense_problem(n_params: int) -> LogisticProblem:
