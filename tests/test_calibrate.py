@@ -105,3 +105,23 @@ def test_bad_kernel_and_busy_name_the_field(cal):
         cal.sim_config(busy=0)
     with pytest.raises(ValueError, match="seconds"):
         measure_load(-1.0)
+
+
+def test_pipe_time_is_interpolated_between_measured_sizes(cal):
+    import dataclasses
+
+    from simlib.sim.calibrate import Spread
+
+    cal = dataclasses.replace(
+        cal,
+        pipe_sizes=(1_000, 1_000_000, 4_000_000),
+        pipe_times=(50e-6, 400e-6, 3_200e-6),
+        pipe_latency=Spread(50e-6, 50e-6, 50e-6, 1),
+    )
+    for n, t in zip(cal.pipe_sizes, cal.pipe_times):
+        assert cal.measured_pipe_time(n) == pytest.approx(t, rel=1e-12)
+    assert 400e-6 < cal.measured_pipe_time(2_000_000) < 3_200e-6
+    # priced at its own size, a 4 MB message costs what was measured, not what the line says
+    assert cal.pipe_latency.median + 4_000_000 / cal.bandwidth_at(4_000_000) == pytest.approx(3_200e-6)
+    with pytest.raises(ValueError, match="nbytes"):
+        cal.measured_pipe_time(0)

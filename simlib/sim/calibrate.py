@@ -126,6 +126,26 @@ class Calibration:
         """Fitted one-way message time as measured: latency + nbytes / bandwidth."""
         return self.pipe_latency.median + nbytes / self.pipe_bandwidth.median
 
+    def measured_pipe_time(self, nbytes: float) -> float:
+        """One-way time of an nbytes message, interpolated (log-log) between the measured sizes."""
+        check.positive("nbytes", nbytes)
+        x, y = np.log(np.asarray(self.pipe_sizes, float)), np.log(np.asarray(self.pipe_times, float))
+        lx = math.log(nbytes)
+        if lx <= x[0] or lx >= x[-1]:  # outside the measured sizes: extend the nearest segment
+            j = 0 if lx <= x[0] else len(x) - 2
+            slope = (y[j + 1] - y[j]) / (x[j + 1] - x[j])
+            return float(math.exp(y[j] + slope * (lx - x[j])))
+        return float(math.exp(np.interp(lx, x, y)))
+
+    def bandwidth_at(self, nbytes: float) -> float:
+        """The bandwidth that makes latency + nbytes / bandwidth equal the measured time at nbytes.
+
+        A pipe's cost is not linear in size (above about 1 MiB it copies through caches it no
+        longer fits in), so a workload is priced at the bandwidth of the messages it sends.
+        """
+        spare = self.measured_pipe_time(nbytes) - self.pipe_latency.median
+        return nbytes / spare if spare > 0 else self.pipe_bandwidth.median
+
     def start_time(self, n_processes: int) -> float:
         """Seconds from a group's start until its n-th process runs (linear between measured counts)."""
         check.positive_int("n_processes", n_processes)

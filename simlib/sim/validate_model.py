@@ -107,7 +107,9 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
     both = busy >= 2
     b = w.batch_size(n_workers)
     if w.substrate == "pipe_ps":
-        cfg = _pipe_ps_config(cal, busy, n_workers, w.steps, b, w.lr)
+        prob = workload_problem(w)
+        push_bytes = 12 * len(prob.keys(prob.batch(prob.shards(n_workers)[0], 0, b)))  # (int32 key, float64 grad)
+        cfg = _pipe_ps_config(cal, busy, n_workers, w.steps, b, w.lr, push_bytes)
         cfg = cfg.replace(compute_overhead=cfg.compute_overhead + pipe_ps_residual(cal))
         if w.dense:
             dense = cal.compute_time("ps_dense", w.n_features, busy)
@@ -131,9 +133,15 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
     return cfg.replace(latency=0.0, bandwidth=FREE_BANDWIDTH, compute_overhead=cfg.compute_overhead + one)
 
 
-def _pipe_ps_config(cal: Calibration, busy: int, n_workers: int, steps: int, batch_size: int, lr: float) -> SimConfig:
-    """The pipe PS priced by messages and kernels alone: ping-pong pipes, server work per key."""
-    inv_bw = 1.0 / cal.pipe_bandwidth.median + cal.unit_time("ps_apply", busy) / 24
+def _pipe_ps_config(cal: Calibration, busy: int, n_workers: int, steps: int, batch_size: int, lr: float,
+                    push_bytes: float | None = None) -> SimConfig:
+    """The pipe PS priced by messages and kernels alone: ping-pong pipes, server work per key.
+
+    With ``push_bytes`` (a step's push message) the pipe is priced at the bandwidth measured for
+    messages of that size, not the line fitted over all sizes.
+    """
+    pipe_bw = cal.bandwidth_at(push_bytes) if push_bytes else cal.pipe_bandwidth.median
+    inv_bw = 1.0 / pipe_bw + cal.unit_time("ps_apply", busy) / 24
     return cal.sim_config("ps_step", busy=busy, n_workers=n_workers, protocol="bsp", steps=steps,
                           batch_size=batch_size, lr=lr, bandwidth=1.0 / inv_bw, eval_every=steps)
 
