@@ -85,3 +85,32 @@ def test_export_writes_a_self_contained_animation(tmp_path, ext):
 def test_export_rejects_an_unknown_format(tmp_path):
     with pytest.raises(ValueError, match="extension"):
         export_animation(_runs(), str(tmp_path / "anim.mp4"), frames=2)
+
+
+def test_redraw_reusing_axes_renders_exactly_like_a_fresh_figure():
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from simlib.sim import SimConfig, Stragglers, simulate
+    from simlib.viz.anim import draw_runs
+
+    def runs(severity):
+        base = SimConfig(n_workers=4, steps=12, stragglers=Stragglers(slow_workers=1, slow_factor=severity))
+        return [simulate(base), simulate(base.replace(protocol="async"))]
+
+    def render(fig):
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()
+        return np.asarray(canvas.buffer_rgba()).copy()
+
+    fresh = Figure(figsize=(10, 6), dpi=60)
+    draw_runs(fresh, runs(5.0))
+    reused = Figure(figsize=(10, 6), dpi=60)
+    draw_runs(reused, runs(2.0))
+    axes_before = list(reused.axes)
+    draw_runs(reused, runs(5.0))
+    assert reused.axes == axes_before  # the axes were kept ...
+    assert np.array_equal(render(fresh), render(reused))  # ... and the picture is the fresh one
+    draw_runs(reused, runs(5.0)[:1])  # a different layout rebuilds
+    assert len(reused.axes) == 2 and reused.axes[0] is not axes_before[0]

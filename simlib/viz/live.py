@@ -314,7 +314,6 @@ class LivePanel:
             return
         t_end = max(t.makespan for t in self.traces) or 1.0
         with style():
-            self.fig.clear()
             self.reveal = draw_runs(self.fig, self.traces, window=t_end * self.c_window.value / 100)
         self._show()
 
