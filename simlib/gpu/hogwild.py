@@ -24,7 +24,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.backend import array_module, get_xp, to_numpy
 from simlib.parallel.hogwild import HogwildResult
-from simlib.problems.logistic import LogisticProblem, SparseDataset, sigmoid
+from simlib.problems.logistic import LogisticProblem, SparseDataset, check_sgd, sigmoid
 from simlib.trace import Trace
 
 
@@ -84,12 +84,7 @@ def train_batched(
     if not isinstance(data, SparseDataset):
         raise ValueError(f"data must be a SparseDataset, got {type(data).__name__}")
     data.validate()
-    check.positive("alpha", alpha)
-    check.non_negative("lam", lam)
-    if alpha * lam >= 1.0:
-        raise ValueError(f"alpha * lam must be < 1, got {alpha * lam}")
-    check.positive_int("epochs", epochs)
-    check.positive_int("batch_size", batch_size)
+    check_sgd(alpha, lam, epochs, batch_size)
     check.positive_int("eval_rows", eval_rows)
     check.positive_int("record_every", record_every)
     mod = get_xp(xp) if isinstance(xp, str) else xp

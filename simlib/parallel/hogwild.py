@@ -52,7 +52,7 @@ from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.hogwild_kernels import apply_mean_gradient, catch_up, grad_rows, sgd_rows, sgd_rows_scaled
 from simlib.parallel.shm import SharedArray
 from simlib.parallel.worker import current
-from simlib.problems.logistic import LogisticProblem, SparseDataset
+from simlib.problems.logistic import LogisticProblem, SparseDataset, check_sgd
 from simlib.trace import Trace
 
 MODES = ("serial", "locked", "hogwild", "bsp")
@@ -138,12 +138,7 @@ def validate(
         raise ValueError(f"n_workers must be 1 for mode='serial', got {n_workers}")
     if n_workers > data.n_rows:
         raise ValueError(f"n_workers ({n_workers}) must be <= the number of rows ({data.n_rows})")
-    check.positive("alpha", alpha)
-    check.non_negative("lam", lam)
-    if alpha * lam >= 1.0:
-        raise ValueError(f"alpha * lam must be < 1 (the decay factor 1 - alpha*lam must stay positive), got {alpha * lam}")
-    check.positive_int("epochs", epochs)
-    check.positive_int("batch_size", batch_size)
+    check_sgd(alpha, lam, epochs, batch_size)
     check.positive_int("chunk_rows", chunk_rows)
     check.positive("monitor_every", monitor_every)
     check.one_of("l2", l2, L2_METHODS)

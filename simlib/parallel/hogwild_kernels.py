@@ -19,10 +19,11 @@ With one worker the result equals the dense update to rounding (tested).
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from numba import njit
+
+from simlib.problems.logistic import log_loss_slope
 
 RESCALE_BELOW = 1e-100  # far above the smallest normal float64 (1e-308)
 
@@ -53,13 +54,7 @@ def sgd_rows(
             w[j] = wj
             margin += values[p] * wj
         yi = y[i]
-        z = yi * margin
-        # -y * sigma(-y m), written so that exp never overflows
-        if z >= 0.0:
-            ez = math.exp(-z)
-            coef = -yi * ez / (1.0 + ez)
-        else:
-            coef = -yi / (1.0 + math.exp(z))
+        coef = log_loss_slope(yi, margin)
         step = alpha * coef
         scale *= keep
         for p in range(lo, hi):
@@ -99,12 +94,7 @@ def grad_rows(
         for p in range(lo, hi):
             margin += values[p] * w[indices[p]]
         yi = y[i]
-        z = yi * margin
-        if z >= 0.0:
-            ez = math.exp(-z)
-            coef = -yi * ez / (1.0 + ez)
-        else:
-            coef = -yi / (1.0 + math.exp(z))
+        coef = log_loss_slope(yi, margin)
         for p in range(lo, hi):
             g[indices[p]] += coef * values[p]
 
@@ -158,12 +148,7 @@ def sgd_rows_scaled(
         for p in range(lo, hi):
             dot += values[p] * v[indices[p]]
         yi = y[i]
-        z = yi * dot * (own * others)
-        if z >= 0.0:
-            ez = math.exp(-z)
-            coef = -yi * ez / (1.0 + ez)
-        else:
-            coef = -yi / (1.0 + math.exp(z))
+        coef = log_loss_slope(yi, dot * (own * others))
         own *= keep
         scales[me, 0] = own
         step = alpha * coef / (own * others)
