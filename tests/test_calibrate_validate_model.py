@@ -88,3 +88,18 @@ def test_pipe_ps_residual_is_what_the_model_leaves_unexplained(cal):
     w = WORKLOADS["ps latency-bound"]
     assert twin_config(w, 1, slower).compute_overhead == pytest.approx(twin_config(w, 1, unmeasured).compute_overhead + pipe_ps_residual(slower))
     assert Calibration.from_json(cal.to_json()).ps_step == cal.ps_step
+
+
+def test_pipe_ps_prediction_adds_the_measured_warm_up_once(cal):
+    import dataclasses
+    import math
+
+    from simlib.sim.calibrate import Spread
+    from simlib.sim.validate_model import warmup
+
+    assert cal.ps_warmup.n > 0 and cal.ps_warmup.median >= 0
+    w = WORKLOADS["ps latency-bound"]
+    none = dataclasses.replace(cal, ps_warmup=Spread(math.nan, math.nan, math.nan, 0))
+    more = dataclasses.replace(cal, ps_warmup=Spread(0.5, 0.5, 0.5, 1))
+    assert warmup(w, none) == 0.0 and warmup(WORKLOADS["hogwild"], more) == 0.0
+    assert predict(w, 2, more)[0] - predict(w, 2, none)[0] == pytest.approx(0.5, rel=1e-9)

@@ -117,9 +117,11 @@ class Calibration:
     cpu_share: dict[int, Spread]  # our busy processes -> CPU seconds each gets per wall second
     pipe_share: float  # CPU share of one busy process while the pipes were measured
     context: dict[str, Any] = field(default_factory=dict)  # cores, load average, seconds taken
-    # Seconds per step of the real pipe PS on a null workload (1 worker, 1-row batches): what a
-    # step costs beyond its messages and math (wake-ups, cold caches, dispatch); see NULL_PS.
+    # The real pipe PS on a null workload (1 worker, 1-row batches; see NULL_PS): its typical
+    # step (median time between updates), and its warm-up: how much longer the whole run took
+    # than that many typical steps (first touches of pages and caches, lazy set-up in the children).
     ps_step: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
+    ps_warmup: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
 
     # -- into the simulator ------------------------------------------------------------------
     def pipe_time(self, nbytes: float) -> float:
@@ -234,6 +236,7 @@ class Calibration:
             pipe_share=float(d["pipe_share"]),
             context=dict(d.get("context", {})),
             ps_step=sp(d["ps_step"]) if "ps_step" in d else Spread(math.nan, math.nan, math.nan, 0),
+            ps_warmup=sp(d["ps_warmup"]) if "ps_warmup" in d else Spread(math.nan, math.nan, math.nan, 0),
         )
 
     def to_json(self) -> str:
@@ -264,6 +267,7 @@ class Calibration:
             out.append((f"CPU share, {n} busy process{'es' if n > 1 else ''}", s, "cores each"))
         if self.ps_step.n:
             out.append(("pipe PS step, null workload", _scaled(self.ps_step, 1e6), "us"))
+            out.append(("pipe PS warm-up per run", _scaled(self.ps_warmup, 1e3), "ms"))
         return out
 
     def __str__(self) -> str:
@@ -561,12 +565,17 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
                 bar[key].extend(r[key] for r in res if key in r)
 
     # The real pipe PS on a null workload: one worker, one-row batches, on its own problem.
-    null_steps = []
+    null_steps, warmups = [], []
     for _ in range(repeats):
         run = run_pipe_ps(prob, NULL_PS["n_workers"], NULL_PS["steps"], NULL_PS["batch_size"],
                           start_method=start_method)
-        spans = run.trace.spans
-        null_steps.append((max(s.end for s in spans) - min(s.start for s in spans)) / NULL_PS["steps"])
+        # The median time between consecutive updates: a typical step, not skewed by one stall
+        # (a page-fault storm or a descheduled process can double a short run's total).
+        times = sorted(u.time for u in run.trace.updates)
+        step = float(np.median(np.diff(times)))
+        first = min(sp.start for sp in run.trace.spans)
+        null_steps.append(step)
+        warmups.append(max(times[-1] - first - NULL_PS["steps"] * step, 0.0))
 
     share = measure_load(0.1 if quick else 0.3, 2, start_method)
     return Calibration(
@@ -584,6 +593,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         context=dict(cpu_count=os.cpu_count(), load_before=load_before, load_after=_loadavg(),
                      seconds=time.perf_counter() - t_start, quick=quick, repeats=repeats),
         ps_step=Spread.of(null_steps),
+        ps_warmup=Spread.of(warmups),
     )
 
 

@@ -147,13 +147,11 @@ def _pipe_ps_config(cal: Calibration, busy: int, n_workers: int, steps: int, bat
 
 
 def pipe_ps_residual(cal: Calibration) -> float:
-    """Seconds per step the real pipe PS spends beyond its modelled messages and math.
+    """Seconds per step the real pipe PS spends beyond its modelled messages and math (0 if none).
 
-    Calibration times the real pipe PS on a null workload (one worker, one-row batches); the
-    model of that same run, from ping-pong pipes and hot-loop kernels, is shorter: each step
-    also pays wake-ups after blocking reads and caches gone cold in the other process. The
-    difference is charged to every step of every pipe-PS twin. It is a property of the message
-    path measured once, not fitted to the workloads it is checked on. Zero if not measured.
+    Calibration times the real pipe PS on a null workload (one worker, one-row batches); if its
+    typical step is longer than the model of that same run, the difference is charged to every
+    step of every pipe-PS twin. Measured once, not fitted to the workloads it is checked on.
     """
     if not cal.ps_step.n or not math.isfinite(cal.ps_step.median):
         return 0.0
@@ -165,6 +163,13 @@ def pipe_ps_residual(cal: Calibration) -> float:
     return max(cal.ps_step.median - modelled, 0.0)
 
 
+def warmup(w: Workload, cal: Calibration) -> float:
+    """A run's one-off warm-up (slow first steps), as measured on the null pipe-PS run; 0 otherwise."""
+    if w.substrate != "pipe_ps" or not cal.ps_warmup.n or not math.isfinite(cal.ps_warmup.median):
+        return 0.0
+    return cal.ps_warmup.median
+
+
 def processes(w: Workload, n_workers: int) -> int:
     """Processes the real run starts: the workers, plus the server for the pipe PS."""
     return n_workers + 1 if w.substrate == "pipe_ps" else n_workers
@@ -174,7 +179,7 @@ def predict(w: Workload, n_workers: int, cal: Calibration) -> tuple[float, Trace
     """(predicted wall seconds, simulated trace): process start plus the twin's last span end."""
     trace = simulate(twin_config(w, n_workers, cal), workload_problem(w))
     trace.label = f"{w.name}, {n_workers} worker{'s' if n_workers > 1 else ''} (predicted)"
-    return cal.start_time(processes(w, n_workers)) + last_span_end(trace), trace
+    return cal.start_time(processes(w, n_workers)) + warmup(w, cal) + last_span_end(trace), trace
 
 
 def last_span_end(trace: Trace) -> float:
