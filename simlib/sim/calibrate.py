@@ -422,7 +422,10 @@ def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, 
     for _ in range(repeats):
         row = []
         for size in sizes:
-            payload = np.zeros(size, np.uint8)
+            # NOTE: ones, not zeros: a large np.zeros is untouched pages that all map the kernel's
+            # one zero page, so "copying megabytes" from it reads a single cached page (measured:
+            # 2 MiB one-way 0.6 ms from zeros, 2.5 ms from real memory, as a PS step sends).
+            payload = np.ones(size, np.uint8)
             if worker == 1:
                 for _ in range(calls + 1):
                     ch.send_array(ch.recv_array())
@@ -530,7 +533,10 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
                                    Spread.of(ratio))
 
     # Pipes: half a ping-pong between two workers, by size.
-    sizes = (8, 1024, 16384, 262144, 2**20, 4 * 2**20) if not quick else (8, 4096, 262144, 2**20)
+    # Dense above 1 MiB: here a pipe message's cost jumps several-fold between 1 and 2 MiB, and a
+    # workload is priced at its own message size (Calibration.bandwidth_at).
+    sizes = (8, 1024, 16384, 262144, 2**20, 3 * 2**19, 2**21, 3 * 2**20, 4 * 2**20) if not quick else \
+        (8, 4096, 262144, 2**20, 3 * 2**19, 2**21, 3 * 2**20)
     with WorkerGroup(2, start_method, label="calibrate pipes") as group:
         a, b = group.channel_pair()
         res = group.run(_pingpong_member, sizes, repeats, 20 if quick else 40, worker_args=[(a,), (b,)])
