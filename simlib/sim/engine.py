@@ -128,7 +128,6 @@ class _Run:
                 f"workers {stalled} never finished: a failed worker blocks the "
                 f"{'barrier' if cfg.bound == 0 else 'staleness bound'} (add backup_workers or a timeout)"
             )
-        self.final_params = self.w
         return self.trace
 
     # -- parameter-server worker -----------------------------------------------------------------
