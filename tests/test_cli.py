@@ -73,3 +73,18 @@ def test_parse_protocol():
     assert parse_protocol("bsp") == {"protocol": "bsp", "staleness": 0}
     with pytest.raises(ValueError, match="protocols"):
         parse_protocol("ssp")
+
+
+def test_progress_shows_only_after_two_seconds(capsys):
+    from simlib.cli import _Progress
+
+    quick = _Progress(["bsp", "async"])
+    quick(0, 0.5)
+    quick.close()
+    assert capsys.readouterr().err == ""  # a run under two seconds prints nothing
+    slow = _Progress(["bsp", "async"])
+    slow.t0 -= 3.0  # as if it had been running for three seconds
+    slow(1, 0.5)
+    slow.close()
+    err = capsys.readouterr().err
+    assert "75.0%" in err and "async" in err and err.endswith("\n")
