@@ -139,6 +139,9 @@ def run_compare(args: argparse.Namespace) -> int:
     print(f"{base.n_workers} workers x {base.steps} steps, stragglers: {base.stragglers.describe()}, "
           f"latency {base.latency * 1e3:g} ms, bandwidth {base.bandwidth / 1e6:g} MB/s (simulated time)")
     print(format_table(summary_rows(traces, args.target), args.target))
+    for t in traces:
+        if t.meta.get("stall_reason"):
+            print(f"{t.label} stalled: {t.meta['stall_reason']}")
     if not args.no_plot:
         from simlib.viz import compare_figure, save_figure
 

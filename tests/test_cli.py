@@ -88,3 +88,12 @@ def test_progress_shows_only_after_two_seconds(capsys):
     slow.close()
     err = capsys.readouterr().err
     assert "75.0%" in err and "async" in err and err.endswith("\n")
+
+
+def test_cli_says_which_runs_stalled_and_why(capsys):
+    rc = main(["compare", "--no-plot", "--workers", "3", "--steps", "20", "--protocols", "bsp,async",
+               "--fail-worker", "1", "--fail-time", "0.002"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "BSP stalled" in out and "backup_workers" in out
+    assert "Async stalled" not in out

@@ -195,8 +195,9 @@ def test_failed_worker_stalls_bsp_but_not_backup(small_problem):
     stalled = simulate(SimConfig(n_workers=3, steps=20, stragglers=fail), small_problem)
     assert stalled.meta["stalled"] and "backup_workers" in stalled.meta["stall_reason"]
     assert any(s.kind == "down" and s.worker == 1 for s in stalled.spans)
+    assert stalled.meta["failed_workers"] == [1] and 1 not in stalled.meta["stalled"]
     ok = simulate(SimConfig(n_workers=3, steps=20, stragglers=fail, backup_workers=1), small_problem)
-    assert ok.meta["stalled"] == [1]  # only the dead worker is unfinished
+    assert ok.meta["stalled"] == [] and ok.meta["failed_workers"] == [1]  # the others finish
     assert sum(1 for u in ok.updates if u.worker != 1) == 2 * 20
 
 

@@ -112,7 +112,8 @@ class _Run:
             self._evaluate()
         for i, t0 in self.down_since.items():  # a worker that never came back is down to the end
             self.trace.span(i, "down", t0, max(env.now, t0))
-        stalled = [i for i, f in enumerate(self.finished) if not f]
+        # Stalled: alive but blocked (by a dead worker, at a barrier or the staleness bound).
+        stalled = [i for i, f in enumerate(self.finished) if not f and i not in self.down_since]
         self.trace.meta.update(
             config=cfg.to_dict(),
             protocol_label=cfg.label,
@@ -125,8 +126,9 @@ class _Run:
         )
         if stalled:
             self.trace.meta["stall_reason"] = (
-                f"workers {stalled} never finished: a failed worker blocks the "
-                f"{'barrier' if cfg.bound == 0 else 'staleness bound'} (add backup_workers or a timeout)"
+                f"workers {stalled} never finished: failed worker {sorted(self.down_since)} blocks the "
+                f"{'barrier' if cfg.bound == 0 else 'staleness bound'} "
+                "(add backup workers: backup_workers, --backup-workers; or a deadline: timeout, --timeout)"
             )
         return self.trace
 
