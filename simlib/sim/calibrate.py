@@ -542,7 +542,10 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         res = group.run(_pingpong_member, sizes, repeats, 20 if quick else 40, worker_args=[(a,), (b,)])
     pipe_share = measure_load(0.05 if quick else 0.1, 1, start_method)[1].median
     per_repeat = res[0]
-    fits = [fit_line(sizes, row) for row in per_repeat]
+    # The line is fitted where a pipe is linear (up to 1 MiB); larger messages are priced from the
+    # measured times themselves (Calibration.bandwidth_at), past the cliff a line cannot follow.
+    linear = [j for j, n in enumerate(sizes) if n <= 2**20]
+    fits = [fit_line([sizes[j] for j in linear], [row[j] for j in linear]) for row in per_repeat]
     pipe_times = tuple(float(np.median([row[j] for row in per_repeat])) for j in range(len(sizes)))
 
     # Process start for groups of 1, 2 and 3 processes.
