@@ -46,3 +46,25 @@ def sigkill_a_worker():
             thread.join()
 
     return killer
+
+
+@pytest.fixture(scope="session")
+def cooc():
+    """GloVe co-occurrences of the first 60 KJV chapters (window 5, words seen at least 3 times)."""
+    from simlib.data import Vocabulary, load_kjv
+    from simlib.problems.glove import count_cooccurrences
+
+    docs = load_kjv().docs[:60]
+    vocab = Vocabulary.build(docs, min_count=3)
+    ids, offsets = vocab.encode_docs(docs)
+    return count_cooccurrences(ids, offsets, len(vocab), window=5)
+
+
+@pytest.fixture(scope="module")
+def tiny_problem():
+    """A 400 x 200 logistic problem for the live panel; stops the panel's process pool afterwards."""
+    from simlib.viz.scenario import shutdown_pool
+
+    data = make_sparse_classification(n_rows=400, n_features=200, nnz_per_row=8, seed=1)
+    yield LogisticProblem(data, l2=1e-4, eval_rows=200)
+    shutdown_pool()

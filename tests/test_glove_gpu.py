@@ -3,17 +3,8 @@ import numpy as np
 import pytest
 
 from simlib.backend import gpu_available
-from simlib.data import Vocabulary, load_kjv
 from simlib.gpu.glove import adagrad_batch, train_batched
-from simlib.problems.glove import GloveConfig, GloveParams, adagrad_kernel, count_cooccurrences, entry_terms, train
-
-
-@pytest.fixture(scope="module")
-def cooc():
-    docs = load_kjv().docs[:60]
-    vocab = Vocabulary.build(docs, min_count=3)
-    ids, offsets = vocab.encode_docs(docs)
-    return count_cooccurrences(ids, offsets, len(vocab), window=5)
+from simlib.problems.glove import GloveConfig, GloveParams, adagrad_kernel, entry_terms, train
 
 
 def test_batch_of_one_equals_the_sequential_kernel(cooc):

@@ -2,20 +2,11 @@
 import numpy as np
 import pytest
 
-from simlib.data import Vocabulary, load_kjv
 from simlib.problems.glove import (
-    GloveConfig, GloveParams, adagrad_kernel, count_cooccurrences, entry_terms, epoch_order,
+    GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order,
 )
 from simlib.sim import SimConfig
 from simlib.sim.glove_twin import GloveTableProblem, predict_speedup, simulate_glove
-
-
-@pytest.fixture(scope="module")
-def cooc():
-    docs = load_kjv().docs[:40]
-    vocab = Vocabulary.build(docs, min_count=3)
-    ids, offsets = vocab.encode_docs(docs)
-    return count_cooccurrences(ids, offsets, len(vocab), window=5)
 
 
 def test_one_worker_equals_the_sequential_kernel(cooc):

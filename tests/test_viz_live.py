@@ -14,18 +14,10 @@ pytest.importorskip("ipywidgets", reason="the live panel needs ipywidgets (pip i
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
-from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
 from simlib.viz.live import LivePanel  # noqa: E402
-from simlib.viz.scenario import LiveSettings, shutdown_pool  # noqa: E402
+from simlib.viz.scenario import LiveSettings  # noqa: E402
 
 SMALL = dict(n_workers=4, steps=20)
-
-
-@pytest.fixture(scope="module")
-def tiny_problem():
-    data = make_sparse_classification(n_rows=400, n_features=200, nnz_per_row=8, seed=1)
-    yield LogisticProblem(data, l2=1e-4, eval_rows=200)
-    shutdown_pool()
 
 
 @pytest.fixture

@@ -6,17 +6,9 @@ import time
 
 import pytest
 
-from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.viz.scenario import LiveSettings, Runner, shutdown_pool
 
 SMALL = dict(n_workers=4, steps=20)
-
-
-@pytest.fixture(scope="module")
-def tiny_problem():
-    data = make_sparse_classification(n_rows=400, n_features=200, nnz_per_row=8, seed=1)
-    yield LogisticProblem(data, l2=1e-4, eval_rows=200)
-    shutdown_pool()
 
 
 def test_settings_map_sliders_to_simulator_configs():
