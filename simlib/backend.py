@@ -49,3 +49,41 @@ def to_numpy(a: Any) -> np.ndarray:
     if _cupy is not None and isinstance(a, _cupy.ndarray):
         return _cupy.asnumpy(a)
     return np.asarray(a)
+
+
+def scatter_add(target: Any, index: Any, values: Any) -> None:
+    """``target[index] += values`` with repeated indices accumulating, on NumPy or CuPy.
+
+    NumPy uses ``np.add.at``; CuPy its atomic ``add.at`` (``cupyx.scatter_add`` on CuPy
+    versions before it). Neither waits for the device, so a loop of them stays queued.
+    """
+    xp = array_module(target)
+    if xp is np:
+        np.add.at(target, index, values)
+        return
+    at = getattr(xp.add, "at", None)  # pragma: no cover - needs a GPU
+    if at is None:  # pragma: no cover
+        import cupyx
+
+        cupyx.scatter_add(target, index, values)
+    else:  # pragma: no cover
+        at(target, index, values)
+
+
+def segment_sum(index: Any, weights: Any, n: int) -> Any:
+    """``out[k]`` = the sum of ``weights`` where ``index == k``, for ``k < n``: a bincount of known length.
+
+    With ``weights=None`` it counts (integers). On NumPy this is ``np.bincount``. CuPy's
+    ``bincount`` reads the largest index back to the host (and checks for negatives) on every
+    call, which stalls a queue of small kernels; here it is a zero array and one atomic add.
+    """
+    xp = array_module(index)
+    if xp is np:
+        return np.bincount(index, weights=weights, minlength=n)
+    if weights is None:  # pragma: no cover - needs a GPU
+        out = xp.zeros(n, dtype=xp.int32)
+        scatter_add(out, index, xp.ones(index.shape, dtype=xp.int32))
+    else:  # pragma: no cover
+        out = xp.zeros(n, dtype=weights.dtype)
+        scatter_add(out, index, weights)
+    return out

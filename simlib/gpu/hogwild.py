@@ -4,10 +4,11 @@ On a CPU, Hogwild lets a few processes write the shared weights while the others
 A GPU runs thousands of rows at the same moment, so the same idea becomes one batched step:
 
 1. gather ``w`` at every nonzero of the batch's rows,
-2. margins ``m_i = x_i . w`` by a segmented sum (``bincount`` over the row id of each nonzero),
+2. margins ``m_i = x_i . w`` by a segmented sum over the row id of each nonzero
+   (:func:`simlib.backend.segment_sum`: no read-back to the host, so launches stay queued),
 3. coefficients ``c_i = -y_i sigma(-y_i m_i)``,
 4. decay ``w *= (1 - alpha*lam) ** B`` (the B steps' L2) and scatter-add ``-alpha c_i x_i``
-   (``cupyx.scatter_add`` on CuPy, ``np.add.at`` on NumPy: repeated features add up).
+   (:func:`simlib.backend.scatter_add`: repeated features add up).
 
 Every row of a batch reads the same weights, as if each update were B-1 updates stale; the
 batch size is therefore the staleness knob. With ``batch_size=1`` this is exactly serial SGD
@@ -22,20 +23,10 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.backend import array_module, get_xp, to_numpy
+from simlib.backend import array_module, get_xp, scatter_add, segment_sum, to_numpy
 from simlib.parallel.hogwild import HogwildResult
 from simlib.problems.logistic import LogisticProblem, SparseDataset, check_sgd, sigmoid
 from simlib.trace import Trace
-
-
-def scatter_add(xp: ModuleType, target: Any, index: Any, values: Any) -> None:
-    """target[index] += values with repeated indices accumulated (unbuffered add)."""
-    if xp is np:
-        np.add.at(target, index, values)
-    else:  # pragma: no cover - needs a GPU
-        import cupyx
-
-        cupyx.scatter_add(target, index, values)
 
 
 def batch_step(
@@ -51,11 +42,11 @@ def batch_step(
     cols = indices[a:b]
     vals = values[a:b]
     rows = row_of[a:b] - lo
-    margin = xp.bincount(rows, weights=vals * w[cols], minlength=hi - lo)
+    margin = segment_sum(rows, vals * w[cols], hi - lo)
     yb = y[lo:hi]
     coef = -yb * sigmoid(-yb * margin)
     w *= (1.0 - alpha * lam) ** (hi - lo)
-    scatter_add(xp, w, cols, (-alpha) * coef[rows] * vals)
+    scatter_add(w, cols, (-alpha) * coef[rows] * vals)
 
 
 def _sync(xp: ModuleType) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.backend import array_module, get_xp, to_numpy
+from simlib.backend import array_module, get_xp, segment_sum, to_numpy
 from simlib.problems.lda import LDACorpus, check_hyper, count_tables, log_likelihood, random_assignments
 from simlib.trace import Trace
 
@@ -71,9 +71,9 @@ def resample_batch(
     new = xp.minimum((cdf < (u * cdf[:, -1])[:, None]).sum(axis=1), K - 1).astype(z.dtype)
     z[idx] = new
     # Scatter-add of the whole batch's moves as two bincounts on flat indices (repeats accumulate).
-    n_dk += (xp.bincount(d * K + new, minlength=D * K) - xp.bincount(d * K + old, minlength=D * K)).reshape(D, K).astype(n_dk.dtype)
-    n_wk += (xp.bincount(w * K + new, minlength=V * K) - xp.bincount(w * K + old, minlength=V * K)).reshape(V, K).astype(n_wk.dtype)
-    n_k += (xp.bincount(new, minlength=K) - xp.bincount(old, minlength=K)).astype(n_k.dtype)
+    n_dk += (segment_sum(d * K + new, None, D * K) - segment_sum(d * K + old, None, D * K)).reshape(D, K).astype(n_dk.dtype)
+    n_wk += (segment_sum(w * K + new, None, V * K) - segment_sum(w * K + old, None, V * K)).reshape(V, K).astype(n_wk.dtype)
+    n_k += (segment_sum(new, None, K) - segment_sum(old, None, K)).astype(n_k.dtype)
 
 
 def train_batched(

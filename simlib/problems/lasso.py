@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.backend import array_module
+from simlib.backend import array_module, to_numpy
 
 
 def soft_threshold(z: Any, t: Any) -> Any:
@@ -92,14 +92,14 @@ class LassoProblem:
 
     def correlation(self) -> np.ndarray:
         """|A_i . A_j| / (||A_i|| ||A_j||), the interference between two coordinates (d x d)."""
-        At = np.asarray(self.At)
-        norms = np.sqrt(np.asarray(self.beta))
+        At = to_numpy(self.At)
+        norms = np.sqrt(to_numpy(self.beta))
         return np.abs(At @ At.T) / np.outer(norms, norms)
 
     def spectral_radius(self) -> float:
         """rho = largest eigenvalue of A^T A (normalised columns): Shotgun is safe for P < d / rho."""
-        At = np.asarray(self.At)
-        return float(np.linalg.eigvalsh((At @ At.T) / np.sqrt(np.outer(self.beta, self.beta)))[-1])
+        At, beta = to_numpy(self.At), to_numpy(self.beta)
+        return float(np.linalg.eigvalsh((At @ At.T) / np.sqrt(np.outer(beta, beta)))[-1])
 
 
 def make_lasso(
@@ -249,14 +249,14 @@ def shotgun(
             if not np.isfinite(f) or f > blowup * f0:
                 diverged = True
                 break
-    return ShotgunRun(np.array(rounds), np.array(values), np.asarray(x), diverged)
+    return ShotgunRun(np.array(rounds), np.array(values), to_numpy(x), diverged)
 
 
 def reference_optimum(problem: LassoProblem) -> float:
     """F* from scikit-learn's Lasso (a trusted peer): its alpha is lam / n_rows, no intercept."""
     from sklearn.linear_model import Lasso
 
-    A, y = np.asarray(problem.At).T, np.asarray(problem.y)
+    A, y = to_numpy(problem.At).T, to_numpy(problem.y)
     model = Lasso(alpha=problem.lam / problem.n_rows, fit_intercept=False, tol=1e-12, max_iter=100_000)
     model.fit(A, y)
     return problem.objective(model.coef_.astype(np.float64))

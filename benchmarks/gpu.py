@@ -1,0 +1,174 @@
+"""The batched NumPy/CuPy twins of Hogwild, GloVe and LDA against the CPU code and peers, in one run.
+
+Each section times one problem on the same data three ways: the peer or the CPU substrate
+(processes on this machine's cores), and the batched twin from ``simlib.gpu`` on NumPy and on
+CuPy (when a CUDA device is present; otherwise those rows say so). Batch size is the twin's
+staleness knob, so every twin row also reports quality: the final loss, cost or log-likelihood
+next to the CPU run's. Throughput excludes data loading and one warm-up launch. Run::
+
+    python benchmarks/gpu.py            # 200 k x 100 k Hogwild data, KJV GloVe and LDA
+    python benchmarks/gpu.py --quick    # small sizes, for a smoke test on a laptop
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+# This folder holds a script named like the `lda` package; keep it off the path.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+from simlib.backend import gpu_available  # noqa: E402
+from simlib.data import Vocabulary, load_kjv  # noqa: E402
+from simlib.gpu import glove as gpu_glove  # noqa: E402
+from simlib.gpu import hogwild as gpu_hogwild  # noqa: E402
+from simlib.gpu import lda as gpu_lda  # noqa: E402
+from simlib.parallel import glove as par_glove  # noqa: E402
+from simlib.parallel import hogwild as par_hogwild  # noqa: E402
+from simlib.parallel import lda as par_lda  # noqa: E402
+from simlib.problems.glove import GloveConfig, count_cooccurrences  # noqa: E402
+from simlib.problems.lda import kjv_corpus  # noqa: E402
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
+
+NO_GPU = "(no CUDA device)"
+
+
+def sync() -> None:
+    """Wait for queued device work before a clock is read (nothing to wait for without CuPy)."""
+    if gpu_available():
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+
+
+def timed(fn: Callable[[], object]) -> tuple[object, float]:
+    sync()
+    t = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t
+
+
+def table(title: str, unit: str, quality: str, rows: list[tuple[str, float | None, float | None]], base: str) -> None:
+    """Print rows of (name, rate, quality); ratios are against the row named ``base``."""
+    ref = dict((n, r) for n, r, _ in rows)[base]
+    print(f"\n{title}")
+    print(f"{'implementation':<38} {unit:>14} {'x ' + base[:18]:>20} {quality:>16}")
+    for name, rate, q in rows:
+        if rate is None:
+            print(f"{name:<38} {NO_GPU:>14}")
+            continue
+        print(f"{name:<38} {rate / 1e6:>14.2f} {rate / ref:>19.2f}x {q:>16.5f}")
+
+
+def hogwild_section(args: argparse.Namespace) -> None:
+    from sklearn.linear_model import SGDClassifier
+
+    data = make_sparse_classification(args.rows, args.features, 60, zipf=1.0, seed=0)
+    full = LogisticProblem(data, l2=1e-5, eval_rows=None)
+    nnz = data.nnz * args.epochs
+    common = dict(alpha=0.2, lam=1e-5, epochs=args.epochs)
+    x = data.to_scipy().astype(np.float64)
+    clf = SGDClassifier(loss="log_loss", penalty="l2", alpha=1e-5, learning_rate="constant", eta0=0.2,
+                        fit_intercept=False, shuffle=False, max_iter=args.epochs, tol=None)
+    _, sk_s = timed(lambda: clf.fit(x, data.y))
+    rows: list[tuple[str, float | None, float | None]] = [
+        ("scikit-learn SGDClassifier (1 core)", nnz / sk_s, full.loss(clf.coef_.ravel()))]
+    par_hogwild.train(data.rows(0, 1000), "hogwild", n_workers=1, **common)  # compile
+    for n in (1, 2):
+        res = par_hogwild.train(data, "hogwild", n_workers=n, **common)
+        rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", nnz / res.train_seconds, full.loss(res.w)))
+    for xp, sizes in (("numpy", args.numpy_batches), ("cupy", args.batches)):
+        for b in sizes:
+            name = f"batched twin, {xp}, B={b}"
+            if xp == "cupy" and not gpu_available():
+                rows.append((name, None, None))
+                continue
+            res = gpu_hogwild.train_batched(data, batch_size=b, xp=xp, record_every=10_000, **common)
+            train_s = sum(s.end - s.start for s in res.trace.spans)
+            rows.append((name, nnz / train_s, full.loss(res.w)))
+    print(f"\nHogwild: {data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
+          f"{args.epochs} epochs, alpha 0.2, lambda 1e-5")
+    table("sparse logistic regression", "M nnz/s", "final loss", rows, "scikit-learn SGDClassifier (1 core)")
+
+
+def glove_section(args: argparse.Namespace) -> None:
+    docs = load_kjv().docs
+    vocab = Vocabulary.build(docs, min_count=5)
+    ids, offsets = vocab.encode_docs(docs)
+    cooc = count_cooccurrences(ids, offsets, len(vocab), 10)
+    cfg = GloveConfig(dim=50, epochs=args.glove_epochs)
+    updates = cooc.nnz * cfg.epochs
+    rows: list[tuple[str, float | None, float | None]] = []
+    par_glove.train_parallel(cooc, GloveConfig(dim=50, epochs=1), n_workers=1, mode="hogwild")  # compile
+    for n in (1, 2):
+        run = par_glove.train_parallel(cooc, cfg, n_workers=n, mode="hogwild")
+        rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", updates / sum(run.epoch_seconds), run.costs[-1]))
+    for xp, sizes in (("numpy", [8192]), ("cupy", args.glove_batches)):
+        for b in sizes:
+            name = f"batched twin, {xp}, B={b}"
+            if xp == "cupy" and not gpu_available():
+                rows.append((name, None, None))
+                continue
+            gpu_glove.train_batched(cooc, GloveConfig(dim=50, epochs=1), batch=b, xp=xp)  # warm-up
+            (_, costs), s = timed(lambda: gpu_glove.train_batched(cooc, cfg, batch=b, xp=xp))
+            rows.append((name, updates / s, costs[-1]))
+    print(f"\nGloVe: KJV, {cooc.nnz:,} co-occurrence entries, vocabulary {len(vocab):,}, d = 50, {cfg.epochs} epochs")
+    table("AdaGrad updates (cost = mean 0.5 f diff^2 of the last pass)", "M updates/s", "final cost", rows,
+          "hogwild, 1 process")
+
+
+def lda_section(args: argparse.Namespace) -> None:
+    c = kjv_corpus(max_docs=400 if args.quick else None)
+    K, sweeps = 100, args.sweeps
+    rows: list[tuple[str, float | None, float | None]] = []
+    par_lda.train_parallel(c, K, 0.1, 0.01, n_sweeps=1, n_workers=1, protocol="bsp", record_every=None)  # compile
+    for n in (1, 2):
+        run = par_lda.train_parallel(c, K, 0.1, 0.01, n_sweeps=sweeps, n_workers=n, protocol="bsp", record_every=None)
+        rows.append((f"AD-LDA BSP, {n} process{'es' if n > 1 else ''}", run.tokens_per_s, run.log_likelihood / c.n_tokens))
+    for xp, sizes in (("numpy", [8]), ("cupy", args.lda_batches)):
+        for nb in sizes:
+            name = f"batched twin, {xp}, {nb} batches/sweep"
+            if xp == "cupy" and not gpu_available():
+                rows.append((name, None, None))
+                continue
+            gpu_lda.train_batched(c, K, 0.1, 0.01, n_sweeps=1, n_batches=nb, xp=xp)  # warm-up
+            run = gpu_lda.train_batched(c, K, 0.1, 0.01, n_sweeps=sweeps, n_batches=nb, xp=xp, record_every=sweeps)
+            rows.append((name, run.tokens_per_s, run.trace.quality[-1].value / c.n_tokens))
+    print(f"\nLDA: KJV chapters, {c.n_docs:,} documents, {c.n_tokens:,} tokens, K = {K}, {sweeps} sweeps")
+    table("collapsed Gibbs (quality = log p(w, z) per token, higher is better)", "M tokens/s", "log p / token",
+          rows, "AD-LDA BSP, 1 process")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes for a smoke test")
+    ap.add_argument("--only", default="hogwild,glove,lda", help="sections to run, comma-separated")
+    args = ap.parse_args()
+    big = not args.quick
+    args.rows, args.features = (200_000, 100_000) if big else (20_000, 10_000)
+    args.epochs = 5 if big else 2
+    args.numpy_batches = [4096] if big else [256]
+    args.batches = [256, 1024, 4096, 16384]
+    args.glove_epochs = 10 if big else 2
+    args.glove_batches = [1024, 8192, 65536]
+    args.sweeps = 50 if big else 5
+    args.lda_batches = [8, 32, 128]
+    device = "none"
+    if gpu_available():
+        import cupy
+
+        device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    print(f"CUDA device: {device}")
+    for section in args.only.split(","):
+        {"hogwild": hogwild_section, "glove": glove_section, "lda": lda_section}[section](args)
+
+
+if __name__ == "__main__":
+    main()
