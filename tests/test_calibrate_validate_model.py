@@ -27,9 +27,12 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
     hog = twin_config(WORKLOADS["hogwild"], 2, cal)
     assert hog.protocol == "async" and hog.latency == 0.0
     bsp2 = twin_config(WORKLOADS["bsp shm"], 2, cal)
-    assert bsp2.topology == "allreduce" and bsp2.latency == pytest.approx(cal.barrier_cost[2].median)
+    assert bsp2.topology == "allreduce" and bsp2.latency == pytest.approx(cal.barrier_cost[2].median / 2)
     bsp1 = twin_config(WORKLOADS["bsp shm"], 1, cal)
-    assert bsp1.compute_overhead > cal.sim_config("bsp_grad").compute_overhead  # barriers + apply folded in
+    w = WORKLOADS["bsp shm"]
+    folded = 2 * cal.barrier_cost[1].median + cal.compute_time("bsp_apply", w.n_features, 1)  # barriers + apply
+    assert bsp1.compute_overhead == pytest.approx(cal.sim_config("bsp_grad").compute_overhead + folded)
+    assert bsp2.bandwidth == pytest.approx(16.0 / cal.unit_time("bsp_apply", 2))  # each worker applies half
 
 
 def test_compare_runs_real_processes_and_reports_errors(cal):
@@ -101,5 +104,31 @@ def test_pipe_ps_prediction_adds_the_measured_warm_up_once(cal):
     w = WORKLOADS["ps latency-bound"]
     none = dataclasses.replace(cal, ps_warmup=Spread(math.nan, math.nan, math.nan, 0))
     more = dataclasses.replace(cal, ps_warmup=Spread(0.5, 0.5, 0.5, 1))
-    assert warmup(w, none) == 0.0 and warmup(WORKLOADS["hogwild"], more) == 0.0
+    hog = WORKLOADS["hogwild"]
+    assert warmup(w, none) == 0.0 and warmup(hog, more, 2) == warmup(hog, none, 2)  # the pipe's warm-up only
     assert predict(w, 2, more)[0] - predict(w, 2, none)[0] == pytest.approx(0.5, rel=1e-9)
+
+
+def test_shared_memory_prediction_adds_the_first_touch_of_one_shard(cal):
+    import dataclasses
+    import math
+
+    from simlib.sim.calibrate import Calibration, Spread
+    from simlib.sim.validate_model import shm_bytes_per_worker, warmup, workload_problem
+
+    assert cal.shm_first_touch.n > 0 and 0 < cal.shm_first_touch.median < 1e-6  # well under 1 us per byte
+    hog, bsp = WORKLOADS["hogwild"], WORKLOADS["bsp shm"]
+    data = workload_problem(hog).data
+    # One worker reads the whole data set and the weights; two workers read half the rows each.
+    assert shm_bytes_per_worker(hog, 1) == data.indices.nbytes + data.values.nbytes + \
+        hog.n_rows * (data.indptr.itemsize + data.y.itemsize) + 8 * hog.n_features
+    assert shm_bytes_per_worker(hog, 2) < 0.6 * shm_bytes_per_worker(hog, 1)
+    bsp_data = workload_problem(bsp).data
+    assert shm_bytes_per_worker(bsp, 1) == bsp_data.indices.nbytes + bsp_data.values.nbytes + \
+        bsp.n_rows * (bsp_data.indptr.itemsize + bsp_data.y.itemsize) + 8 * bsp.n_features * 2  # weights + gradients
+    fixed = dataclasses.replace(cal, shm_first_touch=Spread(1e-9, 1e-9, 1e-9, 1), cpu_share={1: Spread(1.0, 1.0, 1.0, 1)})
+    assert warmup(hog, fixed, 1) == pytest.approx(shm_bytes_per_worker(hog, 1) * 1e-9)
+    unmeasured = dataclasses.replace(fixed, shm_first_touch=Spread(math.nan, math.nan, math.nan, 0))
+    assert warmup(hog, unmeasured, 1) == 0.0
+    assert predict(hog, 1, fixed)[0] - predict(hog, 1, unmeasured)[0] == pytest.approx(warmup(hog, fixed, 1), rel=1e-9)
+    assert Calibration.from_json(cal.to_json()).shm_first_touch == cal.shm_first_touch

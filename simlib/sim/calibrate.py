@@ -11,7 +11,9 @@ What is measured, each in real worker processes and repeated so the spread is kn
 * process start: seconds from a group's start until its last worker runs user code;
 * pipes: one-way time of a ``Channel.send_array`` message by size (half a ping-pong), fitted by
   least squares in relative error as ``latency + size / bandwidth``;
-* shared-memory copy bandwidth, lock acquire + release, and a barrier round (1 and 2 parties).
+* shared-memory copy bandwidth, lock acquire + release, and a barrier round (1 and 2 parties);
+* shared-memory first touch: seconds per byte for a worker to map the pages of data its parent
+  wrote (one page fault per 4 KiB page), which a shared-memory run pays once on its shard.
 
 Every figure is a :class:`Spread` (median, quartiles, count). Example::
 
@@ -52,7 +54,7 @@ KERNEL_UNITS = {
     "ps_apply": "key",  # the server: w[keys] -= lr * g, and the gather w[keys] of a pull
     "hogwild_sgd": "nonzero",  # numba sgd_rows with lazy L2
     "bsp_grad": "nonzero",  # numba grad_rows
-    "bsp_apply": "entry",  # numba apply_mean_gradient, per (feature, worker) entry
+    "bsp_apply": "feature",  # numba apply_mean_gradient with one worker's gradient, per feature
 }
 
 
@@ -122,6 +124,7 @@ class Calibration:
     # than that many typical steps (first touches of pages and caches, lazy set-up in the children).
     ps_step: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
     ps_warmup: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
+    shm_first_touch: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))  # s/byte
 
     # -- into the simulator ------------------------------------------------------------------
     def pipe_time(self, nbytes: float) -> float:
@@ -237,6 +240,7 @@ class Calibration:
             context=dict(d.get("context", {})),
             ps_step=sp(d["ps_step"]) if "ps_step" in d else Spread(math.nan, math.nan, math.nan, 0),
             ps_warmup=sp(d["ps_warmup"]) if "ps_warmup" in d else Spread(math.nan, math.nan, math.nan, 0),
+            shm_first_touch=sp(d["shm_first_touch"]) if "shm_first_touch" in d else Spread(math.nan, math.nan, math.nan, 0),
         )
 
     def to_json(self) -> str:
@@ -261,6 +265,8 @@ class Calibration:
             out.append((f"process start, {n} process{'es' if n > 1 else ''}", _scaled(s, 1e3), "ms"))
         out.append(("shared-memory copy", _scaled(self.shm_copy_bandwidth, 1 / 2**30), "GiB/s"))
         out.append(("lock acquire + release", _scaled(self.lock_cost, 1e6), "us"))
+        if self.shm_first_touch.n:
+            out.append(("shared-memory first touch", _scaled(self.shm_first_touch, 1e6 * 2**20), "us/MiB"))
         for n, s in sorted(self.barrier_cost.items()):
             out.append((f"barrier round, {n} part{'ies' if n > 1 else 'y'}", _scaled(s, 1e6), "us"))
         for n, s in sorted(self.cpu_share.items()):
@@ -388,10 +394,13 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
                 f = lambda lo=lo, hi=hi: hk.grad_rows(d.indptr, d.indices, d.values, d.y, w, lo, hi, g)
             times.append(_time_calls(f, calls))
     elif kind == "bsp_apply":
-        grads = cache["grads"]
+        # Per feature, not per (feature, gradient) entry: the loop over features costs about
+        # 2 ns each here, a second worker's gradient only 0.5 ns more, so a per-entry price
+        # under-counted a one-worker apply by 40% (measured: 20 k features 40 us, priced 25 us).
+        grads = cache["grads"][:1]
         w = np.zeros(grads.shape[1])
         for n in (grads.shape[1] // 16, grads.shape[1] // 4, grads.shape[1]):
-            units.append(n * grads.shape[0])
+            units.append(n)
             times.append(_time_calls(lambda n=n: hk.apply_mean_gradient(w, grads, 0, n, 0.01, 1.0), calls))
     else:  # pragma: no cover - guarded by KERNELS
         raise ValueError(f"kernel must be one of {KERNELS}, got {kind!r}")
@@ -487,6 +496,14 @@ def measure_load(seconds: float = 0.1, max_busy: int = 2, start_method: str | No
     return out
 
 
+def _touch_member(worker: int, n: int, seg: SharedArray) -> float:
+    """Seconds per byte to read one float64 of every 4 KiB page of ``seg``, newly mapped here."""
+    a = seg.array
+    s = time.perf_counter()
+    float(a[:: 4096 // a.itemsize].sum())
+    return (time.perf_counter() - s) / a.nbytes
+
+
 def _start_member(worker: int, n: int) -> float:
     """Seconds since the group started, read as this worker's first action."""
     ctx = current()
@@ -565,6 +582,13 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             np.copyto(dst.array, src)
             copy_bw.append(nbytes / (time.perf_counter() - s))
 
+    # First touch: a worker reads one value per page of a segment its parent filled.
+    touch: list[float] = []
+    with WorkerGroup(1, start_method, label="calibrate first touch") as group:
+        for _ in range(repeats):
+            with SharedArray.copy_of(np.ones((8 if quick else 32) * 2**20 // 8)) as seg:
+                touch.extend(group.run(_touch_member, seg))
+
     # Locks and barriers.
     bar: dict[str, list[float]] = {"barrier1": [], "barrier2": [], "lock": []}
     with WorkerGroup(2, start_method, label="calibrate sync") as group:
@@ -603,6 +627,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
                      seconds=time.perf_counter() - t_start, quick=quick, repeats=repeats),
         ps_step=Spread.of(null_steps),
         ps_warmup=Spread.of(warmups),
+        shm_first_touch=Spread.of(touch),
     )
 
 
