@@ -5,7 +5,7 @@ import pytest
 
 from simlib.parallel.shm import PREFIX
 from simlib.sim.calibrate import calibrate
-from simlib.sim.validate_model import WORKLOADS, Workload, compare, predict, twin_config
+from simlib.sim.validate_model import WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +27,11 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
     hog = twin_config(WORKLOADS["hogwild"], 2, cal)
     assert hog.protocol == "async" and hog.latency == 0.0
     bsp2 = twin_config(WORKLOADS["bsp shm"], 2, cal)
-    assert bsp2.topology == "allreduce" and bsp2.latency == pytest.approx(cal.barrier_cost[2].median / 2)
+    assert bsp2.topology == "allreduce" and bsp2.latency == pytest.approx(cal.barrier_cost[2].median)
     bsp1 = twin_config(WORKLOADS["bsp shm"], 1, cal)
     w = WORKLOADS["bsp shm"]
-    folded = 2 * cal.barrier_cost[1].median + cal.compute_time("bsp_apply", w.n_features, 1)  # barriers + apply
+    folded = bsp_sync(cal, 1) + cal.compute_time("bsp_apply", w.n_features, 1)  # barriers + apply
+    assert 0 < bsp_sync(cal, 1) < cal.bsp_step.median  # the null step less its arithmetic
     assert bsp1.compute_overhead == pytest.approx(cal.sim_config("bsp_grad").compute_overhead + folded)
     assert bsp2.bandwidth == pytest.approx(16.0 / cal.unit_time("bsp_apply", 2))  # each worker applies half
 
@@ -126,9 +127,12 @@ def test_shared_memory_prediction_adds_the_first_touch_of_one_shard(cal):
     bsp_data = workload_problem(bsp).data
     assert shm_bytes_per_worker(bsp, 1) == bsp_data.indices.nbytes + bsp_data.values.nbytes + \
         bsp.n_rows * (bsp_data.indptr.itemsize + bsp_data.y.itemsize) + 8 * bsp.n_features * 2  # weights + gradients
-    fixed = dataclasses.replace(cal, shm_first_touch=Spread(1e-9, 1e-9, 1e-9, 1), cpu_share={1: Spread(1.0, 1.0, 1.0, 1)})
-    assert warmup(hog, fixed, 1) == pytest.approx(shm_bytes_per_worker(hog, 1) * 1e-9)
+    fixed = dataclasses.replace(cal, shm_first_touch=Spread(1e-9, 1e-9, 1e-9, 1), shm_setup=Spread(0.002, 0.002, 0.002, 1),
+                                cpu_share={1: Spread(1.0, 1.0, 1.0, 1)})
+    assert warmup(hog, fixed, 1) == pytest.approx(0.002 + shm_bytes_per_worker(hog, 1) * 1e-9)
     unmeasured = dataclasses.replace(fixed, shm_first_touch=Spread(math.nan, math.nan, math.nan, 0))
-    assert warmup(hog, unmeasured, 1) == 0.0
-    assert predict(hog, 1, fixed)[0] - predict(hog, 1, unmeasured)[0] == pytest.approx(warmup(hog, fixed, 1), rel=1e-9)
-    assert Calibration.from_json(cal.to_json()).shm_first_touch == cal.shm_first_touch
+    assert warmup(hog, unmeasured, 1) == pytest.approx(0.002)  # the set-up alone
+    assert cal.shm_setup.n > 0 and 0 <= cal.shm_setup.median < 0.1 and 0 < cal.bsp_step.median < 0.01
+    assert predict(hog, 1, fixed)[0] - predict(hog, 1, unmeasured)[0] == pytest.approx(shm_bytes_per_worker(hog, 1) * 1e-9, rel=1e-9)
+    back = Calibration.from_json(cal.to_json())
+    assert (back.shm_first_touch, back.shm_setup, back.bsp_step) == (cal.shm_first_touch, cal.shm_setup, cal.bsp_step)

@@ -13,7 +13,10 @@ What is measured, each in real worker processes and repeated so the spread is kn
   least squares in relative error as ``latency + size / bandwidth``;
 * shared-memory copy bandwidth, lock acquire + release, and a barrier round (1 and 2 parties);
 * shared-memory first touch: seconds per byte for a worker to map the pages of data its parent
-  wrote (one page fault per 4 KiB page), which a shared-memory run pays once on its shard.
+  wrote (one page fault per 4 KiB page), which a shared-memory run pays once on its shard;
+* the real substrates on null workloads: the pipe PS's typical step and warm-up, and the
+  shared-memory trainer's set-up (from process start to its first step) and, with one worker,
+  its BSP step (two barriers and the bookkeeping around them, nothing to compute).
 
 Every figure is a :class:`Spread` (median, quartiles, count). Example::
 
@@ -46,6 +49,10 @@ from simlib.sim.config import SimConfig
 
 # The null pipe-PS run whose step time calibration measures (its rows are the kernels' problem).
 NULL_PS = {"n_workers": 1, "steps": 200, "batch_size": 1}
+# The null shared-memory run: the BSP trainer, one worker, one-row batches over a few features.
+NULL_SHM = {"rows": 400, "features": 64}
+# A worked barrier round: both parties compute this long before each wait, one of them longer.
+BARRIER_WORK, BARRIER_SKEW = 100e-6, 50e-6
 
 KERNELS = ("ps_step", "ps_dense", "ps_apply", "hogwild_sgd", "bsp_grad", "bsp_apply")
 KERNEL_UNITS = {
@@ -115,7 +122,7 @@ class Calibration:
     process_start: dict[int, Spread]  # processes in the group -> seconds until the last one runs
     shm_copy_bandwidth: Spread
     lock_cost: Spread
-    barrier_cost: dict[int, Spread]  # parties -> seconds per barrier round
+    barrier_cost: dict[int, Spread]  # parties -> seconds per barrier round (2 parties: a worked round's wake-up)
     cpu_share: dict[int, Spread]  # our busy processes -> CPU seconds each gets per wall second
     pipe_share: float  # CPU share of one busy process while the pipes were measured
     context: dict[str, Any] = field(default_factory=dict)  # cores, load average, seconds taken
@@ -125,6 +132,10 @@ class Calibration:
     ps_step: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
     ps_warmup: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
     shm_first_touch: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))  # s/byte
+    # The shared-memory trainer on NULL_SHM: seconds from process start to its first step, and
+    # its typical one-worker BSP step.
+    shm_setup: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
+    bsp_step: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
 
     # -- into the simulator ------------------------------------------------------------------
     def pipe_time(self, nbytes: float) -> float:
@@ -240,7 +251,7 @@ class Calibration:
             context=dict(d.get("context", {})),
             ps_step=sp(d["ps_step"]) if "ps_step" in d else Spread(math.nan, math.nan, math.nan, 0),
             ps_warmup=sp(d["ps_warmup"]) if "ps_warmup" in d else Spread(math.nan, math.nan, math.nan, 0),
-            shm_first_touch=sp(d["shm_first_touch"]) if "shm_first_touch" in d else Spread(math.nan, math.nan, math.nan, 0),
+            **{k: sp(d[k]) for k in ("shm_first_touch", "shm_setup", "bsp_step") if k in d},
         )
 
     def to_json(self) -> str:
@@ -267,6 +278,9 @@ class Calibration:
         out.append(("lock acquire + release", _scaled(self.lock_cost, 1e6), "us"))
         if self.shm_first_touch.n:
             out.append(("shared-memory first touch", _scaled(self.shm_first_touch, 1e6 * 2**20), "us/MiB"))
+        if self.shm_setup.n:
+            out.append(("shm trainer set-up, null workload", _scaled(self.shm_setup, 1e3), "ms"))
+            out.append(("shm BSP step, null workload, 1 worker", _scaled(self.bsp_step, 1e6), "us"))
         for n, s in sorted(self.barrier_cost.items()):
             out.append((f"barrier round, {n} part{'ies' if n > 1 else 'y'}", _scaled(s, 1e6), "us"))
         for n, s in sorted(self.cpu_share.items()):
@@ -452,13 +466,22 @@ def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, 
 
 
 def _barrier_member(worker: int, n: int, barrier2: Any, barrier1: Any, lock: Any, rounds: int) -> dict[str, float]:
-    """Seconds per barrier round (2 parties, and 1 party in worker 0) and per lock acquire+release."""
+    """Seconds per barrier round (2 parties, and 1 party in worker 0) and per lock acquire+release.
+
+    The 2-party rounds are worked, as in a BSP step: before each wait both parties spin for
+    BARRIER_WORK seconds and worker 0 for BARRIER_SKEW more, so worker 1 arrives first and
+    sleeps; a round then costs the work, the skew and one wake-up, and the wake-up is what is
+    kept. (A tight loop of waits was bimodal here, 18 or 150 us from one run to the next: each
+    re-entry must also wait for the previous round to drain.)
+    """
     out: dict[str, float] = {}
     barrier2.wait()
+    work = BARRIER_WORK + (BARRIER_SKEW if worker == 0 else 0.0)
     s = time.perf_counter()
     for _ in range(rounds):
+        _spin(work)
         barrier2.wait()
-    out["barrier2"] = (time.perf_counter() - s) / rounds
+    out["barrier2"] = (time.perf_counter() - s) / rounds - BARRIER_WORK - BARRIER_SKEW
     if worker == 0:
         s = time.perf_counter()
         for _ in range(rounds):
@@ -470,6 +493,13 @@ def _barrier_member(worker: int, n: int, barrier2: Any, barrier1: Any, lock: Any
             lock.release()
         out["lock"] = (time.perf_counter() - s) / (rounds * 10)
     return out
+
+
+def _spin(seconds: float) -> None:
+    """Busy-wait for ``seconds`` of wall time."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def _spin_member(worker: int, n: int, seconds: float, slices: int) -> list[float]:
@@ -593,7 +623,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
     bar: dict[str, list[float]] = {"barrier1": [], "barrier2": [], "lock": []}
     with WorkerGroup(2, start_method, label="calibrate sync") as group:
         for _ in range(repeats):
-            res = group.run(_barrier_member, group.barrier(2), group.barrier(1), group.lock(), 50 if quick else 200)
+            res = group.run(_barrier_member, group.barrier(2), group.barrier(1), group.lock(), 100 if quick else 200)
             for key in bar:
                 bar[key].extend(r[key] for r in res if key in r)
 
@@ -609,6 +639,13 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         first = min(sp.start for sp in run.trace.spans)
         null_steps.append(step)
         warmups.append(max(times[-1] - first - NULL_PS["steps"] * step, 0.0))
+
+    starts_1 = float(np.median(starts[1][1:]))
+    setups, bsp_steps = [], []
+    for _ in range(repeats):
+        first, step = null_shm_run(start_method)
+        setups.append(max(first - starts_1, 0.0))
+        bsp_steps.append(step)
 
     share = measure_load(0.1 if quick else 0.3, 2, start_method)
     return Calibration(
@@ -628,7 +665,28 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         ps_step=Spread.of(null_steps),
         ps_warmup=Spread.of(warmups),
         shm_first_touch=Spread.of(touch),
+        shm_setup=Spread.of(setups),
+        bsp_step=Spread.of(bsp_steps),
     )
+
+
+def null_shm_run(start_method: str | None = None) -> tuple[float, float]:
+    """(seconds from the group's start to the first step, typical step) of the real BSP trainer on NULL_SHM, 1 worker.
+
+    A step there is two barriers, the bookkeeping around them and next to no arithmetic; the
+    typical step is the median time between consecutive step starts.
+    """
+    from simlib.parallel.hogwild import train
+
+    null = make_sparse_classification(NULL_SHM["rows"], NULL_SHM["features"], 1, seed=3)
+    res = train(null, "bsp", n_workers=1, alpha=0.1, lam=1e-4, epochs=1, batch_size=1, chunk_rows=1,
+                monitor_every=60.0, eval_rows=10, start_method=start_method)
+    first: dict[int, float] = {}
+    for sp in res.trace.spans:
+        if sp.step >= 0:
+            first[sp.step] = min(first.get(sp.step, math.inf), sp.start)
+    starts = sorted(first.values())
+    return starts[0], float(np.median(np.diff(starts)))
 
 
 @functools.lru_cache(maxsize=2)

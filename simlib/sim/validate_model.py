@@ -148,17 +148,21 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
 
 
 def bsp_sync(cal: Calibration, n_workers: int) -> float:
-    """Seconds of synchronisation per shared-memory BSP step (two barriers), from the barrier rounds.
+    """Seconds of synchronisation per shared-memory BSP step: two barriers and their bookkeeping.
 
-    With 2 workers, one round of the calibration's tight barrier loop: a barrier in a worked
-    step costs one wake-up of the worker that arrived first, while a tight-loop round costs
-    two (the release, and the re-entry that must wait for the previous round to drain), so a
-    step's two barriers cost about one round. Measured here: a round 178 us, a worked 2-worker
-    step's waits 180-230 us; pricing the step at two rounds gave +71% on the 2-worker run. A
-    null BSP run (one-row batches, barriers back to back) was tried instead and rejected: its
-    step was bimodal, 38 or 300 us, from run to run. One worker waits for no one: two rounds.
+    With 2 workers, two worked barrier rounds (``Calibration.barrier_cost[2]``: the wake-up of
+    the worker that arrived first). One worker waits for no one: its null run's whole step less
+    that run's little arithmetic (about 7 us here, bookkeeping included), or two 1-party rounds
+    where that was not measured.
     """
-    return cal.barrier_cost[2].median if n_workers >= 2 else 2 * cal.barrier_cost[1].median
+    if n_workers >= 2:
+        return 2 * cal.barrier_cost[2].median
+    if cal.bsp_step.n and math.isfinite(cal.bsp_step.median):
+        from simlib.sim.calibrate import NULL_SHM
+
+        work = cal.compute_time("bsp_grad", 1, 1) + cal.compute_time("bsp_apply", NULL_SHM["features"], 1)
+        return max(cal.bsp_step.median - work, 0.0)
+    return 2 * cal.barrier_cost[1].median
 
 
 def _pipe_ps_config(cal: Calibration, busy: int, n_workers: int, steps: int, batch_size: int, lr: float,
@@ -192,18 +196,20 @@ def pipe_ps_residual(cal: Calibration) -> float:
 
 
 def warmup(w: Workload, cal: Calibration, n_workers: int = 1) -> float:
-    """A run's one-off warm-up: slow first steps (pipe PS, from its null run), or first touch (shared memory).
+    """A run's one-off warm-up: slow first steps (pipe PS, from its null run), or, for shared memory,
+    the trainer's set-up (from its null run) and the first touch of the pages.
 
     A shared-memory worker maps each page of its shard of the data, the weights (and, for BSP,
     the gradient table) on first use, at the calibrated seconds per byte; the workers do this at
-    the same time, so one shard's worth counts. 0 where the calibration lacks the figure.
+    the same time, so one shard's worth counts. A figure the calibration lacks counts 0.
     """
     if w.substrate == "pipe_ps":
         ok = cal.ps_warmup.n and math.isfinite(cal.ps_warmup.median)
         return cal.ps_warmup.median if ok else 0.0
+    setup = cal.shm_setup.median if cal.shm_setup.n and math.isfinite(cal.shm_setup.median) else 0.0
     if not cal.shm_first_touch.n or not math.isfinite(cal.shm_first_touch.median):
-        return 0.0
-    return shm_bytes_per_worker(w, n_workers) * cal.shm_first_touch.median / cal.share(min(n_workers, 2))
+        return setup
+    return setup + shm_bytes_per_worker(w, n_workers) * cal.shm_first_touch.median / cal.share(min(n_workers, 2))
 
 
 def shm_bytes_per_worker(w: Workload, n_workers: int) -> int:
