@@ -5,7 +5,7 @@ import pytest
 
 from simlib.parallel.shm import PREFIX
 from simlib.sim.calibrate import calibrate
-from simlib.sim.validate_model import WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
+from simlib.sim.validate_model import KNOWN_GAPS, WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +26,10 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
     assert ps.protocol == "bsp" and ps.topology == "ps" and ps.batch_size == 512
     hog = twin_config(WORKLOADS["hogwild"], 2, cal)
     assert hog.protocol == "async" and hog.latency == 0.0
-    bsp2 = twin_config(WORKLOADS["bsp shm"], 2, cal)
+    bsp2 = twin_config(KNOWN_GAPS["bsp shm"], 2, cal)
     assert bsp2.topology == "allreduce" and bsp2.latency == pytest.approx(cal.barrier_cost[2].median)
-    bsp1 = twin_config(WORKLOADS["bsp shm"], 1, cal)
-    w = WORKLOADS["bsp shm"]
+    bsp1 = twin_config(KNOWN_GAPS["bsp shm"], 1, cal)
+    w = KNOWN_GAPS["bsp shm"]
     folded = bsp_sync(cal, 1) + cal.compute_time("bsp_apply", w.n_features, 1)  # barriers + apply
     assert 0 < bsp_sync(cal, 1) < cal.bsp_step.median  # the null step less its arithmetic
     assert bsp1.compute_overhead == pytest.approx(cal.sim_config("bsp_grad").compute_overhead + folded)
@@ -118,7 +118,7 @@ def test_shared_memory_prediction_adds_the_first_touch_of_one_shard(cal):
     from simlib.sim.validate_model import shm_bytes_per_worker, warmup, workload_problem
 
     assert cal.shm_first_touch.n > 0 and 0 < cal.shm_first_touch.median < 1e-6  # well under 1 us per byte
-    hog, bsp = WORKLOADS["hogwild"], WORKLOADS["bsp shm"]
+    hog, bsp = WORKLOADS["hogwild"], KNOWN_GAPS["bsp shm"]
     data = workload_problem(hog).data
     # One worker reads the whole data set and the weights; two workers read half the rows each.
     assert shm_bytes_per_worker(hog, 1) == data.indices.nbytes + data.values.nbytes + \

@@ -399,13 +399,22 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
         w = cache["shared_w"].array  # shared by both workers, as in Hogwild
         stamp = np.ones(d.n_features)
         g = np.zeros(d.n_features)
+        half = d.n_rows // 2
         for rows in (16, 256, 2048):
-            lo, hi = base, base + rows
-            units.append(int(d.indptr[hi] - d.indptr[lo]))
+            # Each call takes the next window of the worker's rows, as a run streams through its
+            # shard (the same rows again and again sit in cache: measured 17 us against 22 us
+            # for 400 rows, which left a BSP step 8% short).
+            windows = [base + (k * rows) % (half - rows) for k in range(calls + 1)]
+            units.append(float(np.mean([d.indptr[a + rows] - d.indptr[a] for a in windows])))
+            nxt = iter(windows * 2)
             if kind == "hogwild_sgd":
-                f = lambda lo=lo, hi=hi: hk.sgd_rows(d.indptr, d.indices, d.values, d.y, w, stamp, lo, hi, 1.0, 1e-3, 0.0)
+                def f(rows: int = rows, nxt: Any = nxt) -> None:
+                    lo = next(nxt)
+                    hk.sgd_rows(d.indptr, d.indices, d.values, d.y, w, stamp, lo, lo + rows, 1.0, 1e-3, 0.0)
             else:
-                f = lambda lo=lo, hi=hi: hk.grad_rows(d.indptr, d.indices, d.values, d.y, w, lo, hi, g)
+                def f(rows: int = rows, nxt: Any = nxt) -> None:
+                    lo = next(nxt)
+                    hk.grad_rows(d.indptr, d.indices, d.values, d.y, w, lo, lo + rows, g)
             times.append(_time_calls(f, calls))
     elif kind == "bsp_apply":
         # Per feature, not per (feature, gradient) entry: the loop over features costs about
