@@ -22,7 +22,11 @@ from typing import Callable
 
 import numpy as np
 
+from numba import njit
+
 from simlib.gpu.hogwild import train_batched
+from simlib.parallel.group import WorkerGroup
+from simlib.parallel.shm import SharedArray
 from simlib.parallel.hogwild import HogwildResult, train
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 
@@ -39,6 +43,46 @@ def sklearn_fit(data, alpha: float, lam: float, epochs: int) -> tuple[np.ndarray
     c, t = time.thread_time(), time.perf_counter()
     clf.fit(x, data.y)
     return clf.coef_.ravel().copy(), time.perf_counter() - t, time.thread_time() - c
+
+
+@njit(nogil=True, cache=True)
+def _random_updates(w: np.ndarray, idx: np.ndarray, reps: int) -> float:
+    """Read-modify-write ``w`` at the positions ``idx``, ``reps`` times (a Hogwild update without the math)."""
+    s = 0.0
+    for _ in range(reps):
+        for j in idx:
+            s += w[j]
+            w[j] = w[j] * 0.999 + 1e-9
+    return s
+
+
+def _probe_member(worker: int, n: int, shared: SharedArray, private: bool, reps: int) -> float:
+    """Seconds per update of this worker: on the group's shared array, or on a private copy of it."""
+    w = np.zeros(shared.array.shape) if private else shared.array
+    idx = np.random.default_rng(worker).integers(0, w.shape[0], 1_000_000)
+    _random_updates(w, idx, 1)
+    s = time.perf_counter()
+    _random_updates(w, idx, reps)
+    return (time.perf_counter() - s) / (reps * len(idx))
+
+
+def coherence_probe(n_features: int, start_method: str) -> None:
+    """Why two Hogwild processes are not twice as fast here: random updates of one shared array.
+
+    Each of 2 processes updates random entries of an array the size of the weights, either its
+    own (private) or the one they share. Private arrays scale; a shared one makes every write
+    invalidate the other core's copy of that cache line, whatever the features' frequencies.
+    """
+    rows = []
+    with WorkerGroup(2, start_method, label="coherence probe") as group:
+        shared = group.zeros(n_features)
+        for private in (True, False):
+            per = group.run(_probe_member, shared, private, 20)
+            rows.append(("private arrays" if private else "one shared array", float(np.mean(per))))
+    print(f"\n2 processes, random read-modify-writes of {n_features:,} float64 ({n_features * 8 / 2**20:.1f} MiB):")
+    for name, sec in rows:
+        print(f"  {name:<18} {sec * 1e9:6.2f} ns per update per process")
+    print(f"  sharing costs {rows[1][1] / rows[0][1]:.1f}x per update: the cache lines bounce between the cores")
 
 
 def main() -> None:
@@ -118,6 +162,7 @@ def main() -> None:
             f"{ideal / (nnz / sk_cpu):.2f}x scikit-learn's rate per CPU second, "
             f"{ideal / per_cpu[(name, 1)]:.2f}x its own 1-process rate per CPU second"
         )
+    coherence_probe(args.features, sm)
 
 
 if __name__ == "__main__":
