@@ -84,15 +84,16 @@ def hogwild_section(args: argparse.Namespace) -> None:
     for n in (1, 2):
         res = par_hogwild.train(data, "hogwild", n_workers=n, **common)
         rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", nnz / res.train_seconds, full.loss(res.w)))
-    for xp, sizes in (("numpy", args.numpy_batches), ("cupy", args.batches)):
-        for b in sizes:
-            name = f"batched twin, {xp}, B={b}"
-            if xp == "cupy" and not gpu_available():
-                rows.append((name, None, None))
-                continue
-            res = gpu_hogwild.train_batched(data, batch_size=b, xp=xp, record_every=10_000, **common)
-            train_s = sum(s.end - s.start for s in res.trace.spans)
-            rows.append((name, nnz / train_s, full.loss(res.w)))
+    runs = [("numpy", "array", b) for b in args.numpy_batches] + [("cupy", "array", b) for b in (256, 4096)] + \
+        [("cupy", "fused", b) for b in args.batches]
+    for xp, kernel, b in runs:
+        name = f"batched twin, {xp}{', fused' if kernel == 'fused' else ''}, B={b}"
+        if xp == "cupy" and not gpu_available():
+            rows.append((name, None, None))
+            continue
+        res = gpu_hogwild.train_batched(data, batch_size=b, xp=xp, record_every=10_000, kernel=kernel, **common)
+        train_s = sum(s.end - s.start for s in res.trace.spans)
+        rows.append((name, nnz / train_s, full.loss(res.w)))
     print(f"\nHogwild: {data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
           f"{args.epochs} epochs, alpha 0.2, lambda 1e-5")
     table("sparse logistic regression", "M nnz/s", "final loss", rows, "scikit-learn SGDClassifier (1 core)")
@@ -155,7 +156,7 @@ def main() -> None:
     args.rows, args.features = (200_000, 100_000) if big else (20_000, 10_000)
     args.epochs = 5 if big else 2
     args.numpy_batches = [4096] if big else [256]
-    args.batches = [256, 1024, 4096, 16384]
+    args.batches = [16, 64, 256, 1024, 4096]
     args.glove_epochs = 10 if big else 2
     args.glove_batches = [1024, 8192, 65536]
     args.sweeps = 50 if big else 5

@@ -46,7 +46,9 @@ def test_moderate_batches_keep_the_loss_close_to_serial(data) -> None:
     assert all(u.staleness == 15 for u in res.trace.updates)
 
 
-@pytest.mark.parametrize("kwargs, field", [({"alpha": 0}, "alpha"), ({"batch_size": 0}, "batch_size"), ({"epochs": -1}, "epochs"), ({"xp": "tpu"}, "xp")])
+@pytest.mark.parametrize("kwargs, field", [({"alpha": 0}, "alpha"), ({"batch_size": 0}, "batch_size"), ({"epochs": -1}, "epochs"),
+                                           ({"xp": "tpu"}, "xp"), ({"kernel": "magic"}, "kernel"),
+                                           ({"kernel": "fused", "xp": "numpy"}, "kernel")])
 def test_bad_arguments_are_value_errors(data, kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         train_batched(data, **kwargs)
@@ -59,3 +61,17 @@ def test_cupy_path_matches_numpy(data) -> None:
     on_gpu = train_batched(data, epochs=2, batch_size=64, xp="cupy")
     assert isinstance(on_gpu.w, np.ndarray)
     np.testing.assert_allclose(on_gpu.w, on_cpu.w, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+@pytest.mark.parametrize("batch_size", [1, 64, 1000])
+def test_fused_kernels_match_the_array_step(data, batch_size: int) -> None:
+    small = data.rows(0, 1_500)
+    array = train_batched(small, epochs=2, batch_size=batch_size, xp="cupy", kernel="array")
+    fused = train_batched(small, epochs=2, batch_size=batch_size, xp="cupy", kernel="fused")
+    reference = train_batched(small, epochs=2, batch_size=batch_size, xp="numpy")
+    assert fused.trace.meta["kernel"] == "fused" and array.trace.meta["kernel"] == "array"
+    # Atomic adds land in any order, so the sums differ by rounding only.
+    np.testing.assert_allclose(fused.w, array.w, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fused.w, reference.w, rtol=1e-9, atol=1e-12)
