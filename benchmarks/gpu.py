@@ -59,12 +59,12 @@ def table(title: str, unit: str, quality: str, rows: list[tuple[str, float | Non
     """Print rows of (name, rate, quality); ratios are against the row named ``base``."""
     ref = dict((n, r) for n, r, _ in rows)[base]
     print(f"\n{title}")
-    print(f"{'implementation':<38} {unit:>14} {'x ' + base[:18]:>20} {quality:>16}")
+    print(f"{'implementation':<46} {unit:>14} {'x ' + base[:18]:>20} {quality:>16}")
     for name, rate, q in rows:
         if rate is None:
-            print(f"{name:<38} {NO_GPU:>14}")
+            print(f"{name:<46} {NO_GPU:>14}")
             continue
-        print(f"{name:<38} {rate / 1e6:>14.2f} {rate / ref:>19.2f}x {q:>16.5f}")
+        print(f"{name:<46} {rate / 1e6:>14.2f} {rate / ref:>19.2f}x {q:>16.5f}")
 
 
 def hogwild_section(args: argparse.Namespace) -> None:
@@ -111,15 +111,15 @@ def glove_section(args: argparse.Namespace) -> None:
     for n in (1, 2):
         run = par_glove.train_parallel(cooc, cfg, n_workers=n, mode="hogwild")
         rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", updates / sum(run.epoch_seconds), run.costs[-1]))
-    for xp, sizes in (("numpy", [8192]), ("cupy", args.glove_batches)):
-        for b in sizes:
-            name = f"batched twin, {xp}, B={b}"
-            if xp == "cupy" and not gpu_available():
-                rows.append((name, None, None))
-                continue
-            gpu_glove.train_batched(cooc, GloveConfig(dim=50, epochs=1), batch=b, xp=xp)  # warm-up
-            (_, costs), s = timed(lambda: gpu_glove.train_batched(cooc, cfg, batch=b, xp=xp))
-            rows.append((name, updates / s, costs[-1]))
+    runs = [("numpy", "array", 8192), ("cupy", "array", 8192)] + [("cupy", "fused", b) for b in args.glove_batches]
+    for xp, kernel, b in runs:
+        name = f"batched twin, {xp}{', fused' if kernel == 'fused' else ''}, B={b}"
+        if xp == "cupy" and not gpu_available():
+            rows.append((name, None, None))
+            continue
+        gpu_glove.train_batched(cooc, GloveConfig(dim=50, epochs=1), batch=b, xp=xp, kernel=kernel)  # warm-up
+        (_, costs), s = timed(lambda: gpu_glove.train_batched(cooc, cfg, batch=b, xp=xp, kernel=kernel))
+        rows.append((name, updates / s, costs[-1]))
     print(f"\nGloVe: KJV, {cooc.nnz:,} co-occurrence entries, vocabulary {len(vocab):,}, d = 50, {cfg.epochs} epochs")
     table("AdaGrad updates (cost = mean 0.5 f diff^2 of the last pass)", "M updates/s", "final cost", rows,
           "hogwild, 1 process")
@@ -133,15 +133,16 @@ def lda_section(args: argparse.Namespace) -> None:
     for n in (1, 2):
         run = par_lda.train_parallel(c, K, 0.1, 0.01, n_sweeps=sweeps, n_workers=n, protocol="bsp", record_every=None)
         rows.append((f"AD-LDA BSP, {n} process{'es' if n > 1 else ''}", run.tokens_per_s, run.log_likelihood / c.n_tokens))
-    for xp, sizes in (("numpy", [8]), ("cupy", args.lda_batches)):
-        for nb in sizes:
-            name = f"batched twin, {xp}, {nb} batches/sweep"
-            if xp == "cupy" and not gpu_available():
-                rows.append((name, None, None))
-                continue
-            gpu_lda.train_batched(c, K, 0.1, 0.01, n_sweeps=1, n_batches=nb, xp=xp)  # warm-up
-            run = gpu_lda.train_batched(c, K, 0.1, 0.01, n_sweeps=sweeps, n_batches=nb, xp=xp, record_every=sweeps)
-            rows.append((name, run.tokens_per_s, run.trace.quality[-1].value / c.n_tokens))
+    runs = [("numpy", "array", 8), ("cupy", "array", 8)] + [("cupy", "fused", nb) for nb in args.lda_batches]
+    for xp, kernel, nb in runs:
+        name = f"batched twin, {xp}{', fused' if kernel == 'fused' else ''}, {nb} batches/sweep"
+        if xp == "cupy" and not gpu_available():
+            rows.append((name, None, None))
+            continue
+        gpu_lda.train_batched(c, K, 0.1, 0.01, n_sweeps=1, n_batches=nb, xp=xp, kernel=kernel)  # warm-up
+        run = gpu_lda.train_batched(c, K, 0.1, 0.01, n_sweeps=sweeps, n_batches=nb, xp=xp, record_every=sweeps,
+                                    kernel=kernel)
+        rows.append((name, run.tokens_per_s, run.trace.quality[-1].value / c.n_tokens))
     print(f"\nLDA: KJV chapters, {c.n_docs:,} documents, {c.n_tokens:,} tokens, K = {K}, {sweeps} sweeps")
     table("collapsed Gibbs (quality = log p(w, z) per token, higher is better)", "M tokens/s", "log p / token",
           rows, "AD-LDA BSP, 1 process")
@@ -160,7 +161,7 @@ def main() -> None:
     args.glove_epochs = 10 if big else 2
     args.glove_batches = [1024, 8192, 65536]
     args.sweeps = 50 if big else 5
-    args.lda_batches = [8, 32, 128]
+    args.lda_batches = [8, 32, 128, 512]
     device = "none"
     if gpu_available():
         import cupy

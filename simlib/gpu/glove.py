@@ -12,6 +12,12 @@ batch, and all their steps, computed from the same old row, add up. On the KJV v
 (0.0202 and 0.0199), while 65,536 diverges (cost 2,587 after the first epoch). Keep the batch
 near the vocabulary size or below; the default is 8,192.
 
+On CuPy the same batch step also comes as three fused kernels (``kernel='fused'``, the default
+there): one warp per entry computes its weighted error and bias steps, one thread per (entry,
+dimension) its clipped AdaGrad steps from the old rows, and one thread per (entry, dimension)
+adds them with atomics. The array step launches about thirty kernels per batch and is
+launch-bound on a GPU; it stays as the NumPy path and as the fused kernels' reference.
+
 The array code takes its module from the parameters (:func:`simlib.backend.array_module`), so
 the same function runs on NumPy in tests and on CuPy on a GPU::
 
@@ -61,20 +67,134 @@ def adagrad_batch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: 
     return cost
 
 
+KERNELS = ("auto", "array", "fused")
+
+_FUSED_SOURCE = r"""
+extern "C" __global__ void glove_errors(
+    const int* rows, const int* cols, const float* logx, const float* fx, const long long* batch,
+    const long long n, const int dim, const float* W, const float* C, const float* bw, const float* bc,
+    const float* gbw, const float* gbc, float* fdiff, float* sbw, float* sbc, double* cost)
+{
+    // One warp per entry: w_i . c_j by a shuffle reduction, then the weighted error and bias steps.
+    const long long e = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (e >= n) return;  // a warp owns one entry, so whole warps leave together
+    const long long b = batch[e];
+    const long long i = rows[b], j = cols[b];
+    float s = 0.0f;
+    for (int k = lane; k < dim; k += 32) s += W[i * dim + k] * C[j * dim + k];
+    for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+    if (lane == 0) {
+        const float diff = s + bw[i] + bc[j] - logx[b];
+        const float fd = fx[b] * diff;
+        fdiff[e] = fd;
+        sbw[e] = fd / sqrtf(gbw[i]);
+        sbc[e] = fd / sqrtf(gbc[j]);
+        atomicAdd(cost, 0.5 * (double)(fd * diff));
+    }
+}
+
+extern "C" __global__ void glove_steps(
+    const int* rows, const int* cols, const long long* batch, const long long n, const int dim,
+    const float* W, const float* C, const float* gW, const float* gC, const float* fdiff,
+    const float eta, const float clip, float* uw, float* uc, float* tw2, float* tc2)
+{
+    // One thread per (entry, dimension): clipped AdaGrad steps from the rows as they were.
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * dim) return;
+    const long long e = t / dim, k = t % dim, b = batch[e];
+    const long long wi = (long long)rows[b] * dim + k, cj = (long long)cols[b] * dim + k;
+    const float g = fdiff[e];
+    const float tw = fminf(fmaxf(g * C[cj], -clip), clip) * eta;
+    const float tc = fminf(fmaxf(g * W[wi], -clip), clip) * eta;
+    uw[t] = tw / sqrtf(gW[wi]);
+    uc[t] = tc / sqrtf(gC[cj]);
+    tw2[t] = tw * tw;
+    tc2[t] = tc * tc;
+}
+
+extern "C" __global__ void glove_apply(
+    const int* rows, const int* cols, const long long* batch, const long long n, const int dim,
+    const float* uw, const float* uc, const float* tw2, const float* tc2, const float* fdiff,
+    const float* sbw, const float* sbc, float* W, float* C, float* gW, float* gC, float* bw,
+    float* bc, float* gbw, float* gbc)
+{
+    // One thread per (entry, dimension): every step lands, repeated words included.
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n * dim) return;
+    const long long e = t / dim, k = t % dim, b = batch[e];
+    const long long i = rows[b], j = cols[b];
+    atomicAdd(&W[i * dim + k], -uw[t]);
+    atomicAdd(&C[j * dim + k], -uc[t]);
+    atomicAdd(&gW[i * dim + k], tw2[t]);
+    atomicAdd(&gC[j * dim + k], tc2[t]);
+    if (k == 0) {
+        const float fd = fdiff[e];
+        atomicAdd(&bw[i], -sbw[e]);
+        atomicAdd(&bc[j], -sbc[e]);
+        atomicAdd(&gbw[i], fd * fd);
+        atomicAdd(&gbc[j], fd * fd);
+    }
+}
+"""
+
+
+def _fused_kernels() -> tuple[Any, Any, Any]:  # pragma: no cover - needs a GPU
+    """The three CUDA kernels of the fused step, compiled once per process by CuPy."""
+    import cupy
+
+    module = cupy.RawModule(code=_FUSED_SOURCE)
+    return tuple(module.get_function(name) for name in ("glove_errors", "glove_steps", "glove_apply"))
+
+
+def _fused_epoch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, order: Any, batch: int,
+                 eta: np.float32, clip: np.float32) -> float:  # pragma: no cover - needs a GPU
+    """One pass of fused batch steps over ``order``; returns sum 0.5 f diff^2 (read back once)."""
+    import cupy
+
+    W, C, bw, bc, gW, gC, gbw, gbc = arrays
+    errors, steps, apply = _fused_kernels()
+    dim = np.int32(W.shape[1])
+    fdiff, sbw, sbc = (cupy.empty(batch, dtype=np.float32) for _ in range(3))
+    uw, uc, tw2, tc2 = (cupy.empty(batch * int(dim), dtype=np.float32) for _ in range(4))
+    cost = cupy.zeros(1, dtype=np.float64)
+    for start in range(0, order.shape[0], batch):
+        part = order[start:start + batch]
+        n = np.int64(part.shape[0])
+        errors((-(-int(n) * 32 // 256),), (256,), (rows, cols, logx, fx, part, n, dim, W, C, bw, bc, gbw, gbc,
+                                                 fdiff, sbw, sbc, cost))
+        blocks = (-(-int(n) * int(dim) // 256),)
+        steps(blocks, (256,), (rows, cols, part, n, dim, W, C, gW, gC, fdiff, eta, clip, uw, uc, tw2, tc2))
+        apply(blocks, (256,), (rows, cols, part, n, dim, uw, uc, tw2, tc2, fdiff, sbw, sbc, W, C, gW, gC, bw, bc,
+                               gbw, gbc))
+    return float(cost[0])
+
+
 def train_batched(cooc: Cooccurrence, config: GloveConfig, batch: int = 8192,
-                  xp: str = "auto") -> tuple[GloveParams, list[float]]:
-    """GloVe with batched lock-free AdaGrad on ``xp`` ('numpy', 'cupy', 'auto'); (NumPy params, cost per epoch)."""
+                  xp: str = "auto", kernel: str = "auto") -> tuple[GloveParams, list[float]]:
+    """GloVe with batched lock-free AdaGrad on ``xp`` ('numpy', 'cupy', 'auto'); (NumPy params, cost per epoch).
+
+    ``kernel`` is 'array' (:func:`adagrad_batch`, NumPy or CuPy), 'fused' (three CUDA kernels per
+    batch; CuPy only) or 'auto' (fused on CuPy).
+    """
     check.positive_int("batch", batch)
+    check.one_of("kernel", kernel, KERNELS)
     validate_training(cooc, config)
     mod = get_xp(xp)
+    if kernel == "fused" and mod is np:
+        raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
+    fused = kernel == "fused" or (kernel == "auto" and mod is not np)
     host = GloveParams.init(cooc.n_words, config)
     arrays = tuple(mod.asarray(a) for a in host.arrays())
     logx, fx = (mod.asarray(a) for a in entry_terms(cooc.values, config))
-    rows, cols = mod.asarray(cooc.rows), mod.asarray(cooc.cols)
+    rows, cols = mod.asarray(cooc.rows.astype(np.int32)), mod.asarray(cooc.cols.astype(np.int32))
     eta, clip = np.float32(config.learning_rate), np.float32(config.grad_clip)
     costs = []
     for epoch in range(config.epochs):
         order = mod.asarray(epoch_order(cooc.nnz, config.seed, epoch))
+        if fused:  # pragma: no cover - needs a GPU
+            costs.append(_fused_epoch(arrays, rows, cols, logx, fx, order, batch, eta, clip) / cooc.nnz)
+            continue
         total = 0.0
         for start in range(0, cooc.nnz, batch):
             total += adagrad_batch(arrays, rows, cols, logx, fx, order[start:start + batch], eta, clip)

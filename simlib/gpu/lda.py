@@ -12,6 +12,12 @@ scatter-add. Two tokens of one batch never see each other's move: the same stale
 as AD-LDA's workers, with B playing the number of workers. ``n_batches`` batches make a sweep;
 more batches means fresher counts and more, smaller kernels.
 
+On CuPy the batch also comes as two fused kernels (``kernel='fused'``, the default there): one
+thread per token walks its K topics twice (the total, then the inverse CDF) against the
+snapshot, and one thread per token moves its counts with atomic adds. The array step builds a
+B x K table and launches a dozen kernels per batch; it stays as the NumPy path and as the fused
+kernels' reference.
+
 The array code takes its module from the counts (:func:`simlib.backend.array_module`), so the
 same function runs on NumPy in tests and on CuPy on a GPU::
 
@@ -76,6 +82,80 @@ def resample_batch(
     n_k += (segment_sum(new, None, K) - segment_sum(old, None, K)).astype(n_k.dtype)
 
 
+KERNELS = ("auto", "array", "fused")
+
+_FUSED_SOURCE = r"""
+extern "C" __global__ void lda_draw(
+    const long long* idx, const long long n, const long long* words, const long long* docs,
+    const long long* z, const int* n_dk, const int* n_wk, const int* n_k, const int K,
+    const float alpha, const float beta, const float vbeta, const float* u, long long* newz)
+{
+    // One thread per token: p(k) from the snapshot with the token's own assignment taken out,
+    // summed once for the total, then walked again to the first k whose CDF reaches u * total.
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    const long long tok = idx[t], w = words[tok], d = docs[tok], old = z[tok];
+    float total = 0.0f;
+    for (int k = 0; k < K; ++k) {
+        const float own = (k == old) ? 1.0f : 0.0f;
+        total += ((float)n_dk[d * K + k] - own + alpha) * ((float)n_wk[w * K + k] - own + beta)
+                 / ((float)n_k[k] - own + vbeta);
+    }
+    const float target = u[t] * total;
+    float cdf = 0.0f;
+    long long pick = K - 1;
+    for (int k = 0; k < K; ++k) {
+        const float own = (k == old) ? 1.0f : 0.0f;
+        cdf += ((float)n_dk[d * K + k] - own + alpha) * ((float)n_wk[w * K + k] - own + beta)
+               / ((float)n_k[k] - own + vbeta);
+        if (cdf >= target) { pick = k; break; }
+    }
+    newz[t] = pick;
+}
+
+extern "C" __global__ void lda_move(
+    const long long* idx, const long long n, const long long* words, const long long* docs,
+    long long* z, const long long* newz, int* n_dk, int* n_wk, int* n_k, const int K)
+{
+    // One thread per token: the batch's moves land together (tokens of one batch are distinct).
+    const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    const long long tok = idx[t], old = z[tok], nw = newz[t];
+    if (nw == old) return;
+    const long long w = words[tok], d = docs[tok];
+    z[tok] = nw;
+    atomicAdd(&n_dk[d * K + nw], 1);
+    atomicSub(&n_dk[d * K + old], 1);
+    atomicAdd(&n_wk[w * K + nw], 1);
+    atomicSub(&n_wk[w * K + old], 1);
+    atomicAdd(&n_k[nw], 1);
+    atomicSub(&n_k[old], 1);
+}
+"""
+
+
+def _fused_kernels() -> tuple[Any, Any]:  # pragma: no cover - needs a GPU
+    """The two CUDA kernels of the fused batch, compiled once per process by CuPy."""
+    import cupy
+
+    module = cupy.RawModule(code=_FUSED_SOURCE)
+    return module.get_function("lda_draw"), module.get_function("lda_move")
+
+
+def resample_fused(
+    idx: Any, words: Any, docs: Any, z: Any, n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, u: Any,
+    newz: Any,
+) -> None:  # pragma: no cover - needs a GPU
+    """:func:`resample_batch` as two CUDA kernels (int32 counts, int64 indices; ``newz`` a scratch buffer)."""
+    draw, move = _fused_kernels()
+    K = np.int32(n_dk.shape[1])
+    n = np.int64(idx.shape[0])
+    blocks = (-(-int(n) // 256),)
+    draw(blocks, (256,), (idx, n, words, docs, z, n_dk, n_wk, n_k, K, np.float32(alpha), np.float32(beta),
+                          np.float32(n_wk.shape[0] * beta), u, newz))
+    move(blocks, (256,), (idx, n, words, docs, z, newz, n_dk, n_wk, n_k, K))
+
+
 def train_batched(
     corpus: LDACorpus,
     n_topics: int,
@@ -86,6 +166,7 @@ def train_batched(
     seed: int = 0,
     xp: str | ModuleType = "auto",
     record_every: int = 1,
+    kernel: str = "auto",
 ) -> BatchedLDARun:
     """Batched collapsed Gibbs on NumPy or CuPy: each sweep visits the tokens in ``n_batches`` random batches.
 
@@ -97,9 +178,13 @@ def train_batched(
     check.positive_int("n_sweeps", n_sweeps)
     check.positive_int("n_batches", n_batches)
     check.positive_int("record_every", record_every)
+    check.one_of("kernel", kernel, KERNELS)
     if n_batches > corpus.n_tokens:
         raise ValueError(f"n_batches must be <= the number of tokens ({corpus.n_tokens}), got {n_batches}")
     mod = get_xp(xp) if isinstance(xp, str) else xp
+    if kernel == "fused" and mod is np:
+        raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
+    fused = kernel == "fused" or (kernel == "auto" and mod is not np)
     K = n_topics
     z_host = random_assignments(corpus, K, seed)
     n_dk_h, n_wk_h, n_k_h = count_tables(corpus, z_host, K)
@@ -108,8 +193,10 @@ def train_batched(
     n_dk, n_wk, n_k = mod.asarray(n_dk_h), mod.asarray(n_wk_h), mod.asarray(n_k_h)
     assert array_module(n_dk) is mod
     rng = np.random.default_rng(seed)
+    newz = mod.empty(-(-corpus.n_tokens // n_batches) + 1, dtype=np.int64) if fused else None
     trace = Trace(label=f"lda-batched-{n_batches}", substrate="gpu", n_workers=1, metric="log_likelihood",
-                  lower_is_better=False, meta=dict(n_batches=n_batches, n_topics=K, backend=mod.__name__))
+                  lower_is_better=False, meta=dict(n_batches=n_batches, n_topics=K, backend=mod.__name__,
+                                                                  kernel="fused" if fused else "array"))
     trace.record_quality(0.0, 0, log_likelihood(n_dk_h, n_wk_h, n_k_h, alpha, beta))
     elapsed = 0.0
     for sweep in range(n_sweeps):
@@ -120,7 +207,10 @@ def train_batched(
         bounds = np.linspace(0, corpus.n_tokens, n_batches + 1).astype(np.int64)
         for b in range(n_batches):
             sl = slice(int(bounds[b]), int(bounds[b + 1]))
-            resample_batch(mod, order[sl], words, docs, z, n_dk, n_wk, n_k, float(alpha), float(beta), uniforms[sl])
+            if fused:  # pragma: no cover - needs a GPU
+                resample_fused(order[sl], words, docs, z, n_dk, n_wk, n_k, float(alpha), float(beta), uniforms[sl], newz)
+            else:
+                resample_batch(mod, order[sl], words, docs, z, n_dk, n_wk, n_k, float(alpha), float(beta), uniforms[sl])
             trace.update(elapsed + time.perf_counter() - start, 0, sweep * n_batches + b, staleness=0)
         _synchronize(mod)
         end = time.perf_counter()
