@@ -31,6 +31,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.backend import array_module, get_xp, scatter_add, to_numpy
+from simlib.gpu import use_fused
 from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, entry_terms, epoch_order, validate_training
 
 
@@ -66,8 +67,6 @@ def adagrad_batch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: 
     scatter_add(gbc, j, ub * ub)
     return cost
 
-
-KERNELS = ("auto", "array", "fused")
 
 _FUSED_SOURCE = r"""
 extern "C" __global__ void glove_errors(
@@ -178,12 +177,9 @@ def train_batched(cooc: Cooccurrence, config: GloveConfig, batch: int = 8192,
     batch; CuPy only) or 'auto' (fused on CuPy).
     """
     check.positive_int("batch", batch)
-    check.one_of("kernel", kernel, KERNELS)
     validate_training(cooc, config)
     mod = get_xp(xp)
-    if kernel == "fused" and mod is np:
-        raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
-    fused = kernel == "fused" or (kernel == "auto" and mod is not np)
+    fused = use_fused(kernel, mod)
     host = GloveParams.init(cooc.n_words, config)
     arrays = tuple(mod.asarray(a) for a in host.arrays())
     logx, fx = (mod.asarray(a) for a in entry_terms(cooc.values, config))

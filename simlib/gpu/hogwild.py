@@ -32,6 +32,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.backend import array_module, get_xp, scatter_add, segment_sum, to_numpy
+from simlib.gpu import use_fused
 from simlib.parallel.hogwild import HogwildResult
 from simlib.problems.logistic import LogisticProblem, SparseDataset, check_sgd, sigmoid
 from simlib.trace import Trace
@@ -56,8 +57,6 @@ def batch_step(
     w *= (1.0 - alpha * lam) ** (hi - lo)
     scatter_add(w, cols, (-alpha) * coef[rows] * vals)
 
-
-KERNELS = ("auto", "array", "fused")
 
 _FUSED_SOURCE = r"""
 extern "C" __global__ void hogwild_margins(
@@ -170,11 +169,8 @@ def train_batched(
     check_sgd(alpha, lam, epochs, batch_size)
     check.positive_int("eval_rows", eval_rows)
     check.positive_int("record_every", record_every)
-    check.one_of("kernel", kernel, KERNELS)
     mod = get_xp(xp) if isinstance(xp, str) else xp
-    if kernel == "fused" and mod is np:
-        raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
-    fused = kernel == "fused" or (kernel == "auto" and mod is not np)
+    fused = use_fused(kernel, mod)
     started = time.perf_counter()
     problem = LogisticProblem(data, l2=lam, eval_rows=eval_rows, seed=seed)
     indices = mod.asarray(data.indices.astype(np.int64))

@@ -38,6 +38,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.backend import array_module, get_xp, segment_sum, to_numpy
+from simlib.gpu import use_fused
 from simlib.problems.lda import LDACorpus, check_hyper, count_tables, log_likelihood, random_assignments
 from simlib.trace import Trace
 
@@ -81,8 +82,6 @@ def resample_batch(
     n_wk += (segment_sum(w * K + new, None, V * K) - segment_sum(w * K + old, None, V * K)).reshape(V, K).astype(n_wk.dtype)
     n_k += (segment_sum(new, None, K) - segment_sum(old, None, K)).astype(n_k.dtype)
 
-
-KERNELS = ("auto", "array", "fused")
 
 _FUSED_SOURCE = r"""
 extern "C" __global__ void lda_draw(
@@ -178,13 +177,10 @@ def train_batched(
     check.positive_int("n_sweeps", n_sweeps)
     check.positive_int("n_batches", n_batches)
     check.positive_int("record_every", record_every)
-    check.one_of("kernel", kernel, KERNELS)
     if n_batches > corpus.n_tokens:
         raise ValueError(f"n_batches must be <= the number of tokens ({corpus.n_tokens}), got {n_batches}")
     mod = get_xp(xp) if isinstance(xp, str) else xp
-    if kernel == "fused" and mod is np:
-        raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
-    fused = kernel == "fused" or (kernel == "auto" and mod is not np)
+    fused = use_fused(kernel, mod)
     K = n_topics
     z_host = random_assignments(corpus, K, seed)
     n_dk_h, n_wk_h, n_k_h = count_tables(corpus, z_host, K)
