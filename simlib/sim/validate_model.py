@@ -94,9 +94,12 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
 # Workloads the model does not yet explain, kept to be run and studied, not counted as checked.
 KNOWN_GAPS: dict[str, Workload] = {w.name: w for w in (
     # A dense 200 k-parameter model through the pipe server: every step moves 1.6 MB pulls and
-    # 2.4 MB pushes, and the prediction falls 20-25% short on 1 worker and 40-47% short on 2
-    # (the real workers' compute and send spans run 2-4x longer than priced: fresh megabyte
-    # buffers every step, and the server process competing with two workers for two cores).
+    # 2.4 MB pushes, and the prediction falls 20-25% short on 1 worker and 40-47% short on 2.
+    # The real workers' compute and send spans run 2-4x longer than priced. The step's own
+    # arithmetic is bimodal: 0.46 or 1.6 ms in one process, by whether its three megabyte
+    # temporaries reuse heap pages or fault in fresh ones (glibc's malloc thresholds move with
+    # the allocation history), and calibration sees the fast mode. On 2 workers the server
+    # process also competes with the two workers for two cores, which the model has no term for.
     Workload("ps dense 200k", "pipe_ps", n_rows=2_000, n_features=200_000, global_batch=8, steps=25, dense=True),
     # Shared-memory BSP, small batches (three epochs, so that 300 steps outweigh the noise of
     # process start). One worker lands within 5-14%; two workers are bimodal on this machine:
