@@ -24,7 +24,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from simlib.backend import gpu_available  # noqa: E402
+from simlib.backend import get_xp, gpu_available, synchronize  # noqa: E402
 from simlib.data import Vocabulary, load_kjv  # noqa: E402
 from simlib.gpu import glove as gpu_glove  # noqa: E402
 from simlib.gpu import hogwild as gpu_hogwild  # noqa: E402
@@ -39,20 +39,24 @@ from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 NO_GPU = "(no CUDA device)"
 
 
-def sync() -> None:
-    """Wait for queued device work before a clock is read (nothing to wait for without CuPy)."""
-    if gpu_available():
-        import cupy
-
-        cupy.cuda.Device().synchronize()
-
-
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
-    sync()
+    """(fn(), wall seconds), with the device's queue drained before each clock reading."""
+    xp = get_xp("auto")
+    synchronize(xp)
     t = time.perf_counter()
     out = fn()
-    sync()
+    synchronize(xp)
     return out, time.perf_counter() - t
+
+
+def twin_rows(runs: list[tuple[str, str, int]], label: Callable[[int], str],
+              measure: Callable[[str, str, int], tuple[float, float]]) -> list[tuple[str, float | None, float | None]]:
+    """One row per (xp, kernel, size) of a batched twin: (name, rate, quality); CuPy rows without a device are empty."""
+    rows: list[tuple[str, float | None, float | None]] = []
+    for xp, kernel, size in runs:
+        name = f"batched twin, {xp}{', fused' if kernel == 'fused' else ''}, {label(size)}"
+        rows.append((name, None, None) if xp == "cupy" and not gpu_available() else (name, *measure(xp, kernel, size)))
+    return rows
 
 
 def table(title: str, unit: str, quality: str, rows: list[tuple[str, float | None, float | None]], base: str) -> None:
@@ -86,14 +90,12 @@ def hogwild_section(args: argparse.Namespace) -> None:
         rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", nnz / res.train_seconds, full.loss(res.w)))
     runs = [("numpy", "array", b) for b in args.numpy_batches] + [("cupy", "array", b) for b in (256, 4096)] + \
         [("cupy", "fused", b) for b in args.batches]
-    for xp, kernel, b in runs:
-        name = f"batched twin, {xp}{', fused' if kernel == 'fused' else ''}, B={b}"
-        if xp == "cupy" and not gpu_available():
-            rows.append((name, None, None))
-            continue
+
+    def hogwild(xp: str, kernel: str, b: int) -> tuple[float, float]:
         res = gpu_hogwild.train_batched(data, batch_size=b, xp=xp, record_every=10_000, kernel=kernel, **common)
-        train_s = sum(s.end - s.start for s in res.trace.spans)
-        rows.append((name, nnz / train_s, full.loss(res.w)))
+        return nnz / sum(s.end - s.start for s in res.trace.spans), full.loss(res.w)
+
+    rows += twin_rows(runs, lambda b: f"B={b}", hogwild)
     print(f"\nHogwild: {data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
           f"{args.epochs} epochs, alpha 0.2, lambda 1e-5")
     table("sparse logistic regression", "M nnz/s", "final loss", rows, "scikit-learn SGDClassifier (1 core)")
@@ -112,14 +114,13 @@ def glove_section(args: argparse.Namespace) -> None:
         run = par_glove.train_parallel(cooc, cfg, n_workers=n, mode="hogwild")
         rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", updates / sum(run.epoch_seconds), run.costs[-1]))
     runs = [("numpy", "array", 8192), ("cupy", "array", 8192)] + [("cupy", "fused", b) for b in args.glove_batches]
-    for xp, kernel, b in runs:
-        name = f"batched twin, {xp}{', fused' if kernel == 'fused' else ''}, B={b}"
-        if xp == "cupy" and not gpu_available():
-            rows.append((name, None, None))
-            continue
+
+    def glove(xp: str, kernel: str, b: int) -> tuple[float, float]:
         gpu_glove.train_batched(cooc, GloveConfig(dim=50, epochs=1), batch=b, xp=xp, kernel=kernel)  # warm-up
         (_, costs), s = timed(lambda: gpu_glove.train_batched(cooc, cfg, batch=b, xp=xp, kernel=kernel))
-        rows.append((name, updates / s, costs[-1]))
+        return updates / s, costs[-1]
+
+    rows += twin_rows(runs, lambda b: f"B={b}", glove)
     print(f"\nGloVe: KJV, {cooc.nnz:,} co-occurrence entries, vocabulary {len(vocab):,}, d = 50, {cfg.epochs} epochs")
     table("AdaGrad updates (cost = mean 0.5 f diff^2 of the last pass)", "M updates/s", "final cost", rows,
           "hogwild, 1 process")
@@ -134,15 +135,14 @@ def lda_section(args: argparse.Namespace) -> None:
         run = par_lda.train_parallel(c, K, 0.1, 0.01, n_sweeps=sweeps, n_workers=n, protocol="bsp", record_every=None)
         rows.append((f"AD-LDA BSP, {n} process{'es' if n > 1 else ''}", run.tokens_per_s, run.log_likelihood / c.n_tokens))
     runs = [("numpy", "array", 8), ("cupy", "array", 8)] + [("cupy", "fused", nb) for nb in args.lda_batches]
-    for xp, kernel, nb in runs:
-        name = f"batched twin, {xp}{', fused' if kernel == 'fused' else ''}, {nb} batches/sweep"
-        if xp == "cupy" and not gpu_available():
-            rows.append((name, None, None))
-            continue
+
+    def lda(xp: str, kernel: str, nb: int) -> tuple[float, float]:
         gpu_lda.train_batched(c, K, 0.1, 0.01, n_sweeps=1, n_batches=nb, xp=xp, kernel=kernel)  # warm-up
         run = gpu_lda.train_batched(c, K, 0.1, 0.01, n_sweeps=sweeps, n_batches=nb, xp=xp, record_every=sweeps,
                                     kernel=kernel)
-        rows.append((name, run.tokens_per_s, run.trace.quality[-1].value / c.n_tokens))
+        return run.tokens_per_s, run.trace.quality[-1].value / c.n_tokens
+
+    rows += twin_rows(runs, lambda nb: f"{nb} batches/sweep", lda)
     print(f"\nLDA: KJV chapters, {c.n_docs:,} documents, {c.n_tokens:,} tokens, K = {K}, {sweeps} sweeps")
     table("collapsed Gibbs (quality = log p(w, z) per token, higher is better)", "M tokens/s", "log p / token",
           rows, "AD-LDA BSP, 1 process")

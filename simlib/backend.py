@@ -51,6 +51,12 @@ def to_numpy(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
+def synchronize(xp: ModuleType) -> None:
+    """Wait for the device's queued work, so that a wall-clock reading means something (NumPy: nothing to wait for)."""
+    if xp is not np:  # pragma: no cover - needs a GPU
+        xp.cuda.Device().synchronize()
+
+
 def scatter_add(target: Any, index: Any, values: Any) -> None:
     """``target[index] += values`` with repeated indices accumulating, on NumPy or CuPy.
 

@@ -15,7 +15,9 @@ Each twin also has fused CUDA kernels of its step for CuPy; :func:`use_fused` de
 """
 from __future__ import annotations
 
+import functools
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -32,3 +34,12 @@ def use_fused(kernel: str, xp: ModuleType) -> bool:
     if kernel == "fused" and xp is np:
         raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
     return kernel == "fused" or (kernel == "auto" and xp is not np)
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_kernels(source: str, names: tuple[str, ...]) -> tuple[Any, ...]:  # pragma: no cover - needs a GPU
+    """The CUDA kernels ``names`` of ``source``, compiled by CuPy once per process and kept."""
+    import cupy
+
+    module = cupy.RawModule(code=source)
+    return tuple(module.get_function(name) for name in names)

@@ -31,7 +31,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.backend import array_module, get_xp, scatter_add, to_numpy
-from simlib.gpu import use_fused
+from simlib.gpu import cuda_kernels, use_fused
 from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, entry_terms, epoch_order, validate_training
 
 
@@ -138,21 +138,13 @@ extern "C" __global__ void glove_apply(
 """
 
 
-def _fused_kernels() -> tuple[Any, Any, Any]:  # pragma: no cover - needs a GPU
-    """The three CUDA kernels of the fused step, compiled once per process by CuPy."""
-    import cupy
-
-    module = cupy.RawModule(code=_FUSED_SOURCE)
-    return tuple(module.get_function(name) for name in ("glove_errors", "glove_steps", "glove_apply"))
-
-
 def _fused_epoch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, order: Any, batch: int,
                  eta: np.float32, clip: np.float32) -> float:  # pragma: no cover - needs a GPU
     """One pass of fused batch steps over ``order``; returns sum 0.5 f diff^2 (read back once)."""
     import cupy
 
     W, C, bw, bc, gW, gC, gbw, gbc = arrays
-    errors, steps, apply = _fused_kernels()
+    errors, steps, apply = cuda_kernels(_FUSED_SOURCE, ("glove_errors", "glove_steps", "glove_apply"))
     dim = np.int32(W.shape[1])
     fdiff, sbw, sbc = (cupy.empty(batch, dtype=np.float32) for _ in range(3))
     uw, uc, tw2, tc2 = (cupy.empty(batch * int(dim), dtype=np.float32) for _ in range(4))

@@ -19,8 +19,8 @@ one warp per row sums its margin and writes its coefficient, then one thread per
 atomically adds its update. The decay is kept as one scale for the whole vector (``w = v *
 scale``, as scikit-learn does), so no kernel touches the untouched weights. The array version
 above costs about a dozen launches per batch, each with CuPy's own overhead, and is
-launch-bound at the batch sizes that keep the loss (measured on an H100: 34 M nonzeros/s at
-B = 256); it stays as the NumPy path and as the reference the fused kernels are tested against.
+launch-bound at the batch sizes that keep the loss (measured on an H100: 24-34 M nonzeros/s
+at B = 256, against 514-523 M fused); it stays as the NumPy path and as the reference the fused kernels are tested against.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.backend import array_module, get_xp, scatter_add, segment_sum, to_numpy
-from simlib.gpu import use_fused
+from simlib.backend import array_module, get_xp, scatter_add, segment_sum, synchronize, to_numpy
+from simlib.gpu import cuda_kernels, use_fused
 from simlib.parallel.hogwild import HogwildResult
 from simlib.problems.logistic import LogisticProblem, SparseDataset, check_sgd, sigmoid
 from simlib.trace import Trace
@@ -60,7 +60,7 @@ def batch_step(
 
 _FUSED_SOURCE = r"""
 extern "C" __global__ void hogwild_margins(
-    const long long* indptr, const int* cols, const double* vals, const double* y, const double* v,
+    const long long* indptr, const long long* cols, const double* vals, const double* y, const double* v,
     const double scale, const long long lo, const long long hi, double* coef)
 {
     // One warp per row: its lanes stride over the row's nonzeros, then a shuffle reduction.
@@ -77,7 +77,7 @@ extern "C" __global__ void hogwild_margins(
 }
 
 extern "C" __global__ void hogwild_updates(
-    const long long* row_of, const int* cols, const double* vals, const double* coef, double* v,
+    const long long* row_of, const long long* cols, const double* vals, const double* coef, double* v,
     const double factor, const long long a, const long long b, const long long lo)
 {
     // One thread per nonzero of the batch: v[j] += factor * c_row * x; repeats add up atomically.
@@ -88,60 +88,39 @@ extern "C" __global__ void hogwild_updates(
 """
 
 
-def _fused_kernels() -> tuple[Any, Any]:  # pragma: no cover - needs a GPU
-    """The two CUDA kernels of the fused step, compiled once per process by CuPy."""
-    import cupy
+class _FusedStep:  # pragma: no cover - needs a GPU
+    """:func:`batch_step` as the two CUDA kernels, with the decay kept as ``w = v * scale``.
 
-    module = cupy.RawModule(code=_FUSED_SOURCE)
-    return module.get_function("hogwild_margins"), module.get_function("hogwild_updates")
+    Called with rows [lo, hi) like :func:`batch_step`; ``v`` is the device vector it updates in
+    place and ``scale`` a host number, folded into ``v`` before it can underflow.
+    """
 
+    def __init__(self, v: Any, indptr: np.ndarray, indices: Any, values: Any, y: Any, row_of: Any,
+                 alpha: float, lam: float, batch_size: int):
+        self.margins, self.updates = cuda_kernels(_FUSED_SOURCE, ("hogwild_margins", "hogwild_updates"))
+        xp = array_module(v)
+        self.v, self.host_ptr, self.indptr = v, indptr, xp.asarray(indptr.astype(np.int64))
+        self.indices, self.values, self.y, self.row_of = indices, values, y, row_of
+        self.alpha, self.keep = alpha, 1.0 - alpha * lam
+        self.coef = xp.zeros(batch_size, dtype=np.float64)
+        self.scale = 1.0
 
-def _fused_epochs(
-    data: SparseDataset, mod: ModuleType, v: Any, alpha: float, lam: float, epochs: int, batch_size: int,
-    record_every: int, trace: Trace, problem: LogisticProblem, t0: float,
-) -> tuple[float, float, float, int]:  # pragma: no cover - needs a GPU
-    """The fused CuPy loop; returns (final scale, busy seconds, CPU seconds, steps). ``w = v * scale``."""
-    margins, updates = _fused_kernels()
-    indptr = mod.asarray(data.indptr.astype(np.int64))
-    cols = mod.asarray(data.indices.astype(np.int32))
-    vals = mod.asarray(data.values, dtype=np.float64)
-    y = mod.asarray(data.y, dtype=np.float64)
-    row_of = mod.asarray(np.repeat(np.arange(data.n_rows, dtype=np.int64), np.diff(data.indptr)))
-    coef = mod.zeros(batch_size, dtype=np.float64)
-    keep = 1.0 - alpha * lam
-    scale, busy, cpu, step = 1.0, 0.0, 0.0, 0
-    host_ptr = data.indptr.astype(np.int64)
-    for _ in range(epochs):
-        for lo in range(0, data.n_rows, batch_size * record_every):
-            c, s = time.thread_time(), time.perf_counter()
-            for blo in range(lo, min(lo + batch_size * record_every, data.n_rows), batch_size):
-                bhi = min(blo + batch_size, data.n_rows)
-                a, b = int(host_ptr[blo]), int(host_ptr[bhi])
-                rows = bhi - blo
-                margins((-(-rows * 32 // 256),), (256,), (indptr, cols, vals, y, v, np.float64(scale),
-                                                         np.int64(blo), np.int64(bhi), coef))
-                scale *= keep ** rows
-                if b > a:
-                    updates((-(-(b - a) // 256),), (256,), (row_of, cols, vals, coef, v, np.float64(-alpha / scale),
-                                                          np.int64(a), np.int64(b), np.int64(blo)))
-                if scale < 1e-100:  # fold the scale into v before it underflows
-                    v *= scale
-                    scale = 1.0
-                step += 1
-            _sync(mod)
-            e = time.perf_counter()
-            busy += e - s
-            cpu += time.thread_time() - c
-            trace.span(0, "compute", s - t0, e - t0, step=step)
-            trace.update(e - t0, 0, step, staleness=batch_size - 1)
-        trace.record_quality(time.perf_counter() - t0, step, problem.loss(to_numpy(v) * scale))
-    return scale, busy, cpu, step
+    def __call__(self, lo: int, hi: int) -> None:
+        a, b = int(self.host_ptr[lo]), int(self.host_ptr[hi])
+        self.margins((-(-(hi - lo) * 32 // 256),), (256,), (self.indptr, self.indices, self.values, self.y, self.v,
+                                                           np.float64(self.scale), np.int64(lo), np.int64(hi), self.coef))
+        self.scale *= self.keep ** (hi - lo)
+        if b > a:
+            self.updates((-(-(b - a) // 256),), (256,), (self.row_of, self.indices, self.values, self.coef, self.v,
+                                                        np.float64(-self.alpha / self.scale), np.int64(a),
+                                                        np.int64(b), np.int64(lo)))
+        if self.scale < 1e-100:  # fold the scale into v before it underflows
+            self.v *= self.scale
+            self.scale = 1.0
 
-
-def _sync(xp: ModuleType) -> None:
-    """Wait for queued GPU work, so that wall-clock readings mean something."""
-    if xp is not np:  # pragma: no cover - needs a GPU
-        xp.cuda.Device().synchronize()
+    def weights(self) -> np.ndarray:
+        """w = v * scale, on the host."""
+        return to_numpy(self.v) * self.scale
 
 
 def train_batched(
@@ -178,36 +157,40 @@ def train_batched(
     y = mod.asarray(data.y, dtype=np.float64)
     row_of = mod.asarray(np.repeat(np.arange(data.n_rows, dtype=np.int64), np.diff(data.indptr)))
     w = mod.zeros(data.n_features, dtype=np.float64)
+    if fused:  # pragma: no cover - needs a GPU
+        step = _FusedStep(w, data.indptr, indices, values, y, row_of, alpha, lam, batch_size)
+        weights = step.weights
+    else:
+        def step(lo: int, hi: int) -> None:
+            batch_step(w, data.indptr, indices, values, y, row_of, lo, hi, alpha, lam)
+
+        def weights() -> np.ndarray:
+            return to_numpy(w)
     name = "numpy" if mod is np else "cupy"
     trace = Trace(label=f"batched ({name}{', fused' if fused else ''}, B={batch_size})", substrate="gpu", n_workers=1)
     trace.meta.update(xp=name, kernel="fused" if fused else "array", batch_size=batch_size, alpha=alpha, lam=lam,
                       epochs=epochs, nnz=data.nnz * epochs)
-    trace.record_quality(0.0, 0, problem.loss(to_numpy(w)))
-    if fused:  # pragma: no cover - needs a GPU
-        _fused_epochs(data.rows(0, 1), mod, mod.zeros_like(w), alpha, lam, 1, 1, 1, Trace("warm-up", "gpu", 1),
-                      LogisticProblem(data.rows(0, 1), l2=lam, eval_rows=None), 0.0)  # compile off the clock
-        _sync(mod)
-        t0 = time.perf_counter()
-        scale, busy, cpu, _ = _fused_epochs(data, mod, w, alpha, lam, epochs, batch_size, record_every, trace, problem, t0)
-        return HogwildResult(f"batched-{name}-fused", 1, to_numpy(w) * scale, trace, data.nnz * epochs, busy,
-                             time.perf_counter() - started, cpu)
-    batch_step(w, data.indptr, indices, values, y, row_of, 0, 1, alpha, 0.0)  # warm-up launch
+    trace.record_quality(0.0, 0, problem.loss(weights()))
+    step(0, 1)  # warm-up launch (and the fused kernels' compilation), then back to the start
     w[:] = 0.0
-    _sync(mod)
+    if fused:  # pragma: no cover - needs a GPU
+        step.scale = 1.0
+    synchronize(mod)
     t0 = time.perf_counter()
     busy = cpu = 0.0
-    step = 0
+    n_steps = 0
     for _ in range(epochs):
         for lo in range(0, data.n_rows, batch_size * record_every):
             c, s = time.thread_time(), time.perf_counter()
             for blo in range(lo, min(lo + batch_size * record_every, data.n_rows), batch_size):
-                batch_step(w, data.indptr, indices, values, y, row_of, blo, min(blo + batch_size, data.n_rows), alpha, lam)
-                step += 1
-            _sync(mod)
+                step(blo, min(blo + batch_size, data.n_rows))
+                n_steps += 1
+            synchronize(mod)
             e = time.perf_counter()
             busy += e - s
             cpu += time.thread_time() - c
-            trace.span(0, "compute", s - t0, e - t0, step=step)
-            trace.update(e - t0, 0, step, staleness=batch_size - 1)
-        trace.record_quality(time.perf_counter() - t0, step, problem.loss(to_numpy(w)))
-    return HogwildResult(f"batched-{name}", 1, to_numpy(w), trace, data.nnz * epochs, busy, time.perf_counter() - started, cpu)
+            trace.span(0, "compute", s - t0, e - t0, step=n_steps)
+            trace.update(e - t0, 0, n_steps, staleness=batch_size - 1)
+        trace.record_quality(time.perf_counter() - t0, n_steps, problem.loss(weights()))
+    return HogwildResult(f"batched-{name}{'-fused' if fused else ''}", 1, weights(), trace, data.nnz * epochs, busy,
+                         time.perf_counter() - started, cpu)

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.backend import array_module, get_xp, segment_sum, to_numpy
-from simlib.gpu import use_fused
+from simlib.backend import array_module, get_xp, segment_sum, synchronize, to_numpy
+from simlib.gpu import cuda_kernels, use_fused
 from simlib.problems.lda import LDACorpus, check_hyper, count_tables, log_likelihood, random_assignments
 from simlib.trace import Trace
 
@@ -133,20 +133,12 @@ extern "C" __global__ void lda_move(
 """
 
 
-def _fused_kernels() -> tuple[Any, Any]:  # pragma: no cover - needs a GPU
-    """The two CUDA kernels of the fused batch, compiled once per process by CuPy."""
-    import cupy
-
-    module = cupy.RawModule(code=_FUSED_SOURCE)
-    return module.get_function("lda_draw"), module.get_function("lda_move")
-
-
 def resample_fused(
     idx: Any, words: Any, docs: Any, z: Any, n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, u: Any,
     newz: Any,
 ) -> None:  # pragma: no cover - needs a GPU
     """:func:`resample_batch` as two CUDA kernels (int32 counts, int64 indices; ``newz`` a scratch buffer)."""
-    draw, move = _fused_kernels()
+    draw, move = cuda_kernels(_FUSED_SOURCE, ("lda_draw", "lda_move"))
     K = np.int32(n_dk.shape[1])
     n = np.int64(idx.shape[0])
     blocks = (-(-int(n) // 256),)
@@ -208,7 +200,7 @@ def train_batched(
             else:
                 resample_batch(mod, order[sl], words, docs, z, n_dk, n_wk, n_k, float(alpha), float(beta), uniforms[sl])
             trace.update(elapsed + time.perf_counter() - start, 0, sweep * n_batches + b, staleness=0)
-        _synchronize(mod)
+        synchronize(mod)
         end = time.perf_counter()
         trace.span(0, "compute", elapsed, elapsed + end - start, step=sweep)
         elapsed += end - start
@@ -217,11 +209,3 @@ def train_batched(
     return BatchedLDARun(trace, to_numpy(z).astype(np.int32), to_numpy(n_dk), to_numpy(n_wk), to_numpy(n_k),
                          corpus.n_tokens * n_sweeps / elapsed)
 
-
-def _synchronize(xp: ModuleType) -> None:
-    """Wait for queued GPU work so wall times are real (no-op on NumPy)."""
-    if xp is not np:  # pragma: no cover - needs a GPU
-        xp.cuda.Device().synchronize()
-
-
-__all__ = ["BatchedLDARun", "resample_batch", "train_batched"]
