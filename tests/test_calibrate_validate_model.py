@@ -31,7 +31,16 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
     bsp1 = twin_config(KNOWN_GAPS["bsp shm"], 1, cal)
     w = KNOWN_GAPS["bsp shm"]
     folded = bsp_sync(cal, 1) + cal.compute_time("bsp_apply", w.n_features, 1)  # barriers + apply
-    assert 0 < bsp_sync(cal, 1) < cal.bsp_step.median  # the null step less its arithmetic
+    # One worker: the null run's step less its arithmetic, or two 1-party rounds if unmeasured.
+    import dataclasses
+
+    from simlib.sim.calibrate import NULL_SHM, Spread
+
+    slow = dataclasses.replace(cal, bsp_step=Spread(1e-3, 1e-3, 1e-3, 1))
+    work = cal.compute_time("bsp_grad", 1, 1) + cal.compute_time("bsp_apply", NULL_SHM["features"], 1)
+    assert bsp_sync(slow, 1) == pytest.approx(1e-3 - work)
+    assert bsp_sync(dataclasses.replace(cal, bsp_step=Spread.unmeasured()), 1) == 2 * cal.barrier_cost[1].median
+    assert bsp_sync(cal, 2) == 2 * cal.barrier_cost[2].median
     assert bsp1.compute_overhead == pytest.approx(cal.sim_config("bsp_grad").compute_overhead + folded)
     assert bsp2.bandwidth == pytest.approx(16.0 / cal.unit_time("bsp_apply", 2))  # each worker applies half
 
@@ -81,7 +90,7 @@ def test_pipe_ps_residual_is_what_the_model_leaves_unexplained(cal):
     from simlib.sim.validate_model import pipe_ps_residual
 
     assert cal.ps_step.n > 0 and cal.ps_step.median > 0  # calibration measured the null run
-    unmeasured = dataclasses.replace(cal, ps_step=Spread(math.nan, math.nan, math.nan, 0))
+    unmeasured = dataclasses.replace(cal, ps_step=Spread.unmeasured())
     assert pipe_ps_residual(unmeasured) == 0.0
     # A null step far slower than the model: the residual is the difference, to the second.
     slow = dataclasses.replace(cal, ps_step=Spread(0.01, 0.0, 0.0, 1))
@@ -103,7 +112,7 @@ def test_pipe_ps_prediction_adds_the_measured_warm_up_once(cal):
 
     assert cal.ps_warmup.n > 0 and cal.ps_warmup.median >= 0
     w = WORKLOADS["ps latency-bound"]
-    none = dataclasses.replace(cal, ps_warmup=Spread(math.nan, math.nan, math.nan, 0))
+    none = dataclasses.replace(cal, ps_warmup=Spread.unmeasured())
     more = dataclasses.replace(cal, ps_warmup=Spread(0.5, 0.5, 0.5, 1))
     hog = WORKLOADS["hogwild"]
     assert warmup(w, none) == 0.0 and warmup(hog, more, 2) == warmup(hog, none, 2)  # the pipe's warm-up only
@@ -130,7 +139,7 @@ def test_shared_memory_prediction_adds_the_first_touch_of_one_shard(cal):
     fixed = dataclasses.replace(cal, shm_first_touch=Spread(1e-9, 1e-9, 1e-9, 1), shm_setup=Spread(0.002, 0.002, 0.002, 1),
                                 cpu_share={1: Spread(1.0, 1.0, 1.0, 1)})
     assert warmup(hog, fixed, 1) == pytest.approx(0.002 + shm_bytes_per_worker(hog, 1) * 1e-9)
-    unmeasured = dataclasses.replace(fixed, shm_first_touch=Spread(math.nan, math.nan, math.nan, 0))
+    unmeasured = dataclasses.replace(fixed, shm_first_touch=Spread.unmeasured())
     assert warmup(hog, unmeasured, 1) == pytest.approx(0.002)  # the set-up alone
     assert cal.shm_setup.n > 0 and 0 <= cal.shm_setup.median < 0.1 and 0 < cal.bsp_step.median < 0.01
     assert predict(hog, 1, fixed)[0] - predict(hog, 1, unmeasured)[0] == pytest.approx(shm_bytes_per_worker(hog, 1) * 1e-9, rel=1e-9)

@@ -80,9 +80,18 @@ class Spread:
         """Median and quartiles of ``samples`` (finite values only)."""
         x = np.asarray([s for s in samples if math.isfinite(s)], dtype=np.float64)
         if x.size == 0:
-            return cls(math.nan, math.nan, math.nan, 0)
+            return cls.unmeasured()
         q25, med, q75 = np.percentile(x, [25, 50, 75])
         return cls(float(med), float(q25), float(q75), int(x.size))
+
+    @classmethod
+    def unmeasured(cls) -> "Spread":
+        """A quantity this calibration did not measure (n = 0)."""
+        return cls(math.nan, math.nan, math.nan, 0)
+
+    def median_or(self, default: float) -> float:
+        """The median, or ``default`` when nothing finite was measured."""
+        return self.median if self.n and math.isfinite(self.median) else default
 
     @property
     def iqr(self) -> float:
@@ -129,13 +138,13 @@ class Calibration:
     # The real pipe PS on a null workload (1 worker, 1-row batches; see NULL_PS): its typical
     # step (median time between updates), and its warm-up: how much longer the whole run took
     # than that many typical steps (first touches of pages and caches, lazy set-up in the children).
-    ps_step: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
-    ps_warmup: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
-    shm_first_touch: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))  # s/byte
+    ps_step: Spread = field(default_factory=Spread.unmeasured)
+    ps_warmup: Spread = field(default_factory=Spread.unmeasured)
+    shm_first_touch: Spread = field(default_factory=Spread.unmeasured)  # s/byte
     # The shared-memory trainer on NULL_SHM: seconds from process start to its first step, and
     # its typical one-worker BSP step.
-    shm_setup: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
-    bsp_step: Spread = field(default_factory=lambda: Spread(math.nan, math.nan, math.nan, 0))
+    shm_setup: Spread = field(default_factory=Spread.unmeasured)
+    bsp_step: Spread = field(default_factory=Spread.unmeasured)
 
     # -- into the simulator ------------------------------------------------------------------
     def pipe_time(self, nbytes: float) -> float:
@@ -249,9 +258,7 @@ class Calibration:
             cpu_share={int(n): sp(v) for n, v in d["cpu_share"].items()},
             pipe_share=float(d["pipe_share"]),
             context=dict(d.get("context", {})),
-            ps_step=sp(d["ps_step"]) if "ps_step" in d else Spread(math.nan, math.nan, math.nan, 0),
-            ps_warmup=sp(d["ps_warmup"]) if "ps_warmup" in d else Spread(math.nan, math.nan, math.nan, 0),
-            **{k: sp(d[k]) for k in ("shm_first_touch", "shm_setup", "bsp_step") if k in d},
+            **{k: sp(d[k]) for k in ("ps_step", "ps_warmup", "shm_first_touch", "shm_setup", "bsp_step") if k in d},
         )
 
     def to_json(self) -> str:
@@ -649,11 +656,11 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         null_steps.append(step)
         warmups.append(max(times[-1] - first - NULL_PS["steps"] * step, 0.0))
 
-    starts_1 = float(np.median(starts[1][1:]))
+    process_start = {n: Spread.of(v[1:]) for n, v in starts.items()}  # the first group warms imports
     setups, bsp_steps = [], []
     for _ in range(repeats):
         first, step = null_shm_run(start_method)
-        setups.append(max(first - starts_1, 0.0))
+        setups.append(max(first - process_start[1].median, 0.0))
         bsp_steps.append(step)
 
     share = measure_load(0.1 if quick else 0.3, 2, start_method)
@@ -663,7 +670,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         pipe_bandwidth=Spread.of([1.0 / b if b > 0 else math.inf for _, b in fits]),
         pipe_sizes=tuple(sizes),
         pipe_times=pipe_times,
-        process_start={n: Spread.of(v[1:]) for n, v in starts.items()},  # the first group warms imports
+        process_start=process_start,
         shm_copy_bandwidth=Spread.of(copy_bw[1:]),  # the first copy pays the page faults
         lock_cost=Spread.of(bar["lock"]),
         barrier_cost={1: Spread.of(bar["barrier1"]), 2: Spread.of(bar["barrier2"])},

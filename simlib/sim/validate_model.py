@@ -85,7 +85,7 @@ class Workload:
 
 
 # The checked set: compute-bound and latency-bound pipes (a second worker makes the latter
-# slower) and Hogwild (slower on 2 workers too: they fight over the hot features' cache lines).
+# slower) and Hogwild (slower on 2 workers too: each shared write steals the other core's cache line).
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("ps compute-bound", "pipe_ps", global_batch=1024, steps=40),
     Workload("ps latency-bound", "pipe_ps", global_batch=4, steps=300),
@@ -164,12 +164,13 @@ def bsp_sync(cal: Calibration, n_workers: int) -> float:
     """
     if n_workers >= 2:
         return 2 * cal.barrier_cost[2].median
-    if cal.bsp_step.n and math.isfinite(cal.bsp_step.median):
-        from simlib.sim.calibrate import NULL_SHM
+    null_step = cal.bsp_step.median_or(math.nan)
+    if math.isnan(null_step):
+        return 2 * cal.barrier_cost[1].median
+    from simlib.sim.calibrate import NULL_SHM
 
-        work = cal.compute_time("bsp_grad", 1, 1) + cal.compute_time("bsp_apply", NULL_SHM["features"], 1)
-        return max(cal.bsp_step.median - work, 0.0)
-    return 2 * cal.barrier_cost[1].median
+    work = cal.compute_time("bsp_grad", 1, 1) + cal.compute_time("bsp_apply", NULL_SHM["features"], 1)
+    return max(null_step - work, 0.0)
 
 
 def _pipe_ps_config(cal: Calibration, busy: int, n_workers: int, steps: int, batch_size: int, lr: float,
@@ -192,7 +193,7 @@ def pipe_ps_residual(cal: Calibration) -> float:
     typical step is longer than the model of that same run, the difference is charged to every
     step of every pipe-PS twin. Measured once, not fitted to the workloads it is checked on.
     """
-    if not cal.ps_step.n or not math.isfinite(cal.ps_step.median):
+    if math.isnan(cal.ps_step.median_or(math.nan)):
         return 0.0
     from simlib.sim.calibrate import NULL_PS, kernel_problem
 
@@ -211,12 +212,9 @@ def warmup(w: Workload, cal: Calibration, n_workers: int = 1) -> float:
     the same time, so one shard's worth counts. A figure the calibration lacks counts 0.
     """
     if w.substrate == "pipe_ps":
-        ok = cal.ps_warmup.n and math.isfinite(cal.ps_warmup.median)
-        return cal.ps_warmup.median if ok else 0.0
-    setup = cal.shm_setup.median if cal.shm_setup.n and math.isfinite(cal.shm_setup.median) else 0.0
-    if not cal.shm_first_touch.n or not math.isfinite(cal.shm_first_touch.median):
-        return setup
-    return setup + shm_bytes_per_worker(w, n_workers) * cal.shm_first_touch.median / cal.share(min(n_workers, 2))
+        return cal.ps_warmup.median_or(0.0)
+    touch = cal.shm_first_touch.median_or(0.0) * shm_bytes_per_worker(w, n_workers) / cal.share(min(n_workers, 2))
+    return cal.shm_setup.median_or(0.0) + touch
 
 
 def shm_bytes_per_worker(w: Workload, n_workers: int) -> int:
