@@ -5,7 +5,8 @@ Prints one table:
   * SimPy + the step's NumPy work only: five timeouts per step and nothing but the pull, gradient
     and apply a null step must do -- a ceiling on the ratio any engine can reach;
   * simlib, null math: the same cluster machinery (gates, links, clocks, trace) with a problem
-    whose gradient is free, so the ratio isolates the simulator's own overhead;
+    whose gradient is free, so the ratio isolates the simulator's own overhead; once more with
+    the trace's records switched off, to show what recording costs;
   * simlib, real math: the default logistic problem (10^4 features), 1,000 workers x 100 BSP steps.
 Goals (issue): simulated events/s >= 0.5x bare SimPy; 1,000 x 100 BSP with real math < 60 s.
 
@@ -15,6 +16,7 @@ Goals (issue): simulated events/s >= 0.5x bare SimPy; 1,000 x 100 BSP with real 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import time
 
@@ -22,6 +24,7 @@ import numpy as np
 import simpy
 
 from simlib.sim import SimConfig, default_problem, simulate
+from simlib.trace import Trace
 
 
 class NullProblem:
@@ -95,6 +98,17 @@ def simpy_with_step_math(n_procs: int, n_steps: int) -> tuple[int, float]:
     return n_procs * n_steps * 5, time.perf_counter() - t
 
 
+@contextlib.contextmanager
+def trace_records_off():
+    """Make Trace.span and Trace.update do nothing, to see what recording costs (a diagnostic only)."""
+    span, update = Trace.span, Trace.update
+    Trace.span = Trace.update = lambda self, *a, **k: None
+    try:
+        yield
+    finally:
+        Trace.span, Trace.update = span, update
+
+
 def timed(cfg: SimConfig, problem) -> tuple[int, float, object]:
     t = time.perf_counter()
     trace = simulate(cfg, problem)
@@ -119,6 +133,8 @@ def main() -> None:
     bare_ev, bare_s = bare[0][0], float(np.median([b[1] for b in bare]))
     floor = [simpy_with_step_math(workers, steps) for _ in range(args.repeats)]
     floor_ev, floor_s = floor[0][0], float(np.median([f[1] for f in floor]))
+    with trace_records_off():
+        quiet_s = float(np.median([timed(cfg, NullProblem())[1] for _ in range(args.repeats)]))
     problem = default_problem()
     simulate(SimConfig(n_workers=2, steps=2), problem)  # load the compiled kernels before timing
     t0 = time.perf_counter()
@@ -129,6 +145,8 @@ def main() -> None:
     rows.append(("SimPy + the step's NumPy work only (ceiling)", floor_ev, floor_s, floor_ev / floor_s,
                  (floor_ev / floor_s) / (bare_ev / bare_s)))
     rows.append(("simlib BSP, null math", ev, null_s, ev / null_s, (ev / null_s) / (bare_ev / bare_s)))
+    rows.append(("simlib BSP, null math, no trace records", ev, quiet_s, ev / quiet_s,
+                 (ev / quiet_s) / (bare_ev / bare_s)))
     rows.append((f"simlib BSP, real math (10^4 features)", events, real_s, events / real_s, (events / real_s) / (bare_ev / bare_s)))
 
     print(f"simulator speed, {workers} workers x {steps} BSP steps; {platform.processor() or platform.machine()}, "
@@ -138,6 +156,9 @@ def main() -> None:
         print(f"{name:46s} {e:10d} {s:8.2f} {rate:11.0f} {ratio:8.2f}x")
     goal_ratio = rows[2][4] >= 0.5
     goal_wall = real_s < 60 or args.quick
+    steps_run = workers * steps
+    print(f"trace records cost {(null_s - quiet_s) / steps_run * 1e6:.1f} us per step; the 0.5x goal leaves the "
+          f"engine {(ev / (0.5 * bare_ev / bare_s) - floor_s) / steps_run * 1e6:.1f} us per step beyond the ceiling row")
     print(f"goal events/s >= 0.5x SimPy (null math): {'met' if goal_ratio else 'NOT met'}; "
           f"goal {workers} x {steps} real math < 60 s: {'met' if goal_wall else 'NOT met'} ({real_s:.1f} s); "
           f"final loss {trace.quality[-1].value:.4f}")
