@@ -20,7 +20,7 @@ atomically adds its update. The decay is kept as one scale for the whole vector 
 scale``, as scikit-learn does), so no kernel touches the untouched weights. The array version
 above costs about a dozen launches per batch, each with CuPy's own overhead, and is
 launch-bound at the batch sizes that keep the loss (measured on an H100: 24-34 M nonzeros/s
-at B = 256, against 514-523 M fused); it stays as the NumPy path and as the reference the fused kernels are tested against.
+at B = 256, against 514-549 M fused); it stays as the NumPy path and as the reference the fused kernels are tested against.
 """
 from __future__ import annotations
 
