@@ -41,13 +41,20 @@ class Span(NamedTuple):
 
 
 class Update(NamedTuple):
-    """A contribution from ``worker`` at its clock ``step``, computed on parameters ``staleness`` steps old."""
+    """A push from ``worker`` at its clock ``step``.
+
+    ``staleness`` is tau, the one staleness every substrate records: the number of updates applied
+    to the parameters between the worker's read and its push (the seeds' "skipped updates"; 0 for
+    serial SGD). ``clock_lag`` is the protocol's view, the worker's clock minus the complete steps
+    at its read (-1 where a substrate has no clocks).
+    """
 
     time: float
     worker: int
     step: int
     staleness: int
     applied: bool = True
+    clock_lag: int = -1
 
 
 class QualityPoint(NamedTuple):
@@ -80,9 +87,10 @@ class Trace:
         if end > start:
             self.spans.append(Span(worker, kind, float(start), float(end), int(nbytes), int(step)))
 
-    def update(self, time: float, worker: int, step: int, staleness: int, applied: bool = True) -> None:
-        """Record one contribution and the staleness it was computed with."""
-        self.updates.append(Update(float(time), int(worker), int(step), int(staleness), bool(applied)))
+    def update(self, time: float, worker: int, step: int, staleness: int, applied: bool = True,
+               clock_lag: int = -1) -> None:
+        """Record one push, its staleness tau and (if the substrate has clocks) its clock lag."""
+        self.updates.append(Update(float(time), int(worker), int(step), int(staleness), bool(applied), int(clock_lag)))
 
     def record_quality(self, time: float, step: int, value: float) -> None:
         """Record the metric at a moment of the run."""
@@ -129,6 +137,7 @@ class Trace:
         worker_time = makespan * n
         waiting = self.busy_time("wait")
         stale = [u.staleness for u in self.updates]
+        lags = [u.clock_lag for u in self.updates if u.clock_lag >= 0]
         return {
             "makespan": makespan,
             "steps_per_worker": steps_per_worker,
@@ -141,6 +150,7 @@ class Trace:
             "updates_dropped": float(sum(1 for u in self.updates if not u.applied)),
             "max_staleness": float(max(stale, default=0)),
             "mean_staleness": float(sum(stale) / len(stale)) if stale else 0.0,
+            "max_clock_lag": float(max(lags, default=0)),
             "final_" + self.metric: self.quality[-1].value if self.quality else math.nan,
         }
 

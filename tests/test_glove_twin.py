@@ -17,8 +17,9 @@ def test_one_worker_equals_the_sequential_kernel(cooc):
     w = prob.init_params()
     for s in range(steps):
         b = prob.batch((0, cooc.nnz), s, batch)
-        k, g = prob.gradient(w[prob.keys(b)], b)
-        w[k] -= g
+        k = prob.keys(b)
+        k, d = prob.step(w[k], b, k, cfg.learning_rate)
+        w[k] += d
     ref = GloveParams.init(cooc.n_words, cfg)
     logx, fx = entry_terms(cooc.values, cfg)
     order = epoch_order(cooc.nnz, cfg.seed, 0)[: batch * steps]

@@ -35,7 +35,7 @@ def test_staleness_never_exceeds_the_bound_and_is_used(synthetic):
     trace = simulate_lda(synthetic, 8, 0.5, cfg=_cfg(protocol="ssp", staleness=s, steps=12, stragglers=JITTER))
     lag = np.arange(12)[None, :] - np.array(trace.meta["table_clock"])
     assert lag.min() >= 0 and lag.max() <= s
-    assert max(u.staleness for u in trace.updates) == s
+    assert max(u.clock_lag for u in trace.updates) == s
 
 
 def test_one_worker_without_noise_matches_the_cost_model(synthetic):

@@ -26,9 +26,9 @@ def test_one_worker_matches_serial_sgd_on_the_same_batches(small_problem):
     for c in range(4):
         batch = small_problem.batch(shard, c, 8)
         keys = small_problem.keys(batch)
-        keys, g = small_problem.gradient(w[keys], batch, keys)
-        w[keys] -= 0.5 * g
-    np.testing.assert_allclose(res.w, w, rtol=1e-12, atol=1e-15)
+        keys, d = small_problem.step(w[keys], batch, keys, 0.5)
+        w[keys] += d
+    np.testing.assert_allclose(res.params, w, rtol=1e-12, atol=1e-15)
 
 
 def test_dense_keys_pull_every_parameter(small_problem):

@@ -1,16 +1,16 @@
-"""A parameter server over pipes: BSP workers pull rows, compute gradients and push them back.
+"""The ``pipes`` substrate: a parameter server process and N worker processes joined by pipes.
 
 Processes: one server and N workers (a :class:`~simlib.parallel.WorkerGroup` of N + 1; the
 server is group member 0). Each worker owns one counted :class:`~simlib.parallel.Channel` to
 the server and runs, for every step c:
 
-    pull   send the keys its mini-batch touches (int32);  receive w[keys] (float64)
-    compute  the problem's real sparse gradient on the values it read
-    push   send one record array of (key int32, gradient float64) per touched key
+    pull   send the keys its mini-batch touches (int32);  receive table[keys] (float64)
+    compute  the problem's real update (:meth:`Problem.step`) on the values it read
+    push   send one record array of (key int32, delta float64) per touched key
 
-The server answers a pull for step c only once every worker's push for step c - 1 has been
-applied (BSP), so the gating is the simulator's (``simlib.sim.clocks``) and the byte counts are
-the simulator's with ``key_bytes=4, value_bytes=8``: a like-for-like pair for calibration.
+The server is :class:`simlib.contract.ParamServer`: it holds a pull for step c until the protocol
+allows the read (BSP, SSP(s), async, backup workers), applies pushes through the step rule and
+measures each push's tau. Byte counts are the simulator's with ``key_bytes=4, value_bytes=8``.
 
 Example::
 
@@ -23,16 +23,17 @@ Example::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
 import numpy as np
 
 from simlib import _validate as check
+from simlib.contract import ParamServer, Result, Training
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import current
+from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
@@ -61,12 +62,12 @@ def pull_keys(problem: Any, batch: np.ndarray) -> np.ndarray:
     return problem.keys(batch).astype(np.int32, copy=False)
 
 
-def push_message(problem: Any, values: np.ndarray, batch: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """The worker's compute: the gradient on the values read, packed as (key, grad) records."""
-    keys, g = problem.gradient(values, batch, keys)
+def push_message(problem: Any, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float = 1.0) -> np.ndarray:
+    """The worker's compute: the problem's update on the values read, packed as (key, delta) records."""
+    keys, d = problem.step(values, batch, keys, lr)
     msg = np.empty(len(keys), PUSH_DTYPE)
     msg["key"] = keys
-    msg["grad"] = g
+    msg["grad"] = d
     return msg
 
 
@@ -77,47 +78,21 @@ def warm_up(problem: Any) -> None:
     batch = problem.batch(problem.shards(1)[0], 0, 2)
     keys = pull_keys(problem, batch)
     push_message(problem, np.zeros(len(keys)), batch, keys)
-    problem.loss(problem.init_params())
+    problem.quality(problem.init_params())
 
 
-@dataclass
-class PipePSResult:
-    """Final weights, the workers' trace (server spans left out) and the run's wall seconds."""
+def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
+        timeout: float | None = 120.0, evaluate: bool = True) -> Result:
+    """The substrate entry point (``simlib.run(..., substrate="pipes")``).
 
-    w: np.ndarray
-    trace: Trace
-    wall_seconds: float  # the whole call: process start, training, result collection
-
-    @property
-    def worker_seconds(self) -> float:
-        """From the group's start to the last worker span's end (process start included)."""
-        return max((s.end for s in self.trace.spans), default=0.0)
-
-
-def run_pipe_ps(
-    problem: Any,
-    n_workers: int = 2,
-    steps: int = 50,
-    batch_size: int = 32,
-    lr: float = 0.5,
-    eval_every: int = 0,
-    start_method: str | None = None,
-    timeout: float | None = 120.0,
-) -> PipePSResult:
-    """Train ``problem`` with BSP through a pipe-based parameter server; returns weights and trace.
-
-    ``problem`` follows the parameter-server contract of :mod:`simlib.problems.logistic`
-    (``init_params``, ``shards``, ``batch``, ``keys``, ``gradient``, ``loss``). The server
-    records the loss every ``eval_every`` rounds (0: only at the start and the end).
+    ``evaluate=False`` records the metric only at the start and the end (for timing runs);
+    ``timeout`` bounds the whole run's wall time. Deadlines (``Protocol.timeout``) are simulated
+    only: a real server would need timers, so they are refused here.
     """
-    check.positive_int("n_workers", n_workers)
-    check.positive_int("steps", steps)
-    check.positive_int("batch_size", batch_size)
-    check.positive("lr", lr)
-    check.non_negative_int("eval_every", eval_every)
-    for name in ("init_params", "shards", "batch", "keys", "gradient", "loss"):
-        if not callable(getattr(problem, name, None)):
-            raise ValueError(f"problem must provide {name}() (the parameter-server contract)")
+    if protocol.timeout is not None:
+        raise ValueError("timeout: per-step deadlines run in the simulator only (substrate='sim'); "
+                         "use backup_workers on real substrates")
+    n_workers = training.n_workers
     shards = problem.shards(n_workers)  # raises ValueError naming n_workers if too many
     warm_up(problem)
     started = time.perf_counter()
@@ -125,91 +100,113 @@ def run_pipe_ps(
         pairs = [group.channel_pair() for _ in range(n_workers)]
         server_ends = tuple(a for a, _ in pairs)
         worker_args = [(None, server_ends)] + [(b, None) for _, b in pairs]
-        out = group.run(_member, problem, shards, steps, batch_size, lr, eval_every,
+        out = group.run(_member, problem, shards, protocol, training, evaluate,
                         worker_args=worker_args, timeout=timeout)
         raw = group.trace
     wall = time.perf_counter() - started
-    w, quality = out[0]
-    trace = Trace(label=f"pipe PS, {n_workers} worker{'s' if n_workers > 1 else ''}", substrate="parallel",
-                  n_workers=n_workers, metric=getattr(problem, "metric", "loss"),
+    w, quality, updates = out[0]
+    trace = Trace(label=f"{protocol.label} over pipes, {n_workers} worker{'s' if n_workers > 1 else ''}",
+                  substrate="pipes", n_workers=n_workers, metric=getattr(problem, "metric", "loss"),
                   lower_is_better=getattr(problem, "lower_is_better", True))
     for s in raw.spans:  # member 0 is the server; workers become 0 .. N-1 as in the simulator
         if s.worker > 0:
             trace.span(s.worker - 1, s.kind, s.start, s.end, s.nbytes, s.step)
-    for u in raw.updates:
-        if u.worker > 0:
-            trace.update(u.time, u.worker - 1, u.step, u.staleness, u.applied)
+    for u in updates:
+        trace.update(*u)
     for t, step, value in quality:
         trace.record_quality(t, step, value)
-    trace.meta.update(substrate_detail="pipe parameter server", protocol="bsp", steps=steps,
-                      batch_size=batch_size, lr=lr, wall_seconds=wall, start_method=group.start_method)
-    return PipePSResult(w, trace, wall)
+    trace.meta.update(substrate_detail="pipe parameter server", protocol=protocol.spec, steps=training.steps,
+                      batch_size=training.batch_size, lr=training.lr, wall_seconds=wall,
+                      start_method=group.start_method)
+    worker_seconds = max((s.end for s in trace.spans), default=0.0)
+    return Result(trace, w, {"wall_seconds": wall, "worker_seconds": worker_seconds})
 
 
-def _member(member: int, n_members: int, problem: Any, shards: list, steps: int, batch_size: int, lr: float,
-            eval_every: int, mine: Channel | None, server_ends: tuple[Channel, ...] | None) -> Any:
+def run_pipe_ps(problem: Any, n_workers: int = 2, steps: int = 50, batch_size: int = 32, lr: float = 0.5,
+                eval_every: int = 0, start_method: str | None = None, timeout: float | None = 120.0) -> Result:
+    """BSP over pipes with the loss every ``eval_every`` rounds (0: at the start and the end only)."""
+    check.non_negative_int("eval_every", eval_every)
+    from simlib.contract import check_problem
+
+    check_problem(problem)
+    training = Training(n_workers=n_workers, steps=steps, batch_size=batch_size, lr=lr, eval_every=max(eval_every, 1))
+    return run(problem, Protocol("bsp"), training, start_method, timeout, evaluate=eval_every > 0)
+
+
+def _member(member: int, n_members: int, problem: Any, shards: list, protocol: Protocol, training: Training,
+            evaluate: bool, mine: Channel | None, server_ends: tuple[Channel, ...] | None) -> Any:
     """Group entry point: member 0 serves, the others are workers 0 .. N-1."""
     if member == 0:
         assert server_ends is not None
-        return _serve(problem, list(server_ends), steps, lr, eval_every)
+        return _serve(problem, list(server_ends), protocol, training, evaluate)
     assert mine is not None
-    _work(member - 1, problem, shards[member - 1], mine, steps, batch_size)
+    _work(member - 1, problem, shards[member - 1], mine, training)
     return None
 
 
-def _work(i: int, problem: Any, shard: tuple[int, int], ch: Channel, steps: int, batch_size: int) -> None:
+def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training) -> None:
     """One worker: pull, compute, push, ``steps`` times (the channel records send/recv spans)."""
     ctx = current()
-    for c in range(steps):
-        batch = problem.batch(shard, c, batch_size)
+    for c in range(training.steps):
+        batch = problem.batch(shard, c, training.batch_size)
         keys = pull_keys(problem, batch)
         ch.send_array(keys)
-        values = ch.recv_array()  # the server holds this reply until step c - 1 is complete
+        values = ch.recv_array()  # the server holds this reply until the protocol allows the read
         s = time.perf_counter()
-        msg = push_message(problem, values, batch, keys)
+        msg = push_message(problem, values, batch, keys, training.lr)
         e = time.perf_counter()
         ch.send_array(msg)
         if ctx is not None:
             ctx.span("compute", s, e, step=c)
-            ctx.update(c, staleness=0)
 
 
-def _serve(problem: Any, chans: list[Channel], steps: int, lr: float, eval_every: int) -> tuple[np.ndarray, list]:
-    """The server: answer pulls for step c once step c - 1 is complete; apply every push at once."""
+def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Training,
+           evaluate: bool) -> tuple[np.ndarray, list, list]:
+    """The server: answer pulls when :class:`ParamServer` allows, apply pushes, record tau per push."""
     ctx = current()
-    n = len(chans)
-    w = problem.init_params()
+    n, steps = len(chans), training.steps
+    server = ParamServer(problem.init_params(), n, protocol, training.rule)
     clock = [0] * n  # the step each worker's next pull belongs to
-    pushes = [0] * (steps + 1)  # pushes received per step
-    completed = 0  # steps 0 .. completed-1 have all n pushes
-    deferred: list[tuple[int, np.ndarray]] = []  # (worker, keys) pulls waiting for the barrier
-    now = ctx.now if ctx is not None else time.perf_counter
-    quality = [(now(), 0, float(problem.loss(w)))]
+    read_version = [0] * n
+    lag = [0] * n
     expecting_push = [False] * n
-    while completed < steps:
+    deferred: list[tuple[int, np.ndarray]] = []  # (worker, keys) pulls the protocol holds back
+    now = ctx.now if ctx is not None else time.perf_counter
+    quality = [(now(), 0, float(problem.quality(server.params)))]
+    updates: list[tuple] = []
+    period = training.eval_every * n
+    done = 0
+
+    def answer(j: int, keys: np.ndarray) -> None:
+        c = clock[j] - 1
+        values, read_version[j] = server.pull(keys)
+        lag[j] = server.clocks.clock_lag(c)
+        chans[j].send_array(values)
+
+    while done < n:
         for ch in wait(chans):
             i = chans.index(ch)  # type: ignore[arg-type]
             msg = ch.recv_array()
-            if expecting_push[i]:
-                step = clock[i] - 1
-                rec = msg.view(PUSH_DTYPE)  # a record dtype travels as raw 'V12' bytes
-                w[rec["key"]] -= lr * rec["grad"]
-                expecting_push[i] = False
-                pushes[step] += 1
-                if pushes[step] == n:
-                    completed += 1
-                    if eval_every and completed % eval_every == 0 and completed < steps:
-                        quality.append((now(), completed * n, float(problem.loss(w))))
-                    ready = [(j, k) for j, k in deferred if clock[j] - 1 <= completed]
-                    deferred = [(j, k) for j, k in deferred if clock[j] - 1 > completed]
-                    for j, k in ready:
-                        chans[j].send_array(w[k])
-            else:
+            if not expecting_push[i]:
                 clock[i] += 1
                 expecting_push[i] = True
-                if clock[i] - 1 <= completed:
-                    ch.send_array(w[msg])
+                if server.may_read(clock[i] - 1):
+                    answer(i, msg)
                 else:
                     deferred.append((i, msg))
-    quality.append((now(), steps * n, float(problem.loss(w))))
-    return w, quality
+                continue
+            c = clock[i] - 1
+            rec = msg.view(PUSH_DTYPE)  # a record dtype travels as raw 'V12' bytes
+            applied, tau = server.push(c, rec["key"], rec["grad"], read_version[i])
+            updates.append((now(), i, c, tau, applied, lag[i]))
+            expecting_push[i] = False
+            done += c == steps - 1
+            if evaluate and len(updates) % period == 0 and len(updates) < n * steps:
+                quality.append((now(), len(updates), float(problem.quality(server.params))))
+            ready = [(j, k) for j, k in deferred if server.may_read(clock[j] - 1)]
+            deferred = [(j, k) for j, k in deferred if not server.may_read(clock[j] - 1)]
+            for j, k in ready:
+                answer(j, k)
+    server.finish()
+    quality.append((now(), n * steps, float(problem.quality(server.params))))
+    return server.params, quality, updates

@@ -245,6 +245,15 @@ class LogisticProblem:
         g = xp.bincount(local_x, weights=coef[row] * vals, minlength=len(keys))
         return keys, g + self.l2 * w_keys
 
+    def step(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, Any]:
+        """(keys, -lr * g): the SGD update of the contract, from the values read."""
+        keys, g = self.gradient(w_keys, batch, keys)
+        return keys, -lr * g
+
+    def quality(self, w: Any) -> float:
+        """The contract's metric: :meth:`loss`."""
+        return self.loss(w)
+
     def loss(self, w: Any) -> float:
         """L(w) on the evaluation rows: mean log-loss plus (lam / 2) ||w||^2."""
         e = self._eval

@@ -2,7 +2,7 @@
 
     >>> from simlib.sim import SimConfig, Stragglers, simulate
     >>> bsp = simulate(SimConfig(n_workers=4, steps=10, stragglers=Stragglers(jitter="lognormal")))
-    >>> bsp.summary()["max_staleness"]
+    >>> bsp.summary()["max_clock_lag"]
     0.0
 
 ``SimConfig`` holds the whole run (validated on construction); ``simulate`` returns a

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simlib import _validate as check
-
-PROTOCOLS = ("bsp", "ssp", "async")
+from simlib.protocol import KINDS as PROTOCOLS
+from simlib.protocol import Protocol
 TOPOLOGIES = ("ps", "allreduce")
 JITTERS = ("none", "lognormal", "exponential")
 COST_UNITS = ("nonzero", "sample")
@@ -80,17 +80,18 @@ class SimConfig:
         >>> from simlib.sim import SimConfig, simulate
         >>> cfg = SimConfig(n_workers=4, protocol="ssp", staleness=2, steps=20)
         >>> trace = simulate(cfg)
-        >>> trace.summary()["max_staleness"] <= 2
+        >>> trace.summary()["max_clock_lag"] <= 2
         True
     """
 
     n_workers: int = 8
-    protocol: str = "bsp"
+    protocol: str = "bsp"  # 'bsp', 'ssp' (with staleness) or 'async'; 'ssp:3' / 'SSP(3)' are read too
     staleness: int = 0
     steps: int = 100
     batch_size: int = 32
     lr: float = 0.5
     staleness_aware_lr: bool = False
+    accumulation: int | None = None
     topology: str = "ps"
     n_servers: int = 1
     n_summation: int = 0
@@ -109,6 +110,17 @@ class SimConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.protocol, Protocol) or (isinstance(self.protocol, str) and self.protocol.lower() not in PROTOCOLS):
+            given, p = self.protocol, Protocol.parse(self.protocol)
+            if self.staleness not in (0, p.staleness):
+                raise ValueError(f"staleness={self.staleness} contradicts protocol {given!r}")
+            object.__setattr__(self, "protocol", p.kind)
+            object.__setattr__(self, "staleness", p.staleness)
+            if isinstance(given, Protocol):
+                object.__setattr__(self, "backup_workers", p.backup_workers)
+                object.__setattr__(self, "timeout", p.timeout)
+        elif isinstance(self.protocol, str):
+            object.__setattr__(self, "protocol", self.protocol.lower())
         self.validate()
 
     def validate(self) -> None:
@@ -118,6 +130,10 @@ class SimConfig:
         check.non_negative_int("staleness", self.staleness)
         if self.protocol == "bsp" and self.staleness != 0:
             raise ValueError("staleness must be 0 for protocol 'bsp' (use protocol 'ssp' for a bound s > 0)")
+        if self.protocol != "ssp" and self.staleness:
+            raise ValueError(f"staleness applies to protocol 'ssp' only; use protocol='ssp:{self.staleness}'")
+        if self.accumulation is not None:
+            check.positive_int("accumulation", self.accumulation)
         check.positive_int("steps", self.steps)
         check.positive_int("batch_size", self.batch_size)
         check.positive("lr", self.lr)
@@ -154,15 +170,28 @@ class SimConfig:
             from simlib.compress import parse_spec  # raises ValueError naming 'compression'
 
             parse_spec(self.compression)
+        self.proto.check_workers(self.n_workers)  # the bound's range, checked as every substrate checks it
         check.positive_int("value_bytes", self.value_bytes)
         check.positive_int("key_bytes", self.key_bytes)
         check.positive_int("eval_every", self.eval_every)
         check.non_negative_int("seed", self.seed)
 
     @property
+    def proto(self) -> Protocol:
+        """The run's :class:`~simlib.protocol.Protocol` (kind, bound, backup workers, deadline)."""
+        return Protocol(self.protocol, self.staleness, self.backup_workers, self.timeout)
+
+    @property
+    def rule(self) -> "StepRule":
+        """The server's step rule: staleness-aware or not, and the accumulation factor lambda."""
+        from simlib.protocol import StepRule
+
+        return StepRule(self.staleness_aware_lr, self.accumulation)
+
+    @property
     def bound(self) -> float:
         """The staleness bound the protocol enforces: 0 (BSP), s (SSP), infinity (async)."""
-        return {"bsp": 0, "ssp": self.staleness, "async": math.inf}[self.protocol]
+        return self.proto.bound
 
     @property
     def label(self) -> str:
@@ -174,6 +203,8 @@ class SimConfig:
             base += f" b={self.backup_workers}"
         if self.timeout is not None:
             base += f" T={self.timeout:g}s"
+        if self.staleness_aware_lr:
+            base += " a0/tau"
         if self.compression and self.compression != "none":
             base += f" [{self.compression}]"
         return base

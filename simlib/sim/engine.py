@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
+from simlib.contract import ParamServer, check_problem
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim.clocks import ClockTable
 from simlib.sim.config import SimConfig
@@ -35,8 +36,7 @@ def default_problem(n_rows: int = 20_000, n_features: int = 10_000, nnz_per_row:
 def simulate(cfg: SimConfig, problem: Any = None, progress: Progress | None = None) -> Trace:
     """Run one simulated training job and return its trace (``substrate='sim'``).
 
-    ``problem`` follows the parameter-server contract (``init_params``, ``shards``, ``batch``,
-    ``keys``, ``work``, ``gradient``, ``loss``); None means :func:`default_problem`.
+    ``problem`` is a :class:`simlib.contract.Problem`; None means :func:`default_problem`.
     ``progress``, if given, is called with the fraction of steps done.
 
     Example::
@@ -48,9 +48,16 @@ def simulate(cfg: SimConfig, problem: Any = None, progress: Progress | None = No
     """
     if not isinstance(cfg, SimConfig):
         raise ValueError(f"cfg must be a SimConfig, got {type(cfg).__name__}")
+    return run_config(cfg, problem, progress).trace
+
+
+def run_config(cfg: SimConfig, problem: Any = None, progress: Progress | None = None) -> "_Run":
+    """Run a simulation and return its state (``.trace``, the final table ``.w``)."""
     problem = default_problem() if problem is None else problem
+    check_problem(problem)
     run = _Run(cfg, problem, progress)
-    return run.execute()
+    run.execute()
+    return run
 
 
 class _Run:
@@ -66,7 +73,8 @@ class _Run:
         self.compute = ComputeModel(cfg, compute_seq)
         self.w = problem.init_params()
         self.shards = problem.shards(cfg.n_workers)
-        self.clocks = ClockTable(self.env, cfg.n_workers, cfg.bound, cfg.backup_workers, cfg.timeout)
+        self.clocks = ClockTable(self.env, cfg.n_workers, cfg.proto)
+        self.server = ParamServer(self.w, cfg.n_workers, cfg.proto, cfg.rule, clocks=self.clocks)
         self.trace = Trace(
             label=cfg.label,
             substrate="sim",
@@ -89,7 +97,7 @@ class _Run:
     # -- top level ---------------------------------------------------------------------------
     def execute(self) -> Trace:
         cfg, env = self.cfg, self.env
-        self.trace.record_quality(0.0, 0, self.problem.loss(self.w))
+        self.trace.record_quality(0.0, 0, self.problem.quality(self.w))
         body = self._allreduce_worker if cfg.topology == "allreduce" else self._ps_worker
         if cfg.topology == "allreduce":
             self._ar = _AllReduce(self)
@@ -108,6 +116,7 @@ class _Run:
         finally:
             if gc_was_enabled:
                 gc.enable()
+        self.server.finish()
         if self.applied % self.eval_period:
             self._evaluate()
         for i, t0 in self.down_since.items():  # a worker that never came back is down to the end
@@ -121,8 +130,6 @@ class _Run:
             barriers=list(self.clocks.barriers) if cfg.bound == 0 else [],
             stalled=stalled,
             failed_workers=sorted(self.down_since),
-            # SimPy numbers every scheduled event from one counter: its next value is the total.
-            events=next(self.env._eid),
         )
         if stalled:
             self.trace.meta["stall_reason"] = (
@@ -144,29 +151,26 @@ class _Run:
                     yield gate
                     trace.span(i, "wait", t0, env.now, step=c)
                 self.clocks.open(c)
-                stale = self.clocks.staleness(c)
+                lag = self.clocks.rule.clock_lag(c)
                 batch = p.batch(self.shards[i], c, cfg.batch_size)
                 keys = p.keys(batch)
                 # Pull: request keys from each shard, the shard reads w on arrival and replies.
                 t_pull = env.now
-                values, req_bytes, resp_bytes = yield from self._pull(keys)
+                values, version, req_bytes, resp_bytes = yield from self._pull(keys)
                 trace.span(i, "recv", t_pull, env.now, nbytes=req_bytes + resp_bytes, step=c)
                 # Compute the real gradient on the values read.
                 t_comp = env.now
                 units = p.work(batch) if cfg.cost_unit == "nonzero" else len(batch)
                 yield env.timeout(self.compute.time(i, units))
-                keys, g = p.gradient(values, batch, keys)
+                keys, g = p.step(values, batch, keys, cfg.lr)
                 trace.span(i, "compute", t_comp, env.now, step=c)
                 keys, g, nbytes = self._encode(i, keys, g)
                 # Push: the update travels to each shard; it is applied when all of it has arrived.
                 t_push = env.now
                 yield from self._push(keys, nbytes)
                 trace.span(i, "send", t_push, env.now, nbytes=nbytes, step=c)
-                applied = self.clocks.deliver(c)
-                if applied:
-                    lr = cfg.lr / max(1, stale) if cfg.staleness_aware_lr else cfg.lr
-                    self.w[keys] -= lr * g
-                trace.update(env.now, i, c, stale, applied)
+                applied, tau = self.server.push(c, keys, g, version)
+                trace.update(env.now, i, c, tau, applied, clock_lag=lag)
                 self._count_step(applied)
                 # A dropped worker (backup workers, deadline) abandons the steps the others have
                 # already completed and rejoins at the current one, as in synchronous SGD with
@@ -188,19 +192,21 @@ class _Run:
         if len(parts) == 1:
             k, sel = parts[0]
             yield from transmit(env, self.servers[k].inlink, req_bytes, cfg.latency, cfg.bandwidth)
-            values = self.w[keys].copy()
+            values, version = self.server.pull(keys)
             yield from transmit(env, self.servers[k].outlink, resp_bytes, cfg.latency, cfg.bandwidth)
-            return values, req_bytes, resp_bytes
+            return values, version, req_bytes, resp_bytes
         values = np.empty(len(keys), dtype=self.w.dtype)
-        procs = [env.process(self._pull_shard(k, keys, sel, values)) for k, sel in parts]
+        versions: list[int] = []
+        procs = [env.process(self._pull_shard(k, keys, sel, values, versions)) for k, sel in parts]
         yield env.all_of(procs)
-        return values, req_bytes, resp_bytes
+        return values, min(versions), req_bytes, resp_bytes
 
-    def _pull_shard(self, k: int, keys: np.ndarray, sel: slice, out: np.ndarray):
+    def _pull_shard(self, k: int, keys: np.ndarray, sel: slice, out: np.ndarray, versions: list[int]):
         cfg, env = self.cfg, self.env
         n = sel.stop - sel.start
         yield from transmit(env, self.servers[k].inlink, n * cfg.key_bytes, cfg.latency, cfg.bandwidth)
-        out[sel] = self.w[keys[sel]]
+        out[sel], v = self.server.pull(keys[sel])
+        versions.append(v)  # the push's tau counts from the earliest shard read
         yield from transmit(env, self.servers[k].outlink, n * cfg.value_bytes, cfg.latency, cfg.bandwidth)
 
     def _push(self, keys: np.ndarray, nbytes: int):
@@ -242,7 +248,7 @@ class _Run:
                 t_comp = env.now
                 units = p.work(batch) if cfg.cost_unit == "nonzero" else len(batch)
                 yield env.timeout(self.compute.time(i, units))
-                keys, g = p.gradient(self.w[keys], batch, keys)
+                keys, g = p.step(self.w[keys], batch, keys, cfg.lr)
                 trace.span(i, "compute", t_comp, env.now, step=c)
                 t_arrive = env.now
                 done = self._ar.arrive(i, c, keys, g)
@@ -287,7 +293,7 @@ class _Run:
             self.progress(self.done_steps / self.total_steps)
 
     def _evaluate(self) -> None:
-        self.trace.record_quality(self.env.now, self.applied, self.problem.loss(self.w))
+        self.trace.record_quality(self.env.now, self.applied, self.problem.quality(self.w))
 
 
 class _AllReduce:
@@ -322,7 +328,7 @@ class _AllReduce:
             dense = np.zeros_like(run.w)
             dense[np.asarray(k_dec)] = np.asarray(v_dec, dtype=np.float64)  # a sparse compressor keeps a subset
         yield env.timeout(ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth))
-        run.w -= cfg.lr * dense
+        run.w += dense
         run.clocks.barriers.append(t_start)
         sent = int(round(2 * (cfg.n_workers - 1) / cfg.n_workers * size)) if cfg.n_workers > 1 else 0
         del self.pending[c]
@@ -333,10 +339,8 @@ def _make_compressors(cfg: SimConfig, n_params: int, seed_seq: np.random.SeedSeq
     """One compressor per worker (each may keep an error-feedback residual), or None."""
     if cfg.compression is None or cfg.compression == "none":
         return None
-    try:
-        from simlib.compress import make_compressor
-    except ImportError as exc:  # pragma: no cover - until the compression module exists
-        raise ValueError(f"compression {cfg.compression!r} needs simlib.compress, which is not available") from exc
+    from simlib.compress import make_compressor
+
     rngs = [np.random.default_rng(s) for s in seed_seq.spawn(cfg.n_workers)]
     return [
         make_compressor(cfg.compression, n_params, rngs[i], key_bytes=cfg.key_bytes, value_bytes=cfg.value_bytes)

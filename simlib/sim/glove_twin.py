@@ -27,6 +27,7 @@ class GloveTableProblem:
 
     metric = "cost"
     lower_is_better = True
+    linear_step = False  # AdaGrad's accumulators do not scale with the step size
 
     def __init__(self, cooc: Cooccurrence, config: GloveConfig, eval_entries: int = 20_000):
         validate_training(cooc, config)
@@ -81,10 +82,8 @@ class GloveTableProblem:
             row_keys(o[4], ui), row_keys(o[5], uj), o[6] + ui, o[7] + uj,
         ])
 
-    def gradient(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, -change): AdaGrad on the pulled rows, returned so that ``w -= 1 * g`` applies it."""
-        if keys is None:
-            keys = self.keys(batch)
+    def step(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, change): AdaGrad with base rate ``lr`` on the pulled rows, as deltas to add."""
         ui, uj = self._rows(batch)
         a, b, d = len(ui), len(uj), self.d
         sizes = [a * d, b * d, a, b, a * d, b * d, a, b]
@@ -95,11 +94,11 @@ class GloveTableProblem:
         rows = np.searchsorted(ui, self.cooc.rows[batch]).astype(np.int32)
         cols = np.searchsorted(uj, self.cooc.cols[batch]).astype(np.int32)
         adagrad_kernel(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), *local,
-                       np.float32(self.config.learning_rate), np.float32(self.config.grad_clip))
+                       np.float32(lr), np.float32(self.config.grad_clip))
         new = np.concatenate([x.ravel() for x in local]).astype(np.float64)
-        return keys, values - new
+        return keys, new - values
 
-    def loss(self, w: np.ndarray) -> float:
+    def quality(self, w: np.ndarray) -> float:
         """The C program's cost 0.5 f diff^2, averaged over a fixed sample of entries."""
         e = self.eval_idx
         r, c = self.cooc.rows[e], self.cooc.cols[e]
@@ -111,9 +110,9 @@ class GloveTableProblem:
 
 
 def simulate_glove(cooc: Cooccurrence, config: GloveConfig, cluster: SimConfig, problem: GloveTableProblem | None = None) -> Trace:
-    """One simulated GloVe run on ``cluster`` (its lr is forced to 1: the pushed change is applied as is)."""
+    """One simulated GloVe run on ``cluster``; the AdaGrad base rate is ``config.learning_rate``."""
     problem = problem or GloveTableProblem(cooc, config)
-    return simulate(cluster.replace(lr=1.0, cost_unit="sample"), problem)
+    return simulate(cluster.replace(lr=config.learning_rate, cost_unit="sample"), problem)
 
 
 def predict_speedup(

@@ -74,7 +74,7 @@ def simulate_lda(
     _check_config(cfg, corpus)
     K, n = n_topics, cfg.n_workers
     env = simpy.Environment()
-    clocks = ClockTable(env, n, cfg.bound)
+    clocks = ClockTable(env, n, cfg.proto)
     compute = ComputeModel(cfg, np.random.SeedSequence(cfg.seed))
     server = Node("server")
     z0 = random_assignments(corpus, K, cfg.seed)
@@ -101,13 +101,14 @@ def simulate_lda(
                 yield gate
                 trace.span(i, "wait", t0, env.now, step=c)
             clocks.open(c)
-            stale = clocks.staleness(c)
+            lag = clocks.rule.clock_lag(c)
             t_pull = env.now
             req, resp = len(mine) * cfg.key_bytes, (len(mine) + 1) * K * cfg.value_bytes
             yield from transmit(env, server.inlink, req, cfg.latency, cfg.bandwidth)
             st.n_wk[mine] = n_wk[mine]  # the server reads its table when the request arrives
             st.n_k[:] = n_k
             table_clock[i].append(clocks.completed)
+            read_version = landed[0]
             yield from transmit(env, server.outlink, resp, cfg.latency, cfg.bandwidth)
             trace.span(i, "recv", t_pull, env.now, nbytes=req + resp, step=c)
             t_comp = env.now
@@ -124,7 +125,7 @@ def simulate_lda(
             doc_ll[i] = doc_log_likelihood(st.n_dk, alpha)
             trace.span(i, "send", t_push, env.now, nbytes=nbytes, step=c)
             clocks.deliver(c)
-            trace.update(env.now, i, c, stale, True)
+            trace.update(env.now, i, c, landed[0] - read_version, True, clock_lag=lag)
             landed[0] += 1
             if landed[0] % n == 0:
                 trace.record_quality(env.now, landed[0] // n, word_log_likelihood(n_wk, n_k, beta) + sum(doc_ll))

@@ -1,0 +1,178 @@
+"""The contract every problem and every substrate shares: Problem, Table, the server, Result.
+
+The seeds' parameter server is a key-value table: workers ``get(keys)`` the rows a mini-batch
+touches and ``add(keys, deltas)`` back. A :class:`Problem` is the math on that table (no processes,
+no time); a substrate provides the table and the workers. :class:`ParamServer` is the server's
+logic, written once and free of SimPy: read gating by :class:`~simlib.protocol.Clocks`, the step
+rule (staleness-aware, accumulation), and the staleness tau of every push, which it returns for the
+trace. :func:`serial_reference` is plain serial SGD on the same contract: what one worker must equal.
+
+Example::
+
+    >>> from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+    >>> prob = LogisticProblem(make_sparse_classification(500, 50, 5, seed=0), eval_rows=None)
+    >>> check_problem(prob)
+    >>> w = serial_reference(prob, steps=20, batch_size=16, lr=0.5)
+    >>> prob.quality(w) < prob.quality(prob.init_params())
+    True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol as TypingProtocol, runtime_checkable
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.protocol import Accumulator, Clocks, Protocol, StepRule
+from simlib.trace import Trace
+
+PROBLEM_METHODS = ("init_params", "shards", "batch", "keys", "step", "quality", "work")
+
+
+@runtime_checkable
+class Problem(TypingProtocol):
+    """The math of a lesson in parameter-server shape (see :func:`check_problem`)."""
+
+    n_params: int
+    metric: str
+    lower_is_better: bool
+
+    def init_params(self) -> Any:
+        """The initial table (a 1-D float array of n_params entries)."""
+
+    def shards(self, n_workers: int) -> list[Any]:
+        """The data split into one shard per worker."""
+
+    def batch(self, shard: Any, step: int, batch_size: int) -> Any:
+        """Mini-batch number ``step`` of a shard."""
+
+    def keys(self, batch: Any) -> np.ndarray:
+        """Sorted unique table keys the batch reads and writes."""
+
+    def step(self, values: Any, batch: Any, keys: np.ndarray, lr: float) -> tuple[np.ndarray, Any]:
+        """(keys, deltas): the update computed from ``values`` = table[keys], to be added to the table."""
+
+    def quality(self, params: Any) -> float:
+        """The metric (loss, cost, log-likelihood) of a whole table."""
+
+    def work(self, batch: Any) -> float:
+        """What the simulator's compute model charges for the batch (e.g. nonzeros)."""
+
+
+class Table(TypingProtocol):
+    """The shared state of one run, as each substrate provides it."""
+
+    def get(self, keys: np.ndarray) -> Any:
+        """Values of ``keys``, as fresh as the protocol allows."""
+
+    def add(self, keys: np.ndarray, deltas: Any) -> None:
+        """table[keys] += deltas (commutative)."""
+
+
+def check_problem(problem: Any) -> None:
+    """Raise ValueError naming what ``problem`` lacks of the :class:`Problem` contract."""
+    missing = [m for m in PROBLEM_METHODS if not callable(getattr(problem, m, None))]
+    if not isinstance(getattr(problem, "n_params", None), (int, np.integer)):
+        missing.append("n_params")
+    if missing:
+        raise ValueError(f"problem: a {type(problem).__name__} is not a Problem; it lacks "
+                         f"{', '.join(missing)} (see simlib.contract.Problem)")
+
+
+def linear_step(problem: Any) -> bool:
+    """Whether the problem's deltas scale with lr (gradients do; LDA's count moves do not)."""
+    return bool(getattr(problem, "linear_step", True))
+
+
+@dataclass(frozen=True)
+class Training:
+    """What every substrate's run takes: workers, steps per worker, batch size, step size, step rule."""
+
+    n_workers: int = 2
+    steps: int = 50
+    batch_size: int = 32
+    lr: float = 0.5
+    rule: StepRule = field(default_factory=StepRule)
+    eval_every: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check.positive_int("n_workers", self.n_workers)
+        check.positive_int("steps", self.steps)
+        check.positive_int("batch_size", self.batch_size)
+        check.positive("lr", self.lr)
+        if not isinstance(self.rule, StepRule):
+            raise ValueError(f"rule must be a StepRule(...), got {type(self.rule).__name__}")
+        check.positive_int("eval_every", self.eval_every)
+        check.non_negative_int("seed", self.seed)
+
+
+class ParamServer:
+    """The server's logic over a table held in ``params``: gate reads, apply pushes, measure tau.
+
+    One object per run (or per server process); the simulator charges time around these calls, the
+    real servers call them when messages arrive.
+    """
+
+    def __init__(self, params: Any, n_workers: int, protocol: Protocol | str, rule: StepRule = StepRule(),
+                 clocks: Any = None):
+        self.params = params
+        # ``clocks`` may wrap the rule (the simulator's wakes waiting workers on deliver).
+        self.clocks = Clocks(n_workers, protocol) if clocks is None else clocks
+        self.acc = Accumulator(rule, n_workers)
+
+    @property
+    def version(self) -> int:
+        """Updates applied to the table so far."""
+        return self.acc.version
+
+    def may_read(self, clock: int) -> bool:
+        """Whether a worker at ``clock`` may read now."""
+        return self.clocks.may_read(clock)
+
+    def pull(self, keys: np.ndarray) -> tuple[Any, int]:
+        """(table[keys] copied, the version read)."""
+        return self.params[keys], self.acc.version
+
+    def push(self, clock: int, keys: np.ndarray, deltas: Any, read_version: int) -> tuple[bool, int]:
+        """Deliver a push for step ``clock``; returns (applied, tau)."""
+        tau = self.acc.tau(read_version)
+        if not self.clocks.deliver(clock):
+            return False, tau
+        tau, ready = self.acc.push(keys, deltas, read_version)
+        for k, d in ready:
+            self.params[k] += d
+        return True, tau
+
+    def finish(self) -> None:
+        """Apply a partial accumulation group left at the end."""
+        for k, d in self.acc.flush():
+            self.params[k] += d
+
+
+def serial_reference(problem: Any, steps: int, batch_size: int, lr: float) -> Any:
+    """Plain serial SGD on the contract: one shard, table[keys] += step(table[keys]) ``steps`` times."""
+    check_problem(problem)
+    w = problem.init_params()
+    shard = problem.shards(1)[0]
+    for c in range(steps):
+        batch = problem.batch(shard, c, batch_size)
+        keys = problem.keys(batch)
+        keys, deltas = problem.step(w[keys], batch, keys, lr)
+        w[keys] += deltas
+    return w
+
+
+@dataclass
+class Result:
+    """What :func:`simlib.run` returns from every substrate: the trace, the final table, measurements."""
+
+    trace: Trace
+    params: Any
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def quality(self) -> float:
+        """The last recorded value of the problem's metric."""
+        return self.trace.quality[-1].value if self.trace.quality else float("nan")

@@ -1,0 +1,265 @@
+"""The protocol: when workers may read the shared table and which pushes count, written once.
+
+Every substrate (the simulator, shared memory, pipes, Ray) asks these objects; none re-states the
+rule. Nothing here knows about SimPy, processes or time sources: the caller passes ``now``.
+
+* :class:`Protocol` -- one value naming the read rule: BSP = SSP(0), SSP(s), async = SSP(inf),
+  with optional backup workers (drop the slowest b pushes of a step) and a deadline per step.
+* :func:`may_read` -- *the* SSP read rule: a worker at clock c may read once every step < c - s
+  is complete.
+* :class:`Clocks` -- the bookkeeping that feeds it: pushes per step, complete steps, deadlines.
+* :class:`StepRule` -- the staleness-aware step size of the seeds (after arXiv 1511.05950):
+  the server averages c = floor(lambda / n) pushes, each scaled by alpha0 / tau, where tau >= 1
+  is the number of updates applied to the table between the push's read and its arrival.
+
+Example::
+
+    >>> p = Protocol.parse("ssp:2")
+    >>> p.bound, p.label
+    (2, 'SSP(2)')
+    >>> c = Clocks(n_workers=2, protocol=p)
+    >>> c.may_read(2), c.may_read(3)
+    (True, False)
+    >>> c.deliver(0), c.deliver(0), c.completed
+    (True, True, 1)
+    >>> c.may_read(3)
+    True
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from simlib import _validate as check
+
+KINDS = ("bsp", "ssp", "async")
+MAX_BOUND = 1_000_000  # larger bounds never bind in any run this library can hold: say async
+_SPEC = re.compile(r"^\s*(bsp|async|ssp)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*$", re.IGNORECASE)
+
+
+def may_read(clock: int, completed: int, bound: float) -> bool:
+    """The SSP read rule: a worker at ``clock`` may read iff clock - bound <= completed steps."""
+    return clock - bound <= completed
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """BSP, SSP(s) or async, with backup workers and a per-step deadline.
+
+    ``Protocol.parse`` accepts 'bsp', 'async', 'ssp:3', 'SSP(3)' (any case). Bad values raise a
+    ValueError naming the field.
+    """
+
+    kind: str = "bsp"
+    staleness: int = 0
+    backup_workers: int = 0
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        check.one_of("protocol", self.kind, KINDS)
+        check.non_negative_int("staleness", self.staleness)
+        if self.kind != "ssp" and self.staleness != 0:
+            raise ValueError(f"staleness applies to protocol 'ssp' only; use 'ssp:{self.staleness}', not {self.kind!r} "
+                             f"with staleness={self.staleness}")
+        if self.staleness > MAX_BOUND:
+            raise ValueError(f"staleness must be <= {MAX_BOUND} (a larger bound never binds: use 'async'), "
+                             f"got {self.staleness}")
+        check.non_negative_int("backup_workers", self.backup_workers)
+        if self.timeout is not None:
+            check.positive("timeout", self.timeout)
+        if self.kind == "async" and (self.backup_workers or self.timeout is not None):
+            raise ValueError("backup_workers and timeout need a clocked protocol: use 'bsp' or 'ssp:S', not 'async'")
+
+    @classmethod
+    def parse(cls, spec: "str | Protocol", **extra: Any) -> "Protocol":
+        """'bsp' | 'async' | 'ssp:S' | 'SSP(S)' (or a Protocol, returned as is) -> Protocol."""
+        if isinstance(spec, Protocol):
+            return spec if not extra else cls(spec.kind, spec.staleness, **{**spec._extras(), **extra})
+        if not isinstance(spec, str):
+            raise ValueError(f"protocol must be 'bsp', 'ssp:S' or 'async', got {spec!r}")
+        m = _SPEC.match(spec)
+        if m is None:
+            raise ValueError(f"protocol: unknown protocol {spec!r}; use 'bsp', 'ssp:S' (e.g. 'ssp:3') or 'async'")
+        kind, bound = m.group(1).lower(), m.group(2)
+        if kind == "ssp" and bound is None:
+            raise ValueError(f"protocol: SSP needs a staleness bound such as 'ssp:3', got {spec!r}")
+        if kind != "ssp" and bound is not None:
+            raise ValueError(f"protocol: only SSP takes a bound ('ssp:{bound}'), got {spec!r}")
+        if bound is not None and len(bound) > 7:
+            raise ValueError(f"protocol: staleness must be <= {MAX_BOUND} (a larger bound never binds: use 'async'), "
+                             f"got {spec!r}")
+        return cls(kind, int(bound or 0), **extra)
+
+    def _extras(self) -> dict[str, Any]:
+        return {"backup_workers": self.backup_workers, "timeout": self.timeout}
+
+    @property
+    def bound(self) -> float:
+        """The staleness bound: 0 (BSP), s (SSP), infinity (async)."""
+        return math.inf if self.kind == "async" else self.staleness
+
+    @property
+    def clocked(self) -> bool:
+        """True for BSP and SSP (steps complete, so backup workers and deadlines make sense)."""
+        return self.kind != "async"
+
+    @property
+    def spec(self) -> str:
+        """The string form that :meth:`parse` reads back: 'bsp', 'ssp:3', 'async'."""
+        return f"ssp:{self.staleness}" if self.kind == "ssp" else self.kind
+
+    @property
+    def label(self) -> str:
+        """'BSP', 'SSP(3)', 'Async', with ' b=1' and ' T=0.01s' for backup workers and deadlines."""
+        base = {"bsp": "BSP", "ssp": f"SSP({self.staleness})", "async": "Async"}[self.kind]
+        if self.backup_workers:
+            base += f" b={self.backup_workers}"
+        if self.timeout is not None:
+            base += f" T={self.timeout:g}s"
+        return base
+
+    def check_workers(self, n_workers: int) -> None:
+        """Raise ValueError if the protocol cannot run on ``n_workers`` workers."""
+        if self.backup_workers >= n_workers:
+            raise ValueError(f"backup_workers must be < n_workers ({n_workers}), got {self.backup_workers}")
+
+
+class Clocks:
+    """Which steps are complete: step c completes when n - b pushes for it are applied, or at its deadline.
+
+    ``completed`` counts the complete prefix of steps (0 .. completed-1). Pushes for a step that is
+    already complete are dropped (backup workers, deadlines). The caller supplies times and acts on
+    what the methods return; the simulator wraps these calls in SimPy events, the real servers call
+    them directly.
+    """
+
+    def __init__(self, n_workers: int, protocol: Protocol | str = "bsp"):
+        check.positive_int("n_workers", n_workers)
+        self.protocol = Protocol.parse(protocol)
+        self.protocol.check_workers(n_workers)
+        self.n_workers = n_workers
+        self.bound = self.protocol.bound
+        self.quorum = n_workers - self.protocol.backup_workers
+        self.completed = 0
+        self._done: set[int] = set()
+        self._accepted: dict[int, int] = defaultdict(int)
+        self.open_time: dict[int, float] = {}
+
+    def may_read(self, clock: int) -> bool:
+        """Whether a worker about to compute step ``clock`` may read now (:func:`may_read`)."""
+        return may_read(clock, self.completed, self.bound)
+
+    def needed(self, clock: int) -> int:
+        """How many complete steps a read at ``clock`` waits for (clock - s)."""
+        return int(clock - self.bound)
+
+    def clock_lag(self, clock: int) -> int:
+        """Steps the parameters may be missing at a read at ``clock``: clock - complete steps."""
+        return max(clock - self.completed, 0)
+
+    def open(self, clock: int, now: float) -> float | None:
+        """A worker starts step ``clock``; returns the step's deadline if this call opened it and one is set."""
+        if clock in self.open_time:
+            return None
+        self.open_time[clock] = now
+        return None if self.protocol.timeout is None else now + self.protocol.timeout
+
+    def is_complete(self, clock: int) -> bool:
+        """Whether step ``clock`` is complete (its later pushes are dropped)."""
+        return clock < self.completed or clock in self._done
+
+    def deliver(self, clock: int) -> bool:
+        """A push for step ``clock`` arrives: True if it counts (is applied), False if dropped."""
+        if self.is_complete(clock):
+            return False
+        self._accepted[clock] += 1
+        if self._accepted[clock] >= self.quorum:
+            self._finish(clock)
+        return True
+
+    def expire(self, clock: int) -> bool:
+        """The deadline of step ``clock`` passed: complete it if it is not; True if that changed anything."""
+        if self.is_complete(clock):
+            return False
+        self._finish(clock)
+        return True
+
+    def _finish(self, clock: int) -> None:
+        self._done.add(clock)
+        self._accepted.pop(clock, None)
+        while self.completed in self._done:
+            self._done.discard(self.completed)
+            self.completed += 1
+
+
+@dataclass(frozen=True)
+class StepRule:
+    """How the server turns pushes into table updates (the seeds' staleness-aware SGD).
+
+    ``accumulation`` is lambda: the server averages c = max(1, floor(lambda / n_workers)) pushes
+    into one update (None: c = 1, every push is an update). With ``staleness_aware`` each push is
+    scaled by 1 / max(tau, 1), i.e. step size alpha0 / tau, tau = updates applied since its read.
+
+        >>> rule = StepRule(staleness_aware=True, accumulation=8)
+        >>> rule.group_size(4), rule.scale(0), rule.scale(4)
+        (2, 1.0, 0.25)
+    """
+
+    staleness_aware: bool = False
+    accumulation: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.staleness_aware, bool):
+            raise ValueError(f"staleness_aware must be True or False, got {self.staleness_aware!r}")
+        if self.accumulation is not None:
+            check.positive_int("accumulation", self.accumulation)
+
+    def group_size(self, n_workers: int) -> int:
+        """c = floor(lambda / n), at least 1: pushes averaged into one update."""
+        return 1 if self.accumulation is None else max(1, self.accumulation // n_workers)
+
+    def scale(self, tau: int) -> float:
+        """alpha(tau) / alpha0 = 1 / max(tau, 1) when staleness-aware, else 1."""
+        return 1.0 / max(tau, 1) if self.staleness_aware else 1.0
+
+
+class Accumulator:
+    """The server side of :class:`StepRule`: collects scaled pushes, emits one averaged update per c.
+
+    ``version`` counts updates applied to the table; a push read at version v arriving now has
+    tau = version - v. Deltas are kept per key in a dict so that pushes with different keys merge.
+    """
+
+    def __init__(self, rule: StepRule, n_workers: int):
+        self.rule = rule
+        self.c = rule.group_size(n_workers)
+        self.version = 0
+        self._pending: list[tuple[Any, Any]] = []
+
+    def tau(self, read_version: int) -> int:
+        """Updates applied to the table since a read at ``read_version``."""
+        return self.version - read_version
+
+    def push(self, keys: Any, deltas: Any, read_version: int) -> tuple[int, list[tuple[Any, Any]]]:
+        """Take one push; return (its tau, the (keys, deltas) to add to the table now, maybe none)."""
+        tau = self.tau(read_version)
+        scale = self.rule.scale(tau)
+        if self.c == 1:
+            self.version += 1
+            return tau, [(keys, deltas * scale if scale != 1.0 else deltas)]
+        self._pending.append((keys, deltas * (scale / self.c)))
+        if len(self._pending) < self.c:
+            return tau, []
+        out, self._pending = self._pending, []
+        self.version += 1
+        return tau, out
+
+    def flush(self) -> list[tuple[Any, Any]]:
+        """What is still pending at the end of a run (applied as a partial group)."""
+        out, self._pending = self._pending, []
+        if out:
+            self.version += 1
+        return out

@@ -1,0 +1,30 @@
+"""The ``sim`` substrate: :func:`simlib.run` on the discrete-event cluster of :mod:`simlib.sim.engine`.
+
+Options beyond the shared :class:`~simlib.contract.Training` are :class:`~simlib.sim.SimConfig`'s
+cluster fields (``latency``, ``bandwidth``, ``stragglers``, ``topology``, ``n_servers``, ...).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from simlib.contract import Result, Training
+from simlib.protocol import Protocol
+from simlib.sim.config import SimConfig
+from simlib.sim.engine import run_config
+
+
+def config_for(protocol: Protocol, training: Training, **cluster: Any) -> SimConfig:
+    """The SimConfig of a contract run: protocol and training fields, plus cluster fields."""
+    return SimConfig(protocol=protocol, n_workers=training.n_workers, steps=training.steps,
+                     batch_size=training.batch_size, lr=training.lr, eval_every=training.eval_every,
+                     seed=training.seed, staleness_aware_lr=training.rule.staleness_aware,
+                     accumulation=training.rule.accumulation, **cluster)
+
+
+def run(problem: Any, protocol: Protocol, training: Training, **cluster: Any) -> Result:
+    """Simulate ``problem`` under ``protocol``; ``cluster`` holds SimConfig's other fields."""
+    bad = sorted(set(cluster) - set(SimConfig.__dataclass_fields__))
+    if bad:
+        raise ValueError(f"{bad[0]}: not an option of substrate 'sim' (see simlib.sim.SimConfig)")
+    state = run_config(config_for(protocol, training, **cluster), problem)
+    return Result(state.trace, state.w, {"simulated_seconds": state.trace.makespan})

@@ -1,0 +1,81 @@
+"""Substrates found by name, and the one entry point :func:`run`.
+
+A substrate is a module with a top-level ``run(problem, protocol, training, **options) -> Result``.
+The built-in ones are imported on first use, so ``import simlib`` stays light; :func:`register`
+adds another (a test's serial loop, or a new engine) without touching this file.
+
+Example::
+
+    >>> from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+    >>> prob = LogisticProblem(make_sparse_classification(1_000, 100, 5, seed=0), eval_rows=None)
+    >>> res = run(prob, "ssp:1", substrate="sim", n_workers=2, steps=10)
+    >>> res.trace.substrate, len(res.trace.updates)
+    ('sim', 20)
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import fields
+from typing import Any, Callable
+
+from simlib.contract import Result, Training, check_problem, linear_step
+from simlib.protocol import Protocol, StepRule
+
+Runner = Callable[..., Result]
+
+BUILTIN = {
+    "sim": "simlib.sim.substrate",
+    "shm": "simlib.parallel.shm_ps",
+    "pipes": "simlib.parallel.pipe_ps",
+    "gpu": "simlib.gpu.substrate",
+    "ray": "simlib.ray_ps",
+}
+_registered: dict[str, Runner] = {}
+_TRAINING = {f.name for f in fields(Training)} - {"rule"}
+_RULE = {f.name for f in fields(StepRule)}
+
+
+def register(name: str, runner: Runner) -> None:
+    """Make ``runner`` available as ``run(..., substrate=name)``."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"substrate name must be a non-empty string, got {name!r}")
+    _registered[name] = runner
+
+
+def unregister(name: str) -> None:
+    """Forget a substrate added with :func:`register`."""
+    _registered.pop(name, None)
+
+
+def names() -> list[str]:
+    """Every substrate name :func:`run` accepts."""
+    return sorted(set(BUILTIN) | set(_registered))
+
+
+def get(name: str) -> Runner:
+    """The runner of substrate ``name``; ValueError naming 'substrate' if unknown."""
+    if name in _registered:
+        return _registered[name]
+    if name not in BUILTIN:
+        raise ValueError(f"substrate must be one of {', '.join(repr(n) for n in names())}; got {name!r}")
+    module = importlib.import_module(BUILTIN[name])
+    return module.run
+
+
+def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", **options: Any) -> Result:
+    """Train ``problem`` under ``protocol`` on ``substrate``; every substrate returns the same Result.
+
+    Options shared by all substrates: ``n_workers``, ``steps`` (per worker), ``batch_size``, ``lr``,
+    ``eval_every``, ``seed``, ``staleness_aware``, ``accumulation``; the rest go to the substrate
+    (e.g. the simulator's network and stragglers, the real substrates' ``start_method``).
+    """
+    check_problem(problem)
+    proto = Protocol.parse(protocol)
+    runner = get(substrate)
+    rule = StepRule(**{k: options.pop(k) for k in list(options) if k in _RULE})
+    if rule.staleness_aware and not linear_step(problem):
+        raise ValueError(f"staleness_aware: {type(problem).__name__}'s updates are not gradient steps, "
+                         "so they cannot be scaled by 1/tau")
+    training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in _TRAINING})
+    proto.check_workers(training.n_workers)
+    return runner(problem, proto, training, **options)
