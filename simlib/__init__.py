@@ -1,9 +1,29 @@
 """simlib: distributed machine learning you can run, measure and grade.
 
-Substrates (``simlib.sim``, ``simlib.parallel``, ``simlib.gpu``) run the same problems
-(``simlib.problems``) and return the same :class:`~simlib.trace.Trace`, which ``simlib.viz`` plots.
+One entry point runs any problem under any protocol on any substrate and returns one Result::
+
+    >>> import simlib
+    >>> from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+    >>> prob = LogisticProblem(make_sparse_classification(1_000, 100, 5, seed=0), eval_rows=None)
+    >>> res = simlib.run(prob, "ssp:2", substrate="sim", n_workers=4, steps=10)
+    >>> res.trace.summary()["max_clock_lag"] <= 2
+    True
+
+Problems (``simlib.problems``) follow :class:`simlib.contract.Problem`; protocols are
+:class:`simlib.protocol.Protocol` values; substrates (``simlib.substrates.names()``) return the same
+:class:`~simlib.trace.Trace`, which ``simlib.viz`` plots.
 """
+from typing import Any
+
+from simlib.protocol import Protocol
 from simlib.trace import QualityPoint, Span, Trace, Update
 
 __version__ = "0.1.0"
-__all__ = ["Trace", "Span", "Update", "QualityPoint", "__version__"]
+__all__ = ["Protocol", "Trace", "Span", "Update", "QualityPoint", "run", "__version__"]
+
+
+def run(problem: Any, protocol: "Protocol | str" = "bsp", substrate: str = "sim", **options: Any) -> Any:
+    """Train ``problem`` under ``protocol`` on ``substrate`` (see :func:`simlib.substrates.run`)."""
+    from simlib.substrates import run as _run
+
+    return _run(problem, protocol, substrate, **options)
