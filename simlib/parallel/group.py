@@ -275,8 +275,8 @@ class WorkerGroup:
         spans, updates, quality = records
         for kind, s, e, nbytes, step in spans:
             self.trace.span(worker_id, kind, s, e, nbytes, step)
-        for t, step, staleness, applied in updates:
-            self.trace.update(t, worker_id, step, staleness, applied)
+        for t, step, staleness, applied, lag in updates:
+            self.trace.update(t, worker_id, step, staleness, applied, lag)
         for t, step, value in quality:
             self.trace.record_quality(t, step, value)
 

@@ -27,7 +27,7 @@ class WorkerContext:
     n_workers: int
     t0: float
     spans: list[tuple[str, float, float, int, int]] = field(default_factory=list)
-    updates: list[tuple[float, int, int, bool]] = field(default_factory=list)
+    updates: list[tuple[float, int, int, bool, int]] = field(default_factory=list)
     quality: list[tuple[float, int, float]] = field(default_factory=list)
 
     def now(self) -> float:
@@ -49,9 +49,9 @@ class WorkerContext:
         finally:
             self.span(kind, start, time.perf_counter(), nbytes, step)
 
-    def update(self, step: int, staleness: int = 0, applied: bool = True) -> None:
-        """Record one contribution (or one chunk of them) made now."""
-        self.updates.append((self.now(), int(step), int(staleness), bool(applied)))
+    def update(self, step: int, staleness: int = 0, applied: bool = True, clock_lag: int = -1) -> None:
+        """Record one contribution (or one chunk of them) made now, with its tau and clock lag."""
+        self.updates.append((self.now(), int(step), int(staleness), bool(applied), int(clock_lag)))
 
     def record_quality(self, step: int, value: float) -> None:
         """Record the metric as this worker saw it now."""

@@ -1,0 +1,107 @@
+"""The ``shm`` substrate: N worker processes sharing the table in shared memory, for any Problem.
+
+The table is a :class:`~simlib.parallel.SharedArray`; so are each worker's finished clock and the
+table's version (updates applied). One step of worker i at clock c:
+
+    wait   until the protocol allows the read: ``may_read(c, min(finished clocks), bound)``
+    get    copy table[keys] and the version v it was read at
+    step   the problem's update on the values read (no lock held)
+    add    under a short lock: tau = version - v, table[keys] += deltas * rule.scale(tau), version += 1
+    clock  publish finished clock c + 1
+
+The get and the add each hold one short lock, so tau is exact and no read sees half an add; the
+step, where the time goes, runs unlocked. Compiled lock-free Hogwild, fused into one loop for
+speed, is :mod:`simlib.parallel.hogwild`.
+
+Example::
+
+    >>> from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+    >>> import simlib
+    >>> prob = LogisticProblem(make_sparse_classification(2_000, 200, 10, seed=0), eval_rows=500)
+    >>> res = simlib.run(prob, "ssp:1", substrate="shm", n_workers=2, steps=10)
+    >>> res.trace.summary()["max_clock_lag"] <= 1, len(res.trace.updates)
+    (True, 20)
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from simlib.contract import Result, Training
+from simlib.parallel.group import WorkerGroup
+from simlib.parallel.worker import current
+from simlib.protocol import Protocol, may_read
+from simlib.trace import Trace
+
+_POLL = 5e-5  # seconds between looks at the clocks while the protocol holds a read back
+
+
+def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
+        timeout: float | None = 120.0, monitor_every: float = 0.05) -> Result:
+    """The substrate entry point (``simlib.run(..., substrate="shm")``); records quality every ``monitor_every`` s."""
+    if protocol.backup_workers or protocol.timeout is not None:
+        raise ValueError("backup_workers and timeout run on substrates 'sim' and 'pipes' (a server counts pushes); "
+                         "the shared-memory table has no server")
+    if training.rule.group_size(training.n_workers) != 1:
+        raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
+    n = training.n_workers
+    shards = problem.shards(n)
+    started = time.perf_counter()
+    with WorkerGroup(n, start_method, label="shm table") as group:
+        table = group.copy_of(np.asarray(problem.init_params(), dtype=np.float64))
+        clocks = group.zeros(n, np.int64)
+        version = group.zeros(1, np.int64)
+        lock = group.lock()
+
+        def monitor(elapsed: float) -> None:
+            group.trace.record_quality(elapsed, int(version.array[0]), float(problem.quality(table.array.copy())))
+
+        monitor(0.0)
+        group.run(_work, problem, shards, protocol.bound, training, table, clocks, version, lock,
+                  monitor=monitor, monitor_every=monitor_every, timeout=timeout)
+        params = table.array.copy()
+        raw = group.trace
+    wall = time.perf_counter() - started
+    trace = Trace(label=f"{protocol.label} on shared memory, {n} worker{'s' if n > 1 else ''}", substrate="shm",
+                  n_workers=n, metric=getattr(problem, "metric", "loss"),
+                  lower_is_better=getattr(problem, "lower_is_better", True),
+                  spans=raw.spans, updates=raw.updates, quality=raw.quality)
+    trace.meta.update(protocol=protocol.spec, steps=training.steps, batch_size=training.batch_size, lr=training.lr,
+                      wall_seconds=wall, start_method=group.start_method)
+    return Result(trace, params, {"wall_seconds": wall})
+
+
+def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Training, table: Any, clocks: Any,
+          version: Any, lock: Any) -> None:
+    """One worker: wait for the protocol, get, step, add under the version lock, publish the clock."""
+    ctx = current()
+    w, fin, ver = table.array, clocks.array, version.array
+    rule = training.rule
+    for c in range(training.steps):
+        t0 = time.perf_counter()
+        completed = int(fin.min())
+        while not may_read(c, completed, bound):
+            time.sleep(_POLL)
+            completed = int(fin.min())
+        t1 = time.perf_counter()
+        batch = problem.batch(shards[i], c, training.batch_size)
+        keys = problem.keys(batch)
+        with lock:  # a consistent (values, version) pair; the add below takes the same lock
+            values, read_version = w[keys].copy(), int(ver[0])
+        t2 = time.perf_counter()
+        keys, deltas = problem.step(values, batch, keys, training.lr)
+        t3 = time.perf_counter()
+        with lock:
+            tau = int(ver[0]) - read_version
+            w[keys] += deltas * rule.scale(tau) if rule.staleness_aware else deltas
+            ver[0] += 1
+        fin[i] = c + 1
+        t4 = time.perf_counter()
+        if ctx is not None:
+            ctx.span("wait", t0, t1, step=c)
+            ctx.span("recv", t1, t2, nbytes=int(values.nbytes + keys.nbytes), step=c)
+            ctx.span("compute", t2, t3, step=c)
+            ctx.span("send", t3, t4, nbytes=int(np.asarray(deltas).nbytes + keys.nbytes), step=c)
+            ctx.update(c, staleness=tau, clock_lag=c - completed)
