@@ -48,10 +48,10 @@ class NullProblem:
     def work(self, batch):
         return 100
 
-    def gradient(self, values, batch, keys):
+    def step(self, values, batch, keys, lr):
         return keys, np.zeros(len(keys))
 
-    def loss(self, w):
+    def quality(self, w):
         return 0.0
 
 

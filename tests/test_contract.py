@@ -17,7 +17,7 @@ import simlib
 from simlib import substrates
 from simlib.contract import ParamServer, Result, Training, check_problem, serial_reference
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from simlib.protocol import Accumulator, Clocks, Protocol, StepRule, may_read
+from simlib.protocol import Accumulator, Clocks, Protocol, StepRule
 from simlib.trace import SPAN_KINDS, Trace
 
 ROOT = Path(__file__).resolve().parents[1]

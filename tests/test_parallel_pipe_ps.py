@@ -19,18 +19,6 @@ def test_bsp_over_pipes_trains_and_counts_bytes(small_problem):
     assert not multiprocessing.active_children()
 
 
-def test_one_worker_matches_serial_sgd_on_the_same_batches(small_problem):
-    res = run_pipe_ps(small_problem, n_workers=1, steps=4, batch_size=8, lr=0.5)
-    w = small_problem.init_params()
-    shard = small_problem.shards(1)[0]
-    for c in range(4):
-        batch = small_problem.batch(shard, c, 8)
-        keys = small_problem.keys(batch)
-        keys, d = small_problem.step(w[keys], batch, keys, 0.5)
-        w[keys] += d
-    np.testing.assert_allclose(res.params, w, rtol=1e-12, atol=1e-15)
-
-
 def test_dense_keys_pull_every_parameter(small_problem):
     dense = DenseKeys(small_problem)
     assert len(dense.keys(np.arange(3))) == small_problem.n_params

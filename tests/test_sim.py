@@ -125,18 +125,6 @@ def test_no_read_is_staler_than_the_bound(small_problem, n, s, sigma, slow, shar
     assert all(u.staleness >= 0 and u.clock_lag >= 0 for u in t.updates)
 
 
-def test_one_worker_equals_sequential_sgd(small_problem):
-    cfg = SimConfig(n_workers=1, steps=50, lr=0.3, batch_size=16, eval_every=50)
-    t = simulate(cfg, small_problem)
-    w = small_problem.init_params()
-    for c in range(50):
-        b = small_problem.batch((0, small_problem.data.n_rows), c, 16)
-        k = small_problem.keys(b)
-        _, d = small_problem.step(w[k], b, k, 0.3)
-        w[k] += d
-    assert t.quality[-1].value == small_problem.loss(w)
-
-
 def test_stale_reads_give_stale_gradients(small_problem):
     # Same batches and straggler draws; only what the workers read differs, so the losses differ.
     bsp = simulate(SimConfig(n_workers=4, steps=40, stragglers=JITTERY), small_problem)

@@ -8,7 +8,7 @@ from typing import Any
 
 from simlib import _validate as check
 from simlib.protocol import KINDS as PROTOCOLS
-from simlib.protocol import Protocol
+from simlib.protocol import Protocol, StepRule
 TOPOLOGIES = ("ps", "allreduce")
 JITTERS = ("none", "lognormal", "exponential")
 COST_UNITS = ("nonzero", "sample")
@@ -182,10 +182,8 @@ class SimConfig:
         return Protocol(self.protocol, self.staleness, self.backup_workers, self.timeout)
 
     @property
-    def rule(self) -> "StepRule":
+    def rule(self) -> StepRule:
         """The server's step rule: staleness-aware or not, and the accumulation factor lambda."""
-        from simlib.protocol import StepRule
-
         return StepRule(self.staleness_aware_lr, self.accumulation)
 
     @property

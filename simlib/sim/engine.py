@@ -309,7 +309,7 @@ class _AllReduce:
         self.pending: dict[int, list] = {}
 
     def arrive(self, i: int, c: int, keys: np.ndarray, g: np.ndarray) -> simpy.Event:
-        run, cfg, env = self.run, self.run.cfg, self.run.env
+        cfg, env = self.run.cfg, self.run.env
         entry = self.pending.setdefault(c, [env.event(), []])
         entry[1].append((keys, g))
         if len(entry[1]) == cfg.n_workers:
