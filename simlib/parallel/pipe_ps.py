@@ -33,7 +33,7 @@ from simlib.contract import ParamServer, Result, Training
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import current
-from simlib.protocol import Protocol, StepRule
+from simlib.protocol import Protocol
 from simlib.trace import Trace
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
