@@ -15,8 +15,8 @@ import os
 import sys
 import time
 
-from simlib.sim.calibrate import calibrate
-from simlib.sim.validate_model import KNOWN_GAPS, WORKLOADS, compare
+from simlib.calibration.calibrate import calibrate
+from simlib.calibration.validate import KNOWN_GAPS, WORKLOADS, compare
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,8 +27,8 @@ from numba import njit
 from simlib.gpu.hogwild import train_batched
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import SharedArray
-from simlib.parallel.hogwild import HogwildResult, train
-from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from simlib.parallel.hogwild import train
+from simlib.problems.logistic import HogwildResult, LogisticProblem, make_sparse_classification
 
 
 def sklearn_fit(data, alpha: float, lam: float, epochs: int) -> tuple[np.ndarray, float, float]:

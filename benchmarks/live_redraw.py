@@ -24,8 +24,8 @@ matplotlib.use("Agg")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
 from simlib.viz import compare_figure  # noqa: E402
-from simlib.viz.live import LivePanel  # noqa: E402
-from simlib.viz.scenario import LiveSettings, Runner, shutdown_pool  # noqa: E402
+from simlib.app.live import LivePanel  # noqa: E402
+from simlib.app.scenario import LiveSettings, Runner, shutdown_pool  # noqa: E402
 
 BUDGET_S = 0.5
 

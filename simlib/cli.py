@@ -153,7 +153,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def _live_parser(sub: Any) -> None:
     try:
-        from simlib.viz import serve
+        from simlib.app import serve
     except ImportError:  # pragma: no cover - the live panel's extras are not installed
         return
     serve.add_parser(sub)
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "compare":
             return run_compare(args)
-        from simlib.viz import serve
+        from simlib.app import serve
 
         return serve.run(args)
     except ValueError as exc:

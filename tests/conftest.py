@@ -63,7 +63,7 @@ def cooc():
 @pytest.fixture(scope="module")
 def tiny_problem():
     """A 400 x 200 logistic problem for the live panel; stops the panel's process pool afterwards."""
-    from simlib.viz.scenario import shutdown_pool
+    from simlib.app.scenario import shutdown_pool
 
     data = make_sparse_classification(n_rows=400, n_features=200, nnz_per_row=8, seed=1)
     yield LogisticProblem(data, l2=1e-4, eval_rows=200)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from simlib.parallel import WorkerDied, WorkerError
-from simlib.parallel.lda import shard_documents, train_parallel
-from simlib.problems.lda import count_tables, log_likelihood, make_synthetic_corpus, topic_match, topic_word
+from simlib.parallel.lda import train_parallel
+from simlib.problems.lda import count_tables, log_likelihood, make_synthetic_corpus, shard_documents, topic_match, topic_word
 
 
 @pytest.fixture(scope="module")

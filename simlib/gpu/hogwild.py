@@ -33,8 +33,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.backend import array_module, get_xp, scatter_add, segment_sum, synchronize, to_numpy
 from simlib.gpu import cuda_kernels, use_fused
-from simlib.parallel.hogwild import HogwildResult
-from simlib.problems.logistic import LogisticProblem, SparseDataset, check_sgd, sigmoid
+from simlib.problems.logistic import HogwildResult, LogisticProblem, SparseDataset, check_sgd, sigmoid
 from simlib.trace import Trace
 
 

@@ -40,7 +40,6 @@ Example::
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -52,36 +51,12 @@ from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.hogwild_kernels import apply_mean_gradient, catch_up, grad_rows, sgd_rows, sgd_rows_scaled
 from simlib.parallel.shm import SharedArray
 from simlib.parallel.worker import current
-from simlib.problems.logistic import LogisticProblem, SparseDataset, check_sgd
+from simlib.problems.logistic import HogwildResult, LogisticProblem, SparseDataset, check_sgd
 from simlib.trace import Trace
 
 MODES = ("serial", "locked", "hogwild", "bsp")
 L2_METHODS = ("lazy", "scaled")
 MAX_TOTAL_DECAY = 300.0  # l2='scaled' keeps prod(scales) = exp(-alpha*lam*steps) above 1e-130
-
-
-@dataclass
-class HogwildResult:
-    """Final weights, the run's trace, and the speed figures of one training run."""
-
-    mode: str
-    n_workers: int
-    w: np.ndarray
-    trace: Trace
-    nnz: int  # nonzeros processed: epochs x the data's nonzeros
-    train_seconds: float  # first compute span start to last compute span end
-    wall_seconds: float  # the whole call, process start-up and copies included
-    cpu_seconds: float = math.nan  # CPU time the workers' training loops got, summed over workers
-
-    @property
-    def nnz_per_s(self) -> float:
-        """Training throughput in nonzeros per second."""
-        return self.nnz / self.train_seconds if self.train_seconds > 0 else math.nan
-
-    @property
-    def cores_used(self) -> float:
-        """CPU seconds per training second: how many cores the run really got (a busy machine gives fewer)."""
-        return self.cpu_seconds / self.train_seconds if self.train_seconds > 0 else math.nan
 
 
 @dataclass

@@ -54,6 +54,7 @@ from simlib.problems.lda import (
     doc_log_likelihood,
     log_likelihood,
     random_assignments,
+    shard_documents,
     word_log_likelihood,
 )
 from simlib.problems.lda_gibbs import KERNELS, GibbsState
@@ -81,14 +82,6 @@ class LDARun:
     def log_likelihood(self) -> float:
         """Final log p(w, z)."""
         return self.trace.quality[-1].value
-
-
-def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:
-    """Document boundaries (n_workers + 1) giving each worker a contiguous block with about N / n_workers tokens."""
-    targets = corpus.n_tokens * np.arange(1, n_workers) / n_workers
-    cuts = np.searchsorted(corpus.offsets, targets)
-    bounds = np.concatenate([[0], cuts, [corpus.n_docs]]).astype(np.int64)
-    return np.maximum.accumulate(bounds)
 
 
 # -- fused table copies: one pass over the table instead of several NumPy passes ------------------
@@ -403,4 +396,4 @@ def _warm_up(kernel: str) -> None:
         _add_delta(a, a.copy(), a.copy())
 
 
-__all__ = ["LDARun", "train_parallel", "shard_documents", "PROTOCOLS", "TRANSPORTS"]
+__all__ = ["LDARun", "train_parallel", "PROTOCOLS", "TRANSPORTS"]

@@ -20,6 +20,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from numba import njit
 
 from simlib import _validate as check
 from simlib.backend import array_module
+from simlib.trace import Trace
 
 LOG2 = float(np.log(2.0))
 
@@ -312,6 +314,30 @@ def check_sgd(alpha: float, lam: float, epochs: int, batch_size: int) -> None:
         raise ValueError(f"alpha * lam must be < 1 (the decay factor 1 - alpha*lam must stay positive), got {alpha * lam}")
     check.positive_int("epochs", epochs)
     check.positive_int("batch_size", batch_size)
+
+
+@dataclass
+class HogwildResult:
+    """Final weights, the run's trace, and the speed figures of one training run."""
+
+    mode: str
+    n_workers: int
+    w: np.ndarray
+    trace: Trace
+    nnz: int  # nonzeros processed: epochs x the data's nonzeros
+    train_seconds: float  # first compute span start to last compute span end
+    wall_seconds: float  # the whole call, process start-up and copies included
+    cpu_seconds: float = math.nan  # CPU time the workers' training loops got, summed over workers
+
+    @property
+    def nnz_per_s(self) -> float:
+        """Training throughput in nonzeros per second."""
+        return self.nnz / self.train_seconds if self.train_seconds > 0 else math.nan
+
+    @property
+    def cores_used(self) -> float:
+        """CPU seconds per training second: how many cores the run really got (a busy machine gives fewer)."""
+        return self.cpu_seconds / self.train_seconds if self.train_seconds > 0 else math.nan
 
 
 @njit(cache=True, nogil=True)

@@ -33,7 +33,9 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from simlib.problems.lda import LDACorpus, check_hyper, count_tables, doc_log_likelihood, random_assignments, word_log_likelihood
+from simlib.problems.lda import (
+    LDACorpus, check_hyper, count_tables, doc_log_likelihood, random_assignments, shard_documents, word_log_likelihood,
+)
 from simlib.problems.lda_gibbs import GibbsState
 from simlib.sim.clocks import ClockTable
 from simlib.sim.config import SimConfig
@@ -67,8 +69,6 @@ def simulate_lda(
     compute_per_unit (seconds per token), compute_overhead, stragglers, key_bytes, value_bytes,
     seed. ``trace.meta['table_clock']`` lists, per worker, the clock of each table it sampled against.
     """
-    from simlib.parallel.lda import shard_documents
-
     cfg = SimConfig() if cfg is None else cfg
     check_hyper(n_topics, alpha, beta)
     _check_config(cfg, corpus)

@@ -1,7 +1,7 @@
-"""Plots and live widgets for traces from every substrate (:mod:`simlib.trace`).
+"""Plots of traces from every substrate (:mod:`simlib.trace`); draws traces, runs nothing.
 
-The static plots (:mod:`simlib.viz.plots`) need only matplotlib; the live lecture panel lives in
-:mod:`simlib.viz.live` (ipywidgets + ipympl) and is imported on demand.
+The static plots (:mod:`simlib.viz.plots`) and the play/export animation (:mod:`simlib.viz.anim`)
+need only matplotlib; the live lecture panel that runs simulations is in :mod:`simlib.app`.
 """
 from simlib.viz.plots import (
     barrier_times,

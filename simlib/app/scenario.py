@@ -29,15 +29,7 @@ from simlib.trace import Trace
 PROTOCOLS = ("bsp", "ssp", "async")
 STRAGGLERS = ("none", "slow worker", "jitter", "pauses", "failure")
 TOPOLOGIES = ("ps", "allreduce")
-
-
-def compression_choices() -> tuple[str, ...]:
-    """Compressor specs the panel offers: 'none', plus a few of simlib.compress's when it is present."""
-    try:
-        import simlib.compress  # noqa: F401
-    except ImportError:
-        return ("none",)
-    return ("none", "topk:0.01", "qsgd:4", "onebit-ef")
+COMPRESSIONS = ("none", "topk:0.01", "qsgd:4", "onebit-ef")  # specs of simlib.compress the panel offers
 
 
 @functools.lru_cache(maxsize=1)

@@ -14,8 +14,8 @@ pytest.importorskip("ipywidgets", reason="the live panel needs ipywidgets (pip i
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 
-from simlib.viz.live import LivePanel  # noqa: E402
-from simlib.viz.scenario import LiveSettings  # noqa: E402
+from simlib.app.live import LivePanel  # noqa: E402
+from simlib.app.scenario import LiveSettings  # noqa: E402
 
 SMALL = dict(n_workers=4, steps=20)
 

@@ -3,7 +3,7 @@
 For a :class:`Workload` on a real substrate -- the pipe parameter server
 (:mod:`simlib.parallel.pipe_ps`), shared-memory Hogwild or shared-memory BSP
 (:mod:`simlib.parallel.hogwild`) -- :func:`predict` builds the simulated twin from a
-:class:`~simlib.sim.calibrate.Calibration` and runs it, :func:`measure` runs the real thing,
+:class:`~simlib.calibration.calibrate.Calibration` and runs it, :func:`measure` runs the real thing,
 and :func:`compare` does both for 1 and 2 workers and reports the relative error of the
 predicted wall time, ``(predicted - measured) / measured``.
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from simlib.sim.calibrate import Calibration, Spread, calibrate, measure_load
+from simlib.calibration.calibrate import Calibration, Spread, calibrate, measure_load
 from simlib.parallel.pipe_ps import DenseKeys
 from simlib.sim.config import SimConfig
 from simlib.sim.engine import simulate
@@ -167,7 +167,7 @@ def bsp_sync(cal: Calibration, n_workers: int) -> float:
     null_step = cal.bsp_step.median_or(math.nan)
     if math.isnan(null_step):
         return 2 * cal.barrier_cost[1].median
-    from simlib.sim.calibrate import NULL_SHM
+    from simlib.calibration.calibrate import NULL_SHM
 
     work = cal.compute_time("bsp_grad", 1, 1) + cal.compute_time("bsp_apply", NULL_SHM["features"], 1)
     return max(null_step - work, 0.0)
@@ -195,7 +195,7 @@ def pipe_ps_residual(cal: Calibration) -> float:
     """
     if math.isnan(cal.ps_step.median_or(math.nan)):
         return 0.0
-    from simlib.sim.calibrate import NULL_PS, kernel_problem
+    from simlib.calibration.calibrate import NULL_PS, kernel_problem
 
     quick = bool(cal.context.get("quick", False))
     cfg = _pipe_ps_config(cal, 1, NULL_PS["n_workers"], NULL_PS["steps"], NULL_PS["batch_size"], 0.5)

@@ -6,7 +6,7 @@ redraws their timelines side by side above loss against simulated time (:func:`s
 Play mode reveals the runs as simulated time advances; Export writes the same animation as an
 offline HTML page for slides. In a notebook::
 
-    from simlib.viz.live import LivePanel
+    from simlib.app.live import LivePanel
     LivePanel()            # the panel displays itself
 
 Runs go to a worker thread, so the kernel keeps answering the sliders while a large run is
@@ -28,18 +28,18 @@ import ipywidgets as W
 from matplotlib.figure import Figure
 
 from simlib import _validate as check
-from simlib.trace import Trace
-from simlib.viz.anim import Reveal, draw_runs, export_animation
-from simlib.viz.scenario import (
+from simlib.app.scenario import (
+    COMPRESSIONS,
     PROTOCOLS,
     STRAGGLERS,
     LiveSettings,
     Runner,
     Superseded,
-    compression_choices,
     live_problem,
     shutdown_pool,
 )
+from simlib.trace import Trace
+from simlib.viz.anim import Reveal, draw_runs, export_animation
 from simlib.viz.style import style
 
 __all__ = ["LivePanel", "live_panel", "LiveSettings", "Runner", "live_problem", "shutdown_pool"]
@@ -137,7 +137,7 @@ class LivePanel:
                                                                           "button_width": "10em"})
         self.c_servers = W.IntSlider(s.n_servers, min=1, max=8, description="PS shards", continuous_update=False,
                                      **wide)
-        self.c_compression = W.Dropdown(options=compression_choices(), value=s.compression, description="compression",
+        self.c_compression = W.Dropdown(options=COMPRESSIONS, value=s.compression, description="compression",
                                         **wide)
         self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", continuous_update=False, **wide)
         self.c_large = W.ToggleButton(False, description="projector size", icon="expand",

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from simlib.viz.scenario import LiveSettings, Runner, shutdown_pool
+from simlib.app.scenario import LiveSettings, Runner, shutdown_pool
 
 SMALL = dict(n_workers=4, steps=20)
 

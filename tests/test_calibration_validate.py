@@ -4,8 +4,8 @@ import os
 import pytest
 
 from simlib.parallel.shm import PREFIX
-from simlib.sim.calibrate import calibrate
-from simlib.sim.validate_model import KNOWN_GAPS, WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
+from simlib.calibration.calibrate import calibrate
+from simlib.calibration.validate import KNOWN_GAPS, WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
     # One worker: the null run's step less its arithmetic, or two 1-party rounds if unmeasured.
     import dataclasses
 
-    from simlib.sim.calibrate import NULL_SHM, Spread
+    from simlib.calibration.calibrate import NULL_SHM, Spread
 
     slow = dataclasses.replace(cal, bsp_step=Spread(1e-3, 1e-3, 1e-3, 1))
     work = cal.compute_time("bsp_grad", 1, 1) + cal.compute_time("bsp_apply", NULL_SHM["features"], 1)
@@ -86,8 +86,8 @@ def test_pipe_ps_residual_is_what_the_model_leaves_unexplained(cal):
     import dataclasses
     import math
 
-    from simlib.sim.calibrate import Calibration, Spread
-    from simlib.sim.validate_model import pipe_ps_residual
+    from simlib.calibration.calibrate import Calibration, Spread
+    from simlib.calibration.validate import pipe_ps_residual
 
     assert cal.ps_step.n > 0 and cal.ps_step.median > 0  # calibration measured the null run
     unmeasured = dataclasses.replace(cal, ps_step=Spread.unmeasured())
@@ -107,8 +107,8 @@ def test_pipe_ps_prediction_adds_the_measured_warm_up_once(cal):
     import dataclasses
     import math
 
-    from simlib.sim.calibrate import Spread
-    from simlib.sim.validate_model import warmup
+    from simlib.calibration.calibrate import Spread
+    from simlib.calibration.validate import warmup
 
     assert cal.ps_warmup.n > 0 and cal.ps_warmup.median >= 0
     w = WORKLOADS["ps latency-bound"]
@@ -123,8 +123,8 @@ def test_shared_memory_prediction_adds_the_first_touch_of_one_shard(cal):
     import dataclasses
     import math
 
-    from simlib.sim.calibrate import Calibration, Spread
-    from simlib.sim.validate_model import shm_bytes_per_worker, warmup, workload_problem
+    from simlib.calibration.calibrate import Calibration, Spread
+    from simlib.calibration.validate import shm_bytes_per_worker, warmup, workload_problem
 
     assert cal.shm_first_touch.n > 0 and 0 < cal.shm_first_touch.median < 1e-6  # well under 1 us per byte
     hog, bsp = WORKLOADS["hogwild"], KNOWN_GAPS["bsp shm"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from simlib.viz import serve
+from simlib.app import serve
 
 REPO = Path(__file__).resolve().parents[1]
 

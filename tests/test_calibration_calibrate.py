@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from simlib.parallel.shm import PREFIX
-from simlib.sim.calibrate import Calibration, Spread, calibrate, fit_line, measure_load
+from simlib.calibration.calibrate import Calibration, Spread, calibrate, fit_line, measure_load
 from simlib.sim.config import SimConfig
 
 
@@ -114,7 +114,7 @@ def test_bad_kernel_and_busy_name_the_field(cal):
 def test_pipe_time_is_interpolated_between_measured_sizes(cal):
     import dataclasses
 
-    from simlib.sim.calibrate import Spread
+    from simlib.calibration.calibrate import Spread
 
     cal = dataclasses.replace(
         cal,

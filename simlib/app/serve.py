@@ -31,7 +31,7 @@ LIVE_NOTEBOOK_CELLS: list[tuple[str, str]] = [
      "On a projector: press **projector size**, then View > Presentation Mode (or start the panel alone\n"
      "with `python -m simlib live`)."),
     ("code",
-     "from simlib.viz.live import LivePanel\n"
+     "from simlib.app.live import LivePanel\n"
      "\n"
      "panel = LivePanel()\n"
      "panel"),
