@@ -712,7 +712,7 @@ def kernel_problem(quick: bool) -> LogisticProblem:
     return LogisticProblem(data, l2=1e-4, eval_rows=500, seed=1)
 
 
-def _dense_problem(n_params: int) -> LogisticProblem:
+def _dense_problem(n_params: int) -> DenseKeys:
     """A tiny data set over ``n_params`` features: its gradient on all keys costs per parameter."""
     return DenseKeys(LogisticProblem(make_sparse_classification(64, n_params, 20, seed=2), l2=1e-4, eval_rows=None))
 

@@ -3,7 +3,7 @@
 * ``logistic`` -- sparse logistic regression (Hogwild, the simulator's default workload)
 * ``textclass`` -- the shipped corpus as a sparse classification task
 * ``glove`` and ``embedding_eval`` -- GloVe co-occurrence counting, AdaGrad, evaluation
-* ``lda`` and ``lda_sampler`` -- LDA by collapsed Gibbs sampling
+* ``lda`` and ``lda_gibbs`` -- LDA by collapsed Gibbs sampling
 * ``lasso`` -- Lasso by (parallel) coordinate descent, for Shotgun
 
 Names below are imported on first use, so ``import simlib.problems`` stays light.
