@@ -21,7 +21,15 @@ launch-bound on a GPU; it stays as the NumPy path and as the fused kernels' refe
 The array code takes its module from the parameters (:func:`simlib.backend.array_module`), so
 the same function runs on NumPy in tests and on CuPy on a GPU::
 
-    >>> params, costs = train_batched(cooc, GloveConfig(dim=50, epochs=5), batch=8192, xp="auto")
+    >>> from simlib.data import load_kjv, Vocabulary
+    >>> from simlib.problems.glove import count_cooccurrences
+    >>> docs = load_kjv().docs[:2000]
+    >>> vocab = Vocabulary.build(docs, min_count=5)
+    >>> ids, offsets = vocab.encode_docs(docs)
+    >>> cooc = count_cooccurrences(ids, offsets, len(vocab), window=10)
+    >>> params, costs = train_batched(cooc, GloveConfig(dim=20, epochs=3), batch=1024, xp="auto")
+    >>> costs[-1] < costs[0]  # the weighted least-squares cost falls epoch by epoch
+    True
 """
 from __future__ import annotations
 

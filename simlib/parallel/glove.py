@@ -22,8 +22,15 @@ memory (:class:`~simlib.parallel.SharedArray`), and return a :class:`GloveRun` w
 
 Example::
 
-    >>> run = train_parallel(cooc, GloveConfig(dim=50, epochs=5), n_workers=2, mode="hogwild")
-    >>> run.costs, run.updates_per_s
+    >>> from simlib.data import load_kjv, Vocabulary
+    >>> from simlib.problems.glove import count_cooccurrences
+    >>> docs = load_kjv().docs[:2000]
+    >>> vocab = Vocabulary.build(docs, min_count=5)
+    >>> ids, offsets = vocab.encode_docs(docs)
+    >>> cooc = count_cooccurrences(ids, offsets, len(vocab), window=10)
+    >>> run = train_parallel(cooc, GloveConfig(dim=20, epochs=3), n_workers=2, mode="hogwild")
+    >>> run.costs[-1] < run.costs[0], run.updates_per_s > 0
+    (True, True)
 """
 from __future__ import annotations
 
