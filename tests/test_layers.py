@@ -99,9 +99,9 @@ def test_imports_point_down():
 
 
 @pytest.mark.parametrize("name, imported, expected", [
-    ("simlib.sim.calibrate", "simlib.parallel.pipe_ps", "substrate 'sim' imports substrate 'parallel'"),
+    ("simlib.sim.probe", "simlib.parallel.pipe_ps", "substrate 'sim' imports substrate 'parallel'"),
     ("simlib.gpu.hogwild", "simlib.parallel.hogwild", "substrate 'gpu' imports substrate 'parallel'"),
-    ("simlib.viz.scenario", "simlib.sim", "viz only draws traces"),
+    ("simlib.viz.panel", "simlib.sim", "viz only draws traces"),
     ("simlib.viz.plots", "simlib.calibration.validate", "viz only draws traces"),
     ("simlib.problems.lda", "simlib.parallel.lda", "higher layer"),
     ("simlib.sim.engine", "simlib.viz", "higher layer"),
