@@ -117,9 +117,10 @@ class LDAProblem:
         st, words, K = batch.state, batch.words, self.K
         read_wk = values[:-K].reshape(len(words), K).astype(np.int32)
         read_k = values[-K:].astype(np.int32)
-        # NOTE: a real read always holds the worker's own tokens (its last push is applied before its
-        # next pull); the maximum only binds for a read that does not (an empty warm-up table),
-        # where the sweep would otherwise take tokens out of empty cells.
+        # NOTE: a read holds the worker's own tokens whenever its last push was applied before its
+        # next pull (every substrate, without accumulation); the maximum binds only for a read that
+        # does not (pushes held back by accumulation, or an empty warm-up read), where the sweep
+        # would otherwise take tokens out of empty cells. The deltas are the moves either way.
         own_wk, own_k = self._own_counts(st, words)
         st.n_wk[words] = np.maximum(read_wk, own_wk)
         st.n_k[:] = np.maximum(read_k, own_k)

@@ -14,6 +14,15 @@ max(compute) + all-gather + max(apply). Rounds are lock-step, so their event tim
 closed form and need no event queue; the math runs :func:`simlib.problems.lasso.shotgun_round`
 on the same schedule, so the objective per round equals the serial reference exactly.
 
+Why this is not a run of the engine (``simlib.run(ShotgunProblem(...), "bsp", substrate="sim")``,
+which works, on the engine's cost model): Shotgun is model-parallel, its workers exchange their
+P deltas with each other by an all-gather and each keeps its own residual. The engine has two
+topologies, neither of which is that exchange: ``ps`` routes every pull (all of x, since the
+residual needs it) and push through server links, and ``allreduce`` sums dense gradients of the
+whole table (n_features values, not P pairs) in a ring. The closed form above, which lesson 05
+uses to show P = 8 reaching the target sooner in simulated time, needs an all-gather topology in
+:mod:`simlib.sim.engine`.
+
 Example::
 
     >>> from simlib.problems.lasso import make_lasso, random_schedule
