@@ -10,6 +10,9 @@ MODULES = [
     "simlib.sim.config",
     "simlib.sim.engine",
     "simlib.problems.logistic",
+    "simlib.problems.glove_table",
+    "simlib.problems.lda_table",
+    "simlib.problems.lasso",
     "simlib.parallel.pipe_ps",
 ]
 
