@@ -1,4 +1,4 @@
-"""Every lesson's Problem on the one contract: shape, one worker = the serial reference, sim and pipes runs."""
+"""Every lesson's Problem on the one contract: shape, one worker = the serial reference, runs on every substrate."""
 import numpy as np
 import pytest
 
@@ -47,7 +47,7 @@ def test_one_simulated_worker_equals_the_serial_reference(problems, name):
     assert _improved(prob, res)
 
 
-@pytest.mark.parametrize("substrate", ["sim", "pipes"])
+@pytest.mark.parametrize("substrate", ["sim", "pipes", "shm", "gpu"])
 @pytest.mark.parametrize("protocol", ["bsp", "ssp:1", "async"])
 @pytest.mark.parametrize("name", NAMES)
 def test_runs_under_every_protocol(problems, name, protocol, substrate, request):

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from simlib import _validate as check
-from simlib.problems.lasso import LassoProblem, ShotgunRun, shotgun_round
+from simlib.problems.lasso import LassoProblem, ShotgunProblem, ShotgunRun, shotgun_round
 from simlib.sim.config import SimConfig
 from simlib.sim.stragglers import ComputeModel
 from simlib.trace import Trace
@@ -66,11 +66,7 @@ def simulate_shotgun(
     if not isinstance(cfg, SimConfig):
         raise ValueError(f"cfg must be a SimConfig, got {type(cfg).__name__}")
     check.positive_int("record_every", record_every)
-    schedule = np.asarray(schedule)
-    if schedule.ndim != 2 or schedule.shape[0] < 1 or schedule.shape[1] < 1:
-        raise ValueError(f"schedule must be a (rounds, P) array of coordinate ids, got shape {schedule.shape}")
-    if schedule.max() >= problem.n_features or schedule.min() < -1:
-        raise ValueError(f"schedule ids must lie in [0, n_features={problem.n_features}) or be -1")
+    schedule = ShotgunProblem(problem, schedule).schedule  # validated as the contract's adapter does
     n, (rounds, p) = cfg.n_workers, schedule.shape
     compute = ComputeModel(cfg, np.random.SeedSequence(cfg.seed))
     owner = np.arange(p) % n  # worker owning each slot
