@@ -1,10 +1,19 @@
 """The math of each lesson, substrate-agnostic: parameters, data shards, a step, a quality metric.
 
-* ``logistic`` -- sparse logistic regression (Hogwild, the simulator's default workload)
+Each lesson's :class:`simlib.contract.Problem` lives beside its math:
+
+* ``logistic`` -- sparse logistic regression (Hogwild, the simulator's default workload): ``LogisticProblem``
 * ``textclass`` -- the shipped corpus as a sparse classification task
+<<<<<<< HEAD
 * ``glove`` and ``embedding_eval`` -- GloVe co-occurrence counting, AdaGrad, evaluation
 * ``lda`` and ``lda_gibbs`` -- LDA by collapsed Gibbs sampling
 * ``lasso`` -- Lasso by (parallel) coordinate descent, for Shotgun
+=======
+* ``glove`` and ``embedding_eval`` -- GloVe co-occurrence counting, AdaGrad, evaluation;
+  ``glove_table`` -- ``GloveProblem``
+* ``lda`` and ``lda_gibbs`` -- LDA by collapsed Gibbs sampling; ``lda_table`` -- ``LDAProblem``
+* ``lasso`` -- Lasso by (parallel) coordinate descent, for Shotgun: ``ShotgunProblem``
+>>>>>>> adapters
 
 Names below are imported on first use, so ``import simlib.problems`` stays light.
 """
@@ -20,6 +29,7 @@ _LAZY = {
     "LDACorpus": "lda", "make_synthetic_corpus": "lda", "kjv_corpus": "lda",
     "LassoProblem": "lasso", "make_lasso": "lasso", "make_uncorrelated_lasso": "lasso",
     "make_correlated_lasso": "lasso", "CorrelationScheduler": "lasso", "random_schedule": "lasso", "shotgun": "lasso",
+    "ShotgunProblem": "lasso", "GloveProblem": "glove_table", "LDAProblem": "lda_table",
 }
 
 __all__ = ["LogisticProblem", "SparseDataset", "make_sparse_classification", *_LAZY]

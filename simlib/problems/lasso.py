@@ -252,6 +252,68 @@ def shotgun(
     return ShotgunRun(np.array(rounds), np.array(values), to_numpy(x), diverged)
 
 
+class ShotgunProblem:
+    """Shotgun on the parameter-server contract: the table is x, round t's coordinates come from a schedule.
+
+    Worker w of N owns the slots w, w + N, ... of every round (as :mod:`simlib.sim.shotgun_twin`
+    deals them), so one clock of all workers updates the P coordinates of one round. A coordinate
+    step needs A_j . r with r = A x - y, which depends on all of x, so every pull reads the whole
+    table: n_features values (8 bytes each on the real substrates, ``value_bytes`` in the
+    simulator) per worker per round, and the worker rebuilds r from them (n_rows x nnz(x) work,
+    which :meth:`work` does not charge: a long-lived worker would keep r up to date with the
+    other workers' deltas instead). Pushes carry only the worker's slots. ``lr`` and
+    ``batch_size`` are unused: an exact coordinate minimisation has no step size, and the
+    schedule fixes P.
+    """
+
+    metric = "objective"
+    lower_is_better = True
+    linear_step = False  # a coordinate minimisation does not scale with a step size
+
+    def __init__(self, lasso: LassoProblem, schedule: np.ndarray):
+        schedule = np.asarray(schedule)
+        if schedule.ndim != 2 or schedule.shape[0] < 1 or schedule.shape[1] < 1:
+            raise ValueError(f"schedule must be a (rounds, P) array of coordinate ids, got shape {schedule.shape}")
+        if schedule.max() >= lasso.n_features or schedule.min() < -1:
+            raise ValueError(f"schedule ids must lie in [0, n_features={lasso.n_features}) or be -1")
+        self.lasso, self.schedule = lasso, schedule.astype(np.int64)
+        self.n_params = lasso.n_features
+        self._all = np.arange(lasso.n_features, dtype=np.int64)
+
+    def init_params(self) -> np.ndarray:
+        """x = 0."""
+        return np.zeros(self.n_params)
+
+    def shards(self, n_workers: int) -> list[tuple[int, int]]:
+        """(worker, N): worker w owns slots w, w + N, ... of every round."""
+        check.positive_int("n_workers", n_workers)
+        if n_workers > self.schedule.shape[1]:
+            raise ValueError(f"n_workers ({n_workers}) must be <= P ({self.schedule.shape[1]}), the slots per round")
+        return [(w, n_workers) for w in range(n_workers)]
+
+    def batch(self, shard: tuple[int, int], step: int, batch_size: int) -> np.ndarray:
+        """The worker's live coordinates in round ``step`` (cycling through the schedule), sorted."""
+        w, n = shard
+        row = self.schedule[step % len(self.schedule), w::n]
+        return np.sort(row[row >= 0])
+
+    def keys(self, batch: np.ndarray) -> np.ndarray:
+        """All of x: the residual a coordinate step needs depends on every coordinate."""
+        return self._all
+
+    def step(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
+        """(coords, delta): the exact coordinate minimisations from the x read, r = A x - y rebuilt from it."""
+        return batch, self.lasso.deltas(values, self.lasso.residual(values), batch)
+
+    def quality(self, x: np.ndarray) -> float:
+        """F(x) = 1/2 ||A x - y||^2 + lam ||x||_1."""
+        return self.lasso.objective(x)
+
+    def work(self, batch: np.ndarray) -> int:
+        """n_rows per coordinate updated: the dot product A_j . r."""
+        return len(batch) * self.lasso.n_rows
+
+
 def reference_optimum(problem: LassoProblem) -> float:
     """F* from scikit-learn's Lasso (a trusted peer): its alpha is lam / n_rows, no intercept."""
     from sklearn.linear_model import Lasso

@@ -126,6 +126,19 @@ class LDACorpus:
         return LDACorpus.from_docs(parts, self.n_words, self.vocab, titles)
 
 
+def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:
+    """Document boundaries (n_workers + 1) giving each worker a contiguous block with about N / n_workers tokens."""
+    check.positive_int("n_workers", n_workers)
+    if n_workers > corpus.n_docs:
+        raise ValueError(f"n_workers must be <= the number of documents ({corpus.n_docs}), got {n_workers}")
+    targets = corpus.n_tokens * np.arange(1, n_workers) / n_workers
+    cuts = np.searchsorted(corpus.offsets, targets)
+    bounds = np.concatenate([[0], cuts, [corpus.n_docs]]).astype(np.int64)
+    for i in range(1, n_workers):  # at least one document each, even beside a very long one
+        bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), corpus.n_docs - (n_workers - i))
+    return bounds
+
+
 def check_hyper(n_topics: Any, alpha: Any, beta: Any) -> None:
     """Validate K >= 1, alpha > 0, beta > 0 (ValueError naming the field)."""
     check.positive_int("n_topics", n_topics)

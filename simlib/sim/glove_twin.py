@@ -1,118 +1,17 @@
-"""GloVe in the simulator: the same AdaGrad updates, priced as a parameter server would move them.
+"""GloVe's speed-up predicted in the simulator before measuring it.
 
-The table holds every GloVe array (W, C, the biases and all AdaGrad accumulators) flattened in
-the kernel's order. A worker pulls the rows its batch of co-occurrence entries touches, runs the
-real AdaGrad kernel on its local copy, and pushes the change; the server adds it (the design's
-``add(keys, deltas)``: run with ``lr = 1`` so the pushed change is applied as is). With one
-worker the run equals :func:`simlib.problems.glove.train_epoch` on the same order.
-
-Use it to predict before measuring: :func:`predict_speedup` charges each entry the time measured
-for one process and reports the simulated updates/s for 1, 2, ... workers.
+:func:`predict_speedup` runs :class:`~simlib.problems.glove_table.GloveProblem` (the real AdaGrad
+updates on a parameter-server table) on the simulated cluster, charging each co-occurrence entry
+the time measured for one process, and reports the simulated updates/s for 1, 2, ... workers.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
 from simlib import _validate as check
-from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order, validate_training
-from simlib.sim.config import SimConfig
-from simlib.sim.engine import simulate
-from simlib.trace import Trace
-
-
-class GloveTableProblem:
-    """GloVe in the parameter-server contract: keys are flat indices of the rows a batch touches."""
-
-    metric = "cost"
-    lower_is_better = True
-    linear_step = False  # AdaGrad's accumulators do not scale with the step size
-
-    def __init__(self, cooc: Cooccurrence, config: GloveConfig, eval_entries: int = 20_000):
-        validate_training(cooc, config)
-        check.positive_int("eval_entries", eval_entries)
-        self.cooc, self.config = cooc, config
-        v, d = cooc.n_words, config.dim
-        self.v, self.d = v, d
-        sizes = [v * d, v * d, v, v, v * d, v * d, v, v]  # W, C, bw, bc, gW, gC, gbw, gbc
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.n_params = int(self.offsets[-1])
-        self.logx, self.fx = entry_terms(cooc.values, config)
-        self.order = epoch_order(cooc.nnz, config.seed, 0)
-        rng = np.random.default_rng(config.seed + 1)
-        self.eval_idx = np.sort(rng.choice(cooc.nnz, min(eval_entries, cooc.nnz), replace=False))
-
-    def init_params(self, xp: Any = np) -> np.ndarray:
-        """The flat table, initialised as :meth:`GloveParams.init` does (float64 storage)."""
-        p = GloveParams.init(self.v, self.config)
-        return np.concatenate([a.ravel() for a in p.arrays()]).astype(np.float64)
-
-    def unflatten(self, w: np.ndarray) -> GloveParams:
-        """The flat table as GloveParams (float32 copies)."""
-        parts = [w[self.offsets[k] : self.offsets[k + 1]].astype(np.float32) for k in range(8)]
-        shapes = GloveParams.shapes(self.v, self.d)
-        return GloveParams(**{n: parts[k].reshape(shapes[n]) for k, n in enumerate(GloveParams.ARRAYS)})
-
-    def shards(self, n_workers: int) -> list[tuple[int, int]]:
-        """Contiguous ranges of the shuffled entry order, one per worker."""
-        check.positive_int("n_workers", n_workers)
-        bounds = np.linspace(0, self.cooc.nnz, n_workers + 1).astype(int)
-        return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n_workers)]
-
-    def batch(self, shard: tuple[int, int], step: int, batch_size: int) -> np.ndarray:
-        """Entry ids of batch ``step`` in the shard (cycling)."""
-        start, stop = shard
-        return self.order[start + (np.arange(batch_size) + step * batch_size) % (stop - start)]
-
-    def work(self, batch: np.ndarray) -> int:
-        """One unit per co-occurrence entry updated."""
-        return len(batch)
-
-    def _rows(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return np.unique(self.cooc.rows[batch]), np.unique(self.cooc.cols[batch])
-
-    def keys(self, batch: np.ndarray) -> np.ndarray:
-        """Flat indices of W, C, biases and accumulators of the batch's words and contexts (sorted)."""
-        ui, uj = self._rows(batch)
-        d, o = np.arange(self.d), self.offsets
-        row_keys = lambda base, u: (base + u[:, None] * self.d + d).ravel()  # noqa: E731
-        return np.concatenate([
-            row_keys(o[0], ui), row_keys(o[1], uj), o[2] + ui, o[3] + uj,
-            row_keys(o[4], ui), row_keys(o[5], uj), o[6] + ui, o[7] + uj,
-        ])
-
-    def step(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, change): AdaGrad with base rate ``lr`` on the pulled rows, as deltas to add."""
-        ui, uj = self._rows(batch)
-        a, b, d = len(ui), len(uj), self.d
-        sizes = [a * d, b * d, a, b, a * d, b * d, a, b]
-        cuts = np.concatenate([[0], np.cumsum(sizes)])
-        local = [np.ascontiguousarray(values[cuts[k] : cuts[k + 1]], dtype=np.float32) for k in range(8)]
-        for k in (0, 1, 4, 5):
-            local[k] = local[k].reshape(-1, d)
-        rows = np.searchsorted(ui, self.cooc.rows[batch]).astype(np.int32)
-        cols = np.searchsorted(uj, self.cooc.cols[batch]).astype(np.int32)
-        adagrad_kernel(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), *local,
-                       np.float32(lr), np.float32(self.config.grad_clip))
-        new = np.concatenate([x.ravel() for x in local]).astype(np.float64)
-        return keys, new - values
-
-    def quality(self, w: np.ndarray) -> float:
-        """The C program's cost 0.5 f diff^2, averaged over a fixed sample of entries."""
-        e = self.eval_idx
-        r, c = self.cooc.rows[e], self.cooc.cols[e]
-        o, d = self.offsets, self.d
-        W = w[o[0] : o[1]].reshape(-1, d)
-        C = w[o[1] : o[2]].reshape(-1, d)
-        diff = np.einsum("ij,ij->i", W[r], C[c]) + w[o[2] + r] + w[o[3] + c] - self.logx[e]
-        return float(np.mean(0.5 * self.fx[e] * diff * diff))
-
-
-def simulate_glove(cooc: Cooccurrence, config: GloveConfig, cluster: SimConfig, problem: GloveTableProblem | None = None) -> Trace:
-    """One simulated GloVe run on ``cluster``; the AdaGrad base rate is ``config.learning_rate``."""
-    problem = problem or GloveTableProblem(cooc, config)
-    return simulate(cluster.replace(lr=config.learning_rate, cost_unit="sample"), problem)
+from simlib.problems.glove import Cooccurrence, GloveConfig
+from simlib.problems.glove_table import GloveProblem
+from simlib.substrates import run
 
 
 def predict_speedup(
@@ -135,18 +34,16 @@ def predict_speedup(
     """
     check.positive("updates_per_second", updates_per_second)
     check.positive("epochs", epochs)
-    problem = GloveTableProblem(cooc, config)
+    problem = GloveProblem(cooc, config)
     out: dict[int, dict[str, Any]] = {}
     for n in workers:
         check.positive_int("workers", n)
         steps = max(1, int(round(epochs * cooc.nnz / (n * batch_size))))
-        cluster = SimConfig(n_workers=n, protocol=protocol, steps=steps, batch_size=batch_size,
-                            compute_per_unit=1.0 / updates_per_second, compute_overhead=0.0,
-                            latency=latency, bandwidth=bandwidth, value_bytes=4, key_bytes=4,
-                            eval_every=max(1, steps // 10))
-        trace = simulate_glove(cooc, config, cluster, problem)
-        rate = steps * n * batch_size / trace.makespan
-        out[n] = {"updates_per_s": rate, "trace": trace}
+        trace = run(problem, protocol, substrate="sim", n_workers=n, steps=steps, batch_size=batch_size,
+                    lr=config.learning_rate, compute_per_unit=1.0 / updates_per_second, compute_overhead=0.0,
+                    latency=latency, bandwidth=bandwidth, value_bytes=4, key_bytes=4,
+                    eval_every=max(1, steps // 10)).trace
+        out[n] = {"updates_per_s": steps * n * batch_size / trace.makespan, "trace": trace}
     base = out[workers[0]]["updates_per_s"]
     for n in workers:
         out[n]["speedup"] = out[n]["updates_per_s"] / base

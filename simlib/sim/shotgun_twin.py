@@ -14,6 +14,15 @@ max(compute) + all-gather + max(apply). Rounds are lock-step, so their event tim
 closed form and need no event queue; the math runs :func:`simlib.problems.lasso.shotgun_round`
 on the same schedule, so the objective per round equals the serial reference exactly.
 
+Why this is not a run of the engine (``simlib.run(ShotgunProblem(...), "bsp", substrate="sim")``,
+which works, on the engine's cost model): Shotgun is model-parallel, its workers exchange their
+P deltas with each other by an all-gather and each keeps its own residual. The engine has two
+topologies, neither of which is that exchange: ``ps`` routes every pull (all of x, since the
+residual needs it) and push through server links, and ``allreduce`` sums dense gradients of the
+whole table (n_features values, not P pairs) in a ring. The closed form above, which lesson 05
+uses to show P = 8 reaching the target sooner in simulated time, needs an all-gather topology in
+:mod:`simlib.sim.engine`.
+
 Example::
 
     >>> from simlib.problems.lasso import make_lasso, random_schedule
@@ -28,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from simlib import _validate as check
-from simlib.problems.lasso import LassoProblem, ShotgunRun, shotgun_round
+from simlib.problems.lasso import LassoProblem, ShotgunProblem, ShotgunRun, shotgun_round
 from simlib.sim.config import SimConfig
 from simlib.sim.stragglers import ComputeModel
 from simlib.trace import Trace
@@ -57,11 +66,7 @@ def simulate_shotgun(
     if not isinstance(cfg, SimConfig):
         raise ValueError(f"cfg must be a SimConfig, got {type(cfg).__name__}")
     check.positive_int("record_every", record_every)
-    schedule = np.asarray(schedule)
-    if schedule.ndim != 2 or schedule.shape[0] < 1 or schedule.shape[1] < 1:
-        raise ValueError(f"schedule must be a (rounds, P) array of coordinate ids, got shape {schedule.shape}")
-    if schedule.max() >= problem.n_features or schedule.min() < -1:
-        raise ValueError(f"schedule ids must lie in [0, n_features={problem.n_features}) or be -1")
+    schedule = ShotgunProblem(problem, schedule).schedule  # validated as the contract's adapter does
     n, (rounds, p) = cfg.n_workers, schedule.shape
     compute = ComputeModel(cfg, np.random.SeedSequence(cfg.seed))
     owner = np.arange(p) % n  # worker owning each slot

@@ -1,19 +1,20 @@
-"""GloVe in the simulator: one worker equals the sequential kernel; more workers are predicted faster."""
+"""GloVe on the contract and in the simulator: one worker equals the sequential kernel; more workers are predicted faster."""
 import numpy as np
 import pytest
 
 from simlib.problems.glove import (
     GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order,
 )
-from simlib.sim import SimConfig
-from simlib.sim.glove_twin import GloveTableProblem, predict_speedup, simulate_glove
+import simlib
+from simlib.problems.glove_table import GloveProblem
+from simlib.sim.glove_twin import predict_speedup
 
 
 def test_one_worker_equals_the_sequential_kernel(cooc):
     cfg = GloveConfig(dim=8, seed=3)
     batch, steps = 64, 50
     assert batch * steps <= cooc.nnz  # batches are consecutive slices of the epoch order
-    prob = GloveTableProblem(cooc, cfg)
+    prob = GloveProblem(cooc, cfg)
     w = prob.init_params()
     for s in range(steps):
         b = prob.batch((0, cooc.nnz), s, batch)
@@ -31,7 +32,8 @@ def test_one_worker_equals_the_sequential_kernel(cooc):
 
 def test_simulated_run_lowers_the_cost(cooc):
     cfg = GloveConfig(dim=8)
-    trace = simulate_glove(cooc, cfg, SimConfig(n_workers=2, protocol="async", steps=40, batch_size=256))
+    trace = simlib.run(GloveProblem(cooc, cfg), "async", substrate="sim", n_workers=2, steps=40, batch_size=256,
+                       lr=cfg.learning_rate).trace
     assert trace.quality[-1].value < 0.7 * trace.quality[0].value
     assert trace.summary()["bytes_sent"] > 0
 

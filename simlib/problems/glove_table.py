@@ -1,0 +1,120 @@
+"""GloVe on the parameter-server contract: the table holds every GloVe array, flattened.
+
+The table is W, C, the biases and all AdaGrad accumulators, flattened in the kernel's order
+(float64 storage). A worker pulls the rows its batch of co-occurrence entries touches, runs the
+real AdaGrad kernel (:func:`simlib.problems.glove.adagrad_kernel`) on its local copy, and pushes
+the change; the server adds it. ``lr`` is AdaGrad's base rate, so a run with
+``lr = config.learning_rate`` and one worker equals :func:`simlib.problems.glove.train_epoch`
+on the same order.
+
+Example::
+
+    >>> from simlib.contract import check_problem, serial_reference
+    >>> from simlib.problems.glove import Cooccurrence
+    >>> cooc = Cooccurrence(np.array([0, 1], np.int32), np.array([1, 0], np.int32), np.array([3.0, 3.0], np.float32), 2)
+    >>> prob = GloveProblem(cooc, GloveConfig(dim=4))
+    >>> check_problem(prob)
+    >>> w = serial_reference(prob, steps=50, batch_size=2, lr=0.05)
+    >>> prob.quality(w) < prob.quality(prob.init_params())
+    True
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order, validate_training
+
+
+class GloveProblem:
+    """GloVe in the parameter-server contract: keys are flat indices of the rows a batch touches."""
+
+    metric = "cost"
+    lower_is_better = True
+    linear_step = False  # AdaGrad's accumulators do not scale with the step size
+
+    def __init__(self, cooc: Cooccurrence, config: GloveConfig, eval_entries: int = 20_000):
+        validate_training(cooc, config)
+        check.positive_int("eval_entries", eval_entries)
+        self.cooc, self.config = cooc, config
+        v, d = cooc.n_words, config.dim
+        self.v, self.d = v, d
+        sizes = [v * d, v * d, v, v, v * d, v * d, v, v]  # W, C, bw, bc, gW, gC, gbw, gbc
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.n_params = int(self.offsets[-1])
+        self.logx, self.fx = entry_terms(cooc.values, config)
+        self.order = epoch_order(cooc.nnz, config.seed, 0)
+        rng = np.random.default_rng(config.seed + 1)
+        self.eval_idx = np.sort(rng.choice(cooc.nnz, min(eval_entries, cooc.nnz), replace=False))
+
+    def init_params(self, xp: Any = np) -> np.ndarray:
+        """The flat table, initialised as :meth:`GloveParams.init` does (float64 storage)."""
+        p = GloveParams.init(self.v, self.config)
+        return np.concatenate([a.ravel() for a in p.arrays()]).astype(np.float64)
+
+    def unflatten(self, w: np.ndarray) -> GloveParams:
+        """The flat table as GloveParams (float32 copies)."""
+        parts = [w[self.offsets[k] : self.offsets[k + 1]].astype(np.float32) for k in range(8)]
+        shapes = GloveParams.shapes(self.v, self.d)
+        return GloveParams(**{n: parts[k].reshape(shapes[n]) for k, n in enumerate(GloveParams.ARRAYS)})
+
+    def shards(self, n_workers: int) -> list[tuple[int, int]]:
+        """Contiguous ranges of the shuffled entry order, one per worker."""
+        check.positive_int("n_workers", n_workers)
+        if n_workers > self.cooc.nnz:
+            raise ValueError(f"n_workers ({n_workers}) must be <= the number of entries ({self.cooc.nnz})")
+        bounds = np.linspace(0, self.cooc.nnz, n_workers + 1).astype(int)
+        return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n_workers)]
+
+    def batch(self, shard: tuple[int, int], step: int, batch_size: int) -> np.ndarray:
+        """Entry ids of batch ``step`` in the shard (cycling)."""
+        start, stop = shard
+        return self.order[start + (np.arange(batch_size) + step * batch_size) % (stop - start)]
+
+    def work(self, batch: np.ndarray) -> int:
+        """One unit per co-occurrence entry updated."""
+        return len(batch)
+
+    def _rows(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.unique(self.cooc.rows[batch]), np.unique(self.cooc.cols[batch])
+
+    def keys(self, batch: np.ndarray) -> np.ndarray:
+        """Flat indices of W, C, biases and accumulators of the batch's words and contexts (sorted)."""
+        ui, uj = self._rows(batch)
+        d, o = np.arange(self.d), self.offsets
+        row_keys = lambda base, u: (base + u[:, None] * self.d + d).ravel()  # noqa: E731
+        return np.concatenate([
+            row_keys(o[0], ui), row_keys(o[1], uj), o[2] + ui, o[3] + uj,
+            row_keys(o[4], ui), row_keys(o[5], uj), o[6] + ui, o[7] + uj,
+        ])
+
+    def step(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, change): AdaGrad with base rate ``lr`` on the pulled rows, as deltas to add."""
+        ui, uj = self._rows(batch)
+        a, b, d = len(ui), len(uj), self.d
+        sizes = [a * d, b * d, a, b, a * d, b * d, a, b]
+        cuts = np.concatenate([[0], np.cumsum(sizes)])
+        local = [np.ascontiguousarray(values[cuts[k] : cuts[k + 1]], dtype=np.float32) for k in range(8)]
+        for k in (0, 1, 4, 5):
+            local[k] = local[k].reshape(-1, d)
+        rows = np.searchsorted(ui, self.cooc.rows[batch]).astype(np.int32)
+        cols = np.searchsorted(uj, self.cooc.cols[batch]).astype(np.int32)
+        adagrad_kernel(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), *local,
+                       np.float32(lr), np.float32(self.config.grad_clip))
+        new = np.concatenate([x.ravel() for x in local]).astype(np.float64)
+        return keys, new - values
+
+    def quality(self, w: np.ndarray) -> float:
+        """The C program's cost 0.5 f diff^2, averaged over a fixed sample of entries."""
+        e = self.eval_idx
+        r, c = self.cooc.rows[e], self.cooc.cols[e]
+        o, d = self.offsets, self.d
+        W = w[o[0] : o[1]].reshape(-1, d)
+        C = w[o[1] : o[2]].reshape(-1, d)
+        diff = np.einsum("ij,ij->i", W[r], C[c]) + w[o[2] + r] + w[o[3] + c] - self.logx[e]
+        return float(np.mean(0.5 * self.fx[e] * diff * diff))
+
+
+__all__ = ["GloveProblem"]

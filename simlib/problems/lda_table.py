@@ -1,0 +1,156 @@
+"""AD-LDA on the parameter-server contract: the word-topic counts are the table.
+
+The table is n_wk flattened (key w * K + k) followed by the topic totals n_k (key V * K + k), as
+float64. A worker's shard is its worker-local state (:class:`LDAShard`): its documents, their
+assignments z and doc-topic counts n_dk (a :class:`~simlib.problems.lda_gibbs.GibbsState`); each
+worker process holds its own copy. One clock is one sweep of the worker's documents:
+
+* ``keys``: the K counts of every word the shard contains, then the K totals;
+* ``step``: load the counts read into the state, run one collapsed Gibbs sweep (the compiled
+  sweep of :mod:`~simlib.problems.lda_gibbs`), and push the count deltas that moved (``lr`` is
+  ignored: a sample is not a gradient);
+* ``quality``: the word part of the likelihood, log p(w | z), the one part a table holds (the
+  doc part, log p(z), needs every worker's n_dk).
+
+The sweep's seed is derived from (seed, worker, clock), so a simulated run is deterministic.
+Each push moves tokens between topics, so the table always holds exactly the corpus's tokens:
+``n_wk`` sums to N and ``n_k`` equals its column sums (:meth:`LDAProblem.check_counts`) -- as long
+as every push is applied whole; backup workers, deadlines and lossy compression drop or bend
+pushes, so :attr:`LDAProblem.exact_deltas` tells a substrate to refuse them.
+
+Example::
+
+    >>> import simlib
+    >>> from simlib.problems.lda import make_synthetic_corpus
+    >>> corpus, _, _ = make_synthetic_corpus(n_docs=60, n_topics=4, n_words=50, doc_length=30, seed=0)
+    >>> prob = LDAProblem(corpus, n_topics=4, alpha=0.5)
+    >>> res = simlib.run(prob, "ssp:1", substrate="sim", n_workers=3, steps=5)
+    >>> prob.check_counts(res.params)
+    >>> res.quality > res.trace.quality[0].value
+    True
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simlib.problems.lda import LDACorpus, check_hyper, count_tables, random_assignments, shard_documents, word_log_likelihood
+from simlib.problems.lda_gibbs import KERNELS, GibbsState
+
+_SEED_STRIDE = (1_000_003, 10_007)  # sweep seed = seed * 1_000_003 + worker * 10_007 + clock
+
+
+@dataclass
+class LDAShard:
+    """A worker's local state: its Gibbs state, its words' table keys, and the clock it is at."""
+
+    state: GibbsState
+    worker: int
+    words: np.ndarray  # the distinct words of the shard, sorted
+    keys: np.ndarray  # w * K + k for those words, then V * K + k
+    seed: int
+    clock: int = 0
+
+    def sweep_seed(self) -> int:
+        """seed * 1_000_003 + worker * 10_007 + clock: one stream per worker and clock."""
+        return self.seed * _SEED_STRIDE[0] + self.worker * _SEED_STRIDE[1] + self.clock
+
+
+class LDAProblem:
+    """Collapsed Gibbs LDA as a Problem: table = (n_wk, n_k), shard = a worker's documents and topics."""
+
+    metric = "log_likelihood"
+    lower_is_better = False
+    linear_step = False  # count moves do not scale with a step size
+    exact_deltas = True  # every push must be applied whole, or the counts no longer match the topics
+
+    def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
+                 seed: int = 0, kernel: str = "sparse"):
+        if not isinstance(corpus, LDACorpus):
+            raise ValueError(f"corpus must be an LDACorpus, got {type(corpus).__name__}")
+        check_hyper(n_topics, alpha, beta)
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        self.corpus, self.K, self.alpha, self.beta = corpus, int(n_topics), float(alpha), float(beta)
+        self.seed, self.kernel = int(seed), kernel
+        self.V = corpus.n_words
+        self.n_params = self.V * self.K + self.K
+        self.z0 = random_assignments(corpus, self.K, self.seed)
+
+    def init_params(self) -> np.ndarray:
+        """The counts of the random start z0: n_wk flattened, then n_k (float64)."""
+        _, n_wk, n_k = count_tables(self.corpus, self.z0, self.K)
+        return np.concatenate([n_wk.ravel(), n_k]).astype(np.float64)
+
+    def shards(self, n_workers: int) -> list[LDAShard]:
+        """One worker-local state per worker: a contiguous block of about N / n_workers tokens."""
+        bounds = shard_documents(self.corpus, n_workers)
+        _, n_wk, n_k = count_tables(self.corpus, self.z0, self.K)
+        out = []
+        for i in range(n_workers):
+            docs = self.corpus.subset(np.arange(bounds[i], bounds[i + 1]))
+            t0, t1 = self.corpus.offsets[bounds[i]], self.corpus.offsets[bounds[i + 1]]
+            state = GibbsState(docs, self.K, self.alpha, self.beta, self.z0[t0:t1], n_wk=n_wk.copy(),
+                               n_k=n_k.copy(), kernel=self.kernel)
+            words = np.unique(docs.words).astype(np.int64)
+            topics = np.arange(self.K)
+            keys = np.concatenate([(words[:, None] * self.K + topics).ravel(), self.V * self.K + topics])
+            out.append(LDAShard(state, i, words, keys, self.seed))
+        return out
+
+    def batch(self, shard: LDAShard, step: int, batch_size: int) -> LDAShard:
+        """The whole shard (one clock = one sweep; ``batch_size`` is unused), stamped with its clock."""
+        shard.clock = step
+        return shard
+
+    def keys(self, batch: LDAShard) -> np.ndarray:
+        """The K counts of each word the shard holds, then the K totals (sorted)."""
+        return batch.keys
+
+    def work(self, batch: LDAShard) -> int:
+        """Tokens swept."""
+        return batch.state.corpus.n_tokens
+
+    def step(self, values: np.ndarray, batch: LDAShard, keys: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, deltas): one Gibbs sweep against the counts read; the deltas are the tokens it moved."""
+        st, words, K = batch.state, batch.words, self.K
+        read_wk = values[:-K].reshape(len(words), K).astype(np.int32)
+        read_k = values[-K:].astype(np.int32)
+        # NOTE: a read holds the worker's own tokens whenever its last push was applied before its
+        # next pull (every substrate, without accumulation); the maximum binds only for a read that
+        # does not (pushes held back by accumulation, or an empty warm-up read), where the sweep
+        # would otherwise take tokens out of empty cells. The deltas are the moves either way.
+        own_wk, own_k = self._own_counts(st, words)
+        st.n_wk[words] = np.maximum(read_wk, own_wk)
+        st.n_k[:] = np.maximum(read_k, own_k)
+        before = np.concatenate([st.n_wk[words].ravel(), st.n_k])
+        st.sweep(seed=batch.sweep_seed())
+        delta = np.concatenate([st.n_wk[words].ravel(), st.n_k]) - before
+        moved = np.flatnonzero(delta)
+        return keys[moved], delta[moved].astype(np.float64)
+
+    def _own_counts(self, st: GibbsState, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The shard's own (n_wk rows of ``words``, n_k), from its assignments."""
+        local = np.searchsorted(words, st.corpus.words).astype(np.int64)
+        wk = np.bincount(local * self.K + st.z, minlength=len(words) * self.K).reshape(len(words), self.K)
+        return wk, np.bincount(st.z, minlength=self.K)
+
+    def split(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The table as (n_wk (V, K), n_k (K,)) views."""
+        return params[:-self.K].reshape(self.V, self.K), params[-self.K:]
+
+    def quality(self, params: np.ndarray) -> float:
+        """log p(w | z) of the table: the word part of the joint likelihood."""
+        n_wk, n_k = self.split(params)
+        return word_log_likelihood(n_wk, n_k, self.beta)
+
+    def check_counts(self, params: np.ndarray) -> None:
+        """Raise AssertionError unless the table holds the corpus: n_wk >= 0 summing to N, n_k its column sums."""
+        n_wk, n_k = self.split(params)
+        assert n_wk.min() >= 0, "a word-topic count went negative"
+        assert n_wk.sum() == self.corpus.n_tokens, f"n_wk sums to {n_wk.sum()}, not N = {self.corpus.n_tokens}"
+        assert np.array_equal(n_k, n_wk.sum(axis=0)), "n_k differs from the column sums of n_wk"
+
+
+__all__ = ["LDAProblem", "LDAShard"]
