@@ -50,8 +50,8 @@ class Option:
         """'in [1, 10000]', '> 0', 'one of ...' -- the allowed values in words."""
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
-        lo = None if self.min is None else f"{self.min:g}"
-        hi = None if self.max is None else f"{self.max:g}"
+        lo = None if self.min is None else _show(self.min)
+        hi = None if self.max is None else _show(self.max)
         if lo is not None and hi is not None:
             return f"in {'(' if self.min_open else '['}{lo}, {hi}]"
         if lo is not None:
@@ -155,8 +155,9 @@ def add_arguments(group: Any, opts: Iterable[Option], defaults: Any = None) -> N
         help_text = opt.help + (f" ({opt.unit})" if opt.unit else "") + (f"; {rng}" if rng and opt.choices is None else "")
         if opt.optional and default is None:
             help_text += "; off unless given"
+        metavar = "{" + ",".join(map(str, opt.choices)) + "}" if opt.choices else opt.flag.lstrip("-").upper().replace("-", "_")
         group.add_argument(*flags, dest=dest(opt), type=_argparse_type(opt), default=default, help=help_text,
-                           metavar="{" + ",".join(map(str, opt.choices)) + "}" if opt.choices else None)
+                           metavar=metavar)
 
 
 def values(args: argparse.Namespace, opts: Iterable[Option]) -> dict[str, Any]:
@@ -182,6 +183,11 @@ def _argparse_type(opt: Option) -> Any:
 
     parse.__name__ = opt.type.__name__
     return parse
+
+
+def _show(bound: float) -> str:
+    """Bounds as a reader writes them: 10000, 1e+15, 0.5."""
+    return str(bound) if isinstance(bound, int) else f"{bound:g}"
 
 
 def _get(obj: Any, dotted: str) -> Any:

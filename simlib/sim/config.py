@@ -126,7 +126,7 @@ class SimConfig:
     value_bytes: int = _f(4, "bytes per parameter value on the wire", flag=None, min=1, max=64)
     key_bytes: int = _f(4, "bytes per key on the wire", flag=None, min=1, max=64)
     eval_every: int = _f(1, "evaluate the metric every this many updates", flag=None, min=1, max=1_000_000)
-    seed: int = _f(0, "seed of the whole run", min=0, max=2**63 - 1)
+    seed: int = _f(0, "seed of the whole run", min=0, max=2**32 - 1)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "SimConfig":
         _reject_unknown(cls, kwargs)
