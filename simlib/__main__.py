@@ -3,14 +3,34 @@ import sys
 
 
 def main() -> int:
-    """Run the command line; Ctrl-C while it is still importing is one line and status 130 too."""
+    """Run the command line; Ctrl-C at any moment, imports included, is one line and status 130."""
     try:
-        from simlib.cli import interrupted
         from simlib.cli import main as cli_main
+
+        rc = cli_main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
-        return 130
-    return cli_main()
+        rc = 130
+    if rc == 130:
+        _exit_interrupted()
+    return rc
+
+
+def _exit_interrupted() -> None:
+    """Exit with status 130 after the usual clean-up.
+
+    NOTE: a KeyboardInterrupt that reached Python code run by ``eval`` or an import leaves CPython
+    believing it went unhandled, and the interpreter then kills itself with SIGINT at exit
+    (status -2) even though it was caught. Running the exit handlers and leaving with os._exit
+    keeps the promised status.
+    """
+    import atexit
+    import os
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(130)
 
 
 if __name__ == "__main__":

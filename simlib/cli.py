@@ -10,14 +10,17 @@ are known to be good, so ``--help`` and errors answer at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from simlib import options as opts
 from simlib.options import Option
@@ -277,6 +280,7 @@ class _Progress:
         self.finished = 0
 
     def __call__(self, run: int, fraction: float) -> None:
+        check_interrupt()
         if time.monotonic() - self.t0 < 2.0:
             return
         if not self.tty:
@@ -347,8 +351,6 @@ def format_table(rows: list[dict[str, Any]], target: float) -> str:
 
 def _quiet_numerics() -> Any:
     """Overflow in a diverging run is reported as 'diverged' in the table, not as NumPy warnings."""
-    import contextlib
-
     import numpy as np
 
     stack = contextlib.ExitStack()
@@ -361,7 +363,10 @@ def _quiet_numerics() -> Any:
 def run_compare(args: argparse.Namespace) -> int:
     """The main job: check everything, simulate each protocol, print the table, write the figure."""
     configs = validate_compare(args)
-    from simlib.sim.experiments import compare, summary_rows
+    from simlib.sim.experiments import compare, compare_problem, summary_rows
+
+    compare_problem(configs[0].seed)  # built (and its kernels compiled) here, so Ctrl-C is checked after it
+    check_interrupt()
 
     progress = _Progress([c.label for c in configs])
     with _quiet_numerics():
@@ -442,6 +447,7 @@ def run_one(args: argparse.Namespace) -> int:
     seed = training["seed"]
     data = make_sparse_classification(size.rows, size.features, size.nnz, label_noise=0.05, seed=seed)
     problem = LogisticProblem(data, l2=1e-4, eval_rows=min(4_000, size.rows), seed=seed)
+    check_interrupt()
     staleness_aware = training.pop("staleness_aware_lr")
     try:
         with _quiet_numerics():
@@ -521,7 +527,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     prog = _prog()
     try:
-        return _dispatch(argv, prog)
+        with _ctrl_c():
+            return _dispatch(argv, prog)
     except CliError as exc:
         msg = str(exc)
         if not msg.startswith(prog):
@@ -532,10 +539,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return interrupted()
 
 
+_pressed = False
+
+
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt and is remembered, so :func:`check_interrupt` finds it if a library swallowed it."""
+    global _pressed
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        global _pressed
+        _pressed = True
+        raise KeyboardInterrupt
+
+    _pressed = False
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is handler:
+            signal.signal(signal.SIGINT, previous)
+
+
+def check_interrupt() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C was pressed (some imports catch it and carry on)."""
+    if _pressed:
+        raise KeyboardInterrupt
+
+
 def interrupted() -> int:
     """Ctrl-C: one line, status 130 (a second Ctrl-C while leaving is ignored)."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     print("interrupted", file=sys.stderr, flush=True)
     return 130
