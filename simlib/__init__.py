@@ -15,15 +15,25 @@ Problems (``simlib.problems``) follow :class:`simlib.contract.Problem`; protocol
 """
 from typing import Any
 
-from simlib.protocol import Protocol
-from simlib.trace import QualityPoint, Span, Trace, Update
+# Imported on first use (PEP 562), so that ``python -m simlib`` reaches its own code -- and its
+# Ctrl-C handling -- before anything else runs.
+_LAZY = {"Protocol": "simlib.protocol", "Trace": "simlib.trace", "Span": "simlib.trace", "Update": "simlib.trace",
+         "QualityPoint": "simlib.trace"}
 
 __version__ = "0.1.0"
 __all__ = ["Protocol", "Trace", "Span", "Update", "QualityPoint", "run", "__version__"]
 
 
-def run(problem: Any, protocol: "Protocol | str" = "bsp", substrate: str = "sim", **options: Any) -> Any:
+def run(problem: Any, protocol: Any = "bsp", substrate: str = "sim", **options: Any) -> Any:
     """Train ``problem`` under ``protocol`` on ``substrate`` (see :func:`simlib.substrates.run`)."""
     from simlib.substrates import run as _run
 
     return _run(problem, protocol, substrate, **options)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'simlib' has no attribute {name!r}")

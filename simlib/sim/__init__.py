@@ -10,9 +10,14 @@
 cost, shared links, ring all-reduce), ``clocks`` (BSP/SSP/async gating, backup workers,
 deadlines), ``stragglers`` (compute time model), ``engine`` (the run).
 """
+from typing import Any
+
 from simlib.sim.config import PROTOCOLS, TOPOLOGIES, SimConfig, Stragglers
-from simlib.sim.engine import default_problem, simulate
-from simlib.sim.network import message_time, ring_allreduce_time
+
+# The engine (SimPy, NumPy, the problems' compiled kernels) is imported on first use, so that
+# reading the configuration -- e.g. for ``python -m simlib compare --help`` -- stays fast.
+_LAZY = {"simulate": "simlib.sim.engine", "default_problem": "simlib.sim.engine",
+         "message_time": "simlib.sim.network", "ring_allreduce_time": "simlib.sim.network"}
 
 __all__ = [
     "SimConfig",
@@ -24,3 +29,11 @@ __all__ = [
     "PROTOCOLS",
     "TOPOLOGIES",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'simlib.sim' has no attribute {name!r}")

@@ -2,16 +2,37 @@
 from __future__ import annotations
 
 import dataclasses
-import math
+import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
 from simlib import _validate as check
+from simlib.options import check_fields
 from simlib.protocol import KINDS as PROTOCOLS
 from simlib.protocol import Protocol, StepRule
+
 TOPOLOGIES = ("ps", "allreduce")
 JITTERS = ("none", "lognormal", "exponential")
 COST_UNITS = ("nonzero", "sample")
+# Upper bounds keep every simulated time finite (steps x seconds stays far below 1e308) and every
+# run within what a laptop holds; the CLI checks memory-dependent sizes against the problem too.
+MAX_SECONDS = 1e6
+MAX_WORKERS = 10_000
+
+
+def _f(default: Any, help: str, **meta: Any) -> Any:
+    """A dataclass field whose metadata (help, flag, min, max, choices) drives validation, CLI flags and panel controls."""
+    return field(default=default, metadata={"help": help, **meta})
+
+
+def _reject_unknown(cls: type, kwargs: dict[str, Any]) -> None:
+    """Raise ValueError naming a keyword that is not a field of ``cls`` (a dataclass would raise a bare TypeError)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in kwargs:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; fields: {', '.join(sorted(known))}"
+            raise ValueError(f"{key}: not a field of {cls.__name__}{hint}")
 
 
 @dataclass(frozen=True)
@@ -26,33 +47,26 @@ class Stragglers:
       back that many seconds later and resumes at the clock it had reached.
     """
 
-    jitter: str = "none"
-    jitter_sigma: float = 0.5
-    slow_workers: int = 0
-    slow_factor: float = 3.0
-    pause_prob: float = 0.0
-    pause_time: float = 0.0
-    fail_worker: int | None = None
-    fail_time: float | None = None
-    restart_after: float | None = None
+    jitter: str = _f("none", "per-step compute noise", choices=JITTERS)
+    jitter_sigma: float = _f(0.5, "sigma of the lognormal jitter", min=0, max=5)
+    slow_workers: int = _f(0, "how many workers are persistently slow", min=0, max=MAX_WORKERS)
+    slow_factor: float = _f(3.0, "how much slower they are", min=1, max=1e6)
+    pause_prob: float = _f(0.0, "probability of a pause per step", min=0, max=1)
+    pause_time: float = _f(0.0, "how long a pause lasts", unit="s", min=0, max=MAX_SECONDS)
+    fail_worker: int | None = _f(None, "a worker that fails ...", min=0, max=MAX_WORKERS)
+    fail_time: float | None = _f(None, "... at this simulated time", unit="s", min=0, max=MAX_SECONDS)
+    restart_after: float | None = _f(None, "... and comes back this much later", unit="s", min=0, max=MAX_SECONDS)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Stragglers":
+        _reject_unknown(cls, kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        check.one_of("stragglers.jitter", self.jitter, JITTERS)
-        check.non_negative("stragglers.jitter_sigma", self.jitter_sigma)
-        check.non_negative_int("stragglers.slow_workers", self.slow_workers)
-        if not (isinstance(self.slow_factor, (int, float)) and math.isfinite(self.slow_factor) and self.slow_factor >= 1):
-            raise ValueError(f"stragglers.slow_factor must be a finite number >= 1, got {self.slow_factor!r}")
-        check.probability("stragglers.pause_prob", self.pause_prob)
-        check.non_negative("stragglers.pause_time", self.pause_time)
+        check_fields(self, "stragglers.")
         if (self.fail_worker is None) != (self.fail_time is None):
             raise ValueError("stragglers.fail_worker and stragglers.fail_time must be given together")
-        if self.fail_worker is not None:
-            check.non_negative_int("stragglers.fail_worker", self.fail_worker)
-            check.non_negative("stragglers.fail_time", self.fail_time)
-        if self.restart_after is not None:
-            if self.fail_worker is None:
-                raise ValueError("stragglers.restart_after needs stragglers.fail_worker and fail_time")
-            check.non_negative("stragglers.restart_after", self.restart_after)
+        if self.restart_after is not None and self.fail_worker is None:
+            raise ValueError("stragglers.restart_after needs stragglers.fail_worker and fail_time")
 
     def describe(self) -> str:
         """A short human label, e.g. 'lognormal(0.5) + 1 worker x3'."""
@@ -84,35 +98,44 @@ class SimConfig:
         True
     """
 
-    n_workers: int = 8
-    protocol: str = "bsp"  # 'bsp', 'ssp' (with staleness) or 'async'; 'ssp:3' / 'SSP(3)' are read too
-    staleness: int = 0
-    steps: int = 100
-    batch_size: int = 32
-    lr: float = 0.5
-    staleness_aware_lr: bool = False
-    accumulation: int | None = None
-    topology: str = "ps"
-    n_servers: int = 1
-    n_summation: int = 0
-    latency: float = 1e-4
-    bandwidth: float = 1.25e9
-    compute_per_unit: float = 5e-8
-    compute_overhead: float = 1e-4
-    cost_unit: str = "nonzero"
-    stragglers: Stragglers = field(default_factory=Stragglers)
-    backup_workers: int = 0
-    timeout: float | None = None
-    compression: str | None = None
-    value_bytes: int = 4
-    key_bytes: int = 4
-    eval_every: int = 1
-    seed: int = 0
+    n_workers: int = _f(8, "number of workers", flag="--workers", min=1, max=MAX_WORKERS)
+    # 'bsp', 'ssp' (with staleness) or 'async'; 'ssp:3', 'SSP(3)' and Protocol values are read too.
+    # The CLI takes protocols as one list (--protocols), so these two have no flag of their own.
+    protocol: str = _f("bsp", "bsp, ssp (with staleness) or async", flag=None)
+    staleness: int | None = _f(None, "SSP's staleness bound s (required for 'ssp')", flag=None, min=0)
+    steps: int = _f(100, "steps (clocks) per worker", min=1, max=1_000_000)
+    batch_size: int = _f(32, "rows per mini-batch", min=1, max=10_000_000)
+    lr: float = _f(0.5, "learning rate (step size)", min=0, min_open=True, max=1e6)
+    staleness_aware_lr: bool = _f(False, "scale each update by 1/tau (tau: updates applied since its read)",
+                                  flag="--staleness-aware", aliases=("--staleness-aware-lr",))
+    accumulation: int | None = _f(None, "lambda: the server averages floor(lambda / workers) pushes per update",
+                                  min=1, max=1_000_000)
+    topology: str = _f("ps", "parameter server or ring all-reduce (BSP only)", choices=TOPOLOGIES)
+    n_servers: int = _f(1, "parameter-server shards", flag="--servers", min=1, max=1_000_000)
+    n_summation: int = _f(0, "BytePS-style extra summation nodes", flag="--summation-nodes", min=0, max=1_000_000)
+    latency: float = _f(1e-4, "time per message", unit="s", min=0, max=3600)
+    bandwidth: float = _f(1.25e9, "bytes per second per link", unit="B/s", min=1, max=1e30)
+    compute_per_unit: float = _f(5e-8, "time per nonzero (or sample)", unit="s", min=0, max=10)
+    compute_overhead: float = _f(1e-4, "fixed time per step", unit="s", min=0, max=3600)
+    cost_unit: str = _f("nonzero", "what compute is charged per", choices=COST_UNITS)
+    stragglers: Stragglers = field(default_factory=Stragglers, metadata={"help": "how workers are slower than the model"})
+    backup_workers: int = _f(0, "drop the slowest b pushes of each step", min=0, max=MAX_WORKERS)
+    timeout: float | None = _f(None, "drop pushes later than this after a step opens", unit="s",
+                               min=0, min_open=True, max=MAX_SECONDS)
+    compression: str | None = _f(None, "gradient compressor, e.g. topk:0.01, qsgd, onebit")
+    value_bytes: int = _f(4, "bytes per parameter value on the wire", flag=None, min=1, max=64)
+    key_bytes: int = _f(4, "bytes per key on the wire", flag=None, min=1, max=64)
+    eval_every: int = _f(1, "evaluate the metric every this many updates", flag=None, min=1, max=1_000_000)
+    seed: int = _f(0, "seed of the whole run", min=0, max=2**32 - 1)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "SimConfig":
+        _reject_unknown(cls, kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         if isinstance(self.protocol, Protocol) or (isinstance(self.protocol, str) and self.protocol.lower() not in PROTOCOLS):
             given, p = self.protocol, Protocol.parse(self.protocol)
-            if self.staleness not in (0, p.staleness):
+            if self.staleness not in (None, 0, p.staleness):
                 raise ValueError(f"staleness={self.staleness} contradicts protocol {given!r}")
             object.__setattr__(self, "protocol", p.kind)
             object.__setattr__(self, "staleness", p.staleness)
@@ -121,34 +144,25 @@ class SimConfig:
                 object.__setattr__(self, "timeout", p.timeout)
         elif isinstance(self.protocol, str):
             object.__setattr__(self, "protocol", self.protocol.lower())
+            if self.staleness is None:
+                if self.protocol == "ssp":
+                    raise ValueError("protocol: SSP needs a staleness bound: protocol='ssp:3', or protocol='ssp' "
+                                     "with staleness=3")
+                object.__setattr__(self, "staleness", 0)
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first field out of its allowed range."""
-        check.positive_int("n_workers", self.n_workers)
+        """Raise ValueError naming the first field out of its allowed range (ranges: the fields' metadata)."""
+        check_fields(self)
         check.one_of("protocol", self.protocol, PROTOCOLS)
-        check.non_negative_int("staleness", self.staleness)
         if self.protocol == "bsp" and self.staleness != 0:
             raise ValueError("staleness must be 0 for protocol 'bsp' (use protocol 'ssp' for a bound s > 0)")
         if self.protocol != "ssp" and self.staleness:
             raise ValueError(f"staleness applies to protocol 'ssp' only; use protocol='ssp:{self.staleness}'")
-        if self.accumulation is not None:
-            check.positive_int("accumulation", self.accumulation)
-        check.positive_int("steps", self.steps)
-        check.positive_int("batch_size", self.batch_size)
-        check.positive("lr", self.lr)
-        check.one_of("topology", self.topology, TOPOLOGIES)
         if self.topology == "allreduce" and self.protocol != "bsp":
             raise ValueError("topology 'allreduce' runs only with protocol 'bsp' (a ring all-reduce is a barrier)")
-        check.positive_int("n_servers", self.n_servers)
-        check.non_negative_int("n_summation", self.n_summation)
         if self.topology == "allreduce" and (self.n_servers != 1 or self.n_summation):
             raise ValueError("n_servers and n_summation apply to topology 'ps' only")
-        check.non_negative("latency", self.latency)
-        check.positive("bandwidth", self.bandwidth)
-        check.non_negative("compute_per_unit", self.compute_per_unit)
-        check.non_negative("compute_overhead", self.compute_overhead)
-        check.one_of("cost_unit", self.cost_unit, COST_UNITS)
         if not isinstance(self.stragglers, Stragglers):
             raise ValueError(f"stragglers must be a Stragglers(...) instance, got {type(self.stragglers).__name__}")
         if self.stragglers.slow_workers > self.n_workers:
@@ -157,24 +171,17 @@ class SimConfig:
             )
         if self.stragglers.fail_worker is not None and self.stragglers.fail_worker >= self.n_workers:
             raise ValueError(f"stragglers.fail_worker must be < n_workers ({self.n_workers})")
-        check.non_negative_int("backup_workers", self.backup_workers)
         if self.backup_workers >= self.n_workers:
             raise ValueError(f"backup_workers must be < n_workers ({self.n_workers}), got {self.backup_workers}")
         if self.backup_workers and self.protocol == "async":
             raise ValueError("backup_workers needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
-        if self.timeout is not None:
-            check.positive("timeout", self.timeout)
-            if self.protocol == "async":
-                raise ValueError("timeout needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
+        if self.timeout is not None and self.protocol == "async":
+            raise ValueError("timeout needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
         if self.compression is not None:
             from simlib.compress import parse_spec  # raises ValueError naming 'compression'
 
             parse_spec(self.compression)
         self.proto.check_workers(self.n_workers)  # the bound's range, checked as every substrate checks it
-        check.positive_int("value_bytes", self.value_bytes)
-        check.positive_int("key_bytes", self.key_bytes)
-        check.positive_int("eval_every", self.eval_every)
-        check.non_negative_int("seed", self.seed)
 
     @property
     def proto(self) -> Protocol:

@@ -7,15 +7,19 @@ in simulated time, and async has the shortest step but needs more steps than BSP
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from simlib.protocol import Protocol
 from simlib.sim.config import SimConfig, Stragglers
-from simlib.sim.engine import simulate
 from simlib.trace import Trace
+
+if TYPE_CHECKING:
+    from simlib.problems.logistic import LogisticProblem
 
 DEFAULT_TARGET = 0.44
 DEFAULT_PROTOCOLS = ("bsp", "ssp:3", "async")
+# The comparison's problem (see compare_problem); the CLI checks sizes against it before building it.
+COMPARE_ROWS, COMPARE_FEATURES, COMPARE_NNZ = 20_000, 500, 10
 
 
 def default_cluster(**changes: Any) -> SimConfig:
@@ -36,35 +40,33 @@ def default_cluster(**changes: Any) -> SimConfig:
 
 
 @functools.lru_cache(maxsize=2)
-def compare_problem(seed: int = 0) -> LogisticProblem:
+def compare_problem(seed: int = 0) -> "LogisticProblem":
     """20 k rows x 500 features, 10 nonzeros per row: dense enough that stale updates collide."""
-    data = make_sparse_classification(20_000, 500, 10, label_noise=0.05, seed=seed)
+    from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+
+    data = make_sparse_classification(COMPARE_ROWS, COMPARE_FEATURES, COMPARE_NNZ, label_noise=0.05, seed=seed)
     return LogisticProblem(data, l2=1e-4, eval_rows=4_000, seed=seed)
 
 
-def parse_protocol(spec: str) -> dict[str, Any]:
-    """'bsp' | 'async' | 'ssp:S' (or 'ssp(S)') -> SimConfig fields; ValueError names 'protocols'."""
-    s = spec.strip().lower().replace("(", ":").rstrip(")")
-    if s in ("bsp", "async"):
-        return {"protocol": s, "staleness": 0}
-    if s.startswith("ssp"):
-        _, _, bound = s.partition(":")
-        if not bound.isdigit():
-            raise ValueError(f"protocols: SSP needs a staleness bound such as 'ssp:3', got {spec!r}")
-        return {"protocol": "ssp", "staleness": int(bound)}
-    raise ValueError(f"protocols: unknown protocol {spec!r}; use 'bsp', 'ssp:S' or 'async'")
+def with_protocol(base: SimConfig, protocol: "str | Protocol") -> SimConfig:
+    """``base`` under another protocol ('bsp', 'ssp:3', 'SSP(3)', 'async' or a Protocol); ValueError names the field."""
+    p = Protocol.parse(protocol)
+    # A Protocol value carries its backup workers and deadline too; a string names the read rule only.
+    return base.replace(protocol=p if isinstance(protocol, Protocol) else p.kind, staleness=p.staleness)
 
 
 def compare(
-    protocols: Sequence[str] = DEFAULT_PROTOCOLS,
+    protocols: Sequence["str | Protocol"] = DEFAULT_PROTOCOLS,
     base: SimConfig | None = None,
     problem: Any = None,
     progress: Callable[[int, float], None] | None = None,
 ) -> list[Trace]:
     """Run the same cluster under each protocol (same seed, so the same straggler draws)."""
+    from simlib.sim.engine import simulate
+
     base = default_cluster() if base is None else base
+    configs = [with_protocol(base, p) for p in protocols]  # every one validated before any run
     problem = compare_problem(base.seed) if problem is None else problem
-    configs = [base.replace(**parse_protocol(p)) for p in protocols]
     traces = []
     for i, cfg in enumerate(configs):
         cb = None if progress is None else (lambda f, i=i: progress(i, f))

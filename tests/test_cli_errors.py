@@ -1,0 +1,165 @@
+"""Every bad or extreme command-line value: status 2, one stderr line naming the flag, nothing run, nothing written.
+
+Each case runs the real command line in a fresh interpreter whose working directory is an empty
+temporary directory. "Nothing run" is checked as behaviour: the simulator (SimPy, the engine) and
+the plotting library were never imported, so the answer came from the checks alone. The user-facing
+promise is an answer within 2 s; the bound asserted here is looser (a loaded 2-core machine) and
+the medians are measured by ``benchmarks/cli_errors.py``.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("simpy", "matplotlib", "simlib.sim.engine", "numba")
+
+# Runs simlib.cli.main with argv, then reports which heavy modules were imported (on stdout, last line).
+PROBE = (
+    "import sys\n"
+    "from simlib.cli import main\n"
+    "try:\n"
+    "    rc = main(sys.argv[1:])\n"
+    "except SystemExit as e:\n"
+    "    rc = e.code\n"
+    f"print('IMPORTED', [m for m in {HEAVY!r} if m in sys.modules])\n"
+    "sys.exit(rc)\n"
+)
+
+# (arguments, text the one line must contain: the flag)
+BAD: list[tuple[list[str], str]] = [
+    # the figure's path
+    (["compare", "--out", "/proc/nope/compare.png"], "--out"),
+    (["compare", "--out", "/etc/passwd/compare.png"], "--out"),
+    (["compare", "--out", "simlib_out/compare.txt"], "--out"),
+    (["compare", "--out", ""], "--out"),
+    (["compare", "--out", "."], "--out"),
+    (["compare", "--out", "noextension"], "--out"),
+    # targets
+    (["compare", "--target", "nan"], "--target"),
+    (["compare", "--target", "-5"], "--target"),
+    (["compare", "--target", "inf"], "--target"),
+    (["compare", "--target", "0"], "--target"),
+    # numbers out of range or not numbers
+    (["compare", "--lr", "1e300"], "--lr"),
+    (["compare", "--lr", "0"], "--lr"),
+    (["compare", "--lr", "nan"], "--lr"),
+    (["compare", "--slow-factor", "1e308"], "--slow-factor"),
+    (["compare", "--slow-factor", "0.5"], "--slow-factor"),
+    (["compare", "--bandwidth", "1e-300"], "--bandwidth"),
+    (["compare", "--bandwidth", ""], "--bandwidth"),
+    (["compare", "--latency", "1e300"], "--latency"),
+    (["compare", "--latency", "-1"], "--latency"),
+    (["compare", "--compute-per-unit", "1e300"], "--compute-per-unit"),
+    (["compare", "--pause-prob", "1", "--pause-time", "1e308"], "--pause-time"),
+    (["compare", "--pause-prob", "1.5"], "--pause-prob"),
+    (["compare", "--jitter-sigma", "inf"], "--jitter-sigma"),
+    (["compare", "--timeout", "0"], "--timeout"),
+    (["compare", "--seed", "-1"], "--seed"),
+    (["compare", "--workers", "abc"], "--workers"),
+    (["compare", "--workers", "0"], "--workers"),
+    (["compare", "--steps", "1.5"], "--steps"),
+    # sizes against the problem and memory
+    (["compare", "--batch-size", "1000000000"], "--batch-size"),
+    (["compare", "--batch-size", "5000"], "--batch-size"),
+    (["compare", "--servers", "100000"], "--servers"),
+    (["compare", "--summation-nodes", "100000"], "--summation-nodes"),
+    (["compare", "--workers", "100000", "--steps", "1"], "--workers"),
+    (["compare", "--workers", "1000", "--batch-size", "1", "--steps", "1000000"], "--steps"),
+    # protocols, choices, combinations (a refusal says what would work)
+    (["compare", "--protocols", "ssp:99999999999999999999"], "--protocols"),
+    (["compare", "--protocols", "ssp"], "--protocols"),
+    (["compare", "--protocols", "gossip"], "--protocols"),
+    (["compare", "--protocols", ","], "--protocols"),
+    (["compare", "--topology", "mesh"], "--topology"),
+    (["compare", "--jitter", "gaussian"], "--jitter"),
+    (["compare", "--timeout", "0.01"], "--protocols bsp,ssp:3"),
+    (["compare", "--backup-workers", "1"], "--protocols bsp,ssp:3"),
+    (["compare", "--topology", "allreduce"], "--protocols bsp"),
+    (["compare", "--backup-workers", "8"], "--backup-workers"),
+    (["compare", "--workers", "4", "--slow-workers", "5"], "--slow-workers"),
+    (["compare", "--fail-time", "3"], "--fail-worker"),
+    (["compare", "--compression", "zip"], "--compression"),
+    (["compare", "--bogus-flag"], "--bogus-flag"),
+    # run
+    (["run", "--substrate", "nope"], "--substrate"),
+    (["run", "--protocol", "ssp"], "--protocol"),
+    (["run", "--rows", "0"], "--rows"),
+    (["run", "--nnz", "600"], "--nnz"),
+    (["run", "--lr", "inf"], "--lr"),
+    (["run", "--workers", "30000"], "--workers"),
+    (["run", "--accumulation", "0"], "--accumulation"),
+    (["run", "--bogus-flag"], "--bogus-flag"),
+    # the top level
+    (["bogus"], "bogus"),
+]
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", PROBE, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("args, flag", BAD, ids=[" ".join(a) or "''" for a, _ in BAD])
+def test_bad_value_is_one_line_naming_the_flag_before_any_work(args, flag, tmp_path):
+    proc, seconds = _run(args, tmp_path)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert flag in lines[0] and "error" in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr
+    out = proc.stdout.splitlines()
+    assert out == ["IMPORTED []"], out  # no table, no progress, no simulator or plotting imported
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    assert seconds < 10, seconds  # promise: 2 s; see benchmarks/cli_errors.py for the medians
+
+
+def test_a_refusal_says_how_to_make_it_work(tmp_path):
+    proc, _ = _run(["compare", "--backup-workers", "1"], tmp_path)
+    assert proc.stderr.strip().endswith("use --protocols bsp,ssp:3"), proc.stderr
+
+
+def test_help_imports_no_simulator_and_no_plotting(tmp_path):
+    for args in (["--help"], ["compare", "--help"], ["run", "--help"]):
+        proc, _ = _run(args, tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.splitlines()[-1] == "IMPORTED []", (args, proc.stdout[-300:])
+        assert "usage:" in proc.stdout
+
+
+def test_console_script_names_itself_simlib(tmp_path):
+    code = "import sys; sys.argv[0] = '/usr/local/bin/simlib'; from simlib.__main__ import main; sys.exit(main())"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code, "--help"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: simlib "), proc.stdout[:200]
+    proc = subprocess.run([sys.executable, "-m", "simlib", "compare", "--bogus-flag"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == "python -m simlib compare: error: unrecognized arguments: --bogus-flag " \
+                          "(python -m simlib compare --help lists them)\n"
+
+
+@pytest.mark.parametrize("delay", [0.15, 0.4, 1.0, 2.0, 3.5])
+def test_ctrl_c_at_any_moment_is_one_line_and_status_130(delay, tmp_path):
+    # Long enough that every delay lands before the end: while importing, checking or simulating.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "simlib", "compare", "--no-plot", "--steps", "5000"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    if "init_import_site" in err:  # the interpreter's own start-up, before any line of the program
+        pytest.skip("the signal arrived before Python had started the program")
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err.splitlines()[-1:] == ["interrupted"] and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
