@@ -185,7 +185,7 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
                          "points": row["points"], "max_points": row["max_points"], "status": row["status"]})
         if bar is not None:
             got = sum(r["points"] for r in result["parts"])
-            bar.step(student, got, sum(r["max_points"] for r in result["parts"]), cached)
+            bar.step(student, got, sum(r["max_points"] for r in result["parts"] if r["status"] != "needs manual grading"), cached)
     write_gradebook(out_dir / "gradebook.csv", rows)
     return rows
 
