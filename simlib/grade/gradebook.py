@@ -11,6 +11,7 @@ import csv
 import hashlib
 import json
 import re
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -85,7 +86,8 @@ def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], ou
     return rows
 
 
-def grade_submission(master_path: Path, submission: Path | None, limits: Limits = Limits()) -> dict[str, Any]:
+def grade_submission(master_path: Path, submission: Path | None, limits: Limits = Limits(),
+                     numba_cache: Path | None = None, warm: bool = False) -> dict[str, Any]:
     """Grade one notebook against the master: {'parts': rows, 'cell_errors': [...], 'notes': [...]}."""
     master = nbm.load(master_path)
     data = submission.read_bytes() if submission is not None else b""
@@ -100,7 +102,7 @@ def grade_submission(master_path: Path, submission: Path | None, limits: Limits 
             if row["status"] != "needs manual grading":
                 row.update(status="failed", messages=[f"submission not graded: {exc}"])
         return {"parts": rows, "cell_errors": [], "notes": [str(exc)]}
-    report = run_units(units, data, limits)
+    report = run_units(units, data, limits, numba_cache, warm)
     errors = [f"{u.name}: {o.error}" for u, o in zip(units, report.outcomes) if u.kind == "code" and o.ok is False]
     return {"parts": score(master, units, part_of, report.outcomes), "cell_errors": errors, "notes": report.notes}
 
@@ -170,13 +172,14 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
     cache = out_dir / ".cache"
     cache.mkdir(parents=True, exist_ok=True)
     (out_dir / "feedback").mkdir(exist_ok=True)
+    kernels = warm_kernels(master_path, out_dir, limits)
     bar = progress(len(found)) if progress is not None else None
     rows: list[dict[str, Any]] = []
     for student, path in found.items():
         key = cache_key(master_path, path, limits)
         hit = cache / f"{key}.json"
         cached = hit.exists()
-        result = json.loads(hit.read_text()) if cached else grade_submission(master_path, path, limits)
+        result = json.loads(hit.read_text()) if cached else grade_submission(master_path, path, limits, kernels)
         if not cached:
             hit.write_text(json.dumps(result, indent=1, sort_keys=True))
         write_feedback(out_dir / "feedback" / f"{_SAFE.sub('_', student)}.txt", master_path.stem, student, result)
@@ -188,6 +191,25 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
             bar.step(student, got, sum(r["max_points"] for r in result["parts"] if r["status"] != "needs manual grading"), cached)
     write_gradebook(out_dir / "gradebook.csv", rows)
     return rows
+
+
+def warm_kernels(master_path: Path, out_dir: Path, limits: Limits) -> Path:
+    """Compile the library's kernels once by running the master notebook (trusted) in the sandbox.
+
+    Also a check of the master itself: a warning if it does not score full marks.
+    """
+    key = cache_key(master_path, master_path, limits)[:16]
+    kernels = out_dir / ".numba-cache" / key
+    if kernels.is_dir():
+        return kernels
+    for old in (out_dir / ".numba-cache").glob("*"):
+        shutil.rmtree(old, ignore_errors=True)
+    kernels.mkdir(parents=True)
+    result = grade_submission(master_path, master_path, limits, kernels, warm=True)
+    short = [r["part"] for r in result["parts"] if r["status"] not in ("passed", "needs manual grading")]
+    if short:
+        print(f"warning: the master notebook fails {', '.join(short)}: {result['parts']}", file=sys.stderr)
+    return kernels
 
 
 def write_gradebook(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -129,13 +129,13 @@ def _frame(obj: dict[str, Any]) -> bytes:
 class Child:
     """One sandboxed interpreter, its result pipe, and a watcher over its process tree."""
 
-    def __init__(self, scratch: Path, limits: Limits, log: Path):
+    def __init__(self, scratch: Path, limits: Limits, log: Path, numba_cache: Path):
         self.limits = limits
         r, w = os.pipe()
         os.set_inheritable(w, True)
         env = {
             "PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), "MPLCONFIGDIR": str(scratch),
-            "MPLBACKEND": "Agg", "NUMBA_CACHE_DIR": str(scratch), "OMP_NUM_THREADS": "1",
+            "MPLBACKEND": "Agg", "NUMBA_CACHE_DIR": str(numba_cache), "OMP_NUM_THREADS": "1",
             "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8",
             "no_proxy": "*", "NO_PROXY": "*",
         }
@@ -144,7 +144,7 @@ class Child:
             "root": root, "result_fd": w, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
             "cpu_s": int(limits.wall_s) + 5, "nproc": _user_processes() + limits.max_procs,
             "landlock": sys.platform.startswith("linux"), "read_only": readable_roots() + DEVICES[:0],
-            "read_write": [str(scratch), str(SHM)], "rw_files": [d for d in DEVICES if os.path.exists(d)],
+            "read_write": [str(scratch), str(SHM), str(numba_cache)], "rw_files": [d for d in DEVICES if os.path.exists(d)],
         }
         boot = f"import sys; sys.path.insert(0, {root!r}); from simlib.grade.child import main; main()"
         self.log = open(log, "ab")
@@ -311,8 +311,12 @@ def _user_processes() -> int:
     return n
 
 
-def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits()) -> Report:
+def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), numba_cache: Path | None = None,
+              warm: bool = False) -> Report:
     """Run the units in order in sandboxed children; after a fatal error, restart and go on without it.
+
+    ``numba_cache`` holds the library's compiled kernels: a submission gets a private copy (so it
+    cannot plant code for the next one), and the instructor's own run (``warm=True``) fills it.
 
     A restarted child re-runs the earlier code units (not the tests) so later parts see the same
     definitions; at most :data:`MAX_RESTARTS` restarts, then the rest is marked not run.
@@ -326,8 +330,14 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits()) -> 
         while i < len(units):
             scratch = Path(tempfile.mkdtemp(prefix="simlib-grade-"))
             (scratch / "submission.ipynb").write_bytes(notebook)
+            kernels = scratch / "numba-cache"
+            if numba_cache is not None and warm:
+                kernels = numba_cache
+            elif numba_cache is not None and numba_cache.is_dir():
+                shutil.copytree(numba_cache, kernels)
+            kernels.mkdir(parents=True, exist_ok=True)
             log = Path(private) / "child.log"
-            child = Child(scratch, limits, log)
+            child = Child(scratch, limits, log, kernels)
             current = -1
             try:
                 try:
