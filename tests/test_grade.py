@@ -265,3 +265,36 @@ def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
         want = r["max_points"] if r["student"] == "solution" else "0"
         assert r["points"] == want, (r, (tmp_path / "out" / "feedback" / f"{r['student']}.txt").read_text())
     assert all(r["points"] == "0" and float(r["max_points"]) > 0 for r in manual)
+
+
+@pytest.mark.slow
+def test_real_nbgrader_generates_and_autogrades_the_masters(tmp_path):
+    """nbgrader's own generate_assignment and autograde read these files unchanged."""
+    if shutil.which("nbgrader", path=os.path.dirname(PY)) is None:
+        pytest.skip("nbgrader is not installed next to this Python (pip install -r requirements.txt)")
+    from nbgrader.api import Gradebook
+
+    masters = ["01-ssp-rule.ipynb", "05-compression.ipynb"]
+    (tmp_path / "source" / "ps1").mkdir(parents=True)
+    for name in masters:
+        shutil.copy(SOLUTIONS / name, tmp_path / "source" / "ps1" / name)
+    (tmp_path / "nbgrader_config.py").write_text(
+        f"c = get_config()\nc.CourseDirectory.root = {str(tmp_path)!r}\nc.CourseDirectory.course_id = 'simlib'\n"
+        "c.ExecutePreprocessor.timeout = 300\n")
+    # nbgrader runs 'alembic' from PATH, and the kernels must import this checkout's simlib.
+    env = {**os.environ, "PATH": os.path.dirname(PY) + os.pathsep + os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT)}
+    nbgrader = os.path.join(os.path.dirname(PY), "nbgrader")
+    subprocess.run([nbgrader, "generate_assignment", "ps1"], cwd=tmp_path, env=env, check=True, capture_output=True)
+    for name in masters:
+        released = nbm.load(tmp_path / "release" / "ps1" / name)
+        assert "BEGIN SOLUTION" not in json.dumps(released) and "HIDDEN TESTS" not in json.dumps(released)
+        for student, source in (("alice", tmp_path / "source" / "ps1"), ("bob", tmp_path / "release" / "ps1")):
+            (tmp_path / "submitted" / student / "ps1").mkdir(parents=True, exist_ok=True)
+            shutil.copy(source / name, tmp_path / "submitted" / student / "ps1" / name)
+    subprocess.run([nbgrader, "autograde", "ps1", "--create"], cwd=tmp_path, env=env, check=True, capture_output=True)
+    auto_max = sum(p.points for name in masters for p in nbm.parts(nbm.load(SOLUTIONS / name)) if p.kind == "tests")
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}") as gb:
+        alice, bob = gb.find_submission("ps1", "alice"), gb.find_submission("ps1", "bob")
+        assert alice.score == auto_max and bob.score == 0
+        manual = [g for nb in alice.notebooks for g in nb.grades if g.needs_manual_grade]
+        assert sorted(g.name for g in manual) == ["question", "question"]
