@@ -45,6 +45,7 @@ class Option:
     optional: bool = False  # None is allowed: the feature is off
     aliases: tuple[str, ...] = ()
     unit: str = ""
+    callable_ok: bool = False  # code may pass a function instead (an extension point), the CLI a string
 
     def range_text(self) -> str:
         """'in [1, 10000]', '> 0', 'one of ...' -- the allowed values in words."""
@@ -60,7 +61,7 @@ class Option:
 
     def check(self, value: Any) -> None:
         """Raise ValueError naming the field unless min <= value <= max (of the right type)."""
-        if value is None and self.optional:
+        if (value is None and self.optional) or (self.callable_ok and callable(value)):
             return
         if self.choices is not None:
             if value not in self.choices:
@@ -110,6 +111,8 @@ def _options(cls: type, prefix: str) -> tuple[Option, ...]:
     out: list[Option] = []
     for f in dataclasses.fields(cls):
         meta = f.metadata
+        if meta.get("option", True) is False:  # code-only extension points have no flag or control
+            continue
         base, optional = _unwrap(hints[f.name])
         if dataclasses.is_dataclass(base):
             out.extend(_options(base, prefix + f.name + "."))
@@ -120,6 +123,7 @@ def _options(cls: type, prefix: str) -> tuple[Option, ...]:
             default=default, help=meta.get("help", ""), min=meta.get("min"), max=meta.get("max"),
             min_open=meta.get("min_open", False), choices=meta.get("choices"),
             optional=optional, aliases=tuple(meta.get("aliases", ())), unit=meta.get("unit", ""),
+            callable_ok=meta.get("callable_ok", False),
         ))
     return tuple(out)
 

@@ -31,7 +31,7 @@ import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from simlib import _validate as check
 
@@ -43,6 +43,9 @@ _SPEC = re.compile(r"^\s*(bsp|async|ssp)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*$", re.IGNO
 def may_read(clock: int, completed: int, bound: float) -> bool:
     """The SSP read rule: a worker at ``clock`` may read iff clock - bound <= completed steps."""
     return clock - bound <= completed
+
+
+ReadRule = Callable[[int, int, float], bool]
 
 
 @dataclass(frozen=True)
@@ -133,11 +136,15 @@ class Clocks:
     ``completed`` counts the complete prefix of steps (0 .. completed-1). Pushes for a step that is
     already complete are dropped (backup workers, deadlines). The caller supplies times and acts on
     what the methods return; the simulator wraps these calls in SimPy events, the real servers call
-    them directly.
+    them directly. ``read_rule`` replaces :func:`may_read` (same arguments; an assignment plugs a
+    student's rule in here); it must allow a read once every earlier step is complete, or runs stall.
     """
 
-    def __init__(self, n_workers: int, protocol: Protocol | str = "bsp"):
+    def __init__(self, n_workers: int, protocol: Protocol | str = "bsp", read_rule: ReadRule | None = None):
         check.positive_int("n_workers", n_workers)
+        if read_rule is not None and not callable(read_rule):
+            raise ValueError(f"read_rule must be a function (clock, completed, bound) -> bool, got {read_rule!r}")
+        self.read_rule: ReadRule = may_read if read_rule is None else read_rule
         self.protocol = Protocol.parse(protocol)
         self.protocol.check_workers(n_workers)
         self.n_workers = n_workers
@@ -149,8 +156,8 @@ class Clocks:
         self.open_time: dict[int, float] = {}
 
     def may_read(self, clock: int) -> bool:
-        """Whether a worker about to compute step ``clock`` may read now (:func:`may_read`)."""
-        return may_read(clock, self.completed, self.bound)
+        """Whether a worker about to compute step ``clock`` may read now (:func:`may_read` by default)."""
+        return bool(self.read_rule(clock, self.completed, self.bound))
 
     def needed(self, clock: int) -> int:
         """How many complete steps a read at ``clock`` waits for (clock - s)."""
@@ -202,6 +209,7 @@ class StepRule:
     ``accumulation`` is lambda: the server averages c = max(1, floor(lambda / n_workers)) pushes
     into one update (None: c = 1, every push is an update). With ``staleness_aware`` each push is
     scaled by 1 / max(tau, 1), i.e. step size alpha0 / tau, tau = updates applied since its read.
+    A subclass may override :meth:`scale` (another staleness-aware rule); every server calls it.
 
         >>> rule = StepRule(staleness_aware=True, accumulation=8)
         >>> rule.group_size(4), rule.scale(0), rule.scale(4)

@@ -66,13 +66,21 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     """Train ``problem`` under ``protocol`` on ``substrate``; every substrate returns the same Result.
 
     Options shared by all substrates: ``n_workers``, ``steps`` (per worker), ``batch_size``, ``lr``,
-    ``eval_every``, ``seed``, ``staleness_aware``, ``accumulation``; the rest go to the substrate
-    (e.g. the simulator's network and stragglers, the real substrates' ``start_method``).
+    ``eval_every``, ``seed``, ``staleness_aware``, ``accumulation`` (or ``rule``: a StepRule, or a
+    subclass with its own ``scale(tau)``); the rest go to the substrate (e.g. the simulator's
+    network, stragglers, ``read_rule`` and ``compression``, the real substrates' ``start_method``).
     """
     check_problem(problem)
     proto = Protocol.parse(protocol)
     runner = get(substrate)
-    rule = StepRule(**{k: options.pop(k) for k in list(options) if k in _RULE})
+    given = {k: options.pop(k) for k in list(options) if k in _RULE}
+    rule = options.pop("rule", None)
+    if rule is None:
+        rule = StepRule(**given)
+    elif not isinstance(rule, StepRule):
+        raise ValueError(f"rule must be a StepRule(...) instance (or a subclass's), got {type(rule).__name__}")
+    elif given:
+        raise ValueError(f"{sorted(given)[0]}: give it to the StepRule passed as rule=, not beside it")
     if rule.staleness_aware and not linear_step(problem):
         raise ValueError(f"staleness_aware: {type(problem).__name__}'s updates are not gradient steps, "
                          "so they cannot be scaled by 1/tau")

@@ -13,11 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "simlib"
 
 # The first component under simlib/ names the group; each group has a rank, lower ranks sit below.
-BOTTOM = {"problems", "trace", "protocol", "contract", "backend", "compress", "_validate", "data"}
+BOTTOM = {"problems", "trace", "protocol", "contract", "backend", "compress", "_validate", "data", "options"}
 SUBSTRATES = {"sim", "parallel", "gpu", "ray_ps"}
 # The registry finds substrates by name (importlib), and the package root reaches them through it.
 ABOVE_SUBSTRATES = {"calibration", "viz", "substrates", "simlib"}
-TOP = {"app", "cli", "__main__"}
+TOP = {"app", "cli", "__main__", "grade"}
 RANK = {**{g: 0 for g in BOTTOM}, **{g: 1 for g in SUBSTRATES}, **{g: 2 for g in ABOVE_SUBSTRATES},
         **{g: 3 for g in TOP}}
 VIZ_MAY_IMPORT = BOTTOM | {"viz"}  # viz draws traces: no substrate, no calibration, no registry

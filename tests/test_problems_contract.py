@@ -50,12 +50,7 @@ def test_one_simulated_worker_equals_the_serial_reference(problems, name):
 @pytest.mark.parametrize("substrate", ["sim", "pipes", "shm", "gpu"])
 @pytest.mark.parametrize("protocol", ["bsp", "ssp:1", "async"])
 @pytest.mark.parametrize("name", NAMES)
-def test_runs_under_every_protocol(problems, name, protocol, substrate, request):
-    if name == "glove" and substrate == "pipes":
-        # pipe_ps.warm_up runs one step on an all-zero read; AdaGrad's accumulators are >= 1 in
-        # any real table, so the kernel divides by sqrt(0). Fixed by warming up on init_params()[keys].
-        request.applymarker(pytest.mark.xfail(raises=ZeroDivisionError, strict=True,
-                                              reason="pipes warm-up steps on zeros, not on table values"))
+def test_runs_under_every_protocol(problems, name, protocol, substrate):
     prob = problems[name]
     res = simlib.run(prob, protocol, substrate=substrate, n_workers=2, steps=5, batch_size=16, lr=LR[name])
     trace = res.trace

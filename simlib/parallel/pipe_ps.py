@@ -77,7 +77,7 @@ def warm_up(problem: Any) -> None:
     # fork does not share unless the parent has run it); one call in the parent removes that.
     batch = problem.batch(problem.shards(1)[0], 0, 2)
     keys = pull_keys(problem, batch)
-    push_message(problem, np.zeros(len(keys)), batch, keys)
+    push_message(problem, np.asarray(problem.init_params())[keys], batch, keys)  # real values: AdaGrad divides by them
     problem.quality(problem.init_params())
 
 

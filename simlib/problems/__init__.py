@@ -4,16 +4,10 @@ Each lesson's :class:`simlib.contract.Problem` lives beside its math:
 
 * ``logistic`` -- sparse logistic regression (Hogwild, the simulator's default workload): ``LogisticProblem``
 * ``textclass`` -- the shipped corpus as a sparse classification task
-<<<<<<< HEAD
-* ``glove`` and ``embedding_eval`` -- GloVe co-occurrence counting, AdaGrad, evaluation
-* ``lda`` and ``lda_gibbs`` -- LDA by collapsed Gibbs sampling
-* ``lasso`` -- Lasso by (parallel) coordinate descent, for Shotgun
-=======
 * ``glove`` and ``embedding_eval`` -- GloVe co-occurrence counting, AdaGrad, evaluation;
   ``glove_table`` -- ``GloveProblem``
 * ``lda`` and ``lda_gibbs`` -- LDA by collapsed Gibbs sampling; ``lda_table`` -- ``LDAProblem``
 * ``lasso`` -- Lasso by (parallel) coordinate descent, for Shotgun: ``ShotgunProblem``
->>>>>>> adapters
 
 Names below are imported on first use, so ``import simlib.problems`` stays light.
 """

@@ -9,16 +9,18 @@ from collections import defaultdict
 
 import simpy
 
-from simlib.protocol import Clocks, Protocol
+from simlib.protocol import Clocks, Protocol, ReadRule, may_read
 
 
 class ClockTable:
     """:class:`~simlib.protocol.Clocks` with waiting workers woken by SimPy events."""
 
-    def __init__(self, env: simpy.Environment, n_workers: int, protocol: Protocol):
+    def __init__(self, env: simpy.Environment, n_workers: int, protocol: Protocol, read_rule: ReadRule | None = None):
         self.env = env
-        self.rule = Clocks(n_workers, protocol)
+        self.rule = Clocks(n_workers, protocol, read_rule)
         self._waiters: dict[int, list[simpy.Event]] = defaultdict(list)
+        # A plugged-in read rule has no known "needed" step count: its waiters are re-asked on every completion.
+        self._asking: list[tuple[int, simpy.Event]] | None = None if read_rule in (None, may_read) else []
         self.barriers: list[float] = []  # times at which a step became complete (drawn on timelines)
 
     @property
@@ -31,7 +33,10 @@ class ClockTable:
         if self.rule.may_read(clock):
             return None
         ev = self.env.event()
-        self._waiters[self.rule.needed(clock)].append(ev)
+        if self._asking is not None:
+            self._asking.append((clock, ev))
+        else:
+            self._waiters[self.rule.needed(clock)].append(ev)
         return ev
 
     def open(self, clock: int) -> None:
@@ -58,3 +63,11 @@ class ClockTable:
             self.barriers.append(self.env.now)
             for ev in self._waiters.pop(done, ()):
                 ev.succeed()
+        if self._asking:
+            still = []
+            for clock, ev in self._asking:
+                if self.rule.may_read(clock):
+                    ev.succeed()
+                else:
+                    still.append((clock, ev))
+            self._asking = still

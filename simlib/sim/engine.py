@@ -73,7 +73,7 @@ class _Run:
         self.compute = ComputeModel(cfg, compute_seq)
         self.w = problem.init_params()
         self.shards = problem.shards(cfg.n_workers)
-        self.clocks = ClockTable(self.env, cfg.n_workers, cfg.proto)
+        self.clocks = ClockTable(self.env, cfg.n_workers, cfg.proto, cfg.read_rule)
         self.server = ParamServer(self.w, cfg.n_workers, cfg.proto, cfg.rule, clocks=self.clocks)
         self.trace = Trace(
             label=cfg.label,
@@ -341,8 +341,10 @@ def _make_compressors(cfg: SimConfig, n_params: int, seed_seq: np.random.SeedSeq
         return None
     from simlib.compress import make_compressor
 
+    # A callable compression is a factory with make_compressor's signature minus the spec.
+    make = (lambda spec, *a, **kw: cfg.compression(*a, **kw)) if callable(cfg.compression) else make_compressor
     rngs = [np.random.default_rng(s) for s in seed_seq.spawn(cfg.n_workers)]
     return [
-        make_compressor(cfg.compression, n_params, rngs[i], key_bytes=cfg.key_bytes, value_bytes=cfg.value_bytes)
+        make(cfg.compression, n_params, rngs[i], key_bytes=cfg.key_bytes, value_bytes=cfg.value_bytes)
         for i in range(cfg.n_workers)
     ]

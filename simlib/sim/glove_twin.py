@@ -11,7 +11,9 @@ from typing import Any, Sequence
 from simlib import _validate as check
 from simlib.problems.glove import Cooccurrence, GloveConfig
 from simlib.problems.glove_table import GloveProblem
-from simlib.substrates import run
+from simlib.contract import Training
+from simlib.protocol import Protocol
+from simlib.sim.substrate import run
 
 
 def predict_speedup(
@@ -39,10 +41,10 @@ def predict_speedup(
     for n in workers:
         check.positive_int("workers", n)
         steps = max(1, int(round(epochs * cooc.nnz / (n * batch_size))))
-        trace = run(problem, protocol, substrate="sim", n_workers=n, steps=steps, batch_size=batch_size,
-                    lr=config.learning_rate, compute_per_unit=1.0 / updates_per_second, compute_overhead=0.0,
-                    latency=latency, bandwidth=bandwidth, value_bytes=4, key_bytes=4,
-                    eval_every=max(1, steps // 10)).trace
+        training = Training(n_workers=n, steps=steps, batch_size=batch_size, lr=config.learning_rate,
+                            eval_every=max(1, steps // 10))
+        trace = run(problem, Protocol.parse(protocol), training, compute_per_unit=1.0 / updates_per_second,
+                    compute_overhead=0.0, latency=latency, bandwidth=bandwidth, value_bytes=4, key_bytes=4).trace
         out[n] = {"updates_per_s": steps * n * batch_size / trace.makespan, "trace": trace}
     base = out[workers[0]]["updates_per_s"]
     for n in workers:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from simlib.contract import Result, Training
-from simlib.protocol import Protocol
+from simlib.protocol import Protocol, StepRule
 from simlib.sim.config import SimConfig
 from simlib.sim.engine import run_config
 
@@ -18,7 +18,8 @@ def config_for(protocol: Protocol, training: Training, **cluster: Any) -> SimCon
     return SimConfig(protocol=protocol, n_workers=training.n_workers, steps=training.steps,
                      batch_size=training.batch_size, lr=training.lr, eval_every=training.eval_every,
                      seed=training.seed, staleness_aware_lr=training.rule.staleness_aware,
-                     accumulation=training.rule.accumulation, **cluster)
+                     accumulation=training.rule.accumulation,
+                     step_rule=None if type(training.rule) is StepRule else training.rule, **cluster)
 
 
 def refuse_lossy(cfg: SimConfig, name: str) -> None:

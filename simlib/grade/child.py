@@ -1,0 +1,170 @@
+"""The sandboxed side of :mod:`simlib.grade.sandbox`: confine this process, then run cells sent over stdin.
+
+Started by the grader with a JSON config as its one argument. It imports what every assignment
+needs, then, before any submitted code runs: limits its address space, CPU time, file sizes and
+(where the kernel enforces it for this user) process count; cuts off the network (a fresh network
+namespace where permitted, Landlock's TCP rules, and a refusal of AF_INET/AF_INET6 sockets);
+and confines the filesystem with Landlock (read-only: Python, its packages, the ``simlib``
+package, system libraries; read-write: the scratch directory and /dev/shm). Then it reads framed
+cells from stdin, one at a time, and answers each on the result pipe with ok or the error's
+type and message. It never sees a cell before the previous one has finished.
+"""
+from __future__ import annotations
+
+import builtins
+import ctypes
+import json
+import os
+import resource
+import socket
+import struct
+import sys
+from typing import Any, BinaryIO
+
+PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 38, 36
+CLONE_NEWNET = 0x40000000
+SYS_LANDLOCK = {"create": 444, "add": 445, "restrict": 446}
+# Landlock filesystem rights (ABI 1..5), network rights (ABI 4) and scopes (ABI 6).
+FS_FILE = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # execute, write, read, truncate, ioctl
+FS_READ = (1 << 0) | (1 << 2) | (1 << 3)  # execute, read file, read dir
+FS_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
+FS_ALL_LATEST = (1 << 16) - 1
+NET_TCP = 1 | 2  # bind, connect
+SCOPES = 1 | 2  # abstract unix sockets, signals to processes outside the sandbox
+MESSAGE_CHARS = 600
+
+
+def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -> int:
+    """Confine this process (and its children) to the given paths; returns the ABI used (0 = unavailable)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(SYS_LANDLOCK["create"], None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    if abi < 1:
+        return 0
+    fs = FS_ABI.get(abi, FS_ALL_LATEST)
+    fields = [fs, NET_TCP if abi >= 4 else 0, SCOPES if abi >= 6 else 0][: 1 if abi < 4 else (2 if abi < 6 else 3)]
+    attr = struct.pack(f"{len(fields)}Q", *fields)
+    ruleset = libc.syscall(SYS_LANDLOCK["create"], ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return 0
+
+    def allow(path: str, access: int) -> None:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            return
+        rule = struct.pack("=Qi", access & fs, fd)
+        libc.syscall(SYS_LANDLOCK["add"], ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0))
+        os.close(fd)
+
+    for path in read_only:
+        allow(path, FS_READ if os.path.isdir(path) else FS_READ & FS_FILE)
+    for path in read_write:
+        allow(path, fs)
+    for path in rw_files:
+        allow(path, FS_FILE)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        return 0
+    if libc.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+        return 0
+    os.close(ruleset)
+    return int(abi)
+
+
+def limit_resources(cfg: dict[str, Any]) -> None:
+    """Address space, CPU seconds, file size, no core dumps; process count where it binds (not for root)."""
+    mb = 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (cfg["memory_mb"] * mb, cfg["memory_mb"] * mb))
+    resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["file_mb"] * mb, cfg["file_mb"] * mb))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if os.getuid() != 0:  # the kernel never applies RLIMIT_NPROC to root; the grader watches instead
+        resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
+
+
+def cut_network() -> bool:
+    """A new, empty network namespace (loopback down) when permitted; True if that worked."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.unshare(CLONE_NEWNET) == 0
+
+
+def refuse_inet(event: str, args: tuple) -> None:
+    """Audit hook: no IPv4/IPv6 sockets (Unix sockets, used by multiprocessing, stay allowed)."""
+    if event == "socket.__new__" and len(args) > 1 and args[1] in (socket.AF_INET, socket.AF_INET6):
+        raise PermissionError("network access is disabled while grading")
+
+
+def read_frame(stream: BinaryIO) -> dict[str, Any] | None:
+    """One length-prefixed JSON frame, or None at end of input."""
+    head = read_exact(stream, 4)
+    if head is None:
+        return None
+    (n,) = struct.unpack(">I", head)
+    body = read_exact(stream, n)
+    return None if body is None else json.loads(body.decode("utf-8"))
+
+
+def read_exact(stream: BinaryIO, n: int) -> bytes | None:
+    """Exactly n bytes from a pipe, or None if it closes first."""
+    chunks, got = [], 0
+    while got < n:
+        chunk = stream.read(n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def write_frame(fd: int, obj: dict[str, Any]) -> None:
+    """Send one length-prefixed JSON frame to the grader."""
+    data = json.dumps(obj).encode("utf-8")
+    os.write(fd, struct.pack(">I", len(data)) + data)
+
+
+def describe(exc: BaseException) -> str:
+    """'Type: message', shortened; no traceback, so hidden test code is never echoed."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if text.endswith(":"):
+        text = text[:-1]
+    return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " ..."
+
+
+def serve(stream: BinaryIO, result_fd: int) -> None:
+    """Run each cell received in one namespace, like a kernel; answer ok or the error."""
+    namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    while True:
+        frame = read_frame(stream)
+        if frame is None:
+            return
+        code = None
+        try:
+            code = compile(frame.pop("source"), f"<{frame['name']}>", "exec")
+            exec(code, namespace)
+            reply = {"seq": frame["seq"], "ok": True, "error": ""}
+        except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
+            reply = {"seq": frame["seq"], "ok": False, "error": describe(exc)}
+        del code
+        sys.stdout.flush()
+        write_frame(result_fd, reply)
+
+
+def main() -> None:
+    """Confine, then serve cells (see the module docstring)."""
+    cfg = json.loads(sys.argv[1])
+    import numpy  # noqa: F401 - imported before the limits, as every assignment needs it
+
+    import simlib  # noqa: F401
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.realpath(cfg["root"])]
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    netns = cut_network() if os.getuid() == 0 else False
+    limit_resources(cfg)
+    abi = landlock(cfg["read_only"], cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
+    sys.addaudithook(refuse_inet)
+    stream = os.fdopen(0, "rb", buffering=0)
+    write_frame(cfg["result_fd"], {"seq": -1, "ok": True, "landlock": abi, "netns": netns})
+    serve(stream, cfg["result_fd"])
+
+
+if __name__ == "__main__":
+    main()

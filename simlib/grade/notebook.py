@@ -1,0 +1,196 @@
+"""nbgrader markup: solution and hidden-test blocks, cell metadata, and the student versions.
+
+A master notebook (``solutions/NN-name.ipynb``) marks cells with nbgrader's metadata
+(``metadata.nbgrader``: ``grade``, ``solution``, ``locked``, ``grade_id``, ``points``,
+``schema_version: 3``), so nbgrader reads it unchanged:
+
+* an autograded answer (``solution``): code between ``### BEGIN SOLUTION`` and ``### END SOLUTION``
+  becomes ``raise NotImplementedError("Assignment N, part K")``;
+* autograder tests (``grade``, ``locked``, with ``points``): lines between ``### BEGIN HIDDEN
+  TESTS`` and ``### END HIDDEN TESTS`` are removed from the student version;
+* a manually graded answer (markdown, ``solution`` and ``grade``): the solution becomes
+  "YOUR ANSWER HERE";
+* read-only cells (``locked``): set-up and instructions.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+ANSWER_HERE = "YOUR ANSWER HERE"
+_NUMBER = re.compile(r"^(\d+)")
+
+
+class NotebookError(ValueError):
+    """A file that is not a readable notebook (bad JSON, no cells)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """A graded cell: an autograded test cell ('tests') or a hand-graded answer ('manual')."""
+
+    grade_id: str
+    points: float
+    kind: str
+
+
+def meta(cell: dict[str, Any]) -> dict[str, Any]:
+    """The cell's nbgrader metadata ({} if none)."""
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+def source(cell: dict[str, Any]) -> str:
+    """The cell's source as one string (nbformat allows a list of lines)."""
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def is_test(cell: dict[str, Any]) -> bool:
+    """An autograder test cell: graded code that is not an answer."""
+    m = meta(cell)
+    return cell.get("cell_type") == "code" and bool(m.get("grade")) and not m.get("solution")
+
+
+def is_answer(cell: dict[str, Any]) -> bool:
+    """A cell the student writes in (autograded code or a hand-graded answer)."""
+    return bool(meta(cell).get("solution"))
+
+
+def is_manual(cell: dict[str, Any]) -> bool:
+    """A hand-graded answer: graded and a solution cell."""
+    m = meta(cell)
+    return bool(m.get("grade")) and bool(m.get("solution"))
+
+
+def load(path: Path | str) -> dict[str, Any]:
+    """Read a notebook's JSON; NotebookError saying what is wrong if it is not one."""
+    try:
+        nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotebookError(f"not a valid notebook ({type(exc).__name__}: {exc})") from None
+    return check(nb)
+
+
+def loads(data: bytes) -> dict[str, Any]:
+    """Parse notebook bytes; NotebookError if they are not a notebook."""
+    try:
+        nb = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise NotebookError(f"not a valid notebook ({type(exc).__name__}: {exc})") from None
+    return check(nb)
+
+
+def check(nb: Any) -> dict[str, Any]:
+    """The notebook itself if it has a list of cells with types and sources, else NotebookError."""
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list) or not all(isinstance(c, dict) and "cell_type" in c for c in cells):
+        raise NotebookError("not a valid notebook (no list of cells)")
+    return nb
+
+
+def dump(nb: dict[str, Any]) -> str:
+    """Notebook JSON as Jupyter writes it (indent 1, key order kept, trailing newline)."""
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
+def parts(nb: dict[str, Any]) -> list[Part]:
+    """The graded parts, in notebook order."""
+    out = []
+    for cell in nb["cells"]:
+        m = meta(cell)
+        if m.get("grade"):
+            out.append(Part(str(m["grade_id"]), float(m.get("points", 0)), "manual" if is_manual(cell) else "tests"))
+    return out
+
+
+def assignment_number(path: Path | str) -> int:
+    """N from a file named 'NN-name.ipynb'."""
+    m = _NUMBER.match(Path(path).name)
+    if m is None:
+        raise ValueError(f"assignment: a master notebook is named 'NN-name.ipynb', got {Path(path).name!r}")
+    return int(m.group(1))
+
+
+def split_hidden(text: str) -> tuple[str, str]:
+    """(visible code, hidden code) of a test cell; the hidden blocks' lines, markers dropped."""
+    visible, hidden, inside = [], [], False
+    for line in text.splitlines(keepends=True):
+        mark = line.strip()
+        if mark == BEGIN_HIDDEN:
+            inside = True
+        elif mark == END_HIDDEN:
+            inside = False
+        elif inside:
+            hidden.append(line)
+        else:
+            visible.append(line)
+    if inside:
+        raise ValueError(f"a test cell opens '{BEGIN_HIDDEN}' without '{END_HIDDEN}'")
+    return "".join(visible), "".join(hidden)
+
+
+def strip_solution(text: str, stub: str) -> str:
+    """Replace each solution block by ``stub``, indented like its BEGIN marker."""
+    out, inside = [], False
+    for line in text.splitlines(keepends=True):
+        mark = line.strip()
+        if mark == BEGIN_SOLUTION:
+            inside = True
+            indent = line[: len(line) - len(line.lstrip())]
+            out.extend(indent + s + "\n" for s in stub.splitlines())
+        elif mark == END_SOLUTION:
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise ValueError(f"a solution cell opens '{BEGIN_SOLUTION}' without '{END_SOLUTION}'")
+    return "".join(out).rstrip("\n")
+
+
+def student_version(master: dict[str, Any], number: int) -> dict[str, Any]:
+    """The student notebook: solutions replaced by stubs, hidden tests removed, outputs cleared."""
+    nb = copy.deepcopy(master)
+    part = 0
+    for cell in nb["cells"]:
+        text = source(cell)
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+            if is_answer(cell):
+                part += 1
+                text = strip_solution(text, f'raise NotImplementedError("Assignment {number}, part {part}")')
+            elif is_test(cell):
+                text = split_hidden(text)[0].rstrip("\n")
+        elif is_answer(cell):
+            text = strip_solution(text, ANSWER_HERE) if BEGIN_SOLUTION in text else ANSWER_HERE
+        cell["source"] = text
+    return nb
+
+
+def generate_all(solutions: Path | str, assignments: Path | str) -> list[Path]:
+    """Write assignments/NN-name.ipynb for every solutions/NN-name.ipynb; returns the files written."""
+    solutions, assignments = Path(solutions), Path(assignments)
+    written = []
+    for master_path in sorted(solutions.glob("[0-9]*.ipynb")):
+        student = student_version(load(master_path), assignment_number(master_path))
+        target = assignments / master_path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(dump(student), encoding="utf-8")
+        written.append(target)
+    return written
+
+
+def out_of_date(solutions: Path | str, assignments: Path | str) -> list[str]:
+    """Names of student notebooks missing or differing from what :func:`generate_all` would write."""
+    stale = []
+    for master_path in sorted(Path(solutions).glob("[0-9]*.ipynb")):
+        want = dump(student_version(load(master_path), assignment_number(master_path)))
+        target = Path(assignments) / master_path.name
+        if not target.exists() or target.read_text(encoding="utf-8") != want:
+            stale.append(master_path.name)
+    return stale
