@@ -4,7 +4,6 @@ A lesson states a finding and proves it in the same cell::
 
     >>> check("4 shards are faster than one", 2.9 > 2)
     ✓ 4 shards are faster than one
-    True
 
 A claim that does not hold raises ``AssertionError`` with the claim and the evidence, so a
 regression in the library fails the lesson's notebook test. ``SIMLIB_QUICK=1`` in the environment
@@ -19,14 +18,13 @@ T = TypeVar("T")
 QUICK_ENV = "SIMLIB_QUICK"
 
 
-def check(claim: str, ok: Any, evidence: str = "") -> bool:
+def check(claim: str, ok: Any, evidence: str = "") -> None:
     """Print '✓ claim' if ``ok`` is true, else raise AssertionError('✗ claim: evidence')."""
     if not isinstance(claim, str) or not claim:
         raise ValueError(f"claim must be a non-empty sentence, got {claim!r}")
     if not bool(ok):
         raise AssertionError(f"✗ {claim}" + (f": {evidence}" if evidence else ""))
     print(f"✓ {claim}" + (f" ({evidence})" if evidence else ""))
-    return True
 
 
 def quick() -> bool:
@@ -37,3 +35,21 @@ def quick() -> bool:
 def sized(default: T, quick_value: T) -> T:
     """``quick_value`` in quick mode, else ``default``: one place where a lesson shrinks."""
     return quick_value if quick() else default
+
+
+def reveal(question: str, guess: Any, truth: Any, tolerance: float = 0.0) -> None:
+    """Say whether a student's ``guess`` matches ``truth`` (within ``tolerance`` for numbers).
+
+    With ``guess`` None the answer is printed with a prompt to guess first next time. Prints,
+    returns nothing, and never raises on a wrong guess:
+    a wrong prediction is the point of the exercise.
+    """
+    if guess is None:
+        print(f"{question} The run says: {truth}. (Set your guess first to check it.)")
+        return
+    if isinstance(truth, (int, float)) and isinstance(guess, (int, float)):
+        right = abs(guess - truth) <= tolerance
+    else:
+        right = guess == truth
+    mark = "✓ right" if right else "✗ not quite"
+    print(f"{question} You guessed {guess}; the run says {truth}: {mark}.")

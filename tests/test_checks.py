@@ -4,8 +4,8 @@ import pytest
 from simlib.checks import check, quick, sized
 
 
-def test_check_prints_a_tick_and_returns_true(capsys) -> None:
-    assert check("two is more than one", 2 > 1, "2 vs 1") is True
+def test_check_prints_a_tick(capsys) -> None:
+    check("two is more than one", 2 > 1, "2 vs 1")
     assert capsys.readouterr().out == "✓ two is more than one (2 vs 1)\n"
 
 
@@ -26,3 +26,16 @@ def test_quick_mode_follows_the_environment(monkeypatch, value, expected) -> Non
 def test_quick_mode_is_off_without_the_variable(monkeypatch) -> None:
     monkeypatch.delenv("SIMLIB_QUICK", raising=False)
     assert not quick()
+
+
+def test_reveal_compares_a_guess_and_never_raises(capsys) -> None:
+    from simlib.checks import reveal
+
+    reveal("How many?", None, 4)
+    assert "The run says: 4" in capsys.readouterr().out
+    reveal("How many?", 3, 4, tolerance=1)
+    assert capsys.readouterr().out.rstrip().endswith("✓ right.")
+    reveal("How many?", 2, 4)
+    assert "✗ not quite" in capsys.readouterr().out
+    reveal("Which?", "PS", "PS")
+    assert "✓ right" in capsys.readouterr().out

@@ -66,6 +66,7 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
                        gid="hline")
         if logx:
             ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [f"{v:g}" for v in xs])  # the measured points, as plain numbers
         if logy:
             ax.set_yscale("log")
         ax.set_xlabel(xlabel)
@@ -158,7 +159,7 @@ def plot_traces_side_by_side(traces: Sequence[Trace], titles: Sequence[str] | No
         axes = fig.subplots(2, k, squeeze=False)
         for i, tr in enumerate(traces):
             title = titles[i] if titles is not None else f"{tr.substrate}: {tr.label}"
-            plot_timeline(tr, ax=axes[0, i], max_workers=max_workers, legend=(i == k - 1), title=title)
+            plot_timeline(tr, ax=axes[0, i], max_workers=max_workers, legend=(i == k - 1), title=title, arrows=False)
             plot_loss(tr, ax=axes[1, i], title=f"{tr.substrate}: final {tr.metric} {tr.quality[-1].value:.4f}"
                       if tr.quality else tr.substrate)
         if suptitle:
