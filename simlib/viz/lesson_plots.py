@@ -110,6 +110,7 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
         raise ValueError("rows must hold at least one resource")
     labels = sorted({lab for iv in rows.values() for (_, _, lab) in iv if lab != idle})
     color_of = {lab: RUN_COLORS[i % len(RUN_COLORS)] for i, lab in enumerate(labels)}
+    span = max((end for iv in rows.values() for (_, end, _) in iv), default=1.0) or 1.0
     with style():
         ax = _axes(ax, (12, 1.2 + 0.8 * len(names)))
         for y, name in enumerate(names):
@@ -120,7 +121,7 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
                 ax.barh(y, end - start, left=start, height=0.8, color=IDLE_COLOR if is_idle else color_of[lab],
                         hatch="//" if is_idle else None, edgecolor=OKABE_ITO["black"], linewidth=0.8,
                         gid="idle" if is_idle else f"op:{lab}")
-                if not is_idle and len(labels) <= 24:
+                if not is_idle and len(labels) <= 24 and (end - start) >= 0.04 * span:  # no label on slivers
                     ax.text((start + end) / 2, y, lab, ha="center", va="center", fontsize=14,
                             color="#FFFFFF" if color_of[lab] in (OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["black"]) else "#000000")
         ax.set_yticks(range(len(names)), names)
