@@ -37,6 +37,8 @@ def test_plot_bars_writes_values_and_highlights() -> None:
     assert texts == ["3", "1", "never"]
     colors = [to_hex(p.get_facecolor()) for p in ax.patches]
     assert colors[1] == OKABE_ITO["vermillion"].lower() and colors[0] == OKABE_ITO["blue"].lower()
+    zoomed = plot_bars({"a": 0.44, "b": 0.42}, "loss (axis from 0.4)", "b is lower", ylim=(0.4, 0.45))
+    assert zoomed.get_ylim() == (0.4, 0.45)
 
 
 def test_schedule_rows_and_gantt_mark_idle_slots() -> None:

@@ -66,7 +66,8 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
                        gid="hline")
         if logx:
             ax.set_xscale("log", base=2)
-            ax.set_xticks(xs, [f"{v:g}" for v in xs])  # the measured points, as plain numbers
+            if len(xs) <= 8:  # few points: label each as a plain number; many would overlap
+                ax.set_xticks(xs, [f"{v:g}" for v in xs])
         if logy:
             ax.set_yscale("log")
         ax.set_xlabel(xlabel)
@@ -77,8 +78,11 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
 
 
 def plot_bars(values: Mapping[str, float], ylabel: str, title: str, ax: Axes | None = None, fmt: str = "{:.3g}",
-              highlight: str | None = None) -> Axes:
-    """One bar per entry, its value written on it; ``highlight`` draws that bar in the loud colour."""
+              highlight: str | None = None, ylim: tuple[float, float] | None = None) -> Axes:
+    """One bar per entry, its value written on it; ``highlight`` draws that bar in the loud colour.
+
+    ``ylim`` zooms the value axis (say so in the title or label: bars no longer start at zero).
+    """
     _need_title(title)
     if not values:
         raise ValueError("values must hold at least one bar")
@@ -92,6 +96,8 @@ def plot_bars(values: Mapping[str, float], ylabel: str, title: str, ax: Axes | N
             ax.annotate("never" if not np.isfinite(h) else fmt.format(h), (b.get_x() + b.get_width() / 2, b.get_height()),
                         ha="center", va="bottom", fontsize=14)
         ax.set_xticks(range(len(names)), names)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(axis="x", visible=False)
