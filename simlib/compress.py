@@ -22,6 +22,7 @@ spec                sends                                                bytes
 ``qsgd[:s]``        ||v||_2, then sign and level (0..s) per entry        ``V + ceil(k (1 + ceil(log2(s + 1))) / 8) + idx``
 ``topk:f``          the k' largest |entries|, indexed                    ``V * k' + idx(k')``
 ``budget:B``        the largest |entries| first, as many as fit in B     ``V * m + idx(m) <= B``
+``budget-random:B`` as many as fit in B, chosen at random (no priority)  ``V * m + idx(m) <= B``
 ==================  ===================================================  ===========================================
 
 ``onebit`` decodes entry i as avg+ (the mean of the nonnegative entries) if v_i >= 0, else avg-
@@ -35,7 +36,8 @@ Error feedback (the default for ``topk``, always on for ``budget``, opt-in as ``
 compressing, and keeps what this one fails to send: residual e, message g, sent C(g + e),
 new residual g + e - C(g + e). Nothing is lost, only delayed. ``budget`` is the Bosen-style
 magnitude-prioritised synchronisation: under a per-message byte budget the largest changes go
-first and the rest wait for a later message.
+first and the rest wait for a later message. ``budget-random`` is its unprioritised baseline: the same
+byte budget and error feedback, but the m entries sent are a uniform random subset.
 
 Arithmetic keeps the input's precision; sizes charge ``value_bytes`` per value (float32 by
 default), a rounding that changes results by ~1e-7 relative, far below anything measured here.
@@ -60,8 +62,8 @@ import numpy as np
 from simlib import _validate as check
 from simlib.backend import array_module
 
-NAMES = ("none", "sparse", "onebit", "onebit-ef", "qsgd", "qsgd-ef", "topk", "topk-noef", "budget")
-_NEEDS_ARG = ("topk", "topk-noef", "budget")
+NAMES = ("none", "sparse", "onebit", "onebit-ef", "qsgd", "qsgd-ef", "topk", "topk-noef", "budget", "budget-random")
+_NEEDS_ARG = ("topk", "topk-noef", "budget", "budget-random")
 _TAKES_ARG = _NEEDS_ARG + ("qsgd", "qsgd-ef")
 
 Message = tuple[Any, Any, int]
@@ -91,7 +93,7 @@ def parse_spec(spec: str) -> tuple[str, float | None]:
     if name.startswith("topk"):
         if not (math.isfinite(arg) and arg > 0 and (arg < 1 or arg == int(arg))):
             raise ValueError(f"compression topk needs a fraction in (0, 1) or an integer count >= 1; got {spec!r}")
-    elif name == "budget":
+    elif name.startswith("budget"):
         if not (math.isfinite(arg) and arg >= 1 and arg == int(arg)):
             raise ValueError(f"compression budget needs an integer byte budget >= 1; got {spec!r}")
     elif not (math.isfinite(arg) and arg >= 1 and arg == int(arg)):
@@ -250,6 +252,23 @@ class ByteBudget(TopK):
         return min(max(by_list, by_bitmap), self.n_params)
 
 
+class RandomBudget(ByteBudget):
+    """The unprioritised baseline of :class:`ByteBudget`: m entries that fit in B bytes, chosen uniformly."""
+
+    wire_format = "V per entry + idx, random entries, at most B bytes"
+
+    def encode(self, keys: Any, values: Any, n_fresh: int) -> Message:
+        """Keep a uniform random m-subset (m as for the budget); V * m + idx(m) bytes."""
+        xp = array_module(values)
+        keep = min(self.n_keep(n_fresh), len(keys))
+        if keep >= len(keys):
+            return keys, values, self.value_bytes * len(keys) + self.index_bytes(len(keys))
+        if keep == 0:
+            return keys[:0], values[:0], 0
+        pick = xp.asarray(np.sort(self.rng.choice(len(keys), keep, replace=False)))
+        return keys[pick], values[pick], self.value_bytes * keep + self.index_bytes(keep)
+
+
 class ErrorFeedback(Compressor):
     """Error feedback around a compressor C: send C(g + e), keep e <- g + e - C(g + e)."""
 
@@ -307,4 +326,6 @@ def make_compressor(
         return ErrorFeedback(TopK(spec, n_params, rng, k=float(arg), **kw))  # type: ignore[arg-type]
     if name == "topk-noef":
         return TopK(spec, n_params, rng, k=float(arg), **kw)  # type: ignore[arg-type]
+    if name == "budget-random":
+        return ErrorFeedback(RandomBudget(spec, n_params, rng, budget=int(arg), **kw))  # type: ignore[arg-type]
     return ErrorFeedback(ByteBudget(spec, n_params, rng, budget=int(arg), **kw))  # type: ignore[arg-type]

@@ -286,3 +286,19 @@ def test_error_feedback_recovers_the_uncompressed_curve_in_the_simulator(small_p
     assert gap("topk-noef:0.1") > 0.03
     sent = {s: t.summary()["bytes_sent"] for s, t in runs.items()}
     assert sent["topk:0.1"] < 0.12 * sent[None]
+
+
+def test_random_budget_sends_as_many_bytes_as_the_budget_but_not_by_size() -> None:
+    rng = np.random.default_rng(3)
+    keys = np.arange(0, 400, 2)
+    vals = np.linspace(-1, 1, keys.size)
+    prio = make_compressor("budget:80", 1000, np.random.default_rng(0))
+    rand = make_compressor("budget-random:80", 1000, rng)
+    kp, vp, bp = prio(keys, vals)
+    kr, vr, br = rand(keys, vals)
+    assert bp == br <= 80 and len(kp) == len(kr) == 10
+    assert np.abs(vp).min() >= np.abs(vals).max() - 0.1  # the largest entries
+    assert np.abs(vr).mean() < np.abs(vp).mean()  # a random subset is smaller on average
+    assert set(kr.tolist()) <= set(keys.tolist())
+    # error feedback: what was not sent stays in the residual
+    assert rand.residual_sum() == pytest.approx(vals.sum() - vr.sum())

@@ -23,9 +23,15 @@ def test_committed_without_outputs(path):
             assert not cell.get("outputs") and cell.get("execution_count") is None, f"{path.name} has outputs"
 
 
+@pytest.fixture
+def quick_mode(monkeypatch):
+    """Lessons shrink their runs (simlib.checks.sized) when SIMLIB_QUICK is set; the kernel inherits os.environ."""
+    monkeypatch.setenv("SIMLIB_QUICK", "1")
+
+
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", EXECUTED, ids=_ids(EXECUTED))
-def test_lesson_runs_from_fresh_kernel(path, tmp_path):
+def test_lesson_runs_from_fresh_kernel(path, tmp_path, quick_mode):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(str(path), as_version=4)

@@ -15,6 +15,7 @@ from simlib.viz.plots import (
     speedup_table,
     speedups,
 )
+from simlib.viz.lesson_plots import plot_bars, plot_curves, plot_gantt, plot_traces_side_by_side, schedule_rows
 from simlib.viz.style import KIND_COLORS, OKABE_ITO, PROJECTOR_RC, RUN_COLORS, style, time_label
 
 __all__ = [
@@ -28,6 +29,11 @@ __all__ = [
     "speedup_table",
     "speedups",
     "save_figure",
+    "plot_curves",
+    "plot_bars",
+    "plot_gantt",
+    "schedule_rows",
+    "plot_traces_side_by_side",
     "style",
     "time_label",
     "PROJECTOR_RC",

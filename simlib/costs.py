@@ -1,0 +1,226 @@
+"""Closed-form cost models of the ways to split training, in seconds and bytes (no simulation).
+
+Every function is the arithmetic of one design, so a lesson can put two designs side by side and
+the simulator can be checked against them. A message costs latency + bytes / bandwidth, as in
+:mod:`simlib.sim.network`; compute costs work / speed.
+
+* data vs model parallelism: bytes each moves per step (:func:`data_parallel_bytes`,
+  :func:`model_parallel_bytes`) and the step times they give;
+* parameter server vs MapReduce: one PS step against one MapReduce iteration;
+* pipeline parallelism: the bubble (p - 1) / (m + p - 1) and the schedule that makes it;
+* tensor parallelism: an all-reduce of the activations per layer;
+* a dataflow graph placed on devices: list scheduling with transfers between devices;
+* hyper-parameter search: independent trials packed on workers.
+
+Example::
+
+    >>> round(pipeline_bubble(stages=4, microbatches=12), 3)   # 3 / 15
+    0.2
+    >>> ring_allreduce_time(4, 1e6, 0.0, 1e9) * 1e3           # 2 * 3/4 * 1 MB / 1 GB/s, in ms
+    1.5
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.sim.network import message_time, ring_allreduce_time
+
+__all__ = [
+    "message_time", "ring_allreduce_time", "data_parallel_bytes", "model_parallel_bytes",
+    "data_parallel_step", "model_parallel_step", "ps_step_time", "mapreduce_iteration_time",
+    "pipeline_bubble", "pipeline_time", "pipeline_schedule", "tensor_parallel_step",
+    "Op", "Placement", "place", "hyperparameter_search", "crossover",
+]
+
+
+def crossover(x: Sequence[float], a: Sequence[float], b: Sequence[float]) -> float | None:
+    """The first x where a - b changes sign, linearly interpolated; None if it never does."""
+    xs, av, bv = (np.asarray(v, dtype=float) for v in (x, a, b))
+    if not xs.shape == av.shape == bv.shape:
+        raise ValueError(f"x, a and b must have the same length, got {xs.size}, {av.size} and {bv.size}")
+    d = av - bv
+    for i in range(len(xs) - 1):
+        if d[i] == 0:
+            return float(xs[i])
+        if d[i] * d[i + 1] < 0:
+            return float(xs[i] + (xs[i + 1] - xs[i]) * d[i] / (d[i] - d[i + 1]))
+    return None
+
+
+# -- data against model parallelism ------------------------------------------------------------
+
+
+def data_parallel_bytes(params_touched: float, value_bytes: int = 4) -> float:
+    """Bytes a data-parallel step synchronises: the gradient of every parameter the batch touched."""
+    check.non_negative("params_touched", params_touched)
+    return float(params_touched) * value_bytes
+
+
+def model_parallel_bytes(batch: float, values_per_example: float = 1, value_bytes: int = 4) -> float:
+    """Bytes a model-parallel step exchanges: each example's partial results (e.g. one partial dot)."""
+    check.non_negative("batch", batch)
+    check.non_negative("values_per_example", values_per_example)
+    return float(batch) * values_per_example * value_bytes
+
+
+def data_parallel_step(work: float, n_workers: int, sync_bytes: float, latency: float, bandwidth: float,
+                       speed: float) -> float:
+    """work / (N speed) + ring all-reduce of the touched gradient."""
+    check.positive_int("n_workers", n_workers)
+    check.positive("speed", speed)
+    return work / (n_workers * speed) + ring_allreduce_time(n_workers, sync_bytes, latency, bandwidth)
+
+
+def model_parallel_step(work: float, n_workers: int, exchange_bytes: float, latency: float, bandwidth: float,
+                        speed: float) -> float:
+    """work / (N speed) + ring all-reduce of the partial results (the parameters never move)."""
+    check.positive_int("n_workers", n_workers)
+    check.positive("speed", speed)
+    return work / (n_workers * speed) + ring_allreduce_time(n_workers, exchange_bytes, latency, bandwidth)
+
+
+# -- parameter server against MapReduce ---------------------------------------------------------
+
+
+def ps_step_time(keys: int, latency: float, bandwidth: float, compute: float, key_bytes: int = 4,
+                 value_bytes: int = 4) -> float:
+    """One worker's PS step: pull (keys out, values back), compute, push (key, delta pairs)."""
+    check.non_negative_int("keys", keys)
+    pull = message_time(keys * key_bytes, latency, bandwidth) + message_time(keys * value_bytes, latency, bandwidth)
+    push = message_time(keys * (key_bytes + value_bytes), latency, bandwidth)
+    return pull + compute + push
+
+
+def mapreduce_iteration_time(job_start: float, input_bytes: float, disk_bandwidth: float, compute: float,
+                             shuffle_bytes: float, bandwidth: float, model_bytes: float) -> float:
+    """One MapReduce iteration: start the job, re-read the input, map, shuffle, write the model out.
+
+    T = job_start + input / disk_bw + compute + shuffle / bw + model / disk_bw (the model is saved
+    between stages and read back next iteration).
+    """
+    check.non_negative("job_start", job_start)
+    check.positive("disk_bandwidth", disk_bandwidth)
+    check.positive("bandwidth", bandwidth)
+    return (job_start + input_bytes / disk_bandwidth + compute + shuffle_bytes / bandwidth
+            + 2 * model_bytes / disk_bandwidth)
+
+
+# -- pipeline and tensor parallelism --------------------------------------------------------------
+
+
+def pipeline_bubble(stages: int, microbatches: int) -> float:
+    """Idle fraction of a GPipe schedule: (p - 1) / (m + p - 1)."""
+    check.positive_int("stages", stages)
+    check.positive_int("microbatches", microbatches)
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def pipeline_time(stages: int, microbatches: int, stage_time: float) -> float:
+    """(m + p - 1) slots of one micro-batch's stage time (forward, or forward + backward)."""
+    check.positive_int("stages", stages)
+    check.positive_int("microbatches", microbatches)
+    check.non_negative("stage_time", stage_time)
+    return (microbatches + stages - 1) * stage_time
+
+
+def pipeline_schedule(stages: int, microbatches: int) -> np.ndarray:
+    """grid[s, t] = the micro-batch stage s works on in slot t, or -1 when idle (the bubble)."""
+    check.positive_int("stages", stages)
+    check.positive_int("microbatches", microbatches)
+    grid = np.full((stages, microbatches + stages - 1), -1, dtype=np.int64)
+    for s in range(stages):
+        grid[s, s : s + microbatches] = np.arange(microbatches)
+    return grid
+
+
+def tensor_parallel_step(layers: int, flops_per_layer: float, n_devices: int, activation_bytes: float,
+                         latency: float, bandwidth: float, speed: float, allreduces_per_layer: int = 2) -> float:
+    """Each layer: its flops split over t devices, then all-reduce(s) of the activations.
+
+    T = L (F / (t speed) + a * ring_allreduce(t, activation_bytes)), a = 2 for a Megatron-style
+    MLP block (one after each of its two matrix products' partial sums, forward only).
+    """
+    check.positive_int("layers", layers)
+    check.positive_int("n_devices", n_devices)
+    check.positive("speed", speed)
+    check.non_negative_int("allreduces_per_layer", allreduces_per_layer)
+    comm = allreduces_per_layer * ring_allreduce_time(n_devices, activation_bytes, latency, bandwidth)
+    return layers * (flops_per_layer / (n_devices * speed) + comm)
+
+
+# -- a dataflow graph placed on devices --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    """One node of a dataflow graph: its work, the ops it reads, and the bytes of its output tensor."""
+
+    name: str
+    work: float
+    inputs: tuple[str, ...] = ()
+    out_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and when each op ran: device, start, end; the makespan and the bytes moved between devices."""
+
+    device: dict[str, int]
+    start: dict[str, float]
+    end: dict[str, float]
+    bytes_moved: float
+
+    @property
+    def makespan(self) -> float:
+        """When the last op finished."""
+        return max(self.end.values(), default=0.0)
+
+
+def place(graph: Sequence[Op], device: Mapping[str, int], speeds: Sequence[float], latency: float,
+          bandwidth: float) -> Placement:
+    """Run ``graph`` (ops in topological order) on devices: an op starts when its device is free and
+    every input has arrived; an input from another device arrives latency + bytes / bandwidth after
+    its op ends. Each device runs its ops in the graph's order.
+    """
+    ends: dict[str, float] = {}
+    starts: dict[str, float] = {}
+    free = [0.0] * len(speeds)
+    by_name = {op.name: op for op in graph}
+    moved = 0.0
+    for op in graph:
+        if op.name not in device:
+            raise ValueError(f"device: op {op.name!r} has no device")
+        d = device[op.name]
+        if not 0 <= d < len(speeds):
+            raise ValueError(f"device: op {op.name!r} is on device {d}, but there are {len(speeds)} devices")
+        ready = free[d]
+        for name in op.inputs:
+            if name not in ends:
+                raise ValueError(f"graph: op {op.name!r} reads {name!r} before it runs (not topological)")
+            arrive = ends[name]
+            if device[name] != d:
+                arrive += message_time(by_name[name].out_bytes, latency, bandwidth)
+                moved += by_name[name].out_bytes
+            ready = max(ready, arrive)
+        starts[op.name] = ready
+        ends[op.name] = ready + op.work / speeds[d]
+        free[d] = ends[op.name]
+    return Placement(dict(device), starts, ends, moved)
+
+
+# -- hyper-parameter search ---------------------------------------------------------------------
+
+
+def hyperparameter_search(trial_times: Sequence[float], n_workers: int) -> float:
+    """Makespan of independent trials on N workers, each trial to the worker free first (no communication)."""
+    check.positive_int("n_workers", n_workers)
+    free = np.zeros(n_workers)
+    for t in trial_times:
+        check.non_negative("trial_times", t)
+        w = int(np.argmin(free))
+        free[w] += t
+    return float(free.max())

@@ -1,0 +1,174 @@
+"""Small figures the lessons share: curves, bars, Gantt charts of schedules, traces side by side.
+
+These draw arrays and traces only (no simulation here): a lesson computes, then calls one of
+these with a title that states its finding. Everything draws in the projector style
+(:func:`simlib.viz.style`), with the Okabe-Ito palette and fonts of at least 14 pt. Example::
+
+    >>> ax = plot_curves([1, 2, 4], {"measured": [1.0, 1.9, 3.5]}, xlabel="workers",
+    ...                  ylabel="speed-up (x)", title="3.5x on 4 workers")
+    >>> ax.get_title()
+    '3.5x on 4 workers'
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from simlib.trace import Trace
+from simlib.viz.plots import plot_loss, plot_timeline
+from simlib.viz.style import OKABE_ITO, RUN_COLORS, style
+
+Interval = tuple[float, float, str]
+IDLE_COLOR = "#D9D9D9"
+
+
+def _axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
+    """``ax``, or the axes of a new figure made without pyplot."""
+    if ax is not None:
+        return ax
+    return Figure(figsize=figsize, layout="constrained").add_subplot()
+
+
+def _need_title(title: Any) -> None:
+    """Figures state their finding: a title is required."""
+    if not isinstance(title, str) or not title.strip():
+        raise ValueError("title must state the figure's finding, e.g. '4 shards: 2.9x faster'")
+
+
+def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabel: str, ylabel: str, title: str,
+                ax: Axes | None = None, logx: bool = False, logy: bool = False, vline: float | None = None,
+                vline_label: str = "", hline: float | None = None, hline_label: str = "",
+                markers: bool = True) -> Axes:
+    """One line per series against ``x`` (series may be shorter than x; NaN leaves a gap)."""
+    _need_title(title)
+    if not series:
+        raise ValueError("series must hold at least one curve")
+    xs = np.asarray(x, dtype=float)
+    with style():
+        ax = _axes(ax, (9, 5.5))
+        for i, (label, ys) in enumerate(series.items()):
+            ys = np.asarray(ys, dtype=float)
+            if ys.shape != xs.shape:
+                raise ValueError(f"series: {label!r} has {ys.size} values for {xs.size} x values")
+            line = ax.plot(xs, ys, marker="o" if markers else None, color=RUN_COLORS[i % len(RUN_COLORS)],
+                           label=label)[0]
+            line.set_gid(f"curve:{label}")
+        if vline is not None:
+            ax.axvline(vline, color=OKABE_ITO["black"], linestyle="--", linewidth=1.8, label=vline_label or None,
+                       gid="vline")
+        if hline is not None:
+            ax.axhline(hline, color=OKABE_ITO["black"], linestyle=":", linewidth=1.8, label=hline_label or None,
+                       gid="hline")
+        if logx:
+            ax.set_xscale("log", base=2)
+            if len(xs) <= 8:  # few points: label each as a plain number; many would overlap
+                ax.set_xticks(xs, [f"{v:g}" for v in xs])
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(loc="best")
+    return ax
+
+
+def plot_bars(values: Mapping[str, float], ylabel: str, title: str, ax: Axes | None = None, fmt: str = "{:.3g}",
+              highlight: str | None = None, ylim: tuple[float, float] | None = None) -> Axes:
+    """One bar per entry, its value written on it; ``highlight`` draws that bar in the loud colour.
+
+    ``ylim`` zooms the value axis (say so in the title or label: bars no longer start at zero).
+    """
+    _need_title(title)
+    if not values:
+        raise ValueError("values must hold at least one bar")
+    names = list(values)
+    heights = np.array([values[k] for k in names], dtype=float)
+    colors = [OKABE_ITO["vermillion"] if k == highlight else OKABE_ITO["blue"] for k in names]
+    with style():
+        ax = _axes(ax, (max(6.0, 1.6 * len(names) + 2), 5))
+        bars = ax.bar(range(len(names)), np.nan_to_num(heights), color=colors, gid="bars")
+        for b, h in zip(bars, heights):
+            ax.annotate("never" if not np.isfinite(h) else fmt.format(h), (b.get_x() + b.get_width() / 2, b.get_height()),
+                        ha="center", va="bottom", fontsize=14)
+        ax.set_xticks(range(len(names)), names)
+        if ylim is not None:
+            ax.set_ylim(*ylim)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(axis="x", visible=False)
+    return ax
+
+
+def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, ax: Axes | None = None,
+               idle: str = "idle") -> Axes:
+    """A Gantt chart: one row per resource, a bar per (start, end, label) interval, labelled inside.
+
+    Intervals whose label equals ``idle`` are drawn grey and hatched (a pipeline's bubble).
+    """
+    _need_title(title)
+    names = list(rows)
+    if not names:
+        raise ValueError("rows must hold at least one resource")
+    labels = sorted({lab for iv in rows.values() for (_, _, lab) in iv if lab != idle})
+    color_of = {lab: RUN_COLORS[i % len(RUN_COLORS)] for i, lab in enumerate(labels)}
+    span = max((end for iv in rows.values() for (_, end, _) in iv), default=1.0) or 1.0
+    with style():
+        ax = _axes(ax, (12, 1.2 + 0.8 * len(names)))
+        for y, name in enumerate(names):
+            for start, end, lab in rows[name]:
+                if end < start:
+                    raise ValueError(f"rows: interval ({start}, {end}) of {name!r} ends before it starts")
+                is_idle = lab == idle
+                ax.barh(y, end - start, left=start, height=0.8, color=IDLE_COLOR if is_idle else color_of[lab],
+                        hatch="//" if is_idle else None, edgecolor=OKABE_ITO["black"], linewidth=0.8,
+                        gid="idle" if is_idle else f"op:{lab}")
+                if not is_idle and len(labels) <= 24 and (end - start) >= 0.04 * span:  # no label on slivers
+                    ax.text((start + end) / 2, y, lab, ha="center", va="center", fontsize=14,
+                            color="#FFFFFF" if color_of[lab] in (OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["black"]) else "#000000")
+        ax.set_yticks(range(len(names)), names)
+        ax.set_ylim(len(names) - 0.5, -0.5)
+        ax.set_xlabel(xlabel)
+        ax.set_title(title)
+        ax.grid(axis="y", visible=False)
+        if any(lab == idle for iv in rows.values() for (_, _, lab) in iv):
+            ax.legend(handles=[Patch(facecolor=IDLE_COLOR, hatch="//", edgecolor=OKABE_ITO["black"], label=idle)],
+                      loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return ax
+
+
+def schedule_rows(grid: np.ndarray, slot: float = 1.0, prefix: str = "stage ", item: str = "") -> dict[str, list[Interval]]:
+    """Rows for :func:`plot_gantt` from grid[row, t] = item number or -1 (idle), each slot ``slot`` long."""
+    grid = np.asarray(grid)
+    if grid.ndim != 2:
+        raise ValueError(f"grid must be 2-D (rows x slots), got shape {grid.shape}")
+    rows: dict[str, list[Interval]] = {}
+    for r in range(grid.shape[0]):
+        rows[f"{prefix}{r}"] = [(t * slot, (t + 1) * slot, "idle" if v < 0 else f"{item}{v}")
+                                for t, v in enumerate(grid[r])]
+    return rows
+
+
+def plot_traces_side_by_side(traces: Sequence[Trace], titles: Sequence[str] | None = None,
+                             suptitle: str = "", max_workers: int = 8) -> Figure:
+    """Each trace's timeline in its own column (its own time unit), its loss curve below it."""
+    if not traces:
+        raise ValueError("traces must hold at least one Trace")
+    if titles is not None and len(titles) != len(traces):
+        raise ValueError(f"titles: {len(titles)} titles for {len(traces)} traces")
+    k = len(traces)
+    with style():
+        fig = Figure(figsize=(7 * k, 9), layout="constrained")
+        axes = fig.subplots(2, k, squeeze=False)
+        for i, tr in enumerate(traces):
+            title = titles[i] if titles is not None else f"{tr.substrate}: {tr.label}"
+            plot_timeline(tr, ax=axes[0, i], max_workers=max_workers, legend=(i == k - 1), title=title, arrows=False)
+            plot_loss(tr, ax=axes[1, i], title=f"{tr.substrate}: final {tr.metric} {tr.quality[-1].value:.4f}"
+                      if tr.quality else tr.substrate)
+        if suptitle:
+            fig.suptitle(suptitle)
+    return fig

@@ -1,0 +1,41 @@
+"""simlib.checks: visible lesson checks and quick mode."""
+import pytest
+
+from simlib.checks import check, quick, sized
+
+
+def test_check_prints_a_tick(capsys) -> None:
+    check("two is more than one", 2 > 1, "2 vs 1")
+    assert capsys.readouterr().out == "✓ two is more than one (2 vs 1)\n"
+
+
+def test_failed_check_raises_with_the_claim() -> None:
+    with pytest.raises(AssertionError, match="✗ one is more than two: 1 vs 2"):
+        check("one is more than two", 1 > 2, "1 vs 2")
+    with pytest.raises(ValueError, match="claim"):
+        check("", True)
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("yes", True), ("0", False), ("", False), ("false", False)])
+def test_quick_mode_follows_the_environment(monkeypatch, value, expected) -> None:
+    monkeypatch.setenv("SIMLIB_QUICK", value)
+    assert quick() is expected
+    assert sized(100, 10) == (10 if expected else 100)
+
+
+def test_quick_mode_is_off_without_the_variable(monkeypatch) -> None:
+    monkeypatch.delenv("SIMLIB_QUICK", raising=False)
+    assert not quick()
+
+
+def test_reveal_compares_a_guess_and_never_raises(capsys) -> None:
+    from simlib.checks import reveal
+
+    reveal("How many?", None, 4)
+    assert "The run says: 4" in capsys.readouterr().out
+    reveal("How many?", 3, 4, tolerance=1)
+    assert capsys.readouterr().out.rstrip().endswith("✓ right.")
+    reveal("How many?", 2, 4)
+    assert "✗ not quite" in capsys.readouterr().out
+    reveal("Which?", "PS", "PS")
+    assert "✓ right" in capsys.readouterr().out

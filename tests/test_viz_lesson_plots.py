@@ -1,0 +1,69 @@
+"""simlib.viz.lesson_plots draws what it is given, titled, in the projector style."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_hex
+
+from simlib.trace import Trace
+from simlib.viz import OKABE_ITO, plot_bars, plot_curves, plot_gantt, plot_traces_side_by_side, schedule_rows
+from simlib.viz.style import MIN_FONT_PT
+
+
+def test_plot_curves_draws_each_series_with_the_palette() -> None:
+    ax = plot_curves([1, 2, 4], {"a": [1, 2, 3], "b": [3, 2, 1]}, "workers", "speed-up (x)", "a wins at 4",
+                     vline=3, logx=True)
+    lines = {l.get_gid(): l for l in ax.get_lines()}
+    assert to_hex(lines["curve:a"].get_color()) == OKABE_ITO["blue"].lower()
+    assert list(lines["curve:b"].get_ydata()) == [3, 2, 1]
+    assert "vline" in lines and ax.get_xscale() == "log"
+    assert ax.get_title() == "a wins at 4" and ax.get_xlabel() == "workers"
+    assert ax.title.get_fontsize() >= MIN_FONT_PT
+
+
+def test_plot_curves_rejects_mismatch_and_missing_title() -> None:
+    with pytest.raises(ValueError, match="series"):
+        plot_curves([1, 2], {"a": [1]}, "x", "y", "t")
+    with pytest.raises(ValueError, match="title"):
+        plot_curves([1], {"a": [1]}, "x", "y", "")
+
+
+def test_plot_bars_writes_values_and_highlights() -> None:
+    ax = plot_bars({"1 server": 3.0, "4 shards": 1.0, "never": float("nan")}, "time (ms)", "4 shards: 3x",
+                   highlight="4 shards")
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["3", "1", "never"]
+    colors = [to_hex(p.get_facecolor()) for p in ax.patches]
+    assert colors[1] == OKABE_ITO["vermillion"].lower() and colors[0] == OKABE_ITO["blue"].lower()
+    zoomed = plot_bars({"a": 0.44, "b": 0.42}, "loss (axis from 0.4)", "b is lower", ylim=(0.4, 0.45))
+    assert zoomed.get_ylim() == (0.4, 0.45)
+
+
+def test_schedule_rows_and_gantt_mark_idle_slots() -> None:
+    grid = np.array([[0, 1, -1], [-1, 0, 1]])
+    rows = schedule_rows(grid, slot=2.0, item="mb")
+    assert rows["stage 0"] == [(0.0, 2.0, "mb0"), (2.0, 4.0, "mb1"), (4.0, 6.0, "idle")]
+    ax = plot_gantt(rows, "time (ms)", "bubble 1/3")
+    assert sum(1 for p in ax.patches if p.get_gid() == "idle") == 2
+    assert sum(1 for p in ax.patches if p.get_gid() == "op:mb0") == 2
+    with pytest.raises(ValueError, match="grid"):
+        schedule_rows(np.zeros(3))
+
+
+def test_traces_side_by_side_has_a_timeline_and_a_loss_per_trace() -> None:
+    traces = []
+    for sub in ("sim", "pipes"):
+        t = Trace(label="BSP", substrate=sub, n_workers=2)
+        for w in range(2):
+            t.span(w, "compute", 0.0, 1.0, step=0)
+        t.record_quality(0.0, 0, 0.7)
+        t.record_quality(1.0, 2, 0.6)
+        traces.append(t)
+    fig = plot_traces_side_by_side(traces, suptitle="same loss")
+    axes = fig.get_axes()
+    assert len([a for a in axes if a.get_xlabel()]) >= 4
+    assert "wall seconds" in axes[1].get_xlabel() or "wall seconds" in axes[3].get_xlabel()
+    with pytest.raises(ValueError, match="titles"):
+        plot_traces_side_by_side(traces, titles=["one"])
