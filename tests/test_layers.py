@@ -13,10 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "simlib"
 
 # The first component under simlib/ names the group; each group has a rank, lower ranks sit below.
-BOTTOM = {"problems", "trace", "protocol", "contract", "backend", "compress", "_validate", "data", "options"}
+BOTTOM = {"problems", "trace", "protocol", "contract", "backend", "compress", "_validate", "data", "options",
+          "averaging", "cache", "checks", "delayed"}
 SUBSTRATES = {"sim", "parallel", "gpu", "ray_ps"}
 # The registry finds substrates by name (importlib), and the package root reaches them through it.
-ABOVE_SUBSTRATES = {"calibration", "viz", "substrates", "simlib"}
+ABOVE_SUBSTRATES = {"calibration", "viz", "substrates", "simlib", "costs"}
 TOP = {"app", "cli", "__main__", "grade"}
 RANK = {**{g: 0 for g in BOTTOM}, **{g: 1 for g in SUBSTRATES}, **{g: 2 for g in ABOVE_SUBSTRATES},
         **{g: 3 for g in TOP}}
