@@ -8,4 +8,6 @@
 
 The command line is ``python -m simlib.grade`` (see :mod:`simlib.grade.__main__`).
 """
-from simlib.grade.notebook import generate_all, student_version  # noqa: F401
+from simlib.grade.notebook import generate_all, student_version
+
+__all__ = ["generate_all", "student_version"]

@@ -2,7 +2,7 @@
 
     python -m simlib.grade generate [--solutions solutions] [--assignments assignments] [--check]
     python -m simlib.grade ASSIGNMENT SUBMISSIONS_DIR [--out DIR] [--cell-timeout S] [--timeout S]
-                           [--memory-mb MB] [--max-procs N] [--solutions DIR]
+                           [--memory-mb MB] [--max-procs N] [--jobs N] [--solutions DIR]
 
 ASSIGNMENT is a master notebook's path, its name ('02-hogwild') or number ('02'), looked up in
 ``--solutions``. Bad arguments print one message and exit with status 2.
@@ -72,11 +72,12 @@ def grade(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=d.wall_s, help="seconds for a whole submission")
     ap.add_argument("--memory-mb", type=int, default=d.memory_mb)
     ap.add_argument("--max-procs", type=int, default=d.max_procs)
+    ap.add_argument("--jobs", type=int, default=None, help="submissions graded side by side (default 2 as root, else 1)")
     a = ap.parse_args(argv)
     master = find_master(a.assignment, a.solutions)
     out = a.out if a.out is not None else Path("grades") / master.stem
     limits = Limits(cell_s=a.cell_timeout, wall_s=a.timeout, memory_mb=a.memory_mb, max_procs=a.max_procs)
-    rows = grade_class(master, a.submissions, out, limits)
+    rows = grade_class(master, a.submissions, out, limits, jobs=a.jobs)
     totals: dict[str, list[float]] = {}
     for r in rows:
         t = totals.setdefault(r["student"], [0.0, 0.0])

@@ -22,7 +22,8 @@ import sys
 from typing import Any, BinaryIO
 
 PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 38, 36
-CLONE_NEWNET = 0x40000000
+CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
+MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 2, 4, 1 << 14, 1 << 18
 SYS_LANDLOCK = {"create": 444, "add": 445, "restrict": 446}
 # Landlock filesystem rights (ABI 1..5), network rights (ABI 4) and scopes (ABI 6).
 FS_FILE = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # execute, write, read, truncate, ioctl
@@ -86,6 +87,16 @@ def cut_network() -> bool:
     """A new, empty network namespace (loopback down) when permitted; True if that worked."""
     libc = ctypes.CDLL(None, use_errno=True)
     return libc.unshare(CLONE_NEWNET) == 0
+
+
+def private_shm() -> bool:
+    """A fresh tmpfs on /dev/shm in a new mount namespace (root only): segments vanish with the sandbox."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        return False
+    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return False
+    return libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0
 
 
 def refuse_inet(event: str, args: tuple) -> None:
@@ -158,11 +169,12 @@ def main() -> None:
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.realpath(cfg["root"])]
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     netns = cut_network() if os.getuid() == 0 else False
+    shm = private_shm() if os.getuid() == 0 else False
     limit_resources(cfg)
     abi = landlock(cfg["read_only"], cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
     sys.addaudithook(refuse_inet)
     stream = os.fdopen(0, "rb", buffering=0)
-    write_frame(cfg["result_fd"], {"seq": -1, "ok": True, "landlock": abi, "netns": netns})
+    write_frame(cfg["result_fd"], {"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm})
     serve(stream, cfg["result_fd"])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+from concurrent.futures import ThreadPoolExecutor, as_completed
 import json
 import re
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from simlib.grade import notebook as nbm
-from simlib.grade.sandbox import Limits, Outcome, Unit, exposed, run_units
+from simlib.grade.sandbox import Limits, Outcome, Unit, exposed, parallel_safe, run_units
 
 VERSION = "1"
 COLUMNS = ("assignment", "student", "part", "points", "max_points", "status")
@@ -163,32 +164,53 @@ class Progress:
 
 
 def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Limits = Limits(),
-                progress: Callable[[int], Progress] | None = Progress) -> list[dict[str, Any]]:
-    """Grade every submission (cached ones are not re-run); write gradebook.csv and feedback/; return the rows."""
+                progress: Callable[[int], Progress] | None = Progress, jobs: int | None = None) -> list[dict[str, Any]]:
+    """Grade every submission (cached ones are not re-run); write gradebook.csv and feedback/; return the rows.
+
+    ``jobs`` submissions run side by side (default: 2 where each gets a private /dev/shm, else 1).
+    """
     master_path, submissions, out_dir = Path(master_path), Path(submissions), Path(out_dir)
     nbm.load(master_path)
     check_hidden(master_path, out_dir, submissions)
+    jobs = (2 if parallel_safe() else 1) if jobs is None else jobs
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
+    if jobs > 1 and not parallel_safe():
+        raise ValueError("jobs: submissions run side by side only as root (each needs a private /dev/shm); use 1")
     found = find_submissions(submissions, master_path.stem)
     cache = out_dir / ".cache"
     cache.mkdir(parents=True, exist_ok=True)
     (out_dir / "feedback").mkdir(exist_ok=True)
     kernels = warm_kernels(master_path, out_dir, limits)
     bar = progress(len(found)) if progress is not None else None
-    rows: list[dict[str, Any]] = []
-    for student, path in found.items():
-        key = cache_key(master_path, path, limits)
-        hit = cache / f"{key}.json"
-        cached = hit.exists()
-        result = json.loads(hit.read_text()) if cached else grade_submission(master_path, path, limits, kernels)
-        if not cached:
-            hit.write_text(json.dumps(result, indent=1, sort_keys=True))
+    results: dict[str, dict[str, Any]] = {}
+
+    def finish(student: str, result: dict[str, Any], cached: bool) -> None:
+        results[student] = result
         write_feedback(out_dir / "feedback" / f"{_SAFE.sub('_', student)}.txt", master_path.stem, student, result)
-        for row in result["parts"]:
-            rows.append({"assignment": master_path.stem, "student": student, "part": row["part"],
-                         "points": row["points"], "max_points": row["max_points"], "status": row["status"]})
         if bar is not None:
             got = sum(r["points"] for r in result["parts"])
-            bar.step(student, got, sum(r["max_points"] for r in result["parts"] if r["status"] != "needs manual grading"), cached)
+            auto = sum(r["max_points"] for r in result["parts"] if r["status"] != "needs manual grading")
+            bar.step(student, got, auto, cached)
+
+    todo: dict[str, tuple[Path | None, Path]] = {}
+    for student, path in found.items():
+        hit = cache / f"{cache_key(master_path, path, limits)}.json"
+        if hit.exists():
+            finish(student, json.loads(hit.read_text()), True)
+        else:
+            todo[student] = (path, hit)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        running = {pool.submit(grade_submission, master_path, path, limits, kernels): (student, hit)
+                   for student, (path, hit) in todo.items()}
+        for done in as_completed(running):
+            student, hit = running[done]
+            result = done.result()
+            hit.write_text(json.dumps(result, indent=1, sort_keys=True))
+            finish(student, result, False)
+    rows = [{"assignment": master_path.stem, "student": student, "part": row["part"], "points": row["points"],
+             "max_points": row["max_points"], "status": row["status"]}
+            for student in found for row in results[student]["parts"]]
     write_gradebook(out_dir / "gradebook.csv", rows)
     return rows
 

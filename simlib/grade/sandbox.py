@@ -23,8 +23,10 @@ Isolation, and what each measure does and does not stop:
   nbgrader, where tests share the student's kernel), e.g. by replacing ``numpy.testing``; where
   Landlock is missing, the file limits above do not hold (the grader says so in its log).
 
-Shared-memory segments that appear in /dev/shm while a submission runs are unlinked after it
-(grading runs one submission at a time, so every new segment is the submission's).
+Shared memory: as root each submission gets a private, empty /dev/shm (a tmpfs in its own mount
+namespace) that disappears with it, so submissions can be graded in parallel. Otherwise segments
+that appear in /dev/shm while a submission runs are unlinked after it, and grading runs one
+submission at a time so that every new segment is the submission's (:func:`parallel_safe`).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ import sysconfig
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +145,7 @@ class Child:
         cfg = {
             "root": root, "result_fd": w, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
             "cpu_s": int(limits.wall_s) + 5, "nproc": _user_processes() + limits.max_procs,
-            "landlock": sys.platform.startswith("linux"), "read_only": readable_roots() + DEVICES[:0],
+            "landlock": sys.platform.startswith("linux"), "read_only": readable_roots(),
             "read_write": [str(scratch), str(SHM), str(numba_cache)], "rw_files": [d for d in DEVICES if os.path.exists(d)],
         }
         boot = f"import sys; sys.path.insert(0, {root!r}); from simlib.grade.child import main; main()"
@@ -157,6 +159,7 @@ class Child:
         self.buffer = b""
         self.seen: dict[int, int] = {}  # pid -> start time, every process of the tree ever seen
         self.violation = ""
+        self._stopped: set[int] = set()
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
@@ -196,18 +199,27 @@ class Child:
         return sorted(found)
 
     def kill(self) -> None:
-        """SIGKILL the whole tree until nothing of it is left."""
+        """Stop the whole tree, then SIGKILL it, until nothing of it is left.
+
+        Everything is stopped first while the child (a subreaper) is alive, so no process can fork
+        or be re-parented out of sight between the scan and the kill.
+        """
+        for _ in range(50):
+            tree = self.tree()
+            fresh = [pid for pid in tree if pid not in self._stopped]
+            for pid in fresh:
+                _signal(pid, signal.SIGSTOP)
+            self._stopped.update(fresh)
+            if not fresh:
+                break
         for _ in range(200):
+            alive = [p for p in self.tree() if p != os.getpid()]
+            for pid in alive:
+                _signal(pid, signal.SIGKILL)
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            alive = [p for p in self.tree() if p != os.getpid()]
-            for pid in alive:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             self.proc.poll()
             if not alive or alive == [self.proc.pid] and self.proc.returncode is not None:
                 return
@@ -273,6 +285,14 @@ class Child:
         return Outcome(reply["ok"], str(reply.get("error", ""))[:1000])
 
 
+def _signal(pid: int, sig: int) -> None:
+    """Send a signal to a process that may already be gone."""
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _proc_stats() -> dict[int, tuple[int, int, int]]:
     """pid -> (ppid, session id, start time) for every process now listed in /proc."""
     out = {}
@@ -324,26 +344,29 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
     report = Report([Outcome() for _ in units])
     start = time.monotonic()
     shm_before = _shm_entries()
+    own_shm = False
     skip: set[int] = set()
     i, restarts = 0, 0
     with tempfile.TemporaryDirectory(prefix="simlib-grade-log-") as private:
         while i < len(units):
             scratch = Path(tempfile.mkdtemp(prefix="simlib-grade-"))
-            (scratch / "submission.ipynb").write_bytes(notebook)
-            kernels = scratch / "numba-cache"
-            if numba_cache is not None and warm:
-                kernels = numba_cache
-            elif numba_cache is not None and numba_cache.is_dir():
-                shutil.copytree(numba_cache, kernels)
-            kernels.mkdir(parents=True, exist_ok=True)
-            log = Path(private) / "child.log"
-            child = Child(scratch, limits, log, kernels)
+            child: Child | None = None
             current = -1
             try:
+                (scratch / "submission.ipynb").write_bytes(notebook)
+                kernels = scratch / "numba-cache"
+                if numba_cache is not None and warm:
+                    kernels = numba_cache
+                elif numba_cache is not None and numba_cache.is_dir():
+                    shutil.copytree(numba_cache, kernels)
+                kernels.mkdir(parents=True, exist_ok=True)
+                log = Path(private) / "child.log"
+                child = Child(scratch, limits, log, kernels)
                 try:
                     hello = child.receive(time.monotonic() + 60)
                 except Fatal as exc:
                     raise RuntimeError(f"the grading sandbox did not start ({exc}):\n{log.read_text()[-2000:]}") from None
+                own_shm = bool(hello.get("private_shm"))
                 if restarts == 0:
                     report.notes.append(_describe_isolation(hello))
                 for j in range(i):  # replay definitions after a restart
@@ -365,9 +388,11 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
                 restarts += 1
                 report.notes.append(f"restarted after '{units[current].name}': {reason}")
             finally:
-                child.close()
+                if child is not None:
+                    child.close()
                 shutil.rmtree(scratch, ignore_errors=True)
-                _unlink_new_shm(shm_before)
+                if not own_shm:
+                    _unlink_new_shm(shm_before)
             if restarts > MAX_RESTARTS or time.monotonic() - start >= limits.wall_s:
                 for k in range(i, len(units)):
                     report.outcomes[k] = Outcome(False, "not run: the submission stopped the grader too often "
@@ -389,7 +414,13 @@ def _timeout_reason(start: float, limits: Limits) -> str:
 def _describe_isolation(hello: dict[str, Any]) -> str:
     abi = hello.get("landlock", 0)
     files = f"Landlock ABI {abi}" if abi else "NOT confined (Landlock unavailable)"
-    return f"isolation: files {files}; network namespace {'yes' if hello.get('netns') else 'no'}"
+    return (f"isolation: files {files}; network namespace {'yes' if hello.get('netns') else 'no'}; "
+            f"private /dev/shm {'yes' if hello.get('private_shm') else 'no'}")
+
+
+def parallel_safe() -> bool:
+    """Whether submissions may run side by side: each gets a private /dev/shm only as root."""
+    return os.getuid() == 0 and sys.platform.startswith("linux")
 
 
 def _shm_entries() -> set[str]:
