@@ -127,3 +127,20 @@ def test_untracked_run_reports_the_exact_final_log_likelihood(synthetic):
     n_dk, n_wk, n_k = count_tables(corpus, run.z, 8)
     assert run.log_likelihood == pytest.approx(log_likelihood(n_dk, n_wk, n_k, 0.5, 0.01), rel=1e-12)
     assert run.tokens_per_s > 0
+
+
+def test_ctrl_c_over_pipes_ends_promptly_and_cleanly():
+    """A real SIGINT to a real run: the pipe server thread once hung, blocked sending to a dead worker."""
+    import random
+
+    import faultkit
+
+    driver = faultkit.Driver("lda-pipe")
+    rng = random.Random(19)
+    try:
+        outcomes = [driver.inject("int-parent", rng, window=1.0) for _ in range(4)]
+    finally:
+        driver.close()
+    problems = [p for o in outcomes for p in faultkit.check(o, "lda-pipe")]
+    assert problems == []
+    assert all(o.error == "KeyboardInterrupt" and o.seconds_after_fault < faultkit.PROMPT for o in outcomes)

@@ -37,6 +37,7 @@ from simlib.parallel.channel import Channel, channel_pair
 from simlib.parallel.shm import SharedArray
 from simlib.trace import Trace
 
+_RESEND = 0.05  # seconds between SIGTERMs to a worker that has not yet stopped
 START_METHODS = tuple(m for m in ("fork", "spawn", "forkserver") if m in multiprocessing.get_all_start_methods())
 
 
@@ -79,6 +80,9 @@ def _bootstrap(
 ) -> None:
     """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # not the parent's handlers, inherited under fork
+    if (os.getpid(), signal.SIGTERM) in _deferred:  # terminated while it was being forked
+        raise SystemExit(128 + signal.SIGTERM)
     _set_parent_death_signal()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
         os._exit(1)
@@ -204,8 +208,7 @@ class WorkerGroup:
                     name=f"worker-{i}",
                     daemon=True,
                 )
-                proc.start()
-                self._procs.append(proc)
+                _start_deferring_signals(proc, self._procs)
                 writer.close()  # only the child writes; closing ours lets a dead child read as EOF
                 readers.append(reader)
             _log.logger().info("started %d workers (%s)", self.n_workers, self.start_method)
@@ -288,7 +291,12 @@ class WorkerGroup:
                 p.terminate()
         deadline = time.monotonic() + self.grace
         for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+            p.join(min(_RESEND, max(0.0, deadline - time.monotonic())))
+            while p.is_alive() and time.monotonic() < deadline:
+                # NOTE: a child that got SIGTERM before it had run since fork() loses it (Python
+                # clears signals caught at that point), so the signal is sent again until it sticks.
+                p.terminate()
+                p.join(min(_RESEND, max(0.0, deadline - time.monotonic())))
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -311,6 +319,47 @@ class WorkerGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _start_deferring_signals(proc: BaseProcess, started: list[BaseProcess]) -> None:
+    """Start ``proc`` and add it to ``started``; a SIGINT or SIGTERM that comes meanwhile is re-sent after."""
+    # NOTE: a Ctrl-C that landed while os.fork() ran its Python hooks raised inside logging's
+    # after-fork handler, was swallowed there ("Exception ignored in _releaseLock") and left
+    # logging's lock held: the run went on and the parent hung on its next log call. Blocking the
+    # signal is not enough (one already caught runs its handler at the next bytecode), so the
+    # handlers only note the signal during start() and it is raised again once the process is ours.
+    if threading.current_thread() is not threading.main_thread():
+        proc.start()
+        started.append(proc)
+        return
+    mark = len(_deferred)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: h for s, h in previous.items() if h is not None}  # None: set outside Python, leave it
+    for s in previous:
+        signal.signal(s, _defer)
+    try:
+        proc.start()
+        started.append(proc)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    caught = {signum for pid, signum in _deferred[mark:] if pid == os.getpid()}
+    del _deferred[mark:]
+    for s in sorted(caught):
+        signal.raise_signal(s)
+
+
+_deferred: list[tuple[int, int]] = []  # (pid, signal) noted while a process was being started
+
+
+def _defer(signum: int, frame: Any) -> None:
+    """Note a signal for later (see :func:`_start_deferring_signals`); a forked child notes it too."""
+    _deferred.append((os.getpid(), signum))
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """In a worker: SIGTERM unwinds like an exception, so the worker reports it and exits."""
+    raise SystemExit(128 + signum)
 
 
 def _trap_sigterm() -> Callable[[], None]:

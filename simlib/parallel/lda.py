@@ -63,6 +63,7 @@ from simlib.trace import Trace
 PROTOCOLS = ("bsp", "ssp")
 TRANSPORTS = ("shm", "pipe")
 _POLL = 1e-4  # seconds between checks of the clock table while a worker waits
+_JOIN_TIMEOUT = 2.0  # seconds shutdown waits for the pipe server thread after unblocking it
 
 
 @dataclass
@@ -229,6 +230,19 @@ def _worker(
 def _serve(
     channels: list[Channel], n_wk: np.ndarray, n_k: np.ndarray, rows: list[np.ndarray], clock: np.ndarray,
     doc_ll: np.ndarray, staleness: int, n_sweeps: int, lock: threading.Lock, stop: threading.Event,
+    failed: list[BaseException],
+) -> None:
+    """Run :func:`_serve_loop`; keep any exception for the parent (a pipe to a dead worker breaks it)."""
+    try:
+        _serve_loop(channels, n_wk, n_k, rows, clock, doc_ll, staleness, n_sweeps, lock, stop)
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent's monitor or after the run
+        if not stop.is_set():
+            failed.append(exc)
+
+
+def _serve_loop(
+    channels: list[Channel], n_wk: np.ndarray, n_k: np.ndarray, rows: list[np.ndarray], clock: np.ndarray,
+    doc_ll: np.ndarray, staleness: int, n_sweeps: int, lock: threading.Lock, stop: threading.Event,
 ) -> None:
     """Apply pushes, answer pulls once min(clock) >= c - s, until every worker has pushed its last clock."""
     waiting: dict[int, int] = {}  # worker -> clock it wants to start
@@ -354,22 +368,33 @@ def train_parallel(
 
         snapshot(0.0)
         stop = threading.Event()
+        failed: list[BaseException] = []
         server = None
         if transport == "pipe":
             rows = [np.unique(corpus.words[corpus.offsets[bounds[w]]:corpus.offsets[bounds[w + 1]]])
                     for w in range(n_workers)]
             server = threading.Thread(
-                target=_serve, args=(server_ends, n_wk, n_k, rows, clock, doc_ll, staleness, n_sweeps, server_lock, stop),
+                target=_serve, name="lda-pipe-server",
+                args=(server_ends, n_wk, n_k, rows, clock, doc_ll, staleness, n_sweeps, server_lock, stop, failed),
                 daemon=True)
             server.start()
+
+        def monitor(now: float) -> None:
+            """Fail the run as soon as the server thread has failed; record the likelihood."""
+            if failed:
+                raise RuntimeError(f"the LDA pipe server failed: {type(failed[0]).__name__}: {failed[0]}") from failed[0]
+            if record_every is not None:
+                snapshot(now)
+
         try:
             parts = group.run(_worker, corpus, bounds, z0, cfg, shared, lock, channels,
-                              monitor=snapshot if record_every is not None else None,
-                              monitor_every=record_every or 1.0, timeout=timeout)
+                              monitor=monitor if server is not None or record_every is not None else None,
+                              monitor_every=record_every or 0.1, timeout=timeout)
         finally:
             stop.set()
-            if server is not None:
-                server.join()
+            _stop_server(server, channels, server_ends)
+        if failed:
+            raise RuntimeError(f"the LDA pipe server failed: {type(failed[0]).__name__}: {failed[0]}") from failed[0]
         z = np.concatenate(parts)
         table_clock = shared["table_clock"].array.copy()
         min_count = int(shared["min_count"].array.min())
@@ -382,6 +407,21 @@ def train_parallel(
     wall = max(sp.end for sp in trace.spans) - min(sp.start for sp in trace.spans)
     trace.meta["bytes_moved"] = bytes_moved
     return LDARun(trace, z, final_wk, final_k, table_clock, min_count, bytes_moved, corpus.n_tokens * n_sweeps / wall)
+
+
+def _stop_server(server: threading.Thread | None, worker_ends: list[Channel] | None,
+                 server_ends: list[Channel]) -> None:
+    """Unblock and end the pipe server thread once the workers are gone; never wait on it for long."""
+    if worker_ends is not None:
+        # The workers are dead by now, so these are the last open copies of their pipe ends:
+        # closing them makes a send the server has blocked on fail (EPIPE) and a recv see EOF.
+        for ch in worker_ends:
+            ch.close()
+    if server is not None:
+        server.join(_JOIN_TIMEOUT)  # a daemon thread: if it still lingers it cannot keep the process alive
+    if server is None or not server.is_alive():
+        for ch in server_ends:
+            ch.close()
 
 
 def _warm_up(kernel: str) -> None:
