@@ -28,7 +28,7 @@ def test_times_are_relative_to_the_run_start() -> None:
     assert spans[0] == ("send", pytest.approx(0.5), pytest.approx(0.75), 64, 3)
     kind, start, end, nbytes, step = spans[1]
     assert (kind, nbytes, step) == ("compute", 0, 4) and end - start >= 0.009
-    assert updates[0][1:] == (4, 2, True) and updates[0][0] >= end
+    assert updates[0][1:] == (4, 2, True, -1) and updates[0][0] >= end
     assert quality[0][1:] == (5, 0.25)
 
 

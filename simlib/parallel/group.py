@@ -32,6 +32,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.parallel import log as _log
+from simlib.parallel import signals as _signals
 from simlib.parallel import worker as _worker
 from simlib.parallel.channel import Channel, channel_pair
 from simlib.parallel.shm import SharedArray
@@ -81,7 +82,7 @@ def _bootstrap(
     """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # not the parent's handlers, inherited under fork
-    if (os.getpid(), signal.SIGTERM) in _deferred:  # terminated while it was being forked
+    if _signals.noted_here(signal.SIGTERM):  # terminated while it was being forked
         raise SystemExit(128 + signal.SIGTERM)
     _set_parent_death_signal()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
@@ -142,11 +143,13 @@ class WorkerGroup:
     # -- shared state ----------------------------------------------------------------------
     def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float64) -> SharedArray:
         """A zero-filled shared array that this group unlinks when it closes or fails."""
-        return self.adopt(SharedArray.zeros(shape, dtype))
+        with _signals.held():  # no Ctrl-C between making the segment and owning it
+            return self.adopt(SharedArray.zeros(shape, dtype))
 
     def copy_of(self, a: np.ndarray) -> SharedArray:
         """A shared copy of ``a`` that this group unlinks when it closes or fails."""
-        return self.adopt(SharedArray.copy_of(a))
+        with _signals.held():
+            return self.adopt(SharedArray.copy_of(a))
 
     def adopt(self, a: SharedArray) -> SharedArray:
         """Make the group responsible for unlinking ``a``."""
@@ -322,39 +325,13 @@ class WorkerGroup:
 
 
 def _start_deferring_signals(proc: BaseProcess, started: list[BaseProcess]) -> None:
-    """Start ``proc`` and add it to ``started``; a SIGINT or SIGTERM that comes meanwhile is re-sent after."""
+    """Start ``proc`` and add it to ``started``; a SIGINT or SIGTERM that comes meanwhile is raised after."""
     # NOTE: a Ctrl-C that landed while os.fork() ran its Python hooks raised inside logging's
     # after-fork handler, was swallowed there ("Exception ignored in _releaseLock") and left
-    # logging's lock held: the run went on and the parent hung on its next log call. Blocking the
-    # signal is not enough (one already caught runs its handler at the next bytecode), so the
-    # handlers only note the signal during start() and it is raised again once the process is ours.
-    if threading.current_thread() is not threading.main_thread():
+    # logging's lock held: the run went on and the parent hung on its next log call.
+    with _signals.held():
         proc.start()
         started.append(proc)
-        return
-    mark = len(_deferred)
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    previous = {s: h for s, h in previous.items() if h is not None}  # None: set outside Python, leave it
-    for s in previous:
-        signal.signal(s, _defer)
-    try:
-        proc.start()
-        started.append(proc)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    caught = {signum for pid, signum in _deferred[mark:] if pid == os.getpid()}
-    del _deferred[mark:]
-    for s in sorted(caught):
-        signal.raise_signal(s)
-
-
-_deferred: list[tuple[int, int]] = []  # (pid, signal) noted while a process was being started
-
-
-def _defer(signum: int, frame: Any) -> None:
-    """Note a signal for later (see :func:`_start_deferring_signals`); a forked child notes it too."""
-    _deferred.append((os.getpid(), signum))
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
