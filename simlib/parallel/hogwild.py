@@ -108,6 +108,7 @@ def validate(
     if not isinstance(data, SparseDataset):
         raise ValueError(f"data must be a SparseDataset, got {type(data).__name__}")
     data.validate()  # shapes, index range, finite values, labels (arrays may have changed since)
+    data.require_features()
     check.one_of("mode", mode, MODES)
     check.positive_int("n_workers", n_workers)
     if mode == "serial" and n_workers != 1:

@@ -66,6 +66,7 @@ from simlib.trace import Trace
 PROTOCOLS = ("bsp", "ssp", "async")  # as specs: 'bsp', 'ssp:S', 'async' (see simlib.protocol)
 TRANSPORTS = ("shm", "pipe")
 _POLL = 1e-4  # seconds between checks of the clock table while a worker waits
+_SNAPSHOT_WAIT = 0.05  # seconds the parent waits for the table lock before skipping a snapshot
 _JOIN_TIMEOUT = 2.0  # seconds shutdown waits for the pipe server thread after unblocking it
 
 
@@ -371,11 +372,17 @@ def train_parallel(
         def snapshot(now: float) -> None:
             """Record log p(w, z) of the pushed state whenever the slowest worker has moved on."""
             guard = lock if lock is not None else server_lock
-            with guard:
+            # A worker killed while it held the lock never releases it: never wait long here, or
+            # the parent would stop watching the workers and hang instead of reporting the death.
+            if not guard.acquire(timeout=_SNAPSHOT_WAIT):
+                return
+            try:
                 m = int(clock.min())
                 if m == last[0]:
                     return
                 wk, k, dll = n_wk.copy(), n_k.copy(), float(doc_ll.sum())
+            finally:
+                guard.release()
             last[0] = m
             trace.record_quality(now, m, word_log_likelihood(wk, k, beta) + dll)
 
