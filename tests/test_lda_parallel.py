@@ -8,6 +8,7 @@ import pytest
 from simlib.parallel import WorkerDied, WorkerError
 from simlib.parallel.lda import train_parallel
 from simlib.problems.lda import count_tables, log_likelihood, make_synthetic_corpus, shard_documents, topic_match, topic_word
+from simlib.protocol import Protocol
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,15 @@ def test_ssp_never_samples_against_a_table_older_than_the_bound(synthetic):
     lag = np.arange(n)[None, :] - run.table_clock
     assert lag.min() >= 0 and lag.max() <= s
     assert lag[1].max() == s  # the fast worker did use the slack
-    assert max(u.staleness for u in run.trace.updates) == s
+    updates = run.trace.updates
+    assert max(u.clock_lag for u in updates) == s  # the protocol's view: clocks behind at the read
+    assert sorted((u.worker, u.step, u.clock_lag) for u in updates) == [(w, c, c - run.table_clock[w, c])
+                                                                     for w in range(2) for c in range(n)]
+    # tau counts the other worker's pushes applied between a pull and its push: the fast worker
+    # skips none of its own, and over a run every push of the slow one lands in some fast window
+    assert min(u.staleness for u in updates) >= 0
+    assert max(u.staleness for u in updates) >= 1
+    assert sum(u.staleness for u in updates) <= (n_workers := 2) * n * (n_workers - 1)
     _assert_consistent(corpus, run, 8)
 
 
@@ -105,7 +114,8 @@ def test_a_killed_worker_is_reported_and_cleaned_up(synthetic, sigkill_a_worker)
         (dict(n_topics=0), "n_topics"),
         (dict(alpha=0.0), "alpha"),
         (dict(beta=-1.0), "beta"),
-        (dict(protocol="async"), "protocol"),
+        (dict(protocol="ssp:x"), "protocol"),
+        (dict(protocol=Protocol("bsp", backup_workers=1)), "protocol"),
         (dict(protocol="bsp", staleness=2), "staleness"),
         (dict(transport="tcp"), "transport"),
         (dict(n_workers=10_000), "n_workers"),
@@ -120,6 +130,23 @@ def test_bad_configuration_fails_before_any_process_starts(synthetic, kwargs, fi
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.parametrize("transport", ["shm", "pipe"])
+def test_protocol_specs_and_tau(synthetic, transport):
+    corpus, _, _ = synthetic
+    for protocol in ("ssp:1", Protocol.parse("SSP(1)")):
+        run = train_parallel(corpus, 8, n_sweeps=6, n_workers=2, protocol=protocol, transport=transport, timeout=60)
+        assert run.trace.meta["protocol"] == "ssp:1"
+        assert max(u.clock_lag for u in run.trace.updates) <= 1
+        # each push can skip at most the other worker's pushes made while it sampled (2 per clock at SSP(1))
+        assert all(0 <= u.staleness <= 2 for u in run.trace.updates)
+        _assert_consistent(corpus, run, 8)
+    bsp = train_parallel(corpus, 8, n_sweeps=6, n_workers=2, protocol="bsp", transport=transport, timeout=60)
+    assert {u.clock_lag for u in bsp.trace.updates} == {0}
+    assert all(0 <= u.staleness <= 1 for u in bsp.trace.updates)  # only the other worker's push of this clock
+    free = train_parallel(corpus, 8, n_sweeps=6, n_workers=2, protocol="async", transport=transport, timeout=60)
+    _assert_consistent(corpus, free, 8)
+
+
 def test_untracked_run_reports_the_exact_final_log_likelihood(synthetic):
     corpus, _, _ = synthetic
     run = train_parallel(corpus, 8, alpha=0.5, n_sweeps=5, n_workers=2, record_every=None, timeout=60)
@@ -127,3 +154,20 @@ def test_untracked_run_reports_the_exact_final_log_likelihood(synthetic):
     n_dk, n_wk, n_k = count_tables(corpus, run.z, 8)
     assert run.log_likelihood == pytest.approx(log_likelihood(n_dk, n_wk, n_k, 0.5, 0.01), rel=1e-12)
     assert run.tokens_per_s > 0
+
+
+def test_ctrl_c_over_pipes_ends_promptly_and_cleanly():
+    """A real SIGINT to a real run: the pipe server thread once hung, blocked sending to a dead worker."""
+    import random
+
+    import faultkit
+
+    driver = faultkit.Driver("lda-pipe")
+    rng = random.Random(19)
+    try:
+        outcomes = [driver.inject("int-parent", rng, window=1.0) for _ in range(4)]
+    finally:
+        driver.close()
+    problems = [p for o in outcomes for p in faultkit.check(o, "lda-pipe")]
+    assert problems == []
+    assert all(o.error == "KeyboardInterrupt" and o.seconds_after_fault < faultkit.PROMPT for o in outcomes)

@@ -32,11 +32,13 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.parallel import log as _log
+from simlib.parallel import signals as _signals
 from simlib.parallel import worker as _worker
 from simlib.parallel.channel import Channel, channel_pair
 from simlib.parallel.shm import SharedArray
 from simlib.trace import Trace
 
+_RESEND = 0.05  # seconds between SIGTERMs to a worker that has not yet stopped
 START_METHODS = tuple(m for m in ("fork", "spawn", "forkserver") if m in multiprocessing.get_all_start_methods())
 
 
@@ -79,6 +81,9 @@ def _bootstrap(
 ) -> None:
     """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # not the parent's handlers, inherited under fork
+    if _signals.noted_here(signal.SIGTERM):  # terminated while it was being forked
+        raise SystemExit(128 + signal.SIGTERM)
     _set_parent_death_signal()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
         os._exit(1)
@@ -138,11 +143,13 @@ class WorkerGroup:
     # -- shared state ----------------------------------------------------------------------
     def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float64) -> SharedArray:
         """A zero-filled shared array that this group unlinks when it closes or fails."""
-        return self.adopt(SharedArray.zeros(shape, dtype))
+        with _signals.held():  # no Ctrl-C between making the segment and owning it
+            return self.adopt(SharedArray.zeros(shape, dtype))
 
     def copy_of(self, a: np.ndarray) -> SharedArray:
         """A shared copy of ``a`` that this group unlinks when it closes or fails."""
-        return self.adopt(SharedArray.copy_of(a))
+        with _signals.held():
+            return self.adopt(SharedArray.copy_of(a))
 
     def adopt(self, a: SharedArray) -> SharedArray:
         """Make the group responsible for unlinking ``a``."""
@@ -204,8 +211,7 @@ class WorkerGroup:
                     name=f"worker-{i}",
                     daemon=True,
                 )
-                proc.start()
-                self._procs.append(proc)
+                _start_deferring_signals(proc, self._procs)
                 writer.close()  # only the child writes; closing ours lets a dead child read as EOF
                 readers.append(reader)
             _log.logger().info("started %d workers (%s)", self.n_workers, self.start_method)
@@ -288,7 +294,12 @@ class WorkerGroup:
                 p.terminate()
         deadline = time.monotonic() + self.grace
         for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
+            p.join(min(_RESEND, max(0.0, deadline - time.monotonic())))
+            while p.is_alive() and time.monotonic() < deadline:
+                # NOTE: a child that got SIGTERM before it had run since fork() loses it (Python
+                # clears signals caught at that point), so the signal is sent again until it sticks.
+                p.terminate()
+                p.join(min(_RESEND, max(0.0, deadline - time.monotonic())))
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -311,6 +322,21 @@ class WorkerGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _start_deferring_signals(proc: BaseProcess, started: list[BaseProcess]) -> None:
+    """Start ``proc`` and add it to ``started``; a SIGINT or SIGTERM that comes meanwhile is raised after."""
+    # NOTE: a Ctrl-C that landed while os.fork() ran its Python hooks raised inside logging's
+    # after-fork handler, was swallowed there ("Exception ignored in _releaseLock") and left
+    # logging's lock held: the run went on and the parent hung on its next log call.
+    with _signals.held():
+        proc.start()
+        started.append(proc)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    """In a worker: SIGTERM unwinds like an exception, so the worker reports it and exits."""
+    raise SystemExit(128 + signum)
 
 
 def _trap_sigterm() -> Callable[[], None]:

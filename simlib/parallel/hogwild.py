@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
+from simlib.diverged import Diverged, check_finite, first_non_finite
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.hogwild_kernels import apply_mean_gradient, catch_up, grad_rows, sgd_rows, sgd_rows_scaled
 from simlib.parallel.shm import SharedArray
@@ -107,6 +108,7 @@ def validate(
     if not isinstance(data, SparseDataset):
         raise ValueError(f"data must be a SparseDataset, got {type(data).__name__}")
     data.validate()  # shapes, index range, finite values, labels (arrays may have changed since)
+    data.require_features()
     check.one_of("mode", mode, MODES)
     check.positive_int("n_workers", n_workers)
     if mode == "serial" and n_workers != 1:
@@ -184,6 +186,9 @@ def train(
         w, trace, cpu = _train_serial(data, problem, cfg, w_init, monitor_every)
     else:
         w, trace, cpu = _train_parallel(data, problem, cfg, w_init, n_workers, start_method, monitor_every, verbose, timeout)
+    bad = first_non_finite(trace.quality)
+    if bad is not None:  # the last snapshot, taken after the workers finished
+        raise Diverged(bad[0], bad[1], "loss", f"alpha={alpha:g}")
     compute = [s for s in trace.spans if s.kind == "compute"]
     if mode == "serial":
         train_seconds = sum(s.end - s.start for s in compute)
@@ -253,13 +258,16 @@ def _train_serial(
             chunk += 1
             if e >= next_eval:
                 now_w = w * (scale / stamp) if cfg.l2 == "lazy" else w * scale
-                trace.record_quality(time.perf_counter() - t0, t, problem.loss(now_w))
+                loss = problem.loss(now_w)
+                trace.record_quality(time.perf_counter() - t0, t, loss)
+                check_finite(loss, t, "loss", f"alpha={cfg.alpha:g}")
                 next_eval = time.perf_counter() + monitor_every
     if cfg.l2 == "lazy":
         catch_up(w, stamp, scale)
     else:
         w *= scale
     trace.record_quality(time.perf_counter() - t0, t, problem.loss(w))
+    check_finite(trace.quality[-1].value, t, "loss", f"alpha={cfg.alpha:g}")
     return w, trace, cpu
 
 
@@ -303,7 +311,9 @@ def _train_parallel(
             return w
 
         def monitor(elapsed: float) -> None:
-            group.trace.record_quality(elapsed, int(shared.clocks.array.sum()), problem.loss(current_weights()))
+            step, loss = int(shared.clocks.array.sum()), problem.loss(current_weights())
+            group.trace.record_quality(elapsed, step, loss)
+            check_finite(loss, step, "loss", f"alpha={cfg.alpha:g}")  # stops the workers at once
 
         group.trace.record_quality(0.0, 0, problem.loss(current_weights()))
         extra = group.lock() if cfg.mode == "locked" else group.barrier() if cfg.mode == "bsp" else None

@@ -4,9 +4,11 @@ The parent process is the parameter server: it owns the word-topic table n_wk an
 totals n_k. Each worker owns a contiguous block of documents, their topic assignments and
 their doc-topic counts, and keeps a *cached copy* of the table. One clock of a worker is:
 
-1. wait until the table is fresh enough: under SSP(s) a worker about to run clock c needs every
-   worker to have finished clock c - s (BSP is s = 0); it records the clock m of the table it
-   then pulls (m = the slowest worker's finished clocks), so its staleness is c - m <= s;
+1. wait until the table is fresh enough: a worker about to run clock c may read once
+   ``simlib.protocol.may_read(c, m, bound)`` holds, m = the clocks finished by the slowest worker
+   (BSP: bound 0, SSP(s): s, async: never waits); its clock lag c - m <= s is recorded as
+   ``clock_lag``, and its staleness tau (pushes applied to the table between its pull and its
+   push) as ``staleness``, the one staleness every substrate records;
 2. pull the table into its cache and sample every one of its tokens against the cache (the
    compiled sweep of :mod:`simlib.problems.lda_gibbs`, updating the cache as it goes: AD-LDA);
 3. push its count deltas (cache minus what it pulled) and its clock.
@@ -28,8 +30,8 @@ Example::
 
     >>> from simlib.problems.lda import make_synthetic_corpus
     >>> corpus, phi, _ = make_synthetic_corpus(seed=0)
-    >>> run = train_parallel(corpus, n_topics=8, alpha=0.5, n_sweeps=10, n_workers=2, protocol="ssp", staleness=1)
-    >>> run.trace.summary()["max_staleness"] <= 1
+    >>> run = train_parallel(corpus, n_topics=8, alpha=0.5, n_sweeps=10, n_workers=2, protocol="ssp:1")
+    >>> run.trace.summary()["max_clock_lag"] <= 1
     True
 """
 from __future__ import annotations
@@ -58,11 +60,14 @@ from simlib.problems.lda import (
     word_log_likelihood,
 )
 from simlib.problems.lda_gibbs import KERNELS, GibbsState
+from simlib.protocol import Protocol, may_read
 from simlib.trace import Trace
 
-PROTOCOLS = ("bsp", "ssp")
+PROTOCOLS = ("bsp", "ssp", "async")  # as specs: 'bsp', 'ssp:S', 'async' (see simlib.protocol)
 TRANSPORTS = ("shm", "pipe")
 _POLL = 1e-4  # seconds between checks of the clock table while a worker waits
+_SNAPSHOT_WAIT = 0.05  # seconds the parent waits for the table lock before skipping a snapshot
+_JOIN_TIMEOUT = 2.0  # seconds shutdown waits for the pipe server thread after unblocking it
 
 
 @dataclass
@@ -115,7 +120,9 @@ class _ShmTable:
     def __init__(self, shared: dict[str, Any], lock: Any, worker_id: int):
         self.n_wk, self.n_k = shared["n_wk"].array, shared["n_k"].array
         self.clock, self.doc_ll = shared["clock"].array, shared["doc_ll"].array
+        self.version = shared["version"].array  # pushes applied to the table so far
         self.lock, self.worker_id = lock, worker_id
+        self.read_version = 0
 
     def min_clock(self) -> int:
         """Clocks finished by the slowest worker."""
@@ -126,16 +133,19 @@ class _ShmTable:
         with self.lock:
             _copy_twice(self.n_wk, n_wk, was_wk)
             _copy_twice(self.n_k, n_k, was_k)
+            self.read_version = int(self.version[0])
             return int(self.clock.min())
 
     def push(self, clock: int, n_wk: np.ndarray, n_k: np.ndarray, was_wk: np.ndarray, was_k: np.ndarray,
-             doc_ll: float) -> int:
-        """Add the deltas (cache - was) and publish the clock; return the smallest count now in the table."""
+             doc_ll: float) -> tuple[int, int]:
+        """Add the deltas (cache - was), publish the clock; return (smallest count now in the table, tau)."""
         with self.lock:
             low = min(_add_delta(self.n_wk, n_wk, was_wk), _add_delta(self.n_k, n_k, was_k))
             self.doc_ll[self.worker_id] = doc_ll
             self.clock[self.worker_id] = clock
-        return int(low)
+            tau = int(self.version[0]) - self.read_version
+            self.version[0] += 1
+        return int(low), tau
 
 
 class _PipeTable:
@@ -150,7 +160,7 @@ class _PipeTable:
         return -1
 
     def pull(self, n_wk: np.ndarray, n_k: np.ndarray, was_wk: np.ndarray, was_k: np.ndarray) -> int:
-        """Ask for fresh rows (the server answers when the bound allows); return the table's clock."""
+        """Ask for fresh rows (the server answers when the protocol allows); return the table's clock."""
         self.channel.send(("pull",))
         m = self.channel.recv()
         n_wk[self.words] = was_wk[self.words] = self.channel.recv_array()
@@ -158,8 +168,8 @@ class _PipeTable:
         return int(m)
 
     def push(self, clock: int, n_wk: np.ndarray, n_k: np.ndarray, was_wk: np.ndarray, was_k: np.ndarray,
-             doc_ll: float) -> int:
-        """Send the non-zero deltas as (flat index, value) and the clock; the server returns its minimum count."""
+             doc_ll: float) -> tuple[int, int]:
+        """Send the non-zero deltas as (flat index, value) and the clock; the server returns (minimum count, tau)."""
         flat = (n_wk[self.words] - was_wk[self.words]).ravel()
         pos = np.flatnonzero(flat)
         # Flat indices into the full table: row words[pos // K], column pos % K.
@@ -169,7 +179,8 @@ class _PipeTable:
         self.channel.send_array(idx)
         self.channel.send_array(flat[pos])
         self.channel.send_array(n_k - was_k)
-        return int(self.channel.recv())
+        low, tau = self.channel.recv()
+        return int(low), int(tau)
 
 
 def _worker(
@@ -186,7 +197,7 @@ def _worker(
         table: Any = _ShmTable(shared, lock, worker_id)
     else:
         table = _PipeTable(channels[worker_id], words)
-    K, s = cfg["n_topics"], cfg["staleness"]
+    K, bound = cfg["n_topics"], cfg["bound"]
     n_wk = np.zeros((corpus.n_words, K), np.int32)
     n_k = np.zeros(K, np.int32)
     was_wk, was_k = np.zeros_like(n_wk), np.zeros_like(n_k)  # the table as pulled
@@ -198,7 +209,7 @@ def _worker(
         if fail_at is not None and fail_at == (worker_id, c):
             raise RuntimeError(f"injected failure in worker {worker_id} at clock {c}")
         start = time.perf_counter()
-        while table.min_clock() != -1 and table.min_clock() < c - s:  # SSP gate (pipe: the server gates)
+        while channels is None and not may_read(c, table.min_clock(), bound):  # pipe: the server gates
             time.sleep(_POLL)
         gated = time.perf_counter()
         ctx.span("wait", start, gated, step=c)
@@ -206,10 +217,9 @@ def _worker(
         got = time.perf_counter()
         if channels is None:  # the pipe records its own recv spans (including the server's gating)
             ctx.span("recv", gated, got, nbytes=n_wk.nbytes + n_k.nbytes, step=c)
-        if c - m > s:  # the invariant the protocol promises; fail loudly if it ever breaks
-            raise RuntimeError(f"worker {worker_id} at clock {c} got a table of clock {m}, older than staleness {s}")
+        if not may_read(c, m, bound):  # the invariant the protocol promises; fail loudly if it ever breaks
+            raise RuntimeError(f"worker {worker_id} at clock {c} got a table of clock {m}, older than the bound {bound}")
         stamps[worker_id, c] = m
-        ctx.update(c, staleness=c - m)
         state.sweep(seed=cfg["seed"] * 1_000_003 + worker_id * 10_007 + c)
         if cfg["straggler"] is not None and cfg["straggler"][0] == worker_id:
             time.sleep(cfg["straggler"][1])  # a slow machine: its clocks take this much longer
@@ -217,7 +227,8 @@ def _worker(
         doc_ll = doc_log_likelihood(state.n_dk, cfg["alpha"]) if cfg["track"] else 0.0
         done = time.perf_counter()
         ctx.span("compute", got, done, step=c)
-        top = table.push(c + 1, n_wk, n_k, was_wk, was_k, doc_ll)
+        top, tau = table.push(c + 1, n_wk, n_k, was_wk, was_k, doc_ll)
+        ctx.update(c, staleness=tau, clock_lag=c - m)
         lowest = min(lowest, top)
         if channels is None:
             ctx.span("send", done, time.perf_counter(), nbytes=n_wk.nbytes + n_k.nbytes, step=c)
@@ -228,13 +239,29 @@ def _worker(
 # -- the pipe server (a thread in the parent) ------------------------------------------------
 def _serve(
     channels: list[Channel], n_wk: np.ndarray, n_k: np.ndarray, rows: list[np.ndarray], clock: np.ndarray,
-    doc_ll: np.ndarray, staleness: int, n_sweeps: int, lock: threading.Lock, stop: threading.Event,
+    doc_ll: np.ndarray, bound: float, n_sweeps: int, lock: threading.Lock, stop: threading.Event,
+    failed: list[BaseException],
 ) -> None:
-    """Apply pushes, answer pulls once min(clock) >= c - s, until every worker has pushed its last clock."""
+    """Run :func:`_serve_loop`; keep any exception for the parent (a pipe to a dead worker breaks it)."""
+    try:
+        _serve_loop(channels, n_wk, n_k, rows, clock, doc_ll, bound, n_sweeps, lock, stop)
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent's monitor or after the run
+        if not stop.is_set():
+            failed.append(exc)
+
+
+def _serve_loop(
+    channels: list[Channel], n_wk: np.ndarray, n_k: np.ndarray, rows: list[np.ndarray], clock: np.ndarray,
+    doc_ll: np.ndarray, bound: float, n_sweeps: int, lock: threading.Lock, stop: threading.Event,
+) -> None:
+    """Apply pushes, answer a pull at clock c once may_read(c, min(clock), bound), until every worker is done."""
     waiting: dict[int, int] = {}  # worker -> clock it wants to start
+    version = 0  # pushes applied to the table so far
+    read_version = [0] * len(channels)
 
     def answer(w: int) -> None:
         m = int(clock.min())
+        read_version[w] = version
         channels[w].send(m)
         channels[w].send_array(n_wk[rows[w]])
         channels[w].send_array(n_k)
@@ -253,8 +280,9 @@ def _serve(
                     n_k += d_k
                     clock[w] = c
                     doc_ll[w] = ll
-                ch.send(int(min(n_wk.min(), n_k.min())))
-            for v in [v for v, c in waiting.items() if clock.min() >= c - staleness]:
+                tau, version = version - read_version[w], version + 1
+                ch.send((int(min(n_wk.min(), n_k.min())), tau))
+            for v in [v for v, c in waiting.items() if may_read(c, int(clock.min()), bound)]:
                 del waiting[v]
                 answer(v)
 
@@ -266,7 +294,7 @@ def train_parallel(
     beta: float = 0.01,
     n_sweeps: int = 20,
     n_workers: int = 2,
-    protocol: str = "bsp",
+    protocol: "str | Protocol" = "bsp",
     staleness: int = 0,
     transport: str = "shm",
     kernel: str = "sparse",
@@ -279,11 +307,13 @@ def train_parallel(
 ) -> LDARun:
     """Collapsed Gibbs for LDA on ``n_workers`` processes around a parameter server (AD-LDA, BSP or SSP).
 
-    ``protocol='bsp'`` forces ``staleness=0``; ``'ssp'`` lets a worker run up to ``staleness``
-    clocks ahead of the slowest. The trace has ``metric='log_likelihood'`` (higher is better),
+    ``protocol`` is a :class:`~simlib.protocol.Protocol` or its spec: ``'bsp'``, ``'ssp:2'``,
+    ``'async'`` (the older ``protocol='ssp', staleness=2`` still works); SSP(s) lets a worker run up
+    to s clocks ahead of the slowest. Backup workers and deadlines are refused: every push carries
+    counts that must reach the table. The trace has ``metric='log_likelihood'`` (higher is better),
     one quality point each time the slowest worker finishes a clock (the joint log p(w, z) of
     the pushed state), spans for wait / compute / send / recv and one update per worker clock
-    with its staleness. ``record_every`` (seconds) spaces the parent's log-likelihood checks
+    with its staleness tau and clock lag. ``record_every`` (seconds) spaces the parent's log-likelihood checks
     (each costs O(V K) lgamma calls); None records only the start and the end, for timing. ``fail_at=(worker, clock)`` makes
     that worker raise there (for tests of the clean failure path). ``straggler=(worker, seconds)``
     makes one worker that much slower per clock, to show what SSP buys.
@@ -291,14 +321,11 @@ def train_parallel(
     check_hyper(n_topics, alpha, beta)
     check.positive_int("n_sweeps", n_sweeps)
     check.positive_int("n_workers", n_workers)
-    check.one_of("protocol", protocol, PROTOCOLS)
-    check.non_negative_int("staleness", staleness)
+    proto = parse_protocol(protocol, staleness)
     check.one_of("transport", transport, TRANSPORTS)
     check.one_of("kernel", kernel, KERNELS)
     if record_every is not None:
         check.positive("record_every", record_every)
-    if protocol == "bsp" and staleness != 0:
-        raise ValueError(f"staleness must be 0 under protocol='bsp', got {staleness}")
     if straggler is not None:
         if len(straggler) != 2 or not 0 <= straggler[0] < n_workers:
             raise ValueError(f"straggler must be (worker in [0, {n_workers}), seconds), got {straggler!r}")
@@ -310,20 +337,21 @@ def train_parallel(
     _, n_wk0, n_k0 = count_tables(corpus, z0, K)
     bounds = shard_documents(corpus, n_workers)
     _warm_up(kernel)
-    cfg = dict(n_topics=K, alpha=float(alpha), beta=float(beta), n_sweeps=n_sweeps, staleness=staleness,
+    cfg = dict(n_topics=K, alpha=float(alpha), beta=float(beta), n_sweeps=n_sweeps, bound=proto.bound,
                kernel=kernel, seed=seed, fail_at=fail_at, straggler=straggler,
                track=record_every is not None)
-    label = f"lda-{protocol}{staleness if protocol == 'ssp' else ''}-{transport}-{n_workers}w"
+    label = f"lda-{proto.spec.replace(':', '')}-{transport}-{n_workers}w"
     with WorkerGroup(n_workers, start_method, label=label) as group:
         shared = {
             "clock": group.zeros(n_workers, np.int64),
             "doc_ll": group.zeros(n_workers, np.float64),
             "table_clock": group.zeros((n_workers, n_sweeps), np.int64),
             "min_count": group.zeros(n_workers, np.int64),
+            "version": group.zeros(1, np.int64),
         }
         trace = group.trace
         trace.metric, trace.lower_is_better = "log_likelihood", False
-        trace.meta.update(protocol=protocol, staleness=staleness, transport=transport, n_topics=K,
+        trace.meta.update(protocol=proto.spec, staleness=proto.staleness, transport=transport, n_topics=K,
                           n_tokens=corpus.n_tokens, n_sweeps=n_sweeps)
         doc_ll0 = [doc_log_likelihood(count_tables(corpus.subset(np.arange(bounds[w], bounds[w + 1])),
                                                    z0[corpus.offsets[bounds[w]]:corpus.offsets[bounds[w + 1]]], K)[0], alpha)
@@ -344,32 +372,49 @@ def train_parallel(
         def snapshot(now: float) -> None:
             """Record log p(w, z) of the pushed state whenever the slowest worker has moved on."""
             guard = lock if lock is not None else server_lock
-            with guard:
+            # A worker killed while it held the lock never releases it: never wait long here, or
+            # the parent would stop watching the workers and hang instead of reporting the death.
+            if not guard.acquire(timeout=_SNAPSHOT_WAIT):
+                return
+            try:
                 m = int(clock.min())
                 if m == last[0]:
                     return
                 wk, k, dll = n_wk.copy(), n_k.copy(), float(doc_ll.sum())
+            finally:
+                guard.release()
             last[0] = m
             trace.record_quality(now, m, word_log_likelihood(wk, k, beta) + dll)
 
         snapshot(0.0)
         stop = threading.Event()
+        failed: list[BaseException] = []
         server = None
         if transport == "pipe":
             rows = [np.unique(corpus.words[corpus.offsets[bounds[w]]:corpus.offsets[bounds[w + 1]]])
                     for w in range(n_workers)]
             server = threading.Thread(
-                target=_serve, args=(server_ends, n_wk, n_k, rows, clock, doc_ll, staleness, n_sweeps, server_lock, stop),
+                target=_serve, name="lda-pipe-server",
+                args=(server_ends, n_wk, n_k, rows, clock, doc_ll, proto.bound, n_sweeps, server_lock, stop, failed),
                 daemon=True)
             server.start()
+
+        def monitor(now: float) -> None:
+            """Fail the run as soon as the server thread has failed; record the likelihood."""
+            if failed:
+                raise RuntimeError(f"the LDA pipe server failed: {type(failed[0]).__name__}: {failed[0]}") from failed[0]
+            if record_every is not None:
+                snapshot(now)
+
         try:
             parts = group.run(_worker, corpus, bounds, z0, cfg, shared, lock, channels,
-                              monitor=snapshot if record_every is not None else None,
-                              monitor_every=record_every or 1.0, timeout=timeout)
+                              monitor=monitor if server is not None or record_every is not None else None,
+                              monitor_every=record_every or 0.1, timeout=timeout)
         finally:
             stop.set()
-            if server is not None:
-                server.join()
+            _stop_server(server, channels, server_ends)
+        if failed:
+            raise RuntimeError(f"the LDA pipe server failed: {type(failed[0]).__name__}: {failed[0]}") from failed[0]
         z = np.concatenate(parts)
         table_clock = shared["table_clock"].array.copy()
         min_count = int(shared["min_count"].array.min())
@@ -382,6 +427,37 @@ def train_parallel(
     wall = max(sp.end for sp in trace.spans) - min(sp.start for sp in trace.spans)
     trace.meta["bytes_moved"] = bytes_moved
     return LDARun(trace, z, final_wk, final_k, table_clock, min_count, bytes_moved, corpus.n_tokens * n_sweeps / wall)
+
+
+def parse_protocol(protocol: "str | Protocol", staleness: int = 0) -> Protocol:
+    """The run's Protocol from a Protocol, a spec ('bsp', 'ssp:2', 'async') or the older ('ssp', staleness=2)."""
+    check.non_negative_int("staleness", staleness)
+    if isinstance(protocol, str) and protocol.strip().lower() == "ssp":
+        proto = Protocol("ssp", staleness)
+    else:
+        proto = Protocol.parse(protocol)
+        if staleness != 0 and proto.staleness != staleness:
+            raise ValueError(f"staleness must be 0 or match the protocol {proto.spec!r}, got {staleness}; "
+                             f"give the bound in the protocol, e.g. 'ssp:{staleness}'")
+    if proto.backup_workers or proto.timeout is not None:
+        raise ValueError(f"protocol: LDA needs every worker's counts, so backup workers and deadlines do not apply; "
+                         f"got {proto.label}")
+    return proto
+
+
+def _stop_server(server: threading.Thread | None, worker_ends: list[Channel] | None,
+                 server_ends: list[Channel]) -> None:
+    """Unblock and end the pipe server thread once the workers are gone; never wait on it for long."""
+    if worker_ends is not None:
+        # The workers are dead by now, so these are the last open copies of their pipe ends:
+        # closing them makes a send the server has blocked on fail (EPIPE) and a recv see EOF.
+        for ch in worker_ends:
+            ch.close()
+    if server is not None:
+        server.join(_JOIN_TIMEOUT)  # a daemon thread: if it still lingers it cannot keep the process alive
+    if server is None or not server.is_alive():
+        for ch in server_ends:
+            ch.close()
 
 
 def _warm_up(kernel: str) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
+from simlib.parallel.signals import held
 
 PREFIX = "simlib_"
 _LIVE: "weakref.WeakValueDictionary[str, SharedArray]" = weakref.WeakValueDictionary()
@@ -68,10 +69,11 @@ def _open_untracked(name: str) -> shared_memory.SharedMemory:
 def _release(shm: shared_memory.SharedMemory, owner_pid: int) -> None:
     """Unlink (in the owner process only) and close the descriptor; safe to call twice."""
     if os.getpid() == owner_pid:
-        try:
-            shm.unlink()
-        except FileNotFoundError:  # already gone: unlink is idempotent here by design
-            pass
+        with held():  # unlink and the resource tracker's unregister go together
+            try:
+                shm.unlink()
+            except FileNotFoundError:  # already gone: unlink is idempotent here by design
+                pass
     shm.close()
 
 
@@ -100,8 +102,9 @@ class SharedArray:
         if dt.hasobject:
             raise ValueError(f"dtype must be a plain numeric dtype, got {dt}")
         nbytes = max(int(np.prod(shape_t, dtype=np.int64)) * dt.itemsize, 1)  # size 0 is not allowed by the OS
-        shm = _Segment(name=_new_name(), create=True, size=nbytes)
-        out = cls(shm, shape_t, dt, owner=True)
+        with held():  # a Ctrl-C between creating the segment and owning it would leak it until exit
+            shm = _Segment(name=_new_name(), create=True, size=nbytes)
+            out = cls(shm, shape_t, dt, owner=True)
         out.array.fill(0)
         return out
 

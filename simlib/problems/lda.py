@@ -140,8 +140,11 @@ def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:
 
 
 def check_hyper(n_topics: Any, alpha: Any, beta: Any) -> None:
-    """Validate K >= 1, alpha > 0, beta > 0 (ValueError naming the field)."""
+    """Validate K >= 2, alpha > 0, beta > 0 (ValueError naming the field)."""
     check.positive_int("n_topics", n_topics)
+    if n_topics < 2:  # with one topic every token's topic is fixed: nothing to sample or learn
+        raise ValueError(f"n_topics must be >= 2 (with K = 1 every token has topic 0 and the sampler learns nothing), "
+                         f"got {n_topics}")
     check.positive("alpha", alpha)
     check.positive("beta", beta)
 

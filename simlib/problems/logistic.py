@@ -34,6 +34,9 @@ from simlib.trace import Trace
 LOG2 = float(np.log(2.0))
 
 
+_DTYPES = {"indptr": np.int64, "indices": np.int32, "values": np.float32, "y": np.float32}
+
+
 @dataclass
 class SparseDataset:
     """Rows of a CSR matrix with labels y in {-1, +1}."""
@@ -45,6 +48,12 @@ class SparseDataset:
     n_features: int
 
     def __post_init__(self) -> None:
+        for name in ("indptr", "indices", "values", "y"):  # lists are converted; the kernels need arrays
+            a = getattr(self, name)
+            if not isinstance(a, np.ndarray):
+                if not isinstance(a, (list, tuple)):
+                    raise ValueError(f"{name} must be a NumPy array or a list, got {type(a).__name__}")
+                setattr(self, name, np.asarray(a, dtype=_DTYPES[name]))
         self.validate()
 
     @property
@@ -60,6 +69,13 @@ class SparseDataset:
     def validate(self) -> None:
         """Check shapes, ranges and finiteness; raise ValueError naming the field."""
         check.positive_int("n_features", self.n_features)
+        for name in ("indptr", "indices", "values", "y"):
+            a = getattr(self, name)
+            if not isinstance(a, np.ndarray) or a.ndim != 1:
+                raise ValueError(f"{name} must be a 1-D NumPy array, got {type(a).__name__}")
+        for name in ("indptr", "indices"):
+            if getattr(self, name).dtype.kind not in "iu":
+                raise ValueError(f"{name} must hold integers, got dtype {getattr(self, name).dtype}")
         if self.indptr.ndim != 1 or len(self.indptr) < 2:
             raise ValueError("indptr must be a 1-D array of length n_rows + 1 >= 2")
         if self.indptr[0] != 0 or np.any(np.diff(self.indptr) < 0):
@@ -78,6 +94,12 @@ class SparseDataset:
             raise ValueError("values must be finite (found NaN or inf)")
         if not np.all(np.isin(self.y, (-1.0, 1.0))):
             raise ValueError("y must hold labels -1 or +1")
+
+    def require_features(self) -> None:
+        """Refuse data whose every row is empty: every gradient but the L2 term is zero, nothing is learnt."""
+        if self.nnz == 0:
+            raise ValueError("data: every row is empty (indptr is all zeros, no nonzero feature), "
+                             "so there is nothing to learn")
 
     def rows(self, start: int, stop: int) -> "SparseDataset":
         """The contiguous slice of rows [start, stop) as its own dataset (a shard)."""
@@ -172,6 +194,9 @@ class LogisticProblem:
     lower_is_better = True
 
     def __init__(self, data: SparseDataset, l2: float = 1e-4, eval_rows: int | None = 5_000, seed: int = 0):
+        if not isinstance(data, SparseDataset):
+            raise ValueError(f"data must be a SparseDataset, got {type(data).__name__}")
+        data.require_features()
         check.non_negative("l2", l2)
         if eval_rows is not None:
             check.positive_int("eval_rows", eval_rows)

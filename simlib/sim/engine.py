@@ -16,6 +16,7 @@ import numpy as np
 import simpy
 
 from simlib.contract import ParamServer, check_problem
+from simlib.diverged import check_finite
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim.clocks import ClockTable
 from simlib.sim.config import SimConfig
@@ -293,7 +294,9 @@ class _Run:
             self.progress(self.done_steps / self.total_steps)
 
     def _evaluate(self) -> None:
-        self.trace.record_quality(self.env.now, self.applied, self.problem.quality(self.w))
+        value = self.problem.quality(self.w)
+        self.trace.record_quality(self.env.now, self.applied, value)
+        check_finite(value, self.applied, getattr(self.problem, "metric", "loss"), f"lr={self.cfg.lr:g}")
 
 
 class _AllReduce:

@@ -1,0 +1,195 @@
+"""Bad data at every public entry point: a ValueError naming the argument, before any process starts.
+
+Compiled kernels do no bounds checks, so each array they index is validated first; the last test
+runs the kernels' callers with out-of-range ids in a separate interpreter and checks that the
+error comes from validation (a ValueError and a normal exit), not from a crashed process.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fault_driver import children
+from simlib.problems.glove import Cooccurrence, GloveConfig
+from simlib.problems.lda import make_synthetic_corpus
+from simlib.problems.logistic import LogisticProblem, SparseDataset, make_sparse_classification
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _data() -> SparseDataset:
+    return make_sparse_classification(n_rows=200, n_features=50, nnz_per_row=5, seed=0)
+
+
+def _cooc(**change) -> Cooccurrence:
+    base = Cooccurrence(rows=np.array([0, 1, 2], np.int32), cols=np.array([1, 2, 0], np.int32),
+                        values=np.array([1.0, 2.0, 0.5], np.float32), n_words=3)
+    return replace(base, **change)
+
+
+def _hogwild(**kw):
+    from simlib.parallel.hogwild import train
+
+    return lambda: train(kw.pop("data", _data()), kw.pop("mode", "hogwild"), **kw)
+
+
+def _glove(cooc, **kw):
+    from simlib.parallel.glove import train_parallel
+
+    return lambda: train_parallel(cooc, GloveConfig(dim=4, epochs=1), **kw)
+
+
+def _count(ids, offsets, n_words=5, **kw):
+    from simlib.parallel.glove_count import count_parallel
+
+    return lambda: count_parallel(np.asarray(ids, np.int32), np.asarray(offsets, np.int64), n_words, **kw)
+
+
+def _lda(**kw):
+    from simlib.parallel.lda import train_parallel
+
+    corpus = make_synthetic_corpus(n_docs=10, n_words=20, doc_length=10, seed=0)[0]
+    return lambda: train_parallel(corpus, **({"n_topics": 4, "n_sweeps": 1} | kw))
+
+
+def _simlib_run(problem, **kw):
+    import simlib
+
+    return lambda: simlib.run(problem, kw.pop("protocol", "bsp"), substrate=kw.pop("substrate", "pipes"), **kw)
+
+
+def _simulate(problem=None, **cfg):
+    from simlib.sim import SimConfig, simulate
+
+    return lambda: simulate(SimConfig(**cfg), problem=problem)
+
+
+def _empty_rows() -> SparseDataset:
+    return SparseDataset(np.zeros(11, np.int64), np.zeros(0, np.int32), np.zeros(0, np.float32),
+                         np.ones(10, np.float32), 5)
+
+
+CASES = {
+    # GloVe training: every array the AdaGrad kernels index
+    "glove row id >= n_words": (_glove(_cooc(rows=np.array([0, 1, 3], np.int32))), "cooc.rows"),
+    "glove negative col id": (_glove(_cooc(cols=np.array([1, -1, 0], np.int32))), "cooc.cols"),
+    "glove value 0": (_glove(_cooc(values=np.array([1.0, 0.0, 0.5], np.float32))), "cooc.values"),
+    "glove value NaN": (_glove(_cooc(values=np.array([1.0, np.nan, 0.5], np.float32))), "cooc.values"),
+    "glove value inf": (_glove(_cooc(values=np.array([1.0, np.inf, 0.5], np.float32))), "cooc.values"),
+    "glove negative value": (_glove(_cooc(values=np.array([1.0, -2.0, 0.5], np.float32))), "cooc.values"),
+    "glove lengths differ": (_glove(_cooc(cols=np.array([1, 2], np.int32))), "cooc.rows, cooc.cols"),
+    "glove float ids": (_glove(_cooc(rows=np.array([0.0, 1.0, 2.0]))), "cooc.rows"),
+    "glove ids as a list": (_glove(_cooc(rows=[0, 1, 2])), "cooc.rows"),
+    "glove not a Cooccurrence": (_glove({"rows": [0]}), "cooc"),
+    "glove n_workers 0": (_glove(_cooc(), n_workers=0), "n_workers"),
+    "glove unknown mode": (_glove(_cooc(), mode="ring"), "mode"),
+    # GloVe counting
+    "count decreasing offsets": (_count([0, 1, 2, 3, 4, 0], [0, 4, 2, 6]), "offsets"),
+    "count offsets not ending at len(ids)": (_count([0, 1, 2, 3], [0, 2, 3]), "offsets"),
+    "count no document of two tokens": (_count([0, 1, 2], [0, 1, 2, 3]), "offsets"),
+    "count id >= n_words": (_count([0, 1, 7], [0, 3]), "ids"),
+    "count window 0": (_count([0, 1, 2], [0, 3], window=0), "window"),
+    "count n_workers 0": (_count([0, 1, 2], [0, 3], n_workers=0), "n_workers"),
+    # Hogwild and the logistic data
+    "hogwild not a dataset": (_hogwild(data=np.zeros((3, 3))), "data"),
+    "hogwild every row empty": (_hogwild(data=_empty_rows()), "data"),
+    "hogwild alpha 0": (_hogwild(alpha=0.0), "alpha"),
+    "hogwild alpha * lam >= 1": (_hogwild(alpha=1e6), "alpha \\* lam"),
+    "hogwild n_workers 0": (_hogwild(n_workers=0), "n_workers"),
+    "hogwild unknown mode": (_hogwild(mode="ring"), "mode"),
+    "hogwild w0 with NaN": (_hogwild(w0=np.full(50, np.nan)), "w0"),
+    "logistic indices out of range": (lambda: SparseDataset(np.array([0, 2]), np.array([0, 9], np.int32),
+                                                            np.ones(2, np.float32), np.ones(1, np.float32), 5),
+                                      "indices"),
+    "logistic indices of a wrong type": (lambda: SparseDataset(np.array([0, 1]), "0", np.ones(1, np.float32),
+                                                               np.ones(1, np.float32), 5), "indices"),
+    "logistic float indices": (lambda: SparseDataset(np.array([0, 1]), np.array([0.5]), np.ones(1, np.float32),
+                                                     np.ones(1, np.float32), 5), "indices"),
+    "logistic problem with every row empty": (lambda: LogisticProblem(_empty_rows()), "data"),
+    # LDA
+    "lda one topic": (_lda(n_topics=1), "n_topics"),
+    "lda unknown protocol": (_lda(protocol="ssp:x"), "protocol"),
+    "lda staleness under bsp": (_lda(protocol="bsp", staleness=3), "staleness"),
+    "lda unknown transport": (_lda(transport="tcp"), "transport"),
+    # the contract's entry points
+    "simlib.run with no Problem": (_simlib_run(object()), "problem"),
+    "simlib.run unknown substrate": (lambda: _simlib_run(LogisticProblem(_data()), substrate="tcp")(), "substrate"),
+    "simlib.run lr 0": (lambda: _simlib_run(LogisticProblem(_data()), lr=0.0)(), "lr"),
+    "simulate with no Problem": (_simulate(object()), "problem"),
+    "simulate lr -1": (_simulate(lr=-1.0), "lr"),
+    "pipe PS with no Problem": (lambda: __import__("simlib.parallel.pipe_ps", fromlist=["x"]).run_pipe_ps(object()),
+                                "problem"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_refused_by_name_before_any_process_starts(case):
+    call, field = CASES[case]
+    before = set(children())
+    with pytest.raises(ValueError, match=field):
+        call()
+    assert multiprocessing.active_children() == []
+    assert set(children()) <= before  # no worker was ever started (nor left)
+
+
+def test_python_lists_are_converted_for_the_kernels():
+    d = _data()
+    as_lists = SparseDataset(d.indptr.tolist(), d.indices.tolist(), d.values.tolist(), d.y.tolist(), d.n_features)
+    assert as_lists.indices.dtype == np.int32 and np.array_equal(as_lists.indices, d.indices)
+    from simlib.parallel.hogwild import train
+
+    a = train(as_lists, "serial", epochs=1).w
+    b = train(d, "serial", epochs=1).w
+    np.testing.assert_array_equal(a, b)
+
+
+def test_divergence_is_reported_with_its_step():
+    from simlib.diverged import Diverged
+
+    with pytest.raises(Diverged, match=r"diverged: the loss at step \d+ was (nan|inf)") as info:
+        _simulate(lr=1e6)()
+    assert info.value.step > 0 and not np.isfinite(info.value.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_out_of_range_ids_never_reach_a_compiled_kernel():
+    """The kernels' callers, given ids outside their arrays, in a fresh interpreter: validation answers."""
+    script = textwrap.dedent('''
+        import numpy as np
+        from simlib.parallel.glove import train_parallel
+        from simlib.parallel.glove_count import count_parallel
+        from simlib.parallel.hogwild import train
+        from simlib.problems.glove import Cooccurrence, GloveConfig, count_cooccurrences
+        from simlib.problems.logistic import SparseDataset, make_sparse_classification
+
+        big = 10**9
+        d = make_sparse_classification(n_rows=100, n_features=20, nnz_per_row=4, seed=0)
+        calls = {
+            "glove rows": lambda: train_parallel(Cooccurrence(np.array([0, big], np.int32), np.array([1, 0], np.int32),
+                                                              np.ones(2, np.float32), 3), GloveConfig(dim=4, epochs=1)),
+            "glove cols": lambda: train_parallel(Cooccurrence(np.array([0, 1], np.int32), np.array([1, -big], np.int32),
+                                                              np.ones(2, np.float32), 3), GloveConfig(dim=4, epochs=1)),
+            "count offsets": lambda: count_parallel(np.zeros(4, np.int32), np.array([0, 4, -big, 4]), 3),
+            "count ids": lambda: count_cooccurrences(np.array([0, big], np.int32), np.array([0, 2]), 3),
+            "hogwild indices": lambda: train(SparseDataset(d.indptr, d.indices + big, d.values, d.y, 20), "hogwild"),
+            "hogwild indptr": lambda: train(SparseDataset(d.indptr * big, d.indices, d.values, d.y, 20), "hogwild"),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+                print(name, "ACCEPTED")
+            except ValueError as e:
+                print(name, "ValueError", str(e).split(",")[0])
+    ''')
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, f"the interpreter died (code {out.returncode}):\n{out.stderr[-2000:]}"
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 6 and all(" ValueError " in line for line in lines), out.stdout
