@@ -87,14 +87,13 @@ def _code(path: Path) -> str:
     return " ".join(t.string for t in toks)
 
 
-@pytest.mark.xfail(strict=True, reason="simlib/parallel/lda.py still states the rule twice (being moved onto may_read)")
 def test_the_ssp_read_rule_is_written_once_and_every_server_calls_it():
     # Any comparison of a clock against "c - s" (or "clock - bound") outside protocol.py is a second copy.
     rule = re.compile(r"(clock|\bc)\s*-\s*(self\s*\.\s*)?(bound|staleness|s)\b\s*(<=|>=|<|>)|"
                       r"(<=|>=|<|>)\s*(clock|\bc)\s*-\s*(self\s*\.\s*)?(bound|staleness|s)\b")
     hits = [p for p in (ROOT / "simlib").rglob("*.py") if rule.search(_code(p))]
     assert [p.name for p in hits] == ["protocol.py"], hits
-    for module in ("sim/clocks.py", "contract.py", "parallel/shm_ps.py"):
+    for module in ("sim/clocks.py", "contract.py", "parallel/shm_ps.py", "parallel/lda.py"):
         assert "may_read(" in (ROOT / "simlib" / module).read_text(), module
 
 

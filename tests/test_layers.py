@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1] / "simlib"
 
 # The first component under simlib/ names the group; each group has a rank, lower ranks sit below.
 BOTTOM = {"problems", "trace", "protocol", "contract", "backend", "compress", "_validate", "data", "options",
-          "averaging", "cache", "checks", "delayed"}
+          "averaging", "cache", "checks", "delayed", "diverged"}
 SUBSTRATES = {"sim", "parallel", "gpu", "ray_ps"}
 # The registry finds substrates by name (importlib), and the package root reaches them through it.
 ABOVE_SUBSTRATES = {"calibration", "viz", "substrates", "simlib", "costs"}
