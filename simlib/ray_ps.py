@@ -62,7 +62,10 @@ from simlib.trace import Trace
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
 ACTOR_SHARE = 0.001  # of a node's 'server' / 'worker' resource per actor: a label, not a quota
 PLACEMENTS = ("auto", "resources", "any")
-READY_TIMEOUT = 60.0  # seconds to place and warm up the actors before the run is refused
+READY_TIMEOUT = 60.0
+# NOTE: a raylet gives its metrics agent a fixed 15 s to start and exits otherwise; on a busy
+# 2-core machine that happens to about one start in three, so a local start is tried again.
+START_ATTEMPTS = 3  # seconds to place and warm up the actors before the run is refused
 
 
 def key_bounds(n_params: int, n_servers: int) -> np.ndarray:
@@ -74,6 +77,13 @@ def owners(keys: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
     """For each shard, the positions in ``keys`` of the keys it owns (keys in any order)."""
     owner = np.searchsorted(bounds, keys, side="right") - 1
     return [np.flatnonzero(owner == k) for k in range(len(bounds) - 1)]
+
+
+def _whereabouts() -> tuple[int, str]:
+    """(process id, Ray node id) of the calling actor."""
+    import ray
+
+    return os.getpid(), ray.get_runtime_context().get_node_id()
 
 
 class _Changed:
@@ -110,9 +120,9 @@ class RayPSCoordinator:
         self.t0 = 0.0
         self._changed: _Changed | None = None
 
-    def ping(self) -> int:
-        """The actor's process id (tests kill it by pid)."""
-        return os.getpid()
+    def ping(self) -> tuple[int, str]:
+        """(process id, Ray node id) of this actor."""
+        return _whereabouts()
 
     async def start(self, t0: float) -> None:
         """The run's clock starts at wall time ``t0``; record the initial quality."""
@@ -181,9 +191,9 @@ class RayPSShard:
         self._seen: set[int] = set()
         self._changed: _Changed | None = None
 
-    def ping(self) -> int:
-        """The actor's process id."""
-        return os.getpid()
+    def ping(self) -> tuple[int, str]:
+        """(process id, Ray node id) of this actor."""
+        return _whereabouts()
 
     def values(self) -> np.ndarray:
         """This shard's range of the table."""
@@ -221,12 +231,12 @@ class RayPSWorker:
         self.compressor = None if compression is None else make_compressor(
             compression, problem.n_params, rng, key_bytes=KEY_BYTES, value_bytes=VALUE_BYTES)
 
-    def ready(self) -> int:
-        """One step on zeros, off the clock (compiled kernels load here); returns the pid."""
+    def ready(self) -> tuple[int, str]:
+        """One step on zeros, off the clock (compiled kernels load here); (pid, node id)."""
         batch = self.problem.batch(self.shard, 0, self.training.batch_size)
         keys = self.problem.keys(batch)
         self.problem.step(np.zeros(len(keys)), batch, keys, self.training.lr)
-        return os.getpid()
+        return _whereabouts()
 
     def run(self, t0: float) -> list[tuple]:
         """All steps; returns the spans (kind, start, end, bytes, step) in run seconds."""
@@ -294,8 +304,15 @@ def _connect(address: str | None, num_cpus: int | None) -> bool:
     if address is not None:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return False
-    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, logging_level=logging.WARNING,
-             log_to_driver=False, ignore_reinit_error=True)
+    for attempt in range(START_ATTEMPTS):
+        try:
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
+                     logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True)
+            return True
+        except Exception:  # Ray raises a bare Exception when its node did not come up in time
+            ray.shutdown()
+            if attempt == START_ATTEMPTS - 1:
+                raise
     return True
 
 
@@ -366,10 +383,12 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
         workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, compression)
                    for i in range(n)]
         actors += workers
+        placing = time.perf_counter()
         pids = _ready(ray, coord, shards, workers)
+        setup = time.perf_counter() - placing
         t0 = time.time()
         started = time.perf_counter()
-        ray.get(coord.start.remote(t0))
+        _call(ray, coord.start.remote(t0), "server shard 0 (the coordinator)")
         runs = [w.run.remote(t0) for w in workers]
         spans = _await_workers(ray, runs, coord, shards, started, timeout)
         params, updates, quality = _call(ray, coord.finish.remote(), "server shard 0 (the coordinator)")
@@ -379,17 +398,20 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
             ray.kill(a, no_restart=True)
         if started_here:
             ray.shutdown()
-    return _result(problem, protocol, training, n_servers, params, spans, updates, quality, wall, pids)
+    return _result(problem, protocol, training, n_servers, params, spans, updates, quality, wall,
+                   {"actors": pids, "setup_seconds": setup})
 
 
-def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[int]]:
-    """Wait for every actor to be placed and warmed up; their process ids by role."""
+def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[tuple[int, str]]]:
+    """Wait for every actor to be placed and warmed up; their (pid, node id) by role."""
     refs = [coord.ping.remote(), *[s.ping.remote() for s in shards], *[w.ready.remote() for w in workers]]
     done, _ = ray.wait(refs, num_returns=len(refs), timeout=READY_TIMEOUT)
     if len(done) < len(refs):
         raise TimeoutError(f"ray: the run's actors were not placed within {READY_TIMEOUT:g} s; does the cluster "
                            "have the resources placement asks for? (ray.cluster_resources())")
-    pids = ray.get(refs)
+    names = ["server shard 0 (the coordinator)", *[f"server shard {k + 1}" for k in range(len(shards))],
+             *[f"worker {i}" for i in range(len(workers))]]
+    pids = [_call(ray, r, who) for r, who in zip(refs, names)]
     return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}
 
 
@@ -436,11 +458,11 @@ def _call(ray: Any, ref: Any, who: str) -> Any:
     try:
         return ray.get(ref)
     except ray.exceptions.RayActorError as e:
-        raise RuntimeError(f"ray: {who} died mid-run; the table is lost") from e
+        raise RuntimeError(f"ray: {who} died mid-run; the run cannot continue") from e
 
 
 def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, params: np.ndarray,
-            spans: list[list[tuple]], updates: list, quality: list, wall: float, pids: dict) -> Result:
+            spans: list[list[tuple]], updates: list, quality: list, wall: float, extra: dict) -> Result:
     """The run's Trace and Result, in the format every substrate returns."""
     n = training.n_workers
     trace = Trace(label=f"{protocol.label} on Ray, {n} worker{'s' if n > 1 else ''}", substrate="ray",
@@ -457,4 +479,4 @@ def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int
                       steps=training.steps, batch_size=training.batch_size, lr=training.lr, n_servers=n_servers,
                       wall_seconds=wall)
     worker_seconds = max((s.end for s in trace.spans), default=0.0)
-    return Result(trace, params, {"wall_seconds": wall, "worker_seconds": worker_seconds, "pids": pids})
+    return Result(trace, params, {"wall_seconds": wall, "worker_seconds": worker_seconds, **extra})
