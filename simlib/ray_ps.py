@@ -46,6 +46,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import os
 import time
@@ -224,7 +225,8 @@ class RayPSWorker:
 
     def __init__(self, index: int, problem: Any, shard: Any, coordinator: Any, shards: list, bounds: np.ndarray,
                  training: Training, compression: str | None):
-        self.i, self.problem, self.shard = index, problem, shard
+        # The shard arrives as read-only views of the object store; worker-local state must be writable.
+        self.i, self.problem, self.shard = index, problem, copy.deepcopy(shard)
         self.coordinator, self.shards, self.bounds = coordinator, shards, bounds
         self.training = training
         rng = np.random.default_rng([training.seed, index])
@@ -233,7 +235,8 @@ class RayPSWorker:
 
     def ready(self) -> tuple[int, str]:
         """One step on zeros, off the clock (compiled kernels load here); (pid, node id)."""
-        batch = self.problem.batch(self.shard, 0, self.training.batch_size)
+        # A copy: a step may change worker-local state (LDA's assignments), which the run must not see.
+        batch = self.problem.batch(copy.deepcopy(self.shard), 0, self.training.batch_size)
         keys = self.problem.keys(batch)
         self.problem.step(np.zeros(len(keys)), batch, keys, self.training.lr)
         return _whereabouts()
@@ -343,6 +346,13 @@ def _check_options(problem: Any, protocol: Protocol, training: Training, n_serve
     if n_servers > 1 and training.rule.group_size(training.n_workers) != 1:
         raise ValueError("accumulation: averaging pushes over several server shards is not supported; "
                          "use n_servers=1")
+    if getattr(problem, "exact_deltas", False):
+        for name, value in (("backup_workers", protocol.backup_workers), ("timeout", protocol.timeout),
+                            ("compression", compression not in (None, "none") and compression)):
+            if value:
+                raise ValueError(f"{name}: {type(problem).__name__} needs every push applied whole (its counts "
+                                 "must match its assignments), so it runs without backup workers, deadlines "
+                                 "or compression")
     if compression is not None:
         make_compressor(compression, problem.n_params, np.random.default_rng(0))  # names a bad spec
     protocol.check_workers(training.n_workers)

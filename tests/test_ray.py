@@ -19,6 +19,8 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 import simlib  # noqa: E402
 from simlib.contract import serial_reference  # noqa: E402
+from simlib.problems.lda import make_synthetic_corpus  # noqa: E402
+from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
 from simlib.protocol import Protocol  # noqa: E402
 from simlib.trace import SPAN_KINDS  # noqa: E402
@@ -111,6 +113,17 @@ def test_backup_workers_compression_and_placement_in_one_run(cluster, tiny):
     assert {role[node] for _, node in res.measured["actors"]["workers"]} == {"worker"}
 
 
+def test_lda_counts_are_conserved_on_sharded_servers(cluster):
+    corpus = make_synthetic_corpus(n_docs=60, n_topics=4, n_words=50, doc_length=30, seed=0)[0]
+    prob = LDAProblem(corpus, n_topics=4, alpha=0.5)
+    res = simlib.run(prob, "ssp:1", substrate="ray", n_workers=2, steps=5, n_servers=2)
+    prob.check_counts(res.params)
+    assert all(u.clock_lag <= 1 for u in res.trace.updates) and len(res.trace.updates) == 10
+    assert res.quality > res.trace.quality[0].value  # log p(w | z) rises
+    with pytest.raises(ValueError, match="compression: LDAProblem needs every push applied whole"):
+        simlib.run(prob, "bsp", substrate="ray", compression="onebit")
+
+
 def test_bad_options_are_refused_by_name(tiny):
     with pytest.raises(ValueError, match="n_servers"):
         simlib.run(tiny, "bsp", substrate="ray", n_servers=0)
@@ -174,7 +187,9 @@ def test_a_killed_server_fails_the_run_with_a_clear_error(cluster, tiny):
 def test_ctrl_c_stops_the_run_and_leaves_no_actors(cluster):
     driver = textwrap.dedent(f"""
         import simlib
-        from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+        from simlib.problems.lda import make_synthetic_corpus  # noqa: E402
+from simlib.problems.lda_table import LDAProblem  # noqa: E402
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification
         prob = LogisticProblem(make_sparse_classification(600, 60, 5, seed=1), eval_rows=None)
         print("starting", flush=True)
         simlib.run(prob, "bsp", substrate="ray", address={cluster.address!r}, n_workers=2, steps=100_000,
