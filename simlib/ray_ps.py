@@ -297,7 +297,7 @@ class RayPSWorker:
         return ray.get([decision, *adds])[0]
 
 
-def _connect(address: str | None, num_cpus: int | None) -> bool:
+def connect(address: str | None, num_cpus: int | None) -> bool:
     """Connect to Ray; True if this call started a local instance (to be shut down after the run)."""
     import ray
 
@@ -374,7 +374,7 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
     data_shards = problem.shards(n)  # raises ValueError naming n_workers if too many
     import ray
 
-    started_here = _connect(address, num_cpus)
+    started_here = connect(address, num_cpus)
     actors: list = []
     try:
         server_res, worker_res = _resources(placement)
