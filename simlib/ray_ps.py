@@ -1,0 +1,492 @@
+"""The ``ray`` substrate: parameter-server shards and workers as Ray actors, on one machine or many.
+
+Actors (all asynchronous servers, synchronous workers):
+
+* **shard 0, the coordinator** -- a :class:`simlib.contract.ParamServer` over keys [0, b1): it owns
+  the protocol's :class:`~simlib.protocol.Clocks` (BSP, SSP(s), async, backup workers, deadlines),
+  the step rule and the table's version, so it gates every read and measures every push's tau
+  (updates applied between the read and the push). It records the updates and the quality.
+* **shards 1 .. S-1** -- key ranges [b_k, b_k+1) of the table (``n_servers=S``). They apply a
+  push's part with the coordinator's decision (applied or dropped, scaled by ``rule.scale(tau)``),
+  and serve a read only once every push the coordinator had decided at the read's gate has reached
+  them, so the SSP bound holds on every shard, not only on the coordinator's.
+* **workers 0 .. N-1** -- for every step c: pull the keys the mini-batch touches (the coordinator
+  holds the reply until ``may_read(c)``), compute :meth:`Problem.step` on the values read, push
+  the deltas with the version they read. Spans: ``wait`` (the read held back by the protocol, as
+  timed by the coordinator), ``recv`` (the pull, keys 4 B + values 8 B per key), ``compute``,
+  ``send`` (the push, 12 B per key, or the compressor's wire size with ``compression=``).
+
+Cluster: with no ``address`` the run starts a local Ray (``ray.init``, no dashboard, quiet logs)
+and shuts it down at the end; ``address="host:port"`` (or ``"auto"``) joins a cluster started with
+``ray start --head`` / ``ray start --address=host:port`` and leaves it running. An already
+connected driver (``ray.is_initialized()``) is used as it is. Placement: if the cluster's nodes
+carry the custom resources ``server`` and ``worker`` (``ray start --resources='{"server": 1}'``),
+server actors go to ``server`` nodes and workers to ``worker`` nodes (``placement="auto"``, the
+default; ``"resources"`` insists on them, ``"any"`` lets Ray choose). Each actor asks for
+0.001 of its resource, so the resource marks a node rather than counting actors; actors take no CPU
+reservation, so N workers fit on any cluster. Every node must be able to ``import simlib``
+(``pip install -e .`` on each, or a shared checkout on ``PYTHONPATH``).
+
+Faults: a worker actor that dies mid-run fails the run at once with a RuntimeError naming the
+worker (no restart: its step would have to be replayed from a table that already moved on);
+a server shard that dies fails it with a RuntimeError naming the shard (the table is lost);
+Ctrl-C or ``timeout`` kills every actor of the run before the exception leaves :func:`run`.
+Times in the trace are wall seconds since the start, read on each actor's machine (``time.time``),
+so across machines they are as good as the nodes' clock synchronisation.
+
+Example::
+
+    >>> import simlib
+    >>> from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+    >>> prob = LogisticProblem(make_sparse_classification(2_000, 200, 10, seed=0), eval_rows=500)
+    >>> res = simlib.run(prob, "ssp:1", substrate="ray", n_workers=2, steps=5)  # doctest: +SKIP
+    >>> res.trace.summary()["max_clock_lag"] <= 1  # doctest: +SKIP
+    True
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from simlib import _validate as check
+from simlib.compress import make_compressor
+from simlib.contract import ParamServer, Result, Training
+from simlib.protocol import Protocol, StepRule
+from simlib.trace import Trace
+
+KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
+ACTOR_SHARE = 0.001  # of a node's 'server' / 'worker' resource per actor: a label, not a quota
+PLACEMENTS = ("auto", "resources", "any")
+READY_TIMEOUT = 60.0
+# NOTE: a raylet gives its metrics agent a fixed 15 s to start and exits otherwise; on a busy
+# 2-core machine that happens to about one start in three, so a local start is tried again.
+START_ATTEMPTS = 3  # seconds to place and warm up the actors before the run is refused
+
+
+def key_bounds(n_params: int, n_servers: int) -> np.ndarray:
+    """b_k = floor(k n / S), k = 0..S: shard k owns the key range [b_k, b_k+1)."""
+    return (np.arange(n_servers + 1) * n_params) // n_servers
+
+
+def owners(keys: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
+    """For each shard, the positions in ``keys`` of the keys it owns (keys in any order)."""
+    owner = np.searchsorted(bounds, keys, side="right") - 1
+    return [np.flatnonzero(owner == k) for k in range(len(bounds) - 1)]
+
+
+def _whereabouts() -> tuple[int, str]:
+    """(process id, Ray node id) of the calling actor."""
+    import ray
+
+    return os.getpid(), ray.get_runtime_context().get_node_id()
+
+
+class _Changed:
+    """Wakes every coroutine waiting for the state to change (usable from plain callbacks)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        """Wake all current waiters."""
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    async def until(self, ready: Any) -> None:
+        """Return once ``ready()`` is true, re-checking after every change."""
+        while not ready():
+            await self._event.wait()
+
+
+class RayPSCoordinator:
+    """Shard 0: a ParamServer over keys [0, b1) plus the run's clocks, version and records."""
+
+    def __init__(self, params: np.ndarray, n_workers: int, protocol: Protocol, rule: StepRule, problem: Any,
+                 others: list, evaluate_every: int, total_pushes: int):
+        # Arrays arrive as read-only views of Ray's object store: the table needs its own copy.
+        self.server = ParamServer(np.array(params), n_workers, protocol, rule)
+        self.timeout = protocol.timeout
+        self.problem, self.others = problem, others
+        self.evaluate_every, self.total = evaluate_every, total_pushes
+        self.lag = [0] * n_workers
+        self.decided = 0  # pushes decided (applied or dropped) so far; their sequence numbers
+        self.updates: list[tuple] = []
+        self.quality: list[tuple] = []
+        self.t0 = 0.0
+        self._changed: _Changed | None = None
+
+    def ping(self) -> tuple[int, str]:
+        """(process id, Ray node id) of this actor."""
+        return _whereabouts()
+
+    async def start(self, t0: float) -> None:
+        """The run's clock starts at wall time ``t0``; record the initial quality."""
+        self.t0 = t0
+        self._changed = _Changed()
+        await self._evaluate(0)
+
+    @staticmethod
+    def _now(t0: float) -> float:
+        return time.time() - t0
+
+    async def pull(self, worker: int, c: int, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """Held until the protocol lets step ``c`` read; (values, (version, lag, decided, held s))."""
+        held = 0.0
+        if not self.server.may_read(c):
+            start = time.perf_counter()
+            await self._changed.until(lambda: self.server.may_read(c))
+            held = time.perf_counter() - start
+        deadline = self.server.clocks.open(c, time.monotonic())
+        if deadline is not None:
+            asyncio.get_running_loop().call_later(deadline - time.monotonic(), self._expire, c)
+        values, version = self.server.pull(keys)
+        self.lag[worker] = self.server.clocks.clock_lag(c)
+        return values, (version, self.lag[worker], self.decided, held)
+
+    def _expire(self, c: int) -> None:
+        if self.server.clocks.expire(c):
+            self._changed.notify()
+
+    async def push(self, worker: int, c: int, keys: np.ndarray, deltas: np.ndarray,
+                   read_version: int) -> tuple[bool, int, int, int]:
+        """Apply (or drop) a push: (applied, tau, its sequence number, complete steps)."""
+        applied, tau = self.server.push(c, keys, deltas, read_version)
+        seq, self.decided = self.decided, self.decided + 1
+        self.updates.append((self._now(self.t0), worker, c, tau, applied, self.lag[worker]))
+        self._changed.notify()
+        n = len(self.updates)
+        if self.evaluate_every and n % self.evaluate_every == 0 and n < self.total:
+            await self._evaluate(n)
+        return applied, tau, seq, self.server.clocks.completed
+
+    async def _table(self) -> np.ndarray:
+        """The whole table: this shard's range followed by the others'."""
+        if not self.others:
+            return self.server.params
+        parts = await asyncio.gather(*[s.values.remote() for s in self.others])
+        return np.concatenate([self.server.params, *parts])
+
+    async def _evaluate(self, n_updates: int) -> None:
+        w = await self._table()
+        self.quality.append((self._now(self.t0), n_updates, float(self.problem.quality(w))))
+
+    async def finish(self) -> tuple[np.ndarray, list, list]:
+        """Apply what the step rule still holds; (the table, the updates, the quality points)."""
+        self.server.finish()
+        await self._evaluate(len(self.updates))
+        return await self._table(), self.updates, self.quality
+
+
+class RayPSShard:
+    """Shard k >= 1: keys [lo, hi); applies pushes the coordinator decided, serves reads in order."""
+
+    def __init__(self, values: np.ndarray, lo: int, rule: StepRule):
+        self.w, self.lo, self.rule = np.array(values), lo, rule
+        self.upto = 0  # every push with sequence number < upto has arrived here
+        self._seen: set[int] = set()
+        self._changed: _Changed | None = None
+
+    def ping(self) -> tuple[int, str]:
+        """(process id, Ray node id) of this actor."""
+        return _whereabouts()
+
+    def values(self) -> np.ndarray:
+        """This shard's range of the table."""
+        return self.w
+
+    async def pull(self, keys: np.ndarray, meta: tuple) -> np.ndarray:
+        """table[keys] once every push decided before the read's gate (``meta[2]``) has arrived."""
+        self._changed = self._changed or _Changed()
+        await self._changed.until(lambda: self.upto >= meta[2])
+        return self.w[keys - self.lo]
+
+    async def add(self, decision: tuple, keys: np.ndarray, deltas: np.ndarray) -> None:
+        """table[keys] += deltas * rule.scale(tau) if the coordinator applied the push (decision)."""
+        applied, tau, seq, _ = decision
+        if applied and len(keys):
+            scale = self.rule.scale(tau)
+            self.w[keys - self.lo] += deltas * scale if scale != 1.0 else deltas
+        self._seen.add(seq)
+        while self.upto in self._seen:
+            self._seen.discard(self.upto)
+            self.upto += 1
+        self._changed = self._changed or _Changed()
+        self._changed.notify()
+
+
+class RayPSWorker:
+    """Worker i: pull, compute the problem's step on the values read, push; records its spans."""
+
+    def __init__(self, index: int, problem: Any, shard: Any, coordinator: Any, shards: list, bounds: np.ndarray,
+                 training: Training, compression: str | None):
+        # The shard arrives as read-only views of the object store; worker-local state must be writable.
+        self.i, self.problem, self.shard = index, problem, copy.deepcopy(shard)
+        self.coordinator, self.shards, self.bounds = coordinator, shards, bounds
+        self.training = training
+        rng = np.random.default_rng([training.seed, index])
+        self.compressor = None if compression is None else make_compressor(
+            compression, problem.n_params, rng, key_bytes=KEY_BYTES, value_bytes=VALUE_BYTES)
+
+    def ready(self) -> tuple[int, str]:
+        """One step on zeros, off the clock (compiled kernels load here); (pid, node id)."""
+        # A copy: a step may change worker-local state (LDA's assignments), which the run must not see.
+        batch = self.problem.batch(copy.deepcopy(self.shard), 0, self.training.batch_size)
+        keys = self.problem.keys(batch)
+        self.problem.step(np.zeros(len(keys)), batch, keys, self.training.lr)
+        return _whereabouts()
+
+    def run(self, t0: float) -> list[tuple]:
+        """All steps; returns the spans (kind, start, end, bytes, step) in run seconds."""
+        import ray
+
+        p, tr, spans = self.problem, self.training, []
+        c = 0
+        while c < tr.steps:
+            batch = p.batch(self.shard, c, tr.batch_size)
+            keys = p.keys(batch)
+            start = time.time() - t0
+            values, (version, _, _, held) = self._pull(ray, c, keys)
+            got = time.time() - t0
+            spans.append(("wait", start, start + held, 0, c))
+            spans.append(("recv", start + held, got, (KEY_BYTES + VALUE_BYTES) * len(keys), c))
+            k, d = p.step(values, batch, keys, tr.lr)
+            k, d, nbytes = self._encode(k, d)
+            sent = time.time() - t0
+            spans.append(("compute", got, sent, 0, c))
+            applied, _, _, completed = self._push(ray, c, k, d, version)
+            spans.append(("send", sent, time.time() - t0, nbytes, c))
+            # A dropped push (backup workers, deadline) rejoins at the current step, as in the simulator.
+            c = c + 1 if applied else max(c + 1, completed)
+        return spans
+
+    def _encode(self, keys: np.ndarray, deltas: Any) -> tuple[np.ndarray, np.ndarray, int]:
+        """The compressor's (keys, decoded deltas, wire bytes); uncompressed: 12 bytes per key."""
+        keys = np.asarray(keys)
+        if self.compressor is None:
+            return keys, np.asarray(deltas, dtype=np.float64), len(keys) * (KEY_BYTES + VALUE_BYTES)
+        k, d, nbytes = self.compressor(keys, deltas)
+        return np.asarray(k), np.asarray(d, dtype=np.float64), int(nbytes)
+
+    def _pull(self, ray: Any, c: int, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """The coordinator gates; the other shards answer once its reply (an object ref) is ready."""
+        if not self.shards:
+            return ray.get(self.coordinator.pull.remote(self.i, c, keys))
+        parts = owners(keys, self.bounds)
+        values_ref, meta_ref = self.coordinator.pull.options(num_returns=2).remote(self.i, c, keys[parts[0]])
+        refs = [s.pull.remote(keys[parts[k + 1]], meta_ref) for k, s in enumerate(self.shards)]
+        got = ray.get([values_ref, meta_ref, *refs])
+        values = np.empty(len(keys))
+        values[parts[0]] = got[0]
+        for k, v in enumerate(got[2:]):
+            values[parts[k + 1]] = v
+        return values, got[1]
+
+    def _push(self, ray: Any, c: int, keys: np.ndarray, deltas: np.ndarray, version: int) -> tuple:
+        """The coordinator decides (applied, tau); the other shards apply their part with that decision."""
+        if not self.shards:
+            return ray.get(self.coordinator.push.remote(self.i, c, keys, deltas, version))
+        parts = owners(keys, self.bounds)
+        decision = self.coordinator.push.remote(self.i, c, keys[parts[0]], deltas[parts[0]], version)
+        adds = [s.add.remote(decision, keys[parts[k + 1]], deltas[parts[k + 1]]) for k, s in enumerate(self.shards)]
+        return ray.get([decision, *adds])[0]
+
+
+def connect(address: str | None, num_cpus: int | None) -> bool:
+    """Connect to Ray; True if this call started a local instance (to be shut down after the run)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address is not None:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        return False
+    for attempt in range(START_ATTEMPTS):
+        try:
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
+                     logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True)
+            return True
+        except Exception:  # Ray raises a bare Exception when its node did not come up in time
+            ray.shutdown()
+            if attempt == START_ATTEMPTS - 1:
+                raise
+    return True
+
+
+def _resources(placement: str) -> tuple[dict, dict]:
+    """Custom resources for server and worker actors under ``placement``."""
+    import ray
+
+    have = ray.cluster_resources()
+    marked = "server" in have and "worker" in have
+    if placement == "resources" and not marked:
+        raise ValueError("placement='resources' needs nodes started with the custom resources 'server' and 'worker' "
+                         "(ray start --resources='{\"server\": 1}'); this cluster has "
+                         f"{sorted(k for k in have if not k.startswith('node:'))}")
+    if placement == "any" or not marked:
+        return {}, {}
+    return {"server": ACTOR_SHARE}, {"worker": ACTOR_SHARE}
+
+
+def _check_options(problem: Any, protocol: Protocol, training: Training, n_servers: int, placement: str,
+                   timeout: float | None, compression: str | None) -> None:
+    """ValueError naming the option that cannot run on this substrate."""
+    check.positive_int("n_servers", n_servers)
+    if n_servers > problem.n_params:
+        raise ValueError(f"n_servers must be <= the table's {problem.n_params} keys, got {n_servers}")
+    check.one_of("placement", placement, PLACEMENTS)
+    if timeout is not None:
+        check.positive("timeout", timeout)
+    if n_servers > 1 and training.rule.group_size(training.n_workers) != 1:
+        raise ValueError("accumulation: averaging pushes over several server shards is not supported; "
+                         "use n_servers=1")
+    if getattr(problem, "exact_deltas", False):
+        for name, value in (("backup_workers", protocol.backup_workers), ("timeout", protocol.timeout),
+                            ("compression", compression not in (None, "none") and compression)):
+            if value:
+                raise ValueError(f"{name}: {type(problem).__name__} needs every push applied whole (its counts "
+                                 "must match its assignments), so it runs without backup workers, deadlines "
+                                 "or compression")
+    if compression is not None:
+        make_compressor(compression, problem.n_params, np.random.default_rng(0))  # names a bad spec
+    protocol.check_workers(training.n_workers)
+
+
+def run(problem: Any, protocol: Protocol, training: Training, address: str | None = None, n_servers: int = 1,
+        placement: str = "auto", timeout: float | None = 120.0, evaluate: bool = True,
+        compression: str | None = None, num_cpus: int | None = None) -> Result:
+    """The substrate entry point (``simlib.run(..., substrate="ray")``).
+
+    ``address``: a Ray cluster to join (None: a local Ray for this run). ``n_servers``: server
+    shards (key ranges). ``placement``: 'auto' | 'resources' | 'any' (module docstring).
+    ``timeout``: seconds for the whole run (TimeoutError). ``evaluate=False``: the metric at the
+    start and the end only. ``compression``: a :func:`simlib.compress.make_compressor` spec for
+    pushes. ``num_cpus``: the local Ray's CPUs (default: the machine's).
+    """
+    _check_options(problem, protocol, training, n_servers, placement, timeout, compression)
+    n = training.n_workers
+    data_shards = problem.shards(n)  # raises ValueError naming n_workers if too many
+    import ray
+
+    started_here = connect(address, num_cpus)
+    actors: list = []
+    try:
+        server_res, worker_res = _resources(placement)
+        bounds = key_bounds(problem.n_params, n_servers)
+        table = np.asarray(problem.init_params(), dtype=np.float64)
+        prob_ref = ray.put(problem)
+        shard_cls = ray.remote(RayPSShard).options(num_cpus=0, resources=server_res, max_restarts=0)
+        shards = [shard_cls.remote(table[bounds[k]:bounds[k + 1]], int(bounds[k]), training.rule)
+                  for k in range(1, n_servers)]
+        actors += shards
+        every = training.eval_every * n if evaluate else 0
+        coord = ray.remote(RayPSCoordinator).options(num_cpus=0, resources=server_res, max_restarts=0).remote(
+            table[:bounds[1]], n, protocol, training.rule, prob_ref, shards, every, n * training.steps)
+        actors.append(coord)
+        worker_cls = ray.remote(RayPSWorker).options(num_cpus=0, resources=worker_res, max_restarts=0)
+        workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, compression)
+                   for i in range(n)]
+        actors += workers
+        placing = time.perf_counter()
+        pids = _ready(ray, coord, shards, workers)
+        setup = time.perf_counter() - placing
+        t0 = time.time()
+        started = time.perf_counter()
+        _call(ray, coord.start.remote(t0), "server shard 0 (the coordinator)")
+        runs = [w.run.remote(t0) for w in workers]
+        spans = _await_workers(ray, runs, coord, shards, started, timeout)
+        params, updates, quality = _call(ray, coord.finish.remote(), "server shard 0 (the coordinator)")
+        wall = time.perf_counter() - started
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        if started_here:
+            ray.shutdown()
+    return _result(problem, protocol, training, n_servers, params, spans, updates, quality, wall,
+                   {"actors": pids, "setup_seconds": setup})
+
+
+def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[tuple[int, str]]]:
+    """Wait for every actor to be placed and warmed up; their (pid, node id) by role."""
+    refs = [coord.ping.remote(), *[s.ping.remote() for s in shards], *[w.ready.remote() for w in workers]]
+    done, _ = ray.wait(refs, num_returns=len(refs), timeout=READY_TIMEOUT)
+    if len(done) < len(refs):
+        raise TimeoutError(f"ray: the run's actors were not placed within {READY_TIMEOUT:g} s; does the cluster "
+                           "have the resources placement asks for? (ray.cluster_resources())")
+    names = ["server shard 0 (the coordinator)", *[f"server shard {k + 1}" for k in range(len(shards))],
+             *[f"worker {i}" for i in range(len(workers))]]
+    pids = [_call(ray, r, who) for r, who in zip(refs, names)]
+    return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}
+
+
+def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: float,
+                   timeout: float | None) -> list[list[tuple]]:
+    """The workers' spans; fails fast naming the first worker or server shard that died."""
+    index = {r: i for i, r in enumerate(runs)}
+    spans: list[list[tuple]] = [[] for _ in runs]
+    pending = list(runs)
+    while pending:
+        left = None if timeout is None else timeout - (time.perf_counter() - started)
+        if left is not None and left <= 0:
+            raise TimeoutError(f"ray: workers {sorted(index[r] for r in pending)} did not finish within "
+                               f"timeout={timeout:g} s")
+        done, pending = ray.wait(pending, num_returns=1, timeout=left)
+        for ref in done:
+            spans[index[ref]] = _worker_result(ray, ref, index[ref], coord, shards)
+    return spans
+
+
+def _worker_result(ray: Any, ref: Any, i: int, coord: Any, shards: list) -> list[tuple]:
+    """ray.get of worker i's run, turning a death into an error that names who died."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:  # the worker ran and raised: a server died, or the problem failed
+        _raise_if_a_server_died(ray, coord, shards, e)
+        raise RuntimeError(f"ray: worker {i} failed: {e}") from e
+    except ray.exceptions.RayActorError as e:
+        raise RuntimeError(f"ray: worker {i} died mid-run (its actor process ended); the run fails fast "
+                           "rather than replay its step on a table that moved on") from e
+
+
+def _raise_if_a_server_died(ray: Any, coord: Any, shards: list, cause: BaseException) -> None:
+    for k, s in enumerate([coord, *shards]):
+        try:
+            ray.get(s.ping.remote(), timeout=10)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            raise RuntimeError(f"ray: server shard {k} died mid-run; its part of the table is lost, "
+                               "so the run cannot continue") from cause
+
+
+def _call(ray: Any, ref: Any, who: str) -> Any:
+    """ray.get that names ``who`` if its actor died."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayActorError as e:
+        raise RuntimeError(f"ray: {who} died mid-run; the run cannot continue") from e
+
+
+def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, params: np.ndarray,
+            spans: list[list[tuple]], updates: list, quality: list, wall: float, extra: dict) -> Result:
+    """The run's Trace and Result, in the format every substrate returns."""
+    n = training.n_workers
+    trace = Trace(label=f"{protocol.label} on Ray, {n} worker{'s' if n > 1 else ''}", substrate="ray",
+                  n_workers=n, metric=getattr(problem, "metric", "loss"),
+                  lower_is_better=getattr(problem, "lower_is_better", True))
+    for i, worker_spans in enumerate(spans):
+        for kind, start, end, nbytes, step in worker_spans:
+            trace.span(i, kind, start, end, nbytes, step)
+    for u in updates:
+        trace.update(*u)
+    for t, step, value in quality:
+        trace.record_quality(t, step, value)
+    trace.meta.update(substrate_detail="Ray actors: parameter-server shards and workers", protocol=protocol.spec,
+                      steps=training.steps, batch_size=training.batch_size, lr=training.lr, n_servers=n_servers,
+                      wall_seconds=wall)
+    worker_seconds = max((s.end for s in trace.spans), default=0.0)
+    return Result(trace, params, {"wall_seconds": wall, "worker_seconds": worker_seconds, **extra})

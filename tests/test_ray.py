@@ -1,0 +1,212 @@
+"""The ``ray`` substrate on a real two-node Ray cluster on this machine: the contract's properties and real kills.
+
+One module-scoped cluster (a head node marked ``server``, a second node marked ``worker``) serves every
+test; each run starts its own actors on it and kills them at the end.
+"""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import simlib  # noqa: E402
+from simlib.contract import serial_reference  # noqa: E402
+from simlib.problems.lda import make_synthetic_corpus  # noqa: E402
+from simlib.problems.lda_table import LDAProblem  # noqa: E402
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
+from simlib.protocol import Protocol  # noqa: E402
+from simlib.trace import SPAN_KINDS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ACTOR_NAMES = ("RayPSCoordinator", "RayPSShard", "RayPSWorker")
+
+
+def _start_cluster(attempts: int = 3) -> Cluster:
+    """Head node (server) + one node (worker); a node start is retried (Ray's 15 s agent limit on busy machines)."""
+    for attempt in range(attempts):
+        cluster = Cluster(initialize_head=False)
+        try:
+            cluster.add_node(num_cpus=1, resources={"server": 1})
+            cluster.add_node(num_cpus=1, resources={"worker": 1})
+            return cluster
+        except Exception:
+            cluster.shutdown()
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = _start_cluster()
+    ray.init(address=c.address, logging_level="WARNING", log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return LogisticProblem(make_sparse_classification(600, 60, 5, seed=1), l2=1e-4, eval_rows=None)
+
+
+def _actor_processes() -> list[str]:
+    """Titles of live processes running this substrate's actors (Ray names them after the class)."""
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if any(f"ray::{n}" in line for n in ACTOR_NAMES)]
+
+
+def _wait_gone(within: float = 20.0) -> list[str]:
+    deadline = time.monotonic() + within
+    while (left := _actor_processes()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_one_worker_equals_the_serial_reference_on_two_shards(cluster, tiny):
+    res = simlib.run(tiny, "bsp", substrate="ray", n_workers=1, steps=12, batch_size=8, lr=0.5, n_servers=2)
+    np.testing.assert_allclose(res.params, serial_reference(tiny, 12, 8, 0.5), rtol=1e-12, atol=1e-15)
+    assert all(u.staleness == 0 and u.clock_lag == 0 for u in res.trace.updates)
+    assert res.trace.substrate == "ray" and res.trace.meta["n_servers"] == 2
+
+
+@pytest.mark.parametrize("protocol, n_servers", [("bsp", 1), ("ssp:1", 2), ("async", 1)])
+def test_reads_respect_the_bound_and_the_trace_is_well_formed(cluster, tiny, protocol, n_servers):
+    n, steps = 3, 8
+    res = simlib.run(tiny, protocol, substrate="ray", n_workers=n, steps=steps, batch_size=8, lr=0.5,
+                     n_servers=n_servers)
+    tr = res.trace
+    bound = Protocol.parse(protocol).bound
+    assert sorted((u.worker, u.step) for u in tr.updates) == [(i, c) for i in range(n) for c in range(steps)]
+    assert all(0 <= u.clock_lag <= bound for u in tr.updates), "a read exceeded the staleness bound"
+    assert all(0 <= u.staleness < n * steps for u in tr.updates)
+    assert all(s.kind in SPAN_KINDS and s.end > s.start and 0 <= s.worker < n for s in tr.spans)
+    recv = [s for s in tr.spans if s.kind == "recv"]
+    assert len(recv) == n * steps and all(s.nbytes > 0 and s.nbytes % 12 == 0 for s in recv)
+    assert tr.summary()["bytes_sent"] == tr.summary()["bytes_received"]  # 12 B per key each way, uncompressed
+    assert len(tr.quality) >= 2 and tr.quality[-1].value < tr.quality[0].value
+    assert res.params.shape == (tiny.n_params,)
+    if protocol == "bsp":
+        assert {s.kind for s in tr.spans} >= {"compute", "recv", "send"}
+
+
+def test_backup_workers_compression_and_placement_in_one_run(cluster, tiny):
+    res = simlib.run(tiny, Protocol("bsp", backup_workers=1), substrate="ray", n_workers=3, steps=6, batch_size=8,
+                     compression="onebit", placement="resources")
+    applied = [u for u in res.trace.updates if u.applied]
+    assert all(sum(u.step == c for u in applied) == 2 for c in {u.step for u in applied})  # quorum n - b = 2
+    assert all(u.clock_lag == 0 for u in res.trace.updates)
+    sent = sum(s.nbytes for s in res.trace.spans if s.kind == "send")
+    recv = sum(s.nbytes for s in res.trace.spans if s.kind == "recv")
+    assert 0 < sent < recv  # one bit a value + 4 B a key, against 12 B a key pulled
+    # placement='resources': the servers on the head node (marked 'server'), the workers on the other one.
+    role = {n["NodeID"]: ("server" if "server" in n["Resources"] else "worker") for n in ray.nodes()}
+    assert {role[node] for _, node in res.measured["actors"]["servers"]} == {"server"}
+    assert {role[node] for _, node in res.measured["actors"]["workers"]} == {"worker"}
+
+
+def test_lda_counts_are_conserved_on_sharded_servers(cluster):
+    corpus = make_synthetic_corpus(n_docs=60, n_topics=4, n_words=50, doc_length=30, seed=0)[0]
+    prob = LDAProblem(corpus, n_topics=4, alpha=0.5)
+    res = simlib.run(prob, "ssp:1", substrate="ray", n_workers=2, steps=5, n_servers=2)
+    prob.check_counts(res.params)
+    assert all(u.clock_lag <= 1 for u in res.trace.updates) and len(res.trace.updates) == 10
+    assert res.quality > res.trace.quality[0].value  # log p(w | z) rises
+    with pytest.raises(ValueError, match="compression: LDAProblem needs every push applied whole"):
+        simlib.run(prob, "bsp", substrate="ray", compression="onebit")
+
+
+def test_bad_options_are_refused_by_name(tiny):
+    with pytest.raises(ValueError, match="n_servers"):
+        simlib.run(tiny, "bsp", substrate="ray", n_servers=0)
+    with pytest.raises(ValueError, match="placement"):
+        simlib.run(tiny, "bsp", substrate="ray", placement="rack")
+    with pytest.raises(ValueError, match="compression"):
+        simlib.run(tiny, "bsp", substrate="ray", compression="zip")
+    with pytest.raises(ValueError, match="accumulation"):
+        simlib.run(tiny, "bsp", substrate="ray", n_servers=2, accumulation=4)
+
+
+def _kill_later(pid_of, delay: float):
+    """Start a thread that SIGKILLs the process ``pid_of()`` names once it exists, ``delay`` s later."""
+    import threading
+
+    def run():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            pid = pid_of()
+            if pid:
+                time.sleep(delay)
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _pid_of(title: str):
+    def find():
+        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            pid, _, args = line.strip().partition(" ")
+            if f"ray::{title}" in args:
+                return int(pid)
+        return None
+    return find
+
+
+def test_a_killed_worker_fails_the_run_fast_naming_it(cluster, tiny):
+    killer = _kill_later(_pid_of("RayPSWorker.run"), delay=0.5)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"ray: worker \d died mid-run"):
+        simlib.run(tiny, "bsp", substrate="ray", n_workers=2, steps=100_000, batch_size=8, timeout=90)
+    killer.join()
+    assert time.monotonic() - started < 60
+    assert _wait_gone() == []
+
+
+def test_a_killed_server_fails_the_run_with_a_clear_error(cluster, tiny):
+    find = _pid_of("RayPSCoordinator")
+    killer = _kill_later(lambda: _pid_of("RayPSWorker.run")() and find(), delay=0.5)  # once the workers run
+    with pytest.raises(RuntimeError, match="ray: server shard 0 died mid-run"):
+        simlib.run(tiny, "async", substrate="ray", n_workers=2, steps=100_000, batch_size=8, timeout=90)
+    killer.join()
+    assert _wait_gone() == []
+
+
+def test_ctrl_c_stops_the_run_and_leaves_no_actors(cluster):
+    driver = textwrap.dedent(f"""
+        import simlib
+        from simlib.problems.lda import make_synthetic_corpus  # noqa: E402
+from simlib.problems.lda_table import LDAProblem  # noqa: E402
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+        prob = LogisticProblem(make_sparse_classification(600, 60, 5, seed=1), eval_rows=None)
+        print("starting", flush=True)
+        simlib.run(prob, "bsp", substrate="ray", address={cluster.address!r}, n_workers=2, steps=100_000,
+                   batch_size=8, timeout=120)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", driver], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not [p for p in _actor_processes() if "RayPSWorker.run" in p] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert time.monotonic() < deadline, "the run's workers never started"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert _wait_gone() == []
