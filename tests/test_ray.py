@@ -187,9 +187,7 @@ def test_a_killed_server_fails_the_run_with_a_clear_error(cluster, tiny):
 def test_ctrl_c_stops_the_run_and_leaves_no_actors(cluster):
     driver = textwrap.dedent(f"""
         import simlib
-        from simlib.problems.lda import make_synthetic_corpus  # noqa: E402
-from simlib.problems.lda_table import LDAProblem  # noqa: E402
-from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+        from simlib.problems.logistic import LogisticProblem, make_sparse_classification
         prob = LogisticProblem(make_sparse_classification(600, 60, 5, seed=1), eval_rows=None)
         print("starting", flush=True)
         simlib.run(prob, "bsp", substrate="ray", address={cluster.address!r}, n_workers=2, steps=100_000,
