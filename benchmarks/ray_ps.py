@@ -4,7 +4,7 @@ One job (sparse logistic regression, BSP, the same steps, batch and step size) r
 ``substrate="ray"``, ``"pipes"`` and ``"shm"`` with 1 and 2 workers. The table lists updates per
 second of training (actor and process start-up excluded), bytes moved (pulls + pushes, as the
 traces count them) and the final loss. Then the simulator predicts the Ray runs: Ray's
-per-message cost is learned by a ping-pong between two actors
+per-message cost is learned by a ping-pong from n caller actors to one echo actor
 (:func:`simlib.calibration.ray_cost.ray_message_cost`), the per-step compute by timing the
 worker's local work (:func:`~simlib.calibration.ray_cost.step_cost`), and ``substrate="sim"``
 runs with that latency, bandwidth and compute model; 'error' is predicted / measured - 1 of the
@@ -53,7 +53,7 @@ def main() -> None:
     print(f"Ray up in {time.perf_counter() - started:.1f} s; load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores; {steps} BSP steps per worker, batch {BATCH}")
     try:
-        cost = ray_message_cost()
+        costs = {n: ray_message_cost(callers=n) for n in (1, 2)}
         per_unit, overhead = step_cost(prob, BATCH)
         rows, predictions = [], []
         for n in (1, 2):
@@ -64,15 +64,17 @@ def main() -> None:
                 rows.append(row(name, n, res))
                 if name == "ray":
                     sim = simlib.run(prob, "bsp", substrate="sim", n_workers=n, steps=steps, batch_size=BATCH,
-                                     lr=LR, **sim_options(cost, per_unit, overhead))
+                                     lr=LR, **sim_options(costs[n], per_unit, overhead))
                     predictions.append((n, sim.trace.makespan, rows[-1]["seconds"]))
     finally:
         ray.shutdown()
-    print("\nRay actor call (ping-pong, median of 60 round trips):")
-    for n, rt in zip(cost.sizes, cost.round_trips):
-        print(f"  {n:>8,} B  {rt * 1e6:8.0f} us")
-    print(f"  fit: latency {cost.latency * 1e6:.0f} us one way, bandwidth {cost.bandwidth / 1e6:.0f} MB/s; "
-          f"step compute {overhead * 1e6:.0f} us + {per_unit * 1e9:.1f} ns per nonzero\n")
+    print("\nRay actor call, ping-pong from 1 and 2 caller actors to one echo actor (median of 100 round trips):")
+    for k, size in enumerate(costs[1].sizes):
+        print(f"  {size:>8,} B  {costs[1].round_trips[k] * 1e6:8.0f} us  {costs[2].round_trips[k] * 1e6:8.0f} us")
+    for n, cost in costs.items():
+        print(f"  fit, {n} caller{'s' if n > 1 else ''}: latency {cost.latency * 1e6:.0f} us one way, "
+              f"bandwidth {cost.bandwidth / 1e6:.0f} MB/s")
+    print(f"  step compute {overhead * 1e6:.0f} us + {per_unit * 1e9:.1f} ns per nonzero\n")
     print(f"{'substrate':<10}{'workers':>8}{'seconds':>9}{'updates/s':>11}{'MB moved':>10}{'loss':>9}")
     for r in rows:
         print(f"{r['substrate']:<10}{r['workers']:>8}{r['seconds']:>9.2f}{r['updates/s']:>11.0f}"

@@ -125,11 +125,15 @@ class RayPSCoordinator:
         """(process id, Ray node id) of this actor."""
         return _whereabouts()
 
-    async def start(self, t0: float) -> None:
-        """The run's clock starts at wall time ``t0``; record the initial quality."""
+    async def evaluate_start(self) -> None:
+        """The initial quality, off the clock (the first call loads compiled kernels); recorded at time 0."""
+        w = await self._table()
+        self.quality.append((0.0, 0, float(self.problem.quality(w))))
+
+    def start(self, t0: float) -> None:
+        """The run's clock starts at wall time ``t0``."""
         self.t0 = t0
         self._changed = _Changed()
-        await self._evaluate(0)
 
     @staticmethod
     def _now(t0: float) -> float:
@@ -309,7 +313,7 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
         return False
     for attempt in range(START_ATTEMPTS):
         try:
-            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
                      logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True)
             return True
         except Exception:  # Ray raises a bare Exception when its node did not come up in time
@@ -396,9 +400,10 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
         placing = time.perf_counter()
         pids = _ready(ray, coord, shards, workers)
         setup = time.perf_counter() - placing
-        t0 = time.time()
-        started = time.perf_counter()
-        _call(ray, coord.start.remote(t0), "server shard 0 (the coordinator)")
+        who = "server shard 0 (the coordinator)"
+        _call(ray, coord.evaluate_start.remote(), who)
+        t0, started = time.time(), time.perf_counter()
+        _call(ray, coord.start.remote(t0), who)
         runs = [w.run.remote(t0) for w in workers]
         spans = _await_workers(ray, runs, coord, shards, started, timeout)
         params, updates, quality = _call(ray, coord.finish.remote(), "server shard 0 (the coordinator)")

@@ -44,11 +44,11 @@ class RayMessageCost:
 
 
 class _Echo:
-    """The server side of the ping-pong: returns what it is sent."""
+    """The server side of the ping-pong: an asynchronous actor, as the substrate's server shards are."""
 
-    def echo(self, a: np.ndarray) -> np.ndarray:
-        """a, unchanged."""
-        return a
+    async def echo(self, worker: int, clock: int, a: np.ndarray) -> tuple[np.ndarray, tuple]:
+        """(a, a small tuple): the shape of the substrate's pull reply (values, (version, lag, seq, held))."""
+        return a, (worker, clock, 0, 0.0)
 
 
 class _Pinger:
@@ -57,38 +57,46 @@ class _Pinger:
     def __init__(self, echo: Any):
         self.echo = echo
 
-    def time(self, nbytes: int, calls: int) -> float:
-        """Median seconds of ``calls`` round trips carrying ``nbytes`` of float64."""
+    def time(self, sizes: list[int], calls: int) -> list[float]:
+        """Median seconds of ``calls`` round trips at each size (sizes interleaved, so load drifts hit all alike)."""
         import ray
 
-        a = np.zeros(max(nbytes // 8, 1))
-        ray.get(self.echo.echo.remote(a))  # the first call sets up the connection
-        times = []
+        arrays = [np.zeros(max(n // 8, 1)) for n in sizes]
+        for a in arrays:  # the first calls set up the connection
+            ray.get(self.echo.echo.remote(0, 0, a))
+        times: list[list[float]] = [[] for _ in sizes]
         for _ in range(calls):
-            s = time.perf_counter()
-            ray.get(self.echo.echo.remote(a))
-            times.append(time.perf_counter() - s)
-        return statistics.median(times)
+            for k, a in enumerate(arrays):
+                s = time.perf_counter()
+                ray.get(self.echo.echo.remote(0, 0, a))
+                times[k].append(time.perf_counter() - s)
+        return [statistics.median(t) for t in times]
 
 
-def ray_message_cost(sizes: Sequence[int] = (8, 8_192, 65_536, 524_288), calls: int = 60,
+def ray_message_cost(sizes: Sequence[int] = (8, 8_192, 65_536, 524_288), calls: int = 100, callers: int = 1,
                      placement: str = "auto") -> RayMessageCost:
-    """Ping-pong between two actors of the connected Ray (placed as server and worker); fit latency and bandwidth."""
+    """Ping-pong from ``callers`` actors at once to one echo actor (placed as workers and a server); fit the line.
+
+    With several callers the echo actor serves them in turn, as a server shard serves its workers,
+    so the fitted latency includes that queueing: calibrate with as many callers as the run has workers.
+    """
     import ray
 
     from simlib.ray_ps import _resources
 
     check.positive_int("calls", calls)
+    check.positive_int("callers", callers)
     if len(sizes) < 2:
         raise ValueError(f"sizes must hold at least two message sizes to fit a line, got {list(sizes)}")
     server_res, worker_res = _resources(placement)
     echo = ray.remote(_Echo).options(num_cpus=0, resources=server_res).remote()
-    pinger = ray.remote(_Pinger).options(num_cpus=0, resources=worker_res).remote(echo)
+    pingers = [ray.remote(_Pinger).options(num_cpus=0, resources=worker_res).remote(echo) for _ in range(callers)]
     try:
-        rts = [ray.get(pinger.time.remote(int(n), calls)) for n in sizes]
+        per_caller = ray.get([p.time.remote([int(n) for n in sizes], calls) for p in pingers])
+        rts = [statistics.median(col) for col in zip(*per_caller)]
     finally:
-        ray.kill(pinger)
-        ray.kill(echo)
+        for a in (*pingers, echo):
+            ray.kill(a)
     intercept, slope = fit_line([float(n) for n in sizes], rts)
     latency = max(intercept / 2, 1e-7)
     bandwidth = 2 / slope if slope > 0 else 1e12  # a flat line: bytes cost nothing measurable
