@@ -17,7 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from simlib.app.live import LivePanel  # noqa: E402
 from simlib.app.scenario import LiveSettings  # noqa: E402
 
-SMALL = dict(n_workers=4, steps=20)
+# One persistently slow worker and SSP(3): the tests below reason about that worker.
+SMALL = dict(n_workers=4, steps=20, straggler="slow worker", staleness=3)
 
 
 @pytest.fixture
@@ -142,3 +143,19 @@ def test_a_long_run_shows_progress_and_the_kernel_stays_responsive(tiny_problem)
     ticks, shown, last = asyncio.run(scenario())
     assert ticks >= 3  # a synchronous run would have blocked the loop: zero ticks until it finished
     assert "visible" in shown and last > 0.0
+
+
+def test_changing_the_workers_changes_the_rows_drawn_and_the_time_per_step(tiny_problem):
+    p = LivePanel(LiveSettings(n_workers=4, steps=20, protocols=("bsp",)), problem=tiny_problem, figsize=(10, 6))
+    try:
+        def shown() -> tuple[float, float]:
+            lo, hi = sorted(p.reveal.timelines[0].get_ylim())
+            return hi - lo, p.traces[0].summary()["time_per_step"]
+
+        rows4, step4 = shown()
+        p.c_workers.value = 12
+        rows12, step12 = shown()
+        assert p.rows() == 12 and rows12 >= rows4 + 8  # one row per worker
+        assert step12 > step4  # BSP waits for the slowest of more jittered workers
+    finally:
+        p.close()

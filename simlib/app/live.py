@@ -314,7 +314,8 @@ class LivePanel:
             return
         t_end = max(t.makespan for t in self.traces) or 1.0
         with style():
-            self.reveal = draw_runs(self.fig, self.traces, window=t_end * self.c_window.value / 100)
+            self.reveal = draw_runs(self.fig, self.traces, window=t_end * self.c_window.value / 100,
+                                    max_workers=self.rows())
         self._show()
 
     def _show(self) -> None:
@@ -327,6 +328,10 @@ class LivePanel:
             self.fig.savefig(buf, format="png")
             assert self._image is not None
             self._image.value = buf.getvalue()
+
+    def rows(self) -> int:
+        """Timeline rows drawn: every worker of the run (the workers slider goes to 64)."""
+        return max((t.n_workers for t in self.traces), default=1)
 
     def _on_large(self, change: dict[str, Any]) -> None:
         """Projector size: 1.35x the figure (fonts stay the same size, so more fits legibly)."""
