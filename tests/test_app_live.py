@@ -88,13 +88,20 @@ def test_play_mode_reveals_time_and_counts_waiting(panel):
     assert panel.play.interval == 50
 
 
-def test_projector_size_enlarges_the_figure(panel):
-    w, h = panel.fig.get_size_inches()
+def test_projector_mode_sets_the_css_class_and_sharpens_the_figure(panel):
+    h, w = _pixels(panel).shape[:2]
     panel.c_large.value = True
-    assert tuple(panel.fig.get_size_inches()) == pytest.approx((1.35 * w, 1.35 * h))
-    assert _pixels(panel).shape[:2] == (round(1.35 * h * panel.fig.dpi), round(1.35 * w * panel.fig.dpi))
+    assert "simlib-projector" in panel.widget._dom_classes  # the style sheet's 24 px rules hang on it
+    big = _pixels(panel).shape[:2]
+    assert big[0] > h and big[1] > w and big[1] / big[0] == pytest.approx(w / h, rel=0.01)
     panel.c_large.value = False
-    assert tuple(panel.fig.get_size_inches()) == pytest.approx((w, h))
+    assert "simlib-projector" not in panel.widget._dom_classes and _pixels(panel).shape[:2] == (h, w)
+
+
+def test_the_ssp_toggle_names_the_current_staleness(panel):
+    assert panel.c_protocols["ssp"].description == "SSP(3)"
+    panel.c_staleness.value = 5
+    assert panel.c_protocols["ssp"].description == "SSP(5)"
 
 
 def test_export_writes_the_animation(panel, tmp_path):
