@@ -173,6 +173,7 @@ class LivePanel:
                                        style={"description_width": "5em"})
         W.jslink((self.play, "value"), (self.time_slider, "value"))
         self.time_slider.observe(self._on_time, names="value")
+        self.play.observe(self._on_playing, names="playing")
         self.c_speed.observe(lambda ch: setattr(self.play, "interval", max(10, int(100 / ch["new"]))), names="value")
         self.export_button = W.Button(description="Export HTML")
         self.export_button.on_click(lambda _: self.export())
@@ -358,8 +359,17 @@ class LivePanel:
         """Play mode: reveal the runs up to the slider's share of the longest run."""
         if self.reveal is None:
             return
+        if change["new"] == 0 and not self.play.playing:
+            # Stop rewinds to 0; an empty figure there looks like a crash, so show the whole run.
+            self.time_slider.value = PLAY_FRAMES
+            return
         self.reveal(change["new"] / PLAY_FRAMES * self.reveal.t_end)
         self._show()
+
+    def _on_playing(self, change: dict[str, Any]) -> None:
+        """Stop (not Pause) leaves the slider at 0: show the whole run instead of blank axes."""
+        if not change["new"] and self.play.value == self.play.min:
+            self.time_slider.value = PLAY_FRAMES
 
     def _write_status(self) -> None:
         """One line per run: time per step, waiting share, staleness, bytes; plus the redraw count."""

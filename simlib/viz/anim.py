@@ -42,14 +42,16 @@ class Reveal:
     """Shows a figure drawn by :func:`draw_runs` as it stood at time t (t >= makespan shows everything)."""
 
     def __init__(self, fig: Figure, traces: Sequence[Trace], timelines: Sequence[Axes], loss_ax: Axes | None,
-                 window: float | None = None) -> None:
+                 window: float | None = None, max_workers: int | None = None) -> None:
         self.fig = fig
         self.traces = list(traces)
         self.timelines = list(timelines)
         self.loss_ax = loss_ax
         self.t_end = max((t.makespan for t in self.traces), default=1.0) or 1.0
         self.window = self.t_end if window is None else min(window, self.t_end)
-        self._waits = [self._wait_columns(tr) for tr in self.traces]
+        # Count only the rows drawn: a box saying "31 waiting" over 16 rows reads as a bug.
+        self.rows = [tr.n_workers if max_workers is None else min(tr.n_workers, max_workers) for tr in self.traces]
+        self._waits = [self._wait_columns(tr, n) for tr, n in zip(self.traces, self.rows)]
         self._curves: list[tuple[Line2D, np.ndarray, np.ndarray]] = []
         self._marks: list[tuple[Line2D, float]] = []
         if loss_ax is not None:
@@ -70,14 +72,14 @@ class Reveal:
         self.t = self.t_end
 
     @staticmethod
-    def _wait_columns(tr: Trace) -> tuple[np.ndarray, np.ndarray]:
-        """Start and end of every wait span, for counting who waits at t."""
-        w = [(s.start, s.end) for s in tr.spans if s.kind == "wait"]
+    def _wait_columns(tr: Trace, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end of every wait span of workers 0..rows-1, for counting who waits at t."""
+        w = [(s.start, s.end) for s in tr.spans if s.kind == "wait" and 0 <= s.worker < rows]
         arr = np.asarray(w, dtype=float).reshape(-1, 2)
         return arr[:, 0], arr[:, 1]
 
     def waiting_at(self, i: int, t: float) -> int:
-        """Number of workers of run ``i`` inside a wait span at time t."""
+        """Number of drawn workers of run ``i`` inside a wait span at time t."""
         start, end = self._waits[i]
         return int(np.count_nonzero((start <= t) & (t < end)))
 
@@ -101,7 +103,7 @@ class Reveal:
             self._cursors[i].set_xdata([t, t])
             self._cursors[i].set_visible(t < self.t_end)
             n_wait = self.waiting_at(i, t)
-            self._texts[i].set_text(f"t = {t:.3g} s, {n_wait} waiting" if t < self.t_end else "")
+            self._texts[i].set_text(f"t = {t:.3g} s, {n_wait} of {self.rows[i]} waiting" if t < self.t_end else "")
             changed += [self._cursors[i], self._texts[i]]
         for line, xs, ys in self._curves:
             keep = xs <= t
@@ -190,7 +192,7 @@ def draw_runs(
             loss_ax.set_xlim(0.0, t_end)
         fig.suptitle(title if title is not None else (finding(runs, target) if target is not None else ""), y=0.99)
     fig._simlib_runs_axes = (layout, [*timelines, *([loss_ax] if loss_ax is not None else [])])
-    return Reveal(fig, runs, timelines, loss_ax, window=window)
+    return Reveal(fig, runs, timelines, loss_ax, window=window, max_workers=max_workers)
 
 
 def _wipe(ax: Axes) -> None:
