@@ -169,11 +169,11 @@ def test_changing_the_workers_changes_the_rows_drawn_and_the_time_per_step(tiny_
 
 
 def test_stop_shows_the_whole_run_not_blank_axes(panel):
-    full = _pixels(panel)
     panel.play.playing = True
     panel.time_slider.value = 40
     panel.play.playing = False  # Stop: the Play widget sets playing off and rewinds its value to 0,
     panel.play.value = 0
     panel.time_slider.value = 0  # which the browser's jslink copies to the time slider
     assert panel.time_slider.value == 100 and panel.reveal.t == panel.reveal.t_end
-    assert np.array_equal(full, _pixels(panel))
+    curves = [ln for ln in panel.reveal.loss_ax.lines if (ln.get_gid() or "").startswith("loss:")]
+    assert curves and all(len(ln.get_xdata()) == len(tr.quality) for ln, tr in zip(curves, panel.traces))
