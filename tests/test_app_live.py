@@ -107,7 +107,41 @@ def test_the_ssp_toggle_names_the_current_staleness(panel):
 def test_export_writes_the_animation(panel, tmp_path):
     path = panel.export(str(tmp_path / "lecture.html"), frames=3)
     assert open(path, encoding="utf-8").read().count("data:image/png;base64") == 3
-    assert "lecture.html" in panel.status.value
+    assert "lecture.html" in panel.export_note.value
+
+
+def test_export_by_default_writes_a_small_file_outside_the_checkout(tiny_problem):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    p = LivePanel(LiveSettings(n_workers=16, steps=100), problem=tiny_problem)
+    try:
+        path = Path(p.export())
+        assert path.is_file() and repo not in path.parents
+        assert path.stat().st_size < 3e6
+        text = path.read_text(encoding="utf-8")
+        assert text.count("data:image/png;base64") == 30 and "https://" not in text and "http://" not in text
+        assert "playing = true" in text  # it plays on load
+        assert str(path) in p.export_note.value
+    finally:
+        p.close()
+
+
+def test_export_in_the_background_keeps_the_panel_live(panel, tmp_path):
+    async def scenario() -> tuple[bool, bool, str]:
+        panel._loop = asyncio.get_running_loop()
+        path = panel.export(str(tmp_path / "bg.html"), frames=4, wait=False)
+        busy = panel.export_button.disabled  # the kernel got control back before the frames were drawn
+        for _ in range(600):
+            await asyncio.sleep(0.05)
+            if not panel.export_button.disabled:
+                break
+        return busy, panel.export_button.disabled, path
+
+    busy, still, path = asyncio.run(scenario())
+    assert busy and not still
+    assert open(path, encoding="utf-8").read().count("data:image/png;base64") == 4
+    assert "bg.html" in panel.export_note.value
 
 
 def test_changes_in_an_event_loop_run_in_the_background_and_coalesce(tiny_problem):

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import html
 import io
 import os
+import tempfile
 import time
 from dataclasses import asdict, replace
 from typing import Any
@@ -89,7 +91,7 @@ class LivePanel:
     """
 
     def __init__(self, settings: LiveSettings | None = None, problem: Any = None, figsize: tuple[float, float] = (13.5, 8),
-                 debounce: float = 0.15, export_dir: str = ".", processes: int | None = None,
+                 debounce: float = 0.15, export_dir: str | None = None, processes: int | None = None,
                  progress_after: float = 0.3) -> None:
         check.non_negative("debounce", debounce)
         check.non_negative("progress_after", progress_after)
@@ -109,6 +111,7 @@ class LivePanel:
         except RuntimeError:
             self._loop = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="simlib-live")
+        self._export_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="simlib-export")
         self._gen = 0
         self._pending: asyncio.TimerHandle | None = None
         self._last_progress = 0.0
@@ -176,7 +179,8 @@ class LivePanel:
         self.play.observe(self._on_playing, names="playing")
         self.c_speed.observe(lambda ch: setattr(self.play, "interval", max(10, int(100 / ch["new"]))), names="value")
         self.export_button = W.Button(description="Export HTML")
-        self.export_button.on_click(lambda _: self.export())
+        self.export_button.on_click(lambda _: self.export(wait=False))
+        self.export_note = W.HTML()
         self.progress = W.FloatProgress(value=0.0, min=0.0, max=1.0, description="", layout=W.Layout(width="20em",
                                                                                                    visibility="hidden"))
         self.status = W.HTML(layout=W.Layout(width="100%"))
@@ -193,7 +197,7 @@ class LivePanel:
         left.add_class("simlib-controls")
         playrow = W.HBox([self.play, self.c_speed, self.time_slider, self.export_button])
         playrow.add_class("simlib-playrow")
-        right = W.VBox([self._image, playrow, W.HBox([self.progress]), self.status])
+        right = W.VBox([self._image, playrow, W.HBox([self.progress, self.export_note]), self.status])
         right.add_class("simlib-main")
         self.widget = W.VBox([title, W.HBox([left, right], layout=W.Layout(width="100%"))],
                              layout=W.Layout(width="100%"))
@@ -383,18 +387,60 @@ class LivePanel:
             f"<br><small>redraw #{self.redraws} in {self.last_redraw_s:.2f} s</small></div>"
         )
 
-    def export(self, path: str | None = None, frames: int = 48) -> str:
-        """Write the play-mode animation of the current runs to a self-contained HTML (or .gif) file."""
-        path = path or os.path.join(self.export_dir, "live-animation.html")
+    def export(self, path: str | None = None, frames: int = 30, wait: bool = True) -> str:
+        """Write the play-mode animation to a self-contained HTML (or .gif) file; returns its path.
+
+        By default into a fresh temporary folder (never the checkout). With ``wait=False`` the
+        frames are drawn in a background thread while the progress bar fills, so the panel stays live.
+        """
+        if path is None:
+            folder = self.export_dir or tempfile.mkdtemp(prefix="simlib-live-export-")
+            path = os.path.join(folder, "live-animation.html")
+        path = os.path.abspath(path)
         t_end = max(t.makespan for t in self.traces) or 1.0
-        export_animation(self.traces, path, frames=frames, window=t_end * self.c_window.value / 100)
-        self.status.value += f"<div>animation written to <code>{os.path.abspath(path)}</code></div>"
+        traces, window, rows = list(self.traces), t_end * self.c_window.value / 100, self.rows()
+        loop = self._loop
+
+        def progress(frac: float) -> None:
+            if loop is not None and not wait:
+                loop.call_soon_threadsafe(self._show_export_progress, frac)
+
+        def work() -> str:
+            return export_animation(traces, path, frames=frames, window=window, max_workers=rows, progress=progress)
+
+        if wait or loop is None:
+            self._export_done(work())
+            return path
+        self.export_button.disabled = True
+        self._show_export_progress(0.0)
+        fut = self._export_executor.submit(work)
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._export_finished, f))
         return path
+
+    def _show_export_progress(self, frac: float) -> None:
+        self.progress.layout.visibility = "visible"
+        self.progress.description = "export"
+        self.progress.value = frac
+
+    def _export_finished(self, fut: concurrent.futures.Future) -> None:
+        self.export_button.disabled = False
+        self.progress.layout.visibility = "hidden"
+        if fut.exception() is not None:
+            self._show_error(fut.exception())
+        else:
+            self._export_done(fut.result())
+
+    def _export_done(self, path: str) -> None:
+        """Say where the animation went, in a line that stays until the next export."""
+        size = os.path.getsize(path) / 1e6
+        self.export_note.value = (f"animation ({size:.1f} MB): <a href='file://{html.escape(path)}' target='_blank'>"
+                                  f"{html.escape(path)}</a>")
 
     def close(self) -> None:
         """Stop the worker thread and release the figure's widget."""
         self._gen += 1
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._export_executor.shutdown(wait=True, cancel_futures=True)
         self.widget.close()
 
     def settings_dict(self) -> dict[str, Any]:
