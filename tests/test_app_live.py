@@ -125,6 +125,10 @@ def test_export_by_default_writes_a_small_file_outside_the_checkout(tiny_problem
         assert str(path) in p.export_note.value
     finally:
         p.close()
+        if "path" in locals():
+            import shutil
+
+            shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def test_export_in_the_background_keeps_the_panel_live(panel, tmp_path):

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from test_browser_live import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, _alive, _descendants
+from test_browser_live import CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, _alive, _children, _descendants
 
 pytestmark = pytest.mark.browser
 
@@ -61,7 +61,7 @@ def voila(tmp_path_factory) -> Iterator[str]:
                 if server.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("Voilà did not start:\n" + (tmp / "voila.log").read_text()[-3000:])
                 time.sleep(0.3)
-        yield base
+        yield base, server.pid
     finally:
         kernels.update(_descendants(server.pid))
         server.terminate()
@@ -119,6 +119,7 @@ def _assert_inside(boxes: dict, width: int, height: int) -> None:
 
 @pytest.mark.parametrize("width, height", [(1280, 720), (1920, 1080)])
 def test_panel_fits_the_window_and_projector_mode_is_readable(voila, width, height):
+    voila, _ = voila
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     outside: list[str] = []
     with sync_api.sync_playwright() as pw:
@@ -149,3 +150,33 @@ def test_panel_fits_the_window_and_projector_mode_is_readable(voila, width, heig
         finally:
             browser.close()
     assert not outside, f"requests left the machine: {outside}"
+
+
+def _kernels(server_pid: int) -> list[int]:
+    """Kernel processes under the server (their command lines name ipykernel)."""
+    out = []
+    for pid in _children(server_pid):
+        try:
+            if b"ipykernel" in Path(f"/proc/{pid}/cmdline").read_bytes() and _alive(pid):
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_reloading_the_page_leaves_at_most_one_kernel(voila):
+    base, server_pid = voila
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 720})
+            page.set_default_timeout(TIMEOUT_MS)
+            for _ in range(3):
+                _open_panel(page, base)
+            assert len(_kernels(server_pid)) >= 2  # the reloads did start kernels
+            deadline = time.monotonic() + 90  # the server culls unconnected idle kernels
+            while len(_kernels(server_pid)) > 1 and time.monotonic() < deadline:
+                time.sleep(2)
+            assert len(_kernels(server_pid)) <= 1, f"kernels left running: {_kernels(server_pid)}"
+        finally:
+            browser.close()
