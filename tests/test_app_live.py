@@ -17,7 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from simlib.app.live import LivePanel  # noqa: E402
 from simlib.app.scenario import LiveSettings  # noqa: E402
 
-SMALL = dict(n_workers=4, steps=20)
+# One persistently slow worker and SSP(3): the tests below reason about that worker.
+SMALL = dict(n_workers=4, steps=20, straggler="slow worker", staleness=3)
 
 
 @pytest.fixture
@@ -87,19 +88,64 @@ def test_play_mode_reveals_time_and_counts_waiting(panel):
     assert panel.play.interval == 50
 
 
-def test_projector_size_enlarges_the_figure(panel):
-    w, h = panel.fig.get_size_inches()
+def test_projector_mode_sets_the_css_class_and_sharpens_the_figure(panel):
+    h, w = _pixels(panel).shape[:2]
     panel.c_large.value = True
-    assert tuple(panel.fig.get_size_inches()) == pytest.approx((1.35 * w, 1.35 * h))
-    assert _pixels(panel).shape[:2] == (round(1.35 * h * panel.fig.dpi), round(1.35 * w * panel.fig.dpi))
+    assert "simlib-projector" in panel.widget._dom_classes  # the style sheet's 24 px rules hang on it
+    big = _pixels(panel).shape[:2]
+    assert big[0] > h and big[1] > w and big[1] / big[0] == pytest.approx(w / h, rel=0.01)
     panel.c_large.value = False
-    assert tuple(panel.fig.get_size_inches()) == pytest.approx((w, h))
+    assert "simlib-projector" not in panel.widget._dom_classes and _pixels(panel).shape[:2] == (h, w)
+
+
+def test_the_ssp_toggle_names_the_current_staleness(panel):
+    assert panel.c_protocols["ssp"].description == "SSP(3)"
+    panel.c_staleness.value = 5
+    assert panel.c_protocols["ssp"].description == "SSP(5)"
 
 
 def test_export_writes_the_animation(panel, tmp_path):
     path = panel.export(str(tmp_path / "lecture.html"), frames=3)
     assert open(path, encoding="utf-8").read().count("data:image/png;base64") == 3
-    assert "lecture.html" in panel.status.value
+    assert "lecture.html" in panel.export_note.value
+
+
+def test_export_by_default_writes_a_small_file_outside_the_checkout(tiny_problem):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    p = LivePanel(LiveSettings(n_workers=16, steps=100), problem=tiny_problem)
+    try:
+        path = Path(p.export())
+        assert path.is_file() and repo not in path.parents
+        assert path.stat().st_size < 3e6
+        text = path.read_text(encoding="utf-8")
+        assert text.count("data:image/png;base64") == 30 and "https://" not in text and "http://" not in text
+        assert "playing = true" in text  # it plays on load
+        assert str(path) in p.export_note.value
+    finally:
+        p.close()
+        if "path" in locals():
+            import shutil
+
+            shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def test_export_in_the_background_keeps_the_panel_live(panel, tmp_path):
+    async def scenario() -> tuple[bool, bool, str]:
+        panel._loop = asyncio.get_running_loop()
+        path = panel.export(str(tmp_path / "bg.html"), frames=4, wait=False)
+        busy = panel.export_button.disabled  # the kernel got control back before the frames were drawn
+        for _ in range(600):
+            await asyncio.sleep(0.05)
+            if not panel.export_button.disabled:
+                break
+        return busy, panel.export_button.disabled, path
+
+    busy, still, path = asyncio.run(scenario())
+    assert busy and not still
+    assert open(path, encoding="utf-8").read().count("data:image/png;base64") == 4
+    assert "bg.html" in panel.export_note.value
 
 
 def test_changes_in_an_event_loop_run_in_the_background_and_coalesce(tiny_problem):
@@ -142,3 +188,30 @@ def test_a_long_run_shows_progress_and_the_kernel_stays_responsive(tiny_problem)
     ticks, shown, last = asyncio.run(scenario())
     assert ticks >= 3  # a synchronous run would have blocked the loop: zero ticks until it finished
     assert "visible" in shown and last > 0.0
+
+
+def test_changing_the_workers_changes_the_rows_drawn_and_the_time_per_step(tiny_problem):
+    p = LivePanel(LiveSettings(n_workers=4, steps=20, protocols=("bsp",)), problem=tiny_problem, figsize=(10, 6))
+    try:
+        def shown() -> tuple[float, float]:
+            lo, hi = sorted(p.reveal.timelines[0].get_ylim())
+            return hi - lo, p.traces[0].summary()["time_per_step"]
+
+        rows4, step4 = shown()
+        p.c_workers.value = 12
+        rows12, step12 = shown()
+        assert p.rows() == 12 and rows12 >= rows4 + 8  # one row per worker
+        assert step12 > step4  # BSP waits for the slowest of more jittered workers
+    finally:
+        p.close()
+
+
+def test_stop_shows_the_whole_run_not_blank_axes(panel):
+    panel.play.playing = True
+    panel.time_slider.value = 40
+    panel.play.playing = False  # Stop: the Play widget sets playing off and rewinds its value to 0,
+    panel.play.value = 0
+    panel.time_slider.value = 0  # which the browser's jslink copies to the time slider
+    assert panel.time_slider.value == 100 and panel.reveal.t == panel.reveal.t_end
+    curves = [ln for ln in panel.reveal.loss_ax.lines if (ln.get_gid() or "").startswith("loss:")]
+    assert curves and all(len(ln.get_xdata()) == len(tr.quality) for ln, tr in zip(curves, panel.traces))

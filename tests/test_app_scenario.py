@@ -25,6 +25,20 @@ def test_settings_map_sliders_to_simulator_configs():
     assert [c.protocol for c in ring] == ["bsp"] and ring[0].topology == "allreduce"
 
 
+def test_the_default_scenario_tells_the_protocols_apart():
+    """Default settings, real workload: the title's ratio is at least 1.3x and the waiting shares are far apart."""
+    from simlib.viz.plots import default_target, finding
+
+    runner = Runner()
+    bsp, ssp, asy = runner.run(LiveSettings().configs(runner.nnz_per_row))
+    wait = [t.summary()["wait_fraction"] for t in (bsp, ssp, asy)]
+    assert wait[0] > 0.25 and wait[0] - wait[1] > 0.15 and wait[1] - wait[2] > 0.05, wait
+    target = default_target([bsp, ssp, asy])
+    assert bsp.time_to(target) / min(ssp.time_to(target), asy.time_to(target)) >= 1.3
+    ratio = float(finding([bsp, ssp, asy], target).split("x sooner")[0].split()[-1])
+    assert ratio >= 1.3
+
+
 @pytest.mark.parametrize("field, value", [("n_workers", 0), ("protocols", ("bsp", "gossip")), ("staleness", -1),
                                           ("straggler", "cosmic rays"), ("severity", 0.5), ("latency", -1.0),
                                           ("bandwidth", 0.0), ("topology", "tree")])

@@ -45,7 +45,7 @@ def test_reveal_shows_the_state_at_t_and_counts_waiting_workers():
     # BSP with worker 0 taking 3 s: at t = 2 s workers 1-3 have pushed (1.1 s) and wait for it.
     reveal(2.0)
     assert reveal.waiting_at(0, 2.0) == 3 and reveal.waiting_at(1, 2.0) == 0
-    assert "3 waiting" in reveal._texts[0].get_text()
+    assert "3 of 4 waiting" in reveal._texts[0].get_text()
     assert list(reveal._cursors[0].get_xdata()) == [2.0, 2.0]
     bsp_line = [ln for ln in reveal.loss_ax.lines if ln.get_gid() == "loss:BSP"][0]
     assert len(bsp_line.get_xdata()) == 0  # BSP's first loss point comes at 3.2 s
@@ -55,6 +55,13 @@ def test_reveal_shows_the_state_at_t_and_counts_waiting_workers():
     reveal(reveal.t_end)
     assert len(bsp_line.get_xdata()) == len(runs[0].quality)
     assert not reveal._cursors[0].get_visible()
+
+
+def test_the_waiting_count_covers_only_the_rows_drawn():
+    reveal = draw_runs(_figure(), _runs(), max_workers=2)  # rows 0 and 1: worker 0 computes, 1 waits
+    reveal(2.0)
+    assert reveal.waiting_at(0, 2.0) == 1
+    assert "1 of 2 waiting" in reveal._texts[0].get_text()
 
 
 def test_a_window_zooms_and_pans_with_the_cursor():

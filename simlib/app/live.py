@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import html
 import io
 import os
+import tempfile
 import time
-import warnings
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -47,27 +48,38 @@ __all__ = ["LivePanel", "live_panel", "LiveSettings", "Runner", "live_problem", 
 PROTOCOL_NAMES = {"bsp": "BSP", "ssp": "SSP(s)", "async": "Async"}
 TOPOLOGY_NAMES = {"ps": "PS shards", "allreduce": "ring all-reduce"}
 PLAY_FRAMES = 100
+DPI = 80  # figure pixels per inch at laptop size; the browser scales the image to the space it has
+PROJECTOR_DPI = 110  # sharper pixels for a projector, where the image is drawn larger
+
+# The panel's own style sheet. The figure is an image scaled to the width it gets and never taller
+# than the window minus the heading and the play row, so figure, controls, Play and Export stay on
+# screen from a 1280x720 laptop to a 1920x1080 projector. Projector mode sets every control's text
+# to 24 px (ipywidgets reads its sizes from these CSS variables).
+PANEL_CSS = """
+.simlib-live { --jp-widgets-font-size: 15px; --jp-widgets-inline-height: 28px; font-size: 15px; }
+.simlib-live.simlib-projector { --jp-widgets-font-size: 24px; --jp-widgets-inline-height: 38px; font-size: 24px; }
+.simlib-live .widget-label, .simlib-live .widget-readout, .simlib-live .widget-button,
+.simlib-live .widget-toggle-button, .simlib-live select, .simlib-live .widget-html-content,
+.simlib-live .widget-label-basic, .simlib-live .widget-dropdown > select { font-size: inherit !important; }
+.simlib-live .widget-readout { min-width: 4.5em; }
+.simlib-live h2 { font-size: 1.35em; margin: 0.1em 0 0.2em 0; }
+.simlib-live .simlib-controls { flex: 0 0 25em; width: 25em; }
+.simlib-live .simlib-controls .widget-slider, .simlib-live .simlib-controls .widget-dropdown { width: 100%; }
+.simlib-live .simlib-main { flex: 1 1 auto; min-width: 0; }
+.simlib-live .simlib-figure { width: 100%; height: auto; max-height: calc(100vh - 5.5em); object-fit: contain;
+  object-position: left top; }
+.simlib-live .simlib-playrow { flex-wrap: wrap; }
+.simlib-live button.widget-button, .simlib-live button.widget-toggle-button { width: auto; padding: 0 0.6em; }
+.simlib-live .simlib-controls .widget-toggle-buttons .widget-toggle-button { width: 7.8em; }
+.simlib-live .simlib-playrow .widget-slider { width: 18em; }
+"""
 
 
-def _canvas_for(fig: Figure) -> tuple[Any, bool]:
-    """An ipympl canvas widget for ``fig`` if ipympl is installed (True), else an Agg canvas (False)."""
-    try:
-        from ipympl.backend_nbagg import Canvas, FigureManager
-    except ImportError:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
+def _image_canvas(fig: Figure) -> Any:
+    """An Agg canvas for ``fig``: the panel sends PNGs to an image the browser scales to fit."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-        return FigureCanvasAgg(fig), False
-    canvas = Canvas(fig)
-    with warnings.catch_warnings():
-        # ipympl 0.10's toolbar passes an argument traitlets deprecates; nothing to fix on our side.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        FigureManager(canvas, 0)
-    canvas.header_visible = False
-    canvas.footer_visible = False
-    canvas.toolbar_visible = False
-    canvas.resizable = False
-    canvas.layout = W.Layout(width="100%")
-    return canvas, True
+    return FigureCanvasAgg(fig)
 
 
 class LivePanel:
@@ -79,7 +91,7 @@ class LivePanel:
     """
 
     def __init__(self, settings: LiveSettings | None = None, problem: Any = None, figsize: tuple[float, float] = (13.5, 8),
-                 debounce: float = 0.15, export_dir: str = ".", processes: int | None = None,
+                 debounce: float = 0.15, export_dir: str | None = None, processes: int | None = None,
                  progress_after: float = 0.3) -> None:
         check.non_negative("debounce", debounce)
         check.non_negative("progress_after", progress_after)
@@ -99,31 +111,38 @@ class LivePanel:
         except RuntimeError:
             self._loop = None
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="simlib-live")
+        self._export_executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="simlib-export")
         self._gen = 0
         self._pending: asyncio.TimerHandle | None = None
         self._last_progress = 0.0
         with style():
-            self.fig = Figure(figsize=figsize, dpi=80)
-        self.canvas, self._widget_canvas = _canvas_for(self.fig)
-        self._image = None if self._widget_canvas else W.Image(format="png", layout=W.Layout(width="100%"))
+            self.fig = Figure(figsize=figsize, dpi=DPI)
+        # An image, not an ipympl canvas: a canvas has a fixed pixel size (and a resize handle), an
+        # image scales with the browser window.
+        self.canvas = _image_canvas(self.fig)
+        self._image = W.Image(format="png")
+        self._image.add_class("simlib-figure")
         self._build()
         self.refresh()
 
     # -- controls ---------------------------------------------------------------------------
     def _build(self) -> None:
         s = self.settings
-        wide = {"style": {"description_width": "9em"}, "layout": W.Layout(width="30em")}
+        wide = {"style": {"description_width": "8.5em"}}
         self.c_workers = W.IntSlider(s.n_workers, min=1, max=64, description="workers", continuous_update=False, **wide)
         self.c_steps = W.IntSlider(s.steps, min=10, max=1000, step=10, description="steps", continuous_update=False,
                                    **wide)
         self.c_protocols = {p: W.ToggleButton(value=p in s.protocols, description=PROTOCOL_NAMES[p],
-                                              layout=W.Layout(width="9em")) for p in PROTOCOLS}
+                                              layout=W.Layout(width="7.5em")) for p in PROTOCOLS}
+        self.c_protocols["ssp"].description = f"SSP({s.staleness})"
         for b in self.c_protocols.values():
             # A chosen protocol is drawn in the accent colour: the default grey pressed state is hard to see projected.
             b.button_style = "primary" if b.value else ""
             b.observe(lambda ch: setattr(ch["owner"], "button_style", "primary" if ch["new"] else ""), names="value")
         self.c_staleness = W.IntSlider(s.staleness, min=0, max=20, description="staleness s", continuous_update=False,
                                        **wide)
+        self.c_staleness.observe(lambda ch: setattr(self.c_protocols["ssp"], "description", f"SSP({ch['new']})"),
+                                 names="value")
         self.c_straggler = W.Dropdown(options=STRAGGLERS, value=s.straggler, description="stragglers", **wide)
         self.c_severity = W.FloatSlider(s.severity, min=1.0, max=10.0, step=0.5, description="severity (x)",
                                         continuous_update=False, **wide)
@@ -133,16 +152,15 @@ class LivePanel:
                                             description="bandwidth (B/s)", readout_format=".1e",
                                             continuous_update=False, **wide)
         self.c_topology = W.ToggleButtons(options=[(v, k) for k, v in TOPOLOGY_NAMES.items()], value=s.topology,
-                                          description="topology", style={"description_width": "9em",
-                                                                          "button_width": "10em"})
+                                          description="topology", style={"description_width": "8.5em",
+                                                                          "button_width": ""})
         self.c_servers = W.IntSlider(s.n_servers, min=1, max=8, description="PS shards", continuous_update=False,
                                      **wide)
         self.c_compression = W.Dropdown(options=COMPRESSIONS, value=s.compression, description="compression",
                                         **wide)
         self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", continuous_update=False, **wide)
-        self.c_large = W.ToggleButton(False, description="projector size", icon="expand",
-                                      tooltip="a larger figure, for a full-screen browser on a projector")
-        self._figsize = tuple(self.fig.get_size_inches())
+        self.c_large = W.ToggleButton(False, description="projector mode",
+                                      tooltip="24 px controls and a sharper figure, for a full-screen browser on a projector")
         self.c_large.observe(self._on_large, names="value")
         self._controls = [self.c_workers, self.c_steps, *self.c_protocols.values(), self.c_staleness,
                           self.c_straggler, self.c_severity, self.c_latency, self.c_bandwidth, self.c_topology,
@@ -153,30 +171,34 @@ class LivePanel:
 
         self.play = W.Play(value=PLAY_FRAMES, min=0, max=PLAY_FRAMES, step=1, interval=100, description="play")
         self.c_speed = W.FloatLogSlider(1.0, base=2, min=-2, max=2, step=0.5, description="speed (x)",
-                                        style={"description_width": "6em"})
+                                        style={"description_width": "5em"})
         self.time_slider = W.IntSlider(PLAY_FRAMES, min=0, max=PLAY_FRAMES, description="time (%)",
-                                       style={"description_width": "6em"}, layout=W.Layout(width="40em"))
+                                       style={"description_width": "5em"})
         W.jslink((self.play, "value"), (self.time_slider, "value"))
         self.time_slider.observe(self._on_time, names="value")
+        self.play.observe(self._on_playing, names="playing")
         self.c_speed.observe(lambda ch: setattr(self.play, "interval", max(10, int(100 / ch["new"]))), names="value")
-        self.export_button = W.Button(description="Export HTML", icon="download")
-        self.export_button.on_click(lambda _: self.export())
+        self.export_button = W.Button(description="Export HTML")
+        self.export_button.on_click(lambda _: self.export(wait=False))
+        self.export_note = W.HTML()
         self.progress = W.FloatProgress(value=0.0, min=0.0, max=1.0, description="", layout=W.Layout(width="20em",
                                                                                                    visibility="hidden"))
         self.status = W.HTML(layout=W.Layout(width="100%"))
         self.status.add_class("simlib-live-status")
 
-        title = W.HTML("<h2 style='margin:0.2em 0'>Live: BSP, SSP and async on a simulated cluster</h2>")
+        title = W.HTML("<style>" + PANEL_CSS + "</style><h2>Live: BSP, SSP and async on a simulated cluster</h2>")
         left = W.VBox([
             W.HTML("<b>cluster</b>"), self.c_workers, self.c_steps,
             W.HTML("<b>protocols</b>"), W.HBox(list(self.c_protocols.values())), self.c_staleness,
             W.HTML("<b>stragglers</b>"), self.c_straggler, self.c_severity,
             W.HTML("<b>network</b>"), self.c_latency, self.c_bandwidth, self.c_topology, self.c_servers,
             self.c_compression, W.HTML("<b>view</b>"), self.c_window, self.c_large,
-        ], layout=W.Layout(min_width="31em"))
-        figure = self.canvas if self._widget_canvas else self._image
-        right = W.VBox([figure, W.HBox([self.play, self.c_speed, self.time_slider, self.export_button]),
-                        W.HBox([self.progress]), self.status], layout=W.Layout(width="100%"))
+        ])
+        left.add_class("simlib-controls")
+        playrow = W.HBox([self.play, self.c_speed, self.time_slider, self.export_button])
+        playrow.add_class("simlib-playrow")
+        right = W.VBox([self._image, playrow, W.HBox([self.progress, self.export_note]), self.status])
+        right.add_class("simlib-main")
         self.widget = W.VBox([title, W.HBox([left, right], layout=W.Layout(width="100%"))],
                              layout=W.Layout(width="100%"))
         self.widget.add_class("simlib-live")
@@ -295,7 +317,7 @@ class LivePanel:
 
     def _show_error(self, exc: BaseException) -> None:
         """Say what is wrong in the status line instead of drawing."""
-        self.status.value = f"<span style='color:#D55E00;font-size:16pt'>cannot run: {exc}</span>"
+        self.status.value = f"<span style='color:#D55E00'>cannot run: {exc}</span>"
 
     # -- drawing ----------------------------------------------------------------------------
     def _finish_draw(self, traces: list[Trace], t0: float) -> None:
@@ -314,33 +336,44 @@ class LivePanel:
             return
         t_end = max(t.makespan for t in self.traces) or 1.0
         with style():
-            self.reveal = draw_runs(self.fig, self.traces, window=t_end * self.c_window.value / 100)
+            self.reveal = draw_runs(self.fig, self.traces, window=t_end * self.c_window.value / 100,
+                                    max_workers=self.rows())
         self._show()
 
     def _show(self) -> None:
-        """Push the figure to the browser: ipympl sends a PNG on draw; the fallback re-encodes one."""
-        if self._widget_canvas:
-            self.canvas.draw_idle()
-        else:
-            self.canvas.draw()
-            buf = io.BytesIO()
-            self.fig.savefig(buf, format="png")
-            assert self._image is not None
-            self._image.value = buf.getvalue()
+        """Push the figure to the browser as one PNG."""
+        buf = io.BytesIO()
+        self.fig.savefig(buf, format="png")
+        self._image.value = buf.getvalue()
+
+    def rows(self) -> int:
+        """Timeline rows drawn: every worker of the run (the workers slider goes to 64)."""
+        return max((t.n_workers for t in self.traces), default=1)
 
     def _on_large(self, change: dict[str, Any]) -> None:
-        """Projector size: 1.35x the figure (fonts stay the same size, so more fits legibly)."""
-        w, h = self._figsize
-        scale = 1.35 if change["new"] else 1.0
-        self.fig.set_size_inches(w * scale, h * scale)
+        """Projector mode: 24 px control text (a CSS class) and a figure with more pixels."""
+        if change["new"]:
+            self.widget.add_class("simlib-projector")
+        else:
+            self.widget.remove_class("simlib-projector")
+        self.fig.set_dpi(PROJECTOR_DPI if change["new"] else DPI)
         self._draw()
 
     def _on_time(self, change: dict[str, Any]) -> None:
         """Play mode: reveal the runs up to the slider's share of the longest run."""
         if self.reveal is None:
             return
+        if change["new"] == 0 and not self.play.playing:
+            # Stop rewinds to 0; an empty figure there looks like a crash, so show the whole run.
+            self.time_slider.value = PLAY_FRAMES
+            return
         self.reveal(change["new"] / PLAY_FRAMES * self.reveal.t_end)
         self._show()
+
+    def _on_playing(self, change: dict[str, Any]) -> None:
+        """Stop (not Pause) leaves the slider at 0: show the whole run instead of blank axes."""
+        if not change["new"] and self.play.value == self.play.min:
+            self.time_slider.value = PLAY_FRAMES
 
     def _write_status(self) -> None:
         """One line per run: time per step, waiting share, staleness, bytes; plus the redraw count."""
@@ -350,24 +383,64 @@ class LivePanel:
             rows.append(f"<b>{tr.label}</b>: {s['time_per_step'] * 1e3:.3g} ms/step, {s['wait_fraction']:.0%} waiting, "
                         f"max staleness {s['max_staleness']:.0f}, {s['bytes_sent'] / 1e6:.3g} MB sent")
         self.status.value = (
-            f"<div style='font-size:15pt' data-redraws='{self.redraws}'>" + "<br>".join(rows) +
+            f"<div data-redraws='{self.redraws}'>" + "<br>".join(rows) +
             f"<br><small>redraw #{self.redraws} in {self.last_redraw_s:.2f} s</small></div>"
         )
 
-    def export(self, path: str | None = None, frames: int = 48) -> str:
-        """Write the play-mode animation of the current runs to a self-contained HTML (or .gif) file."""
-        path = path or os.path.join(self.export_dir, "live-animation.html")
+    def export(self, path: str | None = None, frames: int = 30, wait: bool = True) -> str:
+        """Write the play-mode animation to a self-contained HTML (or .gif) file; returns its path.
+
+        By default into a fresh temporary folder (never the checkout). With ``wait=False`` the
+        frames are drawn in a background thread while the progress bar fills, so the panel stays live.
+        """
+        if path is None:
+            folder = self.export_dir or tempfile.mkdtemp(prefix="simlib-live-export-")
+            path = os.path.join(folder, "live-animation.html")
+        path = os.path.abspath(path)
         t_end = max(t.makespan for t in self.traces) or 1.0
-        export_animation(self.traces, path, frames=frames, window=t_end * self.c_window.value / 100)
-        self.status.value += f"<div>animation written to <code>{os.path.abspath(path)}</code></div>"
+        traces, window, rows = list(self.traces), t_end * self.c_window.value / 100, self.rows()
+        loop = self._loop
+
+        def progress(frac: float) -> None:
+            if loop is not None and not wait:
+                loop.call_soon_threadsafe(self._show_export_progress, frac)
+
+        def work() -> str:
+            return export_animation(traces, path, frames=frames, window=window, max_workers=rows, progress=progress)
+
+        if wait or loop is None:
+            self._export_done(work())
+            return path
+        self.export_button.disabled = True
+        self._show_export_progress(0.0)
+        fut = self._export_executor.submit(work)
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._export_finished, f))
         return path
+
+    def _show_export_progress(self, frac: float) -> None:
+        self.progress.layout.visibility = "visible"
+        self.progress.description = "export"
+        self.progress.value = frac
+
+    def _export_finished(self, fut: concurrent.futures.Future) -> None:
+        self.export_button.disabled = False
+        self.progress.layout.visibility = "hidden"
+        if fut.exception() is not None:
+            self._show_error(fut.exception())
+        else:
+            self._export_done(fut.result())
+
+    def _export_done(self, path: str) -> None:
+        """Say where the animation went, in a line that stays until the next export."""
+        size = os.path.getsize(path) / 1e6
+        self.export_note.value = (f"animation ({size:.1f} MB): <a href='file://{html.escape(path)}' target='_blank'>"
+                                  f"{html.escape(path)}</a>")
 
     def close(self) -> None:
         """Stop the worker thread and release the figure's widget."""
         self._gen += 1
         self._executor.shutdown(wait=True, cancel_futures=True)
-        if self._widget_canvas:
-            self.canvas.close()
+        self._export_executor.shutdown(wait=True, cancel_futures=True)
         self.widget.close()
 
     def settings_dict(self) -> dict[str, Any]:

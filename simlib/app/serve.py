@@ -18,19 +18,21 @@ import tempfile
 from pathlib import Path
 
 HOST = "127.0.0.1"
+# A Jupyter data folder holding the panel's Voilà template (the lab page, less its CDN stylesheets).
+TEMPLATE_ROOT = Path(__file__).resolve().parent
+TEMPLATE = "simlib-live"
+# A reloaded page leaves its kernel behind; Voilà shuts down kernels idle and unconnected this long.
+CULL_IDLE_S = 20
+CULL_INTERVAL_S = 5
 
 # The notebook the panel lives in; lessons/live.ipynb holds exactly these cells (a test checks it).
+# One code cell and no markdown: Voilà shows outputs only, so the page is the panel and its own title.
 LIVE_NOTEBOOK_CELLS: list[tuple[str, str]] = [
-    ("markdown",
-     "# Live: BSP, SSP and async on a simulated cluster\n"
-     "\n"
-     "Run this cell, then move a slider: every change re-simulates the chosen protocols and redraws their\n"
-     "timelines (red = waiting) and loss against simulated time. **Play** replays the run as simulated\n"
-     "time advances; **Export HTML** writes that animation to a file that opens in any browser, offline.\n"
-     "\n"
-     "On a projector: press **projector size**, then View > Presentation Mode (or start the panel alone\n"
-     "with `python -m simlib live`)."),
     ("code",
+     "# Live: BSP, SSP and async on a simulated cluster. Run this cell, then move a slider: every change\n"
+     "# re-simulates the chosen protocols and redraws their timelines and loss against simulated time.\n"
+     "# Play replays the runs; Export HTML writes that animation to a file that opens offline.\n"
+     "# On a projector: `python -m simlib live` serves the panel alone; press 'projector mode'.\n"
      "from simlib.app.live import LivePanel\n"
      "\n"
      "panel = LivePanel()\n"
@@ -104,7 +106,10 @@ def build_command(args: argparse.Namespace) -> list[str]:
         raise ValueError(f"notebook {str(notebook)!r} does not exist")
     if server == "voila":
         cmd = [sys.executable, "-m", "voila", str(notebook), f"--Voila.ip={HOST}", f"--port={port}",
-               "--theme=light"]
+               "--theme=light", f"--template={TEMPLATE}",
+               f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_S}",
+               f"--MappingKernelManager.cull_interval={CULL_INTERVAL_S}",
+               "--MappingKernelManager.cull_connected=False"]
         if args.no_browser:
             cmd.append("--no-browser")
         return cmd
@@ -113,6 +118,13 @@ def build_command(args: argparse.Namespace) -> list[str]:
     if args.no_browser:
         cmd.append("--no-browser")
     return cmd
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with the panel's template folder on JUPYTER_PATH."""
+    env = dict(os.environ if base is None else base)
+    env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(TEMPLATE_ROOT), env.get("JUPYTER_PATH", "")) if p)
+    return env
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     lab = cmd[2] == "jupyter"
     print(f"serving the live panel on http://{HOST}:{args.port}"
           + (" (JupyterLab: Run > Run All Cells to start it)" if lab else "") + "; Ctrl-C stops it", flush=True)
-    proc = subprocess.Popen(cmd, env=dict(os.environ))
+    proc = subprocess.Popen(cmd, env=server_env())
     try:
         return proc.wait()
     except KeyboardInterrupt:

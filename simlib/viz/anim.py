@@ -12,10 +12,12 @@ self-contained HTML page or a GIF for slides) both go through it. Example::
 """
 from __future__ import annotations
 
+import base64
+import html
+import io
 import os
-import re
 from typing import TYPE_CHECKING
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from matplotlib.artist import Artist
@@ -42,14 +44,16 @@ class Reveal:
     """Shows a figure drawn by :func:`draw_runs` as it stood at time t (t >= makespan shows everything)."""
 
     def __init__(self, fig: Figure, traces: Sequence[Trace], timelines: Sequence[Axes], loss_ax: Axes | None,
-                 window: float | None = None) -> None:
+                 window: float | None = None, max_workers: int | None = None) -> None:
         self.fig = fig
         self.traces = list(traces)
         self.timelines = list(timelines)
         self.loss_ax = loss_ax
         self.t_end = max((t.makespan for t in self.traces), default=1.0) or 1.0
         self.window = self.t_end if window is None else min(window, self.t_end)
-        self._waits = [self._wait_columns(tr) for tr in self.traces]
+        # Count only the rows drawn: a box saying "31 waiting" over 16 rows reads as a bug.
+        self.rows = [tr.n_workers if max_workers is None else min(tr.n_workers, max_workers) for tr in self.traces]
+        self._waits = [self._wait_columns(tr, n) for tr, n in zip(self.traces, self.rows)]
         self._curves: list[tuple[Line2D, np.ndarray, np.ndarray]] = []
         self._marks: list[tuple[Line2D, float]] = []
         if loss_ax is not None:
@@ -70,14 +74,14 @@ class Reveal:
         self.t = self.t_end
 
     @staticmethod
-    def _wait_columns(tr: Trace) -> tuple[np.ndarray, np.ndarray]:
-        """Start and end of every wait span, for counting who waits at t."""
-        w = [(s.start, s.end) for s in tr.spans if s.kind == "wait"]
+    def _wait_columns(tr: Trace, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end of every wait span of workers 0..rows-1, for counting who waits at t."""
+        w = [(s.start, s.end) for s in tr.spans if s.kind == "wait" and 0 <= s.worker < rows]
         arr = np.asarray(w, dtype=float).reshape(-1, 2)
         return arr[:, 0], arr[:, 1]
 
     def waiting_at(self, i: int, t: float) -> int:
-        """Number of workers of run ``i`` inside a wait span at time t."""
+        """Number of drawn workers of run ``i`` inside a wait span at time t."""
         start, end = self._waits[i]
         return int(np.count_nonzero((start <= t) & (t < end)))
 
@@ -101,7 +105,7 @@ class Reveal:
             self._cursors[i].set_xdata([t, t])
             self._cursors[i].set_visible(t < self.t_end)
             n_wait = self.waiting_at(i, t)
-            self._texts[i].set_text(f"t = {t:.3g} s, {n_wait} waiting" if t < self.t_end else "")
+            self._texts[i].set_text(f"t = {t:.3g} s, {n_wait} of {self.rows[i]} waiting" if t < self.t_end else "")
             changed += [self._cursors[i], self._texts[i]]
         for line, xs, ys in self._curves:
             keep = xs <= t
@@ -190,7 +194,7 @@ def draw_runs(
             loss_ax.set_xlim(0.0, t_end)
         fig.suptitle(title if title is not None else (finding(runs, target) if target is not None else ""), y=0.99)
     fig._simlib_runs_axes = (layout, [*timelines, *([loss_ax] if loss_ax is not None else [])])
-    return Reveal(fig, runs, timelines, loss_ax, window=window)
+    return Reveal(fig, runs, timelines, loss_ax, window=window, max_workers=max_workers)
 
 
 def _wipe(ax: Axes) -> None:
@@ -223,44 +227,87 @@ def animate(traces: Sequence[Trace], frames: int = 48, target: float | None = No
     return anim
 
 
-# Icons of matplotlib's HTML player, which otherwise come from a font on a CDN.
-_PLAYER_ICONS = {
-    "fa fa-play fa-flip-horizontal": "\u25c0", "fa fa-play": "\u25b6", "fa fa-pause": "\u275a\u275a",
-    "fa fa-fast-backward": "\u23ee", "fa fa-fast-forward": "\u23ed", "fa fa-step-backward": "\u23f4",
-    "fa fa-step-forward": "\u23f5", "fa fa-minus": "\u2212", "fa fa-plus": "+",
-}
+# A page with no fonts, icons or scripts from elsewhere: frames are PNG data URIs, the player is
+# plain text buttons and a range input, it plays on load and the image fits the window it opens in.
+_PLAYER = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ margin: 0; font-family: sans-serif; background: #fff; }}
+img {{ display: block; margin: 0 auto; max-width: 100vw; max-height: calc(100vh - 3.2em); }}
+.bar {{ display: flex; gap: 1em; align-items: center; justify-content: center; height: 3em; font-size: 1.1em; }}
+button {{ font-size: 1em; min-width: 5em; }} input {{ width: 50vw; }}
+</style></head><body>
+<img id="frame" alt="{title}">
+<div class="bar"><button id="play">Pause</button><input id="time" type="range" min="0" max="{last}" value="0">
+<span id="label"></span></div>
+<script>
+const frames = [{frames}];
+const img = document.getElementById("frame"), play = document.getElementById("play"),
+      time = document.getElementById("time"), label = document.getElementById("label");
+let i = 0, playing = true;
+function show(k) {{ i = k; img.src = frames[k]; time.value = k; label.textContent = (k + 1) + " / " + frames.length; }}
+function toggle(on) {{ playing = on; play.textContent = on ? "Pause" : "Play"; }}
+setInterval(() => {{ if (playing) show((i + 1) % frames.length); }}, {interval});
+play.onclick = () => toggle(!playing);
+time.oninput = () => {{ toggle(false); show(Number(time.value)); }};
+show(0);
+</script></body></html>
+"""
 
 
-def offline_html(html: str) -> str:
-    """Make ``to_jshtml`` output self-contained: drop the CDN icon stylesheet, use Unicode symbols."""
-    html = re.sub(r"<link[^>]*font-awesome[^>]*>", "", html)
-    for cls, symbol in _PLAYER_ICONS.items():
-        html = html.replace(f'<i class="{cls}"></i>', symbol)
-    return html
+def _small_png(fig: Figure, dpi: int) -> bytes:
+    """The figure as a PNG of at most 32 colours: the plots use a handful, and a palette PNG is ~4x smaller."""
+    from PIL import Image
+
+    fig.canvas.draw()
+    rgb = Image.frombuffer("RGBA", fig.canvas.get_width_height(), bytes(fig.canvas.buffer_rgba())).convert("RGB")
+    buf = io.BytesIO()
+    rgb.quantize(colors=32, method=Image.Quantize.MEDIANCUT).save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
 
 
 def export_animation(
     traces: Sequence[Trace],
     path: str,
-    frames: int = 48,
-    fps: float = 12.0,
+    frames: int = 30,
+    fps: float = 10.0,
     target: float | None = None,
     max_workers: int = 16,
-    dpi: int = 72,
+    dpi: int = 60,
     window: float | None = None,
+    figsize: tuple[float, float] = (13.5, 8),
+    progress: Callable[[float], None] | None = None,
 ) -> str:
-    """Write the play-mode animation to ``path``: '.html' (self-contained, no kernel needed) or '.gif'."""
+    """Write the play-mode animation to ``path``: '.html' (self-contained, autoplays, no kernel needed) or '.gif'.
+
+    ``progress(fraction)`` is called after each frame is drawn.
+    """
     positive("fps", fps)
+    positive_int("frames", frames)
     ext = os.path.splitext(path)[1].lower()
     one_of("path extension", ext, (".html", ".gif"))
-    anim = animate(traces, frames=frames, target=target, max_workers=max_workers, dpi=dpi, window=window)
-    with style():
-        if ext == ".html":
-            html = offline_html(anim.to_jshtml(fps=fps, embed_frames=True, default_mode="loop"))
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(html)
-        else:
+    if ext == ".gif":
+        anim = animate(traces, frames=frames, target=target, max_workers=max_workers, dpi=dpi, window=window,
+                       figsize=figsize)
+        with style():
             from matplotlib.animation import PillowWriter
 
             anim.save(path, writer=PillowWriter(fps=fps), dpi=dpi)
+        return path
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    uris = []
+    with style():
+        fig = Figure(figsize=figsize, dpi=dpi)
+        FigureCanvasAgg(fig)
+        reveal = draw_runs(fig, traces, target=target, max_workers=max_workers, window=window)
+        for k, t in enumerate(np.linspace(0.0, reveal.t_end, frames)):
+            reveal(t)
+            uris.append('"data:image/png;base64,' + base64.b64encode(_small_png(fig, dpi)).decode("ascii") + '"')
+            if progress is not None:
+                progress((k + 1) / frames)
+    title = html.escape(fig.get_suptitle() or "simlib animation")
+    page = _PLAYER.format(title=title, last=frames - 1, frames=",\n".join(uris), interval=max(10, int(1000 / fps)))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
     return path

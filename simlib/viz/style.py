@@ -35,9 +35,10 @@ RUN_COLORS: tuple[str, ...] = tuple(
 )
 
 # Waiting is the cost the lessons are about, so it gets the loudest hue; a failed worker is black.
+# Sending is sky blue, not orange: orange next to vermilion merges into one colour on a washed-out projector.
 KIND_COLORS: dict[str, str] = {
     "compute": OKABE_ITO["blue"],
-    "send": OKABE_ITO["orange"],
+    "send": OKABE_ITO["sky"],
     "recv": OKABE_ITO["green"],
     "wait": OKABE_ITO["vermillion"],
     "down": OKABE_ITO["black"],
