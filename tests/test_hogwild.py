@@ -195,12 +195,13 @@ def _my_segments() -> set[str]:
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_sigkill_of_a_hogwild_worker_fails_fast_and_leaves_nothing(data, method: str) -> None:
     before = _my_segments()
+    older = set(_worker_children())  # children an earlier test started are not this run's
     killed: list[tuple[int, float]] = []
 
     def kill_one_worker() -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            workers = _worker_children()
+            workers = [p for p in _worker_children() if p not in older]
             if len(workers) >= 2:
                 time.sleep(0.3)  # let it get going
                 os.kill(workers[-1], signal.SIGKILL)
@@ -215,5 +216,14 @@ def test_sigkill_of_a_hogwild_worker_fails_fast_and_leaves_nothing(data, method:
     assert killed and time.monotonic() - killed[0][1] < 5.0
     assert info.value.exitcode == -signal.SIGKILL and "killed by signal 9" in str(info.value)
     killer.join()
-    assert not multiprocessing.active_children() and not _worker_children()
+    left = [p for p in _worker_children() if p not in older]
+    assert not multiprocessing.active_children() and not left, [_cmdline(p) for p in left]
     assert _my_segments() == before
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"{pid} (gone)"

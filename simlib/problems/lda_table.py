@@ -85,6 +85,9 @@ class LDAProblem:
 
     def shards(self, n_workers: int) -> list[LDAShard]:
         """One worker-local state per worker: a contiguous block of about N / n_workers tokens."""
+        if not isinstance(n_workers, int) or not 1 <= n_workers <= self.corpus.n_docs:
+            raise ValueError(f"n_workers must be an integer in [1, {self.corpus.n_docs}] (one document each at least), "
+                             f"got {n_workers!r}")
         bounds = shard_documents(self.corpus, n_workers)
         _, n_wk, n_k = count_tables(self.corpus, self.z0, self.K)
         out = []
