@@ -232,8 +232,12 @@ class TopK(Compressor):
             return keys, values, self.value_bytes * len(keys) + self.index_bytes(len(keys))
         if keep == 0:
             return keys[:0], values[:0], 0
-        pick = xp.sort(xp.argpartition(-xp.abs(values), keep - 1)[:keep])
+        pick = self.pick(xp, values, keep)
         return keys[pick], values[pick], self.value_bytes * keep + self.index_bytes(keep)
+
+    def pick(self, xp: Any, values: Any, keep: int) -> Any:
+        """Sorted positions of the ``keep`` largest |v_i|."""
+        return xp.sort(xp.argpartition(-xp.abs(values), keep - 1)[:keep])
 
 
 class ByteBudget(TopK):
@@ -257,16 +261,9 @@ class RandomBudget(ByteBudget):
 
     wire_format = "V per entry + idx, random entries, at most B bytes"
 
-    def encode(self, keys: Any, values: Any, n_fresh: int) -> Message:
-        """Keep a uniform random m-subset (m as for the budget); V * m + idx(m) bytes."""
-        xp = array_module(values)
-        keep = min(self.n_keep(n_fresh), len(keys))
-        if keep >= len(keys):
-            return keys, values, self.value_bytes * len(keys) + self.index_bytes(len(keys))
-        if keep == 0:
-            return keys[:0], values[:0], 0
-        pick = xp.asarray(np.sort(self.rng.choice(len(keys), keep, replace=False)))
-        return keys[pick], values[pick], self.value_bytes * keep + self.index_bytes(keep)
+    def pick(self, xp: Any, values: Any, keep: int) -> Any:
+        """A uniform random sorted m-subset of positions (m as for the budget)."""
+        return xp.asarray(np.sort(self.rng.choice(len(values), keep, replace=False)))
 
 
 class ErrorFeedback(Compressor):
