@@ -124,6 +124,9 @@ def one_run(run: Callable[[int], Any]) -> None:
 
 
 def main() -> None:
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # the test asks for stacks when a run hangs
     algorithm = sys.argv[1]
     run = build(algorithm)
     run(2)  # compile or load every kernel and start the logging thread before any fault

@@ -177,6 +177,9 @@ class Driver:
             try:
                 code = self.proc.wait(max(0.0, PROMPT + 10.0 - seconds))
             except subprocess.TimeoutExpired:
+                for p in [pid, *self.workers()]:  # every stack, to say where it hangs
+                    os.kill(p, signal.SIGUSR2)
+                time.sleep(1.0)
                 self.proc.kill()
                 self.proc.wait()
                 return Outcome(fault, "HANG", self.diagnosis(), seconds)
@@ -202,7 +205,7 @@ def check(outcome: Outcome, algorithm: str) -> list[str]:
     where = f"{algorithm}, {outcome.fault}"
     problems = []
     if outcome.error not in EXPECTED[outcome.fault]:
-        problems.append(f"{where}: ended with {outcome.error!r} ({outcome.message!r}), "
+        problems.append(f"{where}: ended with {outcome.error!r} ({outcome.message}), "
                         f"expected one of {sorted(EXPECTED[outcome.fault])}")
     if outcome.seconds_after_fault > PROMPT:
         problems.append(f"{where}: took {outcome.seconds_after_fault:.1f} s after the fault to end")

@@ -138,8 +138,9 @@ def test_protocol_specs_and_tau(synthetic, transport):
         run = train_parallel(corpus, 8, n_sweeps=6, n_workers=2, protocol=protocol, transport=transport, timeout=60)
         assert run.trace.meta["protocol"] == "ssp:1"
         assert max(u.clock_lag for u in run.trace.updates) <= 1
-        # each push can skip at most the other worker's pushes made while it sampled (2 per clock at SSP(1))
-        assert all(0 <= u.staleness <= 2 for u in run.trace.updates)
+        # while a worker samples clock c (read once clock c - s was complete), the other can push its
+        # clocks c - s .. c + s: tau <= 2s + 1 = 3 at SSP(1) with two workers
+        assert all(0 <= u.staleness <= 3 for u in run.trace.updates)
         _assert_consistent(corpus, run, 8)
     bsp = train_parallel(corpus, 8, n_sweeps=6, n_workers=2, protocol="bsp", transport=transport, timeout=60)
     assert {u.clock_lag for u in bsp.trace.updates} == {0}

@@ -363,14 +363,6 @@ def perplexity(
     return float(np.exp(-np.log(p).sum() / w.size))
 
 
-def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:
-    """Document boundaries (n_workers + 1) giving each worker a contiguous block with about N / n_workers tokens."""
-    targets = corpus.n_tokens * np.arange(1, n_workers) / n_workers
-    cuts = np.searchsorted(corpus.offsets, targets)
-    bounds = np.concatenate([[0], cuts, [corpus.n_docs]]).astype(np.int64)
-    return np.maximum.accumulate(bounds)
-
-
 __all__ = [
     "LDACorpus",
     "shard_documents",
