@@ -12,7 +12,7 @@ from simlib.sim.config import SimConfig
 
 
 def _segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith(PREFIX)} if os.path.isdir("/dev/shm") else set()
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"{PREFIX}{os.getpid()}_")} if os.path.isdir("/dev/shm") else set()
 
 
 def _children() -> set[int]:

@@ -46,7 +46,8 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
 
 
 def test_compare_runs_real_processes_and_reports_errors(cal):
-    before = {n for n in os.listdir("/dev/shm") if n.startswith(PREFIX)}
+    mine = f"{PREFIX}{os.getpid()}_"  # segments another program owns on this machine are not this run's
+    before = {n for n in os.listdir("/dev/shm") if n.startswith(mine)}
     small = [
         Workload("tiny ps", "pipe_ps", n_rows=2_000, n_features=500, nnz_per_row=10, global_batch=16, steps=10),
         Workload("tiny hogwild", "hogwild", n_rows=4_000, n_features=500, nnz_per_row=10, global_batch=1_000),
@@ -59,7 +60,7 @@ def test_compare_runs_real_processes_and_reports_errors(cal):
         assert res.measured[(r.workload, r.n_workers)].substrate in ("pipes", "parallel")
         assert res.predicted[(r.workload, r.n_workers)].substrate == "sim"
     assert "error" in res.table(0.25)
-    assert {n for n in os.listdir("/dev/shm") if n.startswith(PREFIX)} <= before
+    assert {n for n in os.listdir("/dev/shm") if n.startswith(mine)} <= before
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -17,7 +17,7 @@ def synthetic():
 
 
 def _segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if n.startswith("simlib_")} if os.path.isdir("/dev/shm") else set()
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"simlib_{os.getpid()}_")} if os.path.isdir("/dev/shm") else set()
 
 
 def _assert_consistent(corpus, run, K):
