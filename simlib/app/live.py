@@ -363,8 +363,9 @@ class LivePanel:
         """Play mode: reveal the runs up to the slider's share of the longest run."""
         if self.reveal is None:
             return
-        if change["new"] == 0 and not self.play.playing:
-            # Stop rewinds to 0; an empty figure there looks like a crash, so show the whole run.
+        if change["new"] == 0 and not self.play.playing and change["old"] != PLAY_FRAMES:
+            # Stop rewinds to 0; an empty figure there looks like a crash, so show the whole run. A jump
+            # from the end to 0 is Play starting over (its first frame may arrive before 'playing').
             self.time_slider.value = PLAY_FRAMES
             return
         self.reveal(change["new"] / PLAY_FRAMES * self.reveal.t_end)
