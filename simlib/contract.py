@@ -59,6 +59,9 @@ class Problem(TypingProtocol):
     def work(self, batch: Any) -> float:
         """What the simulator's compute model charges for the batch (e.g. nonzeros)."""
 
+    # Optional: ``validate()`` checks again the data the problem's kernels index (ValueError naming the
+    # field); :func:`check_problem` calls it, so every run starts from data that is still valid.
+
 
 class Table(TypingProtocol):
     """The shared state of one run, as each substrate provides it."""
@@ -78,6 +81,10 @@ def check_problem(problem: Any) -> None:
     if missing:
         raise ValueError(f"problem: a {type(problem).__name__} is not a Problem; it lacks "
                          f"{', '.join(missing)} (see simlib.contract.Problem)")
+    # Data may have been changed since the problem checked it; compiled kernels index it unchecked.
+    revalidate = getattr(problem, "validate", None)
+    if callable(revalidate):
+        revalidate()
 
 
 def linear_step(problem: Any) -> bool:

@@ -36,6 +36,11 @@ def check_finite(value: Any, step: int, what: str = "loss", hint: str = "") -> N
         raise Diverged(step, float(value), what, hint)
 
 
+def check_metric(value: Any, step: int, problem: Any, lr: float) -> None:
+    """:func:`check_finite` for ``problem``'s metric after ``step`` updates at step size ``lr`` (every substrate)."""
+    check_finite(value, step, getattr(problem, "metric", "loss"), f"lr={lr:g}")
+
+
 def first_non_finite(points: Any) -> tuple[int, float] | None:
     """(step, value) of the first quality point whose value is not finite, or None."""
     for p in points:

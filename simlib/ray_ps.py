@@ -49,6 +49,7 @@ import asyncio
 import copy
 import logging
 import os
+import signal
 import time
 from typing import Any
 
@@ -57,6 +58,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.compress import make_compressor
 from simlib.contract import ParamServer, Result, Training
+from simlib.diverged import check_metric
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
 
@@ -238,11 +240,13 @@ class RayPSWorker:
             compression, problem.n_params, rng, key_bytes=KEY_BYTES, value_bytes=VALUE_BYTES)
 
     def ready(self) -> tuple[int, str]:
-        """One step on zeros, off the clock (compiled kernels load here); (pid, node id)."""
+        """One step on the initial table, off the clock (compiled kernels load here); (pid, node id)."""
         # A copy: a step may change worker-local state (LDA's assignments), which the run must not see.
+        # The initial values, not zeros: GloVe's AdaGrad divides by its accumulators, which start at 1.
         batch = self.problem.batch(copy.deepcopy(self.shard), 0, self.training.batch_size)
         keys = self.problem.keys(batch)
-        self.problem.step(np.zeros(len(keys)), batch, keys, self.training.lr)
+        values = np.asarray(self.problem.init_params(), dtype=np.float64)[keys]
+        self.problem.step(values, batch, keys, self.training.lr)
         return _whereabouts()
 
     def run(self, t0: float) -> list[tuple]:
@@ -312,15 +316,62 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return False
     for attempt in range(START_ATTEMPTS):
+        before = _children()
         try:
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
                      logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True)
             return True
-        except Exception:  # Ray raises a bare Exception when its node did not come up in time
-            ray.shutdown()
-            if attempt == START_ATTEMPTS - 1:
+        except BaseException as exc:  # a bare Exception when the node was slow to start; or Ctrl-C, SIGTERM
+            _stop_local(before)
+            if attempt == START_ATTEMPTS - 1 or not isinstance(exc, Exception):
                 raise
     return True
+
+
+def _children() -> set[int]:
+    """Pids of this process's live children (Linux /proc; empty where there is none)."""
+    pids: set[int] = set()
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return pids
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids.update(int(p) for p in f.read().split())
+        except OSError:
+            pass
+    return pids
+
+
+def _stop_local(before: set[int]) -> None:
+    """Shut down a local Ray whose start failed or was interrupted, with every process it had started."""
+    import ray
+
+    ray.shutdown()
+    # NOTE: a start cut short (Ctrl-C, SIGTERM, the raylet's start-up timeout) leaves the GCS, the
+    # dashboard and the monitor running, unknown to ray.shutdown(): the node object that would stop
+    # them was never returned. They are this process's new children whose command line is Ray's.
+    home = os.path.dirname(ray.__file__).encode()
+    strays = []
+    for pid in _children() - before:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if home not in f.read():
+                    continue
+            os.kill(pid, signal.SIGKILL)
+            strays.append(pid)
+        except OSError:
+            continue
+    deadline = time.monotonic() + 2.0
+    for pid in strays:  # reap them, so no zombie is left either
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    break
+            except ChildProcessError:
+                break
+            time.sleep(0.01)
 
 
 def _resources(placement: str) -> tuple[dict, dict]:
@@ -378,9 +429,11 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
     data_shards = problem.shards(n)  # raises ValueError naming n_workers if too many
     import ray
 
-    started_here = connect(address, num_cpus)
+    # Decided before connecting: a Ctrl-C that lands just after a local Ray came up still shuts it down.
+    started_here = address is None and not ray.is_initialized()
     actors: list = []
     try:
+        connect(address, num_cpus)
         server_res, worker_res = _resources(placement)
         bounds = key_bounds(problem.n_params, n_servers)
         table = np.asarray(problem.init_params(), dtype=np.float64)
@@ -409,24 +462,39 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
         params, updates, quality = _call(ray, coord.finish.remote(), "server shard 0 (the coordinator)")
         wall = time.perf_counter() - started
     finally:
-        for a in actors:
-            ray.kill(a, no_restart=True)
+        _kill(ray, actors)
         if started_here:
             ray.shutdown()
+    for _, step, value in quality:  # a diverged run fails as on every substrate, at its first non-finite point
+        check_metric(value, step, problem, training.lr)
     return _result(problem, protocol, training, n_servers, params, spans, updates, quality, wall,
                    {"actors": pids, "setup_seconds": setup})
+
+
+def _kill(ray: Any, actors: list) -> None:
+    """Kill every actor of the run, even if Ray already lost some of them."""
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # noqa: BLE001 - an actor Ray cannot reach is gone with its node; kill the rest
+            pass
 
 
 def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[tuple[int, str]]]:
     """Wait for every actor to be placed and warmed up; their (pid, node id) by role."""
     refs = [coord.ping.remote(), *[s.ping.remote() for s in shards], *[w.ready.remote() for w in workers]]
-    done, _ = ray.wait(refs, num_returns=len(refs), timeout=READY_TIMEOUT)
-    if len(done) < len(refs):
-        raise TimeoutError(f"ray: the run's actors were not placed within {READY_TIMEOUT:g} s; does the cluster "
-                           "have the resources placement asks for? (ray.cluster_resources())")
     names = ["server shard 0 (the coordinator)", *[f"server shard {k + 1}" for k in range(len(shards))],
              *[f"worker {i}" for i in range(len(workers))]]
-    pids = [_call(ray, r, who) for r, who in zip(refs, names)]
+    who = dict(zip(refs, names))
+    got: dict[Any, tuple[int, str]] = {}
+    pending, deadline = list(refs), time.monotonic() + READY_TIMEOUT
+    while pending:  # one at a time: an actor that died while the others still load fails the run at once
+        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not done:
+            raise TimeoutError(f"ray: the run's actors were not placed within {READY_TIMEOUT:g} s; does the "
+                               "cluster have the resources placement asks for? (ray.cluster_resources())")
+        got[done[0]] = _call(ray, done[0], who[done[0]])
+    pids = [got[r] for r in refs]
     return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}
 
 
@@ -453,7 +521,7 @@ def _worker_result(ray: Any, ref: Any, i: int, coord: Any, shards: list) -> list
         return ray.get(ref)
     except ray.exceptions.RayTaskError as e:  # the worker ran and raised: a server died, or the problem failed
         _raise_if_a_server_died(ray, coord, shards, e)
-        raise RuntimeError(f"ray: worker {i} failed: {e}") from e
+        raise RuntimeError(f"ray: worker {i} failed: {_cause(e)}\n{e}") from e
     except ray.exceptions.RayActorError as e:
         raise RuntimeError(f"ray: worker {i} died mid-run (its actor process ended); the run fails fast "
                            "rather than replay its step on a table that moved on") from e
@@ -469,11 +537,19 @@ def _raise_if_a_server_died(ray: Any, coord: Any, shards: list, cause: BaseExcep
 
 
 def _call(ray: Any, ref: Any, who: str) -> Any:
-    """ray.get that names ``who`` if its actor died."""
+    """ray.get that names ``who`` if its actor died or raised."""
     try:
         return ray.get(ref)
     except ray.exceptions.RayActorError as e:
         raise RuntimeError(f"ray: {who} died mid-run; the run cannot continue") from e
+    except ray.exceptions.RayTaskError as e:
+        raise RuntimeError(f"ray: {who} failed: {_cause(e)}\n{e}") from e
+
+
+def _cause(error: Any) -> str:
+    """'Class: message' of the exception an actor raised (Ray's own text is a traceback in colour)."""
+    cause = getattr(error, "cause", None) or error
+    return f"{type(cause).__name__}: {cause}".splitlines()[0]
 
 
 def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, params: np.ndarray,

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import fields
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from simlib.contract import Result, Training, check_problem, linear_step
 from simlib.protocol import Protocol, StepRule
 
-Runner = Callable[..., Result]
+if TYPE_CHECKING:
+    from simlib.contract import Result
+
+# NOTE: the contract (and NumPy with it) is imported in run(), not here, so that listing the
+# substrates (the CLI's `run --help`) stays under half a second.
+Runner = Callable[..., "Result"]
 
 BUILTIN = {
     "sim": "simlib.sim.substrate",
@@ -31,7 +35,6 @@ BUILTIN = {
     "ray": "simlib.ray_ps",
 }
 _registered: dict[str, Runner] = {}
-_TRAINING = {f.name for f in fields(Training)} - {"rule"}
 _RULE = {f.name for f in fields(StepRule)}
 
 
@@ -62,7 +65,7 @@ def get(name: str) -> Runner:
     return module.run
 
 
-def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", **options: Any) -> Result:
+def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", **options: Any) -> "Result":
     """Train ``problem`` under ``protocol`` on ``substrate``; every substrate returns the same Result.
 
     Options shared by all substrates: ``n_workers``, ``steps`` (per worker), ``batch_size``, ``lr``,
@@ -70,6 +73,8 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     subclass with its own ``scale(tau)``); the rest go to the substrate (e.g. the simulator's
     network, stragglers, ``read_rule`` and ``compression``, the real substrates' ``start_method``).
     """
+    from simlib.contract import Training, check_problem, linear_step
+
     check_problem(problem)
     proto = Protocol.parse(protocol)
     runner = get(substrate)
@@ -84,6 +89,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     if rule.staleness_aware and not linear_step(problem):
         raise ValueError(f"staleness_aware: {type(problem).__name__}'s updates are not gradient steps, "
                          "so they cannot be scaled by 1/tau")
-    training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in _TRAINING})
+    shared = {f.name for f in fields(Training)} - {"rule"}
+    training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
     proto.check_workers(training.n_workers)
     return runner(problem, proto, training, **options)

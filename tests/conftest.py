@@ -18,7 +18,10 @@ def small_problem(small_data):
 
 @pytest.fixture
 def sigkill_a_worker():
-    """A context manager: SIGKILL the first worker process that appears, ``delay`` s after it starts."""
+    """A context manager: SIGKILL the first worker process that appears, ``delay`` s after it starts.
+
+    It yields a list that receives the kill's ``time.monotonic()``, so a test can time the reaction.
+    """
     import contextlib
     import multiprocessing
     import os
@@ -28,6 +31,8 @@ def sigkill_a_worker():
 
     @contextlib.contextmanager
     def killer(delay: float = 0.3, within: float = 20.0):
+        killed_at: list[float] = []
+
         def run() -> None:
             deadline = time.monotonic() + within
             while time.monotonic() < deadline:
@@ -35,13 +40,14 @@ def sigkill_a_worker():
                 if children:
                     time.sleep(delay)
                     os.kill(children[0].pid, signal.SIGKILL)
+                    killed_at.append(time.monotonic())
                     return
                 time.sleep(0.01)
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         try:
-            yield
+            yield killed_at
         finally:
             thread.join()
 

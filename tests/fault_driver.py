@@ -1,14 +1,20 @@
 """A child process that runs one algorithm on real processes again and again, for fault tests.
 
-Started by :mod:`faultkit` as ``python fault_driver.py ALGORITHM MARKER`` (the marker makes this
-process and its forked workers easy to find in /proc). It builds a small problem, does one short
-run to load the compiled kernels, prints ``{"event": "ready", ...}``, then for every ``go`` line on
-stdin prints ``{"event": "started"}``, runs until the run ends (the runs are long: a fault ends
-them) and prints ``{"event": "ended", "error": <exception class or null>, ...}`` with what the run
-left behind: child processes, this process's /dev/shm segments and its threads.
+Started by :mod:`faultkit` as ``python fault_driver.py ALGORITHM MARKER`` (the marker, in the command
+line and in the environment, makes this process and every process it starts -- forked workers, Ray's
+raylet and actors -- easy to find in /proc). It builds a small problem, does one short run to load
+the compiled kernels, prints ``{"event": "ready", ...}``, then for every ``go [MODE]`` line on stdin
+prints ``{"event": "started", "children": ...}``, runs until the run ends (the runs are long: a fault
+ends them) and prints ``{"event": "ended", "error": <exception class or null>, ...}`` with what the
+run left behind: child processes, this process's /dev/shm segments and its threads.
 
 SIGUSR1 raises an exception in whichever process receives it; forked workers inherit the handler,
-so the test injects "an exception inside a worker" at a random moment by signalling a worker.
+and Ray's worker processes install it at start-up, so the test injects "an exception inside a
+worker" at a random moment by signalling a worker.
+
+Ray (``run-ray``) has two modes, named on the ``go`` line: ``attached`` runs on a local Ray this
+driver started once and keeps (a user's own ``ray.init``; the run must kill its actors), ``owned``
+lets :func:`simlib.run` start and stop a local Ray of its own (the run must stop every Ray process).
 """
 from __future__ import annotations
 
@@ -66,14 +72,39 @@ def segments() -> list[str]:
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(mine))
 
 
-def build(algorithm: str) -> Callable[[int], Any]:
-    """A function run(n) that trains ``algorithm`` for n sweeps / epochs / steps."""
+def _install_raising_usr1() -> None:
+    """In every Ray worker process: SIGUSR1 raises (Ray's ``worker_process_setup_hook``)."""
+    signal.signal(signal.SIGUSR1, _raise_injected)
+
+
+def _ray_mode(mode: str) -> None:
+    """Be attached to this driver's own local Ray, or to none (so that the run starts its own)."""
+    import logging
+
+    import ray
+
+    if mode == "owned" and ray.is_initialized():
+        ray.shutdown()
+    elif mode == "attached" and not ray.is_initialized():
+        for attempt in range(3):  # a busy machine can miss the raylet's start-up deadline (simlib.ray_ps.connect)
+            try:
+                ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING,
+                         log_to_driver=False, runtime_env={"worker_process_setup_hook": _install_raising_usr1})
+                return
+            except Exception:
+                ray.shutdown()
+                if attempt == 2:
+                    raise
+
+
+def build(algorithm: str) -> Callable[..., Any]:
+    """A function run(n, mode) that trains ``algorithm`` for n sweeps / epochs / steps (repetitions for counting)."""
     if algorithm == "hogwild":
         from simlib.parallel.hogwild import train
         from simlib.problems.logistic import make_sparse_classification
 
         data = make_sparse_classification(n_rows=4_000, n_features=2_000, nnz_per_row=10, seed=0)
-        return lambda n: train(data, "hogwild", n_workers=2, epochs=n, chunk_rows=500, eval_rows=200,
+        return lambda n, *_: train(data, "hogwild", n_workers=2, epochs=n, chunk_rows=500, eval_rows=200,
                                monitor_every=0.05, timeout=TIMEOUT)
     if algorithm in ("lda-shm", "lda-pipe"):
         from simlib.parallel.lda import train_parallel
@@ -81,8 +112,19 @@ def build(algorithm: str) -> Callable[[int], Any]:
 
         corpus, _, _ = make_synthetic_corpus(n_docs=100, n_words=2_000, doc_length=50, seed=0)
         transport = algorithm.split("-")[1]
-        return lambda n: train_parallel(corpus, 32, n_sweeps=n, n_workers=2, protocol="ssp", staleness=1,
+        return lambda n, *_: train_parallel(corpus, 32, n_sweeps=n, n_workers=2, protocol="ssp", staleness=1,
                                         transport=transport, timeout=TIMEOUT, record_every=0.05)
+    if algorithm == "glove-count":
+        from simlib.parallel.glove_count import count_parallel
+
+        rng = np.random.default_rng(0)
+        ids = rng.integers(0, 5_000, 200_000).astype(np.int32)
+        offsets = np.arange(0, 200_001, 500, dtype=np.int64)
+
+        def count(n: int, *_: Any) -> None:
+            for _ in range(n):  # one count takes seconds; a fault ends the loop
+                count_parallel(ids, offsets, 5_000, window=10, n_workers=2)
+        return count
     if algorithm.startswith("glove"):
         from simlib.parallel.glove import train_parallel
         from simlib.problems.glove import GloveConfig, count_cooccurrences
@@ -92,7 +134,7 @@ def build(algorithm: str) -> Callable[[int], Any]:
         offsets = np.arange(0, 20_001, 100, dtype=np.int64)
         cooc = count_cooccurrences(ids, offsets, 300, window=3)
         mode = algorithm.split("-")[1]
-        return lambda n: train_parallel(cooc, GloveConfig(dim=16, epochs=n), n_workers=2, mode=mode,
+        return lambda n, *_: train_parallel(cooc, GloveConfig(dim=16, epochs=n), n_workers=2, mode=mode,
                                         batch=1024, timeout=TIMEOUT)
     if algorithm.startswith("run-"):
         import simlib
@@ -100,8 +142,14 @@ def build(algorithm: str) -> Callable[[int], Any]:
 
         problem = LogisticProblem(make_sparse_classification(2_000, 500, 10, seed=0), eval_rows=200)
         substrate = algorithm.split("-", 1)[1]
-        return lambda n: simlib.run(problem, "ssp:1", substrate=substrate, n_workers=2, steps=n, batch_size=16,
-                                    eval_every=50, timeout=TIMEOUT)
+        if substrate == "ray":
+            def on_ray(n: int, mode: str | None = None) -> Any:
+                _ray_mode(mode or "attached")
+                return simlib.run(problem, "ssp:1", substrate="ray", n_workers=2, steps=n, batch_size=16,
+                                  eval_every=50, timeout=TIMEOUT, num_cpus=2)
+            return on_ray
+        return lambda n, *_: simlib.run(problem, "ssp:1", substrate=substrate, n_workers=2, steps=n,
+                                               batch_size=16, eval_every=50, timeout=TIMEOUT)
     raise SystemExit(f"unknown algorithm {algorithm!r}")
 
 
@@ -111,16 +159,19 @@ def say(**event: Any) -> None:
     sys.stdout.flush()
 
 
-def one_run(run: Callable[[int], Any]) -> None:
-    """Run until a fault ends the run; report how it ended and what it left behind."""
+def one_run(run: Callable[..., Any], mode: str | None) -> str | None:
+    """Run until a fault ends the run; report how it ended and what it left behind; the error's class name."""
     error, message = None, ""
     try:
-        say(event="started", t=time.time())
-        run(LONG)
+        if mode is not None:
+            _ray_mode(mode)  # outside the run: starting this driver's own Ray is not the run's work
+        say(event="started", t=time.time(), children=children(), threads=sorted(t.name for t in threading.enumerate()))
+        run(LONG, mode)
     except BaseException as exc:  # noqa: BLE001 - what ended the run is the test's subject
         error, message = type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""
     say(event="ended", t=time.time(), error=error, message=message, children=children(), segments=segments(),
         threads=sorted(t.name for t in threading.enumerate()))
+    return error
 
 
 def main() -> None:
@@ -129,12 +180,20 @@ def main() -> None:
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # the test asks for stacks when a run hangs
     algorithm = sys.argv[1]
     run = build(algorithm)
-    run(2)  # compile or load every kernel and start the logging thread before any fault
+    if algorithm == "run-ray":
+        import ray  # noqa: F401 - each run starts its actors (and an owned run its Ray): nothing more to warm up
+    else:
+        run(2)  # compile or load every kernel and start the logging thread before any fault
     signal.signal(signal.SIGUSR1, _raise_injected)
     say(event="ready", pid=os.getpid(), threads=sorted(t.name for t in threading.enumerate()))
     for line in sys.stdin:
-        if line.strip() == "go":
-            one_run(run)
+        words = line.split()
+        if words and words[0] == "go":
+            error = one_run(run, words[1] if len(words) > 1 else None)
+            if error == "SystemExit" and algorithm == "run-ray":
+                # A program told to terminate exits; and Ray cannot start again in a process that took a
+                # SIGTERM (a second ray.init aborts it). The test starts a fresh driver.
+                break
 
 
 if __name__ == "__main__":

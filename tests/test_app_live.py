@@ -85,7 +85,7 @@ def test_play_mode_reveals_time_and_counts_waiting(panel):
     panel.time_slider.value = 100
     assert not np.array_equal(frame, _pixels(panel))
     panel.c_speed.value = 2.0
-    assert panel.play.interval == 50
+    assert panel.frame_seconds() == pytest.approx(0.05)
 
 
 def test_projector_mode_sets_the_css_class_and_sharpens_the_figure(panel):
@@ -108,6 +108,13 @@ def test_export_writes_the_animation(panel, tmp_path):
     path = panel.export(str(tmp_path / "lecture.html"), frames=3)
     assert open(path, encoding="utf-8").read().count("data:image/png;base64") == 3
     assert "lecture.html" in panel.export_note.value
+    # The note's link downloads the file itself: a file:// link does not open from a served page.
+    import base64
+    import re
+
+    link = re.search(r"href='data:text/html;base64,([^']+)' download='lecture.html'", panel.export_note.value)
+    assert link and base64.b64decode(link.group(1)) == open(path, "rb").read()
+    assert "file://" not in panel.export_note.value
 
 
 def test_export_by_default_writes_a_small_file_outside_the_checkout(tiny_problem):
@@ -206,12 +213,52 @@ def test_changing_the_workers_changes_the_rows_drawn_and_the_time_per_step(tiny_
         p.close()
 
 
-def test_stop_shows_the_whole_run_not_blank_axes(panel):
-    panel.play.playing = True
+def _shown(panel: LivePanel) -> tuple[int, float]:
+    """The frame and simulated time the PNG sent to the browser says it shows."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    with Image.open(BytesIO(panel._image.value)) as im:
+        return int(im.text["simlib:frame"]), float(im.text["simlib:time"])
+
+
+def test_play_advances_figure_and_slider_together_and_stop_shows_the_whole_run(panel):
+    async def scenario() -> list[tuple[int, int, float]]:
+        panel._loop = asyncio.get_running_loop()
+        panel.c_speed.value = 4.0  # 25 ms a frame: slower than drawing, so frames are skipped
+        panel.play.value = True
+        assert panel.play.description == "Pause"
+        seen = []
+        while panel.play.value:
+            await asyncio.sleep(0.02)
+            frame, t = _shown(panel)
+            seen.append((panel.time_slider.value, frame, t))
+            if len(seen) == 5:
+                panel.play.value = False  # Pause keeps the moment on screen
+                paused = panel.time_slider.value
+                await asyncio.sleep(0.3)
+                assert panel.time_slider.value == paused == _shown(panel)[0]
+                panel.play.value = True  # and Play goes on from there
+        return seen
+
+    seen = asyncio.run(scenario())
+    t_end = panel.reveal.t_end
+    assert all(slider == frame for slider, frame, _ in seen), seen  # what the slider says is what is drawn
+    assert all(t == pytest.approx(frame / 100 * t_end) for _, frame, t in seen)
+    frames = [f for _, f, _ in seen]
+    assert frames == sorted(frames) and frames[0] < 50 and frames[-1] == 100  # it played to the end
+    assert panel.play.description == "Play"
+
     panel.time_slider.value = 40
-    panel.play.playing = False  # Stop: the Play widget sets playing off and rewinds its value to 0,
-    panel.play.value = 0
-    panel.time_slider.value = 0  # which the browser's jslink copies to the time slider
-    assert panel.time_slider.value == 100 and panel.reveal.t == panel.reveal.t_end
+    panel.stop()  # Stop: the whole run, never blank axes
+    assert panel.time_slider.value == 100 and panel.reveal.t == t_end and _shown(panel)[0] == 100
     curves = [ln for ln in panel.reveal.loss_ax.lines if (ln.get_gid() or "").startswith("loss:")]
     assert curves and all(len(ln.get_xdata()) == len(tr.quality) for ln, tr in zip(curves, panel.traces))
+
+
+def test_a_new_run_stops_play_and_shows_the_whole_run(panel):
+    panel.time_slider.value = 30
+    assert _shown(panel) == (30, pytest.approx(0.3 * panel.reveal.t_end))
+    panel.c_severity.value = 5.0
+    assert panel.time_slider.value == 100 and _shown(panel)[0] == 100 and not panel.play.value

@@ -29,7 +29,7 @@ def test_lab_command_serves_the_live_notebook_on_loopback():
 def test_auto_picks_voila_only_when_installed(monkeypatch):
     monkeypatch.setattr(serve, "has_voila", lambda: True)
     cmd = serve.build_command(_args())
-    assert cmd[1:3] == ["-m", "voila"] and "--Voila.ip=127.0.0.1" in cmd
+    assert cmd[1:3] == ["-m", "simlib.app.voila_server"] and "--Voila.ip=127.0.0.1" in cmd
     monkeypatch.setattr(serve, "has_voila", lambda: False)
     assert serve.build_command(_args())[2] == "jupyter"
     with pytest.raises(ValueError, match="voila"):

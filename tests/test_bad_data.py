@@ -59,6 +59,41 @@ def _lda(**kw):
     return lambda: train_parallel(corpus, **({"n_topics": 4, "n_sweeps": 1} | kw))
 
 
+def _corpus(**change):
+    return replace(make_synthetic_corpus(n_docs=10, n_words=20, doc_length=10, seed=0)[0], **change)
+
+
+def _changed_corpus():
+    """A corpus made valid, then given a word id outside the vocabulary."""
+    corpus = make_synthetic_corpus(n_docs=10, n_words=20, doc_length=10, seed=0)[0]
+    corpus.words[3] = 10**6
+    return corpus
+
+
+def _changed_data() -> SparseDataset:
+    """Logistic data made valid, then given a feature id outside the model."""
+    d = _data()
+    d.indices[0] = 10**6
+    return d
+
+
+def _logistic_changed_after():
+    problem = LogisticProblem(_data(), eval_rows=None)
+    problem.data.indices[0] = 10**6
+    return problem
+
+
+def _shotgun(schedule, serial=False):
+    from simlib.problems.lasso import make_lasso, shotgun
+
+    lasso = make_lasso(n_rows=50, n_features=20, n_nonzero=3, seed=0)
+    if serial:
+        return lambda: shotgun(lasso, np.asarray(schedule))
+    from simlib.parallel.shotgun import run_shotgun
+
+    return lambda: run_shotgun(lasso, np.asarray(schedule))
+
+
 def _simlib_run(problem, **kw):
     import simlib
 
@@ -69,6 +104,14 @@ def _simulate(problem=None, **cfg):
     from simlib.sim import SimConfig, simulate
 
     return lambda: simulate(SimConfig(**cfg), problem=problem)
+
+
+def _lda_problem_changed_after():
+    from simlib.problems.lda_table import LDAProblem
+
+    problem = LDAProblem(make_synthetic_corpus(n_docs=10, n_words=20, doc_length=10, seed=0)[0], 4)
+    problem.corpus.words[3] = 10**6
+    return problem
 
 
 def _empty_rows() -> SparseDataset:
@@ -118,12 +161,40 @@ CASES = {
     "lda unknown protocol": (_lda(protocol="ssp:x"), "protocol"),
     "lda staleness under bsp": (_lda(protocol="bsp", staleness=3), "staleness"),
     "lda unknown transport": (_lda(transport="tcp"), "transport"),
+    "lda corpus float word ids": (lambda: _corpus(words=np.full(100, 0.5)), "words"),
+    "lda corpus ids past int32": (lambda: _corpus(words=np.full(100, 2**32 + 1)), "words"),
+    "lda corpus float offsets": (lambda: _corpus(offsets=np.arange(11) * 10.0), "offsets"),
+    "lda corpus not an LDACorpus": (lambda: __import__("simlib.parallel.lda", fromlist=["x"]).train_parallel(
+        [[0, 1]], 4), "corpus"),
+    "lda word id changed after the check": (lambda: __import__("simlib.parallel.lda", fromlist=["x"]).train_parallel(
+        _changed_corpus(), 4, n_sweeps=1), "word ids"),
+    "lda serial Gibbs, word id changed": (lambda: __import__("simlib.problems.lda_gibbs", fromlist=["x"]).fit(
+        _changed_corpus(), 4, n_sweeps=1), "word ids"),
+    "lda batched (NumPy), word id changed": (lambda: __import__("simlib.gpu.lda", fromlist=["x"]).train_batched(
+        _changed_corpus(), 4, n_sweeps=1, xp="numpy"), "word ids"),
+    "LDAProblem, word id changed": (lambda: __import__("simlib.problems.lda_table", fromlist=["x"]).LDAProblem(
+        _changed_corpus(), 4), "word ids"),
+    # Shotgun (Lasso)
+    "shotgun schedule id >= n_features": (_shotgun([[0, 25]]), "schedule"),
+    "shotgun schedule id < -1": (_shotgun([[0, -3]]), "schedule"),
+    "shotgun float schedule": (_shotgun([[0.0, 1.5]]), "schedule"),
+    "shotgun 1-D schedule": (_shotgun([0, 1]), "schedule"),
+    "serial shotgun schedule id >= n_features": (_shotgun([[0, 25]], serial=True), "schedule"),
     # the contract's entry points
     "simlib.run with no Problem": (_simlib_run(object()), "problem"),
     "simlib.run unknown substrate": (lambda: _simlib_run(LogisticProblem(_data()), substrate="tcp")(), "substrate"),
     "simlib.run lr 0": (lambda: _simlib_run(LogisticProblem(_data()), lr=0.0)(), "lr"),
     "simulate with no Problem": (_simulate(object()), "problem"),
     "simulate lr -1": (_simulate(lr=-1.0), "lr"),
+    "simlib.run shm, data changed after the check": (lambda: _simlib_run(_logistic_changed_after(), substrate="shm",
+                                                                        n_workers=2, steps=2)(), "indices"),
+    "simlib.run pipes, corpus changed after the check": (
+        lambda: _simlib_run(_lda_problem_changed_after(), substrate="pipes", n_workers=2, steps=1)(), "word ids"),
+    "simlib.run ray n_servers 0": (lambda: _simlib_run(LogisticProblem(_data()), substrate="ray", n_servers=0)(),
+                                   "n_servers"),
+    "simlib.run ray unknown placement": (lambda: _simlib_run(LogisticProblem(_data()), substrate="ray",
+                                                             placement="far")(), "placement"),
+    "hogwild data changed after the check": (_hogwild(data=_changed_data()), "indices"),
     "pipe PS with no Problem": (lambda: __import__("simlib.parallel.pipe_ps", fromlist=["x"]).run_pipe_ps(object()),
                                 "problem"),
 }
@@ -169,8 +240,33 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
         from simlib.problems.glove import Cooccurrence, GloveConfig, count_cooccurrences
         from simlib.problems.logistic import SparseDataset, make_sparse_classification
 
+        import simlib
+        from simlib.parallel.lda import train_parallel as lda_parallel
+        from simlib.parallel.shotgun import run_shotgun
+        from simlib.problems.lasso import make_lasso
+        from simlib.problems.lda import make_synthetic_corpus
+        from simlib.problems.lda_gibbs import fit
+        from simlib.problems.lda_table import LDAProblem
+        from simlib.problems.logistic import LogisticProblem
+
         big = 10**9
         d = make_sparse_classification(n_rows=100, n_features=20, nnz_per_row=4, seed=0)
+
+        def changed_corpus():  # valid when made, then changed: the entry points must check again
+            corpus = make_synthetic_corpus(n_docs=10, n_words=20, doc_length=10, seed=0)[0]
+            corpus.words[3] = big
+            return corpus
+
+        def changed_problem():
+            problem = LDAProblem(make_synthetic_corpus(n_docs=10, n_words=20, doc_length=10, seed=0)[0], 4)
+            problem.corpus.words[3] = big
+            return problem
+
+        def changed_logistic():
+            problem = LogisticProblem(make_sparse_classification(n_rows=100, n_features=20, nnz_per_row=4, seed=0))
+            problem.data.indices[5] = big
+            return problem
+
         calls = {
             "glove rows": lambda: train_parallel(Cooccurrence(np.array([0, big], np.int32), np.array([1, 0], np.int32),
                                                               np.ones(2, np.float32), 3), GloveConfig(dim=4, epochs=1)),
@@ -180,16 +276,26 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
             "count ids": lambda: count_cooccurrences(np.array([0, big], np.int32), np.array([0, 2]), 3),
             "hogwild indices": lambda: train(SparseDataset(d.indptr, d.indices + big, d.values, d.y, 20), "hogwild"),
             "hogwild indptr": lambda: train(SparseDataset(d.indptr * big, d.indices, d.values, d.y, 20), "hogwild"),
+            "lda gibbs words": lambda: fit(changed_corpus(), 4, n_sweeps=1),
+            "lda parallel words": lambda: lda_parallel(changed_corpus(), 4, n_sweeps=1),
+            "lda problem words": lambda: simlib.run(changed_problem(), "bsp", substrate="sim", steps=1),
+            "logistic problem indices": lambda: simlib.run(changed_logistic(), "bsp", substrate="sim", steps=1),
+            "shotgun schedule": lambda: run_shotgun(make_lasso(50, 20, 3, seed=0), np.array([[0, big]])),
         }
+        # what each refusal must name: the error comes from validation, not from somewhere it happened to fail
+        fields = {"glove rows": "cooc.rows", "glove cols": "cooc.cols", "count offsets": "offsets", "count ids": "ids",
+                  "hogwild indices": "indices", "hogwild indptr": "indptr", "lda gibbs words": "word ids",
+                  "lda parallel words": "word ids", "lda problem words": "word ids",
+                  "logistic problem indices": "indices", "shotgun schedule": "schedule"}
         for name, call in calls.items():
             try:
                 call()
                 print(name, "ACCEPTED")
             except ValueError as e:
-                print(name, "ValueError", str(e).split(",")[0])
+                print(name, "ValueError" if fields[name] in str(e) else "OTHER", str(e).split(",")[0])
     ''')
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, f"the interpreter died (code {out.returncode}):\n{out.stderr[-2000:]}"
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 6 and all(" ValueError " in line for line in lines), out.stdout
+    assert len(lines) == 11 and all(" ValueError " in line for line in lines), out.stdout

@@ -1,14 +1,19 @@
 """The live panel as a room sees it: `python -m simlib live` (Voilà) in headless Chromium at 1280x720 and 1920x1080.
 
-Asserts from the page's own bounding boxes that the figure, every control, Play and Export lie
-inside the window with no sideways scrolling, that projector mode sets control text to >= 24 px,
-and that no request leaves the machine. Screenshots go to a folder outside the source tree
-($SIMLIB_TEST_ARTIFACTS, default <tmp>/simlib-test-artifacts).
+Asserts from the page's own bounding boxes that the figure, every control, Play, Stop and Export
+lie inside the window with no sideways scrolling and no control text cut off, that projector mode
+sets control text to >= 24 px; that during Play the figure on screen (its PNG names its frame)
+and the time slider agree, and Stop shows the whole run again; that the exported animation
+downloads, plays by itself offline, fits a laptop window and uses only glyphs stock fonts have;
+that ten reloads leave one kernel; and that no request leaves the machine. Screenshots go to a
+folder outside the source tree ($SIMLIB_TEST_ARTIFACTS, default <tmp>/simlib-test-artifacts).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -76,14 +81,47 @@ def voila(tmp_path_factory) -> Iterator[str]:
         log.close()
 
 
+def _outside(requests: list[str]) -> list[str]:
+    """URLs of ``requests`` that would leave this machine (not loopback, a file, or in-page data)."""
+    return [u for u in requests if urlparse(u).scheme not in ("data", "blob", "file")
+            and urlparse(u).hostname not in ("127.0.0.1", "localhost")]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def panel_page(voila, browser):
+    """One panel page (one kernel) for the layout, play and export tests; yields (page, requests made)."""
+    base, _ = voila
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    requests: list[str] = []
+    context.on("request", lambda r: requests.append(r.url))
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    _open_panel(page, base)
+    yield page, requests
+    context.close()
+    assert not _outside(requests), f"requests left the machine: {_outside(requests)}"
+
+
 # Boxes of what a lecturer must reach, read from the page: name -> [left, top, right, bottom].
 BOXES_JS = """() => {
   const out = {};
   const box = (name, el) => { if (!el) { out[name] = null; return; }
     const r = el.getBoundingClientRect(); out[name] = [r.left, r.top, r.right, r.bottom]; };
   box('figure', document.querySelector('.simlib-live img.simlib-figure'));
-  box('play', document.querySelector('.simlib-live .widget-play'));
   const buttons = [...document.querySelectorAll('.simlib-live button')];
+  box('play', buttons.find(b => b.textContent.trim() === 'Play'));
+  box('stop', buttons.find(b => b.textContent.trim() === 'Stop'));
   box('export', buttons.find(b => b.textContent.includes('Export')));
   [...document.querySelectorAll('.simlib-live .simlib-controls > *')].forEach((el, i) => box('control ' + i + ' '
     + el.textContent.trim().slice(0, 20), el));
@@ -96,6 +134,33 @@ FONTS_JS = """() => [...document.querySelectorAll('.simlib-live .simlib-controls
   + '.simlib-live .widget-html-content b')]
   .filter(el => el.getBoundingClientRect().width > 0)
   .map(el => [el.textContent.trim().slice(0, 20), parseFloat(getComputedStyle(el).fontSize)])"""
+
+# Every piece of control text whose box is narrower than its text (cut off, or an ellipsis), or that
+# sticks out of the panel: [text, why, needed px, available px]. A <select> shows its option's text,
+# which scrollWidth does not see, so that text is measured with the select's own font.
+CLIPPED_JS = """() => {
+  const out = [];
+  const ctx = document.createElement('canvas').getContext('2d');
+  const panel = document.querySelector('.simlib-live').getBoundingClientRect();
+  const sel = ['.widget-label', '.widget-readout', 'button', '.widget-html-content', 'select', '.widget-inline-hbox']
+    .map(s => '.simlib-live ' + s).join(', ');
+  for (const el of document.querySelectorAll(sel)) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) continue;
+    const isSelect = el.tagName === 'SELECT';
+    const text = (isSelect ? el.options[el.selectedIndex].text : el.textContent).trim();
+    let need = el.scrollWidth;
+    if (isSelect) {
+      const cs = getComputedStyle(el);
+      ctx.font = cs.font;
+      need = ctx.measureText(text).width + parseFloat(cs.paddingLeft) + parseFloat(cs.paddingRight);
+    }
+    const name = text.slice(0, 30) || el.className;
+    if (need > el.clientWidth + 1) out.push([name, 'clipped', Math.round(need), el.clientWidth]);
+    if (r.left < panel.left - 1 || r.right > panel.right + 1) out.push([name, 'outside the panel', r.left, r.right]);
+  }
+  return out;
+}"""
 
 
 def _open_panel(page, base: str) -> None:
@@ -117,39 +182,160 @@ def _assert_inside(boxes: dict, width: int, height: int) -> None:
             f"{name} {b} is outside the {width}x{height} window"
 
 
-@pytest.mark.parametrize("width, height", [(1280, 720), (1920, 1080)])
-def test_panel_fits_the_window_and_projector_mode_is_readable(voila, width, height):
-    voila, _ = voila
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    outside: list[str] = []
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": width, "height": height})
-            page.set_default_timeout(TIMEOUT_MS)
-            page.on("request", lambda r: outside.append(r.url)
-                    if urlparse(r.url).hostname not in ("127.0.0.1", "localhost", None) else None)
-            _open_panel(page, voila)
-            page.screenshot(path=str(ARTIFACTS / f"live-{width}x{height}.png"))
-            _assert_inside(page.evaluate(BOXES_JS), width, height)
-            text = page.inner_text("body")
-            assert "Run this cell" not in text and "Presentation Mode" not in text
-            assert text.count("Live: BSP, SSP and async") == 1
-            assert page.locator(".simlib-live button", has_text="SSP(1)").count() == 1  # shows the current s
+def _set_projector(page, on: bool) -> None:
+    if page.evaluate("() => document.querySelector('.simlib-live').classList.contains('simlib-projector')") != on:
+        page.locator(".simlib-live button", has_text="projector mode").click()
+        page.wait_for_function("on => document.querySelector('.simlib-live').classList.contains('simlib-projector')"
+                               " === on", arg=on, timeout=TIMEOUT_MS)
+    page.wait_for_timeout(1500)  # the figure drawn at the new size arrives after the class
 
-            if width == 1920:
-                page.locator(".simlib-live button", has_text="projector mode").click()
-                page.wait_for_selector(".simlib-live.simlib-projector", timeout=TIMEOUT_MS)
-                page.wait_for_timeout(1500)  # the sharper figure arrives after the class
-                page.screenshot(path=str(ARTIFACTS / f"live-{width}x{height}-projector.png"))
+
+def test_panel_fits_the_window_no_label_is_clipped_and_projector_mode_is_readable(panel_page):
+    page, _ = panel_page
+    text = page.inner_text("body")
+    assert "Run this cell" not in text and "Presentation Mode" not in text
+    assert text.count("Live: BSP, SSP and async") == 1
+    assert page.locator(".simlib-live button", has_text="SSP(1)").count() == 1  # shows the current s
+    # Laptop, then projector: the window first, then projector mode on and off, as a lecturer would.
+    for width, height, modes in [(1280, 720, (False, True)), (1920, 1080, (True, False))]:
+        page.set_viewport_size({"width": width, "height": height})
+        for projector in modes:
+            _set_projector(page, projector)
+            name = f"live-{width}x{height}" + ("-projector" if projector else "")
+            page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+            clipped = page.evaluate(CLIPPED_JS)
+            assert not clipped, f"{name}: control text cut off or outside the panel: {clipped}"
+            if not (projector and width == 1280):  # 24 px controls need a projector-sized window
                 _assert_inside(page.evaluate(BOXES_JS), width, height)
+            if projector and width == 1920:
                 fonts = page.evaluate(FONTS_JS)
                 assert len(fonts) > 20
                 small = [f for f in fonts if f[1] < 24]
                 assert not small, f"text under 24 px in projector mode: {small}"
-        finally:
-            browser.close()
-    assert not outside, f"requests left the machine: {outside}"
+    page.set_viewport_size({"width": 1280, "height": 720})
+
+
+# The time slider's value and what the figure on screen says it shows (the PNG's text chunks,
+# read from the very image the page displays); null while either is changing.
+SAMPLE_JS = """async () => {
+  const img = document.querySelector('.simlib-live img.simlib-figure');
+  const slider = [...document.querySelectorAll('.simlib-live .widget-slider')]
+    .find(s => s.querySelector('label') && s.querySelector('label').textContent.includes('time (%)'));
+  const readout = () => slider.querySelector('.widget-readout').textContent.trim();
+  const src = img.src, value = readout();
+  let bytes;
+  try { bytes = new Uint8Array(await (await fetch(src)).arrayBuffer()); } catch (e) { return null; }
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  if (img.src !== src || readout() !== value) return null;
+  const text = {};
+  const view = new DataView(bytes.buffer);
+  for (let at = 8; at + 8 <= bytes.length; ) {
+    const len = view.getUint32(at), type = String.fromCharCode(...bytes.slice(at + 4, at + 8));
+    if (type === 'tEXt') {
+      const body = bytes.slice(at + 8, at + 8 + len), nul = body.indexOf(0);
+      text[String.fromCharCode(...body.slice(0, nul))] = String.fromCharCode(...body.slice(nul + 1));
+    }
+    at += 12 + len;
+  }
+  return {slider: Number(value), frame: Number(text['simlib:frame']), time: Number(text['simlib:time']),
+          bytes: Array.from(bytes.slice(-4096))};
+}"""
+
+
+def _sample(page) -> dict:
+    for _ in range(20):
+        got = page.evaluate(SAMPLE_JS)
+        if got is not None:
+            return got
+    raise AssertionError("the figure and the slider never held still for two frames")
+
+
+def test_play_moves_figure_and_slider_together_and_stop_keeps_the_figure(panel_page):
+    page, _ = panel_page
+    whole = _sample(page)
+    assert whole["slider"] == whole["frame"] == 100
+    page.locator(".simlib-live button", has_text="Play").click()
+    page.wait_for_function("() => [...document.querySelectorAll('.simlib-live button')]"
+                           ".some(b => b.textContent.trim() === 'Pause')", timeout=TIMEOUT_MS)
+    seen = [_sample(page)]
+    deadline = time.monotonic() + 30
+    while seen[-1]["frame"] == 100 and time.monotonic() < deadline:  # Play starts over from 0
+        seen = [_sample(page)]
+    while len(seen) < 8 and time.monotonic() < deadline:
+        page.wait_for_timeout(400)
+        seen.append(_sample(page))
+    pairs = [(s["slider"], s["frame"]) for s in seen]
+    assert len({p[0] for p in pairs}) >= 4, f"Play did not advance: {pairs}"
+    assert all(abs(slider - frame) <= 1 for slider, frame in pairs), f"slider and figure disagree: {pairs}"
+    times = [s["time"] for s in seen]
+    assert times == sorted(times) and times[0] < times[-1]
+    page.locator(".simlib-live button", has_text="Stop").click()
+    page.wait_for_function("() => [...document.querySelectorAll('.simlib-live button')]"
+                           ".some(b => b.textContent.trim() === 'Play')", timeout=TIMEOUT_MS)
+    deadline = time.monotonic() + 20
+    stopped = _sample(page)
+    while stopped["frame"] != 100 and time.monotonic() < deadline:
+        page.wait_for_timeout(200)
+        stopped = _sample(page)
+    # Stop shows the whole run again: the very figure shown before Play, not blank axes.
+    assert stopped["slider"] == stopped["frame"] == 100 and stopped["bytes"] == whole["bytes"]
+    page.screenshot(path=str(ARTIFACTS / "live-after-stop.png"))
+
+
+# What the exported player shows: its frame, the controls' text and width, the page's width.
+PLAYER_JS = """() => ({
+  frame: document.querySelector('img').src.slice(-200),
+  label: document.getElementById('label').textContent,
+  controls: [...document.querySelectorAll('button, span, label')].map(el => [el.textContent,
+    el.getBoundingClientRect().width, el.scrollWidth <= el.clientWidth || el.clientWidth === 0]),
+  image: (r => [r.left, r.top, r.right, r.bottom])(document.querySelector('img').getBoundingClientRect()),
+  scroll: [document.documentElement.scrollWidth, document.documentElement.scrollHeight],
+})"""
+
+
+@pytest.mark.slow
+def test_export_is_a_download_that_plays_offline_and_fits_a_laptop(panel_page, browser, tmp_path):
+    page, _ = panel_page
+    page.locator(".simlib-live button", has_text="Export HTML").click()
+    link = page.locator(".simlib-live a.simlib-export-link")
+    link.wait_for(timeout=120_000)
+    note = page.locator(".simlib-live a.simlib-export-link").locator("xpath=..").inner_text()
+    assert str(REPO) not in note  # written outside the checkout
+    saved = Path(re.search(r"saved as (\S+)\)", note).group(1))
+    if saved.parent.name.startswith("simlib-live-export-"):  # the kernel's fresh temporary folder
+        shutil.rmtree(saved.parent, ignore_errors=True)
+    with page.expect_download() as dl:
+        link.click()
+    path = tmp_path / dl.value.suggested_filename
+    dl.value.save_as(path)
+    assert path.suffix == ".html" and 0 < path.stat().st_size < 3e6
+
+    # Opened from disk, offline: every request is recorded and any that is not the file itself fails.
+    context = browser.new_context(viewport={"width": 1280, "height": 720}, offline=True)
+    requests: list[str] = []
+    context.on("request", lambda r: requests.append(r.url))
+    context.route(lambda url: not url.startswith(("file:", "data:", "blob:")), lambda route: route.abort())
+    try:
+        player = context.new_page()
+        player.goto(path.as_uri())
+        player.wait_for_function("() => document.querySelector('img').complete"
+                                 " && document.querySelector('img').naturalWidth > 0", timeout=TIMEOUT_MS)
+        first = player.evaluate(PLAYER_JS)
+        player.wait_for_timeout(1000)  # no input: it must play by itself
+        later = player.evaluate(PLAYER_JS)
+        player.screenshot(path=str(ARTIFACTS / "live-export-1280x720.png"))
+    finally:
+        context.close()
+    assert later["frame"] != first["frame"] and later["label"] != first["label"], "the exported page does not play"
+    assert later["scroll"][0] <= 1280, f"the exported page scrolls sideways: {later['scroll']}"
+    left, top, right, bottom = later["image"]
+    assert left >= 0 and right <= 1280 and bottom <= 720 and right - left > 600
+    assert len(later["controls"]) >= 2
+    for text, width, fits in later["controls"]:
+        # Printable ASCII only: every stock font (DejaVu on Debian, Arial or Segoe UI on Windows) has it.
+        assert text.strip() and width > 0 and fits, f"player control {text!r} is empty or cut off"
+        assert all(" " <= ch <= "~" for ch in text), f"player control {text!r} needs a glyph stock fonts may lack"
+    assert not _outside(requests) and all(u.startswith(("file:", "data:")) for u in requests), requests
 
 
 def _kernels(server_pid: int) -> list[int]:
@@ -164,19 +350,32 @@ def _kernels(server_pid: int) -> list[int]:
     return out
 
 
-def test_reloading_the_page_leaves_at_most_one_kernel(voila):
+@pytest.mark.slow
+def test_reloading_ten_times_leaves_one_kernel_and_nothing_leaves_the_machine(voila, browser):
     base, server_pid = voila
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 720})
-            page.set_default_timeout(TIMEOUT_MS)
-            for _ in range(3):
-                _open_panel(page, base)
-            assert len(_kernels(server_pid)) >= 2  # the reloads did start kernels
-            deadline = time.monotonic() + 90  # the server culls unconnected idle kernels
-            while len(_kernels(server_pid)) > 1 and time.monotonic() < deadline:
-                time.sleep(2)
-            assert len(_kernels(server_pid)) <= 1, f"kernels left running: {_kernels(server_pid)}"
-        finally:
-            browser.close()
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    requests: list[str] = []
+    context.on("request", lambda r: requests.append(r.url))
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    before = set(_kernels(server_pid))  # the other tests' page may still be open
+    started: set[int] = set()
+    try:
+        page.goto(base + "/")
+        page.wait_for_selector(".simlib-live", timeout=TIMEOUT_MS)
+        running = []
+        for _ in range(10):
+            page.reload()
+            page.wait_for_selector(".simlib-live", timeout=TIMEOUT_MS)  # the new page's kernel ran the panel
+            started |= set(_kernels(server_pid)) - before
+            # The page that unloaded asked the server to shut its kernel down. The idle culler, the
+            # fallback, waits for 20 s of idleness: far longer than this wait.
+            deadline = time.monotonic() + 5
+            while len(set(_kernels(server_pid)) - before) > 1 and time.monotonic() < deadline:
+                time.sleep(0.25)
+            running.append(len(set(_kernels(server_pid)) - before))
+        assert len(started) >= 10  # every load started a kernel
+        assert max(running) <= 1, f"kernels running after each of 10 reloads: {running}"
+    finally:
+        context.close()
+    assert not _outside(requests), f"requests left the machine: {_outside(requests)}"

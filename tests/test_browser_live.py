@@ -196,7 +196,7 @@ def test_live_notebook_runs_and_redraws_when_a_slider_moves(lab):
             assert float(readout) > 3.0
             # Play mode: the time slider runs from 0 and the revealed figure differs from the full one.
             time_slider = page.locator(".widget-slider", has=page.locator("label", has_text="time (%)")).first
-            page.locator(".widget-play button").first.click()
+            page.locator(".simlib-live button", has_text="Play").first.click()
             seen: set[float] = set()
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline and len(seen) < 3:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from simlib.parallel.shm import PREFIX
-from simlib.calibration.calibrate import Calibration, Spread, calibrate, fit_line, measure_load
+from simlib.calibration.calibrate import Calibration, Spread, busy_note, calibrate, fit_line, measure_load
 from simlib.sim.config import SimConfig
 
 
@@ -101,6 +101,20 @@ def test_load_share_is_a_fraction_of_a_core():
     share = measure_load(0.02, 2)
     for n, s in share.items():
         assert 0 < s.median <= 1.0 and s.n >= 5 * n
+
+
+def test_busy_note_names_the_processes_that_got_less_than_a_core():
+    idle = {1: Spread(0.99, 0.98, 1.0, 5), 2: Spread(0.95, 0.93, 0.97, 10)}
+    busy = {1: Spread(0.97, 0.95, 0.99, 5), 2: Spread(0.48, 0.40, 0.55, 10)}
+    assert busy_note(idle) == ""
+    note = busy_note(busy)
+    assert "busy" in note and "2 processes got 0.48" in note and "1 process got" not in note
+    assert busy_note(idle, threshold=0.96) != ""  # the threshold decides
+    assert busy_note({1: Spread.unmeasured()}) == ""  # nothing measured is not evidence of load
+    with pytest.raises(ValueError, match="threshold"):
+        busy_note(idle, threshold=1.5)
+    with pytest.raises(ValueError, match="cpu_share"):
+        busy_note({})
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from simlib.parallel.shm import PREFIX
-from simlib.calibration.calibrate import calibrate
+from simlib.calibration.calibrate import Spread, calibrate
 from simlib.calibration.validate import KNOWN_GAPS, WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
 
 
@@ -60,6 +60,10 @@ def test_compare_runs_real_processes_and_reports_errors(cal):
         assert res.measured[(r.workload, r.n_workers)].substrate in ("pipes", "parallel")
         assert res.predicted[(r.workload, r.n_workers)].substrate == "sim"
     assert "error" in res.table(0.25)
+    assert set(res.loads) == {w.name for w in small}
+    assert all(line.split(":")[0] in {"calibration", *res.loads} for line in res.load_warnings())
+    res.loads["tiny ps"] = {1: Spread(1.0, 1.0, 1.0, 2), 2: Spread(0.3, 0.3, 0.3, 2)}  # as if a neighbour woke up
+    assert any(line.startswith("tiny ps: the machine is busy") for line in res.load_warnings())
     assert {n for n in os.listdir("/dev/shm") if n.startswith(mine)} <= before
 
 

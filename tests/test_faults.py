@@ -6,6 +6,12 @@ one worker (SIGUSR1, whose handler raises), SIGINT of the parent, SIGTERM of the
 the whole process group (a terminal's Ctrl-C). Every run must end within 5 s of its fault with the
 expected error (KeyboardInterrupt for SIGINT), and leave no process, no /dev/shm segment and no new
 thread behind. The default run repeats each fault 3 times; the ``slow`` test repeats it 10 times.
+
+On Ray a worker is a worker actor's process. Starting a local Ray takes seconds, so worker faults
+run on one Ray the driver keeps (``attached``: the run must kill its actors); parent faults take
+turns between that Ray (the fault once the workers run), a Ray the run starts itself (``owned``,
+the fault once the workers run: the run must stop every Ray process) and the same at a random
+moment of the first seconds, which mostly falls in Ray's start-up.
 """
 from __future__ import annotations
 
@@ -23,22 +29,50 @@ ALGORITHMS = [
     "glove-hogwild",  # simlib.parallel.glove, shared memory
     "run-pipes",  # simlib.run(..., substrate="pipes"): the pipe parameter server
     "run-shm",  # simlib.run(..., substrate="shm"), where that substrate exists
+    "glove-count",  # simlib.parallel.glove_count.count_parallel: co-occurrence counting, map-reduce
+    "run-ray",  # simlib.run(..., substrate="ray"): actors on a local Ray
 ]
+# Ray's parent faults take turns over (mode, wait for the workers, window in s); see the docstring.
+# SIGTERM ends the driver (Ray cannot start again in its process), so it comes last on the driver's Ray.
+RAY_TURNS = {
+    "int-parent": [("owned", False, 3.0), ("attached", True, 1.0), ("owned", True, 1.0)],
+    "int-group": [("owned", True, 1.0), ("owned", False, 3.0), ("attached", True, 1.0)],
+    "term-parent": [("attached", True, 1.0), ("owned", False, 3.0), ("owned", True, 1.0)],
+}
+RAY_REPS = 2  # Ray's repetitions per fault in the default run (every run starts actors: seconds each)
 
 
 def _available(algorithm: str) -> bool:
-    return algorithm != "run-shm" or importlib.util.find_spec("simlib.parallel.shm_ps") is not None
+    return algorithm != "run-ray" or importlib.util.find_spec("ray") is not None
+
+
+def _plan(algorithm: str, reps: int) -> list[tuple[str, dict]]:
+    """(fault, how) for every repetition; on Ray the runs on the driver's own Ray come first."""
+    if algorithm != "run-ray":
+        return [(fault, {}) for fault in faultkit.FAULTS for _ in range(reps)]
+    plan = []
+    for fault in faultkit.FAULTS:
+        for r in range(reps):
+            if fault.endswith("-worker"):
+                plan.append((fault, {"mode": "attached", "window": 1.0}))
+            else:
+                mode, late, window = RAY_TURNS[fault][r % len(RAY_TURNS[fault])]
+                plan.append((fault, {"mode": mode, "late": late, "window": window}))
+    # one start of the driver's Ray, one switch to runs that start their own; SIGTERM last in each block
+    return sorted(plan, key=lambda item: (item[1]["mode"] == "owned", item[0] == "term-parent"))
 
 
 def _inject_all(algorithm: str, reps: int, seed: int) -> list[faultkit.Outcome]:
     if not _available(algorithm):
-        pytest.skip("the 'shm' substrate (simlib.parallel.shm_ps) is not in this tree yet")
+        pytest.skip("ray is not installed")
     rng = random.Random(seed)
     driver = faultkit.Driver(algorithm)
     try:
-        return [driver.inject(fault, rng) for fault in faultkit.FAULTS for _ in range(reps)]
+        outcomes = [driver.inject(fault, rng, **how) for fault, how in _plan(algorithm, reps)]
     finally:
-        driver.close()
+        left = driver.close()
+    assert left == [], f"{algorithm}: the driver left processes behind when it closed: {left}"
+    return outcomes
 
 
 def _assert_all_clean(outcomes: list[faultkit.Outcome], algorithm: str) -> None:
@@ -49,7 +83,7 @@ def _assert_all_clean(outcomes: list[faultkit.Outcome], algorithm: str) -> None:
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_fault_ends_the_run_promptly_and_cleanly(algorithm):
-    _assert_all_clean(_inject_all(algorithm, reps=3, seed=19), algorithm)
+    _assert_all_clean(_inject_all(algorithm, reps=RAY_REPS if algorithm == "run-ray" else 3, seed=19), algorithm)
 
 
 @pytest.mark.slow

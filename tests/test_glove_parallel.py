@@ -86,9 +86,8 @@ def test_bad_configuration_names_the_field(cooc, field, kwargs):
 
 
 def test_killed_worker_fails_fast_and_leaks_nothing(cooc, sigkill_a_worker):
-    start = time.monotonic()
-    with sigkill_a_worker(delay=0.3), pytest.raises(WorkerDied):
+    with sigkill_a_worker(delay=0.3) as killed_at, pytest.raises(WorkerDied):
         train_parallel(cooc, GloveConfig(dim=16, epochs=10_000), n_workers=2, mode="hogwild")
-    assert time.monotonic() - start < 15
+    assert killed_at and time.monotonic() - killed_at[0] < 5.0  # the run would go on for minutes
     assert not my_segments() and not live_segments()
     assert not multiprocessing.active_children()

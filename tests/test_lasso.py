@@ -116,6 +116,19 @@ def test_p8_needs_about_8x_fewer_rounds_on_uncorrelated_features(uncorrelated) -
     assert 8 / 1.5 <= ratio <= 8 * 1.5, (r1, r8)
 
 
+def test_stop_below_ends_at_the_first_recorded_round_under_the_target(uncorrelated) -> None:
+    prob, target = uncorrelated
+    sched = random_schedule(512, 4, 3_000, seed=1)
+    full = shotgun(prob, sched, record_every=10)
+    short = shotgun(prob, sched, record_every=10, stop_below=target)
+    hit = full.rounds_to(target)
+    assert hit is not None and hit < 3_000
+    assert short.rounds_to(target) == hit and short.rounds[-1] == hit
+    np.testing.assert_array_equal(short.objective, full.objective[: len(short.objective)])
+    with pytest.raises(ValueError, match="stop_below"):
+        shotgun(prob, sched, stop_below=float("nan"))
+
+
 def test_p8_diverges_on_correlated_features_and_the_scheduler_prevents_it(correlated) -> None:
     """With 256 features at corr 0.95, d / rho ~ 2.1 < P = 8: random rounds put ~4 correlated
     coordinates together, their steps add up and F blows up. The scheduler's rounds converge."""

@@ -1,7 +1,6 @@
 """Every lesson runs from a fresh kernel without errors, and is committed without outputs."""
 import json
 import pathlib
-import time
 
 import pytest
 
@@ -38,11 +37,8 @@ def test_lesson_runs_from_fresh_kernel(path, tmp_path, quick_mode):
     client = nbclient.NotebookClient(
         nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
-    t0 = time.monotonic()
-    client.execute()
-    elapsed = time.monotonic() - t0
+    client.execute()  # the per-cell timeout is the hang guard; lesson times are benchmarks/lessons.py's
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, f"{path.name}: {errors[0]['ename']}: {errors[0]['evalue']}"
     figures = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
     assert figures >= 1, f"{path.name} shows no figure"
-    assert elapsed < 150, f"{path.name} took {elapsed:.0f} s; lessons must run in about a minute"

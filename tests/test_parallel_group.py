@@ -124,7 +124,9 @@ def test_exception_in_a_worker_is_reraised_fast_with_its_traceback(method: str, 
         start = time.monotonic()
         with pytest.raises(WorkerError) as info:
             group.run(raise_in_one, pids)
-        assert time.monotonic() - start < 5.0
+        # The other workers sleep 60 s: ending in half of that means the parent did not wait for them
+        # (a bound with room for a loaded machine; the fail-fast latency is measured by the fault suite).
+        assert time.monotonic() - start < 30.0
         assert pids.closed  # a failed run unlinks the group's arrays at once
     err = info.value
     assert err.worker_id == 1 and not isinstance(err, WorkerDied)

@@ -3,6 +3,7 @@
 One module-scoped cluster (a head node marked ``server``, a second node marked ``worker``) serves every
 test; each run starts its own actors on it and kills them at the end.
 """
+import dataclasses
 import os
 import signal
 import subprocess
@@ -18,7 +19,10 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 import simlib  # noqa: E402
+from simlib.calibration.ray_cost import ray_message_cost, sim_options  # noqa: E402
 from simlib.contract import serial_reference  # noqa: E402
+from simlib.problems.glove import GloveConfig  # noqa: E402
+from simlib.problems.glove_table import GloveProblem  # noqa: E402
 from simlib.problems.lda import make_synthetic_corpus  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
@@ -71,6 +75,18 @@ def _wait_gone(within: float = 20.0) -> list[str]:
     return left
 
 
+def _assert_well_formed(tr, n: int, steps: int, bound: float) -> None:
+    """Every (worker, step) updated once, reads within the bound, spans and bytes as the contract counts them."""
+    assert sorted((u.worker, u.step) for u in tr.updates) == [(i, c) for i in range(n) for c in range(steps)]
+    assert all(0 <= u.clock_lag <= bound for u in tr.updates), "a read exceeded the staleness bound"
+    assert all(0 <= u.staleness < n * steps for u in tr.updates)
+    assert all(s.kind in SPAN_KINDS and s.end > s.start and 0 <= s.worker < n for s in tr.spans)
+    recv = [s for s in tr.spans if s.kind == "recv"]
+    assert len(recv) == n * steps and all(s.nbytes > 0 and s.nbytes % 12 == 0 for s in recv)
+    assert tr.summary()["bytes_sent"] == tr.summary()["bytes_received"]  # 12 B per key each way, uncompressed
+    assert len(tr.quality) >= 2 and tr.quality[-1].value < tr.quality[0].value
+
+
 def test_one_worker_equals_the_serial_reference_on_two_shards(cluster, tiny):
     res = simlib.run(tiny, "bsp", substrate="ray", n_workers=1, steps=12, batch_size=8, lr=0.5, n_servers=2)
     np.testing.assert_allclose(res.params, serial_reference(tiny, 12, 8, 0.5), rtol=1e-12, atol=1e-15)
@@ -84,15 +100,7 @@ def test_reads_respect_the_bound_and_the_trace_is_well_formed(cluster, tiny, pro
     res = simlib.run(tiny, protocol, substrate="ray", n_workers=n, steps=steps, batch_size=8, lr=0.5,
                      n_servers=n_servers)
     tr = res.trace
-    bound = Protocol.parse(protocol).bound
-    assert sorted((u.worker, u.step) for u in tr.updates) == [(i, c) for i in range(n) for c in range(steps)]
-    assert all(0 <= u.clock_lag <= bound for u in tr.updates), "a read exceeded the staleness bound"
-    assert all(0 <= u.staleness < n * steps for u in tr.updates)
-    assert all(s.kind in SPAN_KINDS and s.end > s.start and 0 <= s.worker < n for s in tr.spans)
-    recv = [s for s in tr.spans if s.kind == "recv"]
-    assert len(recv) == n * steps and all(s.nbytes > 0 and s.nbytes % 12 == 0 for s in recv)
-    assert tr.summary()["bytes_sent"] == tr.summary()["bytes_received"]  # 12 B per key each way, uncompressed
-    assert len(tr.quality) >= 2 and tr.quality[-1].value < tr.quality[0].value
+    _assert_well_formed(tr, n, steps, Protocol.parse(protocol).bound)
     assert res.params.shape == (tiny.n_params,)
     if protocol == "bsp":
         assert {s.kind for s in tr.spans} >= {"compute", "recv", "send"}
@@ -122,6 +130,31 @@ def test_lda_counts_are_conserved_on_sharded_servers(cluster):
     assert res.quality > res.trace.quality[0].value  # log p(w | z) rises
     with pytest.raises(ValueError, match="compression: LDAProblem needs every push applied whole"):
         simlib.run(prob, "bsp", substrate="ray", compression="onebit")
+
+
+def test_glove_one_worker_equals_the_serial_reference_and_its_trace_is_well_formed(cluster, cooc):
+    prob = GloveProblem(cooc, GloveConfig(dim=4), eval_entries=2_000)
+    res = simlib.run(prob, "bsp", substrate="ray", n_workers=1, steps=10, batch_size=16, lr=0.05, n_servers=2)
+    np.testing.assert_allclose(res.params, serial_reference(prob, 10, 16, 0.05), rtol=0, atol=1e-12)
+    _assert_well_formed(res.trace, 1, 10, 0)  # includes: GloVe's cost falls
+    assert res.trace.metric == "cost"
+
+
+def test_message_cost_under_two_callers_prices_a_queueing_server(cluster, tiny):
+    busy = ray_message_cost(keys=(1, 256), calls=3, callers=2)
+    assert busy.callers == 2 and busy.sizes == (16, 4_096) and all(t > 0 for t in busy.round_trips)
+    # A busy server answers each of two callers once every two service times, and never faster than its CPU.
+    intercept = busy.round_trips[0] - busy.sizes[0] / busy.bandwidth
+    assert busy.server_cpu > 0 and busy.server_time >= max(busy.server_cpu, intercept / 2) * (1 - 1e-9)
+    with pytest.raises(ValueError, match="one must be a ping-pong with callers=1"):
+        sim_options(busy, 1e-8, 1e-5)
+    one = dataclasses.replace(busy, callers=1)
+    opts = sim_options(one, 1e-8, 1e-5, busy=busy)
+    assert opts["server_time"] == busy.server_time and opts["compute_overhead"] == pytest.approx(1e-5 + one.latency)
+    sim = simlib.run(tiny, "bsp", substrate="sim", n_workers=2, steps=3, batch_size=8, **opts)
+    assert sim.trace.makespan >= 3 * 4 * busy.server_time  # two pulls and two pushes queue at one server per step
+    with pytest.raises(ValueError, match="keys"):
+        ray_message_cost(keys=(1, 1_000_000))
 
 
 def test_bad_options_are_refused_by_name(tiny):

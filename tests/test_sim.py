@@ -75,6 +75,20 @@ def test_incast_push_time_grows_with_workers(small_problem):
     assert t8.makespan > 3.0 * t2.makespan  # 8 workers queue on one in-link
 
 
+def test_a_server_serves_one_request_at_a_time(small_problem):
+    s = 1e-3
+    base = dict(steps=3, compute_per_unit=0.0, compute_overhead=0.0, server_time=s, **FAST_NET)
+    # One worker: its pull and its push each occupy the server for s.
+    assert simulate(SimConfig(n_workers=1, **base), small_problem).makespan == pytest.approx(3 * 2 * s)
+    # Two BSP workers arrive together: the second pull waits for the first, the pushes queue behind
+    # the pulls, so a step takes 4 s, not 2 s.
+    two = simulate(SimConfig(n_workers=2, **base), small_problem)
+    assert two.makespan == pytest.approx(3 * 4 * s)
+    assert sorted(s_.end - s_.start for s_ in two.spans if s_.kind == "recv" and s_.step == 0) == pytest.approx([s, 2 * s])
+    # A request split over two shards is handled by both at once: s each, in parallel, not 2 s.
+    assert simulate(SimConfig(n_workers=2, n_servers=2, **base), small_problem).makespan == pytest.approx(3 * 4 * s)
+
+
 def test_summation_nodes_add_links(small_problem):
     base = dict(n_workers=8, steps=3, latency=0.0, bandwidth=1e5, compute_per_unit=0.0, compute_overhead=0.0)
     plain = simulate(SimConfig(n_servers=1, **base), small_problem)

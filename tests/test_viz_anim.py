@@ -5,6 +5,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import re
+
+import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -72,6 +75,8 @@ def test_a_window_zooms_and_pans_with_the_cursor():
     reveal(8.0)
     lo, hi = ax.get_xlim()
     assert hi - lo == pytest.approx(4.0) and lo < 8.0 < hi
+    reveal(reveal.t_end)  # the whole run shows its start again, where every run has spans
+    assert ax.get_xlim() == (0.0, 4.0)
 
 
 @pytest.mark.parametrize("ext", [".html", ".gif"])
@@ -121,3 +126,45 @@ def test_redraw_reusing_axes_renders_exactly_like_a_fresh_figure():
     assert np.array_equal(render(fresh), render(reused))  # ... and the picture is the fresh one
     draw_runs(reused, runs(5.0)[:1])  # a different layout rebuilds
     assert len(reused.axes) == 2 and reused.axes[0] is not axes_before[0]
+
+
+def _jitter_runs(n_workers: int = 16, steps: int = 30):
+    """BSP, SSP(20) and async runs with the live panel's default stragglers (jitter): BSP waits at every barrier."""
+    from simlib.sim import SimConfig, Stragglers, simulate
+
+    base = SimConfig(n_workers=n_workers, steps=steps, stragglers=Stragglers(jitter="lognormal", jitter_sigma=0.75))
+    return [simulate(base), simulate(base.replace(protocol="ssp", staleness=20)),
+            simulate(base.replace(protocol="async"))]
+
+
+def test_the_waiting_count_says_how_many_drawn_rows_are_in_a_wait_bar_at_the_cursor():
+    fig = _figure()
+    reveal = draw_runs(fig, _jitter_runs()[:1], max_workers=12)  # 12 of 16 rows drawn
+    ax = reveal.timelines[0]
+    waits = timeline_artists(ax)["span:wait"].get_path()  # the wait bars as drawn
+    counted = []
+    for t in np.linspace(0.0, reveal.t_end, 101)[1:-1]:
+        reveal(t)
+        label = reveal._texts[0].get_text()
+        said = int(re.match(r"BSP: (\d+) of 12 waiting$", label).group(1))
+        drawn = int(waits.contains_points(np.array([[t, row] for row in range(12)])).sum())
+        assert said == drawn, f"at t = {t}: the title says {label!r}, {drawn} rows are in a wait bar"
+        counted.append(said)
+    # Not vacuous: BSP spends moments with most drawn rows waiting, and moments with none.
+    assert max(counted) >= 9 and min(counted) == 0
+
+
+def test_the_waiting_counts_cover_no_timeline_row_and_no_other_title():
+    fig = Figure(figsize=(13.5, 8), dpi=80)  # the live panel's size
+    FigureCanvasAgg(fig)
+    reveal = draw_runs(fig, _jitter_runs(n_workers=64, steps=10), max_workers=64)  # the longest titles
+    reveal(0.5 * reveal.t_end)
+    renderer = fig.canvas.get_renderer()
+    texts = [t.get_window_extent(renderer) for t in reveal._texts]
+    assert all("of 64 waiting" in t.get_text() for t in reveal._texts)
+    for i, box in enumerate(texts):
+        for ax in reveal.timelines:
+            assert not box.overlaps(ax.get_window_extent(renderer)), "a waiting count covers timeline rows"
+        for j, other in enumerate(texts):
+            assert i == j or not box.overlaps(other), "two waiting counts overlap"
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.x1  # inside the figure

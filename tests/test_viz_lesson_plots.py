@@ -30,6 +30,21 @@ def test_plot_curves_rejects_mismatch_and_missing_title() -> None:
         plot_curves([1], {"a": [1]}, "x", "y", "")
 
 
+def test_plot_curves_shades_a_spread_and_dashes_a_reference() -> None:
+    ax = plot_curves([1, 2, 4], {"measured": [1, 1.9, 4.2], "ideal": [1, 2, 4]}, "P", "speed-up (x)", "close to ideal",
+                     spread={"measured": ([0.9, 1.7, 3.6], [1.1, 2.2, 4.9])}, dashed=["ideal"])
+    band = [c for c in ax.collections if c.get_gid() == "spread:measured"]
+    assert len(band) == 1
+    ys = band[0].get_paths()[0].vertices[:, 1]
+    assert ys.min() == pytest.approx(0.9) and ys.max() == pytest.approx(4.9)
+    lines = {l.get_gid(): l for l in ax.get_lines()}
+    assert lines["curve:ideal"].get_linestyle() == "--" and lines["curve:measured"].get_linestyle() == "-"
+    with pytest.raises(ValueError, match="spread"):
+        plot_curves([1, 2], {"a": [1, 2]}, "x", "y", "t", spread={"a": ([1], [2])})
+    with pytest.raises(ValueError, match="do not exist"):
+        plot_curves([1, 2], {"a": [1, 2]}, "x", "y", "t", dashed=["b"])
+
+
 def test_plot_bars_writes_values_and_highlights() -> None:
     ax = plot_bars({"1 server": 3.0, "4 shards": 1.0, "never": float("nan")}, "time (ms)", "4 shards: 3x",
                    highlight="4 shards")

@@ -16,13 +16,16 @@ loop (scripts, tests) every change runs synchronously.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import html
 import io
 import os
 import tempfile
+import threading
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as W
@@ -70,7 +73,11 @@ PANEL_CSS = """
   object-position: left top; }
 .simlib-live .simlib-playrow { flex-wrap: wrap; }
 .simlib-live button.widget-button, .simlib-live button.widget-toggle-button { width: auto; padding: 0 0.6em; }
-.simlib-live .simlib-controls .widget-toggle-buttons .widget-toggle-button { width: 7.8em; }
+.simlib-live .simlib-controls .widget-toggle-buttons .widget-toggle-button { width: auto; min-width: 5em; }
+.simlib-live .simlib-controls .widget-toggle-buttons { display: flex; align-items: center; }
+.simlib-live .simlib-controls .widget-toggle-buttons > .widget-label { display: block; flex: none; text-align: right;
+  margin-right: 8px; }
+.simlib-live .simlib-controls .widget-toggle-buttons > div { display: flex; flex-wrap: nowrap; }
 .simlib-live .simlib-playrow .widget-slider { width: 18em; }
 """
 
@@ -98,7 +105,10 @@ class LivePanel:
         self.progress_after = progress_after  # seconds a run may take before the progress bar appears
         self.settings = settings or LiveSettings()
         if processes is None:
-            processes = min(len(PROTOCOLS), os.cpu_count() or 1)
+            # One core stays with the kernel (drawing) and the browser: on 2 busy cores a pool of 2
+            # simulated the three runs slower than this process (8 of 10 settings, 1.4x in total), and
+            # each worker process costs memory.
+            processes = min(len(PROTOCOLS), max(1, (os.cpu_count() or 1) - 1))
         self.runner = Runner(problem, processes=processes)
         self.debounce = debounce
         self.export_dir = export_dir
@@ -123,7 +133,12 @@ class LivePanel:
         self._image = W.Image(format="png")
         self._image.add_class("simlib-figure")
         self._build()
-        self.refresh()
+        # The first figure is simulated here, in this process: starting the worker processes (each
+        # imports the simulator) took longer than the three runs. They start afterwards, in the background.
+        self.refresh(pool=False)
+        if self._loop is not None and self.runner.processes > 1:
+            # A thread of its own: a slider moved meanwhile runs at once, in this process.
+            threading.Thread(target=self.runner.warm_up, name="simlib-warm-up", daemon=True).start()
 
     # -- controls ---------------------------------------------------------------------------
     def _build(self) -> None:
@@ -169,21 +184,28 @@ class LivePanel:
             c.observe(self._on_change, names="value")
         self.c_window.observe(lambda _: self._draw(), names="value")
 
-        self.play = W.Play(value=PLAY_FRAMES, min=0, max=PLAY_FRAMES, step=1, interval=100, description="play")
+        # Play is driven by the kernel, not by a timer in the browser: each frame is drawn, then the
+        # figure and the time slider are sent together, so they never disagree (a browser-side
+        # timer ran ahead of the figure by up to 2 s on a busy machine). Slow frames are skipped.
+        self.play = W.ToggleButton(False, description="Play", icon="play", tooltip="play the runs in simulated time")
+        self.play.observe(self._on_play, names="value")
+        self.stop_button = W.Button(description="Stop", icon="stop", tooltip="stop and show the whole run")
+        self.stop_button.on_click(lambda _: self.stop())
         self.c_speed = W.FloatLogSlider(1.0, base=2, min=-2, max=2, step=0.5, description="speed (x)",
                                         style={"description_width": "5em"})
+        self.c_speed.observe(lambda _: self._rebase_play(), names="value")
         self.time_slider = W.IntSlider(PLAY_FRAMES, min=0, max=PLAY_FRAMES, description="time (%)",
                                        style={"description_width": "5em"})
-        W.jslink((self.play, "value"), (self.time_slider, "value"))
         self.time_slider.observe(self._on_time, names="value")
-        self.play.observe(self._on_playing, names="playing")
-        self.c_speed.observe(lambda ch: setattr(self.play, "interval", max(10, int(100 / ch["new"]))), names="value")
+        self._play_task: asyncio.Task | None = None
+        self._play_origin = (0.0, 0.0)  # (loop time, frame) Play counts from
+        self._setting_time = False  # True while the kernel itself moves the time slider
         self.export_button = W.Button(description="Export HTML")
         self.export_button.on_click(lambda _: self.export(wait=False))
         self.export_note = W.HTML()
         self.progress = W.FloatProgress(value=0.0, min=0.0, max=1.0, description="", layout=W.Layout(width="20em",
                                                                                                    visibility="hidden"))
-        self.status = W.HTML(layout=W.Layout(width="100%"))
+        self.status = W.HTML()
         self.status.add_class("simlib-live-status")
 
         title = W.HTML("<style>" + PANEL_CSS + "</style><h2>Live: BSP, SSP and async on a simulated cluster</h2>")
@@ -195,7 +217,7 @@ class LivePanel:
             self.c_compression, W.HTML("<b>view</b>"), self.c_window, self.c_large,
         ])
         left.add_class("simlib-controls")
-        playrow = W.HBox([self.play, self.c_speed, self.time_slider, self.export_button])
+        playrow = W.HBox([self.play, self.stop_button, self.c_speed, self.time_slider, self.export_button])
         playrow.add_class("simlib-playrow")
         right = W.VBox([self._image, playrow, W.HBox([self.progress, self.export_note]), self.status])
         right.add_class("simlib-main")
@@ -257,12 +279,12 @@ class LivePanel:
             self._pending.cancel()
         self._pending = self._loop.call_later(self.debounce, self._start, self._gen)
 
-    def refresh(self) -> list[Trace]:
+    def refresh(self, pool: bool = True) -> list[Trace]:
         """Re-run the current settings and redraw, synchronously; returns the traces."""
         self._gen += 1
         t0 = time.perf_counter()
         try:
-            traces = self.runner.run(self.settings.configs(self.runner.nnz_per_row))
+            traces = self.runner.run(self.settings.configs(self.runner.nnz_per_row), pool=pool)
         except ValueError as exc:
             self._show_error(exc)
             return self.traces
@@ -291,7 +313,8 @@ class LivePanel:
                 self._last_progress = now
                 loop.call_soon_threadsafe(self._show_progress, gen, frac, label, now - t0)
 
-        fut = self._executor.submit(self.runner.run, configs, progress)
+        # Until the worker processes have started, simulate in this process's worker thread.
+        fut = self._executor.submit(lambda: self.runner.run(configs, progress, pool=self.runner.warm))
         fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._done, f, gen, t0))
 
     def _show_progress(self, gen: int, frac: float, label: str, elapsed: float) -> None:
@@ -323,11 +346,11 @@ class LivePanel:
     def _finish_draw(self, traces: list[Trace], t0: float) -> None:
         """Draw ``traces`` and report how long the change took to show."""
         self.traces = traces
+        self.play.value = False  # new runs: shown whole; Play starts over from their beginning
+        self._set_time(PLAY_FRAMES)
         self._draw()
         self.last_redraw_s = time.perf_counter() - t0
         self.redraws += 1
-        self.play.value = PLAY_FRAMES
-        self.time_slider.value = PLAY_FRAMES
         self._write_status()
 
     def _draw(self) -> None:
@@ -338,12 +361,15 @@ class LivePanel:
         with style():
             self.reveal = draw_runs(self.fig, self.traces, window=t_end * self.c_window.value / 100,
                                     max_workers=self.rows())
-        self._show()
+        self._show_frame(self.time_slider.value)  # the moment the slider shows (during Play too)
 
-    def _show(self) -> None:
-        """Push the figure to the browser as one PNG."""
+    def _show(self, frame: int) -> None:
+        """Push the figure to the browser as one PNG, which names the moment it shows (text chunks)."""
         buf = io.BytesIO()
-        self.fig.savefig(buf, format="png")
+        t = self.reveal.t if self.reveal is not None else 0.0
+        # NOTE: zlib level 1 instead of 6: the PNG grows ~10% and encodes ~3x faster (a frame of Play).
+        self.fig.savefig(buf, format="png", metadata={"simlib:frame": str(frame),
+                                                      "simlib:time": repr(t)}, pil_kwargs={"compress_level": 1})
         self._image.value = buf.getvalue()
 
     def rows(self) -> int:
@@ -359,22 +385,71 @@ class LivePanel:
         self.fig.set_dpi(PROJECTOR_DPI if change["new"] else DPI)
         self._draw()
 
+    def _set_time(self, frame: int) -> None:
+        """Move the time slider from the kernel (the figure is drawn by the caller)."""
+        self._setting_time = True
+        try:
+            self.time_slider.value = frame
+        finally:
+            self._setting_time = False
+
     def _on_time(self, change: dict[str, Any]) -> None:
-        """Play mode: reveal the runs up to the slider's share of the longest run."""
+        """The lecturer moved the time slider: show the runs up to that share of the longest run."""
+        if self._setting_time:
+            return
+        self._show_frame(change["new"])
+        self._rebase_play()
+
+    def _show_frame(self, frame: int) -> None:
+        """Reveal the runs up to ``frame`` / PLAY_FRAMES of the longest run, then move the slider there."""
         if self.reveal is None:
             return
-        if change["new"] == 0 and not self.play.playing and change["old"] != PLAY_FRAMES:
-            # Stop rewinds to 0; an empty figure there looks like a crash, so show the whole run. A jump
-            # from the end to 0 is Play starting over (its first frame may arrive before 'playing').
-            self.time_slider.value = PLAY_FRAMES
-            return
-        self.reveal(change["new"] / PLAY_FRAMES * self.reveal.t_end)
-        self._show()
+        self.reveal(frame / PLAY_FRAMES * self.reveal.t_end)
+        # The figure first, then the slider: the slider never shows a moment the figure has not reached.
+        self._show(frame)
+        self._set_time(frame)
 
-    def _on_playing(self, change: dict[str, Any]) -> None:
-        """Stop (not Pause) leaves the slider at 0: show the whole run instead of blank axes."""
-        if not change["new"] and self.play.value == self.play.min:
-            self.time_slider.value = PLAY_FRAMES
+    # -- play -------------------------------------------------------------------------------
+    def frame_seconds(self) -> float:
+        """Wall-clock seconds per play frame: 0.1 s at speed 1 (the whole run in 10 s)."""
+        return 0.1 / float(self.c_speed.value)
+
+    def _rebase_play(self) -> None:
+        """Count play time from now and the slider's frame (after a speed change or a drag)."""
+        if self._loop is not None:
+            self._play_origin = (self._loop.time(), float(self.time_slider.value))
+
+    def _on_play(self, change: dict[str, Any]) -> None:
+        """Play (from the start if at the end) or Pause (the figure stays where it is)."""
+        self.play.description, self.play.icon = ("Pause", "pause") if change["new"] else ("Play", "play")
+        if not change["new"] or self._loop is None:
+            return
+        if self.time_slider.value >= PLAY_FRAMES:
+            self._show_frame(0)
+        self._rebase_play()
+        if self._play_task is None or self._play_task.done():
+            self._play_task = self._loop.create_task(self._play())
+
+    async def _play(self) -> None:
+        """Advance one frame per tick of ``frame_seconds`` of wall time; frames drawn too late are skipped."""
+        assert self._loop is not None
+        while self.play.value and self.reveal is not None:
+            started, first = self._play_origin
+            due = first + (self._loop.time() - started) / self.frame_seconds()
+            frame = min(int(due), PLAY_FRAMES)
+            if frame > self.time_slider.value:
+                self._show_frame(frame)
+            if frame >= PLAY_FRAMES:
+                self.play.value = False
+                break
+            # Sleep until the next frame is due; asyncio.sleep(0) at least lets slider and button messages in.
+            wait = (int(due) + 1 - first) * self.frame_seconds() - (self._loop.time() - started)
+            await asyncio.sleep(max(0.0, wait))
+
+    def stop(self) -> None:
+        """Stop Play and show the whole run (never blank axes)."""
+        self.play.value = False
+        self._show_frame(PLAY_FRAMES)
 
     def _write_status(self) -> None:
         """One line per run: time per step, waiting share, staleness, bytes; plus the redraw count."""
@@ -432,10 +507,13 @@ class LivePanel:
             self._export_done(fut.result())
 
     def _export_done(self, path: str) -> None:
-        """Say where the animation went, in a line that stays until the next export."""
-        size = os.path.getsize(path) / 1e6
-        self.export_note.value = (f"animation ({size:.1f} MB): <a href='file://{html.escape(path)}' target='_blank'>"
-                                  f"{html.escape(path)}</a>")
+        """Offer the animation as a download (a data link works wherever the page is served) and say where it is."""
+        data = Path(path).read_bytes()
+        mime = "image/gif" if path.lower().endswith(".gif") else "text/html"
+        href = f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
+        self.export_note.value = (
+            f"<a class='simlib-export-link' href='{href}' download='{html.escape(os.path.basename(path))}'>"
+            f"download the animation</a> ({len(data) / 1e6:.1f} MB, also saved as <code>{html.escape(path)}</code>)")
 
     def close(self) -> None:
         """Stop the worker thread and release the figure's widget."""

@@ -21,7 +21,8 @@ HOST = "127.0.0.1"
 # A Jupyter data folder holding the panel's Voilà template (the lab page, less its CDN stylesheets).
 TEMPLATE_ROOT = Path(__file__).resolve().parent
 TEMPLATE = "simlib-live"
-# A reloaded page leaves its kernel behind; Voilà shuts down kernels idle and unconnected this long.
+# A page that unloads shuts its kernel down (simlib.app.voila_server); one whose browser died without
+# unloading leaves it behind, and Voilà shuts down kernels idle and unconnected this long.
 CULL_IDLE_S = 20
 CULL_INTERVAL_S = 5
 
@@ -105,7 +106,8 @@ def build_command(args: argparse.Namespace) -> list[str]:
     if not notebook.is_file():
         raise ValueError(f"notebook {str(notebook)!r} does not exist")
     if server == "voila":
-        cmd = [sys.executable, "-m", "voila", str(notebook), f"--Voila.ip={HOST}", f"--port={port}",
+        # Voilà, less the bug that keeps a reloaded page's kernel running (see voila_server).
+        cmd = [sys.executable, "-m", "simlib.app.voila_server", str(notebook), f"--Voila.ip={HOST}", f"--port={port}",
                "--theme=light", f"--template={TEMPLATE}",
                f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_S}",
                f"--MappingKernelManager.cull_interval={CULL_INTERVAL_S}",

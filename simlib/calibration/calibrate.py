@@ -66,6 +66,10 @@ KERNEL_UNITS = {
     "bsp_apply": "feature",  # numba apply_mean_gradient with one worker's gradient, per feature
 }
 
+# Below this CPU share per process (1.0 = a whole core) the machine counts as busy: measurements and
+# forecasts then move with what the other programs do, from one second to the next.
+BUSY_SHARE = 0.9
+
 
 # -- a measured quantity ---------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -205,6 +209,10 @@ class Calibration:
     def with_load(self, cpu_share: dict[int, Spread]) -> "Calibration":
         """The same costs on a machine whose free CPU is now ``cpu_share`` (see :func:`measure_load`)."""
         return dataclasses.replace(self, cpu_share=dict(cpu_share))
+
+    def busy_note(self, threshold: float = BUSY_SHARE) -> str:
+        """'' if the CPU share measured during calibration was at least ``threshold``, else why the machine was busy."""
+        return busy_note(self.cpu_share, threshold)
 
     def sim_config(self, kernel: str = "ps_step", busy: int = 1, **overrides: Any) -> SimConfig:
         """A SimConfig priced by this machine: pipe latency/bandwidth, ``kernel``'s cost per nonzero.
@@ -542,6 +550,21 @@ def measure_load(seconds: float = 0.1, max_busy: int = 2, start_method: str | No
             res = group.run(_spin_member, seconds, 5)
         out[n] = Spread.of([min(x, 1.0) for r in res for x in r])
     return out
+
+
+def busy_note(cpu_share: dict[int, Spread], threshold: float = BUSY_SHARE) -> str:
+    """'' when each of our busy processes got at least ``threshold`` of a core, else a sentence saying how busy.
+
+    ``cpu_share`` is :func:`measure_load`'s result (busy processes -> CPU share each).
+    """
+    check.probability("threshold", threshold)
+    if not cpu_share:
+        raise ValueError("cpu_share must hold at least one measurement (see measure_load)")
+    short = {n: s.median for n, s in sorted(cpu_share.items()) if s.n and s.median < threshold}
+    if not short:
+        return ""
+    got = ", ".join(f"{n} process{'es' if n > 1 else ''} got {share:.2f} of a core each" for n, share in short.items())
+    return f"the machine is busy: {got} (idle: 1.00, threshold {threshold:.2f})"
 
 
 def _touch_member(worker: int, n: int, seg: SharedArray) -> float:

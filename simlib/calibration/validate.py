@@ -38,7 +38,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from simlib.calibration.calibrate import Calibration, Spread, calibrate, measure_load
+from simlib.calibration.calibrate import BUSY_SHARE, Calibration, Spread, busy_note, calibrate, measure_load
 from simlib.parallel.pipe_ps import DenseKeys
 from simlib.sim.config import SimConfig
 from simlib.sim.engine import simulate
@@ -298,6 +298,18 @@ class Comparison:
     def max_error(self) -> float:
         """Largest |relative error| over the rows."""
         return max((abs(r.error) for r in self.rows), default=math.nan)
+
+    def load_warnings(self, threshold: float = BUSY_SHARE) -> list[str]:
+        """One line per measurement taken on a busy machine: the calibration, then each workload's runs."""
+        out = []
+        note = self.calibration.busy_note(threshold)
+        if note:
+            out.append(f"calibration: {note}")
+        for name, share in self.loads.items():
+            note = busy_note(share, threshold)
+            if note:
+                out.append(f"{name}: {note}")
+        return out
 
     def speedups(self, workload: str) -> dict[str, dict[int, float]]:
         """{'predicted': {n: seconds}, 'measured': {n: seconds}} for plot_speedup."""

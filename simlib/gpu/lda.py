@@ -39,7 +39,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.backend import array_module, get_xp, segment_sum, synchronize, to_numpy
 from simlib.gpu import cuda_kernels, use_fused
-from simlib.problems.lda import LDACorpus, check_hyper, count_tables, log_likelihood, random_assignments
+from simlib.problems.lda import LDACorpus, check_corpus, check_hyper, count_tables, log_likelihood, random_assignments
 from simlib.trace import Trace
 
 
@@ -165,6 +165,7 @@ def train_batched(
     better) with the joint log p(w, z) every ``record_every`` sweeps against wall seconds of
     sampling, and one update per batch.
     """
+    check_corpus(corpus)
     check_hyper(n_topics, alpha, beta)
     check.positive_int("n_sweeps", n_sweeps)
     check.positive_int("n_batches", n_batches)

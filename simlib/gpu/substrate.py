@@ -25,6 +25,7 @@ import numpy as np
 
 from simlib.backend import get_xp, synchronize, to_numpy
 from simlib.contract import Result, Training
+from simlib.diverged import check_metric
 from simlib.protocol import Protocol
 from simlib.trace import Trace
 
@@ -60,7 +61,9 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
             trace.span(i, "compute", start, now, step=c)
             trace.update(now, i, c, i, True, clock_lag=0)
         if (c + 1) % training.eval_every == 0 or c + 1 == training.steps:
-            trace.record_quality(now, (c + 1) * n, float(problem.quality(table)))
+            value = float(problem.quality(table))
+            trace.record_quality(now, (c + 1) * n, value)
+            check_metric(value, (c + 1) * n, problem, training.lr)
     trace.meta.update(protocol=protocol.spec, xp=mod.__name__, steps=training.steps, batch_size=training.batch_size,
                       lr=training.lr)
     return Result(trace, to_numpy(table), {"wall_seconds": time.perf_counter() - t0})

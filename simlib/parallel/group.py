@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from simlib import _validate as check
+from simlib.diverged import Diverged
 from simlib.parallel import log as _log
 from simlib.parallel import signals as _signals
 from simlib.parallel import worker as _worker
@@ -93,7 +94,9 @@ def _bootstrap(
     try:
         message: tuple[Any, ...] = ("ok", fn(worker_id, n_workers, *args), ctx.records())
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
-        message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        # Divergence is the run's result, not a crash: the parent raises the same Diverged.
+        message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                   exc if isinstance(exc, Diverged) else None)
     _log.worker_flush(log_queue)
     try:
         conn.send(message)
@@ -264,7 +267,10 @@ class WorkerGroup:
                     how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
                     raise WorkerDied(i, f"process died without reporting a result ({how})", exitcode=code)
                 if message[0] == "error":
-                    raise WorkerError(i, message[1], message[2])
+                    error = WorkerError(i, message[1], message[2])
+                    if len(message) > 3 and message[3] is not None:
+                        raise message[3] from error
+                    raise error
                 results[i] = message[1]
                 self._merge(i, message[2])
                 pending.discard(i)

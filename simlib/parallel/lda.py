@@ -51,6 +51,7 @@ from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import current
 from simlib.problems.lda import (
     LDACorpus,
+    check_corpus,
     check_hyper,
     count_tables,
     doc_log_likelihood,
@@ -318,6 +319,7 @@ def train_parallel(
     that worker raise there (for tests of the clean failure path). ``straggler=(worker, seconds)``
     makes one worker that much slower per clock, to show what SSP buys.
     """
+    check_corpus(corpus)
     check_hyper(n_topics, alpha, beta)
     check.positive_int("n_sweeps", n_sweeps)
     check.positive_int("n_workers", n_workers)

@@ -30,6 +30,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.contract import ParamServer, Result, Training
+from simlib.diverged import check_metric
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import current
@@ -172,7 +173,14 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     expecting_push = [False] * n
     deferred: list[tuple[int, np.ndarray]] = []  # (worker, keys) pulls the protocol holds back
     now = ctx.now if ctx is not None else time.perf_counter
-    quality = [(now(), 0, float(problem.quality(server.params)))]
+    quality: list[tuple[float, int, float]] = []
+
+    def record(n_updates: int) -> None:
+        """The metric now; Diverged (which stops the run) if it is not finite."""
+        quality.append((now(), n_updates, float(problem.quality(server.params))))
+        check_metric(quality[-1][2], n_updates, problem, training.lr)
+
+    record(0)
     updates: list[tuple] = []
     period = training.eval_every * n
     done = 0
@@ -202,11 +210,11 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
             expecting_push[i] = False
             done += c == steps - 1
             if evaluate and len(updates) % period == 0 and len(updates) < n * steps:
-                quality.append((now(), len(updates), float(problem.quality(server.params))))
+                record(len(updates))
             ready = [(j, k) for j, k in deferred if server.may_read(clock[j] - 1)]
             deferred = [(j, k) for j, k in deferred if not server.may_read(clock[j] - 1)]
             for j, k in ready:
                 answer(j, k)
     server.finish()
-    quality.append((now(), n * steps, float(problem.quality(server.params))))
+    record(n * steps)
     return server.params, quality, updates

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from simlib.contract import Result, Training
+from simlib.diverged import check_metric
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import current
 from simlib.protocol import Protocol, may_read
@@ -56,7 +57,10 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         lock = group.lock()
 
         def monitor(elapsed: float) -> None:
-            group.trace.record_quality(elapsed, int(version.array[0]), float(problem.quality(table.array.copy())))
+            """The metric now; Diverged (which stops the workers) if it is not finite."""
+            step, value = int(version.array[0]), float(problem.quality(table.array.copy()))
+            group.trace.record_quality(elapsed, step, value)
+            check_metric(value, step, problem, training.lr)
 
         monitor(0.0)
         group.run(_work, problem, shards, protocol.bound, training, table, clocks, version, lock,

@@ -32,7 +32,7 @@ from simlib import _validate as check
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import SharedArray
 from simlib.parallel.worker import current
-from simlib.problems.lasso import LassoProblem, ShotgunRun, soft_threshold
+from simlib.problems.lasso import LassoProblem, ShotgunRun, check_schedule, soft_threshold
 from simlib.trace import Trace
 
 
@@ -54,11 +54,7 @@ def run_shotgun(
     check.positive_int("n_workers", n_workers)
     check.positive_int("record_every", record_every)
     check.positive("blowup", blowup)
-    schedule = np.asarray(schedule)
-    if schedule.ndim != 2 or schedule.shape[0] < 1 or schedule.shape[1] < 1:
-        raise ValueError(f"schedule must be a (rounds, P) array of coordinate ids, got shape {schedule.shape}")
-    if schedule.max() >= problem.n_features or schedule.min() < -1:
-        raise ValueError(f"schedule ids must lie in [0, n_features={problem.n_features}) or be -1")
+    schedule = check_schedule(schedule, problem.n_features)
     if n_workers > problem.n_rows:
         raise ValueError(f"n_workers ({n_workers}) must be <= n_rows ({problem.n_rows})")
     At, y = np.ascontiguousarray(problem.At, dtype=np.float64), np.asarray(problem.y, dtype=np.float64)

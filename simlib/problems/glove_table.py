@@ -49,6 +49,10 @@ class GloveProblem:
         rng = np.random.default_rng(config.seed + 1)
         self.eval_idx = np.sort(rng.choice(cooc.nnz, min(eval_entries, cooc.nnz), replace=False))
 
+    def validate(self) -> None:
+        """Check the co-occurrences again (they may have changed since): the AdaGrad kernels index them unchecked."""
+        validate_training(self.cooc, self.config)
+
     def init_params(self, xp: Any = np) -> np.ndarray:
         """The flat table, initialised as :meth:`GloveParams.init` does (float64 storage)."""
         p = GloveParams.init(self.v, self.config)

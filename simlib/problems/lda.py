@@ -55,14 +55,19 @@ class LDACorpus:
     doc_of: np.ndarray = field(init=False, repr=False)  # int32 document of each token
 
     def __post_init__(self) -> None:
-        self.words = np.ascontiguousarray(self.words, dtype=np.int32)
-        self.offsets = np.ascontiguousarray(self.offsets, dtype=np.int64)
+        self.words = _as_ids("words", self.words, np.int32)
+        self.offsets = _as_ids("offsets", self.offsets, np.int64)
         self.validate()
         self.doc_of = np.repeat(np.arange(self.n_docs, dtype=np.int32), np.diff(self.offsets))
 
     def validate(self) -> None:
         """Check shapes, empty documents and word-id range; raise ValueError naming the field."""
         check.positive_int("n_words", self.n_words)
+        for name, dtype in (("words", np.int32), ("offsets", np.int64)):
+            a = getattr(self, name)
+            if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != 1:
+                raise ValueError(f"{name} must be a 1-D {np.dtype(dtype).name} array, got "
+                                 f"{getattr(a, 'dtype', type(a).__name__)}")
         if self.offsets.ndim != 1 or len(self.offsets) < 2 or self.offsets[0] != 0:
             raise ValueError("offsets must be a 1-D array starting at 0 with at least one document")
         lengths = np.diff(self.offsets)
@@ -124,6 +129,25 @@ class LDACorpus:
         parts = [self.doc(int(d)) for d in docs]
         titles = [self.titles[int(d)] for d in docs] if self.titles is not None else None
         return LDACorpus.from_docs(parts, self.n_words, self.vocab, titles)
+
+
+def _as_ids(name: str, a: Any, dtype: Any) -> np.ndarray:
+    """``a`` as a contiguous array of ``dtype``, refusing what the cast would change (fractions, overflow)."""
+    a = np.asarray(a)
+    if a.size and a.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integers, got dtype {a.dtype}")
+    out = np.ascontiguousarray(a, dtype=dtype)
+    if a.size and not np.array_equal(out, a):
+        raise ValueError(f"{name} must fit in {np.dtype(dtype).name}, got values from {a.min()} to {a.max()}")
+    return out
+
+
+def check_corpus(corpus: Any) -> LDACorpus:
+    """``corpus`` if it is a valid LDACorpus (checked again: the Gibbs kernels index it unchecked)."""
+    if not isinstance(corpus, LDACorpus):
+        raise ValueError(f"corpus must be an LDACorpus, got {type(corpus).__name__}")
+    corpus.validate()
+    return corpus
 
 
 def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:

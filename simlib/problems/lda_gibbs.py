@@ -44,7 +44,7 @@ import numpy as np
 from numba import njit
 
 from simlib import _validate as check
-from simlib.problems.lda import LDACorpus, check_hyper, count_tables, log_likelihood, random_assignments
+from simlib.problems.lda import LDACorpus, check_corpus, check_hyper, count_tables, log_likelihood, random_assignments
 
 KERNELS = ("sparse", "dense")
 
@@ -284,6 +284,7 @@ def fit(
     seed: int = 0, kernel: str = "sparse", record_every: int = 1,
 ) -> tuple[GibbsState, list[float]]:
     """Run ``n_sweeps`` Gibbs sweeps from a random start; return the state and log p(w, z) after each recorded sweep."""
+    check_corpus(corpus)
     check.positive_int("n_sweeps", n_sweeps)
     check.positive_int("record_every", record_every)
     state = GibbsState.init(corpus, n_topics, alpha, beta, seed, kernel)

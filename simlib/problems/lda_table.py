@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simlib.problems.lda import LDACorpus, check_hyper, count_tables, random_assignments, shard_documents, word_log_likelihood
+from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, random_assignments, shard_documents,
+                                word_log_likelihood)
 from simlib.problems.lda_gibbs import KERNELS, GibbsState
 
 _SEED_STRIDE = (1_000_003, 10_007)  # sweep seed = seed * 1_000_003 + worker * 10_007 + clock
@@ -67,8 +68,7 @@ class LDAProblem:
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
                  seed: int = 0, kernel: str = "sparse"):
-        if not isinstance(corpus, LDACorpus):
-            raise ValueError(f"corpus must be an LDACorpus, got {type(corpus).__name__}")
+        check_corpus(corpus)
         check_hyper(n_topics, alpha, beta)
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
@@ -77,6 +77,10 @@ class LDAProblem:
         self.V = corpus.n_words
         self.n_params = self.V * self.K + self.K
         self.z0 = random_assignments(corpus, self.K, self.seed)
+
+    def validate(self) -> None:
+        """Check the corpus again (it may have changed since): the Gibbs kernels index it unchecked."""
+        check_corpus(self.corpus)
 
     def init_params(self) -> np.ndarray:
         """The counts of the random start z0: n_wk flattened, then n_k (float64)."""

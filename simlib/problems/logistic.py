@@ -212,6 +212,11 @@ class LogisticProblem:
             self._eval = _take_rows(data, pick)
         self._eval_row_of = np.repeat(np.arange(self._eval.n_rows), np.diff(self._eval.indptr))
 
+    def validate(self) -> None:
+        """Check the data again (it may have changed since): the kernels index it without bounds checks."""
+        self.data.validate()
+        self.data.require_features()
+
     def init_params(self, xp: Any = np) -> Any:
         """w = 0 (float64), the usual start for logistic regression."""
         return xp.zeros(self.n_params, dtype=np.float64)

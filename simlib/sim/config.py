@@ -115,6 +115,8 @@ class SimConfig:
     n_summation: int = _f(0, "BytePS-style extra summation nodes", flag="--summation-nodes", min=0, max=1_000_000)
     latency: float = _f(1e-4, "time per message", unit="s", min=0, max=3600)
     bandwidth: float = _f(1.25e9, "bytes per second per link", unit="B/s", min=1, max=1e30)
+    server_time: float = _f(0.0, "time a server shard spends on each request, one at a time", unit="s", min=0,
+                            max=3600)
     compute_per_unit: float = _f(5e-8, "time per nonzero (or sample)", unit="s", min=0, max=10)
     compute_overhead: float = _f(1e-4, "fixed time per step", unit="s", min=0, max=3600)
     cost_unit: str = _f("nonzero", "what compute is charged per", choices=COST_UNITS)

@@ -16,7 +16,7 @@ import numpy as np
 import simpy
 
 from simlib.contract import ParamServer, check_problem
-from simlib.diverged import check_finite
+from simlib.diverged import check_metric
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim.clocks import ClockTable
 from simlib.sim.config import SimConfig
@@ -192,7 +192,7 @@ class _Run:
         resp_bytes = len(keys) * cfg.value_bytes
         if len(parts) == 1:
             k, sel = parts[0]
-            yield from transmit(env, self.servers[k].inlink, req_bytes, cfg.latency, cfg.bandwidth)
+            yield from transmit(env, self.servers[k].inlink, req_bytes, cfg.latency, cfg.bandwidth, cfg.server_time)
             values, version = self.server.pull(keys)
             yield from transmit(env, self.servers[k].outlink, resp_bytes, cfg.latency, cfg.bandwidth)
             return values, version, req_bytes, resp_bytes
@@ -205,7 +205,8 @@ class _Run:
     def _pull_shard(self, k: int, keys: np.ndarray, sel: slice, out: np.ndarray, versions: list[int]):
         cfg, env = self.cfg, self.env
         n = sel.stop - sel.start
-        yield from transmit(env, self.servers[k].inlink, n * cfg.key_bytes, cfg.latency, cfg.bandwidth)
+        yield from transmit(env, self.servers[k].inlink, n * cfg.key_bytes, cfg.latency, cfg.bandwidth,
+                            cfg.server_time)
         out[sel], v = self.server.pull(keys[sel])
         versions.append(v)  # the push's tau counts from the earliest shard read
         yield from transmit(env, self.servers[k].outlink, n * cfg.value_bytes, cfg.latency, cfg.bandwidth)
@@ -215,11 +216,13 @@ class _Run:
         parts = self._split(keys)
         total = max(len(keys), 1)
         if len(parts) == 1:
-            yield from transmit(env, self.servers[parts[0][0]].inlink, nbytes, cfg.latency, cfg.bandwidth)
+            yield from transmit(env, self.servers[parts[0][0]].inlink, nbytes, cfg.latency, cfg.bandwidth,
+                                cfg.server_time)
             return
         # Encoded bytes are split across shards in proportion to the keys each one receives.
         procs = [
-            env.process(transmit(env, self.servers[k].inlink, nbytes * (sel.stop - sel.start) / total, cfg.latency, cfg.bandwidth))
+            env.process(transmit(env, self.servers[k].inlink, nbytes * (sel.stop - sel.start) / total, cfg.latency,
+                                 cfg.bandwidth, cfg.server_time))
             for k, sel in parts
         ]
         yield env.all_of(procs)
@@ -296,7 +299,7 @@ class _Run:
     def _evaluate(self) -> None:
         value = self.problem.quality(self.w)
         self.trace.record_quality(self.env.now, self.applied, value)
-        check_finite(value, self.applied, getattr(self.problem, "metric", "loss"), f"lr={self.cfg.lr:g}")
+        check_metric(value, self.applied, self.problem, self.cfg.lr)
 
 
 class _AllReduce:

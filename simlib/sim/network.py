@@ -3,7 +3,9 @@
 In a parameter server the servers' links are the shared resources: every worker's push enters
 through a server's in-link, every pull reply leaves through its out-link, so N workers sending
 to one server queue up (incast), while k shards give each worker k links in parallel. Worker
-NICs carry only their own traffic and are not modelled as contended.
+NICs carry only their own traffic and are not modelled as contended. A server that spends
+``server_time`` on each request it receives (handling it, not moving its bytes) serves requests
+one at a time in arrival order, so that time queues on its in-link like the bytes.
 """
 from __future__ import annotations
 
@@ -39,9 +41,9 @@ class Link:
     def __init__(self) -> None:
         self.free_at = 0.0
 
-    def reserve(self, now: float, nbytes: float, bandwidth: float) -> float:
-        """Queue a message of nbytes at time ``now``; return when its last byte leaves."""
-        hold = nbytes / bandwidth
+    def reserve(self, now: float, nbytes: float, bandwidth: float, service: float = 0.0) -> float:
+        """Queue a message of nbytes at time ``now``; return when it leaves: after service + nbytes / bandwidth."""
+        hold = service + nbytes / bandwidth
         done = max(now, self.free_at) + hold
         self.free_at = done
         return done
@@ -58,6 +60,7 @@ class Node:
         self.outlink = Link()
 
 
-def transmit(env: simpy.Environment, link: Link, nbytes: float, latency: float, bandwidth: float) -> Generator:
-    """Wait for ``link`` (FIFO), hold it for nbytes / bandwidth, then propagate for latency."""
-    yield env.timeout(link.reserve(env.now, nbytes, bandwidth) - env.now + latency)
+def transmit(env: simpy.Environment, link: Link, nbytes: float, latency: float, bandwidth: float,
+             service: float = 0.0) -> Generator:
+    """Wait for ``link`` (FIFO), hold it for service + nbytes / bandwidth, then propagate for latency."""
+    yield env.timeout(link.reserve(env.now, nbytes, bandwidth, service) - env.now + latency)

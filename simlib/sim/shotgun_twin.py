@@ -19,7 +19,7 @@ which works, on the engine's cost model): Shotgun is model-parallel, its workers
 P deltas with each other by an all-gather and each keeps its own residual. The engine has two
 topologies, neither of which is that exchange: ``ps`` routes every pull (all of x, since the
 residual needs it) and push through server links, and ``allreduce`` sums dense gradients of the
-whole table (n_features values, not P pairs) in a ring. The closed form above, which lesson 05
+whole table (n_features values, not P pairs) in a ring. The closed form above, which lesson 04
 uses to show P = 8 reaching the target sooner in simulated time, needs an all-gather topology in
 :mod:`simlib.sim.engine`.
 

@@ -64,13 +64,13 @@ class Reveal:
                 elif gid.startswith("reached:"):
                     self._marks.append((line, float(line.get_xdata()[0])))
         self._cursors = [ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=2.5, zorder=6) for ax in self.timelines]
+        if loss_ax is not None:
+            self._cursors.append(loss_ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=1.5, zorder=6))
         for c in self._cursors:
             c.set_gid("cursor")
-        self._texts = [
-            ax.text(0.99, 0.02, "", transform=ax.transAxes, ha="right", va="bottom", fontsize=14, gid="waiting",
-                    zorder=7, bbox={"facecolor": "white", "edgecolor": OKABE_ITO["black"], "alpha": 0.9})
-            for ax in self.timelines
-        ]
+        # The waiting count lives in each timeline's title, above the rows: a box inside the axes hid rows.
+        self._texts = [ax.title for ax in self.timelines]
+        self._titles = [ax.get_title() for ax in self.timelines]
         self.t = self.t_end
 
     @staticmethod
@@ -91,8 +91,10 @@ class Reveal:
         changed: list[Artist] = []
         for i, ax in enumerate(self.timelines):
             if self.window < self.t_end:
-                # The timeline pans so the cursor stays in the last quarter of the window.
-                lo = min(max(0.0, t - 0.75 * self.window), self.t_end - self.window)
+                # The timeline pans so the cursor stays in the last quarter of the window; the whole
+                # run (t = t_end) shows its start, as drawn: the end of the longest run would show
+                # the runs that finished sooner as empty axes.
+                lo = min(max(0.0, t - 0.75 * self.window), self.t_end - self.window) if t < self.t_end else 0.0
                 ax.set_xlim(lo, lo + self.window)
             # Clip to the part of the axes left of the cursor: the axes' own box, cut at t.
             x0, x1 = ax.get_xlim()
@@ -102,11 +104,15 @@ class Reveal:
                 if gid.startswith(_REVEALED_GIDS):
                     art.set_clip_box(box)
                     changed.append(art)
-            self._cursors[i].set_xdata([t, t])
-            self._cursors[i].set_visible(t < self.t_end)
             n_wait = self.waiting_at(i, t)
-            self._texts[i].set_text(f"t = {t:.3g} s, {n_wait} of {self.rows[i]} waiting" if t < self.t_end else "")
-            changed += [self._cursors[i], self._texts[i]]
+            label = run_label(self.traces[i])
+            self._texts[i].set_text(f"{label}: {n_wait} of {self.rows[i]} waiting" if t < self.t_end
+                                    else self._titles[i])
+            changed.append(self._texts[i])
+        for cursor in self._cursors:
+            cursor.set_xdata([t, t])
+            cursor.set_visible(t < self.t_end)
+            changed.append(cursor)
         for line, xs, ys in self._curves:
             keep = xs <= t
             line.set_data(xs[keep], ys[keep])

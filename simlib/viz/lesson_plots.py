@@ -43,11 +43,21 @@ def _need_title(title: Any) -> None:
 def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabel: str, ylabel: str, title: str,
                 ax: Axes | None = None, logx: bool = False, logy: bool = False, vline: float | None = None,
                 vline_label: str = "", hline: float | None = None, hline_label: str = "",
-                markers: bool = True) -> Axes:
-    """One line per series against ``x`` (series may be shorter than x; NaN leaves a gap)."""
+                markers: bool = True, spread: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
+                dashed: Sequence[str] = ()) -> Axes:
+    """One line per series against ``x`` (one value per x; NaN leaves a gap).
+
+    ``spread[label] = (low, high)`` shades that band around the series (say what it is in the
+    label, e.g. '90% interval over 12 seeds'); series named in ``dashed`` are drawn dashed without
+    markers (a reference such as an ideal line).
+    """
     _need_title(title)
     if not series:
         raise ValueError("series must hold at least one curve")
+    spread = dict(spread or {})
+    unknown = [k for k in [*spread, *dashed] if k not in series]
+    if unknown:
+        raise ValueError(f"spread/dashed name series that do not exist: {unknown}")
     xs = np.asarray(x, dtype=float)
     with style():
         ax = _axes(ax, (9, 5.5))
@@ -55,9 +65,16 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
             ys = np.asarray(ys, dtype=float)
             if ys.shape != xs.shape:
                 raise ValueError(f"series: {label!r} has {ys.size} values for {xs.size} x values")
-            line = ax.plot(xs, ys, marker="o" if markers else None, color=RUN_COLORS[i % len(RUN_COLORS)],
-                           label=label)[0]
+            color = RUN_COLORS[i % len(RUN_COLORS)]
+            ref = label in dashed
+            line = ax.plot(xs, ys, marker="o" if markers and not ref else None, color=color,
+                           linestyle="--" if ref else "-", label=label)[0]
             line.set_gid(f"curve:{label}")
+            if label in spread:
+                lo, hi = (np.asarray(b, dtype=float) for b in spread[label])
+                if lo.shape != xs.shape or hi.shape != xs.shape:
+                    raise ValueError(f"spread: {label!r} needs (low, high) with {xs.size} values each")
+                ax.fill_between(xs, lo, hi, color=color, alpha=0.25, linewidth=0, gid=f"spread:{label}")
         if vline is not None:
             ax.axvline(vline, color=OKABE_ITO["black"], linestyle="--", linewidth=1.8, label=vline_label or None,
                        gid="vline")

@@ -1,0 +1,86 @@
+"""Divergence is reported the same way on every substrate: a Diverged error naming the step and the value.
+
+A step size far too large drives logistic regression's loss to infinity; every substrate of
+``simlib.run`` must stop with :class:`simlib.diverged.Diverged` (a ValueError) saying at which step
+(updates applied) the metric first stopped being finite and what it was, and leave no process behind.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+
+import numpy as np
+import pytest
+
+import simlib
+from fault_driver import children
+from simlib.diverged import Diverged, check_finite, first_non_finite
+from simlib.parallel.shm import PREFIX
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+
+N_WORKERS, STEPS, LR = 2, 150, 1e6
+MESSAGE = re.compile(r"^training diverged: the loss at step (\d+) was (nan|inf|-inf) \(lr=1e\+06 is too large\?\)$")
+SUBSTRATES = {
+    "sim": {},
+    "gpu": {"xp": "numpy"},
+    "pipes": {},
+    "shm": {"monitor_every": 0.01},
+    "ray": {"num_cpus": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return LogisticProblem(make_sparse_classification(400, 50, 5, seed=0), eval_rows=None)
+
+
+def _diverge(problem, substrate: str) -> Diverged:
+    with pytest.raises(Diverged) as info:
+        simlib.run(problem, "bsp", substrate=substrate, n_workers=N_WORKERS, steps=STEPS, lr=LR, eval_every=1,
+                   **SUBSTRATES[substrate])
+    return info.value
+
+
+@pytest.fixture(scope="module")
+def simulated(problem):
+    return _diverge(problem, "sim")
+
+
+def _my_segments() -> list[str]:
+    mine = f"{PREFIX}{os.getpid()}_"
+    return [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
+
+
+@pytest.mark.parametrize("substrate", [s if s != "ray" else pytest.param(s, marks=pytest.mark.slow) for s in SUBSTRATES])
+def test_every_substrate_reports_divergence_with_its_step_and_value(problem, simulated, substrate):
+    if substrate == "ray":
+        pytest.importorskip("ray")
+    before = set(children())
+    err = _diverge(problem, substrate)
+    assert isinstance(err, ValueError)
+    match = MESSAGE.match(str(err))
+    assert match, str(err)
+    assert int(match.group(1)) == err.step and not np.isfinite(err.value) and err.what == "loss"
+    assert 0 < err.step <= N_WORKERS * STEPS
+    if substrate == "gpu":  # lock-step rounds in worker order: the simulator's numbers
+        assert (err.step, err.value) == (simulated.step, simulated.value)
+    if substrate in ("pipes", "ray"):  # the server measures the loss after every N_WORKERS pushes
+        assert err.step % N_WORKERS == 0
+    if substrate in ("sim", "gpu"):  # deterministic rounds: one round fewer ends with a finite loss
+        shorter = simlib.run(problem, "bsp", substrate=substrate, n_workers=N_WORKERS, steps=err.step // N_WORKERS - 1,
+                             lr=LR, eval_every=1, **SUBSTRATES[substrate])
+        assert np.isfinite([q.value for q in shorter.trace.quality]).all()
+    assert multiprocessing.active_children() == [] and _my_segments() == []
+    assert set(children()) <= before  # no worker, server or Ray process outlives the run
+
+
+def test_first_non_finite_names_the_first_bad_point():
+    from simlib.trace import Trace
+
+    trace = Trace(label="t", substrate="sim", n_workers=1)
+    for step, value in [(0, 1.0), (2, 5.0), (4, float("inf")), (6, float("nan"))]:
+        trace.record_quality(float(step), step, value)
+    assert first_non_finite(trace.quality) == (4, float("inf"))
+    with pytest.raises(Diverged, match="the accuracy at step 3 was nan"):
+        check_finite(float("nan"), 3, "accuracy")
