@@ -155,9 +155,9 @@ class Driver:
         """Every live process carrying the driver's marker, less the driver."""
         return [p for p in with_marker(self.marker) if self.proc is None or p != self.proc.pid]
 
-    def diagnosis(self) -> str:
+    def diagnosis(self, limit: int = 3000) -> str:
         self.stderr.seek(0)
-        return ("".join(self.stray) + self.stderr.read().decode(errors="replace"))[-3000:]
+        return ("".join(self.stray) + self.stderr.read().decode(errors="replace"))[-limit:]
 
     def close(self) -> list[int]:
         """Stop the driver (it is idle between runs: closing stdin ends it); the processes it left behind."""
@@ -210,15 +210,24 @@ class Driver:
             try:
                 code = self.proc.wait(max(0.0, PROMPT + 10.0 - seconds))
             except subprocess.TimeoutExpired:
-                for p in [pid, *self.others()]:  # every stack, to say where it hangs
-                    try:
-                        os.kill(p, signal.SIGUSR2)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(1.0)
+                # every stack, to say where it hangs: the driver's first and alone (its workers share its
+                # stderr, and their dumps would interleave with it), then the rest
+                before, stacks = self.diagnosis(1500), []
+                for group in ([pid], self.others()):
+                    self.stderr.seek(0, os.SEEK_END)
+                    mark = self.stderr.tell()
+                    for p in group:
+                        try:
+                            os.kill(p, signal.SIGUSR2)
+                        except ProcessLookupError:
+                            pass
+                    time.sleep(1.0)
+                    self.stderr.seek(mark)
+                    stacks.append(self.stderr.read().decode(errors="replace")[-6000:])
                 self.proc.kill()
                 self.proc.wait()
-                return Outcome(fault, "HANG", self.diagnosis(), seconds, {"processes": _settled(self.others)})
+                text = f"{before}\n--- the driver ({pid}):\n{stacks[0]}\n--- every other process:\n{stacks[1]}"
+                return Outcome(fault, "HANG", text, seconds, {"processes": _settled(self.others)})
             seconds = min(seconds, time.monotonic() - faulted)
             error = "killed by SIGTERM" if code == -signal.SIGTERM else f"exit code {code}"
             left = self._left_after_exit(pid)

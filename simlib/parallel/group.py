@@ -349,7 +349,7 @@ def _trap_sigterm() -> Callable[[], None]:
     """While a run is in progress, turn SIGTERM into SystemExit so clean-up code runs."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = _signals.handler(signal.SIGTERM)
     if previous is not signal.SIG_DFL:
         return lambda: None  # someone else handles SIGTERM; leave it to them
 
