@@ -328,48 +328,63 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     return True
 
 
-def _children() -> set[int]:
-    """Pids of this process's live children (Linux /proc; empty where there is none)."""
+def _children(pid: int | str = "self") -> set[int]:
+    """Pids of a process's live children (Linux /proc; empty where there is none)."""
     pids: set[int] = set()
     try:
-        tasks = os.listdir("/proc/self/task")
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return pids
     for tid in tasks:
         try:
-            with open(f"/proc/self/task/{tid}/children") as f:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
                 pids.update(int(p) for p in f.read().split())
         except OSError:
             pass
     return pids
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants, parents first."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(_children(p))
+    return out
+
+
 def _stop_local(before: set[int]) -> None:
-    """Shut down a local Ray whose start failed or was interrupted, with every process it had started."""
+    """Shut down the local Ray this process started, with every process it had started."""
     import ray
 
     ray.shutdown()
     # NOTE: a start cut short (Ctrl-C, SIGTERM, the raylet's start-up timeout) leaves the GCS, the
     # dashboard and the monitor running, unknown to ray.shutdown(): the node object that would stop
-    # them was never returned. They are this process's new children whose command line is Ray's.
+    # them was never returned. And a raylet killed before its workers and agents orphans them. So
+    # every new child whose command line is Ray's goes, with all its descendants, gathered first.
     home = os.path.dirname(ray.__file__).encode()
-    strays = []
+    strays: list[int] = []
     for pid in _children() - before:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if home not in f.read():
                     continue
+        except OSError:
+            continue
+        strays += _tree(pid)
+    for pid in strays:
+        try:
             os.kill(pid, signal.SIGKILL)
-            strays.append(pid)
         except OSError:
             continue
     deadline = time.monotonic() + 2.0
-    for pid in strays:  # reap them, so no zombie is left either
+    for pid in strays:  # reap this process's own children, so no zombie is left either
         while time.monotonic() < deadline:
             try:
                 if os.waitpid(pid, os.WNOHANG)[0]:
                     break
-            except ChildProcessError:
+            except ChildProcessError:  # not our child (a descendant): its own parent or init reaps it
                 break
             time.sleep(0.01)
 
@@ -431,6 +446,7 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
 
     # Decided before connecting: a Ctrl-C that lands just after a local Ray came up still shuts it down.
     started_here = address is None and not ray.is_initialized()
+    before = _children()
     actors: list = []
     try:
         connect(address, num_cpus)
@@ -464,7 +480,7 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
     finally:
         _kill(ray, actors)
         if started_here:
-            ray.shutdown()
+            _stop_local(before)
     for _, step, value in quality:  # a diverged run fails as on every substrate, at its first non-finite point
         check_metric(value, step, problem, training.lr)
     return _result(problem, protocol, training, n_servers, params, spans, updates, quality, wall,
