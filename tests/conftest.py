@@ -1,5 +1,18 @@
-"""Shared fixtures: small problems that build in milliseconds."""
+"""Shared fixtures: small problems that build in milliseconds; the ``--heavy`` option."""
 import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--heavy", action="store_true", help="also run the tests marked heavy (many minutes)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--heavy"):
+        return
+    skip = pytest.mark.skip(reason="heavy (many minutes): run with pytest --heavy")
+    for item in items:
+        if "heavy" in item.keywords:
+            item.add_marker(skip)
 
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 

@@ -226,8 +226,7 @@ class WorkerGroup:
                 monitor(self.now())
             return results
         except BaseException:
-            self._stop()
-            self.unlink_all()
+            self.close()
             raise
         finally:
             self._stop()
@@ -314,14 +313,17 @@ class WorkerGroup:
     # -- lifecycle -------------------------------------------------------------------------
     def unlink_all(self) -> None:
         """Unlink every shared array this group made or adopted."""
-        arrays, self._arrays = self._arrays, []
-        for a in arrays:
-            a.unlink()
+        with _signals.held():  # a Ctrl-C midway would leave the rest of the list to no one
+            arrays, self._arrays = self._arrays, []
+            for a in arrays:
+                a.unlink()
 
     def close(self) -> None:
         """Stop any worker and unlink all shared arrays (idempotent)."""
-        self._stop()
-        self.unlink_all()
+        try:
+            self._stop()
+        finally:
+            self.unlink_all()
 
     def __enter__(self) -> "WorkerGroup":
         return self

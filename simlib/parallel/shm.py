@@ -147,7 +147,8 @@ class SharedArray:
 
     def unlink(self) -> None:
         """Release the segment: the owner unlinks its name (once); memory goes with the last view."""
-        self._finalizer()
+        with held():  # the finalizer marks itself done before it unlinks: no Ctrl-C in between
+            self._finalizer()
 
     close = unlink
 
