@@ -5,7 +5,9 @@ import gc
 import multiprocessing
 import os
 import signal
+import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -46,6 +48,31 @@ def sleep_forever(worker_id: int, n_workers: int, pids: SharedArray) -> None:
     """Publish the pid, then keep busy until killed."""
     pids.array[worker_id] = os.getpid()
     time.sleep(60)
+
+
+def _inside_callbacks(seconds: float) -> None:
+    """Spend ``seconds`` almost wholly inside weakref callbacks, where an exception is dropped."""
+
+    class Thing:
+        pass
+
+    def callback(_ref) -> None:
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.002:
+            pass
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        thing = Thing()
+        ref = weakref.ref(thing, callback)
+        del thing  # the callback runs here; a handler's exception raised in it is only printed
+        del ref
+
+
+def churn_callbacks(worker_id: int, n_workers: int, pids: SharedArray) -> None:
+    """Publish the pid, then run weakref callbacks for a minute."""
+    pids.array[worker_id] = os.getpid()
+    _inside_callbacks(60)
 
 
 def exit_early(worker_id: int, n_workers: int) -> None:
@@ -170,6 +197,43 @@ def test_ctrl_c_in_the_parent_stops_workers_and_unlinks(method: str, clean: None
 
         with pytest.raises(KeyboardInterrupt):
             group.run(sleep_forever, pids, monitor=press_ctrl_c, monitor_every=0.05, timeout=30)
+        assert pids.closed
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped exception
+def test_sigterm_that_lands_in_a_workers_weakref_callback_still_ends_it(clean: None) -> None:
+    # The handler's SystemExit is dropped inside the callback; the worker must end all the same.
+    with WorkerGroup(2, "fork") as group:
+        pids = group.zeros(2, np.int64)
+        sent: list[float] = []
+
+        def terminate_worker_0(elapsed: float) -> None:
+            if not sent and pids.array[0] > 0:
+                time.sleep(0.2)
+                os.kill(int(pids.array[0]), signal.SIGTERM)
+                sent.append(time.monotonic())
+
+        with pytest.raises(WorkerError) as info:
+            group.run(churn_callbacks, pids, monitor=terminate_worker_0, monitor_every=0.05, timeout=60)
+        assert time.monotonic() - sent[0] < 20.0, "the worker ran on after its SIGTERM"
+    assert info.value.worker_id == 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped exception
+def test_ctrl_c_that_lands_in_the_parents_weakref_callback_still_stops_the_run(clean: None) -> None:
+    with WorkerGroup(2, "fork") as group:
+        pids = group.zeros(2, np.int64)
+        sent: list[float] = []
+
+        def ctrl_c_inside_callbacks(elapsed: float) -> None:
+            if not sent and np.all(pids.array > 0):
+                sent.append(time.monotonic())
+                threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+                _inside_callbacks(2.0)  # the KeyboardInterrupt is raised (and dropped) in here
+
+        with pytest.raises(KeyboardInterrupt):
+            group.run(sleep_forever, pids, monitor=ctrl_c_inside_callbacks, monitor_every=0.05, timeout=60)
+        assert time.monotonic() - sent[0] < 20.0, "the run went on after Ctrl-C"
         assert pids.closed
 
 

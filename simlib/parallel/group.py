@@ -82,9 +82,11 @@ def _bootstrap(
 ) -> None:
     """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # _exit_on_sigterm's last resort
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # not the parent's handlers, inherited under fork
     if _signals.noted_here(signal.SIGTERM):  # terminated while it was being forked
         raise SystemExit(128 + signal.SIGTERM)
+    _signals.forked()
     _set_parent_death_signal()
     if os.getppid() != parent_pid:  # the parent died before the death signal was armed
         os._exit(1)
@@ -202,7 +204,7 @@ class WorkerGroup:
         _log.set_verbose(self.verbose)
         if self.t0 is None:
             self.t0 = time.perf_counter()
-        restore = _trap_sigterm()
+        trap = _Trap()
         readers: list[Connection] = []
         try:
             for i in range(self.n_workers):
@@ -218,7 +220,7 @@ class WorkerGroup:
                 writer.close()  # only the child writes; closing ours lets a dead child read as EOF
                 readers.append(reader)
             _log.logger().info("started %d workers (%s)", self.n_workers, self.start_method)
-            results = self._collect(readers, monitor, monitor_every, timeout)
+            results = self._collect(readers, monitor, monitor_every, timeout, trap)
             deadline = time.monotonic() + self.grace
             for p in self._procs:  # let finished workers exit on their own before any terminate
                 p.join(max(0.0, deadline - time.monotonic()))
@@ -232,7 +234,7 @@ class WorkerGroup:
             self._stop()
             for r in readers:
                 r.close()
-            restore()
+            trap.restore()
 
     def _collect(
         self,
@@ -240,14 +242,16 @@ class WorkerGroup:
         monitor: Callable[[float], None] | None,
         monitor_every: float,
         timeout: float | None,
+        trap: "_Trap",
     ) -> list[Any]:
-        """Wait for every worker's message, failing fast on an error, a death or the deadline."""
+        """Wait for every worker's message, failing fast on an error, a death, a signal or the deadline."""
         results: list[Any] = [None] * self.n_workers
         pending = set(range(self.n_workers))
         start = time.perf_counter()
         next_monitor = start + monitor_every
         procs = self._procs[-self.n_workers :]
         while pending:
+            trap.check()
             now = time.perf_counter()
             limit = self.poll_interval if monitor is None else max(0.0, min(self.poll_interval, next_monitor - now))
             ready = set(wait([readers[i] for i in pending] + [procs[i].sentinel for i in pending], timeout=limit))
@@ -342,24 +346,59 @@ def _start_deferring_signals(proc: BaseProcess, started: list[BaseProcess]) -> N
         started.append(proc)
 
 
+_EXIT_GRACE = 2.0  # seconds a worker told to stop has to report before SIGALRM's default action ends it
+
+
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     """In a worker: SIGTERM unwinds like an exception, so the worker reports it and exits."""
+    # NOTE: an exception raised by a handler that runs inside a weakref callback or a __del__ is
+    # printed ("Exception ignored in ...") and dropped, and the worker would run on. So a second
+    # SIGTERM takes the default action, and SIGALRM's default action ends the worker after a grace.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, _EXIT_GRACE)
     raise SystemExit(128 + signum)
 
 
-def _trap_sigterm() -> Callable[[], None]:
-    """While a run is in progress, turn SIGTERM into SystemExit so clean-up code runs."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = _signals.handler(signal.SIGTERM)
-    if previous is not signal.SIG_DFL:
-        return lambda: None  # someone else handles SIGTERM; leave it to them
+class _Trap:
+    """While a run is in progress: SIGTERM raises SystemExit, and both it and Ctrl-C are remembered.
 
-    def on_sigterm(signum: int, frame: Any) -> None:
+    An exception a signal handler raises inside a weakref callback or a ``__del__`` is dropped
+    there ("Exception ignored in ..."); the run's loop calls :meth:`check`, which raises it again.
+    Handlers someone else installed are left alone (main thread only).
+    """
+
+    def __init__(self) -> None:
+        self.seen: int | None = None
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if _signals.handler(signal.SIGTERM) is signal.SIG_DFL:
+            self._install(signal.SIGTERM, self._on_sigterm)
+        if _signals.handler(signal.SIGINT) is signal.default_int_handler:
+            self._install(signal.SIGINT, self._on_sigint)
+
+    def _install(self, signum: int, fn: Callable[[int, Any], None]) -> None:
+        self._previous[signum] = signal.getsignal(signum)
+        signal.signal(signum, fn)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.seen = signum
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
-    return lambda: signal.signal(signal.SIGTERM, previous)
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.seen = signum
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise what a signal raised, if a callback swallowed it."""
+        if self.seen == signal.SIGTERM:
+            raise SystemExit(128 + signal.SIGTERM)
+        if self.seen == signal.SIGINT:
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        for signum, h in self._previous.items():
+            signal.signal(signum, h)
 
 
 def run_workers(

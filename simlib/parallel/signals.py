@@ -76,6 +76,13 @@ def held() -> Iterator[None]:
             signal.raise_signal(s)
 
 
+def forked() -> None:
+    """In a child forked inside a held block: no block is open here (the child never leaves the parent's)."""
+    global _open
+    _open = 0
+    _real.clear()
+
+
 def noted_here(signum: int) -> bool:
     """Whether this process noted ``signum`` in a held block (a forked child checks this at start)."""
     return (os.getpid(), signum) in noted
