@@ -65,7 +65,7 @@ from simlib.trace import Trace
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
 ACTOR_SHARE = 0.001  # of a node's 'server' / 'worker' resource per actor: a label, not a quota
 PLACEMENTS = ("auto", "resources", "any")
-READY_TIMEOUT = 60.0
+READY_TIMEOUT = 120.0  # a busy 2-core laptop starts one actor process (Python, NumPy, numba) at a time
 # NOTE: a raylet gives its metrics agent a fixed 15 s to start and exits otherwise; on a busy
 # 2-core machine that happens to about one start in three, so a local start is tried again.
 START_ATTEMPTS = 3  # seconds to place and warm up the actors before the run is refused

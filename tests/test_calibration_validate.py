@@ -97,10 +97,11 @@ def test_pipe_ps_residual_is_what_the_model_leaves_unexplained(cal):
     assert cal.ps_step.n > 0 and cal.ps_step.median > 0  # calibration measured the null run
     unmeasured = dataclasses.replace(cal, ps_step=Spread.unmeasured())
     assert pipe_ps_residual(unmeasured) == 0.0
-    # A null step far slower than the model: the residual is the difference, to the second.
-    slow = dataclasses.replace(cal, ps_step=Spread(0.01, 0.0, 0.0, 1))
-    slower = dataclasses.replace(cal, ps_step=Spread(0.0101, 0.0, 0.0, 1))
-    assert 0 < pipe_ps_residual(slow) < 0.01
+    # A null step far slower than the model (1 s, whatever the machine's load): the residual is the
+    # difference, to the second.
+    slow = dataclasses.replace(cal, ps_step=Spread(1.0, 0.0, 0.0, 1))
+    slower = dataclasses.replace(cal, ps_step=Spread(1.0001, 0.0, 0.0, 1))
+    assert 0 < pipe_ps_residual(slow) < 1.0
     assert pipe_ps_residual(slower) - pipe_ps_residual(slow) == pytest.approx(1e-4, rel=1e-9)
     # The twin charges the residual to every step, and the JSON form keeps it.
     w = WORKLOADS["ps latency-bound"]
@@ -146,7 +147,8 @@ def test_shared_memory_prediction_adds_the_first_touch_of_one_shard(cal):
     assert warmup(hog, fixed, 1) == pytest.approx(0.002 + shm_bytes_per_worker(hog, 1) * 1e-9)
     unmeasured = dataclasses.replace(fixed, shm_first_touch=Spread.unmeasured())
     assert warmup(hog, unmeasured, 1) == pytest.approx(0.002)  # the set-up alone
-    assert cal.shm_setup.n > 0 and 0 <= cal.shm_setup.median < 0.1 and 0 < cal.bsp_step.median < 0.01
+    # measured, and sane (bounds that hold on a busy machine: these are checks, not benchmarks)
+    assert cal.shm_setup.n > 0 and 0 <= cal.shm_setup.median < 1.0 and 0 < cal.bsp_step.median < 1.0
     assert predict(hog, 1, fixed)[0] - predict(hog, 1, unmeasured)[0] == pytest.approx(shm_bytes_per_worker(hog, 1) * 1e-9, rel=1e-9)
     back = Calibration.from_json(cal.to_json())
     assert (back.shm_first_touch, back.shm_setup, back.bsp_step) == (cal.shm_first_touch, cal.shm_setup, cal.bsp_step)

@@ -26,7 +26,7 @@ SUBSTRATES = {
     "gpu": {"xp": "numpy"},
     "pipes": {},
     "shm": {"monitor_every": 0.01},
-    "ray": {"num_cpus": 1},
+    "ray": {"num_cpus": 2},  # Ray starts as many actor processes at once as it has CPUs
 }
 
 

@@ -84,6 +84,8 @@ def _bootstrap(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # _exit_on_sigterm's last resort
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # not the parent's handlers, inherited under fork
+    if hasattr(signal, "pthread_sigmask"):  # blocked by the parent around the fork: one sent since arrives now
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_SIGNALS)
     if _signals.noted_here(signal.SIGTERM):  # terminated while it was being forked
         raise SystemExit(128 + signal.SIGTERM)
     _signals.forked()
@@ -341,12 +343,30 @@ def _start_deferring_signals(proc: BaseProcess, started: list[BaseProcess]) -> N
     # NOTE: a Ctrl-C that landed while os.fork() ran its Python hooks raised inside logging's
     # after-fork handler, was swallowed there ("Exception ignored in _releaseLock") and left
     # logging's lock held: the run went on and the parent hung on its next log call.
+    # NOTE: and a SIGTERM that reaches a forked child before its first Python code runs is lost:
+    # CPython clears the signals caught in the child at fork. So the two signals stay blocked in
+    # this thread while it forks; the child inherits the mask, and its _bootstrap unblocks them
+    # once its own handlers are in place, when a signal sent meanwhile (kept pending) arrives.
     with _signals.held():
-        proc.start()
+        old = _block(_CHILD_SIGNALS)
+        try:
+            proc.start()
+        finally:
+            _block(old, how="set")
         started.append(proc)
 
 
 _EXIT_GRACE = 2.0  # seconds a worker told to stop has to report before SIGALRM's default action ends it
+
+
+_CHILD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _block(signals: Any, how: str = "block") -> Any:
+    """Block ``signals`` in this thread (``how="set"``: make them the mask); the previous mask."""
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows
+        return set()
+    return signal.pthread_sigmask(signal.SIG_BLOCK if how == "block" else signal.SIG_SETMASK, signals)
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
