@@ -2,6 +2,16 @@
 import pytest
 
 
+def pytest_configure(config):
+    # NOTE: started as a background job (`cmd &` in a script, nohup), the suite inherits SIGINT
+    # ignored, and so does every process it starts: each Ctrl-C the tests send would be dropped and
+    # those tests would hang or fail. Take SIGINT as a terminal's foreground program gets it.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_addoption(parser):
     parser.addoption("--heavy", action="store_true", help="also run the tests marked heavy (many minutes)")
 
