@@ -84,8 +84,7 @@ def _bootstrap(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # _exit_on_sigterm's last resort
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # not the parent's handlers, inherited under fork
-    if hasattr(signal, "pthread_sigmask"):  # blocked by the parent around the fork: one sent since arrives now
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_SIGNALS)
+    _sigmask(signal.SIG_UNBLOCK, _CHILD_SIGNALS)  # blocked by the parent around the fork: one sent since arrives now
     if _signals.noted_here(signal.SIGTERM):  # terminated while it was being forked
         raise SystemExit(128 + signal.SIGTERM)
     _signals.forked()
@@ -348,25 +347,23 @@ def _start_deferring_signals(proc: BaseProcess, started: list[BaseProcess]) -> N
     # this thread while it forks; the child inherits the mask, and its _bootstrap unblocks them
     # once its own handlers are in place, when a signal sent meanwhile (kept pending) arrives.
     with _signals.held():
-        old = _block(_CHILD_SIGNALS)
+        old = _sigmask(signal.SIG_BLOCK, _CHILD_SIGNALS)
         try:
             proc.start()
         finally:
-            _block(old, how="set")
+            _sigmask(signal.SIG_SETMASK, old)
         started.append(proc)
 
 
 _EXIT_GRACE = 2.0  # seconds a worker told to stop has to report before SIGALRM's default action ends it
-
-
 _CHILD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
-def _block(signals: Any, how: str = "block") -> Any:
-    """Block ``signals`` in this thread (``how="set"``: make them the mask); the previous mask."""
+def _sigmask(how: int, signals: Any) -> Any:
+    """``signal.pthread_sigmask`` for this thread; the previous mask (a no-op where there is none)."""
     if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows
         return set()
-    return signal.pthread_sigmask(signal.SIG_BLOCK if how == "block" else signal.SIG_SETMASK, signals)
+    return signal.pthread_sigmask(how, signals)
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -393,24 +390,20 @@ class _Trap:
         if threading.current_thread() is not threading.main_thread():
             return
         if _signals.handler(signal.SIGTERM) is signal.SIG_DFL:
-            self._install(signal.SIGTERM, self._on_sigterm)
+            self._install(signal.SIGTERM)
         if _signals.handler(signal.SIGINT) is signal.default_int_handler:
-            self._install(signal.SIGINT, self._on_sigint)
+            self._install(signal.SIGINT)
 
-    def _install(self, signum: int, fn: Callable[[int, Any], None]) -> None:
+    def _install(self, signum: int) -> None:
         self._previous[signum] = signal.getsignal(signum)
-        signal.signal(signum, fn)
+        signal.signal(signum, self._on_signal)
 
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
+    def _on_signal(self, signum: int, frame: Any) -> None:
         self.seen = signum
-        raise SystemExit(128 + signum)
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        self.seen = signum
-        raise KeyboardInterrupt
+        self.check()
 
     def check(self) -> None:
-        """Raise what a signal raised, if a callback swallowed it."""
+        """Raise what the signal raises (again, if a callback swallowed it)."""
         if self.seen == signal.SIGTERM:
             raise SystemExit(128 + signal.SIGTERM)
         if self.seen == signal.SIGINT:
