@@ -155,10 +155,35 @@ def test_export_in_the_background_keeps_the_panel_live(panel, tmp_path):
     assert "bg.html" in panel.export_note.value
 
 
+async def _first_figure(p: LivePanel) -> int:
+    """Wait for a panel made in an event loop to draw its first figure; the loop's turns meanwhile."""
+    turns = 0
+    for turns in range(6000):
+        if p.redraws:
+            return turns
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no first figure after 60 s: {p.status.value}")
+
+
+def test_in_an_event_loop_the_first_figure_is_drawn_in_the_background(tiny_problem):
+    async def scenario() -> tuple[int, int, int]:
+        p = LivePanel(LiveSettings(**SMALL), problem=tiny_problem, figsize=(8, 5))
+        try:
+            before = p.redraws  # the constructor returned before the runs were simulated
+            turns = await _first_figure(p)
+            return before, turns, len(p.traces)
+        finally:
+            p.close()
+
+    before, turns, runs = asyncio.run(scenario())
+    assert before == 0 and turns >= 1 and runs == len(LiveSettings().protocols)
+
+
 def test_changes_in_an_event_loop_run_in_the_background_and_coalesce(tiny_problem):
     async def scenario() -> tuple[int, float, int]:
         p = LivePanel(LiveSettings(**SMALL), problem=tiny_problem, figsize=(8, 5), debounce=0.05)
         try:
+            await _first_figure(p)
             start = p.redraws
             for sev in (4.0, 5.0, 6.0):  # three quick moves: one redraw, of the last value
                 p.c_severity.value = sev
@@ -182,6 +207,7 @@ def test_a_long_run_shows_progress_and_the_kernel_stays_responsive(tiny_problem)
                       debounce=0.0, processes=1, progress_after=0.0)
         shown: set[str] = set()
         try:
+            await _first_figure(p)
             start, ticks = p.redraws, 0
             p.c_steps.value = 300  # a run several times longer
             while p.redraws == start:

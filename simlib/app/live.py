@@ -133,12 +133,18 @@ class LivePanel:
         self._image = W.Image(format="png")
         self._image.add_class("simlib-figure")
         self._build()
-        # The first figure is simulated here, in this process: starting the worker processes (each
-        # imports the simulator) took longer than the three runs. They start afterwards, in the background.
-        self.refresh(pool=False)
-        if self._loop is not None and self.runner.processes > 1:
-            # A thread of its own: a slider moved meanwhile runs at once, in this process.
-            threading.Thread(target=self.runner.warm_up, name="simlib-warm-up", daemon=True).start()
+        self._warming = False
+        # The first figure is simulated in this process: starting the worker processes (each imports
+        # the simulator) took longer than the three runs. They start once it is drawn (_finish_draw).
+        if self._loop is None:
+            self.refresh(pool=False)
+        else:
+            # In a kernel, in the worker thread: the cell returns at once, so the page and its widgets
+            # load while the runs are simulated, instead of after them (Voilà sends the page only when
+            # the notebook has run).
+            self.status.value = "simulating the first runs..."
+            self._gen += 1
+            self._start(self._gen)
 
     # -- controls ---------------------------------------------------------------------------
     def _build(self) -> None:
@@ -352,6 +358,10 @@ class LivePanel:
         self.last_redraw_s = time.perf_counter() - t0
         self.redraws += 1
         self._write_status()
+        if self._loop is not None and self.runner.processes > 1 and not self._warming:
+            self._warming = True
+            # A thread of its own: a slider moved meanwhile runs at once, in this process.
+            threading.Thread(target=self.runner.warm_up, name="simlib-warm-up", daemon=True).start()
 
     def _draw(self) -> None:
         """Redraw the figure from ``self.traces``."""
