@@ -65,6 +65,7 @@ from simlib.trace import Trace
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
 ACTOR_SHARE = 0.001  # of a node's 'server' / 'worker' resource per actor: a label, not a quota
 PLACEMENTS = ("auto", "resources", "any")
+WATCH_S = 1.0  # seconds between pings of each server shard while the workers run
 READY_TIMEOUT = 120.0  # a busy 2-core laptop starts one actor process (Python, NumPy, numba) at a time
 # NOTE: a raylet gives its metrics agent a fixed 15 s to start and exits otherwise; on a busy
 # 2-core machine that happens to about one start in three, so a local start is tried again.
@@ -516,18 +517,42 @@ def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[
 
 def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: float,
                    timeout: float | None) -> list[list[tuple]]:
-    """The workers' spans; fails fast naming the first worker or server shard that died."""
+    """The workers' spans; fails fast naming the first worker or server shard that died.
+
+    The servers are pinged every WATCH_S seconds as well: a worker blocked on a dead server learns of
+    the death only as fast as Ray tells it (seconds on a busy machine), and the run should not wait.
+    """
     index = {r: i for i, r in enumerate(runs)}
     spans: list[list[tuple]] = [[] for _ in runs]
+    servers = [coord, *shards]
+    pings: dict[Any, int] = {}  # an unanswered ping -> the server shard it went to
+    due = [0.0] * len(servers)  # when each shard is pinged next
     pending = list(runs)
     while pending:
+        now = time.monotonic()
+        for k, s in enumerate(servers):
+            if due[k] <= now and k not in pings.values():
+                pings[s.ping.remote()] = k
+                due[k] = now + WATCH_S
         left = None if timeout is None else timeout - (time.perf_counter() - started)
         if left is not None and left <= 0:
             raise TimeoutError(f"ray: workers {sorted(index[r] for r in pending)} did not finish within "
                                f"timeout={timeout:g} s")
-        done, pending = ray.wait(pending, num_returns=1, timeout=left)
+        wait_s = WATCH_S if left is None else min(left, WATCH_S)
+        done, _ = ray.wait(pending + list(pings), num_returns=1, timeout=wait_s)
         for ref in done:
-            spans[index[ref]] = _worker_result(ray, ref, index[ref], coord, shards)
+            if ref in pings:
+                k = pings.pop(ref)
+                try:
+                    ray.get(ref)
+                except ray.exceptions.ActorUnavailableError:
+                    pass  # unreachable for now, not dead (Ray says which): ask again at the next ping
+                except ray.exceptions.RayActorError as e:
+                    raise RuntimeError(f"ray: server shard {k} died mid-run; its part of the table is lost, "
+                                       "so the run cannot continue") from e
+            else:
+                pending.remove(ref)
+                spans[index[ref]] = _worker_result(ray, ref, index[ref], coord, shards)
     return spans
 
 

@@ -151,6 +151,15 @@ class Driver:
             return with_marker(self.marker, RAY_ACTORS + b"Worker.run")
         return self.workers()
 
+    def started(self) -> list[int]:
+        """Workers running their own Python code: on Ray every actor; a forked worker once it has set
+        SIGINT to ignored, the first thing ``WorkerGroup``'s bootstrap does. Before that, CPython may
+        still be clearing the signals caught since the fork, and a SIGUSR1 sent then is lost (the
+        library blocks SIGINT and SIGTERM around the fork for that reason; SIGUSR1 is the test's own)."""
+        if self.on_ray:
+            return self.workers()
+        return [p for p in self.workers() if _ignores_sigint(p)]
+
     def others(self) -> list[int]:
         """Every live process carrying the driver's marker, less the driver."""
         return [p for p in with_marker(self.marker) if self.proc is None or p != self.proc.pid]
@@ -265,7 +274,9 @@ class Driver:
         sig = {"kill9-worker": signal.SIGKILL, "term-worker": signal.SIGTERM, "exception-worker": signal.SIGUSR1}[fault]
         deadline = time.monotonic() + 20.0
         while time.monotonic() < deadline:
-            targets = self.workers()
+            # An injected exception goes to a worker past its start-up (see started); a kill or a
+            # SIGTERM to any worker, however young: the library must handle those from the fork on.
+            targets = self.started() if fault == "exception-worker" else self.workers()
             if not targets:  # between two worker groups (a loop of short runs): wait for the next
                 time.sleep(0.005)
                 continue
@@ -283,6 +294,16 @@ class Driver:
         while time.monotonic() < deadline and (self.others() or segments_of(pid)):
             time.sleep(0.02)  # orphans die by PDEATHSIG; the resource tracker unlinks what the driver owned
         return {"processes": self.others(), "segments": segments_of(pid)}
+
+
+def _ignores_sigint(pid: int) -> bool:
+    try:
+        for line in _read(f"/proc/{pid}/status").decode().splitlines():
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _settled(find: Any) -> list[int]:

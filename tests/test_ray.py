@@ -230,7 +230,7 @@ def test_ctrl_c_stops_the_run_and_leaves_no_actors(cluster):
     proc = subprocess.Popen([sys.executable, "-c", driver], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 150  # the run's own wait for its actors is 120 s (READY_TIMEOUT)
         while not [p for p in _actor_processes() if "RayPSWorker.run" in p] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert time.monotonic() < deadline, "the run's workers never started"
