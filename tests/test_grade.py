@@ -306,3 +306,18 @@ def test_real_nbgrader_generates_and_autogrades_the_masters(tmp_path):
         assert alice.score == auto_max and bob.score == 0
         manual = [g for nb in alice.notebooks for g in nb.grades if g.needs_manual_grade]
         assert sorted(g.name for g in manual) == ["question", "question"]
+
+
+def test_a_fork_bomb_is_blamed_on_its_own_cell_however_late_the_watcher_looks(monkeypatch):
+    """A busy machine starves the watcher thread; the unit that left the processes is still the one stopped."""
+    from simlib.grade import sandbox
+
+    monkeypatch.setattr(sandbox.Child, "watch_every", 30.0)  # the watcher never looks during the run
+    units = [sandbox.Unit("bomb", "import os, time\nfor _ in range(40):\n    if os.fork() == 0:\n"
+                                  "        time.sleep(60)\n        os._exit(0)\n", "code"),
+             sandbox.Unit("after", "x = 1", "code"),
+             sandbox.Unit("check", "assert x == 1", "test")]
+    report = sandbox.run_units(units, b"{}", Limits(cell_s=10, wall_s=60, max_procs=32))
+    bomb, after, check = report.outcomes
+    assert bomb.ok is False and "more than 32 processes" in bomb.error
+    assert after.ok is True and check.ok is True

@@ -173,7 +173,7 @@ def _kill_later(pid_of, delay: float):
     import threading
 
     def run():
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 150  # as long as the run waits for its actors (READY_TIMEOUT), and more
         while time.monotonic() < deadline:
             pid = pid_of()
             if pid:

@@ -166,8 +166,10 @@ class Child:
         self.seq = 0
 
     # -- the process tree -----------------------------------------------------------------------
+    watch_every = 0.02  # seconds between the watcher's looks at the process tree
+
     def _watch(self) -> None:
-        while not self._stop.wait(0.02):
+        while not self._stop.wait(self.watch_every):
             tree = self.tree()
             if len(tree) > self.limits.max_procs:
                 self.violation = f"more than {self.limits.max_procs} processes (a fork bomb?)"
@@ -282,6 +284,13 @@ class Child:
         reply = self.receive(deadline)
         if reply.get("seq") != self.seq or not isinstance(reply.get("ok"), bool):
             raise Fatal("the submission wrote into the grader's result channel")
+        # The unit that leaves a crowd of processes behind is the one to blame, however late the
+        # watcher (a thread polling every 20 ms, slower on a busy machine) would have looked: checked
+        # here, before the next unit starts, a regrade blames the same unit.
+        if not self.violation and len(self.tree()) > self.limits.max_procs:
+            self.violation = f"more than {self.limits.max_procs} processes (a fork bomb?)"
+        if self.violation:
+            raise Fatal(self.violation)
         return Outcome(reply["ok"], str(reply.get("error", ""))[:1000])
 
 
