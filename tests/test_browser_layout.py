@@ -266,7 +266,12 @@ def test_play_moves_figure_and_slider_together_and_stop_keeps_the_figure(panel_p
         seen.append(_sample(page))
     pairs = [(s["slider"], s["frame"]) for s in seen]
     assert len({p[0] for p in pairs}) >= 4, f"Play did not advance: {pairs}"
-    assert all(abs(slider - frame) <= 1 for slider, frame in pairs), f"slider and figure disagree: {pairs}"
+    # The kernel sends the figure, then the slider (never a moment the figure has not reached). On a
+    # busy machine a look can fall between the two messages: the slider may trail, never lead, and
+    # nearly every look agrees.
+    assert all(slider <= frame for slider, frame in pairs), f"the slider ran ahead of the figure: {pairs}"
+    agree = sum(abs(slider - frame) <= 1 for slider, frame in pairs)
+    assert agree >= len(pairs) - 1, f"slider and figure disagree: {pairs}"
     times = [s["time"] for s in seen]
     assert times == sorted(times) and times[0] < times[-1]
     page.locator(".simlib-live button", has_text="Stop").click()
