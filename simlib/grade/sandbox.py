@@ -171,8 +171,7 @@ class Child:
     def _watch(self) -> None:
         while not self._stop.wait(self.watch_every):
             tree = self.tree()
-            if len(tree) > self.limits.max_procs:
-                self.violation = f"more than {self.limits.max_procs} processes (a fork bomb?)"
+            if self._crowded(tree):
                 self.kill()
                 return
             rss = sum(_rss_bytes(pid) for pid in tree)
@@ -180,6 +179,12 @@ class Child:
                 self.violation = f"the processes used more than {2 * self.limits.memory_mb} MB together"
                 self.kill()
                 return
+
+    def _crowded(self, tree: list[int]) -> bool:
+        """Whether ``tree`` has more processes than allowed (then recorded as the violation)."""
+        if len(tree) > self.limits.max_procs:
+            self.violation = self.violation or f"more than {self.limits.max_procs} processes (a fork bomb?)"
+        return bool(self.violation)
 
     def tree(self) -> list[int]:
         """The child's session members and descendants now alive (remembered for the final kill)."""
@@ -287,9 +292,7 @@ class Child:
         # The unit that leaves a crowd of processes behind is the one to blame, however late the
         # watcher (a thread polling every 20 ms, slower on a busy machine) would have looked: checked
         # here, before the next unit starts, a regrade blames the same unit.
-        if not self.violation and len(self.tree()) > self.limits.max_procs:
-            self.violation = f"more than {self.limits.max_procs} processes (a fork bomb?)"
-        if self.violation:
+        if self.violation or self._crowded(self.tree()):
             raise Fatal(self.violation)
         return Outcome(reply["ok"], str(reply.get("error", ""))[:1000])
 
