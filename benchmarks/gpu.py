@@ -77,7 +77,7 @@ def hogwild_section(args: argparse.Namespace) -> None:
     data = make_sparse_classification(args.rows, args.features, 60, zipf=1.0, seed=0)
     full = LogisticProblem(data, l2=1e-5, eval_rows=None)
     nnz = data.nnz * args.epochs
-    common = dict(alpha=0.2, lam=1e-5, epochs=args.epochs)
+    common = dict(lr=0.2, l2=1e-5, epochs=args.epochs)
     x = data.to_scipy().astype(np.float64)
     clf = SGDClassifier(loss="log_loss", penalty="l2", alpha=1e-5, learning_rate="constant", eta0=0.2,
                         fit_intercept=False, shuffle=False, max_iter=args.epochs, tol=None)
@@ -97,7 +97,7 @@ def hogwild_section(args: argparse.Namespace) -> None:
 
     rows += twin_rows(runs, lambda b: f"B={b}", hogwild)
     print(f"\nHogwild: {data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
-          f"{args.epochs} epochs, alpha 0.2, lambda 1e-5")
+          f"{args.epochs} epochs, lr 0.2, l2 1e-5")
     table("sparse logistic regression", "M nnz/s", "final loss", rows, "scikit-learn SGDClassifier (1 core)")
 
 

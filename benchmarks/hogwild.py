@@ -7,7 +7,7 @@ training (process start-up excluded; the 'wall s' column includes it). Methods t
 ``--repeats`` rounds, and the fastest round of each is shown (as ``timeit`` does), because on a
 shared 2-core machine other programs steal whole time slices. The loss is the full objective
 over all rows. Hogwild runs twice: with the per-feature catch-up of the L2 decay (the default)
-and with scikit-learn's shared-scale decay (``l2='scaled'``). 'cores' is CPU seconds per training second: how many cores a method really got
+and with scikit-learn's shared-scale decay (``decay='scaled'``). 'cores' is CPU seconds per training second: how many cores a method really got
 (fewer than its processes when other programs compete), and 'M nnz/CPU-s' is the throughput
 per CPU second, which the competition does not dilute. Run::
 
@@ -31,13 +31,13 @@ from simlib.parallel.hogwild import train
 from simlib.problems.logistic import HogwildResult, LogisticProblem, make_sparse_classification
 
 
-def sklearn_fit(data, alpha: float, lam: float, epochs: int) -> tuple[np.ndarray, float, float]:
+def sklearn_fit(data, lr: float, l2: float, epochs: int) -> tuple[np.ndarray, float, float]:
     """The peer: scikit-learn's SGD with the same schedule; returns (weights, fit seconds, CPU seconds)."""
     from sklearn.linear_model import SGDClassifier
 
     x = data.to_scipy().astype(np.float64)  # converted outside the timed fit
     clf = SGDClassifier(
-        loss="log_loss", penalty="l2", alpha=lam, learning_rate="constant", eta0=alpha,
+        loss="log_loss", penalty="l2", alpha=l2, learning_rate="constant", eta0=lr,
         fit_intercept=False, shuffle=False, max_iter=epochs, tol=None,
     )
     c, t = time.thread_time(), time.perf_counter()
@@ -93,20 +93,20 @@ def main() -> None:
     ap.add_argument("--features", type=int, default=100_000)
     ap.add_argument("--draws", type=int, default=60, help="feature draws per row (repeats dropped: ~50 unique)")
     ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--alpha", type=float, default=0.2, help="constant step size")
-    ap.add_argument("--lam", type=float, default=1e-5, help="L2 weight")
+    ap.add_argument("--lr", type=float, default=0.2, help="constant step size")
+    ap.add_argument("--l2", type=float, default=1e-5, help="L2 weight")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--start-method", default="fork", choices=["fork", "spawn"])
     args = ap.parse_args()
     if args.quick:
         args.rows, args.features, args.repeats = 20_000, 10_000, 1
     data = make_sparse_classification(args.rows, args.features, args.draws, zipf=1.0, seed=0)
-    full = LogisticProblem(data, l2=args.lam, eval_rows=None)
+    full = LogisticProblem(data, l2=args.l2, eval_rows=None)
     nnz = data.nnz * args.epochs
-    common = dict(alpha=args.alpha, lam=args.lam, epochs=args.epochs)
+    common = dict(lr=args.lr, l2=args.l2, epochs=args.epochs)
     print(
         f"{data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
-        f"{args.epochs} epochs, alpha={args.alpha}, lam={args.lam}, start method {args.start_method}, "
+        f"{args.epochs} epochs, lr={args.lr}, l2={args.l2}, start method {args.start_method}, "
         f"best of {args.repeats}"
     )
 
@@ -116,15 +116,15 @@ def main() -> None:
         ("locked", 2, lambda: train(data, "locked", n_workers=2, start_method=sm, **common)),
         ("hogwild", 1, lambda: train(data, "hogwild", n_workers=1, start_method=sm, **common)),
         ("hogwild", 2, lambda: train(data, "hogwild", n_workers=2, start_method=sm, **common)),
-        ("hogwild, scaled L2", 1, lambda: train(data, "hogwild", n_workers=1, start_method=sm, l2="scaled", **common)),
-        ("hogwild, scaled L2", 2, lambda: train(data, "hogwild", n_workers=2, start_method=sm, l2="scaled", **common)),
+        ("hogwild, scaled L2", 1, lambda: train(data, "hogwild", n_workers=1, start_method=sm, decay="scaled", **common)),
+        ("hogwild, scaled L2", 2, lambda: train(data, "hogwild", n_workers=2, start_method=sm, decay="scaled", **common)),
         ("bsp, batch 256/worker", 2, lambda: train(data, "bsp", n_workers=2, batch_size=256, start_method=sm, **common)),
         ("batched twin (NumPy), B=256", 1, lambda: train_batched(data, batch_size=256, xp="numpy", **common)),
     ]
     fits: list[tuple[np.ndarray, float]] = []
     runs: list[list[HogwildResult]] = [[] for _ in methods]
     for _ in range(args.repeats):  # take turns, so a busy spell hurts every method alike
-        fits.append(sklearn_fit(data, args.alpha, args.lam, args.epochs))
+        fits.append(sklearn_fit(data, args.lr, args.l2, args.epochs))
         for k, (_, _, fn) in enumerate(methods):
             runs[k].append(fn())
     sk_w, sk_s, sk_cpu = fits[-1][0], min(s for _, s, _ in fits), min(c for _, _, c in fits)

@@ -143,8 +143,8 @@ CASES = {
     # Hogwild and the logistic data
     "hogwild not a dataset": (_hogwild(data=np.zeros((3, 3))), "data"),
     "hogwild every row empty": (_hogwild(data=_empty_rows()), "data"),
-    "hogwild alpha 0": (_hogwild(alpha=0.0), "alpha"),
-    "hogwild alpha * lam >= 1": (_hogwild(alpha=1e6), "alpha \\* lam"),
+    "hogwild lr 0": (_hogwild(lr=0.0), "lr"),
+    "hogwild lr * l2 >= 1": (_hogwild(lr=1e6), "lr \\* l2"),
     "hogwild n_workers 0": (_hogwild(n_workers=0), "n_workers"),
     "hogwild unknown mode": (_hogwild(mode="ring"), "mode"),
     "hogwild w0 with NaN": (_hogwild(w0=np.full(50, np.nan)), "w0"),

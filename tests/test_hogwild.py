@@ -25,25 +25,25 @@ def data():
     return make_sparse_classification(4_000, 2_000, 24, zipf=1.0, seed=3)
 
 
-def dense_sgd(data, alpha: float, lam: float, rows: range) -> np.ndarray:
-    """The textbook dense step, row by row: w <- (1 - alpha*lam) w - alpha * (-y sigma(-y x.w)) x."""
+def dense_sgd(data, lr: float, l2: float, rows: range) -> np.ndarray:
+    """The textbook dense step, row by row: w <- (1 - lr*l2) w - lr * (-y sigma(-y x.w)) x."""
     x = data.to_scipy().toarray().astype(np.float64)
     w = np.zeros(data.n_features)
     for i in rows:
         yi = float(data.y[i])  # a Python float, so NumPy 2 does not round the step to float32
         coef = -yi / (1.0 + math.exp(yi * (x[i] @ w)))
-        w = (1.0 - alpha * lam) * w - alpha * coef * x[i]
+        w = (1.0 - lr * l2) * w - lr * coef * x[i]
     return w
 
 
-@pytest.mark.parametrize("alpha, lam, n", [(0.5, 0.01, 7), (0.3, 0.1, 40), (0.9, 1.0, 300)])
-def test_lazy_l2_equals_the_dense_update(data, alpha: float, lam: float, n: int) -> None:
+@pytest.mark.parametrize("lr, l2, n", [(0.5, 0.01, 7), (0.3, 0.1, 40), (0.9, 1.0, 300)])
+def test_lazy_l2_equals_the_dense_update(data, lr: float, l2: float, n: int) -> None:
     small = data.rows(0, n)
     w = np.zeros(small.n_features)
     stamp = np.ones_like(w)
-    scale = sgd_rows(small.indptr, small.indices, small.values, small.y, w, stamp, 0, n, 1.0, alpha, lam)
+    scale = sgd_rows(small.indptr, small.indices, small.values, small.y, w, stamp, 0, n, 1.0, lr, l2)
     catch_up(w, stamp, scale)
-    expected = dense_sgd(small, alpha, lam, range(n))
+    expected = dense_sgd(small, lr, l2, range(n))
     assert np.count_nonzero(expected) > 10
     np.testing.assert_allclose(w, expected, rtol=1e-11, atol=1e-300)
 
@@ -60,13 +60,13 @@ def test_scale_is_renormalised_before_it_underflows(data) -> None:
 def test_serial_matches_scikit_learn_constant_rate(data) -> None:
     from sklearn.linear_model import SGDClassifier
 
-    alpha, lam, epochs = 0.4, 1e-3, 3
+    lr, l2, epochs = 0.4, 1e-3, 3
     peer = SGDClassifier(
-        loss="log_loss", penalty="l2", alpha=lam, learning_rate="constant", eta0=alpha,
+        loss="log_loss", penalty="l2", alpha=l2, learning_rate="constant", eta0=lr,
         fit_intercept=False, shuffle=False, max_iter=epochs, tol=None,
     ).fit(data.to_scipy().astype(np.float64), data.y)
-    for l2 in ("lazy", "scaled"):
-        ours = train(data, "serial", alpha=alpha, lam=lam, epochs=epochs, l2=l2)
+    for decay in ("lazy", "scaled"):
+        ours = train(data, "serial", lr=lr, l2=l2, epochs=epochs, decay=decay)
         np.testing.assert_allclose(ours.w, peer.coef_.ravel(), rtol=1e-9, atol=1e-12)
 
 
@@ -85,19 +85,19 @@ def test_bsp_with_one_worker_and_batches_of_one_is_serial_sgd(data) -> None:
 
 def test_scaled_decay_with_one_worker_is_the_serial_algorithm(data) -> None:
     serial = train(data, "serial", epochs=2)
-    one = train(data, "hogwild", n_workers=1, epochs=2, start_method="fork", l2="scaled")
+    one = train(data, "hogwild", n_workers=1, epochs=2, start_method="fork", decay="scaled")
     np.testing.assert_allclose(one.w, serial.w, rtol=1e-10, atol=1e-14)
-    assert one.trace.meta["l2"] == "scaled"
+    assert one.trace.meta["decay"] == "scaled"
 
 
 @pytest.mark.parametrize(
-    "mode, method, l2",
+    "mode, method, decay",
     [("hogwild", "fork", "lazy"), ("hogwild", "spawn", "lazy"), ("locked", "fork", "lazy"), ("hogwild", "fork", "scaled"), ("locked", "spawn", "scaled")],
 )
-def test_two_workers_reach_the_serial_loss(data, mode: str, method: str, l2: str) -> None:
+def test_two_workers_reach_the_serial_loss(data, mode: str, method: str, decay: str) -> None:
     full = LogisticProblem(data, l2=1e-5, eval_rows=None)
     serial = full.loss(train(data, "serial", epochs=3).w)
-    res = train(data, mode, n_workers=2, epochs=3, start_method=method, timeout=60, l2=l2)
+    res = train(data, mode, n_workers=2, epochs=3, start_method=method, timeout=60, decay=decay)
     assert abs(full.loss(res.w) - serial) < 0.02 * serial
     trace = res.trace
     assert trace.substrate == "parallel" and trace.n_workers == 2 and trace.meta["mode"] == mode
@@ -127,18 +127,18 @@ def _broken(data, **changes):
     "kwargs, field",
     [
         ({"n_workers": 0}, "n_workers"),
-        ({"alpha": 0.0}, "alpha"),
-        ({"alpha": -1.0}, "alpha"),
-        ({"lam": -1e-3}, "lam"),
-        ({"alpha": 2.0, "lam": 0.5}, "alpha \\* lam"),
+        ({"lr": 0.0}, "lr"),
+        ({"lr": -1.0}, "lr"),
+        ({"l2": -1e-3}, "l2"),
+        ({"lr": 2.0, "l2": 0.5}, "lr \\* l2"),
         ({"epochs": 0}, "epochs"),
         ({"mode": "async"}, "mode"),
         ({"mode": "serial", "n_workers": 2}, "n_workers"),
         ({"w0": np.zeros(3)}, "w0"),
         ({"w0": np.full(2_000, np.nan)}, "w0"),
-        ({"l2": "l1"}, "l2"),
+        ({"decay": "l1"}, "decay"),
         ({"start_method": "threads"}, "start_method"),
-        ({"l2": "scaled", "lam": 0.05, "epochs": 10}, "l2='scaled' needs"),
+        ({"decay": "scaled", "l2": 0.05, "epochs": 10}, "decay='scaled' needs"),
     ],
 )
 def test_bad_arguments_fail_before_any_process(data, kwargs: dict, field: str) -> None:

@@ -19,8 +19,8 @@ def data():
 
 def test_batches_of_one_are_serial_sgd(data) -> None:
     small = data.rows(0, 800)
-    serial = train(small, "serial", alpha=0.5, lam=1e-3, epochs=2)
-    batched = train_batched(small, alpha=0.5, lam=1e-3, epochs=2, batch_size=1, xp="numpy")
+    serial = train(small, "serial", lr=0.5, l2=1e-3, epochs=2)
+    batched = train_batched(small, lr=0.5, l2=1e-3, epochs=2, batch_size=1, xp="numpy")
     np.testing.assert_allclose(batched.w, serial.w, rtol=1e-10, atol=1e-14)
 
 
@@ -46,7 +46,7 @@ def test_moderate_batches_keep_the_loss_close_to_serial(data) -> None:
     assert all(u.staleness == 15 for u in res.trace.updates)
 
 
-@pytest.mark.parametrize("kwargs, field", [({"alpha": 0}, "alpha"), ({"batch_size": 0}, "batch_size"), ({"epochs": -1}, "epochs"),
+@pytest.mark.parametrize("kwargs, field", [({"lr": 0}, "lr"), ({"batch_size": 0}, "batch_size"), ({"epochs": -1}, "epochs"),
                                            ({"xp": "tpu"}, "xp"), ({"kernel": "magic"}, "kernel"),
                                            ({"kernel": "fused", "xp": "numpy"}, "kernel")])
 def test_bad_arguments_are_value_errors(data, kwargs: dict, field: str) -> None:

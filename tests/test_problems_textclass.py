@@ -48,7 +48,7 @@ def test_rows_are_shuffled_with_the_seed(task) -> None:
 
 def test_sgd_separates_the_testaments(task) -> None:
     data, _ = task
-    res = train(data, "serial", epochs=5, alpha=0.5, lam=1e-5)
+    res = train(data, "serial", epochs=5, lr=0.5, l2=1e-5)
     prob = LogisticProblem(data, l2=1e-5, eval_rows=None)
     majority = max(float((data.y > 0).mean()), float((data.y < 0).mean()))
     assert prob.accuracy(res.w) > majority + 0.1

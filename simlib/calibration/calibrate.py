@@ -720,7 +720,7 @@ def null_shm_run(start_method: str | None = None) -> tuple[float, float]:
     from simlib.parallel.hogwild import train
 
     null = make_sparse_classification(NULL_SHM["rows"], NULL_SHM["features"], 1, seed=3)
-    res = train(null, "bsp", n_workers=1, alpha=0.1, lam=1e-4, epochs=1, batch_size=1, chunk_rows=1,
+    res = train(null, "bsp", n_workers=1, lr=0.1, l2=1e-4, epochs=1, batch_size=1, chunk_rows=1,
                 monitor_every=60.0, eval_rows=10, start_method=start_method)
     first: dict[int, float] = {}
     for sp in res.trace.spans:

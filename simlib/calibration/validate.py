@@ -258,7 +258,7 @@ def measure(w: Workload, n_workers: int) -> tuple[float, Trace]:
 
         mode = "hogwild" if w.substrate == "hogwild" else "bsp"
         res = train(prob.data if not isinstance(prob, DenseKeys) else prob.inner.data, mode, n_workers=n_workers,
-                    alpha=w.lr, lam=1e-4, epochs=w.epochs, batch_size=w.batch_size(n_workers),
+                    lr=w.lr, l2=1e-4, epochs=w.epochs, batch_size=w.batch_size(n_workers),
                     chunk_rows=w.global_batch, monitor_every=10.0, eval_rows=min(2_000, w.n_rows), seed=w.seed)
         trace = res.trace
     trace.label = f"{w.name}, {n_workers} worker{'s' if n_workers > 1 else ''} (measured)"

@@ -7,7 +7,7 @@ A GPU runs thousands of rows at the same moment, so the same idea becomes one ba
 2. margins ``m_i = x_i . w`` by a segmented sum over the row id of each nonzero
    (:func:`simlib.backend.segment_sum`: no read-back to the host, so launches stay queued),
 3. coefficients ``c_i = -y_i sigma(-y_i m_i)``,
-4. decay ``w *= (1 - alpha*lam) ** B`` (the B steps' L2) and scatter-add ``-alpha c_i x_i``
+4. decay ``w *= (1 - lr*l2) ** B`` (the B steps' L2) and scatter-add ``-lr c_i x_i``
    (:func:`simlib.backend.scatter_add`: repeated features add up).
 
 Every row of a batch reads the same weights, as if each update were B-1 updates stale; the
@@ -38,9 +38,9 @@ from simlib.trace import Trace
 
 
 def batch_step(
-    w: Any, indptr: np.ndarray, indices: Any, values: Any, y: Any, row_of: Any, lo: int, hi: int, alpha: float, lam: float
+    w: Any, indptr: np.ndarray, indices: Any, values: Any, y: Any, row_of: Any, lo: int, hi: int, lr: float, l2: float
 ) -> None:
-    """Rows [lo, hi) in one step: w <- keep**B w - alpha * sum_i c_i x_i, every c_i from the same w.
+    """Rows [lo, hi) in one step: w <- keep**B w - lr * sum_i c_i x_i, every c_i from the same w.
 
     ``indptr`` stays on the host (it only gives slice bounds); the other arrays live with ``w``.
     ``row_of[p]`` is the row of nonzero ``p``.
@@ -53,8 +53,8 @@ def batch_step(
     margin = segment_sum(rows, vals * w[cols], hi - lo)
     yb = y[lo:hi]
     coef = -yb * sigmoid(-yb * margin)
-    w *= (1.0 - alpha * lam) ** (hi - lo)
-    scatter_add(w, cols, (-alpha) * coef[rows] * vals)
+    w *= (1.0 - lr * l2) ** (hi - lo)
+    scatter_add(w, cols, (-lr) * coef[rows] * vals)
 
 
 _FUSED_SOURCE = r"""
@@ -95,12 +95,12 @@ class _FusedStep:  # pragma: no cover - needs a GPU
     """
 
     def __init__(self, v: Any, indptr: np.ndarray, indices: Any, values: Any, y: Any, row_of: Any,
-                 alpha: float, lam: float, batch_size: int):
+                 lr: float, l2: float, batch_size: int):
         self.margins, self.updates = cuda_kernels(_FUSED_SOURCE, ("hogwild_margins", "hogwild_updates"))
         xp = array_module(v)
         self.v, self.host_ptr, self.indptr = v, indptr, xp.asarray(indptr.astype(np.int64))
         self.indices, self.values, self.y, self.row_of = indices, values, y, row_of
-        self.alpha, self.keep = alpha, 1.0 - alpha * lam
+        self.lr, self.keep = lr, 1.0 - lr * l2
         self.coef = xp.zeros(batch_size, dtype=np.float64)
         self.scale = 1.0
 
@@ -111,7 +111,7 @@ class _FusedStep:  # pragma: no cover - needs a GPU
         self.scale *= self.keep ** (hi - lo)
         if b > a:
             self.updates((-(-(b - a) // 256),), (256,), (self.row_of, self.indices, self.values, self.coef, self.v,
-                                                        np.float64(-self.alpha / self.scale), np.int64(a),
+                                                        np.float64(-self.lr / self.scale), np.int64(a),
                                                         np.int64(b), np.int64(lo)))
         if self.scale < 1e-100:  # fold the scale into v before it underflows
             self.v *= self.scale
@@ -125,8 +125,8 @@ class _FusedStep:  # pragma: no cover - needs a GPU
 def train_batched(
     data: SparseDataset,
     *,
-    alpha: float = 0.2,
-    lam: float = 1e-5,
+    lr: float = 0.2,
+    l2: float = 1e-5,
     epochs: int = 5,
     batch_size: int = 256,
     xp: str | ModuleType = "auto",
@@ -144,30 +144,30 @@ def train_batched(
     if not isinstance(data, SparseDataset):
         raise ValueError(f"data must be a SparseDataset, got {type(data).__name__}")
     data.validate()
-    check_sgd(alpha, lam, epochs, batch_size)
+    check_sgd(lr, l2, epochs, batch_size)
     check.positive_int("eval_rows", eval_rows)
     check.positive_int("record_every", record_every)
     mod = get_xp(xp) if isinstance(xp, str) else xp
     fused = use_fused(kernel, mod)
     started = time.perf_counter()
-    problem = LogisticProblem(data, l2=lam, eval_rows=eval_rows, seed=seed)
+    problem = LogisticProblem(data, l2=l2, eval_rows=eval_rows, seed=seed)
     indices = mod.asarray(data.indices.astype(np.int64))
     values = mod.asarray(data.values, dtype=np.float64)
     y = mod.asarray(data.y, dtype=np.float64)
     row_of = mod.asarray(np.repeat(np.arange(data.n_rows, dtype=np.int64), np.diff(data.indptr)))
     w = mod.zeros(data.n_features, dtype=np.float64)
     if fused:  # pragma: no cover - needs a GPU
-        step = _FusedStep(w, data.indptr, indices, values, y, row_of, alpha, lam, batch_size)
+        step = _FusedStep(w, data.indptr, indices, values, y, row_of, lr, l2, batch_size)
         weights = step.weights
     else:
         def step(lo: int, hi: int) -> None:
-            batch_step(w, data.indptr, indices, values, y, row_of, lo, hi, alpha, lam)
+            batch_step(w, data.indptr, indices, values, y, row_of, lo, hi, lr, l2)
 
         def weights() -> np.ndarray:
             return to_numpy(w)
     name = "numpy" if mod is np else "cupy"
     trace = Trace(label=f"batched ({name}{', fused' if fused else ''}, B={batch_size})", substrate="gpu", n_workers=1)
-    trace.meta.update(xp=name, kernel="fused" if fused else "array", batch_size=batch_size, alpha=alpha, lam=lam,
+    trace.meta.update(xp=name, kernel="fused" if fused else "array", batch_size=batch_size, lr=lr, l2=l2,
                       epochs=epochs, nnz=data.nnz * epochs)
     trace.record_quality(0.0, 0, problem.loss(weights()))
     step(0, 1)  # warm-up launch (and the fused kernels' compilation), then back to the start

@@ -1,6 +1,6 @@
 """Hogwild! for sparse logistic regression on real processes sharing one weight vector.
 
-Four ways to run the same SGD on the same data with the same step size ``alpha`` and L2 ``lam``
+Four ways to run the same SGD on the same data with the same step size ``lr`` and L2 strength ``l2``
 (the objective of :mod:`simlib.problems.logistic`):
 
 * ``serial``  -- one process, rows in order: the reference.
@@ -13,28 +13,28 @@ Four ways to run the same SGD on the same data with the same step size ``alpha``
   (each for its slice of the features) and apply one averaged step, then a barrier again.
 
 The inner loops are numba kernels (:mod:`simlib.parallel.hogwild_kernels`, which explains the
-choice with measured numbers). The L2 decay ``(1 - alpha*lam)`` per step is applied in one of
+choice with measured numbers). The L2 decay ``(1 - lr*l2)`` per step is applied in one of
 two ways, both touching only the row's features:
 
-* ``l2='lazy'`` (default, the seeds' method): each weight catches up on the decay it missed when
+* ``decay='lazy'`` (default, the seeds' method): each weight catches up on the decay it missed when
   a row next touches it. Each worker keeps its own stamps, so with N workers each weight is
   decayed by every worker's steps, in whatever order the workers touch it: exact for one
   worker, off only by the interleaving otherwise.
-* ``l2='scaled'`` (scikit-learn's method): ``w = v * prod(worker scales)``; a step multiplies
+* ``decay='scaled'`` (scikit-learn's method): ``w = v * prod(worker scales)``; a step multiplies
   the worker's scale by the decay and divides its update by the total scale. No per-feature
   state, so the loop is faster; the total decay of a run is bounded so the scale cannot
   underflow.
 
-The step schedule is scikit-learn's ``learning_rate='constant'`` (``eta0 = alpha``), so a run
+The step schedule is scikit-learn's ``learning_rate='constant'`` (``eta0 = lr``), so a run
 of ``epochs`` passes is directly comparable with ``SGDClassifier(loss='log_loss',
-penalty='l2', alpha=lam, learning_rate='constant', eta0=alpha, fit_intercept=False,
+penalty='l2', alpha=l2, learning_rate='constant', eta0=lr, fit_intercept=False,
 shuffle=False, max_iter=epochs, tol=None)``: serial mode reproduces its weights to rounding.
 
 Example::
 
     >>> from simlib.problems.logistic import make_sparse_classification
     >>> data = make_sparse_classification(5_000, 1_000, 20, seed=0)
-    >>> res = train(data, "serial", alpha=0.5, lam=1e-4, epochs=2)
+    >>> res = train(data, "serial", lr=0.5, l2=1e-4, epochs=2)
     >>> res.trace.quality[-1].value < 0.69
     True
 """
@@ -56,8 +56,8 @@ from simlib.problems.logistic import HogwildResult, LogisticProblem, SparseDatas
 from simlib.trace import Trace
 
 MODES = ("serial", "locked", "hogwild", "bsp")
-L2_METHODS = ("lazy", "scaled")
-MAX_TOTAL_DECAY = 300.0  # l2='scaled' keeps prod(scales) = exp(-alpha*lam*steps) above 1e-130
+DECAY_METHODS = ("lazy", "scaled")
+MAX_TOTAL_DECAY = 300.0  # decay='scaled' keeps prod(scales) = exp(-lr*l2*steps) above 1e-130
 
 
 @dataclass
@@ -69,7 +69,7 @@ class _Shared:
     values: SharedArray
     y: SharedArray
     w: SharedArray
-    stamps: SharedArray  # (n_workers, n_features): each worker's decay stamps (l2='lazy'), else (1, 1)
+    stamps: SharedArray  # (n_workers, n_features): each worker's decay stamps (decay='lazy'), else (1, 1)
     scales: SharedArray  # (n_workers, 8): each worker's running decay scale in [k, 0], one cache line each
     clocks: SharedArray  # (n_workers,): rows processed by each worker so far
     grads: SharedArray  # (n_workers, n_features) for bsp, (1, 1) otherwise
@@ -80,28 +80,28 @@ class _Config:
     """What a worker needs to know about the run."""
 
     mode: str
-    alpha: float
-    lam: float
+    lr: float
+    l2: float
     epochs: int
     chunk_rows: int
     batch_size: int
     shards: tuple[tuple[int, int], ...]
     n_features: int
-    l2: str = "lazy"
+    decay: str = "lazy"
 
 
 def validate(
     data: Any,
     mode: str,
     n_workers: int,
-    alpha: float,
-    lam: float,
+    lr: float,
+    l2: float,
     epochs: int,
     batch_size: int,
     chunk_rows: int,
     monitor_every: float,
     w0: Any,
-    l2: str = "lazy",
+    decay: str = "lazy",
     start_method: str | None = None,
 ) -> None:
     """Check every argument; raise ValueError naming the field before any process starts."""
@@ -115,16 +115,16 @@ def validate(
         raise ValueError(f"n_workers must be 1 for mode='serial', got {n_workers}")
     if n_workers > data.n_rows:
         raise ValueError(f"n_workers ({n_workers}) must be <= the number of rows ({data.n_rows})")
-    check_sgd(alpha, lam, epochs, batch_size)
+    check_sgd(lr, l2, epochs, batch_size)
     check.positive_int("chunk_rows", chunk_rows)
     check.positive("monitor_every", monitor_every)
-    check.one_of("l2", l2, L2_METHODS)
+    check.one_of("decay", decay, DECAY_METHODS)
     if start_method is not None:
         check.one_of("start_method", start_method, START_METHODS)
-    if l2 == "scaled" and alpha * lam * epochs * data.n_rows > MAX_TOTAL_DECAY:
+    if decay == "scaled" and lr * l2 * epochs * data.n_rows > MAX_TOTAL_DECAY:
         raise ValueError(
-            f"l2='scaled' needs alpha * lam * epochs * n_rows <= {MAX_TOTAL_DECAY:g} (the shared scale would "
-            f"underflow), got {alpha * lam * epochs * data.n_rows:g}; use l2='lazy'"
+            f"decay='scaled' needs lr * l2 * epochs * n_rows <= {MAX_TOTAL_DECAY:g} (the shared scale would "
+            f"underflow), got {lr * l2 * epochs * data.n_rows:g}; use decay='lazy'"
         )
     if w0 is not None:
         w0 = np.asarray(w0)
@@ -139,8 +139,8 @@ def train(
     mode: str = "hogwild",
     *,
     n_workers: int | None = None,
-    alpha: float = 0.2,
-    lam: float = 1e-5,
+    lr: float = 0.2,
+    l2: float = 1e-5,
     epochs: int = 5,
     batch_size: int = 256,
     chunk_rows: int = 10_000,
@@ -151,7 +151,7 @@ def train(
     verbose: bool = False,
     timeout: float | None = None,
     seed: int = 0,
-    l2: str = "lazy",
+    decay: str = "lazy",
 ) -> HogwildResult:
     """Train L2 logistic regression by SGD in ``mode`` (serial | locked | hogwild | bsp); see the module doc.
 
@@ -159,27 +159,27 @@ def train(
     shards, one per worker, each visited in order ``epochs`` times. ``batch_size`` is the
     per-worker mini-batch of ``bsp``; ``chunk_rows`` is how many rows a worker processes
     between two trace records. The loss on ``eval_rows`` sampled rows is recorded about every
-    ``monitor_every`` seconds of wall time. ``l2`` picks how the decay is applied in the SGD
+    ``monitor_every`` seconds of wall time. ``decay`` picks how the L2 decay is applied in the SGD
     modes: ``'lazy'`` (per-feature catch-up, the seeds' method) or ``'scaled'`` (one shared
     scale per worker, scikit-learn's method; faster, for runs whose total decay stays moderate).
     """
     if n_workers is None:
         n_workers = 1 if mode == "serial" else 2
-    validate(data, mode, n_workers, alpha, lam, epochs, batch_size, chunk_rows, monitor_every, w0, l2, start_method)
+    validate(data, mode, n_workers, lr, l2, epochs, batch_size, chunk_rows, monitor_every, w0, decay, start_method)
     check.positive_int("eval_rows", eval_rows)
     started = time.perf_counter()
     warm_up()
-    problem = LogisticProblem(data, l2=lam, eval_rows=eval_rows, seed=seed)
+    problem = LogisticProblem(data, l2=l2, eval_rows=eval_rows, seed=seed)
     cfg = _Config(
         mode=mode,
-        alpha=float(alpha),
-        lam=float(lam),
+        lr=float(lr),
+        l2=float(l2),
         epochs=int(epochs),
         chunk_rows=int(chunk_rows),
         batch_size=int(batch_size),
         shards=tuple(problem.shards(n_workers)),
         n_features=data.n_features,
-        l2=l2,
+        decay=decay,
     )
     w_init = np.zeros(data.n_features) if w0 is None else np.asarray(w0, dtype=np.float64)
     if mode == "serial":
@@ -188,7 +188,7 @@ def train(
         w, trace, cpu = _train_parallel(data, problem, cfg, w_init, n_workers, start_method, monitor_every, verbose, timeout)
     bad = first_non_finite(trace.quality)
     if bad is not None:  # the last snapshot, taken after the workers finished
-        raise Diverged(bad[0], bad[1], "loss", f"alpha={alpha:g}")
+        raise Diverged(bad[0], bad[1], "loss", f"lr={lr:g}")
     compute = [s for s in trace.spans if s.kind == "compute"]
     if mode == "serial":
         train_seconds = sum(s.end - s.start for s in compute)
@@ -197,9 +197,9 @@ def train(
     trace.label = f"{mode}, {n_workers} process{'es' if n_workers > 1 else ''}"
     trace.meta.update(
         mode=mode,
-        l2=l2 if mode != "bsp" else "dense",
-        alpha=alpha,
-        lam=lam,
+        decay=decay if mode != "bsp" else "dense",
+        lr=lr,
+        l2=l2,
         epochs=epochs,
         n_rows=data.n_rows,
         n_features=data.n_features,
@@ -245,10 +245,10 @@ def _train_serial(
         for start in range(0, data.n_rows, cfg.chunk_rows):
             stop = min(start + cfg.chunk_rows, data.n_rows)
             c, s = time.thread_time(), time.perf_counter()
-            if cfg.l2 == "lazy":
-                scale = sgd_rows(data.indptr, data.indices, data.values, data.y, w, stamp, start, stop, scale, cfg.alpha, cfg.lam)
+            if cfg.decay == "lazy":
+                scale = sgd_rows(data.indptr, data.indices, data.values, data.y, w, stamp, start, stop, scale, cfg.lr, cfg.l2)
             else:
-                sgd_rows_scaled(data.indptr, data.indices, data.values, data.y, w, scales, 0, start, stop, cfg.alpha, cfg.lam)
+                sgd_rows_scaled(data.indptr, data.indices, data.values, data.y, w, scales, 0, start, stop, cfg.lr, cfg.l2)
                 scale = scales[0, 0]
             e = time.perf_counter()
             cpu += time.thread_time() - c
@@ -257,17 +257,17 @@ def _train_serial(
             trace.update(e - t0, 0, chunk, 0)
             chunk += 1
             if e >= next_eval:
-                now_w = w * (scale / stamp) if cfg.l2 == "lazy" else w * scale
+                now_w = w * (scale / stamp) if cfg.decay == "lazy" else w * scale
                 loss = problem.loss(now_w)
                 trace.record_quality(time.perf_counter() - t0, t, loss)
-                check_finite(loss, t, "loss", f"alpha={cfg.alpha:g}")
+                check_finite(loss, t, "loss", f"lr={cfg.lr:g}")
                 next_eval = time.perf_counter() + monitor_every
-    if cfg.l2 == "lazy":
+    if cfg.decay == "lazy":
         catch_up(w, stamp, scale)
     else:
         w *= scale
     trace.record_quality(time.perf_counter() - t0, t, problem.loss(w))
-    check_finite(trace.quality[-1].value, t, "loss", f"alpha={cfg.alpha:g}")
+    check_finite(trace.quality[-1].value, t, "loss", f"lr={cfg.lr:g}")
     return w, trace, cpu
 
 
@@ -286,7 +286,7 @@ def _train_parallel(
     """Start the workers on shared copies of the data and weights; snapshot the loss while they run."""
     with WorkerGroup(n_workers, start_method, verbose=verbose, label=cfg.mode) as group:
         sgd = cfg.mode != "bsp"
-        lazy = sgd and cfg.l2 == "lazy"
+        lazy = sgd and cfg.decay == "lazy"
         shared = _Shared(
             indptr=group.copy_of(data.indptr),
             indices=group.copy_of(data.indices),
@@ -313,7 +313,7 @@ def _train_parallel(
         def monitor(elapsed: float) -> None:
             step, loss = int(shared.clocks.array.sum()), problem.loss(current_weights())
             group.trace.record_quality(elapsed, step, loss)
-            check_finite(loss, step, "loss", f"alpha={cfg.alpha:g}")  # stops the workers at once
+            check_finite(loss, step, "loss", f"lr={cfg.lr:g}")  # stops the workers at once
 
         group.trace.record_quality(0.0, 0, problem.loss(current_weights()))
         extra = group.lock() if cfg.mode == "locked" else group.barrier() if cfg.mode == "bsp" else None
@@ -327,7 +327,7 @@ def _sgd_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, lock:
     ctx = current()
     warm_up()  # under spawn this loads the compiled kernels from the cache before the clock starts
     ip, ix, vals, y, w = sh.indptr.array, sh.indices.array, sh.values.array, sh.y.array, sh.w.array
-    lazy = cfg.l2 == "lazy"
+    lazy = cfg.decay == "lazy"
     stamp = sh.stamps.array[worker_id] if lazy else sh.stamps.array[0]
     scales = sh.scales.array
     clocks = sh.clocks.array
@@ -341,17 +341,17 @@ def _sgd_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, lock:
             s = time.perf_counter()
             if lock is None:
                 if lazy:
-                    scale = sgd_rows(ip, ix, vals, y, w, stamp, start, stop, scale, cfg.alpha, cfg.lam)
+                    scale = sgd_rows(ip, ix, vals, y, w, stamp, start, stop, scale, cfg.lr, cfg.l2)
                 else:
-                    sgd_rows_scaled(ip, ix, vals, y, w, scales, worker_id, start, stop, cfg.alpha, cfg.lam)
+                    sgd_rows_scaled(ip, ix, vals, y, w, scales, worker_id, start, stop, cfg.lr, cfg.l2)
             else:
                 # NOTE: one kernel call per row, because the lock must cover each single update.
                 for i in range(start, stop):
                     with lock:
                         if lazy:
-                            scale = sgd_rows(ip, ix, vals, y, w, stamp, i, i + 1, scale, cfg.alpha, cfg.lam)
+                            scale = sgd_rows(ip, ix, vals, y, w, stamp, i, i + 1, scale, cfg.lr, cfg.l2)
                         else:
-                            sgd_rows_scaled(ip, ix, vals, y, w, scales, worker_id, i, i + 1, cfg.alpha, cfg.lam)
+                            sgd_rows_scaled(ip, ix, vals, y, w, scales, worker_id, i, i + 1, cfg.lr, cfg.l2)
             e = time.perf_counter()
             t += stop - start
             clocks[worker_id] = t
@@ -376,7 +376,7 @@ def _bsp_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, barri
     n_steps = -(-max(sizes) // cfg.batch_size)  # every worker takes the same number of steps
     f_lo = cfg.n_features * worker_id // n_workers
     f_hi = cfg.n_features * (worker_id + 1) // n_workers
-    keep = 1.0 - cfg.alpha * cfg.lam
+    keep = 1.0 - cfg.lr * cfg.l2
     t, step = 0, 0
     cpu0 = time.thread_time()
     for _ in range(cfg.epochs):
@@ -389,7 +389,7 @@ def _bsp_worker(worker_id: int, n_workers: int, sh: _Shared, cfg: _Config, barri
             barrier.wait()
             e2 = time.perf_counter()
             if total:
-                apply_mean_gradient(w, grads, f_lo, f_hi, cfg.alpha / total, keep)
+                apply_mean_gradient(w, grads, f_lo, f_hi, cfg.lr / total, keep)
             e3 = time.perf_counter()
             barrier.wait()
             e4 = time.perf_counter()

@@ -336,12 +336,12 @@ def row_dot(indptr, indices, values, w, i):  # pragma: no cover - compiled
     return margin
 
 
-def check_sgd(alpha: float, lam: float, epochs: int, batch_size: int) -> None:
-    """SGD settings shared by every substrate: alpha > 0, lam >= 0, alpha * lam < 1, counts >= 1."""
-    check.positive("alpha", alpha)
-    check.non_negative("lam", lam)
-    if alpha * lam >= 1.0:
-        raise ValueError(f"alpha * lam must be < 1 (the decay factor 1 - alpha*lam must stay positive), got {alpha * lam}")
+def check_sgd(lr: float, l2: float, epochs: int, batch_size: int) -> None:
+    """SGD settings shared by every substrate: lr > 0, l2 >= 0, lr * l2 < 1, counts >= 1."""
+    check.positive("lr", lr)
+    check.non_negative("l2", l2)
+    if lr * l2 >= 1.0:
+        raise ValueError(f"lr * l2 must be < 1 (the decay factor 1 - lr*l2 must stay positive), got {lr * l2}")
     check.positive_int("epochs", epochs)
     check.positive_int("batch_size", batch_size)
 
