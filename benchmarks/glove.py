@@ -65,7 +65,7 @@ def run_reference(ref: Path, docs: list[list[str]], vocab: Vocabulary, cfg: Glov
         proc = subprocess.run(
             [str(ref / "glove"), "-input-file", str(work / "cooc.shuf.bin"), "-vocab-file", str(work / "vocab.txt"),
              "-save-file", str(work / "vectors"), "-threads", str(n), "-x-max", str(cfg.x_max), "-alpha",
-             str(cfg.alpha), "-iter", str(cfg.epochs), "-vector-size", str(cfg.dim), "-eta", str(cfg.learning_rate),
+             str(cfg.alpha), "-iter", str(cfg.epochs), "-vector-size", str(cfg.dim), "-eta", str(cfg.lr),
              "-binary", "0", "-write-header", "0", "-verbose", "2"],
             capture_output=True, text=True, check=True)
         seconds = time.perf_counter() - t  # includes reading the input and writing vectors: favours us slightly

@@ -12,7 +12,7 @@ def test_batch_of_one_equals_the_sequential_kernel(cooc):
     a, b = GloveParams.init(cooc.n_words, cfg), GloveParams.init(cooc.n_words, cfg)
     logx, fx = entry_terms(cooc.values, cfg)
     order = np.arange(200, dtype=np.int64)
-    eta, clip = np.float32(cfg.learning_rate), np.float32(cfg.grad_clip)
+    eta, clip = np.float32(cfg.lr), np.float32(cfg.grad_clip)
     seq = adagrad_kernel(cooc.rows, cooc.cols, logx, fx, order, *a.arrays(), eta, clip)
     bat = sum(adagrad_batch(b.arrays(), cooc.rows, cooc.cols, logx, fx, order[k:k + 1], eta, clip) for k in range(200))
     assert bat == pytest.approx(seq, rel=1e-4)

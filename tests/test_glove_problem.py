@@ -74,7 +74,7 @@ def test_bad_counting_input_names_the_field(field, call):
 
 def test_config_validation_names_the_field():
     for field, kwargs in [("dim", {"dim": 0}), ("x_max", {"x_max": -1.0}), ("alpha", {"alpha": 0}),
-                          ("learning_rate", {"learning_rate": 0}), ("epochs", {"epochs": 0})]:
+                          ("lr", {"lr": 0}), ("epochs", {"epochs": 0})]:
         with pytest.raises(ValueError, match=field):
             GloveConfig(**kwargs)
 
@@ -104,7 +104,7 @@ def test_entry_gradient_matches_finite_differences():
 def test_kernel_first_step_is_eta_times_half_gradient():
     # Accumulators start at 1, so the first step is eta * gradient / 2 for vectors and gradient / 2 for
     # biases (the C program's convention: the factor 2 folded in, no learning rate on the biases).
-    cfg = GloveConfig(dim=4, learning_rate=0.5)
+    cfg = GloveConfig(dim=4, lr=0.5)
     p = GloveParams.init(2, cfg)
     before = {k: getattr(p, k).copy() for k in ("W", "C", "bw", "bc")}
     rows, cols, x = np.array([0], np.int32), np.array([1], np.int32), np.array([3.0], np.float32)

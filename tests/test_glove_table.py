@@ -19,12 +19,12 @@ def test_one_worker_equals_the_sequential_kernel(cooc):
     for s in range(steps):
         b = prob.batch((0, cooc.nnz), s, batch)
         k = prob.keys(b)
-        k, d = prob.step(w[k], b, k, cfg.learning_rate)
+        k, d = prob.step(w[k], b, k, cfg.lr)
         w[k] += d
     ref = GloveParams.init(cooc.n_words, cfg)
     logx, fx = entry_terms(cooc.values, cfg)
     order = epoch_order(cooc.nnz, cfg.seed, 0)[: batch * steps]
-    adagrad_kernel(cooc.rows, cooc.cols, logx, fx, order, *ref.arrays(), np.float32(cfg.learning_rate), np.float32(cfg.grad_clip))
+    adagrad_kernel(cooc.rows, cooc.cols, logx, fx, order, *ref.arrays(), np.float32(cfg.lr), np.float32(cfg.grad_clip))
     got = prob.unflatten(w)
     for name in GloveParams.ARRAYS:
         assert np.allclose(getattr(got, name), getattr(ref, name), rtol=1e-6, atol=1e-7), name
@@ -33,7 +33,7 @@ def test_one_worker_equals_the_sequential_kernel(cooc):
 def test_simulated_run_lowers_the_cost(cooc):
     cfg = GloveConfig(dim=8)
     trace = simlib.run(GloveProblem(cooc, cfg), "async", substrate="sim", n_workers=2, steps=40, batch_size=256,
-                       lr=cfg.learning_rate).trace
+                       lr=cfg.lr).trace
     assert trace.quality[-1].value < 0.7 * trace.quality[0].value
     assert trace.summary()["bytes_sent"] > 0
 

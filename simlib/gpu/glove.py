@@ -184,7 +184,7 @@ def train_batched(cooc: Cooccurrence, config: GloveConfig, batch: int = 8192,
     arrays = tuple(mod.asarray(a) for a in host.arrays())
     logx, fx = (mod.asarray(a) for a in entry_terms(cooc.values, config))
     rows, cols = mod.asarray(cooc.rows.astype(np.int32)), mod.asarray(cooc.cols.astype(np.int32))
-    eta, clip = np.float32(config.learning_rate), np.float32(config.grad_clip)
+    eta, clip = np.float32(config.lr), np.float32(config.grad_clip)
     costs = []
     for epoch in range(config.epochs):
         order = mod.asarray(epoch_order(cooc.nnz, config.seed, epoch))

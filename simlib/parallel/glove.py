@@ -93,7 +93,7 @@ def _hogwild_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray]
     assert ctx is not None
     rows, cols, logx, fx = (data[k].array for k in ("rows", "cols", "logx", "fx"))
     arrays = tuple(params[k].array for k in GloveParams.ARRAYS)
-    eta, clip = np.float32(config.learning_rate), np.float32(config.grad_clip)
+    eta, clip = np.float32(config.lr), np.float32(config.grad_clip)
     for epoch in range(config.epochs):
         order = epoch_order(rows.shape[0], config.seed, epoch)[_shard(rows.shape[0], worker_id, n_workers)]
         with ctx.timed("compute", step=epoch):
@@ -162,7 +162,7 @@ def _model_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], 
     dims = _shard(config.dim, worker_id, n_workers)
     lo, hi = dims.start, dims.stop
     with_bias = worker_id == 0  # worker 0 owns the biases
-    eta, clip = np.float32(config.learning_rate), np.float32(config.grad_clip)
+    eta, clip = np.float32(config.lr), np.float32(config.grad_clip)
     nnz = rows.shape[0]
     buf = partials.array
     for epoch in range(config.epochs):
@@ -256,7 +256,7 @@ def _sync_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], p
     W, C, bw, bc, aW, aC, abw, abc = (params[k].array for k in GloveParams.ARRAYS)
     gW, gC, gbw, gbc = (grads[k].array for k in ("W", "C", "bw", "bc"))
     mine = _shard(W.shape[0], worker_id, n_workers)
-    eta, clip = np.float32(config.learning_rate), np.float32(config.grad_clip)
+    eta, clip = np.float32(config.lr), np.float32(config.grad_clip)
     nnz = rows.shape[0]
     for epoch in range(config.epochs):
         order = epoch_order(nnz, config.seed, epoch)

@@ -45,7 +45,7 @@ class GloveConfig:
     dim: int = 50
     x_max: float = 100.0
     alpha: float = 0.75
-    learning_rate: float = 0.05
+    lr: float = 0.05
     grad_clip: float = 100.0
     epochs: int = 5
     seed: int = 0
@@ -54,7 +54,7 @@ class GloveConfig:
         check.positive_int("dim", self.dim)
         check.positive("x_max", self.x_max)
         check.positive("alpha", self.alpha)
-        check.positive("learning_rate", self.learning_rate)
+        check.positive("lr", self.lr)
         check.positive("grad_clip", self.grad_clip)
         check.positive_int("epochs", self.epochs)
         check.non_negative_int("seed", self.seed)
@@ -469,7 +469,7 @@ def train_epoch(
     logx, fx = terms if terms is not None else entry_terms(cooc.values, config)
     order = epoch_order(cooc.nnz, config.seed, epoch)
     total = adagrad_kernel(cooc.rows, cooc.cols, logx, fx, order, *params.arrays(),
-                           np.float32(config.learning_rate), np.float32(config.grad_clip))
+                           np.float32(config.lr), np.float32(config.grad_clip))
     return total / cooc.nnz
 
 

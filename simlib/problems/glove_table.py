@@ -4,7 +4,7 @@ The table is W, C, the biases and all AdaGrad accumulators, flattened in the ker
 (float64 storage). A worker pulls the rows its batch of co-occurrence entries touches, runs the
 real AdaGrad kernel (:func:`simlib.problems.glove.adagrad_kernel`) on its local copy, and pushes
 the change; the server adds it. ``lr`` is AdaGrad's base rate, so a run with
-``lr = config.learning_rate`` and one worker equals :func:`simlib.problems.glove.train_epoch`
+``lr = config.lr`` and one worker equals :func:`simlib.problems.glove.train_epoch`
 on the same order.
 
 Example::

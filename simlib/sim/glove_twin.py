@@ -41,7 +41,7 @@ def predict_speedup(
     for n in workers:
         check.positive_int("workers", n)
         steps = max(1, int(round(epochs * cooc.nnz / (n * batch_size))))
-        training = Training(n_workers=n, steps=steps, batch_size=batch_size, lr=config.learning_rate,
+        training = Training(n_workers=n, steps=steps, batch_size=batch_size, lr=config.lr,
                             eval_every=max(1, steps // 10))
         trace = run(problem, Protocol.parse(protocol), training, compute_per_unit=1.0 / updates_per_second,
                     compute_overhead=0.0, latency=latency, bandwidth=bandwidth, value_bytes=4, key_bytes=4).trace
