@@ -65,9 +65,9 @@ def test_sequential_coordinate_descent_reaches_the_scikit_learn_optimum() -> Non
     assert set(np.flatnonzero(prob.x_true)) <= set(np.flatnonzero(run.x))
 
 
-def test_lam_above_lam_max_keeps_x_at_zero() -> None:
+def test_l1_above_l1_max_keeps_x_at_zero() -> None:
     prob = make_lasso(n_rows=100, n_features=40, n_nonzero=5, seed=4)
-    big = LassoProblem(prob.At, prob.y, prob.lam_max() * 1.001)
+    big = LassoProblem(prob.At, prob.y, prob.l1_max() * 1.001)
     run = shotgun(big, random_schedule(40, 40, 3, seed=0))
     np.testing.assert_array_equal(run.x, 0.0)
 
@@ -151,7 +151,7 @@ def test_bad_inputs_name_the_field() -> None:
         make_lasso(n_features=10, n_nonzero=2, n_correlated=11)
     with pytest.raises(ValueError, match="p"):
         random_schedule(5, 6, 10)
-    with pytest.raises(ValueError, match="lam"):
+    with pytest.raises(ValueError, match="l1"):
         LassoProblem(np.ones((2, 3)), np.ones(3), -1.0)
     with pytest.raises(ValueError, match="At"):
         LassoProblem(np.ones((2, 3)), np.ones(4), 1.0)
@@ -163,7 +163,7 @@ def test_cupy_rounds_match_numpy() -> None:
     import cupy as cp
 
     prob = make_lasso(n_rows=200, n_features=100, n_nonzero=10, seed=6)
-    dev = LassoProblem(cp.asarray(prob.At), cp.asarray(prob.y), prob.lam)
+    dev = LassoProblem(cp.asarray(prob.At), cp.asarray(prob.y), prob.l1)
     sched = random_schedule(100, 8, 200, seed=0)
     a, b = shotgun(prob, sched), shotgun(dev, sched)
     np.testing.assert_allclose(cp.asnumpy(b.x), a.x, rtol=1e-9, atol=1e-12)

@@ -4,7 +4,7 @@ The state lives in shared memory: the columns ``At`` (read-only), the iterate ``
 r = A x - y, the schedule, and one slot per coordinate of the round for its delta. Each round has
 two phases separated by barriers:
 
-1. *compute*: worker w computes delta_j = S(x_j - A_j . r, lam) - x_j for the round's slots
+1. *compute*: worker w computes delta_j = S(x_j - A_j . r, l1) - x_j for the round's slots
    w, w + N, w + 2N, ... (reads x and r, writes only its own delta slots);
 2. *apply*: worker w adds its slots' deltas to x and updates its own block of rows of the
    residual, r[rows_w] += sum_j delta_j A_j[rows_w] (every row written by exactly one worker).
@@ -76,7 +76,7 @@ def run_shotgun(
         sh["objective"].array[0] = f0
         sh["status"].array[1] = 1
         barrier = group.barrier()
-        group.run(_worker, sh, float(problem.lam), record_every, blowup * f0, barrier, timeout=timeout)
+        group.run(_worker, sh, float(problem.l1), record_every, blowup * f0, barrier, timeout=timeout)
         n = int(sh["status"].array[1])
         values = sh["objective"].array[:n].copy()
         x = sh["x"].array.copy()
@@ -94,7 +94,7 @@ def _worker(
     wid: int,
     n_workers: int,
     sh: dict[str, SharedArray],
-    lam: float,
+    l1: float,
     record_every: int,
     limit: float,
     barrier: Any,
@@ -116,7 +116,7 @@ def _worker(
         live = mine >= 0
         j = mine[live]
         d = np.zeros(len(slots))
-        d[live] = soft_threshold(x[j] - (At[j] @ r) / beta[j], lam / beta[j]) - x[j]
+        d[live] = soft_threshold(x[j] - (At[j] @ r) / beta[j], l1 / beta[j]) - x[j]
         delta[slots] = d
         t1 = time.perf_counter()
         barrier.wait()
@@ -137,7 +137,7 @@ def _worker(
         done = t + 1
         if wid == 0 and (done % record_every == 0 or done == rounds):
             # Reads only: the others are in the next compute phase, which writes nothing but deltas.
-            f = float(0.5 * r @ r + lam * np.abs(x).sum())
+            f = float(0.5 * r @ r + l1 * np.abs(x).sum())
             objective[status[1]] = f
             status[1] += 1
             if ctx is not None:

@@ -2,12 +2,12 @@
 
 The objective is
 
-    F(x) = 1/2 ||A x - y||^2 + lam ||x||_1.
+    F(x) = 1/2 ||A x - y||^2 + l1 ||x||_1.
 
 Minimising over one coordinate j with the others fixed has a closed form: with the residual
 r = A x - y, the gradient of the smooth part g_j = A_j . r and beta_j = ||A_j||^2,
 
-    x_j <- S(x_j - g_j / beta_j, lam / beta_j),    S(z, t) = sgn(z) max(|z| - t, 0).
+    x_j <- S(x_j - g_j / beta_j, l1 / beta_j),    S(z, t) = sgn(z) max(|z| - t, 0).
 
 Shotgun (Bradley et al., 2011) computes P such updates against the *same* x and applies them
 together. Their interference is A_i . A_j: for nearly orthogonal columns the P steps barely
@@ -42,16 +42,16 @@ def soft_threshold(z: Any, t: Any) -> Any:
 
 @dataclass
 class LassoProblem:
-    """min_x 1/2 ||A x - y||^2 + lam ||x||_1 with A stored column-major as ``At = A.T`` (d x n)."""
+    """min_x 1/2 ||A x - y||^2 + l1 ||x||_1 with A stored column-major as ``At = A.T`` (d x n)."""
 
     At: Any  # (n_features, n_rows): row j is column A_j, so a round gathers P contiguous rows
     y: Any
-    lam: float
+    l1: float
     x_true: np.ndarray | None = None
     beta: Any = field(init=False)
 
     def __post_init__(self) -> None:
-        check.non_negative("lam", self.lam)
+        check.non_negative("l1", self.l1)
         if self.At.ndim != 2 or self.y.ndim != 1 or self.At.shape[1] != self.y.shape[0]:
             raise ValueError(f"At must be (n_features, n_rows) and y (n_rows,); got {self.At.shape} and {self.y.shape}")
         xp = array_module(self.At)
@@ -74,19 +74,19 @@ class LassoProblem:
         return x @ self.At - self.y
 
     def objective(self, x: Any, r: Any = None) -> float:
-        """F(x) = 1/2 ||r||^2 + lam ||x||_1 (pass r = A x - y to skip the product)."""
+        """F(x) = 1/2 ||r||^2 + l1 ||x||_1 (pass r = A x - y to skip the product)."""
         xp = array_module(x)
         r = self.residual(x) if r is None else r
-        return float(0.5 * xp.dot(r, r) + self.lam * xp.sum(xp.abs(x)))
+        return float(0.5 * xp.dot(r, r) + self.l1 * xp.sum(xp.abs(x)))
 
     def deltas(self, x: Any, r: Any, coords: Any) -> Any:
-        """delta_j = S(x_j - A_j . r / beta_j, lam / beta_j) - x_j for each j in ``coords``."""
+        """delta_j = S(x_j - A_j . r / beta_j, l1 / beta_j) - x_j for each j in ``coords``."""
         b = self.beta[coords]
         xj = x[coords]
-        return soft_threshold(xj - (self.At[coords] @ r) / b, self.lam / b) - xj
+        return soft_threshold(xj - (self.At[coords] @ r) / b, self.l1 / b) - xj
 
-    def lam_max(self) -> float:
-        """max_j |A_j . y|: the smallest lam for which x = 0 is optimal."""
+    def l1_max(self) -> float:
+        """max_j |A_j . y|: the smallest l1 for which x = 0 is optimal."""
         xp = array_module(self.At)
         return float(xp.max(xp.abs(self.At @ self.y)))
 
@@ -109,14 +109,14 @@ def make_lasso(
     n_correlated: int = 0,
     correlation: float = 0.0,
     noise: float = 0.1,
-    lam_ratio: float = 0.1,
+    l1_ratio: float = 0.1,
     seed: int = 0,
 ) -> LassoProblem:
     """A designed Lasso problem: Gaussian features, a sparse truth x*, y = A x* + noise.
 
     The first ``n_correlated`` columns share one latent factor z, A_j = sqrt(c) z + sqrt(1 - c) e_j,
     so any two of them have corr ~= c = ``correlation``; the other columns are independent
-    (|corr| ~ 1 / sqrt(n_rows)). Columns are scaled to unit norm; lam = lam_ratio * lam_max.
+    (|corr| ~ 1 / sqrt(n_rows)). Columns are scaled to unit norm; l1 = l1_ratio * l1_max.
     """
     check.positive_int("n_rows", n_rows)
     check.positive_int("n_features", n_features)
@@ -124,7 +124,7 @@ def make_lasso(
     check.non_negative_int("n_correlated", n_correlated)
     check.probability("correlation", correlation)
     check.non_negative("noise", noise)
-    check.positive("lam_ratio", lam_ratio)
+    check.positive("l1_ratio", l1_ratio)
     if n_nonzero > n_features:
         raise ValueError(f"n_nonzero ({n_nonzero}) must be <= n_features ({n_features})")
     if n_correlated > n_features:
@@ -137,8 +137,8 @@ def make_lasso(
     support = rng.choice(n_features, n_nonzero, replace=False)
     x_true[support] = rng.choice([-1.0, 1.0], n_nonzero) * rng.uniform(1.0, 3.0, n_nonzero)
     y = x_true @ At + noise * rng.standard_normal(n_rows)
-    lam_max = float(np.max(np.abs(At @ y)))
-    return LassoProblem(At, y, lam_ratio * lam_max, x_true=x_true)
+    l1_max = float(np.max(np.abs(At @ y)))
+    return LassoProblem(At, y, l1_ratio * l1_max, x_true=x_true)
 
 
 def make_uncorrelated_lasso(n_features: int = 512, seed: int = 0, **kw: Any) -> LassoProblem:
@@ -323,7 +323,7 @@ class ShotgunProblem:
         return batch, self.lasso.deltas(values, self.lasso.residual(values), batch)
 
     def quality(self, x: np.ndarray) -> float:
-        """F(x) = 1/2 ||A x - y||^2 + lam ||x||_1."""
+        """F(x) = 1/2 ||A x - y||^2 + l1 ||x||_1."""
         return self.lasso.objective(x)
 
     def work(self, batch: np.ndarray) -> int:
@@ -332,13 +332,13 @@ class ShotgunProblem:
 
 
 def reference_optimum(problem: LassoProblem) -> float:
-    """F* from scikit-learn's Lasso (a trusted peer): its alpha is lam / n_rows, no intercept."""
+    """F* from scikit-learn's Lasso (a trusted peer): its alpha is l1 / n_rows, no intercept."""
     from sklearn.linear_model import Lasso
 
     A, y = to_numpy(problem.At).T, to_numpy(problem.y)
     # NOTE: precompute=True (the Gram matrix, d x d) gives the same F* to every printed digit on the
     # lessons' 1,000 x 512 problems, 2.5-5x faster than iterating over the rows.
-    model = Lasso(alpha=problem.lam / problem.n_rows, fit_intercept=False, tol=1e-12, max_iter=100_000,
+    model = Lasso(alpha=problem.l1 / problem.n_rows, fit_intercept=False, tol=1e-12, max_iter=100_000,
                   precompute=True)
     model.fit(A, y)
     return problem.objective(model.coef_.astype(np.float64))

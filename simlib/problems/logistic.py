@@ -2,7 +2,7 @@
 
 Labels are y in {-1, +1}; the objective is
 
-    L(w) = (1/M) sum_i log(1 + exp(-y_i x_i . w)) + (lam / 2) ||w||^2.
+    L(w) = (1/M) sum_i log(1 + exp(-y_i x_i . w)) + (l2 / 2) ||w||^2.
 
 The data are CSR arrays (``indptr``, ``indices``, ``values``) so that a mini-batch touches only
 the features its rows contain: a worker pulls those rows of the parameter table, computes a
@@ -185,7 +185,7 @@ class LogisticProblem:
     """Sparse L2-regularised logistic regression, split into the parameter-server contract.
 
     ``keys(batch)`` are the feature ids a mini-batch touches; ``gradient(w_keys, batch)`` is the
-    mini-batch gradient restricted to those keys (including lam * w on them: the usual sparse
+    mini-batch gradient restricted to those keys (including l2 * w on them: the usual sparse
     treatment of L2 in a parameter server, where untouched weights are not sent); ``loss(w)`` is
     the full objective above. ``work(batch)`` is the number of nonzeros, what compute costs.
     """
@@ -247,7 +247,7 @@ class LogisticProblem:
         return int(np.sum(ip[batch + 1] - ip[batch]))
 
     def gradient(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
-        """(keys, g): mean log-loss gradient over the batch plus lam * w, on the touched keys only."""
+        """(keys, g): mean log-loss gradient over the batch plus l2 * w, on the touched keys only."""
         if keys is None:
             keys = self.keys(batch)
         if isinstance(w_keys, np.ndarray):
@@ -287,7 +287,7 @@ class LogisticProblem:
         return self.loss(w)
 
     def loss(self, w: Any) -> float:
-        """L(w) on the evaluation rows: mean log-loss plus (lam / 2) ||w||^2."""
+        """L(w) on the evaluation rows: mean log-loss plus (l2 / 2) ||w||^2."""
         e = self._eval
         xp = array_module(w)
         if xp is np:
@@ -393,7 +393,7 @@ def _batch_keys(indptr, indices, batch):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def _batch_gradient(indptr, indices, values, y, batch, keys, w_keys, l2, n_features):  # pragma: no cover - compiled
-    """g_k = (1/B) sum_i -y_i sigma(-y_i x_i.w) x_ik + lam w_k over the batch, at the given keys."""
+    """g_k = (1/B) sum_i -y_i sigma(-y_i x_i.w) x_ik + l2 w_k over the batch, at the given keys."""
     # Column id -> position in keys. Only entries for this batch's columns are written and read,
     # so the table needs no clearing; it is per call so concurrent simulations cannot race on it.
     where = np.empty(n_features, dtype=np.int64)
