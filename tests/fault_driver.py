@@ -10,8 +10,8 @@ run left behind: child processes, this process's /dev/shm segments and its threa
 
 SIGUSR1 raises an exception in whichever process receives it (inside a weakref callback or a
 ``__del__``, where Python would drop it, a timer raises it a moment later); forked workers inherit
-the handler, and Ray's worker processes install it at start-up, so the test injects "an exception inside a
-worker" at a random moment by signalling a worker.
+the handler, and Ray's worker processes install it at start-up, so the test injects "an exception
+inside a worker" at a random moment by signalling a worker.
 
 Ray (``run-ray``) has two modes, named on the ``go`` line: ``attached`` runs on a local Ray this
 driver started once and keeps (a user's own ``ray.init``; the run must kill its actors), ``owned``

@@ -181,10 +181,11 @@ class Child:
                 return
 
     def _crowded(self, tree: list[int]) -> bool:
-        """Whether ``tree`` has more processes than allowed (then recorded as the violation)."""
-        if len(tree) > self.limits.max_procs:
-            self.violation = self.violation or f"more than {self.limits.max_procs} processes (a fork bomb?)"
-        return bool(self.violation)
+        """Whether ``tree`` has more processes than allowed; if so, that becomes the violation."""
+        if len(tree) <= self.limits.max_procs:
+            return False
+        self.violation = self.violation or f"more than {self.limits.max_procs} processes (a fork bomb?)"
+        return True
 
     def tree(self) -> list[int]:
         """The child's session members and descendants now alive (remembered for the final kill)."""
@@ -290,7 +291,7 @@ class Child:
         if reply.get("seq") != self.seq or not isinstance(reply.get("ok"), bool):
             raise Fatal("the submission wrote into the grader's result channel")
         # The unit that leaves a crowd of processes behind is the one to blame, however late the
-        # watcher (a thread polling every 20 ms, slower on a busy machine) would have looked: checked
+        # watcher (a thread polling every watch_every s, later on a busy machine) would have looked: checked
         # here, before the next unit starts, a regrade blames the same unit.
         if self.violation or self._crowded(self.tree()):
             raise Fatal(self.violation)
