@@ -51,11 +51,13 @@ import logging
 import os
 import signal
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 
 from simlib import _validate as check
+from simlib import signals
 from simlib.compress import make_compressor
 from simlib.contract import ParamServer, Result, Training
 from simlib.diverged import check_metric
@@ -314,19 +316,50 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address is not None:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        with _interruptible_start():
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return False
     for attempt in range(START_ATTEMPTS):
         before = _children()
         try:
-            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
-                     logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True)
+            with _interruptible_start():
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
+                         logging_level=logging.WARNING, log_to_driver=False, ignore_reinit_error=True)
             return True
         except BaseException as exc:  # a bare Exception when the node was slow to start; or Ctrl-C, SIGTERM
             _stop_local(before)
             if attempt == START_ATTEMPTS - 1 or not isinstance(exc, Exception):
                 raise
     return True
+
+
+@contextmanager
+def _interruptible_start() -> Iterator[None]:
+    """``ray.init`` that Ctrl-C and SIGTERM end cleanly, whenever they land.
+
+    NOTE (Ray 2.60): ``ray.init`` has two places a signal must not reach. Starting the node's
+    programs runs this process's fork hooks, where Python drops a KeyboardInterrupt (the Ctrl-C
+    was lost and the run went on); :func:`simlib.signals.guard_forks` sends it again after the
+    fork. And the driver's core worker calls back into Python while its C++ constructor runs
+    (``ray._private.worker.connect``, about 2 s of a 7 s start on a 2-core machine): a
+    KeyboardInterrupt raised there leaves it half built, and the interpreter crashes on its way
+    out (SIGSEGV, or SIGABRT "terminate called without an active exception"). So the connection is
+    made inside :func:`simlib.signals.held`: a signal that lands then ends the run once it is made.
+    """
+    from ray._private import worker
+
+    make = worker.connect
+
+    def connect_held(*args: Any, **kwargs: Any) -> Any:
+        with signals.held():
+            return make(*args, **kwargs)
+
+    worker.connect = connect_held
+    try:
+        with signals.guard_forks():
+            yield
+    finally:
+        worker.connect = make
 
 
 def _children(pid: int | str = "self") -> set[int]:

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "simlib"
 
 # The first component under simlib/ names the group; each group has a rank, lower ranks sit below.
-BOTTOM = {"problems", "trace", "protocol", "contract", "backend", "compress", "_validate", "data", "options",
+BOTTOM = {"problems", "trace", "protocol", "contract", "backend", "compress", "_validate", "data", "options", "signals",
           "averaging", "cache", "checks", "delayed", "diverged"}
 SUBSTRATES = {"sim", "parallel", "gpu", "ray_ps"}
 # The registry finds substrates by name (importlib), and the package root reaches them through it.

@@ -241,3 +241,41 @@ def test_ctrl_c_stops_the_run_and_leaves_no_actors(cluster):
             proc.kill()
     assert proc.returncode != 0 and "KeyboardInterrupt" in err
     assert _wait_gone() == []
+
+
+def test_ctrl_c_while_the_driver_connects_to_its_new_ray_ends_the_run_cleanly():
+    """Ray's driver calls back into Python while its core worker's C++ constructor runs; a
+    KeyboardInterrupt raised there crashed the interpreter (SIGSEGV or SIGABRT) and left Ray's
+    processes behind. The Ctrl-C is sent inside that callback, every time."""
+    import faultkit
+
+    marker = f"ray-connect-{os.getpid()}"
+    driver = textwrap.dedent("""
+        import os, signal
+        from ray._private import gc_collect_manager
+
+        made = gc_collect_manager.PythonGCThread.__init__
+
+        def ctrl_c_inside(self, *args, **kwargs):  # called from CoreWorker.__cinit__
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(10_000):  # Python code: the handler runs here
+                pass
+            made(self, *args, **kwargs)
+
+        gc_collect_manager.PythonGCThread.__init__ = ctrl_c_inside
+        import simlib
+        from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+        prob = LogisticProblem(make_sparse_classification(600, 60, 5, seed=1), eval_rows=None)
+        try:
+            simlib.run(prob, "bsp", substrate="ray", n_workers=2, steps=10, batch_size=8, num_cpus=2, timeout=120)
+            print("the run finished: the Ctrl-C was lost")
+        except KeyboardInterrupt:
+            print("interrupted")
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), faultkit.MARKER_ENV: marker}
+    done = subprocess.run([sys.executable, "-c", driver], env=env, capture_output=True, text=True, timeout=180)
+    assert (done.returncode, done.stdout.strip()) == (0, "interrupted"), done.stderr[-3000:]
+    deadline = time.monotonic() + 10.0
+    while (left := faultkit.with_marker(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"processes of the interrupted start outlived it: {left}"

@@ -1,4 +1,4 @@
-"""simlib.parallel.signals.held under thousands of real Ctrl-Cs: the process's handlers always come back.
+"""simlib.signals.held under thousands of real Ctrl-Cs: the process's handlers always come back.
 
 A SIGINT that lands while ``held`` restores the handlers raises KeyboardInterrupt there; before the
 fix, SIGTERM's handler stayed on ``_note`` and every later SIGTERM of that process was silently
@@ -17,7 +17,7 @@ import time
 # sends the next SIGINT only after that byte, so no Ctrl-C lands outside the loop's `try`.
 CHILD = r"""
 import os, select, signal, sys
-from simlib.parallel.signals import held
+from simlib.signals import held
 
 answer = True  # the first answer says it is ready
 while True:
@@ -62,3 +62,51 @@ def test_no_signal_is_lost_whatever_ctrl_c_interrupts_in_held():
     assert sent > 500, f"only {sent} Ctrl-Cs in 3 s: the test did not test"
     assert out == b"interrupted;", out
     assert child.returncode == -signal.SIGTERM, (child.returncode, out)
+
+
+# A fork hook that takes a Ctrl-C while it runs (as logging's lock release does when a library starts a
+# program with preexec_fn): Python drops a KeyboardInterrupt raised in a hook.
+FORK_HOOK_CHILD = r"""
+import os, signal, sys, time
+from simlib.signals import guard_forks
+
+def hook():
+    os.kill(os.getpid(), signal.SIGINT)
+    end = time.monotonic() + 0.05
+    while time.monotonic() < end:  # Python code runs: the handler is called here, inside the hook
+        pass
+
+os.register_at_fork(after_in_parent=hook)
+guarded = sys.argv[1] == "guarded"
+try:
+    if guarded:
+        with guard_forks():
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            time.sleep(2.0)  # the Ctrl-C arrives again in here
+    else:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(0.5)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+"""
+
+
+def _fork_hook_child(mode: str) -> str:
+    done = subprocess.run([sys.executable, "-c", FORK_HOOK_CHILD, mode], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_ctrl_c_inside_a_fork_hook_is_lost_without_the_guard():
+    assert _fork_hook_child("bare") == "not interrupted"  # what guard_forks exists for
+
+
+def test_guard_forks_delivers_a_ctrl_c_that_landed_inside_a_fork_hook():
+    assert _fork_hook_child("guarded") == "interrupted True"  # and the real handler is back after the block

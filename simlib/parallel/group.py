@@ -33,7 +33,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.diverged import Diverged
 from simlib.parallel import log as _log
-from simlib.parallel import signals as _signals
+from simlib import signals as _signals
 from simlib.parallel import worker as _worker
 from simlib.parallel.channel import Channel, channel_pair
 from simlib.parallel.shm import SharedArray

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.parallel.signals import held
+from simlib.signals import held
 
 PREFIX = "simlib_"
 _LIVE: "weakref.WeakValueDictionary[str, SharedArray]" = weakref.WeakValueDictionary()

@@ -12,6 +12,15 @@ Python code cannot restore two handlers atomically: a Ctrl-C that lands once SIG
 back raises before SIGTERM's is (``signal.signal`` runs pending handlers before it installs the
 new one). So the note handler knows when no block is open: a signal that reaches a handler left
 behind that way puts the real handler back and is delivered to it, never lost.
+
+Inside :func:`guard_forks` the signals are raised at once, except while this process runs its
+fork hooks (``os.register_at_fork``: ``logging`` releases its locks there, for instance, each
+time a library starts a program with ``preexec_fn``). Python prints an exception raised in a
+hook as "Exception ignored" and drops it, so a Ctrl-C that lands there would be lost; the guard
+notes it and sends it again as soon as the fork is over::
+
+    >>> with guard_forks():
+    ...     pass
 """
 from __future__ import annotations
 
@@ -25,14 +34,23 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 noted: list[tuple[int, int]] = []  # (pid, signal) noted inside a held block; a forked child notes its own too
 _open = 0  # held blocks open in this process
 _real: dict[int, Any] = {}  # each signal's handler outside every held block
+_guards = 0  # guard_forks blocks open in this process
+_forking = 0  # fork hooks running in this process (between its 'before' and 'after' hooks)
+_hooked = False  # guard_forks's fork hooks registered
 
 
 def _note(signum: int, frame: Any) -> None:
     """Note a signal for later; outside every block, hand it to the real handler."""
-    if _open > 0:
+    if _open > 0 or (_guards > 0 and _forking > 0):
         noted.append((os.getpid(), signum))
         return
-    signal.signal(signum, _real.get(signum, signal.SIG_DFL))
+    real = _real.get(signum, signal.SIG_DFL)
+    if _guards > 0 and real is signal.SIG_IGN:
+        return
+    if _guards > 0 and callable(real):  # the guard stays in place; the real handler acts now
+        real(signum, frame)
+        return
+    signal.signal(signum, real)
     signal.raise_signal(signum)
 
 
@@ -76,10 +94,67 @@ def held() -> Iterator[None]:
             signal.raise_signal(s)
 
 
+def _before_fork() -> None:
+    global _forking
+    _forking += 1
+
+
+def _after_fork_in_parent() -> None:
+    """The fork is over: send again what was noted during its hooks (held blocks send their own)."""
+    global _forking
+    _forking -= 1
+    if _forking or _open:
+        return
+    pid = os.getpid()
+    again = sorted({signum for p, signum in noted if p == pid})
+    noted[:] = [n for n in noted if n[0] != pid]
+    for signum in again:  # from a thread, a moment later: raised in this hook, it would be dropped again
+        threading.Timer(0.005, os.kill, (pid, signum)).start()
+
+
+def _after_fork_in_child() -> None:
+    global _forking
+    _forking = 0
+
+
+@contextmanager
+def guard_forks() -> Iterator[None]:
+    """Run the block with SIGINT / SIGTERM raised at once, but never inside a fork hook (main thread only).
+
+    A handler the block's code installs (Ray's SIGTERM handler, for one) is left in place at the
+    end; only the guard's own is replaced by what was there before.
+    """
+    global _guards, _hooked
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if not _hooked:  # registered late, so that it runs around the hooks of every module loaded so far
+        os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                            after_in_child=_after_fork_in_child)
+        _hooked = True
+    previous: dict[int, Any] = {}
+    _guards += 1
+    try:
+        for s in SIGNALS:
+            h = signal.getsignal(s)
+            if h is None or h is _note:  # set outside Python, or already guarded or held: leave it
+                continue
+            _real[s] = h
+            previous[s] = h
+            signal.signal(s, _note)
+        yield
+    finally:
+        _guards -= 1
+        for s, h in previous.items():
+            if signal.getsignal(s) is _note:
+                signal.signal(s, h)
+
+
 def forked() -> None:
     """In a child forked inside a held block: no block is open here (the child never leaves the parent's)."""
-    global _open
+    global _open, _guards
     _open = 0
+    _guards = 0
     _real.clear()
 
 
