@@ -38,7 +38,7 @@ BATCH_BYTES_PER_ROW, BATCH_BYTES_PER_NNZ = 64, 32
 # Building a synthetic data set: about 50 bytes per nonzero at its peak (draws, ids, values).
 DATA_BYTES_PER_NNZ = 64
 PROCESS_BYTES = 150e6  # one worker process of a real substrate (interpreter, NumPy, its shard)
-TRAINING_FIELDS = ("n_workers", "steps", "batch_size", "lr", "staleness_aware_lr", "accumulation", "seed")
+TRAINING_FIELDS = ("n_workers", "steps", "batch_size", "lr", "staleness_aware", "accumulation", "seed")
 
 
 class CliError(Exception):
@@ -448,7 +448,7 @@ def run_one(args: argparse.Namespace) -> int:
     data = make_sparse_classification(size.rows, size.features, size.nnz, label_noise=0.05, seed=seed)
     problem = LogisticProblem(data, l2=1e-4, eval_rows=min(4_000, size.rows), seed=seed)
     check_interrupt()
-    staleness_aware = training.pop("staleness_aware_lr")
+    staleness_aware = training.pop("staleness_aware")
     try:
         with _quiet_numerics():
             result = simlib.run(problem, args.protocol, substrate=args.substrate, staleness_aware=staleness_aware,

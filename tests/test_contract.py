@@ -127,7 +127,7 @@ def test_staleness_aware_rule_keeps_async_stable_where_plain_async_fails():
 
     prob = compare_problem()
     plain = simulate(default_cluster(protocol="async", lr=24.0), prob)
-    aware = simulate(default_cluster(protocol="async", lr=24.0, staleness_aware_lr=True), prob)
+    aware = simulate(default_cluster(protocol="async", lr=24.0, staleness_aware=True), prob)
     assert plain.time_to(DEFAULT_TARGET) is None
     assert aware.time_to(DEFAULT_TARGET) is not None
     assert aware.summary()["mean_staleness"] == plain.summary()["mean_staleness"] > 1

@@ -8,6 +8,7 @@ import simlib
 from simlib.compress import make_compressor
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.protocol import Clocks, StepRule, may_read
+from simlib.sim.config import SimConfig
 
 
 def _problem() -> LogisticProblem:
@@ -68,6 +69,13 @@ def test_rule_and_its_fields_are_not_given_together():
         simlib.run(_problem(), "bsp", n_workers=1, steps=2, rule=Halve(), staleness_aware=True)
     with pytest.raises(ValueError, match="rule"):
         simlib.run(_problem(), "bsp", n_workers=1, steps=2, rule="aware")
+    # the simulator's config has the same two names and the same refusals
+    with pytest.raises(ValueError, match="staleness_aware"):
+        SimConfig(rule=Halve(), staleness_aware=True)
+    with pytest.raises(ValueError, match="rule must be a StepRule"):
+        SimConfig(rule="aware")
+    assert SimConfig(rule=Halve()).step_rule.scale(3) == 0.5
+    assert SimConfig(staleness_aware=True).step_rule.scale(4) == 0.25
 
 
 def test_compression_factory_is_called_once_per_worker():

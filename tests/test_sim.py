@@ -146,13 +146,13 @@ def test_stale_reads_give_stale_gradients(small_problem):
     assert bsp.quality[-1].value != asy.quality[-1].value
 
 
-def test_staleness_aware_lr_changes_only_stale_updates(small_problem):
+def test_staleness_aware_changes_only_stale_updates(small_problem):
     base = SimConfig(n_workers=4, steps=30, protocol="async", stragglers=JITTERY)
-    plain, aware = simulate(base, small_problem), simulate(base.replace(staleness_aware_lr=True), small_problem)
+    plain, aware = simulate(base, small_problem), simulate(base.replace(staleness_aware=True), small_problem)
     assert plain.quality[0] == aware.quality[0]
     assert plain.quality[-1].value != aware.quality[-1].value
     one = SimConfig(n_workers=1, steps=20)  # one worker is never stale: identical runs
-    assert _equal_runs(simulate(one, small_problem), simulate(one.replace(staleness_aware_lr=True), small_problem))
+    assert _equal_runs(simulate(one, small_problem), simulate(one.replace(staleness_aware=True), small_problem))
 
 
 # -- mitigation and failures -------------------------------------------------------------------------

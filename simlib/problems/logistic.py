@@ -292,7 +292,8 @@ class LogisticProblem:
         xp = array_module(w)
         if xp is np:
             data_loss = _mean_log_loss(e.indptr, e.indices, e.values, e.y, np.asarray(w, dtype=np.float64))
-            return float(data_loss) + 0.5 * self.l2 * float(np.dot(w, w))
+            with np.errstate(over="ignore"):  # a diverged w: the loss is inf, and the caller says so by name
+                return float(data_loss) + 0.5 * self.l2 * float(np.dot(w, w))
         margin = xp.bincount(
             xp.asarray(self._eval_row_of),
             weights=xp.asarray(e.values, dtype=np.float64) * w[xp.asarray(e.indices)],

@@ -106,8 +106,8 @@ class SimConfig:
     steps: int = _f(100, "steps (clocks) per worker", min=1, max=1_000_000)
     batch_size: int = _f(32, "rows per mini-batch", min=1, max=10_000_000)
     lr: float = _f(0.5, "learning rate (step size)", min=0, min_open=True, max=1e6)
-    staleness_aware_lr: bool = _f(False, "scale each update by 1/tau (tau: updates applied since its read)",
-                                  flag="--staleness-aware", aliases=("--staleness-aware-lr",))
+    staleness_aware: bool = _f(False, "scale each update by 1/tau (tau: updates applied since its read)",
+                               aliases=("--staleness-aware-lr",))
     accumulation: int | None = _f(None, "lambda: the server averages floor(lambda / workers) pushes per update",
                                   min=1, max=1_000_000)
     topology: str = _f("ps", "parameter server or ring all-reduce (BSP only)", choices=TOPOLOGIES)
@@ -133,8 +133,7 @@ class SimConfig:
     # Extension points (assignments plug students' code in here): a read rule replacing the SSP
     # rule (see simlib.protocol.Clocks) and a StepRule subclass replacing the built-in step rule.
     read_rule: "Callable[[int, int, float], bool] | None" = _f(None, "a read rule replacing the SSP rule", option=False)
-    step_rule: Any = _f(None, "a StepRule subclass instance replacing the built-in step rule",
-                     option=False)
+    rule: Any = _f(None, "a StepRule subclass instance replacing the built-in step rule", option=False)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "SimConfig":
         _reject_unknown(cls, kwargs)
@@ -193,9 +192,11 @@ class SimConfig:
             parse_spec(self.compression)
         if self.read_rule is not None and not callable(self.read_rule):
             raise ValueError(f"read_rule must be a function (clock, completed, bound) -> bool, got {self.read_rule!r}")
-        if self.step_rule is not None:
-            if not isinstance(self.step_rule, StepRule):
-                raise ValueError(f"step_rule must be a StepRule (or subclass) instance, got {type(self.step_rule).__name__}")
+        if self.rule is not None:
+            if not isinstance(self.rule, StepRule):
+                raise ValueError(f"rule must be a StepRule (or subclass) instance, got {type(self.rule).__name__}")
+            if self.staleness_aware or self.accumulation is not None:
+                raise ValueError("staleness_aware, accumulation: give them to the StepRule passed as rule=, not beside it")
         self.proto.check_workers(self.n_workers)  # the bound's range, checked as every substrate checks it
 
     @property
@@ -204,11 +205,9 @@ class SimConfig:
         return Protocol(self.protocol, self.staleness, self.backup_workers, self.timeout)
 
     @property
-    def rule(self) -> StepRule:
-        """The server's step rule: staleness-aware or not, and the accumulation factor lambda."""
-        if self.step_rule is not None:
-            return self.step_rule
-        return StepRule(self.staleness_aware_lr, self.accumulation)
+    def step_rule(self) -> StepRule:
+        """The server's step rule: ``rule``, or the built-in one (staleness-aware or not, accumulation lambda)."""
+        return self.rule if self.rule is not None else StepRule(self.staleness_aware, self.accumulation)
 
     @property
     def bound(self) -> float:
@@ -225,7 +224,7 @@ class SimConfig:
             base += f" b={self.backup_workers}"
         if self.timeout is not None:
             base += f" T={self.timeout:g}s"
-        if self.staleness_aware_lr:
+        if self.staleness_aware:
             base += " a0/tau"
         if self.compression and self.compression != "none":
             base += f" [{_name(self.compression)}]"
@@ -237,10 +236,10 @@ class SimConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-ready) of every field; plugged-in functions and rules by name."""
-        out = dataclasses.asdict(dataclasses.replace(self, read_rule=None, step_rule=None, compression=None))
+        out = dataclasses.asdict(dataclasses.replace(self, read_rule=None, rule=None, compression=None))
         out.update(compression=None if self.compression is None else _name(self.compression),
                    read_rule=None if self.read_rule is None else _name(self.read_rule),
-                   step_rule=None if self.step_rule is None else repr(self.step_rule))
+                   rule=None if self.rule is None else repr(self.rule))
         return out
 
 

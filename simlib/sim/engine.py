@@ -75,7 +75,7 @@ class _Run:
         self.w = problem.init_params()
         self.shards = problem.shards(cfg.n_workers)
         self.clocks = ClockTable(self.env, cfg.n_workers, cfg.proto, cfg.read_rule)
-        self.server = ParamServer(self.w, cfg.n_workers, cfg.proto, cfg.rule, clocks=self.clocks)
+        self.server = ParamServer(self.w, cfg.n_workers, cfg.proto, cfg.step_rule, clocks=self.clocks)
         self.trace = Trace(
             label=cfg.label,
             substrate="sim",

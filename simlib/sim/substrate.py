@@ -17,9 +17,14 @@ def config_for(protocol: Protocol, training: Training, **cluster: Any) -> SimCon
     """The SimConfig of a contract run: protocol and training fields, plus cluster fields."""
     return SimConfig(protocol=protocol, n_workers=training.n_workers, steps=training.steps,
                      batch_size=training.batch_size, lr=training.lr, eval_every=training.eval_every,
-                     seed=training.seed, staleness_aware_lr=training.rule.staleness_aware,
-                     accumulation=training.rule.accumulation,
-                     step_rule=None if type(training.rule) is StepRule else training.rule, **cluster)
+                     seed=training.seed, **_rule_fields(training.rule), **cluster)
+
+
+def _rule_fields(rule: StepRule) -> dict[str, Any]:
+    """SimConfig's rule fields: the built-in rule's switches, or a subclass as it is."""
+    if type(rule) is StepRule:
+        return {"staleness_aware": rule.staleness_aware, "accumulation": rule.accumulation}
+    return {"rule": rule}
 
 
 def refuse_lossy(cfg: SimConfig, name: str) -> None:
