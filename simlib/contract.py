@@ -176,6 +176,19 @@ def serial_reference(problem: Any, steps: int, batch_size: int, lr: float) -> An
     return w
 
 
+def new_trace(problem: Any, protocol: Protocol, training: Training, substrate: str, where: str,
+              unit: str = "worker", **meta: Any) -> Trace:
+    """A substrate's empty Trace: its label ("ssp(1) over pipes, 2 workers"), the problem's metric,
+    and the run's settings (protocol, steps, batch size, lr, and ``meta``) in ``trace.meta``."""
+    n = training.n_workers
+    trace = Trace(label=f"{protocol.label} {where}, {n} {unit}{'' if n == 1 else 'es' if unit.endswith('ch') else 's'}",
+                  substrate=substrate, n_workers=n, metric=getattr(problem, "metric", "loss"),
+                  lower_is_better=getattr(problem, "lower_is_better", True))
+    trace.meta.update(protocol=protocol.spec, steps=training.steps, batch_size=training.batch_size, lr=training.lr,
+                      **meta)
+    return trace
+
+
 @dataclass
 class Result:
     """What :func:`simlib.run` returns from every substrate: the trace, the final table, measurements."""

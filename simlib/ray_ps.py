@@ -59,10 +59,9 @@ import numpy as np
 from simlib import _validate as check
 from simlib import signals
 from simlib.compress import make_compressor
-from simlib.contract import ParamServer, Result, Training
+from simlib.contract import ParamServer, Result, Training, new_trace
 from simlib.diverged import check_metric
 from simlib.protocol import Protocol, StepRule
-from simlib.trace import Trace
 
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
 ACTOR_SHARE = 0.001  # of a node's 'server' / 'worker' resource per actor: a label, not a quota
@@ -450,13 +449,6 @@ def _check_options(problem: Any, protocol: Protocol, training: Training, n_serve
     if n_servers > 1 and training.rule.group_size(training.n_workers) != 1:
         raise ValueError("accumulation: averaging pushes over several server shards is not supported; "
                          "use n_servers=1")
-    if getattr(problem, "exact_deltas", False):
-        for name, value in (("backup_workers", protocol.backup_workers), ("timeout", protocol.timeout),
-                            ("compression", compression not in (None, "none") and compression)):
-            if value:
-                raise ValueError(f"{name}: {type(problem).__name__} needs every push applied whole (its counts "
-                                 "must match its assignments), so it runs without backup workers, deadlines "
-                                 "or compression")
     if compression is not None:
         make_compressor(compression, problem.n_params, np.random.default_rng(0))  # names a bad spec
     protocol.check_workers(training.n_workers)
@@ -628,11 +620,9 @@ def _cause(error: Any) -> str:
 
 def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, params: np.ndarray,
             spans: list[list[tuple]], updates: list, quality: list, wall: float, extra: dict) -> Result:
-    """The run's Trace and Result, in the format every substrate returns."""
-    n = training.n_workers
-    trace = Trace(label=f"{protocol.label} on Ray, {n} worker{'s' if n > 1 else ''}", substrate="ray",
-                  n_workers=n, metric=getattr(problem, "metric", "loss"),
-                  lower_is_better=getattr(problem, "lower_is_better", True))
+    """The run's trace and Result, in the format every substrate returns."""
+    trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=n_servers, wall_seconds=wall,
+                      substrate_detail="Ray actors: parameter-server shards and workers")
     for i, worker_spans in enumerate(spans):
         for kind, start, end, nbytes, step in worker_spans:
             trace.span(i, kind, start, end, nbytes, step)
@@ -640,8 +630,5 @@ def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int
         trace.update(*u)
     for t, step, value in quality:
         trace.record_quality(t, step, value)
-    trace.meta.update(substrate_detail="Ray actors: parameter-server shards and workers", protocol=protocol.spec,
-                      steps=training.steps, batch_size=training.batch_size, lr=training.lr, n_servers=n_servers,
-                      wall_seconds=wall)
     worker_seconds = max((s.end for s in trace.spans), default=0.0)
     return Result(trace, params, {"wall_seconds": wall, "worker_seconds": worker_seconds, **extra})

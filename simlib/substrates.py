@@ -86,6 +86,8 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         raise ValueError(f"rule must be a StepRule(...) instance (or a subclass's), got {type(rule).__name__}")
     elif given:
         raise ValueError(f"{sorted(given)[0]}: give it to the StepRule passed as rule=, not beside it")
+    if getattr(problem, "exact_deltas", False):
+        _refuse_lossy(problem, proto, options.get("compression"))
     if rule.staleness_aware and not linear_step(problem):
         raise ValueError(f"staleness_aware: {type(problem).__name__}'s updates are not gradient steps, "
                          "so they cannot be scaled by 1/tau")
@@ -93,3 +95,12 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
     proto.check_workers(training.n_workers)
     return runner(problem, proto, training, **options)
+
+
+def _refuse_lossy(problem: Any, protocol: Protocol, compression: Any) -> None:
+    """ValueError naming the setting that drops or bends pushes, for a problem whose deltas must all land."""
+    for name, value in (("backup_workers", protocol.backup_workers), ("timeout", protocol.timeout),
+                        ("compression", compression not in (None, "none") and compression)):
+        if value:
+            raise ValueError(f"{name}: {type(problem).__name__} needs every push applied whole (its counts must "
+                             "match its assignments), so it runs without backup workers, deadlines or compression")

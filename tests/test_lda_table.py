@@ -68,6 +68,15 @@ def test_configs_that_would_lose_counts_are_refused(synthetic, protocol, kw, fie
         _sim(synthetic, protocol, **kw)
 
 
+@pytest.mark.parametrize("substrate", ["pipes", "ray"])
+def test_the_real_servers_refuse_backup_workers_too(synthetic, substrate):
+    """Refused before any process or actor starts: the pipe server dropped the slowest push of a step
+    and the counts went negative, with no error."""
+    with pytest.raises(ValueError, match="backup_workers: LDAProblem needs every push applied whole"):
+        simlib.run(synthetic, Protocol("bsp", backup_workers=1), substrate=substrate,
+                   n_workers=3, steps=2)
+
+
 def test_bad_hyperparameters_name_the_field(synthetic):
     with pytest.raises(ValueError, match="n_topics"):
         LDAProblem(synthetic.corpus, 0)

@@ -24,10 +24,9 @@ from typing import Any
 import numpy as np
 
 from simlib.backend import get_xp, synchronize, to_numpy
-from simlib.contract import Result, Training
+from simlib.contract import Result, Training, new_trace
 from simlib.diverged import check_metric
 from simlib.protocol import Protocol
-from simlib.trace import Trace
 
 
 def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") -> Result:
@@ -39,9 +38,8 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
     n = training.n_workers
     shards = problem.shards(n)
     table = mod.asarray(problem.init_params())
-    trace = Trace(label=f"{protocol.label} on {'CuPy' if mod is not np else 'NumPy'}, {n} batch{'es' if n > 1 else ''}",
-                  substrate="gpu", n_workers=n, metric=getattr(problem, "metric", "loss"),
-                  lower_is_better=getattr(problem, "lower_is_better", True))
+    trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
+                      xp=mod.__name__)
     rule = training.rule
     t0 = time.perf_counter()
     trace.record_quality(0.0, 0, float(problem.quality(table)))
@@ -64,6 +62,4 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
             value = float(problem.quality(table))
             trace.record_quality(now, (c + 1) * n, value)
             check_metric(value, (c + 1) * n, problem, training.lr)
-    trace.meta.update(protocol=protocol.spec, xp=mod.__name__, steps=training.steps, batch_size=training.batch_size,
-                      lr=training.lr)
     return Result(trace, to_numpy(table), {"wall_seconds": time.perf_counter() - t0})

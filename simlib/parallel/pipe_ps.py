@@ -29,13 +29,12 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training
+from simlib.contract import ParamServer, Result, Training, new_trace
 from simlib.diverged import check_metric
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import current
 from simlib.protocol import Protocol
-from simlib.trace import Trace
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
 
@@ -106,9 +105,8 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         raw = group.trace
     wall = time.perf_counter() - started
     w, quality, updates = out[0]
-    trace = Trace(label=f"{protocol.label} over pipes, {n_workers} worker{'s' if n_workers > 1 else ''}",
-                  substrate="pipes", n_workers=n_workers, metric=getattr(problem, "metric", "loss"),
-                  lower_is_better=getattr(problem, "lower_is_better", True))
+    trace = new_trace(problem, protocol, training, "pipes", "over pipes", substrate_detail="pipe parameter server",
+                      wall_seconds=wall, start_method=group.start_method)
     for s in raw.spans:  # member 0 is the server; workers become 0 .. N-1 as in the simulator
         if s.worker > 0:
             trace.span(s.worker - 1, s.kind, s.start, s.end, s.nbytes, s.step)
@@ -116,9 +114,6 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         trace.update(*u)
     for t, step, value in quality:
         trace.record_quality(t, step, value)
-    trace.meta.update(substrate_detail="pipe parameter server", protocol=protocol.spec, steps=training.steps,
-                      batch_size=training.batch_size, lr=training.lr, wall_seconds=wall,
-                      start_method=group.start_method)
     worker_seconds = max((s.end for s in trace.spans), default=0.0)
     return Result(trace, w, {"wall_seconds": wall, "worker_seconds": worker_seconds})
 

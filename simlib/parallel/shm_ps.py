@@ -29,12 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from simlib.contract import Result, Training
+from simlib.contract import Result, Training, new_trace
 from simlib.diverged import check_metric
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import current
 from simlib.protocol import Protocol, may_read
-from simlib.trace import Trace
 
 _POLL = 5e-5  # seconds between looks at the clocks while the protocol holds a read back
 
@@ -68,12 +67,9 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         params = table.array.copy()
         raw = group.trace
     wall = time.perf_counter() - started
-    trace = Trace(label=f"{protocol.label} on shared memory, {n} worker{'s' if n > 1 else ''}", substrate="shm",
-                  n_workers=n, metric=getattr(problem, "metric", "loss"),
-                  lower_is_better=getattr(problem, "lower_is_better", True),
-                  spans=raw.spans, updates=raw.updates, quality=raw.quality)
-    trace.meta.update(protocol=protocol.spec, steps=training.steps, batch_size=training.batch_size, lr=training.lr,
-                      wall_seconds=wall, start_method=group.start_method)
+    trace = new_trace(problem, protocol, training, "shm", "on shared memory", wall_seconds=wall,
+                      start_method=group.start_method)
+    trace.spans, trace.updates, trace.quality = raw.spans, raw.updates, raw.quality
     return Result(trace, params, {"wall_seconds": wall})
 
 

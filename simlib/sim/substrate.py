@@ -27,22 +27,11 @@ def _rule_fields(rule: StepRule) -> dict[str, Any]:
     return {"rule": rule}
 
 
-def refuse_lossy(cfg: SimConfig, name: str) -> None:
-    """ValueError naming the field for settings that drop or bend pushes (a problem whose deltas must all land)."""
-    for field, value in (("backup_workers", cfg.backup_workers), ("timeout", cfg.timeout),
-                         ("compression", None if cfg.compression == "none" else cfg.compression)):
-        if value:
-            raise ValueError(f"{field}: {name} needs every push applied whole (its counts must match its "
-                             f"assignments), so it runs without backup workers, deadlines or compression")
-
-
 def run(problem: Any, protocol: Protocol, training: Training, **cluster: Any) -> Result:
     """Simulate ``problem`` under ``protocol``; ``cluster`` holds SimConfig's other fields."""
     bad = sorted(set(cluster) - set(SimConfig.__dataclass_fields__))
     if bad:
         raise ValueError(f"{bad[0]}: not an option of substrate 'sim' (see simlib.sim.SimConfig)")
     cfg = config_for(protocol, training, **cluster)
-    if getattr(problem, "exact_deltas", False):
-        refuse_lossy(cfg, type(problem).__name__)
     state = run_config(cfg, problem)
     return Result(state.trace, state.w, {"simulated_seconds": state.trace.makespan})
