@@ -14,7 +14,9 @@ Example::
 """
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -94,7 +96,25 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     shared = {f.name for f in fields(Training)} - {"rule"}
     training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
     proto.check_workers(training.n_workers)
+    _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
     return runner(problem, proto, training, **options)
+
+
+def _check_options(substrate: str, runner: Runner, options: dict[str, Any], shared: list[str]) -> None:
+    """ValueError naming an option ``runner`` does not take, with the ones it does (a bare TypeError otherwise)."""
+    try:
+        params = list(inspect.signature(runner).parameters.values())[3:]  # after problem, protocol, training
+    except (TypeError, ValueError):  # a callable without a signature: it answers for itself
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params):  # it checks its own (the simulator: SimConfig's fields)
+        return
+    own = [p.name for p in params]
+    for key in options:
+        if key not in own:
+            near = difflib.get_close_matches(key, own + shared, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"{key}: not an option of substrate {substrate!r}; {hint}its own options: "
+                             f"{', '.join(own) or 'none'}; shared by every substrate: {', '.join(shared)}")
 
 
 def _refuse_lossy(problem: Any, protocol: Protocol, compression: Any) -> None:

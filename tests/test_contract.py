@@ -227,5 +227,19 @@ def test_bad_problem_protocol_and_substrate_are_refused_by_name(tiny):
     check_problem(tiny)
 
 
+@pytest.mark.parametrize("substrate, option, message", [
+    ("sim", {"latncy": 1e-3}, "latncy: not an option of substrate 'sim'; did you mean 'latency'?"),
+    ("pipes", {"compression": "topk:0.1"}, "compression: not an option of substrate 'pipes'; its own options: "
+                                           "start_method, timeout, evaluate"),
+    ("shm", {"start_metod": "spawn"}, "start_metod: not an option of substrate 'shm'; did you mean 'start_method'?"),
+    ("gpu", {"n_worker": 2}, "n_worker: not an option of substrate 'gpu'; did you mean 'n_workers'?"),
+    ("ray", {"n_server": 2}, "n_server: not an option of substrate 'ray'; did you mean 'n_servers'?"),
+])
+def test_an_option_a_substrate_does_not_take_is_named_with_the_ones_it_does(tiny, substrate, option, message):
+    """Refused before any process, actor or device starts (it was a bare TypeError from the substrate's run)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        simlib.run(tiny, "bsp", substrate=substrate, n_workers=2, steps=2, **option)
+
+
 def test_registry_lists_the_built_in_substrates():
     assert {"sim", "pipes", "shm", "gpu"} <= set(substrates.names())

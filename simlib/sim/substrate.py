@@ -5,6 +5,7 @@ cluster fields (``latency``, ``bandwidth``, ``stragglers``, ``topology``, ``n_se
 """
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from simlib.contract import Result, Training
@@ -31,7 +32,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **cluster: Any) ->
     """Simulate ``problem`` under ``protocol``; ``cluster`` holds SimConfig's other fields."""
     bad = sorted(set(cluster) - set(SimConfig.__dataclass_fields__))
     if bad:
-        raise ValueError(f"{bad[0]}: not an option of substrate 'sim' (see simlib.sim.SimConfig)")
+        near = difflib.get_close_matches(bad[0], list(SimConfig.__dataclass_fields__), n=1)
+        raise ValueError(f"{bad[0]}: not an option of substrate 'sim'{f'; did you mean {near[0]!r}?' if near else ''}"
+                         " (its options are simlib.sim.SimConfig's fields)")
     cfg = config_for(protocol, training, **cluster)
     state = run_config(cfg, problem)
     return Result(state.trace, state.w, {"simulated_seconds": state.trace.makespan})
