@@ -17,8 +17,10 @@ def non_negative(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
-def positive_int(name: str, value: Any) -> None:
-    """Require an integer >= 1."""
+def positive_int(name: str, value: Any, most: int | None = None) -> None:
+    """Require an integer >= 1 (and <= ``most``)."""
+    if most is not None and (not _is_int(value) or not 1 <= value <= most):
+        raise ValueError(f"{name} must be an integer in [1, {most}], got {value!r}")
     if not _is_int(value) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 

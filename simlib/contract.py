@@ -105,9 +105,10 @@ class Training:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check.positive_int("n_workers", self.n_workers)
-        check.positive_int("steps", self.steps)
-        check.positive_int("batch_size", self.batch_size)
+        # the simulator's ranges (SimConfig): beyond them a run only exhausts memory or never ends
+        check.positive_int("n_workers", self.n_workers, most=10_000)
+        check.positive_int("steps", self.steps, most=1_000_000)
+        check.positive_int("batch_size", self.batch_size, most=10_000_000)
         check.positive("lr", self.lr)
         if not isinstance(self.rule, StepRule):
             raise ValueError(f"rule must be a StepRule(...), got {type(self.rule).__name__}")

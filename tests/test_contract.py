@@ -234,11 +234,14 @@ def test_bad_problem_protocol_and_substrate_are_refused_by_name(tiny):
     ("shm", {"start_metod": "spawn"}, "start_metod: not an option of substrate 'shm'; did you mean 'start_method'?"),
     ("gpu", {"n_worker": 2}, "n_worker: not an option of substrate 'gpu'; did you mean 'n_workers'?"),
     ("ray", {"n_server": 2}, "n_server: not an option of substrate 'ray'; did you mean 'n_servers'?"),
+    # the simulator's ranges hold on every substrate: a billion-row batch had the pipe workers killed for memory
+    ("pipes", {"batch_size": 10**9}, "batch_size must be an integer in [1, 10000000], got 1000000000"),
+    ("shm", {"steps": 10**7}, "steps must be an integer in [1, 1000000], got 10000000"),
 ])
-def test_an_option_a_substrate_does_not_take_is_named_with_the_ones_it_does(tiny, substrate, option, message):
+def test_an_option_a_substrate_does_not_take_or_out_of_range_is_named(tiny, substrate, option, message):
     """Refused before any process, actor or device starts (it was a bare TypeError from the substrate's run)."""
     with pytest.raises(ValueError, match=re.escape(message)):
-        simlib.run(tiny, "bsp", substrate=substrate, n_workers=2, steps=2, **option)
+        simlib.run(tiny, "bsp", substrate=substrate, **{"n_workers": 2, "steps": 2, **option})
 
 
 def test_registry_lists_the_built_in_substrates():
