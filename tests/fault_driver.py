@@ -137,13 +137,20 @@ def build(algorithm: str) -> Callable[..., Any]:
         return lambda n, *_: train(data, "hogwild", n_workers=2, epochs=n, chunk_rows=500, eval_rows=200,
                                monitor_every=0.05, timeout=TIMEOUT)
     if algorithm in ("lda-shm", "lda-pipe"):
-        from simlib.parallel.lda import train_parallel
         from simlib.problems.lda import make_synthetic_corpus
 
         corpus, _, _ = make_synthetic_corpus(n_docs=100, n_words=2_000, doc_length=50, seed=0)
-        transport = algorithm.split("-")[1]
+        if algorithm == "lda-pipe":  # the contract's pipe server running LDA's word-topic table
+            import simlib
+            from simlib.problems.lda_table import LDAProblem
+
+            problem = LDAProblem(corpus, 32)
+            return lambda n, *_: simlib.run(problem, "ssp:1", substrate="pipes", n_workers=2, steps=n,
+                                            timeout=TIMEOUT)
+        from simlib.parallel.lda import train_parallel
+
         return lambda n, *_: train_parallel(corpus, 32, n_sweeps=n, n_workers=2, protocol="ssp", staleness=1,
-                                        transport=transport, timeout=TIMEOUT, record_every=0.05)
+                                            timeout=TIMEOUT, record_every=0.05)
     if algorithm == "glove-count":
         from simlib.parallel.glove_count import count_parallel
 

@@ -160,7 +160,6 @@ CASES = {
     "lda one topic": (_lda(n_topics=1), "n_topics"),
     "lda unknown protocol": (_lda(protocol="ssp:x"), "protocol"),
     "lda staleness under bsp": (_lda(protocol="bsp", staleness=3), "staleness"),
-    "lda unknown transport": (_lda(transport="tcp"), "transport"),
     "lda corpus float word ids": (lambda: _corpus(words=np.full(100, 0.5)), "words"),
     "lda corpus ids past int32": (lambda: _corpus(words=np.full(100, 2**32 + 1)), "words"),
     "lda corpus float offsets": (lambda: _corpus(offsets=np.arange(11) * 10.0), "offsets"),

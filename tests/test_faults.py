@@ -26,7 +26,7 @@ import faultkit
 ALGORITHMS = [
     "hogwild",  # simlib.parallel.hogwild.train, shared memory
     "lda-shm",  # simlib.parallel.lda over shared memory
-    "lda-pipe",  # simlib.parallel.lda over pipes (a server thread in the parent)
+    "lda-pipe",  # LDAProblem on simlib.run(..., substrate="pipes"): the word-topic table on the pipe server
     "glove-hogwild",  # simlib.parallel.glove, shared memory
     "run-pipes",  # simlib.run(..., substrate="pipes"): the pipe parameter server
     "run-shm",  # simlib.run(..., substrate="shm"), where that substrate exists

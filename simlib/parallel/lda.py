@@ -13,13 +13,10 @@ their doc-topic counts, and keeps a *cached copy* of the table. One clock of a w
    compiled sweep of :mod:`simlib.problems.lda_gibbs`, updating the cache as it goes: AD-LDA);
 3. push its count deltas (cache minus what it pulled) and its clock.
 
-Two transports carry steps 2-3:
-
-* ``"shm"``: the table is a :class:`~simlib.parallel.SharedArray`; push adds the delta under a
-  lock, pull copies the table under the same lock.
-* ``"pipe"``: the table is an ordinary array in the parent, served by a thread; workers send
-  their non-zero deltas (flat index, value) through a counted pipe and receive back only the
-  rows of the words they hold. ``LDARun.bytes_moved`` is what crossed the pipes.
+The table is a :class:`~simlib.parallel.SharedArray`: push adds the delta under a lock, pull
+copies the table under the same lock. (For LDA over pipes, or on Ray, run
+:class:`~simlib.problems.lda_table.LDAProblem` through ``simlib.run(..., substrate="pipes")``:
+the contract's parameter server sends only the rows a worker's words touch.)
 
 Counts stay consistent: every push carries exactly the changes of the worker's own tokens, so
 after the final push the table equals the counts recomputed from all assignments (checked at
@@ -36,17 +33,14 @@ Example::
 """
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import wait
 from typing import Any
 
 import numpy as np
 from numba import njit
 
 from simlib import _validate as check
-from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import current
 from simlib.problems.lda import (
@@ -65,10 +59,8 @@ from simlib.protocol import Protocol, may_read
 from simlib.trace import Trace
 
 PROTOCOLS = ("bsp", "ssp", "async")  # as specs: 'bsp', 'ssp:S', 'async' (see simlib.protocol)
-TRANSPORTS = ("shm", "pipe")
 _POLL = 1e-4  # seconds between checks of the clock table while a worker waits
 _SNAPSHOT_WAIT = 0.05  # seconds the parent waits for the table lock before skipping a snapshot
-_JOIN_TIMEOUT = 2.0  # seconds shutdown waits for the pipe server thread after unblocking it
 
 
 @dataclass
@@ -81,7 +73,6 @@ class LDARun:
     n_k: np.ndarray  # the server's final topic totals
     table_clock: np.ndarray  # (n_workers, n_sweeps): clock m of the table each worker sampled against
     min_count: int  # smallest count any worker saw in its cache or the server's table
-    bytes_moved: int  # bytes through the pipes (0 for shared memory)
     tokens_per_s: float  # tokens sampled per wall second, first pull to last push
 
     @property
@@ -114,7 +105,7 @@ def _add_delta(table: np.ndarray, cache: np.ndarray, pulled: np.ndarray) -> int:
     return low
 
 
-# -- the two transports, worker side ---------------------------------------------------------
+# -- the worker's handle on the shared table ---------------------------------------------------
 class _ShmTable:
     """Worker's handle on the shared-memory server: pull copies the table, push adds a delta."""
 
@@ -149,55 +140,16 @@ class _ShmTable:
         return int(low), tau
 
 
-class _PipeTable:
-    """Worker's handle on the pipe server: deltas go out sparse, the worker's rows come back."""
-
-    def __init__(self, channel: Channel, words: np.ndarray):
-        self.channel = channel
-        self.words = words  # the rows this worker needs (its vocabulary)
-
-    def min_clock(self) -> int:
-        """Unknown locally: the server decides when to answer a pull."""
-        return -1
-
-    def pull(self, n_wk: np.ndarray, n_k: np.ndarray, was_wk: np.ndarray, was_k: np.ndarray) -> int:
-        """Ask for fresh rows (the server answers when the protocol allows); return the table's clock."""
-        self.channel.send(("pull",))
-        m = self.channel.recv()
-        n_wk[self.words] = was_wk[self.words] = self.channel.recv_array()
-        n_k[:] = was_k[:] = self.channel.recv_array()
-        return int(m)
-
-    def push(self, clock: int, n_wk: np.ndarray, n_k: np.ndarray, was_wk: np.ndarray, was_k: np.ndarray,
-             doc_ll: float) -> tuple[int, int]:
-        """Send the non-zero deltas as (flat index, value) and the clock; the server returns (minimum count, tau)."""
-        flat = (n_wk[self.words] - was_wk[self.words]).ravel()
-        pos = np.flatnonzero(flat)
-        # Flat indices into the full table: row words[pos // K], column pos % K.
-        K = n_wk.shape[1]
-        idx = (self.words[pos // K].astype(np.int64) * K + pos % K).astype(np.int32)
-        self.channel.send(("push", clock, doc_ll))
-        self.channel.send_array(idx)
-        self.channel.send_array(flat[pos])
-        self.channel.send_array(n_k - was_k)
-        low, tau = self.channel.recv()
-        return int(low), int(tau)
-
-
 def _worker(
     worker_id: int, n_workers: int, corpus: LDACorpus, bounds: np.ndarray, z0: np.ndarray, cfg: dict[str, Any],
-    shared: dict[str, Any], lock: Any, channels: list[Channel] | None,
+    shared: dict[str, Any], lock: Any,
 ) -> np.ndarray:
     """One AD-LDA worker: wait for a fresh enough table, pull, sweep its documents, push; return its z."""
     ctx = current()
     d0, d1 = int(bounds[worker_id]), int(bounds[worker_id + 1])
     shard = corpus.subset(np.arange(d0, d1))
     t0, t1 = int(corpus.offsets[d0]), int(corpus.offsets[d1])
-    words = np.unique(shard.words)
-    if channels is None:
-        table: Any = _ShmTable(shared, lock, worker_id)
-    else:
-        table = _PipeTable(channels[worker_id], words)
+    table = _ShmTable(shared, lock, worker_id)
     K, bound = cfg["n_topics"], cfg["bound"]
     n_wk = np.zeros((corpus.n_words, K), np.int32)
     n_k = np.zeros(K, np.int32)
@@ -210,14 +162,13 @@ def _worker(
         if fail_at is not None and fail_at == (worker_id, c):
             raise RuntimeError(f"injected failure in worker {worker_id} at clock {c}")
         start = time.perf_counter()
-        while channels is None and not may_read(c, table.min_clock(), bound):  # pipe: the server gates
+        while not may_read(c, table.min_clock(), bound):
             time.sleep(_POLL)
         gated = time.perf_counter()
         ctx.span("wait", start, gated, step=c)
         m = table.pull(n_wk, n_k, was_wk, was_k)
         got = time.perf_counter()
-        if channels is None:  # the pipe records its own recv spans (including the server's gating)
-            ctx.span("recv", gated, got, nbytes=n_wk.nbytes + n_k.nbytes, step=c)
+        ctx.span("recv", gated, got, nbytes=n_wk.nbytes + n_k.nbytes, step=c)
         if not may_read(c, m, bound):  # the invariant the protocol promises; fail loudly if it ever breaks
             raise RuntimeError(f"worker {worker_id} at clock {c} got a table of clock {m}, older than the bound {bound}")
         stamps[worker_id, c] = m
@@ -231,61 +182,9 @@ def _worker(
         top, tau = table.push(c + 1, n_wk, n_k, was_wk, was_k, doc_ll)
         ctx.update(c, staleness=tau, clock_lag=c - m)
         lowest = min(lowest, top)
-        if channels is None:
-            ctx.span("send", done, time.perf_counter(), nbytes=n_wk.nbytes + n_k.nbytes, step=c)
+        ctx.span("send", done, time.perf_counter(), nbytes=n_wk.nbytes + n_k.nbytes, step=c)
     shared["min_count"].array[worker_id] = lowest
     return state.z
-
-
-# -- the pipe server (a thread in the parent) ------------------------------------------------
-def _serve(
-    channels: list[Channel], n_wk: np.ndarray, n_k: np.ndarray, rows: list[np.ndarray], clock: np.ndarray,
-    doc_ll: np.ndarray, bound: float, n_sweeps: int, lock: threading.Lock, stop: threading.Event,
-    failed: list[BaseException],
-) -> None:
-    """Run :func:`_serve_loop`; keep any exception for the parent (a pipe to a dead worker breaks it)."""
-    try:
-        _serve_loop(channels, n_wk, n_k, rows, clock, doc_ll, bound, n_sweeps, lock, stop)
-    except BaseException as exc:  # noqa: BLE001 - reported by the parent's monitor or after the run
-        if not stop.is_set():
-            failed.append(exc)
-
-
-def _serve_loop(
-    channels: list[Channel], n_wk: np.ndarray, n_k: np.ndarray, rows: list[np.ndarray], clock: np.ndarray,
-    doc_ll: np.ndarray, bound: float, n_sweeps: int, lock: threading.Lock, stop: threading.Event,
-) -> None:
-    """Apply pushes, answer a pull at clock c once may_read(c, min(clock), bound), until every worker is done."""
-    waiting: dict[int, int] = {}  # worker -> clock it wants to start
-    version = 0  # pushes applied to the table so far
-    read_version = [0] * len(channels)
-
-    def answer(w: int) -> None:
-        m = int(clock.min())
-        read_version[w] = version
-        channels[w].send(m)
-        channels[w].send_array(n_wk[rows[w]])
-        channels[w].send_array(n_k)
-
-    while not stop.is_set() and clock.min() < n_sweeps:
-        for ch in wait(channels, timeout=0.05):
-            w = channels.index(ch)  # type: ignore[arg-type]
-            msg = ch.recv()
-            if msg[0] == "pull":
-                waiting[w] = int(clock[w])
-            else:
-                _, c, ll = msg
-                idx, vals, d_k = ch.recv_array(), ch.recv_array(), ch.recv_array()
-                with lock:
-                    n_wk.ravel()[idx] += vals  # indices are unique within one push
-                    n_k += d_k
-                    clock[w] = c
-                    doc_ll[w] = ll
-                tau, version = version - read_version[w], version + 1
-                ch.send((int(min(n_wk.min(), n_k.min())), tau))
-            for v in [v for v, c in waiting.items() if may_read(c, int(clock.min()), bound)]:
-                del waiting[v]
-                answer(v)
 
 
 def train_parallel(
@@ -297,7 +196,6 @@ def train_parallel(
     n_workers: int = 2,
     protocol: "str | Protocol" = "bsp",
     staleness: int = 0,
-    transport: str = "shm",
     kernel: str = "sparse",
     seed: int = 0,
     start_method: str | None = None,
@@ -324,7 +222,6 @@ def train_parallel(
     check.positive_int("n_sweeps", n_sweeps)
     check.positive_int("n_workers", n_workers)
     proto = parse_protocol(protocol, staleness)
-    check.one_of("transport", transport, TRANSPORTS)
     check.one_of("kernel", kernel, KERNELS)
     if record_every is not None:
         check.positive("record_every", record_every)
@@ -342,7 +239,7 @@ def train_parallel(
     cfg = dict(n_topics=K, alpha=float(alpha), beta=float(beta), n_sweeps=n_sweeps, bound=proto.bound,
                kernel=kernel, seed=seed, fail_at=fail_at, straggler=straggler,
                track=record_every is not None)
-    label = f"lda-{proto.spec.replace(':', '')}-{transport}-{n_workers}w"
+    label = f"lda-{proto.spec.replace(':', '')}-{n_workers}w"
     with WorkerGroup(n_workers, start_method, label=label) as group:
         shared = {
             "clock": group.zeros(n_workers, np.int64),
@@ -353,30 +250,22 @@ def train_parallel(
         }
         trace = group.trace
         trace.metric, trace.lower_is_better = "log_likelihood", False
-        trace.meta.update(protocol=proto.spec, staleness=proto.staleness, transport=transport, n_topics=K,
+        trace.meta.update(protocol=proto.spec, staleness=proto.staleness, n_topics=K,
                           n_tokens=corpus.n_tokens, n_sweeps=n_sweeps)
         doc_ll0 = [doc_log_likelihood(count_tables(corpus.subset(np.arange(bounds[w], bounds[w + 1])),
                                                    z0[corpus.offsets[bounds[w]]:corpus.offsets[bounds[w + 1]]], K)[0], alpha)
                    for w in range(n_workers)]
         shared["doc_ll"].array[:] = doc_ll0
-        server_lock = threading.Lock()
-        if transport == "shm":
-            shared["n_wk"], shared["n_k"] = group.copy_of(n_wk0), group.copy_of(n_k0)
-            lock, channels, server_ends = group.lock(), None, []
-            n_wk, n_k, clock = shared["n_wk"].array, shared["n_k"].array, shared["clock"].array
-        else:
-            pairs = [group.channel_pair() for _ in range(n_workers)]
-            server_ends, channels = [p[0] for p in pairs], [p[1] for p in pairs]
-            lock, n_wk, n_k, clock = None, n_wk0.copy(), n_k0.copy(), np.zeros(n_workers, np.int64)
-        doc_ll = shared["doc_ll"].array if transport == "shm" else np.array(doc_ll0)
+        shared["n_wk"], shared["n_k"] = group.copy_of(n_wk0), group.copy_of(n_k0)
+        lock = group.lock()
+        n_wk, n_k, clock, doc_ll = shared["n_wk"].array, shared["n_k"].array, shared["clock"].array, shared["doc_ll"].array
         last = [-1]
 
         def snapshot(now: float) -> None:
             """Record log p(w, z) of the pushed state whenever the slowest worker has moved on."""
-            guard = lock if lock is not None else server_lock
             # A worker killed while it held the lock never releases it: never wait long here, or
             # the parent would stop watching the workers and hang instead of reporting the death.
-            if not guard.acquire(timeout=_SNAPSHOT_WAIT):
+            if not lock.acquire(timeout=_SNAPSHOT_WAIT):
                 return
             try:
                 m = int(clock.min())
@@ -384,51 +273,24 @@ def train_parallel(
                     return
                 wk, k, dll = n_wk.copy(), n_k.copy(), float(doc_ll.sum())
             finally:
-                guard.release()
+                lock.release()
             last[0] = m
             trace.record_quality(now, m, word_log_likelihood(wk, k, beta) + dll)
 
         snapshot(0.0)
-        stop = threading.Event()
-        failed: list[BaseException] = []
-        server = None
-        if transport == "pipe":
-            rows = [np.unique(corpus.words[corpus.offsets[bounds[w]]:corpus.offsets[bounds[w + 1]]])
-                    for w in range(n_workers)]
-            server = threading.Thread(
-                target=_serve, name="lda-pipe-server",
-                args=(server_ends, n_wk, n_k, rows, clock, doc_ll, proto.bound, n_sweeps, server_lock, stop, failed),
-                daemon=True)
-            server.start()
-
-        def monitor(now: float) -> None:
-            """Fail the run as soon as the server thread has failed; record the likelihood."""
-            if failed:
-                raise RuntimeError(f"the LDA pipe server failed: {type(failed[0]).__name__}: {failed[0]}") from failed[0]
-            if record_every is not None:
-                snapshot(now)
-
-        try:
-            parts = group.run(_worker, corpus, bounds, z0, cfg, shared, lock, channels,
-                              monitor=monitor if server is not None or record_every is not None else None,
-                              monitor_every=record_every or 0.1, timeout=timeout)
-        finally:
-            stop.set()
-            _stop_server(server, channels, server_ends)
-        if failed:
-            raise RuntimeError(f"the LDA pipe server failed: {type(failed[0]).__name__}: {failed[0]}") from failed[0]
+        parts = group.run(_worker, corpus, bounds, z0, cfg, shared, lock,
+                          monitor=snapshot if record_every is not None else None,
+                          monitor_every=record_every or 0.1, timeout=timeout)
         z = np.concatenate(parts)
         table_clock = shared["table_clock"].array.copy()
         min_count = int(shared["min_count"].array.min())
         final_wk, final_k = n_wk.copy(), n_k.copy()
-        bytes_moved = sum(ch.bytes_sent + ch.bytes_received for ch in server_ends)
     n_dk, check_wk, check_k = count_tables(corpus, z, K)
     if not (np.array_equal(check_wk, final_wk) and np.array_equal(check_k, final_k)):
         raise RuntimeError("the server's table differs from the counts of the final assignments")
     trace.record_quality(group.now(), n_sweeps, log_likelihood(n_dk, final_wk, final_k, alpha, beta))
     wall = max(sp.end for sp in trace.spans) - min(sp.start for sp in trace.spans)
-    trace.meta["bytes_moved"] = bytes_moved
-    return LDARun(trace, z, final_wk, final_k, table_clock, min_count, bytes_moved, corpus.n_tokens * n_sweeps / wall)
+    return LDARun(trace, z, final_wk, final_k, table_clock, min_count, corpus.n_tokens * n_sweeps / wall)
 
 
 def parse_protocol(protocol: "str | Protocol", staleness: int = 0) -> Protocol:
@@ -447,21 +309,6 @@ def parse_protocol(protocol: "str | Protocol", staleness: int = 0) -> Protocol:
     return proto
 
 
-def _stop_server(server: threading.Thread | None, worker_ends: list[Channel] | None,
-                 server_ends: list[Channel]) -> None:
-    """Unblock and end the pipe server thread once the workers are gone; never wait on it for long."""
-    if worker_ends is not None:
-        # The workers are dead by now, so these are the last open copies of their pipe ends:
-        # closing them makes a send the server has blocked on fail (EPIPE) and a recv see EOF.
-        for ch in worker_ends:
-            ch.close()
-    if server is not None:
-        server.join(_JOIN_TIMEOUT)  # a daemon thread: if it still lingers it cannot keep the process alive
-    if server is None or not server.is_alive():
-        for ch in server_ends:
-            ch.close()
-
-
 def _warm_up(kernel: str) -> None:
     """Load the compiled sweep in the parent so forked workers start sampling at once."""
     from simlib.problems.lda import make_synthetic_corpus
@@ -474,4 +321,4 @@ def _warm_up(kernel: str) -> None:
         _add_delta(a, a.copy(), a.copy())
 
 
-__all__ = ["LDARun", "train_parallel", "PROTOCOLS", "TRANSPORTS"]
+__all__ = ["LDARun", "train_parallel", "PROTOCOLS"]
