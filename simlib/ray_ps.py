@@ -50,6 +50,7 @@ import copy
 import logging
 import os
 import signal
+import socket
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -315,6 +316,7 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address is not None:
+        _check_reachable(address)
         with _interruptible_start():
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return False
@@ -330,6 +332,22 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
             if attempt == START_ATTEMPTS - 1 or not isinstance(exc, Exception):
                 raise
     return True
+
+
+def _check_reachable(address: str, wait: float = 5.0) -> None:
+    """Refuse an address no process listens on: Ray itself retries such an address for minutes, in C,
+    deaf to Ctrl-C and SIGTERM meanwhile. ('auto' and 'ray://' client addresses are left to Ray.)"""
+    if address == "auto" or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
+                         f"got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=wait).close()
+    except OSError as e:
+        raise ConnectionError(f"ray: no Ray cluster answers at {address} ({e.strerror or e}); start one there "
+                              f"with 'ray start --head --port={port}', or check the address") from None
 
 
 @contextmanager

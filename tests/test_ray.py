@@ -6,6 +6,7 @@ test; each run starts its own actors on it and kills them at the end.
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -166,6 +167,17 @@ def test_bad_options_are_refused_by_name(tiny):
         simlib.run(tiny, "bsp", substrate="ray", compression="zip")
     with pytest.raises(ValueError, match="accumulation"):
         simlib.run(tiny, "bsp", substrate="ray", n_servers=2, accumulation=4)
+
+
+def test_an_address_no_cluster_answers_on_is_refused_at_once(tiny):
+    """Ray retried such an address for minutes, deaf to Ctrl-C and SIGTERM (a `timeout 300` did not end it)."""
+    with socket.socket() as s:  # a port nothing listens on: bound, then closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
+        simlib.run(tiny, "bsp", substrate="ray", address=f"127.0.0.1:{port}", n_workers=2, steps=2)
+    with pytest.raises(ValueError, match="address must be 'host:port'"):
+        simlib.run(tiny, "bsp", substrate="ray", address="head-node", n_workers=2, steps=2)
 
 
 def _kill_later(pid_of, delay: float):
