@@ -312,11 +312,19 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     """Connect to Ray; True if this call started a local instance (to be shut down after the run)."""
     import ray
 
+    named = address is not None and address != "auto" and "://" not in address
+    if named:
+        _check_format(address)
     if ray.is_initialized():
+        here = ray.get_runtime_context().gcs_address
+        if named and here.rpartition(":")[2] != address.rpartition(":")[2]:
+            raise ValueError(f"address: this process is already connected to the Ray cluster at {here}, not "
+                             f"{address}; call ray.shutdown() first, or leave address out to run there")
         return False
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address is not None:
-        _check_reachable(address)
+        if named:
+            _check_reachable(address)
         with _interruptible_start():
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return False
@@ -334,15 +342,17 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     return True
 
 
-def _check_reachable(address: str, wait: float = 5.0) -> None:
-    """Refuse an address no process listens on: Ray itself retries such an address for minutes, in C,
-    deaf to Ctrl-C and SIGTERM meanwhile. ('auto' and 'ray://' client addresses are left to Ray.)"""
-    if address == "auto" or "://" in address:
-        return
+def _check_format(address: str) -> None:
     host, sep, port = address.rpartition(":")
     if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
         raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
                          f"got {address!r}")
+
+
+def _check_reachable(address: str, wait: float = 5.0) -> None:
+    """Refuse an address no process listens on: Ray itself retries such an address for minutes, in C,
+    deaf to Ctrl-C and SIGTERM meanwhile."""
+    host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=wait).close()
     except OSError as e:

@@ -170,14 +170,36 @@ def test_bad_options_are_refused_by_name(tiny):
 
 
 def test_an_address_no_cluster_answers_on_is_refused_at_once(tiny):
-    """Ray retried such an address for minutes, deaf to Ctrl-C and SIGTERM (a `timeout 300` did not end it)."""
+    """Ray retried such an address for minutes, deaf to Ctrl-C and SIGTERM (a `timeout 300` did not end it).
+    In a fresh process: one connected to a cluster refuses another address (the next test)."""
     with socket.socket() as s:  # a port nothing listens on: bound, then closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(ConnectionError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
-        simlib.run(tiny, "bsp", substrate="ray", address=f"127.0.0.1:{port}", n_workers=2, steps=2)
-    with pytest.raises(ValueError, match="address must be 'host:port'"):
-        simlib.run(tiny, "bsp", substrate="ray", address="head-node", n_workers=2, steps=2)
+    driver = textwrap.dedent(f"""
+        import simlib
+        from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+        prob = LogisticProblem(make_sparse_classification(600, 60, 5, seed=1), eval_rows=None)
+        for address in ("127.0.0.1:{port}", "head-node"):
+            try:
+                simlib.run(prob, "bsp", substrate="ray", address=address, n_workers=2, steps=2)
+            except (ConnectionError, ValueError) as e:
+                print(type(e).__name__, e)
+    """)
+    done = subprocess.run([sys.executable, "-c", driver], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"ConnectionError ray: no Ray cluster answers at 127.0.0.1:{port}"), done.stdout
+    assert lines[1].startswith("ValueError address must be 'host:port'"), done.stdout
+
+
+def test_a_connected_driver_refuses_another_clusters_address(cluster, tiny):
+    """It used to run on the cluster it was connected to, ignoring the address it was given."""
+    other = int(cluster.address.rpartition(":")[2]) + 1
+    with pytest.raises(ValueError, match="address: this process is already connected to the Ray cluster at"):
+        simlib.run(tiny, "bsp", substrate="ray", address=f"127.0.0.1:{other}", n_workers=2, steps=2)
+    res = simlib.run(tiny, "bsp", substrate="ray", address=cluster.address, n_workers=2, steps=2)
+    assert len(res.trace.updates) == 4
 
 
 def _kill_later(pid_of, delay: float):
