@@ -65,6 +65,31 @@ def test_two_workers_lower_the_cost_and_record_it_per_epoch(cooc, mode):
     assert not my_segments() and not live_segments()
 
 
+@pytest.mark.parametrize("mode", ["hogwild", "model", "sync"])
+def test_forked_workers_never_compile_a_kernel(cooc, mode):
+    """The parent compiles every kernel a mode's workers call, with their argument types. Two workers
+    compiling at once on a fresh checkout (writing numba's cache together) died with SIGSEGV in CI.
+    With compiling switched off after the warm-up, forked workers needing a new signature would fail."""
+    from numba.core.registry import CPUDispatcher
+
+    import simlib.parallel.glove as pg
+    import simlib.problems.glove as problems_glove
+
+    pg._warm_up(mode, 2, GloveConfig(dim=16))
+    used = {"hogwild": [pg.adagrad_kernel], "model": [pg.partial_dots_kernel, pg.slice_update_kernel],
+            "sync": [pg.batch_gradient_kernel, pg.apply_summed_kernel]}[mode]
+    assert all(k.signatures for k in used)  # compiled in this process
+    kernels = [k for m in (pg, problems_glove) for k in vars(m).values()
+               if isinstance(k, CPUDispatcher) and k.signatures]  # compiled here (the others: never called)
+    for k in kernels:
+        k.disable_compile()
+    try:
+        run = train_parallel(cooc, GloveConfig(dim=16, epochs=1), n_workers=2, mode=mode, batch=1000)
+    finally:
+        for k in kernels:
+            k.disable_compile(False)
+    assert np.isfinite(run.costs).all()
+
 @pytest.mark.parametrize("mode", ["model", "sync"])
 def test_deterministic_modes_do_not_depend_on_worker_count(cooc, mode):
     # Model-parallel splits dimensions and sync sums gradients: the same arithmetic on 1 or 2 workers.

@@ -283,6 +283,62 @@ def _sync_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], p
 # -- the entry point ------------------------------------------------------------------------------
 
 
+class _Held:
+    """A plain array where a worker expects a SharedArray (``.array``)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+
+class _NoWait:
+    """A barrier that never waits: the warm-up runs the workers one after the other."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+_warmed: set[tuple[str, int]] = set()
+
+
+def _warm_up(mode: str, n_workers: int, config: GloveConfig) -> None:
+    """Compile ``mode``'s kernels in this process, with the argument types of a real run, before any fork.
+
+    NOTE: otherwise each forked worker compiled them itself; on a fresh checkout (no numba cache
+    yet) two workers compiling and writing the cache at once died with SIGSEGV (seen in CI, model
+    and sync modes). So the worker functions run here, one after the other, on a 7-entry problem
+    in batches of 2 (full and partial batches: both array layouts), with a group of one worker or
+    of two (1 and N > 1 give the same types).
+    """
+    n = min(n_workers, 2)
+    if (mode, n) in _warmed:
+        return
+    from simlib.parallel import worker
+
+    rng = np.random.default_rng(0)
+    rows, cols = rng.integers(0, 4, 7).astype(np.int32), rng.integers(0, 4, 7).astype(np.int32)
+    tiny = GloveConfig(dim=max(2, n), epochs=1, lr=config.lr, grad_clip=config.grad_clip)
+    logx, fx = entry_terms(np.ones(7, np.float32), tiny)
+    data = {k: _Held(v) for k, v in (("rows", rows), ("cols", cols), ("logx", logx), ("fx", fx))}
+    shapes = GloveParams.shapes(4, tiny.dim)
+    params = {k: _Held(np.zeros(shape, np.float32)) for k, shape in shapes.items()}
+    GloveParams.init(4, tiny, out={k: v.array for k, v in params.items()})
+    costs, batch = _Held(np.zeros((1, n))), 2
+    if mode == "hogwild":
+        fn, args = _hogwild_worker, (data, params, costs, tiny, _NoWait())
+    elif mode == "model":
+        fn, args = _model_worker, (data, params, costs, _Held(np.zeros((2, n, batch), np.float32)), tiny, batch, _NoWait())
+    else:
+        grads = {k: _Held(np.zeros((n, *shapes[k]), np.float32)) for k in ("W", "C", "bw", "bc")}
+        fn, args = _sync_worker, (data, params, costs, grads, tiny, batch, _NoWait())
+    try:
+        for w in range(n):
+            worker._install(worker.WorkerContext(w, n, 0.0))
+            fn(w, n, *args)
+    finally:
+        worker._install(None)
+    _warmed.add((mode, n))
+
+
 def epoch_seconds(trace: Trace, epochs: int) -> list[float]:
     """Wall time of each epoch: from the first span of that step to the last, over all workers."""
     out = []
@@ -303,6 +359,7 @@ def train_parallel(
     validate_training(cooc, config)
     if mode == "model" and n_workers > config.dim:
         raise ValueError(f"n_workers must be <= dim ({config.dim}) in model-parallel mode, got {n_workers}")
+    _warm_up(mode, n_workers, config)
     logx, fx = entry_terms(cooc.values, config)
     with WorkerGroup(n_workers, start_method, label=f"glove-{mode}") as group:
         data = {"rows": group.copy_of(cooc.rows), "cols": group.copy_of(cooc.cols),
