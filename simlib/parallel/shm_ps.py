@@ -32,6 +32,7 @@ import numpy as np
 from simlib.contract import Result, Training, new_trace
 from simlib.diverged import check_metric
 from simlib.parallel.group import WorkerGroup
+from simlib.parallel.pipe_ps import warm_up
 from simlib.parallel.worker import current
 from simlib.protocol import Protocol, may_read
 
@@ -48,6 +49,7 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
     n = training.n_workers
     shards = problem.shards(n)
+    warm_up(problem)  # the problem's kernels compiled here, once, not by every forked worker at the same time
     started = time.perf_counter()
     with WorkerGroup(n, start_method, label="shm table") as group:
         table = group.copy_of(np.asarray(problem.init_params(), dtype=np.float64))
