@@ -555,13 +555,23 @@ def _ctrl_c() -> Iterator[None]:
         _pressed = True
         raise KeyboardInterrupt
 
+    def quiet(unraisable: Any) -> None:
+        # A Ctrl-C that lands in a callback Python cannot raise from (numba's compiler calls back through
+        # ctypes; fork hooks) is printed as "Exception ignored ... Traceback" and dropped. It is
+        # remembered here, and check_interrupt raises it where it can be raised: nothing to print.
+        if not (_pressed and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            hook(unraisable)
+
     _pressed = False
-    previous = signal.signal(signal.SIGINT, handler)
+    previous, hook = signal.signal(signal.SIGINT, handler), sys.unraisablehook
+    sys.unraisablehook = quiet
     try:
         yield
     finally:
         if signal.getsignal(signal.SIGINT) is handler:
             signal.signal(signal.SIGINT, previous)
+        if sys.unraisablehook is quiet:
+            sys.unraisablehook = hook
 
 
 def check_interrupt() -> None:

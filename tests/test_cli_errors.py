@@ -163,3 +163,34 @@ def test_ctrl_c_at_any_moment_is_one_line_and_status_130(delay, tmp_path):
     assert proc.returncode == 130, (proc.returncode, err)
     assert err.splitlines()[-1:] == ["interrupted"] and "Traceback" not in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+# A Ctrl-C inside a ctypes callback, where Python cannot raise it (numba's compiler calls back through
+# ctypes while it compiles, which on a fresh checkout is the first seconds of a command).
+CTYPES_CALLBACK = r"""
+import ctypes, os, signal
+from simlib import cli
+
+@ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+def compare(a, b):
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(10_000):  # Python code: the handler runs here, inside the callback
+        pass
+    return 0
+
+with cli._ctrl_c():
+    items = (ctypes.c_int * 2)(2, 1)
+    ctypes.CDLL(None).qsort(items, 2, ctypes.sizeof(ctypes.c_int), compare)
+    try:
+        cli.check_interrupt()
+        print("lost")
+    except KeyboardInterrupt:
+        print("remembered")
+"""
+
+
+def test_a_ctrl_c_inside_a_ctypes_callback_is_remembered_without_a_traceback():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", CTYPES_CALLBACK], env=env, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "remembered"), proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
