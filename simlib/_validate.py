@@ -1,6 +1,7 @@
 """Validation at the boundary: every check raises ValueError naming the field and the allowed range."""
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any, Iterable
 
@@ -15,6 +16,12 @@ def non_negative(name: str, value: Any) -> None:
     """Require value >= 0 (and finite)."""
     if not _is_number(value) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def nearest(name: str, known: Iterable[str]) -> str:
+    """"did you mean 'x'?" for the known name closest to a misspelt ``name``, or ''."""
+    near = difflib.get_close_matches(name, list(known), n=1)
+    return f"did you mean {near[0]!r}?" if near else ""
 
 
 def positive_int(name: str, value: Any, most: int | None = None) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Protocol as TypingProtocol, runtime_checkable
 import numpy as np
 
 from simlib import _validate as check
-from simlib.protocol import Accumulator, Clocks, Protocol, StepRule
+from simlib.protocol import MAX_BATCH, MAX_STEPS, MAX_WORKERS, Accumulator, Clocks, Protocol, StepRule
 from simlib.trace import Trace
 
 PROBLEM_METHODS = ("init_params", "shards", "batch", "keys", "step", "quality", "work")
@@ -105,10 +105,9 @@ class Training:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        # the simulator's ranges (SimConfig): beyond them a run only exhausts memory or never ends
-        check.positive_int("n_workers", self.n_workers, most=10_000)
-        check.positive_int("steps", self.steps, most=1_000_000)
-        check.positive_int("batch_size", self.batch_size, most=10_000_000)
+        check.positive_int("n_workers", self.n_workers, most=MAX_WORKERS)
+        check.positive_int("steps", self.steps, most=MAX_STEPS)
+        check.positive_int("batch_size", self.batch_size, most=MAX_BATCH)
         check.positive("lr", self.lr)
         if not isinstance(self.rule, StepRule):
             raise ValueError(f"rule must be a StepRule(...), got {type(self.rule).__name__}")

@@ -37,6 +37,9 @@ from simlib import _validate as check
 
 KINDS = ("bsp", "ssp", "async")
 MAX_BOUND = 1_000_000  # larger bounds never bind in any run this library can hold: say async
+# A run's sizes on every substrate (the simulator's SimConfig and the contract's Training): beyond them a
+# run only exhausts memory or never ends.
+MAX_WORKERS, MAX_STEPS, MAX_BATCH = 10_000, 1_000_000, 10_000_000
 _SPEC = re.compile(r"^\s*(bsp|async|ssp)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*$", re.IGNORECASE)
 
 

@@ -14,12 +14,12 @@ Example::
 """
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Callable
 
+from simlib import _validate as check
 from simlib.protocol import Protocol, StepRule
 
 if TYPE_CHECKING:
@@ -111,8 +111,7 @@ def _check_options(substrate: str, runner: Runner, options: dict[str, Any], shar
     own = [p.name for p in params]
     for key in options:
         if key not in own:
-            near = difflib.get_close_matches(key, own + shared, n=1)
-            hint = f"did you mean {near[0]!r}? " if near else ""
+            hint = (check.nearest(key, own + shared) + " ").lstrip()
             raise ValueError(f"{key}: not an option of substrate {substrate!r}; {hint}its own options: "
                              f"{', '.join(own) or 'none'}; shared by every substrate: {', '.join(shared)}")
 

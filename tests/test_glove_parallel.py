@@ -75,7 +75,7 @@ def test_forked_workers_never_compile_a_kernel(cooc, mode):
     import simlib.parallel.glove as pg
     import simlib.problems.glove as problems_glove
 
-    pg._warm_up(mode, 2, GloveConfig(dim=16))
+    pg._warm_up(mode, 2)
     used = {"hogwild": [pg.adagrad_kernel], "model": [pg.partial_dots_kernel, pg.slice_update_kernel],
             "sync": [pg.batch_gradient_kernel, pg.apply_summed_kernel]}[mode]
     assert all(k.signatures for k in used)  # compiled in this process

@@ -300,7 +300,7 @@ class _NoWait:
 _warmed: set[tuple[str, int]] = set()
 
 
-def _warm_up(mode: str, n_workers: int, config: GloveConfig) -> None:
+def _warm_up(mode: str, n_workers: int) -> None:
     """Compile ``mode``'s kernels in this process, with the argument types of a real run, before any fork.
 
     NOTE: otherwise each forked worker compiled them itself; on a fresh checkout (no numba cache
@@ -316,7 +316,7 @@ def _warm_up(mode: str, n_workers: int, config: GloveConfig) -> None:
 
     rng = np.random.default_rng(0)
     rows, cols = rng.integers(0, 4, 7).astype(np.int32), rng.integers(0, 4, 7).astype(np.int32)
-    tiny = GloveConfig(dim=max(2, n), epochs=1, lr=config.lr, grad_clip=config.grad_clip)
+    tiny = GloveConfig(dim=max(2, n), epochs=1)
     logx, fx = entry_terms(np.ones(7, np.float32), tiny)
     data = {k: _Held(v) for k, v in (("rows", rows), ("cols", cols), ("logx", logx), ("fx", fx))}
     shapes = GloveParams.shapes(4, tiny.dim)
@@ -359,7 +359,7 @@ def train_parallel(
     validate_training(cooc, config)
     if mode == "model" and n_workers > config.dim:
         raise ValueError(f"n_workers must be <= dim ({config.dim}) in model-parallel mode, got {n_workers}")
-    _warm_up(mode, n_workers, config)
+    _warm_up(mode, n_workers)
     logx, fx = entry_terms(cooc.values, config)
     with WorkerGroup(n_workers, start_method, label=f"glove-{mode}") as group:
         data = {"rows": group.copy_of(cooc.rows), "cols": group.copy_of(cooc.cols),

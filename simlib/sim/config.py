@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from simlib import _validate as check
 from simlib.options import check_fields
 from simlib.protocol import KINDS as PROTOCOLS
-from simlib.protocol import Protocol, StepRule
+from simlib.protocol import MAX_BATCH, MAX_STEPS, MAX_WORKERS, Protocol, StepRule
 
 TOPOLOGIES = ("ps", "allreduce")
 JITTERS = ("none", "lognormal", "exponential")
@@ -17,7 +16,6 @@ COST_UNITS = ("nonzero", "sample")
 # Upper bounds keep every simulated time finite (steps x seconds stays far below 1e308) and every
 # run within what a laptop holds; the CLI checks memory-dependent sizes against the problem too.
 MAX_SECONDS = 1e6
-MAX_WORKERS = 10_000
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
@@ -30,9 +28,8 @@ def _reject_unknown(cls: type, kwargs: dict[str, Any]) -> None:
     known = {f.name for f in dataclasses.fields(cls)}
     for key in kwargs:
         if key not in known:
-            near = difflib.get_close_matches(key, known, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else f"; fields: {', '.join(sorted(known))}"
-            raise ValueError(f"{key}: not a field of {cls.__name__}{hint}")
+            hint = check.nearest(key, known) or f"fields: {', '.join(sorted(known))}"
+            raise ValueError(f"{key}: not a field of {cls.__name__}; {hint}")
 
 
 @dataclass(frozen=True)
@@ -103,8 +100,8 @@ class SimConfig:
     # The CLI takes protocols as one list (--protocols), so these two have no flag of their own.
     protocol: str = _f("bsp", "bsp, ssp (with staleness) or async", flag=None)
     staleness: int | None = _f(None, "SSP's staleness bound s (required for 'ssp')", flag=None, min=0)
-    steps: int = _f(100, "steps (clocks) per worker", min=1, max=1_000_000)
-    batch_size: int = _f(32, "rows per mini-batch", min=1, max=10_000_000)
+    steps: int = _f(100, "steps (clocks) per worker", min=1, max=MAX_STEPS)
+    batch_size: int = _f(32, "rows per mini-batch", min=1, max=MAX_BATCH)
     lr: float = _f(0.5, "learning rate (step size)", min=0, min_open=True, max=1e6)
     staleness_aware: bool = _f(False, "scale each update by 1/tau (tau: updates applied since its read)",
                                aliases=("--staleness-aware-lr",))

@@ -5,9 +5,9 @@ cluster fields (``latency``, ``bandwidth``, ``stragglers``, ``topology``, ``n_se
 """
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
+from simlib import _validate as check
 from simlib.contract import Result, Training
 from simlib.protocol import Protocol, StepRule
 from simlib.sim.config import SimConfig
@@ -32,8 +32,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **cluster: Any) ->
     """Simulate ``problem`` under ``protocol``; ``cluster`` holds SimConfig's other fields."""
     bad = sorted(set(cluster) - set(SimConfig.__dataclass_fields__))
     if bad:
-        near = difflib.get_close_matches(bad[0], list(SimConfig.__dataclass_fields__), n=1)
-        raise ValueError(f"{bad[0]}: not an option of substrate 'sim'{f'; did you mean {near[0]!r}?' if near else ''}"
+        hint = check.nearest(bad[0], SimConfig.__dataclass_fields__)
+        raise ValueError(f"{bad[0]}: not an option of substrate 'sim'{'; ' + hint if hint else ''}"
                          " (its options are simlib.sim.SimConfig's fields)")
     cfg = config_for(protocol, training, **cluster)
     state = run_config(cfg, problem)
