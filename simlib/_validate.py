@@ -53,26 +53,15 @@ def one_of(name: str, value: Any, allowed: Iterable[Any]) -> None:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) or _is_np_number(value)
+    return isinstance(value, float) or _is_int(value) or _is_numpy(value, "floating")
 
 
 def _is_int(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    try:
-        import numpy as np
-
-        return isinstance(value, np.integer)
-    except ImportError:  # pragma: no cover
-        return False
+    return isinstance(value, int) and not isinstance(value, bool) or _is_numpy(value, "integer")
 
 
-def _is_np_number(value: Any) -> bool:
-    try:
-        import numpy as np
+def _is_numpy(value: Any, kind: str) -> bool:
+    """isinstance(value, numpy.<kind>), importing NumPy only when asked (``simlib.protocol`` stays light)."""
+    import numpy as np
 
-        return isinstance(value, (np.integer, np.floating)) and not isinstance(value, np.bool_)
-    except ImportError:  # pragma: no cover
-        return False
+    return isinstance(value, getattr(np, kind))

@@ -64,16 +64,12 @@ def scatter_add(target: Any, index: Any, values: Any) -> None:
     versions before it). Neither waits for the device, so a loop of them stays queued.
     """
     xp = array_module(target)
-    if xp is np:
-        np.add.at(target, index, values)
-        return
-    at = getattr(xp.add, "at", None)  # pragma: no cover - needs a GPU
-    if at is None:  # pragma: no cover
+    if hasattr(xp.add, "at"):
+        xp.add.at(target, index, values)
+    else:  # pragma: no cover - CuPy before add.at
         import cupyx
 
         cupyx.scatter_add(target, index, values)
-    else:  # pragma: no cover
-        at(target, index, values)
 
 
 def segment_sum(index: Any, weights: Any, n: int) -> Any:
@@ -87,9 +83,7 @@ def segment_sum(index: Any, weights: Any, n: int) -> Any:
     if xp is np:
         return np.bincount(index, weights=weights, minlength=n)
     if weights is None:  # pragma: no cover - needs a GPU
-        out = xp.zeros(n, dtype=xp.int32)
-        scatter_add(out, index, xp.ones(index.shape, dtype=xp.int32))
-    else:  # pragma: no cover
-        out = xp.zeros(n, dtype=weights.dtype)
-        scatter_add(out, index, weights)
+        weights = xp.ones(index.shape, dtype=xp.int32)
+    out = xp.zeros(n, dtype=weights.dtype)
+    scatter_add(out, index, weights)
     return out

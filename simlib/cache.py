@@ -67,8 +67,7 @@ def cached_sgd(problem: Any, n_workers: int, steps: int, batch_size: int, lr: fl
         cache["value"][miss] = w[miss]
         cache["seen"][miss] = writes[miss]
         cache["own"][miss] = 0
-        hit = keys[cache["seen"][keys] >= 0]
-        hit = np.setdiff1d(hit, miss, assume_unique=True)
+        hit = np.setdiff1d(keys[cache["seen"][keys] >= 0], miss, assume_unique=True)
         reads += len(keys)
         hits += len(hit)
         pulled += len(miss)

@@ -47,9 +47,6 @@ def reveal(question: str, guess: Any, truth: Any, tolerance: float = 0.0) -> Non
     if guess is None:
         print(f"{question} The run says: {truth}. (Set your guess first to check it.)")
         return
-    if isinstance(truth, (int, float)) and isinstance(guess, (int, float)):
-        right = abs(guess - truth) <= tolerance
-    else:
-        right = guess == truth
-    mark = "✓ right" if right else "✗ not quite"
-    print(f"{question} You guessed {guess}; the run says {truth}: {mark}.")
+    numbers = isinstance(truth, (int, float)) and isinstance(guess, (int, float))
+    right = abs(guess - truth) <= tolerance if numbers else guess == truth
+    print(f"{question} You guessed {guess}; the run says {truth}: {'✓ right' if right else '✗ not quite'}.")

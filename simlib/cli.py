@@ -79,17 +79,13 @@ def _flag_of(field_name: str) -> str | None:
     """The flag of a configuration field named at the start of an error message."""
     if field_name in ("protocol", "staleness"):
         return None
-    for o in opts.options(SimConfig) + opts.options(ProblemSize):
-        if o.name == field_name:
-            return o.flag
-    return None
+    return next((o.flag for o in opts.options(SimConfig) + opts.options(ProblemSize) if o.name == field_name), None)
 
 
 def _refusal(exc: ValueError, default_flag: str) -> str:
     """'--flag: message' for a configuration error (the flag found from the field it names)."""
     msg = " ".join(str(exc).split())
-    field_name = msg.split(" ", 1)[0].rstrip(":,")
-    flag = _flag_of(field_name) or default_flag
+    flag = _flag_of(msg.split(" ", 1)[0].rstrip(":,")) or default_flag
     return f"{flag}: {msg}"
 
 
@@ -223,8 +219,7 @@ def _compare_parser(sub: Any) -> argparse.ArgumentParser:
 
 def _config_from(args: argparse.Namespace) -> SimConfig:
     """The base SimConfig (protocol BSP) of the parsed flags; CliError naming the flag if invalid."""
-    cluster, stragglers = _cluster_options()
-    values = opts.values(args, cluster + stragglers)
+    values = opts.values(args, opts.options(SimConfig))  # the flags compare did not add are skipped
     try:
         return SimConfig(**{**values, "stragglers": Stragglers(**values.pop("stragglers"))})
     except ValueError as exc:
@@ -234,25 +229,17 @@ def _config_from(args: argparse.Namespace) -> SimConfig:
 def compare_configs(args: argparse.Namespace) -> list[SimConfig]:
     """One validated config per protocol; a refusal says which protocols would work."""
     base = _config_from(args)
-    configs, refused = [], None
+    configs, ok, refused = [], [], None
     for p in args.protocols:
         try:
             configs.append(with_protocol(base, p.spec))  # the spec: the read rule, the flags keep the rest
+            ok.append(p.spec)
         except ValueError as exc:
             refused = refused or exc
     if refused is not None:
-        ok = [p.spec for p in args.protocols if _works(base, p)]
         fix = f"; use --protocols {','.join(ok)}" if ok else ""
         raise CliError(_refusal(refused, "--protocols") + fix)
     return configs
-
-
-def _works(base: SimConfig, p: Protocol) -> bool:
-    try:
-        with_protocol(base, p.spec)
-        return True
-    except ValueError:
-        return False
 
 
 def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
@@ -313,19 +300,18 @@ def _num(v: float, scale: float = 1.0) -> str:
     return f"{x:.2f}" if x == 0 or 0.01 <= abs(x) < 1e6 else f"{x:.3g}"
 
 
+_SCALES = {"ms": 1e3, "s": 1.0, "MB": 1e-6}  # a table unit -> the factor its values are shown with
+
+
 def _fmt(v: Any, unit: str = "") -> str:
     if v is None or (isinstance(v, float) and math.isnan(v) and unit != "loss"):
         return "never"
     if unit == "loss":
         return f"{v:.4g}" if math.isfinite(v) else "diverged"
-    if unit == "ms":
-        return _num(v, 1e3)
-    if unit == "s":
-        return _num(v)
+    if unit in _SCALES:
+        return _num(v, _SCALES[unit])
     if unit == "%":
         return f"{100 * v:.0f}%"
-    if unit == "MB":
-        return _num(v, 1e-6)
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
@@ -349,15 +335,14 @@ def format_table(rows: list[dict[str, Any]], target: float) -> str:
     ], rows)
 
 
-def _quiet_numerics() -> Any:
+@contextlib.contextmanager
+def _quiet_numerics() -> Iterator[None]:
     """Overflow in a diverging run is reported as 'diverged' in the table, not as NumPy warnings."""
     import numpy as np
 
-    stack = contextlib.ExitStack()
-    stack.enter_context(np.errstate(all="ignore"))
-    stack.enter_context(warnings.catch_warnings())
-    warnings.simplefilter("ignore", RuntimeWarning)
-    return stack
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -108,9 +108,8 @@ class Compressor:
     wire_format: str = ""
 
     def __init__(self, spec: str, n_params: int, rng: np.random.Generator, key_bytes: int = 4, value_bytes: int = 4):
-        check.positive_int("n_params", n_params)
-        check.positive_int("key_bytes", key_bytes)
-        check.positive_int("value_bytes", value_bytes)
+        for name, value in (("n_params", n_params), ("key_bytes", key_bytes), ("value_bytes", value_bytes)):
+            check.positive_int(name, value)
         self.spec = spec
         self.n_params = int(n_params)
         self.rng = rng
@@ -220,9 +219,7 @@ class TopK(Compressor):
 
     def n_keep(self, n_fresh: int) -> int:
         """k' = ceil(f * n_fresh) for a fraction f < 1, else the count f."""
-        if self.k < 1:
-            return math.ceil(self.k * n_fresh)
-        return int(self.k)
+        return math.ceil(self.k * n_fresh) if self.k < 1 else int(self.k)
 
     def encode(self, keys: Any, values: Any, n_fresh: int) -> Message:
         """Keep the largest |v_i|; V * k' + idx(k') bytes."""
@@ -306,23 +303,21 @@ def make_compressor(
 
     ``None`` means 'none'. Each worker needs its own instance (error feedback is per worker).
     """
-    name, arg = parse_spec("none" if spec is None else spec)
-    kw = dict(key_bytes=key_bytes, value_bytes=value_bytes)
     spec = "none" if spec is None else spec
+    name, arg = parse_spec(spec)
+    kw = dict(key_bytes=key_bytes, value_bytes=value_bytes)
     if name == "none":
         return NoCompression(spec, n_params, rng, **kw)
     if name == "sparse":
         return SparseEncoding(spec, n_params, rng, **kw)
     if name.startswith("onebit"):
         comp: Compressor = OneBit(spec, n_params, rng, **kw)
-        return ErrorFeedback(comp) if name.endswith("-ef") else comp
-    if name.startswith("qsgd"):
+    elif name.startswith("qsgd"):
         comp = StochasticQuantization(spec, n_params, rng, levels=int(arg or 1), **kw)
-        return ErrorFeedback(comp) if name.endswith("-ef") else comp
-    if name == "topk":
-        return ErrorFeedback(TopK(spec, n_params, rng, k=float(arg), **kw))  # type: ignore[arg-type]
-    if name == "topk-noef":
-        return TopK(spec, n_params, rng, k=float(arg), **kw)  # type: ignore[arg-type]
-    if name == "budget-random":
-        return ErrorFeedback(RandomBudget(spec, n_params, rng, budget=int(arg), **kw))  # type: ignore[arg-type]
-    return ErrorFeedback(ByteBudget(spec, n_params, rng, budget=int(arg), **kw))  # type: ignore[arg-type]
+    elif name.startswith("topk"):
+        comp = TopK(spec, n_params, rng, k=float(arg), **kw)  # type: ignore[arg-type]
+    else:
+        budget = RandomBudget if name == "budget-random" else ByteBudget
+        comp = budget(spec, n_params, rng, budget=int(arg), **kw)  # type: ignore[arg-type]
+    # Error feedback: opt-in for onebit and qsgd ('-ef'), the default for topk, always on for budget.
+    return ErrorFeedback(comp) if name.endswith("-ef") or name in ("topk", "budget", "budget-random") else comp

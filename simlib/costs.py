@@ -78,9 +78,7 @@ def data_parallel_step(work: float, n_workers: int, sync_bytes: float, latency: 
 def model_parallel_step(work: float, n_workers: int, exchange_bytes: float, latency: float, bandwidth: float,
                         speed: float) -> float:
     """work / (N speed) + ring all-reduce of the partial results (the parameters never move)."""
-    check.positive_int("n_workers", n_workers)
-    check.positive("speed", speed)
-    return work / (n_workers * speed) + ring_allreduce_time(n_workers, exchange_bytes, latency, bandwidth)
+    return data_parallel_step(work, n_workers, exchange_bytes, latency, bandwidth, speed)
 
 
 # -- parameter server against MapReduce ---------------------------------------------------------

@@ -43,7 +43,4 @@ def check_metric(value: Any, step: int, problem: Any, lr: float) -> None:
 
 def first_non_finite(points: Any) -> tuple[int, float] | None:
     """(step, value) of the first quality point whose value is not finite, or None."""
-    for p in points:
-        if not math.isfinite(p.value):
-            return p.step, p.value
-    return None
+    return next(((p.step, p.value) for p in points if not math.isfinite(p.value)), None)

@@ -26,9 +26,6 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-_SCALARS = (bool, int, float, str)
-
-
 @dataclass(frozen=True)
 class Option:
     """One configurable field: its dotted name, flag, type, default, help and allowed range."""
@@ -67,13 +64,10 @@ class Option:
             if value not in self.choices:
                 raise ValueError(f"{self.name} must be {self.range_text()}; got {value!r}")
             return
-        if self.type is bool:
-            if not isinstance(value, bool):
-                raise ValueError(f"{self.name} must be True or False, got {value!r}")
-            return
-        if self.type is str:
-            if not isinstance(value, str):
-                raise ValueError(f"{self.name} must be a string, got {value!r}")
+        if self.type in (bool, str):
+            if not isinstance(value, self.type):
+                what = "True or False" if self.type is bool else "a string"
+                raise ValueError(f"{self.name} must be {what}, got {value!r}")
             return
         what = "an integer" if self.type is int else "a finite number"
         if not (_is_int(value) if self.type is int else _is_number(value) and math.isfinite(value)) or not self._within(value):
@@ -87,14 +81,11 @@ class Option:
 
     def parse(self, text: str) -> Any:
         """A command-line string -> a checked value (ValueError naming the field otherwise)."""
-        if self.type in (int, float):
-            try:
-                value = int(text) if self.type is int else float(text)
-            except ValueError:
-                kind = "an integer" if self.type is int else "a number"
-                raise ValueError(f"{self.name} must be {kind} {self.range_text()}, got {text!r}") from None
-        else:
-            value = text
+        try:
+            value = self.type(text) if self.type in (int, float) else text
+        except ValueError:
+            kind = "an integer" if self.type is int else "a number"
+            raise ValueError(f"{self.name} must be {kind} {self.range_text()}, got {text!r}") from None
         self.check(value)
         return value
 
@@ -135,11 +126,6 @@ def check_fields(obj: Any, prefix: str = "") -> None:
             opt.check(getattr(obj, opt.name[len(prefix):]))
 
 
-def by_flag(opts: Iterable[Option]) -> dict[str, Option]:
-    """Flag -> option, for the options that have one."""
-    return {o.flag: o for o in opts if o.flag}
-
-
 def dest(opt: Option) -> str:
     """The argparse attribute name of an option: its dotted name with dots as '__'."""
     return opt.name.replace(".", "__")
@@ -150,7 +136,7 @@ def add_arguments(group: Any, opts: Iterable[Option], defaults: Any = None) -> N
     for opt in opts:
         if not opt.flag:
             continue
-        default = _get(defaults, opt.name) if defaults is not None else opt.default
+        default = functools.reduce(getattr, opt.name.split("."), defaults) if defaults is not None else opt.default
         flags = (opt.flag, *opt.aliases)
         rng = opt.range_text()
         if opt.type is bool:
@@ -192,12 +178,6 @@ def _argparse_type(opt: Option) -> Any:
 def _show(bound: float) -> str:
     """Bounds as a reader writes them: 10000, 1e+15, 0.5."""
     return str(bound) if isinstance(bound, int) else f"{bound:g}"
-
-
-def _get(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def _unwrap(hint: Any) -> tuple[Any, bool]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from simlib import _validate as check
@@ -83,7 +83,7 @@ class Protocol:
     def parse(cls, spec: "str | Protocol", **extra: Any) -> "Protocol":
         """'bsp' | 'async' | 'ssp:S' | 'SSP(S)' (or a Protocol, returned as is) -> Protocol."""
         if isinstance(spec, Protocol):
-            return spec if not extra else cls(spec.kind, spec.staleness, **{**spec._extras(), **extra})
+            return replace(spec, **extra) if extra else spec
         if not isinstance(spec, str):
             raise ValueError(f"protocol must be 'bsp', 'ssp:S' or 'async', got {spec!r}")
         m = _SPEC.match(spec)
@@ -98,9 +98,6 @@ class Protocol:
             raise ValueError(f"protocol: staleness must be <= {MAX_BOUND} (a larger bound never binds: use 'async'), "
                              f"got {spec!r}")
         return cls(kind, int(bound or 0), **extra)
-
-    def _extras(self) -> dict[str, Any]:
-        return {"backup_workers": self.backup_workers, "timeout": self.timeout}
 
     @property
     def bound(self) -> float:

@@ -63,8 +63,7 @@ def get(name: str) -> Runner:
         return _registered[name]
     if name not in BUILTIN:
         raise ValueError(f"substrate must be one of {', '.join(repr(n) for n in names())}; got {name!r}")
-    module = importlib.import_module(BUILTIN[name])
-    return module.run
+    return importlib.import_module(BUILTIN[name]).run
 
 
 def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", **options: Any) -> "Result":

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 SPAN_KINDS = ("compute", "send", "recv", "wait", "down")
@@ -103,19 +104,20 @@ class Trace:
         ends = [s.end for s in self.spans] + [u.time for u in self.updates] + [q.time for q in self.quality]
         return max(ends, default=0.0)
 
+    def _reached(self, target: float) -> QualityPoint | None:
+        """The first quality point at which the metric reaches ``target`` (<= for losses, >= otherwise)."""
+        return next((q for q in self.quality if (q.value <= target if self.lower_is_better else q.value >= target)),
+                    None)
+
     def time_to(self, target: float) -> float | None:
         """First time the metric reaches ``target`` (<= for losses, >= otherwise); None if never."""
-        for q in self.quality:
-            if (q.value <= target) if self.lower_is_better else (q.value >= target):
-                return q.time
-        return None
+        q = self._reached(target)
+        return None if q is None else q.time
 
     def steps_to(self, target: float) -> int | None:
         """First step count at which the metric reaches ``target``; None if never."""
-        for q in self.quality:
-            if (q.value <= target) if self.lower_is_better else (q.value >= target):
-                return q.step
-        return None
+        q = self._reached(target)
+        return None if q is None else q.step
 
     def busy_time(self, kind: str) -> float:
         """Total time all workers spent on spans of ``kind``."""
@@ -129,10 +131,9 @@ class Trace:
         # Per worker: time of its last update / its number of updates; async fast workers finish
         # early, so this (not makespan / steps) is what "time per step" means to a reader.
         last: dict[int, float] = {}
-        count: dict[int, int] = {}
         for u in self.updates:
             last[u.worker] = max(last.get(u.worker, 0.0), u.time)
-            count[u.worker] = count.get(u.worker, 0) + 1
+        count = Counter(u.worker for u in self.updates)
         per_worker = [last[w] / count[w] for w in count]
         worker_time = makespan * n
         waiting = self.busy_time("wait")
@@ -161,17 +162,9 @@ class Trace:
     # -- persistence -----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (lists of lists), loss-free for floats."""
-        return {
-            "label": self.label,
-            "substrate": self.substrate,
-            "n_workers": self.n_workers,
-            "metric": self.metric,
-            "lower_is_better": self.lower_is_better,
-            "spans": [list(s) for s in self.spans],
-            "updates": [list(u) for u in self.updates],
-            "quality": [list(q) for q in self.quality],
-            "meta": self.meta,
-        }
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update({k: [list(x) for x in d[k]] for k in ("spans", "updates", "quality")})
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Trace":

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as W
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from simlib import _validate as check
@@ -82,13 +83,6 @@ PANEL_CSS = """
 """
 
 
-def _image_canvas(fig: Figure) -> Any:
-    """An Agg canvas for ``fig``: the panel sends PNGs to an image the browser scales to fit."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    return FigureCanvasAgg(fig)
-
-
 class LivePanel:
     """The lecture panel: controls on the left, runs side by side on the right, play and export below.
 
@@ -128,8 +122,8 @@ class LivePanel:
         with style():
             self.fig = Figure(figsize=figsize, dpi=DPI)
         # An image, not an ipympl canvas: a canvas has a fixed pixel size (and a resize handle), an
-        # image scales with the browser window.
-        self.canvas = _image_canvas(self.fig)
+        # image scales with the browser window. The panel sends the Agg canvas's PNGs to it.
+        self.canvas = FigureCanvasAgg(self.fig)
         self._image = W.Image(format="png")
         self._image.add_class("simlib-figure")
         self._build()
@@ -150,9 +144,9 @@ class LivePanel:
     def _build(self) -> None:
         s = self.settings
         wide = {"style": {"description_width": "8.5em"}}
-        self.c_workers = W.IntSlider(s.n_workers, min=1, max=64, description="workers", continuous_update=False, **wide)
-        self.c_steps = W.IntSlider(s.steps, min=10, max=1000, step=10, description="steps", continuous_update=False,
-                                   **wide)
+        slider = {"continuous_update": False, **wide}  # a slider re-runs when released, not while dragged
+        self.c_workers = W.IntSlider(s.n_workers, min=1, max=64, description="workers", **slider)
+        self.c_steps = W.IntSlider(s.steps, min=10, max=1000, step=10, description="steps", **slider)
         self.c_protocols = {p: W.ToggleButton(value=p in s.protocols, description=PROTOCOL_NAMES[p],
                                               layout=W.Layout(width="7.5em")) for p in PROTOCOLS}
         self.c_protocols["ssp"].description = f"SSP({s.staleness})"
@@ -160,26 +154,22 @@ class LivePanel:
             # A chosen protocol is drawn in the accent colour: the default grey pressed state is hard to see projected.
             b.button_style = "primary" if b.value else ""
             b.observe(lambda ch: setattr(ch["owner"], "button_style", "primary" if ch["new"] else ""), names="value")
-        self.c_staleness = W.IntSlider(s.staleness, min=0, max=20, description="staleness s", continuous_update=False,
-                                       **wide)
+        self.c_staleness = W.IntSlider(s.staleness, min=0, max=20, description="staleness s", **slider)
         self.c_staleness.observe(lambda ch: setattr(self.c_protocols["ssp"], "description", f"SSP({ch['new']})"),
                                  names="value")
         self.c_straggler = W.Dropdown(options=STRAGGLERS, value=s.straggler, description="stragglers", **wide)
-        self.c_severity = W.FloatSlider(s.severity, min=1.0, max=10.0, step=0.5, description="severity (x)",
-                                        continuous_update=False, **wide)
+        self.c_severity = W.FloatSlider(s.severity, min=1.0, max=10.0, step=0.5, description="severity (x)", **slider)
         self.c_latency = W.FloatLogSlider(s.latency, base=10, min=-6, max=-1, step=0.25, description="latency (s)",
-                                          readout_format=".1e", continuous_update=False, **wide)
+                                          readout_format=".1e", **slider)
         self.c_bandwidth = W.FloatLogSlider(s.bandwidth, base=10, min=6, max=11, step=0.25,
-                                            description="bandwidth (B/s)", readout_format=".1e",
-                                            continuous_update=False, **wide)
+                                            description="bandwidth (B/s)", readout_format=".1e", **slider)
         self.c_topology = W.ToggleButtons(options=[(v, k) for k, v in TOPOLOGY_NAMES.items()], value=s.topology,
                                           description="topology", style={"description_width": "8.5em",
                                                                           "button_width": ""})
-        self.c_servers = W.IntSlider(s.n_servers, min=1, max=8, description="PS shards", continuous_update=False,
-                                     **wide)
+        self.c_servers = W.IntSlider(s.n_servers, min=1, max=8, description="PS shards", **slider)
         self.c_compression = W.Dropdown(options=COMPRESSIONS, value=s.compression, description="compression",
                                         **wide)
-        self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", continuous_update=False, **wide)
+        self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", **slider)
         self.c_large = W.ToggleButton(False, description="projector mode",
                                       tooltip="24 px controls and a sharper figure, for a full-screen browser on a projector")
         self.c_large.observe(self._on_large, names="value")
@@ -325,11 +315,8 @@ class LivePanel:
 
     def _show_progress(self, gen: int, frac: float, label: str, elapsed: float) -> None:
         """Show the progress bar once a run has taken a moment."""
-        if gen != self._gen or elapsed < self.progress_after:
-            return
-        self.progress.layout.visibility = "visible"
-        self.progress.value = frac
-        self.progress.description = f"{label}"
+        if gen == self._gen and elapsed >= self.progress_after:
+            self._show_bar(frac, label)
 
     def _done(self, fut: concurrent.futures.Future, gen: int, t0: float) -> None:
         """The worker thread finished: draw if this is still the newest run."""
@@ -337,12 +324,10 @@ class LivePanel:
             return
         self.progress.layout.visibility = "hidden"
         exc = fut.exception()
-        if isinstance(exc, Superseded):
-            return
-        if exc is not None:
+        if exc is None:
+            self._finish_draw(fut.result(), t0)
+        elif not isinstance(exc, Superseded):
             self._show_error(exc)
-            return
-        self._finish_draw(fut.result(), t0)
 
     def _show_error(self, exc: BaseException) -> None:
         """Say what is wrong in the status line instead of drawing."""
@@ -367,10 +352,8 @@ class LivePanel:
         """Redraw the figure from ``self.traces``."""
         if not self.traces:
             return
-        t_end = max(t.makespan for t in self.traces) or 1.0
         with style():
-            self.reveal = draw_runs(self.fig, self.traces, window=t_end * self.c_window.value / 100,
-                                    max_workers=self.rows())
+            self.reveal = draw_runs(self.fig, self.traces, window=self._window(), max_workers=self.rows())
         self._show_frame(self.time_slider.value)  # the moment the slider shows (during Play too)
 
     def _show(self, frame: int) -> None:
@@ -382,16 +365,17 @@ class LivePanel:
                                                       "simlib:time": repr(t)}, pil_kwargs={"compress_level": 1})
         self._image.value = buf.getvalue()
 
+    def _window(self) -> float:
+        """Seconds of simulated time the timelines show: the zoom slider's share of the longest run."""
+        return (max(t.makespan for t in self.traces) or 1.0) * self.c_window.value / 100
+
     def rows(self) -> int:
         """Timeline rows drawn: every worker of the run (the workers slider goes to 64)."""
         return max((t.n_workers for t in self.traces), default=1)
 
     def _on_large(self, change: dict[str, Any]) -> None:
         """Projector mode: 24 px control text (a CSS class) and a figure with more pixels."""
-        if change["new"]:
-            self.widget.add_class("simlib-projector")
-        else:
-            self.widget.remove_class("simlib-projector")
+        (self.widget.add_class if change["new"] else self.widget.remove_class)("simlib-projector")
         self.fig.set_dpi(PROJECTOR_DPI if change["new"] else DPI)
         self._draw()
 
@@ -483,13 +467,12 @@ class LivePanel:
             folder = self.export_dir or tempfile.mkdtemp(prefix="simlib-live-export-")
             path = os.path.join(folder, "live-animation.html")
         path = os.path.abspath(path)
-        t_end = max(t.makespan for t in self.traces) or 1.0
-        traces, window, rows = list(self.traces), t_end * self.c_window.value / 100, self.rows()
+        traces, window, rows = list(self.traces), self._window(), self.rows()
         loop = self._loop
 
         def progress(frac: float) -> None:
             if loop is not None and not wait:
-                loop.call_soon_threadsafe(self._show_export_progress, frac)
+                loop.call_soon_threadsafe(self._show_bar, frac, "export")
 
         def work() -> str:
             return export_animation(traces, path, frames=frames, window=window, max_workers=rows, progress=progress)
@@ -498,14 +481,15 @@ class LivePanel:
             self._export_done(work())
             return path
         self.export_button.disabled = True
-        self._show_export_progress(0.0)
+        self._show_bar(0.0, "export")
         fut = self._export_executor.submit(work)
         fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._export_finished, f))
         return path
 
-    def _show_export_progress(self, frac: float) -> None:
+    def _show_bar(self, frac: float, label: str) -> None:
+        """Show the progress bar at ``frac``, labelled with what it measures (a run, or the export)."""
         self.progress.layout.visibility = "visible"
-        self.progress.description = "export"
+        self.progress.description = label
         self.progress.value = frac
 
     def _export_finished(self, fut: concurrent.futures.Future) -> None:

@@ -23,12 +23,11 @@ from typing import Any
 
 from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from simlib.sim import SimConfig, Stragglers, simulate
+from simlib.sim import TOPOLOGIES, SimConfig, Stragglers, simulate
 from simlib.trace import Trace
 
 PROTOCOLS = ("bsp", "ssp", "async")
 STRAGGLERS = ("none", "slow worker", "jitter", "pauses", "failure")
-TOPOLOGIES = ("ps", "allreduce")
 COMPRESSIONS = ("none", "topk:0.01", "qsgd:4", "onebit-ef")  # specs of simlib.compress the panel offers
 
 

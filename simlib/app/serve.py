@@ -43,12 +43,9 @@ LIVE_NOTEBOOK_CELLS: list[tuple[str, str]] = [
 
 def live_notebook_json() -> dict:
     """The live notebook as nbformat-4 JSON, without outputs."""
-    cells = []
-    for i, (kind, source) in enumerate(LIVE_NOTEBOOK_CELLS):
-        cell: dict = {"cell_type": kind, "id": f"live-{i}", "metadata": {}, "source": source.splitlines(keepends=True)}
-        if kind == "code":
-            cell.update(execution_count=None, outputs=[])
-        cells.append(cell)
+    cells = [{"cell_type": kind, "id": f"live-{i}", "metadata": {}, "source": source.splitlines(keepends=True),
+              **({"execution_count": None, "outputs": []} if kind == "code" else {})}  # a code cell has no outputs yet
+             for i, (kind, source) in enumerate(LIVE_NOTEBOOK_CELLS)]
     return {
         "cells": cells,
         "metadata": {
@@ -65,8 +62,7 @@ def default_notebook() -> Path:
     here = Path(__file__).resolve().parents[2] / "lessons" / "live.ipynb"
     if here.is_file():
         return here
-    folder = Path(tempfile.mkdtemp(prefix="simlib-live-"))
-    path = folder / "live.ipynb"
+    path = Path(tempfile.mkdtemp(prefix="simlib-live-")) / "live.ipynb"
     path.write_text(json.dumps(live_notebook_json(), indent=1), encoding="utf-8")
     return path
 
@@ -112,11 +108,9 @@ def build_command(args: argparse.Namespace) -> list[str]:
                f"--MappingKernelManager.cull_idle_timeout={CULL_IDLE_S}",
                f"--MappingKernelManager.cull_interval={CULL_INTERVAL_S}",
                "--MappingKernelManager.cull_connected=False"]
-        if args.no_browser:
-            cmd.append("--no-browser")
-        return cmd
-    cmd = [sys.executable, "-m", "jupyter", "lab", str(notebook), f"--ip={HOST}", f"--port={port}",
-           f"--ServerApp.root_dir={notebook.parent}"]
+    else:
+        cmd = [sys.executable, "-m", "jupyter", "lab", str(notebook), f"--ip={HOST}", f"--port={port}",
+               f"--ServerApp.root_dir={notebook.parent}"]
     if args.no_browser:
         cmd.append("--no-browser")
     return cmd

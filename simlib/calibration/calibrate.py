@@ -69,6 +69,8 @@ KERNEL_UNITS = {
 # Below this CPU share per process (1.0 = a whole core) the machine counts as busy: measurements and
 # forecasts then move with what the other programs do, from one second to the next.
 BUSY_SHARE = 0.9
+# Calibration's fields keyed by a count (processes, parties): JSON keeps those keys as strings.
+_BY_COUNT = ("process_start", "barrier_cost", "cpu_share")
 
 
 # -- a measured quantity ---------------------------------------------------------------------
@@ -103,11 +105,6 @@ class Spread:
     def iqr(self) -> float:
         """Interquartile range q75 - q25."""
         return self.q75 - self.q25
-
-    @property
-    def rel_iqr(self) -> float:
-        """IQR / median: the spread as a fraction of the value."""
-        return self.iqr / self.median if self.median else math.nan
 
 
 @dataclass(frozen=True)
@@ -245,9 +242,8 @@ class Calibration:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (integer keys become strings)."""
         d = asdict(self)
-        d["process_start"] = {str(n): v for n, v in d["process_start"].items()}
-        d["barrier_cost"] = {str(n): v for n, v in d["barrier_cost"].items()}
-        d["cpu_share"] = {str(n): v for n, v in d["cpu_share"].items()}
+        for key in _BY_COUNT:
+            d[key] = {str(n): v for n, v in d[key].items()}
         return d
 
     @classmethod
@@ -257,17 +253,12 @@ class Calibration:
         return cls(
             kernels={name: KernelCost(k["unit"], sp(k["per_unit"]), sp(k["overhead"]), sp(k["contention"]))
                      for name, k in d["kernels"].items()},
-            pipe_latency=sp(d["pipe_latency"]),
-            pipe_bandwidth=sp(d["pipe_bandwidth"]),
             pipe_sizes=tuple(int(s) for s in d["pipe_sizes"]),
             pipe_times=tuple(float(t) for t in d["pipe_times"]),
-            process_start={int(n): sp(v) for n, v in d["process_start"].items()},
-            shm_copy_bandwidth=sp(d["shm_copy_bandwidth"]),
-            lock_cost=sp(d["lock_cost"]),
-            barrier_cost={int(n): sp(v) for n, v in d["barrier_cost"].items()},
-            cpu_share={int(n): sp(v) for n, v in d["cpu_share"].items()},
             pipe_share=float(d["pipe_share"]),
             context=dict(d.get("context", {})),
+            **{k: {int(n): sp(v) for n, v in d[k].items()} for k in _BY_COUNT},
+            **{k: sp(d[k]) for k in ("pipe_latency", "pipe_bandwidth", "shm_copy_bandwidth", "lock_cost")},
             **{k: sp(d[k]) for k in ("ps_step", "ps_warmup", "shm_first_touch", "shm_setup", "bsp_step") if k in d},
         )
 
@@ -353,8 +344,7 @@ def _fmt_bytes(n: int) -> str:
 # -- fitting ---------------------------------------------------------------------------------
 def fit_line(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """(intercept a, slope b) of y ~ a + b x minimising sum(((a + b x - y) / y)^2): relative error."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
+    x, y = (np.asarray(v, dtype=np.float64) for v in (x, y))
     if x.shape != y.shape or x.size < 2:
         raise ValueError("x and y must be equal-length sequences of at least 2 points")
     if np.any(y <= 0):
@@ -599,7 +589,6 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
 
     # Kernels: a 20 k x 20 k problem (20 nonzeros per row) is the parameter servers' default size.
     prob = kernel_problem(quick)
-    data = prob.data
     n_dense = 100_000 if quick else 200_000
     warm_up(prob)
     with WorkerGroup(2, start_method, label="calibrate") as group:
@@ -607,7 +596,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             "problem": prob,
             "dense_problems": [_dense_problem(n_dense // k) for k in (8, 2, 1)],
             "w_apply": np.zeros(n_dense),
-            "shared_w": group.zeros(data.n_features),
+            "shared_w": group.zeros(prob.data.n_features),
             "grads": np.random.default_rng(0).standard_normal((2, n_dense // 2)),
         }
         raw = group.run(_kernels_member, cache, repeats, calls, group.barrier())

@@ -122,31 +122,28 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
     """The simulated twin of ``w`` on ``n_workers``, priced by ``cal`` (see the module doc)."""
     check.positive_int("n_workers", n_workers)
     busy = min(n_workers, 2)
-    both = busy >= 2
     b = w.batch_size(n_workers)
     if w.substrate == "pipe_ps":
         prob = workload_problem(w)
         push_bytes = 12 * len(prob.keys(prob.batch(prob.shards(n_workers)[0], 0, b)))  # (int32 key, float64 grad)
         cfg = _pipe_ps_config(cal, busy, n_workers, w.steps, b, w.lr, push_bytes)
-        cfg = cfg.replace(compute_overhead=cfg.compute_overhead + pipe_ps_residual(cal))
+        overhead = cfg.compute_overhead + pipe_ps_residual(cal)
         if w.dense:
-            dense = cal.compute_time("ps_dense", w.n_features, busy)
-            cfg = cfg.replace(compute_overhead=cfg.compute_overhead + dense)
-        return cfg
+            overhead += cal.compute_time("ps_dense", w.n_features, busy)
+        return cfg.replace(compute_overhead=overhead)
+    shard = w.n_rows // n_workers
     if w.substrate == "hogwild":
-        shard = w.n_rows // n_workers
         chunks = -(-shard // w.global_batch)
         return cal.sim_config("hogwild_sgd", busy=busy, n_workers=n_workers, protocol="async",
                               steps=chunks * w.epochs, batch_size=w.global_batch, lr=w.lr, latency=0.0,
                               bandwidth=FREE_BANDWIDTH, eval_every=chunks * w.epochs)
     # bsp_shm
-    shard = w.n_rows // n_workers
     steps = -(-shard // b) * w.epochs
     feature = cal.unit_time("bsp_apply", busy)
     cfg = cal.sim_config("bsp_grad", busy=busy, n_workers=n_workers, protocol="bsp", topology="allreduce",
                          steps=steps, batch_size=b, lr=w.lr, value_bytes=8, eval_every=steps)
     sync = bsp_sync(cal, n_workers)
-    if both:
+    if busy >= 2:
         # The ring's 2(N-1) = 2 latencies are one sync; its 2(N-1)/N = 1 pass over the model's
         # bytes (8 a feature) stands for each worker's apply over its half of the features.
         return cfg.replace(latency=sync / 2, bandwidth=2 * 8.0 / feature)
@@ -257,10 +254,9 @@ def measure(w: Workload, n_workers: int) -> tuple[float, Trace]:
         from simlib.parallel.hogwild import train
 
         mode = "hogwild" if w.substrate == "hogwild" else "bsp"
-        res = train(prob.data if not isinstance(prob, DenseKeys) else prob.inner.data, mode, n_workers=n_workers,
-                    lr=w.lr, l2=1e-4, epochs=w.epochs, batch_size=w.batch_size(n_workers),
-                    chunk_rows=w.global_batch, monitor_every=10.0, eval_rows=min(2_000, w.n_rows), seed=w.seed)
-        trace = res.trace
+        trace = train(prob.data if not isinstance(prob, DenseKeys) else prob.inner.data, mode, n_workers=n_workers,
+                      lr=w.lr, l2=1e-4, epochs=w.epochs, batch_size=w.batch_size(n_workers),
+                      chunk_rows=w.global_batch, monitor_every=10.0, eval_rows=min(2_000, w.n_rows), seed=w.seed).trace
     trace.label = f"{w.name}, {n_workers} worker{'s' if n_workers > 1 else ''} (measured)"
     return last_span_end(trace), trace
 
@@ -301,15 +297,9 @@ class Comparison:
 
     def load_warnings(self, threshold: float = BUSY_SHARE) -> list[str]:
         """One line per measurement taken on a busy machine: the calibration, then each workload's runs."""
-        out = []
-        note = self.calibration.busy_note(threshold)
-        if note:
-            out.append(f"calibration: {note}")
-        for name, share in self.loads.items():
-            note = busy_note(share, threshold)
-            if note:
-                out.append(f"{name}: {note}")
-        return out
+        notes = [("calibration", self.calibration.busy_note(threshold))]
+        notes += [(name, busy_note(share, threshold)) for name, share in self.loads.items()]
+        return [f"{name}: {note}" for name, note in notes if note]
 
     def speedups(self, workload: str) -> dict[str, dict[int, float]]:
         """{'predicted': {n: seconds}, 'measured': {n: seconds}} for plot_speedup."""
@@ -373,8 +363,7 @@ def compare(
         for n in workers:
             pred, ptrace = predict(w, n, cal_w)
             runs = sorted(times[n], key=lambda x: x[0])
-            secs = [t for t, _ in runs]
-            q25, med, q75 = np.percentile(secs, [25, 50, 75])
+            q25, med, q75 = np.percentile([t for t, _ in runs], [25, 50, 75])
             out.rows.append(Row(w.name, w.substrate, n, pred, float(med), float(q25), float(q75), repeats))
             out.predicted[(w.name, n)] = ptrace
             out.measured[(w.name, n)] = runs[len(runs) // 2][1]
@@ -399,8 +388,8 @@ def plot_comparison(result: Comparison, workload: str, n_workers: int = 2) -> An
                   title=f"predicted: {row.predicted * 1e3:.0f} ms (sim, start-up not drawn)")
     plot_timeline(meas, ax=axes[1], t_max=t_max, arrows=False, barriers=False,
                   title=f"measured: {row.measured * 1e3:.0f} ms ({row.error:+.0%} error)")
-    plot_speedup(result.speedups(workload), ax=axes[2])
     sp = result.speedups(workload)
+    plot_speedup(sp, ax=axes[2])
     if 1 in sp["measured"] and n_workers in sp["measured"]:
         axes[2].set_title(f"speed-up on {n_workers}: predicted {sp['predicted'][1] / sp['predicted'][n_workers]:.2f}x, "
                           f"measured {sp['measured'][1] / sp['measured'][n_workers]:.2f}x")

@@ -72,9 +72,7 @@ def _open_text(path: str | Path) -> IO[str]:
     return open(path, encoding="utf-8", errors="replace")
 
 
-def iter_text_file(
-    path: str | Path, max_doc_tokens: int = 100_000, chunk_chars: int = 1 << 20
-) -> Iterator[list[str]]:
+def iter_text_file(path: str | Path, max_doc_tokens: int = 100_000, chunk_chars: int = 1 << 20) -> Iterator[list[str]]:
     """Stream documents from a (possibly gzipped) text file: one per line, cut at ``max_doc_tokens``.
 
     The file is read ``chunk_chars`` characters at a time, so memory stays bounded even for a file

@@ -12,16 +12,10 @@ from __future__ import annotations
 import gzip
 import re
 import subprocess
-from pathlib import Path
+
+from simlib.data.corpus import KJV_PATH as OUT, tokenize
 
 _HEADER = re.compile(r"^([1-3]?\s?[A-Z][A-Za-z ]*?) (\d+)$")
-_TOKEN = re.compile(r"[a-z]+(?:'[a-z]+)*")
-OUT = Path(__file__).with_name("kjv.txt.gz")
-
-
-def tokenize(text: str) -> list[str]:
-    """Lowercase ``text`` and return its word tokens (letters with inner apostrophes)."""
-    return _TOKEN.findall(text.lower())
 
 
 def split_chapters(raw: str) -> list[tuple[str, str]]:

@@ -195,5 +195,4 @@ def train_batched(cooc: Cooccurrence, config: GloveConfig, batch: int = 8192,
         for start in range(0, cooc.nnz, batch):
             total += adagrad_batch(arrays, rows, cols, logx, fx, order[start:start + batch], eta, clip)
         costs.append(float(total) / cooc.nnz)
-    out = GloveParams(*(to_numpy(a) for a in arrays))
-    return out, costs
+    return GloveParams(*(to_numpy(a) for a in arrays)), costs

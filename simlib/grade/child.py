@@ -135,9 +135,7 @@ def write_frame(fd: int, obj: dict[str, Any]) -> None:
 
 def describe(exc: BaseException) -> str:
     """'Type: message', shortened; no traceback, so hidden test code is never echoed."""
-    text = f"{type(exc).__name__}: {exc}".strip()
-    if text.endswith(":"):
-        text = text[:-1]
+    text = f"{type(exc).__name__}: {exc}".strip().removesuffix(":")
     return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " ..."
 
 

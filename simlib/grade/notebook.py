@@ -19,7 +19,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
 BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
@@ -101,12 +101,8 @@ def dump(nb: dict[str, Any]) -> str:
 
 def parts(nb: dict[str, Any]) -> list[Part]:
     """The graded parts, in notebook order."""
-    out = []
-    for cell in nb["cells"]:
-        m = meta(cell)
-        if m.get("grade"):
-            out.append(Part(str(m["grade_id"]), float(m.get("points", 0)), "manual" if is_manual(cell) else "tests"))
-    return out
+    return [Part(str(meta(c)["grade_id"]), float(meta(c).get("points", 0)), "manual" if is_manual(c) else "tests")
+            for c in nb["cells"] if meta(c).get("grade")]
 
 
 def assignment_number(path: Path | str) -> int:
@@ -172,25 +168,24 @@ def student_version(master: dict[str, Any], number: int) -> dict[str, Any]:
     return nb
 
 
+def _student_files(solutions: Path | str, assignments: Path | str) -> Iterator[tuple[Path, str]]:
+    """(assignments/NN-name.ipynb, its student notebook's JSON) for every solutions/NN-name.ipynb."""
+    for master_path in sorted(Path(solutions).glob("[0-9]*.ipynb")):
+        student = student_version(load(master_path), assignment_number(master_path))
+        yield Path(assignments) / master_path.name, dump(student)
+
+
 def generate_all(solutions: Path | str, assignments: Path | str) -> list[Path]:
     """Write assignments/NN-name.ipynb for every solutions/NN-name.ipynb; returns the files written."""
-    solutions, assignments = Path(solutions), Path(assignments)
     written = []
-    for master_path in sorted(solutions.glob("[0-9]*.ipynb")):
-        student = student_version(load(master_path), assignment_number(master_path))
-        target = assignments / master_path.name
+    for target, text in _student_files(solutions, assignments):
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(dump(student), encoding="utf-8")
+        target.write_text(text, encoding="utf-8")
         written.append(target)
     return written
 
 
 def out_of_date(solutions: Path | str, assignments: Path | str) -> list[str]:
     """Names of student notebooks missing or differing from what :func:`generate_all` would write."""
-    stale = []
-    for master_path in sorted(Path(solutions).glob("[0-9]*.ipynb")):
-        want = dump(student_version(load(master_path), assignment_number(master_path)))
-        target = Path(assignments) / master_path.name
-        if not target.exists() or target.read_text(encoding="utf-8") != want:
-            stale.append(master_path.name)
-    return stale
+    return [target.name for target, text in _student_files(solutions, assignments)
+            if not target.exists() or target.read_text(encoding="utf-8") != text]

@@ -240,11 +240,10 @@ class Child:
         self.proc.wait()
         self.kill()  # orphans re-parented when the child itself died
         self._watcher.join()
-        for f in (self.proc.stdin,):
-            try:
-                f.close()
-            except OSError:
-                pass
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
         os.close(self.results)
         self.log.close()
 

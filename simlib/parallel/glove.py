@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 from numba import njit
@@ -297,6 +298,25 @@ class _NoWait:
         return 0
 
 
+def _worker_call(mode: str, zeros: Callable[..., Any], copy_of: Callable[[np.ndarray], Any], entries: tuple,
+                 n_words: int, config: GloveConfig, n_workers: int, batch: int, barrier: Any) -> tuple[Callable, tuple]:
+    """``mode``'s worker function and its arguments, on arrays made by ``zeros(shape, dtype)`` and ``copy_of``.
+
+    ``entries`` is (rows, cols, logx, fx); the arguments start (data, params, costs, ...).
+    """
+    data = {k: copy_of(v) for k, v in zip(("rows", "cols", "logx", "fx"), entries)}
+    shapes = GloveParams.shapes(n_words, config.dim)
+    params = {k: zeros(shape, np.float32) for k, shape in shapes.items()}
+    GloveParams.init(n_words, config, out={k: v.array for k, v in params.items()})
+    costs = zeros((config.epochs, n_workers), np.float64)
+    if mode == "hogwild":
+        return _hogwild_worker, (data, params, costs, config, barrier)
+    if mode == "model":
+        return _model_worker, (data, params, costs, zeros((2, n_workers, batch), np.float32), config, batch, barrier)
+    grads = {k: zeros((n_workers, *shapes[k]), np.float32) for k in ("W", "C", "bw", "bc")}
+    return _sync_worker, (data, params, costs, grads, config, batch, barrier)
+
+
 _warmed: set[tuple[str, int]] = set()
 
 
@@ -317,19 +337,8 @@ def _warm_up(mode: str, n_workers: int) -> None:
     rng = np.random.default_rng(0)
     rows, cols = rng.integers(0, 4, 7).astype(np.int32), rng.integers(0, 4, 7).astype(np.int32)
     tiny = GloveConfig(dim=max(2, n), epochs=1)
-    logx, fx = entry_terms(np.ones(7, np.float32), tiny)
-    data = {k: _Held(v) for k, v in (("rows", rows), ("cols", cols), ("logx", logx), ("fx", fx))}
-    shapes = GloveParams.shapes(4, tiny.dim)
-    params = {k: _Held(np.zeros(shape, np.float32)) for k, shape in shapes.items()}
-    GloveParams.init(4, tiny, out={k: v.array for k, v in params.items()})
-    costs, batch = _Held(np.zeros((1, n))), 2
-    if mode == "hogwild":
-        fn, args = _hogwild_worker, (data, params, costs, tiny, _NoWait())
-    elif mode == "model":
-        fn, args = _model_worker, (data, params, costs, _Held(np.zeros((2, n, batch), np.float32)), tiny, batch, _NoWait())
-    else:
-        grads = {k: _Held(np.zeros((n, *shapes[k]), np.float32)) for k in ("W", "C", "bw", "bc")}
-        fn, args = _sync_worker, (data, params, costs, grads, tiny, batch, _NoWait())
+    fn, args = _worker_call(mode, lambda shape, dtype: _Held(np.zeros(shape, dtype)), _Held,
+                            (rows, cols, *entry_terms(np.ones(7, np.float32), tiny)), 4, tiny, n, 2, _NoWait())
     try:
         for w in range(n):
             worker._install(worker.WorkerContext(w, n, 0.0))
@@ -362,27 +371,13 @@ def train_parallel(
     _warm_up(mode, n_workers)
     logx, fx = entry_terms(cooc.values, config)
     with WorkerGroup(n_workers, start_method, label=f"glove-{mode}") as group:
-        data = {"rows": group.copy_of(cooc.rows), "cols": group.copy_of(cooc.cols),
-                "logx": group.copy_of(logx), "fx": group.copy_of(fx)}
-        shapes = GloveParams.shapes(cooc.n_words, config.dim)
-        params = {name: group.zeros(shape, np.float32) for name, shape in shapes.items()}
-        GloveParams.init(cooc.n_words, config, out={k: v.array for k, v in params.items()})
-        costs = group.zeros((config.epochs, n_workers), np.float64)
-        barrier = group.barrier()
-        if mode == "hogwild":
-            args: tuple = (data, params, costs, config, barrier)
-            fn = _hogwild_worker
-        elif mode == "model":
-            partials = group.zeros((2, n_workers, batch), np.float32)
-            args, fn = (data, params, costs, partials, config, batch, barrier), _model_worker
-        else:
-            grads = {name: group.zeros((n_workers, *shapes[name]), np.float32) for name in ("W", "C", "bw", "bc")}
-            args, fn = (data, params, costs, grads, config, batch, barrier), _sync_worker
+        fn, args = _worker_call(mode, group.zeros, group.copy_of, (cooc.rows, cooc.cols, logx, fx), cooc.n_words,
+                                config, n_workers, batch, group.barrier())
+        params, costs = args[1], args[2]
         group.run(fn, *args, timeout=timeout)
         trace = group.trace
         trace.meta.update(mode=mode, nnz=cooc.nnz, dim=config.dim, epochs=config.epochs, batch=batch)
         result = GloveParams(**{k: params[k].array.copy() for k in GloveParams.ARRAYS})
         per_epoch = costs.array.sum(axis=1) if mode != "model" else costs.array[:, 0].copy()
-        seconds = epoch_seconds(trace, config.epochs)
-        return GloveRun(params=result, costs=(per_epoch / cooc.nnz).tolist(), epoch_seconds=seconds,
-                        nnz=cooc.nnz, trace=trace, mode=mode, n_workers=n_workers)
+        return GloveRun(params=result, costs=(per_epoch / cooc.nnz).tolist(), nnz=cooc.nnz, trace=trace, mode=mode,
+                        n_workers=n_workers, epoch_seconds=epoch_seconds(trace, config.epochs))

@@ -119,16 +119,8 @@ class WorkerGroup:
             group.trace.summary()
     """
 
-    def __init__(
-        self,
-        n_workers: int,
-        start_method: str | None = None,
-        *,
-        verbose: bool = False,
-        label: str = "parallel",
-        poll_interval: float = 0.05,
-        grace: float = 1.0,
-    ):
+    def __init__(self, n_workers: int, start_method: str | None = None, *, verbose: bool = False,
+                 label: str = "parallel", poll_interval: float = 0.05, grace: float = 1.0):
         check.positive_int("n_workers", n_workers)
         if start_method is not None:
             check.one_of("start_method", start_method, START_METHODS)
@@ -179,15 +171,9 @@ class WorkerGroup:
         return 0.0 if self.t0 is None else time.perf_counter() - self.t0
 
     # -- running ---------------------------------------------------------------------------
-    def run(
-        self,
-        fn: Callable[..., Any],
-        *args: Any,
-        worker_args: Sequence[tuple[Any, ...]] | None = None,
-        monitor: Callable[[float], None] | None = None,
-        monitor_every: float = 0.1,
-        timeout: float | None = None,
-    ) -> list[Any]:
+    def run(self, fn: Callable[..., Any], *args: Any, worker_args: Sequence[tuple[Any, ...]] | None = None,
+            monitor: Callable[[float], None] | None = None, monitor_every: float = 0.1,
+            timeout: float | None = None) -> list[Any]:
         """Run ``fn(worker_id, n_workers, *args, *worker_args[worker_id])`` in every worker; results in order.
 
         ``monitor(seconds_since_start)`` is called in the parent about every ``monitor_every``
@@ -237,14 +223,8 @@ class WorkerGroup:
                 r.close()
             trap.restore()
 
-    def _collect(
-        self,
-        readers: list[Connection],
-        monitor: Callable[[float], None] | None,
-        monitor_every: float,
-        timeout: float | None,
-        trap: "_Trap",
-    ) -> list[Any]:
+    def _collect(self, readers: list[Connection], monitor: Callable[[float], None] | None, monitor_every: float,
+                 timeout: float | None, trap: "_Trap") -> list[Any]:
         """Wait for every worker's message, failing fast on an error, a death, a signal or the deadline."""
         results: list[Any] = [None] * self.n_workers
         pending = set(range(self.n_workers))
@@ -259,10 +239,8 @@ class WorkerGroup:
             for i in sorted(pending):
                 if readers[i] not in ready and procs[i].sentinel not in ready:
                     continue
-                message = None
                 try:
-                    if readers[i].poll():
-                        message = readers[i].recv()
+                    message = readers[i].recv() if readers[i].poll() else None
                 except (EOFError, OSError):
                     message = None
                 if message is None:
@@ -414,14 +392,8 @@ class _Trap:
             signal.signal(signum, h)
 
 
-def run_workers(
-    fn: Callable[..., Any],
-    n_workers: int,
-    *args: Any,
-    start_method: str | None = None,
-    verbose: bool = False,
-    **run_kwargs: Any,
-) -> tuple[list[Any], Trace]:
+def run_workers(fn: Callable[..., Any], n_workers: int, *args: Any, start_method: str | None = None,
+                verbose: bool = False, **run_kwargs: Any) -> tuple[list[Any], Trace]:
     """One-shot: a :class:`WorkerGroup` that runs ``fn`` once and closes; returns (results, trace)."""
     with WorkerGroup(n_workers, start_method, verbose=verbose) as group:
         results = group.run(fn, *args, **run_kwargs)

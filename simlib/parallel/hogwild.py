@@ -90,20 +90,8 @@ class _Config:
     decay: str = "lazy"
 
 
-def validate(
-    data: Any,
-    mode: str,
-    n_workers: int,
-    lr: float,
-    l2: float,
-    epochs: int,
-    batch_size: int,
-    chunk_rows: int,
-    monitor_every: float,
-    w0: Any,
-    decay: str = "lazy",
-    start_method: str | None = None,
-) -> None:
+def validate(data: Any, mode: str, n_workers: int, lr: float, l2: float, epochs: int, batch_size: int, chunk_rows: int,
+             monitor_every: float, w0: Any, decay: str = "lazy", start_method: str | None = None) -> None:
     """Check every argument; raise ValueError naming the field before any process starts."""
     if not isinstance(data, SparseDataset):
         raise ValueError(f"data must be a SparseDataset, got {type(data).__name__}")
@@ -170,17 +158,9 @@ def train(
     started = time.perf_counter()
     warm_up()
     problem = LogisticProblem(data, l2=l2, eval_rows=eval_rows, seed=seed)
-    cfg = _Config(
-        mode=mode,
-        lr=float(lr),
-        l2=float(l2),
-        epochs=int(epochs),
-        chunk_rows=int(chunk_rows),
-        batch_size=int(batch_size),
-        shards=tuple(problem.shards(n_workers)),
-        n_features=data.n_features,
-        decay=decay,
-    )
+    cfg = _Config(mode=mode, lr=float(lr), l2=float(l2), epochs=int(epochs), chunk_rows=int(chunk_rows),
+                  batch_size=int(batch_size), shards=tuple(problem.shards(n_workers)), n_features=data.n_features,
+                  decay=decay)
     w_init = np.zeros(data.n_features) if w0 is None else np.asarray(w0, dtype=np.float64)
     if mode == "serial":
         w, trace, cpu = _train_serial(data, problem, cfg, w_init, monitor_every)
@@ -195,19 +175,10 @@ def train(
     else:
         train_seconds = max(s.end for s in compute) - min(s.start for s in compute)
     trace.label = f"{mode}, {n_workers} process{'es' if n_workers > 1 else ''}"
-    trace.meta.update(
-        mode=mode,
-        decay=decay if mode != "bsp" else "dense",
-        lr=lr,
-        l2=l2,
-        epochs=epochs,
-        n_rows=data.n_rows,
-        n_features=data.n_features,
-        nnz=data.nnz * epochs,
-        chunk_rows=chunk_rows,
-        batch_size=batch_size if mode == "bsp" else None,
-        update_unit="one mini-batch step" if mode == "bsp" else f"a chunk of up to {chunk_rows} rows",
-    )
+    trace.meta.update(mode=mode, decay=decay if mode != "bsp" else "dense", lr=lr, l2=l2, epochs=epochs,
+                      n_rows=data.n_rows, n_features=data.n_features, nnz=data.nnz * epochs, chunk_rows=chunk_rows,
+                      batch_size=batch_size if mode == "bsp" else None,
+                      update_unit="one mini-batch step" if mode == "bsp" else f"a chunk of up to {chunk_rows} rows")
     wall = time.perf_counter() - started
     return HogwildResult(mode, n_workers, w, trace, data.nnz * epochs, train_seconds, wall, cpu)
 
@@ -272,17 +243,9 @@ def _train_serial(
 
 
 # -- processes: locked, hogwild, bsp ---------------------------------------------------------
-def _train_parallel(
-    data: SparseDataset,
-    problem: LogisticProblem,
-    cfg: _Config,
-    w_init: np.ndarray,
-    n_workers: int,
-    start_method: str | None,
-    monitor_every: float,
-    verbose: bool,
-    timeout: float | None,
-) -> tuple[np.ndarray, Trace, float]:
+def _train_parallel(data: SparseDataset, problem: LogisticProblem, cfg: _Config, w_init: np.ndarray, n_workers: int,
+                    start_method: str | None, monitor_every: float, verbose: bool,
+                    timeout: float | None) -> tuple[np.ndarray, Trace, float]:
     """Start the workers on shared copies of the data and weights; snapshot the loss while they run."""
     with WorkerGroup(n_workers, start_method, verbose=verbose, label=cfg.mode) as group:
         sgd = cfg.mode != "bsp"

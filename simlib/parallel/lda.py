@@ -155,11 +155,10 @@ def _worker(
     n_k = np.zeros(K, np.int32)
     was_wk, was_k = np.zeros_like(n_wk), np.zeros_like(n_k)  # the table as pulled
     state = GibbsState(shard, K, cfg["alpha"], cfg["beta"], z0[t0:t1], n_wk=n_wk, n_k=n_k, kernel=cfg["kernel"])
-    fail_at = cfg.get("fail_at")
     stamps = shared["table_clock"].array
     lowest = int(np.iinfo(np.int64).max)
     for c in range(cfg["n_sweeps"]):
-        if fail_at is not None and fail_at == (worker_id, c):
+        if cfg["fail_at"] == (worker_id, c):
             raise RuntimeError(f"injected failure in worker {worker_id} at clock {c}")
         start = time.perf_counter()
         while not may_read(c, table.min_clock(), bound):

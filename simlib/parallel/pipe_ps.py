@@ -181,9 +181,8 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     done = 0
 
     def answer(j: int, keys: np.ndarray) -> None:
-        c = clock[j] - 1
         values, read_version[j] = server.pull(keys)
-        lag[j] = server.clocks.clock_lag(c)
+        lag[j] = server.clocks.clock_lag(clock[j] - 1)
         chans[j].send_array(values)
 
     while done < n:

@@ -36,15 +36,9 @@ from simlib.problems.lasso import LassoProblem, ShotgunRun, check_schedule, soft
 from simlib.trace import Trace
 
 
-def run_shotgun(
-    problem: LassoProblem,
-    schedule: np.ndarray,
-    n_workers: int = 2,
-    record_every: int = 10,
-    blowup: float = 1e6,
-    start_method: str | None = None,
-    timeout: float | None = 600.0,
-) -> tuple[ShotgunRun, Trace]:
+def run_shotgun(problem: LassoProblem, schedule: np.ndarray, n_workers: int = 2, record_every: int = 10,
+                blowup: float = 1e6, start_method: str | None = None,
+                timeout: float | None = 600.0) -> tuple[ShotgunRun, Trace]:
     """Run the rounds of ``schedule`` ((rounds, P) coordinate ids, -1 = empty slot) on N processes.
 
     Returns the objective every ``record_every`` rounds (as :class:`ShotgunRun`) and the group's
@@ -90,15 +84,8 @@ def run_shotgun(
     return ShotgunRun(recorded, values, x, diverged), trace
 
 
-def _worker(
-    wid: int,
-    n_workers: int,
-    sh: dict[str, SharedArray],
-    l1: float,
-    record_every: int,
-    limit: float,
-    barrier: Any,
-) -> int:
+def _worker(wid: int, n_workers: int, sh: dict[str, SharedArray], l1: float, record_every: int, limit: float,
+            barrier: Any) -> int:
     """One process's share of every round: its delta slots, then its residual rows and x slots."""
     At, beta, x, r = sh["At"].array, sh["beta"].array, sh["x"].array, sh["r"].array
     schedule, delta = sh["schedule"].array, sh["delta"].array

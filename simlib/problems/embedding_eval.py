@@ -57,7 +57,7 @@ def load_analogies(path: str | Path) -> dict[str, list[tuple[str, str, str, str]
             words = line.lower().split()
             if len(words) != 4 or current is None:
                 raise ValueError(f"analogy file line {n} must be ': section' or four words after a section, got {line!r}")
-            sections[current].append((words[0], words[1], words[2], words[3]))
+            sections[current].append(tuple(words))
     return sections
 
 
@@ -70,9 +70,8 @@ def analogy(vectors: np.ndarray, vocab: Vocabulary, a: str, b: str, c: str, k: i
     return [vocab.words[t] for t in np.argsort(-sims, kind="stable")[:k]]
 
 
-def analogy_accuracy(
-    vectors: np.ndarray, vocab: Vocabulary, sections: dict[str, list[tuple[str, str, str, str]]]
-) -> dict[str, dict[str, float]]:
+def analogy_accuracy(vectors: np.ndarray, vocab: Vocabulary,
+                     sections: dict[str, list[tuple[str, str, str, str]]]) -> dict[str, dict[str, float]]:
     """Per section (and 'all'): fraction answered correctly among questions whose words are all known."""
     unit = normalize(vectors)
     out: dict[str, dict[str, float]] = {}

@@ -86,8 +86,7 @@ class Cooccurrence:
         """The same matrix as a SciPy CSR matrix (n_words x n_words)."""
         from scipy.sparse import coo_matrix
 
-        shape = (self.n_words, self.n_words)
-        return coo_matrix((self.values, (self.rows, self.cols)), shape=shape).tocsr()
+        return coo_matrix((self.values, (self.rows, self.cols)), shape=(self.n_words, self.n_words)).tocsr()
 
     def to_dense(self) -> np.ndarray:
         """The matrix as a dense float64 array (for small vocabularies and tests)."""
@@ -232,9 +231,8 @@ def table_capacity(max_entries: int) -> int:
     return 1 << max(4, int(2 * max_entries - 1).bit_length())
 
 
-def count_runs(
-    ids: np.ndarray, offsets: np.ndarray, n_words: int, window: int, doc_lo: int, doc_hi: int, buffer_entries: int
-) -> tuple[np.ndarray, np.ndarray]:
+def count_runs(ids: np.ndarray, offsets: np.ndarray, n_words: int, window: int, doc_lo: int, doc_hi: int,
+               buffer_entries: int) -> tuple[np.ndarray, np.ndarray]:
     """Count documents [doc_lo, doc_hi) into a table of ``buffer_entries`` slots, spilling sorted runs and merging them.
 
     Returns the unordered pairs (key = i * n_words + j, i <= j) sorted by key, with their summed
@@ -296,9 +294,8 @@ def validate_counting(ids: np.ndarray, offsets: np.ndarray, n_words: int, window
                          "(documents are counted separately: join short ones into longer documents)")
 
 
-def count_cooccurrences(
-    ids: np.ndarray, offsets: np.ndarray, n_words: int, window: int = 10, buffer_entries: int = 1 << 22
-) -> Cooccurrence:
+def count_cooccurrences(ids: np.ndarray, offsets: np.ndarray, n_words: int, window: int = 10,
+                        buffer_entries: int = 1 << 22) -> Cooccurrence:
     """X_ij = sum of 1/|p - q| over same-document position pairs 0 < |p - q| <= window (one process).
 
     ``ids``/``offsets`` come from :meth:`simlib.data.Vocabulary.encode_docs`; negative ids are
@@ -339,9 +336,8 @@ class GloveParams:
     def init(cls, n_words: int, config: GloveConfig, out: dict[str, np.ndarray] | None = None) -> "GloveParams":
         """Vectors and biases uniform in [-0.5, 0.5) / dim, accumulators 1 (as the C program); fills ``out`` if given."""
         rng = np.random.default_rng(config.seed)
-        arrays = out if out is not None else {
-            name: np.empty(shape, dtype=np.float32) for name, shape in cls.shapes(n_words, config.dim).items()
-        }
+        arrays = out if out is not None else {name: np.empty(shape, dtype=np.float32)
+                                               for name, shape in cls.shapes(n_words, config.dim).items()}
         for name in ("W", "C", "bw", "bc"):
             arrays[name][...] = (rng.random(arrays[name].shape, dtype=np.float32) - 0.5) / config.dim
         for name in ("gW", "gC", "gbw", "gbc"):
@@ -368,9 +364,8 @@ def entry_loss(w: np.ndarray, c: np.ndarray, bw: float, bc: float, x: float, con
     return float(weight(x, config.x_max, config.alpha) * diff * diff)
 
 
-def entry_gradient(
-    w: np.ndarray, c: np.ndarray, bw: float, bc: float, x: float, config: GloveConfig
-) -> tuple[np.ndarray, np.ndarray, float, float]:
+def entry_gradient(w: np.ndarray, c: np.ndarray, bw: float, bc: float, x: float,
+                   config: GloveConfig) -> tuple[np.ndarray, np.ndarray, float, float]:
     """Gradient of one term of J: 2 f diff (c, w, 1, 1) for (w, c, bw, bc)."""
     diff = float(np.dot(w, c)) + bw + bc - np.log(x)
     g = 2.0 * float(weight(x, config.x_max, config.alpha)) * diff
@@ -461,10 +456,8 @@ def epoch_order(nnz: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(nnz).astype(np.int64)
 
 
-def train_epoch(
-    params: GloveParams, cooc: Cooccurrence, config: GloveConfig, epoch: int,
-    terms: tuple[np.ndarray, np.ndarray] | None = None,
-) -> float:
+def train_epoch(params: GloveParams, cooc: Cooccurrence, config: GloveConfig, epoch: int,
+                terms: tuple[np.ndarray, np.ndarray] | None = None) -> float:
     """One AdaGrad pass over all entries in the order of ``epoch``; returns the pass's mean 0.5 f diff^2."""
     logx, fx = terms if terms is not None else entry_terms(cooc.values, config)
     order = epoch_order(cooc.nnz, config.seed, epoch)
@@ -481,11 +474,6 @@ def loss(params: GloveParams, cooc: Cooccurrence, config: GloveConfig, chunk: in
         diff = np.einsum("ij,ij->i", params.W[r], params.C[c], dtype=np.float64) + params.bw[r] + params.bc[c] - np.log(x)
         total += float(np.sum(weight(x, config.x_max, config.alpha) * diff * diff))
     return total
-
-
-def mean_cost(params: GloveParams, cooc: Cooccurrence, config: GloveConfig) -> float:
-    """The C program's cost at fixed parameters: J / (2 nnz)."""
-    return loss(params, cooc, config) / (2.0 * cooc.nnz)
 
 
 def train(cooc: Cooccurrence, config: GloveConfig) -> tuple[GloveParams, list[float]]:

@@ -89,10 +89,8 @@ class GloveProblem:
         ui, uj = self._rows(batch)
         d, o = np.arange(self.d), self.offsets
         row_keys = lambda base, u: (base + u[:, None] * self.d + d).ravel()  # noqa: E731
-        return np.concatenate([
-            row_keys(o[0], ui), row_keys(o[1], uj), o[2] + ui, o[3] + uj,
-            row_keys(o[4], ui), row_keys(o[5], uj), o[6] + ui, o[7] + uj,
-        ])
+        return np.concatenate([row_keys(o[0], ui), row_keys(o[1], uj), o[2] + ui, o[3] + uj,
+                               row_keys(o[4], ui), row_keys(o[5], uj), o[6] + ui, o[7] + uj])
 
     def step(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
         """(keys, change): AdaGrad with base rate ``lr`` on the pulled rows, as deltas to add."""

@@ -102,16 +102,8 @@ class LassoProblem:
         return float(np.linalg.eigvalsh((At @ At.T) / np.sqrt(np.outer(beta, beta)))[-1])
 
 
-def make_lasso(
-    n_rows: int = 1_000,
-    n_features: int = 512,
-    n_nonzero: int = 20,
-    n_correlated: int = 0,
-    correlation: float = 0.0,
-    noise: float = 0.1,
-    l1_ratio: float = 0.1,
-    seed: int = 0,
-) -> LassoProblem:
+def make_lasso(n_rows: int = 1_000, n_features: int = 512, n_nonzero: int = 20, n_correlated: int = 0,
+               correlation: float = 0.0, noise: float = 0.1, l1_ratio: float = 0.1, seed: int = 0) -> LassoProblem:
     """A designed Lasso problem: Gaussian features, a sparse truth x*, y = A x* + noise.
 
     The first ``n_correlated`` columns share one latent factor z, A_j = sqrt(c) z + sqrt(1 - c) e_j,
@@ -146,9 +138,8 @@ def make_uncorrelated_lasso(n_features: int = 512, seed: int = 0, **kw: Any) -> 
     return make_lasso(n_features=n_features, seed=seed, **kw)
 
 
-def make_correlated_lasso(
-    n_features: int = 512, n_correlated: int = 256, correlation: float = 0.95, seed: int = 0, **kw: Any
-) -> LassoProblem:
+def make_correlated_lasso(n_features: int = 512, n_correlated: int = 256, correlation: float = 0.95, seed: int = 0,
+                          **kw: Any) -> LassoProblem:
     """Half the features strongly correlated with each other (corr ~ 0.95): Shotgun's bad case."""
     return make_lasso(n_features=n_features, n_correlated=n_correlated, correlation=correlation, seed=seed, **kw)
 
@@ -185,9 +176,8 @@ class CorrelationScheduler:
         check.probability("threshold", threshold)
         self.threshold = float(threshold)
         self.n_blocks, self.block = connected_components(csr_matrix(problem.correlation() > threshold), directed=False)
-        order = np.argsort(self.block, kind="stable")
         self.sizes = np.bincount(self.block, minlength=self.n_blocks)
-        self._members = order  # coordinates grouped by block
+        self._members = np.argsort(self.block, kind="stable")  # coordinates grouped by block
         self._starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]])
 
     def schedule(self, p: int, rounds: int, seed: int = 0) -> np.ndarray:
@@ -241,10 +231,8 @@ def shotgun_round(problem: LassoProblem, x: Any, r: Any, coords: Any) -> None:
     r += d @ problem.At[coords]
 
 
-def shotgun(
-    problem: LassoProblem, schedule: np.ndarray, record_every: int = 1, blowup: float = 1e6, x0: Any = None,
-    stop_below: float | None = None,
-) -> ShotgunRun:
+def shotgun(problem: LassoProblem, schedule: np.ndarray, record_every: int = 1, blowup: float = 1e6, x0: Any = None,
+            stop_below: float | None = None) -> ShotgunRun:
     """Run the rounds of ``schedule`` serially; stop early once F exceeds ``blowup`` x F(start).
 
     With ``stop_below``, also stop at the first recorded F <= stop_below: ``rounds_to(stop_below)``
@@ -338,7 +326,5 @@ def reference_optimum(problem: LassoProblem) -> float:
     A, y = to_numpy(problem.At).T, to_numpy(problem.y)
     # NOTE: precompute=True (the Gram matrix, d x d) gives the same F* to every printed digit on the
     # lessons' 1,000 x 512 problems, 2.5-5x faster than iterating over the rows.
-    model = Lasso(alpha=problem.l1 / problem.n_rows, fit_intercept=False, tol=1e-12, max_iter=100_000,
-                  precompute=True)
-    model.fit(A, y)
-    return problem.objective(model.coef_.astype(np.float64))
+    model = Lasso(alpha=problem.l1 / problem.n_rows, fit_intercept=False, tol=1e-12, max_iter=100_000, precompute=True)
+    return problem.objective(model.fit(A, y).coef_.astype(np.float64))

@@ -68,7 +68,7 @@ class LDACorpus:
             if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != 1:
                 raise ValueError(f"{name} must be a 1-D {np.dtype(dtype).name} array, got "
                                  f"{getattr(a, 'dtype', type(a).__name__)}")
-        if self.offsets.ndim != 1 or len(self.offsets) < 2 or self.offsets[0] != 0:
+        if len(self.offsets) < 2 or self.offsets[0] != 0:  # 1-D: checked above
             raise ValueError("offsets must be a 1-D array starting at 0 with at least one document")
         lengths = np.diff(self.offsets)
         if np.any(lengths <= 0):
@@ -76,22 +76,15 @@ class LDACorpus:
             raise ValueError(f"docs must be non-empty; document {d} has no tokens")
         if self.offsets[-1] != len(self.words):
             raise ValueError(f"offsets[-1] must equal len(words) = {len(self.words)}, got {self.offsets[-1]}")
-        bad = (self.words < 0) | (self.words >= self.n_words)
-        if np.any(bad):
-            t = int(np.flatnonzero(bad)[0])
-            d = int(np.searchsorted(self.offsets, t, side="right") - 1)
-            raise ValueError(
-                f"word ids must lie in [0, n_words={self.n_words}); document {d} has word id {int(self.words[t])}"
-            )
+        _check_word_ids(self.words, self.offsets, self.n_words)
         if self.vocab is not None and len(self.vocab) != self.n_words:
             raise ValueError(f"vocab must have n_words = {self.n_words} entries, got {len(self.vocab)}")
         if self.titles is not None and len(self.titles) != self.n_docs:
             raise ValueError(f"titles must have one entry per document ({self.n_docs}), got {len(self.titles)}")
 
     @classmethod
-    def from_docs(
-        cls, docs: Sequence[Any], n_words: int, vocab: list[str] | None = None, titles: list[str] | None = None
-    ) -> "LDACorpus":
+    def from_docs(cls, docs: Sequence[Any], n_words: int, vocab: list[str] | None = None,
+                  titles: list[str] | None = None) -> "LDACorpus":
         """Build from a list of word-id sequences (validated: non-empty, ids in [0, n_words))."""
         if len(docs) == 0:
             raise ValueError("docs must hold at least one document")
@@ -103,10 +96,7 @@ class LDACorpus:
         np.cumsum([p.size for p in parts], out=offsets[1:])
         words = np.concatenate([p.astype(np.int64) for p in parts]) if offsets[-1] else np.zeros(0, np.int64)
         check.positive_int("n_words", n_words)
-        if words.size and (words.min() < 0 or words.max() >= n_words):
-            t = int(np.flatnonzero((words < 0) | (words >= n_words))[0])
-            d = int(np.searchsorted(offsets, t, side="right") - 1)
-            raise ValueError(f"word ids must lie in [0, n_words={n_words}); document {d} has word id {int(words[t])}")
+        _check_word_ids(words, offsets, n_words)
         return cls(words.astype(np.int32), offsets, n_words, vocab, titles)
 
     @property
@@ -129,6 +119,14 @@ class LDACorpus:
         parts = [self.doc(int(d)) for d in docs]
         titles = [self.titles[int(d)] for d in docs] if self.titles is not None else None
         return LDACorpus.from_docs(parts, self.n_words, self.vocab, titles)
+
+
+def _check_word_ids(words: np.ndarray, offsets: np.ndarray, n_words: int) -> None:
+    """ValueError naming the first document with a word id outside [0, n_words)."""
+    bad = np.flatnonzero((words < 0) | (words >= n_words))
+    if bad.size:
+        d = int(np.searchsorted(offsets, bad[0], side="right") - 1)
+        raise ValueError(f"word ids must lie in [0, n_words={n_words}); document {d} has word id {int(words[bad[0]])}")
 
 
 def _as_ids(name: str, a: Any, dtype: Any) -> np.ndarray:
@@ -190,11 +188,8 @@ def count_tables(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> tuple[np.nd
     n_dk = np.bincount(corpus.doc_of.astype(np.int64) * K + z, minlength=corpus.n_docs * K)
     n_wk = np.bincount(corpus.words.astype(np.int64) * K + z, minlength=corpus.n_words * K)
     n_k = np.bincount(z, minlength=K)
-    return (
-        n_dk.reshape(corpus.n_docs, K).astype(np.int32),
-        n_wk.reshape(corpus.n_words, K).astype(np.int32),
-        n_k.astype(np.int32),
-    )
+    return (n_dk.reshape(corpus.n_docs, K).astype(np.int32), n_wk.reshape(corpus.n_words, K).astype(np.int32),
+            n_k.astype(np.int32))
 
 
 def conditional(n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, n_words: int) -> Any:
@@ -212,11 +207,8 @@ def word_log_likelihood(n_wk: Any, n_k: Any, beta: float) -> float:
     """log p(w | z) = K[lgamma(V b) - V lgamma(b)] + sum_k [sum_w lgamma(n_wk + b) - lgamma(n_k + V b)]."""
     n_wk, n_k = to_numpy(n_wk), to_numpy(n_k)
     V, K = n_wk.shape
-    return float(
-        K * (gammaln(V * beta) - V * gammaln(beta))
-        + gammaln(n_wk + beta).sum()
-        - gammaln(n_k + V * beta).sum()
-    )
+    return float(K * (gammaln(V * beta) - V * gammaln(beta)) + gammaln(n_wk + beta).sum()
+                 - gammaln(n_k + V * beta).sum())
 
 
 def doc_log_likelihood(n_dk: Any, alpha: float) -> float:
@@ -224,9 +216,8 @@ def doc_log_likelihood(n_dk: Any, alpha: float) -> float:
     n_dk = to_numpy(n_dk)
     D, K = n_dk.shape
     n_d = n_dk.sum(axis=1)
-    return float(
-        D * (gammaln(K * alpha) - K * gammaln(alpha)) + gammaln(n_dk + alpha).sum() - gammaln(n_d + K * alpha).sum()
-    )
+    return float(D * (gammaln(K * alpha) - K * gammaln(alpha)) + gammaln(n_dk + alpha).sum()
+                 - gammaln(n_d + K * alpha).sum())
 
 
 def log_likelihood(n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float) -> float:
@@ -265,15 +256,9 @@ def topic_match(phi_true: np.ndarray, phi_learned: np.ndarray) -> tuple[float, n
     return float(cos[rows, cols].mean()), match
 
 
-def make_synthetic_corpus(
-    n_docs: int = 400,
-    n_topics: int = 8,
-    n_words: int = 200,
-    doc_length: int = 100,
-    alpha: float = 0.5,
-    beta: float = 0.05,
-    seed: int = 0,
-) -> tuple[LDACorpus, np.ndarray, np.ndarray]:
+def make_synthetic_corpus(n_docs: int = 400, n_topics: int = 8, n_words: int = 200, doc_length: int = 100,
+                          alpha: float = 0.5, beta: float = 0.05,
+                          seed: int = 0) -> tuple[LDACorpus, np.ndarray, np.ndarray]:
     """Draw a corpus from LDA itself: phi_k ~ Dir(beta), theta_d ~ Dir(alpha), lengths ~ 1 + Poisson(L - 1).
 
     Returns (corpus, phi (K, V), theta (D, K)) so a sampler's topics can be matched to the truth.
@@ -361,9 +346,8 @@ def _fold_in(words: np.ndarray, offsets: np.ndarray, phi: np.ndarray, alpha: flo
     return theta
 
 
-def perplexity(
-    heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: float, n_iter: int = 20, seed: int = 0
-) -> float:
+def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: float, n_iter: int = 20,
+               seed: int = 0) -> float:
     """Held-out perplexity by document completion: exp(-sum log p(w_odd | theta_d, phi) / N_odd).
 
     Topics phi come from the trained counts and stay fixed. Each held-out document's
@@ -387,22 +371,6 @@ def perplexity(
     return float(np.exp(-np.log(p).sum() / w.size))
 
 
-__all__ = [
-    "LDACorpus",
-    "shard_documents",
-    "check_hyper",
-    "random_assignments",
-    "count_tables",
-    "conditional",
-    "word_log_likelihood",
-    "doc_log_likelihood",
-    "log_likelihood",
-    "topic_word",
-    "top_words",
-    "topic_match",
-    "make_synthetic_corpus",
-    "kjv_corpus",
-    "perplexity",
-    "KJV_N_STOP",
-    "KJV_MIN_COUNT",
-]
+__all__ = ["LDACorpus", "shard_documents", "check_hyper", "random_assignments", "count_tables", "conditional",
+           "word_log_likelihood", "doc_log_likelihood", "log_likelihood", "topic_word", "top_words", "topic_match",
+           "make_synthetic_corpus", "kjv_corpus", "perplexity", "KJV_N_STOP", "KJV_MIN_COUNT"]

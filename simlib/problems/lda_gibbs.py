@@ -221,18 +221,15 @@ class GibbsState:
     here, which is exactly AD-LDA's local sampling step.
     """
 
-    def __init__(
-        self, corpus: LDACorpus, n_topics: int, alpha: float, beta: float, z: np.ndarray,
-        n_wk: np.ndarray | None = None, n_k: np.ndarray | None = None, kernel: str = "sparse",
-    ) -> None:
+    def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float, beta: float, z: np.ndarray,
+                 n_wk: np.ndarray | None = None, n_k: np.ndarray | None = None, kernel: str = "sparse") -> None:
         """Take assignments z (corpus order); n_wk, n_k default to the counts of z (pass a cache to share)."""
         check_hyper(n_topics, alpha, beta)
         check.one_of("kernel", kernel, KERNELS)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
-        n_dk, own_wk, own_k = count_tables(corpus, z, n_topics)
+        self.n_dk, own_wk, own_k = count_tables(corpus, z, n_topics)
         self.n_wk = own_wk if n_wk is None else n_wk
         self.n_k = own_k if n_k is None else n_k
-        self.n_dk = n_dk
         self.order = np.argsort(corpus.words, kind="stable").astype(np.int64)
         self.word_ptr = np.zeros(corpus.n_words + 1, np.int64)
         np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words), out=self.word_ptr[1:])
@@ -242,11 +239,9 @@ class GibbsState:
         self._cdf = np.empty(n_topics)
 
     @classmethod
-    def init(
-        cls, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01, seed: int = 0, kernel: str = "sparse"
-    ) -> "GibbsState":
-        """Random initial topics and the counts that go with them."""
-        check_hyper(n_topics, alpha, beta)
+    def init(cls, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01, seed: int = 0,
+             kernel: str = "sparse") -> "GibbsState":
+        """Random initial topics and the counts that go with them (the constructor checks the hyperparameters)."""
         return cls(corpus, n_topics, alpha, beta, random_assignments(corpus, n_topics, seed), kernel=kernel)
 
     @property
@@ -261,10 +256,8 @@ class GibbsState:
         if self.kernel == "dense":
             _sweep_dense(self.word_ptr, self.doc_wm, self.z_wm, self.n_dk, self.n_wk, self.n_k, self.alpha, self.beta, seed)
         else:
-            _sweep_sparse(
-                self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos,
-                self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), self._cdf,
-            )
+            _sweep_sparse(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos,
+                          self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), self._cdf)
             _lists_to_dense(self.dk_idx, self.dk_cnt, self.dk_len, self.n_dk)
 
     def log_likelihood(self) -> float:
@@ -279,10 +272,8 @@ class GibbsState:
         assert np.array_equal(n_k, self.n_k), "n_k differs from the counts of z"
 
 
-def fit(
-    corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01, n_sweeps: int = 100,
-    seed: int = 0, kernel: str = "sparse", record_every: int = 1,
-) -> tuple[GibbsState, list[float]]:
+def fit(corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01, n_sweeps: int = 100,
+        seed: int = 0, kernel: str = "sparse", record_every: int = 1) -> tuple[GibbsState, list[float]]:
     """Run ``n_sweeps`` Gibbs sweeps from a random start; return the state and log p(w, z) after each recorded sweep."""
     check_corpus(corpus)
     check.positive_int("n_sweeps", n_sweeps)

@@ -31,9 +31,6 @@ from simlib import _validate as check
 from simlib.backend import array_module
 from simlib.trace import Trace
 
-LOG2 = float(np.log(2.0))
-
-
 _DTYPES = {"indptr": np.int64, "indices": np.int32, "values": np.float32, "y": np.float32}
 
 
@@ -76,16 +73,14 @@ class SparseDataset:
         for name in ("indptr", "indices"):
             if getattr(self, name).dtype.kind not in "iu":
                 raise ValueError(f"{name} must hold integers, got dtype {getattr(self, name).dtype}")
-        if self.indptr.ndim != 1 or len(self.indptr) < 2:
+        if len(self.indptr) < 2:  # 1-D: checked above
             raise ValueError("indptr must be a 1-D array of length n_rows + 1 >= 2")
         if self.indptr[0] != 0 or np.any(np.diff(self.indptr) < 0):
             raise ValueError("indptr must start at 0 and be non-decreasing")
         nnz = int(self.indptr[-1])
         if len(self.indices) != nnz or len(self.values) != nnz:
-            raise ValueError(
-                f"indices and values must have indptr[-1] = {nnz} entries, "
-                f"got {len(self.indices)} and {len(self.values)}"
-            )
+            raise ValueError(f"indices and values must have indptr[-1] = {nnz} entries, "
+                             f"got {len(self.indices)} and {len(self.values)}")
         if len(self.y) != self.n_rows:
             raise ValueError(f"y must have one label per row ({self.n_rows}), got {len(self.y)}")
         if nnz and (self.indices.min() < 0 or self.indices.max() >= self.n_features):
@@ -104,13 +99,8 @@ class SparseDataset:
     def rows(self, start: int, stop: int) -> "SparseDataset":
         """The contiguous slice of rows [start, stop) as its own dataset (a shard)."""
         lo, hi = int(self.indptr[start]), int(self.indptr[stop])
-        return SparseDataset(
-            self.indptr[start : stop + 1] - lo,
-            self.indices[lo:hi],
-            self.values[lo:hi],
-            self.y[start:stop],
-            self.n_features,
-        )
+        return SparseDataset(self.indptr[start : stop + 1] - lo, self.indices[lo:hi], self.values[lo:hi],
+                             self.y[start:stop], self.n_features)
 
     def to_scipy(self) -> Any:
         """The same matrix as ``scipy.sparse.csr_matrix`` (for peers such as scikit-learn)."""
@@ -119,14 +109,8 @@ class SparseDataset:
         return csr_matrix((self.values, self.indices, self.indptr), shape=(self.n_rows, self.n_features))
 
 
-def make_sparse_classification(
-    n_rows: int = 20_000,
-    n_features: int = 10_000,
-    nnz_per_row: int = 20,
-    label_noise: float = 0.05,
-    zipf: float = 1.1,
-    seed: int = 0,
-) -> SparseDataset:
+def make_sparse_classification(n_rows: int = 20_000, n_features: int = 10_000, nnz_per_row: int = 20,
+                               label_noise: float = 0.05, zipf: float = 1.1, seed: int = 0) -> SparseDataset:
     """An RCV1-like problem: Zipf-distributed feature ids, unit-norm tf-idf-like rows, noisy labels.
 
     Features are drawn with probability proportional to 1 / rank**zipf (a few words are common,
@@ -203,7 +187,6 @@ class LogisticProblem:
         self.data = data
         self.l2 = float(l2)
         self.n_params = data.n_features
-        self._row_of = np.repeat(np.arange(data.n_rows), np.diff(data.indptr))
         # Loss is evaluated on a fixed sample of rows so that frequent evaluation stays cheap.
         if eval_rows is None or eval_rows >= data.n_rows:
             self._eval = data
@@ -232,9 +215,7 @@ class LogisticProblem:
     def batch(self, shard: tuple[int, int], step: int, batch_size: int) -> np.ndarray:
         """Row ids of mini-batch number ``step`` in a shard (cycling through it in order)."""
         start, stop = shard
-        size = stop - start
-        offs = (np.arange(batch_size) + step * batch_size) % size
-        return start + offs
+        return start + (np.arange(batch_size) + step * batch_size) % (stop - start)
 
     def keys(self, batch: np.ndarray) -> np.ndarray:
         """Sorted unique feature ids touched by the rows in ``batch``."""
@@ -252,9 +233,8 @@ class LogisticProblem:
             keys = self.keys(batch)
         if isinstance(w_keys, np.ndarray):
             d = self.data
-            g = _batch_gradient(d.indptr, d.indices, d.values, d.y, np.asarray(batch, dtype=np.int64), keys,
-                                np.asarray(w_keys, dtype=np.float64), self.l2, d.n_features)
-            return keys, g
+            return keys, _batch_gradient(d.indptr, d.indices, d.values, d.y, np.asarray(batch, dtype=np.int64), keys,
+                                         np.asarray(w_keys, dtype=np.float64), self.l2, d.n_features)
         return self.gradient_xp(w_keys, batch, keys)
 
     def gradient_xp(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
@@ -294,11 +274,8 @@ class LogisticProblem:
             data_loss = _mean_log_loss(e.indptr, e.indices, e.values, e.y, np.asarray(w, dtype=np.float64))
             with np.errstate(over="ignore"):  # a diverged w: the loss is inf, and the caller says so by name
                 return float(data_loss) + 0.5 * self.l2 * float(np.dot(w, w))
-        margin = xp.bincount(
-            xp.asarray(self._eval_row_of),
-            weights=xp.asarray(e.values, dtype=np.float64) * w[xp.asarray(e.indices)],
-            minlength=e.n_rows,
-        )
+        vals = xp.asarray(e.values, dtype=np.float64)
+        margin = xp.bincount(xp.asarray(self._eval_row_of), weights=vals * w[xp.asarray(e.indices)], minlength=e.n_rows)
         data_loss = float(xp.mean(log1pexp(-xp.asarray(e.y, dtype=np.float64) * margin)))
         return data_loss + 0.5 * self.l2 * float(xp.dot(w, w))
 

@@ -15,6 +15,8 @@ Example::
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from simlib import _validate as check
@@ -46,9 +48,8 @@ def _terms(tokens: list[str], bigrams: bool) -> set[str]:
     return terms
 
 
-def kjv_testament_dataset(
-    passage_tokens: int = 25, min_count: int = 3, bigrams: bool = True, seed: int = 0
-) -> tuple[SparseDataset, list[str]]:
+def kjv_testament_dataset(passage_tokens: int = 25, min_count: int = 3, bigrams: bool = True,
+                          seed: int = 0) -> tuple[SparseDataset, list[str]]:
     """Passages as unit-norm tf-idf rows, y = +1 (New Testament) or -1 (Old); returns (data, feature names).
 
     Weights are tf * idf with idf = log(N / df) + 1 over the N passages; a passage's repeated
@@ -56,11 +57,7 @@ def kjv_testament_dataset(
     """
     check.positive_int("min_count", min_count)
     texts, labels = passages(passage_tokens)
-    term_sets = [_terms(t, bigrams) for t in texts]
-    df: dict[str, int] = {}
-    for terms in term_sets:
-        for term in terms:
-            df[term] = df.get(term, 0) + 1
+    df = Counter(term for tokens in texts for term in _terms(tokens, bigrams))
     features = sorted(t for t, c in df.items() if c >= min_count)
     if not features:
         raise ValueError(f"min_count={min_count} leaves no feature; lower it")
@@ -72,12 +69,8 @@ def kjv_testament_dataset(
     values: list[np.ndarray] = []
     for r in order:
         tokens = texts[r]
-        counts: dict[int, int] = {}
         grams = tokens + ([f"{a}_{b}" for a, b in zip(tokens, tokens[1:])] if bigrams else [])
-        for term in grams:
-            j = index.get(term)
-            if j is not None:
-                counts[j] = counts.get(j, 0) + 1
+        counts = Counter(index[term] for term in grams if term in index)
         cols = np.fromiter(sorted(counts), dtype=np.int32, count=len(counts))
         tf = np.array([counts[j] for j in cols], dtype=np.float64)
         v = tf * idf[cols]
@@ -85,13 +78,6 @@ def kjv_testament_dataset(
         indices.append(cols)
         values.append((v / norm if norm > 0 else v).astype(np.float32))
         indptr.append(indptr[-1] + len(cols))
-    return (
-        SparseDataset(
-            np.asarray(indptr, dtype=np.int64),
-            np.concatenate(indices),
-            np.concatenate(values),
-            labels[order],
-            len(features),
-        ),
-        features,
-    )
+    data = SparseDataset(np.asarray(indptr, dtype=np.int64), np.concatenate(indices), np.concatenate(values),
+                         labels[order], len(features))
+    return data, features

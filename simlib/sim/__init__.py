@@ -19,16 +19,7 @@ from simlib.sim.config import PROTOCOLS, TOPOLOGIES, SimConfig, Stragglers
 _LAZY = {"simulate": "simlib.sim.engine", "default_problem": "simlib.sim.engine",
          "message_time": "simlib.sim.network", "ring_allreduce_time": "simlib.sim.network"}
 
-__all__ = [
-    "SimConfig",
-    "Stragglers",
-    "simulate",
-    "default_problem",
-    "message_time",
-    "ring_allreduce_time",
-    "PROTOCOLS",
-    "TOPOLOGIES",
-]
+__all__ = ["SimConfig", "Stragglers", *_LAZY, "PROTOCOLS", "TOPOLOGIES"]
 
 
 def __getattr__(name: str) -> Any:

@@ -181,9 +181,8 @@ class SimConfig:
             raise ValueError("backup_workers needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
         if self.timeout is not None and self.protocol == "async":
             raise ValueError("timeout needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
-        if callable(self.compression):
-            pass  # a factory (n_params, rng, key_bytes=, value_bytes=) -> compressor, called once per worker
-        elif self.compression is not None:
+        # A callable is a factory (n_params, rng, key_bytes=, value_bytes=) -> compressor, called once per worker.
+        if self.compression is not None and not callable(self.compression):
             from simlib.compress import parse_spec  # raises ValueError naming 'compression'
 
             parse_spec(self.compression)

@@ -69,8 +69,7 @@ class _Run:
         self.problem = problem
         self.progress = progress
         self.env = simpy.Environment()
-        seed_seq = np.random.SeedSequence(cfg.seed)
-        compute_seq, comp_seq = seed_seq.spawn(2)
+        compute_seq, comp_seq = np.random.SeedSequence(cfg.seed).spawn(2)
         self.compute = ComputeModel(cfg, compute_seq)
         self.w = problem.init_params()
         self.shards = problem.shards(cfg.n_workers)
@@ -92,7 +91,6 @@ class _Run:
         self.eval_period = cfg.eval_every * cfg.n_workers
         self.total_steps = cfg.steps * cfg.n_workers
         self.done_steps = 0
-        self.procs: list[simpy.Process] = []
         self.down_since: dict[int, float] = {}
 
     # -- top level ---------------------------------------------------------------------------
@@ -102,8 +100,7 @@ class _Run:
         body = self._allreduce_worker if cfg.topology == "allreduce" else self._ps_worker
         if cfg.topology == "allreduce":
             self._ar = _AllReduce(self)
-        for i in range(cfg.n_workers):
-            self.procs.append(env.process(body(i)))
+        self.procs = [env.process(body(i)) for i in range(cfg.n_workers)]
         st = cfg.stragglers
         if st.fail_worker is not None:
             env.process(self._failure(st.fail_worker, st.fail_time))
@@ -349,8 +346,5 @@ def _make_compressors(cfg: SimConfig, n_params: int, seed_seq: np.random.SeedSeq
 
     # A callable compression is a factory with make_compressor's signature minus the spec.
     make = (lambda spec, *a, **kw: cfg.compression(*a, **kw)) if callable(cfg.compression) else make_compressor
-    rngs = [np.random.default_rng(s) for s in seed_seq.spawn(cfg.n_workers)]
-    return [
-        make(cfg.compression, n_params, rngs[i], key_bytes=cfg.key_bytes, value_bytes=cfg.value_bytes)
-        for i in range(cfg.n_workers)
-    ]
+    return [make(cfg.compression, n_params, np.random.default_rng(s), key_bytes=cfg.key_bytes,
+                 value_bytes=cfg.value_bytes) for s in seed_seq.spawn(cfg.n_workers)]

@@ -35,6 +35,5 @@ def run(problem: Any, protocol: Protocol, training: Training, **cluster: Any) ->
         hint = check.nearest(bad[0], SimConfig.__dataclass_fields__)
         raise ValueError(f"{bad[0]}: not an option of substrate 'sim'{'; ' + hint if hint else ''}"
                          " (its options are simlib.sim.SimConfig's fields)")
-    cfg = config_for(protocol, training, **cluster)
-    state = run_config(cfg, problem)
+    state = run_config(config_for(protocol, training, **cluster), problem)
     return Result(state.trace, state.w, {"simulated_seconds": state.trace.makespan})

@@ -63,11 +63,11 @@ class Reveal:
                     self._curves.append((line, np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)))
                 elif gid.startswith("reached:"):
                     self._marks.append((line, float(line.get_xdata()[0])))
-        self._cursors = [ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=2.5, zorder=6) for ax in self.timelines]
+        self._cursors = [ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=2.5, zorder=6, gid="cursor")
+                         for ax in self.timelines]
         if loss_ax is not None:
-            self._cursors.append(loss_ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=1.5, zorder=6))
-        for c in self._cursors:
-            c.set_gid("cursor")
+            self._cursors.append(loss_ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=1.5, zorder=6,
+                                                 gid="cursor"))
         # The waiting count lives in each timeline's title, above the rows: a box inside the axes hid rows.
         self._texts = [ax.title for ax in self.timelines]
         self._titles = [ax.get_title() for ax in self.timelines]
@@ -229,8 +229,7 @@ def animate(traces: Sequence[Trace], frames: int = 48, target: float | None = No
         times = np.linspace(0.0, reveal.t_end, frames)
         from matplotlib.animation import FuncAnimation
 
-        anim = FuncAnimation(fig, lambda i: reveal(times[i]), frames=frames, blit=False, repeat=True)
-    return anim
+        return FuncAnimation(fig, lambda i: reveal(times[i]), frames=frames, blit=False, repeat=True)
 
 
 # A page with no fonts, icons or scripts from elsewhere: frames are PNG data URIs, the player is

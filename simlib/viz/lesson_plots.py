@@ -20,18 +20,11 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from simlib.trace import Trace
-from simlib.viz.plots import plot_loss, plot_timeline
+from simlib.viz.plots import _new_axes, plot_loss, plot_timeline
 from simlib.viz.style import OKABE_ITO, RUN_COLORS, style
 
 Interval = tuple[float, float, str]
 IDLE_COLOR = "#D9D9D9"
-
-
-def _axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
-    """``ax``, or the axes of a new figure made without pyplot."""
-    if ax is not None:
-        return ax
-    return Figure(figsize=figsize, layout="constrained").add_subplot()
 
 
 def _need_title(title: Any) -> None:
@@ -60,16 +53,15 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
         raise ValueError(f"spread/dashed name series that do not exist: {unknown}")
     xs = np.asarray(x, dtype=float)
     with style():
-        ax = _axes(ax, (9, 5.5))
+        ax = _new_axes(ax, (9, 5.5))
         for i, (label, ys) in enumerate(series.items()):
             ys = np.asarray(ys, dtype=float)
             if ys.shape != xs.shape:
                 raise ValueError(f"series: {label!r} has {ys.size} values for {xs.size} x values")
             color = RUN_COLORS[i % len(RUN_COLORS)]
             ref = label in dashed
-            line = ax.plot(xs, ys, marker="o" if markers and not ref else None, color=color,
-                           linestyle="--" if ref else "-", label=label)[0]
-            line.set_gid(f"curve:{label}")
+            ax.plot(xs, ys, marker="o" if markers and not ref else None, color=color,
+                    linestyle="--" if ref else "-", label=label, gid=f"curve:{label}")
             if label in spread:
                 lo, hi = (np.asarray(b, dtype=float) for b in spread[label])
                 if lo.shape != xs.shape or hi.shape != xs.shape:
@@ -107,7 +99,7 @@ def plot_bars(values: Mapping[str, float], ylabel: str, title: str, ax: Axes | N
     heights = np.array([values[k] for k in names], dtype=float)
     colors = [OKABE_ITO["vermillion"] if k == highlight else OKABE_ITO["blue"] for k in names]
     with style():
-        ax = _axes(ax, (max(6.0, 1.6 * len(names) + 2), 5))
+        ax = _new_axes(ax, (max(6.0, 1.6 * len(names) + 2), 5))
         bars = ax.bar(range(len(names)), np.nan_to_num(heights), color=colors, gid="bars")
         for b, h in zip(bars, heights):
             ax.annotate("never" if not np.isfinite(h) else fmt.format(h), (b.get_x() + b.get_width() / 2, b.get_height()),
@@ -135,7 +127,7 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
     color_of = {lab: RUN_COLORS[i % len(RUN_COLORS)] for i, lab in enumerate(labels)}
     span = max((end for iv in rows.values() for (_, end, _) in iv), default=1.0) or 1.0
     with style():
-        ax = _axes(ax, (12, 1.2 + 0.8 * len(names)))
+        ax = _new_axes(ax, (12, 1.2 + 0.8 * len(names)))
         for y, name in enumerate(names):
             for start, end, lab in rows[name]:
                 if end < start:
@@ -163,11 +155,8 @@ def schedule_rows(grid: np.ndarray, slot: float = 1.0, prefix: str = "stage ", i
     grid = np.asarray(grid)
     if grid.ndim != 2:
         raise ValueError(f"grid must be 2-D (rows x slots), got shape {grid.shape}")
-    rows: dict[str, list[Interval]] = {}
-    for r in range(grid.shape[0]):
-        rows[f"{prefix}{r}"] = [(t * slot, (t + 1) * slot, "idle" if v < 0 else f"{item}{v}")
-                                for t, v in enumerate(grid[r])]
-    return rows
+    return {f"{prefix}{r}": [(t * slot, (t + 1) * slot, "idle" if v < 0 else f"{item}{v}") for t, v in enumerate(row)]
+            for r, row in enumerate(grid)}
 
 
 def plot_traces_side_by_side(traces: Sequence[Trace], titles: Sequence[str] | None = None,

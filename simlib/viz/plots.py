@@ -46,8 +46,7 @@ def _new_axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
     """Return ``ax``, or the axes of a new figure (made without pyplot, so nothing is shown by accident)."""
     if ax is not None:
         return ax
-    fig = Figure(figsize=figsize, layout="constrained")
-    return fig.add_subplot()
+    return Figure(figsize=figsize, layout="constrained").add_subplot()
 
 
 def _as_list(traces: Trace | Iterable[Trace]) -> list[Trace]:
@@ -179,9 +178,8 @@ def plot_timeline(
             if not mask.any():
                 continue
             path = _bars_path(cols["start"][mask], cols["end"][mask], cols["worker"][mask])
-            bars = PathPatch(path, facecolor=KIND_COLORS[kind], edgecolor="none", linewidth=0)
-            bars.set_gid(f"span:{kind}")
-            bars.set_label(KIND_LABELS[kind])
+            bars = PathPatch(path, facecolor=KIND_COLORS[kind], edgecolor="none", linewidth=0, gid=f"span:{kind}",
+                             label=KIND_LABELS[kind])
             ax.add_artist(bars)
             bars.set_clip_path(ax.patch)
             handles.append(Patch(facecolor=KIND_COLORS[kind], label=KIND_LABELS[kind]))
@@ -207,13 +205,11 @@ def plot_timeline(
             if t_max is not None:
                 bt = bt[bt <= t_max]
             if bt.size:
-                lines = ax.vlines(bt, -0.5 - (1.0 if has_server_row else 0.0), n_shown - 0.5,
-                                  colors=OKABE_ITO["black"], linestyles="--", linewidths=1.2, zorder=4)
-                lines.set_gid("barriers")
+                ax.vlines(bt, -0.5 - (1.0 if has_server_row else 0.0), n_shown - 0.5,
+                          colors=OKABE_ITO["black"], linestyles="--", linewidths=1.2, zorder=4, gid="barriers")
                 handles.append(Patch(facecolor="none", edgecolor=OKABE_ITO["black"], linestyle="--", label="barrier"))
 
-        x_end = t_max if t_max is not None else (trace.makespan or 1.0)
-        ax.set_xlim(0.0, x_end)
+        ax.set_xlim(0.0, t_max if t_max is not None else (trace.makespan or 1.0))
         ax.set_ylim(n_shown - 0.5, -0.5 - (1.2 if has_server_row else 0.0))  # worker 0 on top
         # As many worker labels as fit the axes' height at the tick font size (1.6 lines each).
         height_pt = ax.get_position().height * ax.get_figure().get_figheight() * 72
@@ -240,9 +236,9 @@ def plot_timeline(
 # -- loss -----------------------------------------------------------------------------------
 
 
-def _fmt_time(t: float) -> str:
-    """Seconds with three significant figures."""
-    return f"{t:.3g} s"
+def _fmt_at(reached: float, x: str) -> str:
+    """When a run reached its target: seconds with three significant figures (x='time'), else the step."""
+    return f"{reached:.3g} s" if x == "time" else f"step {reached}"
 
 
 def plot_loss(
@@ -273,16 +269,14 @@ def plot_loss(
                 if reached is None or (t_max is not None and x == "time" and reached > t_max):
                     label += " (not reached)"
                 else:
-                    label += f" (at {_fmt_time(reached) if x == 'time' else f'step {reached}'})"
-                    mark = ax.plot([reached], [target], marker="o", markersize=11, color=color,
-                                   markeredgecolor=OKABE_ITO["black"], linestyle="none", zorder=5)[0]
-                    mark.set_gid(f"reached:{run_label(tr)}")
-            line = ax.plot(xs, ys, color=color, label=label)[0]
-            line.set_gid(f"loss:{run_label(tr)}")
+                    label += f" (at {_fmt_at(reached, x)})"
+                    ax.plot([reached], [target], marker="o", markersize=11, color=color,
+                            markeredgecolor=OKABE_ITO["black"], linestyle="none", zorder=5,
+                            gid=f"reached:{run_label(tr)}")
+            ax.plot(xs, ys, color=color, label=label, gid=f"loss:{run_label(tr)}")
         if target is not None:
-            tl = ax.axhline(target, color=OKABE_ITO["black"], linestyle="--", linewidth=1.8,
-                            label=f"target {runs[0].metric} {target:.3g}")
-            tl.set_gid("target")
+            ax.axhline(target, color=OKABE_ITO["black"], linestyle="--", linewidth=1.8,
+                       label=f"target {runs[0].metric} {target:.3g}", gid="target")
         ax.set_xlabel(_time_axis_label(runs) if x == "time" else "steps (updates applied)")
         ax.set_ylabel(runs[0].metric)
         if t_max is not None and x == "time":
@@ -342,14 +336,13 @@ def plot_speedup(results: SpeedupInput, ax: Axes | None = None, target: float | 
     with style():
         ax = _new_axes(ax, (8, 6))
         all_n = sorted({n for times in table.values() for n in times})
-        ideal = ax.plot(all_n, all_n, color=OKABE_ITO["black"], linestyle="--", linewidth=2, label="ideal (S = n)")[0]
-        ideal.set_gid("ideal")
+        ax.plot(all_n, all_n, color=OKABE_ITO["black"], linestyle="--", linewidth=2, label="ideal (S = n)", gid="ideal")
         ends: list[tuple[int, float, str]] = []
         for i, (label, times) in enumerate(table.items()):
             s = speedups(times) if times else {}
             ns = sorted(s)
-            line = ax.plot(ns, [s[n] for n in ns], marker="o", color=RUN_COLORS[i % len(RUN_COLORS)], label=label)[0]
-            line.set_gid(f"speedup:{label}")
+            ax.plot(ns, [s[n] for n in ns], marker="o", color=RUN_COLORS[i % len(RUN_COLORS)], label=label,
+                    gid=f"speedup:{label}")
             if ns:
                 ends.append((ns[-1], s[ns[-1]], label))
         if all_n and all_n[-1] / all_n[0] >= 16:
@@ -386,8 +379,7 @@ def default_target(traces: Trace | Iterable[Trace], margin: float = 0.05) -> flo
     starts = [t.quality[0].value for t in with_q]
     worst_best = max(bests) if lower else min(bests)
     start = max(starts) if lower else min(starts)
-    loosen = margin * (start - worst_best)
-    return _round_toward(worst_best + loosen, up=lower)
+    return _round_toward(worst_best + margin * (start - worst_best), up=lower)
 
 
 def _fmt_ratio(r: float) -> str:
@@ -418,11 +410,10 @@ def finding(traces: Trace | Iterable[Trace], target: float | None = None, x: str
     if not reached:
         return f"No run reaches {goal}"
     winner = min(reached, key=lambda k: reached[k])
-    refs = [run_label(t) for t in runs if _is_reference(t)]
-    ref = refs[0] if refs else run_label(runs[0])
+    ref = next((run_label(t) for t in runs if _is_reference(t)), run_label(runs[0]))
     sooner = "sooner" if x == "time" else "fewer steps"
     if len(runs) == 1:
-        return f"{winner} reaches {goal} at {_fmt_time(reached[winner]) if x == 'time' else f'step {reached[winner]}'}"
+        return f"{winner} reaches {goal} at {_fmt_at(reached[winner], x)}"
     # Runs within 0.5% of the first are a tie: "1.00x sooner" would overstate a difference of noise.
     tied = [k for k in reached if reached[k] <= reached[winner] * 1.005]
     if len(tied) > 1 and (ref in tied or len(tied) == len(runs)):
@@ -436,8 +427,7 @@ def finding(traces: Trace | Iterable[Trace], target: float | None = None, x: str
         ratio = others[second] / reached[ref] if reached[ref] > 0 else math.inf
         return f"{ref} reaches {goal} first, {_fmt_ratio(ratio)} {sooner} than {second}"
     if ref not in reached:
-        when = _fmt_time(reached[winner]) if x == "time" else f"step {reached[winner]}"
-        return f"{winner} reaches {goal} at {when}; {ref} never does"
+        return f"{winner} reaches {goal} at {_fmt_at(reached[winner], x)}; {ref} never does"
     ratio = reached[ref] / reached[winner] if reached[winner] > 0 else math.inf
     return f"{winner} reaches {goal} {_fmt_ratio(ratio)} {sooner} than {ref}"
 
