@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from simlib import options as opts
-from simlib.options import Option
 from simlib.protocol import Protocol
 from simlib.sim.config import SimConfig, Stragglers
 from simlib.sim.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_ROWS, DEFAULT_PROTOCOLS, DEFAULT_TARGET,
@@ -39,6 +38,10 @@ BATCH_BYTES_PER_ROW, BATCH_BYTES_PER_NNZ = 64, 32
 DATA_BYTES_PER_NNZ = 64
 PROCESS_BYTES = 150e6  # one worker process of a real substrate (interpreter, NumPy, its shard)
 TRAINING_FIELDS = ("n_workers", "steps", "batch_size", "lr", "staleness_aware", "accumulation", "seed")
+LIVE_HELP = "serve the live lecture panel (sliders, timelines, play mode) on 127.0.0.1"
+# Each command's one-line help, in the top-level listing and atop the command's own --help.
+_HELP = {"compare": "simulate BSP, SSP and async on one cluster; print a table and write a figure",
+         "run": "train one problem under one protocol on one substrate; print its summary", "live": LIVE_HELP}
 
 
 class CliError(Exception):
@@ -67,12 +70,6 @@ class ProblemSize:
     rows: int = _size_field(COMPARE_ROWS, "rows of the synthetic data set", 10_000_000)
     features: int = _size_field(COMPARE_FEATURES, "features (parameters) of the model", 10_000_000)
     nnz: int = _size_field(COMPARE_NNZ, "nonzeros per row", 10_000)
-
-
-def _cluster_options() -> tuple[list[Option], list[Option]]:
-    """SimConfig's flags, split into the cluster's and the stragglers'."""
-    all_ = [o for o in opts.options(SimConfig) if o.flag]
-    return [o for o in all_ if "." not in o.name], [o for o in all_ if o.name.startswith("stragglers.")]
 
 
 def _flag_of(field_name: str) -> str | None:
@@ -198,7 +195,7 @@ def _protocol_list(text: str) -> list[Protocol]:
 def _compare_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "compare",
-        help="simulate BSP, SSP and async on one cluster; print a table and write a figure",
+        help=_HELP["compare"],
         description="Simulate the same training job under several protocols on one cluster (same seed, so "
         "the same straggler draws), print time to a target loss, time per step, waiting and bytes, "
         "and write the timelines and loss curves to a figure.",
@@ -210,10 +207,11 @@ def _compare_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", default=os.path.join("simlib_out", "compare.png"),
                    help="figure path (" + ", ".join(t[1:].upper() for t in FIGURE_TYPES) + ")")
     p.add_argument("--no-plot", action="store_true", help="skip the figure")
-    cluster, stragglers = _cluster_options()
+    flagged = [o for o in opts.options(SimConfig) if o.flag]  # SimConfig's flags: the cluster's, the stragglers'
     base = default_cluster()
-    opts.add_arguments(p.add_argument_group("cluster"), cluster, base)
-    opts.add_arguments(p.add_argument_group("stragglers"), stragglers, base)
+    opts.add_arguments(p.add_argument_group("cluster"), [o for o in flagged if "." not in o.name], base)
+    opts.add_arguments(p.add_argument_group("stragglers"), [o for o in flagged if o.name.startswith("stragglers.")],
+                       base)
     return p
 
 
@@ -381,7 +379,7 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "run",
-        help="train one problem under one protocol on one substrate; print its summary",
+        help=_HELP["run"],
         description="Train a problem with simlib.run on a substrate (the simulator or real processes) and print "
         "time, updates, bytes, mean staleness tau and the final metric.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -433,11 +431,9 @@ def run_one(args: argparse.Namespace) -> int:
     data = make_sparse_classification(size.rows, size.features, size.nnz, label_noise=0.05, seed=seed)
     problem = LogisticProblem(data, l2=1e-4, eval_rows=min(4_000, size.rows), seed=seed)
     check_interrupt()
-    staleness_aware = training.pop("staleness_aware")
     try:
         with _quiet_numerics():
-            result = simlib.run(problem, args.protocol, substrate=args.substrate, staleness_aware=staleness_aware,
-                                **training)
+            result = simlib.run(problem, args.protocol, substrate=args.substrate, **training)
     except ValueError as exc:
         raise CliError(_refusal(exc, "--substrate")) from None
     t = result.trace
@@ -455,8 +451,6 @@ def run_one(args: argparse.Namespace) -> int:
 
 
 # -- live and the top level ---------------------------------------------------------------------------
-
-LIVE_HELP = "serve the live lecture panel (sliders, timelines, play mode) on 127.0.0.1"
 
 
 def _run_live(argv: list[str], prog: str) -> int:
@@ -482,11 +476,8 @@ def _prog() -> str:
 def _top_parser(prog: str) -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="simlib: distributed ML you can run and measure")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{compare,run,live}")
-    sub.add_parser("compare", help="simulate BSP, SSP and async on one cluster; print a table and write a figure",
-                   add_help=False)
-    sub.add_parser("run", help="train one problem under one protocol on one substrate; print its summary",
-                   add_help=False)
-    sub.add_parser("live", help=LIVE_HELP, add_help=False)
+    for name, text in _HELP.items():
+        sub.add_parser(name, help=text, add_help=False)
     return parser
 
 

@@ -292,6 +292,14 @@ class ErrorFeedback(Compressor):
         return 0.0 if self.residual is None else float(self.residual.sum())
 
 
+# The compressor class of each spec name (its '-ef' / '-noef' suffix removed) and its argument's keyword.
+_KINDS: dict[str, tuple[type[Compressor], str | None]] = {
+    "none": (NoCompression, None), "sparse": (SparseEncoding, None), "onebit": (OneBit, None),
+    "qsgd": (StochasticQuantization, "levels"), "topk": (TopK, "k"),
+    "budget": (ByteBudget, "budget"), "budget-random": (RandomBudget, "budget"),
+}
+
+
 def make_compressor(
     spec: str | None,
     n_params: int,
@@ -305,19 +313,9 @@ def make_compressor(
     """
     spec = "none" if spec is None else spec
     name, arg = parse_spec(spec)
-    kw = dict(key_bytes=key_bytes, value_bytes=value_bytes)
-    if name == "none":
-        return NoCompression(spec, n_params, rng, **kw)
-    if name == "sparse":
-        return SparseEncoding(spec, n_params, rng, **kw)
-    if name.startswith("onebit"):
-        comp: Compressor = OneBit(spec, n_params, rng, **kw)
-    elif name.startswith("qsgd"):
-        comp = StochasticQuantization(spec, n_params, rng, levels=int(arg or 1), **kw)
-    elif name.startswith("topk"):
-        comp = TopK(spec, n_params, rng, k=float(arg), **kw)  # type: ignore[arg-type]
-    else:
-        budget = RandomBudget if name == "budget-random" else ByteBudget
-        comp = budget(spec, n_params, rng, budget=int(arg), **kw)  # type: ignore[arg-type]
+    # parse_spec allows an argument only where _KINDS names the keyword it becomes (qsgd: optional).
+    cls, arg_name = _KINDS[name.removesuffix("-ef").removesuffix("-noef")]
+    extra = {} if arg is None else {arg_name: arg}
+    comp = cls(spec, n_params, rng, key_bytes=key_bytes, value_bytes=value_bytes, **extra)
     # Error feedback: opt-in for onebit and qsgd ('-ef'), the default for topk, always on for budget.
     return ErrorFeedback(comp) if name.endswith("-ef") or name in ("topk", "budget", "budget-random") else comp

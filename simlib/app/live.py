@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import functools
 import html
 import io
 import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -173,10 +175,12 @@ class LivePanel:
         self.c_large = W.ToggleButton(False, description="projector mode",
                                       tooltip="24 px controls and a sharper figure, for a full-screen browser on a projector")
         self.c_large.observe(self._on_large, names="value")
-        self._controls = [self.c_workers, self.c_steps, *self.c_protocols.values(), self.c_staleness,
-                          self.c_straggler, self.c_severity, self.c_latency, self.c_bandwidth, self.c_topology,
-                          self.c_servers, self.c_compression]
-        for c in self._controls:
+        # The control that shows each LiveSettings field (the protocols are the toggles; the seed has none).
+        self._fields = {"n_workers": self.c_workers, "steps": self.c_steps, "staleness": self.c_staleness,
+                        "straggler": self.c_straggler, "severity": self.c_severity, "latency": self.c_latency,
+                        "bandwidth": self.c_bandwidth, "topology": self.c_topology, "n_servers": self.c_servers,
+                        "compression": self.c_compression}
+        for c in [*self._fields.values(), *self.c_protocols.values()]:
             c.observe(self._on_change, names="value")
         self.c_window.observe(lambda _: self._draw(), names="value")
 
@@ -224,12 +228,8 @@ class LivePanel:
     def _read_controls(self) -> LiveSettings:
         """The settings the controls show now."""
         chosen = tuple(p for p in PROTOCOLS if self.c_protocols[p].value) or ("bsp",)
-        return LiveSettings(
-            n_workers=self.c_workers.value, steps=self.c_steps.value, protocols=chosen,
-            staleness=self.c_staleness.value, straggler=self.c_straggler.value, severity=float(self.c_severity.value),
-            latency=float(self.c_latency.value), bandwidth=float(self.c_bandwidth.value), topology=self.c_topology.value,
-            n_servers=self.c_servers.value, compression=self.c_compression.value, seed=self.settings.seed,
-        )
+        # The float sliders' values are floats already (their traits cast them).
+        return LiveSettings(protocols=chosen, seed=self.settings.seed, **{f: c.value for f, c in self._fields.items()})
 
     def set(self, **changes: Any) -> None:
         """Change settings from code (as the sliders do) and re-run synchronously."""
@@ -242,12 +242,10 @@ class LivePanel:
         s = self.settings
         self._muted = True
         try:
-            self.c_workers.value, self.c_steps.value, self.c_staleness.value = s.n_workers, s.steps, s.staleness
+            for f, c in self._fields.items():
+                c.value = getattr(s, f)
             for p, b in self.c_protocols.items():
                 b.value = p in s.protocols
-            self.c_straggler.value, self.c_severity.value = s.straggler, s.severity
-            self.c_latency.value, self.c_bandwidth.value = s.latency, s.bandwidth
-            self.c_topology.value, self.c_servers.value, self.c_compression.value = s.topology, s.n_servers, s.compression
         finally:
             self._muted = False
 
@@ -320,12 +318,15 @@ class LivePanel:
 
     def _done(self, fut: concurrent.futures.Future, gen: int, t0: float) -> None:
         """The worker thread finished: draw if this is still the newest run."""
-        if gen != self._gen:
-            return
+        if gen == self._gen:
+            self._finished(fut, lambda traces: self._finish_draw(traces, t0))
+
+    def _finished(self, fut: concurrent.futures.Future, then: Callable[[Any], None]) -> None:
+        """Hide the progress bar, then pass the result on (a run or an export) or say what went wrong."""
         self.progress.layout.visibility = "hidden"
         exc = fut.exception()
         if exc is None:
-            self._finish_draw(fut.result(), t0)
+            then(fut.result())
         elif not isinstance(exc, Superseded):
             self._show_error(exc)
 
@@ -359,10 +360,9 @@ class LivePanel:
     def _show(self, frame: int) -> None:
         """Push the figure to the browser as one PNG, which names the moment it shows (text chunks)."""
         buf = io.BytesIO()
-        t = self.reveal.t if self.reveal is not None else 0.0
         # NOTE: zlib level 1 instead of 6: the PNG grows ~10% and encodes ~3x faster (a frame of Play).
-        self.fig.savefig(buf, format="png", metadata={"simlib:frame": str(frame),
-                                                      "simlib:time": repr(t)}, pil_kwargs={"compress_level": 1})
+        self.fig.savefig(buf, format="png", metadata={"simlib:frame": str(frame), "simlib:time": repr(self.reveal.t)},
+                         pil_kwargs={"compress_level": 1})
         self._image.value = buf.getvalue()
 
     def _window(self) -> float:
@@ -467,22 +467,16 @@ class LivePanel:
             folder = self.export_dir or tempfile.mkdtemp(prefix="simlib-live-export-")
             path = os.path.join(folder, "live-animation.html")
         path = os.path.abspath(path)
-        traces, window, rows = list(self.traces), self._window(), self.rows()
+        work = functools.partial(export_animation, list(self.traces), path, frames=frames, window=self._window(),
+                                 max_workers=self.rows())
         loop = self._loop
-
-        def progress(frac: float) -> None:
-            if loop is not None and not wait:
-                loop.call_soon_threadsafe(self._show_bar, frac, "export")
-
-        def work() -> str:
-            return export_animation(traces, path, frames=frames, window=window, max_workers=rows, progress=progress)
-
         if wait or loop is None:
             self._export_done(work())
             return path
         self.export_button.disabled = True
         self._show_bar(0.0, "export")
-        fut = self._export_executor.submit(work)
+        fut = self._export_executor.submit(
+            work, progress=lambda frac: loop.call_soon_threadsafe(self._show_bar, frac, "export"))
         fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._export_finished, f))
         return path
 
@@ -494,11 +488,7 @@ class LivePanel:
 
     def _export_finished(self, fut: concurrent.futures.Future) -> None:
         self.export_button.disabled = False
-        self.progress.layout.visibility = "hidden"
-        if fut.exception() is not None:
-            self._show_error(fut.exception())
-        else:
-            self._export_done(fut.result())
+        self._finished(fut, self._export_done)  # an export is never Superseded
 
     def _export_done(self, path: str) -> None:
         """Offer the animation as a download (a data link works wherever the page is served) and say where it is."""

@@ -92,15 +92,14 @@ class LiveSettings:
     def stragglers(self, nnz_per_row: float = 20.0) -> Stragglers:
         """The straggler model the kind and severity stand for."""
         s, step = self.severity, self.step_estimate(nnz_per_row)
-        if self.straggler == "slow worker":
-            return Stragglers(slow_workers=1, slow_factor=s)
-        if self.straggler == "jitter":
-            return Stragglers(jitter="lognormal", jitter_sigma=0.25 * s)
-        if self.straggler == "pauses":
-            return Stragglers(pause_prob=0.05, pause_time=s * step)
-        if self.straggler == "failure":
-            return Stragglers(fail_worker=0, fail_time=self.steps / 4 * step, restart_after=5 * s * step)
-        return Stragglers()
+        kinds: dict[str, dict[str, Any]] = {
+            "none": {},
+            "slow worker": dict(slow_workers=1, slow_factor=s),
+            "jitter": dict(jitter="lognormal", jitter_sigma=0.25 * s),
+            "pauses": dict(pause_prob=0.05, pause_time=s * step),
+            "failure": dict(fail_worker=0, fail_time=self.steps / 4 * step, restart_after=5 * s * step),
+        }
+        return Stragglers(**kinds[self.straggler])
 
     def runnable(self) -> tuple[str, ...]:
         """The chosen protocols that the topology allows (a ring all-reduce is a barrier: BSP only)."""

@@ -56,7 +56,6 @@ NULL_SHM = {"rows": 400, "features": 64}
 # A worked barrier round: both parties compute this long before each wait, one of them longer.
 BARRIER_WORK, BARRIER_SKEW = 100e-6, 50e-6
 
-KERNELS = ("ps_step", "ps_dense", "ps_apply", "hogwild_sgd", "bsp_grad", "bsp_apply")
 KERNEL_UNITS = {
     "ps_step": "nonzero",  # LogisticProblem batch + keys + gradient (numpy)
     "ps_dense": "parameter",  # the same step when every parameter is a key (dense model)
@@ -65,6 +64,7 @@ KERNEL_UNITS = {
     "bsp_grad": "nonzero",  # numba grad_rows
     "bsp_apply": "feature",  # numba apply_mean_gradient with one worker's gradient, per feature
 }
+KERNELS = tuple(KERNEL_UNITS)
 
 # Below this CPU share per process (1.0 = a whole core) the machine counts as busy: measurements and
 # forecasts then move with what the other programs do, from one second to the next.
@@ -226,7 +226,7 @@ class Calibration:
         # A message is CPU work at both ends (system calls, copies, wake-ups), so it stretches
         # like compute when our processes get less of a core than when the pipes were measured.
         stretch = self.pipe_share / self.share(busy)
-        fields = dict(
+        return SimConfig(**(dict(
             latency=self.pipe_latency.median * stretch,
             bandwidth=self.pipe_bandwidth.median / stretch,
             compute_per_unit=k.per_unit.median * slow,
@@ -234,9 +234,7 @@ class Calibration:
             cost_unit="nonzero",
             key_bytes=4,
             value_bytes=8,
-        )
-        fields.update(overrides)
-        return SimConfig(**fields)
+        ) | overrides))
 
     # -- persistence and display -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -375,7 +373,7 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
     prob: LogisticProblem = cache["problem"]
     d = prob.data
     base = worker * (d.n_rows // 2)  # each worker has its own rows, as in a data-parallel run
-    units, times = [], []
+    timed: list[tuple[float, Callable[[], Any]]] = []  # (units of work, one call to time)
     if kind in ("ps_step", "ps_dense"):
         # exactly the pipe PS worker's work per step: keys, gradient, packing the push
         cases = [(prob, np.arange(base, base + b)) for b in (16, 256, 1024, 2048)] if kind == "ps_step" else \
@@ -383,12 +381,11 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
         for p, batch in cases:
             keys = pull_keys(p, batch)
             values = np.zeros(len(keys))
-            units.append(p.work(batch) if kind == "ps_step" else p.n_params)
 
             def step(p: Any = p, batch: np.ndarray = batch, values: np.ndarray = values) -> None:
                 push_message(p, values, batch, pull_keys(p, batch))
 
-            times.append(_time_calls(step, calls))
+            timed.append((p.work(batch) if kind == "ps_step" else p.n_params, step))
     elif kind == "ps_apply":
         w = cache["w_apply"]
         rng = np.random.default_rng(worker)
@@ -400,8 +397,7 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
                 w[keys] -= 0.1 * g
                 w[keys].copy()
 
-            units.append(n)
-            times.append(_time_calls(apply, calls))
+            timed.append((n, apply))
     elif kind in ("hogwild_sgd", "bsp_grad"):
         w = cache["shared_w"].array  # shared by both workers, as in Hogwild
         stamp = np.ones(d.n_features)
@@ -412,7 +408,6 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
             # shard (the same rows again and again sit in cache: measured 17 us against 22 us
             # for 400 rows, which left a BSP step 8% short).
             windows = [base + (k * rows) % (half - rows) for k in range(calls + 1)]
-            units.append(float(np.mean([d.indptr[a + rows] - d.indptr[a] for a in windows])))
             nxt = iter(windows * 2)
             if kind == "hogwild_sgd":
                 def f(rows: int = rows, nxt: Any = nxt) -> None:
@@ -422,7 +417,7 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
                 def f(rows: int = rows, nxt: Any = nxt) -> None:
                     lo = next(nxt)
                     hk.grad_rows(d.indptr, d.indices, d.values, d.y, w, lo, lo + rows, g)
-            times.append(_time_calls(f, calls))
+            timed.append((float(np.mean([d.indptr[a + rows] - d.indptr[a] for a in windows])), f))
     elif kind == "bsp_apply":
         # Per feature, not per (feature, gradient) entry: the loop over features costs about
         # 2 ns each here, a second worker's gradient only 0.5 ns more, so a per-entry price
@@ -430,11 +425,10 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
         grads = cache["grads"][:1]
         w = np.zeros(grads.shape[1])
         for n in (grads.shape[1] // 16, grads.shape[1] // 4, grads.shape[1]):
-            units.append(n)
-            times.append(_time_calls(lambda n=n: hk.apply_mean_gradient(w, grads, 0, n, 0.01, 1.0), calls))
+            timed.append((n, lambda n=n: hk.apply_mean_gradient(w, grads, 0, n, 0.01, 1.0)))
     else:  # pragma: no cover - guarded by KERNELS
         raise ValueError(f"kernel must be one of {KERNELS}, got {kind!r}")
-    a, b = fit_line(units, times)
+    a, b = fit_line([u for u, _ in timed], [_time_calls(f, calls) for _, f in timed])
     return max(a, 0.0), b
 
 

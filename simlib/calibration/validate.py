@@ -38,8 +38,9 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from simlib.calibration.calibrate import BUSY_SHARE, Calibration, Spread, busy_note, calibrate, measure_load
-from simlib.parallel.pipe_ps import DenseKeys
+from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, NULL_SHM, Calibration, Spread, busy_note, calibrate,
+                                          kernel_problem, measure_load)
+from simlib.parallel.pipe_ps import DenseKeys, run_pipe_ps
 from simlib.sim.config import SimConfig
 from simlib.sim.engine import simulate
 from simlib.trace import Trace
@@ -133,10 +134,10 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
         return cfg.replace(compute_overhead=overhead)
     shard = w.n_rows // n_workers
     if w.substrate == "hogwild":
-        chunks = -(-shard // w.global_batch)
+        steps = -(-shard // w.global_batch) * w.epochs
         return cal.sim_config("hogwild_sgd", busy=busy, n_workers=n_workers, protocol="async",
-                              steps=chunks * w.epochs, batch_size=w.global_batch, lr=w.lr, latency=0.0,
-                              bandwidth=FREE_BANDWIDTH, eval_every=chunks * w.epochs)
+                              steps=steps, batch_size=w.global_batch, lr=w.lr, latency=0.0,
+                              bandwidth=FREE_BANDWIDTH, eval_every=steps)
     # bsp_shm
     steps = -(-shard // b) * w.epochs
     feature = cal.unit_time("bsp_apply", busy)
@@ -164,8 +165,6 @@ def bsp_sync(cal: Calibration, n_workers: int) -> float:
     null_step = cal.bsp_step.median_or(math.nan)
     if math.isnan(null_step):
         return 2 * cal.barrier_cost[1].median
-    from simlib.calibration.calibrate import NULL_SHM
-
     work = cal.compute_time("bsp_grad", 1, 1) + cal.compute_time("bsp_apply", NULL_SHM["features"], 1)
     return max(null_step - work, 0.0)
 
@@ -192,8 +191,6 @@ def pipe_ps_residual(cal: Calibration) -> float:
     """
     if math.isnan(cal.ps_step.median_or(math.nan)):
         return 0.0
-    from simlib.calibration.calibrate import NULL_PS, kernel_problem
-
     quick = bool(cal.context.get("quick", False))
     cfg = _pipe_ps_config(cal, 1, NULL_PS["n_workers"], NULL_PS["steps"], NULL_PS["batch_size"], 0.5)
     modelled = last_span_end(simulate(cfg, kernel_problem(quick))) / NULL_PS["steps"]
@@ -217,8 +214,8 @@ def warmup(w: Workload, cal: Calibration, n_workers: int = 1) -> float:
 def shm_bytes_per_worker(w: Workload, n_workers: int) -> int:
     """Bytes of shared memory one worker of a shared-memory run reads: its shard, the weights, the gradients."""
     data = workload_problem(w).data
-    nnz = data.nnz * (w.n_rows // n_workers) // data.n_rows
     rows = w.n_rows // n_workers
+    nnz = data.nnz * rows // data.n_rows
     shard = nnz * (data.indices.itemsize + data.values.itemsize) + rows * (data.indptr.itemsize + data.y.itemsize)
     model = 8 * w.n_features * (1 + (n_workers if w.substrate == "bsp_shm" else 0))
     return int(shard + model)
@@ -247,14 +244,12 @@ def measure(w: Workload, n_workers: int) -> tuple[float, Trace]:
     check.positive_int("n_workers", n_workers)
     prob = workload_problem(w)
     if w.substrate == "pipe_ps":
-        from simlib.parallel.pipe_ps import run_pipe_ps
-
         trace = run_pipe_ps(prob, n_workers, w.steps, w.batch_size(n_workers), w.lr).trace
     else:
         from simlib.parallel.hogwild import train
 
         mode = "hogwild" if w.substrate == "hogwild" else "bsp"
-        trace = train(prob.data if not isinstance(prob, DenseKeys) else prob.inner.data, mode, n_workers=n_workers,
+        trace = train(prob.data, mode, n_workers=n_workers,
                       lr=w.lr, l2=1e-4, epochs=w.epochs, batch_size=w.batch_size(n_workers),
                       chunk_rows=w.global_batch, monitor_every=10.0, eval_rows=min(2_000, w.n_rows), seed=w.seed).trace
     trace.label = f"{w.name}, {n_workers} worker{'s' if n_workers > 1 else ''} (measured)"
@@ -381,9 +376,8 @@ def plot_comparison(result: Comparison, workload: str, n_workers: int = 2) -> An
     row = next(r for r in result.rows if r.workload == workload and r.n_workers == n_workers)
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1.3, 1.3, 1.0]})
     pred, meas = result.predicted[(workload, n_workers)], result.measured[(workload, n_workers)]
-    known = WORKLOADS.get(workload) or KNOWN_GAPS.get(workload) or _workload_of(result, workload)
-    t_max = max(last_span_end(pred) + result.calibration.start_time(processes(known, n_workers)),
-                last_span_end(meas))
+    start = result.calibration.start_time(processes(Workload(workload, row.substrate), n_workers))
+    t_max = max(last_span_end(pred) + start, last_span_end(meas))
     plot_timeline(pred, ax=axes[0], t_max=t_max, arrows=False, legend=False, barriers=False,
                   title=f"predicted: {row.predicted * 1e3:.0f} ms (sim, start-up not drawn)")
     plot_timeline(meas, ax=axes[1], t_max=t_max, arrows=False, barriers=False,
@@ -397,9 +391,3 @@ def plot_comparison(result: Comparison, workload: str, n_workers: int = 2) -> An
     fig.suptitle(f"{workload}: the prediction is {verdict} 25% of the measured wall time on {n_workers} workers")
     fig.tight_layout()
     return fig
-
-
-def _workload_of(result: Comparison, name: str) -> Workload:
-    """A workload of the caller's own: recover its substrate from the rows (for the process count)."""
-    sub = next(r.substrate for r in result.rows if r.workload == name)
-    return Workload(name, sub)

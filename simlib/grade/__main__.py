@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from itertools import groupby
 from pathlib import Path
 
 from simlib.grade import notebook as nbm
-from simlib.grade.gradebook import grade_class
+from simlib.grade.gradebook import grade_class, part_totals
 from simlib.grade.sandbox import Limits
 
 
@@ -78,12 +79,9 @@ def grade(argv: list[str]) -> int:
     out = a.out if a.out is not None else Path("grades") / master.stem
     limits = Limits(cell_s=a.cell_timeout, wall_s=a.timeout, memory_mb=a.memory_mb, max_procs=a.max_procs)
     rows = grade_class(master, a.submissions, out, limits, jobs=a.jobs)
-    totals: dict[str, list[float]] = {}
-    for r in rows:
-        t = totals.setdefault(r["student"], [0.0, 0.0])
-        t[0] += r["points"]
-        t[1] += r["max_points"] if r["status"] != "needs manual grading" else 0
-    for student, (got, of) in totals.items():
+    # grade_class lists each student's rows together
+    for student, parts in groupby(rows, key=lambda r: r["student"]):
+        got, of = part_totals(list(parts))
         print(f"{student}: {got:g} / {of:g}")
     print(f"gradebook: {out / 'gradebook.csv'}; feedback: {out / 'feedback'}")
     return 0

@@ -133,6 +133,12 @@ def find_submissions(folder: Path, assignment: str) -> dict[str, Path | None]:
     return out
 
 
+def part_totals(parts: list[dict[str, Any]]) -> tuple[float, float]:
+    """(points scored, points autograded) summed over a submission's part rows."""
+    return (sum(r["points"] for r in parts),
+            sum(r["max_points"] for r in parts if r["status"] != "needs manual grading"))
+
+
 def check_hidden(master_path: Path, out_dir: Path, submissions: Path) -> None:
     """ValueError if the sandbox could read the master (hidden tests), the gradebook or other submissions."""
     for what, path in (("the master notebook", master_path), ("--out", out_dir), ("submissions-dir", submissions)):
@@ -189,9 +195,7 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
         results[student] = result
         write_feedback(out_dir / "feedback" / f"{_SAFE.sub('_', student)}.txt", master_path.stem, student, result)
         if bar is not None:
-            got = sum(r["points"] for r in result["parts"])
-            auto = sum(r["max_points"] for r in result["parts"] if r["status"] != "needs manual grading")
-            bar.step(student, got, auto, cached)
+            bar.step(student, *part_totals(result["parts"]), cached)
 
     todo: dict[str, tuple[Path | None, Path]] = {}
     for student, path in found.items():
@@ -208,8 +212,7 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
             result = done.result()
             hit.write_text(json.dumps(result, indent=1, sort_keys=True))
             finish(student, result, False)
-    rows = [{"assignment": master_path.stem, "student": student, "part": row["part"], "points": row["points"],
-             "max_points": row["max_points"], "status": row["status"]}
+    rows = [{"assignment": master_path.stem, "student": student} | {k: row[k] for k in COLUMNS[2:]}
             for student in found for row in results[student]["parts"]]
     write_gradebook(out_dir / "gradebook.csv", rows)
     return rows
@@ -245,8 +248,7 @@ def write_gradebook(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def write_feedback(path: Path, assignment: str, student: str, result: dict[str, Any]) -> None:
     """Per-student feedback: points per part, failed tests with their messages (never hidden test code)."""
-    total = sum(r["points"] for r in result["parts"])
-    auto_max = sum(r["max_points"] for r in result["parts"] if r["status"] != "needs manual grading")
+    total, auto_max = part_totals(result["parts"])
     manual = sum(r["max_points"] for r in result["parts"] if r["status"] == "needs manual grading")
     lines = [f"{assignment}: feedback for {student}", "",
              f"Autograded: {total:g} / {auto_max:g} points" + (f"; {manual:g} more points are graded by hand." if manual else ""), ""]

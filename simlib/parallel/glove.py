@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from threading import Barrier
 from typing import Any, Callable
 
 import numpy as np
@@ -57,6 +58,7 @@ from simlib.problems.glove import (
 from simlib.trace import Trace
 
 MODES = ("hogwild", "model", "sync")
+_ENTRIES = ("rows", "cols", "logx", "fx")  # the shared arrays of the co-occurrence entries, in this order
 _BARRIER_TIMEOUT = 600.0  # a peer that died is noticed by the group long before this
 
 
@@ -84,17 +86,21 @@ def _shard(n: int, worker_id: int, n_workers: int) -> slice:
     return slice(n * worker_id // n_workers, n * (worker_id + 1) // n_workers)
 
 
+def _setup(data: dict[str, SharedArray], config: GloveConfig) -> tuple:
+    """A worker's context, its entry arrays (rows, cols, logx, fx), and the float32 step size and clip."""
+    ctx = current()
+    assert ctx is not None
+    return ctx, *(data[k].array for k in _ENTRIES), np.float32(config.lr), np.float32(config.grad_clip)
+
+
 # -- Hogwild --------------------------------------------------------------------------------------
 
 
 def _hogwild_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], params: dict[str, SharedArray],
                     costs: SharedArray, config: GloveConfig, barrier) -> None:
     """Worker: each epoch, AdaGrad over this worker's shard of the shuffled entries, no locks."""
-    ctx = current()
-    assert ctx is not None
-    rows, cols, logx, fx = (data[k].array for k in ("rows", "cols", "logx", "fx"))
+    ctx, rows, cols, logx, fx, eta, clip = _setup(data, config)
     arrays = tuple(params[k].array for k in GloveParams.ARRAYS)
-    eta, clip = np.float32(config.lr), np.float32(config.grad_clip)
     for epoch in range(config.epochs):
         order = epoch_order(rows.shape[0], config.seed, epoch)[_shard(rows.shape[0], worker_id, n_workers)]
         with ctx.timed("compute", step=epoch):
@@ -156,14 +162,11 @@ def slice_update_kernel(rows, cols, logx, fx, order, partials, W, C, gW, gC, lo,
 def _model_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], params: dict[str, SharedArray],
                   costs: SharedArray, partials: SharedArray, config: GloveConfig, batch: int, barrier) -> None:
     """Worker: own dimensions [lo, hi); per batch, publish partial dots, wait, update the own slice."""
-    ctx = current()
-    assert ctx is not None
-    rows, cols, logx, fx = (data[k].array for k in ("rows", "cols", "logx", "fx"))
+    ctx, rows, cols, logx, fx, eta, clip = _setup(data, config)
     W, C, bw, bc, gW, gC, gbw, gbc = (params[k].array for k in GloveParams.ARRAYS)
     dims = _shard(config.dim, worker_id, n_workers)
     lo, hi = dims.start, dims.stop
     with_bias = worker_id == 0  # worker 0 owns the biases
-    eta, clip = np.float32(config.lr), np.float32(config.grad_clip)
     nnz = rows.shape[0]
     buf = partials.array
     for epoch in range(config.epochs):
@@ -251,13 +254,10 @@ def apply_summed_kernel(lo, hi, grads_W, grads_C, grads_bw, grads_bc, W, C, bw, 
 def _sync_worker(worker_id: int, n_workers: int, data: dict[str, SharedArray], params: dict[str, SharedArray],
                  costs: SharedArray, grads: dict[str, SharedArray], config: GloveConfig, batch: int, barrier) -> None:
     """Worker: per batch, gradient of its half at shared parameters; barrier; sum and apply for its rows."""
-    ctx = current()
-    assert ctx is not None
-    rows, cols, logx, fx = (data[k].array for k in ("rows", "cols", "logx", "fx"))
+    ctx, rows, cols, logx, fx, eta, clip = _setup(data, config)
     W, C, bw, bc, aW, aC, abw, abc = (params[k].array for k in GloveParams.ARRAYS)
     gW, gC, gbw, gbc = (grads[k].array for k in ("W", "C", "bw", "bc"))
     mine = _shard(W.shape[0], worker_id, n_workers)
-    eta, clip = np.float32(config.lr), np.float32(config.grad_clip)
     nnz = rows.shape[0]
     for epoch in range(config.epochs):
         order = epoch_order(nnz, config.seed, epoch)
@@ -291,20 +291,13 @@ class _Held:
         self.array = array
 
 
-class _NoWait:
-    """A barrier that never waits: the warm-up runs the workers one after the other."""
-
-    def wait(self, timeout: float | None = None) -> int:
-        return 0
-
-
 def _worker_call(mode: str, zeros: Callable[..., Any], copy_of: Callable[[np.ndarray], Any], entries: tuple,
                  n_words: int, config: GloveConfig, n_workers: int, batch: int, barrier: Any) -> tuple[Callable, tuple]:
     """``mode``'s worker function and its arguments, on arrays made by ``zeros(shape, dtype)`` and ``copy_of``.
 
     ``entries`` is (rows, cols, logx, fx); the arguments start (data, params, costs, ...).
     """
-    data = {k: copy_of(v) for k, v in zip(("rows", "cols", "logx", "fx"), entries)}
+    data = {k: copy_of(v) for k, v in zip(_ENTRIES, entries)}
     shapes = GloveParams.shapes(n_words, config.dim)
     params = {k: zeros(shape, np.float32) for k, shape in shapes.items()}
     GloveParams.init(n_words, config, out={k: v.array for k, v in params.items()})
@@ -337,8 +330,9 @@ def _warm_up(mode: str, n_workers: int) -> None:
     rng = np.random.default_rng(0)
     rows, cols = rng.integers(0, 4, 7).astype(np.int32), rng.integers(0, 4, 7).astype(np.int32)
     tiny = GloveConfig(dim=max(2, n), epochs=1)
+    # A barrier of one party never waits: the warm-up runs the workers one after the other.
     fn, args = _worker_call(mode, lambda shape, dtype: _Held(np.zeros(shape, dtype)), _Held,
-                            (rows, cols, *entry_terms(np.ones(7, np.float32), tiny)), 4, tiny, n, 2, _NoWait())
+                            (rows, cols, *entry_terms(np.ones(7, np.float32), tiny)), 4, tiny, n, 2, Barrier(1))
     try:
         for w in range(n):
             worker._install(worker.WorkerContext(w, n, 0.0))
@@ -350,11 +344,8 @@ def _warm_up(mode: str, n_workers: int) -> None:
 
 def epoch_seconds(trace: Trace, epochs: int) -> list[float]:
     """Wall time of each epoch: from the first span of that step to the last, over all workers."""
-    out = []
-    for epoch in range(epochs):
-        spans = [s for s in trace.spans if s.step == epoch]
-        out.append(max(s.end for s in spans) - min(s.start for s in spans) if spans else 0.0)
-    return out
+    per_epoch = [[s for s in trace.spans if s.step == epoch] for epoch in range(epochs)]
+    return [max(s.end for s in spans) - min(s.start for s in spans) if spans else 0.0 for spans in per_epoch]
 
 
 def train_parallel(

@@ -367,14 +367,10 @@ class _Trap:
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
             return
-        if _signals.handler(signal.SIGTERM) is signal.SIG_DFL:
-            self._install(signal.SIGTERM)
-        if _signals.handler(signal.SIGINT) is signal.default_int_handler:
-            self._install(signal.SIGINT)
-
-    def _install(self, signum: int) -> None:
-        self._previous[signum] = signal.getsignal(signum)
-        signal.signal(signum, self._on_signal)
+        for signum, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+            if _signals.handler(signum) is default:
+                self._previous[signum] = signal.getsignal(signum)
+                signal.signal(signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.seen = signum

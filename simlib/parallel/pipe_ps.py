@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training, new_trace
+from simlib.contract import ParamServer, Result, Training, check_problem, new_trace
 from simlib.diverged import check_metric
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
@@ -122,8 +122,6 @@ def run_pipe_ps(problem: Any, n_workers: int = 2, steps: int = 50, batch_size: i
                 eval_every: int = 0, start_method: str | None = None, timeout: float | None = 120.0) -> Result:
     """BSP over pipes with the loss every ``eval_every`` rounds (0: at the start and the end only)."""
     check.non_negative_int("eval_every", eval_every)
-    from simlib.contract import check_problem
-
     check_problem(problem)
     training = Training(n_workers=n_workers, steps=steps, batch_size=batch_size, lr=lr, eval_every=max(eval_every, 1))
     return run(problem, Protocol("bsp"), training, start_method, timeout, evaluate=eval_every > 0)

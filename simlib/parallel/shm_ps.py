@@ -83,10 +83,8 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
     rule = training.rule
     for c in range(training.steps):
         t0 = time.perf_counter()
-        completed = int(fin.min())
-        while not may_read(c, completed, bound):
+        while not may_read(c, completed := int(fin.min()), bound):
             time.sleep(_POLL)
-            completed = int(fin.min())
         t1 = time.perf_counter()
         batch = problem.batch(shards[i], c, training.batch_size)
         keys = problem.keys(batch)

@@ -52,10 +52,8 @@ class GloveConfig:
 
     def __post_init__(self) -> None:
         check.positive_int("dim", self.dim)
-        check.positive("x_max", self.x_max)
-        check.positive("alpha", self.alpha)
-        check.positive("lr", self.lr)
-        check.positive("grad_clip", self.grad_clip)
+        for name in ("x_max", "alpha", "lr", "grad_clip"):
+            check.positive(name, getattr(self, name))
         check.positive_int("epochs", self.epochs)
         check.non_negative_int("seed", self.seed)
 
@@ -329,8 +327,7 @@ class GloveParams:
     @staticmethod
     def shapes(n_words: int, dim: int) -> dict[str, tuple[int, ...]]:
         """The shape of each array, by name."""
-        return {"W": (n_words, dim), "C": (n_words, dim), "bw": (n_words,), "bc": (n_words,),
-                "gW": (n_words, dim), "gC": (n_words, dim), "gbw": (n_words,), "gbc": (n_words,)}
+        return dict(zip(GloveParams.ARRAYS, [(n_words, dim), (n_words, dim), (n_words,), (n_words,)] * 2))
 
     @classmethod
     def init(cls, n_words: int, config: GloveConfig, out: dict[str, np.ndarray] | None = None) -> "GloveParams":

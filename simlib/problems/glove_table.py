@@ -20,6 +20,7 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -39,9 +40,8 @@ class GloveProblem:
         validate_training(cooc, config)
         check.positive_int("eval_entries", eval_entries)
         self.cooc, self.config = cooc, config
-        v, d = cooc.n_words, config.dim
-        self.v, self.d = v, d
-        sizes = [v * d, v * d, v, v, v * d, v * d, v, v]  # W, C, bw, bc, gW, gC, gbw, gbc
+        self.v, self.d = cooc.n_words, config.dim
+        sizes = [math.prod(shape) for shape in GloveParams.shapes(self.v, self.d).values()]  # W, C, bw, bc, gW, ...
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.n_params = int(self.offsets[-1])
         self.logx, self.fx = entry_terms(cooc.values, config)
@@ -60,9 +60,8 @@ class GloveProblem:
 
     def unflatten(self, w: np.ndarray) -> GloveParams:
         """The flat table as GloveParams (float32 copies)."""
-        parts = [w[self.offsets[k] : self.offsets[k + 1]].astype(np.float32) for k in range(8)]
-        shapes = GloveParams.shapes(self.v, self.d)
-        return GloveParams(**{n: parts[k].reshape(shapes[n]) for k, n in enumerate(GloveParams.ARRAYS)})
+        return GloveParams(**{n: w[self.offsets[k] : self.offsets[k + 1]].astype(np.float32).reshape(shape)
+                              for k, (n, shape) in enumerate(GloveParams.shapes(self.v, self.d).items())})
 
     def shards(self, n_workers: int) -> list[tuple[int, int]]:
         """Contiguous ranges of the shuffled entry order, one per worker."""
@@ -87,20 +86,17 @@ class GloveProblem:
     def keys(self, batch: np.ndarray) -> np.ndarray:
         """Flat indices of W, C, biases and accumulators of the batch's words and contexts (sorted)."""
         ui, uj = self._rows(batch)
-        d, o = np.arange(self.d), self.offsets
-        row_keys = lambda base, u: (base + u[:, None] * self.d + d).ravel()  # noqa: E731
-        return np.concatenate([row_keys(o[0], ui), row_keys(o[1], uj), o[2] + ui, o[3] + uj,
-                               row_keys(o[4], ui), row_keys(o[5], uj), o[6] + ui, o[7] + uj])
+        # Row u of an array of width w (d for W, C, gW, gC; 1 for the biases) starts at base + u * w.
+        return np.concatenate([(base + u[:, None] * w + np.arange(w)).ravel()
+                               for base, u, w in zip(self.offsets, (ui, uj) * 4, (self.d, self.d, 1, 1) * 2)])
 
     def step(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
         """(keys, change): AdaGrad with base rate ``lr`` on the pulled rows, as deltas to add."""
         ui, uj = self._rows(batch)
-        a, b, d = len(ui), len(uj), self.d
-        sizes = [a * d, b * d, a, b, a * d, b * d, a, b]
-        cuts = np.concatenate([[0], np.cumsum(sizes)])
-        local = [np.ascontiguousarray(values[cuts[k] : cuts[k + 1]], dtype=np.float32) for k in range(8)]
-        for k in (0, 1, 4, 5):
-            local[k] = local[k].reshape(-1, d)
+        shapes = [(len(ui), self.d), (len(uj), self.d), (len(ui),), (len(uj),)] * 2  # W, C, bw, bc, then their G
+        cuts = np.concatenate([[0], np.cumsum([math.prod(shape) for shape in shapes])])
+        local = [np.ascontiguousarray(values[cuts[k] : cuts[k + 1]], dtype=np.float32).reshape(shape)
+                 for k, shape in enumerate(shapes)]
         rows = np.searchsorted(ui, self.cooc.rows[batch]).astype(np.int32)
         cols = np.searchsorted(uj, self.cooc.cols[batch]).astype(np.int32)
         adagrad_kernel(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), *local,

@@ -117,10 +117,9 @@ def make_lasso(n_rows: int = 1_000, n_features: int = 512, n_nonzero: int = 20, 
     check.probability("correlation", correlation)
     check.non_negative("noise", noise)
     check.positive("l1_ratio", l1_ratio)
-    if n_nonzero > n_features:
-        raise ValueError(f"n_nonzero ({n_nonzero}) must be <= n_features ({n_features})")
-    if n_correlated > n_features:
-        raise ValueError(f"n_correlated ({n_correlated}) must be <= n_features ({n_features})")
+    for name, n in (("n_nonzero", n_nonzero), ("n_correlated", n_correlated)):
+        if n > n_features:
+            raise ValueError(f"{name} ({n}) must be <= n_features ({n_features})")
     rng = np.random.default_rng(seed)
     At = rng.standard_normal((n_features, n_rows))
     At[:n_correlated] = np.sqrt(correlation) * rng.standard_normal(n_rows) + np.sqrt(1.0 - correlation) * At[:n_correlated]

@@ -185,11 +185,9 @@ def count_tables(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> tuple[np.nd
     if z.size and (z.min() < 0 or z.max() >= n_topics):
         raise ValueError(f"z must lie in [0, n_topics={n_topics})")
     K = n_topics
-    n_dk = np.bincount(corpus.doc_of.astype(np.int64) * K + z, minlength=corpus.n_docs * K)
-    n_wk = np.bincount(corpus.words.astype(np.int64) * K + z, minlength=corpus.n_words * K)
-    n_k = np.bincount(z, minlength=K)
-    return (n_dk.reshape(corpus.n_docs, K).astype(np.int32), n_wk.reshape(corpus.n_words, K).astype(np.int32),
-            n_k.astype(np.int32))
+    n_dk, n_wk = (np.bincount(ids.astype(np.int64) * K + z, minlength=n * K).reshape(n, K).astype(np.int32)
+                  for ids, n in ((corpus.doc_of, corpus.n_docs), (corpus.words, corpus.n_words)))
+    return n_dk, n_wk, np.bincount(z, minlength=K).astype(np.int32)
 
 
 def conditional(n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, n_words: int) -> Any:

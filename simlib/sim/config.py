@@ -23,17 +23,20 @@ def _f(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
 
 
-def _reject_unknown(cls: type, kwargs: dict[str, Any]) -> None:
-    """Raise ValueError naming a keyword that is not a field of ``cls`` (a dataclass would raise a bare TypeError)."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    for key in kwargs:
-        if key not in known:
-            hint = check.nearest(key, known) or f"fields: {', '.join(sorted(known))}"
-            raise ValueError(f"{key}: not a field of {cls.__name__}; {hint}")
+class _FieldsOnly:
+    """Config dataclass base: an unknown keyword is a ValueError naming it (a dataclass raises a bare TypeError)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in kwargs:
+            if key not in known:
+                hint = check.nearest(key, known) or f"fields: {', '.join(sorted(known))}"
+                raise ValueError(f"{key}: not a field of {cls.__name__}; {hint}")
+        return super().__new__(cls)
 
 
 @dataclass(frozen=True)
-class Stragglers:
+class Stragglers(_FieldsOnly):
     """How workers are slower than the cost model says.
 
     * ``jitter``: per-step multiplicative noise on compute time, mean 1: 'lognormal' with
@@ -53,10 +56,6 @@ class Stragglers:
     fail_worker: int | None = _f(None, "a worker that fails ...", min=0, max=MAX_WORKERS)
     fail_time: float | None = _f(None, "... at this simulated time", unit="s", min=0, max=MAX_SECONDS)
     restart_after: float | None = _f(None, "... and comes back this much later", unit="s", min=0, max=MAX_SECONDS)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "Stragglers":
-        _reject_unknown(cls, kwargs)
-        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         check_fields(self, "stragglers.")
@@ -83,7 +82,7 @@ class Stragglers:
 
 
 @dataclass(frozen=True)
-class SimConfig:
+class SimConfig(_FieldsOnly):
     """A simulated training run: workers, protocol, topology, network, compute model, stragglers.
 
     Example::
@@ -131,10 +130,6 @@ class SimConfig:
     # rule (see simlib.protocol.Clocks) and a StepRule subclass replacing the built-in step rule.
     read_rule: "Callable[[int, int, float], bool] | None" = _f(None, "a read rule replacing the SSP rule", option=False)
     rule: Any = _f(None, "a StepRule subclass instance replacing the built-in step rule", option=False)
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "SimConfig":
-        _reject_unknown(cls, kwargs)
-        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         if isinstance(self.protocol, Protocol) or (isinstance(self.protocol, str) and self.protocol.lower() not in PROTOCOLS):

@@ -67,11 +67,8 @@ def compare(
     base = default_cluster() if base is None else base
     configs = [with_protocol(base, p) for p in protocols]  # every one validated before any run
     problem = compare_problem(base.seed) if problem is None else problem
-    traces = []
-    for i, cfg in enumerate(configs):
-        cb = None if progress is None else (lambda f, i=i: progress(i, f))
-        traces.append(simulate(cfg, problem, progress=cb))
-    return traces
+    return [simulate(cfg, problem, progress=None if progress is None else functools.partial(progress, i))
+            for i, cfg in enumerate(configs)]
 
 
 def summary_rows(traces: Sequence[Trace], target: float) -> list[dict[str, Any]]:

@@ -56,6 +56,8 @@ class Reveal:
         self._waits = [self._wait_columns(tr, n) for tr, n in zip(self.traces, self.rows)]
         self._curves: list[tuple[Line2D, np.ndarray, np.ndarray]] = []
         self._marks: list[tuple[Line2D, float]] = []
+        self._cursors = [ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=2.5, zorder=6, gid="cursor")
+                         for ax in self.timelines]
         if loss_ax is not None:
             for line in loss_ax.lines:
                 gid = line.get_gid() or ""
@@ -63,9 +65,6 @@ class Reveal:
                     self._curves.append((line, np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)))
                 elif gid.startswith("reached:"):
                     self._marks.append((line, float(line.get_xdata()[0])))
-        self._cursors = [ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=2.5, zorder=6, gid="cursor")
-                         for ax in self.timelines]
-        if loss_ax is not None:
             self._cursors.append(loss_ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=1.5, zorder=6,
                                                  gid="cursor"))
         # The waiting count lives in each timeline's title, above the rows: a box inside the axes hid rows.
@@ -104,10 +103,8 @@ class Reveal:
                 if gid.startswith(_REVEALED_GIDS):
                     art.set_clip_box(box)
                     changed.append(art)
-            n_wait = self.waiting_at(i, t)
-            label = run_label(self.traces[i])
-            self._texts[i].set_text(f"{label}: {n_wait} of {self.rows[i]} waiting" if t < self.t_end
-                                    else self._titles[i])
+            self._texts[i].set_text(f"{run_label(self.traces[i])}: {self.waiting_at(i, t)} of {self.rows[i]} waiting"
+                                    if t < self.t_end else self._titles[i])
             changed.append(self._texts[i])
         for cursor in self._cursors:
             cursor.set_xdata([t, t])
@@ -260,7 +257,7 @@ show(0);
 """
 
 
-def _small_png(fig: Figure, dpi: int) -> bytes:
+def _small_png(fig: Figure) -> bytes:
     """The figure as a PNG of at most 32 colours: the plots use a handful, and a palette PNG is ~4x smaller."""
     from PIL import Image
 
@@ -308,7 +305,7 @@ def export_animation(
         reveal = draw_runs(fig, traces, target=target, max_workers=max_workers, window=window)
         for k, t in enumerate(np.linspace(0.0, reveal.t_end, frames)):
             reveal(t)
-            uris.append('"data:image/png;base64,' + base64.b64encode(_small_png(fig, dpi)).decode("ascii") + '"')
+            uris.append('"data:image/png;base64,' + base64.b64encode(_small_png(fig)).decode("ascii") + '"')
             if progress is not None:
                 progress((k + 1) / frames)
     title = html.escape(fig.get_suptitle() or "simlib animation")

@@ -67,12 +67,10 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
                 if lo.shape != xs.shape or hi.shape != xs.shape:
                     raise ValueError(f"spread: {label!r} needs (low, high) with {xs.size} values each")
                 ax.fill_between(xs, lo, hi, color=color, alpha=0.25, linewidth=0, gid=f"spread:{label}")
-        if vline is not None:
-            ax.axvline(vline, color=OKABE_ITO["black"], linestyle="--", linewidth=1.8, label=vline_label or None,
-                       gid="vline")
-        if hline is not None:
-            ax.axhline(hline, color=OKABE_ITO["black"], linestyle=":", linewidth=1.8, label=hline_label or None,
-                       gid="hline")
+        for draw, at, text, linestyle, gid in ((ax.axvline, vline, vline_label, "--", "vline"),
+                                               (ax.axhline, hline, hline_label, ":", "hline")):
+            if at is not None:
+                draw(at, color=OKABE_ITO["black"], linestyle=linestyle, linewidth=1.8, label=text or None, gid=gid)
         if logx:
             ax.set_xscale("log", base=2)
             if len(xs) <= 8:  # few points: label each as a plain number; many would overlap

@@ -91,18 +91,13 @@ def barrier_times(trace: Trace, n_workers: int | None = None) -> np.ndarray:
 def _span_columns(trace: Trace, n_shown: int, t_max: float | None) -> dict[str, np.ndarray]:
     """The spans of the shown workers as columns, clipped to ``t_max``."""
     rows = [s for s in trace.spans if s.worker < n_shown and (t_max is None or s.start < t_max)]
-    if not rows:
-        empty = np.empty(0)
-        return {"worker": empty, "kind": np.empty(0, dtype=object), "start": empty, "end": empty}
-    worker, kind, start, end, _nbytes, _step = zip(*rows)
+    worker, kind, start, end, _nbytes, _step = zip(*rows) if rows else ((),) * 6
     end_arr = np.asarray(end, dtype=float)
-    if t_max is not None:
-        end_arr = np.minimum(end_arr, t_max)
     return {
         "worker": np.asarray(worker, dtype=float),
         "kind": np.asarray(kind, dtype=object),
         "start": np.asarray(start, dtype=float),
-        "end": end_arr,
+        "end": end_arr if t_max is None else np.minimum(end_arr, t_max),
     }
 
 
@@ -135,16 +130,15 @@ def _message_segments(trace: Trace, cols: dict[str, np.ndarray], n_shown: int, s
     """Message paths as (n, 2, 2) segments: push worker -> server (or ring neighbour), pull server -> worker."""
     topology = str(trace.meta.get("config", {}).get("topology", trace.meta.get("topology", "ps")))
     segs = []
-    send = cols["kind"] == "send"
-    if send.any():
-        w = cols["worker"][send]
-        dest = (w + 1) % n_shown if topology == "allreduce" else np.full_like(w, server_y)
-        segs.append(np.stack([np.stack([cols["start"][send], w], -1), np.stack([cols["end"][send], dest], -1)], 1))
-    recv = cols["kind"] == "recv"
-    if recv.any() and topology != "allreduce":
-        w = cols["worker"][recv]
-        src = np.full_like(w, server_y)
-        segs.append(np.stack([np.stack([cols["start"][recv], src], -1), np.stack([cols["end"][recv], w], -1)], 1))
+    # A ring has no pull: each worker sends to its neighbour.
+    for kind in ("send", "recv") if topology != "allreduce" else ("send",):
+        mask = cols["kind"] == kind
+        if not mask.any():
+            continue
+        w = cols["worker"][mask]
+        peer = (w + 1) % n_shown if topology == "allreduce" else np.full_like(w, server_y)
+        src, dest = (w, peer) if kind == "send" else (peer, w)
+        segs.append(np.stack([np.stack([cols["start"][mask], src], -1), np.stack([cols["end"][mask], dest], -1)], 1))
     return np.concatenate(segs) if segs else np.empty((0, 2, 2))
 
 
@@ -375,10 +369,9 @@ def default_target(traces: Trace | Iterable[Trace], margin: float = 0.05) -> flo
     if not with_q:
         raise ValueError("traces have no quality points to choose a target from")
     lower = runs[0].lower_is_better
-    bests = [min(q.value for q in t.quality) if lower else max(q.value for q in t.quality) for t in with_q]
-    starts = [t.quality[0].value for t in with_q]
-    worst_best = max(bests) if lower else min(bests)
-    start = max(starts) if lower else min(starts)
+    best, worst = (min, max) if lower else (max, min)
+    worst_best = worst(best(q.value for q in t.quality) for t in with_q)
+    start = worst(t.quality[0].value for t in with_q)
     return _round_toward(worst_best + margin * (start - worst_best), up=lower)
 
 
