@@ -55,9 +55,23 @@ def test_sgd_lowers_loss(small_problem):
     assert p.loss(w) < 0.6 and p.accuracy(w) > 0.7
 
 
-def test_ranges_vectorised_equals_loop():
-    starts, lens = np.array([5, 0, 9, 2]), np.array([3, 0, 2, 1])
-    assert _ranges(starts, lens).tolist() == [5, 6, 7, 9, 10, 2]
+@pytest.mark.parametrize("starts, lens", [([5, 0, 9, 2], [3, 0, 2, 1]), ([5, 10, 0], [0, 3, 2]), ([4, 4], [0, 0]),
+                                          ([7, 1, 3, 8], [0, 0, 1, 2])])
+def test_ranges_vectorised_equals_loop(starts, lens):
+    loop = [i for s, n in zip(starts, lens) for i in range(s, s + n)]  # empty ranges anywhere, the first included
+    assert _ranges(np.array(starts), np.array(lens)).tolist() == loop
+
+
+def test_a_batch_starting_with_an_empty_row_gets_the_gradient_of_its_rows():
+    # row 0 has no nonzeros, and the batch skips row 1: the gathered columns must be row 2's
+    data = SparseDataset(np.array([0, 0, 2, 3]), np.array([3, 1, 2]), np.array([1.0, 2.0, 3.0]),
+                         np.array([1.0, 1.0, -1.0]), n_features=4)
+    p = LogisticProblem(data, l2=0.0, eval_rows=None)
+    batch, keys, w = np.array([0, 2]), np.array([2]), np.array([0.5])
+    x, y = np.array([3.0]), -1.0  # row 2 on key 2
+    expected = -y * x / (1 + np.exp(y * (x @ w))) / 2  # d log(1 + e^(-y x.w)) / dw, mean over the batch's two rows
+    for got in (p.gradient_xp(w, batch, keys)[1], p.gradient(w, batch, keys)[1]):  # array code, compiled kernel
+        assert np.allclose(got, expected)
 
 
 def test_shards_cover_rows_exactly(small_problem):
@@ -90,7 +104,7 @@ def test_compiled_kernels_equal_the_array_module_code(small_problem):
     w = rng.normal(size=p.n_params)
     for step in range(5):
         batch = p.batch((100, 1900), step, 37)
-        ref_keys = np.unique(p._batch_indices(batch))
+        ref_keys = np.unique(p.data.to_scipy()[batch].indices)
         keys = p.keys(batch)
         assert np.array_equal(keys, ref_keys)
         _, g = p.gradient(w[keys], batch, keys)

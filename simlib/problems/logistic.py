@@ -286,10 +286,6 @@ class LogisticProblem:
         margin = np.bincount(self._eval_row_of, weights=e.values * w[e.indices], minlength=e.n_rows)
         return float(np.mean(np.where(margin >= 0, 1.0, -1.0) == e.y))
 
-    def _batch_indices(self, batch: np.ndarray) -> np.ndarray:
-        ip = self.data.indptr
-        return self.data.indices[_ranges(ip[batch], ip[batch + 1] - ip[batch])]
-
 
 # NOTE: the two kernels below replace ~15 NumPy calls per mini-batch (ranges, unique,
 # searchsorted, two bincounts, sigmoid) whose fixed overhead dominates at ~500 nonzeros:
@@ -408,9 +404,9 @@ def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     ends = np.cumsum(lens)
     out = np.ones(total, dtype=np.int64)
-    out[0] = starts[0]
     nz = lens > 0
     s, e = starts[nz], ends[nz]
+    out[0] = s[0]  # the first range that has elements (a batch may start with an empty row)
     # At the first element of each range jump to its start; elsewhere step by one.
     out[e[:-1]] = s[1:] - (s[:-1] + lens[nz][:-1] - 1)
     return np.cumsum(out)
