@@ -13,6 +13,7 @@ picture: a fresh constrained-layout figure from ``compare_figure``, saved as a P
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import statistics
 import time
@@ -20,8 +21,6 @@ import time
 import matplotlib
 
 matplotlib.use("Agg")
-
-import io  # noqa: E402
 
 from simlib.viz import compare_figure  # noqa: E402
 from simlib.app.live import LivePanel  # noqa: E402

@@ -27,6 +27,7 @@ from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 
 WORKERS = 2
 BATCH = 256
+TOPICS, ALPHA, BETA = 20, 0.1, 0.01
 
 
 def timed(fn):
@@ -51,13 +52,13 @@ def hogwild_rows(rows: int, epochs: int) -> list[tuple]:
 
 def lda_rows(n_docs: int, sweeps: int) -> list[tuple]:
     """AD-LDA under BSP: tokens sampled per second and the final log p(w | z), both ways."""
-    corpus, _, _ = make_synthetic_corpus(n_docs=n_docs, n_topics=20, n_words=2_000, doc_length=150, seed=0)
-    s1, run = timed(lambda: lda.train_parallel(corpus, 20, 0.1, 0.01, n_sweeps=sweeps, n_workers=WORKERS,
+    corpus, _, _ = make_synthetic_corpus(n_docs=n_docs, n_topics=TOPICS, n_words=2_000, doc_length=150, seed=0)
+    s1, run = timed(lambda: lda.train_parallel(corpus, TOPICS, ALPHA, BETA, n_sweeps=sweeps, n_workers=WORKERS,
                                                protocol="bsp", record_every=None))
-    problem = LDAProblem(corpus, n_topics=20, alpha=0.1, beta=0.01)
+    problem = LDAProblem(corpus, n_topics=TOPICS, alpha=ALPHA, beta=BETA)
     s2, res = timed(lambda: simlib.run(problem, "bsp", substrate="shm", n_workers=WORKERS, steps=sweeps))
     n = corpus.n_tokens * sweeps
-    return [("lda", "parallel.lda.train_parallel", n / s1, word_log_likelihood(run.n_wk, run.n_k, 0.01)),
+    return [("lda", "parallel.lda.train_parallel", n / s1, word_log_likelihood(run.n_wk, run.n_k, BETA)),
             ("lda", "simlib.run(bsp, shm)", n / s2, res.quality)]
 
 

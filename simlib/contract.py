@@ -19,7 +19,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol as TypingProtocol, runtime_checkable
+from typing import Any, Callable, Protocol as TypingProtocol, runtime_checkable
 
 import numpy as np
 
@@ -174,6 +174,25 @@ def serial_reference(problem: Any, steps: int, batch_size: int, lr: float) -> An
         keys, deltas = problem.step(w[keys], batch, keys, lr)
         w[keys] += deltas
     return w
+
+
+def warm_up(problem: Any, keys: Callable[[np.ndarray], np.ndarray] | None = None,
+            values: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+    """One step of ``problem`` in this process, off the clock, with the argument types its workers will use.
+
+    NOTE: a substrate calls it before its workers fork. The problem's kernels then compile once, here
+    (forked workers compiling them at once on a fresh checkout, numba writing its cache together, can
+    crash), and the first np.unique in a forked child no longer costs 0.4 s (a lazy set-up fork shares
+    only once the parent has run it). A kernel compiles once per argument type, read-only arrays
+    included, so ``keys`` maps a batch to the keys as a worker holds them (``problem.keys`` by
+    default) and ``values`` the float64 values read to the array a worker computes on (as read).
+    """
+    batch = problem.batch(problem.shards(1)[0], 0, 2)
+    k = (problem.keys if keys is None else keys)(batch)
+    w = np.asarray(problem.init_params(), dtype=np.float64)
+    read = w[k] if values is None else values(w[k])
+    problem.step(read, batch, k, 1.0)  # real values: AdaGrad divides by them
+    problem.quality(w)
 
 
 def new_trace(problem: Any, protocol: Protocol, training: Training, substrate: str, where: str,

@@ -317,7 +317,7 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
         _check_format(address)
     if ray.is_initialized():
         here = ray.get_runtime_context().gcs_address
-        if named and here.rpartition(":")[2] != address.rpartition(":")[2]:
+        if named and not _same_endpoint(here, address, {ray.util.get_node_ip_address()}):
             raise ValueError(f"address: this process is already connected to the Ray cluster at {here}, not "
                              f"{address}; call ray.shutdown() first, or leave address out to run there")
         return False
@@ -347,6 +347,26 @@ def _check_format(address: str) -> None:
     if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
         raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
                          f"got {address!r}")
+
+
+def _same_endpoint(a: str, b: str, local: set[str]) -> bool:
+    """Whether 'host:port' ``a`` and ``b`` name one listener: the same port, and hosts that share an address
+    or both belong to this machine (loopback, its host name's addresses, or ``local``: Ray reports the
+    node's IP where a user may write 127.0.0.1)."""
+    (host_a, _, port_a), (host_b, _, port_b) = a.rpartition(":"), b.rpartition(":")
+    if port_a != port_b:
+        return False
+    ips_a, ips_b = _addresses(host_a), _addresses(host_b)
+    here = local | _addresses(socket.gethostname())
+    return bool(ips_a & ips_b) or all(ip.startswith("127.") or ip == "::1" or ip in here for ip in ips_a | ips_b)
+
+
+def _addresses(host: str) -> set[str]:
+    """The IP addresses ``host`` resolves to (itself if it does not resolve)."""
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host.strip("[]"), None)}
+    except OSError:
+        return {host}
 
 
 def _check_reachable(address: str, wait: float = 5.0) -> None:

@@ -131,9 +131,10 @@ class Trace:
         # Per worker: time of its last update / its number of updates; async fast workers finish
         # early, so this (not makespan / steps) is what "time per step" means to a reader.
         last: dict[int, float] = {}
+        count: Counter[int] = Counter()
         for u in self.updates:
             last[u.worker] = max(last.get(u.worker, 0.0), u.time)
-        count = Counter(u.worker for u in self.updates)
+            count[u.worker] += 1
         per_worker = [last[w] / count[w] for w in count]
         worker_time = makespan * n
         waiting = self.busy_time("wait")

@@ -246,3 +246,28 @@ def test_an_option_a_substrate_does_not_take_or_out_of_range_is_named(tiny, subs
 
 def test_registry_lists_the_built_in_substrates():
     assert {"sim", "pipes", "shm", "gpu"} <= set(substrates.names())
+
+
+# -- the warm-up before workers fork ------------------------------------------------------------------
+@pytest.mark.parametrize("substrate", ["shm", "pipes"])
+def test_forked_workers_never_compile_a_kernel_of_the_problem(substrate):
+    """The parent compiles the problem's kernels with the types its workers pass (int64 keys from a shared
+    table, int32 keys off a pipe); forked workers compiling at once on a fresh checkout can crash. With
+    compiling switched off after the warm-up, a worker needing another signature fails the run."""
+    from numba.core.registry import CPUDispatcher
+
+    from simlib.parallel import pipe_ps
+    from simlib.problems import logistic
+
+    prob = LogisticProblem(make_sparse_classification(2_000, 300, 8, seed=3), eval_rows=400)
+    (pipe_ps.warm_up if substrate == "pipes" else simlib.contract.warm_up)(prob)
+    kernels = [k for k in vars(logistic).values() if isinstance(k, CPUDispatcher) and k.signatures]
+    assert {logistic._batch_gradient, logistic._batch_keys} <= set(kernels)
+    for k in kernels:
+        k.disable_compile()
+    try:
+        res = simlib.run(prob, "bsp", substrate=substrate, n_workers=2, steps=3, batch_size=32, start_method="fork")
+    finally:
+        for k in kernels:
+            k.disable_compile(False)
+    assert len(res.trace.updates) == 6

@@ -84,7 +84,8 @@ def test_forked_workers_never_compile_a_kernel(cooc, mode):
     for k in kernels:
         k.disable_compile()
     try:
-        run = train_parallel(cooc, GloveConfig(dim=16, epochs=1), n_workers=2, mode=mode, batch=1000)
+        run = train_parallel(cooc, GloveConfig(dim=16, epochs=1), n_workers=2, mode=mode, batch=1000,
+                             start_method="fork")  # forked: the switched-off compiler is inherited
     finally:
         for k in kernels:
             k.disable_compile(False)

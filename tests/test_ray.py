@@ -195,11 +195,13 @@ def test_an_address_no_cluster_answers_on_is_refused_at_once(tiny):
 
 def test_a_connected_driver_refuses_another_clusters_address(cluster, tiny):
     """It used to run on the cluster it was connected to, ignoring the address it was given."""
-    other = int(cluster.address.rpartition(":")[2]) + 1
-    with pytest.raises(ValueError, match="address: this process is already connected to the Ray cluster at"):
-        simlib.run(tiny, "bsp", substrate="ray", address=f"127.0.0.1:{other}", n_workers=2, steps=2)
-    res = simlib.run(tiny, "bsp", substrate="ray", address=cluster.address, n_workers=2, steps=2)
-    assert len(res.trace.updates) == 4
+    port = int(cluster.address.rpartition(":")[2])
+    for elsewhere in (f"127.0.0.1:{port + 1}", f"10.255.255.1:{port}"):  # another port; another host, same port
+        with pytest.raises(ValueError, match="address: this process is already connected to the Ray cluster at"):
+            simlib.run(tiny, "bsp", substrate="ray", address=elsewhere, n_workers=2, steps=2)
+    for same in (cluster.address, f"localhost:{port}"):  # as Ray names it, and as a user on this machine may
+        res = simlib.run(tiny, "bsp", substrate="ray", address=same, n_workers=2, steps=2)
+        assert len(res.trace.updates) == 4
 
 
 def _kill_later(pid_of, delay: float):

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training, check_problem, new_trace
+from simlib.contract import ParamServer, Result, Training, check_problem, new_trace, warm_up as contract_warm_up
 from simlib.diverged import check_metric
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
@@ -72,13 +72,8 @@ def push_message(problem: Any, values: np.ndarray, batch: np.ndarray, keys: np.n
 
 
 def warm_up(problem: Any) -> None:
-    """One step in this process before workers fork, off the clock."""
-    # NOTE: the first np.unique in a freshly forked child took 0.4 s here (a lazy set-up that
-    # fork does not share unless the parent has run it); one call in the parent removes that.
-    batch = problem.batch(problem.shards(1)[0], 0, 2)
-    keys = pull_keys(problem, batch)
-    push_message(problem, np.asarray(problem.init_params())[keys], batch, keys)  # real values: AdaGrad divides by them
-    problem.quality(problem.init_params())
+    """:func:`simlib.contract.warm_up` with a pipe worker's types: int32 keys, values read-only off the wire."""
+    contract_warm_up(problem, lambda batch: pull_keys(problem, batch), lambda v: np.frombuffer(v.tobytes(), v.dtype))
 
 
 def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,

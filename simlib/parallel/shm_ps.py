@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from simlib.contract import Result, Training, new_trace
+from simlib.contract import Result, Training, new_trace, warm_up
 from simlib.diverged import check_metric
 from simlib.parallel.group import WorkerGroup
-from simlib.parallel.pipe_ps import warm_up
 from simlib.parallel.worker import current
 from simlib.protocol import Protocol, may_read
 

@@ -27,7 +27,7 @@ class _FieldsOnly:
     """Config dataclass base: an unknown keyword is a ValueError naming it (a dataclass raises a bare TypeError)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = cls.__dataclass_fields__  # type: ignore[attr-defined]
         for key in kwargs:
             if key not in known:
                 hint = check.nearest(key, known) or f"fields: {', '.join(sorted(known))}"

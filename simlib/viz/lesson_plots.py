@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from simlib.trace import Trace
-from simlib.viz.plots import _new_axes, plot_loss, plot_timeline
+from simlib.viz.plots import new_axes, plot_loss, plot_timeline
 from simlib.viz.style import OKABE_ITO, RUN_COLORS, style
 
 Interval = tuple[float, float, str]
@@ -53,7 +53,7 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
         raise ValueError(f"spread/dashed name series that do not exist: {unknown}")
     xs = np.asarray(x, dtype=float)
     with style():
-        ax = _new_axes(ax, (9, 5.5))
+        ax = new_axes(ax, (9, 5.5))
         for i, (label, ys) in enumerate(series.items()):
             ys = np.asarray(ys, dtype=float)
             if ys.shape != xs.shape:
@@ -97,7 +97,7 @@ def plot_bars(values: Mapping[str, float], ylabel: str, title: str, ax: Axes | N
     heights = np.array([values[k] for k in names], dtype=float)
     colors = [OKABE_ITO["vermillion"] if k == highlight else OKABE_ITO["blue"] for k in names]
     with style():
-        ax = _new_axes(ax, (max(6.0, 1.6 * len(names) + 2), 5))
+        ax = new_axes(ax, (max(6.0, 1.6 * len(names) + 2), 5))
         bars = ax.bar(range(len(names)), np.nan_to_num(heights), color=colors, gid="bars")
         for b, h in zip(bars, heights):
             ax.annotate("never" if not np.isfinite(h) else fmt.format(h), (b.get_x() + b.get_width() / 2, b.get_height()),
@@ -125,7 +125,7 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
     color_of = {lab: RUN_COLORS[i % len(RUN_COLORS)] for i, lab in enumerate(labels)}
     span = max((end for iv in rows.values() for (_, end, _) in iv), default=1.0) or 1.0
     with style():
-        ax = _new_axes(ax, (12, 1.2 + 0.8 * len(names)))
+        ax = new_axes(ax, (12, 1.2 + 0.8 * len(names)))
         for y, name in enumerate(names):
             for start, end, lab in rows[name]:
                 if end < start:

@@ -42,7 +42,7 @@ MAX_ARROWS = 800
 MAX_YTICKS = 16
 
 
-def _new_axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
+def new_axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
     """Return ``ax``, or the axes of a new figure (made without pyplot, so nothing is shown by accident)."""
     if ax is not None:
         return ax
@@ -164,7 +164,7 @@ def plot_timeline(
         raise ValueError(f"t_max must be a number > 0 or None, got {t_max!r}")
     n_shown = min(trace.n_workers, max_workers)
     with style():
-        ax = _new_axes(ax, (12, 1.5 + 0.35 * n_shown))
+        ax = new_axes(ax, (12, 1.5 + 0.35 * n_shown))
         cols = _span_columns(trace, n_shown, t_max)
         handles = []
         for kind in SPAN_KINDS:
@@ -251,7 +251,7 @@ def plot_loss(
     one_of("x", x, ("time", "steps"))
     runs = _as_list(traces)
     with style():
-        ax = _new_axes(ax, (9, 5.5))
+        ax = new_axes(ax, (9, 5.5))
         for i, tr in enumerate(runs):
             color = RUN_COLORS[i % len(RUN_COLORS)]
             pts = [q for q in tr.quality if t_max is None or q.time <= t_max]
@@ -328,7 +328,7 @@ def plot_speedup(results: SpeedupInput, ax: Axes | None = None, target: float | 
     if not table or not any(table.values()):
         raise ValueError("results must hold at least one run time")
     with style():
-        ax = _new_axes(ax, (8, 6))
+        ax = new_axes(ax, (8, 6))
         all_n = sorted({n for times in table.values() for n in times})
         ax.plot(all_n, all_n, color=OKABE_ITO["black"], linestyle="--", linewidth=2, label="ideal (S = n)", gid="ideal")
         ends: list[tuple[int, float, str]] = []
