@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol as TypingProtocol, runtime_checkable
 import numpy as np
 
 from simlib import _validate as check
-from simlib.protocol import MAX_BATCH, MAX_STEPS, MAX_WORKERS, Accumulator, Clocks, Protocol, StepRule
+from simlib.protocol import MAX_BATCH, MAX_STEPS, MAX_WORKERS, Accumulator, Clocks, Protocol, ReadRule, StepRule
 from simlib.trace import Trace
 
 PROBLEM_METHODS = ("init_params", "shards", "batch", "keys", "step", "quality", "work")
@@ -94,7 +94,10 @@ def linear_step(problem: Any) -> bool:
 
 @dataclass(frozen=True)
 class Training:
-    """What every substrate's run takes: workers, steps per worker, batch size, step size, step rule."""
+    """What every substrate's run takes: workers, steps per worker, batch size, step size, step and read rules.
+
+    ``read_rule`` replaces the SSP read rule (:func:`simlib.protocol.may_read`) on every substrate.
+    """
 
     n_workers: int = 2
     steps: int = 50
@@ -103,6 +106,7 @@ class Training:
     rule: StepRule = field(default_factory=StepRule)
     eval_every: int = 1
     seed: int = 0
+    read_rule: ReadRule | None = None
 
     def __post_init__(self) -> None:
         check.positive_int("n_workers", self.n_workers, most=MAX_WORKERS)
@@ -113,6 +117,8 @@ class Training:
             raise ValueError(f"rule must be a StepRule(...), got {type(self.rule).__name__}")
         check.positive_int("eval_every", self.eval_every)
         check.non_negative_int("seed", self.seed)
+        if self.read_rule is not None and not callable(self.read_rule):
+            raise ValueError(f"read_rule must be a function (clock, completed, bound) -> bool, got {self.read_rule!r}")
 
 
 class ParamServer:
@@ -123,12 +129,12 @@ class ParamServer:
     """
 
     def __init__(self, params: Any, n_workers: int, protocol: Protocol | str, rule: StepRule = StepRule(),
-                 clocks: Any = None):
+                 clocks: Any = None, read_rule: ReadRule | None = None):
         self.params = params
         # ``clocks`` may wrap the rule (the simulator's wakes waiting workers on deliver).
-        self.clocks = Clocks(n_workers, protocol) if clocks is None else clocks
+        self.clocks = Clocks(n_workers, protocol, read_rule) if clocks is None else clocks
         self.acc = Accumulator(rule, n_workers)
-        self._plain = rule == StepRule()  # every push applied as is: the simulator's hot path
+        self._plain = rule.plain  # every push applied as is: the simulator's hot path
 
     @property
     def version(self) -> int:

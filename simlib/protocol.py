@@ -51,6 +51,22 @@ def may_read(clock: int, completed: int, bound: float) -> bool:
 ReadRule = Callable[[int, int, float], bool]
 
 
+def read_allowed(read_rule: ReadRule, clock: int, completed: int, bound: float) -> bool:
+    """``read_rule(clock, completed, bound)``, refusing a rule that would stall the run.
+
+    A read rule must allow a read once every earlier step is complete (completed >= clock):
+    nothing else can ever complete, so a refusal there would leave every worker waiting for ever
+    (the simulator ended with an empty run, the real substrates hung until their timeout).
+    """
+    if read_rule(clock, completed, bound):
+        return True
+    if completed >= clock:
+        name = getattr(read_rule, "__name__", type(read_rule).__name__)
+        raise ValueError(f"read_rule: {name}({clock}, {completed}, {bound}) refused a read at clock {clock} with every "
+                         "earlier step complete; nothing else can complete, so the run would stall")
+    return False
+
+
 @dataclass(frozen=True)
 class Protocol:
     """BSP, SSP(s) or async, with backup workers and a per-step deadline.
@@ -157,7 +173,7 @@ class Clocks:
 
     def may_read(self, clock: int) -> bool:
         """Whether a worker about to compute step ``clock`` may read now (:func:`may_read` by default)."""
-        return bool(self.read_rule(clock, self.completed, self.bound))
+        return read_allowed(self.read_rule, clock, self.completed, self.bound)
 
     def needed(self, clock: int) -> int:
         """How many complete steps a read at ``clock`` waits for (clock - s)."""
@@ -233,6 +249,16 @@ class StepRule:
         """alpha(tau) / alpha0 = 1 / max(tau, 1) when staleness-aware, else 1."""
         return 1.0 / max(tau, 1) if self.staleness_aware else 1.0
 
+    @property
+    def plain(self) -> bool:
+        """Whether every push lands as it is (the built-in rule, not staleness-aware, no accumulation)."""
+        return type(self) is StepRule and not self.staleness_aware and self.accumulation is None
+
+    def scaled(self, deltas: Any, tau: int) -> Any:
+        """deltas * scale(tau): a push as the table receives it. Every substrate's server calls this."""
+        scale = self.scale(tau)
+        return deltas if scale == 1.0 else deltas * scale
+
 
 class Accumulator:
     """The server side of :class:`StepRule`: collects scaled pushes, emits one averaged update per c.
@@ -254,11 +280,10 @@ class Accumulator:
     def push(self, keys: Any, deltas: Any, read_version: int) -> tuple[int, list[tuple[Any, Any]]]:
         """Take one push; return (its tau, the (keys, deltas) to add to the table now, maybe none)."""
         tau = self.tau(read_version)
-        scale = self.rule.scale(tau)
         if self.c == 1:
             self.version += 1
-            return tau, [(keys, deltas * scale if scale != 1.0 else deltas)]
-        self._pending.append((keys, deltas * (scale / self.c)))
+            return tau, [(keys, self.rule.scaled(deltas, tau))]
+        self._pending.append((keys, deltas * (self.rule.scale(tau) / self.c)))
         if len(self._pending) < self.c:
             return tau, []
         out, self._pending = self._pending, []

@@ -113,9 +113,9 @@ class RayPSCoordinator:
     """Shard 0: a ParamServer over keys [0, b1) plus the run's clocks, version and records."""
 
     def __init__(self, params: np.ndarray, n_workers: int, protocol: Protocol, rule: StepRule, problem: Any,
-                 others: list, evaluate_every: int, total_pushes: int):
+                 others: list, evaluate_every: int, total_pushes: int, read_rule: Any = None):
         # Arrays arrive as read-only views of Ray's object store: the table needs its own copy.
-        self.server = ParamServer(np.array(params), n_workers, protocol, rule)
+        self.server = ParamServer(np.array(params), n_workers, protocol, rule, read_rule=read_rule)
         self.timeout = protocol.timeout
         self.problem, self.others = problem, others
         self.evaluate_every, self.total = evaluate_every, total_pushes
@@ -216,11 +216,10 @@ class RayPSShard:
         return self.w[keys - self.lo]
 
     async def add(self, decision: tuple, keys: np.ndarray, deltas: np.ndarray) -> None:
-        """table[keys] += deltas * rule.scale(tau) if the coordinator applied the push (decision)."""
+        """table[keys] += rule.scaled(deltas, tau) if the coordinator applied the push (decision)."""
         applied, tau, seq, _ = decision
         if applied and len(keys):
-            scale = self.rule.scale(tau)
-            self.w[keys - self.lo] += deltas * scale if scale != 1.0 else deltas
+            self.w[keys - self.lo] += self.rule.scaled(deltas, tau)
         self._seen.add(seq)
         while self.upto in self._seen:
             self._seen.discard(self.upto)
@@ -534,7 +533,7 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
         actors += shards
         every = training.eval_every * n if evaluate else 0
         coord = ray.remote(RayPSCoordinator).options(num_cpus=0, resources=server_res, max_restarts=0).remote(
-            table[:bounds[1]], n, protocol, training.rule, prob_ref, shards, every, n * training.steps)
+            table[:bounds[1]], n, protocol, training.rule, prob_ref, shards, every, n * training.steps, training.read_rule)
         actors.append(coord)
         worker_cls = ray.remote(RayPSWorker).options(num_cpus=0, resources=worker_res, max_restarts=0)
         workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, compression)

@@ -20,7 +20,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Callable
 
 from simlib import _validate as check
-from simlib.protocol import Protocol, StepRule
+from simlib.protocol import Protocol, StepRule, read_allowed
 
 if TYPE_CHECKING:
     from simlib.contract import Result
@@ -71,8 +71,9 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
 
     Options shared by all substrates: ``n_workers``, ``steps`` (per worker), ``batch_size``, ``lr``,
     ``eval_every``, ``seed``, ``staleness_aware``, ``accumulation`` (or ``rule``: a StepRule, or a
-    subclass with its own ``scale(tau)``); the rest go to the substrate (e.g. the simulator's
-    network, stragglers, ``read_rule`` and ``compression``, the real substrates' ``start_method``).
+    subclass with its own ``scale(tau)``), ``read_rule`` (replacing the SSP read rule); the rest go to
+    the substrate (e.g. the simulator's network, stragglers and ``compression``, the real substrates'
+    ``start_method``).
     """
     from simlib.contract import Training, check_problem, linear_step
 
@@ -95,6 +96,8 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     shared = {f.name for f in fields(Training)} - {"rule"}
     training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
     proto.check_workers(training.n_workers)
+    if training.read_rule is not None:  # a rule that stalls the very first read is named before anything starts
+        read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
     return runner(problem, proto, training, **options)
 

@@ -205,6 +205,55 @@ def test_reads_respect_the_bound_and_the_trace_is_well_formed(tiny, substrate, p
     assert not multiprocessing.active_children()
 
 
+class ZeroRule(StepRule):
+    """Scales every push by 0: a substrate that applies a push without the step rule moves the table."""
+
+    def scale(self, tau: int) -> float:
+        return 0.0
+
+
+class InverseTau(StepRule):
+    """Assignment 01's master rule, a subclass with its own scale(tau) = 1 / max(tau, 1)."""
+
+    def scale(self, tau: int) -> float:
+        return 1.0 / max(tau, 1)
+
+
+@pytest.mark.parametrize("substrate", list(SUBSTRATES))
+def test_every_substrate_applies_pushes_through_the_one_step_rule(tiny, substrate):
+    """The zero rule leaves the table as it started on every substrate (shm and gpu moved it by 0.20:
+    they applied a subclass's scale only with staleness_aware=True), and the master rule with one worker
+    (tau = 0 always) is the serial replay."""
+    opts = dict(substrate=substrate, steps=6, batch_size=8, lr=0.5, **SUBSTRATES[substrate])
+    zero = simlib.run(tiny, "async", n_workers=3, rule=ZeroRule(), **opts)
+    np.testing.assert_array_equal(np.asarray(zero.params), tiny.init_params())
+    assert len(zero.trace.updates) == 18
+    one = simlib.run(tiny, "async", n_workers=1, rule=InverseTau(), **opts)
+    np.testing.assert_allclose(np.asarray(one.params), serial_reference(tiny, 6, 8, 0.5), rtol=1e-12, atol=1e-15)
+
+
+def _strict(clock: int, completed: int, bound: float) -> bool:
+    """A read rule that ignores the protocol's bound: BSP under any protocol."""
+    return clock <= completed
+
+
+@pytest.mark.parametrize("substrate", list(SUBSTRATES))
+def test_a_read_rule_reaches_every_substrate(tiny, substrate):
+    """read_rule= binds on every substrate (it worked on 'sim' only): a BSP rule under async keeps the lag at 0,
+    and a rule that refuses a read with every earlier step complete is named before anything runs."""
+    opts = dict(substrate=substrate, n_workers=3, steps=6, batch_size=8, **SUBSTRATES[substrate])
+    res = simlib.run(tiny, "async", read_rule=_strict, **opts)
+    assert len(res.trace.updates) == 18 and max(u.clock_lag for u in res.trace.updates) == 0
+    with pytest.raises(ValueError, match=r"read_rule: never\(0, 0, inf\) refused a read at clock 0"):
+        simlib.run(tiny, "async", read_rule=never, **opts)
+    assert not multiprocessing.active_children()
+
+
+def never(clock: int, completed: int, bound: float) -> bool:
+    """A read rule that allows nothing: every run with it would stall."""
+    return False
+
+
 @pytest.mark.parametrize("substrate", list(SUBSTRATES))
 @pytest.mark.parametrize("options, field", [
     ({"n_workers": 0}, "n_workers"), ({"steps": -1}, "steps"), ({"lr": float("nan")}, "lr"),

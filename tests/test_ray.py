@@ -107,6 +107,20 @@ def test_reads_respect_the_bound_and_the_trace_is_well_formed(cluster, tiny, pro
         assert {s.kind for s in tr.spans} >= {"compute", "recv", "send"}
 
 
+def test_pushes_go_through_the_step_rule_and_reads_through_the_read_rule(cluster, tiny):
+    """The contract suite's zero rule and strict read rule, on sharded Ray servers."""
+    from simlib.protocol import StepRule
+
+    class ZeroRule(StepRule):
+        def scale(self, tau: int) -> float:
+            return 0.0
+
+    res = simlib.run(tiny, "async", substrate="ray", n_workers=2, steps=4, batch_size=8, n_servers=2, rule=ZeroRule(),
+                     read_rule=lambda clock, completed, bound: clock <= completed)
+    np.testing.assert_array_equal(res.params, tiny.init_params())
+    assert len(res.trace.updates) == 8 and max(u.clock_lag for u in res.trace.updates) == 0
+
+
 def test_backup_workers_compression_and_placement_in_one_run(cluster, tiny):
     res = simlib.run(tiny, Protocol("bsp", backup_workers=1), substrate="ray", n_workers=3, steps=6, batch_size=8,
                      compression="onebit", placement="resources")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from simlib.backend import get_xp, synchronize, to_numpy
-from simlib.contract import Result, Training, new_trace
+from simlib.contract import ParamServer, Result, Training, new_trace
 from simlib.diverged import check_metric
 from simlib.protocol import Protocol
 
@@ -37,29 +37,34 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
     mod = get_xp(xp)
     n = training.n_workers
     shards = problem.shards(n)
-    table = mod.asarray(problem.init_params())
+    # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
+    server = ParamServer(mod.asarray(problem.init_params()), n, protocol, training.rule, read_rule=training.read_rule)
     trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
                       xp=mod.__name__)
-    rule = training.rule
     t0 = time.perf_counter()
-    trace.record_quality(0.0, 0, float(problem.quality(table)))
+    trace.record_quality(0.0, 0, float(problem.quality(server.params)))
     for c in range(training.steps):
         start = time.perf_counter() - t0
+        server.may_read(c)  # lock-step: every earlier round is complete, so the rule allows it or says why not
+        version = server.version
         reads = []
         for i in range(n):
             batch = problem.batch(shards[i], c, training.batch_size)
             keys = problem.keys(batch)
-            reads.append((batch, keys, table[mod.asarray(keys)]))
-        for i, (batch, keys, values) in enumerate(reads):
+            reads.append((batch, keys, server.params[mod.asarray(keys)]))
+        taus = []
+        for batch, keys, values in reads:
             keys, deltas = problem.step(values, batch, keys, training.lr)
-            table[mod.asarray(keys)] += deltas * rule.scale(i) if rule.staleness_aware else deltas
+            taus.append(server.push(c, mod.asarray(keys), deltas, version)[1])
         synchronize(mod)
         now = time.perf_counter() - t0
         for i in range(n):
             trace.span(i, "compute", start, now, step=c)
-            trace.update(now, i, c, i, True, clock_lag=0)
+            trace.update(now, i, c, taus[i], True, clock_lag=0)
         if (c + 1) % training.eval_every == 0 or c + 1 == training.steps:
-            value = float(problem.quality(table))
+            if c + 1 == training.steps:
+                server.finish()  # a partial accumulation group
+            value = float(problem.quality(server.params))
             trace.record_quality(now, (c + 1) * n, value)
             check_metric(value, (c + 1) * n, problem, training.lr)
-    return Result(trace, to_numpy(table), {"wall_seconds": time.perf_counter() - t0})
+    return Result(trace, to_numpy(server.params), {"wall_seconds": time.perf_counter() - t0})

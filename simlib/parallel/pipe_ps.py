@@ -154,7 +154,7 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     """The server: answer pulls when :class:`ParamServer` allows, apply pushes, record tau per push."""
     ctx = current()
     n, steps = len(chans), training.steps
-    server = ParamServer(problem.init_params(), n, protocol, training.rule)
+    server = ParamServer(problem.init_params(), n, protocol, training.rule, read_rule=training.read_rule)
     clock = [0] * n  # the step each worker's next pull belongs to
     read_version = [0] * n
     lag = [0] * n

@@ -33,7 +33,7 @@ from simlib.contract import Result, Training, new_trace, warm_up
 from simlib.diverged import check_metric
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import current
-from simlib.protocol import Protocol, may_read
+from simlib.protocol import Protocol, may_read, read_allowed
 
 _POLL = 5e-5  # seconds between looks at the clocks while the protocol holds a read back
 
@@ -79,10 +79,10 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
     """One worker: wait for the protocol, get, step, add under the version lock, publish the clock."""
     ctx = current()
     w, fin, ver = table.array, clocks.array, version.array
-    rule = training.rule
+    rule, read_rule = training.rule, training.read_rule or may_read
     for c in range(training.steps):
         t0 = time.perf_counter()
-        while not may_read(c, completed := int(fin.min()), bound):
+        while not read_allowed(read_rule, c, completed := int(fin.min()), bound):
             time.sleep(_POLL)
         t1 = time.perf_counter()
         batch = problem.batch(shards[i], c, training.batch_size)
@@ -94,7 +94,7 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
         t3 = time.perf_counter()
         with lock:
             tau = int(ver[0]) - read_version
-            w[keys] += deltas * rule.scale(tau) if rule.staleness_aware else deltas
+            w[keys] += rule.scaled(deltas, tau)
             ver[0] += 1
         fin[i] = c + 1
         t4 = time.perf_counter()

@@ -18,7 +18,7 @@ def config_for(protocol: Protocol, training: Training, **cluster: Any) -> SimCon
     """The SimConfig of a contract run: protocol and training fields, plus cluster fields."""
     return SimConfig(protocol=protocol, n_workers=training.n_workers, steps=training.steps,
                      batch_size=training.batch_size, lr=training.lr, eval_every=training.eval_every,
-                     seed=training.seed, **_rule_fields(training.rule), **cluster)
+                     seed=training.seed, read_rule=training.read_rule, **_rule_fields(training.rule), **cluster)
 
 
 def _rule_fields(rule: StepRule) -> dict[str, Any]:
