@@ -43,11 +43,11 @@ def hogwild_rows(rows: int, epochs: int) -> list[tuple]:
     n = rows * epochs
     s1, res = timed(lambda: hogwild.train(data, "hogwild", n_workers=WORKERS, epochs=epochs, lr=0.2, l2=1e-5))
     problem = LogisticProblem(data, l2=1e-5, eval_rows=2_000)
-    steps = n // (WORKERS * BATCH)
+    steps = n // WORKERS
     s2, run = timed(lambda: simlib.run(problem, "async", substrate="shm", n_workers=WORKERS, steps=steps,
-                                       batch_size=BATCH, lr=0.2))
+                                       batch_size=1, lr=0.2))
     return [("hogwild", "parallel.hogwild.train", n / s1, res.trace.quality[-1].value),
-            ("hogwild", "simlib.run(async, shm)", WORKERS * steps * BATCH / s2, run.quality)]
+            ("hogwild", "simlib.run(async, shm)", WORKERS * steps / s2, run.quality)]
 
 
 def lda_rows(n_docs: int, sweeps: int) -> list[tuple]:

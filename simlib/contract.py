@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol as TypingProtocol, runtime_checkable
 import numpy as np
 
 from simlib import _validate as check
-from simlib.protocol import MAX_BATCH, MAX_STEPS, MAX_WORKERS, Accumulator, Clocks, Protocol, ReadRule, StepRule
+from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_WORKERS, Accumulator, Clocks, Protocol, ReadRule, StepRule
 from simlib.trace import Trace
 
 PROBLEM_METHODS = ("init_params", "shards", "batch", "keys", "step", "quality", "work")
@@ -110,7 +110,7 @@ class Training:
 
     def __post_init__(self) -> None:
         check.positive_int("n_workers", self.n_workers, most=MAX_WORKERS)
-        check.positive_int("steps", self.steps, most=MAX_STEPS)
+        check.positive_int("steps", self.steps, most=MAX_REAL_STEPS)
         check.positive_int("batch_size", self.batch_size, most=MAX_BATCH)
         check.positive("lr", self.lr)
         if not isinstance(self.rule, StepRule):

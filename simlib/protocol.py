@@ -40,6 +40,8 @@ MAX_BOUND = 1_000_000  # larger bounds never bind in any run this library can ho
 # A run's sizes on every substrate (the simulator's SimConfig and the contract's Training): beyond them a
 # run only exhausts memory or never ends.
 MAX_WORKERS, MAX_STEPS, MAX_BATCH = 10_000, 1_000_000, 10_000_000
+# Real substrates take more steps: Hogwild! is one step per row, and a step applied in place costs a microsecond.
+MAX_REAL_STEPS = 1_000_000_000
 _SPEC = re.compile(r"^\s*(bsp|async|ssp)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*$", re.IGNORECASE)
 
 

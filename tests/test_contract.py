@@ -168,7 +168,7 @@ SUBSTRATES = {
     "serial": {},
     "sim": {},
     "pipes": {},
-    "shm": {},
+    "shm": {"chunk": 1},  # one trace update per step; the default chunks are checked on their own below
     "gpu": {"xp": "numpy"},
 }
 
@@ -203,6 +203,32 @@ def test_reads_respect_the_bound_and_the_trace_is_well_formed(tiny, substrate, p
     assert tr.quality[-1].value < tr.quality[0].value
     assert np.asarray(res.params).shape == (tiny.n_params,)
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "ssp:2", "async"])
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_shm_fast_path_chunks_steps_within_the_bound(tiny, protocol, batch_size):
+    """The local-step hook in chunks: one trace update per chunk, no chunk reads past the bound, every step
+    applied once (one worker: the serial replay, bit for bit), and the first look at the clocks starts it."""
+    n, steps, chunk = 3, 20, 6
+    res = simlib.run(tiny, protocol, substrate="shm", n_workers=n, steps=steps, batch_size=batch_size, lr=0.5,
+                     chunk=chunk)
+    tr, bound = res.trace, Protocol.parse(protocol).bound
+    assert tr.meta["path"] == "in place" and tr.meta["update_unit"] == "a chunk of up to 6 steps"
+    for i in range(n):
+        ends = [u.step for u in tr.updates if u.worker == i]
+        sizes = np.diff([-1] + ends)
+        assert ends[-1] == steps - 1 and all(1 <= k <= min(chunk, bound + 1) for k in sizes)
+    assert all(0 <= u.clock_lag <= bound for u in tr.updates)
+    assert tr.quality[-1].value < tr.quality[0].value
+    one = simlib.run(tiny, protocol, substrate="shm", n_workers=1, steps=steps, batch_size=batch_size, lr=0.5)
+    np.testing.assert_array_equal(one.params, serial_reference(tiny, steps, batch_size, 0.5))
+
+
+def test_shm_takes_get_step_add_where_the_step_rule_changes_pushes(tiny):
+    aware = simlib.run(tiny, "async", substrate="shm", n_workers=2, steps=4, staleness_aware=True)
+    plain = simlib.run(tiny, "async", substrate="shm", n_workers=2, steps=4)
+    assert (aware.trace.meta["path"], plain.trace.meta["path"]) == ("get / step / add", "in place")
 
 
 class ZeroRule(StepRule):
@@ -285,7 +311,8 @@ def test_bad_problem_protocol_and_substrate_are_refused_by_name(tiny):
     ("ray", {"n_server": 2}, "n_server: not an option of substrate 'ray'; did you mean 'n_servers'?"),
     # the simulator's ranges hold on every substrate: a billion-row batch had the pipe workers killed for memory
     ("pipes", {"batch_size": 10**9}, "batch_size must be an integer in [1, 10000000], got 1000000000"),
-    ("shm", {"steps": 10**7}, "steps must be an integer in [1, 1000000], got 10000000"),
+    ("shm", {"steps": 10**10}, "steps must be an integer in [1, 1000000000], got 10000000000"),
+    ("sim", {"steps": 10**7}, "steps must be an integer in [1, 1000000], got 10000000"),
 ])
 def test_an_option_a_substrate_does_not_take_or_out_of_range_is_named(tiny, substrate, option, message):
     """Refused before any process, actor or device starts (it was a bare TypeError from the substrate's run)."""

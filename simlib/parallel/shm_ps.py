@@ -10,8 +10,15 @@ table's version (updates applied). One step of worker i at clock c:
     clock  publish finished clock c + 1
 
 The get and the add each hold one short lock, so tau is exact and no read sees half an add; the
-step, where the time goes, runs unlocked. Compiled lock-free Hogwild, fused into one loop for
-speed, is :mod:`simlib.parallel.hogwild`.
+step, where the time goes, runs unlocked.
+
+A problem with the local-step hook (``problem.local_steps(table, shard, first, count, batch_size,
+lr)``, which applies a chunk of steps to the table in place, compiled) runs on the fast path
+instead whenever every push lands as it is (the plain step rule): each worker reads the clocks,
+applies as many steps as the protocol allows (at most ``chunk`` of them) straight to the shared
+table, unlocked, and publishes its clock. Under async that is Hogwild!. Reads then race with other
+workers' writes (the lesson), so tau is measured per chunk, as the other workers' steps completed
+during it per step of this worker, and the trace holds one update per chunk.
 
 Example::
 
@@ -19,8 +26,8 @@ Example::
     >>> import simlib
     >>> prob = LogisticProblem(make_sparse_classification(2_000, 200, 10, seed=0), eval_rows=500)
     >>> res = simlib.run(prob, "ssp:1", substrate="shm", n_workers=2, steps=10)
-    >>> res.trace.summary()["max_clock_lag"] <= 1, len(res.trace.updates)
-    (True, 20)
+    >>> res.trace.summary()["max_clock_lag"] <= 1, res.trace.meta["path"]
+    (True, 'in place')
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from simlib import _validate as check
 from simlib.contract import Result, Training, new_trace, warm_up
 from simlib.diverged import check_metric
 from simlib.parallel.group import WorkerGroup
@@ -38,17 +46,30 @@ from simlib.protocol import Protocol, may_read, read_allowed
 _POLL = 5e-5  # seconds between looks at the clocks while the protocol holds a read back
 
 
+CHUNK_WORK = 10_000  # rows (batch_size x steps) a fast-path worker applies between two looks at the clocks
+
+
 def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
-        timeout: float | None = 120.0, monitor_every: float = 0.05) -> Result:
-    """The substrate entry point (``simlib.run(..., substrate="shm")``); records quality every ``monitor_every`` s."""
+        timeout: float | None = 120.0, monitor_every: float = 0.05, chunk: int | None = None) -> Result:
+    """The substrate entry point (``simlib.run(..., substrate="shm")``); records quality every ``monitor_every`` s.
+
+    ``chunk``: the most steps a worker applies between two looks at the clocks on the fast path
+    (default: 10,000 rows' worth, ``max(1, 10_000 // batch_size)``).
+    """
     if protocol.backup_workers or protocol.timeout is not None:
         raise ValueError("backup_workers and timeout run on substrates 'sim' and 'pipes' (a server counts pushes); "
                          "the shared-memory table has no server")
     if training.rule.group_size(training.n_workers) != 1:
         raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
+    if chunk is not None:
+        check.positive_int("chunk", chunk)
+    fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain
+    chunk = chunk or max(1, CHUNK_WORK // training.batch_size)
     n = training.n_workers
     shards = problem.shards(n)
-    warm_up(problem)  # the problem's kernels compiled here, once, not by every forked worker at the same time
+    warm_up(problem)
+    if fast:  # compiled here too, with the types the workers pass
+        problem.local_steps(np.asarray(problem.init_params(), dtype=np.float64), shards[0], 0, 1, 1, 0.0)  # the problem's kernels compiled here, once, not by every forked worker at the same time
     started = time.perf_counter()
     with WorkerGroup(n, start_method, label="shm table") as group:
         table = group.copy_of(np.asarray(problem.init_params(), dtype=np.float64))
@@ -58,18 +79,23 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
 
         def monitor(elapsed: float) -> None:
             """The metric now; Diverged (which stops the workers) if it is not finite."""
-            step, value = int(version.array[0]), float(problem.quality(table.array.copy()))
+            step, value = int(clocks.array.sum()), float(problem.quality(table.array.copy()))
             group.trace.record_quality(elapsed, step, value)
             check_metric(value, step, problem, training.lr)
 
         monitor(0.0)
-        group.run(_work, problem, shards, protocol.bound, training, table, clocks, version, lock,
-                  monitor=monitor, monitor_every=monitor_every, timeout=timeout)
+        if fast:
+            group.run(_work_in_place, problem, shards, protocol.bound, training, chunk, table, clocks,
+                      monitor=monitor, monitor_every=monitor_every, timeout=timeout)
+        else:
+            group.run(_work, problem, shards, protocol.bound, training, table, clocks, version, lock,
+                      monitor=monitor, monitor_every=monitor_every, timeout=timeout)
         params = table.array.copy()
         raw = group.trace
     wall = time.perf_counter() - started
     trace = new_trace(problem, protocol, training, "shm", "on shared memory", wall_seconds=wall,
-                      start_method=group.start_method)
+                      start_method=group.start_method, path="in place" if fast else "get / step / add",
+                      update_unit=f"a chunk of up to {chunk} steps" if fast and chunk > 1 else "one step")
     trace.spans, trace.updates, trace.quality = raw.spans, raw.updates, raw.quality
     return Result(trace, params, {"wall_seconds": wall})
 
@@ -104,3 +130,31 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
             ctx.span("compute", t2, t3, step=c)
             ctx.span("send", t3, t4, nbytes=int(np.asarray(deltas).nbytes + keys.nbytes), step=c)
             ctx.update(c, staleness=tau, clock_lag=c - completed)
+
+
+def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, training: Training, chunk: int,
+                   table: Any, clocks: Any) -> None:
+    """One fast-path worker: wait for the protocol, apply the steps it allows to the table in place, publish."""
+    ctx = current()
+    w, fin = table.array, clocks.array
+    read_rule = training.read_rule
+    c = 0
+    while c < training.steps:
+        t0 = time.perf_counter()
+        while not read_allowed(read_rule or may_read, c, completed := int(fin.min()), bound):
+            time.sleep(_POLL)
+        # Steps c .. c+k-1 may all read now: the SSP rule allows step j while j - bound <= completed.
+        # A plugged-in rule is asked step by step.
+        k = min(chunk, training.steps - c, 1 if read_rule else int(min(completed + bound - c + 1, chunk)))
+        others = int(fin.sum()) - c
+        t1 = time.perf_counter()
+        problem.local_steps(w, shards[i], c, k, training.batch_size, training.lr)
+        fin[i] = c + k
+        t2 = time.perf_counter()
+        if ctx is not None:
+            if t1 - t0 > _POLL:
+                ctx.span("wait", t0, t1, step=c)
+            ctx.span("compute", t1, t2, step=c + k - 1)
+            tau = round((int(fin.sum()) - c - k - others) / k)  # other workers' steps per step of this chunk
+            ctx.update(c + k - 1, staleness=tau, clock_lag=c + k - 1 - completed)
+        c += k
