@@ -42,7 +42,7 @@ def hogwild_rows(rows: int, epochs: int) -> list[tuple]:
     data = make_sparse_classification(rows, 20_000, 20, seed=0)
     n = rows * epochs
     s1, res = timed(lambda: hogwild.train(data, "hogwild", n_workers=WORKERS, epochs=epochs, lr=0.2, l2=1e-5))
-    problem = LogisticProblem(data, l2=1e-5, eval_rows=2_000)
+    problem = LogisticProblem(data, l2=1e-5, eval_rows=2_000, l2_on="all")  # the loop's objective: every weight decays
     steps = n // WORKERS
     s2, run = timed(lambda: simlib.run(problem, "async", substrate="shm", n_workers=WORKERS, steps=steps,
                                        batch_size=1, lr=0.2))

@@ -119,3 +119,59 @@ def test_compiled_loss_equals_the_array_module_formula(small_problem):
     margin = np.bincount(p._eval_row_of, weights=e.values * w[e.indices], minlength=e.n_rows)
     ref = np.mean(np.logaddexp(0.0, -e.y * margin)) + 0.5 * p.l2 * np.dot(w, w)
     assert p.loss(w) == pytest.approx(ref, rel=1e-12)
+
+
+# -- l2_on='all': the full objective's step on the contract ----------------------------------------------
+def _sklearn_weights(data, lr: float, l2: float, epochs: int) -> np.ndarray:
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import SGDClassifier
+
+    peer = SGDClassifier(loss="log_loss", penalty="l2", alpha=l2, learning_rate="constant", eta0=lr,
+                         fit_intercept=False, shuffle=False, max_iter=epochs, tol=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        peer.fit(data.to_scipy().astype(np.float64), data.y)
+    return peer.coef_.ravel()
+
+
+@pytest.mark.parametrize("substrate", ["sim", "shm", "pipes"])
+def test_full_l2_at_one_row_per_step_computes_scikit_learns_weights(substrate):
+    """One worker, one row per step, every weight decayed every step: SGDClassifier's weights, on the
+    message path (sim, pipes) and the in-place path (shm) alike; the sparse treatment does not."""
+    import simlib
+
+    data = make_sparse_classification(1_500, 300, 8, seed=2)
+    full = LogisticProblem(data, l2=1e-3, eval_rows=None, l2_on="all")
+    res = simlib.run(full, "bsp", substrate=substrate, n_workers=1, steps=2 * data.n_rows, batch_size=1, lr=0.2)
+    ref = _sklearn_weights(data, 0.2, 1e-3, 2)
+    np.testing.assert_allclose(full.weights(res.params), ref, rtol=1e-9, atol=1e-12)
+    assert res.quality == pytest.approx(full.loss(ref), rel=1e-12)
+    touched = LogisticProblem(data, l2=1e-3, eval_rows=None)
+    res = simlib.run(touched, "bsp", substrate="sim", n_workers=1, steps=2 * data.n_rows, batch_size=1, lr=0.2)
+    assert np.abs(res.params - ref).max() > 1e-3
+
+
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_full_l2_in_place_chunks_equal_the_serial_replay(batch_size):
+    import simlib
+    from simlib.contract import serial_reference
+
+    prob = LogisticProblem(make_sparse_classification(800, 100, 6, seed=4), l2=1e-2, eval_rows=None, l2_on="all")
+    res = simlib.run(prob, "async", substrate="shm", n_workers=1, steps=500, batch_size=batch_size, lr=0.3, chunk=64)
+    ref = serial_reference(prob, 500, batch_size, 0.3)
+    np.testing.assert_allclose(prob.weights(res.params), prob.weights(ref), rtol=1e-11, atol=1e-14)
+    assert res.params[-1] == pytest.approx(500 * np.log(1 - 0.3 * 1e-2), rel=1e-12)
+
+
+def test_full_l2_names_its_limits():
+    import simlib
+
+    data = make_sparse_classification(200, 50, 4, seed=0)
+    with pytest.raises(ValueError, match="l2_on must be one of"):
+        LogisticProblem(data, l2_on="every")
+    prob = LogisticProblem(data, l2=0.5, eval_rows=None, l2_on="all")
+    for substrate in ("sim", "shm"):  # 1,200 steps of log(1 - 0.5 * 0.5) decay the scale past exp(-300)
+        with pytest.raises(Exception, match="l2: with l2_on='all' the weights' common scale fell below"):
+            simlib.run(prob, "bsp", substrate=substrate, n_workers=1, steps=1_200, batch_size=1, lr=0.5)

@@ -165,28 +165,44 @@ def log1pexp(z: Any) -> Any:
     return xp.maximum(z, 0) + xp.log1p(xp.exp(-xp.abs(z)))
 
 
+L2_ON = ("touched", "all")
+MAX_DECAY = 300.0  # l2_on='all': the weights' common scale s stays above exp(-300), so 1 / s stays finite
+
+
 class LogisticProblem:
     """Sparse L2-regularised logistic regression, split into the parameter-server contract.
 
     ``keys(batch)`` are the feature ids a mini-batch touches; ``gradient(w_keys, batch)`` is the
-    mini-batch gradient restricted to those keys (including l2 * w on them: the usual sparse
-    treatment of L2 in a parameter server, where untouched weights are not sent); ``loss(w)`` is
-    the full objective above. ``work(batch)`` is the number of nonzeros, what compute costs.
+    mini-batch gradient restricted to those keys; ``loss(w)`` is the full objective above.
+    ``work(batch)`` is the number of nonzeros, what compute costs. The L2 term is applied in one of
+    two ways:
+
+    * ``l2_on='touched'`` (default): l2 * w on the touched keys only, the usual sparse treatment in
+      a parameter server (untouched weights are not sent). The table is w. Rare features are
+      decayed less often, so this descends a frequency-weighted penalty, not the full one.
+    * ``l2_on='all'``: the full objective's step w <- (1 - lr*l2) w - lr*g, every weight decayed
+      every step, still touching only the batch's keys: the table holds v and one more key,
+      log s, with w = s * v (scikit-learn's ``wscale``); a step adds log(1 - lr*l2) to log s and
+      -lr*g / s_new to v. One worker at one row per step computes ``SGDClassifier``'s weights.
+      :meth:`weights` turns the table into w.
     """
 
     metric = "loss"
     lower_is_better = True
 
-    def __init__(self, data: SparseDataset, l2: float = 1e-4, eval_rows: int | None = 5_000, seed: int = 0):
+    def __init__(self, data: SparseDataset, l2: float = 1e-4, eval_rows: int | None = 5_000, seed: int = 0,
+                 l2_on: str = "touched"):
         if not isinstance(data, SparseDataset):
             raise ValueError(f"data must be a SparseDataset, got {type(data).__name__}")
         data.require_features()
         check.non_negative("l2", l2)
+        check.one_of("l2_on", l2_on, L2_ON)
+        self.l2_on = l2_on
         if eval_rows is not None:
             check.positive_int("eval_rows", eval_rows)
         self.data = data
         self.l2 = float(l2)
-        self.n_params = data.n_features
+        self.n_params = data.n_features + (l2_on == "all")  # 'all': one more key, log s
         # Loss is evaluated on a fixed sample of rows so that frequent evaluation stays cheap.
         if eval_rows is None or eval_rows >= data.n_rows:
             self._eval = data
@@ -218,26 +234,34 @@ class LogisticProblem:
         return start + (np.arange(batch_size) + step * batch_size) % (stop - start)
 
     def keys(self, batch: np.ndarray) -> np.ndarray:
-        """Sorted unique feature ids touched by the rows in ``batch``."""
+        """Sorted unique feature ids touched by the rows in ``batch`` (then log s's key, with l2_on='all')."""
         d = self.data
-        return _batch_keys(d.indptr, d.indices, np.asarray(batch, dtype=np.int64))
+        keys = _batch_keys(d.indptr, d.indices, np.asarray(batch, dtype=np.int64))
+        return np.append(keys, d.n_features) if self.l2_on == "all" else keys
+
+    def weights(self, params: Any) -> Any:
+        """w from the table: the table itself, or s * v with l2_on='all'."""
+        return params[:-1] * math.exp(float(params[-1])) if self.l2_on == "all" else params
 
     def work(self, batch: np.ndarray) -> int:
         """Nonzeros in the batch: the unit the compute model charges."""
         ip = self.data.indptr
         return int(np.sum(ip[batch + 1] - ip[batch]))
 
-    def gradient(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
-        """(keys, g): mean log-loss gradient over the batch plus l2 * w, on the touched keys only."""
+    def gradient(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray | None = None,
+                 l2: float | None = None) -> tuple[np.ndarray, Any]:
+        """(keys, g): mean log-loss gradient over the batch plus l2 * w, on the touched features only."""
         if keys is None:
-            keys = self.keys(batch)
+            keys = _batch_keys(self.data.indptr, self.data.indices, np.asarray(batch, dtype=np.int64))
+        l2 = self.l2 if l2 is None else l2
         if isinstance(w_keys, np.ndarray):
             d = self.data
             return keys, _batch_gradient(d.indptr, d.indices, d.values, d.y, np.asarray(batch, dtype=np.int64), keys,
-                                         np.asarray(w_keys, dtype=np.float64), self.l2, d.n_features)
-        return self.gradient_xp(w_keys, batch, keys)
+                                         np.asarray(w_keys, dtype=np.float64), l2, d.n_features)
+        return self.gradient_xp(w_keys, batch, keys, l2)
 
-    def gradient_xp(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
+    def gradient_xp(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray | None = None,
+                    l2: float | None = None) -> tuple[np.ndarray, Any]:
         """The same gradient in array-module code (NumPy or CuPy): the reference for the compiled kernel."""
         d = self.data
         ip = d.indptr
@@ -255,12 +279,25 @@ class LogisticProblem:
         yb = xp.asarray(d.y[batch], dtype=np.float64)
         coef = -yb * sigmoid(-yb * margin) / len(batch)
         g = xp.bincount(local_x, weights=coef[row] * vals, minlength=len(keys))
-        return keys, g + self.l2 * w_keys
+        return keys, g + (self.l2 if l2 is None else l2) * w_keys
 
     def step(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, Any]:
-        """(keys, -lr * g): the SGD update of the contract, from the values read."""
-        keys, g = self.gradient(w_keys, batch, keys)
-        return keys, -lr * g
+        """(keys, -lr * g): the SGD update of the contract, from the values read (l2_on='all': of v and log s)."""
+        if self.l2_on == "touched":
+            keys, g = self.gradient(w_keys, batch, keys)
+            return keys, -lr * g
+        scale = self._scale(float(w_keys[-1]))
+        keep = 1.0 - lr * self.l2
+        _, g = self.gradient(w_keys[:-1] * scale, batch, keys[:-1], l2=0.0)
+        xp = array_module(g)
+        return keys, xp.concatenate([-lr * g / (scale * keep), xp.full(1, math.log(keep))])
+
+    def _scale(self, log_s: float) -> float:
+        """s = exp(log s); ValueError naming l2 once the decay so far would make 1 / s overflow."""
+        if log_s < -MAX_DECAY:
+            raise ValueError(f"l2: with l2_on='all' the weights' common scale fell below exp(-{MAX_DECAY:g}) "
+                             f"(lr * l2 * steps > {MAX_DECAY:g}); use fewer steps, a smaller l2, or l2_on='touched'")
+        return math.exp(log_s)
 
     def local_steps(self, w: np.ndarray, shard: tuple[int, int], first: int, count: int, batch_size: int,
                     lr: float) -> None:
@@ -270,11 +307,16 @@ class LogisticProblem:
         steps; several workers calling it on one ``w`` at once, unlocked, is Hogwild!.
         """
         d = self.data
-        _local_sgd(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr, self.l2)
+        if self.l2_on == "touched":
+            _local_sgd(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr, self.l2)
+            return
+        self._scale(float(w[-1]) + count * math.log(1.0 - lr * self.l2))
+        _local_sgd_scaled(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr,
+                          self.l2)
 
-    def quality(self, w: Any) -> float:
-        """The contract's metric: :meth:`loss`."""
-        return self.loss(w)
+    def quality(self, params: Any) -> float:
+        """The contract's metric: :meth:`loss` of the table's weights."""
+        return self.loss(self.weights(params))
 
     def loss(self, w: Any) -> float:
         """L(w) on the evaluation rows: mean log-loss plus (l2 / 2) ||w||^2."""
@@ -440,6 +482,63 @@ def _local_sgd(indptr, indices, values, y, w, start, stop, first, count, batch_s
         for q in range(m):
             j = touched[q]
             w[j] += -lr * g[j]
+
+
+@njit(cache=True, nogil=True)
+def _local_sgd_scaled(indptr, indices, values, y, w, start, stop, first, count, batch_size, lr, l2):  # pragma: no cover
+    """:func:`_local_sgd` for l2_on='all': w[:-1] is v, w[-1] is log s, the weights are s * v."""
+    # NOTE: this worker's own decay is added to the shared log s once per chunk, not once per step: with
+    # several workers, one key written every step by all of them would bounce its cache line between cores.
+    n_rows, f = stop - start, w.shape[0] - 1
+    inv_b = 1.0 / batch_size
+    keep = 1.0 - lr * l2
+    log_keep = np.log(keep)
+    pending = 0.0
+    if batch_size == 1:  # one row: its features are unique, so the update needs no scratch
+        for c in range(first, first + count):
+            s = np.exp(w[f] + pending)
+            r = start + c % n_rows
+            lo, hi = indptr[r], indptr[r + 1]
+            margin = 0.0
+            for p in range(lo, hi):
+                margin += values[p] * (w[indices[p]] * s)
+            step = -lr * log_loss_slope(y[r], margin) / (s * keep)
+            for p in range(lo, hi):
+                w[indices[p]] += step * values[p]
+            pending += log_keep
+        w[f] += pending
+        return
+    g = np.empty(f)
+    seen = np.full(f, -1, dtype=np.int64)
+    touched = np.empty(batch_size * 64, dtype=np.int64)
+    for c in range(first, first + count):
+        s = np.exp(w[f] + pending)
+        m = 0
+        for b in range(batch_size):
+            r = start + (c * batch_size + b) % n_rows
+            lo, hi = indptr[r], indptr[r + 1]
+            margin = 0.0
+            for p in range(lo, hi):
+                j = indices[p]
+                if seen[j] != c:
+                    seen[j] = c
+                    g[j] = 0.0
+                    if m == touched.shape[0]:
+                        grown = np.empty(2 * m, dtype=np.int64)
+                        grown[:m] = touched
+                        touched = grown
+                    touched[m] = j
+                    m += 1
+                margin += values[p] * (w[j] * s)
+            coef = log_loss_slope(y[r], margin) * inv_b
+            for p in range(lo, hi):
+                g[indices[p]] += coef * values[p]
+        div = s * keep
+        for q in range(m):
+            j = touched[q]
+            w[j] += -lr * g[j] / div
+        pending += log_keep
+    w[f] += pending
 
 
 @njit(cache=True, nogil=True)
