@@ -197,7 +197,7 @@ def warm_up(problem: Any, keys: Callable[[np.ndarray], np.ndarray] | None = None
     k = (problem.keys if keys is None else keys)(batch)
     w = np.asarray(problem.init_params(), dtype=np.float64)
     read = w[k] if values is None else values(w[k])
-    problem.step(read, batch, k, 1.0)  # real values: AdaGrad divides by them
+    problem.step(read, batch, k, 1e-3)  # real values: AdaGrad divides by them; a small lr: any l2 keeps lr * l2 < 1
     problem.quality(w)
 
 
@@ -226,3 +226,14 @@ class Result:
     def quality(self) -> float:
         """The last recorded value of the problem's metric."""
         return self.trace.quality[-1].value if self.trace.quality else float("nan")
+
+    @property
+    def seconds(self) -> float:
+        """Training seconds: ``measured['train_seconds']`` where the substrate measures it, else the wall time."""
+        return float(self.measured.get("train_seconds") or self.measured.get("wall_seconds") or self.trace.makespan)
+
+    @property
+    def cores_used(self) -> float:
+        """CPU seconds per training second: how many cores the run really got (NaN where not measured)."""
+        cpu = self.measured.get("cpu_seconds")
+        return cpu / self.seconds if cpu is not None and self.seconds > 0 else float("nan")

@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.contract import Result, Training, new_trace, warm_up
 from simlib.diverged import check_metric
-from simlib.parallel.group import WorkerGroup
+from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import current
 from simlib.protocol import Protocol, may_read, read_allowed
 
@@ -50,11 +51,15 @@ CHUNK_WORK = 10_000  # rows (batch_size x steps) a fast-path worker applies betw
 
 
 def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
-        timeout: float | None = 120.0, monitor_every: float = 0.05, chunk: int | None = None) -> Result:
+        timeout: float | None = 120.0, monitor_every: float = 0.05, chunk: int | None = None,
+        locked: bool = False) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="shm")``); records quality every ``monitor_every`` s.
 
     ``chunk``: the most steps a worker applies between two looks at the clocks on the fast path
-    (default: 10,000 rows' worth, ``max(1, 10_000 // batch_size)``).
+    (default: 10,000 rows' worth, ``max(1, 10_000 // batch_size)``). ``locked=True``: one lock held
+    around every step's read, compute and write (the locked baseline Hogwild! is measured against).
+    ``measured`` holds ``wall_seconds``, ``train_seconds`` (first compute span's start to the last's
+    end) and ``cpu_seconds`` (the CPU time the workers' loops got, summed).
     """
     if protocol.backup_workers or protocol.timeout is not None:
         raise ValueError("backup_workers and timeout run on substrates 'sim' and 'pipes' (a server counts pushes); "
@@ -63,13 +68,18 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
     if chunk is not None:
         check.positive_int("chunk", chunk)
+    if not isinstance(locked, bool):
+        raise ValueError(f"locked must be True or False, got {locked!r}")
+    if start_method is not None:  # named before the warm-up compiles anything
+        check.one_of("start_method", start_method, START_METHODS)
     fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain
     chunk = chunk or max(1, CHUNK_WORK // training.batch_size)
     n = training.n_workers
     shards = problem.shards(n)
+    # The problem's kernels compiled here, once, not by every forked worker at the same time.
     warm_up(problem)
-    if fast:  # compiled here too, with the types the workers pass
-        problem.local_steps(np.asarray(problem.init_params(), dtype=np.float64), shards[0], 0, 1, 1, 0.0)  # the problem's kernels compiled here, once, not by every forked worker at the same time
+    if fast:  # with the types the workers pass
+        problem.local_steps(np.asarray(problem.init_params(), dtype=np.float64), shards[0], 0, 1, 1, 0.0)
     started = time.perf_counter()
     with WorkerGroup(n, start_method, label="shm table") as group:
         table = group.copy_of(np.asarray(problem.init_params(), dtype=np.float64))
@@ -85,11 +95,11 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
 
         monitor(0.0)
         if fast:
-            group.run(_work_in_place, problem, shards, protocol.bound, training, chunk, table, clocks,
-                      monitor=monitor, monitor_every=monitor_every, timeout=timeout)
-        else:
-            group.run(_work, problem, shards, protocol.bound, training, table, clocks, version, lock,
-                      monitor=monitor, monitor_every=monitor_every, timeout=timeout)
+            cpu = group.run(_work_in_place, problem, shards, protocol.bound, training, chunk, table, clocks,
+                            lock if locked else None, monitor=monitor, monitor_every=monitor_every, timeout=timeout)
+        else:  # get and add always hold the lock; locked=True makes it cover the step too
+            cpu = group.run(_work, problem, shards, protocol.bound, training, table, clocks, version, lock, locked,
+                            monitor=monitor, monitor_every=monitor_every, timeout=timeout)
         params = table.array.copy()
         raw = group.trace
     wall = time.perf_counter() - started
@@ -97,13 +107,18 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
                       start_method=group.start_method, path="in place" if fast else "get / step / add",
                       update_unit=f"a chunk of up to {chunk} steps" if fast and chunk > 1 else "one step")
     trace.spans, trace.updates, trace.quality = raw.spans, raw.updates, raw.quality
-    return Result(trace, params, {"wall_seconds": wall})
+    if locked:
+        trace.label = trace.label.replace("on shared memory", "on shared memory, locked")
+    compute = [s for s in trace.spans if s.kind == "compute"]
+    train = max(s.end for s in compute) - min(s.start for s in compute) if compute else 0.0
+    return Result(trace, params, {"wall_seconds": wall, "train_seconds": train, "cpu_seconds": float(sum(cpu))})
 
 
 def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Training, table: Any, clocks: Any,
-          version: Any, lock: Any) -> None:
-    """One worker: wait for the protocol, get, step, add under the version lock, publish the clock."""
+          version: Any, lock: Any, locked: bool) -> float:
+    """One worker: wait for the protocol, get, step, add under the version lock, publish the clock; its CPU seconds."""
     ctx = current()
+    cpu0 = time.thread_time()
     w, fin, ver = table.array, clocks.array, version.array
     rule, read_rule = training.rule, training.read_rule or may_read
     for c in range(training.steps):
@@ -113,15 +128,17 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
         t1 = time.perf_counter()
         batch = problem.batch(shards[i], c, training.batch_size)
         keys = problem.keys(batch)
-        with lock:  # a consistent (values, version) pair; the add below takes the same lock
-            values, read_version = w[keys].copy(), int(ver[0])
-        t2 = time.perf_counter()
-        keys, deltas = problem.step(values, batch, keys, training.lr)
-        t3 = time.perf_counter()
-        with lock:
-            tau = int(ver[0]) - read_version
-            w[keys] += rule.scaled(deltas, tau)
-            ver[0] += 1
+        outer, inner = (lock, nullcontext()) if locked else (nullcontext(), lock)
+        with outer:
+            with inner:  # a consistent (values, version) pair; the add below takes the same lock
+                values, read_version = w[keys].copy(), int(ver[0])
+            t2 = time.perf_counter()
+            keys, deltas = problem.step(values, batch, keys, training.lr)
+            t3 = time.perf_counter()
+            with inner:
+                tau = int(ver[0]) - read_version
+                w[keys] += rule.scaled(deltas, tau)
+                ver[0] += 1
         fin[i] = c + 1
         t4 = time.perf_counter()
         if ctx is not None:
@@ -130,12 +147,16 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
             ctx.span("compute", t2, t3, step=c)
             ctx.span("send", t3, t4, nbytes=int(np.asarray(deltas).nbytes + keys.nbytes), step=c)
             ctx.update(c, staleness=tau, clock_lag=c - completed)
+    return time.thread_time() - cpu0
 
 
 def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, training: Training, chunk: int,
-                   table: Any, clocks: Any) -> None:
-    """One fast-path worker: wait for the protocol, apply the steps it allows to the table in place, publish."""
+                   table: Any, clocks: Any, lock: Any) -> float:
+    """One fast-path worker: wait for the protocol, apply the steps it allows in place, publish; its CPU seconds.
+
+    With a ``lock``, each step is applied under it, one at a time (the locked baseline)."""
     ctx = current()
+    cpu0 = time.thread_time()
     w, fin = table.array, clocks.array
     read_rule = training.read_rule
     c = 0
@@ -148,7 +169,12 @@ def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, tra
         k = min(chunk, training.steps - c, 1 if read_rule else int(min(completed + bound - c + 1, chunk)))
         others = int(fin.sum()) - c
         t1 = time.perf_counter()
-        problem.local_steps(w, shards[i], c, k, training.batch_size, training.lr)
+        if lock is None:
+            problem.local_steps(w, shards[i], c, k, training.batch_size, training.lr)
+        else:
+            for j in range(c, c + k):  # NOTE: one call per step, because the lock must cover each single update
+                with lock:
+                    problem.local_steps(w, shards[i], j, 1, training.batch_size, training.lr)
         fin[i] = c + k
         t2 = time.perf_counter()
         if ctx is not None:
@@ -158,3 +184,4 @@ def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, tra
             tau = round((int(fin.sum()) - c - k - others) / k)  # other workers' steps per step of this chunk
             ctx.update(c + k - 1, staleness=tau, clock_lag=c + k - 1 - completed)
         c += k
+    return time.thread_time() - cpu0

@@ -228,6 +228,10 @@ class LogisticProblem:
         bounds = np.linspace(0, self.data.n_rows, n_workers + 1).astype(int)
         return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n_workers)]
 
+    def epoch_steps(self, n_workers: int, batch_size: int) -> int:
+        """Steps per worker for one pass over the data: ceil(largest shard / batch_size)."""
+        return -(-max(b - a for a, b in self.shards(n_workers)) // batch_size)
+
     def batch(self, shard: tuple[int, int], step: int, batch_size: int) -> np.ndarray:
         """Row ids of mini-batch number ``step`` in a shard (cycling through it in order)."""
         start, stop = shard
@@ -288,6 +292,9 @@ class LogisticProblem:
             return keys, -lr * g
         scale = self._scale(float(w_keys[-1]))
         keep = 1.0 - lr * self.l2
+        if keep <= 0.0:
+            raise ValueError(f"lr * l2 must be < 1 with l2_on='all' (the decay factor 1 - lr*l2 must stay positive), "
+                             f"got {lr * self.l2:g}")
         _, g = self.gradient(w_keys[:-1] * scale, batch, keys[:-1], l2=0.0)
         xp = array_module(g)
         return keys, xp.concatenate([-lr * g / (scale * keep), xp.full(1, math.log(keep))])
@@ -310,6 +317,9 @@ class LogisticProblem:
         if self.l2_on == "touched":
             _local_sgd(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr, self.l2)
             return
+        if lr * self.l2 >= 1.0:
+            raise ValueError(f"lr * l2 must be < 1 with l2_on='all' (the decay factor 1 - lr*l2 must stay positive), "
+                             f"got {lr * self.l2:g}")
         self._scale(float(w[-1]) + count * math.log(1.0 - lr * self.l2))
         _local_sgd_scaled(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr,
                           self.l2)
