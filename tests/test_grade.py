@@ -428,10 +428,8 @@ def test_the_class_is_large_and_graded_quickly(hostile_class):
     assert hostile_class["seconds"] < 120
 
 
-@pytest.mark.parametrize("graded", ["hostile_class", "hostile_class_watcher"])
+@pytest.mark.parametrize("graded", ["hostile_class", pytest.param("hostile_class_watcher", marks=pytest.mark.slow)])
 def test_nothing_is_left_behind(graded, request):
-    if graded == "hostile_class_watcher" and "slow" not in request.config.getoption("-m", default=""):
-        pytest.skip("the watcher's class is graded with the slow tests")
     graded = request.getfixturevalue(graded)
     assert graded["survivors"] == []  # setsid + double fork, clone(CLONE_PARENT), all carrying TOKEN
     assert not [pid for pid in graded["children"] if b"simlib.grade.child" in Path(f"/proc/{pid}/cmdline").read_bytes()]
