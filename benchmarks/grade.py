@@ -1,8 +1,9 @@
 """Grade a class of 30 submissions of one assignment: time per submission and peak memory.
 
 The class: copies of the solution (each made distinct by a trailing newline so the cache does not
-serve them), the blank student version, and hostile or partial variants (an infinite loop, a 10 GB
-allocation, an early exit, a broken part). Goal: the whole class in under 5 minutes on 2 cores.
+serve them) and 4 hostile variants (an infinite loop, a 10 GB allocation, an early exit, a setsid +
+double fork left running). Goal: the whole class in under 5 minutes on 2 cores, the master's own
+check included; the sandbox used (bubblewrap or the watcher) is printed.
 
     python benchmarks/grade.py [ASSIGNMENT] [--students 30]
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import sys
@@ -22,12 +24,14 @@ sys.path.insert(0, str(ROOT))
 
 from simlib.grade import notebook as nbm  # noqa: E402
 from simlib.grade.gradebook import grade_class  # noqa: E402
-from simlib.grade.sandbox import Limits  # noqa: E402
+from simlib.grade.sandbox import Limits, choose  # noqa: E402
 
 HOSTILE = {
     "loop": "while True:\n    pass",
     "memory": "hog = bytearray(10 * 2**30)",
     "exits": "import os\nos._exit(0)",
+    "escapes": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(600)\n"
+               "    os._exit(0)",
 }
 
 
@@ -40,9 +44,9 @@ def variant(master: dict, code: str) -> dict:
 
 
 def build_class(master_path: Path, student_path: Path, folder: Path, n: int) -> None:
-    """n submissions: mostly solutions, one blank, the hostile variants."""
+    """n submissions: the hostile variants, the rest solutions."""
     master = nbm.load(master_path)
-    special = {"blank": nbm.load(student_path), **{k: variant(master, v) for k, v in HOSTILE.items()}}
+    special = {k: variant(master, v) for k, v in HOSTILE.items()}
     for k, (name, nb) in enumerate(special.items()):
         (folder / f"{k:02d}-{name}.ipynb").write_text(nbm.dump(nb))
     for k in range(len(special), n):
@@ -77,6 +81,7 @@ def main() -> None:
           f"{'grader MB':>9} {'sandbox MB':>10}")
     print(f"{a.assignment:<16} {len(students):>8} {total:8.1f} {total / len(students):9.2f} {cached:8.2f} "
           f"{peak_self:9.0f} {peak_child:10.0f}")
+    print(f"sandbox: {choose()[0]}; cores: {os.cpu_count()}")
     print(f"goal: {len(students)} submissions in < 300 s on 2 cores -> {'met' if total < 300 else 'NOT met'} "
           "(total includes one run of the master notebook that compiles the library's kernels; "
           "the hostile variants include a loop stopped at the per-cell limit)")

@@ -6,16 +6,21 @@ import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from simlib.grade import notebook as nbm
-from simlib.grade.gradebook import Progress, grade_class
+from simlib.grade.gradebook import Progress, cache_key, check_hidden, clean, environment, grade_class
 from simlib.grade.sandbox import Limits
+from simlib.grade.sandbox import bwrap_problem as sandbox_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS, ASSIGNMENTS = ROOT / "solutions", ROOT / "assignments"
@@ -96,130 +101,384 @@ def test_invalid_notebooks_are_reported():
 
 
 # -- a hostile class ------------------------------------------------------------------------------
-def _descendants_and_children() -> set[int]:
-    out = set()
+# Every attack is one submission in one grading run (per sandbox kind); each test asserts its own
+# outcome and that the control student "good", graded in the same run, still gets full marks.
+TOKEN = f"simlib-grade-test-{uuid.uuid4().hex}"  # carried by every process a submission tries to leave behind
+ARGV = f"[sys.executable, '-c', 'import time; time.sleep(120)', {TOKEN!r}]"
+F = "\ndef f():\n    return 1"  # part 1's correct answer, after the attack
+PLANTED = "planted-grader-secret-4711"
+
+
+def _frame_code(payload: str) -> str:
+    """Code writing ``payload`` (bytes literal) as one frame into the sandbox's result channel."""
+    return ("import json, os, struct, sys\nfd = json.loads(sys.argv[-1])['result_fd']\n"
+            f"data = {payload}\nos.write(fd, struct.pack('>I', len(data)) + data)")
+
+
+ATTACKS = {  # name: (code replacing part 1's answer, (t1, t2) points, text the feedback must contain)
+    # escape
+    "setsid_double_fork": ("import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                           f"        os.execv(sys.executable, {ARGV})\n    os._exit(0)\nos.wait()" + F, (2, 3), None),
+    "clone_parent": ("import ctypes, os, platform, signal, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                     "nr = {'x86_64': 56, 'aarch64': 220}[platform.machine()]\n"
+                     "if libc.syscall(nr, 0x8000 | signal.SIGCHLD, 0, 0, 0, 0) == 0:\n    os.setsid()\n"
+                     f"    os.execv(sys.executable, {ARGV})" + F, (2, 3), None),
+    "daemon_thread_spins": ("import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()"
+                            + F, (2, 3), None),
+    "reads_master": ("secret = open(MASTER).read()" + F, (0, 3), "No such file or directory"),
+    "reads_other_student": ("other = open(GOOD).read()" + F, (0, 3), "No such file or directory"),
+    "writes_gradebook": ("open(GRADEBOOK, 'w').write('good,t1,0,2')" + F, (0, 3), "No such file or directory"),
+    "reads_etc_shadow": ("open('/etc/shadow').read()" + F, (0, 3), "No such file or directory"),
+    "reads_host_environ": ("import glob\nraise RuntimeError(' '.join(open(p, 'rb').read().decode('latin-1') for p in "
+                           "glob.glob('/proc/*/cmdline') + glob.glob('/proc/*/environ')))" + F, (0, 3), None),
+    "lists_host_processes": ("import os\nraise RuntimeError(str(sorted(p for p in os.listdir('/proc') if p.isdigit())))",
+                             (0, 3), "RuntimeError: ['1', '2'"),
+    "writes_python_tree": ("import numpy, os\nopen(os.path.join(os.path.dirname(numpy.__file__), 'x.py'), 'w')" + F,
+                           (0, 3), None),
+    "network": ("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)" + F, (0, 3),
+                "network access is disabled"),
+    "mknod_disk": ("import os, stat\nos.mknod('sda', stat.S_IFBLK | 0o600, os.makedev(8, 0))" + F, (0, 3), "PermissionError"),
+    "kills_grader": ("import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError:\n    pass" + F,
+                     (2, 3), None),
+    "fills_disk": ("open('big', 'wb').write(b'x' * (200 * 2**20))" + F, (0, 3), "OSError"),
+    "fills_dev_shm": ("open('/dev/shm/big', 'wb').write(b'x' * (200 * 2**20))" + F, (0, 3), "OSError"),
+    "shm_segment": ("from multiprocessing import shared_memory\nfrom simlib.parallel import SharedArray\n"
+                    "leak = shared_memory.SharedMemory(name='simlib-grade-test-leak', create=True, size=4096)\n"
+                    "leak2 = SharedArray.zeros(1000)" + F, (2, 3), None),
+    "plants_kernels": ("import os\nfor d in (os.environ['NUMBA_CACHE_DIR'], '/run/numba-cache'):\n    try:\n"
+                       "        open(os.path.join(d, 'planted.nbi'), 'w').write('x')\n    except OSError:\n        pass" + F,
+                       (2, 3), None),
+    # crash
+    "exits": ("import os\nos._exit(0)", (0, 3), "exited with status 0"),
+    "sys_exit": ("import sys\nsys.exit(3)", (0, 3), "SystemExit: 3"),
+    "segfault": ("import ctypes\nctypes.string_at(0)", (0, 3), "killed by signal 11"),
+    "aborts": ("import os\nos.abort()", (0, 3), "killed by signal 6"),
+    "recursion": ("def r(n):\n    return r(n + 1)\nr(0)", (0, 3), "RecursionError"),
+    "closes_stdout": ("import os\nos.close(1)\nos.close(2)" + F, (2, 3), None),
+    "dup2_over_stdin": ("import os\nos.dup2(os.open('/dev/zero', os.O_RDONLY), 0)" + F, (2, 3), None),
+    "reads_stdin_for_tests": ("import os, threading\nstolen = []\nthreading.Thread(target=lambda: stolen.append(os.read(0, 1 << 20)),"
+                              " daemon=True).start()" + F, (2, 3), None),
+    "channel_empty_list": (_frame_code("b'[]'"), (0, 3), "wrote into the grader's result channel"),
+    "channel_deep_nesting": (_frame_code("b'[' * 100000 + b']' * 100000"), (0, 3), "wrote into the grader's result channel"),
+    "channel_huge_length": ("import json, os, sys\nos.write(json.loads(sys.argv[-1])['result_fd'], b'\\xff' * 8)",
+                            (0, 3), "wrote into the grader's result channel"),
+    # hang
+    "loop": ("while True:\n    pass", (0, 3), "time limit of 4 s per cell"),
+    "sleeps_uninterruptibly": ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)",
+                               (0, 3), "time limit of 4 s per cell"),
+    "memory": ("hog = bytearray(10 * 2**30)" + F, (0, 3), "MemoryError"),
+    "fork_bomb": ("import os, time\nfor _ in range(100):\n    if os.fork() == 0:\n        os.setsid()\n"
+                  "        time.sleep(60)\n        os._exit(0)" + F, (0, 3), "more than 32 processes"),
+    "output_flood": ("import sys\nfor _ in range(100):\n    sys.stdout.write('x' * 2**20)" + F, (0, 3),
+                     "printed more than 8 MB"),
+    # leak (of hidden tests into feedback)
+    "quotes_hidden_tests": ("def f():\n    raise ValueError(\"assert f() + 1 == 2, 'hidden f'\")", (0, 3),
+                            "message withheld: it quotes the hidden tests"),
+    "huge_message": ("raise ValueError('x' * 10**6)" + F, (0, 3), "ValueError: xxx"),
+    "forges_feedback_lines": ("raise ValueError('\\n- t1: 2 / 2 (passed)\\n- t2: 3 / 3 (passed)')" + F, (0, 3), "ValueError"),
+    # tampering and impersonation
+    "wrong_answer": ("def f():\n    return 2", (0, 3), "f() should be 1"),
+    "forges_results_ahead": (_frame_code("b''") + "\nfor k in range(40):\n    d = json.dumps({'seq': k, 'nonce': 'x', 'ok': True})"
+                             ".encode()\n    os.write(fd, struct.pack('>I', len(d)) + d)\ndef f():\n    return 2",
+                             (0, 3), "wrote into the grader's result channel"),
+    "patches_assert_message": ("import builtins\nbuiltins.AssertionError = Exception\ndef f():\n    return 2", (0, 3), "f() should be 1"),
+}
+
+
+def _tampered(master, kind):
+    nb = with_answer1(master, "def f():\n    return 2")
+    if kind == "edits_tests":
+        nb["cells"][2]["source"] = "pass"
+    elif kind == "deletes_tests":
+        del nb["cells"][2]
+    elif kind == "claims_test_id":
+        nb["cells"][1]["metadata"]["nbgrader"].update(grade=True, grade_id="t1", points=2)
+        del nb["cells"][2]
+    elif kind == "inflates_points":
+        nb["cells"][2]["metadata"]["nbgrader"]["points"] = 100
+    return nb
+
+
+TAMPERED = {"edits_tests": ((0, 3), "f() should be 1"), "deletes_tests": ((0, 3), "f() should be 1"),
+            "claims_test_id": ((0, 3), "NameError"), "inflates_points": ((0, 3), "f() should be 1")}
+
+MALFORMED = {  # file name: (bytes, reason)
+    "garbage.ipynb": (b"{not json", "not a valid notebook"),
+    "empty.ipynb": (b"", "not a valid notebook"),
+    "latin1.ipynb": ("{\"cells\": []} é".encode("latin-1"), "not a valid notebook"),
+    "deep.ipynb": (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+    "deep_cells.ipynb": (b'{"cells": ' + b"[" * 100000 + b"]" * 100000 + b"}", "nested too deeply"),
+    "cells_not_list.ipynb": (b'{"cells": 3}', "no list of cells"),
+    "metadata_string.ipynb": (json.dumps({"cells": [{"cell_type": "code", "metadata": "x", "source": ""}]}).encode(),
+                              "metadata or its nbgrader entry is not a dictionary"),
+    "source_numbers.ipynb": (json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": [1, 2]}]}).encode(),
+                             "source is neither a string nor a list of strings"),
+    "nbgrader_list.ipynb": (json.dumps({"cells": [{"cell_type": "code", "metadata": {"nbgrader": [1]}, "source": ""}]}).encode(),
+                            "metadata or its nbgrader entry is not a dictionary"),
+    "grade_id_dict.ipynb": (json.dumps({"cells": [{"cell_type": "code", "metadata": {"nbgrader": {"grade_id": {}}},
+                                                   "source": ""}]}).encode(), "grade_id is not a string"),
+    "too_big.ipynb": (b" " * (21 * 2**20), "larger than 20 MB"),
+}
+
+
+def _write_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict[str, Any]:
+    """Every hostile submission above into ``subs``; returns what the tests expect of each."""
+    good = subs / "good.ipynb"
+    good.write_text(nbm.dump(master))
+    expect = {"good": ((2, 3), "Autograded: 5 / 5 points")}
+    for name, (code, points, reason) in ATTACKS.items():
+        code = (code.replace("MASTER", repr(str(master_path))).replace("GOOD", repr(str(good)))
+                .replace("GRADEBOOK", repr(str(out / "gradebook.csv"))))
+        (subs / f"{name}.ipynb").write_text(nbm.dump(with_answer1(master, code)))
+        expect[name] = (points, reason)
+    for name, outcome in TAMPERED.items():
+        (subs / f"{name}.ipynb").write_text(nbm.dump(_tampered(master, name)))
+        expect[name] = outcome
+    flood = with_answer1(master, "def f():\n    return 1")
+    flood["cells"].insert(1, _cell("code", "import sys\nsys.stdout.write('y' * (9 * 2**20))"))
+    for k in range(3):  # 6 MB per cell, under the cap of 8 MB per cell, 18 MB in all
+        flood["cells"].insert(0, _cell("code", "import sys\nsys.stdout.write('z' * (6 * 2**20))"))
+    (subs / "flood_then_correct.ipynb").write_text(nbm.dump(flood))
+    expect["flood_then_correct"] = ((2, 3), "printed more than 8 MB")
+    many = with_answer1(master, "def f():\n    return 1")
+    many["cells"] += [_cell("code", f"raise ValueError('{k}' * 500)") for k in range(300)]
+    (subs / "many_errors.ipynb").write_text(nbm.dump(many))
+    expect["many_errors"] = ((2, 3), "... and 280 more")
+    for name, (data, reason) in MALFORMED.items():
+        (subs / name).write_bytes(data)
+        expect[name.removesuffix(".ipynb")] = ((0, 0), reason)
+    # files and folders that are not what they seem
+    os.mkfifo(subs / "fifo.ipynb")
+    expect["fifo"] = ((0, 0), "is a FIFO")
+    (subs / "link_to_master.ipynb").symlink_to(master_path)
+    expect["link_to_master"] = ((0, 0), "is a symbolic link")
+    (subs / "link_to_good.ipynb").symlink_to(good)
+    expect["link_to_good"] = ((0, 0), "is a symbolic link")
+    (subs / "linked_folder").symlink_to(master_path.parent, target_is_directory=True)
+    expect["linked_folder"] = ((0, 0), "is a symbolic link")
+    for name, make in (("fifo_in_folder", lambda p: os.mkfifo(p)), ("link_in_folder", lambda p: p.symlink_to(master_path))):
+        (subs / name / "ps1").mkdir(parents=True)
+        make(subs / name / "ps1" / "07-toy.ipynb")
+        expect[name] = ((0, 0), "FIFO" if "fifo" in name else "symbolic link")
+    (subs / "no_notebook").mkdir()
+    (subs / "no_notebook" / "notes.txt").write_text("hello")
+    expect["no_notebook"] = ((0, 0), "no notebook found")
+    long = "L" * 255
+    (subs / long / "ps1").mkdir(parents=True)
+    (subs / long / "ps1" / "07-toy.ipynb").write_text(nbm.dump(master))
+    expect[long] = ((2, 3), "Autograded: 5 / 5 points")
+    # names that collide, or look alike
+    for name in ("José", "Josи", "a b", "a_b", "new\nline"):
+        (subs / f"{name}.ipynb").write_text(nbm.dump(master))
+        expect[name] = ((2, 3), "Autograded: 5 / 5 points")
+    (subs / "alice.ipynb").write_text(nbm.dump(master))
+    (subs / "alice" / "ps1").mkdir(parents=True)
+    (subs / "alice" / "ps1" / "07-toy.ipynb").write_text(nbm.dump(master))
+    (subs / "Bob.ipynb").write_text(nbm.dump(master))
+    (subs / "bob.ipynb").write_text(nbm.dump(master))
+    (subs / "Zo\u00eb.ipynb").write_text(nbm.dump(master))
+    (subs / "Zoe\u0308.ipynb").write_text(nbm.dump(master))
+    for student in ("alice.ipynb", "alice/", "Bob.ipynb", "bob.ipynb", "Zo\u00eb.ipynb", "Zoe\u0308.ipynb"):
+        expect[student] = ((0, 0), "all name the same student")
+    (subs / "README.txt").write_text("not a submission")
+    return expect
+
+
+def _processes_with(token: str) -> list[int]:
+    """Processes on this machine whose command line carries ``token`` (only this test's submissions plant it)."""
+    out = []
     for name in os.listdir("/proc"):
         try:
-            cmd = Path(f"/proc/{name}/cmdline").read_bytes()
+            if token.encode() in Path(f"/proc/{name}/cmdline").read_bytes():
+                out.append(int(name))
         except OSError:
-            continue
-        if b"simlib.grade.child" in cmd:
-            out.add(int(name))
+            pass
     return out
 
 
-def _rows(out: Path) -> dict[tuple[str, str], float]:
-    with open(out / "gradebook.csv", newline="") as f:
-        return {(r["student"], r["part"]): float(r["points"]) for r in csv.DictReader(f)}
+def _descendants(root: int) -> set[int]:
+    """Processes descending from ``root`` now."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        try:
+            stat_text = Path(f"/proc/{name}/stat").read_text()
+            parent[int(name)] = int(stat_text[stat_text.rfind(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - found
+        found |= frontier
+    return found
 
 
-@pytest.fixture(scope="module")
-def hostile_class(tmp_path_factory):
-    base = tmp_path_factory.mktemp("course")
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
+            for p in sorted(folder.rglob("*")) if not stat.S_ISFIFO(os.lstat(p).st_mode)}
+
+
+def _rows(out: Path) -> dict[tuple[str, str], tuple[float, str]]:
+    with open(out / "gradebook.csv", newline="", encoding="utf-8") as f:
+        return {(r["student"], r["part"]): (float(r["points"]), r["status"]) for r in csv.DictReader(f)}
+
+
+def _feedback(out: Path) -> dict[str, str]:
+    """student -> feedback text, read from the files' first lines (names may be hashed on disk)."""
+    texts = {}
+    for path in (out / "feedback").iterdir():
+        text = path.read_text(encoding="utf-8")
+        texts[text.splitlines()[0].split(": feedback for ", 1)[1]] = text
+    return texts
+
+
+def _grade_hostile(tmp_path_factory, sandbox):
+    base = tmp_path_factory.mktemp(f"course-{sandbox}")
     master = toy_master()
     master_path = base / "solutions" / "07-toy.ipynb"
     master_path.parent.mkdir()
     master_path.write_text(nbm.dump(master))
-    subs, out = base / "submitted", base / "grades"
+    subs, out, scratch = base / "submitted", base / "grades", base / "tmp"
     subs.mkdir()
-    students = {
-        "good": master,
-        "blank": nbm.student_version(master, 7),
-        "loop": with_answer1(master, "while True:\n    pass"),
-        "memory": with_answer1(master, "hog = bytearray(10 * 2**30)\ndef f():\n    return 1"),
-        "forks": with_answer1(master, "import os, time\nfor _ in range(100):\n    if os.fork() == 0:\n"
-                                      "        os.setsid()\n        time.sleep(60)\n        os._exit(0)\n"
-                                      "def f():\n    return 1"),
-        "reader": with_answer1(master, f"secret = open({str(master_path)!r}).read()\n"
-                                       f"other = open({str(subs / 'good.ipynb')!r}).read()\ndef f():\n    return 1"),
-        "writer": with_answer1(master, f"open({str(out / 'gradebook.csv')!r}, 'w').write('good,t1,0,2')\n"
-                                       f"open({str(out / 'feedback' / 'good.txt')!r}, 'w').write('0 points')\n"
-                                       "def f():\n    return 1"),
-        "exits": with_answer1(master, "import os\nos._exit(0)"),
-        "killer": with_answer1(master, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
-                                       "def f():\n    return 1"),
-        "shm": with_answer1(master, "from multiprocessing import shared_memory\n"
-                                    "from simlib.parallel import SharedArray\n"
-                                    "leak = shared_memory.SharedMemory(name='simlib-grade-test-leak', create=True, size=4096)\n"
-                                    "leak2 = SharedArray.zeros(1000)\ndef f():\n    return 1"),
-        "tamper": with_answer1(master, "def f():\n    return 2"),
-    }
-    for name, nb in students.items():
-        (subs / f"{name}.ipynb").write_text(nbm.dump(nb))
-    (subs / "garbage.ipynb").write_text("{not json")
-    before_shm = set(os.listdir("/dev/shm"))
-    before_procs = _descendants_and_children()
+    scratch.mkdir()
+    expect = _write_class(subs, master, master_path, out)
+    if sandbox == "watcher":  # a process leaving the tree with CLONE_PARENT is the watcher's known gap
+        (subs / "clone_parent.ipynb").unlink()
+        del expect["clone_parent"]
+    before = _snapshot(subs), master_path.read_bytes(), set(os.listdir("/dev/shm"))
     log = io.StringIO()
-    limits = Limits(cell_s=4, wall_s=60)
-    grade_class(master_path, subs, out, limits, progress=lambda n: Progress(n, log))
+    limits = Limits(cell_s=4, wall_s=60, output_mb=8, disk_mb=64)
+    old_tmp, os.environ["SIMLIB_TEST_PLANTED"] = tempfile.tempdir, PLANTED
+    tempfile.tempdir = str(scratch)  # the grader's scratch folders, to check that none is left
+    try:
+        t0 = time.monotonic()
+        grade_class(master_path, subs, out, limits, progress=lambda n: Progress(n, log), sandbox=sandbox, log=log)
+        seconds = time.monotonic() - t0
+    finally:
+        tempfile.tempdir = old_tmp
+        del os.environ["SIMLIB_TEST_PLANTED"]
+    time.sleep(0.2)  # a survivor, if any, would have exec'd by now
     return {"base": base, "master": master_path, "subs": subs, "out": out, "limits": limits, "log": log.getvalue(),
-            "new_shm": set(os.listdir("/dev/shm")) - before_shm,
-            "left_procs": _descendants_and_children() - before_procs}
+            "expect": expect, "seconds": seconds, "sandbox": sandbox, "scratch": scratch,
+            "changed": (before[0] != _snapshot(subs), before[1] != master_path.read_bytes()),
+            "new_shm": set(os.listdir("/dev/shm")) - before[2], "survivors": _processes_with(TOKEN),
+            "children": _descendants(os.getpid())}
 
 
-EXPECTED = {  # student: (t1, t2)
-    "good": (2, 3), "blank": (0, 0), "loop": (0, 3), "memory": (0, 3), "forks": (0, 3), "reader": (0, 3),
-    "writer": (0, 3), "exits": (0, 3), "killer": (0, 3), "shm": (2, 3), "tamper": (0, 3), "garbage": (0, 0),
-}
+@pytest.fixture(scope="module")
+def hostile_class(tmp_path_factory):
+    if sandbox_problem():
+        pytest.skip(f"bubblewrap cannot run here: {sandbox_problem()}")
+    return _grade_hostile(tmp_path_factory, "bwrap")
 
 
-def test_each_hostile_submission_loses_only_what_it_breaks(hostile_class):
-    rows = _rows(hostile_class["out"])
-    got = {s: (rows[(s, "t1")], rows[(s, "t2")]) for s in EXPECTED}
-    assert got == EXPECTED
-    assert all(rows[(s, "q")] == 0 for s in EXPECTED)
+@pytest.fixture(scope="module")
+def hostile_class_watcher(tmp_path_factory):
+    return _grade_hostile(tmp_path_factory, "watcher")
 
 
-@pytest.mark.parametrize("student, reason", [
-    ("loop", "time limit of 4 s per cell"),
-    ("memory", "MemoryError"),
-    ("forks", "more than 32 processes"),
-    ("reader", "PermissionError"),
-    ("writer", "PermissionError"),
-    ("exits", "exited with status 0"),
-    ("killer", "PermissionError"),
-    ("garbage", "not a valid notebook"),
-    ("blank", "NotImplementedError: Assignment 7, part 1"),
-    ("tamper", "f() should be 1"),
-])
-def test_feedback_gives_the_reason(hostile_class, student, reason):
-    text = (hostile_class["out"] / "feedback" / f"{student}.txt").read_text()
-    assert reason in text
+def _check_student(graded, student):
+    points, reason = graded["expect"][student]
+    rows, texts = _rows(graded["out"]), _feedback(graded["out"])
+    text = texts[clean(student, [])]
+    assert (rows[(student, "t1")][0], rows[(student, "t2")][0]) == points, text
+    assert rows[(student, "q")] == (0, "needs manual grading")
+    if reason is not None:
+        assert reason in text, text
+    if points == (0, 0):  # refused: one line in the gradebook, the same in the feedback
+        status = rows[(student, "t1")][1]
+        assert status.startswith("not graded: ") and "\n" not in status and reason in status
+        assert status.removeprefix("not graded: ") in text
+    assert rows[("good", "t1")][0] == 2 and rows[("good", "t2")][0] == 3
+    assert "Autograded: 5 / 5 points; 1 more points are graded by hand." in texts["good"]
 
 
-def test_feedback_never_shows_hidden_test_code(hostile_class):
-    for path in (hostile_class["out"] / "feedback").iterdir():
-        assert "SECRET-HIDDEN-CODE" not in path.read_text()
-        assert "g() * 2" not in path.read_text()
+def _all_students():
+    return sorted(set(ATTACKS) | set(TAMPERED) | {n.removesuffix(".ipynb") for n in MALFORMED} | {
+        "flood_then_correct", "many_errors", "fifo", "link_to_master", "link_to_good", "linked_folder",
+        "fifo_in_folder", "link_in_folder", "no_notebook", "L" * 255, "José", "Josи", "a b", "a_b", "new\nline",
+        "alice.ipynb", "alice/", "Bob.ipynb", "bob.ipynb", "Zo\u00eb.ipynb", "Zoe\u0308.ipynb"})
 
 
-def test_grades_and_feedback_of_others_survive(hostile_class):
-    good = (hostile_class["out"] / "feedback" / "good.txt").read_text()
-    assert "Autograded: 5 / 5 points; 1 more points are graded by hand." in good
-    assert len(list((hostile_class["out"] / "feedback").iterdir())) == len(EXPECTED)
+@pytest.mark.parametrize("student", _all_students(), ids=lambda s: s[:30].encode("ascii", "backslashreplace").decode())
+def test_each_hostile_submission_loses_only_what_it_breaks(hostile_class, student):
+    _check_student(hostile_class, student)
 
 
-def test_nothing_is_left_behind(hostile_class):
-    assert hostile_class["left_procs"] == set()
-    # /dev/shm is shared with whatever else runs on the machine: look for the segment the submission named.
-    assert "simlib-grade-test-leak" not in os.listdir("/dev/shm")
-    assert not any(name.startswith("simlib-grade-test") for name in hostile_class["new_shm"])
-    assert list(Path(tempfile.gettempdir()).glob("simlib-grade-*")) == []
+WATCHER_GROUP = ["setsid_double_fork", "reads_master", "writes_gradebook", "reads_host_environ", "network", "exits",
+                 "segfault", "channel_empty_list", "channel_deep_nesting", "loop", "memory", "fork_bomb", "output_flood",
+                 "quotes_hidden_tests", "forges_results_ahead", "garbage", "deep", "metadata_string", "fifo",
+                 "link_to_master", "José", "Josи", "alice/", "flood_then_correct"]
+WATCHER_REASONS = {"reads_master": "PermissionError", "writes_gradebook": "PermissionError", "reads_host_environ": None}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("student", WATCHER_GROUP)
+def test_the_fallback_watcher_holds_too(hostile_class_watcher, student):
+    graded = hostile_class_watcher
+    if student in WATCHER_REASONS:
+        graded = {**graded, "expect": {**graded["expect"], student: (graded["expect"][student][0], WATCHER_REASONS[student])}}
+    _check_student(graded, student)
+
+
+def test_the_class_is_large_and_graded_quickly(hostile_class):
+    assert len(hostile_class["expect"]) >= 70
+    assert len(_rows(hostile_class["out"])) == 3 * len(hostile_class["expect"])
+    assert len(list((hostile_class["out"] / "feedback").iterdir())) == len(hostile_class["expect"])
+    assert "ignored 'README.txt'" in hostile_class["log"]
+    assert hostile_class["seconds"] < 120
+
+
+@pytest.mark.parametrize("graded", ["hostile_class", pytest.param("hostile_class_watcher", marks=pytest.mark.slow)])
+def test_nothing_is_left_behind(graded, request):
+    graded = request.getfixturevalue(graded)
+    assert graded["survivors"] == []  # setsid + double fork, clone(CLONE_PARENT), all carrying TOKEN
+    assert not [pid for pid in graded["children"] if b"simlib.grade.child" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert "simlib-grade-test-leak" not in graded["new_shm"] and "big" not in graded["new_shm"]
+    assert list(graded["scratch"].iterdir()) == []
+    assert graded["changed"] == (False, False)  # the submissions and the master are as they were
+    assert [p.name for p in graded["out"].iterdir()] and not list(graded["out"].rglob("planted*"))
+    assert sorted(p.name for p in graded["out"].iterdir()) == [".cache", ".numba-cache", "feedback", "gradebook.csv"]
+
+
+def test_feedback_is_bounded_and_never_shows_hidden_tests_or_the_host(hostile_class):
+    texts = _feedback(hostile_class["out"])
+    for student, text in texts.items():
+        assert "SECRET-HIDDEN-CODE" not in text and "g() * 2" not in text and "f() + 1" not in text, student
+        assert PLANTED not in text, student
+        assert len(text) < 9000, student
+    for student in ("reads_host_environ", "lists_host_processes"):  # nothing of the host's processes
+        assert "pytest" not in texts[student] and str(os.getpid()) not in texts[student]
+    assert len(texts["huge_message"]) < 2000
+    assert not [line for line in texts["forges_feedback_lines"].splitlines() if line.startswith("- t1: 2")]
+
+
+def test_collisions_are_kept_apart(hostile_class):
+    names = sorted(p.name for p in (hostile_class["out"] / "feedback").iterdir())
+    assert len(names) == len(set(n.casefold() for n in names))
+    assert all(len(n.encode()) <= 120 for n in names)
+    assert "good.txt" in names and "a_b.txt" in names
+    texts = _feedback(hostile_class["out"])
+    assert "feedback for José" in texts["José"] and "feedback for Josи" in texts["Josи"]
+    assert "alice/, alice.ipynb all name the same student" in texts["alice/"]
 
 
 def test_regrading_is_cached_and_gives_the_same_gradebook(hostile_class):
     out = hostile_class["out"]
     first = (out / "gradebook.csv").read_bytes()
     log = io.StringIO()
+    t0 = time.monotonic()
     grade_class(hostile_class["master"], hostile_class["subs"], out, hostile_class["limits"],
-                progress=lambda n: Progress(n, log))
+                progress=lambda n: Progress(n, log), log=log)
+    assert time.monotonic() - t0 < 20
     assert (out / "gradebook.csv").read_bytes() == first
-    assert log.getvalue().count("(cached)") == len(EXPECTED)
+    graded = [s for s, (points, _) in hostile_class["expect"].items() if points != (0, 0)]
+    assert log.getvalue().count("(cached)") >= len(graded)
 
 
+@pytest.mark.slow
 def test_grading_again_from_scratch_one_at_a_time_gives_the_same_gradebook(hostile_class, tmp_path):
     grade_class(hostile_class["master"], hostile_class["subs"], tmp_path / "again", hostile_class["limits"],
-                progress=None, jobs=1)
+                progress=None, jobs=1, log=io.StringIO())
     assert (tmp_path / "again" / "gradebook.csv").read_bytes() == (hostile_class["out"] / "gradebook.csv").read_bytes()
 
 
@@ -229,28 +488,118 @@ def test_a_late_student_is_graded_alone(hostile_class):
     late.write_text(hostile_class["master"].read_text() + "\n")  # new bytes: not in the cache
     log = io.StringIO()
     try:
-        grade_class(hostile_class["master"], subs, out, hostile_class["limits"], progress=lambda n: Progress(n, log))
+        grade_class(hostile_class["master"], subs, out, hostile_class["limits"], progress=lambda n: Progress(n, log),
+                    log=log)
     finally:
         late.unlink()
-    assert log.getvalue().count("(cached)") == len(EXPECTED)
     assert "late 5/5\n" in log.getvalue()
+    assert "late 5/5 (cached)" not in log.getvalue()
 
 
 def test_hidden_tests_inside_a_readable_tree_are_refused(tmp_path):
     master = ROOT / "simlib" / "grade" / "07-toy.ipynb"  # inside the package the sandbox may read
     with pytest.raises(ValueError, match="which submissions may read"):
-        from simlib.grade.gradebook import check_hidden
         check_hidden(master, tmp_path / "out", tmp_path)
 
 
-def test_cli_errors_exit_2(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([PY, "-m", "simlib.grade", "99", str(tmp_path), "--solutions", str(SOLUTIONS)],
-                         capture_output=True, text=True, env=env, cwd=tmp_path)
-    assert res.returncode == 2 and "assignment: '99' names no master notebook" in res.stderr
-    res = subprocess.run([PY, "-m", "simlib.grade", "generate", "--check", "--solutions", str(SOLUTIONS),
-                          "--assignments", str(ASSIGNMENTS)], capture_output=True, text=True, env=env)
+# -- the instructor's mistakes --------------------------------------------------------------------
+def _cli(*args, cwd, env=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([PY, "-m", "simlib.grade", *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd)
+
+
+@pytest.fixture
+def course(tmp_path):
+    """A course folder: the toy master and one correct submission."""
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "solutions" / "07-toy.ipynb").write_text(nbm.dump(toy_master()))
+    (tmp_path / "submitted").mkdir()
+    (tmp_path / "submitted" / "alice.ipynb").write_text(nbm.dump(toy_master()))
+    return tmp_path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["99", "submitted"], "error: assignment: '99' names no master notebook"),
+    (["genrate"], "error: unknown command 'genrate'; did you mean 'generate'?"),
+    (["07", "submitted", "--cell-timout", "3"], "error: unrecognized arguments: --cell-timout"),
+    (["07", "submitted", "--memory-mb", "lots"], "error: argument --memory-mb: invalid int value: 'lots'"),
+    (["07", "submitted", "--cell-timeout", "-1"], "error: --cell-timeout (cell_s) must be a number > 0, got -1.0"),
+    (["07", "submitted", "--jobs", "0"], "error: --jobs must be an integer >= 1, got 0"),
+    (["07", "missing"], "error: submissions-dir: missing does not exist"),
+    (["07", "empty"], "error: submissions-dir: empty holds no submissions"),
+    (["07", "submitted", "--solutions", "nowhere"], "error: --solutions: nowhere is not a folder"),
+    (["generate", "--check", "--solutions", "nowhere"], "error: --solutions: nowhere is not a folder"),
+    (["generate", "--check", "--assignments", "nowhere"], "error: --assignments: nowhere is not a folder"),
+])
+def test_cli_mistakes_get_one_line_and_exit_2(course, args, message):
+    (course / "empty").mkdir()
+    res = _cli(*args, cwd=course)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith(message) and res.stderr.count("\n") == 1, res.stderr
+    assert not (course / "grades").exists()
+
+
+def test_cli_generate_check(tmp_path):
+    res = _cli("generate", "--check", "--solutions", SOLUTIONS, "--assignments", ASSIGNMENTS, cwd=tmp_path)
     assert res.returncode == 0 and "up to date" in res.stdout
+
+
+def test_help_gives_every_flag_its_meaning_and_default(tmp_path):
+    text = _cli("--help", cwd=tmp_path).stdout
+    for flag, default in [("--out", "grades/ASSIGNMENT"), ("--solutions", "solutions"), ("--cell-timeout", "60"),
+                          ("--timeout", "180"), ("--memory-mb", "2048"), ("--max-procs", "32"), ("--output-mb", "64"),
+                          ("--disk-mb", "512"), ("--jobs", "2 in bubblewrap"), ("--sandbox", "auto")]:
+        assert flag in text and f"(default: {default}" in " ".join(text.split()), flag
+    text = " ".join(_cli("generate", "--help", cwd=tmp_path).stdout.split())
+    assert "--check" in text and "(default: solutions)" in text and "(default: assignments)" in text
+
+
+@pytest.mark.parametrize("master_code, args, why", [
+    ("import simlib_no_such_package", [], "ModuleNotFoundError: No module named 'simlib_no_such_package'"),
+    ("import time\ntime.sleep(3)", ["--cell-timeout", "1"], "time limit of 1 s per cell"),
+    ("x = bytearray(400 * 2**20)", ["--memory-mb", "300"], "MemoryError"),
+    ("", ["--memory-mb", "10"], "could not run in the sandbox"),
+])
+def test_a_master_short_of_full_marks_is_refused_and_nothing_is_cached(course, master_code, args, why):
+    master = toy_master()
+    master["cells"][0]["source"] = f"import numpy as np\n{master_code}"
+    (course / "solutions" / "07-toy.ipynb").write_text(nbm.dump(master))
+    res = _cli("07", "submitted", *args, cwd=course)
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.startswith("refused: the master notebook 07-toy.ipynb") and why in res.stderr, res.stderr
+    assert res.stderr.count("\n") == 1
+    assert not (course / "grades" / "07-toy" / "gradebook.csv").exists()
+    assert not list((course / "grades" / "07-toy").rglob("*.json"))
+
+
+def test_the_cache_knows_the_interpreter_and_the_sandbox(course):
+    res = _cli("07", "submitted", "--sandbox", "watcher", cwd=course)
+    assert res.returncode == 0 and "alice: 5 / 5" in res.stdout, res.stderr
+    data, master = (course / "submitted" / "alice.ipynb").read_bytes(), (course / "solutions" / "07-toy.ipynb").read_bytes()
+    keys = {p.stem for p in (course / "grades" / "07-toy" / ".cache").glob("*.json")}
+    assert keys == {cache_key(master, data, Limits(), "watcher")}
+    assert cache_key(master, data, Limits(), "bwrap") not in keys
+
+
+def test_the_cache_key_changes_with_an_installed_package_version(tmp_path):
+    """A package upgraded (or missing) in the grading interpreter changes every key, so old grades are not reused."""
+    def key(version):
+        site = tmp_path / (version or "none")
+        if version:
+            (site / "simlibfakepkg-1.dist-info").mkdir(parents=True, exist_ok=True)
+            (site / "simlibfakepkg-1.dist-info" / "METADATA").write_text(f"Name: simlibfakepkg\nVersion: {version}\n")
+        code = "from simlib.grade.gradebook import environment; print(environment())"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+        return subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert len({key(None), key("1.0"), key("2.0")}) == 3
+    assert key("1.0") == key("1.0")
+
+
+def test_the_fallback_is_announced_once(course):
+    res = _cli("07", "submitted", env={"PATH": "/nonexistent"}, cwd=course)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("falling back to the process watcher") == 1
+    assert "alice: 5 / 5" in res.stdout
 
 
 # -- the real assignments -------------------------------------------------------------------------

@@ -1,29 +1,50 @@
 """``python -m simlib.grade``: generate student notebooks, or grade a class.
 
-    python -m simlib.grade generate [--solutions solutions] [--assignments assignments] [--check]
-    python -m simlib.grade ASSIGNMENT SUBMISSIONS_DIR [--out DIR] [--cell-timeout S] [--timeout S]
-                           [--memory-mb MB] [--max-procs N] [--jobs N] [--solutions DIR]
+    python -m simlib.grade generate [--solutions DIR] [--assignments DIR] [--check]
+    python -m simlib.grade ASSIGNMENT SUBMISSIONS_DIR [--out DIR] [--solutions DIR] [limits] [--jobs N]
 
 ASSIGNMENT is a master notebook's path, its name ('02-hogwild') or number ('02'), looked up in
-``--solutions``. Bad arguments print one message and exit with status 2.
+``--solutions``. The master is graded first, in the same sandbox with the same limits, and must
+score every autograded point (else: one line saying why, exit status 1). Bad arguments, missing or
+empty folders print one line naming them and exit with status 2.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from itertools import groupby
 from pathlib import Path
+from typing import NoReturn
 
 from simlib.grade import notebook as nbm
-from simlib.grade.gradebook import grade_class, part_totals
+from simlib.grade.gradebook import Refused, grade_class, part_totals
 from simlib.grade.sandbox import Limits
+
+COMMANDS = ("generate",)
+
+
+class Usage(ValueError):
+    """A command line that cannot be run: printed as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line naming the problem (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise Usage(f"{message} (see {self.prog} --help)")
 
 
 def find_master(assignment: str, solutions: Path) -> Path:
     """The master notebook named by a path, a name or a number."""
     path = Path(assignment)
-    if path.suffix == ".ipynb" and path.is_file():
-        return path
+    if path.suffix == ".ipynb":
+        if path.is_file():
+            return path
+        raise ValueError(f"assignment: {assignment} is not a file")
+    if not solutions.is_dir():
+        raise ValueError(f"--solutions: {solutions} is not a folder (give the master notebooks' folder, "
+                         "or the master's path)")
     matches = sorted(solutions.glob(f"{assignment}.ipynb")) or sorted(solutions.glob(f"{assignment}*.ipynb"))
     if len(matches) != 1:
         names = ", ".join(p.stem for p in sorted(solutions.glob("[0-9]*.ipynb"))) or "none"
@@ -38,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv[:1] == ["generate"]:
             return generate(argv[1:])
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1, cutoff=0.75) if argv else []
+        if close and not Path(argv[0]).exists():
+            raise Usage(f"unknown command {argv[0]!r}; did you mean '{close[0]}'? (see python -m simlib.grade --help)")
         return grade(argv)
+    except Refused as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -46,12 +73,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def generate(argv: list[str]) -> int:
     """Write (or with --check, verify) the student versions."""
-    ap = argparse.ArgumentParser(prog="python -m simlib.grade generate")
-    ap.add_argument("--solutions", type=Path, default=Path("solutions"))
-    ap.add_argument("--assignments", type=Path, default=Path("assignments"))
-    ap.add_argument("--check", action="store_true", help="only say whether assignments/ is up to date")
+    ap = Parser(prog="python -m simlib.grade generate", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                description="Write assignments/NN-name.ipynb (student versions) from solutions/NN-name.ipynb.")
+    ap.add_argument("--solutions", type=Path, default=Path("solutions"), help="folder of master notebooks")
+    ap.add_argument("--assignments", type=Path, default=Path("assignments"), help="folder the student versions go to")
+    ap.add_argument("--check", action="store_true", help="only say whether the student versions are up to date")
     a = ap.parse_args(argv)
+    if not a.solutions.is_dir():
+        raise ValueError(f"--solutions: {a.solutions} is not a folder")
+    if not list(a.solutions.glob("[0-9]*.ipynb")):
+        raise ValueError(f"--solutions: {a.solutions} holds no master notebooks (NN-name.ipynb)")
     if a.check:
+        if not a.assignments.is_dir():
+            raise ValueError(f"--assignments: {a.assignments} is not a folder")
         stale = nbm.out_of_date(a.solutions, a.assignments)
         print("up to date" if not stale else "out of date: " + ", ".join(stale))
         return 1 if stale else 0
@@ -62,27 +96,42 @@ def generate(argv: list[str]) -> int:
 
 def grade(argv: list[str]) -> int:
     """Grade a folder of submissions; print the totals."""
-    ap = argparse.ArgumentParser(prog="python -m simlib.grade", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("assignment")
-    ap.add_argument("submissions", type=Path, metavar="submissions-dir")
-    ap.add_argument("--out", type=Path, default=None, help="gradebook and feedback (default grades/ASSIGNMENT)")
-    ap.add_argument("--solutions", type=Path, default=Path("solutions"))
     d = Limits()
-    ap.add_argument("--cell-timeout", type=float, default=d.cell_s)
-    ap.add_argument("--timeout", type=float, default=d.wall_s, help="seconds for a whole submission")
-    ap.add_argument("--memory-mb", type=int, default=d.memory_mb)
-    ap.add_argument("--max-procs", type=int, default=d.max_procs)
-    ap.add_argument("--jobs", type=int, default=None, help="submissions graded side by side (default 2 as root, else 1)")
+    ap = Parser(prog="python -m simlib.grade", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("assignment", help="master notebook: its path, name ('02-hogwild') or number ('02')")
+    ap.add_argument("submissions", type=Path, metavar="submissions-dir",
+                    help="folder of NAME.ipynb files or NAME/ folders (nbgrader's layout)")
+    ap.add_argument("--out", type=Path, default=None, help="gradebook and feedback (default: grades/ASSIGNMENT)")
+    ap.add_argument("--solutions", type=Path, default=Path("solutions"),
+                    help="where ASSIGNMENT is looked up (default: solutions)")
+    ap.add_argument("--cell-timeout", type=float, default=d.cell_s, metavar="S",
+                    help=f"seconds one cell may run (default: {d.cell_s:g})")
+    ap.add_argument("--timeout", type=float, default=d.wall_s, metavar="S",
+                    help=f"seconds a whole submission may run (default: {d.wall_s:g})")
+    ap.add_argument("--memory-mb", type=int, default=d.memory_mb, metavar="MB",
+                    help=f"address space per process; twice this for all its processes (default: {d.memory_mb})")
+    ap.add_argument("--max-procs", type=int, default=d.max_procs, metavar="N",
+                    help=f"processes a submission may run at once (default: {d.max_procs})")
+    ap.add_argument("--output-mb", type=int, default=d.output_mb, metavar="MB",
+                    help=f"output one cell may print (default: {d.output_mb})")
+    ap.add_argument("--disk-mb", type=int, default=d.disk_mb, metavar="MB",
+                    help=f"scratch space, and /dev/shm space, of a submission (default: {d.disk_mb})")
+    ap.add_argument("--jobs", type=int, default=None, metavar="N",
+                    help="submissions graded side by side (default: 2 in bubblewrap or as root, else 1)")
+    ap.add_argument("--sandbox", choices=("auto", "bwrap", "watcher"), default="auto",
+                    help="bwrap: bubblewrap namespaces; watcher: a process-tree watcher (weaker); "
+                         "auto: bwrap where it runs (default: auto)")
     a = ap.parse_args(argv)
     master = find_master(a.assignment, a.solutions)
     out = a.out if a.out is not None else Path("grades") / master.stem
-    limits = Limits(cell_s=a.cell_timeout, wall_s=a.timeout, memory_mb=a.memory_mb, max_procs=a.max_procs)
-    rows = grade_class(master, a.submissions, out, limits, jobs=a.jobs)
+    limits = Limits(cell_s=a.cell_timeout, wall_s=a.timeout, memory_mb=a.memory_mb, max_procs=a.max_procs,
+                    output_mb=a.output_mb, disk_mb=a.disk_mb)
+    rows = grade_class(master, a.submissions, out, limits, jobs=a.jobs, sandbox=a.sandbox)
     # grade_class lists each student's rows together
     for student, parts in groupby(rows, key=lambda r: r["student"]):
         got, of = part_totals(list(parts))
-        print(f"{student}: {got:g} / {of:g}")
+        print(f"{student!r}: {got:g} / {of:g}" if not student.isprintable() else f"{student}: {got:g} / {of:g}")
     print(f"gradebook: {out / 'gradebook.csv'}; feedback: {out / 'feedback'}")
     return 0
 

@@ -1,25 +1,30 @@
 """The sandboxed side of :mod:`simlib.grade.sandbox`: confine this process, then run cells sent over stdin.
 
-Started by the grader with a JSON config as its one argument. It imports what every assignment
-needs, then, before any submitted code runs: limits its address space, CPU time, file sizes and
-(where the kernel enforces it for this user) process count; cuts off the network (a fresh network
-namespace where permitted, Landlock's TCP rules, and a refusal of AF_INET/AF_INET6 sockets);
-and confines the filesystem with Landlock (read-only: Python, its packages, the ``simlib``
-package, system libraries; read-write: the scratch directory and /dev/shm). Then it reads framed
-cells from stdin, one at a time, and answers each on the result pipe with ok or the error's
-type and message. It never sees a cell before the previous one has finished.
+Started by the grader (inside bubblewrap, or alone under the watcher) with a JSON config as its one
+argument. It imports what every assignment needs, then, before any submitted code runs: limits its
+address space, CPU time and file sizes; cuts off the network (a fresh network namespace where
+permitted, Landlock's TCP rules, and a refusal of AF_INET/AF_INET6 sockets); and confines the
+filesystem with Landlock (read-only: Python, its packages, the ``simlib`` package, system
+libraries; read-write: the scratch directory and /dev/shm). Then it reads the whole plan (every
+unit, tests as compiled code) in one frame, moves the control pipe off stdin (which becomes
+/dev/null), and runs unit after unit, each on a "go" byte, answering each on the result pipe with
+ok or the error's type and message and the unit's nonce.
 """
 from __future__ import annotations
 
+import base64
 import builtins
 import ctypes
+import fcntl
 import json
+import marshal
 import os
+import shutil
 import resource
 import socket
 import struct
 import sys
-from typing import Any, BinaryIO
+from typing import Any
 
 PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 38, 36
 CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
@@ -73,14 +78,12 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
 
 
 def limit_resources(cfg: dict[str, Any]) -> None:
-    """Address space, CPU seconds, file size, no core dumps; process count where it binds (not for root)."""
+    """Address space, CPU seconds, file size, no core dumps (processes: the grader counts them)."""
     mb = 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (cfg["memory_mb"] * mb, cfg["memory_mb"] * mb))
     resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["file_mb"] * mb, cfg["file_mb"] * mb))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if os.getuid() != 0:  # the kernel never applies RLIMIT_NPROC to root; the grader watches instead
-        resource.setrlimit(resource.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
 
 
 def cut_network() -> bool:
@@ -105,21 +108,21 @@ def refuse_inet(event: str, args: tuple) -> None:
         raise PermissionError("network access is disabled while grading")
 
 
-def read_frame(stream: BinaryIO) -> dict[str, Any] | None:
+def read_frame(fd: int) -> Any:
     """One length-prefixed JSON frame, or None at end of input."""
-    head = read_exact(stream, 4)
+    head = read_exact(fd, 4)
     if head is None:
         return None
     (n,) = struct.unpack(">I", head)
-    body = read_exact(stream, n)
+    body = read_exact(fd, n)
     return None if body is None else json.loads(body.decode("utf-8"))
 
 
-def read_exact(stream: BinaryIO, n: int) -> bytes | None:
+def read_exact(fd: int, n: int) -> bytes | None:
     """Exactly n bytes from a pipe, or None if it closes first."""
     chunks, got = [], 0
     while got < n:
-        chunk = stream.read(n - got)
+        chunk = os.read(fd, n - got)
         if not chunk:
             return None
         chunks.append(chunk)
@@ -134,33 +137,53 @@ def write_frame(fd: int, obj: dict[str, Any]) -> None:
 
 
 def describe(exc: BaseException) -> str:
-    """'Type: message', shortened; no traceback, so hidden test code is never echoed."""
-    text = f"{type(exc).__name__}: {exc}".strip().removesuffix(":")
+    """'Type: message', shortened; no traceback, so test code is never echoed."""
+    try:
+        text = f"{type(exc).__name__}: {exc}".strip().removesuffix(":")
+    except BaseException:  # noqa: BLE001 - a hostile __str__
+        text = type(exc).__name__
     return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " ..."
 
 
-def serve(stream: BinaryIO, result_fd: int) -> None:
-    """Run each cell received in one namespace, like a kernel; answer ok or the error."""
+def private_control(fd: int) -> int:
+    """Move the control pipe to a high, close-on-exec descriptor and put /dev/null on ``fd``."""
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 200)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, fd)
+    os.close(null)
+    return moved
+
+
+def serve(plan: list[dict[str, Any]], control: int, result_fd: int) -> None:
+    """Run each unit of the plan in one namespace, like a kernel, when the grader says go."""
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
-    while True:
-        frame = read_frame(stream)
-        if frame is None:
+    for seq in range(len(plan)):
+        if os.read(control, 1) != b"g":
             return
+        unit, plan[seq] = plan[seq], {}
         code = None
         try:
-            code = compile(frame.pop("source"), f"<{frame['name']}>", "exec")
+            if "code" in unit:
+                code = marshal.loads(base64.b64decode(unit.pop("code")))
+            else:
+                code = compile(unit.pop("source"), f"<{unit['name']}>", "exec")
             exec(code, namespace)
-            reply = {"seq": frame["seq"], "ok": True, "error": ""}
+            reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": ""}
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
-            reply = {"seq": frame["seq"], "ok": False, "error": describe(exc)}
-        del code
-        sys.stdout.flush()
+            reply = {"seq": seq, "nonce": unit["nonce"], "ok": False, "error": describe(exc)}
+        del code, unit
+        try:
+            sys.stdout.flush()
+        except BaseException:  # noqa: BLE001 - the submission may have closed or replaced stdout
+            pass
         write_frame(result_fd, reply)
 
 
 def main() -> None:
     """Confine, then serve cells (see the module docstring)."""
     cfg = json.loads(sys.argv[1])
+    if cfg["kernels"]:  # the instructor's compiled kernels, copied so this submission cannot alter them
+        shutil.copytree(cfg["kernels"], os.environ["NUMBA_CACHE_DIR"], dirs_exist_ok=True)
     import numpy  # noqa: F401 - imported before the limits, as every assignment needs it
 
     import simlib  # noqa: F401
@@ -169,11 +192,17 @@ def main() -> None:
     netns = cut_network() if os.getuid() == 0 else False
     shm = private_shm() if os.getuid() == 0 else False
     limit_resources(cfg)
-    abi = landlock(cfg["read_only"], cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
+    proc = ["/proc"] if cfg["own_proc"] else [f"/proc/{os.getpid()}", "/proc/stat", "/proc/cpuinfo", "/proc/meminfo"]
+    read_only = cfg["read_only"] + proc + ["/sys/devices/system/cpu"]
+    abi = landlock(read_only, cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
     sys.addaudithook(refuse_inet)
-    stream = os.fdopen(0, "rb", buffering=0)
+    fcntl.fcntl(cfg["result_fd"], fcntl.F_SETFD, fcntl.FD_CLOEXEC)
     write_frame(cfg["result_fd"], {"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm})
-    serve(stream, cfg["result_fd"])
+    frame = read_frame(0)
+    if frame is None:
+        return
+    control = private_control(0)
+    serve(frame["units"], control, cfg["result_fd"])
 
 
 if __name__ == "__main__":

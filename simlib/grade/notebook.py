@@ -71,10 +71,10 @@ def is_manual(cell: dict[str, Any]) -> bool:
 def load(path: Path | str) -> dict[str, Any]:
     """Read a notebook's JSON; NotebookError saying what is wrong if it is not one."""
     try:
-        nb = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise NotebookError(f"not a valid notebook ({type(exc).__name__}: {exc})") from None
-    return check(nb)
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise NotebookError(f"not a valid notebook ({path}: {exc.strerror})") from None
+    return loads(data)
 
 
 def loads(data: bytes) -> dict[str, Any]:
@@ -83,14 +83,36 @@ def loads(data: bytes) -> dict[str, Any]:
         nb = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise NotebookError(f"not a valid notebook ({type(exc).__name__}: {exc})") from None
+    except RecursionError:
+        raise NotebookError("not a valid notebook (JSON nested too deeply)") from None
     return check(nb)
 
 
+CELL_TYPES = ("code", "markdown", "raw")
+
+
 def check(nb: Any) -> dict[str, Any]:
-    """The notebook itself if it has a list of cells with types and sources, else NotebookError."""
+    """The notebook itself if its cells have the types nbformat 4 gives them, else NotebookError naming the first
+    that does not (a list of cells; each a dict with a known cell_type, a source that is a string or a list of
+    strings, metadata and nbgrader metadata that are dicts, a grade_id that is a string, points a number)."""
     cells = nb.get("cells") if isinstance(nb, dict) else None
-    if not isinstance(cells, list) or not all(isinstance(c, dict) and "cell_type" in c for c in cells):
+    if not isinstance(cells, list):
         raise NotebookError("not a valid notebook (no list of cells)")
+    for k, cell in enumerate(cells, 1):
+        if not isinstance(cell, dict) or cell.get("cell_type") not in CELL_TYPES:
+            raise NotebookError(f"not a valid notebook (cell {k} is not a cell with a cell_type of {', '.join(CELL_TYPES)})")
+        src = cell.get("source", "")
+        if not (isinstance(src, str) or isinstance(src, list) and all(isinstance(x, str) for x in src)):
+            raise NotebookError(f"not a valid notebook (cell {k}: source is neither a string nor a list of strings)")
+        md = cell.get("metadata", {})
+        if not isinstance(md, dict) or not isinstance(md.get("nbgrader", {}) or {}, dict):
+            raise NotebookError(f"not a valid notebook (cell {k}: metadata or its nbgrader entry is not a dictionary)")
+        grader = md.get("nbgrader") or {}
+        if not isinstance(grader.get("grade_id", ""), str):
+            raise NotebookError(f"not a valid notebook (cell {k}: grade_id is not a string)")
+        points = grader.get("points", 0)
+        if isinstance(points, bool) or not isinstance(points, (int, float)):
+            raise NotebookError(f"not a valid notebook (cell {k}: points is not a number)")
     return nb
 
 

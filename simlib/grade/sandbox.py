@@ -1,37 +1,42 @@
 """Run one submission's cells in a confined child process; the grader's side of :mod:`simlib.grade.child`.
 
-Isolation, and what each measure does and does not stop:
+Two sandboxes, chosen once per run (:func:`choose`):
 
-* **its own process session** (``start_new_session``); at the end every process in the session and
-  every descendant seen is killed (the child is a subreaper, so double forks stay its descendants).
-* **time**: a limit per cell and for the whole submission, enforced here by killing everything;
-  RLIMIT_CPU as a backstop.
-* **memory**: RLIMIT_AS per process (a 10 GB allocation fails with MemoryError), and the resident
-  memory of the whole process tree, watched here.
-* **processes**: RLIMIT_NPROC where the kernel applies it (not to root); in any case the grader
-  watches the tree every few milliseconds and kills it past ``max_procs``. A fork bomb faster than
-  that poll can briefly exceed the count before it is killed.
-* **files**: the child starts in a fresh scratch directory holding only the submission; Landlock
-  (Linux >= 5.13) then lets it read only Python, its packages, the ``simlib`` package and system
-  directories, and write only the scratch directory and /dev/shm. Hidden tests, other submissions
-  and the gradebook are outside both, so opening them fails with PermissionError. Hidden tests never
-  touch the disk: each cell is sent over a pipe after the previous one has finished.
-* **network**: a fresh network namespace when run as root, Landlock's TCP rules (ABI >= 4) and an
-  audit hook refusing IPv4/IPv6 sockets; proxy variables are removed from the environment.
-* **signals**: Landlock's scope (ABI >= 6) stops the submission signalling the grader.
-* **not stopped**: code that tampers with the test harness inside its own interpreter (as in
-  nbgrader, where tests share the student's kernel), e.g. by replacing ``numpy.testing``; where
-  Landlock is missing, the file limits above do not hold (the grader says so in its log).
+* **bubblewrap** (``bwrap``, the sandbox Flatpak uses), wherever it runs: the submission gets its own
+  PID, mount, network, IPC and UTS namespaces, its own ``/proc`` (it sees only its own processes), a
+  cleared environment, no capabilities, and a filesystem holding only Python, its packages, the
+  ``simlib`` package and system libraries (read-only) plus two size-limited tmpfs, ``/tmp`` (its
+  scratch, also HOME and the working directory) and ``/dev/shm``. ``/etc``, other users' files, the
+  hidden tests, other submissions and the gradebook are not mounted at all. When the namespace's
+  first process dies (killed by the grader, or by the kernel when the grader dies:
+  ``--die-with-parent``), the kernel kills every process in it, however it was forked
+  (``setsid``, double forks, ``clone(CLONE_PARENT)``): nothing of a submission outlives it.
+* **the watcher** (fallback where ``bwrap`` cannot run): its own process session, the child a
+  subreaper, and a thread here that watches the process tree and kills it at the end. A process
+  that leaves the tree (``clone(CLONE_PARENT)``) can escape it; the grader says so once.
 
-Shared memory: as root each submission gets a private, empty /dev/shm (a tmpfs in its own mount
-namespace) that disappears with it, so submissions can be graded in parallel. Otherwise segments
-that appear in /dev/shm while a submission runs are unlinked after it, and grading runs one
-submission at a time so that every new segment is the submission's (:func:`parallel_safe`).
+In both, on top: Landlock (Linux >= 5.13) confines reads to the same trees and writes to scratch;
+rlimits bound address space (a 10 GB allocation fails with MemoryError), CPU time and file size;
+the watcher thread kills the sandbox past ``max_procs`` processes or twice ``memory_mb`` resident
+in all; IPv4/IPv6 sockets are refused; output is drained here and capped per cell.
+
+Hidden tests never exist as text in the sandbox: test cells are compiled here and sent, with every
+other unit, in one frame before the submission's first cell runs; the child then closes that
+channel, and each unit starts on a bare "go" byte. Replies carry a nonce per unit, so frames the
+submission writes into the result channel ahead of time are refused.
+
+**Not stopped**: code that tampers with the harness inside its own interpreter (as in nbgrader,
+where tests share the student's kernel): walking the stack or the garbage collector to the compiled
+tests or the nonces, replacing ``exec`` or the reference functions the tests call.
 """
 from __future__ import annotations
 
+import base64
+import functools
 import json
+import marshal
 import os
+import secrets
 import select
 import shutil
 import signal
@@ -49,25 +54,33 @@ from typing import Any
 import simlib
 
 SHM = Path("/dev/shm")
-SYSTEM_READ = ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc", "/sys", "/opt/conda"]
-DEVICES = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/tty", "/dev/full"]
+# Read-only trees besides Python's own; /etc, /proc of others and /sys are left out on purpose.
+SYSTEM_READ = ["/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/opt/conda"]
+DEVICES = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full"]
 MAX_RESTARTS = 3
+MAX_FRAME = 1 << 20
+INSIDE_SCRATCH = "/tmp"
+FLAGS = {"cell_s": "--cell-timeout", "wall_s": "--timeout", "memory_mb": "--memory-mb", "max_procs": "--max-procs",
+         "output_mb": "--output-mb", "disk_mb": "--disk-mb"}
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one submission may use: seconds per cell and in all, memory per process, processes."""
+    """What one submission may use: seconds per cell and in all, memory per process, processes,
+    output per cell, scratch disk (each of /tmp and /dev/shm)."""
 
     cell_s: float = 60.0
     wall_s: float = 180.0
     memory_mb: int = 2048
     max_procs: int = 32
-    file_mb: int = 64
+    output_mb: int = 64
+    disk_mb: int = 512
 
     def __post_init__(self) -> None:
-        for name in ("cell_s", "wall_s", "memory_mb", "max_procs", "file_mb"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name, flag in FLAGS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{flag} ({name}) must be a number > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -100,13 +113,19 @@ class Fatal(Exception):
     """The child can no longer answer: it died, ran out of time, or broke the protocol."""
 
 
+class SandboxError(RuntimeError):
+    """The sandbox itself could not start (not the submission's doing)."""
+
+
 def python_roots() -> list[str]:
     """Directories the child must read: the interpreter, its standard library and packages, simlib."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+             os.path.dirname(os.path.abspath(sys.executable))}
     paths.update(v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib"))
     paths.update(p for p in sys.path if p and "site-packages" in p)
     paths.add(os.path.dirname(simlib.__file__))
-    return sorted(os.path.realpath(p) for p in paths if p and os.path.exists(p))
+    return sorted({os.path.realpath(p) for p in paths if p and os.path.exists(p)} |
+                  {os.path.abspath(p) for p in paths if p and os.path.exists(p)})
 
 
 def readable_roots() -> list[str]:
@@ -118,55 +137,145 @@ def exposed(path: Path | str) -> str | None:
     """The readable root that contains ``path``, if any (hidden tests or grades must not be inside one)."""
     real = os.path.realpath(path)
     for root in readable_roots():
+        root = os.path.realpath(root)
         if real == root or real.startswith(root.rstrip("/") + "/"):
             return root
     return None
 
 
-def _frame(obj: dict[str, Any]) -> bytes:
+def _frame(obj: Any) -> bytes:
     data = json.dumps(obj).encode("utf-8")
     return struct.pack(">I", len(data)) + data
 
 
-class Child:
-    """One sandboxed interpreter, its result pipe, and a watcher over its process tree."""
+# -- choosing the sandbox -------------------------------------------------------------------------
+def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits) -> list[str]:
+    """bwrap's options: namespaces, a cleared environment, the read-only trees, the two quota'd tmpfs."""
+    disk = str(limits.disk_mb * 1024 * 1024)
+    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
+            "--proc", "/proc", "--dev", "/dev", "--size", disk, "--tmpfs", "/dev/shm",
+            "--size", disk, "--tmpfs", INSIDE_SCRATCH]
+    for path in SYSTEM_READ + ["/bin"]:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for root in python_roots():
+        args += ["--ro-bind", root, root]
+    args += ["--ro-bind", os.path.abspath(scratch / "submission.ipynb"), f"{INSIDE_SCRATCH}/submission.ipynb"]
+    if warm:
+        args += ["--bind", os.path.abspath(kernels), f"{INSIDE_SCRATCH}/numba-cache"]
+    else:
+        args += ["--ro-bind", os.path.abspath(kernels), "/run/numba-cache"]
+    return args + ["--chdir", INSIDE_SCRATCH]
 
-    def __init__(self, scratch: Path, limits: Limits, log: Path, numba_cache: Path):
-        self.limits = limits
+
+@functools.lru_cache(maxsize=None)
+def bwrap_problem() -> str:
+    """'' if bubblewrap runs a Python here, else why not (one phrase)."""
+    if shutil.which("bwrap") is None:
+        return "bwrap is not installed (apt-get install bubblewrap)"
+    with tempfile.TemporaryDirectory(prefix="simlib-grade-probe-") as tmp:
+        (Path(tmp) / "submission.ipynb").write_text("{}")
+        args = bwrap_args(Path(tmp), Path(tmp), False, Limits())
+        try:
+            res = subprocess.run(args + ["--", sys.executable, "-E", "-s", "-c", "import os; print(os.getpid())"],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"bwrap did not run ({exc})"
+    if res.returncode != 0 or res.stdout.strip() != "2":
+        return f"bwrap did not run a sandbox here ({(res.stderr.strip().splitlines() or ['no message'])[-1]})"
+    return ""
+
+
+def choose(kind: str = "auto") -> tuple[str, str]:
+    """('bwrap' or 'watcher', a note when the fallback is used); ValueError for a kind that cannot run."""
+    if kind not in ("auto", "bwrap", "watcher"):
+        raise ValueError(f"--sandbox must be auto, bwrap or watcher, got {kind!r}")
+    if kind == "watcher":
+        return "watcher", ""
+    problem = bwrap_problem()
+    if not problem:
+        return "bwrap", ""
+    if kind == "bwrap":
+        raise ValueError(f"--sandbox bwrap: {problem}")
+    return "watcher", (f"note: {problem}; falling back to the process watcher, which cannot stop every "
+                       "escape (a process forked with CLONE_PARENT may outlive grading)")
+
+
+# -- the child ------------------------------------------------------------------------------------
+class Child:
+    """One sandboxed interpreter, its pipes, and a watcher over its processes and output."""
+
+    watch_every = 0.02  # seconds between the watcher's looks at the process tree
+
+    def __init__(self, scratch: Path, limits: Limits, kernels: Path, warm: bool, kind: str):
+        self.limits, self.kind = limits, kind
         r, w = os.pipe()
         os.set_inheritable(w, True)
+        root = os.path.dirname(os.path.dirname(simlib.__file__))
+        inside = Path(INSIDE_SCRATCH) if kind == "bwrap" else scratch
+        cache = inside / "numba-cache" if kind == "bwrap" else kernels
         env = {
-            "PATH": "/usr/bin:/bin", "HOME": str(scratch), "TMPDIR": str(scratch), "MPLCONFIGDIR": str(scratch),
-            "MPLBACKEND": "Agg", "NUMBA_CACHE_DIR": str(numba_cache), "OMP_NUM_THREADS": "1",
+            "PATH": "/usr/bin:/bin", "HOME": str(inside), "TMPDIR": str(inside), "MPLCONFIGDIR": str(inside),
+            "MPLBACKEND": "Agg", "NUMBA_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1",
             "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8",
             "no_proxy": "*", "NO_PROXY": "*",
         }
-        root = os.path.dirname(os.path.dirname(simlib.__file__))
         cfg = {
-            "root": root, "result_fd": w, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
-            "cpu_s": int(limits.wall_s) + 5, "nproc": _user_processes() + limits.max_procs,
-            "landlock": sys.platform.startswith("linux"), "read_only": readable_roots(),
-            "read_write": [str(scratch), str(SHM), str(numba_cache)], "rw_files": [d for d in DEVICES if os.path.exists(d)],
+            "root": root, "result_fd": w, "memory_mb": limits.memory_mb, "file_mb": limits.disk_mb,
+            "cpu_s": int(limits.wall_s) + 5, "landlock": sys.platform.startswith("linux"),
+            "read_only": readable_roots() + ["/run/numba-cache"], "own_proc": kind == "bwrap",
+            "read_write": [str(inside), str(SHM), str(cache)], "rw_files": [d for d in DEVICES if os.path.exists(d)],
+            "kernels": "/run/numba-cache" if kind == "bwrap" and not warm else "",
         }
         boot = f"import sys; sys.path.insert(0, {root!r}); from simlib.grade.child import main; main()"
-        self.log = open(log, "ab")
+        cmd = [sys.executable, "-E", "-s", "-c", boot, json.dumps(cfg)]
+        fds = [w]
+        if kind == "bwrap":  # options through a pipe, so the host's paths are not in the sandbox's /proc/1/cmdline
+            options = bwrap_args(scratch, kernels, warm, limits) + [a for k, v in env.items() for a in ("--setenv", k, v)]
+            ar, aw = os.pipe()
+            os.write(aw, b"".join(a.encode() + b"\0" for a in options[1:]))
+            os.close(aw)
+            fds.append(ar)
+            cmd = ["bwrap", "--args", str(ar), "--"] + cmd
         self.proc = subprocess.Popen(
-            [sys.executable, "-E", "-s", "-c", boot, json.dumps(cfg)], stdin=subprocess.PIPE, stdout=self.log,
-            stderr=subprocess.STDOUT, cwd=scratch, env=env, pass_fds=(w,), start_new_session=True,
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=scratch,
+            env=env, pass_fds=fds, start_new_session=True,
         )
-        os.close(w)
+        for fd in fds:
+            os.close(fd)
         self.results = r
         self.buffer = b""
         self.seen: dict[int, int] = {}  # pid -> start time, every process of the tree ever seen
         self.violation = ""
+        self.output = 0  # bytes printed by the current unit
+        self.tail = b""  # the last bytes printed, for a sandbox that did not start
         self._stopped: set[int] = set()
         self._stop = threading.Event()
+        self._drain = threading.Thread(target=self._read_output, daemon=True)
+        self._drain.start()
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
-        self.seq = 0
+        self.nonces: list[str] = []
+        self.base = 0  # how many units of the plan come before the first one numbered here
 
-    # -- the process tree -----------------------------------------------------------------------
-    watch_every = 0.02  # seconds between the watcher's looks at the process tree
+    # -- output and the process tree ------------------------------------------------------------
+    def _read_output(self) -> None:
+        """Drain stdout/stderr; past ``output_mb`` in one unit, stop the sandbox."""
+        cap = self.limits.output_mb * 1024 * 1024
+        while True:
+            try:
+                chunk = self.proc.stdout.read1(65536)
+            except (OSError, ValueError):
+                return
+            if not chunk:
+                return
+            self.output += len(chunk)
+            self.tail = (self.tail + chunk)[-4096:]
+            if self.output > cap and not self.violation:
+                self.violation = f"the cell printed more than {self.limits.output_mb} MB"
+                self.kill()
 
     def _watch(self) -> None:
         while not self._stop.wait(self.watch_every):
@@ -182,7 +291,8 @@ class Child:
 
     def _crowded(self, tree: list[int]) -> bool:
         """Whether ``tree`` has more processes than allowed; if so, that becomes the violation."""
-        if len(tree) <= self.limits.max_procs:
+        own = len(tree) - (2 if self.kind == "bwrap" else 0)  # bwrap and the namespace's init
+        if own <= self.limits.max_procs:
             return False
         self.violation = self.violation or f"more than {self.limits.max_procs} processes (a fork bomb?)"
         return True
@@ -202,6 +312,7 @@ class Child:
                 stack.extend(children.get(pid, ()))
         found.update(pid for pid, (_, sid, _) in stats.items() if sid == root)
         found.update(pid for pid, start in self.seen.items() if pid in stats and stats[pid][2] == start)
+        found.discard(os.getpid())
         for pid in found:
             self.seen[pid] = stats[pid][2]
         return sorted(found)
@@ -209,19 +320,19 @@ class Child:
     def kill(self) -> None:
         """Stop the whole tree, then SIGKILL it, until nothing of it is left.
 
-        Everything is stopped first while the child (a subreaper) is alive, so no process can fork
-        or be re-parented out of sight between the scan and the kill.
+        Under bubblewrap, killing the namespace's init (in the tree) makes the kernel kill everything
+        in the namespace. For the watcher, everything is stopped first while the child (a subreaper)
+        is alive, so no process can fork or be re-parented out of sight between the scan and the kill.
         """
         for _ in range(50):
-            tree = self.tree()
-            fresh = [pid for pid in tree if pid not in self._stopped]
+            fresh = [pid for pid in self.tree() if pid not in self._stopped]
             for pid in fresh:
                 _signal(pid, signal.SIGSTOP)
             self._stopped.update(fresh)
             if not fresh:
                 break
         for _ in range(200):
-            alive = [p for p in self.tree() if p != os.getpid()]
+            alive = self.tree()
             for pid in alive:
                 _signal(pid, signal.SIGKILL)
             try:
@@ -240,12 +351,13 @@ class Child:
         self.proc.wait()
         self.kill()  # orphans re-parented when the child itself died
         self._watcher.join()
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self._drain.join(timeout=5)
         os.close(self.results)
-        self.log.close()
 
     # -- the protocol ---------------------------------------------------------------------------
     def receive(self, deadline: float) -> dict[str, Any]:
@@ -253,14 +365,17 @@ class Child:
         while True:
             if len(self.buffer) >= 4:
                 (n,) = struct.unpack(">I", self.buffer[:4])
-                if n > 1 << 20:
+                if n > MAX_FRAME:
                     raise Fatal("the submission wrote into the grader's result channel")
                 if len(self.buffer) >= 4 + n:
                     data, self.buffer = self.buffer[4:4 + n], self.buffer[4 + n:]
                     try:
-                        return json.loads(data.decode("utf-8"))
-                    except ValueError:
-                        raise Fatal("the submission wrote into the grader's result channel") from None
+                        frame = json.loads(data.decode("utf-8"))
+                    except (ValueError, RecursionError, MemoryError):
+                        frame = None
+                    if not isinstance(frame, dict):
+                        raise Fatal("the submission wrote into the grader's result channel")
+                    return frame
             wait = deadline - time.monotonic()
             if self.violation:
                 raise Fatal(self.violation)
@@ -274,20 +389,32 @@ class Child:
                     if self.violation:
                         raise Fatal(self.violation)
                     code = self.proc.wait()
+                    if self.kind == "bwrap" and code > 128:  # bwrap exits 128 + N when its child died of signal N
+                        code = 128 - code
                     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
                     raise Fatal(f"the grading process {how} (did the submission call exit, or run out of CPU time?)")
                 self.buffer += chunk
 
-    def run(self, unit: Unit, deadline: float) -> Outcome:
-        """Send one unit, wait for its answer until ``deadline``."""
-        self.seq += 1
+    def send_plan(self, units: list[Unit]) -> None:
+        """Every unit in one frame, before any of them runs: tests compiled here, never as text."""
+        self.nonces = [secrets.token_hex(16) for _ in units]
+        plan = [{"name": u.name, "nonce": n, **({"code": _compiled(u)} if u.kind == "test" else {"source": u.source})}
+                for u, n in zip(units, self.nonces)]
+        self._write(_frame({"units": plan}))
+
+    def _write(self, data: bytes) -> None:
         try:
-            self.proc.stdin.write(_frame({"seq": self.seq, "name": unit.name, "source": unit.source}))
+            self.proc.stdin.write(data)
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
+        except (BrokenPipeError, OSError, ValueError):
             pass  # the child is gone; receive() says how
+
+    def run(self, k: int, deadline: float) -> Outcome:
+        """Let unit ``k`` of the plan run; wait for its answer until ``deadline``."""
+        self.output = 0
+        self._write(b"g")
         reply = self.receive(deadline)
-        if reply.get("seq") != self.seq or not isinstance(reply.get("ok"), bool):
+        if reply.get("seq") != k or reply.get("nonce") != self.nonces[k] or not isinstance(reply.get("ok"), bool):
             raise Fatal("the submission wrote into the grader's result channel")
         # The unit that leaves a crowd of processes behind is the one to blame, however late the
         # watcher (a thread polling every watch_every s, later on a busy machine) would have looked: checked
@@ -295,6 +422,16 @@ class Child:
         if self.violation or self._crowded(self.tree()):
             raise Fatal(self.violation)
         return Outcome(reply["ok"], str(reply.get("error", ""))[:1000])
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_source(name: str, source: str) -> str:
+    return base64.b64encode(marshal.dumps(compile(source, f"<{name}>", "exec"))).decode("ascii")
+
+
+def _compiled(unit: Unit) -> str:
+    """A test unit as base64 marshalled bytecode (the master's code, so compiling it here is safe)."""
+    return _compiled_source(unit.name, unit.source)
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -331,20 +468,8 @@ def _rss_bytes(pid: int) -> int:
         return 0
 
 
-def _user_processes() -> int:
-    """Processes this user runs now (RLIMIT_NPROC counts them all, so the limit is this plus max_procs)."""
-    uid = os.getuid()
-    n = 0
-    for name in os.listdir("/proc"):
-        try:
-            n += name.isdigit() and os.stat(f"/proc/{name}").st_uid == uid
-        except OSError:
-            pass
-    return n
-
-
 def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), numba_cache: Path | None = None,
-              warm: bool = False) -> Report:
+              warm: bool = False, sandbox: str = "auto") -> Report:
     """Run the units in order in sandboxed children; after a fatal error, restart and go on without it.
 
     ``numba_cache`` holds the library's compiled kernels: a submission gets a private copy (so it
@@ -353,63 +478,64 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
     A restarted child re-runs the earlier code units (not the tests) so later parts see the same
     definitions; at most :data:`MAX_RESTARTS` restarts, then the rest is marked not run.
     """
+    kind, _ = choose(sandbox)
     report = Report([Outcome() for _ in units])
     start = time.monotonic()
     shm_before = _shm_entries()
-    own_shm = False
+    own_shm = kind == "bwrap"
     skip: set[int] = set()
     i, restarts = 0, 0
-    with tempfile.TemporaryDirectory(prefix="simlib-grade-log-") as private:
-        while i < len(units):
-            scratch = Path(tempfile.mkdtemp(prefix="simlib-grade-"))
-            child: Child | None = None
-            current = -1
+    while i < len(units):
+        scratch = Path(tempfile.mkdtemp(prefix="simlib-grade-"))
+        child: Child | None = None
+        current = -1
+        try:
+            (scratch / "submission.ipynb").write_bytes(notebook)
+            kernels = scratch / "numba-cache"
+            if numba_cache is not None and (warm or kind == "bwrap"):
+                kernels = numba_cache  # bound read-only under bwrap unless warm: the child copies it
+            elif numba_cache is not None and numba_cache.is_dir():
+                shutil.copytree(numba_cache, kernels)
+            kernels.mkdir(parents=True, exist_ok=True)
+            child = Child(scratch, limits, kernels, warm, kind)
             try:
-                (scratch / "submission.ipynb").write_bytes(notebook)
-                kernels = scratch / "numba-cache"
-                if numba_cache is not None and warm:
-                    kernels = numba_cache
-                elif numba_cache is not None and numba_cache.is_dir():
-                    shutil.copytree(numba_cache, kernels)
-                kernels.mkdir(parents=True, exist_ok=True)
-                log = Path(private) / "child.log"
-                child = Child(scratch, limits, log, kernels)
-                try:
-                    hello = child.receive(time.monotonic() + 60)
-                except Fatal as exc:
-                    raise RuntimeError(f"the grading sandbox did not start ({exc}):\n{log.read_text()[-2000:]}") from None
-                own_shm = bool(hello.get("private_shm"))
-                if restarts == 0:
-                    report.notes.append(_describe_isolation(hello))
-                for j in range(i):  # replay definitions after a restart
-                    if units[j].kind == "code" and j not in skip:
-                        current = j
-                        child.run(units[j], _deadline(start, limits))
-                while i < len(units):
-                    current = i
-                    report.outcomes[i] = child.run(units[i], _deadline(start, limits))
-                    i += 1
+                hello = child.receive(time.monotonic() + 60)
             except Fatal as exc:
-                reason = str(exc)
-                if reason == "timeout":
-                    reason = _timeout_reason(start, limits)
-                skip.add(current)
-                if current == i:
-                    report.outcomes[i] = Outcome(False, f"stopped: {reason}", fatal=True)
-                    i += 1
-                restarts += 1
-                report.notes.append(f"restarted after '{units[current].name}': {reason}")
-            finally:
-                if child is not None:
-                    child.close()
-                shutil.rmtree(scratch, ignore_errors=True)
-                if not own_shm:
-                    _unlink_new_shm(shm_before)
-            if restarts > MAX_RESTARTS or time.monotonic() - start >= limits.wall_s:
-                for k in range(i, len(units)):
-                    report.outcomes[k] = Outcome(False, "not run: the submission stopped the grader too often "
-                                                        "(time, memory, processes or exit)")
-                break
+                tail = child.tail.decode("utf-8", "replace").strip().splitlines()
+                raise SandboxError(f"the grading sandbox did not start ({exc}; {tail[-1] if tail else 'no output'})") from None
+            own_shm = own_shm or bool(hello.get("private_shm"))
+            if restarts == 0:
+                report.notes.append(_describe_isolation(kind, hello))
+            replay = [j for j in range(i) if units[j].kind == "code" and j not in skip]
+            plan = replay + list(range(i, len(units)))
+            child.send_plan([units[j] for j in plan])
+            for k, j in enumerate(plan):
+                current = j
+                outcome = child.run(k, _deadline(start, limits))
+                if j >= i:
+                    report.outcomes[j] = outcome
+                    i = j + 1
+        except Fatal as exc:
+            reason = str(exc)
+            if reason == "timeout":
+                reason = _timeout_reason(start, limits)
+            skip.add(current)
+            if current == i:
+                report.outcomes[i] = Outcome(False, f"stopped: {reason}", fatal=True)
+                i += 1
+            restarts += 1
+            report.notes.append(f"restarted after '{units[current].name}': {reason}")
+        finally:
+            if child is not None:
+                child.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+            if not own_shm:
+                _unlink_new_shm(shm_before)
+        if restarts > MAX_RESTARTS or time.monotonic() - start >= limits.wall_s:
+            for k in range(i, len(units)):
+                report.outcomes[k] = Outcome(False, "not run: the submission stopped the grader too often "
+                                                    "(time, memory, processes or exit)")
+            break
     return report
 
 
@@ -423,16 +549,18 @@ def _timeout_reason(start: float, limits: Limits) -> str:
     return f"time limit of {limits.cell_s:g} s per cell exceeded (an infinite loop?)"
 
 
-def _describe_isolation(hello: dict[str, Any]) -> str:
+def _describe_isolation(kind: str, hello: dict[str, Any]) -> str:
     abi = hello.get("landlock", 0)
-    files = f"Landlock ABI {abi}" if abi else "NOT confined (Landlock unavailable)"
-    return (f"isolation: files {files}; network namespace {'yes' if hello.get('netns') else 'no'}; "
+    files = f"Landlock ABI {abi}" if abi else "no Landlock"
+    if kind == "bwrap":
+        return f"isolation: bubblewrap (PID, mount, network, IPC namespaces; own /proc); {files}"
+    return (f"isolation: process watcher; files {files}; network namespace {'yes' if hello.get('netns') else 'no'}; "
             f"private /dev/shm {'yes' if hello.get('private_shm') else 'no'}")
 
 
-def parallel_safe() -> bool:
-    """Whether submissions may run side by side: each gets a private /dev/shm only as root."""
-    return os.getuid() == 0 and sys.platform.startswith("linux")
+def parallel_safe(sandbox: str = "auto") -> bool:
+    """Whether submissions may run side by side: each needs a private /dev/shm (bubblewrap, or root)."""
+    return choose(sandbox)[0] == "bwrap" or (os.getuid() == 0 and sys.platform.startswith("linux"))
 
 
 def _shm_entries() -> set[str]:
