@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from simlib import options as opts
+from simlib._validate import available_memory, gb as _gb
 from simlib.protocol import Protocol
 from simlib.sim.config import SimConfig, Stragglers
 from simlib.sim.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_ROWS, DEFAULT_PROTOCOLS, DEFAULT_TARGET,
@@ -87,25 +88,6 @@ def _refusal(exc: ValueError, default_flag: str) -> str:
 
 
 # -- checks made before any work ------------------------------------------------------------------
-
-
-def available_memory() -> float:
-    """Bytes of memory available to a new allocation (MemAvailable; physical pages as a fallback)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 8e9
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.3g} GB"
 
 
 def check_sizes(n_workers: int, steps: int, batch_size: int, rows: int, n_params: int, nnz: int, runs: int = 1,
