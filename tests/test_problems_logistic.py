@@ -119,3 +119,10 @@ def test_compiled_loss_equals_the_array_module_formula(small_problem):
     margin = np.bincount(p._eval_row_of, weights=e.values * w[e.indices], minlength=e.n_rows)
     ref = np.mean(np.logaddexp(0.0, -e.y * margin)) + 0.5 * p.l2 * np.dot(w, w)
     assert p.loss(w) == pytest.approx(ref, rel=1e-12)
+
+
+def test_weights_larger_than_memory_are_refused_naming_n_features():
+    data = make_sparse_classification(50, 200, 4, seed=0)
+    wide = SparseDataset(data.indptr, data.indices, data.values, data.y, n_features=10**13)  # 80 TB of weights
+    with pytest.raises(ValueError, match=r"n_features: .* more than half the memory available .* use at most \d+"):
+        LogisticProblem(wide)
