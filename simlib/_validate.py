@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from typing import Any, Iterable
 
 
@@ -50,6 +51,35 @@ def one_of(name: str, value: Any, allowed: Iterable[Any]) -> None:
     if value not in allowed:
         choices = ", ".join(repr(a) for a in allowed)
         raise ValueError(f"{name} must be one of {choices}; got {value!r}")
+
+
+def available_memory() -> float:
+    """Bytes of memory available to a new allocation (MemAvailable; physical pages as a fallback)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 8e9
+
+
+def gb(n: float) -> str:
+    """Bytes as '1.23 GB'."""
+    return f"{n / 1e9:.3g} GB"
+
+
+def fits_memory(name: str, value: Any, nbytes: float, per_unit: float, what: str) -> None:
+    """Require nbytes <= half the memory available; the error names ``name`` and the largest value that fits."""
+    budget = available_memory() / 2
+    if nbytes > budget:
+        most = max(0, int((budget - (nbytes - per_unit * value)) // per_unit))
+        raise ValueError(f"{name}: {name} = {value} needs about {gb(nbytes)} for {what}, more than half the memory "
+                         f"available ({gb(2 * budget)}); use at most {most}")
 
 
 def _is_number(value: Any) -> bool:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 from simlib import options as opts
+from simlib._validate import available_memory, gb as _gb
 from simlib.protocol import Protocol
 from simlib.sim.config import SimConfig, Stragglers
 from simlib.sim.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_ROWS, DEFAULT_PROTOCOLS, DEFAULT_TARGET,
@@ -87,25 +88,6 @@ def _refusal(exc: ValueError, default_flag: str) -> str:
 
 
 # -- checks made before any work ------------------------------------------------------------------
-
-
-def available_memory() -> float:
-    """Bytes of memory available to a new allocation (MemAvailable; physical pages as a fallback)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return 8e9
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.3g} GB"
 
 
 def check_sizes(n_workers: int, steps: int, batch_size: int, rows: int, n_params: int, nnz: int, runs: int = 1,
@@ -425,7 +407,12 @@ def run_one(args: argparse.Namespace) -> int:
     """``simlib run``: one problem, one protocol, one substrate; the summary as a table."""
     size, training = validate_run(args)
     import simlib
+    from simlib.backend import gpu_available
     from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+
+    if args.substrate == "gpu" and not gpu_available():
+        print(f"{_prog()} run: no CUDA device (or no CuPy) here, so the 'gpu' substrate runs its NumPy twin on the "
+              "CPU: the same array code, not GPU timings", file=sys.stderr, flush=True)
 
     seed = training["seed"]
     data = make_sparse_classification(size.rows, size.features, size.nnz, label_noise=0.05, seed=seed)
@@ -438,9 +425,14 @@ def run_one(args: argparse.Namespace) -> int:
         raise CliError(_refusal(exc, "--substrate")) from None
     t = result.trace
     s = t.summary()
-    kind = "simulated" if args.substrate == "sim" else "wall-clock"
+    kind = "simulated time" if args.substrate == "sim" else "wall-clock time"
+    where = repr(args.substrate)
+    if args.substrate == "gpu" and t.meta.get("xp") == "cupy":
+        where += " with CuPy"
+    elif args.substrate == "gpu":
+        where, kind = "the NumPy twin of 'gpu'", f"no CUDA device; {kind}"
     print(f"{args.problem}: {size.rows} rows x {size.features} features, {size.nnz} nonzeros per row; "
-          f"{t.n_workers} workers x {training['steps']} steps on {args.substrate!r} ({kind} time)")
+          f"{t.n_workers} workers x {training['steps']} steps on {where} ({kind})")
     row = {"run": args.protocol.label, "time": t.makespan, "updates": int(s["updates_applied"]),
            "dropped": int(s["updates_dropped"]), "bytes": s["bytes_sent"] + s["bytes_received"],
            "tau": s["mean_staleness"], "final": s["final_" + t.metric]}

@@ -112,6 +112,8 @@ class Protocol:
             raise ValueError(f"protocol: SSP needs a staleness bound such as 'ssp:3', got {spec!r}")
         if kind != "ssp" and bound is not None:
             raise ValueError(f"protocol: only SSP takes a bound ('ssp:{bound}'), got {spec!r}")
+        if bound is not None:
+            bound = bound.lstrip("0") or "0"  # leading zeros are a valid spelling: 'ssp:007' is SSP(7)
         if bound is not None and len(bound) > 7:
             raise ValueError(f"protocol: staleness must be <= {MAX_BOUND} (a larger bound never binds: use 'async'), "
                              f"got {spec!r}")

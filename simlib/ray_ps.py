@@ -392,20 +392,36 @@ def _interruptible_start() -> Iterator[None]:
     out (SIGSEGV, or SIGABRT "terminate called without an active exception"). So the connection is
     made inside :func:`simlib.signals.held`: a signal that lands then ends the run once it is made.
     """
-    from ray._private import worker
+    from ray._private import utils, worker
 
-    make = worker.connect
+    make, set_handler = worker.connect, utils.set_sigterm_handler
 
     def connect_held(*args: Any, **kwargs: Any) -> Any:
         with signals.held():
             return make(*args, **kwargs)
 
     worker.connect = connect_held
+    utils.set_sigterm_handler = lambda handler: signal.signal(signal.SIGTERM, _on_sigterm)  # instead of Ray's
     try:
         with signals.guard_forks():
             yield
     finally:
-        worker.connect = make
+        worker.connect, utils.set_sigterm_handler = make, set_handler
+
+
+_terminated = False  # a SIGTERM reached this driver during a run
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """The driver's SIGTERM: exit with status 128 + 15, as the other real substrates do.
+
+    NOTE: Ray's own handler exits with status 15, and an exit raised while Ray waits (ray.get,
+    ray.wait) comes out of the wait as SystemExit(1); so the signal is remembered, and :func:`run`
+    turns whatever Ray made of it back into SystemExit(143).
+    """
+    global _terminated
+    _terminated = True
+    raise SystemExit(128 + signum)
 
 
 def _children(pid: int | str = "self") -> set[int]:
@@ -521,6 +537,8 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
     started_here = address is None and not ray.is_initialized()
     before = _children()
     actors: list = []
+    global _terminated
+    _terminated = False
     try:
         connect(address, num_cpus)
         server_res, worker_res = _resources(placement)
@@ -550,6 +568,10 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
         spans = _await_workers(ray, runs, coord, shards, started, timeout)
         params, updates, quality = _call(ray, coord.finish.remote(), "server shard 0 (the coordinator)")
         wall = time.perf_counter() - started
+    except BaseException:
+        if _terminated:
+            raise SystemExit(128 + signal.SIGTERM) from None
+        raise
     finally:
         _kill(ray, actors)
         if started_here:

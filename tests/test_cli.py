@@ -1,4 +1,5 @@
 """The main job, ``python -m simlib compare``: the seeds' results, the table, the figure, clean errors."""
+import os
 import subprocess
 import sys
 
@@ -127,3 +128,13 @@ def test_progress_off_a_terminal_is_a_line_per_finished_run(capsys):
     p.close()
     err = capsys.readouterr().err
     assert "\r" not in err and err.splitlines()[0].startswith("bsp done (1/2") and len(err.splitlines()) == 2
+
+
+def test_run_on_gpu_without_a_device_says_it_runs_the_numpy_twin():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no device, on any machine
+    proc = subprocess.run([sys.executable, "-m", "simlib", "run", "--substrate", "gpu", "--workers", "2", "--steps", "3",
+                           "--rows", "2000", "--features", "100"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    header = proc.stdout.splitlines()[0]
+    assert "on the NumPy twin of 'gpu' (no CUDA device; wall-clock time)" in header, header
+    assert "NumPy twin" in proc.stderr and "no CUDA device" in proc.stderr, proc.stderr

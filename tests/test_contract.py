@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("spec, kind, bound, label", [
     ("bsp", "bsp", 0, "BSP"), ("BSP", "bsp", 0, "BSP"), ("ssp:3", "ssp", 3, "SSP(3)"),
     ("SSP(3)", "ssp", 3, "SSP(3)"), (" ssp : 0 ", "ssp", 0, "SSP(0)"), ("async", "async", math.inf, "Async"),
+    ("ssp:00000001", "ssp", 1, "SSP(1)"), ("ssp:0001000000", "ssp", 1_000_000, "SSP(1000000)"),
 ])
 def test_protocol_parses_every_spelling(spec, kind, bound, label):
     p = Protocol.parse(spec)
@@ -37,6 +38,7 @@ def test_protocol_parses_every_spelling(spec, kind, bound, label):
 @pytest.mark.parametrize("spec, field", [
     ("ssp", "SSP needs a staleness bound"), ("bsp:2", "only SSP takes a bound"), ("mesh", "unknown protocol"),
     ("ssp:99999999999999999999", "staleness must be <="), ("ssp:-1", "unknown protocol"), (3, "protocol"),
+    ("ssp:0001000001", "staleness must be <="),
 ])
 def test_bad_protocols_are_refused_by_name(spec, field):
     with pytest.raises(ValueError, match=field):

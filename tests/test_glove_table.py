@@ -49,3 +49,8 @@ def test_prediction_two_workers_faster_when_compute_bound(cooc):
 def test_bad_rate_is_rejected(cooc):
     with pytest.raises(ValueError, match="updates_per_second"):
         predict_speedup(cooc, GloveConfig(dim=8), updates_per_second=0.0)
+
+
+def test_vectors_larger_than_memory_are_refused_naming_dim(cooc):
+    with pytest.raises(ValueError, match=r"dim: .* more than half the memory available .* use at most \d+"):
+        GloveProblem(cooc, GloveConfig(dim=10**9))

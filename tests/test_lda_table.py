@@ -82,3 +82,15 @@ def test_bad_hyperparameters_name_the_field(synthetic):
         LDAProblem(synthetic.corpus, 0)
     with pytest.raises(ValueError, match="corpus"):
         LDAProblem([[1, 2]], 3)
+
+
+def test_a_table_larger_than_memory_is_refused_naming_the_field():
+    corpus = make_synthetic_corpus(n_docs=200, n_topics=3, n_words=30, doc_length=10, seed=0)[0]
+    with pytest.raises(ValueError, match=r"n_topics: .* more than half the memory available .* use at most \d+"):
+        LDAProblem(corpus, n_topics=10**9)  # 3 TB of tables for 30 words
+    # Tables that take a quarter of the memory are accepted; 200 workers' copies of them are not.
+    per_topic = 8 * (corpus.n_words + 1) + 12 * (corpus.n_docs + corpus.n_words)
+    from simlib._validate import available_memory
+    prob = LDAProblem(corpus, n_topics=int(available_memory() / 4 / per_topic))
+    with pytest.raises(ValueError, match=r"n_workers: .* more than half the memory available"):
+        prob.shards(200)

@@ -1,9 +1,12 @@
 """The pipe parameter server: real BSP over pipes, exact byte counts, loss goes down, nothing leaks."""
 import multiprocessing
+import os
+import signal
 
 import numpy as np
 import pytest
 
+from simlib.parallel import WorkerDied
 from simlib.parallel.pipe_ps import PUSH_DTYPE, DenseKeys, run_pipe_ps
 
 
@@ -33,3 +36,33 @@ def test_dense_keys_pull_every_parameter(small_problem):
 def test_bad_arguments_name_the_field(small_problem, kwargs, field):
     with pytest.raises(ValueError, match=field):
         run_pipe_ps(small_problem, **kwargs)
+
+
+class _Killed:
+    """``small_problem`` whose process SIGKILLs itself: in the server (its first metric) or in worker ``victim``."""
+
+    def __init__(self, problem, victim):
+        self.inner, self.victim, self.parent = problem, victim, os.getpid()
+
+    def shards(self, n_workers):
+        return list(enumerate(self.inner.shards(n_workers)))
+
+    def batch(self, shard, step, batch_size):
+        if shard[0] == self.victim and step == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner.batch(shard[1], step, batch_size)
+
+    def quality(self, params):
+        if self.victim == "server" and os.getpid() != self.parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner.quality(params)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("victim, role", [("server", "parameter server"), (2, "worker 2")])
+def test_a_killed_member_is_named_by_its_role(small_problem, victim, role):
+    with pytest.raises(WorkerDied, match=rf"^{role} failed: .*killed by signal 9"):
+        run_pipe_ps(_Killed(small_problem, victim), n_workers=3, steps=4, batch_size=8)
+    assert not multiprocessing.active_children()

@@ -175,3 +175,10 @@ def test_full_l2_names_its_limits():
     for substrate in ("sim", "shm"):  # 1,200 steps of log(1 - 0.5 * 0.5) decay the scale past exp(-300)
         with pytest.raises(Exception, match="l2: with l2_on='all' the weights' common scale fell below"):
             simlib.run(prob, "bsp", substrate=substrate, n_workers=1, steps=1_200, batch_size=1, lr=0.5)
+
+
+def test_weights_larger_than_memory_are_refused_naming_n_features():
+    data = make_sparse_classification(50, 200, 4, seed=0)
+    wide = SparseDataset(data.indptr, data.indices, data.values, data.y, n_features=10**13)  # 80 TB of weights
+    with pytest.raises(ValueError, match=r"n_features: .* more than half the memory available .* use at most \d+"):
+        LogisticProblem(wide)

@@ -329,3 +329,31 @@ def test_ctrl_c_while_the_driver_connects_to_its_new_ray_ends_the_run_cleanly():
     while (left := faultkit.with_marker(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == [], f"processes of the interrupted start outlived it: {left}"
+
+
+@pytest.mark.parametrize("moment, title", [("starting", b""), ("running", b"ray::RayPSWorker.run")])
+def test_sigterm_ends_a_ray_run_with_status_143_as_on_the_other_substrates(moment, title, tmp_path):
+    """Ray's own handler exited with 15, and an exit raised inside ray.wait came out as status 1."""
+    import faultkit
+
+    marker = f"ray-term-{moment}-{os.getpid()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), faultkit.MARKER_ENV: marker}
+    proc = subprocess.Popen([sys.executable, "-m", "simlib", "run", "--substrate", "ray", "--workers", "2",
+                             "--steps", "1000000", "--rows", "2000", "--features", "100"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not [p for p in faultkit.with_marker(marker, title) if p != proc.pid] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert time.monotonic() < deadline and proc.poll() is None, f"the run never reached {moment!r}"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
+    deadline = time.monotonic() + 10.0
+    while (left := faultkit.with_marker(marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], f"processes of the run outlived it: {left}"

@@ -465,12 +465,16 @@ def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, 
                 continue
             ch.send_array(payload)  # one untimed trip: both sides awake, pages touched
             ch.recv_array()
-            s = time.perf_counter()
+            trips = []
             for _ in range(calls):
+                s = time.perf_counter()
                 ch.send_array(payload)
                 ch.recv_array()
-            # the mean, not the median: a real run pays for the slow trips too
-            row.append((time.perf_counter() - s) / calls / 2)
+                trips.append(time.perf_counter() - s)
+            # NOTE: the median trip, not the mean: on a busy machine one trip in 20 waits out another
+            # process's time slice (about 4 ms), which put a mean 8-byte trip at 10x its median.
+            # Calibration prices that wait apart, by the CPU share it measures (pipe_share).
+            row.append(float(np.median(trips)) / 2)
         times.append(row)
     return times
 
@@ -610,9 +614,9 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         (8, 4096, 262144, 2**20, 3 * 2**19, 2**21, 3 * 2**20)
     with WorkerGroup(2, start_method, label="calibrate pipes") as group:
         a, b = group.channel_pair()
-        res = group.run(_pingpong_member, sizes, repeats, 20 if quick else 40, worker_args=[(a,), (b,)])
+        res = group.run(_pingpong_member, sizes, repeats + 1, 20 if quick else 40, worker_args=[(a,), (b,)])
     pipe_share = measure_load(0.05 if quick else 0.1, 1, start_method)[1].median
-    per_repeat = res[0]
+    per_repeat = res[0][1:]  # the first pass pays the page faults (1 MiB: 0.76-0.92 ms against 0.24 ms after)
     # The line is fitted where a pipe is linear (up to 1 MiB); larger messages are priced from the
     # measured times themselves (Calibration.bandwidth_at), past the cliff a line cannot follow.
     linear = [j for j, n in enumerate(sizes) if n <= 2**20]

@@ -5,7 +5,8 @@ in each and returns their results in worker order. The parent waits on every wor
 pipe and process sentinel at once (``multiprocessing.connection.wait``), so:
 
 * a worker that raises stops the run: the others are terminated, then killed if they linger,
-  and the parent raises :class:`WorkerError` with the worker's id and traceback text;
+  and the parent raises :class:`WorkerError` with the worker's id, role (``roles``: what a user
+  calls each member, such as 'parameter server'; 'worker i' by default) and traceback text;
 * a worker that dies without a word (SIGKILL, segfault, ``os._exit``) is noticed as soon as its
   sentinel fires (well within a second) and reported as :class:`WorkerDied` with its exit code;
 * Ctrl-C (KeyboardInterrupt) or SIGTERM in the parent does the same clean-up and re-raises;
@@ -44,14 +45,16 @@ START_METHODS = tuple(m for m in ("fork", "spawn", "forkserver") if m in multipr
 
 
 class WorkerError(RuntimeError):
-    """A worker failed; ``worker_id``, ``exitcode`` and the worker's ``traceback_text`` say how."""
+    """A worker failed; ``worker_id`` (its place in the group), ``role``, ``exitcode`` and ``traceback_text`` say how."""
 
-    def __init__(self, worker_id: int, message: str, traceback_text: str = "", exitcode: int | None = None):
+    def __init__(self, worker_id: int, message: str, traceback_text: str = "", exitcode: int | None = None,
+                 role: str | None = None):
         self.worker_id = worker_id
+        self.role = role or f"worker {worker_id}"
         self.exitcode = exitcode
         self.traceback_text = traceback_text
-        detail = f"\n--- traceback in worker {worker_id} ---\n{traceback_text}" if traceback_text else ""
-        super().__init__(f"worker {worker_id} failed: {message}{detail}")
+        detail = f"\n--- traceback in {self.role} ---\n{traceback_text}" if traceback_text else ""
+        super().__init__(f"{self.role} failed: {message}{detail}")
 
 
 class WorkerDied(WorkerError):
@@ -120,13 +123,17 @@ class WorkerGroup:
     """
 
     def __init__(self, n_workers: int, start_method: str | None = None, *, verbose: bool = False,
-                 label: str = "parallel", poll_interval: float = 0.05, grace: float = 1.0):
+                 label: str = "parallel", poll_interval: float = 0.05, grace: float = 1.0,
+                 roles: Sequence[str] | None = None):
         check.positive_int("n_workers", n_workers)
+        if roles is not None and len(roles) != n_workers:
+            raise ValueError(f"roles must name each of the {n_workers} members, got {len(roles)}")
         if start_method is not None:
             check.one_of("start_method", start_method, START_METHODS)
         check.positive("poll_interval", poll_interval)
         check.positive("grace", grace)
         self.n_workers = int(n_workers)
+        self.roles = list(roles) if roles is not None else [f"worker {i}" for i in range(self.n_workers)]  # for errors
         self.ctx = multiprocessing.get_context(start_method)
         self.start_method = self.ctx.get_start_method()
         self.verbose = bool(verbose)
@@ -247,9 +254,10 @@ class WorkerGroup:
                     procs[i].join(self.grace)
                     code = procs[i].exitcode
                     how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                    raise WorkerDied(i, f"process died without reporting a result ({how})", exitcode=code)
+                    raise WorkerDied(i, f"process died without reporting a result ({how})", exitcode=code,
+                                     role=self.roles[i])
                 if message[0] == "error":
-                    error = WorkerError(i, message[1], message[2])
+                    error = WorkerError(i, message[1], message[2], role=self.roles[i])
                     if len(message) > 3 and message[3] is not None:
                         raise message[3] from error
                     raise error
@@ -261,7 +269,8 @@ class WorkerGroup:
                 monitor(self.now())
                 next_monitor = now + monitor_every
             if timeout is not None and now - start > timeout:
-                raise TimeoutError(f"workers {sorted(pending)} did not finish within timeout={timeout} s")
+                late = ", ".join(self.roles[i] for i in sorted(pending))
+                raise TimeoutError(f"{late} did not finish within timeout={timeout} s")
         return results
 
     def _merge(self, worker_id: int, records: tuple[list, list, list]) -> None:

@@ -91,7 +91,8 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     shards = problem.shards(n_workers)  # raises ValueError naming n_workers if too many
     warm_up(problem)
     started = time.perf_counter()
-    with WorkerGroup(n_workers + 1, start_method, label="pipe PS") as group:
+    roles = ["parameter server"] + [f"worker {i}" for i in range(n_workers)]
+    with WorkerGroup(n_workers + 1, start_method, label="pipe PS", roles=roles) as group:
         pairs = [group.channel_pair() for _ in range(n_workers)]
         server_ends = tuple(a for a, _ in pairs)
         worker_args = [(None, server_ends)] + [(b, None) for _, b in pairs]

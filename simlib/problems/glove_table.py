@@ -29,6 +29,10 @@ from simlib import _validate as check
 from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order, validate_training
 
 
+# float32 arrays as the reference program builds them, then the float64 table they are copied into
+_BYTES_PER_VECTOR_ENTRY = 4 + 8
+
+
 class GloveProblem:
     """GloVe in the parameter-server contract: keys are flat indices of the rows a batch touches."""
 
@@ -41,6 +45,8 @@ class GloveProblem:
         check.positive_int("eval_entries", eval_entries)
         self.cooc, self.config = cooc, config
         self.v, self.d = cooc.n_words, config.dim
+        per_dim = _BYTES_PER_VECTOR_ENTRY * 4 * self.v  # W, C and their accumulators gain V entries per dimension
+        check.fits_memory("dim", self.d, per_dim * self.d, per_dim, f"the vectors of {self.v} words")
         sizes = [math.prod(shape) for shape in GloveParams.shapes(self.v, self.d).values()]  # W, C, bw, bc, gW, ...
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.n_params = int(self.offsets[-1])

@@ -35,11 +35,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simlib import _validate as check
 from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, random_assignments, shard_documents,
                                 word_log_likelihood)
 from simlib.problems.lda_gibbs import KERNELS, GibbsState
 
-_SEED_STRIDE = (1_000_003, 10_007)  # sweep seed = seed * 1_000_003 + worker * 10_007 + clock
+_SEED_STRIDE = (1_000_003, 10_007)
+# Bytes per topic: the float64 table (V + 1 rows) and the count tables n_dk, n_wk, counted as
+# int64 then kept as int32 (D + V rows); and each worker's int32 copy of n_wk and n_k.
+_TABLE_BYTES_PER_ROW, _COUNT_BYTES_PER_ROW, _COPY_BYTES_PER_ROW = 8, 12, 4  # sweep seed = seed * 1_000_003 + worker * 10_007 + clock
 
 
 @dataclass
@@ -75,6 +79,9 @@ class LDAProblem:
         self.corpus, self.K, self.alpha, self.beta = corpus, int(n_topics), float(alpha), float(beta)
         self.seed, self.kernel = int(seed), kernel
         self.V = corpus.n_words
+        per_topic = _TABLE_BYTES_PER_ROW * (self.V + 1) + _COUNT_BYTES_PER_ROW * (corpus.n_docs + self.V)
+        check.fits_memory("n_topics", self.K, self.K * per_topic, per_topic,
+                          f"the word-topic table and counts of {self.V} words and {corpus.n_docs} documents")
         self.n_params = self.V * self.K + self.K
         self.z0 = random_assignments(corpus, self.K, self.seed)
 
@@ -92,6 +99,9 @@ class LDAProblem:
         if not isinstance(n_workers, int) or not 1 <= n_workers <= self.corpus.n_docs:
             raise ValueError(f"n_workers must be an integer in [1, {self.corpus.n_docs}] (one document each at least), "
                              f"got {n_workers!r}")
+        per_worker = _COPY_BYTES_PER_ROW * (self.V + 1) * self.K
+        check.fits_memory("n_workers", n_workers, n_workers * per_worker, per_worker,
+                          f"each worker's copy of the counts of {self.V} words x {self.K} topics")
         bounds = shard_documents(self.corpus, n_workers)
         _, n_wk, n_k = count_tables(self.corpus, self.z0, self.K)
         out = []

@@ -203,6 +203,7 @@ class LogisticProblem:
         self.data = data
         self.l2 = float(l2)
         self.n_params = data.n_features + (l2_on == "all")  # 'all': one more key, log s
+        check.fits_memory("n_features", self.n_params, 8 * self.n_params, 8, "the float64 weights")
         # Loss is evaluated on a fixed sample of rows so that frequent evaluation stays cheap.
         if eval_rows is None or eval_rows >= data.n_rows:
             self._eval = data

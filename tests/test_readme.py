@@ -1,0 +1,18 @@
+"""The README's two commands tell a newcomer what the tests need beyond the requirements."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_test_command_says_how_to_get_chromium_as_ci_does():
+    ci = (ROOT / ".ci" / "run").read_text()
+    package = re.search(r"apt-get install [^)]*?(\w+)\)", ci).group(1)  # the package CI installs
+    assert package == "chromium"
+    commands = _section((ROOT / "README.md").read_text(), "Two commands")
+    assert re.search(rf"apt-get install -y (--no-install-recommends )?{package}\b", commands), commands
+    assert "browser tests" in commands and "skipped" in commands, commands
