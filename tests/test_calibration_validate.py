@@ -5,7 +5,7 @@ import pytest
 
 from simlib.parallel.shm import PREFIX
 from simlib.calibration.calibrate import Spread, calibrate
-from simlib.calibration.validate import KNOWN_GAPS, WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
+from simlib.calibration.validate import WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
 
 
 @pytest.fixture(scope="module")
@@ -26,23 +26,26 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
     assert ps.protocol == "bsp" and ps.topology == "ps" and ps.batch_size == 512
     hog = twin_config(WORKLOADS["hogwild"], 2, cal)
     assert hog.protocol == "async" and hog.latency == 0.0
-    bsp2 = twin_config(KNOWN_GAPS["bsp shm"], 2, cal)
-    assert bsp2.topology == "allreduce" and bsp2.latency == pytest.approx(cal.barrier_cost[2].median)
-    bsp1 = twin_config(KNOWN_GAPS["bsp shm"], 1, cal)
-    w = KNOWN_GAPS["bsp shm"]
-    folded = bsp_sync(cal, 1) + cal.compute_time("bsp_apply", w.n_features, 1)  # barriers + apply
-    # One worker: the null run's step less its arithmetic, or two 1-party rounds if unmeasured.
+    assert (hog.steps, hog.batch_size) == (10, 20_000)  # 2 x 100 k one-row steps per worker, one chunk a simulated step
+    w = WORKLOADS["bsp shm"]
+    bsp1, bsp2 = twin_config(w, 1, cal), twin_config(w, 2, cal)
+    # In place: a batch step, then the wait for the slowest; no messages, no barrier, no dense apply.
+    for n, cfg in ((1, bsp1), (2, bsp2)):
+        assert cfg.protocol == "bsp" and cfg.topology == "ps" and cfg.latency == 0.0
+        assert cfg.compute_per_unit == pytest.approx(cal.unit_time("bsp_step", n))
+        call = cal.compute_time("bsp_call", w.n_features + 1, n)  # the table holds v and log s
+        assert cfg.compute_overhead == pytest.approx(call + bsp_sync(cal, n))
+    assert bsp1.batch_size == 400 and bsp2.batch_size == 200 and bsp1.steps == bsp2.steps == 300
+    # The sync is the null run's step on as many workers less its arithmetic (one row, one nonzero).
     import dataclasses
 
-    from simlib.calibration.calibrate import NULL_SHM, Spread
+    from simlib.calibration.calibrate import Spread
 
-    slow = dataclasses.replace(cal, bsp_step=Spread(1e-3, 1e-3, 1e-3, 1))
-    work = cal.compute_time("bsp_grad", 1, 1) + cal.compute_time("bsp_apply", NULL_SHM["features"], 1)
-    assert bsp_sync(slow, 1) == pytest.approx(1e-3 - work)
-    assert bsp_sync(dataclasses.replace(cal, bsp_step=Spread.unmeasured()), 1) == 2 * cal.barrier_cost[1].median
-    assert bsp_sync(cal, 2) == 2 * cal.barrier_cost[2].median
-    assert bsp1.compute_overhead == pytest.approx(cal.sim_config("bsp_grad").compute_overhead + folded)
-    assert bsp2.bandwidth == pytest.approx(16.0 / cal.unit_time("bsp_apply", 2))  # each worker applies half
+    slow = dataclasses.replace(cal, bsp_step={1: Spread(1e-3, 1e-3, 1e-3, 1), 2: Spread(2e-3, 2e-3, 2e-3, 1)})
+    assert bsp_sync(slow, 1) == pytest.approx(1e-3 - cal.compute_time("hogwild_sgd", 1, 1))
+    assert bsp_sync(slow, 2) == pytest.approx(2e-3 - cal.compute_time("hogwild_sgd", 1, 2))
+    assert bsp_sync(slow, 3) == bsp_sync(slow, 2)
+    assert bsp_sync(dataclasses.replace(cal, bsp_step={}), 1) == 0.0
 
 
 def test_compare_runs_real_processes_and_reports_errors(cal):
@@ -57,7 +60,7 @@ def test_compare_runs_real_processes_and_reports_errors(cal):
     for r in res.rows:
         assert r.measured > 0 and r.predicted > 0
         assert r.error == pytest.approx((r.predicted - r.measured) / r.measured)
-        assert res.measured[(r.workload, r.n_workers)].substrate in ("pipes", "parallel")
+        assert res.measured[(r.workload, r.n_workers)].substrate in ("pipes", "shm")
         assert res.predicted[(r.workload, r.n_workers)].substrate == "sim"
     assert "error" in res.table(0.25)
     assert set(res.loads) == {w.name for w in small}
@@ -133,22 +136,23 @@ def test_shared_memory_prediction_adds_the_first_touch_of_one_shard(cal):
     from simlib.calibration.validate import shm_bytes_per_worker, warmup, workload_problem
 
     assert cal.shm_first_touch.n > 0 and 0 < cal.shm_first_touch.median < 1e-6  # well under 1 us per byte
-    hog, bsp = WORKLOADS["hogwild"], KNOWN_GAPS["bsp shm"]
+    hog, bsp = WORKLOADS["hogwild"], WORKLOADS["bsp shm"]
     data = workload_problem(hog).data
     # One worker reads the whole data set and the weights; two workers read half the rows each.
     assert shm_bytes_per_worker(hog, 1) == data.indices.nbytes + data.values.nbytes + \
-        hog.n_rows * (data.indptr.itemsize + data.y.itemsize) + 8 * hog.n_features
+        hog.n_rows * (data.indptr.itemsize + data.y.itemsize) + 8 * (hog.n_features + 1)  # the table: v and log s
     assert shm_bytes_per_worker(hog, 2) < 0.6 * shm_bytes_per_worker(hog, 1)
     bsp_data = workload_problem(bsp).data
     assert shm_bytes_per_worker(bsp, 1) == bsp_data.indices.nbytes + bsp_data.values.nbytes + \
-        bsp.n_rows * (bsp_data.indptr.itemsize + bsp_data.y.itemsize) + 8 * bsp.n_features * 2  # weights + gradients
+        bsp.n_rows * (bsp_data.indptr.itemsize + bsp_data.y.itemsize) + 8 * (bsp.n_features + 1)  # no gradient table
     fixed = dataclasses.replace(cal, shm_first_touch=Spread(1e-9, 1e-9, 1e-9, 1), shm_setup=Spread(0.002, 0.002, 0.002, 1),
                                 cpu_share={1: Spread(1.0, 1.0, 1.0, 1)})
     assert warmup(hog, fixed, 1) == pytest.approx(0.002 + shm_bytes_per_worker(hog, 1) * 1e-9)
     unmeasured = dataclasses.replace(fixed, shm_first_touch=Spread.unmeasured())
     assert warmup(hog, unmeasured, 1) == pytest.approx(0.002)  # the set-up alone
     # measured, and sane (bounds that hold on a busy machine: these are checks, not benchmarks)
-    assert cal.shm_setup.n > 0 and 0 <= cal.shm_setup.median < 1.0 and 0 < cal.bsp_step.median < 1.0
+    assert cal.shm_setup.n > 0 and 0 <= cal.shm_setup.median < 1.0
+    assert set(cal.bsp_step) == {1, 2} and all(0 < s.median < 1.0 for s in cal.bsp_step.values())
     assert predict(hog, 1, fixed)[0] - predict(hog, 1, unmeasured)[0] == pytest.approx(shm_bytes_per_worker(hog, 1) * 1e-9, rel=1e-9)
     back = Calibration.from_json(cal.to_json())
     assert (back.shm_first_touch, back.shm_setup, back.bsp_step) == (cal.shm_first_touch, cal.shm_setup, cal.bsp_step)

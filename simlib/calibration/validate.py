@@ -1,8 +1,8 @@
 """Predict, measure, compare: does the calibrated simulator forecast real runs on this machine?
 
 For a :class:`Workload` on a real substrate -- the pipe parameter server
-(:mod:`simlib.parallel.pipe_ps`), shared-memory Hogwild or shared-memory BSP
-(:mod:`simlib.parallel.hogwild`) -- :func:`predict` builds the simulated twin from a
+(:mod:`simlib.parallel.pipe_ps`), or ``simlib.run(..., substrate="shm")`` under async (Hogwild!)
+or BSP, both on the shared-memory substrate's in-place path -- :func:`predict` builds the simulated twin from a
 :class:`~simlib.calibration.calibrate.Calibration` and runs it, :func:`measure` runs the real thing,
 and :func:`compare` does both for 1 and 2 workers and reports the relative error of the
 predicted wall time, ``(predicted - measured) / measured``.
@@ -21,11 +21,13 @@ it removes, see ``benchmarks/calibration.py``):
   bandwidth, since it is serialised on the server like the bytes: ``1/bw' = 1/bw + c_key / 24``
   (24 bytes cross the server per key: 4 request, 8 reply, 12 push);
 * a dense model's per-parameter gradient work goes into ``compute_overhead``;
-* shared-memory BSP is the engine's ring all-reduce with bandwidth = 16 bytes per applied feature
-  (each worker applies half) and its two latencies per step adding up to the step's sync
-  (:func:`bsp_sync`); with one worker the synchronisation and the apply, which the ring
-  formula prices at zero, go into ``compute_overhead``.
-* Hogwild is async with free messages (latency 0): workers only read and write shared memory.
+* shared-memory BSP is the engine's BSP with free messages: each worker computes its batch step
+  in place (``bsp_step`` per nonzero, plus ``bsp_call`` per feature of the table for the call
+  and its scratch gradient) and waits at the next step for the slowest; the step's
+  bookkeeping and, with 2 workers, the wait's wake-up (:func:`bsp_sync`, from the null runs) go
+  into ``compute_overhead``. There is no barrier and no dense apply to price.
+* Hogwild is async with free messages (latency 0): workers only read and write shared memory;
+  a simulated step is one chunk of ``global_batch`` one-row steps, as the real trace records it.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, NULL_SHM, Calibration, Spread, busy_note, calibrate,
+from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, Calibration, Spread, busy_note, calibrate,
                                           kernel_problem, measure_load)
 from simlib.parallel.pipe_ps import DenseKeys, run_pipe_ps
 from simlib.sim.config import SimConfig
@@ -54,8 +56,9 @@ class Workload:
     """A training job: data shape, substrate, global batch per step and length.
 
     ``global_batch`` rows per step are split evenly over the workers (the BSP data-parallel
-    convention: more workers, smaller per-worker batches, same number of steps). Hogwild has no
-    steps: each worker runs SGD over its shard ``epochs`` times in chunks of ``global_batch`` rows.
+    convention: more workers, smaller per-worker batches, same number of steps). Hogwild runs
+    one row per step: each worker passes over its shard ``epochs`` times, ``global_batch`` steps
+    (rows) per chunk. The shared-memory workloads train the full objective (``l2_on='all'``).
     """
 
     name: str
@@ -86,11 +89,14 @@ class Workload:
 
 
 # The checked set: compute-bound and latency-bound pipes (a second worker makes the latter
-# slower) and Hogwild (slower on 2 workers too: each shared write steals the other core's cache line).
+# slower), Hogwild (slower on 2 workers too: each shared write steals the other core's cache line)
+# and shared-memory BSP with small batches (three epochs, so that 300 steps outweigh the noise of
+# process start; a step is ~80 us of arithmetic and, on 2 workers, ~70 us of waiting).
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("ps compute-bound", "pipe_ps", global_batch=1024, steps=40),
     Workload("ps latency-bound", "pipe_ps", global_batch=4, steps=300),
     Workload("hogwild", "hogwild", n_rows=200_000, n_features=20_000, global_batch=20_000, epochs=2, lr=0.5),
+    Workload("bsp shm", "bsp_shm", n_rows=40_000, n_features=20_000, global_batch=400, epochs=3, lr=0.5),
 )}
 # Workloads the model does not yet explain, kept to be run and studied, not counted as checked.
 KNOWN_GAPS: dict[str, Workload] = {w.name: w for w in (
@@ -102,11 +108,6 @@ KNOWN_GAPS: dict[str, Workload] = {w.name: w for w in (
     # the allocation history), and calibration sees the fast mode. On 2 workers the server
     # process also competes with the two workers for two cores, which the model has no term for.
     Workload("ps dense 200k", "pipe_ps", n_rows=2_000, n_features=200_000, global_batch=8, steps=25, dense=True),
-    # Shared-memory BSP, small batches (three epochs, so that 300 steps outweigh the noise of
-    # process start). One worker lands within 5-14%; two workers are bimodal on this machine:
-    # the same run takes 61 or 86 ms, its barrier waits 45 or 100 us and even its gradient
-    # 16 or 28 us, from one run to the next, and the prediction (-17% to -28%) cannot know which.
-    Workload("bsp shm", "bsp_shm", n_rows=40_000, n_features=20_000, global_batch=400, epochs=3, lr=0.5),
 )}
 
 
@@ -114,8 +115,15 @@ KNOWN_GAPS: dict[str, Workload] = {w.name: w for w in (
 def workload_problem(w: Workload) -> Any:
     """The workload's data and problem (cached; the same object for the twin and the real run)."""
     data = make_sparse_classification(w.n_rows, w.n_features, w.nnz_per_row, seed=w.seed)
-    prob = LogisticProblem(data, l2=1e-4, eval_rows=min(2_000, w.n_rows), seed=w.seed)
+    l2_on = "touched" if w.substrate == "pipe_ps" else "all"
+    prob = LogisticProblem(data, l2=1e-4, eval_rows=min(2_000, w.n_rows), seed=w.seed, l2_on=l2_on)
     return DenseKeys(prob) if w.dense else prob
+
+
+def shm_steps(w: Workload, n_workers: int) -> tuple[int, int]:
+    """(batch size, steps per worker) of a shared-memory workload: ``epochs`` passes over the largest shard."""
+    b = 1 if w.substrate == "hogwild" else w.batch_size(n_workers)
+    return b, w.epochs * workload_problem(w).epoch_steps(n_workers, b)
 
 
 # -- predict -----------------------------------------------------------------------------------
@@ -132,41 +140,32 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
         if w.dense:
             overhead += cal.compute_time("ps_dense", w.n_features, busy)
         return cfg.replace(compute_overhead=overhead)
-    shard = w.n_rows // n_workers
+    prob = workload_problem(w)
+    b, steps = shm_steps(w, n_workers)
     if w.substrate == "hogwild":
-        steps = -(-shard // w.global_batch) * w.epochs
+        chunks = -(-steps // w.global_batch)
         return cal.sim_config("hogwild_sgd", busy=busy, n_workers=n_workers, protocol="async",
-                              steps=steps, batch_size=w.global_batch, lr=w.lr, latency=0.0,
-                              bandwidth=FREE_BANDWIDTH, eval_every=steps)
-    # bsp_shm
-    steps = -(-shard // b) * w.epochs
-    feature = cal.unit_time("bsp_apply", busy)
-    cfg = cal.sim_config("bsp_grad", busy=busy, n_workers=n_workers, protocol="bsp", topology="allreduce",
-                         steps=steps, batch_size=b, lr=w.lr, value_bytes=8, eval_every=steps)
-    sync = bsp_sync(cal, n_workers)
-    if busy >= 2:
-        # The ring's 2(N-1) = 2 latencies are one sync; its 2(N-1)/N = 1 pass over the model's
-        # bytes (8 a feature) stands for each worker's apply over its half of the features.
-        return cfg.replace(latency=sync / 2, bandwidth=2 * 8.0 / feature)
-    one = sync + cal.compute_time("bsp_apply", w.n_features, 1)
-    return cfg.replace(latency=0.0, bandwidth=FREE_BANDWIDTH, compute_overhead=cfg.compute_overhead + one)
+                              steps=chunks, batch_size=w.global_batch, lr=w.lr, latency=0.0,
+                              bandwidth=FREE_BANDWIDTH, eval_every=chunks)
+    # bsp_shm: the batch step, then the wait for the slowest at the next step's read
+    cfg = cal.sim_config("bsp_step", busy=busy, n_workers=n_workers, protocol="bsp", steps=steps, batch_size=b,
+                         lr=w.lr, latency=0.0, bandwidth=FREE_BANDWIDTH, eval_every=steps)
+    return cfg.replace(compute_overhead=cal.compute_time("bsp_call", prob.n_params, busy) + bsp_sync(cal, n_workers))
 
 
 def bsp_sync(cal: Calibration, n_workers: int) -> float:
-    """Seconds of synchronisation per shared-memory BSP step: two barriers and their bookkeeping.
+    """Seconds per shared-memory BSP step beyond its arithmetic: clock reads, trace records, the wait's wake-up.
 
-    With 2 workers, two worked barrier rounds (``Calibration.barrier_cost[2]``: the wake-up of
-    the worker that arrived first). One worker waits for no one: its null run's whole step less
-    that run's little arithmetic (about 7 us here, bookkeeping included), or two 1-party rounds
-    where that was not measured.
+    The null run's typical step on this many workers (1 or 2) less that step's own arithmetic (the
+    local step on one row of one nonzero, priced as ``hogwild_sgd``); 0 where it was not measured.
+    A waiting worker polls the clocks every 50 us, so on 2 workers the step also pays the time
+    from the slower worker's clock to the faster one waking up and seeing it.
     """
-    if n_workers >= 2:
-        return 2 * cal.barrier_cost[2].median
-    null_step = cal.bsp_step.median_or(math.nan)
+    n = min(n_workers, 2)
+    null_step = cal.bsp_step[n].median_or(math.nan) if n in cal.bsp_step else math.nan
     if math.isnan(null_step):
-        return 2 * cal.barrier_cost[1].median
-    work = cal.compute_time("bsp_grad", 1, 1) + cal.compute_time("bsp_apply", NULL_SHM["features"], 1)
-    return max(null_step - work, 0.0)
+        return 0.0
+    return max(null_step - cal.compute_time("hogwild_sgd", 1, n), 0.0)
 
 
 def _pipe_ps_config(cal: Calibration, busy: int, n_workers: int, steps: int, batch_size: int, lr: float,
@@ -199,11 +198,11 @@ def pipe_ps_residual(cal: Calibration) -> float:
 
 def warmup(w: Workload, cal: Calibration, n_workers: int = 1) -> float:
     """A run's one-off warm-up: slow first steps (pipe PS, from its null run), or, for shared memory,
-    the trainer's set-up (from its null run) and the first touch of the pages.
+    the substrate's set-up (from its null run) and the first touch of the pages.
 
-    A shared-memory worker maps each page of its shard of the data, the weights (and, for BSP,
-    the gradient table) on first use, at the calibrated seconds per byte; the workers do this at
-    the same time, so one shard's worth counts. A figure the calibration lacks counts 0.
+    A shared-memory worker maps each page of its shard of the data and of the table on first
+    use, at the calibrated seconds per byte; the workers do this at the same time, so one shard's
+    worth counts. A figure the calibration lacks counts 0.
     """
     if w.substrate == "pipe_ps":
         return cal.ps_warmup.median_or(0.0)
@@ -212,13 +211,13 @@ def warmup(w: Workload, cal: Calibration, n_workers: int = 1) -> float:
 
 
 def shm_bytes_per_worker(w: Workload, n_workers: int) -> int:
-    """Bytes of shared memory one worker of a shared-memory run reads: its shard, the weights, the gradients."""
-    data = workload_problem(w).data
+    """Bytes of shared memory one worker of a shared-memory run reads: its shard and the table."""
+    prob = workload_problem(w)
+    data = prob.data
     rows = w.n_rows // n_workers
     nnz = data.nnz * rows // data.n_rows
     shard = nnz * (data.indices.itemsize + data.values.itemsize) + rows * (data.indptr.itemsize + data.y.itemsize)
-    model = 8 * w.n_features * (1 + (n_workers if w.substrate == "bsp_shm" else 0))
-    return int(shard + model)
+    return int(shard + 8 * prob.n_params)
 
 
 def processes(w: Workload, n_workers: int) -> int:
@@ -246,12 +245,12 @@ def measure(w: Workload, n_workers: int) -> tuple[float, Trace]:
     if w.substrate == "pipe_ps":
         trace = run_pipe_ps(prob, n_workers, w.steps, w.batch_size(n_workers), w.lr).trace
     else:
-        from simlib.parallel.hogwild import train
+        import simlib
 
-        mode = "hogwild" if w.substrate == "hogwild" else "bsp"
-        trace = train(prob.data, mode, n_workers=n_workers,
-                      lr=w.lr, l2=1e-4, epochs=w.epochs, batch_size=w.batch_size(n_workers),
-                      chunk_rows=w.global_batch, monitor_every=10.0, eval_rows=min(2_000, w.n_rows), seed=w.seed).trace
+        b, steps = shm_steps(w, n_workers)
+        hogwild = w.substrate == "hogwild"
+        trace = simlib.run(prob, "async" if hogwild else "bsp", substrate="shm", n_workers=n_workers, batch_size=b,
+                           steps=steps, lr=w.lr, chunk=w.global_batch if hogwild else None, monitor_every=10.0).trace
     trace.label = f"{w.name}, {n_workers} worker{'s' if n_workers > 1 else ''} (measured)"
     return last_span_end(trace), trace
 
