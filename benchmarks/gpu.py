@@ -26,11 +26,11 @@ sys.path.insert(0, str(_HERE.parent))
 
 from simlib.backend import get_xp, gpu_available, synchronize  # noqa: E402
 from simlib.data import Vocabulary, load_kjv  # noqa: E402
+import simlib  # noqa: E402
 from simlib.gpu import glove as gpu_glove  # noqa: E402
 from simlib.gpu import hogwild as gpu_hogwild  # noqa: E402
 from simlib.gpu import lda as gpu_lda  # noqa: E402
 from simlib.parallel import glove as par_glove  # noqa: E402
-from simlib.parallel import hogwild as par_hogwild  # noqa: E402
 from simlib.parallel import lda as par_lda  # noqa: E402
 from simlib.problems.glove import GloveConfig, count_cooccurrences  # noqa: E402
 from simlib.problems.lda import kjv_corpus  # noqa: E402
@@ -84,10 +84,12 @@ def hogwild_section(args: argparse.Namespace) -> None:
     _, sk_s = timed(lambda: clf.fit(x, data.y))
     rows: list[tuple[str, float | None, float | None]] = [
         ("scikit-learn SGDClassifier (1 core)", nnz / sk_s, full.loss(clf.coef_.ravel()))]
-    par_hogwild.train(data.rows(0, 1000), "hogwild", n_workers=1, **common)  # compile
-    for n in (1, 2):
-        res = par_hogwild.train(data, "hogwild", n_workers=n, **common)
-        rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", nnz / res.train_seconds, full.loss(res.w)))
+    problem = LogisticProblem(data, l2=1e-5, eval_rows=2_000, l2_on="all")
+    for n in (1, 2):  # the contract's in-place path on shared memory (compiled in the parent first)
+        res = simlib.run(problem, "async", substrate="shm", n_workers=n, batch_size=1, lr=0.2,
+                         steps=args.epochs * problem.epoch_steps(n, 1), monitor_every=1.0)
+        rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", nnz / res.seconds,
+                     full.loss(problem.weights(res.params))))
     runs = [("numpy", "array", b) for b in args.numpy_batches] + [("cupy", "array", b) for b in (256, 4096)] + \
         [("cupy", "fused", b) for b in args.batches]
 

@@ -6,8 +6,10 @@ learning_rate='constant')`` (one core, Cython). Throughput is nonzeros processed
 training (process start-up excluded; the 'wall s' column includes it). Methods take turns,
 ``--repeats`` rounds, and the fastest round of each is shown (as ``timeit`` does), because on a
 shared 2-core machine other programs steal whole time slices. The loss is the full objective
-over all rows. Hogwild runs twice: with the per-feature catch-up of the L2 decay (the default)
-and with scikit-learn's shared-scale decay (``decay='scaled'``). 'cores' is CPU seconds per training second: how many cores a method really got
+over all rows. Every simlib row is ``simlib.run(LogisticProblem(...), protocol, substrate="shm")``, one row per
+step: the in-place path of the contract. Hogwild runs twice: with every weight decayed every step
+(``l2_on='all'``, scikit-learn's objective and its shared scale) and with L2 on the touched
+features only (``l2_on='touched'``, the parameter server's sparse L2). 'cores' is CPU seconds per training second: how many cores a method really got
 (fewer than its processes when other programs compete), and 'M nnz/CPU-s' is the throughput
 per CPU second, which the competition does not dilute. Run::
 
@@ -24,11 +26,29 @@ import numpy as np
 
 from numba import njit
 
+import simlib
 from simlib.gpu.hogwild import train_batched
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import SharedArray
-from simlib.parallel.hogwild import train
-from simlib.problems.logistic import HogwildResult, LogisticProblem, make_sparse_classification
+from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+
+
+def on_shm(data, protocol: str, n_workers: int, lr: float, l2: float, epochs: int, batch_size: int = 1,
+           l2_on: str = "all", **options) -> tuple[np.ndarray, float, float, float]:
+    """One simlib.run on shared memory: (weights, train seconds, wall seconds, CPU seconds)."""
+    prob = LogisticProblem(data, l2=l2, eval_rows=2_000, l2_on=l2_on)
+    t = time.perf_counter()
+    res = simlib.run(prob, protocol, substrate="shm", n_workers=n_workers, batch_size=batch_size, lr=lr,
+                     steps=epochs * prob.epoch_steps(n_workers, batch_size), monitor_every=1.0, **options)
+    wall = time.perf_counter() - t
+    return prob.weights(res.params), res.seconds, wall, res.measured["cpu_seconds"]
+
+
+def batched(data, lr: float, l2: float, epochs: int, batch_size: int) -> tuple[np.ndarray, float, float, float]:
+    """The GPU twin on NumPy, in the same tuple."""
+    t = time.perf_counter()
+    res = train_batched(data, batch_size=batch_size, xp="numpy", lr=lr, l2=l2, epochs=epochs)
+    return res.w, res.train_seconds, time.perf_counter() - t, res.cpu_seconds
 
 
 def sklearn_fit(data, lr: float, l2: float, epochs: int) -> tuple[np.ndarray, float, float]:
@@ -103,7 +123,6 @@ def main() -> None:
     data = make_sparse_classification(args.rows, args.features, args.draws, zipf=1.0, seed=0)
     full = LogisticProblem(data, l2=args.l2, eval_rows=None)
     nnz = data.nnz * args.epochs
-    common = dict(lr=args.lr, l2=args.l2, epochs=args.epochs)
     print(
         f"{data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
         f"{args.epochs} epochs, lr={args.lr}, l2={args.l2}, start method {args.start_method}, "
@@ -111,18 +130,18 @@ def main() -> None:
     )
 
     sm = args.start_method
-    methods: list[tuple[str, int, Callable[[], HogwildResult]]] = [
-        ("serial (numba)", 1, lambda: train(data, "serial", **common)),
-        ("locked", 2, lambda: train(data, "locked", n_workers=2, start_method=sm, **common)),
-        ("hogwild", 1, lambda: train(data, "hogwild", n_workers=1, start_method=sm, **common)),
-        ("hogwild", 2, lambda: train(data, "hogwild", n_workers=2, start_method=sm, **common)),
-        ("hogwild, scaled L2", 1, lambda: train(data, "hogwild", n_workers=1, start_method=sm, decay="scaled", **common)),
-        ("hogwild, scaled L2", 2, lambda: train(data, "hogwild", n_workers=2, start_method=sm, decay="scaled", **common)),
-        ("bsp, batch 256/worker", 2, lambda: train(data, "bsp", n_workers=2, batch_size=256, start_method=sm, **common)),
-        ("batched twin (NumPy), B=256", 1, lambda: train_batched(data, batch_size=256, xp="numpy", **common)),
+    common = dict(lr=args.lr, l2=args.l2, epochs=args.epochs, start_method=sm)
+    methods: list[tuple[str, int, Callable[[], tuple]]] = [
+        ("serial (in place)", 1, lambda: on_shm(data, "async", 1, **common)),
+        ("locked", 2, lambda: on_shm(data, "async", 2, locked=True, **common)),
+        ("hogwild", 2, lambda: on_shm(data, "async", 2, **common)),
+        ("hogwild, touched L2", 1, lambda: on_shm(data, "async", 1, l2_on="touched", **common)),
+        ("hogwild, touched L2", 2, lambda: on_shm(data, "async", 2, l2_on="touched", **common)),
+        ("bsp, batch 256/worker", 2, lambda: on_shm(data, "bsp", 2, batch_size=256, **common)),
+        ("batched twin (NumPy), B=256", 1, lambda: batched(data, args.lr, args.l2, args.epochs, 256)),
     ]
-    fits: list[tuple[np.ndarray, float]] = []
-    runs: list[list[HogwildResult]] = [[] for _ in methods]
+    fits: list[tuple[np.ndarray, float, float]] = []
+    runs: list[list[tuple]] = [[] for _ in methods]
     for _ in range(args.repeats):  # take turns, so a busy spell hurts every method alike
         fits.append(sklearn_fit(data, args.lr, args.l2, args.epochs))
         for k, (_, _, fn) in enumerate(methods):
@@ -131,9 +150,9 @@ def main() -> None:
     sk_loss = full.loss(sk_w)
     rows: list[tuple[str, int, float, float, float, float]] = [("scikit-learn SGDClassifier", 1, sk_s, sk_s, sk_cpu, sk_loss)]
     for (name, workers, _), done in zip(methods, runs):
-        best = min(done, key=lambda r: r.train_seconds)
-        cpu = min(r.cpu_seconds for r in done)
-        rows.append((name, workers, best.train_seconds, best.wall_seconds, cpu, full.loss(done[-1].w)))
+        best = min(done, key=lambda r: r[1])
+        cpu = min(r[3] for r in done)
+        rows.append((name, workers, best[1], best[2], cpu, full.loss(done[-1][0])))
 
     print(
         f"{'method':<30} {'procs':>5} {'train s':>8} {'wall s':>7} {'cores':>5} {'M nnz/s':>8} {'x sklearn':>9} "
@@ -149,7 +168,8 @@ def main() -> None:
         )
     sk = nnz / sk_s
     loss_of = {(name, workers): loss for name, workers, *_, loss in rows}
-    for name in ("hogwild", "hogwild, scaled L2"):
+    rate[("hogwild", 1)], per_cpu[("hogwild", 1)] = rate[("serial (in place)", 1)], per_cpu[("serial (in place)", 1)]
+    for name in ("hogwild", "hogwild, touched L2"):
         h1, h2 = rate[(name, 1)], rate[(name, 2)]
         gap = 100 * abs(loss_of[(name, 2)] - sk_loss) / sk_loss
         ideal = 2 * per_cpu[(name, 2)]

@@ -61,6 +61,9 @@ class Problem(TypingProtocol):
 
     # Optional: ``validate()`` checks again the data the problem's kernels index (ValueError naming the
     # field); :func:`check_problem` calls it, so every run starts from data that is still valid.
+    # ``check_training(training)`` refuses run settings the math cannot take (simlib.run calls it).
+    # ``local_steps(table, shard, first, count, batch_size, lr)`` applies steps first .. first+count-1 to
+    # the table in place, each as get / step / add would: substrates sharing memory with the table call it.
 
 
 class Table(TypingProtocol):

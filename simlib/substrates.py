@@ -96,6 +96,9 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     shared = {f.name for f in fields(Training)} - {"rule"}
     training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
     proto.check_workers(training.n_workers)
+    check_training = getattr(problem, "check_training", None)  # settings the problem's math cannot run
+    if callable(check_training):
+        check_training(training)
     if training.read_rule is not None:  # a rule that stalls the very first read is named before anything starts
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))

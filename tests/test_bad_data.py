@@ -35,9 +35,13 @@ def _cooc(**change) -> Cooccurrence:
 
 
 def _hogwild(**kw):
-    from simlib.parallel.hogwild import train
+    """Hogwild! as the lessons run it: full-L2 logistic regression, async, in place on shared memory."""
+    import simlib
 
-    return lambda: train(kw.pop("data", _data()), kw.pop("mode", "hogwild"), **kw)
+    def call():
+        prob = LogisticProblem(kw.pop("data", _data()), l2=kw.pop("l2", 1e-4), l2_on="all")
+        return simlib.run(prob, kw.pop("protocol", "async"), substrate="shm", **({"n_workers": 2, "steps": 5} | kw))
+    return call
 
 
 def _glove(cooc, **kw):
@@ -146,8 +150,8 @@ CASES = {
     "hogwild lr 0": (_hogwild(lr=0.0), "lr"),
     "hogwild lr * l2 >= 1": (_hogwild(lr=1e6), "lr \\* l2"),
     "hogwild n_workers 0": (_hogwild(n_workers=0), "n_workers"),
-    "hogwild unknown mode": (_hogwild(mode="ring"), "mode"),
-    "hogwild w0 with NaN": (_hogwild(w0=np.full(50, np.nan)), "w0"),
+    "hogwild unknown protocol": (_hogwild(protocol="ring"), "protocol"),
+    "hogwild decays past what the table holds": (_hogwild(lr=0.5, l2=0.5, steps=1_000), "l2"),
     "logistic indices out of range": (lambda: SparseDataset(np.array([0, 2]), np.array([0, 9], np.int32),
                                                             np.ones(2, np.float32), np.ones(1, np.float32), 5),
                                       "indices"),
@@ -213,10 +217,10 @@ def test_python_lists_are_converted_for_the_kernels():
     d = _data()
     as_lists = SparseDataset(d.indptr.tolist(), d.indices.tolist(), d.values.tolist(), d.y.tolist(), d.n_features)
     assert as_lists.indices.dtype == np.int32 and np.array_equal(as_lists.indices, d.indices)
-    from simlib.parallel.hogwild import train
+    import simlib
 
-    a = train(as_lists, "serial", epochs=1).w
-    b = train(d, "serial", epochs=1).w
+    a, b = (simlib.run(LogisticProblem(x, l2_on="all"), "async", substrate="shm", n_workers=1, steps=d.n_rows,
+                       batch_size=1).params for x in (as_lists, d))
     np.testing.assert_array_equal(a, b)
 
 
@@ -235,7 +239,6 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
         import numpy as np
         from simlib.parallel.glove import train_parallel
         from simlib.parallel.glove_count import count_parallel
-        from simlib.parallel.hogwild import train
         from simlib.problems.glove import Cooccurrence, GloveConfig, count_cooccurrences
         from simlib.problems.logistic import SparseDataset, make_sparse_classification
 
@@ -273,8 +276,10 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
                                                               np.ones(2, np.float32), 3), GloveConfig(dim=4, epochs=1)),
             "count offsets": lambda: count_parallel(np.zeros(4, np.int32), np.array([0, 4, -big, 4]), 3),
             "count ids": lambda: count_cooccurrences(np.array([0, big], np.int32), np.array([0, 2]), 3),
-            "hogwild indices": lambda: train(SparseDataset(d.indptr, d.indices + big, d.values, d.y, 20), "hogwild"),
-            "hogwild indptr": lambda: train(SparseDataset(d.indptr * big, d.indices, d.values, d.y, 20), "hogwild"),
+            "hogwild indices": lambda: simlib.run(LogisticProblem(SparseDataset(d.indptr, d.indices + big, d.values,
+                                                                                d.y, 20)), "async", substrate="shm"),
+            "hogwild indptr": lambda: simlib.run(LogisticProblem(SparseDataset(d.indptr * big, d.indices, d.values,
+                                                                               d.y, 20)), "async", substrate="shm"),
             "lda gibbs words": lambda: fit(changed_corpus(), 4, n_sweeps=1),
             "lda parallel words": lambda: lda_parallel(changed_corpus(), 4, n_sweeps=1),
             "lda problem words": lambda: simlib.run(changed_problem(), "bsp", substrate="sim", steps=1),

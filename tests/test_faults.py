@@ -24,7 +24,7 @@ import pytest
 import faultkit
 
 ALGORITHMS = [
-    "hogwild",  # simlib.parallel.hogwild.train, shared memory
+    "hogwild",  # simlib.run(LogisticProblem, "async", substrate="shm"): in place on shared memory
     "lda-shm",  # simlib.parallel.lda over shared memory
     "lda-pipe",  # LDAProblem on simlib.run(..., substrate="pipes"): the word-topic table on the pipe server
     "glove-hogwild",  # simlib.parallel.glove, shared memory

@@ -173,8 +173,13 @@ def test_full_l2_names_its_limits():
         LogisticProblem(data, l2_on="every")
     prob = LogisticProblem(data, l2=0.5, eval_rows=None, l2_on="all")
     for substrate in ("sim", "shm"):  # 1,200 steps of log(1 - 0.5 * 0.5) decay the scale past exp(-300)
-        with pytest.raises(Exception, match="l2: with l2_on='all' the weights' common scale fell below"):
+        with pytest.raises(ValueError, match=r"l2: with l2_on='all' this run would shrink .* to exp\(-345"):
             simlib.run(prob, "bsp", substrate=substrate, n_workers=1, steps=1_200, batch_size=1, lr=0.5)
+        with pytest.raises(ValueError, match="lr \\* l2 must be < 1"):
+            simlib.run(prob, "bsp", substrate=substrate, n_workers=1, steps=10, batch_size=1, lr=2.0)
+    # the table's own guard, for a table that already decayed that far
+    with pytest.raises(ValueError, match="the weights' common scale fell below"):
+        prob.step(np.array([0.0, -301.0]), np.array([0]), np.array([prob.data.indices[0], 50]), 0.1)
 
 
 def test_weights_larger_than_memory_are_refused_naming_n_features():

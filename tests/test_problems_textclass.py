@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simlib.parallel.hogwild import train
+import simlib
 from simlib.problems.logistic import LogisticProblem
 from simlib.problems.textclass import passages, kjv_testament_dataset
 
@@ -48,10 +48,10 @@ def test_rows_are_shuffled_with_the_seed(task) -> None:
 
 def test_sgd_separates_the_testaments(task) -> None:
     data, _ = task
-    res = train(data, "serial", epochs=5, lr=0.5, l2=1e-5)
-    prob = LogisticProblem(data, l2=1e-5, eval_rows=None)
+    prob = LogisticProblem(data, l2=1e-5, eval_rows=None, l2_on="all")
+    res = simlib.run(prob, "async", substrate="shm", n_workers=1, steps=5 * data.n_rows, batch_size=1, lr=0.5)
     majority = max(float((data.y > 0).mean()), float((data.y < 0).mean()))
-    assert prob.accuracy(res.w) > majority + 0.1
+    assert prob.accuracy(prob.weights(res.params)) > majority + 0.1
 
 
 def test_bad_arguments_are_value_errors() -> None:

@@ -300,6 +300,19 @@ class LogisticProblem:
         xp = array_module(g)
         return keys, xp.concatenate([-lr * g / (scale * keep), xp.full(1, math.log(keep))])
 
+    def check_training(self, training: Any) -> None:
+        """Refuse l2_on='all' runs whose decay the table cannot hold: lr * l2 >= 1, or s below exp(-300) by the end."""
+        if self.l2_on != "all" or self.l2 == 0.0:
+            return
+        if training.lr * self.l2 >= 1.0:
+            raise ValueError(f"lr * l2 must be < 1 with l2_on='all' (the decay factor 1 - lr*l2 must stay positive), "
+                             f"got {training.lr * self.l2:g}")
+        total = -training.n_workers * training.steps * math.log(1.0 - training.lr * self.l2)
+        if total > MAX_DECAY:
+            raise ValueError(f"l2: with l2_on='all' this run would shrink the weights' common scale to exp(-{total:.4g}), "
+                             f"below exp(-{MAX_DECAY:g}) (n_workers * steps * -log(1 - lr*l2)); use fewer steps, "
+                             "a smaller l2, or l2_on='touched'")
+
     def _scale(self, log_s: float) -> float:
         """s = exp(log s); ValueError naming l2 once the decay so far would make 1 / s overflow."""
         if log_s < -MAX_DECAY:
