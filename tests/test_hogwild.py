@@ -40,9 +40,9 @@ def dense_sgd(data, lr: float, l2: float, rows: range) -> np.ndarray:
 
 
 def sgd(data, protocol: str = "async", n_workers: int = 1, epochs: int = 3, batch_size: int = 1, lr: float = 0.2,
-        l2: float = 1e-5, **options):
-    """``epochs`` passes over ``data`` through simlib.run on shared memory, every weight decayed every step."""
-    prob = LogisticProblem(data, l2=l2, eval_rows=None, l2_on="all")
+        l2: float = 1e-5, l2_on: str = "all", **options):
+    """``epochs`` passes over ``data`` through simlib.run on shared memory (default: every weight decayed every step)."""
+    prob = LogisticProblem(data, l2=l2, eval_rows=None, l2_on=l2_on)
     res = simlib.run(prob, protocol, substrate="shm", n_workers=n_workers, batch_size=batch_size, lr=lr,
                      steps=epochs * prob.epoch_steps(n_workers, batch_size), **options)
     return prob, res
@@ -185,7 +185,7 @@ def test_sigkill_of_a_hogwild_worker_fails_fast_and_leaves_nothing(data, method:
     killer = threading.Thread(target=kill_one_worker, daemon=True)
     killer.start()
     with pytest.raises(WorkerDied) as info:
-        sgd(data, "async", n_workers=2, epochs=100_000, start_method=method, timeout=60)
+        sgd(data, "async", n_workers=2, epochs=100_000, start_method=method, timeout=60, l2_on="touched")
     assert killed and time.monotonic() - killed[0][1] < 5.0
     assert info.value.exitcode == -signal.SIGKILL and "killed by signal 9" in str(info.value)
     killer.join()

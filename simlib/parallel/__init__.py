@@ -41,8 +41,8 @@ Logging (``simlib.parallel.log``)
     through ``multiprocessing-logging`` in one format naming the process (``worker-3``).
     WARNING and above by default, INFO with ``verbose=True``.
 
-Algorithms built on it (imported on demand): ``simlib.parallel.hogwild`` (``train(data, mode)``
-with modes serial | locked | hogwild | bsp), ``simlib.parallel.glove``, ``simlib.parallel.lda``.
+Built on it: the contract's ``shm`` and ``pipes`` substrates (``simlib.run(..., substrate="shm")`` runs
+Hogwild!), and the loops not yet moved onto the contract, ``simlib.parallel.glove`` and ``simlib.parallel.lda``.
 
 Example (``fill`` must be defined at a module's top level so that spawn can import it)::
 
