@@ -31,9 +31,9 @@ from simlib.gpu import glove as gpu_glove  # noqa: E402
 from simlib.gpu import hogwild as gpu_hogwild  # noqa: E402
 from simlib.gpu import lda as gpu_lda  # noqa: E402
 from simlib.parallel import glove as par_glove  # noqa: E402
-from simlib.parallel import lda as par_lda  # noqa: E402
 from simlib.problems.glove import GloveConfig, count_cooccurrences  # noqa: E402
 from simlib.problems.lda import kjv_corpus  # noqa: E402
+from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
 
 NO_GPU = "(no CUDA device)"
@@ -132,10 +132,11 @@ def lda_section(args: argparse.Namespace) -> None:
     c = kjv_corpus(max_docs=400 if args.quick else None)
     K, sweeps = 100, args.sweeps
     rows: list[tuple[str, float | None, float | None]] = []
-    par_lda.train_parallel(c, K, 0.1, 0.01, n_sweeps=1, n_workers=1, protocol="bsp", record_every=None)  # compile
-    for n in (1, 2):
-        run = par_lda.train_parallel(c, K, 0.1, 0.01, n_sweeps=sweeps, n_workers=n, protocol="bsp", record_every=None)
-        rows.append((f"AD-LDA BSP, {n} process{'es' if n > 1 else ''}", run.tokens_per_s, run.log_likelihood / c.n_tokens))
+    problem = LDAProblem(c, K, 0.1, 0.01)
+    for n in (1, 2):  # the contract on shared memory (it compiles in the parent before the workers start)
+        res = simlib.run(problem, "bsp", substrate="shm", n_workers=n, steps=sweeps, monitor_every=60.0)
+        ll = problem.log_likelihood(res.params, problem.assignments(res))
+        rows.append((f"AD-LDA BSP, {n} process{'es' if n > 1 else ''}", c.n_tokens * sweeps / res.seconds, ll / c.n_tokens))
     runs = [("numpy", "array", 8), ("cupy", "array", 8)] + [("cupy", "fused", nb) for nb in args.lda_batches]
 
     def lda(xp: str, kernel: str, nb: int) -> tuple[float, float]:

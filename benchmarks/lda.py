@@ -8,7 +8,7 @@ Peers, measured in the same run on the same documents, alpha = 0.1, beta = 0.01:
 * the `lda` package (Cython collapsed Gibbs, one core): the classic reference for the likelihood;
 * tomotopy with 1 and 2 workers (hyper-parameter optimisation off, so it samples the same model);
 * this project: the single-process sparse sampler (``simlib.problems.lda_gibbs``) and AD-LDA on
-  1 and 2 processes with BSP (``simlib.parallel.lda``).
+  1 and 2 processes with BSP (``simlib.run(LDAProblem(...), "bsp", substrate="shm")``).
 
 Every row's log-likelihood is the joint log p(w, z) computed by ``simlib.problems.lda`` from that
 sampler's final assignments, so the numbers compare like for like. Sampling time excludes
@@ -31,7 +31,8 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from simlib.parallel.lda import train_parallel  # noqa: E402
+import simlib  # noqa: E402
+from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelihood  # noqa: E402
 from simlib.problems.lda_gibbs import GibbsState  # noqa: E402
 
@@ -89,8 +90,9 @@ def run_simlib(c: LDACorpus, K: int, sweeps: int) -> tuple[float, float]:
 
 def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float, float]:
     """(tokens/s, log-likelihood) of AD-LDA with BSP on ``workers`` processes (shared memory)."""
-    run = train_parallel(c, K, ALPHA, BETA, n_sweeps=sweeps, n_workers=workers, protocol="bsp", record_every=None)
-    return run.tokens_per_s, run.log_likelihood
+    problem = LDAProblem(c, K, ALPHA, BETA)
+    res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0)
+    return c.n_tokens * sweeps / res.seconds, problem.log_likelihood(res.params, problem.assignments(res))
 
 
 def main() -> None:

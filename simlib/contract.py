@@ -195,13 +195,27 @@ def warm_up(problem: Any, keys: Callable[[np.ndarray], np.ndarray] | None = None
     only once the parent has run it). A kernel compiles once per argument type, read-only arrays
     included, so ``keys`` maps a batch to the keys as a worker holds them (``problem.keys`` by
     default) and ``values`` the float64 values read to the array a worker computes on (as read).
+    A problem whose one shard is costly to build or step (LDA's: a sweep of the whole corpus) offers
+    ``miniature()``, the same problem on a few documents, whose kernels take the same types.
     """
+    miniature = getattr(problem, "miniature", None)
+    problem = miniature() if callable(miniature) else problem
     batch = problem.batch(problem.shards(1)[0], 0, 2)
     k = (problem.keys if keys is None else keys)(batch)
     w = np.asarray(problem.init_params(), dtype=np.float64)
     read = w[k] if values is None else values(w[k])
     problem.step(read, batch, k, 1e-3)  # real values: AdaGrad divides by them; a small lr: any l2 keeps lr * l2 < 1
     problem.quality(w)
+
+
+def local_result(problem: Any, shard: Any) -> Any:
+    """What a worker sends back of its local state at the end: ``problem.local_result(shard)``, or None.
+
+    Real substrates put the workers' answers in ``Result.measured['local']`` (LDA: each shard's topic
+    assignments, so the full log p(w, z) and the documents' topics can be computed after a run).
+    """
+    keep = getattr(problem, "local_result", None)
+    return keep(shard) if callable(keep) else None
 
 
 def new_trace(problem: Any, protocol: Protocol, training: Training, substrate: str, where: str,

@@ -149,10 +149,12 @@ def build(algorithm: str) -> Callable[..., Any]:
             problem = LDAProblem(corpus, 32)
             return lambda n, *_: simlib.run(problem, "ssp:1", substrate="pipes", n_workers=2, steps=n,
                                             timeout=TIMEOUT)
-        from simlib.parallel.lda import train_parallel
+        import simlib
+        from simlib.problems.lda_table import LDAProblem
 
-        return lambda n, *_: train_parallel(corpus, 32, n_sweeps=n, n_workers=2, protocol="ssp", staleness=1,
-                                            timeout=TIMEOUT, record_every=0.05)
+        problem = LDAProblem(corpus, 32)  # AD-LDA on the contract's shared-memory table
+        return lambda n, *_: simlib.run(problem, "ssp:1", substrate="shm", n_workers=2, steps=n, timeout=TIMEOUT,
+                                        monitor_every=0.05)
     if algorithm == "glove-count":
         from simlib.parallel.glove_count import count_parallel
 

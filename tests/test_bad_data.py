@@ -56,11 +56,16 @@ def _count(ids, offsets, n_words=5, **kw):
     return lambda: count_parallel(np.asarray(ids, np.int32), np.asarray(offsets, np.int64), n_words, **kw)
 
 
-def _lda(**kw):
-    from simlib.parallel.lda import train_parallel
+def _lda(corpus=None, **kw):
+    """AD-LDA as the lessons run it: LDAProblem on the shared-memory substrate."""
+    import simlib
+    from simlib.problems.lda_table import LDAProblem
 
-    corpus = make_synthetic_corpus(n_docs=10, n_words=20, doc_length=10, seed=0)[0]
-    return lambda: train_parallel(corpus, **({"n_topics": 4, "n_sweeps": 1} | kw))
+    def call():
+        data = make_synthetic_corpus(n_docs=10, n_words=20, doc_length=10, seed=0)[0] if corpus is None else corpus()
+        problem = LDAProblem(data, kw.pop("n_topics", 4))
+        return simlib.run(problem, kw.pop("protocol", "bsp"), substrate="shm", **({"n_workers": 2, "steps": 1} | kw))
+    return call
 
 
 def _corpus(**change):
@@ -163,14 +168,12 @@ CASES = {
     # LDA
     "lda one topic": (_lda(n_topics=1), "n_topics"),
     "lda unknown protocol": (_lda(protocol="ssp:x"), "protocol"),
-    "lda staleness under bsp": (_lda(protocol="bsp", staleness=3), "staleness"),
+    "lda bsp with a bound": (_lda(protocol="bsp:3"), "only SSP takes a bound"),
     "lda corpus float word ids": (lambda: _corpus(words=np.full(100, 0.5)), "words"),
     "lda corpus ids past int32": (lambda: _corpus(words=np.full(100, 2**32 + 1)), "words"),
     "lda corpus float offsets": (lambda: _corpus(offsets=np.arange(11) * 10.0), "offsets"),
-    "lda corpus not an LDACorpus": (lambda: __import__("simlib.parallel.lda", fromlist=["x"]).train_parallel(
-        [[0, 1]], 4), "corpus"),
-    "lda word id changed after the check": (lambda: __import__("simlib.parallel.lda", fromlist=["x"]).train_parallel(
-        _changed_corpus(), 4, n_sweeps=1), "word ids"),
+    "lda corpus not an LDACorpus": (_lda(corpus=lambda: [[0, 1]]), "corpus"),
+    "lda word id changed after the check": (_lda(corpus=_changed_corpus), "word ids"),
     "lda serial Gibbs, word id changed": (lambda: __import__("simlib.problems.lda_gibbs", fromlist=["x"]).fit(
         _changed_corpus(), 4, n_sweeps=1), "word ids"),
     "lda batched (NumPy), word id changed": (lambda: __import__("simlib.gpu.lda", fromlist=["x"]).train_batched(
@@ -243,7 +246,6 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
         from simlib.problems.logistic import SparseDataset, make_sparse_classification
 
         import simlib
-        from simlib.parallel.lda import train_parallel as lda_parallel
         from simlib.parallel.shotgun import run_shotgun
         from simlib.problems.lasso import make_lasso
         from simlib.problems.lda import make_synthetic_corpus
@@ -281,7 +283,7 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
             "hogwild indptr": lambda: simlib.run(LogisticProblem(SparseDataset(d.indptr * big, d.indices, d.values,
                                                                                d.y, 20)), "async", substrate="shm"),
             "lda gibbs words": lambda: fit(changed_corpus(), 4, n_sweeps=1),
-            "lda parallel words": lambda: lda_parallel(changed_corpus(), 4, n_sweeps=1),
+            "lda parallel words": lambda: simlib.run(changed_problem(), "bsp", substrate="shm", steps=1),
             "lda problem words": lambda: simlib.run(changed_problem(), "bsp", substrate="sim", steps=1),
             "logistic problem indices": lambda: simlib.run(changed_logistic(), "bsp", substrate="sim", steps=1),
             "shotgun schedule": lambda: run_shotgun(make_lasso(50, 20, 3, seed=0), np.array([[0, big]])),

@@ -95,7 +95,7 @@ def test_the_ssp_read_rule_is_written_once_and_every_server_calls_it():
                       r"(<=|>=|<|>)\s*(clock|\bc)\s*-\s*(self\s*\.\s*)?(bound|staleness|s)\b")
     hits = [p for p in (ROOT / "simlib").rglob("*.py") if rule.search(_code(p))]
     assert [p.name for p in hits] == ["protocol.py"], hits
-    for module in ("sim/clocks.py", "contract.py", "parallel/shm_ps.py", "parallel/lda.py"):
+    for module in ("sim/clocks.py", "contract.py", "parallel/shm_ps.py"):
         assert "may_read(" in (ROOT / "simlib" / module).read_text(), module
 
 
@@ -307,7 +307,7 @@ def test_bad_problem_protocol_and_substrate_are_refused_by_name(tiny):
 @pytest.mark.parametrize("substrate, option, message", [
     ("sim", {"latncy": 1e-3}, "latncy: not an option of substrate 'sim'; did you mean 'latency'?"),
     ("pipes", {"compression": "topk:0.1"}, "compression: not an option of substrate 'pipes'; its own options: "
-                                           "start_method, timeout, evaluate"),
+                                           "start_method, timeout, evaluate, straggler"),
     ("shm", {"start_metod": "spawn"}, "start_metod: not an option of substrate 'shm'; did you mean 'start_method'?"),
     ("gpu", {"n_worker": 2}, "n_worker: not an option of substrate 'gpu'; did you mean 'n_workers'?"),
     ("ray", {"n_server": 2}, "n_server: not an option of substrate 'ray'; did you mean 'n_servers'?"),

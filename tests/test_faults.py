@@ -25,7 +25,7 @@ import faultkit
 
 ALGORITHMS = [
     "hogwild",  # simlib.run(LogisticProblem, "async", substrate="shm"): in place on shared memory
-    "lda-shm",  # simlib.parallel.lda over shared memory
+    "lda-shm",  # simlib.run(LDAProblem, "ssp:1", substrate="shm")
     "lda-pipe",  # LDAProblem on simlib.run(..., substrate="pipes"): the word-topic table on the pipe server
     "glove-hogwild",  # simlib.parallel.glove, shared memory
     "run-pipes",  # simlib.run(..., substrate="pipes"): the pipe parameter server

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training, check_problem, new_trace, warm_up as contract_warm_up
+from simlib.contract import ParamServer, Result, Training, check_problem, local_result, new_trace, warm_up as contract_warm_up
 from simlib.diverged import check_metric
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
-from simlib.parallel.worker import current
+from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
@@ -77,8 +77,10 @@ def warm_up(problem: Any) -> None:
 
 
 def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
-        timeout: float | None = 120.0, evaluate: bool = True) -> Result:
+        timeout: float | None = 120.0, evaluate: bool = True, straggler: tuple[int, float] | None = None) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="pipes")``).
+
+    ``straggler=(i, s)``: worker i sleeps s seconds after computing each step, a slow machine.
 
     ``evaluate=False`` records the metric only at the start and the end (for timing runs);
     ``timeout`` bounds the whole run's wall time. Deadlines (``Protocol.timeout``) are simulated
@@ -88,6 +90,7 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         raise ValueError("timeout: per-step deadlines run in the simulator only (substrate='sim'); "
                          "use backup_workers on real substrates")
     n_workers = training.n_workers
+    check_straggler(straggler, n_workers)
     shards = problem.shards(n_workers)  # raises ValueError naming n_workers if too many
     warm_up(problem)
     started = time.perf_counter()
@@ -96,7 +99,7 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         pairs = [group.channel_pair() for _ in range(n_workers)]
         server_ends = tuple(a for a, _ in pairs)
         worker_args = [(None, server_ends)] + [(b, None) for _, b in pairs]
-        out = group.run(_member, problem, shards, protocol, training, evaluate,
+        out = group.run(_member, problem, shards, protocol, training, evaluate, straggler,
                         worker_args=worker_args, timeout=timeout)
         raw = group.trace
     wall = time.perf_counter() - started
@@ -111,7 +114,10 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     for t, step, value in quality:
         trace.record_quality(t, step, value)
     worker_seconds = max((s.end for s in trace.spans), default=0.0)
-    return Result(trace, w, {"wall_seconds": wall, "worker_seconds": worker_seconds})
+    measured = {"wall_seconds": wall, "worker_seconds": worker_seconds}
+    if callable(getattr(problem, "local_result", None)):
+        measured["local"] = out[1:]
+    return Result(trace, w, measured)
 
 
 def run_pipe_ps(problem: Any, n_workers: int = 2, steps: int = 50, batch_size: int = 32, lr: float = 0.5,
@@ -124,17 +130,19 @@ def run_pipe_ps(problem: Any, n_workers: int = 2, steps: int = 50, batch_size: i
 
 
 def _member(member: int, n_members: int, problem: Any, shards: list, protocol: Protocol, training: Training,
-            evaluate: bool, mine: Channel | None, server_ends: tuple[Channel, ...] | None) -> Any:
+            evaluate: bool, straggler: tuple[int, float] | None, mine: Channel | None,
+            server_ends: tuple[Channel, ...] | None) -> Any:
     """Group entry point: member 0 serves, the others are workers 0 .. N-1."""
     if member == 0:
         assert server_ends is not None
         return _serve(problem, list(server_ends), protocol, training, evaluate)
     assert mine is not None
-    _work(member - 1, problem, shards[member - 1], mine, training)
-    return None
+    _work(member - 1, problem, shards[member - 1], mine, training, straggler)
+    return local_result(problem, shards[member - 1])
 
 
-def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training) -> None:
+def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training,
+          straggler: tuple[int, float] | None = None) -> None:
     """One worker: pull, compute, push, ``steps`` times (the channel records send/recv spans)."""
     ctx = current()
     for c in range(training.steps):
@@ -144,6 +152,7 @@ def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training) -> 
         values = ch.recv_array()  # the server holds this reply until the protocol allows the read
         s = time.perf_counter()
         msg = push_message(problem, values, batch, keys, training.lr)
+        straggle(straggler, i)
         e = time.perf_counter()
         ch.send_array(msg)
         if ctx is not None:

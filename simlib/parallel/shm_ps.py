@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import Result, Training, new_trace, warm_up
+from simlib.contract import Result, Training, local_result, new_trace, warm_up
 from simlib.diverged import check_metric
 from simlib.parallel.group import START_METHODS, WorkerGroup
-from simlib.parallel.worker import current
+from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol, may_read, read_allowed
 
 _POLL = 5e-5  # seconds between looks at the clocks while the protocol holds a read back
@@ -52,14 +52,16 @@ CHUNK_WORK = 10_000  # rows (batch_size x steps) a fast-path worker applies betw
 
 def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
         timeout: float | None = 120.0, monitor_every: float = 0.05, chunk: int | None = None,
-        locked: bool = False) -> Result:
+        locked: bool = False, straggler: tuple[int, float] | None = None) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="shm")``); records quality every ``monitor_every`` s.
 
     ``chunk``: the most steps a worker applies between two looks at the clocks on the fast path
     (default: 10,000 rows' worth, ``max(1, 10_000 // batch_size)``). ``locked=True``: one lock held
     around every step's read, compute and write (the locked baseline Hogwild! is measured against).
     ``measured`` holds ``wall_seconds``, ``train_seconds`` (first compute span's start to the last's
-    end) and ``cpu_seconds`` (the CPU time the workers' loops got, summed).
+    end), ``cpu_seconds`` (the CPU time the workers' loops got, summed), and ``local`` where the
+    problem keeps part of a worker's state (:func:`simlib.contract.local_result`). ``straggler=(i, s)``:
+    worker i sleeps s seconds after each step (after each chunk on the fast path), a slow machine.
     """
     if protocol.backup_workers or protocol.timeout is not None:
         raise ValueError("backup_workers and timeout run on substrates 'sim' and 'pipes' (a server counts pushes); "
@@ -70,6 +72,7 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         check.positive_int("chunk", chunk)
     if not isinstance(locked, bool):
         raise ValueError(f"locked must be True or False, got {locked!r}")
+    check_straggler(straggler, training.n_workers)
     if start_method is not None:  # named before the warm-up compiles anything
         check.one_of("start_method", start_method, START_METHODS)
     fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain
@@ -95,11 +98,12 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
 
         monitor(0.0)
         if fast:
-            cpu = group.run(_work_in_place, problem, shards, protocol.bound, training, chunk, table, clocks,
-                            lock if locked else None, monitor=monitor, monitor_every=monitor_every, timeout=timeout)
+            out = group.run(_work_in_place, problem, shards, protocol.bound, training, chunk, table, clocks,
+                            lock if locked else None, straggler, monitor=monitor, monitor_every=monitor_every,
+                            timeout=timeout)
         else:  # get and add always hold the lock; locked=True makes it cover the step too
-            cpu = group.run(_work, problem, shards, protocol.bound, training, table, clocks, version, lock, locked,
-                            monitor=monitor, monitor_every=monitor_every, timeout=timeout)
+            out = group.run(_work, problem, shards, protocol.bound, training, table, clocks, version, lock, locked,
+                            straggler, monitor=monitor, monitor_every=monitor_every, timeout=timeout)
         params = table.array.copy()
         raw = group.trace
     wall = time.perf_counter() - started
@@ -111,12 +115,17 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         trace.label = trace.label.replace("on shared memory", "on shared memory, locked")
     compute = [s for s in trace.spans if s.kind == "compute"]
     train = max(s.end for s in compute) - min(s.start for s in compute) if compute else 0.0
-    return Result(trace, params, {"wall_seconds": wall, "train_seconds": train, "cpu_seconds": float(sum(cpu))})
+    measured = {"wall_seconds": wall, "train_seconds": train, "cpu_seconds": float(sum(cpu for cpu, _ in out))}
+    if callable(getattr(problem, "local_result", None)):
+        measured["local"] = [local for _, local in out]
+    return Result(trace, params, measured)
 
 
 def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Training, table: Any, clocks: Any,
-          version: Any, lock: Any, locked: bool) -> float:
-    """One worker: wait for the protocol, get, step, add under the version lock, publish the clock; its CPU seconds."""
+          version: Any, lock: Any, locked: bool, straggler: tuple[int, float] | None) -> tuple[float, Any]:
+    """One worker: wait for the protocol, get, step, add under the version lock, publish the clock.
+
+    Returns its CPU seconds and what the problem keeps of the worker's local state (``local_result``)."""
     ctx = current()
     cpu0 = time.thread_time()
     w, fin, ver = table.array, clocks.array, version.array
@@ -134,6 +143,7 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
                 values, read_version = w[keys].copy(), int(ver[0])
             t2 = time.perf_counter()
             keys, deltas = problem.step(values, batch, keys, training.lr)
+            straggle(straggler, i)  # before the push: a slow machine's steps take longer
             t3 = time.perf_counter()
             with inner:
                 tau = int(ver[0]) - read_version
@@ -147,11 +157,11 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
             ctx.span("compute", t2, t3, step=c)
             ctx.span("send", t3, t4, nbytes=int(np.asarray(deltas).nbytes + keys.nbytes), step=c)
             ctx.update(c, staleness=tau, clock_lag=c - completed)
-    return time.thread_time() - cpu0
+    return time.thread_time() - cpu0, local_result(problem, shards[i])
 
 
 def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, training: Training, chunk: int,
-                   table: Any, clocks: Any, lock: Any) -> float:
+                   table: Any, clocks: Any, lock: Any, straggler: tuple[int, float] | None) -> tuple[float, Any]:
     """One fast-path worker: wait for the protocol, apply the steps it allows in place, publish; its CPU seconds.
 
     With a ``lock``, each step is applied under it, one at a time (the locked baseline)."""
@@ -175,6 +185,7 @@ def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, tra
             for j in range(c, c + k):  # NOTE: one call per step, because the lock must cover each single update
                 with lock:
                     problem.local_steps(w, shards[i], j, 1, training.batch_size, training.lr)
+        straggle(straggler, i)
         fin[i] = c + k
         t2 = time.perf_counter()
         if ctx is not None:
@@ -184,4 +195,4 @@ def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, tra
             tau = round((int(fin.sum()) - c - k - others) / k)  # other workers' steps per step of this chunk
             ctx.update(c + k - 1, staleness=tau, clock_lag=c + k - 1 - completed)
         c += k
-    return time.thread_time() - cpu0
+    return time.thread_time() - cpu0, local_result(problem, shards[i])

@@ -11,10 +11,11 @@ timelines line up with each other and with the parent's.
 """
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 from simlib.trace import SPAN_KINDS
 
@@ -73,6 +74,24 @@ def current() -> WorkerContext | None:
 def _install(ctx: WorkerContext | None) -> None:
     global _current
     _current = ctx
+
+
+def check_straggler(straggler: Any, n_workers: int) -> None:
+    """ValueError naming 'straggler' unless it is None or (worker id in [0, n_workers), seconds >= 0)."""
+    if straggler is None:
+        return
+    ok = (isinstance(straggler, (tuple, list)) and len(straggler) == 2 and isinstance(straggler[0], int)
+          and not isinstance(straggler[0], bool) and 0 <= straggler[0] < n_workers
+          and isinstance(straggler[1], (int, float)) and math.isfinite(straggler[1]) and straggler[1] >= 0)
+    if not ok:
+        raise ValueError(f"straggler must be (worker, seconds) with worker in [0, {n_workers}) and seconds >= 0 "
+                         f"(that worker sleeps so long after each step), got {straggler!r}")
+
+
+def straggle(straggler: tuple[int, float] | None, worker: int) -> None:
+    """Sleep ``straggler[1]`` seconds if this is the straggling worker: a slow machine, made on purpose."""
+    if straggler is not None and straggler[0] == worker and straggler[1] > 0:
+        time.sleep(straggler[1])
 
 
 def record_span(kind: str, start: float, end: float, nbytes: int = 0, step: int = -1) -> None:

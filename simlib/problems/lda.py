@@ -14,7 +14,7 @@ Gibbs sampling removes a token from the counts and redraws its topic from
 
 Documents are int32 word-id arrays, stored flat (``words``, ``offsets``) like CSR rows. Workers
 own documents and their assignments; the word-topic table is what they share (see
-``simlib.parallel.lda``). The fast single-process sampler is in ``simlib.problems.lda_gibbs``.
+:mod:`simlib.problems.lda_table`, which runs on every substrate). The fast single-process sampler is in ``simlib.problems.lda_gibbs``.
 
 Example::
 
