@@ -1,9 +1,11 @@
-"""GloVe on the contract and in the simulator: one worker equals the sequential kernel; more workers are predicted faster."""
+"""GloVe on the contract: one worker equals the sequential kernel, in place or by get / step / add; two Hogwild
+workers on shared memory reach the serial cost; more simulated workers are predicted faster."""
 import numpy as np
 import pytest
 
+from simlib.contract import serial_reference
 from simlib.problems.glove import (
-    GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order,
+    GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order, train,
 )
 import simlib
 from simlib.problems.glove_table import GloveProblem
@@ -28,6 +30,58 @@ def test_one_worker_equals_the_sequential_kernel(cooc):
     got = prob.unflatten(w)
     for name in GloveParams.ARRAYS:
         assert np.allclose(getattr(got, name), getattr(ref, name), rtol=1e-6, atol=1e-7), name
+
+
+@pytest.mark.parametrize("batch_size, steps, chunk", [(1, 3_000, 7), (64, 100, 3), (1_000, 250, 40)])
+def test_local_steps_equal_get_step_add_bit_for_bit(cooc, batch_size, steps, chunk):
+    """The in-place kernel over chunks of steps (crossing passes: 250 x 1,000 entries is 2.5 passes) is the serial replay."""
+    prob = GloveProblem(cooc, GloveConfig(dim=8, seed=3))
+    ref = serial_reference(prob, steps=steps, batch_size=batch_size, lr=0.05)
+    w, shard = prob.init_params(), prob.shards(1)[0]
+    for first in range(0, steps, chunk):
+        prob.local_steps(w, shard, first, min(chunk, steps - first), batch_size, 0.05)
+    assert np.array_equal(w, ref)
+
+
+def test_each_pass_takes_its_epoch_order(cooc):
+    prob = GloveProblem(cooc, GloveConfig(dim=4))
+    shard = (10, 110)
+    batch = prob.batch(shard, 1, 150)  # positions 150 .. 299: the second half of pass 1, then pass 2
+    np.testing.assert_array_equal(batch[:50], epoch_order(cooc.nnz, 0, 1)[60:110])
+    np.testing.assert_array_equal(batch[50:], epoch_order(cooc.nnz, 0, 2)[10:110])
+
+
+def test_one_worker_on_shared_memory_trains_as_the_single_process_trainer(cooc):
+    cfg = GloveConfig(dim=16, epochs=3)
+    prob = GloveProblem(cooc, cfg)
+    res = simlib.run(prob, "async", substrate="shm", n_workers=1, steps=3 * prob.epoch_steps(1, 1), batch_size=1,
+                     lr=cfg.lr)
+    assert res.trace.meta["path"] == "in place"
+    assert np.array_equal(res.params, serial_reference(prob, steps=3 * cooc.nnz, batch_size=1, lr=cfg.lr))
+    params, costs = train(cooc, cfg)  # float32 arrays, the same loop vectorised for them: equal to float32 rounding
+    np.testing.assert_allclose(prob.epoch_costs(res), costs, rtol=1e-6)
+    np.testing.assert_allclose(prob.unflatten(res.params).W, params.W, atol=1e-3)
+
+
+@pytest.mark.parametrize("protocol", ["async", "bsp"])
+def test_two_workers_on_shared_memory_reach_the_serial_cost(cooc, protocol):
+    cfg = GloveConfig(dim=16, epochs=4)
+    prob = GloveProblem(cooc, cfg)
+    _, serial = train(cooc, cfg)
+    batch = 1 if protocol == "async" else 512
+    res = simlib.run(prob, protocol, substrate="shm", n_workers=2, steps=4 * prob.epoch_steps(2, batch),
+                     batch_size=batch, lr=cfg.lr)
+    costs = prob.epoch_costs(res)
+    assert len(costs) == 4 and all(b < a for a, b in zip(costs, costs[1:])), costs
+    assert abs(costs[-1] / serial[-1] - 1) < 0.02, (costs, serial)
+    assert res.quality < res.trace.quality[0].value
+
+
+def test_epoch_costs_need_the_in_place_path(cooc):
+    prob = GloveProblem(cooc, GloveConfig(dim=4))
+    res = simlib.run(prob, "async", substrate="sim", n_workers=2, steps=2, batch_size=16, lr=0.05)
+    with pytest.raises(ValueError, match="substrate 'shm'"):
+        prob.epoch_costs(res)
 
 
 def test_simulated_run_lowers_the_cost(cooc):

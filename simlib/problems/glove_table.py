@@ -1,11 +1,14 @@
 """GloVe on the parameter-server contract: the table holds every GloVe array, flattened.
 
 The table is W, C, the biases and all AdaGrad accumulators, flattened in the kernel's order
-(float64 storage). A worker pulls the rows its batch of co-occurrence entries touches, runs the
-real AdaGrad kernel (:func:`simlib.problems.glove.adagrad_kernel`) on its local copy, and pushes
-the change; the server adds it. ``lr`` is AdaGrad's base rate, so a run with
-``lr = config.lr`` and one worker equals :func:`simlib.problems.glove.train_epoch`
-on the same order.
+(float64 storage holding float32 values: the arithmetic is the reference C program's, in float32).
+A worker pulls the rows its batch of co-occurrence entries touches, runs the AdaGrad kernel on its
+local copy, and pushes the change; the server adds it. ``local_steps`` runs the same kernel on the
+shared table in place (the shm substrate's fast path: under ``async`` that is GloVe's Hogwild).
+Each pass over a shard takes its entries in that epoch's shuffled order
+(:func:`simlib.problems.glove.epoch_order`), so ``lr = config.lr`` and one worker train as
+:func:`simlib.problems.glove.train` does, and :meth:`GloveProblem.epoch_costs` gives the C
+program's cost per epoch after a real run.
 
 Example::
 
@@ -17,6 +20,15 @@ Example::
     >>> w = serial_reference(prob, steps=50, batch_size=2, lr=0.05)
     >>> prob.quality(w) < prob.quality(prob.init_params())
     True
+
+On processes sharing memory (two workers, two epochs, Hogwild)::
+
+    >>> import simlib
+    >>> res = simlib.run(prob, "async", substrate="shm", n_workers=2, steps=2 * prob.epoch_steps(2, 1), batch_size=1,
+    ...                  lr=0.05)
+    >>> costs = prob.epoch_costs(res)
+    >>> len(costs), costs[1] < costs[0]
+    (2, True)
 """
 from __future__ import annotations
 
@@ -24,9 +36,10 @@ import math
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from simlib import _validate as check
-from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order, validate_training
+from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, entry_terms, epoch_order, validate_training
 
 
 # float32 arrays as the reference program builds them, then the float64 table they are copied into
@@ -51,7 +64,8 @@ class GloveProblem:
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.n_params = int(self.offsets[-1])
         self.logx, self.fx = entry_terms(cooc.values, config)
-        self.order = epoch_order(cooc.nnz, config.seed, 0)
+        self._orders: dict[int, np.ndarray] = {}  # the latest passes' shuffled orders (see _order)
+        self._passes: dict[tuple[int, int], dict[int, list[float]]] = {}  # shard -> pass -> [cost sum, entries]
         rng = np.random.default_rng(config.seed + 1)
         self.eval_idx = np.sort(rng.choice(cooc.nnz, min(eval_entries, cooc.nnz), replace=False))
 
@@ -77,10 +91,27 @@ class GloveProblem:
         bounds = np.linspace(0, self.cooc.nnz, n_workers + 1).astype(int)
         return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n_workers)]
 
+    def epoch_steps(self, n_workers: int, batch_size: int) -> int:
+        """Steps per worker for one pass over the entries: ceil(largest shard / batch_size)."""
+        return -(-max(b - a for a, b in self.shards(n_workers)) // batch_size)
+
+    def _order(self, p: int) -> np.ndarray:
+        """The shuffled order of all entries in pass ``p`` (epoch_order), the last few kept."""
+        if p not in self._orders:
+            if len(self._orders) >= 2:  # workers are at most a pass apart; each order is nnz int64
+                del self._orders[min(self._orders)]
+            self._orders[p] = epoch_order(self.cooc.nnz, self.config.seed, p)
+        return self._orders[p]
+
     def batch(self, shard: tuple[int, int], step: int, batch_size: int) -> np.ndarray:
-        """Entry ids of batch ``step`` in the shard (cycling)."""
+        """Entry ids of batch ``step`` in the shard: positions t = step*B .. step*B+B-1, pass t // n, in that pass's order."""
         start, stop = shard
-        return self.order[start + (np.arange(batch_size) + step * batch_size) % (stop - start)]
+        t = np.arange(step * batch_size, (step + 1) * batch_size, dtype=np.int64)
+        passes, pos = np.divmod(t, stop - start)
+        out = np.empty(batch_size, dtype=np.int64)
+        for p in np.unique(passes):
+            out[passes == p] = self._order(int(p))[start + pos[passes == p]]
+        return out
 
     def work(self, batch: np.ndarray) -> int:
         """One unit per co-occurrence entry updated."""
@@ -101,14 +132,61 @@ class GloveProblem:
         ui, uj = self._rows(batch)
         shapes = [(len(ui), self.d), (len(uj), self.d), (len(ui),), (len(uj),)] * 2  # W, C, bw, bc, then their G
         cuts = np.concatenate([[0], np.cumsum([math.prod(shape) for shape in shapes])])
-        local = [np.ascontiguousarray(values[cuts[k] : cuts[k + 1]], dtype=np.float32).reshape(shape)
-                 for k, shape in enumerate(shapes)]
         rows = np.searchsorted(ui, self.cooc.rows[batch]).astype(np.int32)
         cols = np.searchsorted(uj, self.cooc.cols[batch]).astype(np.int32)
-        adagrad_kernel(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), *local,
-                       np.float32(lr), np.float32(self.config.grad_clip))
-        new = np.concatenate([x.ravel() for x in local]).astype(np.float64)
+        new = np.array(values, dtype=np.float64)
+        local = [new[cuts[k] : cuts[k + 1]].reshape(shape) for k, shape in enumerate(shapes)]
+        adagrad_in_place(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), *local,
+                         np.float32(lr), np.float32(self.config.grad_clip))
         return keys, new - values
+
+    def _views(self, w: np.ndarray) -> list[np.ndarray]:
+        """W, C, bw, bc, gW, gC, gbw, gbc as views of the flat table."""
+        return [w[self.offsets[k] : self.offsets[k + 1]].reshape(shape)
+                for k, shape in enumerate(GloveParams.shapes(self.v, self.d).values())]
+
+    def local_steps(self, w: np.ndarray, shard: tuple[int, int], first: int, count: int, batch_size: int,
+                    lr: float) -> None:
+        """Steps first .. first+count-1 of a shard applied to ``w`` in place, each exactly as get / step / add.
+
+        The contract's local-step hook: entry after entry of the shard's passes, AdaGrad on the shared
+        rows; several workers calling it on one ``w`` at once, unlocked, is GloVe's Hogwild. Each pass's
+        cost (the sum of 0.5 f diff^2 before each update) is kept for :meth:`local_result`; a call from
+        step 0 starts the record afresh.
+        """
+        start, stop = shard
+        n = stop - start
+        passes = self._passes.setdefault(shard, {})
+        if first == 0:
+            passes.clear()
+        views = self._views(w)
+        eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
+        t, end = first * batch_size, (first + count) * batch_size
+        while t < end:  # one kernel call per pass the chunk touches
+            p, pos = divmod(t, n)
+            upto = min(n, pos + end - t)
+            cost = adagrad_in_place(self.cooc.rows, self.cooc.cols, self.logx, self.fx,
+                                    self._order(p)[start + pos : start + upto], *views, eta, clip)
+            record = passes.setdefault(p, [0.0, 0])
+            record[0] += cost
+            record[1] += upto - pos
+            t += upto - pos
+
+    def local_result(self, shard: tuple[int, int]) -> dict[int, list[float]]:
+        """What a worker sends back of a real run: per pass over its shard, [cost sum, entries]."""
+        return dict(self._passes.get(shard, {}))
+
+    def epoch_costs(self, result: Any) -> list[float]:
+        """The C program's cost per epoch, mean 0.5 f diff^2 over the pass, of the passes every worker completed.
+
+        ``result`` is a :func:`simlib.run` result from a substrate that ran ``local_steps`` (shm).
+        """
+        parts = result.measured.get("local") or []
+        if not parts or not all(parts):
+            raise ValueError("result: it holds no costs per pass; run on substrate 'shm' with the plain step rule")
+        shards = self.shards(len(parts))
+        done = min(sum(1 for c, m in part.values() if m == b - a) for part, (a, b) in zip(parts, shards))
+        return [sum(part[p][0] for part in parts) / self.cooc.nnz for p in range(done)]
 
     def quality(self, w: np.ndarray) -> float:
         """The C program's cost 0.5 f diff^2, averaged over a fixed sample of entries."""
@@ -119,6 +197,43 @@ class GloveProblem:
         C = w[o[1] : o[2]].reshape(-1, d)
         diff = np.einsum("ij,ij->i", W[r], C[c]) + w[o[2] + r] + w[o[3] + c] - self.logx[e]
         return float(np.mean(0.5 * self.fx[e] * diff * diff))
+
+
+# NOTE: one kernel for both paths (a step's gathered copy and the shared table in place), so one worker on
+# shm equals the serial reference bit for bit. It is adagrad_kernel's loop on float64 storage: every value
+# is rounded to float32 before it is used and after it is updated, so the arithmetic is the float32 of the
+# C program; fastmath lets the row loops vectorise as there.
+@njit(nogil=True, cache=True, fastmath=True)
+def adagrad_in_place(rows, cols, logx, fx, entries, W, C, bw, bc, gW, gC, gbw, gbc, eta, clip) -> float:  # pragma: no cover
+    """AdaGrad for entries ``entries[0], entries[1], ...`` in order, in place; returns the sum of 0.5 f diff^2."""
+    dim = W.shape[1]
+    cost = 0.0
+    uw = np.empty(dim, dtype=np.float32)
+    uc = np.empty(dim, dtype=np.float32)
+    for t in range(entries.shape[0]):
+        e = entries[t]
+        i = rows[e]
+        j = cols[e]
+        diff = np.float32(bw[i]) + np.float32(bc[j]) - logx[e]
+        for k in range(dim):
+            diff += np.float32(W[i, k]) * np.float32(C[j, k])
+        g = fx[e] * diff
+        cost += 0.5 * g * diff
+        for k in range(dim):
+            tw = min(max(g * np.float32(C[j, k]), -clip), clip) * eta
+            tc = min(max(g * np.float32(W[i, k]), -clip), clip) * eta
+            uw[k] = tw / np.sqrt(np.float32(gW[i, k]))
+            uc[k] = tc / np.sqrt(np.float32(gC[j, k]))
+            gW[i, k] = np.float32(gW[i, k]) + tw * tw
+            gC[j, k] = np.float32(gC[j, k]) + tc * tc
+        for k in range(dim):
+            W[i, k] = np.float32(W[i, k]) - uw[k]
+            C[j, k] = np.float32(C[j, k]) - uc[k]
+        bw[i] = np.float32(bw[i]) - g / np.sqrt(np.float32(gbw[i]))
+        bc[j] = np.float32(bc[j]) - g / np.sqrt(np.float32(gbc[j]))
+        gbw[i] = np.float32(gbw[i]) + g * g
+        gbc[j] = np.float32(gbc[j]) + g * g
+    return cost
 
 
 __all__ = ["GloveProblem"]
