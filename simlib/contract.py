@@ -138,11 +138,12 @@ class ParamServer:
         self.clocks = Clocks(n_workers, protocol, read_rule) if clocks is None else clocks
         self.acc = Accumulator(rule, n_workers)
         self._plain = rule.plain  # every push applied as is: the simulator's hot path
+        self._rounds = Protocol.parse(protocol).bound == 0  # BSP: a round's pushes are one update
 
     @property
     def version(self) -> int:
-        """Updates applied to the table so far."""
-        return self.acc.version
+        """Updates applied to the table so far; under BSP (bound 0) an update is a whole round."""
+        return self.clocks.completed if self._rounds else self.acc.version
 
     def may_read(self, clock: int) -> bool:
         """Whether a worker at ``clock`` may read now."""
@@ -150,18 +151,23 @@ class ParamServer:
 
     def pull(self, keys: np.ndarray) -> tuple[Any, int]:
         """(table[keys] copied, the version read)."""
-        return self.params[keys], self.acc.version
+        return self.params[keys], self.version
 
     def push(self, clock: int, keys: np.ndarray, deltas: Any, read_version: int) -> tuple[bool, int]:
-        """Deliver a push for step ``clock``; returns (applied, tau)."""
-        tau = self.acc.tau(read_version)
+        """Deliver a push for step ``clock``; returns (applied, tau).
+
+        tau = updates applied since the read at ``read_version`` (:attr:`version`). Under BSP every push
+        of a round was read with the round's table and lands before the round completes: tau = 0, the
+        seeds' hard-synchronous case (all of a round's gradients make one update, none is stale).
+        """
+        tau = self.version - read_version
         if not self.clocks.deliver(clock):
             return False, tau
         if self._plain:  # NOTE: skips the accumulator's bookkeeping (one list per push) when it does nothing
             self.acc.version += 1
             self.params[keys] += deltas
             return True, tau
-        tau, ready = self.acc.push(keys, deltas, read_version)
+        _, ready = self.acc.push(keys, deltas, read_version, tau=tau)
         for k, d in ready:
             self.params[k] += d
         return True, tau

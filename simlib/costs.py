@@ -136,11 +136,12 @@ def pipeline_schedule(stages: int, microbatches: int) -> np.ndarray:
 
 
 def tensor_parallel_step(layers: int, flops_per_layer: float, n_devices: int, activation_bytes: float,
-                         latency: float, bandwidth: float, speed: float, allreduces_per_layer: int = 2) -> float:
-    """Each layer: its flops split over t devices, then all-reduce(s) of the activations.
+                         latency: float, bandwidth: float, speed: float, allreduces_per_layer: int = 4) -> float:
+    """One training step: each layer's flops (forward and backward) split over t devices, plus its all-reduces.
 
-    T = L (F / (t speed) + a * ring_allreduce(t, activation_bytes)), a = 2 for a Megatron-style
-    MLP block (one after each of its two matrix products' partial sums, forward only).
+    T = L (F / (t speed) + a * ring_allreduce(t, activation_bytes)). a = 4 for a Megatron-style transformer
+    layer in training: its attention block and its MLP block each sum their partial outputs with one
+    all-reduce in the forward pass and their input gradients with one in the backward pass.
     """
     check.positive_int("layers", layers)
     check.positive_int("n_devices", n_devices)

@@ -281,9 +281,12 @@ class Accumulator:
         """Updates applied to the table since a read at ``read_version``."""
         return self.version - read_version
 
-    def push(self, keys: Any, deltas: Any, read_version: int) -> tuple[int, list[tuple[Any, Any]]]:
-        """Take one push; return (its tau, the (keys, deltas) to add to the table now, maybe none)."""
-        tau = self.tau(read_version)
+    def push(self, keys: Any, deltas: Any, read_version: int, tau: int | None = None) -> tuple[int, list[tuple[Any, Any]]]:
+        """Take one push; return (its tau, the (keys, deltas) to add to the table now, maybe none).
+
+        ``tau`` overrides version - read_version where the server counts updates otherwise (BSP: rounds).
+        """
+        tau = self.tau(read_version) if tau is None else tau
         if self.c == 1:
             self.version += 1
             return tau, [(keys, self.rule.scaled(deltas, tau))]

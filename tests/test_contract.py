@@ -260,6 +260,21 @@ def test_every_substrate_applies_pushes_through_the_one_step_rule(tiny, substrat
     np.testing.assert_allclose(np.asarray(one.params), serial_reference(tiny, 6, 8, 0.5), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("substrate", list(SUBSTRATES))
+def test_bsp_pushes_are_never_stale_so_the_aware_rule_leaves_bsp_alone(tiny, substrate):
+    """Under BSP a round's pushes make one update (the seeds' hard-synchronous case): tau = 0 for every push
+    on every substrate (it counted the round's earlier pushes, 0 .. n-1, so alpha0/tau damped fresh gradients);
+    where a run is deterministic the staleness-aware rule then changes nothing."""
+    opts = dict(substrate=substrate, n_workers=3, steps=6, batch_size=8, lr=0.5, **SUBSTRATES[substrate])
+    plain = simlib.run(tiny, "bsp", **opts)
+    aware = simlib.run(tiny, "bsp", staleness_aware=True, **opts)
+    assert {u.staleness for u in plain.trace.updates} == {u.staleness for u in aware.trace.updates} == {0}
+    if substrate in ("serial", "sim", "gpu"):
+        np.testing.assert_array_equal(np.asarray(aware.params), np.asarray(plain.params))
+    ssp = simlib.run(tiny, "ssp:1", **opts)
+    assert all(u.staleness >= 0 for u in ssp.trace.updates)
+
+
 def _strict(clock: int, completed: int, bound: float) -> bool:
     """A read rule that ignores the protocol's bound: BSP under any protocol."""
     return clock <= completed

@@ -44,7 +44,10 @@ def test_tensor_parallel_step_adds_allreduces_per_layer() -> None:
     one = costs.tensor_parallel_step(10, 1e9, 1, 1e6, 1e-5, 1e9, 1e12)
     assert one == pytest.approx(10 * 1e9 / 1e12)  # one device: no communication
     four = costs.tensor_parallel_step(10, 1e9, 4, 1e6, 1e-5, 1e9, 1e12)
-    assert four == pytest.approx(10 * (1e9 / 4e12 + 2 * costs.ring_allreduce_time(4, 1e6, 1e-5, 1e9)))
+    # a transformer layer in training: attention and MLP, one all-reduce forward and one backward each
+    assert four == pytest.approx(10 * (1e9 / 4e12 + 4 * costs.ring_allreduce_time(4, 1e6, 1e-5, 1e9)))
+    mlp = costs.tensor_parallel_step(10, 1e9, 4, 1e6, 1e-5, 1e9, 1e12, allreduces_per_layer=2)
+    assert four - mlp == pytest.approx(10 * 2 * costs.ring_allreduce_time(4, 1e6, 1e-5, 1e9))
 
 
 def test_data_and_model_parallel_bytes_and_steps() -> None:

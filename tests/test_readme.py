@@ -16,3 +16,16 @@ def test_the_test_command_says_how_to_get_chromium_as_ci_does():
     commands = _section((ROOT / "README.md").read_text(), "Two commands")
     assert re.search(rf"apt-get install -y (--no-install-recommends )?{package}\b", commands), commands
     assert "browser tests" in commands and "skipped" in commands, commands
+
+
+def test_what_you_will_see_is_what_the_main_command_prints(tmp_path):
+    """The README's table is the main job's output today (it once showed a staleness from before tau)."""
+    import subprocess
+    import sys
+
+    shown = _section((ROOT / "README.md").read_text(), "What you will see").split("```\n", 2)[1]
+    out = subprocess.run([sys.executable, "-m", "simlib", "compare"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == shown.splitlines(), out.stdout
+    assert (tmp_path / "simlib_out" / "compare.png").stat().st_size > 0

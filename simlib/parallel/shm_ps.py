@@ -145,8 +145,8 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
             keys, deltas = problem.step(values, batch, keys, training.lr)
             straggle(straggler, i)  # before the push: a slow machine's steps take longer
             t3 = time.perf_counter()
-            with inner:
-                tau = int(ver[0]) - read_version
+            with inner:  # under BSP a round's pushes are one update: none of them is stale (ParamServer.push)
+                tau = 0 if bound == 0 else int(ver[0]) - read_version
                 w[keys] += rule.scaled(deltas, tau)
                 ver[0] += 1
         fin[i] = c + 1
@@ -192,7 +192,8 @@ def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, tra
             if t1 - t0 > _POLL:
                 ctx.span("wait", t0, t1, step=c)
             ctx.span("compute", t1, t2, step=c + k - 1)
-            tau = round((int(fin.sum()) - c - k - others) / k)  # other workers' steps per step of this chunk
+            # other workers' steps per step of this chunk; under BSP a round is one update, so 0
+            tau = 0 if bound == 0 else round((int(fin.sum()) - c - k - others) / k)
             ctx.update(c + k - 1, staleness=tau, clock_lag=c + k - 1 - completed)
         c += k
     return time.thread_time() - cpu0, local_result(problem, shards[i])
