@@ -23,10 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import simlib  # noqa: E402
 from simlib.data import Vocabulary, iter_text8, iter_text_file, load_kjv  # noqa: E402
-from simlib.parallel.glove import train_parallel  # noqa: E402
+from simlib.parallel.glove import train_model_parallel  # noqa: E402
 from simlib.parallel.glove_count import count_parallel  # noqa: E402
-from simlib.problems.glove import GloveConfig, count_cooccurrences  # noqa: E402
+from simlib.problems.glove import Cooccurrence, GloveConfig, count_cooccurrences  # noqa: E402
+from simlib.problems.glove_table import GloveProblem  # noqa: E402
 
 NOT_MEASURED = "not measured (set GLOVE_REF_DIR)"
 
@@ -74,6 +76,19 @@ def run_reference(ref: Path, docs: list[list[str]], vocab: Vocabulary, cfg: Glov
     return out
 
 
+def train(cooc: Cooccurrence, cfg: GloveConfig, mode: str, n: int) -> tuple[float, list[float]]:
+    """(updates/s over the training, cost per epoch) of ``mode``: 'hogwild' (async) or 'bsp' through simlib.run
+    on shared memory (BSP: 4,096 entries per worker per step), or 'model' (the model-parallel driver)."""
+    if mode == "model":
+        run = train_model_parallel(cooc, cfg, n_workers=n)
+        return run.updates_per_s, run.costs
+    problem = GloveProblem(cooc, cfg)
+    batch = 1 if mode == "hogwild" else 4096
+    res = simlib.run(problem, "async" if mode == "hogwild" else "bsp", substrate="shm", n_workers=n, batch_size=batch,
+                     lr=cfg.lr, steps=cfg.epochs * problem.epoch_steps(n, batch), monitor_every=60.0)
+    return n * res.trace.meta["steps"] * batch / res.seconds, problem.epoch_costs(res)
+
+
 def fmt(x: float, unit: str = "") -> str:
     """A number with 3 significant figures in M (millions) or as is."""
     return f"{x / 1e6:.2f} M{unit}" if x >= 1e5 else f"{x:.3g}{unit}"
@@ -89,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=None)
     parser.add_argument("--window", type=int, default=10)
     parser.add_argument("--min-count", type=int, default=5)
-    parser.add_argument("--modes", default="hogwild,model,sync", help="training modes to time with 2 workers")
+    parser.add_argument("--modes", default="hogwild,model,bsp", help="training modes to time with 2 workers")
     args = parser.parse_args(argv)
     epochs = args.epochs or (2 if args.quick else 5)
     dim = args.dim or (25 if args.quick else 50)
@@ -109,11 +124,9 @@ def main(argv: list[str] | None = None) -> None:
     count_parallel(ids, offsets, len(vocab), args.window, n_workers=2)
     count2 = len(ids) / (time.perf_counter() - t)
 
-    runs = {}
-    for n in (1, 2):
-        runs[("hogwild", n)] = train_parallel(cooc, cfg, n_workers=n, mode="hogwild")
+    runs = {("hogwild", n): train(cooc, cfg, "hogwild", n) for n in (1, 2)}
     for mode in [m for m in args.modes.split(",") if m and m != "hogwild"]:
-        runs[(mode, 2)] = train_parallel(cooc, cfg, n_workers=2, mode=mode)
+        runs[(mode, 2)] = train(cooc, cfg, mode, 2)
 
     ref_dir = os.environ.get("GLOVE_REF_DIR")
     ref = None
@@ -130,13 +143,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{label:<34}{fmt(speed):>14}{ratio:>16}")
     print(f"{'stanfordnlp/GloVe cooccur':<34}{(fmt(c_count) if c_count else NOT_MEASURED):>14}")
 
-    print("\ntraining (AdaGrad; cost = mean 0.5 f diff^2 of each pass, as the C program prints it)")
+    print("\ntraining (AdaGrad; cost = mean 0.5 f diff^2 of each pass, as the C program prints it; hogwild and bsp "
+          "through simlib.run on shared memory)")
     print(f"{'implementation':<34}{'updates/s':>12}{'vs C, 1 thread':>16}   cost per epoch")
     c1 = ref[1]["updates_per_s"] if ref else None
-    for (mode, n), run in runs.items():
-        ratio = f"{run.updates_per_s / c1:.2f}x" if c1 else "-"
-        costs = " ".join(f"{c:.5f}" for c in run.costs)
-        print(f"{f'simlib {mode}, {n} process' + ('es' if n > 1 else ''):<34}{fmt(run.updates_per_s):>12}{ratio:>16}   {costs}")
+    for (mode, n), (speed, per_epoch) in runs.items():
+        ratio = f"{speed / c1:.2f}x" if c1 else "-"
+        costs = " ".join(f"{c:.5f}" for c in per_epoch)
+        print(f"{f'simlib {mode}, {n} process' + ('es' if n > 1 else ''):<34}{fmt(speed):>12}{ratio:>16}   {costs}")
     for n in (1, 2):
         label = f"stanfordnlp/GloVe, {n} thread" + ("s" if n > 1 else "")
         if ref:

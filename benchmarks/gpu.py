@@ -30,8 +30,8 @@ import simlib  # noqa: E402
 from simlib.gpu import glove as gpu_glove  # noqa: E402
 from simlib.gpu import hogwild as gpu_hogwild  # noqa: E402
 from simlib.gpu import lda as gpu_lda  # noqa: E402
-from simlib.parallel import glove as par_glove  # noqa: E402
 from simlib.problems.glove import GloveConfig, count_cooccurrences  # noqa: E402
+from simlib.problems.glove_table import GloveProblem  # noqa: E402
 from simlib.problems.lda import kjv_corpus  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
@@ -111,10 +111,11 @@ def glove_section(args: argparse.Namespace) -> None:
     cfg = GloveConfig(dim=50, epochs=args.glove_epochs)
     updates = cooc.nnz * cfg.epochs
     rows: list[tuple[str, float | None, float | None]] = []
-    par_glove.train_parallel(cooc, GloveConfig(dim=50, epochs=1), n_workers=1, mode="hogwild")  # compile
-    for n in (1, 2):
-        run = par_glove.train_parallel(cooc, cfg, n_workers=n, mode="hogwild")
-        rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", updates / sum(run.epoch_seconds), run.costs[-1]))
+    problem = GloveProblem(cooc, cfg)
+    for n in (1, 2):  # Hogwild on the contract's shared-memory table (it compiles in the parent before the workers start)
+        res = simlib.run(problem, "async", substrate="shm", n_workers=n, batch_size=1, lr=cfg.lr,
+                         steps=cfg.epochs * problem.epoch_steps(n, 1), monitor_every=60.0)
+        rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", updates / res.seconds, problem.epoch_costs(res)[-1]))
     runs = [("numpy", "array", 8192), ("cupy", "array", 8192)] + [("cupy", "fused", b) for b in args.glove_batches]
 
     def glove(xp: str, kernel: str, b: int) -> tuple[float, float]:

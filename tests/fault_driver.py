@@ -170,16 +170,23 @@ def build(algorithm: str) -> Callable[..., Any]:
                 count_parallel(ids, offsets, 5_000, window=10, n_workers=2)
         return count
     if algorithm.startswith("glove"):
-        from simlib.parallel.glove import train_parallel
+        import simlib
+        from simlib.parallel.glove import train_model_parallel
         from simlib.problems.glove import GloveConfig, count_cooccurrences
+        from simlib.problems.glove_table import GloveProblem
 
         rng = np.random.default_rng(0)
         ids = rng.integers(0, 300, 20_000).astype(np.int32)
         offsets = np.arange(0, 20_001, 100, dtype=np.int64)
         cooc = count_cooccurrences(ids, offsets, 300, window=3)
-        mode = algorithm.split("-")[1]
-        return lambda n, *_: train_parallel(cooc, GloveConfig(dim=16, epochs=n), n_workers=2, mode=mode,
-                                        batch=1024, timeout=TIMEOUT)
+        if algorithm == "glove-model":  # model parallelism: its own driver, beside the contract
+            return lambda n, *_: train_model_parallel(cooc, GloveConfig(dim=16, epochs=n), n_workers=2, batch=1024,
+                                                      timeout=TIMEOUT)
+        problem = GloveProblem(cooc, GloveConfig(dim=16))  # glove-hogwild: async; glove-sync: BSP, 512 entries a step
+        protocol, batch = ("async", 1) if algorithm == "glove-hogwild" else ("bsp", 512)
+        return lambda n, *_: simlib.run(problem, protocol, substrate="shm", n_workers=2, batch_size=batch,
+                                        steps=min(n * problem.epoch_steps(2, batch), 10**9), monitor_every=0.05,
+                                        timeout=TIMEOUT)
     if algorithm.startswith("run-"):
         import simlib
         from simlib.problems.logistic import LogisticProblem, make_sparse_classification

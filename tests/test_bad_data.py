@@ -45,9 +45,14 @@ def _hogwild(**kw):
 
 
 def _glove(cooc, **kw):
-    from simlib.parallel.glove import train_parallel
+    """GloVe Hogwild as the lessons run it: GloveProblem on the shared-memory substrate."""
+    import simlib
+    from simlib.problems.glove_table import GloveProblem
 
-    return lambda: train_parallel(cooc, GloveConfig(dim=4, epochs=1), **kw)
+    def call():
+        return simlib.run(GloveProblem(cooc, GloveConfig(dim=4, epochs=1)), kw.pop("protocol", "async"),
+                          substrate="shm", **({"n_workers": 2, "steps": 5} | kw))
+    return call
 
 
 def _count(ids, offsets, n_words=5, **kw):
@@ -141,7 +146,7 @@ CASES = {
     "glove ids as a list": (_glove(_cooc(rows=[0, 1, 2])), "cooc.rows"),
     "glove not a Cooccurrence": (_glove({"rows": [0]}), "cooc"),
     "glove n_workers 0": (_glove(_cooc(), n_workers=0), "n_workers"),
-    "glove unknown mode": (_glove(_cooc(), mode="ring"), "mode"),
+    "glove unknown protocol": (_glove(_cooc(), protocol="ring"), "protocol"),
     # GloVe counting
     "count decreasing offsets": (_count([0, 1, 2, 3, 4, 0], [0, 4, 2, 6]), "offsets"),
     "count offsets not ending at len(ids)": (_count([0, 1, 2, 3], [0, 2, 3]), "offsets"),
@@ -240,9 +245,10 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
     """The kernels' callers, given ids outside their arrays, in a fresh interpreter: validation answers."""
     script = textwrap.dedent('''
         import numpy as np
-        from simlib.parallel.glove import train_parallel
+        from simlib.parallel.glove import train_model_parallel
         from simlib.parallel.glove_count import count_parallel
         from simlib.problems.glove import Cooccurrence, GloveConfig, count_cooccurrences
+        from simlib.problems.glove_table import GloveProblem
         from simlib.problems.logistic import SparseDataset, make_sparse_classification
 
         import simlib
@@ -272,10 +278,11 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
             return problem
 
         calls = {
-            "glove rows": lambda: train_parallel(Cooccurrence(np.array([0, big], np.int32), np.array([1, 0], np.int32),
-                                                              np.ones(2, np.float32), 3), GloveConfig(dim=4, epochs=1)),
-            "glove cols": lambda: train_parallel(Cooccurrence(np.array([0, 1], np.int32), np.array([1, -big], np.int32),
-                                                              np.ones(2, np.float32), 3), GloveConfig(dim=4, epochs=1)),
+            "glove rows": lambda: simlib.run(GloveProblem(Cooccurrence(np.array([0, big], np.int32), np.array([1, 0], np.int32),
+                                                                       np.ones(2, np.float32), 3), GloveConfig(dim=4)),
+                                             "async", substrate="shm"),
+            "glove cols": lambda: train_model_parallel(Cooccurrence(np.array([0, 1], np.int32), np.array([1, -big], np.int32),
+                                                                    np.ones(2, np.float32), 3), GloveConfig(dim=4, epochs=1)),
             "count offsets": lambda: count_parallel(np.zeros(4, np.int32), np.array([0, 4, -big, 4]), 3),
             "count ids": lambda: count_cooccurrences(np.array([0, big], np.int32), np.array([0, 2]), 3),
             "hogwild indices": lambda: simlib.run(LogisticProblem(SparseDataset(d.indptr, d.indices + big, d.values,

@@ -27,7 +27,7 @@ ALGORITHMS = [
     "hogwild",  # simlib.run(LogisticProblem, "async", substrate="shm"): in place on shared memory
     "lda-shm",  # simlib.run(LDAProblem, "ssp:1", substrate="shm")
     "lda-pipe",  # LDAProblem on simlib.run(..., substrate="pipes"): the word-topic table on the pipe server
-    "glove-hogwild",  # simlib.parallel.glove, shared memory
+    "glove-hogwild",  # simlib.run(GloveProblem, "async", substrate="shm"): AdaGrad in place on shared memory
     "run-pipes",  # simlib.run(..., substrate="pipes"): the pipe parameter server
     "run-shm",  # simlib.run(..., substrate="shm"), where that substrate exists
     "glove-count",  # simlib.parallel.glove_count.count_parallel: co-occurrence counting, map-reduce
