@@ -79,13 +79,16 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     chunk = chunk or max(1, CHUNK_WORK // training.batch_size)
     n = training.n_workers
     shards = problem.shards(n)
+    # A problem may keep its table in a narrower type here (LDA's counts as int32, GloVe's floats as float32):
+    # nothing crosses a wire, and the in-place kernels then move half the bytes.
+    dtype = np.dtype(getattr(problem, "table_dtype", np.float64))
     # The problem's kernels compiled here, once, not by every forked worker at the same time.
-    warm_up(problem)
+    warm_up(problem, values=lambda v: v.astype(dtype))
     if fast:  # with the types the workers pass
-        problem.local_steps(np.asarray(problem.init_params(), dtype=np.float64), shards[0], 0, 1, 1, 0.0)
+        problem.local_steps(np.asarray(problem.init_params()).astype(dtype), shards[0], 0, 1, 1, 0.0)
     started = time.perf_counter()
     with WorkerGroup(n, start_method, label="shm table") as group:
-        table = group.copy_of(np.asarray(problem.init_params(), dtype=np.float64))
+        table = group.copy_of(np.asarray(problem.init_params()).astype(dtype))
         clocks = group.zeros(n, np.int64)
         version = group.zeros(1, np.int64)
         lock = group.lock()
@@ -147,7 +150,7 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
             t3 = time.perf_counter()
             with inner:  # under BSP a round's pushes are one update: none of them is stale (ParamServer.push)
                 tau = 0 if bound == 0 else int(ver[0]) - read_version
-                w[keys] += rule.scaled(deltas, tau)
+                w[keys] += np.asarray(rule.scaled(deltas, tau), dtype=w.dtype)
                 ver[0] += 1
         fin[i] = c + 1
         t4 = time.perf_counter()

@@ -73,6 +73,7 @@ class LDAProblem:
     metric = "log_likelihood"
     lower_is_better = False
     linear_step = False  # count moves do not scale with a step size
+    table_dtype = np.int32  # where a substrate keeps the table in place (shm): counts, exact in 32 bits
     exact_deltas = True  # every push must be applied whole, or the counts no longer match the topics
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
@@ -153,8 +154,7 @@ class LDAProblem:
         # state, two gathers, a subtraction, a nonzero, the own counts' bincount): at K = 100 on the
         # KJV they cost more than the sweep itself.
         before = np.empty(len(keys), np.int32)
-        _load_counts(np.asarray(values, dtype=np.float64), batch.own_wk, batch.own_k, batch.words, st.n_wk, st.n_k,
-                     before)
+        _load_counts(values, batch.own_wk, batch.own_k, batch.words, st.n_wk, st.n_k, before)
         st.sweep(seed=batch.sweep_seed())
         out_keys = np.empty(len(keys), np.int64)
         deltas = np.empty(len(keys), np.float64)
