@@ -88,14 +88,33 @@ def test_play_mode_reveals_time_and_counts_waiting(panel):
     assert panel.frame_seconds() == pytest.approx(0.05)
 
 
-def test_projector_mode_sets_the_css_class_and_sharpens_the_figure(panel):
-    h, w = _pixels(panel).shape[:2]
+def _png_text(panel: LivePanel) -> dict:
+    """The text chunks of the PNG the panel last sent to the browser."""
+    import io
+
+    from PIL import Image
+
+    return dict(Image.open(io.BytesIO(panel._image.value)).text)
+
+
+def test_projector_mode_draws_the_figure_on_fewer_inches_so_its_text_is_large(panel):
+    from simlib.app.live import PROJECTOR_DPI, PROJECTOR_FIGSIZE
+
+    laptop_png = panel._image.value
+    laptop = float(_png_text(panel)["simlib:text-px"])
+    assert laptop == pytest.approx(14 * 80 / 72, abs=0.01)  # the style's 14 pt at the laptop's 80 dpi
     panel.c_large.value = True
-    assert "simlib-projector" in panel.widget._dom_classes  # the style sheet's 24 px rules hang on it
-    big = _pixels(panel).shape[:2]
-    assert big[0] > h and big[1] > w and big[1] / big[0] == pytest.approx(w / h, rel=0.01)
+    assert "simlib-projector" in panel.widget._dom_classes  # the style sheet's projector rules hang on it
+    assert tuple(panel.fig.get_size_inches()) == PROJECTOR_FIGSIZE and panel.fig.dpi == PROJECTOR_DPI
+    # Text of the same size in points on a figure of fewer inches: drawn to the same width on
+    # screen, it comes out larger, by 13.5 in / 8.4 in at the panel's laptop size.
+    assert float(_png_text(panel)["simlib:text-px"]) == pytest.approx(14 * PROJECTOR_DPI / 72, abs=0.01)
+    assert panel.status in panel.widget.children[1].children[0].children  # the summary moved under the controls
+    assert panel.fig.axes[0].get_title().startswith("BSP\n")  # the projector layout: run titles on two lines
     panel.c_large.value = False
-    assert "simlib-projector" not in panel.widget._dom_classes and _pixels(panel).shape[:2] == (h, w)
+    assert "simlib-projector" not in panel.widget._dom_classes
+    assert panel.status in panel.widget.children[1].children[1].children
+    assert panel._image.value == laptop_png  # the laptop figure is back, pixel for pixel
 
 
 def test_the_ssp_toggle_names_the_current_staleness(panel):

@@ -2,7 +2,9 @@
 
 Asserts from the page's own bounding boxes that the figure, every control, Play, Stop and Export
 lie inside the window with no sideways scrolling and no control text cut off, that projector mode
-sets control text to >= 24 px; that during Play the figure on screen (its PNG names its frame)
+fits a 1280x720 window without scrolling and gives the figure most of it, with every text in the
+figure at >= 20 px on screen (its PNG records its smallest text; the page gives its scale), and
+sets control text to >= 24 px where the window has room for it; that during Play the figure on screen (its PNG names its frame)
 and the time slider agree, and Stop shows the whole run again; that the exported animation
 downloads, plays by itself offline, fits a laptop window and uses only glyphs stock fonts have;
 that ten reloads leave one kernel; and that no request leaves the machine. Screenshots go to a
@@ -136,7 +138,7 @@ FONTS_JS = """() => [...document.querySelectorAll('.simlib-live .simlib-controls
   .map(el => [el.textContent.trim().slice(0, 20), parseFloat(getComputedStyle(el).fontSize)])"""
 
 # Every piece of control text whose box is narrower than its text (cut off, or an ellipsis), or that
-# sticks out of the panel: [text, why, needed px, available px]. A <select> shows its option's text,
+# sticks out of the panel or the controls column: [text, why, needed px, available px]. A <select> shows its option's text,
 # which scrollWidth does not see, so that text is measured with the select's own font.
 CLIPPED_JS = """() => {
   const out = [];
@@ -158,6 +160,10 @@ CLIPPED_JS = """() => {
     const name = text.slice(0, 30) || el.className;
     if (need > el.clientWidth + 1) out.push([name, 'clipped', Math.round(need), el.clientWidth]);
     if (r.left < panel.left - 1 || r.right > panel.right + 1) out.push([name, 'outside the panel', r.left, r.right]);
+    // The controls column hides what sticks out of it (a row's 2 px margin there hides no text).
+    const column = el.closest('.simlib-controls');
+    if (column && r.right > column.getBoundingClientRect().right + 3) out.push([name, 'outside the controls', r.right,
+      column.getBoundingClientRect().right]);
   }
   return out;
 }"""
@@ -205,13 +211,77 @@ def test_panel_fits_the_window_no_label_is_clipped_and_projector_mode_is_readabl
             page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
             clipped = page.evaluate(CLIPPED_JS)
             assert not clipped, f"{name}: control text cut off or outside the panel: {clipped}"
-            if not (projector and width == 1280):  # 24 px controls need a projector-sized window
-                _assert_inside(page.evaluate(BOXES_JS), width, height)
+            _assert_inside(page.evaluate(BOXES_JS), width, height)
             if projector and width == 1920:
                 fonts = page.evaluate(FONTS_JS)
                 assert len(fonts) > 20
                 small = [f for f in fonts if f[1] < 24]
                 assert not small, f"text under 24 px in projector mode: {small}"
+    page.set_viewport_size({"width": 1280, "height": 720})
+
+
+# The figure as the page shows it: its box, the scale it is drawn at (an <img> with object-fit:
+# contain draws its PNG at the smaller of the two ratios), the PNG's text chunks (the panel records
+# the height of the figure's smallest text in the PNG's pixels), the per-run summary's box and the
+# page's scroll size. Null while the image is loading.
+FIGURE_JS = """async () => {
+  const img = document.querySelector('.simlib-live img.simlib-figure');
+  if (!img || !img.complete || !img.naturalWidth) return null;
+  const src = img.src;
+  const bytes = new Uint8Array(await (await fetch(src)).arrayBuffer());
+  if (img.src !== src) return null;
+  const text = {};
+  const view = new DataView(bytes.buffer);
+  for (let at = 8; at + 8 <= bytes.length; ) {
+    const len = view.getUint32(at), type = String.fromCharCode(...bytes.slice(at + 4, at + 8));
+    if (type === 'tEXt') {
+      const body = bytes.slice(at + 8, at + 8 + len), nul = body.indexOf(0);
+      text[String.fromCharCode(...body.slice(0, nul))] = String.fromCharCode(...body.slice(nul + 1));
+    }
+    at += 12 + len;
+  }
+  const r = img.getBoundingClientRect(), s = document.querySelector('.simlib-live-status').getBoundingClientRect();
+  // Voilà's page scrolls inside a container, not the document: every element that could scroll and does.
+  const scrolls = [...document.querySelectorAll('*')].filter(el => ['auto', 'scroll'].includes(getComputedStyle(el).overflowY)
+    && el.scrollHeight > el.clientHeight + 1).map(el => [el.className.toString().slice(0, 40), el.scrollHeight, el.clientHeight]);
+  const scale = Math.min(r.width / img.naturalWidth, r.height / img.naturalHeight);
+  return {box: [r.left, r.top, r.right, r.bottom], scale: scale,
+          shown: [img.naturalWidth * scale, img.naturalHeight * scale],
+          text_px: text['simlib:text-px'] === undefined ? null : Number(text['simlib:text-px']) * scale,
+          status: [s.left, s.top, s.right, s.bottom],
+          scroll: [document.documentElement.scrollWidth, document.documentElement.scrollHeight], scrolls: scrolls,
+          panel: document.querySelector('.simlib-live').getBoundingClientRect().bottom};
+}"""
+
+
+def _figure_on_screen(page) -> dict:
+    for _ in range(20):
+        got = page.evaluate(FIGURE_JS)
+        if got is not None:
+            return got
+        page.wait_for_timeout(250)
+    raise AssertionError("the figure never finished loading")
+
+
+def test_projector_mode_gives_the_figure_most_of_the_window_with_large_text_and_no_scrolling(panel_page):
+    page, _ = panel_page
+    for width, height in [(1280, 720), (1920, 1080)]:
+        page.set_viewport_size({"width": width, "height": height})
+        _set_projector(page, True)
+        fig = _figure_on_screen(page)
+        page.screenshot(path=str(ARTIFACTS / f"live-{width}x{height}-projector-figure.png"))
+        where = f"projector mode at {width}x{height}"
+        assert fig["scroll"][0] <= width and fig["scroll"][1] <= height, f"{where}: the page scrolls: {fig['scroll']}"
+        assert not fig["scrolls"] and fig["panel"] <= height + 0.5, f"{where}: the panel scrolls: {fig}"
+        _assert_inside(page.evaluate(BOXES_JS), width, height)
+        left, top, right, bottom = fig["status"]
+        assert bottom <= height + 0.5 and right <= width + 0.5, f"{where}: the per-run summary is cut off: {fig}"
+        # Every text in the figure (title, tick labels, legends, axis labels) as the back row sees it.
+        assert fig["text_px"] is not None, f"{where}: the figure's PNG does not record its text size"
+        assert fig["text_px"] >= 20, f"{where}: the figure's smallest text is {fig['text_px']:.1f} px on screen"
+        shown_w, shown_h = fig["shown"]
+        assert shown_w * shown_h >= 0.5 * width * height, f"{where}: the figure has {shown_w:.0f}x{shown_h:.0f} px"
+    _set_projector(page, False)
     page.set_viewport_size({"width": 1280, "height": 720})
 
 

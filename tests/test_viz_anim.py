@@ -168,3 +168,55 @@ def test_the_waiting_counts_cover_no_timeline_row_and_no_other_title():
         for j, other in enumerate(texts):
             assert i == j or not box.overlaps(other), "two waiting counts overlap"
         assert 0 <= box.x0 and box.x1 <= fig.bbox.x1  # inside the figure
+
+
+def _drawn_texts(fig: Figure) -> list:
+    """The texts a draw of ``fig`` shows: visible, non-empty, and of the tick labels only those in view."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    ticks, shown = set(), set()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            ticks |= {lbl for tick in axis.get_major_ticks() + axis.get_minor_ticks() for lbl in (tick.label1, tick.label2)}
+            shown |= {lbl for tick in axis._update_ticks() for lbl in (tick.label1, tick.label2)}
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip() and (t not in ticks or t in shown)]
+
+
+@pytest.mark.parametrize("n_workers", [16, 64])
+def test_the_projector_layout_overlaps_no_text_and_cuts_none_off(n_workers):
+    from simlib.app.live import PROJECTOR_DPI, PROJECTOR_FIGSIZE
+
+    fig = Figure(figsize=PROJECTOR_FIGSIZE, dpi=PROJECTOR_DPI)  # the live panel's projector figure
+    FigureCanvasAgg(fig)
+    runs = _jitter_runs(n_workers=n_workers, steps=10)
+    reveal = draw_runs(fig, runs, max_workers=n_workers, window=0.1 * max(r.makespan for r in runs), projector=True)
+    for t in (reveal.t_end, 0.5 * reveal.t_end):  # the whole run, and a moment of Play (longer run titles)
+        reveal(t)
+        texts = _drawn_texts(fig)
+        names = {t.get_text() for t in texts}
+        assert {"compute", "wait", "loss", "worker", "BSP"} <= {n.split("\n")[0] for n in names}
+        assert sum("time (" in n for n in names) == 1  # the time axis is labelled once
+        assert min(t.get_fontsize() for t in texts) >= 14
+        renderer = fig.canvas.get_renderer()
+        boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+        for i, (name, box) in enumerate(boxes):
+            assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 and fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1, \
+                f"{name!r} is cut off: {box.bounds}"
+            for other, obox in boxes[i + 1:]:
+                assert not box.overlaps(obox), f"{name!r} overlaps {other!r}"
+            for ax in reveal.timelines:  # no title or label covers the rows
+                assert name not in {a.get_title() for a in reveal.timelines} or not box.overlaps(ax.bbox)
+    assert reveal._texts[0].get_text() == f"BSP\n{reveal.waiting_at(0, reveal.t)} of {n_workers} waiting"
+
+
+def test_the_projector_layout_keeps_the_laptop_layout_apart():
+    runs = _jitter_runs(n_workers=4, steps=10)
+    fig = Figure(figsize=(13.5, 8), dpi=80)
+    FigureCanvasAgg(fig)
+    draw_runs(fig, runs)
+    laptop = [ax.get_position().bounds for ax in fig.axes]
+    draw_runs(fig, runs, projector=True)  # a different layout: the axes are rebuilt
+    draw_runs(fig, runs)
+    assert [ax.get_position().bounds for ax in fig.axes] == laptop
+    assert fig.axes[0].get_title().startswith("BSP: ")

@@ -33,6 +33,7 @@ from typing import Any
 import ipywidgets as W
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from simlib import _validate as check
 from simlib.app.scenario import (
@@ -54,16 +55,33 @@ __all__ = ["LivePanel", "live_panel", "LiveSettings", "Runner", "live_problem", 
 PROTOCOL_NAMES = {"bsp": "BSP", "ssp": "SSP(s)", "async": "Async"}
 TOPOLOGY_NAMES = {"ps": "PS shards", "allreduce": "ring all-reduce"}
 PLAY_FRAMES = 100
+FIGSIZE = (13.5, 8.0)  # inches at laptop size
 DPI = 80  # figure pixels per inch at laptop size; the browser scales the image to the space it has
-PROJECTOR_DPI = 110  # sharper pixels for a projector, where the image is drawn larger
+# Projector mode draws the figure on fewer inches, so its text (14 pt and up, simlib.viz.style) is
+# larger next to its plots: on the ~950 px a 1280x720 window gives the figure, 14 pt comes to
+# 14 / 72 * 950 / 8.4 = 22 px. More pixels per inch keep it sharp where it is drawn larger.
+PROJECTOR_FIGSIZE = (8.4, 5.5)
+PROJECTOR_DPI = 120
 
 # The panel's own style sheet. The figure is an image scaled to the width it gets and never taller
 # than the window minus the heading and the play row, so figure, controls, Play and Export stay on
-# screen from a 1280x720 laptop to a 1920x1080 projector. Projector mode sets every control's text
-# to 24 px (ipywidgets reads its sizes from these CSS variables).
+# screen from a 1280x720 laptop to a 1920x1080 projector. Projector mode gives the figure most of
+# the screen, as the back row reads the figure: the heading goes (the figure has its own), the
+# controls are compact with the per-run summary under them (both are the lecturer's), and the
+# figure takes the rest of the window; from 1000 px high there is room for 24 px controls as
+# well (ipywidgets reads its sizes from these CSS variables).
 PANEL_CSS = """
 .simlib-live { --jp-widgets-font-size: 15px; --jp-widgets-inline-height: 28px; font-size: 15px; }
-.simlib-live.simlib-projector { --jp-widgets-font-size: 24px; --jp-widgets-inline-height: 38px; font-size: 24px; }
+.simlib-live.simlib-projector { --jp-widgets-font-size: 13px; --jp-widgets-inline-height: 22px; font-size: 13px; }
+.simlib-live.simlib-projector h2 { display: none; }
+.simlib-live.simlib-projector .widget-inline-hbox, .simlib-live.simlib-projector .widget-html { margin-top: 1px;
+  margin-bottom: 1px; }
+.simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 7.2em); }
+.simlib-live.simlib-projector .simlib-live-status { line-height: 1.25; margin-top: 0.6em; }
+@media (min-height: 1000px) {
+  .simlib-live.simlib-projector { --jp-widgets-font-size: 24px; --jp-widgets-inline-height: 38px; font-size: 24px; }
+  .simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 5em); }
+}
 .simlib-live .widget-label, .simlib-live .widget-readout, .simlib-live .widget-button,
 .simlib-live .widget-toggle-button, .simlib-live select, .simlib-live .widget-html-content,
 .simlib-live .widget-label-basic, .simlib-live .widget-dropdown > select { font-size: inherit !important; }
@@ -93,7 +111,7 @@ class LivePanel:
     ``panel.widget``.
     """
 
-    def __init__(self, settings: LiveSettings | None = None, problem: Any = None, figsize: tuple[float, float] = (13.5, 8),
+    def __init__(self, settings: LiveSettings | None = None, problem: Any = None, figsize: tuple[float, float] = FIGSIZE,
                  debounce: float = 0.15, export_dir: str | None = None, processes: int | None = None,
                  progress_after: float = 0.3) -> None:
         check.non_negative("debounce", debounce)
@@ -121,6 +139,8 @@ class LivePanel:
         self._gen = 0
         self._pending: asyncio.TimerHandle | None = None
         self._last_progress = 0.0
+        self._laptop_figsize = figsize
+        self.projector = False
         with style():
             self.fig = Figure(figsize=figsize, dpi=DPI)
         # An image, not an ipympl canvas: a canvas has a fixed pixel size (and a resize handle), an
@@ -173,7 +193,8 @@ class LivePanel:
                                         **wide)
         self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", **slider)
         self.c_large = W.ToggleButton(False, description="projector mode",
-                                      tooltip="24 px controls and a sharper figure, for a full-screen browser on a projector")
+                                      tooltip="the figure on most of the screen, its text large enough for the back row "
+                                              "(a full-screen browser on a projector)")
         self.c_large.observe(self._on_large, names="value")
         # The control that shows each LiveSettings field (the protocols are the toggles; the seed has none).
         self._fields = {"n_workers": self.c_workers, "steps": self.c_steps, "staleness": self.c_staleness,
@@ -221,6 +242,7 @@ class LivePanel:
         playrow.add_class("simlib-playrow")
         right = W.VBox([self._image, playrow, W.HBox([self.progress, self.export_note]), self.status])
         right.add_class("simlib-main")
+        self._columns = (left, right)
         self.widget = W.VBox([title, W.HBox([left, right], layout=W.Layout(width="100%"))],
                              layout=W.Layout(width="100%"))
         self.widget.add_class("simlib-live")
@@ -354,15 +376,20 @@ class LivePanel:
         if not self.traces:
             return
         with style():
-            self.reveal = draw_runs(self.fig, self.traces, window=self._window(), max_workers=self.rows())
+            self.reveal = draw_runs(self.fig, self.traces, window=self._window(), max_workers=self.rows(),
+                                    projector=self.projector)
         self._show_frame(self.time_slider.value)  # the moment the slider shows (during Play too)
 
     def _show(self, frame: int) -> None:
-        """Push the figure to the browser as one PNG, which names the moment it shows (text chunks)."""
+        """Push the figure to the browser as one PNG, which names the moment it shows and the height of its
+        smallest text in the PNG's pixels (text chunks: the browser test turns the latter into screen pixels)."""
         buf = io.BytesIO()
+        dpi = self.fig.get_dpi()
+        meta = {"simlib:frame": str(frame), "simlib:time": repr(self.reveal.t),
+                "simlib:text-px": f"{smallest_text_pt(self.fig) * dpi / 72:.2f}"}
+        # The dpi is passed, not left to savefig.dpi: a kernel's rc may set its own.
         # NOTE: zlib level 1 instead of 6: the PNG grows ~10% and encodes ~3x faster (a frame of Play).
-        self.fig.savefig(buf, format="png", metadata={"simlib:frame": str(frame), "simlib:time": repr(self.reveal.t)},
-                         pil_kwargs={"compress_level": 1})
+        self.fig.savefig(buf, format="png", dpi=dpi, bbox_inches=None, metadata=meta, pil_kwargs={"compress_level": 1})
         self._image.value = buf.getvalue()
 
     def _window(self) -> float:
@@ -374,9 +401,17 @@ class LivePanel:
         return max((t.n_workers for t in self.traces), default=1)
 
     def _on_large(self, change: dict[str, Any]) -> None:
-        """Projector mode: 24 px control text (a CSS class) and a figure with more pixels."""
-        (self.widget.add_class if change["new"] else self.widget.remove_class)("simlib-projector")
-        self.fig.set_dpi(PROJECTOR_DPI if change["new"] else DPI)
+        """Projector mode: the figure on most of the screen (a CSS class), drawn on fewer inches so its text is large."""
+        self.projector = bool(change["new"])
+        (self.widget.add_class if self.projector else self.widget.remove_class)("simlib-projector")
+        # The per-run summary moves under the controls, so the figure gets the window's height.
+        left, right = self._columns
+        home, away = (left, right) if self.projector else (right, left)
+        away.children = tuple(c for c in away.children if c is not self.status)
+        if self.status not in home.children:
+            home.children = (*home.children, self.status)
+        self.fig.set_size_inches(PROJECTOR_FIGSIZE if self.projector else self._laptop_figsize, forward=False)
+        self.fig.set_dpi(PROJECTOR_DPI if self.projector else DPI)
         self._draw()
 
     def _set_time(self, frame: int) -> None:
@@ -515,6 +550,11 @@ class LivePanel:
         from IPython.display import display
 
         display(self.widget)
+
+
+def smallest_text_pt(fig: Figure) -> float:
+    """Font size in points of the figure's smallest shown text (titles, tick labels, legends, axis labels)."""
+    return min((t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()), default=0.0)
 
 
 def live_panel(**settings: Any) -> LivePanel:

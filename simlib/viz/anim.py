@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.transforms import Bbox, TransformedBbox
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from simlib._validate import one_of, positive, positive_int
 from simlib.trace import Trace
@@ -44,8 +44,9 @@ class Reveal:
     """Shows a figure drawn by :func:`draw_runs` as it stood at time t (t >= makespan shows everything)."""
 
     def __init__(self, fig: Figure, traces: Sequence[Trace], timelines: Sequence[Axes], loss_ax: Axes | None,
-                 window: float | None = None, max_workers: int | None = None) -> None:
+                 window: float | None = None, max_workers: int | None = None, title_sep: str = ": ") -> None:
         self.fig = fig
+        self.title_sep = title_sep  # between a run's name and its waiting count (a line break in projector layout)
         self.traces = list(traces)
         self.timelines = list(timelines)
         self.loss_ax = loss_ax
@@ -103,8 +104,9 @@ class Reveal:
                 if gid.startswith(_REVEALED_GIDS):
                     art.set_clip_box(box)
                     changed.append(art)
-            self._texts[i].set_text(f"{run_label(self.traces[i])}: {self.waiting_at(i, t)} of {self.rows[i]} waiting"
-                                    if t < self.t_end else self._titles[i])
+            waiting = f"{self.waiting_at(i, t)} of {self.rows[i]} waiting"
+            self._texts[i].set_text(f"{run_label(self.traces[i])}{self.title_sep}{waiting}" if t < self.t_end
+                                    else self._titles[i])
             changed.append(self._texts[i])
         for cursor in self._cursors:
             cursor.set_xdata([t, t])
@@ -132,12 +134,16 @@ def draw_runs(
     max_workers: int = 16,
     title: str | None = None,
     window: float | None = None,
+    projector: bool = False,
 ) -> Reveal:
     """Draw each run's timeline side by side above loss against time of all runs; title = :func:`finding`.
 
     ``window`` (seconds) zooms the timelines to [0, window] so single messages stay visible;
     arrows are drawn when the window holds at most ``MAX_ARROWS`` messages. A figure without
     a layout engine gets fixed margins, which keeps a live redraw from re-solving the layout.
+    ``projector=True`` lays out a small figure whose text is large next to its plots (see
+    :data:`PROJECTOR_MARGINS_PT`): fewer ticks, the time label once, run titles on two lines,
+    the loss legend beside its axes.
     """
     positive_int("max_workers", max_workers)
     runs = list(traces)
@@ -152,7 +158,7 @@ def draw_runs(
     fixed = fig.get_layout_engine() is None
     # NOTE: a live redraw with the same runs keeps its axes and replaces only what they show:
     # building axes (ticks above all) was about half of a redraw. Tested pixel-equal to a fresh draw.
-    layout = (k, has_quality, max_workers)
+    layout = (k, has_quality, max_workers, projector, tuple(fig.get_size_inches()))
     kept = getattr(fig, "_simlib_runs_axes", None)
     reuse = kept is not None and kept[0] == layout and all(a.figure is fig for a in kept[1])
     if reuse:
@@ -164,21 +170,39 @@ def draw_runs(
         fig.clear()
     with style():
         if not reuse:
-            margins = dict(left=0.09, right=0.98, top=0.82, bottom=0.08, hspace=0.35, wspace=0.06) if fixed else {}
-            gs = fig.add_gridspec(2, k, height_ratios=[3, 2] if has_quality else [1, 0.001], **margins)
+            if projector:
+                cells = _projector_grid(fig, k, has_quality)
+            else:
+                margins = dict(left=0.09, right=0.98, top=0.82, bottom=0.08, hspace=0.35, wspace=0.06) if fixed else {}
+                gs = fig.add_gridspec(2, k, height_ratios=[3, 2] if has_quality else [1, 0.001], **margins)
+                cells = [gs[0, i] for i in range(k)], gs[1, :]
+        sep = "\n" if projector else ": "
         timelines: list[Axes] = []
         for i, tr in enumerate(runs):
             first = timelines[0] if timelines else None
-            ax = kept[1][i] if reuse else fig.add_subplot(gs[0, i], sharex=first, sharey=first)
+            ax = kept[1][i] if reuse else fig.add_subplot(cells[0][i], sharex=first, sharey=first)
             arrows = messages_before(tr, window, max_workers) <= MAX_ARROWS
             plot_timeline(tr, ax=ax, max_workers=max_workers, legend=False, arrows=arrows,
-                          title=f"{run_label(tr)}: {tr.summary()['wait_fraction']:.0%} waiting")
-            ax.xaxis.set_major_locator(MaxNLocator(4))
+                          title=f"{run_label(tr)}{sep}{tr.summary()['wait_fraction']:.0%} waiting")
+            if projector:
+                # At most three ticks without trailing zeros ("0.0025", not "0.00250"): at 14 pt more
+                # ran into each other and into the next timeline's.
+                ax.xaxis.set_major_locator(MaxNLocator(2))
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+            else:
+                ax.xaxis.set_major_locator(MaxNLocator(4))
             if i:
                 ax.set_ylabel("")
                 ax.tick_params(labelleft=False)
+            if projector:
+                ax.title.set_fontsize(PROJECTOR_RUN_TITLE_PT)
+                # The time label once: under the loss plot, or under the middle timeline without one.
+                if has_quality or i != k // 2:
+                    ax.set_xlabel("")
             timelines.append(ax)
         timelines[0].set_xlim(0.0, window)
+        if projector:
+            _clear_server_row(timelines[0])  # the timelines share their y ticks
         # The span colours are explained once, in a row under the title, so the plots keep the full width.
         gids = {g for a in timelines for g in timeline_artists(a)}
         kinds = sorted((g[5:] for g in gids if g.startswith("span:")), key=list(KIND_COLORS).index)
@@ -188,16 +212,69 @@ def draw_runs(
             handles.append(Line2D([], [], color=black, linestyle="--", linewidth=1.2, label="barrier"))
         if "messages" in gids:
             handles.append(Line2D([], [], color=black, linewidth=0.8, marker=".", label="message"))
-        fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.935), ncols=max(len(handles), 1),
-                   frameon=False)
+        fig_h = fig.get_figheight() * 72
+        if projector:
+            # Short names and tight spacing keep the legend to one row across the figure's width.
+            for h in handles:
+                h.set_label(_SHORT_LABELS.get(h.get_label(), h.get_label()))
+            fig.legend(handles=handles, loc="upper center", ncols=max(len(handles), 1), frameon=False,
+                       bbox_to_anchor=(0.5, 1 - PROJECTOR_MARGINS_PT["legend"] / fig_h), borderaxespad=0,
+                       borderpad=0, handlelength=1.4, handletextpad=0.4, columnspacing=1.0)
+        else:
+            fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.935), ncols=max(len(handles), 1),
+                       frameon=False)
         loss_ax = None
         if has_quality:
-            loss_ax = kept[1][k] if reuse else fig.add_subplot(gs[1, :])
+            loss_ax = kept[1][k] if reuse else fig.add_subplot(cells[1])
             plot_loss(runs, x="time", ax=loss_ax, target=target, title="")
             loss_ax.set_xlim(0.0, t_end)
-        fig.suptitle(title if title is not None else (finding(runs, target) if target is not None else ""), y=0.99)
+            if projector:
+                loss_ax.xaxis.set_major_locator(MaxNLocator(5))
+                loss_ax.yaxis.set_major_locator(MaxNLocator(3))
+                # Beside the axes, not over the curves: inside, four rows would cover most of a short plot.
+                loss_ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, borderaxespad=0.4,
+                               borderpad=0, labelspacing=0.3, handlelength=1.4, handletextpad=0.4)
+        heading = title if title is not None else (finding(runs, target) if target is not None else "")
+        fig.suptitle(heading, y=1 - PROJECTOR_MARGINS_PT["pad"] / fig_h if projector else 0.99)
     fig._simlib_runs_axes = (layout, [*timelines, *([loss_ax] if loss_ax is not None else [])])
-    return Reveal(fig, runs, timelines, loss_ax, window=window, max_workers=max_workers)
+    return Reveal(fig, runs, timelines, loss_ax, window=window, max_workers=max_workers, title_sep=sep)
+
+
+# Projector layout, in points from the figure's edges (its text is 14-20 pt, so the margins are
+# fixed in points, not in fractions of a figure that is small on purpose): the title and one legend
+# row above the two-line run titles; tick labels and one time label below; the loss legend right of
+# the loss plot, where it hides no curve.
+PROJECTOR_MARGINS_PT = {"pad": 3.0, "legend": 31.0, "top": 95.0, "left": 92.0, "right": 10.0, "legend_width": 190.0,
+                        "bottom": 46.0, "between": 34.0, "wspace": 36.0}
+PROJECTOR_RUN_TITLE_PT = 15
+_SHORT_LABELS = {KIND_LABELS["send"]: "send", KIND_LABELS["recv"]: "receive", KIND_LABELS["down"]: "down"}
+
+
+def _clear_server_row(ax: Axes) -> None:
+    """Drop the worker labels the large ticks would print over the 'servers' (or 'network') row's label."""
+    ticks, labels = list(ax.get_yticks()), [t.get_text() for t in ax.get_yticklabels()]
+    rows = [i for i, label in enumerate(labels) if not label.isdigit()]
+    if not rows:
+        return
+    y0, y1 = ax.get_ylim()
+    pt_per_row = ax.get_position().height * ax.get_figure().get_figheight() * 72 / abs(y1 - y0)
+    room = 1.2 * float(ax.yaxis.get_ticklabels()[0].get_fontsize()) if labels else 0.0
+    server = ticks[rows[0]]
+    keep = [i for i, y in enumerate(ticks) if i in rows or abs(y - server) * pt_per_row >= room]
+    ax.set_yticks([ticks[i] for i in keep], [labels[i] for i in keep])
+
+
+def _projector_grid(fig: Figure, k: int, has_quality: bool) -> tuple[list, object]:
+    """Cells for the k timelines and the loss plot, with :data:`PROJECTOR_MARGINS_PT` margins."""
+    m = PROJECTOR_MARGINS_PT
+    w, h = fig.get_figwidth() * 72, fig.get_figheight() * 72
+    left, right, top, bottom = m["left"] / w, 1 - m["right"] / w, 1 - m["top"] / h, m["bottom"] / h
+    split = bottom + (top - bottom - m["between"] / h) * 0.4 if has_quality else bottom
+    col = (right - left) * w / k
+    top_gs = fig.add_gridspec(1, k, left=left, right=right, top=top, bottom=split + m["between"] / h if has_quality
+                              else bottom, wspace=m["wspace"] / max(col - m["wspace"], 1.0))
+    loss_gs = fig.add_gridspec(1, 1, left=left, right=right - m["legend_width"] / w, top=split, bottom=bottom)
+    return [top_gs[0, i] for i in range(k)], loss_gs[0, 0]
 
 
 def _wipe(ax: Axes) -> None:
