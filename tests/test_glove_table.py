@@ -56,8 +56,13 @@ def test_one_worker_on_shared_memory_trains_as_the_single_process_trainer(cooc):
     prob = GloveProblem(cooc, cfg)
     res = simlib.run(prob, "async", substrate="shm", n_workers=1, steps=3 * prob.epoch_steps(1, 1), batch_size=1,
                      lr=cfg.lr)
-    assert res.trace.meta["path"] == "in place"
-    assert np.array_equal(res.params, serial_reference(prob, steps=3 * cooc.nnz, batch_size=1, lr=cfg.lr))
+    assert res.trace.meta["path"] == "in place" and res.params.dtype == np.float32  # the values' own precision
+    reference = serial_reference(prob, steps=3 * cooc.nnz, batch_size=1, lr=cfg.lr)
+    np.testing.assert_allclose(res.params, reference, rtol=1e-4, atol=1e-6)
+    # the in-place kernel on the serial reference's float64 storage: the same steps, bit for bit
+    table = prob.init_params()
+    prob.local_steps(table, prob.shards(1)[0], 0, 3 * cooc.nnz, 1, cfg.lr)
+    assert np.array_equal(table, reference)
     params, costs = train(cooc, cfg)  # float32 arrays, the same loop vectorised for them: equal to float32 rounding
     np.testing.assert_allclose(prob.epoch_costs(res), costs, rtol=1e-6)
     np.testing.assert_allclose(prob.unflatten(res.params).W, params.W, atol=1e-3)

@@ -52,6 +52,9 @@ class GloveProblem:
     metric = "cost"
     lower_is_better = True
     linear_step = False  # AdaGrad's accumulators do not scale with the step size
+    # Where a substrate keeps the table in place (shm): float32, the values' own precision (the float64
+    # storage elsewhere only holds float32 values), so the in-place kernel moves half the bytes.
+    table_dtype = np.float32
 
     def __init__(self, cooc: Cooccurrence, config: GloveConfig, eval_entries: int = 20_000):
         validate_training(cooc, config)
