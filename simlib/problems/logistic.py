@@ -462,6 +462,38 @@ def _batch_gradient(indptr, indices, values, y, batch, keys, w_keys, l2, n_featu
     return g
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _gradient_into(indptr, indices, values, y, w, start, n_rows, c, batch_size, scale, l2, g, seen,
+                   touched):  # pragma: no cover - compiled
+    """g_j = l2 w_j + (1/B) sum_i slope(y_i, scale x_i.w) x_ij over mini-batch c's rows, in the scratch ``g``.
+
+    Returns (m, touched): the batch's features are touched[:m] (grown when a batch has more); ``seen``
+    marks them with c, so the scratch needs no clearing between batches.
+    """
+    inv_b = 1.0 / batch_size
+    m = 0
+    for b in range(batch_size):
+        r = start + (c * batch_size + b) % n_rows
+        lo, hi = indptr[r], indptr[r + 1]
+        margin = 0.0
+        for p in range(lo, hi):
+            j = indices[p]
+            if seen[j] != c:
+                seen[j] = c
+                g[j] = l2 * w[j]
+                if m == touched.shape[0]:
+                    grown = np.empty(2 * m, dtype=np.int64)
+                    grown[:m] = touched
+                    touched = grown
+                touched[m] = j
+                m += 1
+            margin += values[p] * (w[j] * scale)
+        coef = log_loss_slope(y[r], margin) * inv_b
+        for p in range(lo, hi):
+            g[indices[p]] += coef * values[p]
+    return m, touched
+
+
 @njit(cache=True, nogil=True)
 def _local_sgd(indptr, indices, values, y, w, start, stop, first, count, batch_size, lr, l2):  # pragma: no cover
     """w[k] += -lr * g_k for each mini-batch in turn, g as in :func:`_batch_gradient`, computed in place."""
@@ -483,26 +515,8 @@ def _local_sgd(indptr, indices, values, y, w, start, stop, first, count, batch_s
     seen = np.full(w.shape[0], -1, dtype=np.int64)
     touched = np.empty(batch_size * 64, dtype=np.int64)
     for c in range(first, first + count):
-        m = 0
-        for b in range(batch_size):
-            r = start + (c * batch_size + b) % n_rows
-            lo, hi = indptr[r], indptr[r + 1]
-            margin = 0.0
-            for p in range(lo, hi):
-                j = indices[p]
-                if seen[j] != c:
-                    seen[j] = c
-                    g[j] = l2 * w[j]
-                    if m == touched.shape[0]:
-                        grown = np.empty(2 * m, dtype=np.int64)
-                        grown[:m] = touched
-                        touched = grown
-                    touched[m] = j
-                    m += 1
-                margin += values[p] * w[j]
-            coef = log_loss_slope(y[r], margin) * inv_b
-            for p in range(lo, hi):
-                g[indices[p]] += coef * values[p]
+        m, touched = _gradient_into(indptr, indices, values, y, w, start, n_rows, c, batch_size, 1.0, l2, g, seen,
+                                    touched)
         for q in range(m):
             j = touched[q]
             w[j] += -lr * g[j]
@@ -514,7 +528,6 @@ def _local_sgd_scaled(indptr, indices, values, y, w, start, stop, first, count, 
     # NOTE: this worker's own decay is added to the shared log s once per chunk, not once per step: with
     # several workers, one key written every step by all of them would bounce its cache line between cores.
     n_rows, f = stop - start, w.shape[0] - 1
-    inv_b = 1.0 / batch_size
     keep = 1.0 - lr * l2
     log_keep = np.log(keep)
     pending = 0.0
@@ -537,26 +550,8 @@ def _local_sgd_scaled(indptr, indices, values, y, w, start, stop, first, count, 
     touched = np.empty(batch_size * 64, dtype=np.int64)
     for c in range(first, first + count):
         s = np.exp(w[f] + pending)
-        m = 0
-        for b in range(batch_size):
-            r = start + (c * batch_size + b) % n_rows
-            lo, hi = indptr[r], indptr[r + 1]
-            margin = 0.0
-            for p in range(lo, hi):
-                j = indices[p]
-                if seen[j] != c:
-                    seen[j] = c
-                    g[j] = 0.0
-                    if m == touched.shape[0]:
-                        grown = np.empty(2 * m, dtype=np.int64)
-                        grown[:m] = touched
-                        touched = grown
-                    touched[m] = j
-                    m += 1
-                margin += values[p] * (w[j] * s)
-            coef = log_loss_slope(y[r], margin) * inv_b
-            for p in range(lo, hi):
-                g[indices[p]] += coef * values[p]
+        m, touched = _gradient_into(indptr, indices, values, y, w, start, n_rows, c, batch_size, s, 0.0, g, seen,
+                                    touched)
         div = s * keep
         for q in range(m):
             j = touched[q]
