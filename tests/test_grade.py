@@ -1,6 +1,7 @@
 """The grader: markup and student versions, hostile submissions in the sandbox, the gradebook, nbgrader."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -10,6 +11,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
 from simlib.grade.gradebook import Progress, cache_key, check_hidden, clean, environment, grade_class
 from simlib.grade.sandbox import Limits
@@ -331,7 +334,57 @@ def _feedback(out: Path) -> dict[str, str]:
     return texts
 
 
-def _grade_hostile(tmp_path_factory, sandbox):
+@contextlib.contextmanager
+def _watching_cgroups():
+    """Record every submission cgroup the grader makes: its counters and what is left in it after the
+    grader's teardown kill, and samples of its pids.current taken every 2 ms from outside."""
+    seen: dict[str, Any] = {"removed": [], "samples": {}}
+    found = cgroups.layout()[0]
+    if found is None:
+        yield seen
+        return
+    real_remove, stop = cgroups.Cgroup.remove, threading.Event()
+
+    def remove(group):
+        stats = group.stats()
+        group.kill()  # what Cgroup.remove does first; then look inside before the folders go
+        left = group.members()
+        real_remove(group)
+        seen["removed"].append({"stats": stats, "left": left, "dirs": list(group.dirs.values()),
+                                "exists": [d.exists() for d in group.dirs.values()]})
+
+    def sample():
+        parent = found.parents.get("pids", found.parents.get("unified"))
+        while not stop.wait(0.002):
+            for folder in parent.glob(f"{cgroups.PREFIX}{os.getpid()}-*"):
+                try:
+                    n = int((folder / "pids.current").read_text())
+                except (OSError, ValueError):
+                    continue
+                seen["samples"][folder.name] = max(seen["samples"].get(folder.name, 0), n)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cgroups.Cgroup, "remove", remove)
+        sampler.start()
+        try:
+            yield seen
+        finally:
+            stop.set()
+            sampler.join()
+
+
+def _leftover_cgroups() -> list[Path]:
+    """Cgroup folders this test process's grader made and did not remove."""
+    found = cgroups.layout()[0]
+    parents = found.parents.values() if found is not None else []
+    return [p for parent in parents for p in parent.glob(f"{cgroups.PREFIX}{os.getpid()}-*")]
+
+
+HOSTILE_LIMITS = Limits(cell_s=4, wall_s=60, output_mb=8, disk_mb=64)
+
+
+def _grade_hostile(tmp_path_factory, sandbox, write=None, limits=HOSTILE_LIMITS):
     base = tmp_path_factory.mktemp(f"course-{sandbox}")
     master = toy_master()
     master_path = base / "solutions" / "07-toy.ipynb"
@@ -340,19 +393,20 @@ def _grade_hostile(tmp_path_factory, sandbox):
     subs, out, scratch = base / "submitted", base / "grades", base / "tmp"
     subs.mkdir()
     scratch.mkdir()
-    expect = _write_class(subs, master, master_path, out)
-    if sandbox == "watcher":  # a process leaving the tree with CLONE_PARENT is the watcher's known gap
+    expect = (write or _write_class)(subs, master, master_path, out)
+    if sandbox == "watcher" and cgroups.problem() and "clone_parent" in expect:
+        # a process leaving the tree with CLONE_PARENT is the watcher's known gap, unless a cgroup holds it
         (subs / "clone_parent.ipynb").unlink()
         del expect["clone_parent"]
     before = _snapshot(subs), master_path.read_bytes(), set(os.listdir("/dev/shm"))
     log = io.StringIO()
-    limits = Limits(cell_s=4, wall_s=60, output_mb=8, disk_mb=64)
     old_tmp, os.environ["SIMLIB_TEST_PLANTED"] = tempfile.tempdir, PLANTED
     tempfile.tempdir = str(scratch)  # the grader's scratch folders, to check that none is left
     try:
-        t0 = time.monotonic()
-        grade_class(master_path, subs, out, limits, progress=lambda n: Progress(n, log), sandbox=sandbox, log=log)
-        seconds = time.monotonic() - t0
+        with _watching_cgroups() as seen:
+            t0 = time.monotonic()
+            grade_class(master_path, subs, out, limits, progress=lambda n: Progress(n, log), sandbox=sandbox, log=log)
+            seconds = time.monotonic() - t0
     finally:
         tempfile.tempdir = old_tmp
         del os.environ["SIMLIB_TEST_PLANTED"]
@@ -361,7 +415,7 @@ def _grade_hostile(tmp_path_factory, sandbox):
             "expect": expect, "seconds": seconds, "sandbox": sandbox, "scratch": scratch,
             "changed": (before[0] != _snapshot(subs), before[1] != master_path.read_bytes()),
             "new_shm": set(os.listdir("/dev/shm")) - before[2], "survivors": _processes_with(TOKEN),
-            "children": _descendants(os.getpid())}
+            "children": _descendants(os.getpid()), "cgroups": seen, "leftover_cgroups": _leftover_cgroups()}
 
 
 @pytest.fixture(scope="module")
@@ -404,7 +458,7 @@ def test_each_hostile_submission_loses_only_what_it_breaks(hostile_class, studen
     _check_student(hostile_class, student)
 
 
-WATCHER_GROUP = ["setsid_double_fork", "reads_master", "writes_gradebook", "reads_host_environ", "network", "exits",
+WATCHER_GROUP = ["setsid_double_fork", "clone_parent", "reads_master", "writes_gradebook", "reads_host_environ", "network", "exits",
                  "segfault", "channel_empty_list", "channel_deep_nesting", "loop", "memory", "fork_bomb", "output_flood",
                  "quotes_hidden_tests", "forges_results_ahead", "garbage", "deep", "metadata_string", "fifo",
                  "link_to_master", "José", "Josи", "alice/", "flood_then_correct"]
@@ -415,6 +469,8 @@ WATCHER_REASONS = {"reads_master": "PermissionError", "writes_gradebook": "Permi
 @pytest.mark.parametrize("student", WATCHER_GROUP)
 def test_the_fallback_watcher_holds_too(hostile_class_watcher, student):
     graded = hostile_class_watcher
+    if student not in graded["expect"]:
+        pytest.skip(f"without a cgroup ({cgroups.problem()}), CLONE_PARENT escapes the watcher (the README says so)")
     if student in WATCHER_REASONS:
         graded = {**graded, "expect": {**graded["expect"], student: (graded["expect"][student][0], WATCHER_REASONS[student])}}
     _check_student(graded, student)
@@ -438,6 +494,8 @@ def test_nothing_is_left_behind(graded, request):
     assert graded["changed"] == (False, False)  # the submissions and the master are as they were
     assert [p.name for p in graded["out"].iterdir()] and not list(graded["out"].rglob("planted*"))
     assert sorted(p.name for p in graded["out"].iterdir()) == [".cache", ".numba-cache", "feedback", "gradebook.csv"]
+    assert graded["leftover_cgroups"] == []
+    assert [r for r in graded["cgroups"]["removed"] if r["left"] or any(r["exists"])] == []
 
 
 def test_feedback_is_bounded_and_never_shows_hidden_tests_or_the_host(hostile_class):
@@ -500,6 +558,127 @@ def test_hidden_tests_inside_a_readable_tree_are_refused(tmp_path):
     master = ROOT / "simlib" / "grade" / "07-toy.ipynb"  # inside the package the sandbox may read
     with pytest.raises(ValueError, match="which submissions may read"):
         check_hidden(master, tmp_path / "out", tmp_path)
+
+
+# -- the cgroup -----------------------------------------------------------------------------------
+# One grading run (per sandbox kind) of the attacks that only a cgroup stops in full, beside the
+# control student and the two escapes; each test fails if no cgroup was applied.
+CGROUP_LIMITS = Limits(cell_s=10, wall_s=60, memory_mb=400, max_procs=32, output_mb=8, disk_mb=64)
+CGROUP_ATTACKS = {  # name: (code replacing part 1's answer, (t1, t2) points, text the feedback must contain)
+    # every process forks, 7 times: up to 128 at once, fast enough to outrun a watcher polling every 20 ms
+    "fast_fork_bomb": ("import os, time\npid0 = os.getpid()\nfor _ in range(7):\n    try:\n        os.fork()\n"
+                       "    except OSError:\n        break\nif os.getpid() != pid0:\n    time.sleep(30)\n    os._exit(0)" + F,
+                       (0, 3), "more than 32 processes at once (--max-procs, the cgroup's pids.max"),
+    # two processes of 240 MB each (each under the 400 MB per process, 480 MB with the interpreter
+    # together: over --memory-mb, yet under the watcher's 800 MB resident in all)
+    "two_processes_over_memory": ("import os, time\nn = 240 * 2**20\npid = os.fork()\nif pid == 0:\n    a = b'x' * n\n"
+                                  "    time.sleep(3)\n    os._exit(0)\nb = b'y' * n\nos.waitpid(pid, 0)\ndel b" + F,
+                                  (0, 3), "more than 400 MB (--memory-mb, the cgroup's memory limit"),
+    "one_process_under_memory": ("b = b'y' * (200 * 2**20)\ndel b" + F, (2, 3), "Autograded: 5 / 5 points"),
+}
+
+
+def _write_cgroup_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict[str, Any]:
+    good = subs / "good.ipynb"
+    good.write_text(nbm.dump(master))
+    expect = {"good": ((2, 3), "Autograded: 5 / 5 points")}
+    for name, (code, points, reason) in {**CGROUP_ATTACKS, **{k: ATTACKS[k] for k in ("setsid_double_fork",
+                                                                                    "clone_parent")}}.items():
+        (subs / f"{name}.ipynb").write_text(nbm.dump(with_answer1(master, code)))
+        expect[name] = (points, reason)
+    return expect
+
+
+def _cgroup_class(tmp_path_factory, sandbox):
+    if cgroups.problem():
+        pytest.skip(f"no cgroup for submissions here: {cgroups.problem()}")
+    return _grade_hostile(tmp_path_factory, sandbox, _write_cgroup_class, CGROUP_LIMITS)
+
+
+@pytest.fixture(scope="module")
+def cgroup_class(tmp_path_factory):
+    if sandbox_problem():
+        pytest.skip(f"bubblewrap cannot run here: {sandbox_problem()}")
+    return _cgroup_class(tmp_path_factory, "bwrap")
+
+
+@pytest.fixture(scope="module")
+def cgroup_class_watcher(tmp_path_factory):
+    return _cgroup_class(tmp_path_factory, "watcher")
+
+
+CGROUP_GROUPS = ["cgroup_class", pytest.param("cgroup_class_watcher", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("graded", CGROUP_GROUPS)
+@pytest.mark.parametrize("student", ["good", *CGROUP_ATTACKS, "setsid_double_fork", "clone_parent"])
+def test_the_cgroup_stops_what_rlimits_and_polling_miss(graded, student, request):
+    _check_student(request.getfixturevalue(graded), student)
+
+
+@pytest.mark.parametrize("graded", CGROUP_GROUPS)
+def test_a_fork_bomb_never_has_more_than_max_procs_at_once(graded, request):
+    seen = request.getfixturevalue(graded)["cgroups"]
+    assert seen["removed"], "no cgroup was made"
+    peaks = [r["stats"]["pids_peak"] for r in seen["removed"]] + list(seen["samples"].values())
+    assert max(peaks) <= CGROUP_LIMITS.max_procs, peaks
+    assert any(r["stats"]["pids_refused"] for r in seen["removed"])  # the bomb met pids.max, not the watcher
+    assert max(peaks) >= CGROUP_LIMITS.max_procs - 4, peaks  # and it did fill it up
+
+
+@pytest.mark.parametrize("graded", CGROUP_GROUPS)
+def test_memory_is_limited_for_all_processes_together(graded, request):
+    seen = request.getfixturevalue(graded)["cgroups"]
+    limit = CGROUP_LIMITS.memory_mb * 2**20
+    assert seen["removed"], "no cgroup was made"
+    assert sum(r["stats"]["oom_kills"] for r in seen["removed"]) >= 1
+    assert all(r["stats"]["memory_peak"] <= limit for r in seen["removed"])
+
+
+@pytest.mark.parametrize("graded", CGROUP_GROUPS)
+def test_nothing_is_left_in_or_of_the_cgroups(graded, request):
+    graded = request.getfixturevalue(graded)
+    removed = graded["cgroups"]["removed"]
+    assert len(removed) >= 1 + len(graded["expect"]), "a cgroup per sandbox (the master's, each submission's)"
+    assert [r for r in removed if r["left"]] == []  # the teardown kill emptied each
+    assert [d for r in removed for d in r["dirs"] if d.exists()] == [] and graded["leftover_cgroups"] == []
+    assert graded["survivors"] == []
+    assert graded["seconds"] < 60  # no escaped process (they sleep 120 s) held the grader's pipes open
+
+
+def test_without_a_cgroup_the_grader_says_so_once_and_grades_as_before(course, monkeypatch):
+    from simlib.grade import sandbox
+
+    made = []
+    monkeypatch.setattr(cgroups.Cgroup, "__init__", lambda group, *args: made.append(args))
+    monkeypatch.setattr(cgroups, "layout", lambda: (None, "the grader is not running as root"))
+    note = sandbox.choose("auto")[1]
+    assert note.count("no cgroup for submissions (the grader is not running as root)") == 1
+    log = io.StringIO()
+    rows = grade_class(course / "solutions" / "07-toy.ipynb", course / "submitted", course / "grades",
+                       progress=None, log=log)
+    assert log.getvalue().count("no cgroup for submissions") == 1, log.getvalue()
+    assert sum(r["points"] for r in rows if r["student"] == "alice") == 5
+    assert made == []
+    notes = [n for p in (course / "grades" / ".cache").glob("*.json") for n in json.loads(p.read_text())["notes"]]
+    assert notes and all(n.endswith("; no cgroup") for n in notes if n.startswith("isolation:"))
+
+
+def test_the_cgroup_layout_is_read_from_proc():
+    """v2 (unified) and v1 (one hierarchy per controller) as /proc/self/cgroup and mountinfo show them."""
+    v2 = cgroups._own_paths("0::/user.slice/grader.scope\n")
+    mounts2 = cgroups._mounts("30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
+    assert v2 == {"unified": "/user.slice/grader.scope"} and mounts2 == {"unified": ("/sys/fs/cgroup", "/")}
+    v1 = cgroups._own_paths("8:pids:/\n4:memory:/jobs/7\n2:cpu,cpuacct:/\n0::/\n")
+    assert v1 == {"pids": "/", "memory": "/jobs/7", "cpu": "/", "cpuacct": "/", "unified": "/"}
+    mounts1 = cgroups._mounts("40 31 0:36 /jobs /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+                              "41 31 0:37 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n")
+    assert mounts1["memory"] == ("/sys/fs/cgroup/memory", "/jobs") and mounts1["pids"] == ("/sys/fs/cgroup/pids", "/")
+
+
+def test_a_grader_that_is_not_root_makes_no_cgroup(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert cgroups.layout.__wrapped__() == (None, "the grader is not running as root")
 
 
 # -- the instructor's mistakes --------------------------------------------------------------------
@@ -566,8 +745,8 @@ def test_a_master_short_of_full_marks_is_refused_and_nothing_is_cached(course, m
     (course / "solutions" / "07-toy.ipynb").write_text(nbm.dump(master))
     res = _cli("07", "submitted", *args, cwd=course)
     assert res.returncode == 1, res.stderr
-    assert res.stderr.startswith("refused: the master notebook 07-toy.ipynb") and why in res.stderr, res.stderr
-    assert res.stderr.count("\n") == 1
+    lines = [line for line in res.stderr.splitlines() if not line.startswith("note: ")]  # e.g. no cgroup here
+    assert len(lines) == 1 and lines[0].startswith("refused: the master notebook 07-toy.ipynb") and why in lines[0], res.stderr
     assert not (course / "grades" / "07-toy" / "gradebook.csv").exists()
     assert not list((course / "grades" / "07-toy").rglob("*.json"))
 

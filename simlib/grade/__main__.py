@@ -110,9 +110,11 @@ def grade(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=d.wall_s, metavar="S",
                     help=f"seconds a whole submission may run (default: {d.wall_s:g})")
     ap.add_argument("--memory-mb", type=int, default=d.memory_mb, metavar="MB",
-                    help=f"address space per process; twice this for all its processes (default: {d.memory_mb})")
+                    help=f"memory of all a submission's processes together where a cgroup can be made (as "
+                         f"root), else twice this resident; address space per process (default: {d.memory_mb})")
     ap.add_argument("--max-procs", type=int, default=d.max_procs, metavar="N",
-                    help=f"processes a submission may run at once (default: {d.max_procs})")
+                    help=f"processes a submission may run at once; with a cgroup, its pids.max, which counts "
+                         f"threads and the sandbox's own 2 or 3 (default: {d.max_procs})")
     ap.add_argument("--output-mb", type=int, default=d.output_mb, metavar="MB",
                     help=f"output one cell may print (default: {d.output_mb})")
     ap.add_argument("--disk-mb", type=int, default=d.disk_mb, metavar="MB",

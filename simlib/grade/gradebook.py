@@ -4,7 +4,7 @@ Only this (the grader's) process writes the gradebook and the feedback; submissi
 :mod:`simlib.grade.sandbox`. Before any student, the master notebook runs in the same sandbox with
 the same limits and must score every autograded point, else grading is refused (:class:`Refused`).
 A submission's result is cached under a hash of its bytes, the master's bytes, the limits, the
-sandbox, the interpreter and installed packages (:func:`environment`) and :data:`VERSION`, so
+sandbox (and whether it has a cgroup), the interpreter and installed packages (:func:`environment`) and :data:`VERSION`, so
 re-running gives the same gradebook and a student added later is graded alone. Whatever one
 submission is or does, it ends as that student's rows (0 and a one-line reason at worst); the
 gradebook is written for everyone.
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 import simlib
+from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
 from simlib.grade.sandbox import Limits, Outcome, SandboxError, Unit, choose, exposed, run_units
 
@@ -166,8 +167,10 @@ def environment() -> str:
 
 
 def cache_key(master: bytes, submission: bytes, limits: Limits, sandbox: str) -> str:
-    """sha256 of the grader version, the environment, the sandbox, the limits, the master and the submission."""
-    h = hashlib.sha256(f"{VERSION}\0{environment()}\0{sandbox}\0{json.dumps(asdict(limits), sort_keys=True)}\0".encode())
+    """sha256 of the grader version, the environment, the sandbox (and whether it has a cgroup), the limits,
+    the master and the submission."""
+    h = hashlib.sha256(f"{VERSION}\0{environment()}\0{sandbox}\0{cgroups.kind()}\0"
+                       f"{json.dumps(asdict(limits), sort_keys=True)}\0".encode())
     h.update(hashlib.sha256(master).digest() + hashlib.sha256(submission).digest())
     return h.hexdigest()
 
@@ -370,8 +373,6 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
     master = nbm.load(master_path)
     check_hidden(master_path, out_dir, submissions)
     kind, note = choose(sandbox)
-    if note:
-        print(note, file=log)
     jobs = (2 if kind == "bwrap" or os.getuid() == 0 else 1) if jobs is None else jobs
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"--jobs must be an integer >= 1, got {jobs!r}")
@@ -379,6 +380,8 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
         raise ValueError("--jobs: submissions run side by side only in bubblewrap or as root "
                          "(each needs a private /dev/shm); use 1")
     found, ignored = find_submissions(submissions, master_path.stem)
+    if note:  # after every check of the arguments, so a bad one is still answered in one line
+        print(note, file=log)
     for line in ignored:
         print(f"note: {clean(line, [])}", file=log)
     names = feedback_names([s.student for s in found])

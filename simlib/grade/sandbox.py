@@ -15,10 +15,13 @@ Two sandboxes, chosen once per run (:func:`choose`):
   subreaper, and a thread here that watches the process tree and kills it at the end. A process
   that leaves the tree (``clone(CLONE_PARENT)``) can escape it; the grader says so once.
 
-In both, on top: Landlock (Linux >= 5.13) confines reads to the same trees and writes to scratch;
-rlimits bound address space (a 10 GB allocation fails with MemoryError), CPU time and file size;
-the watcher thread kills the sandbox past ``max_procs`` processes or twice ``memory_mb`` resident
-in all; IPv4/IPv6 sockets are refused; output is drained here and capped per cell.
+In both, on top: as root, where the kernel offers one, a cgroup of its own (:mod:`simlib.grade.cgroup`):
+``pids.max`` = ``max_procs``, ``memory_mb`` for all its processes together, every process in it
+killed at teardown, wherever it went; Landlock (Linux >= 5.13) confines reads to the same trees and
+writes to scratch; rlimits bound address space (a 10 GB allocation fails with MemoryError), CPU
+time and file size; without a cgroup, the watcher thread kills the sandbox past ``max_procs``
+processes or twice ``memory_mb`` resident in all; IPv4/IPv6 sockets are refused; output is drained
+here and capped per cell.
 
 Hidden tests never exist as text in the sandbox: test cells are compiled here and sent, with every
 other unit, in one frame before the submission's first cell runs; the child then closes that
@@ -52,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import simlib
+from simlib.grade import cgroup as cgroups
 
 SHM = Path("/dev/shm")
 # Read-only trees besides Python's own; /etc, /proc of others and /sys are left out on purpose.
@@ -189,18 +193,24 @@ def bwrap_problem() -> str:
 
 
 def choose(kind: str = "auto") -> tuple[str, str]:
-    """('bwrap' or 'watcher', a note when the fallback is used); ValueError for a kind that cannot run."""
+    """('bwrap' or 'watcher', notes on each fallback used, one per line); ValueError for a kind that cannot run."""
     if kind not in ("auto", "bwrap", "watcher"):
         raise ValueError(f"--sandbox must be auto, bwrap or watcher, got {kind!r}")
+    notes = []
+    if cgroups.problem():
+        notes.append(f"note: no cgroup for submissions ({cgroups.problem()}); memory is limited per process "
+                     "(rlimits) and process counts by the watcher's polling, which a fast fork bomb can outrun briefly")
     if kind == "watcher":
-        return "watcher", ""
+        return "watcher", "\n".join(notes)
     problem = bwrap_problem()
     if not problem:
-        return "bwrap", ""
+        return "bwrap", "\n".join(notes)
     if kind == "bwrap":
         raise ValueError(f"--sandbox bwrap: {problem}")
-    return "watcher", (f"note: {problem}; falling back to the process watcher, which cannot stop every "
-                       "escape (a process forked with CLONE_PARENT may outlive grading)")
+    escape = ("a process forked with CLONE_PARENT may outlive grading" if cgroups.problem() else
+              "without the namespaces a submission can see the host's processes")
+    notes.insert(0, f"note: {problem}; falling back to the process watcher, which cannot stop every escape ({escape})")
+    return "watcher", "\n".join(notes)
 
 
 # -- the child ------------------------------------------------------------------------------------
@@ -239,10 +249,19 @@ class Child:
             os.close(aw)
             fds.append(ar)
             cmd = ["bwrap", "--args", str(ar), "--"] + cmd
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=scratch,
-            env=env, pass_fds=fds, start_new_session=True,
-        )
+        # Made before the launch, joined by the launcher before it execs: nothing is ever forked outside it.
+        self.cgroup = cgroups.create(limits.max_procs, limits.memory_mb)
+        if self.cgroup is not None:
+            cmd = self.cgroup.launcher(cmd)
+        try:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=scratch,
+                env=env, pass_fds=fds, start_new_session=True,
+            )
+        except BaseException:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            raise
         for fd in fds:
             os.close(fd)
         self.results = r
@@ -279,6 +298,11 @@ class Child:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.watch_every):
+            if self.cgroup is not None:  # the kernel enforces both limits; only say so as soon as one is hit
+                if self._over_limit():
+                    self.kill()
+                    return
+                continue
             tree = self.tree()
             if self._crowded(tree):
                 self.kill()
@@ -288,6 +312,14 @@ class Child:
                 self.violation = f"the processes used more than {2 * self.limits.memory_mb} MB together"
                 self.kill()
                 return
+
+    def _over_limit(self) -> bool:
+        """Whether the cgroup refused a fork or killed for memory, or (without one) the tree is too large."""
+        if self.cgroup is None:
+            return self._crowded(self.tree())
+        why = self.cgroup.violation()
+        self.violation = self.violation or why
+        return bool(why)
 
     def _crowded(self, tree: list[int]) -> bool:
         """Whether ``tree`` has more processes than allowed; if so, that becomes the violation."""
@@ -323,7 +355,10 @@ class Child:
         Under bubblewrap, killing the namespace's init (in the tree) makes the kernel kill everything
         in the namespace. For the watcher, everything is stopped first while the child (a subreaper)
         is alive, so no process can fork or be re-parented out of sight between the scan and the kill.
+        With a cgroup, everything in it is killed first, however it left the tree or the namespace.
         """
+        if self.cgroup is not None:
+            self.cgroup.kill()
         for _ in range(50):
             fresh = [pid for pid in self.tree() if pid not in self._stopped]
             for pid in fresh:
@@ -358,6 +393,8 @@ class Child:
                 pass
         self._drain.join(timeout=5)
         os.close(self.results)
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
     # -- the protocol ---------------------------------------------------------------------------
     def receive(self, deadline: float) -> dict[str, Any]:
@@ -386,7 +423,7 @@ class Child:
                 chunk = os.read(self.results, 65536)
                 if not chunk:
                     time.sleep(0.05)  # let the watcher record a violation that killed it
-                    if self.violation:
+                    if self.violation or self.cgroup is not None and self._over_limit():
                         raise Fatal(self.violation)
                     code = self.proc.wait()
                     if self.kind == "bwrap" and code > 128:  # bwrap exits 128 + N when its child died of signal N
@@ -419,7 +456,7 @@ class Child:
         # The unit that leaves a crowd of processes behind is the one to blame, however late the
         # watcher (a thread polling every watch_every s, later on a busy machine) would have looked: checked
         # here, before the next unit starts, a regrade blames the same unit.
-        if self.violation or self._crowded(self.tree()):
+        if self.violation or self._over_limit():
             raise Fatal(self.violation)
         return Outcome(reply["ok"], str(reply.get("error", ""))[:1000])
 
@@ -505,7 +542,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
                 raise SandboxError(f"the grading sandbox did not start ({exc}; {tail[-1] if tail else 'no output'})") from None
             own_shm = own_shm or bool(hello.get("private_shm"))
             if restarts == 0:
-                report.notes.append(_describe_isolation(kind, hello))
+                report.notes.append(_describe_isolation(kind, hello, child.cgroup, limits))
             replay = [j for j in range(i) if units[j].kind == "code" and j not in skip]
             plan = replay + list(range(i, len(units)))
             child.send_plan([units[j] for j in plan])
@@ -549,13 +586,15 @@ def _timeout_reason(start: float, limits: Limits) -> str:
     return f"time limit of {limits.cell_s:g} s per cell exceeded (an infinite loop?)"
 
 
-def _describe_isolation(kind: str, hello: dict[str, Any]) -> str:
+def _describe_isolation(kind: str, hello: dict[str, Any], cgroup: cgroups.Cgroup | None, limits: Limits) -> str:
     abi = hello.get("landlock", 0)
     files = f"Landlock ABI {abi}" if abi else "no Landlock"
+    group = (f"{cgroup.layout.describe()} (pids.max {limits.max_procs}, memory {limits.memory_mb} MB)"
+             if cgroup is not None else "no cgroup")
     if kind == "bwrap":
-        return f"isolation: bubblewrap (PID, mount, network, IPC namespaces; own /proc); {files}"
+        return f"isolation: bubblewrap (PID, mount, network, IPC namespaces; own /proc); {files}; {group}"
     return (f"isolation: process watcher; files {files}; network namespace {'yes' if hello.get('netns') else 'no'}; "
-            f"private /dev/shm {'yes' if hello.get('private_shm') else 'no'}")
+            f"private /dev/shm {'yes' if hello.get('private_shm') else 'no'}; {group}")
 
 
 def parallel_safe(sandbox: str = "auto") -> bool:
