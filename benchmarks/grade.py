@@ -3,7 +3,8 @@
 The class: copies of the solution (each made distinct by a trailing newline so the cache does not
 serve them) and 4 hostile variants (an infinite loop, a 10 GB allocation, an early exit, a setsid +
 double fork left running). Goal: the whole class in under 5 minutes on 2 cores, the master's own
-check included; the sandbox used (bubblewrap or the watcher) is printed.
+check included; the sandbox used (bubblewrap or the watcher, with or without a cgroup per submission)
+is printed.
 
     python benchmarks/grade.py [ASSIGNMENT] [--students 30]
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from simlib.grade import cgroup as cgroups  # noqa: E402
 from simlib.grade import notebook as nbm  # noqa: E402
 from simlib.grade.gradebook import grade_class  # noqa: E402
 from simlib.grade.sandbox import Limits, choose  # noqa: E402
@@ -81,7 +83,8 @@ def main() -> None:
           f"{'grader MB':>9} {'sandbox MB':>10}")
     print(f"{a.assignment:<16} {len(students):>8} {total:8.1f} {total / len(students):9.2f} {cached:8.2f} "
           f"{peak_self:9.0f} {peak_child:10.0f}")
-    print(f"sandbox: {choose()[0]}; cores: {os.cpu_count()}")
+    print(f"sandbox: {choose()[0]}, {cgroups.kind()}; cores: {os.cpu_count()}; "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(f"goal: {len(students)} submissions in < 300 s on 2 cores -> {'met' if total < 300 else 'NOT met'} "
           "(total includes one run of the master notebook that compiles the library's kernels; "
           "the hostile variants include a loop stopped at the per-cell limit)")
