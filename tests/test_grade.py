@@ -849,3 +849,12 @@ def test_a_fork_bomb_is_blamed_on_its_own_cell_however_late_the_watcher_looks(mo
     bomb, after, check = report.outcomes
     assert bomb.ok is False and "more than 32 processes" in bomb.error
     assert after.ok is True and check.ok is True
+
+
+def test_the_cache_key_does_not_depend_on_the_working_directory(tmp_path):
+    """From the project's folder the installed package is found twice (its .egg-info and the installed metadata);
+    a grader started there and one started elsewhere must compute the same key (the cache test failed in full runs)."""
+    code = "from simlib.grade.gradebook import environment; print(environment())"
+    keys = {subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=cwd, check=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout for cwd in (ROOT, tmp_path)}
+    assert len(keys) == 1, keys

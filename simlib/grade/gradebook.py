@@ -158,7 +158,9 @@ def environment() -> str:
     """sha256 of what a grade depends on besides the notebooks: the interpreter, every installed
     distribution's version and simlib's own source."""
     h = hashlib.sha256(f"{sys.version}\0{os.path.realpath(sys.executable)}\0".encode())
-    dists = sorted(f"{d.metadata.get('Name', '?')}=={d.version}" for d in importlib.metadata.distributions())
+    # A set: the same distribution is found twice where the project's own folder is on sys.path (its
+    # simlib.egg-info beside the installed metadata), which made the key depend on the working directory.
+    dists = sorted({f"{d.metadata.get('Name', '?')}=={d.version}" for d in importlib.metadata.distributions()})
     h.update("\n".join(dists).encode())
     package = Path(simlib.__file__).parent
     for path in sorted(package.rglob("*.py")):
