@@ -271,6 +271,7 @@ class Child:
         self.output = 0  # bytes printed by the current unit
         self.tail = b""  # the last bytes printed, for a sandbox that did not start
         self._stopped: set[int] = set()
+        self.known: set[tuple[int, int]] = set()  # (pid, start) in the cgroup: a clone(CLONE_PARENT) child is the grader's own
         self._stop = threading.Event()
         self._drain = threading.Thread(target=self._read_output, daemon=True)
         self._drain.start()
@@ -358,6 +359,7 @@ class Child:
         With a cgroup, everything in it is killed first, however it left the tree or the namespace.
         """
         if self.cgroup is not None:
+            self.known.update((pid, _start_time(pid)) for pid in self.cgroup.members())
             self.cgroup.kill()
         for _ in range(50):
             fresh = [pid for pid in self.tree() if pid not in self._stopped]
@@ -386,6 +388,7 @@ class Child:
         self.proc.wait()
         self.kill()  # orphans re-parented when the child itself died
         self._watcher.join()
+        _reap_children(self.known | set(self.seen.items()), self.proc.pid)
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()
@@ -459,6 +462,34 @@ class Child:
         if self.violation or self._over_limit():
             raise Fatal(self.violation)
         return Outcome(reply["ok"], str(reply.get("error", ""))[:1000])
+
+
+def _reap_children(processes: set[tuple[int, int]], skip: int, patience: float = 1.0) -> None:
+    """Collect the exit status of those (pid, start time) that are this process's children: a submission's
+    clone(CLONE_PARENT) processes are, and killed they stay zombies of the grader until reaped. The start
+    time guards against a reused pid (another sandbox's own process, whose status its Popen must get)."""
+    deadline = time.monotonic() + patience
+    waiting = {pid for pid, start in processes if pid != skip and _start_time(pid) == start and start}
+    while waiting:
+        for pid in list(waiting):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not ours (or already collected)
+                done = pid
+            if done:
+                waiting.discard(pid)
+        if not waiting or time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
+
+
+def _start_time(pid: int) -> int:
+    """The start time of process ``pid`` in clock ticks (0 if it is gone), zombies included."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 @functools.lru_cache(maxsize=256)
