@@ -21,7 +21,7 @@ import pytest
 
 from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
-from simlib.grade.gradebook import Progress, cache_key, check_hidden, clean, environment, grade_class
+from simlib.grade.gradebook import Progress, check_hidden, clean, environment, grade_class
 from simlib.grade.sandbox import Limits
 from simlib.grade.sandbox import bwrap_problem as sandbox_problem
 
@@ -773,10 +773,15 @@ def test_a_master_short_of_full_marks_is_refused_and_nothing_is_cached(course, m
 def test_the_cache_knows_the_interpreter_and_the_sandbox(course):
     res = _cli("07", "submitted", "--sandbox", "watcher", cwd=course)
     assert res.returncode == 0 and "alice: 5 / 5" in res.stdout, res.stderr
-    data, master = (course / "submitted" / "alice.ipynb").read_bytes(), (course / "solutions" / "07-toy.ipynb").read_bytes()
     keys = {p.stem for p in (course / "grades" / "07-toy" / ".cache").glob("*.json")}
-    assert keys == {cache_key(master, data, Limits(), "watcher")}
-    assert cache_key(master, data, Limits(), "bwrap") not in keys
+    # The expected keys from a fresh interpreter started as the CLI is (this test process's own state, after a
+    # whole suite, is not what a grader sees), for the sandbox it used and for the other one.
+    code = ("from pathlib import Path; from simlib.grade.gradebook import cache_key; from simlib.grade.sandbox import Limits\n"
+            "data, master = Path('submitted/alice.ipynb').read_bytes(), Path('solutions/07-toy.ipynb').read_bytes()\n"
+            "print(cache_key(master, data, Limits(), 'watcher')); print(cache_key(master, data, Limits(), 'bwrap'))")
+    fresh = subprocess.run([PY, "-c", code], capture_output=True, text=True, cwd=course, check=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()
+    assert keys == {fresh[0]} and fresh[1] not in keys, (keys, fresh)
 
 
 def test_the_cache_key_changes_with_an_installed_package_version(tmp_path):
