@@ -206,8 +206,7 @@ CASES = {
     "simlib.run ray unknown placement": (lambda: _simlib_run(LogisticProblem(_data()), substrate="ray",
                                                              placement="far")(), "placement"),
     "hogwild data changed after the check": (_hogwild(data=_changed_data()), "indices"),
-    "pipe PS with no Problem": (lambda: __import__("simlib.parallel.pipe_ps", fromlist=["x"]).run_pipe_ps(object()),
-                                "problem"),
+    "pipe PS with no Problem": (lambda: __import__("simlib").run(object(), "bsp", substrate="pipes"), "problem"),
 }
 
 

@@ -6,8 +6,16 @@ import signal
 import numpy as np
 import pytest
 
+import simlib
+
 from simlib.parallel import WorkerDied
-from simlib.parallel.pipe_ps import PUSH_DTYPE, DenseKeys, run_pipe_ps
+from simlib.parallel.pipe_ps import PUSH_DTYPE, DenseKeys
+
+
+def run_pipe_ps(problem, eval_every=0, **options):
+    """BSP over pipes through simlib.run, the metric every ``eval_every`` rounds (0: start and end only)."""
+    return simlib.run(problem, "bsp", substrate="pipes", evaluate=eval_every > 0, eval_every=max(eval_every, 1),
+                      **options)
 
 
 def test_bsp_over_pipes_trains_and_counts_bytes(small_problem):

@@ -47,7 +47,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
-from simlib.parallel.pipe_ps import DenseKeys, pull_keys, push_message, run_pipe_ps, warm_up
+from simlib.parallel.pipe_ps import DenseKeys, pull_keys, push_message, warm_up
 from simlib.parallel.shm import SharedArray
 from simlib.parallel.worker import current
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
@@ -623,10 +623,12 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             locks.extend(group.run(_lock_member, group.lock(), 1000 if quick else 2000))
 
     # The real pipe PS on a null workload: one worker, one-row batches, on its own problem.
+    import simlib
+
     null_steps, warmups = [], []
     for _ in range(repeats):
-        run = run_pipe_ps(prob, NULL_PS["n_workers"], NULL_PS["steps"], NULL_PS["batch_size"],
-                          start_method=start_method)
+        run = simlib.run(prob, "bsp", substrate="pipes", n_workers=NULL_PS["n_workers"], steps=NULL_PS["steps"],
+                         batch_size=NULL_PS["batch_size"], start_method=start_method, evaluate=False)
         # The median time between consecutive updates: a typical step, not skewed by one stall
         # (a page-fault storm or a descheduled process can double a short run's total).
         times = sorted(u.time for u in run.trace.updates)
@@ -718,3 +720,4 @@ def _loadavg() -> float:
         return round(os.getloadavg()[0], 2)
     except (OSError, AttributeError):  # pragma: no cover - Windows
         return math.nan
+

@@ -42,7 +42,7 @@ from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, Calibration, Spread, busy_note, calibrate,
                                           kernel_problem, measure_load)
-from simlib.parallel.pipe_ps import DenseKeys, run_pipe_ps
+from simlib.parallel.pipe_ps import DenseKeys
 from simlib.sim.config import SimConfig
 from simlib.sim.engine import simulate
 from simlib.trace import Trace
@@ -242,11 +242,12 @@ def measure(w: Workload, n_workers: int) -> tuple[float, Trace]:
     """(measured wall seconds, real trace) of one real run of ``w`` on ``n_workers`` processes."""
     check.positive_int("n_workers", n_workers)
     prob = workload_problem(w)
-    if w.substrate == "pipe_ps":
-        trace = run_pipe_ps(prob, n_workers, w.steps, w.batch_size(n_workers), w.lr).trace
-    else:
-        import simlib
+    import simlib
 
+    if w.substrate == "pipe_ps":
+        trace = simlib.run(prob, "bsp", substrate="pipes", n_workers=n_workers, steps=w.steps,
+                           batch_size=w.batch_size(n_workers), lr=w.lr, evaluate=False).trace
+    else:
         b, steps = shm_steps(w, n_workers)
         hogwild = w.substrate == "hogwild"
         trace = simlib.run(prob, "async" if hogwild else "bsp", substrate="shm", n_workers=n_workers, batch_size=b,

@@ -16,7 +16,8 @@ Example::
 
     >>> from simlib.problems.logistic import LogisticProblem, make_sparse_classification
     >>> prob = LogisticProblem(make_sparse_classification(2_000, 500, 10, seed=0), eval_rows=500)
-    >>> res = run_pipe_ps(prob, n_workers=2, steps=5, batch_size=16)
+    >>> import simlib
+    >>> res = simlib.run(prob, "bsp", substrate="pipes", n_workers=2, steps=5, batch_size=16)
     >>> len(res.trace.updates), res.trace.quality[-1].value < res.trace.quality[0].value
     (10, True)
 """
@@ -28,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training, check_problem, local_result, new_trace, warm_up as contract_warm_up
+from simlib.contract import ParamServer, Result, Training, local_result, new_trace, warm_up as contract_warm_up
 from simlib.diverged import check_metric
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
@@ -118,15 +118,6 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     if callable(getattr(problem, "local_result", None)):
         measured["local"] = out[1:]
     return Result(trace, w, measured)
-
-
-def run_pipe_ps(problem: Any, n_workers: int = 2, steps: int = 50, batch_size: int = 32, lr: float = 0.5,
-                eval_every: int = 0, start_method: str | None = None, timeout: float | None = 120.0) -> Result:
-    """BSP over pipes with the loss every ``eval_every`` rounds (0: at the start and the end only)."""
-    check.non_negative_int("eval_every", eval_every)
-    check_problem(problem)
-    training = Training(n_workers=n_workers, steps=steps, batch_size=batch_size, lr=lr, eval_every=max(eval_every, 1))
-    return run(problem, Protocol("bsp"), training, start_method, timeout, evaluate=eval_every > 0)
 
 
 def _member(member: int, n_members: int, problem: Any, shards: list, protocol: Protocol, training: Training,
