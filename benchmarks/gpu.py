@@ -1,4 +1,4 @@
-"""The batched NumPy/CuPy twins of Hogwild, GloVe and LDA against the CPU code and peers, in one run.
+"""The gpu substrate's Hogwild and the batched NumPy/CuPy twins of GloVe and LDA against the CPU code and peers.
 
 Each section times one problem on the same data three ways: the peer or the CPU substrate
 (processes on this machine's cores), and the batched twin from ``simlib.gpu`` on NumPy and on
@@ -28,7 +28,6 @@ from simlib.backend import get_xp, gpu_available, synchronize  # noqa: E402
 from simlib.data import Vocabulary, load_kjv  # noqa: E402
 import simlib  # noqa: E402
 from simlib.gpu import glove as gpu_glove  # noqa: E402
-from simlib.gpu import hogwild as gpu_hogwild  # noqa: E402
 from simlib.gpu import lda as gpu_lda  # noqa: E402
 from simlib.problems.glove import GloveConfig, count_cooccurrences  # noqa: E402
 from simlib.problems.glove_table import GloveProblem  # noqa: E402
@@ -50,11 +49,12 @@ def timed(fn: Callable[[], object]) -> tuple[object, float]:
 
 
 def twin_rows(runs: list[tuple[str, str, int]], label: Callable[[int], str],
-              measure: Callable[[str, str, int], tuple[float, float]]) -> list[tuple[str, float | None, float | None]]:
+              measure: Callable[[str, str, int], tuple[float, float]],
+              what: str = "batched twin") -> list[tuple[str, float | None, float | None]]:
     """One row per (xp, kernel, size) of a batched twin: (name, rate, quality); CuPy rows without a device are empty."""
     rows: list[tuple[str, float | None, float | None]] = []
     for xp, kernel, size in runs:
-        name = f"batched twin, {xp}{', fused' if kernel == 'fused' else ''}, {label(size)}"
+        name = f"{what}, {xp}{', fused' if kernel == 'fused' else ''}, {label(size)}"
         rows.append((name, None, None) if xp == "cupy" and not gpu_available() else (name, *measure(xp, kernel, size)))
     return rows
 
@@ -94,13 +94,35 @@ def hogwild_section(args: argparse.Namespace) -> None:
         [("cupy", "fused", b) for b in args.batches]
 
     def hogwild(xp: str, kernel: str, b: int) -> tuple[float, float]:
-        res = gpu_hogwild.train_batched(data, batch_size=b, xp=xp, record_every=10_000, kernel=kernel, **common)
-        return nnz / sum(s.end - s.start for s in res.trace.spans), full.loss(res.w)
+        """One worker on the gpu substrate, mini-batches of b rows on one read of the weights, lr scaled by b."""
+        problem.device_kernel = kernel
+        res = simlib.run(problem, "async", substrate="gpu", xp=xp, n_workers=1, batch_size=b, lr=0.2 * b,
+                         steps=args.epochs * problem.epoch_steps(1, b), eval_every=10**9)
+        return nnz / res.seconds, full.loss(problem.weights(res.params))
 
-    rows += twin_rows(runs, lambda b: f"B={b}", hogwild)
+    rows += twin_rows(runs, lambda b: f"B={b}", hogwild, "gpu substrate")
+    problem.device_kernel = "auto"
     print(f"\nHogwild: {data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
-          f"{args.epochs} epochs, lr 0.2, l2 1e-5")
+          f"{args.epochs} epochs, lr 0.2 per row, l2 1e-5")
     table("sparse logistic regression", "M nnz/s", "final loss", rows, "scikit-learn SGDClassifier (1 core)")
+    contract_rows(problem, args)
+
+
+def contract_rows(problem: LogisticProblem, args: argparse.Namespace) -> None:
+    """simlib.run(problem, 'bsp', substrate='gpu') with 8 workers, 200 steps: CuPy against NumPy, rows per second."""
+    print(f"\nthe contract's gpu substrate, BSP, 8 workers, {args.contract_steps} steps (the goal: CuPy >= 10x NumPy)")
+    for b in (256, 4096):
+        rate = {}
+        for xp in ("numpy", "cupy"):
+            if xp == "cupy" and not gpu_available():
+                continue
+            simlib.run(problem, "bsp", substrate="gpu", xp=xp, n_workers=8, batch_size=b, lr=0.2, steps=2)  # warm-up
+            res = simlib.run(problem, "bsp", substrate="gpu", xp=xp, n_workers=8, batch_size=b, lr=0.2,
+                             steps=args.contract_steps, eval_every=10**9)
+            rate[xp] = 8 * args.contract_steps * b / res.seconds
+        ratio = f"{rate['cupy'] / rate['numpy']:.1f}x" if "cupy" in rate else NO_GPU
+        print(f"  batch {b:>5}: NumPy {rate['numpy'] / 1e3:9.1f} k rows/s   CuPy "
+              f"{rate['cupy'] / 1e3 if 'cupy' in rate else float('nan'):9.1f} k rows/s   CuPy / NumPy {ratio}")
 
 
 def glove_section(args: argparse.Namespace) -> None:
@@ -160,6 +182,7 @@ def main() -> None:
     big = not args.quick
     args.rows, args.features = (200_000, 100_000) if big else (20_000, 10_000)
     args.epochs = 5 if big else 2
+    args.contract_steps = 200 if big else 20
     args.numpy_batches = [4096] if big else [256]
     args.batches = [16, 64, 256, 1024, 4096]
     args.glove_epochs = 10 if big else 2

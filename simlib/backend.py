@@ -1,6 +1,7 @@
 """Array-module selection: the same array code runs on NumPy (CPU, CI) and CuPy (GPU)."""
 from __future__ import annotations
 
+import functools
 from types import ModuleType
 from typing import Any
 
@@ -87,3 +88,27 @@ def segment_sum(index: Any, weights: Any, n: int) -> Any:
     out = xp.zeros(n, dtype=weights.dtype)
     scatter_add(out, index, weights)
     return out
+
+
+KERNELS = ("auto", "array", "fused")
+
+
+def use_fused(kernel: str, xp: ModuleType) -> bool:
+    """Whether device code runs its fused CUDA kernels: 'fused', or 'auto' on CuPy; 'array' never.
+
+    Raises a ValueError naming ``kernel`` for an unknown choice, or for 'fused' on NumPy.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if kernel == "fused" and xp is np:
+        raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
+    return kernel == "fused" or (kernel == "auto" and xp is not np)
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_kernels(source: str, names: tuple[str, ...]) -> tuple[Any, ...]:  # pragma: no cover - needs a GPU
+    """The CUDA kernels ``names`` of ``source``, compiled by CuPy once per process and kept."""
+    import cupy
+
+    module = cupy.RawModule(code=source)
+    return tuple(module.get_function(name) for name in names)

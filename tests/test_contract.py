@@ -269,8 +269,10 @@ def test_bsp_pushes_are_never_stale_so_the_aware_rule_leaves_bsp_alone(tiny, sub
     plain = simlib.run(tiny, "bsp", **opts)
     aware = simlib.run(tiny, "bsp", staleness_aware=True, **opts)
     assert {u.staleness for u in plain.trace.updates} == {u.staleness for u in aware.trace.updates} == {0}
-    if substrate in ("serial", "sim", "gpu"):
+    if substrate in ("serial", "sim"):
         np.testing.assert_array_equal(np.asarray(aware.params), np.asarray(plain.params))
+    if substrate == "gpu":  # the plain rule runs in place, the aware one through the server: the same sums, rounded apart
+        np.testing.assert_allclose(np.asarray(aware.params), np.asarray(plain.params), rtol=1e-10, atol=1e-13)
     ssp = simlib.run(tiny, "ssp:1", **opts)
     assert all(u.staleness >= 0 for u in ssp.trace.updates)
 

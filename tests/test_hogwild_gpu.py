@@ -1,15 +1,20 @@
-"""The GPU twin of Hogwild!: batches of rows against the same weights, scatter-added; NumPy always, CuPy when present."""
-from __future__ import annotations
+"""Hogwild! on the gpu substrate: mini-batches against one read of the weights, through simlib.run.
 
-import math
+The device branch of ``LogisticProblem.local_steps`` (array code on NumPy always, fused CUDA kernels
+on CuPy when a GPU is present) must apply exactly the steps the compiled CPU loop applies.
+"""
+from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import simlib
 from simlib.backend import gpu_available
-from simlib.gpu.hogwild import batch_step, train_batched
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from simlib.protocol import StepRule
+from simlib.problems.logistic_device import array_steps, device_data, device_steps
+
+L2_ON = ("touched", "all")
 
 
 @pytest.fixture(scope="module")
@@ -17,68 +22,111 @@ def data():
     return make_sparse_classification(3_000, 1_500, 20, zipf=1.0, seed=5)
 
 
-def serial_sgd(data, lr: float = 0.2, l2: float = 1e-5, epochs: int = 3) -> np.ndarray:
-    """The serial reference: one worker, one row per step, every weight decayed every step (the contract)."""
-    prob = LogisticProblem(data, l2=l2, eval_rows=None, l2_on="all")
-    res = simlib.run(prob, "async", substrate="shm", n_workers=1, steps=epochs * data.n_rows, batch_size=1, lr=lr)
-    return prob.weights(res.params)
+@pytest.mark.parametrize("l2_on", L2_ON)
+@pytest.mark.parametrize("batch_size", [1, 7, 64])
+def test_the_array_steps_are_the_compiled_steps(data, l2_on: str, batch_size: int) -> None:
+    prob = LogisticProblem(data, l2=1e-2, eval_rows=None, l2_on=l2_on)
+    compiled, array = prob.init_params(), prob.init_params()
+    shard = (37, 450)  # 20 steps of 64 rows wrap around the shard's end
+    prob.local_steps(compiled, shard, 3, 20, batch_size, 0.3)
+    array_steps(device_data(prob, np), array, shard, 3, 20, batch_size, 0.3, prob.l2, l2_on == "all")
+    assert np.abs(compiled).max() > 0.05
+    np.testing.assert_allclose(array, compiled, rtol=1e-12, atol=1e-15)
 
 
-def test_batches_of_one_are_serial_sgd(data) -> None:
-    small = data.rows(0, 800)
-    serial = serial_sgd(small, lr=0.5, l2=1e-3, epochs=2)
-    batched = train_batched(small, lr=0.5, l2=1e-3, epochs=2, batch_size=1, xp="numpy")
-    np.testing.assert_allclose(batched.w, serial, rtol=1e-10, atol=1e-14)
-
-
-def test_one_batch_step_is_the_sum_of_the_rows_updates_at_the_same_weights(data) -> None:
-    rng = np.random.default_rng(0)
-    w = rng.normal(size=data.n_features)
-    row_of = np.repeat(np.arange(data.n_rows), np.diff(data.indptr))
+def test_every_row_of_a_batch_reads_the_same_weights(data) -> None:
+    prob = LogisticProblem(data, l2=0.01, eval_rows=None)
+    w = np.random.default_rng(0).normal(size=data.n_features)
     x = data.to_scipy()[10:20].toarray().astype(np.float64)
     y = data.y[10:20].astype(np.float64)
     coef = -y / (1.0 + np.exp(y * (x @ w)))
-    expected = (1.0 - 0.2 * 0.01) ** 10 * w - 0.2 * coef @ x
-    batch_step(w, data.indptr, data.indices.astype(np.int64), data.values.astype(np.float64), data.y.astype(np.float64), row_of, 10, 20, 0.2, 0.01)
+    touched = np.flatnonzero(np.abs(x).sum(axis=0))
+    expected = w - 0.2 * (coef @ x) / 10
+    expected[touched] -= 0.2 * 0.01 * w[touched]
+    array_steps(device_data(prob, np), w, (10, 20), 0, 1, 10, 0.2, 0.01, False)
     np.testing.assert_allclose(w, expected, rtol=1e-12)
 
 
-def test_moderate_batches_keep_the_loss_close_to_serial(data) -> None:
-    full = LogisticProblem(data, l2=1e-5, eval_rows=None)
-    serial = full.loss(serial_sgd(data))
-    res = train_batched(data, epochs=3, batch_size=16, xp="numpy")
-    assert full.loss(res.w) < serial * 1.05
-    assert res.trace.substrate == "gpu" and res.trace.meta["xp"] == "numpy"
-    assert res.trace.quality[0].value == pytest.approx(math.log(2))
-    assert all(u.staleness == 15 for u in res.trace.updates)
+@pytest.mark.parametrize("l2_on", L2_ON)
+def test_one_worker_on_the_gpu_substrate_is_the_shared_memory_run(data, l2_on: str) -> None:
+    prob = LogisticProblem(data, l2=1e-3, eval_rows=None, l2_on=l2_on)
+    kw = dict(n_workers=1, steps=200, batch_size=8, lr=0.5)
+    gpu = simlib.run(prob, "async", substrate="gpu", xp="numpy", eval_every=50, **kw)
+    shm = simlib.run(prob, "async", substrate="shm", **kw)
+    assert gpu.trace.meta["path"] == "in place" and gpu.trace.meta["xp"] == "numpy"
+    assert len(gpu.trace.updates) == 4  # one update per chunk between evaluations
+    # the same steps; l2_on='all' adds a chunk's decay to log s at the chunk's end, and chunks differ
+    np.testing.assert_allclose(gpu.params, shm.params, rtol=1e-12, atol=1e-15)
 
 
-@pytest.mark.parametrize("kwargs, field", [({"lr": 0}, "lr"), ({"batch_size": 0}, "batch_size"), ({"epochs": -1}, "epochs"),
-                                           ({"xp": "tpu"}, "xp"), ({"kernel": "magic"}, "kernel"),
-                                           ({"kernel": "fused", "xp": "numpy"}, "kernel")])
-def test_bad_arguments_are_value_errors(data, kwargs: dict, field: str) -> None:
-    with pytest.raises(ValueError, match=field):
-        train_batched(data, **kwargs)
+def test_batch_size_is_the_staleness_knob(data) -> None:
+    """B rows on one read of the weights at lr * B: a mild B keeps the serial loss, a huge one does not."""
+    prob = LogisticProblem(data, l2=1e-5, eval_rows=None, l2_on="all")
+
+    def loss(b: int) -> float:
+        res = simlib.run(prob, "async", substrate="gpu", xp="numpy", n_workers=1, batch_size=b, lr=0.2 * b,
+                         steps=3 * prob.epoch_steps(1, b), eval_every=10**6)
+        return prob.quality(res.params)
+
+    serial = loss(1)
+    assert loss(16) < 1.05 * serial
+    assert loss(1_000) > 1.2 * serial
+
+
+class _Unit(StepRule):
+    """The built-in rule under another name: not ``plain``, so the gpu substrate takes get / step / add."""
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "ssp:2", "async"])
+def test_the_in_place_path_computes_what_get_step_add_computes(data, protocol: str) -> None:
+    prob = LogisticProblem(data, l2=1e-3, eval_rows=None, l2_on="all")
+    kw = dict(substrate="gpu", xp="numpy", n_workers=4, steps=20, batch_size=16, lr=0.5)
+    fast = simlib.run(prob, protocol, **kw)
+    generic = simlib.run(prob, protocol, rule=_Unit(), **kw)
+    assert (fast.trace.meta["path"], generic.trace.meta["path"]) == ("in place", "get / step / add")
+    # every worker of a round reads the same table, so worker i's change lands on top of i others (BSP: one update)
+    taus = {u.staleness for u in fast.trace.updates}
+    assert taus == {u.staleness for u in generic.trace.updates} == ({0} if protocol == "bsp" else {0, 1, 2, 3})
+    np.testing.assert_allclose(fast.params, generic.params, rtol=1e-10, atol=1e-13)
+    assert fast.trace.quality[-1].value < fast.trace.quality[0].value
+
+
+@pytest.mark.parametrize("kernel, message", [("magic", "kernel must be one of"), ("fused", "needs CuPy")])
+def test_a_bad_device_kernel_is_named(data, kernel: str, message: str) -> None:
+    prob = LogisticProblem(data, eval_rows=None)
+    prob.device_kernel = kernel
+    with pytest.raises(ValueError, match=message):
+        device_steps(prob, prob.init_params(), (0, 100), 0, 1, 4, 0.1)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
-def test_cupy_path_matches_numpy(data) -> None:
-    on_cpu = train_batched(data, epochs=2, batch_size=64, xp="numpy")
-    on_gpu = train_batched(data, epochs=2, batch_size=64, xp="cupy")
-    assert isinstance(on_gpu.w, np.ndarray)
-    np.testing.assert_allclose(on_gpu.w, on_cpu.w, rtol=1e-8, atol=1e-12)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+@pytest.mark.parametrize("l2_on", L2_ON)
 @pytest.mark.parametrize("batch_size", [1, 64, 1000])
-def test_fused_kernels_match_the_array_step(data, batch_size: int) -> None:
-    small = data.rows(0, 1_500)
-    array = train_batched(small, epochs=2, batch_size=batch_size, xp="cupy", kernel="array")
-    fused = train_batched(small, epochs=2, batch_size=batch_size, xp="cupy", kernel="fused")
-    reference = train_batched(small, epochs=2, batch_size=batch_size, xp="numpy")
-    assert fused.trace.meta["kernel"] == "fused" and array.trace.meta["kernel"] == "array"
+def test_fused_kernels_match_the_array_steps(data, l2_on: str, batch_size: int) -> None:  # pragma: no cover
+    import cupy
+
+    prob = LogisticProblem(data.rows(0, 1_500), l2=1e-3, eval_rows=None, l2_on=l2_on)
+    out = {}
+    for xp, kernel in ((np, "array"), (cupy, "array"), (cupy, "fused")):
+        prob.device_kernel = kernel
+        w = xp.asarray(prob.init_params())
+        if xp is np:
+            array_steps(device_data(prob, np), w, (0, 1_500), 0, 6, batch_size, 0.3, prob.l2, l2_on == "all")
+        else:
+            prob.local_steps(w, (0, 1_500), 0, 6, batch_size, 0.3)
+        out[(xp.__name__, kernel)] = cupy.asnumpy(w) if xp is cupy else w
     # Atomic adds land in any order, so the sums differ by rounding only.
-    np.testing.assert_allclose(fused.w, array.w, rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(fused.w, reference.w, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(out[("cupy", "fused")], out[("numpy", "array")], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(out[("cupy", "array")], out[("numpy", "array")], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+def test_the_cupy_run_matches_the_numpy_run(data) -> None:  # pragma: no cover
+    prob = LogisticProblem(data, l2=1e-5, eval_rows=None, l2_on="all")
+    kw = dict(n_workers=2, steps=100, batch_size=64, lr=3.0)
+    on_cpu = simlib.run(prob, "async", substrate="gpu", xp="numpy", **kw)
+    on_gpu = simlib.run(prob, "async", substrate="gpu", xp="cupy", **kw)
+    assert isinstance(on_gpu.params, np.ndarray) and on_gpu.trace.meta["xp"] == "cupy"
+    np.testing.assert_allclose(on_gpu.params, on_cpu.params, rtol=1e-8, atol=1e-12)

@@ -7,39 +7,14 @@ substrates, with ``substrate="gpu"``.
 
 Modules (imported on demand, so that loading one does not load the others):
 
-* :mod:`simlib.gpu.hogwild` -- lock-free SGD for sparse logistic regression, one batch of rows
-  per step: gather, margins, scatter-add of the sparse updates (``train_batched``, ``batch_step``).
-* :mod:`simlib.gpu.glove`, :mod:`simlib.gpu.lda` -- the GloVe and LDA twins.
+* :mod:`simlib.gpu.substrate` -- the ``gpu`` substrate of ``simlib.run``; Hogwild! runs there through
+  the logistic problem's local-step hook (:mod:`simlib.problems.logistic_device`).
+* :mod:`simlib.gpu.glove`, :mod:`simlib.gpu.lda` -- the GloVe and LDA twins, batched loops of their own.
 
-Each twin also has fused CUDA kernels of its step for CuPy; :func:`use_fused` decides which runs.
+Fused CUDA kernels are chosen by :func:`use_fused` and compiled once by :func:`cuda_kernels`.
 """
 from __future__ import annotations
 
-import functools
-from types import ModuleType
-from typing import Any
+from simlib.backend import KERNELS, cuda_kernels, use_fused
 
-import numpy as np
-
-KERNELS = ("auto", "array", "fused")
-
-
-def use_fused(kernel: str, xp: ModuleType) -> bool:
-    """Whether a twin runs its fused CUDA kernels: 'fused', or 'auto' on CuPy; 'array' never.
-
-    Raises a ValueError naming ``kernel`` for an unknown choice, or for 'fused' on NumPy.
-    """
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
-    if kernel == "fused" and xp is np:
-        raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
-    return kernel == "fused" or (kernel == "auto" and xp is not np)
-
-
-@functools.lru_cache(maxsize=None)
-def cuda_kernels(source: str, names: tuple[str, ...]) -> tuple[Any, ...]:  # pragma: no cover - needs a GPU
-    """The CUDA kernels ``names`` of ``source``, compiled by CuPy once per process and kept."""
-    import cupy
-
-    module = cupy.RawModule(code=source)
-    return tuple(module.get_function(name) for name in names)
+__all__ = ["KERNELS", "cuda_kernels", "use_fused"]

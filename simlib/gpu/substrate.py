@@ -1,20 +1,33 @@
 """The ``gpu`` substrate: the table as one device array, workers as lock-step batches (NumPy twin on the CPU).
 
-Round c: every worker reads table[keys] for its mini-batch from the same table, computes its
-update, and the updates are added in worker order, so worker i's push lands on top of i others:
-tau = i, the GPU form of "row i of a batch misses i updates". No worker gets ahead of another, a
-valid schedule under BSP, SSP(s) and async alike (clock lag 0). The array module comes from
-``xp`` ('auto': CuPy when a device is present), and the problem's step must accept its arrays
-(:class:`~simlib.problems.logistic.LogisticProblem` does).
+Two paths, as on shared memory:
 
-Example::
+* **In place** (a problem with the local-step hook ``local_steps``, and a plain step rule): the
+  problem's own kernels apply each mini-batch to the device table, every row of a batch reading the
+  same weights (the GPU's Hogwild!: row i of a batch misses the i updates before it). The schedule
+  is the one below: in round c every worker steps from the same read of the table and the changes
+  are added. One worker runs whole chunks of steps between evaluations, with no host sync inside.
+  On CuPy the problem must declare ``device_kernel`` (its hook takes device arrays:
+  :class:`~simlib.problems.logistic.LogisticProblem` does, with fused CUDA kernels).
+* **Get / step / add** (any other rule): round c, every worker reads table[keys] from the same
+  table, and the pushes go through :class:`~simlib.contract.ParamServer` in worker order, so worker
+  i's push lands on top of i others: tau = i. No worker gets ahead of another, a valid schedule under
+  BSP, SSP(s) and async alike.
+
+The array module comes from ``xp`` ('auto': CuPy when a device is present); the trace's ``path``
+says which path ran. Example::
 
     >>> import simlib
     >>> from simlib.problems.logistic import LogisticProblem, make_sparse_classification
     >>> prob = LogisticProblem(make_sparse_classification(1_000, 100, 5, seed=0), eval_rows=None)
     >>> res = simlib.run(prob, "async", substrate="gpu", n_workers=4, steps=5, xp="numpy")
-    >>> sorted({u.staleness for u in res.trace.updates})
-    [0, 1, 2, 3]
+    >>> res.trace.meta["path"], sorted({u.staleness for u in res.trace.updates})
+    ('in place', [0, 1, 2, 3])
+    >>> from simlib.protocol import StepRule
+    >>> aware = StepRule(staleness_aware=True)
+    >>> res = simlib.run(prob, "async", substrate="gpu", n_workers=4, steps=5, xp="numpy", rule=aware)
+    >>> res.trace.meta["path"], sorted({u.staleness for u in res.trace.updates})
+    ('get / step / add', [0, 1, 2, 3])
 """
 from __future__ import annotations
 
@@ -24,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from simlib.backend import get_xp, synchronize, to_numpy
-from simlib.contract import ParamServer, Result, Training, new_trace
+from simlib.contract import ParamServer, Result, Training, local_result, new_trace
 from simlib.diverged import check_metric
-from simlib.protocol import Protocol
+from simlib.protocol import Protocol, may_read, read_allowed
 
 
 def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") -> Result:
@@ -38,9 +51,13 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
     n = training.n_workers
     shards = problem.shards(n)
     # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
+    fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain and (
+        mod is np or getattr(problem, "device_kernel", None) is not None)
+    if fast:
+        return _run_in_place(problem, protocol, training, mod, shards)
     server = ParamServer(mod.asarray(problem.init_params()), n, protocol, training.rule, read_rule=training.read_rule)
     trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
-                      xp=mod.__name__)
+                      xp=mod.__name__, path="get / step / add")
     t0 = time.perf_counter()
     trace.record_quality(0.0, 0, float(problem.quality(server.params)))
     for c in range(training.steps):
@@ -68,3 +85,48 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
             trace.record_quality(now, (c + 1) * n, value)
             check_metric(value, (c + 1) * n, problem, training.lr)
     return Result(trace, to_numpy(server.params), {"wall_seconds": time.perf_counter() - t0})
+
+
+def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list) -> Result:
+    """The fast path: ``problem.local_steps`` on the device table; the schedule is the get / step / add path's."""
+    n, steps, every = training.n_workers, training.steps, training.eval_every
+    table = mod.asarray(np.asarray(problem.init_params()).astype(getattr(problem, "table_dtype", np.float64)))
+    trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
+                      xp=mod.__name__, path="in place",
+                      update_unit="one step" if n > 1 else f"a chunk of up to {every} steps")
+    snapshot = scratch = None
+    t0 = time.perf_counter()
+    trace.record_quality(0.0, 0, float(problem.quality(table)))
+    c = 0
+    while c < steps:
+        read_allowed(training.read_rule or may_read, c, c, protocol.bound)  # names a rule that would stall
+        start = time.perf_counter() - t0
+        if n == 1:  # every step up to the next evaluation in one call
+            k = min(steps, (c // every + 1) * every) - c
+            problem.local_steps(table, shards[0], c, k, training.batch_size, training.lr)
+        else:  # round c: every worker's step from the same read, the steps' changes added
+            k = 1
+            snapshot = mod.array(table, copy=True) if snapshot is None else _copy_into(snapshot, table)
+            for i in range(n):
+                scratch = mod.array(snapshot, copy=True) if scratch is None else _copy_into(scratch, snapshot)
+                problem.local_steps(scratch, shards[i], c, 1, training.batch_size, training.lr)
+                table += scratch
+                table -= snapshot
+        synchronize(mod)
+        now = time.perf_counter() - t0
+        for i in range(n):  # as on the get / step / add path: worker i's change lands on top of i others (BSP: one update)
+            trace.span(i, "compute", start, now, step=c + k - 1)
+            trace.update(now, i, c + k - 1, 0 if protocol.bound == 0 else i, True, clock_lag=0)
+        c += k
+        if c % every == 0 or c == steps:
+            value = float(problem.quality(table))
+            trace.record_quality(time.perf_counter() - t0, c * n, value)
+            check_metric(value, c * n, problem, training.lr)
+    train = sum(span.end - span.start for span in trace.spans if span.worker == 0)  # evaluations excluded
+    return Result(trace, to_numpy(table), {"wall_seconds": time.perf_counter() - t0, "train_seconds": train,
+                                            "local": [local_result(problem, s) for s in shards]})
+
+
+def _copy_into(target: Any, source: Any) -> Any:
+    target[...] = source
+    return target

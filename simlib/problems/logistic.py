@@ -189,6 +189,7 @@ class LogisticProblem:
 
     metric = "loss"
     lower_is_better = True
+    device_kernel = "auto"  # a device table's steps: 'auto' (fused on CuPy), 'fused' or 'array'
 
     def __init__(self, data: SparseDataset, l2: float = 1e-4, eval_rows: int | None = 5_000, seed: int = 0,
                  l2_on: str = "touched"):
@@ -325,8 +326,15 @@ class LogisticProblem:
         """Steps first .. first+count-1 of a shard applied to ``w`` in place, each exactly as get / step / add.
 
         The contract's local-step hook: a substrate sharing memory with the table calls it for a chunk of
-        steps; several workers calling it on one ``w`` at once, unlocked, is Hogwild!.
+        steps; several workers calling it on one ``w`` at once, unlocked, is Hogwild!. A table that is not a
+        NumPy array (CuPy) takes :func:`simlib.problems.logistic_device.device_steps`: fused CUDA kernels, or
+        the array code when ``device_kernel`` is 'array'.
         """
+        if not isinstance(w, np.ndarray):  # a device table (the gpu substrate on CuPy)
+            from simlib.problems.logistic_device import device_steps
+
+            device_steps(self, w, shard, first, count, batch_size, lr)
+            return
         d = self.data
         if self.l2_on == "touched":
             _local_sgd(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr, self.l2)

@@ -1,0 +1,195 @@
+"""The logistic problem's local-step hook on a device table: array code (NumPy or CuPy) and fused CUDA kernels.
+
+:meth:`LogisticProblem.local_steps` calls :func:`device_steps` when the table is not a NumPy array
+(the ``gpu`` substrate with ``xp='cupy'``). Each mini-batch step does what the compiled CPU loop does:
+
+1. every row of the batch reads the same weights: margins ``m_i = s x_i . v`` (``s`` the common
+   scale of ``l2_on='all'``, 1 otherwise),
+2. coefficients ``c_i = -y_i sigma(-y_i m_i) / B`` (the mean gradient),
+3. ``l2_on='touched'``: each touched weight decays once, ``w_j *= 1 - lr l2``; ``l2_on='all'``:
+   log s grows by log(1 - lr l2), kept on the host until the chunk ends,
+4. scatter-add of ``-lr c_i x_i`` (divided by ``s (1 - lr l2)`` under ``l2_on='all'``).
+
+Rows of a batch reading one set of weights is the GPU's form of Hogwild!: row i misses the i
+updates before it. :func:`array_steps` is the array version (a dozen launches per batch; the
+reference, tested on NumPy against the compiled loop); :class:`FusedSteps` is the same step as
+three CUDA kernels, one warp per row (margins, decay-once, atomic updates), with no host sync
+inside a chunk.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any
+
+import numpy as np
+
+from simlib.backend import array_module, cuda_kernels, scatter_add, segment_sum, use_fused
+from simlib.problems.logistic import _ranges
+
+_SOURCE = r"""
+__device__ long long batch_row(long long start, long long n_rows, long long first_row, long long b) {
+    return start + (first_row + b) % n_rows;
+}
+
+extern "C" __global__ void sgd_margins(
+    const long long* indptr, const long long* cols, const double* vals, const double* y, const double* w,
+    const double scale, const long long start, const long long n_rows, const long long first_row,
+    const long long batch, double* coef)
+{
+    // One warp per row of the batch: lanes stride over its nonzeros, then a shuffle reduction.
+    const long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (b >= batch) return;  // whole warps leave together: a warp owns one row
+    const long long row = batch_row(start, n_rows, first_row, b);
+    double s = 0.0;
+    for (long long p = indptr[row] + lane; p < indptr[row + 1]; p += 32) s += vals[p] * w[cols[p]];
+    for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+    if (lane == 0) {
+        const double yi = y[row];
+        coef[b] = -yi / (1.0 + exp(yi * s * scale));  // -y sigma(-y m)
+    }
+}
+
+extern "C" __global__ void sgd_decay_once(
+    const long long* indptr, const long long* cols, double* w, unsigned long long* seen,
+    const unsigned long long tick, const double keep, const long long start, const long long n_rows,
+    const long long first_row, const long long batch)
+{
+    // Every weight the batch touches decays once: the first lane to mark it with this step's tick does it.
+    const long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (b >= batch) return;
+    const long long row = batch_row(start, n_rows, first_row, b);
+    for (long long p = indptr[row] + lane; p < indptr[row + 1]; p += 32) {
+        const long long j = cols[p];
+        if (atomicExch(&seen[j], tick) != tick) w[j] *= keep;
+    }
+}
+
+extern "C" __global__ void sgd_updates(
+    const long long* indptr, const long long* cols, const double* vals, const double* coef, double* w,
+    const double factor, const long long start, const long long n_rows, const long long first_row,
+    const long long batch)
+{
+    // One warp per row: w[j] += factor * c_row * x; repeated features add up atomically.
+    const long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (b >= batch) return;
+    const long long row = batch_row(start, n_rows, first_row, b);
+    const double c = factor * coef[b];
+    for (long long p = indptr[row] + lane; p < indptr[row + 1]; p += 32) atomicAdd(&w[cols[p]], c * vals[p]);
+}
+"""
+_NAMES = ("sgd_margins", "sgd_decay_once", "sgd_updates")
+
+
+class DeviceData:
+    """One problem's rows on one array module, copied once and kept (see :func:`device_data`)."""
+
+    def __init__(self, data: Any, xp: Any):
+        self.xp = xp
+        self.host_indptr = np.asarray(data.indptr, dtype=np.int64)
+        self.indptr = xp.asarray(self.host_indptr)
+        self.indices = xp.asarray(np.asarray(data.indices, dtype=np.int64))
+        self.values = xp.asarray(np.asarray(data.values, dtype=np.float64))
+        self.y = xp.asarray(np.asarray(data.y, dtype=np.float64))
+        self.fused: FusedSteps | None = None
+
+
+_DEVICE: "weakref.WeakKeyDictionary[Any, dict[str, DeviceData]]" = weakref.WeakKeyDictionary()
+
+
+def device_data(problem: Any, xp: Any) -> DeviceData:
+    """The problem's rows on ``xp``, made on first use and kept while the problem lives."""
+    per = _DEVICE.setdefault(problem, {})
+    if xp.__name__ not in per:
+        per[xp.__name__] = DeviceData(problem.data, xp)
+    return per[xp.__name__]
+
+
+def device_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int,
+                 lr: float) -> None:
+    """Steps first .. first+count-1 of a shard on the device table ``w``, in place (the hook's device branch).
+
+    ``problem.device_kernel`` chooses: 'fused' (CuPy), 'array', or 'auto' (fused on CuPy).
+    """
+    xp = array_module(w)
+    dev = device_data(problem, xp)
+    scaled = problem.l2_on == "all"
+    if use_fused(problem.device_kernel, xp):  # pragma: no cover - needs a GPU
+        if dev.fused is None:
+            dev.fused = FusedSteps(dev, w.shape[0])
+        dev.fused(w, shard, first, count, batch_size, lr, problem.l2, scaled)
+    else:
+        array_steps(dev, w, shard, first, count, batch_size, lr, problem.l2, scaled)
+
+
+def array_steps(dev: DeviceData, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int,
+                lr: float, l2: float, scaled: bool) -> None:
+    """The steps in array code on ``dev.xp``: the NumPy-tested reference of :class:`FusedSteps`."""
+    xp, ip = dev.xp, dev.host_indptr
+    start, n_rows = shard[0], shard[1] - shard[0]
+    keep = 1.0 - lr * l2
+    log_s, pending = (float(w[-1]), 0.0) if scaled else (0.0, 0.0)
+    offsets = np.arange(batch_size)
+    for c in range(first, first + count):
+        rows = start + (c * batch_size + offsets) % n_rows
+        lens = ip[rows + 1] - ip[rows]
+        flat = xp.asarray(_ranges(ip[rows], lens))
+        row = xp.asarray(np.repeat(offsets, lens))
+        cols, vals = dev.indices[flat], dev.values[flat]
+        s = math.exp(log_s + pending)
+        margin = segment_sum(row, vals * w[cols], batch_size) * s
+        yb = dev.y[xp.asarray(rows)]
+        coef = -yb / (1.0 + xp.exp(yb * margin)) / batch_size
+        if scaled:
+            scatter_add(w, cols, (-lr / (s * keep)) * coef[row] * vals)
+            pending += math.log(keep)
+            continue
+        if l2:
+            touched = xp.unique(cols)
+            w[touched] *= keep
+        scatter_add(w, cols, -lr * coef[row] * vals)
+    if scaled:
+        w[-1] += pending
+
+
+class FusedSteps:  # pragma: no cover - needs a GPU
+    """:func:`array_steps` as three CUDA kernels per step, launched back to back with no host sync."""
+
+    def __init__(self, dev: DeviceData, n_params: int):
+        self.margins, self.decay, self.updates = cuda_kernels(_SOURCE, _NAMES)
+        self.dev = dev
+        self.coef = dev.xp.zeros(1, dtype=np.float64)
+        self.seen = dev.xp.zeros(n_params, dtype=np.uint64)
+        self.tick = 0
+
+    def __call__(self, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int, lr: float,
+                 l2: float, scaled: bool) -> None:
+        d = self.dev
+        if self.coef.shape[0] < batch_size:
+            self.coef = d.xp.zeros(batch_size, dtype=np.float64)
+        start, n_rows = np.int64(shard[0]), np.int64(shard[1] - shard[0])
+        keep = 1.0 - lr * l2
+        log_s, pending = (float(w[-1]), 0.0) if scaled else (0.0, 0.0)
+        grid, block, batch = (-(-batch_size * 32 // 256),), (256,), np.int64(batch_size)
+        for c in range(first, first + count):
+            first_row = np.int64(c * batch_size)
+            rows = (d.indptr, d.indices)
+            s = math.exp(log_s + pending)
+            self.margins(grid, block, (*rows, d.values, d.y, w, np.float64(s), start, n_rows, first_row, batch,
+                                       self.coef))
+            if scaled:
+                factor = -lr / (batch_size * s * keep)
+                pending += math.log(keep)
+            else:
+                factor = -lr / batch_size
+                if l2:
+                    self.tick += 1
+                    self.decay(grid, block, (*rows, w, self.seen, np.uint64(self.tick), np.float64(keep), start,
+                                             n_rows, first_row, batch))
+            self.updates(grid, block, (*rows, d.values, self.coef, w, np.float64(factor), start, n_rows, first_row,
+                                       batch))
+        if scaled:
+            w[-1] += pending
