@@ -1,4 +1,4 @@
-"""The gpu substrate's Hogwild and the batched NumPy/CuPy twins of GloVe and LDA against the CPU code and peers.
+"""The gpu substrate (Hogwild, GloVe) and the batched LDA twin, NumPy and CuPy, against the CPU code and peers.
 
 Each section times one problem on the same data three ways: the peer or the CPU substrate
 (processes on this machine's cores), and the batched twin from ``simlib.gpu`` on NumPy and on
@@ -27,7 +27,6 @@ sys.path.insert(0, str(_HERE.parent))
 from simlib.backend import get_xp, gpu_available, synchronize  # noqa: E402
 from simlib.data import Vocabulary, load_kjv  # noqa: E402
 import simlib  # noqa: E402
-from simlib.gpu import glove as gpu_glove  # noqa: E402
 from simlib.gpu import lda as gpu_lda  # noqa: E402
 from simlib.problems.glove import GloveConfig, count_cooccurrences  # noqa: E402
 from simlib.problems.glove_table import GloveProblem  # noqa: E402
@@ -141,11 +140,16 @@ def glove_section(args: argparse.Namespace) -> None:
     runs = [("numpy", "array", 8192), ("cupy", "array", 8192)] + [("cupy", "fused", b) for b in args.glove_batches]
 
     def glove(xp: str, kernel: str, b: int) -> tuple[float, float]:
-        gpu_glove.train_batched(cooc, GloveConfig(dim=50, epochs=1), batch=b, xp=xp, kernel=kernel)  # warm-up
-        (_, costs), s = timed(lambda: gpu_glove.train_batched(cooc, cfg, batch=b, xp=xp, kernel=kernel))
-        return updates / s, costs[-1]
+        """One worker on the gpu substrate, steps of b entries read at once."""
+        problem.device_kernel = kernel
+        run = lambda epochs: simlib.run(problem, "async", substrate="gpu", xp=xp, n_workers=1, batch_size=b,  # noqa: E731
+                                        lr=cfg.lr, steps=epochs * problem.epoch_steps(1, b), eval_every=10**9)
+        run(1)  # warm-up (and the fused kernels' compilation)
+        res = run(cfg.epochs)
+        return updates / res.seconds, problem.epoch_costs(res)[-1]
 
-    rows += twin_rows(runs, lambda b: f"B={b}", glove)
+    rows += twin_rows(runs, lambda b: f"B={b}", glove, "gpu substrate")
+    problem.device_kernel = "auto"
     print(f"\nGloVe: KJV, {cooc.nnz:,} co-occurrence entries, vocabulary {len(vocab):,}, d = 50, {cfg.epochs} epochs")
     table("AdaGrad updates (cost = mean 0.5 f diff^2 of the last pass)", "M updates/s", "final cost", rows,
           "hogwild, 1 process")

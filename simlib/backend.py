@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from types import ModuleType
 from typing import Any
 
@@ -112,3 +113,14 @@ def cuda_kernels(source: str, names: tuple[str, ...]) -> tuple[Any, ...]:  # pra
 
     module = cupy.RawModule(code=source)
     return tuple(module.get_function(name) for name in names)
+
+
+_COPIES: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def device_copies(owner: Any, xp: ModuleType, make: Any) -> Any:
+    """``make(xp)``, made once per owner and array module and kept while the owner lives (a problem's data on a device)."""
+    per = _COPIES.setdefault(owner, {})
+    if xp.__name__ not in per:
+        per[xp.__name__] = make(xp)
+    return per[xp.__name__]

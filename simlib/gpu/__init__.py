@@ -9,7 +9,8 @@ Modules (imported on demand, so that loading one does not load the others):
 
 * :mod:`simlib.gpu.substrate` -- the ``gpu`` substrate of ``simlib.run``; Hogwild! runs there through
   the logistic problem's local-step hook (:mod:`simlib.problems.logistic_device`).
-* :mod:`simlib.gpu.glove`, :mod:`simlib.gpu.lda` -- the GloVe and LDA twins, batched loops of their own.
+* :mod:`simlib.gpu.lda` -- the LDA twin, a batched loop of its own (GloVe runs on the substrate through
+  :mod:`simlib.problems.glove_device`).
 
 Fused CUDA kernels are chosen by :func:`use_fused` and compiled once by :func:`cuda_kernels`.
 """

@@ -55,6 +55,7 @@ class GloveProblem:
     # Where a substrate keeps the table in place (shm): float32, the values' own precision (the float64
     # storage elsewhere only holds float32 values), so the in-place kernel moves half the bytes.
     table_dtype = np.float32
+    device_kernel = "auto"  # a device table's steps: 'auto' (fused on CuPy), 'fused' or 'array'
 
     def __init__(self, cooc: Cooccurrence, config: GloveConfig, eval_entries: int = 20_000):
         validate_training(cooc, config)
@@ -153,7 +154,8 @@ class GloveProblem:
         """Steps first .. first+count-1 of a shard applied to ``w`` in place, each exactly as get / step / add.
 
         The contract's local-step hook: entry after entry of the shard's passes, AdaGrad on the shared
-        rows; several workers calling it on one ``w`` at once, unlocked, is GloVe's Hogwild. Each pass's
+        rows; several workers calling it on one ``w`` at once, unlocked, is GloVe's Hogwild. On a device table
+        (CuPy) the entries of one step read the rows at once (:mod:`simlib.problems.glove_device`). Each pass's
         cost (the sum of 0.5 f diff^2 before each update) is kept for :meth:`local_result`; a call from
         step 0 starts the record afresh.
         """
@@ -168,8 +170,13 @@ class GloveProblem:
         while t < end:  # one kernel call per pass the chunk touches
             p, pos = divmod(t, n)
             upto = min(n, pos + end - t)
-            cost = adagrad_in_place(self.cooc.rows, self.cooc.cols, self.logx, self.fx,
-                                    self._order(p)[start + pos : start + upto], *views, eta, clip)
+            entries = self._order(p)[start + pos : start + upto]
+            if isinstance(w, np.ndarray):
+                cost = adagrad_in_place(self.cooc.rows, self.cooc.cols, self.logx, self.fx, entries, *views, eta, clip)
+            else:  # a device table (the gpu substrate on CuPy): each step's entries read the rows at once
+                from simlib.problems.glove_device import device_pass
+
+                cost = device_pass(self, w, entries, t, batch_size, eta, clip)
             record = passes.setdefault(p, [0.0, 0])
             record[0] += cost
             record[1] += upto - pos

@@ -19,12 +19,11 @@ inside a chunk.
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any
 
 import numpy as np
 
-from simlib.backend import array_module, cuda_kernels, scatter_add, segment_sum, use_fused
+from simlib.backend import array_module, cuda_kernels, device_copies, scatter_add, segment_sum, use_fused
 from simlib.problems.logistic import _ranges
 
 _SOURCE = r"""
@@ -97,15 +96,9 @@ class DeviceData:
         self.fused: FusedSteps | None = None
 
 
-_DEVICE: "weakref.WeakKeyDictionary[Any, dict[str, DeviceData]]" = weakref.WeakKeyDictionary()
-
-
 def device_data(problem: Any, xp: Any) -> DeviceData:
     """The problem's rows on ``xp``, made on first use and kept while the problem lives."""
-    per = _DEVICE.setdefault(problem, {})
-    if xp.__name__ not in per:
-        per[xp.__name__] = DeviceData(problem.data, xp)
-    return per[xp.__name__]
+    return device_copies(problem, xp, lambda m: DeviceData(problem.data, m))
 
 
 def device_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int,

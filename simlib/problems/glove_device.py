@@ -1,35 +1,24 @@
-"""GloVe on one GPU: batched lock-free AdaGrad (gather rows, compute, scatter-add), NumPy or CuPy.
+"""GloVe's local-step hook on a device table: batched AdaGrad in array code (NumPy or CuPy) and fused CUDA kernels.
 
-A batch of B co-occurrence entries is processed at once: every entry reads the rows as they
-were before the batch (gather), computes its clipped AdaGrad steps, and all steps are added
-back with a scatter-add, so two entries of one batch that share a word both land, each computed
-from the same old row -- the GPU analogue of Hogwild's races, made deterministic. With B = 1
-this is exactly the sequential update of :func:`simlib.problems.glove.adagrad_kernel`.
+:meth:`GloveProblem.local_steps` calls :func:`device_pass` when the table is not a NumPy array (the
+``gpu`` substrate with ``xp='cupy'``). The entries of one step are processed at once: every entry
+reads the rows as they were before the step (gather), computes its clipped AdaGrad steps, and all
+steps are added back (scatter-add), so two entries of one step that share a word both land, each
+computed from the same old row: the GPU analogue of Hogwild's races, made deterministic. With a
+batch of 1 this is exactly the CPU kernel (:func:`simlib.problems.glove.adagrad_kernel`), which
+applies a step's entries one after another.
 
-The batch is a staleness knob with a limit: a frequent word appears in many entries of one
-batch, and all their steps, computed from the same old row, add up. On the KJV vocabulary
-(5,323 words) batches of 1,024 and 8,192 entries reach the sequential cost after three epochs
-(0.0202 and 0.0199), while 65,536 diverges (cost 2,587 after the first epoch). Keep the batch
-near the vocabulary size or below; the default is 8,192.
+The batch is a staleness knob with a limit: a frequent word appears in many entries of one batch,
+and all their steps, computed from the same old row, add up. On the KJV vocabulary (5,323 words)
+batches of 1,024 and 8,192 entries reach the sequential cost after three epochs (0.0202 and 0.0199),
+while 65,536 diverges (cost 2,587 after the first epoch). Keep the batch near the vocabulary size or
+below.
 
-On CuPy the same batch step also comes as three fused kernels (``kernel='fused'``, the default
-there): one warp per entry computes its weighted error and bias steps, one thread per (entry,
-dimension) its clipped AdaGrad steps from the old rows, and one thread per (entry, dimension)
-adds them with atomics. The array step launches about thirty kernels per batch and is
-launch-bound on a GPU; it stays as the NumPy path and as the fused kernels' reference.
-
-The array code takes its module from the parameters (:func:`simlib.backend.array_module`), so
-the same function runs on NumPy in tests and on CuPy on a GPU::
-
-    >>> from simlib.data import load_kjv, Vocabulary
-    >>> from simlib.problems.glove import count_cooccurrences
-    >>> docs = load_kjv().docs[:2000]
-    >>> vocab = Vocabulary.build(docs, min_count=5)
-    >>> ids, offsets = vocab.encode_docs(docs)
-    >>> cooc = count_cooccurrences(ids, offsets, len(vocab), window=10)
-    >>> params, costs = train_batched(cooc, GloveConfig(dim=20, epochs=3), batch=1024, xp="auto")
-    >>> costs[-1] < costs[0]  # the weighted least-squares cost falls epoch by epoch
-    True
+On CuPy the step also comes as three fused kernels (``device_kernel='fused'``, the default there):
+one warp per entry computes its weighted error and bias steps, one thread per (entry, dimension)
+its clipped AdaGrad steps from the old rows, and one thread per (entry, dimension) adds them with
+atomics. The array step launches about thirty kernels per batch and is launch-bound on a GPU; it
+stays as the NumPy-tested reference of the fused kernels.
 """
 from __future__ import annotations
 
@@ -37,10 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from simlib import _validate as check
-from simlib.backend import array_module, get_xp, scatter_add, to_numpy
-from simlib.gpu import cuda_kernels, use_fused
-from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, entry_terms, epoch_order, validate_training
+from simlib.backend import array_module, cuda_kernels, device_copies, scatter_add, use_fused
 
 
 def adagrad_batch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, batch: Any,
@@ -146,19 +132,39 @@ extern "C" __global__ void glove_apply(
 """
 
 
-def _fused_epoch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, order: Any, batch: int,
-                 eta: np.float32, clip: np.float32) -> float:  # pragma: no cover - needs a GPU
-    """One pass of fused batch steps over ``order``; returns sum 0.5 f diff^2 (read back once)."""
-    import cupy
 
+
+def device_pass(problem: Any, w: Any, entries: np.ndarray, offset: int, batch_size: int, eta: np.float32,
+                clip: np.float32) -> float:
+    """AdaGrad over ``entries`` (host ids, one pass's segment) on the device table ``w``; the cost sum.
+
+    Steps are ``batch_size`` entries, aligned with the shard's positions: ``offset`` is the position
+    of the first entry, so a step that crosses the segment's end is finished by the next call.
+    """
+    xp = array_module(w)
+    rows, cols, logx, fx = device_copies(problem, xp, lambda m: tuple(m.asarray(a) for a in (
+        problem.cooc.rows.astype(np.int32), problem.cooc.cols.astype(np.int32), problem.logx, problem.fx)))
+    views = tuple(problem._views(w))
+    ids = xp.asarray(entries.astype(np.int64))
+    cuts = list(range(-(offset % batch_size) + batch_size if offset % batch_size else batch_size, len(entries),
+                      batch_size))
+    parts = [ids[a:b] for a, b in zip([0] + cuts, cuts + [len(entries)]) if b > a]
+    if use_fused(problem.device_kernel, xp):  # pragma: no cover - needs a GPU
+        return _fused(views, rows, cols, logx, fx, parts, batch_size, eta, clip)
+    return float(sum(adagrad_batch(views, rows, cols, logx, fx, part, eta, clip) for part in parts))
+
+
+def _fused(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, parts: list[Any], batch: int,
+           eta: np.float32, clip: np.float32) -> float:  # pragma: no cover - needs a GPU
+    """The steps ``parts`` as fused kernel triples; returns sum 0.5 f diff^2 (read back once)."""
+    xp = array_module(rows)
     W, C, bw, bc, gW, gC, gbw, gbc = arrays
     errors, steps, apply = cuda_kernels(_FUSED_SOURCE, ("glove_errors", "glove_steps", "glove_apply"))
     dim = np.int32(W.shape[1])
-    fdiff, sbw, sbc = (cupy.empty(batch, dtype=np.float32) for _ in range(3))
-    uw, uc, tw2, tc2 = (cupy.empty(batch * int(dim), dtype=np.float32) for _ in range(4))
-    cost = cupy.zeros(1, dtype=np.float64)
-    for start in range(0, order.shape[0], batch):
-        part = order[start:start + batch]
+    fdiff, sbw, sbc = (xp.empty(batch, dtype=np.float32) for _ in range(3))
+    uw, uc, tw2, tc2 = (xp.empty(batch * int(dim), dtype=np.float32) for _ in range(4))
+    cost = xp.zeros(1, dtype=np.float64)
+    for part in parts:
         n = np.int64(part.shape[0])
         errors((-(-int(n) * 32 // 256),), (256,), (rows, cols, logx, fx, part, n, dim, W, C, bw, bc, gbw, gbc,
                                                  fdiff, sbw, sbc, cost))
@@ -167,32 +173,3 @@ def _fused_epoch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: A
         apply(blocks, (256,), (rows, cols, part, n, dim, uw, uc, tw2, tc2, fdiff, sbw, sbc, W, C, gW, gC, bw, bc,
                                gbw, gbc))
     return float(cost[0])
-
-
-def train_batched(cooc: Cooccurrence, config: GloveConfig, batch: int = 8192,
-                  xp: str = "auto", kernel: str = "auto") -> tuple[GloveParams, list[float]]:
-    """GloVe with batched lock-free AdaGrad on ``xp`` ('numpy', 'cupy', 'auto'); (NumPy params, cost per epoch).
-
-    ``kernel`` is 'array' (:func:`adagrad_batch`, NumPy or CuPy), 'fused' (three CUDA kernels per
-    batch; CuPy only) or 'auto' (fused on CuPy).
-    """
-    check.positive_int("batch", batch)
-    validate_training(cooc, config)
-    mod = get_xp(xp)
-    fused = use_fused(kernel, mod)
-    host = GloveParams.init(cooc.n_words, config)
-    arrays = tuple(mod.asarray(a) for a in host.arrays())
-    logx, fx = (mod.asarray(a) for a in entry_terms(cooc.values, config))
-    rows, cols = mod.asarray(cooc.rows.astype(np.int32)), mod.asarray(cooc.cols.astype(np.int32))
-    eta, clip = np.float32(config.lr), np.float32(config.grad_clip)
-    costs = []
-    for epoch in range(config.epochs):
-        order = mod.asarray(epoch_order(cooc.nnz, config.seed, epoch))
-        if fused:  # pragma: no cover - needs a GPU
-            costs.append(_fused_epoch(arrays, rows, cols, logx, fx, order, batch, eta, clip) / cooc.nnz)
-            continue
-        total = 0.0
-        for start in range(0, cooc.nnz, batch):
-            total += adagrad_batch(arrays, rows, cols, logx, fx, order[start:start + batch], eta, clip)
-        costs.append(float(total) / cooc.nnz)
-    return GloveParams(*(to_numpy(a) for a in arrays)), costs
