@@ -1,9 +1,9 @@
-"""The gpu substrate (Hogwild, GloVe) and the batched LDA twin, NumPy and CuPy, against the CPU code and peers.
+"""The gpu substrate (Hogwild, GloVe, LDA) on NumPy and CuPy against the CPU substrates and peers, in one run.
 
 Each section times one problem on the same data three ways: the peer or the CPU substrate
-(processes on this machine's cores), and the batched twin from ``simlib.gpu`` on NumPy and on
-CuPy (when a CUDA device is present; otherwise those rows say so). Batch size is the twin's
-staleness knob, so every twin row also reports quality: the final loss, cost or log-likelihood
+(processes on this machine's cores), and ``simlib.run(..., substrate='gpu')`` on NumPy and on
+CuPy (when a CUDA device is present; otherwise those rows say so). Batch size is the GPU's
+staleness knob (a batch reads the table once), so every gpu row also reports quality: the final loss, cost or log-likelihood
 next to the CPU run's. Throughput excludes data loading and one warm-up launch. Run::
 
     python benchmarks/gpu.py            # 200 k x 100 k Hogwild data, KJV GloVe and LDA
@@ -27,7 +27,6 @@ sys.path.insert(0, str(_HERE.parent))
 from simlib.backend import get_xp, gpu_available, synchronize  # noqa: E402
 from simlib.data import Vocabulary, load_kjv  # noqa: E402
 import simlib  # noqa: E402
-from simlib.gpu import lda as gpu_lda  # noqa: E402
 from simlib.problems.glove import GloveConfig, count_cooccurrences  # noqa: E402
 from simlib.problems.glove_table import GloveProblem  # noqa: E402
 from simlib.problems.lda import kjv_corpus  # noqa: E402
@@ -47,13 +46,12 @@ def timed(fn: Callable[[], object]) -> tuple[object, float]:
     return out, time.perf_counter() - t
 
 
-def twin_rows(runs: list[tuple[str, str, int]], label: Callable[[int], str],
-              measure: Callable[[str, str, int], tuple[float, float]],
-              what: str = "batched twin") -> list[tuple[str, float | None, float | None]]:
-    """One row per (xp, kernel, size) of a batched twin: (name, rate, quality); CuPy rows without a device are empty."""
+def gpu_rows(runs: list[tuple[str, str, int]], label: Callable[[int], str],
+             measure: Callable[[str, str, int], tuple[float, float]]) -> list[tuple[str, float | None, float | None]]:
+    """One row per (xp, kernel, size) on the gpu substrate: (name, rate, quality); CuPy rows without a device are empty."""
     rows: list[tuple[str, float | None, float | None]] = []
     for xp, kernel, size in runs:
-        name = f"{what}, {xp}{', fused' if kernel == 'fused' else ''}, {label(size)}"
+        name = f"gpu substrate, {xp}{', fused' if kernel == 'fused' else ''}, {label(size)}"
         rows.append((name, None, None) if xp == "cupy" and not gpu_available() else (name, *measure(xp, kernel, size)))
     return rows
 
@@ -99,7 +97,7 @@ def hogwild_section(args: argparse.Namespace) -> None:
                          steps=args.epochs * problem.epoch_steps(1, b), eval_every=10**9)
         return nnz / res.seconds, full.loss(problem.weights(res.params))
 
-    rows += twin_rows(runs, lambda b: f"B={b}", hogwild, "gpu substrate")
+    rows += gpu_rows(runs, lambda b: f"B={b}", hogwild)
     problem.device_kernel = "auto"
     print(f"\nHogwild: {data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
           f"{args.epochs} epochs, lr 0.2 per row, l2 1e-5")
@@ -148,7 +146,7 @@ def glove_section(args: argparse.Namespace) -> None:
         res = run(cfg.epochs)
         return updates / res.seconds, problem.epoch_costs(res)[-1]
 
-    rows += twin_rows(runs, lambda b: f"B={b}", glove, "gpu substrate")
+    rows += gpu_rows(runs, lambda b: f"B={b}", glove)
     problem.device_kernel = "auto"
     print(f"\nGloVe: KJV, {cooc.nnz:,} co-occurrence entries, vocabulary {len(vocab):,}, d = 50, {cfg.epochs} epochs")
     table("AdaGrad updates (cost = mean 0.5 f diff^2 of the last pass)", "M updates/s", "final cost", rows,
@@ -167,12 +165,16 @@ def lda_section(args: argparse.Namespace) -> None:
     runs = [("numpy", "array", 8), ("cupy", "array", 8)] + [("cupy", "fused", nb) for nb in args.lda_batches]
 
     def lda(xp: str, kernel: str, nb: int) -> tuple[float, float]:
-        gpu_lda.train_batched(c, K, 0.1, 0.01, n_sweeps=1, n_batches=nb, xp=xp, kernel=kernel)  # warm-up
-        run = gpu_lda.train_batched(c, K, 0.1, 0.01, n_sweeps=sweeps, n_batches=nb, xp=xp, record_every=sweeps,
-                                    kernel=kernel)
-        return run.tokens_per_s, run.trace.quality[-1].value / c.n_tokens
+        """One worker on the gpu substrate, each sweep in nb batches of tokens drawn at once."""
+        problem.device_kernel = kernel
+        run = lambda steps: simlib.run(problem, "bsp", substrate="gpu", xp=xp, n_workers=1, steps=steps,  # noqa: E731
+                                       batch_size=-(-c.n_tokens // nb), eval_every=10**9)
+        run(1)  # warm-up (and the fused kernels' compilation)
+        res = run(sweeps)
+        return c.n_tokens * sweeps / res.seconds, problem.log_likelihood(res.params, problem.assignments(res)) / c.n_tokens
 
-    rows += twin_rows(runs, lambda nb: f"{nb} batches/sweep", lda)
+    rows += gpu_rows(runs, lambda nb: f"{nb} batches/sweep", lda)
+    problem.device_kernel = "auto"
     print(f"\nLDA: KJV chapters, {c.n_docs:,} documents, {c.n_tokens:,} tokens, K = {K}, {sweeps} sweeps")
     table("collapsed Gibbs (quality = log p(w, z) per token, higher is better)", "M tokens/s", "log p / token",
           rows, "AD-LDA BSP, 1 process")

@@ -69,7 +69,7 @@ def _lda(corpus=None, **kw):
     def call():
         data = make_synthetic_corpus(n_docs=10, n_words=20, doc_length=10, seed=0)[0] if corpus is None else corpus()
         problem = LDAProblem(data, kw.pop("n_topics", 4))
-        return simlib.run(problem, kw.pop("protocol", "bsp"), substrate="shm", **({"n_workers": 2, "steps": 1} | kw))
+        return simlib.run(problem, kw.pop("protocol", "bsp"), **({"substrate": "shm", "n_workers": 2, "steps": 1} | kw))
     return call
 
 
@@ -181,8 +181,8 @@ CASES = {
     "lda word id changed after the check": (_lda(corpus=_changed_corpus), "word ids"),
     "lda serial Gibbs, word id changed": (lambda: __import__("simlib.problems.lda_gibbs", fromlist=["x"]).fit(
         _changed_corpus(), 4, n_sweeps=1), "word ids"),
-    "lda batched (NumPy), word id changed": (lambda: __import__("simlib.gpu.lda", fromlist=["x"]).train_batched(
-        _changed_corpus(), 4, n_sweeps=1, xp="numpy"), "word ids"),
+    "lda on the gpu substrate (NumPy), word id changed": (_lda(corpus=_changed_corpus, substrate="gpu", xp="numpy"),
+                                                          "word ids"),
     "LDAProblem, word id changed": (lambda: __import__("simlib.problems.lda_table", fromlist=["x"]).LDAProblem(
         _changed_corpus(), 4), "word ids"),
     # Shotgun (Lasso)

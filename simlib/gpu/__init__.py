@@ -7,15 +7,11 @@ substrates, with ``substrate="gpu"``.
 
 Modules (imported on demand, so that loading one does not load the others):
 
-* :mod:`simlib.gpu.substrate` -- the ``gpu`` substrate of ``simlib.run``; Hogwild! runs there through
-  the logistic problem's local-step hook (:mod:`simlib.problems.logistic_device`).
-* :mod:`simlib.gpu.lda` -- the LDA twin, a batched loop of its own (GloVe runs on the substrate through
-  :mod:`simlib.problems.glove_device`).
+* :mod:`simlib.gpu.substrate` -- the ``gpu`` substrate of ``simlib.run``. Each problem's device steps
+  live beside its math: :mod:`simlib.problems.logistic_device` (Hogwild!),
+  :mod:`simlib.problems.glove_device` (batched AdaGrad), :mod:`simlib.problems.lda_device` (batched
+  collapsed Gibbs).
 
-Fused CUDA kernels are chosen by :func:`use_fused` and compiled once by :func:`cuda_kernels`.
+Fused CUDA kernels are chosen by :func:`simlib.backend.use_fused` and compiled once by
+:func:`simlib.backend.cuda_kernels`.
 """
-from __future__ import annotations
-
-from simlib.backend import KERNELS, cuda_kernels, use_fused
-
-__all__ = ["KERNELS", "cuda_kernels", "use_fused"]

@@ -7,8 +7,10 @@ Two paths, as on shared memory:
   same weights (the GPU's Hogwild!: row i of a batch misses the i updates before it). The schedule
   is the one below: in round c every worker steps from the same read of the table and the changes
   are added. One worker runs whole chunks of steps between evaluations, with no host sync inside.
-  On CuPy the problem must declare ``device_kernel`` (its hook takes device arrays:
-  :class:`~simlib.problems.logistic.LogisticProblem` does, with fused CUDA kernels).
+  On CuPy the problem must declare ``device_kernel`` (its hook takes device arrays; the logistic,
+  GloVe and LDA problems do, with fused CUDA kernels). A problem whose device steps differ from its
+  CPU ones supplies ``device_steps`` with the same signature, which this substrate prefers (LDA:
+  batches of tokens drawn at once, where the CPU sweep is sequential).
 * **Get / step / add** (any other rule): round c, every worker reads table[keys] from the same
   table, and the pushes go through :class:`~simlib.contract.ParamServer` in worker order, so worker
   i's push lands on top of i others: tau = i. No worker gets ahead of another, a valid schedule under
@@ -51,10 +53,10 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
     n = training.n_workers
     shards = problem.shards(n)
     # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
-    fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain and (
-        mod is np or getattr(problem, "device_kernel", None) is not None)
-    if fast:
-        return _run_in_place(problem, protocol, training, mod, shards)
+    # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's batches), else local_steps
+    hook = getattr(problem, "device_steps", None) or getattr(problem, "local_steps", None)
+    if callable(hook) and training.rule.plain and (mod is np or getattr(problem, "device_kernel", None) is not None):
+        return _run_in_place(problem, protocol, training, mod, shards, hook)
     server = ParamServer(mod.asarray(problem.init_params()), n, protocol, training.rule, read_rule=training.read_rule)
     trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
                       xp=mod.__name__, path="get / step / add")
@@ -87,8 +89,8 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
     return Result(trace, to_numpy(server.params), {"wall_seconds": time.perf_counter() - t0})
 
 
-def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list) -> Result:
-    """The fast path: ``problem.local_steps`` on the device table; the schedule is the get / step / add path's."""
+def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, hook: Any) -> Result:
+    """The fast path: the problem's ``hook`` on the device table; the schedule is the get / step / add path's."""
     n, steps, every = training.n_workers, training.steps, training.eval_every
     table = mod.asarray(np.asarray(problem.init_params()).astype(getattr(problem, "table_dtype", np.float64)))
     trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
@@ -103,13 +105,13 @@ def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any
         start = time.perf_counter() - t0
         if n == 1:  # every step up to the next evaluation in one call
             k = min(steps, (c // every + 1) * every) - c
-            problem.local_steps(table, shards[0], c, k, training.batch_size, training.lr)
+            hook(table, shards[0], c, k, training.batch_size, training.lr)
         else:  # round c: every worker's step from the same read, the steps' changes added
             k = 1
             snapshot = mod.array(table, copy=True) if snapshot is None else _copy_into(snapshot, table)
             for i in range(n):
                 scratch = mod.array(snapshot, copy=True) if scratch is None else _copy_into(scratch, snapshot)
-                problem.local_steps(scratch, shards[i], c, 1, training.batch_size, training.lr)
+                hook(scratch, shards[i], c, 1, training.batch_size, training.lr)
                 table += scratch
                 table -= snapshot
         synchronize(mod)

@@ -38,6 +38,7 @@ import numpy as np
 from numba import njit
 
 from simlib import _validate as check
+from simlib.backend import to_numpy
 from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, log_likelihood, random_assignments,
                                 shard_documents, word_log_likelihood)
 from simlib.problems.lda_gibbs import KERNELS, GibbsState
@@ -61,6 +62,7 @@ class LDAShard:
     local: np.ndarray | None = None  # each token's word as an index into ``words`` (computed once)
     own_wk: np.ndarray | None = None  # the shard's own counts of its words (len(words), K), kept up to date
     own_k: np.ndarray | None = None  # and its own topic totals (K,)
+    device: Any = None  # on the gpu substrate: its tokens, z and n_dk on the device (lda_device.DeviceShard)
 
     def sweep_seed(self) -> int:
         """seed * 1_000_003 + worker * 10_007 + clock: one stream per worker and clock."""
@@ -75,6 +77,7 @@ class LDAProblem:
     linear_step = False  # count moves do not scale with a step size
     table_dtype = np.int32  # where a substrate keeps the table in place (shm): counts, exact in 32 bits
     exact_deltas = True  # every push must be applied whole, or the counts no longer match the topics
+    device_kernel = "auto"  # the gpu substrate's batches: 'auto' (fused on CuPy), 'fused' or 'array'
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
                  seed: int = 0, kernel: str = "sparse"):
@@ -161,6 +164,13 @@ class LDAProblem:
         m = _moved_counts(st.n_wk, st.n_k, batch.words, before, keys, batch.own_wk, batch.own_k, out_keys, deltas)
         return out_keys[:m], deltas[:m]
 
+    def device_steps(self, table: Any, shard: LDAShard, first: int, count: int, batch_size: int, lr: float) -> None:
+        """The gpu substrate's hook: sweeps first .. first+count-1 in batches of ``batch_size`` tokens, each batch
+        drawn at once against one read of the table (:mod:`simlib.problems.lda_device`); ``lr`` is unused."""
+        from simlib.problems.lda_device import device_sweeps
+
+        device_sweeps(self, table, shard, first, count, batch_size)
+
     def _own_counts(self, st: GibbsState, shard: LDAShard) -> tuple[np.ndarray, np.ndarray]:
         """The shard's own (n_wk rows of its words, n_k), from its assignments."""
         # NOTE: the tokens' word indices are computed once per shard; a searchsorted over every token per
@@ -173,6 +183,8 @@ class LDAProblem:
 
     def local_result(self, shard: LDAShard) -> np.ndarray:
         """What a worker sends back at the end of a real run: its tokens' topics z (corpus order)."""
+        if shard.device is not None:
+            return to_numpy(shard.device.z).astype(np.int32)
         return shard.state.z
 
     def assignments(self, result: Any) -> np.ndarray:
@@ -194,7 +206,7 @@ class LDAProblem:
 
     def quality(self, params: np.ndarray) -> float:
         """log p(w | z) of the table: the word part of the joint likelihood."""
-        n_wk, n_k = self.split(params)
+        n_wk, n_k = self.split(to_numpy(params))
         return word_log_likelihood(n_wk, n_k, self.beta)
 
     def check_counts(self, params: np.ndarray) -> None:
