@@ -37,16 +37,21 @@ def sized(default: T, quick_value: T) -> T:
     return quick_value if quick() else default
 
 
-def reveal(question: str, guess: Any, truth: Any, tolerance: float = 0.0) -> None:
-    """Say whether a student's ``guess`` matches ``truth`` (within ``tolerance`` for numbers).
+def reveal(question: str, guess: Any, truth: Any, tolerance: float = 0.0, detail: str = "") -> None:
+    """Say whether a student's ``guess`` matches ``truth`` (within ``tolerance`` for numbers), then show ``detail``.
 
-    With ``guess`` None the answer is printed with a prompt to guess first next time. Prints,
-    returns nothing, and never raises on a wrong guess:
-    a wrong prediction is the point of the exercise.
+    With ``guess`` None nothing of the answer is shown: the cell asks for a guess instead, so running
+    a notebook top to bottom never answers a prediction that was not made. Prints, returns nothing,
+    and never raises on a wrong guess: a wrong prediction is the point of the exercise.
     """
     if guess is None:
-        print(f"{question} The run says: {truth}. (Set your guess first to check it.)")
+        print(f"{question} Predict first: set my_guess in this cell, then run it again to see the answer.")
         return
-    numbers = isinstance(truth, (int, float)) and isinstance(guess, (int, float))
-    right = abs(guess - truth) <= tolerance if numbers else guess == truth
-    print(f"{question} You guessed {guess}; the run says {truth}: {'✓ right' if right else '✗ not quite'}.")
+    if isinstance(truth, bool):  # a yes / no answer: 1 or "yes" is not True
+        right = guess is truth
+    elif isinstance(truth, (int, float)) and isinstance(guess, (int, float)):
+        right = abs(guess - truth) <= tolerance
+    else:
+        right = guess == truth
+    print(f"{question} You guessed {guess}; the run says {truth}: {'✓ right' if right else '✗ not quite'}."
+          + (f" {detail}" if detail else ""))

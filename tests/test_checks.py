@@ -31,11 +31,16 @@ def test_quick_mode_is_off_without_the_variable(monkeypatch) -> None:
 def test_reveal_compares_a_guess_and_never_raises(capsys) -> None:
     from simlib.checks import reveal
 
-    reveal("How many?", None, 4)
-    assert "The run says: 4" in capsys.readouterr().out
+    reveal("How many?", None, 4, detail="it took 12.5 s")
+    asked = capsys.readouterr().out
+    assert "set my_guess" in asked and "4" not in asked and "12.5" not in asked  # no guess: no answer, no detail
     reveal("How many?", 3, 4, tolerance=1)
     assert capsys.readouterr().out.rstrip().endswith("✓ right.")
     reveal("How many?", 2, 4)
     assert "✗ not quite" in capsys.readouterr().out
     reveal("Which?", "PS", "PS")
     assert "✓ right" in capsys.readouterr().out
+    reveal("Within 1%?", True, False, detail="the gap was 1.4%")
+    assert "✗ not quite" in (out := capsys.readouterr().out) and out.rstrip().endswith("the gap was 1.4%")
+    reveal("Within 1%?", 1, True)  # True is not the number 1: a yes/no answer wants True or False
+    assert "✗ not quite" in capsys.readouterr().out
