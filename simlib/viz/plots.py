@@ -235,6 +235,11 @@ def _fmt_at(reached: float, x: str) -> str:
     return f"{reached:.3g} s" if x == "time" else f"step {reached}"
 
 
+def metric_name(metric: str) -> str:
+    """A trace's metric as words for a reader: 'log_likelihood' -> 'log likelihood'."""
+    return metric.replace("_", " ")
+
+
 def plot_loss(
     traces: Trace | Iterable[Trace],
     x: str = "time",
@@ -270,13 +275,13 @@ def plot_loss(
             ax.plot(xs, ys, color=color, label=label, gid=f"loss:{run_label(tr)}")
         if target is not None:
             ax.axhline(target, color=OKABE_ITO["black"], linestyle="--", linewidth=1.8,
-                       label=f"target {runs[0].metric} {target:.3g}", gid="target")
+                       label=f"target {metric_name(runs[0].metric)} {target:.3g}", gid="target")
         ax.set_xlabel(_time_axis_label(runs) if x == "time" else "steps (updates applied)")
-        ax.set_ylabel(runs[0].metric)
+        ax.set_ylabel(metric_name(runs[0].metric))
         if t_max is not None and x == "time":
             ax.set_xlim(0.0, t_max)
         if title is None:
-            title = finding(runs, target, x=x) if target is not None else f"{runs[0].metric} against {x}"
+            title = finding(runs, target, x=x) if target is not None else f"{metric_name(runs[0].metric)} against {x}"
         ax.set_title(title)
         ax.legend(loc="upper right")
     return ax
@@ -396,7 +401,7 @@ def finding(traces: Trace | Iterable[Trace], target: float | None = None, x: str
     runs = _as_list(traces)
     if target is None:
         target = default_target(runs)
-    metric = runs[0].metric
+    metric = metric_name(runs[0].metric)
     cost = {run_label(t): (t.time_to(target) if x == "time" else t.steps_to(target)) for t in runs}
     reached = {k: v for k, v in cost.items() if v is not None}
     goal = f"{metric} {target:.3g}"
@@ -454,7 +459,7 @@ def compare_figure(
         if target is not None:
             ax_t = fig.add_subplot(gs[0:k, 1])
             ax_s = fig.add_subplot(gs[k : 2 * k, 1])
-            plot_loss(runs, x="time", ax=ax_t, target=target, title=f"{runs[0].metric} against time")
+            plot_loss(runs, x="time", ax=ax_t, target=target, title=f"{metric_name(runs[0].metric)} against time")
             plot_loss(runs, x="steps", ax=ax_s, target=target, title=finding(runs, target, x="steps"))
             fig.suptitle(finding(runs, target))
         else:
