@@ -11,16 +11,21 @@ reuses that folder. The time includes starting the kernel. Prints one row per le
     python benchmarks/lessons.py                      # every lesson, cold and warm
     python benchmarks/lessons.py 07 10-calibration    # some lessons (number or name)
     python benchmarks/lessons.py --warm-only --cells  # warm only; per-cell times too
+    python benchmarks/lessons.py --load 2             # with two busy loops beside it (a student's busy laptop)
 
 Timings depend on what else the machine is doing: the script prints the load average before
-and after, and a lesson's row should be read against it.
+and after, and a lesson's row should be read against it. ``--load N`` starts N busy loops (one
+process each, spinning on a core) for the whole run and stops them at the end: every lesson's
+checks must still hold, and each lesson should stay within the goal.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pathlib
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -91,6 +96,19 @@ def run_lesson(path: pathlib.Path, numba_cache: str | None, quick: bool,
     return seconds, cell_times, error
 
 
+@contextlib.contextmanager
+def busy_loops(n: int):
+    """``n`` processes spinning on a core each while the block runs; stopped (and reaped) when it ends."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield loops
+    finally:
+        for p in loops:
+            p.kill()
+        for p in loops:
+            p.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the table; return 1 if a lesson failed, else 0 (being over the goal is reported, not an error)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -100,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="one run per lesson with numba's usual cache (warm after any earlier run), no cold run")
     ap.add_argument("--cells", action="store_true", help="also print each lesson's code-cell times (warm run)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
+    ap.add_argument("--load", type=int, default=0, metavar="N", help="run N busy loops beside the lessons")
     args = ap.parse_args(argv)
     try:
         paths = lesson_paths(args.lessons)
@@ -109,8 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.timeout <= 0:
         print("timeout must be a positive number of seconds", file=sys.stderr)
         return 2
+    if not 0 <= args.load <= 64:
+        print("load must be a number of busy loops from 0 to 64", file=sys.stderr)
+        return 2
+    with busy_loops(args.load):
+        return _run(args, paths)
+
+
+def _run(args: argparse.Namespace, paths: list[pathlib.Path]) -> int:
+    """Time the lessons and print the table (see :func:`main`)."""
     mode = "quick (SIMLIB_QUICK=1)" if args.quick else "default mode"
-    print(f"{len(paths)} lessons, {mode}, {os.cpu_count()} cores, load average before: "
+    print(f"{len(paths)} lessons, {mode}, {args.load} busy loops, {os.cpu_count()} cores, load average before: "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     header = f"{'lesson':34s} {'cold (s)':>9s} {'warm (s)':>9s}  {'goal 60 s':10s} slowest cell (warm)"
     print(header)
