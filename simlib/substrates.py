@@ -78,7 +78,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     from simlib.contract import Training, check_problem, linear_step
 
     check_problem(problem)
-    proto = Protocol.parse(protocol)
+    proto = _with_protocol_options(Protocol.parse(protocol), options)
     runner = get(substrate)
     given = {k: options.pop(k) for k in list(options) if k in _RULE}
     rule = options.pop("rule", None)
@@ -103,6 +103,20 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
     return runner(problem, proto, training, **options)
+
+
+def _with_protocol_options(proto: Protocol, options: dict[str, Any]) -> Protocol:
+    """``proto`` with the ``backup_workers`` / ``timeout`` given beside it (popped from ``options``).
+
+    They used to reach the simulator's SimConfig, which took the protocol's own values over them: the
+    run went on without the backup workers or the deadline asked for, and said nothing.
+    """
+    given = {name: options.pop(name) for name in ("backup_workers", "timeout") if name in options}
+    for name, value in given.items():
+        own = getattr(proto, name)
+        if own not in (0, None) and own != value:
+            raise ValueError(f"{name}={value!r} contradicts the protocol's own {name}={own!r}; give it once")
+    return Protocol.parse(proto, **given) if given else proto
 
 
 def _check_options(substrate: str, runner: Runner, options: dict[str, Any], shared: list[str]) -> None:

@@ -366,3 +366,18 @@ def test_forked_workers_never_compile_a_kernel_of_the_problem(substrate):
         for k in kernels:
             k.disable_compile(False)
     assert len(res.trace.updates) == 6
+
+
+@pytest.mark.parametrize("option, value", [("backup_workers", 1), ("timeout", 1e-4)])
+def test_backup_workers_and_a_deadline_given_beside_the_protocol_are_obeyed(option, value):
+    """simlib.run(problem, 'bsp', backup_workers=1) ran plain BSP on the simulator: the protocol's own 0 won."""
+    from simlib.sim.experiments import compare_problem
+
+    prob = compare_problem()
+    beside = simlib.run(prob, "bsp", substrate="sim", n_workers=4, steps=10, **{option: value})
+    inside = simlib.run(prob, Protocol("bsp", **{option: value}), substrate="sim", n_workers=4, steps=10)
+    assert beside.trace.label == inside.trace.label != "BSP"
+    assert sum(not u.applied for u in beside.trace.updates) == sum(not u.applied for u in inside.trace.updates) > 0
+    with pytest.raises(ValueError, match=f"{option}=.* contradicts the protocol's own {option}"):
+        simlib.run(prob, Protocol("bsp", **{option: value}), substrate="sim", n_workers=4, steps=10,
+                   **{option: value * 2})

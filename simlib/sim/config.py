@@ -138,9 +138,12 @@ class SimConfig(_FieldsOnly):
                 raise ValueError(f"staleness={self.staleness} contradicts protocol {given!r}")
             object.__setattr__(self, "protocol", p.kind)
             object.__setattr__(self, "staleness", p.staleness)
-            if isinstance(given, Protocol):
-                object.__setattr__(self, "backup_workers", p.backup_workers)
-                object.__setattr__(self, "timeout", p.timeout)
+            if isinstance(given, Protocol):  # its backup workers and deadline, unless given (the same) beside it
+                for name, default in (("backup_workers", 0), ("timeout", None)):
+                    mine, theirs = getattr(self, name), getattr(p, name)
+                    if mine != default and theirs != default and mine != theirs:
+                        raise ValueError(f"{name}={mine!r} contradicts the protocol's own {name}={theirs!r}")
+                    object.__setattr__(self, name, theirs if theirs != default else mine)
         elif isinstance(self.protocol, str):
             object.__setattr__(self, "protocol", self.protocol.lower())
             if self.staleness is None:
