@@ -156,6 +156,23 @@ class Trace:
             "final_" + self.metric: self.quality[-1].value if self.quality else math.nan,
         }
 
+    def network_load(self, bins: int = 1000) -> tuple[Any, Any]:
+        """(bin start times, bytes per second on the wire in each bin): every send and recv span's bytes
+        spread evenly over its duration, summed over workers. Zero bins are an idle network."""
+        import numpy as np
+
+        if not isinstance(bins, int) or bins < 1:
+            raise ValueError(f"bins must be a positive integer, got {bins!r}")
+        width = self.makespan / bins if self.makespan > 0 else 1.0
+        load = np.zeros(bins)
+        for s in self.spans:
+            if s.kind not in ("send", "recv") or not s.nbytes:
+                continue
+            a = min(int(s.start / width), bins - 1)
+            b = max(a + 1, min(-int(-s.end // width), bins))  # the bins [a, b) the span overlaps
+            load[a:b] += s.nbytes / (b - a)
+        return np.arange(bins) * width, load / width
+
     def worker_spans(self, worker: int) -> list[Span]:
         """The spans of one worker, in time order."""
         return sorted((s for s in self.spans if s.worker == worker), key=lambda s: (s.start, s.end))

@@ -60,3 +60,20 @@ def test_roundtrip_json(tmp_path):
 def test_empty_trace_summary_is_defined():
     s = Trace(label="e", substrate="sim", n_workers=3).summary()
     assert s["makespan"] == 0.0 and math.isnan(s["time_per_step"]) and s["wait_fraction"] == 0.0
+
+
+def test_network_load_spreads_each_transfer_over_its_time_and_keeps_every_byte():
+    import numpy as np
+
+    t = Trace(label="load", substrate="sim", n_workers=2)
+    t.span(0, "compute", 0.0, 1.0)
+    t.span(0, "send", 1.0, 1.5, nbytes=1000)    # bins 8..11 of 32 (each 0.125 s)
+    t.span(1, "recv", 1.25, 1.375, nbytes=500)  # bin 10
+    t.span(1, "compute", 1.5, 4.0)
+    starts, load = t.network_load(bins=32)
+    width = t.makespan / 32
+    assert starts[1] == pytest.approx(width) and load.sum() * width == pytest.approx(1500)
+    assert np.count_nonzero(load) == 4 and load[:8].sum() == 0 and load[12:].sum() == 0
+    assert load[10] == pytest.approx(load[8] + 500 / width)  # the recv lands on top of the send
+    with pytest.raises(ValueError, match="bins"):
+        t.network_load(bins=0)
