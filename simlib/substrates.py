@@ -78,8 +78,8 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     from simlib.contract import Training, check_problem, linear_step
 
     check_problem(problem)
-    proto = _with_protocol_options(Protocol.parse(protocol), options)
     runner = get(substrate)
+    proto = _with_protocol_options(Protocol.parse(protocol), options, runner)
     given = {k: options.pop(k) for k in list(options) if k in _RULE}
     rule = options.pop("rule", None)
     if rule is None:
@@ -105,13 +105,19 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     return runner(problem, proto, training, **options)
 
 
-def _with_protocol_options(proto: Protocol, options: dict[str, Any]) -> Protocol:
-    """``proto`` with the ``backup_workers`` / ``timeout`` given beside it (popped from ``options``).
+def _with_protocol_options(proto: Protocol, options: dict[str, Any], runner: Runner) -> Protocol:
+    """``proto`` with the ``backup_workers`` (and, where the substrate has no ``timeout`` of its own, the
+    per-step deadline ``timeout``) given beside it, popped from ``options``.
 
     They used to reach the simulator's SimConfig, which took the protocol's own values over them: the
-    run went on without the backup workers or the deadline asked for, and said nothing.
+    run went on without the backup workers or the deadline asked for, and said nothing. The real
+    substrates' own ``timeout`` is their hang guard (seconds for the whole run), left to them.
     """
-    given = {name: options.pop(name) for name in ("backup_workers", "timeout") if name in options}
+    try:
+        own = set(list(inspect.signature(runner).parameters)[3:])
+    except (TypeError, ValueError):
+        own = set()
+    given = {name: options.pop(name) for name in ("backup_workers", "timeout") if name in options and name not in own}
     for name, value in given.items():
         own = getattr(proto, name)
         if own not in (0, None) and own != value:

@@ -381,3 +381,11 @@ def test_backup_workers_and_a_deadline_given_beside_the_protocol_are_obeyed(opti
     with pytest.raises(ValueError, match=f"{option}=.* contradicts the protocol's own {option}"):
         simlib.run(prob, Protocol("bsp", **{option: value}), substrate="sim", n_workers=4, steps=10,
                    **{option: value * 2})
+
+
+@pytest.mark.parametrize("substrate", ["pipes", "shm"])
+def test_a_real_substrates_own_timeout_stays_its_hang_guard(tiny, substrate):
+    """timeout= is the real substrates' limit for the whole run, not the protocol's per-step deadline (which
+    async refuses): taking it for the deadline broke every run that set the guard."""
+    res = simlib.run(tiny, "async", substrate=substrate, n_workers=1, steps=2, timeout=60.0)
+    assert len(res.trace.updates) >= 1 and "T=" not in res.trace.label
