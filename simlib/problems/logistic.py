@@ -29,7 +29,6 @@ from numba import njit
 
 from simlib import _validate as check
 from simlib.backend import array_module
-from simlib.trace import Trace
 
 _DTYPES = {"indptr": np.int64, "indices": np.int32, "values": np.float32, "y": np.float32}
 
@@ -392,40 +391,6 @@ def row_dot(indptr, indices, values, w, i):  # pragma: no cover - compiled
     for p in range(indptr[i], indptr[i + 1]):
         margin += values[p] * w[indices[p]]
     return margin
-
-
-def check_sgd(lr: float, l2: float, epochs: int, batch_size: int) -> None:
-    """SGD settings shared by every substrate: lr > 0, l2 >= 0, lr * l2 < 1, counts >= 1."""
-    check.positive("lr", lr)
-    check.non_negative("l2", l2)
-    if lr * l2 >= 1.0:
-        raise ValueError(f"lr * l2 must be < 1 (the decay factor 1 - lr*l2 must stay positive), got {lr * l2}")
-    check.positive_int("epochs", epochs)
-    check.positive_int("batch_size", batch_size)
-
-
-@dataclass
-class HogwildResult:
-    """Final weights, the run's trace, and the speed figures of one training run."""
-
-    mode: str
-    n_workers: int
-    w: np.ndarray
-    trace: Trace
-    nnz: int  # nonzeros processed: epochs x the data's nonzeros
-    train_seconds: float  # first compute span start to last compute span end
-    wall_seconds: float  # the whole call, process start-up and copies included
-    cpu_seconds: float = math.nan  # CPU time the workers' training loops got, summed over workers
-
-    @property
-    def nnz_per_s(self) -> float:
-        """Training throughput in nonzeros per second."""
-        return self.nnz / self.train_seconds if self.train_seconds > 0 else math.nan
-
-    @property
-    def cores_used(self) -> float:
-        """CPU seconds per training second: how many cores the run really got (a busy machine gives fewer)."""
-        return self.cpu_seconds / self.train_seconds if self.train_seconds > 0 else math.nan
 
 
 @njit(cache=True, nogil=True)
