@@ -2,6 +2,7 @@
 
     python benchmarks/lda.py            # KJV chapters (stop words removed), K = 20 and 100, 100 sweeps
     python benchmarks/lda.py --quick    # 400 chapters, 20 sweeps
+    python benchmarks/lda.py --kernels sparse,mh --topics 100,1000 --sweeps 10   # this project's samplers only
 
 Peers, measured in the same run on the same documents, alpha = 0.1, beta = 0.01:
 
@@ -9,6 +10,11 @@ Peers, measured in the same run on the same documents, alpha = 0.1, beta = 0.01:
 * tomotopy with 1 and 2 workers (hyper-parameter optimisation off, so it samples the same model);
 * this project: the single-process sparse sampler (``simlib.problems.lda_gibbs``) and AD-LDA on
   1 and 2 processes with BSP (``simlib.run(LDAProblem(...), "bsp", substrate="shm")``).
+
+With ``--kernels`` the peers are left out: each named kernel of ``simlib.problems.lda_gibbs`` (the
+exact sparse sampler, LightLDA's Metropolis-Hastings sampler ``mh``, the dense one) runs through
+``simlib.run(LDAProblem(..., kernel=...), "bsp", substrate="shm")`` at each ``--topics`` K, on the
+same documents from the same random start, in one table with each kernel's speed relative to the first.
 
 Every row's log-likelihood is the joint log p(w, z) computed by ``simlib.problems.lda`` from that
 sampler's final assignments, so the numbers compare like for like. Sampling time excludes
@@ -34,7 +40,7 @@ sys.path.insert(0, str(_HERE.parent))
 import simlib  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelihood  # noqa: E402
-from simlib.problems.lda_gibbs import GibbsState  # noqa: E402
+from simlib.problems.lda_gibbs import KERNELS, GibbsState  # noqa: E402
 
 ALPHA, BETA = 0.1, 0.01
 
@@ -88,11 +94,31 @@ def run_simlib(c: LDACorpus, K: int, sweeps: int) -> tuple[float, float]:
     return c.n_tokens * sweeps / dt, state.log_likelihood()
 
 
-def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float, float]:
+def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int, kernel: str = "sparse") -> tuple[float, float]:
     """(tokens/s, log-likelihood) of AD-LDA with BSP on ``workers`` processes (shared memory)."""
-    problem = LDAProblem(c, K, ALPHA, BETA)
+    problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel)
     res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0)
     return c.n_tokens * sweeps / res.seconds, problem.log_likelihood(res.params, problem.assignments(res))
+
+
+def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps: int, workers: int, repeat: int) -> None:
+    """One table: each kernel through simlib.run at each K, M tokens/s and log p(w, z) per token after ``sweeps``."""
+    for k in kernels:
+        GibbsState.init(c.subset(np.arange(2)), 2, kernel=k).sweep(0)  # load the compiled kernels before timing
+    header = f"{'K':>5} {'kernel':<8} {'workers':>7} {'M tokens/s':>11} {'vs ' + kernels[0]:>10} {'log p(w,z)/token':>17}"
+    print(header)
+    print("-" * len(header))
+    for K in topics:
+        best: dict[str, tuple[float, float]] = {}
+        for _ in range(repeat):  # interleaved, the best speed kept (the machine is shared)
+            for k in kernels:
+                speed, ll = run_simlib_parallel(c, K, sweeps, workers, kernel=k)
+                best[k] = (max(speed, best.get(k, (0.0, ll))[0]), ll)
+        for k in kernels:
+            speed, ll = best[k]
+            print(f"{K:>5} {k:<8} {workers:>7} {speed / 1e6:>11.2f} {speed / best[kernels[0]][0]:>9.2f}x "
+                  f"{ll / c.n_tokens:>17.4f}")
+    print("Measured on a shared, busy machine: compare rows of one run, not across runs.")
 
 
 def main() -> None:
@@ -101,10 +127,24 @@ def main() -> None:
     ap.add_argument("--sweeps", type=int, default=None, help="sweeps per run (default 100, 20 with --quick)")
     ap.add_argument("--repeat", type=int, default=None,
                     help="interleaved repetitions of the fast samplers; the best speed is kept (default 3, 1 with --quick)")
+    ap.add_argument("--kernels", default=None,
+                    help="compare these simlib kernels only, e.g. sparse,mh (from simlib.problems.lda_gibbs.KERNELS)")
+    ap.add_argument("--topics", default="100,1000", help="with --kernels: the numbers of topics K, e.g. 100,1000")
+    ap.add_argument("--workers", type=int, default=1, help="with --kernels: AD-LDA processes (default 1)")
     args = ap.parse_args()
     sweeps = args.sweeps or (20 if args.quick else 100)
     repeat = args.repeat or (1 if args.quick else 3)
+    if args.kernels:
+        kernels = args.kernels.split(",")
+        topics = [int(k) for k in args.topics.split(",") if k.strip().isdigit()]
+        if any(k not in KERNELS for k in kernels) or not topics or min(topics) < 1 or args.workers < 1:
+            ap.error(f"--kernels must name kernels of {KERNELS}, --topics and --workers positive integers")
     c = kjv_corpus(max_docs=400 if args.quick else None)
+    if args.kernels:
+        print(f"KJV chapters: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; {sweeps} sweeps; "
+              f"alpha={ALPHA}, beta={BETA}; AD-LDA BSP through simlib.run, best of {repeat} interleaved runs")
+        compare_kernels(c, kernels, topics, sweeps, args.workers, repeat)
+        return
     print(f"KJV chapters: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; "
           f"{sweeps} sweeps; alpha={ALPHA}, beta={BETA}; best of {repeat} interleaved runs (lda package: 1 run)")
     GibbsState.init(c, 2).sweep(0)  # load the compiled kernels before timing
