@@ -10,6 +10,7 @@ def main() -> int:
         rc = cli_main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
+        sys.unraisablehook = lambda unraisable: None  # leaving because of this Ctrl-C (see cli.interrupted)
         rc = 130
     if rc == 130:
         _exit_interrupted()

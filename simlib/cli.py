@@ -549,7 +549,17 @@ def check_interrupt() -> None:
 
 
 def interrupted() -> int:
-    """Ctrl-C: one line, status 130 (a second Ctrl-C while leaving is ignored)."""
+    """Ctrl-C: one line, status 130 (a second Ctrl-C while leaving is ignored, and so is what follows it).
+
+    An object half built when the Ctrl-C landed (llvmlite's, while numba compiles) can fail in its
+    finaliser as the process leaves, printing "Exception ignored ... Traceback" after the one line;
+    the process is leaving because of that Ctrl-C, so such reports are dropped from here on.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     print("interrupted", file=sys.stderr, flush=True)
+    sys.unraisablehook = _leaving
     return 130
+
+
+def _leaving(unraisable: Any) -> None:
+    """The unraisable-exception hook once the process is leaving after a Ctrl-C: nothing more to say."""

@@ -194,3 +194,14 @@ def test_a_ctrl_c_inside_a_ctypes_callback_is_remembered_without_a_traceback():
     proc = subprocess.run([sys.executable, "-c", CTYPES_CALLBACK], env=env, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout.strip()) == (0, "remembered"), proc.stderr
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_after_the_interrupted_line_a_half_built_objects_finaliser_prints_nothing():
+    """A Ctrl-C while numba compiled left an llvmlite object half built; its finaliser's AttributeError was
+    printed after 'interrupted' (a loaded suite run caught it at a 1 s delay)."""
+    code = ("import sys\nfrom simlib import cli\n"
+            "class HalfBuilt:\n    def __del__(self):\n        raise AttributeError('no _as_parameter_')\n"
+            "obj = HalfBuilt()\nrc = cli.interrupted()\ndel obj\nsys.exit(rc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 130 and proc.stderr == "interrupted\n", proc.stderr
