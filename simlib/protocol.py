@@ -119,6 +119,19 @@ class Protocol:
                              f"got {spec!r}")
         return cls(kind, int(bound or 0), **extra)
 
+    def merged(self, backup_workers: int = 0, timeout: float | None = None) -> "Protocol":
+        """This protocol with backup workers / a deadline given beside it (0 and None: not given).
+
+        ValueError naming the field where a value given contradicts the protocol's own.
+        """
+        given = {name: value for name, value, unset in (("backup_workers", backup_workers, 0),
+                                                         ("timeout", timeout, None)) if value != unset}
+        for name, value in given.items():
+            own = getattr(self, name)
+            if own not in (0, None) and own != value:
+                raise ValueError(f"{name}={value!r} contradicts the protocol's own {name}={own!r}; give it once")
+        return replace(self, **given) if given else self
+
     @property
     def bound(self) -> float:
         """The staleness bound: 0 (BSP), s (SSP), infinity (async)."""

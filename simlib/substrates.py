@@ -106,30 +106,30 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
 
 
 def _with_protocol_options(proto: Protocol, options: dict[str, Any], runner: Runner) -> Protocol:
-    """``proto`` with the ``backup_workers`` (and, where the substrate has no ``timeout`` of its own, the
-    per-step deadline ``timeout``) given beside it, popped from ``options``.
+    """``proto`` merged with the ``backup_workers`` (and, where the substrate has no ``timeout`` of its own,
+    the per-step deadline ``timeout``) given beside it, popped from ``options``.
 
     They used to reach the simulator's SimConfig, which took the protocol's own values over them: the
     run went on without the backup workers or the deadline asked for, and said nothing. The real
     substrates' own ``timeout`` is their hang guard (seconds for the whole run), left to them.
     """
+    own = {p.name for p in _own_options(runner) or ()}
+    return proto.merged(**{name: options.pop(name) for name in ("backup_workers", "timeout")
+                           if name in options and name not in own})
+
+
+def _own_options(runner: Runner) -> list[inspect.Parameter] | None:
+    """The parameters ``runner`` takes after (problem, protocol, training); None for a callable without a signature."""
     try:
-        own = set(list(inspect.signature(runner).parameters)[3:])
+        return list(inspect.signature(runner).parameters.values())[3:]
     except (TypeError, ValueError):
-        own = set()
-    given = {name: options.pop(name) for name in ("backup_workers", "timeout") if name in options and name not in own}
-    for name, value in given.items():
-        own = getattr(proto, name)
-        if own not in (0, None) and own != value:
-            raise ValueError(f"{name}={value!r} contradicts the protocol's own {name}={own!r}; give it once")
-    return Protocol.parse(proto, **given) if given else proto
+        return None
 
 
 def _check_options(substrate: str, runner: Runner, options: dict[str, Any], shared: list[str]) -> None:
     """ValueError naming an option ``runner`` does not take, with the ones it does (a bare TypeError otherwise)."""
-    try:
-        params = list(inspect.signature(runner).parameters.values())[3:]  # after problem, protocol, training
-    except (TypeError, ValueError):  # a callable without a signature: it answers for itself
+    params = _own_options(runner)
+    if params is None:  # a callable without a signature: it answers for itself
         return
     if any(p.kind is p.VAR_KEYWORD for p in params):  # it checks its own (the simulator: SimConfig's fields)
         return

@@ -389,3 +389,13 @@ def test_a_real_substrates_own_timeout_stays_its_hang_guard(tiny, substrate):
     async refuses): taking it for the deadline broke every run that set the guard."""
     res = simlib.run(tiny, "async", substrate=substrate, n_workers=1, steps=2, timeout=60.0)
     assert len(res.trace.updates) >= 1 and "T=" not in res.trace.label
+
+
+def test_a_simconfig_merges_the_protocols_backup_workers_with_its_own_field():
+    """SimConfig(protocol=Protocol(...), backup_workers=b) kept only the protocol's value, as simlib.run did."""
+    from simlib.sim import SimConfig
+
+    assert SimConfig(protocol=Protocol("bsp"), backup_workers=1, n_workers=4).backup_workers == 1
+    assert SimConfig(protocol=Protocol("bsp"), timeout=0.5, n_workers=4).timeout == 0.5
+    with pytest.raises(ValueError, match="backup_workers=2 contradicts the protocol's own backup_workers=1"):
+        SimConfig(protocol=Protocol("bsp", backup_workers=1), backup_workers=2, n_workers=4)

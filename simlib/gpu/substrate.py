@@ -52,11 +52,11 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
     mod = get_xp(xp)
     n = training.n_workers
     shards = problem.shards(n)
-    # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
     # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's batches), else local_steps
     hook = getattr(problem, "device_steps", None) or getattr(problem, "local_steps", None)
     if callable(hook) and training.rule.plain and (mod is np or getattr(problem, "device_kernel", None) is not None):
         return _run_in_place(problem, protocol, training, mod, shards, hook)
+    # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
     server = ParamServer(mod.asarray(problem.init_params()), n, protocol, training.rule, read_rule=training.read_rule)
     trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
                       xp=mod.__name__, path="get / step / add")

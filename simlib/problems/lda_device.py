@@ -122,8 +122,6 @@ def resample_fused(
     move(blocks, (256,), (idx, n, words, docs, z, newz, n_dk, n_wk, n_k, K))
 
 
-
-
 class DeviceShard:
     """A worker's tokens, assignments and doc-topic counts on one array module (made from its Gibbs state)."""
 
@@ -151,7 +149,7 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
     dev = shard.device
     fused = use_fused(problem.device_kernel, xp)
     n = int(dev.z.shape[0])
-    if fused and (dev.newz is None or dev.newz.shape[0] < batch_size):  # pragma: no cover - needs a GPU
+    if fused and (dev.newz is None or dev.newz.shape[0] < min(batch_size, n)):  # pragma: no cover - needs a GPU
         dev.newz = xp.empty(min(batch_size, n), dtype=np.int64)
     for clock in range(first, first + count):
         shard.clock = clock

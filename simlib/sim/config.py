@@ -138,12 +138,10 @@ class SimConfig(_FieldsOnly):
                 raise ValueError(f"staleness={self.staleness} contradicts protocol {given!r}")
             object.__setattr__(self, "protocol", p.kind)
             object.__setattr__(self, "staleness", p.staleness)
-            if isinstance(given, Protocol):  # its backup workers and deadline, unless given (the same) beside it
-                for name, default in (("backup_workers", 0), ("timeout", None)):
-                    mine, theirs = getattr(self, name), getattr(p, name)
-                    if mine != default and theirs != default and mine != theirs:
-                        raise ValueError(f"{name}={mine!r} contradicts the protocol's own {name}={theirs!r}")
-                    object.__setattr__(self, name, theirs if theirs != default else mine)
+            if isinstance(given, Protocol):  # its backup workers and deadline, merged with any given beside it
+                p = p.merged(self.backup_workers, self.timeout)
+                object.__setattr__(self, "backup_workers", p.backup_workers)
+                object.__setattr__(self, "timeout", p.timeout)
         elif isinstance(self.protocol, str):
             object.__setattr__(self, "protocol", self.protocol.lower())
             if self.staleness is None:
