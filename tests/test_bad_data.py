@@ -103,9 +103,9 @@ def _shotgun(schedule, serial=False):
     lasso = make_lasso(n_rows=50, n_features=20, n_nonzero=3, seed=0)
     if serial:
         return lambda: shotgun(lasso, np.asarray(schedule))
-    from simlib.parallel.shotgun import run_shotgun
+    from simlib.problems.lasso import ShotgunProblem
 
-    return lambda: run_shotgun(lasso, np.asarray(schedule))
+    return lambda: ShotgunProblem(lasso, np.asarray(schedule))
 
 
 def _simlib_run(problem, **kw):
@@ -251,8 +251,7 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
         from simlib.problems.logistic import SparseDataset, make_sparse_classification
 
         import simlib
-        from simlib.parallel.shotgun import run_shotgun
-        from simlib.problems.lasso import make_lasso
+        from simlib.problems.lasso import ShotgunProblem, make_lasso
         from simlib.problems.lda import make_synthetic_corpus
         from simlib.problems.lda_gibbs import fit
         from simlib.problems.lda_table import LDAProblem
@@ -292,7 +291,7 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
             "lda parallel words": lambda: simlib.run(changed_problem(), "bsp", substrate="shm", steps=1),
             "lda problem words": lambda: simlib.run(changed_problem(), "bsp", substrate="sim", steps=1),
             "logistic problem indices": lambda: simlib.run(changed_logistic(), "bsp", substrate="sim", steps=1),
-            "shotgun schedule": lambda: run_shotgun(make_lasso(50, 20, 3, seed=0), np.array([[0, big]])),
+            "shotgun schedule": lambda: ShotgunProblem(make_lasso(50, 20, 3, seed=0), np.array([[0, big]])),
         }
         # what each refusal must name: the error comes from validation, not from somewhere it happened to fail
         fields = {"glove rows": "cooc.rows", "glove cols": "cooc.cols", "count offsets": "offsets", "count ids": "ids",

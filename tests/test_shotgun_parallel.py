@@ -1,4 +1,4 @@
-"""Shotgun on real processes and shared memory: same answer as the serial reference, clean exit."""
+"""Shotgun through simlib.run: exact rounds on the gpu substrate, real processes on shared memory, clean exit."""
 from __future__ import annotations
 
 import os
@@ -6,9 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from simlib.parallel.shotgun import run_shotgun
+import simlib
 from simlib.problems.lasso import (
     CorrelationScheduler,
+    ShotgunProblem,
     make_correlated_lasso,
     make_lasso,
     random_schedule,
@@ -26,40 +27,43 @@ def small():
 
 
 @pytest.mark.parametrize("p,n_workers", [(4, 2), (3, 2), (8, 3)])
-def test_processes_match_the_serial_reference(small, p: int, n_workers: int) -> None:
-    before = _our_segments()
+def test_rounds_from_one_read_are_the_serial_reference(small, p: int, n_workers: int) -> None:
+    """On the gpu substrate every worker of a round reads the same x: exactly Shotgun's P updates against one x."""
     sched = random_schedule(100, p, 200, seed=p)
-    run, trace = run_shotgun(small, sched, n_workers=n_workers, record_every=10)
+    res = simlib.run(ShotgunProblem(small, sched), "bsp", substrate="gpu", xp="numpy", n_workers=n_workers,
+                     steps=200, eval_every=10)
     ref = shotgun(small, sched, record_every=10)
-    np.testing.assert_array_equal(run.rounds, ref.rounds)
-    np.testing.assert_allclose(run.objective, ref.objective, rtol=1e-12)
-    np.testing.assert_allclose(run.x, ref.x, rtol=1e-10, atol=1e-12)
-    assert not run.diverged
-    # Every worker recorded compute and wait spans; worker 0 recorded the objective.
-    assert {s.worker for s in trace.spans if s.kind == "compute"} == set(range(n_workers))
-    assert [q.value for q in trace.quality] == pytest.approx(list(ref.objective[1:]), rel=1e-12)
+    np.testing.assert_allclose(res.params, ref.x, rtol=1e-10, atol=1e-12)
+    assert [q.value for q in res.trace.quality] == pytest.approx(list(ref.objective), rel=1e-10)
+
+
+def test_real_processes_reach_the_serial_objective_and_leave_nothing(small) -> None:
+    before = _our_segments()
+    sched = random_schedule(100, 4, 300, seed=1)
+    prob = ShotgunProblem(small, sched)
+    res = simlib.run(prob, "bsp", substrate="shm", n_workers=2, steps=300, eval_every=300)
+    ref = shotgun(small, sched)
+    assert prob.quality(res.params) == pytest.approx(ref.objective[-1], rel=1e-3)
+    assert {s.worker for s in res.trace.spans if s.kind == "compute"} == {0, 1}
     assert _our_segments() == before  # nothing left in /dev/shm
 
 
-def test_padded_schedules_and_divergence_stop_every_worker_together() -> None:
+def test_correlated_columns_diverge_unless_the_scheduler_keeps_them_apart() -> None:
     prob = make_correlated_lasso()
-    plain = random_schedule(512, 8, 300, seed=0)
-    run, _ = run_shotgun(prob, plain, n_workers=2, record_every=10)
-    ref = shotgun(prob, plain, record_every=10)
-    assert run.diverged and ref.diverged
-    np.testing.assert_allclose(run.objective, ref.objective, rtol=1e-9)
-    safe = CorrelationScheduler(prob).schedule(8, 300, seed=0)
-    run, _ = run_shotgun(prob, safe, n_workers=2, record_every=50)
-    assert not run.diverged and run.objective[-1] < 0.5 * run.objective[0]
+    plain = simlib.run(ShotgunProblem(prob, random_schedule(512, 8, 300, seed=0)), "bsp", substrate="gpu",
+                       xp="numpy", n_workers=2, steps=300, eval_every=50)
+    safe = simlib.run(ShotgunProblem(prob, CorrelationScheduler(prob).schedule(8, 300, seed=0)), "bsp",
+                      substrate="gpu", xp="numpy", n_workers=2, steps=300, eval_every=50)
+    start = plain.trace.quality[0].value
+    assert plain.trace.quality[-1].value > 1e6 * start
+    assert safe.trace.quality[-1].value < 0.5 * start
 
 
 def test_bad_inputs_fail_before_any_process_starts(small) -> None:
     sched = random_schedule(100, 4, 10, seed=0)
     with pytest.raises(ValueError, match="n_workers"):
-        run_shotgun(small, sched, n_workers=0)
+        simlib.run(ShotgunProblem(small, sched), "bsp", substrate="shm", n_workers=5, steps=2)
     with pytest.raises(ValueError, match="schedule"):
-        run_shotgun(small, sched + 100)
+        ShotgunProblem(small, sched + 100)
     with pytest.raises(ValueError, match="schedule"):
-        run_shotgun(small, np.zeros(5, dtype=int))
-    with pytest.raises(ValueError, match="record_every"):
-        run_shotgun(small, sched, record_every=0)
+        ShotgunProblem(small, np.zeros(5, dtype=int))

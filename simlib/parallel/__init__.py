@@ -42,8 +42,8 @@ Logging (``simlib.parallel.log``)
     WARNING and above by default, INFO with ``verbose=True``.
 
 Built on it: the contract's ``shm`` and ``pipes`` substrates (``simlib.run(..., substrate="shm")`` runs
-Hogwild!, GloVe and AD-LDA), model-parallel GloVe (``simlib.parallel.glove``: not a parameter-server
-pattern), and the loop not yet moved onto the contract, ``simlib.parallel.shotgun``.
+Hogwild!, GloVe, AD-LDA and Shotgun), and model-parallel GloVe (``simlib.parallel.glove``: not a
+parameter-server pattern).
 
 Example (``fill`` must be defined at a module's top level so that spawn can import it)::
 
