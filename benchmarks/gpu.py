@@ -34,6 +34,7 @@ from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
 
 NO_GPU = "(no CUDA device)"
+SKIP: set[str] = set()  # array modules whose gpu-substrate rows --skip leaves out
 
 
 def timed(fn: Callable[[], object]) -> tuple[object, float]:
@@ -51,21 +52,54 @@ def gpu_rows(runs: list[tuple[str, str, int]], label: Callable[[int], str],
     """One row per (xp, kernel, size) on the gpu substrate: (name, rate, quality); CuPy rows without a device are empty."""
     rows: list[tuple[str, float | None, float | None]] = []
     for xp, kernel, size in runs:
-        name = f"gpu substrate, {xp}{', fused' if kernel == 'fused' else ''}, {label(size)}"
+        name = f"gpu substrate, {xp}{'' if kernel == 'array' else ', ' + kernel}, {label(size)}"
+        if xp in SKIP:
+            continue
         rows.append((name, None, None) if xp == "cupy" and not gpu_available() else (name, *measure(xp, kernel, size)))
     return rows
 
 
-def table(title: str, unit: str, quality: str, rows: list[tuple[str, float | None, float | None]], base: str) -> None:
-    """Print rows of (name, rate, quality); ratios are against the row named ``base``."""
+def table(title: str, unit: str, quality: str, rows: list[tuple[str, float | None, float | None]], base: str,
+          unit_bytes: float = 0.0) -> None:
+    """Print rows of (name, rate, quality); ratios are against the row named ``base``.
+
+    CuPy rows also get their fraction of the device's memory bandwidth: rate x ``unit_bytes`` (the
+    bytes a unit of work must read and write at least) over a device-to-device copy's rate.
+    """
     ref = dict((n, r) for n, r, _ in rows)[base]
+    bw = copy_bandwidth()
     print(f"\n{title}")
-    print(f"{'implementation':<46} {unit:>14} {'x ' + base[:18]:>20} {quality:>16}")
+    print(f"{'implementation':<46} {unit:>14} {'x ' + base[:18]:>20} {quality:>16} {'of bandwidth':>13}")
     for name, rate, q in rows:
         if rate is None:
             print(f"{name:<46} {NO_GPU:>14}")
             continue
-        print(f"{name:<46} {rate / 1e6:>14.2f} {rate / ref:>19.2f}x {q:>16.5f}")
+        share = f"{rate * unit_bytes / bw:>12.1%}" if bw and "cupy" in name and unit_bytes else ""
+        print(f"{name:<46} {rate / 1e6:>14.2f} {rate / ref:>19.2f}x {q:>16.5f} {share:>13}")
+
+
+_BANDWIDTH: list[float] = []
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second a device-to-device copy of 1 GiB moves, read and write counted (0 without a device)."""
+    if not gpu_available():
+        return 0.0
+    if not _BANDWIDTH:
+        import cupy
+
+        a = cupy.ones(2**28, dtype=np.float32)
+        b = cupy.empty_like(a)
+        b[...] = a  # warm-up
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(10):
+            b[...] = a
+        stop.record()
+        stop.synchronize()
+        _BANDWIDTH.append(10 * 2 * a.nbytes / (cupy.cuda.get_elapsed_time(start, stop) / 1e3))
+        print(f"device-to-device copy: {_BANDWIDTH[0] / 1e12:.2f} TB/s (read + write)")
+    return _BANDWIDTH[0]
 
 
 def hogwild_section(args: argparse.Namespace) -> None:
@@ -88,7 +122,7 @@ def hogwild_section(args: argparse.Namespace) -> None:
         rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", nnz / res.seconds,
                      full.loss(problem.weights(res.params))))
     runs = [("numpy", "array", b) for b in args.numpy_batches] + [("cupy", "array", b) for b in (256, 4096)] + \
-        [("cupy", "fused", b) for b in args.batches]
+        [("cupy", "fused", b) for b in args.batches] + [("cupy", "hogwild", b) for b in args.lock_free]
 
     def hogwild(xp: str, kernel: str, b: int) -> tuple[float, float]:
         """One worker on the gpu substrate, mini-batches of b rows on one read of the weights, lr scaled by b."""
@@ -101,7 +135,9 @@ def hogwild_section(args: argparse.Namespace) -> None:
     problem.device_kernel = "auto"
     print(f"\nHogwild: {data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
           f"{args.epochs} epochs, lr 0.2 per row, l2 1e-5")
-    table("sparse logistic regression", "M nnz/s", "final loss", rows, "scikit-learn SGDClassifier (1 core)")
+    # per nonzero: its index and value, the weight read, the weight's atomic update (read + write)
+    table("sparse logistic regression (hogwild: B rows in flight, each at lr / B)", "M nnz/s", "final loss", rows,
+          "scikit-learn SGDClassifier (1 core)", unit_bytes=40)
     contract_rows(problem, args)
 
 
@@ -135,7 +171,8 @@ def glove_section(args: argparse.Namespace) -> None:
         res = simlib.run(problem, "async", substrate="shm", n_workers=n, batch_size=1, lr=cfg.lr,
                          steps=cfg.epochs * problem.epoch_steps(n, 1), monitor_every=60.0)
         rows.append((f"hogwild, {n} process{'es' if n > 1 else ''}", updates / res.seconds, problem.epoch_costs(res)[-1]))
-    runs = [("numpy", "array", 8192), ("cupy", "array", 8192)] + [("cupy", "fused", b) for b in args.glove_batches]
+    runs = [("numpy", "array", 8192), ("cupy", "array", 8192)] + [("cupy", "fused", b) for b in args.glove_batches] + \
+        [("cupy", "hogwild", b) for b in args.glove_batches]
 
     def glove(xp: str, kernel: str, b: int) -> tuple[float, float]:
         """One worker on the gpu substrate, steps of b entries read at once."""
@@ -149,8 +186,9 @@ def glove_section(args: argparse.Namespace) -> None:
     rows += gpu_rows(runs, lambda b: f"B={b}", glove)
     problem.device_kernel = "auto"
     print(f"\nGloVe: KJV, {cooc.nnz:,} co-occurrence entries, vocabulary {len(vocab):,}, d = 50, {cfg.epochs} epochs")
-    table("AdaGrad updates (cost = mean 0.5 f diff^2 of the last pass)", "M updates/s", "final cost", rows,
-          "hogwild, 1 process")
+    # per update: rows of W, C and their AdaGrad sums, each read and written (float32), and the entry
+    table("AdaGrad updates (cost = mean 0.5 f diff^2 of the last pass; hogwild: B entries in flight)", "M updates/s",
+          "final cost", rows, "hogwild, 1 process", unit_bytes=4 * 2 * 4 * cfg.dim + 16)
 
 
 def lda_section(args: argparse.Namespace) -> None:
@@ -176,21 +214,25 @@ def lda_section(args: argparse.Namespace) -> None:
     rows += gpu_rows(runs, lambda nb: f"{nb} batches/sweep", lda)
     problem.device_kernel = "auto"
     print(f"\nLDA: KJV chapters, {c.n_docs:,} documents, {c.n_tokens:,} tokens, K = {K}, {sweeps} sweeps")
+    # per token (dense in K): its word's and its document's count rows read, a few counts written
     table("collapsed Gibbs (quality = log p(w, z) per token, higher is better)", "M tokens/s", "log p / token",
-          rows, "AD-LDA BSP, 1 process")
+          rows, "AD-LDA BSP, 1 process", unit_bytes=2 * 4 * K + 32)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes for a smoke test")
     ap.add_argument("--only", default="hogwild,glove,lda", help="sections to run, comma-separated")
+    ap.add_argument("--skip", default="", help="leave out the gpu substrate's rows on these array modules, e.g. numpy")
     args = ap.parse_args()
+    SKIP.update(x for x in args.skip.split(",") if x)
     big = not args.quick
     args.rows, args.features = (200_000, 100_000) if big else (20_000, 10_000)
     args.epochs = 5 if big else 2
     args.contract_steps = 200 if big else 20
     args.numpy_batches = [4096] if big else [256]
     args.batches = [16, 64, 256, 1024, 4096]
+    args.lock_free = [64, 256, 1024, 4096]
     args.glove_epochs = 10 if big else 2
     args.glove_batches = [1024, 8192, 65536]
     args.sweeps = 50 if big else 5

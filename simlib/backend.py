@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -91,19 +92,92 @@ def segment_sum(index: Any, weights: Any, n: int) -> Any:
     return out
 
 
-KERNELS = ("auto", "array", "fused")
+KERNELS = ("auto", "array", "fused", "hogwild")
 
 
-def use_fused(kernel: str, xp: ModuleType) -> bool:
+def use_fused(kernel: str, xp: ModuleType, lock_free: bool = False) -> bool:
     """Whether device code runs its fused CUDA kernels: 'fused', or 'auto' on CuPy; 'array' never.
 
-    Raises a ValueError naming ``kernel`` for an unknown choice, or for 'fused' on NumPy.
+    'hogwild' (lock-free rows, see :class:`RowQueue`) is a choice only where the caller offers it
+    (``lock_free``); the caller handles it, and this returns False for it. Raises a ValueError
+    naming ``kernel`` for an unknown choice, for 'fused' on NumPy, or for 'hogwild' where not offered.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "fused" and xp is np:
         raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
+    if kernel == "hogwild" and not lock_free:
+        raise ValueError("kernel='hogwild' (lock-free rows) is offered by the logistic and GloVe problems only; "
+                         "use 'auto', 'fused' or 'array'")
     return kernel == "fused" or (kernel == "auto" and xp is not np)
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """What lock-free device steps report: items applied, and how many earlier items each missed.
+
+    An item (a row, an entry) "missed" the items taken before it whose updates had not landed when
+    it read the table: Hogwild!'s staleness, counted on the device. A local-step hook returns one of
+    these; the ``gpu`` substrate records it in the trace.
+    """
+
+    items: int = 0
+    missed_sum: int = 0
+    missed_max: int = 0
+
+    def __add__(self, other: "InFlight") -> "InFlight":
+        return InFlight(self.items + other.items, self.missed_sum + other.missed_sum,
+                        max(self.missed_max, other.missed_max))
+
+    @property
+    def missed_mean(self) -> float:
+        return self.missed_sum / self.items if self.items else 0.0
+
+
+# A work queue for lock-free kernels, prepended to their CUDA source. q = [next item, items done,
+# sum of items missed, most items missed]; a warp takes items in order, one at a time.
+QUEUE_SOURCE = r"""
+__device__ __forceinline__ long long queue_take(unsigned long long* q, long long total, long long* missed) {
+    // Lane 0 takes the next item and counts the earlier ones not done yet; every lane gets the item.
+    long long t = 0, m = 0;
+    if (threadIdx.x % 32 == 0) {
+        t = (long long)atomicAdd(&q[0], 1ULL);
+        if (t < total) m = t - (long long)(*(volatile unsigned long long*)&q[1]);
+    }
+    *missed = m > 0 ? m : 0;
+    return __shfl_sync(0xffffffffu, t, 0);
+}
+
+__device__ __forceinline__ void queue_done(unsigned long long* q, long long missed) {
+    __threadfence();  // the item's updates are visible before it counts as done
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) {
+        atomicAdd(&q[1], 1ULL);
+        if (missed > 0) {
+            atomicAdd(&q[2], (unsigned long long)missed);
+            atomicMax(&q[3], (unsigned long long)missed);
+        }
+    }
+}
+"""
+
+
+class RowQueue:  # pragma: no cover - needs a GPU
+    """The host side of :data:`QUEUE_SOURCE`: its counters, the launch of ``in_flight`` warps, the report."""
+
+    def __init__(self, xp: ModuleType):
+        self.q = xp.zeros(4, dtype=np.uint64)
+
+    def launch(self, kernel: Any, in_flight: int, args: tuple) -> None:
+        """Run ``kernel(*args, q)`` with ``in_flight`` warps taking items from a fresh queue."""
+        self.q.fill(0)
+        per_block = 8 if in_flight % 8 == 0 else 1
+        kernel((in_flight // per_block,), (32 * per_block,), (*args, self.q))
+
+    def report(self) -> InFlight:
+        """The last launch's counts (reads them back: one wait for the device)."""
+        _, done, total, most = (int(v) for v in self.q.get())
+        return InFlight(done, total, most)
 
 
 @functools.lru_cache(maxsize=None)

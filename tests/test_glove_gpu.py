@@ -39,7 +39,7 @@ def test_the_device_pass_with_batches_of_one_is_the_cpu_hook(cooc):
     cpu = prob.init_params().astype(np.float32)
     prob.local_steps(cpu, (0, 300), 0, 300, 1, 0.05)
     dev = prob.init_params().astype(np.float32)
-    cost = device_pass(prob, dev, prob._order(0)[:300], 0, 1, np.float32(0.05), np.float32(prob.config.grad_clip))
+    cost, _ = device_pass(prob, dev, prob._order(0)[:300], 0, 1, np.float32(0.05), np.float32(prob.config.grad_clip))
     assert cost == pytest.approx(prob.local_result((0, 300))[0][0], rel=1e-4)
     np.testing.assert_allclose(dev, cpu, rtol=1e-4, atol=1e-6)
 
@@ -99,3 +99,37 @@ def test_cupy_matches_numpy(cooc):  # pragma: no cover
     for epoch in range(2):
         device_pass(prob, w, prob._order(epoch), 0, 1024, np.float32(0.05), np.float32(prob.config.grad_clip))
     np.testing.assert_allclose(on_gpu.params, w, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+def test_lock_free_entries_one_in_flight_are_the_cpu_hook(cooc):  # pragma: no cover
+    import cupy
+
+    prob = GloveProblem(cooc, GloveConfig(dim=40))
+    cpu = prob.init_params().astype(np.float32)
+    prob.local_steps(cpu, (0, 3000), 0, 3000, 1, 0.05)
+    prob.device_kernel = "hogwild"
+    dev = cupy.asarray(prob.init_params().astype(np.float32))
+    cost, seen = device_pass(prob, dev, prob._order(0)[:3000], 0, 1, np.float32(0.05),
+                             np.float32(prob.config.grad_clip))
+    prob.device_kernel = "auto"
+    assert (seen.items, seen.missed_max) == (3000, 0)
+    assert cost == pytest.approx(prob.local_result((0, 3000))[0][0], rel=1e-4)
+    np.testing.assert_allclose(cupy.asnumpy(dev), cpu, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+def test_lock_free_entries_in_flight_learn_like_the_cpu(cooc):  # pragma: no cover
+    prob = GloveProblem(cooc, GloveConfig(dim=16))
+    kw = dict(n_workers=1, lr=0.05, eval_every=10**6)
+    cpu = prob.epoch_costs(simlib.run(prob, "async", substrate="gpu", xp="numpy", batch_size=1024,
+                                      steps=4 * prob.epoch_steps(1, 1024), **kw))
+    prob.device_kernel = "hogwild"
+    res = simlib.run(prob, "async", substrate="gpu", xp="cupy", batch_size=1024, steps=4 * prob.epoch_steps(1, 1024),
+                     **kw)
+    prob.device_kernel = "auto"
+    costs = prob.epoch_costs(res)
+    assert 0 < res.trace.meta["in_flight"]["missed_max"] < 1024
+    assert costs[-1] == pytest.approx(cpu[-1], rel=0.05), (costs, cpu)

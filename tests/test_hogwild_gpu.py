@@ -99,6 +99,55 @@ def test_a_bad_device_kernel_is_named(data, kernel: str, message: str) -> None:
         device_steps(prob, prob.init_params(), (0, 100), 0, 1, 4, 0.1)
 
 
+@pytest.mark.parametrize("l2_on", L2_ON)
+def test_lock_free_rows_on_numpy_are_single_rows_at_lr_over_b(data, l2_on: str) -> None:
+    """device_kernel='hogwild': a step of B rows is B one-row steps at lr / B (one row in flight on NumPy)."""
+    prob = LogisticProblem(data, l2=1e-3, eval_rows=None, l2_on=l2_on)
+    kw = dict(substrate="gpu", xp="numpy", n_workers=1, eval_every=10**6)
+    prob.device_kernel = "hogwild"
+    lock_free = simlib.run(prob, "async", steps=30, batch_size=8, lr=0.8, **kw)
+    prob.device_kernel = "auto"
+    rows = simlib.run(prob, "async", steps=240, batch_size=1, lr=0.1, **kw)
+    batched = simlib.run(prob, "async", steps=30, batch_size=8, lr=0.8, **kw)
+    np.testing.assert_allclose(lock_free.params, rows.params, rtol=1e-12, atol=1e-15)
+    assert np.abs(lock_free.params - batched.params).max() > 1e-6  # not the batched step under another name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+@pytest.mark.parametrize("l2_on", L2_ON)
+def test_lock_free_rows_one_in_flight_are_the_compiled_loop(data, l2_on: str) -> None:  # pragma: no cover
+    import cupy
+
+    prob = LogisticProblem(data, l2=1e-3, eval_rows=None, l2_on=l2_on)
+    kw = dict(substrate="gpu", n_workers=1, steps=1_000, batch_size=1, lr=0.3, eval_every=10**6)
+    prob.device_kernel = "hogwild"
+    on_gpu = simlib.run(prob, "async", xp="cupy", **kw)
+    on_cpu = simlib.run(prob, "async", xp="numpy", **kw)
+    prob.device_kernel = "auto"
+    assert on_gpu.trace.meta["in_flight"] == {"items": 1_000, "missed_mean": 0.0, "missed_max": 0}
+    np.testing.assert_allclose(on_gpu.params, on_cpu.params, rtol=1e-9, atol=1e-12)
+    assert isinstance(cupy.asarray(on_gpu.params), cupy.ndarray)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+def test_lock_free_rows_in_flight_miss_some_and_still_learn(data) -> None:  # pragma: no cover
+    prob = LogisticProblem(data, l2=1e-5, eval_rows=None, l2_on="all")
+    b = 256
+    prob.device_kernel = "hogwild"
+    res = simlib.run(prob, "async", substrate="gpu", xp="cupy", n_workers=1, batch_size=b, lr=0.2 * b,
+                     steps=3 * prob.epoch_steps(1, b), eval_every=10**6)
+    prob.device_kernel = "auto"
+    serial = simlib.run(prob, "async", substrate="shm", n_workers=1, batch_size=1, lr=0.2,
+                        steps=3 * prob.epoch_steps(1, 1))
+    seen = res.trace.meta["in_flight"]
+    assert seen["items"] == 3 * prob.epoch_steps(1, b) * b
+    assert 0 < seen["missed_max"] < b  # at most the other warps' rows are pending
+    assert max(u.staleness for u in res.trace.updates) == seen["missed_max"]
+    assert prob.quality(res.params) < 1.02 * prob.quality(serial.params)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
 @pytest.mark.parametrize("l2_on", L2_ON)

@@ -89,3 +89,8 @@ def test_fused_kernels_draw_what_the_array_step_draws(synthetic):  # pragma: no 
     prob, res, z, n_dk, n_wk, n_k = batched(corpus, xp="cupy", kernel="fused", n_workers=2, protocol="bsp")
     assert np.array_equal(n_wk, prob.split(res.params)[0]) and np.array_equal(n_k, prob.split(res.params)[1])
     assert topic_match(phi, topic_word(n_wk, n_k, 0.01))[0] >= 0.9
+
+
+def test_lda_names_that_it_has_no_lock_free_kernel(synthetic):
+    with pytest.raises(ValueError, match="kernel='hogwild'.*logistic and GloVe problems only"):
+        batched(synthetic[0], kernel="hogwild", sweeps=2)

@@ -10,7 +10,10 @@ Two paths, as on shared memory:
   On CuPy the problem must declare ``device_kernel`` (its hook takes device arrays; the logistic,
   GloVe and LDA problems do, with fused CUDA kernels). A problem whose device steps differ from its
   CPU ones supplies ``device_steps`` with the same signature, which this substrate prefers (LDA:
-  batches of tokens drawn at once, where the CPU sweep is sequential).
+  batches of tokens drawn at once, where the CPU sweep is sequential). A hook may return a
+  :class:`~simlib.backend.InFlight` (lock-free device steps, ``device_kernel='hogwild'``): the most
+  rows one of its rows missed becomes the update's staleness, and the totals go to
+  ``trace.meta["in_flight"]``.
 * **Get / step / add** (any other rule): round c, every worker reads table[keys] from the same
   table, and the pushes go through :class:`~simlib.contract.ParamServer` in worker order, so worker
   i's push lands on top of i others: tau = i. No worker gets ahead of another, a valid schedule under
@@ -38,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from simlib.backend import get_xp, synchronize, to_numpy
+from simlib.backend import InFlight, get_xp, synchronize, to_numpy
 from simlib.contract import ParamServer, Result, Training, local_result, new_trace
 from simlib.diverged import check_metric
 from simlib.protocol import Protocol, may_read, read_allowed
@@ -97,6 +100,7 @@ def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any
                       xp=mod.__name__, path="in place",
                       update_unit="one step" if n > 1 else f"a chunk of up to {every} steps")
     snapshot = scratch = None
+    inflight = InFlight()
     t0 = time.perf_counter()
     trace.record_quality(0.0, 0, float(problem.quality(table)))
     c = 0
@@ -105,25 +109,33 @@ def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any
         start = time.perf_counter() - t0
         if n == 1:  # every step up to the next evaluation in one call
             k = min(steps, (c // every + 1) * every) - c
-            hook(table, shards[0], c, k, training.batch_size, training.lr)
+            seen = [hook(table, shards[0], c, k, training.batch_size, training.lr)]
         else:  # round c: every worker's step from the same read, the steps' changes added
             k = 1
             snapshot = mod.array(table, copy=True) if snapshot is None else _copy_into(snapshot, table)
+            seen = []
             for i in range(n):
                 scratch = mod.array(snapshot, copy=True) if scratch is None else _copy_into(scratch, snapshot)
-                hook(scratch, shards[i], c, 1, training.batch_size, training.lr)
+                seen.append(hook(scratch, shards[i], c, 1, training.batch_size, training.lr))
                 table += scratch
                 table -= snapshot
         synchronize(mod)
         now = time.perf_counter() - t0
         for i in range(n):  # as on the get / step / add path: worker i's change lands on top of i others (BSP: one update)
             trace.span(i, "compute", start, now, step=c + k - 1)
-            trace.update(now, i, c + k - 1, 0 if protocol.bound == 0 else i, True, clock_lag=0)
+            tau = 0 if protocol.bound == 0 else i
+            if isinstance(seen[i], InFlight):  # lock-free device steps: the most rows one of them missed
+                inflight += seen[i]
+                tau = max(tau, seen[i].missed_max)
+            trace.update(now, i, c + k - 1, tau, True, clock_lag=0)
         c += k
         if c % every == 0 or c == steps:
             value = float(problem.quality(table))
             trace.record_quality(time.perf_counter() - t0, c * n, value)
             check_metric(value, c * n, problem, training.lr)
+    if inflight.items:
+        trace.meta["in_flight"] = {"items": inflight.items, "missed_mean": inflight.missed_mean,
+                                   "missed_max": inflight.missed_max}
     train = sum(span.end - span.start for span in trace.spans if span.worker == 0)  # evaluations excluded
     return Result(trace, to_numpy(table), {"wall_seconds": time.perf_counter() - t0, "train_seconds": train,
                                             "local": [local_result(problem, s) for s in shards]})

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from simlib.backend import array_module, cuda_kernels, device_copies, scatter_add, use_fused
+from simlib.backend import QUEUE_SOURCE, InFlight, RowQueue, array_module, cuda_kernels, device_copies, scatter_add, use_fused
 
 
 def adagrad_batch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, batch: Any,
@@ -131,27 +131,91 @@ extern "C" __global__ void glove_apply(
 }
 """
 
-
+_HOGWILD_SOURCE = QUEUE_SOURCE + r"""
+extern "C" __global__ void glove_hogwild(
+    const int* rows, const int* cols, const float* logx, const float* fx, const long long* order,
+    const long long total, const int dim, float* W, float* C, float* bw, float* bc, float* gW, float* gC,
+    float* gbw, float* gbc, const float eta, const float clip, double* cost, unsigned long long* queue)
+{
+    // Entries order[0 .. total-1], taken in order by whichever warp is free (lanes over the dimensions):
+    // each reads the rows as they are now and adds its AdaGrad steps with atomics (GloVe's Hogwild).
+    const int lane = threadIdx.x % 32;
+    double mine = 0.0;
+    long long missed;
+    for (;;) {
+        const long long t = queue_take(queue, total, &missed);
+        if (t >= total) break;
+        const long long e = order[t];
+        const long long i = rows[e], j = cols[e];
+        float s = 0.0f;
+        for (int k = lane; k < dim; k += 32) s += W[i * dim + k] * C[j * dim + k];
+        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+        const float diff = s + bw[i] + bc[j] - logx[e];
+        const float g = fx[e] * diff;
+        for (int k = lane; k < dim; k += 32) {
+            const long long a = i * dim + k, b = j * dim + k;
+            const float tw = fminf(fmaxf(g * C[b], -clip), clip) * eta;
+            const float tc = fminf(fmaxf(g * W[a], -clip), clip) * eta;
+            const float uw = tw / sqrtf(gW[a]), uc = tc / sqrtf(gC[b]);
+            atomicAdd(&gW[a], tw * tw);
+            atomicAdd(&gC[b], tc * tc);
+            atomicAdd(&W[a], -uw);
+            atomicAdd(&C[b], -uc);
+        }
+        if (lane == 0) {
+            mine += 0.5 * (double)(g * diff);
+            const float sbw = g / sqrtf(gbw[i]), sbc = g / sqrtf(gbc[j]);
+            atomicAdd(&bw[i], -sbw);
+            atomicAdd(&bc[j], -sbc);
+            atomicAdd(&gbw[i], g * g);
+            atomicAdd(&gbc[j], g * g);
+        }
+        queue_done(queue, missed);
+    }
+    if (lane == 0 && mine != 0.0) atomicAdd(cost, mine);
+}
+"""
 
 
 def device_pass(problem: Any, w: Any, entries: np.ndarray, offset: int, batch_size: int, eta: np.float32,
-                clip: np.float32) -> float:
-    """AdaGrad over ``entries`` (host ids, one pass's segment) on the device table ``w``; the cost sum.
+                clip: np.float32) -> tuple[float, InFlight | None]:
+    """AdaGrad over ``entries`` (host ids, one pass's segment) on the device table ``w``: (cost sum, in flight).
 
     Steps are ``batch_size`` entries, aligned with the shard's positions: ``offset`` is the position
     of the first entry, so a step that crosses the segment's end is finished by the next call.
+    ``device_kernel='hogwild'`` runs the segment as one lock-free launch instead, ``batch_size``
+    entries in flight (:func:`hogwild_entries`), and reports what they missed.
     """
     xp = array_module(w)
     rows, cols, logx, fx = device_copies(problem, xp, lambda m: tuple(m.asarray(a) for a in (
         problem.cooc.rows.astype(np.int32), problem.cooc.cols.astype(np.int32), problem.logx, problem.fx)))
     views = tuple(problem._views(w))
     ids = xp.asarray(entries.astype(np.int64))
+    if problem.device_kernel == "hogwild":  # pragma: no cover - needs a GPU
+        return hogwild_entries(views, rows, cols, logx, fx, ids, batch_size, eta, clip)
     cuts = list(range(-(offset % batch_size) + batch_size if offset % batch_size else batch_size, len(entries),
                       batch_size))
     parts = [ids[a:b] for a, b in zip([0] + cuts, cuts + [len(entries)]) if b > a]
-    if use_fused(problem.device_kernel, xp):  # pragma: no cover - needs a GPU
-        return _fused(views, rows, cols, logx, fx, parts, batch_size, eta, clip)
-    return float(sum(adagrad_batch(views, rows, cols, logx, fx, part, eta, clip) for part in parts))
+    if use_fused(problem.device_kernel, xp, lock_free=True):  # pragma: no cover - needs a GPU
+        return _fused(views, rows, cols, logx, fx, parts, batch_size, eta, clip), None
+    return float(sum(adagrad_batch(views, rows, cols, logx, fx, part, eta, clip) for part in parts)), None
+
+
+def hogwild_entries(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, ids: Any, in_flight: int,
+                    eta: np.float32, clip: np.float32) -> tuple[float, InFlight]:  # pragma: no cover - needs a GPU
+    """Entries ``ids`` in order, one warp each, ``in_flight`` at once, in one launch: (cost sum, what they missed).
+
+    With ``in_flight=1`` this is the CPU kernel's sequence of updates (float32, the dot product summed
+    in another order).
+    """
+    xp = array_module(rows)
+    (kernel,) = cuda_kernels(_HOGWILD_SOURCE, ("glove_hogwild",))
+    queue = RowQueue(xp)
+    cost = xp.zeros(1, dtype=np.float64)
+    W = arrays[0]
+    queue.launch(kernel, in_flight, (rows, cols, logx, fx, ids, np.int64(ids.shape[0]), np.int32(W.shape[1]), *arrays,
+                                     eta, clip, cost))
+    return float(cost[0]), queue.report()
 
 
 def _fused(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, parts: list[Any], batch: int,

@@ -55,7 +55,9 @@ class GloveProblem:
     # Where a substrate keeps the table in place (shm): float32, the values' own precision (the float64
     # storage elsewhere only holds float32 values), so the in-place kernel moves half the bytes.
     table_dtype = np.float32
-    device_kernel = "auto"  # a device table's steps: 'auto' (fused on CuPy), 'fused' or 'array'
+    # A device table's steps: 'auto' (fused on CuPy), 'fused', 'array', or 'hogwild' (entries lock-free,
+    # B in flight on CuPy; on NumPy entries are applied one after another in every case).
+    device_kernel = "auto"
 
     def __init__(self, cooc: Cooccurrence, config: GloveConfig, eval_entries: int = 20_000):
         validate_training(cooc, config)
@@ -150,7 +152,7 @@ class GloveProblem:
                 for k, shape in enumerate(GloveParams.shapes(self.v, self.d).values())]
 
     def local_steps(self, w: np.ndarray, shard: tuple[int, int], first: int, count: int, batch_size: int,
-                    lr: float) -> None:
+                    lr: float) -> Any:
         """Steps first .. first+count-1 of a shard applied to ``w`` in place, each exactly as get / step / add.
 
         The contract's local-step hook: entry after entry of the shard's passes, AdaGrad on the shared
@@ -167,6 +169,7 @@ class GloveProblem:
         views = self._views(w)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
         t, end = first * batch_size, (first + count) * batch_size
+        inflight = None  # lock-free device steps report what their entries missed
         while t < end:  # one kernel call per pass the chunk touches
             p, pos = divmod(t, n)
             upto = min(n, pos + end - t)
@@ -176,11 +179,14 @@ class GloveProblem:
             else:  # a device table (the gpu substrate on CuPy): each step's entries read the rows at once
                 from simlib.problems.glove_device import device_pass
 
-                cost = device_pass(self, w, entries, t, batch_size, eta, clip)
+                cost, seen = device_pass(self, w, entries, t, batch_size, eta, clip)
+                if seen is not None:
+                    inflight = seen if inflight is None else inflight + seen
             record = passes.setdefault(p, [0.0, 0])
             record[0] += cost
             record[1] += upto - pos
             t += upto - pos
+        return inflight
 
     def local_result(self, shard: tuple[int, int]) -> dict[int, list[float]]:
         """What a worker sends back of a real run: per pass over its shard, [cost sum, entries]."""

@@ -188,7 +188,9 @@ class LogisticProblem:
 
     metric = "loss"
     lower_is_better = True
-    device_kernel = "auto"  # a device table's steps: 'auto' (fused on CuPy), 'fused' or 'array'
+    # A device table's steps: 'auto' (fused on CuPy), 'fused', 'array', or 'hogwild': each step's B rows
+    # one by one at lr / B, lock-free, B rows in flight on CuPy (one at a time on NumPy).
+    device_kernel = "auto"
 
     def __init__(self, data: SparseDataset, l2: float = 1e-4, eval_rows: int | None = 5_000, seed: int = 0,
                  l2_on: str = "touched"):
@@ -321,7 +323,7 @@ class LogisticProblem:
         return math.exp(log_s)
 
     def local_steps(self, w: np.ndarray, shard: tuple[int, int], first: int, count: int, batch_size: int,
-                    lr: float) -> None:
+                    lr: float) -> Any:
         """Steps first .. first+count-1 of a shard applied to ``w`` in place, each exactly as get / step / add.
 
         The contract's local-step hook: a substrate sharing memory with the table calls it for a chunk of
@@ -332,8 +334,9 @@ class LogisticProblem:
         if not isinstance(w, np.ndarray):  # a device table (the gpu substrate on CuPy)
             from simlib.problems.logistic_device import device_steps
 
-            device_steps(self, w, shard, first, count, batch_size, lr)
-            return
+            return device_steps(self, w, shard, first, count, batch_size, lr)
+        if self.device_kernel == "hogwild":  # lock-free rows, one in flight: each row a step at lr / B
+            first, count, lr, batch_size = first * batch_size, count * batch_size, lr / batch_size, 1
         d = self.data
         if self.l2_on == "touched":
             _local_sgd(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr, self.l2)

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from simlib.backend import array_module, cuda_kernels, device_copies, scatter_add, segment_sum, use_fused
+from simlib.backend import (QUEUE_SOURCE, InFlight, RowQueue, array_module, cuda_kernels, device_copies, scatter_add,
+                            segment_sum, use_fused)
 from simlib.problems.logistic import _ranges
 
 _SOURCE = r"""
@@ -31,10 +32,15 @@ __device__ long long batch_row(long long start, long long n_rows, long long firs
     return start + (first_row + b) % n_rows;
 }
 
+__device__ double common_scale(const double* w, const long long f, const double pending) {
+    // l2_on='all': s = exp(log s + this chunk's decay so far), log s read on the device (f >= 0); else 1
+    return f >= 0 ? exp(w[f] + pending) : 1.0;
+}
+
 extern "C" __global__ void sgd_margins(
     const long long* indptr, const long long* cols, const double* vals, const double* y, const double* w,
-    const double scale, const long long start, const long long n_rows, const long long first_row,
-    const long long batch, double* coef)
+    const long long f, const double pending, const long long start, const long long n_rows,
+    const long long first_row, const long long batch, double* coef)
 {
     // One warp per row of the batch: lanes stride over its nonzeros, then a shuffle reduction.
     const long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -46,7 +52,7 @@ extern "C" __global__ void sgd_margins(
     for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
     if (lane == 0) {
         const double yi = y[row];
-        coef[b] = -yi / (1.0 + exp(yi * s * scale));  // -y sigma(-y m)
+        coef[b] = -yi / (1.0 + exp(yi * s * common_scale(w, f, pending)));  // -y sigma(-y m)
     }
 }
 
@@ -68,19 +74,51 @@ extern "C" __global__ void sgd_decay_once(
 
 extern "C" __global__ void sgd_updates(
     const long long* indptr, const long long* cols, const double* vals, const double* coef, double* w,
-    const double factor, const long long start, const long long n_rows, const long long first_row,
-    const long long batch)
+    const double factor, const long long f, const double pending, const double keep, const long long start,
+    const long long n_rows, const long long first_row, const long long batch)
 {
-    // One warp per row: w[j] += factor * c_row * x; repeated features add up atomically.
+    // One warp per row: w[j] += factor * c_row * x (divided by s * keep under l2_on='all'); repeated
+    // features add up atomically. The batch's updates never touch log s, so every warp reads the same s.
     const long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (b >= batch) return;
     const long long row = batch_row(start, n_rows, first_row, b);
-    const double c = factor * coef[b];
+    const double c = factor * coef[b] / (f >= 0 ? common_scale(w, f, pending) * keep : 1.0);
     for (long long p = indptr[row] + lane; p < indptr[row + 1]; p += 32) atomicAdd(&w[cols[p]], c * vals[p]);
 }
 """
 _NAMES = ("sgd_margins", "sgd_decay_once", "sgd_updates")
+
+_HOGWILD_SOURCE = QUEUE_SOURCE + r"""
+extern "C" __global__ void sgd_hogwild(
+    const long long* indptr, const long long* cols, const double* vals, const double* y, double* w,
+    const long long start, const long long n_rows, const long long first_row, const long long total,
+    const double rate, const double l2, const long long f, const double log_keep, unsigned long long* queue)
+{
+    // Rows first_row .. first_row + total - 1 of the shard, taken in order by whichever warp is free:
+    // each reads the weights as they are now and adds its own SGD step with atomics (Hogwild!).
+    const int lane = threadIdx.x % 32;
+    const double keep = exp(log_keep);
+    long long missed;
+    for (;;) {
+        const long long t = queue_take(queue, total, &missed);
+        if (t >= total) return;
+        const long long row = start + (first_row + t) % n_rows;
+        const double s = f >= 0 ? exp(w[f] + (double)t * log_keep) : 1.0;  // l2_on='all': log s is w[f]
+        double m = 0.0;
+        for (long long p = indptr[row] + lane; p < indptr[row + 1]; p += 32) m += vals[p] * w[cols[p]];
+        for (int off = 16; off > 0; off /= 2) m += __shfl_xor_sync(0xffffffffu, m, off);
+        const double yi = y[row];
+        const double coef = -yi / (1.0 + exp(yi * m * s));  // -y sigma(-y m)
+        for (long long p = indptr[row] + lane; p < indptr[row + 1]; p += 32) {
+            const long long j = cols[p];
+            if (f >= 0) atomicAdd(&w[j], -rate * coef * vals[p] / (s * keep));
+            else atomicAdd(&w[j], -rate * (l2 * w[j] + coef * vals[p]));
+        }
+        queue_done(queue, missed);
+    }
+}
+"""
 
 
 class DeviceData:
@@ -94,6 +132,7 @@ class DeviceData:
         self.values = xp.asarray(np.asarray(data.values, dtype=np.float64))
         self.y = xp.asarray(np.asarray(data.y, dtype=np.float64))
         self.fused: FusedSteps | None = None
+        self.queue: RowQueue | None = None
 
 
 def device_data(problem: Any, xp: Any) -> DeviceData:
@@ -102,20 +141,47 @@ def device_data(problem: Any, xp: Any) -> DeviceData:
 
 
 def device_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int,
-                 lr: float) -> None:
+                 lr: float) -> InFlight | None:
     """Steps first .. first+count-1 of a shard on the device table ``w``, in place (the hook's device branch).
 
-    ``problem.device_kernel`` chooses: 'fused' (CuPy), 'array', or 'auto' (fused on CuPy).
+    ``problem.device_kernel`` chooses: 'fused' (CuPy), 'array', 'auto' (fused on CuPy), or 'hogwild':
+    the chunk's rows one by one at ``lr / batch_size``, ``batch_size`` warps at a time with no barrier
+    (:func:`hogwild_rows`; then the rows each step missed are returned).
     """
     xp = array_module(w)
     dev = device_data(problem, xp)
     scaled = problem.l2_on == "all"
-    if use_fused(problem.device_kernel, xp):  # pragma: no cover - needs a GPU
+    if problem.device_kernel == "hogwild":  # pragma: no cover - needs a GPU
+        return hogwild_rows(dev, w, shard, first * batch_size, count * batch_size, batch_size, lr / batch_size,
+                            problem.l2, scaled)
+    if use_fused(problem.device_kernel, xp, lock_free=True):  # pragma: no cover - needs a GPU
         if dev.fused is None:
             dev.fused = FusedSteps(dev, w.shape[0])
         dev.fused(w, shard, first, count, batch_size, lr, problem.l2, scaled)
     else:
         array_steps(dev, w, shard, first, count, batch_size, lr, problem.l2, scaled)
+    return None
+
+
+def hogwild_rows(dev: DeviceData, w: Any, shard: tuple[int, int], first_row: int, rows: int, in_flight: int,
+                 rate: float, l2: float, scaled: bool) -> InFlight:  # pragma: no cover - needs a GPU
+    """Rows first_row .. first_row+rows-1 of a shard, each an SGD step at ``rate``, ``in_flight`` warps at once.
+
+    One launch for the whole chunk: warps take rows in order from a queue and add their steps with
+    atomics as soon as they are computed, so a row misses at most about ``in_flight`` earlier ones
+    (counted, and returned). With ``in_flight=1`` this is the compiled CPU loop at batch size 1.
+    """
+    if dev.queue is None:
+        dev.queue = RowQueue(dev.xp)
+    (kernel,) = cuda_kernels(_HOGWILD_SOURCE, ("sgd_hogwild",))
+    log_keep = math.log(1.0 - rate * l2) if scaled else 0.0
+    dev.queue.launch(kernel, in_flight, (dev.indptr, dev.indices, dev.values, dev.y, w, np.int64(shard[0]),
+                                         np.int64(shard[1] - shard[0]), np.int64(first_row), np.int64(rows),
+                                         np.float64(rate), np.float64(l2), np.int64(w.shape[0] - 1 if scaled else -1),
+                                         np.float64(log_keep)))
+    if scaled:
+        w[-1] += rows * log_keep
+    return dev.queue.report()
 
 
 def array_steps(dev: DeviceData, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int,
@@ -165,24 +231,21 @@ class FusedSteps:  # pragma: no cover - needs a GPU
             self.coef = d.xp.zeros(batch_size, dtype=np.float64)
         start, n_rows = np.int64(shard[0]), np.int64(shard[1] - shard[0])
         keep = 1.0 - lr * l2
-        log_s, pending = (float(w[-1]), 0.0) if scaled else (0.0, 0.0)
+        f = np.int64(w.shape[0] - 1 if scaled else -1)  # log s stays on the device: no wait for it
+        pending = 0.0
         grid, block, batch = (-(-batch_size * 32 // 256),), (256,), np.int64(batch_size)
+        rows = (d.indptr, d.indices)
         for c in range(first, first + count):
             first_row = np.int64(c * batch_size)
-            rows = (d.indptr, d.indices)
-            s = math.exp(log_s + pending)
-            self.margins(grid, block, (*rows, d.values, d.y, w, np.float64(s), start, n_rows, first_row, batch,
-                                       self.coef))
+            self.margins(grid, block, (*rows, d.values, d.y, w, f, np.float64(pending), start, n_rows, first_row,
+                                       batch, self.coef))
+            if not scaled and l2:
+                self.tick += 1
+                self.decay(grid, block, (*rows, w, self.seen, np.uint64(self.tick), np.float64(keep), start,
+                                         n_rows, first_row, batch))
+            self.updates(grid, block, (*rows, d.values, self.coef, w, np.float64(-lr / batch_size), f,
+                                       np.float64(pending), np.float64(keep), start, n_rows, first_row, batch))
             if scaled:
-                factor = -lr / (batch_size * s * keep)
                 pending += math.log(keep)
-            else:
-                factor = -lr / batch_size
-                if l2:
-                    self.tick += 1
-                    self.decay(grid, block, (*rows, w, self.seen, np.uint64(self.tick), np.float64(keep), start,
-                                             n_rows, first_row, batch))
-            self.updates(grid, block, (*rows, d.values, self.coef, w, np.float64(factor), start, n_rows, first_row,
-                                       batch))
         if scaled:
             w[-1] += pending
