@@ -232,7 +232,7 @@ def main() -> None:
     args.contract_steps = 200 if big else 20
     args.numpy_batches = [4096] if big else [256]
     args.batches = [16, 64, 256, 1024, 4096]
-    args.lock_free = [64, 256, 1024, 4096]
+    args.lock_free = [64, 256, 512, 1024, 4096]
     args.glove_epochs = 10 if big else 2
     args.glove_batches = [1024, 8192, 65536]
     args.sweeps = 50 if big else 5

@@ -172,10 +172,13 @@ def test_fused_kernels_match_the_array_steps(data, l2_on: str, batch_size: int) 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
-def test_the_cupy_run_matches_the_numpy_run(data) -> None:  # pragma: no cover
-    prob = LogisticProblem(data, l2=1e-5, eval_rows=None, l2_on="all")
-    kw = dict(n_workers=2, steps=100, batch_size=64, lr=3.0)
-    on_cpu = simlib.run(prob, "async", substrate="gpu", xp="numpy", **kw)
-    on_gpu = simlib.run(prob, "async", substrate="gpu", xp="cupy", **kw)
+@pytest.mark.parametrize("l2_on, protocol", [("all", "async"), ("all", "bsp"), ("touched", "ssp:1")])
+def test_the_cupy_run_matches_the_numpy_run(data, l2_on: str, protocol: str) -> None:  # pragma: no cover
+    # several workers: on CuPy the fused steps read the round's snapshot and add to the table (reads apart),
+    # on NumPy each worker steps a copy of the snapshot
+    prob = LogisticProblem(data, l2=1e-3 if l2_on == "touched" else 1e-5, eval_rows=None, l2_on=l2_on)
+    kw = dict(n_workers=3, steps=100, batch_size=64, lr=3.0)
+    on_cpu = simlib.run(prob, protocol, substrate="gpu", xp="numpy", **kw)
+    on_gpu = simlib.run(prob, protocol, substrate="gpu", xp="cupy", **kw)
     assert isinstance(on_gpu.params, np.ndarray) and on_gpu.trace.meta["xp"] == "cupy"
     np.testing.assert_allclose(on_gpu.params, on_cpu.params, rtol=1e-8, atol=1e-12)

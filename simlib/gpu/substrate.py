@@ -13,7 +13,9 @@ Two paths, as on shared memory:
   batches of tokens drawn at once, where the CPU sweep is sequential). A hook may return a
   :class:`~simlib.backend.InFlight` (lock-free device steps, ``device_kernel='hogwild'``): the most
   rows one of its rows missed becomes the update's staleness, and the totals go to
-  ``trace.meta["in_flight"]``.
+  ``trace.meta["in_flight"]``. A problem whose ``device_reads_apart`` is true takes ``read=`` in its
+  hook on CuPy: each worker's step is computed from the round's snapshot and added to the table
+  directly, where others get a scratch copy each.
 * **Get / step / add** (any other rule): round c, every worker reads table[keys] from the same
   table, and the pushes go through :class:`~simlib.contract.ParamServer` in worker order, so worker
   i's push lands on top of i others: tau = i. No worker gets ahead of another, a valid schedule under
@@ -101,6 +103,8 @@ def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any
                       update_unit="one step" if n > 1 else f"a chunk of up to {every} steps")
     snapshot = scratch = None
     inflight = InFlight()
+    # a device hook that reads one table and adds to another needs no scratch copy per worker
+    apart = n > 1 and mod is not np and getattr(problem, "device_reads_apart", False)
     t0 = time.perf_counter()
     trace.record_quality(0.0, 0, float(problem.quality(table)))
     c = 0
@@ -115,6 +119,9 @@ def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any
             snapshot = mod.array(table, copy=True) if snapshot is None else _copy_into(snapshot, table)
             seen = []
             for i in range(n):
+                if apart:  # the step computed from the snapshot, its change added to the table
+                    seen.append(hook(table, shards[i], c, 1, training.batch_size, training.lr, read=snapshot))
+                    continue
                 scratch = mod.array(snapshot, copy=True) if scratch is None else _copy_into(scratch, snapshot)
                 seen.append(hook(scratch, shards[i], c, 1, training.batch_size, training.lr))
                 table += scratch

@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit
 
 from simlib import _validate as check
+from simlib.backend import to_numpy
 from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, entry_terms, epoch_order, validate_training
 
 
@@ -206,6 +207,7 @@ class GloveProblem:
 
     def quality(self, w: np.ndarray) -> float:
         """The C program's cost 0.5 f diff^2, averaged over a fixed sample of entries."""
+        w = to_numpy(w)  # a device table is read back (the sample's rows are few, the table small)
         e = self.eval_idx
         r, c = self.cooc.rows[e], self.cooc.cols[e]
         o, d = self.offsets, self.d

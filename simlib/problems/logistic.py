@@ -323,7 +323,7 @@ class LogisticProblem:
         return math.exp(log_s)
 
     def local_steps(self, w: np.ndarray, shard: tuple[int, int], first: int, count: int, batch_size: int,
-                    lr: float) -> Any:
+                    lr: float, read: Any = None) -> Any:
         """Steps first .. first+count-1 of a shard applied to ``w`` in place, each exactly as get / step / add.
 
         The contract's local-step hook: a substrate sharing memory with the table calls it for a chunk of
@@ -334,7 +334,7 @@ class LogisticProblem:
         if not isinstance(w, np.ndarray):  # a device table (the gpu substrate on CuPy)
             from simlib.problems.logistic_device import device_steps
 
-            return device_steps(self, w, shard, first, count, batch_size, lr)
+            return device_steps(self, w, shard, first, count, batch_size, lr, read)
         if self.device_kernel == "hogwild":  # lock-free rows, one in flight: each row a step at lr / B
             first, count, lr, batch_size = first * batch_size, count * batch_size, lr / batch_size, 1
         d = self.data
@@ -347,6 +347,15 @@ class LogisticProblem:
         self._scale(float(w[-1]) + count * math.log(1.0 - lr * self.l2))
         _local_sgd_scaled(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr,
                           self.l2)
+
+    @property
+    def device_reads_apart(self) -> bool:
+        """Whether the device hook takes ``read=``: one step computed from one table, its change added to another.
+
+        The fused kernels do (the gpu substrate's BSP round then needs no copy per worker); the array
+        code and the CPU loops do not.
+        """
+        return self.device_kernel in ("auto", "fused")
 
     def quality(self, params: Any) -> float:
         """The contract's metric: :meth:`loss` of the table's weights."""

@@ -57,33 +57,37 @@ extern "C" __global__ void sgd_margins(
 }
 
 extern "C" __global__ void sgd_decay_once(
-    const long long* indptr, const long long* cols, double* w, unsigned long long* seen,
+    const long long* indptr, const long long* cols, const double* read, double* w, unsigned long long* seen,
     const unsigned long long tick, const double keep, const long long start, const long long n_rows,
     const long long first_row, const long long batch)
 {
-    // Every weight the batch touches decays once: the first lane to mark it with this step's tick does it.
+    // Every weight the batch touches decays once: the first lane to mark it with this step's tick adds
+    // (keep - 1) times the value read (read is w itself, or the round's snapshot when reads are apart).
     const long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
     if (b >= batch) return;
     const long long row = batch_row(start, n_rows, first_row, b);
     for (long long p = indptr[row] + lane; p < indptr[row + 1]; p += 32) {
         const long long j = cols[p];
-        if (atomicExch(&seen[j], tick) != tick) w[j] *= keep;
+        if (atomicExch(&seen[j], tick) != tick) w[j] += (keep - 1.0) * read[j];
     }
 }
 
 extern "C" __global__ void sgd_updates(
-    const long long* indptr, const long long* cols, const double* vals, const double* coef, double* w,
-    const double factor, const long long f, const double pending, const double keep, const long long start,
-    const long long n_rows, const long long first_row, const long long batch)
+    const long long* indptr, const long long* cols, const double* vals, const double* coef, const double* read,
+    double* w, const double factor, const long long f, const double pending, const double keep,
+    const double log_s_add, const long long start, const long long n_rows, const long long first_row,
+    const long long batch)
 {
-    // One warp per row: w[j] += factor * c_row * x (divided by s * keep under l2_on='all'); repeated
-    // features add up atomically. The batch's updates never touch log s, so every warp reads the same s.
+    // One warp per row: w[j] += factor * c_row * x (divided by s * keep under l2_on='all', s from read);
+    // repeated features add up atomically. The updates never touch read's log s, so every warp reads
+    // the same s; with reads apart (read is not w) the first thread also adds the step's decay to w's.
     const long long b = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
+    if (b == 0 && lane == 0 && log_s_add != 0.0) w[f] += log_s_add;
     if (b >= batch) return;
     const long long row = batch_row(start, n_rows, first_row, b);
-    const double c = factor * coef[b] / (f >= 0 ? common_scale(w, f, pending) * keep : 1.0);
+    const double c = factor * coef[b] / (f >= 0 ? common_scale(read, f, pending) * keep : 1.0);
     for (long long p = indptr[row] + lane; p < indptr[row + 1]; p += 32) atomicAdd(&w[cols[p]], c * vals[p]);
 }
 """
@@ -141,12 +145,14 @@ def device_data(problem: Any, xp: Any) -> DeviceData:
 
 
 def device_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int,
-                 lr: float) -> InFlight | None:
+                 lr: float, read: Any = None) -> InFlight | None:
     """Steps first .. first+count-1 of a shard on the device table ``w``, in place (the hook's device branch).
 
     ``problem.device_kernel`` chooses: 'fused' (CuPy), 'array', 'auto' (fused on CuPy), or 'hogwild':
     the chunk's rows one by one at ``lr / batch_size``, ``batch_size`` warps at a time with no barrier
-    (:func:`hogwild_rows`; then the rows each step missed are returned).
+    (:func:`hogwild_rows`; then the rows each step missed are returned). With ``read`` (fused kernels
+    only, one step), the step is computed from the table ``read`` and its change added to ``w``: a BSP
+    round's workers on one snapshot, with no copy per worker.
     """
     xp = array_module(w)
     dev = device_data(problem, xp)
@@ -157,7 +163,10 @@ def device_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count
     if use_fused(problem.device_kernel, xp, lock_free=True):  # pragma: no cover - needs a GPU
         if dev.fused is None:
             dev.fused = FusedSteps(dev, w.shape[0])
-        dev.fused(w, shard, first, count, batch_size, lr, problem.l2, scaled)
+        dev.fused(w, shard, first, count, batch_size, lr, problem.l2, scaled, read)
+    elif read is not None:
+        raise ValueError(f"read= needs the fused kernels (device_kernel 'auto' or 'fused' on CuPy), "
+                         f"not {problem.device_kernel!r}")
     else:
         array_steps(dev, w, shard, first, count, batch_size, lr, problem.l2, scaled)
     return None
@@ -225,27 +234,32 @@ class FusedSteps:  # pragma: no cover - needs a GPU
         self.tick = 0
 
     def __call__(self, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int, lr: float,
-                 l2: float, scaled: bool) -> None:
+                 l2: float, scaled: bool, read: Any = None) -> None:
         d = self.dev
+        if read is not None and count != 1:
+            raise ValueError(f"a step read from another table is one step; got count={count}")
+        src = w if read is None else read
         if self.coef.shape[0] < batch_size:
             self.coef = d.xp.zeros(batch_size, dtype=np.float64)
         start, n_rows = np.int64(shard[0]), np.int64(shard[1] - shard[0])
         keep = 1.0 - lr * l2
         f = np.int64(w.shape[0] - 1 if scaled else -1)  # log s stays on the device: no wait for it
+        log_s_add = np.float64(math.log(keep) if scaled and read is not None else 0.0)  # reads apart: in the kernel
         pending = 0.0
         grid, block, batch = (-(-batch_size * 32 // 256),), (256,), np.int64(batch_size)
         rows = (d.indptr, d.indices)
         for c in range(first, first + count):
             first_row = np.int64(c * batch_size)
-            self.margins(grid, block, (*rows, d.values, d.y, w, f, np.float64(pending), start, n_rows, first_row,
+            self.margins(grid, block, (*rows, d.values, d.y, src, f, np.float64(pending), start, n_rows, first_row,
                                        batch, self.coef))
             if not scaled and l2:
                 self.tick += 1
-                self.decay(grid, block, (*rows, w, self.seen, np.uint64(self.tick), np.float64(keep), start,
+                self.decay(grid, block, (*rows, src, w, self.seen, np.uint64(self.tick), np.float64(keep), start,
                                          n_rows, first_row, batch))
-            self.updates(grid, block, (*rows, d.values, self.coef, w, np.float64(-lr / batch_size), f,
-                                       np.float64(pending), np.float64(keep), start, n_rows, first_row, batch))
+            self.updates(grid, block, (*rows, d.values, self.coef, src, w, np.float64(-lr / batch_size), f,
+                                       np.float64(pending), np.float64(keep), log_s_add, start, n_rows, first_row,
+                                       batch))
             if scaled:
                 pending += math.log(keep)
-        if scaled:
+        if scaled and read is None:
             w[-1] += pending
