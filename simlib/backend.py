@@ -133,6 +133,12 @@ class InFlight:
     def missed_mean(self) -> float:
         return self.missed_sum / self.items if self.items else 0.0
 
+    @classmethod
+    def of(cls, counts: Any) -> "InFlight":
+        """From a :class:`RowQueue` launch's counts (reads them back: one wait for the device)."""
+        _, done, total, most = (int(v) for v in to_numpy(counts))
+        return cls(done, total, most)
+
 
 # A work queue for lock-free kernels, prepended to their CUDA source. q = [next item, items done,
 # sum of items missed, most items missed]; a warp takes items in order, one at a time.
@@ -168,16 +174,15 @@ class RowQueue:  # pragma: no cover - needs a GPU
     def __init__(self, xp: ModuleType):
         self.q = xp.zeros(4, dtype=np.uint64)
 
-    def launch(self, kernel: Any, in_flight: int, args: tuple) -> None:
-        """Run ``kernel(*args, q)`` with ``in_flight`` warps taking items from a fresh queue."""
+    def launch(self, kernel: Any, in_flight: int, args: tuple) -> Any:
+        """Run ``kernel(*args, q)`` with ``in_flight`` warps taking items from a fresh queue; its counts, on the device.
+
+        Nothing waits: read the counts with :meth:`InFlight.of` once the work is wanted.
+        """
         self.q.fill(0)
         per_block = 8 if in_flight % 8 == 0 else 1
         kernel((in_flight // per_block,), (32 * per_block,), (*args, self.q))
-
-    def report(self) -> InFlight:
-        """The last launch's counts (reads them back: one wait for the device)."""
-        _, done, total, most = (int(v) for v in self.q.get())
-        return InFlight(done, total, most)
+        return self.q.copy()
 
 
 @functools.lru_cache(maxsize=None)

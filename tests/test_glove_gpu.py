@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import simlib
-from simlib.backend import gpu_available
+from simlib.backend import InFlight, gpu_available
 from simlib.problems.glove import GloveConfig, GloveParams, adagrad_kernel, entry_terms
 from simlib.problems.glove_device import adagrad_batch, device_pass
 from simlib.problems.glove_table import GloveProblem
@@ -97,7 +97,9 @@ def test_cupy_matches_numpy(cooc):  # pragma: no cover
     on_gpu = simlib.run(prob, "async", substrate="gpu", xp="cupy", **kw)
     w = prob.init_params().astype(np.float32)
     for epoch in range(2):
-        device_pass(prob, w, prob._order(epoch), 0, 1024, np.float32(0.05), np.float32(prob.config.grad_clip))
+        # a run's steps continue across passes: pass 1's steps start at position nnz, not 0
+        device_pass(prob, w, prob._order(epoch), epoch * cooc.nnz, 1024, np.float32(0.05),
+                    np.float32(prob.config.grad_clip))
     np.testing.assert_allclose(on_gpu.params, w, rtol=1e-3, atol=1e-4)
 
 
@@ -111,11 +113,12 @@ def test_lock_free_entries_one_in_flight_are_the_cpu_hook(cooc):  # pragma: no c
     prob.local_steps(cpu, (0, 3000), 0, 3000, 1, 0.05)
     prob.device_kernel = "hogwild"
     dev = cupy.asarray(prob.init_params().astype(np.float32))
-    cost, seen = device_pass(prob, dev, prob._order(0)[:3000], 0, 1, np.float32(0.05),
-                             np.float32(prob.config.grad_clip))
+    cost, counts = device_pass(prob, dev, prob._order(0)[:3000], 0, 1, np.float32(0.05),
+                               np.float32(prob.config.grad_clip))
     prob.device_kernel = "auto"
+    seen = InFlight.of(counts)
     assert (seen.items, seen.missed_max) == (3000, 0)
-    assert cost == pytest.approx(prob.local_result((0, 3000))[0][0], rel=1e-4)
+    assert float(cost) == pytest.approx(prob.local_result((0, 3000))[0][0], rel=1e-4)
     np.testing.assert_allclose(cupy.asnumpy(dev), cpu, rtol=1e-3, atol=1e-5)
 
 

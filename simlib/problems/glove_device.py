@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from simlib.backend import QUEUE_SOURCE, InFlight, RowQueue, array_module, cuda_kernels, device_copies, scatter_add, use_fused
+from simlib.backend import QUEUE_SOURCE, RowQueue, array_module, cuda_kernels, device_copies, scatter_add, use_fused
 
 
 def adagrad_batch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, batch: Any,
@@ -177,20 +177,21 @@ extern "C" __global__ void glove_hogwild(
 """
 
 
-def device_pass(problem: Any, w: Any, entries: np.ndarray, offset: int, batch_size: int, eta: np.float32,
-                clip: np.float32) -> tuple[float, InFlight | None]:
-    """AdaGrad over ``entries`` (host ids, one pass's segment) on the device table ``w``: (cost sum, in flight).
+def device_pass(problem: Any, w: Any, entries: Any, offset: int, batch_size: int, eta: np.float32,
+                clip: np.float32) -> tuple[Any, Any]:
+    """AdaGrad over ``entries`` (ids, one pass's segment) on the device table ``w``: (cost sum, in flight).
 
     Steps are ``batch_size`` entries, aligned with the shard's positions: ``offset`` is the position
     of the first entry, so a step that crosses the segment's end is finished by the next call.
     ``device_kernel='hogwild'`` runs the segment as one lock-free launch instead, ``batch_size``
-    entries in flight (:func:`hogwild_entries`), and reports what they missed.
+    entries in flight (:func:`hogwild_entries`); then the cost is a device scalar and the second item the
+    queue's counts (:meth:`~simlib.backend.InFlight.of`), nothing waited for.
     """
     xp = array_module(w)
     rows, cols, logx, fx = device_copies(problem, xp, lambda m: tuple(m.asarray(a) for a in (
         problem.cooc.rows.astype(np.int32), problem.cooc.cols.astype(np.int32), problem.logx, problem.fx)))
     views = tuple(problem._views(w))
-    ids = xp.asarray(entries.astype(np.int64))
+    ids = xp.asarray(entries).astype(np.int64, copy=False)  # host ids, or a device order's slice
     if problem.device_kernel == "hogwild":  # pragma: no cover - needs a GPU
         return hogwild_entries(views, rows, cols, logx, fx, ids, batch_size, eta, clip)
     cuts = list(range(-(offset % batch_size) + batch_size if offset % batch_size else batch_size, len(entries),
@@ -202,20 +203,35 @@ def device_pass(problem: Any, w: Any, entries: np.ndarray, offset: int, batch_si
 
 
 def hogwild_entries(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, ids: Any, in_flight: int,
-                    eta: np.float32, clip: np.float32) -> tuple[float, InFlight]:  # pragma: no cover - needs a GPU
-    """Entries ``ids`` in order, one warp each, ``in_flight`` at once, in one launch: (cost sum, what they missed).
+                    eta: np.float32, clip: np.float32) -> tuple[Any, Any]:  # pragma: no cover - needs a GPU
+    """Entries ``ids`` in order, one warp each, ``in_flight`` at once, in one launch.
 
-    With ``in_flight=1`` this is the CPU kernel's sequence of updates (float32, the dot product summed
-    in another order).
+    Returns (the cost sum, the queue's counts), both on the device and not waited for: read the
+    counts with :meth:`~simlib.backend.InFlight.of`. With ``in_flight=1`` this is the CPU kernel's
+    sequence of updates (float32, the dot product summed in another order).
     """
     xp = array_module(rows)
     (kernel,) = cuda_kernels(_HOGWILD_SOURCE, ("glove_hogwild",))
-    queue = RowQueue(xp)
     cost = xp.zeros(1, dtype=np.float64)
     W = arrays[0]
-    queue.launch(kernel, in_flight, (rows, cols, logx, fx, ids, np.int64(ids.shape[0]), np.int32(W.shape[1]), *arrays,
-                                     eta, clip, cost))
-    return float(cost[0]), queue.report()
+    counts = RowQueue(xp).launch(kernel, in_flight, (rows, cols, logx, fx, ids, np.int64(ids.shape[0]),
+                                                     np.int32(W.shape[1]), *arrays, eta, clip, cost))
+    return cost[0], counts
+
+
+def device_order(problem: Any, xp: Any, p: int) -> Any:  # pragma: no cover - needs a GPU
+    """Pass ``p``'s shuffled order drawn on the device (lock-free runs): seeded, but not :func:`epoch_order`'s.
+
+    A host permutation of every entry each pass costs more than the pass itself on a GPU; the last
+    two orders are kept, as on the host.
+    """
+    orders = problem.__dict__.setdefault("_device_orders", {})
+    if p not in orders:
+        if len(orders) >= 2:
+            del orders[min(orders)]
+        rng = xp.random.RandomState(problem.config.seed * 1_000_003 + p)
+        orders[p] = rng.permutation(problem.cooc.nnz).astype(np.int64, copy=False)
+    return orders[p]
 
 
 def _fused(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, parts: list[Any], batch: int,

@@ -39,7 +39,7 @@ import numpy as np
 from numba import njit
 
 from simlib import _validate as check
-from simlib.backend import to_numpy
+from simlib.backend import InFlight, array_module, to_numpy
 from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, entry_terms, epoch_order, validate_training
 
 
@@ -170,28 +170,29 @@ class GloveProblem:
         views = self._views(w)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
         t, end = first * batch_size, (first + count) * batch_size
-        inflight = None  # lock-free device steps report what their entries missed
+        counts = []  # lock-free device steps: each launch's queue counts (what their entries missed)
         while t < end:  # one kernel call per pass the chunk touches
             p, pos = divmod(t, n)
             upto = min(n, pos + end - t)
-            entries = self._order(p)[start + pos : start + upto]
             if isinstance(w, np.ndarray):
+                entries = self._order(p)[start + pos : start + upto]
                 cost = adagrad_in_place(self.cooc.rows, self.cooc.cols, self.logx, self.fx, entries, *views, eta, clip)
-            else:  # a device table (the gpu substrate on CuPy): each step's entries read the rows at once
-                from simlib.problems.glove_device import device_pass
+            else:  # a device table (the gpu substrate on CuPy): glove_device's steps, no wait between passes
+                from simlib.problems.glove_device import device_order, device_pass
 
-                cost, seen = device_pass(self, w, entries, t, batch_size, eta, clip)
+                order = device_order(self, array_module(w), p) if self.device_kernel == "hogwild" else self._order(p)
+                cost, seen = device_pass(self, w, order[start + pos : start + upto], t, batch_size, eta, clip)
                 if seen is not None:
-                    inflight = seen if inflight is None else inflight + seen
+                    counts.append(seen)
             record = passes.setdefault(p, [0.0, 0])
             record[0] += cost
             record[1] += upto - pos
             t += upto - pos
-        return inflight
+        return sum((InFlight.of(c) for c in counts), InFlight()) if counts else None
 
     def local_result(self, shard: tuple[int, int]) -> dict[int, list[float]]:
         """What a worker sends back of a real run: per pass over its shard, [cost sum, entries]."""
-        return dict(self._passes.get(shard, {}))
+        return {p: [float(cost), m] for p, (cost, m) in self._passes.get(shard, {}).items()}
 
     def epoch_costs(self, result: Any) -> list[float]:
         """The C program's cost per epoch, mean 0.5 f diff^2 over the pass, of the passes every worker completed.
