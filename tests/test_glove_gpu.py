@@ -96,10 +96,14 @@ def test_cupy_matches_numpy(cooc):  # pragma: no cover
     kw = dict(n_workers=1, batch_size=1024, lr=0.05, steps=2 * prob.epoch_steps(1, 1024), eval_every=10**6)
     on_gpu = simlib.run(prob, "async", substrate="gpu", xp="cupy", **kw)
     w = prob.init_params().astype(np.float32)
-    for epoch in range(2):
-        # a run's steps continue across passes: pass 1's steps start at position nnz, not 0
-        device_pass(prob, w, prob._order(epoch), epoch * cooc.nnz, 1024, np.float32(0.05),
-                    np.float32(prob.config.grad_clip))
+    # the run's steps continue across passes (pass 1's first step starts at position nnz) and its last
+    # step ends inside pass 2: the same segments, in the same order, on NumPy
+    t, end = 0, kw["steps"] * 1024
+    while t < end:
+        p, pos = divmod(t, cooc.nnz)
+        upto = min(cooc.nnz, pos + end - t)
+        device_pass(prob, w, prob._order(p)[pos:upto], t, 1024, np.float32(0.05), np.float32(prob.config.grad_clip))
+        t += upto - pos
     np.testing.assert_allclose(on_gpu.params, w, rtol=1e-3, atol=1e-4)
 
 

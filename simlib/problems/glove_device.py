@@ -22,6 +22,7 @@ stays as the NumPy-tested reference of the fused kernels.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -222,16 +223,28 @@ def hogwild_entries(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx
 def device_order(problem: Any, xp: Any, p: int) -> Any:  # pragma: no cover - needs a GPU
     """Pass ``p``'s shuffled order drawn on the device (lock-free runs): seeded, but not :func:`epoch_order`'s.
 
-    A host permutation of every entry each pass costs more than the pass itself on a GPU; the last
-    two orders are kept, as on the host.
+    The entries sorted by a 64-bit hash of (seed, pass, entry): a host permutation of every entry,
+    or a fresh device generator, each pass costs more than the pass itself on a GPU. The last two
+    orders are kept, as on the host.
     """
     orders = problem.__dict__.setdefault("_device_orders", {})
     if p not in orders:
         if len(orders) >= 2:
             del orders[min(orders)]
-        rng = xp.random.RandomState(problem.config.seed * 1_000_003 + p)
-        orders[p] = rng.permutation(problem.cooc.nnz).astype(np.int64, copy=False)
+        salt = np.uint64((problem.config.seed * 1_000_003 + p + 1) % 2**64)
+        keys = _order_keys(xp)(xp.arange(problem.cooc.nnz, dtype=np.uint64), salt)
+        orders[p] = xp.argsort(keys).astype(np.int64, copy=False)
     return orders[p]
+
+
+@functools.lru_cache(maxsize=None)
+def _order_keys(xp: Any) -> Any:  # pragma: no cover - needs a GPU
+    """splitmix64 of (entry + salt * golden ratio): an elementwise kernel, compiled once."""
+    return xp.ElementwiseKernel("uint64 i, uint64 salt", "uint64 key", """
+        unsigned long long z = i + salt * 0x9E3779B97F4A7C15ULL;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        key = z ^ (z >> 31);""", "simlib_order_keys")
 
 
 def _fused(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, parts: list[Any], batch: int,
