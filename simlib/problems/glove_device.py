@@ -232,16 +232,16 @@ def device_order(problem: Any, xp: Any, p: int) -> Any:  # pragma: no cover - ne
         if len(orders) >= 2:
             del orders[min(orders)]
         salt = np.uint64((problem.config.seed * 1_000_003 + p + 1) % 2**64)
-        keys = _order_keys(xp)(xp.arange(problem.cooc.nnz, dtype=np.uint64), salt)
+        keys = _order_keys(xp)(salt, xp.empty(problem.cooc.nnz, dtype=np.uint64))
         orders[p] = xp.argsort(keys).astype(np.int64, copy=False)
     return orders[p]
 
 
 @functools.lru_cache(maxsize=None)
 def _order_keys(xp: Any) -> Any:  # pragma: no cover - needs a GPU
-    """splitmix64 of (entry + salt * golden ratio): an elementwise kernel, compiled once."""
-    return xp.ElementwiseKernel("uint64 i, uint64 salt", "uint64 key", """
-        unsigned long long z = i + salt * 0x9E3779B97F4A7C15ULL;
+    """splitmix64 of (entry + salt * golden ratio), entry = the element's index ``i``: compiled once."""
+    return xp.ElementwiseKernel("uint64 salt", "uint64 key", """
+        unsigned long long z = (unsigned long long)i + salt * 0x9E3779B97F4A7C15ULL;
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
         z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
         key = z ^ (z >> 31);""", "simlib_order_keys")
