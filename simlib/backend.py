@@ -154,15 +154,20 @@ __device__ __forceinline__ long long queue_take(unsigned long long* q, long long
     return __shfl_sync(0xffffffffu, t, 0);
 }
 
-__device__ __forceinline__ void queue_done(unsigned long long* q, long long missed) {
+__device__ __forceinline__ void queue_done(unsigned long long* q, long long missed, long long* sum, long long* most) {
     __threadfence();  // the item's updates are visible before it counts as done
     __syncwarp();
     if (threadIdx.x % 32 == 0) {
         atomicAdd(&q[1], 1ULL);
-        if (missed > 0) {
-            atomicAdd(&q[2], (unsigned long long)missed);
-            atomicMax(&q[3], (unsigned long long)missed);
-        }
+        *sum += missed;  // kept by the warp until it leaves: two counters per item, not four
+        if (missed > *most) *most = missed;
+    }
+}
+
+__device__ __forceinline__ void queue_leave(unsigned long long* q, long long sum, long long most) {
+    if (threadIdx.x % 32 == 0 && sum > 0) {
+        atomicAdd(&q[2], (unsigned long long)sum);
+        atomicMax(&q[3], (unsigned long long)most);
     }
 }
 """

@@ -142,7 +142,7 @@ extern "C" __global__ void glove_hogwild(
     // each reads the rows as they are now and adds its AdaGrad steps with atomics (GloVe's Hogwild).
     const int lane = threadIdx.x % 32;
     double mine = 0.0;
-    long long missed;
+    long long missed, missed_sum = 0, missed_most = 0;
     for (;;) {
         const long long t = queue_take(queue, total, &missed);
         if (t >= total) break;
@@ -171,8 +171,9 @@ extern "C" __global__ void glove_hogwild(
             atomicAdd(&gbw[i], g * g);
             atomicAdd(&gbc[j], g * g);
         }
-        queue_done(queue, missed);
+        queue_done(queue, missed, &missed_sum, &missed_most);
     }
+    queue_leave(queue, missed_sum, missed_most);
     if (lane == 0 && mine != 0.0) atomicAdd(cost, mine);
 }
 """
