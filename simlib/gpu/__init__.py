@@ -13,5 +13,6 @@ Modules (imported on demand, so that loading one does not load the others):
   collapsed Gibbs).
 
 Fused CUDA kernels are chosen by :func:`simlib.backend.use_fused` and compiled once by
-:func:`simlib.backend.cuda_kernels`.
+:func:`simlib.backend.cuda_kernels`; the lock-free kernels (``device_kernel='hogwild'``) share the
+work queue :class:`simlib.backend.RowQueue`.
 """

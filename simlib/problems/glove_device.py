@@ -19,6 +19,11 @@ one warp per entry computes its weighted error and bias steps, one thread per (e
 its clipped AdaGrad steps from the old rows, and one thread per (entry, dimension) adds them with
 atomics. The array step launches about thirty kernels per batch and is launch-bound on a GPU; it
 stays as the NumPy-tested reference of the fused kernels.
+
+``device_kernel='hogwild'`` drops the step boundaries: one launch per pass segment, B warps taking
+entries in order from a queue (:class:`simlib.backend.RowQueue`), each reading the rows as they are
+and adding its AdaGrad steps with atomics, GloVe's Hogwild on a GPU. Each pass's order is drawn on
+the device (:func:`device_order`), and nothing waits between passes.
 """
 from __future__ import annotations
 
