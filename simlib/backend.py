@@ -179,12 +179,14 @@ class RowQueue:  # pragma: no cover - needs a GPU
     def __init__(self, xp: ModuleType):
         self.q = xp.zeros(4, dtype=np.uint64)
 
-    def launch(self, kernel: Any, in_flight: int, args: tuple) -> Any:
-        """Run ``kernel(*args, q)`` with ``in_flight`` warps taking items from a fresh queue; its counts, on the device.
+    def launch(self, kernel: Any, in_flight: int, items: int, args: tuple) -> Any:
+        """Run ``kernel(*args, q)`` with ``in_flight`` warps (no more than ``items``) taking items from a fresh queue.
 
-        Nothing waits: read the counts with :meth:`InFlight.of` once the work is wanted.
+        Returns the queue's counts, on the device. Nothing waits: read them with :meth:`InFlight.of`
+        once the work is wanted.
         """
         self.q.fill(0)
+        in_flight = max(1, min(in_flight, items))
         per_block = 8 if in_flight % 8 == 0 else 1
         kernel((in_flight // per_block,), (32 * per_block,), (*args, self.q))
         return self.q.copy()

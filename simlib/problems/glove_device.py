@@ -221,8 +221,9 @@ def hogwild_entries(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx
     (kernel,) = cuda_kernels(_HOGWILD_SOURCE, ("glove_hogwild",))
     cost = xp.zeros(1, dtype=np.float64)
     W = arrays[0]
-    counts = RowQueue(xp).launch(kernel, in_flight, (rows, cols, logx, fx, ids, np.int64(ids.shape[0]),
-                                                     np.int32(W.shape[1]), *arrays, eta, clip, cost))
+    counts = RowQueue(xp).launch(kernel, in_flight, int(ids.shape[0]), (rows, cols, logx, fx, ids,
+                                                                        np.int64(ids.shape[0]), np.int32(W.shape[1]),
+                                                                        *arrays, eta, clip, cost))
     return cost[0], counts
 
 

@@ -185,7 +185,7 @@ def hogwild_rows(dev: DeviceData, w: Any, shard: tuple[int, int], first_row: int
         dev.queue = RowQueue(dev.xp)
     (kernel,) = cuda_kernels(_HOGWILD_SOURCE, ("sgd_hogwild",))
     log_keep = math.log(1.0 - rate * l2) if scaled else 0.0
-    counts = dev.queue.launch(kernel, in_flight, (dev.indptr, dev.indices, dev.values, dev.y, w, np.int64(shard[0]),
+    counts = dev.queue.launch(kernel, in_flight, rows, (dev.indptr, dev.indices, dev.values, dev.y, w, np.int64(shard[0]),
                                          np.int64(shard[1] - shard[0]), np.int64(first_row), np.int64(rows),
                                          np.float64(rate), np.float64(l2), np.int64(w.shape[0] - 1 if scaled else -1),
                                          np.float64(log_keep)))
