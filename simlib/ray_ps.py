@@ -565,7 +565,7 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
         t0, started = time.time(), time.perf_counter()
         _call(ray, coord.start.remote(t0), who)
         runs = [w.run.remote(t0) for w in workers]
-        spans = _await_workers(ray, runs, coord, shards, started, timeout)
+        spans = _await_workers(ray, runs, coord, shards, started, timeout, _local_actors(ray, pids))
         params, updates, quality = _call(ray, coord.finish.remote(), "server shard 0 (the coordinator)")
         wall = time.perf_counter() - started
     except BaseException:
@@ -609,12 +609,31 @@ def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[
     return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}
 
 
+def _local_actors(ray: Any, pids: dict[str, list[tuple[int, str]]]) -> dict[int, str]:
+    """The actors on this machine (the driver's node): pid -> the name an error gives it."""
+    here = ray.get_runtime_context().get_node_id()
+    names = {"servers": lambda k: f"server shard {k}" + (" (the coordinator)" if k == 0 else ""),
+             "workers": lambda k: f"worker {k}"}
+    return {pid: names[role](k) for role, got in pids.items() for k, (pid, node) in enumerate(got) if node == here}
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (no longer listed, or a zombie waiting for its parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True
+
+
 def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: float,
-                   timeout: float | None) -> list[list[tuple]]:
+                   timeout: float | None, local: dict[int, str] | None = None) -> list[list[tuple]]:
     """The workers' spans; fails fast naming the first worker or server shard that died.
 
     The servers are pinged every WATCH_S seconds as well: a worker blocked on a dead server learns of
     the death only as fast as Ray tells it (seconds on a busy machine), and the run should not wait.
+    The actor processes on this machine (``local``: pid -> name) are looked at as often: on a loaded
+    machine Ray took up to 15 s to report an actor killed by a signal, a look at /proc takes none.
     """
     index = {r: i for i, r in enumerate(runs)}
     spans: list[list[tuple]] = [[] for _ in runs]
@@ -632,6 +651,12 @@ def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: floa
         if left is not None and left <= 0:
             raise TimeoutError(f"ray: workers {sorted(index[r] for r in pending)} did not finish within "
                                f"timeout={timeout:g} s")
+        for pid, name in (local or {}).items():
+            if _gone(pid):
+                raise RuntimeError(f"ray: {name.split(' (')[0]} died mid-run (its actor process {pid} ended); "
+                                   + ("its part of the table is lost, so the run cannot continue"
+                                      if name.startswith("server") else
+                                      "the run fails fast rather than replay its step on a table that moved on"))
         wait_s = WATCH_S if left is None else min(left, WATCH_S)
         done, _ = ray.wait(pending + list(pings), num_returns=1, timeout=wait_s)
         for ref in done:

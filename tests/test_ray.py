@@ -357,3 +357,19 @@ def test_sigterm_ends_a_ray_run_with_status_143_as_on_the_other_substrates(momen
     while (left := faultkit.with_marker(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == [], f"processes of the run outlived it: {left}"
+
+
+def test_an_ended_actor_process_is_seen_at_once_even_as_a_zombie():
+    """The driver looks at /proc for its local actors: a process that exited (a zombie, not yet reaped) is gone."""
+    from simlib.ray_ps import _gone
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while not _gone(child.pid) and time.monotonic() < deadline:  # exited, not reaped: state Z
+        time.sleep(0.05)
+    assert _gone(child.pid)
+    with open(f"/proc/{child.pid}/stat", "rb") as f:
+        assert f.read().rsplit(b")", 1)[1].split()[0] == b"Z"  # it is still listed: only a zombie
+    child.wait()
+    assert _gone(child.pid)  # reaped: no longer listed
+    assert not _gone(os.getpid())
