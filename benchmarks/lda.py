@@ -3,6 +3,8 @@
     python benchmarks/lda.py            # KJV chapters (stop words removed), K = 20 and 100, 100 sweeps
     python benchmarks/lda.py --quick    # 400 chapters, 20 sweeps
     python benchmarks/lda.py --kernels sparse,mh --topics 100,1000 --sweeps 10   # this project's samplers only
+    python benchmarks/lda.py --corpus FILE ...   # any text file, one document per line (see the README's
+                                                 # "A larger corpus" for the 5 M-token dictionary)
 
 Peers, measured in the same run on the same documents, alpha = 0.1, beta = 0.01:
 
@@ -39,7 +41,7 @@ sys.path.insert(0, str(_HERE.parent))
 
 import simlib  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
-from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelihood  # noqa: E402
+from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelihood, text_corpus  # noqa: E402
 from simlib.problems.lda_gibbs import KERNELS, GibbsState  # noqa: E402
 
 ALPHA, BETA = 0.1, 0.01
@@ -131,6 +133,9 @@ def main() -> None:
                     help="compare these simlib kernels only, e.g. sparse,mh (from simlib.problems.lda_gibbs.KERNELS)")
     ap.add_argument("--topics", default="100,1000", help="with --kernels: the numbers of topics K, e.g. 100,1000")
     ap.add_argument("--workers", type=int, default=1, help="with --kernels: AD-LDA processes (default 1)")
+    ap.add_argument("--corpus", default=None,
+                    help="a plain or gzipped text file, one document per line, instead of the KJV chapters "
+                         "(the same stop-word rule: simlib.problems.lda.text_corpus)")
     args = ap.parse_args()
     sweeps = args.sweeps or (20 if args.quick else 100)
     repeat = args.repeat or (1 if args.quick else 3)
@@ -139,13 +144,15 @@ def main() -> None:
         topics = [int(k) for k in args.topics.split(",") if k.strip().isdigit()]
         if any(k not in KERNELS for k in kernels) or not topics or min(topics) < 1 or args.workers < 1:
             ap.error(f"--kernels must name kernels of {KERNELS}, --topics and --workers positive integers")
-    c = kjv_corpus(max_docs=400 if args.quick else None)
+    max_docs = 400 if args.quick else None
+    c = text_corpus(args.corpus, max_docs=max_docs) if args.corpus else kjv_corpus(max_docs=max_docs)
+    name = Path(args.corpus).name if args.corpus else "KJV chapters"
     if args.kernels:
-        print(f"KJV chapters: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; {sweeps} sweeps; "
+        print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; {sweeps} sweeps; "
               f"alpha={ALPHA}, beta={BETA}; AD-LDA BSP through simlib.run, best of {repeat} interleaved runs")
         compare_kernels(c, kernels, topics, sweeps, args.workers, repeat)
         return
-    print(f"KJV chapters: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; "
+    print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; "
           f"{sweeps} sweeps; alpha={ALPHA}, beta={BETA}; best of {repeat} interleaved runs (lda package: 1 run)")
     GibbsState.init(c, 2).sweep(0)  # load the compiled kernels before timing
     header = f"{'K':>4} {'sampler':<26} {'workers':>7} {'M tokens/s':>11} {'log p(w,z)':>14} {'vs tomotopy':>12} {'LL vs lda':>10}"

@@ -13,6 +13,7 @@ from simlib.problems.lda import (
     make_synthetic_corpus,
     perplexity,
     random_assignments,
+    text_corpus,
     top_words,
     topic_match,
     topic_word,
@@ -128,3 +129,20 @@ def test_kjv_corpus_follows_the_stop_word_rule():
     assert c.n_docs == 50 and c.titles[0] == "Genesis 1"
     assert "the" not in c.vocab and "lord" not in c.vocab  # among the 100 most frequent
     assert c.n_words > 5000 and c.vocab[0] == "sons"  # the 101st most frequent word
+
+
+def test_a_text_file_becomes_a_corpus_under_the_same_rule(tmp_path):
+    # "a" is the most frequent word (stopped with n_stop=1), "rare" is seen once (dropped at min_count=2)
+    lines = ["a cat sat a mat", "", "a dog sat rare", "a cat dog"]
+    path = tmp_path / "docs.txt"
+    path.write_text("\n".join(lines) + "\n")
+    c = text_corpus(str(path), n_stop=1, min_count=2)
+    assert c.n_docs == 3 and c.titles == ["line 1", "line 2", "line 3"]  # numbered among the lines with words
+    assert "a" not in c.vocab and "rare" not in c.vocab and "mat" not in c.vocab
+    assert sorted(c.vocab) == ["cat", "dog", "sat"]
+    assert [c.vocab[w] for w in c.words[c.offsets[0]:c.offsets[1]]] == ["cat", "sat"]
+    with pytest.raises(ValueError, match="n_stop"):
+        text_corpus(str(path), n_stop=10, min_count=2)
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="holds no words"):
+        text_corpus(str(tmp_path / "empty.txt"))

@@ -289,16 +289,40 @@ def kjv_corpus(n_stop: int = KJV_N_STOP, min_count: int = KJV_MIN_COUNT, max_doc
     words and the few names in almost every chapter) and every word seen fewer than ``min_count``
     times (5). With the defaults: 1,189 chapters, 5,223 words, about 278 k tokens.
     """
-    from simlib.data import Vocabulary, load_kjv
+    from simlib.data import load_kjv
+
+    kjv = load_kjv()
+    return _stopped_corpus(kjv.docs, kjv.titles, n_stop, min_count, max_docs)
+
+
+def text_corpus(path: str, n_stop: int = KJV_N_STOP, min_count: int = KJV_MIN_COUNT,
+                max_docs: int | None = None) -> LDACorpus:
+    """A plain or gzipped text file, one document per line, under :func:`kjv_corpus`'s stop-word rule.
+
+    The documents' titles are their line numbers (from 1, counting the lines that held words).
+    """
+    from simlib.data import iter_text_file
+
+    docs = list(iter_text_file(path))
+    if not docs:
+        raise ValueError(f"path: {path} holds no words")
+    return _stopped_corpus(docs, [f"line {i + 1}" for i in range(len(docs))], n_stop, min_count, max_docs)
+
+
+def _stopped_corpus(docs: list, titles: list, n_stop: int, min_count: int, max_docs: int | None) -> LDACorpus:
+    """Documents of tokens as an LDACorpus: the ``n_stop`` most frequent words and the rare ones dropped."""
+    from simlib.data import Vocabulary
 
     check.non_negative_int("n_stop", n_stop)
     check.positive_int("min_count", min_count)
-    kjv = load_kjv()
-    docs, titles = kjv.docs, kjv.titles
+    every = docs
     if max_docs is not None:
         check.positive_int("max_docs", max_docs)
         docs, titles = docs[:max_docs], titles[:max_docs]
-    full = Vocabulary.build(kjv.docs, min_count=min_count)
+    full = Vocabulary.build(every, min_count=min_count)
+    if len(full) <= n_stop:
+        raise ValueError(f"n_stop ({n_stop}) must be below the vocabulary's {len(full)} words seen at least "
+                         f"{min_count} times")
     vocab = Vocabulary(full.words[n_stop:], full.counts[n_stop:])
     ids = [vocab.encode(d) for d in docs]
     keep = [i for i, d in enumerate(ids) if d.size]
