@@ -64,6 +64,9 @@ class Problem(TypingProtocol):
     # ``check_training(training)`` refuses run settings the math cannot take (simlib.run calls it).
     # ``local_steps(table, shard, first, count, batch_size, lr)`` applies steps first .. first+count-1 to
     # the table in place, each as get / step / add would: substrates sharing memory with the table call it.
+    # ``check_run(protocol, substrate)`` refuses protocols and substrates that cannot run the problem (simlib.run
+    # calls it before any process starts). ``in_place_only = True``: the steps exist only as ``local_steps``
+    # (keys and step refuse: model-parallel GloVe's two phases), so :func:`warm_up` leaves get / step / add alone.
 
 
 class Table(TypingProtocol):
@@ -204,6 +207,9 @@ def warm_up(problem: Any, keys: Callable[[np.ndarray], np.ndarray] | None = None
     A problem whose one shard is costly to build or step (LDA's: a sweep of the whole corpus) offers
     ``miniature()``, the same problem on a few documents, whose kernels take the same types.
     """
+    if getattr(problem, "in_place_only", False):  # no get / step / add to compile; the substrate warms local_steps
+        problem.quality(np.asarray(problem.init_params(), dtype=np.float64))
+        return
     miniature = getattr(problem, "miniature", None)
     problem = miniature() if callable(miniature) else problem
     batch = problem.batch(problem.shards(1)[0], 0, 2)

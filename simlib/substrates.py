@@ -96,6 +96,9 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     shared = {f.name for f in fields(Training)} - {"rule"}
     training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
     proto.check_workers(training.n_workers)
+    check_run = getattr(problem, "check_run", None)  # protocols and substrates the problem cannot run on
+    if callable(check_run):
+        check_run(proto, substrate)
     check_training = getattr(problem, "check_training", None)  # settings the problem's math cannot run
     if callable(check_training):
         check_training(training)

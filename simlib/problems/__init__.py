@@ -5,7 +5,7 @@ Each lesson's :class:`simlib.contract.Problem` lives beside its math:
 * ``logistic`` -- sparse logistic regression (Hogwild, the simulator's default workload): ``LogisticProblem``
 * ``textclass`` -- the shipped corpus as a sparse classification task
 * ``glove`` and ``embedding_eval`` -- GloVe co-occurrence counting, AdaGrad, evaluation;
-  ``glove_table`` -- ``GloveProblem``
+  ``glove_table`` -- ``GloveProblem``; ``glove_slices`` -- ``GloveSlices`` (split by dimension)
 * ``lda`` and ``lda_gibbs`` -- LDA by collapsed Gibbs sampling; ``lda_table`` -- ``LDAProblem``
 * ``lasso`` -- Lasso by (parallel) coordinate descent, for Shotgun: ``ShotgunProblem``
 
@@ -23,7 +23,7 @@ _LAZY = {
     "LDACorpus": "lda", "make_synthetic_corpus": "lda", "kjv_corpus": "lda",
     "LassoProblem": "lasso", "make_lasso": "lasso", "make_uncorrelated_lasso": "lasso",
     "make_correlated_lasso": "lasso", "CorrelationScheduler": "lasso", "random_schedule": "lasso", "shotgun": "lasso",
-    "ShotgunProblem": "lasso", "GloveProblem": "glove_table", "LDAProblem": "lda_table",
+    "ShotgunProblem": "lasso", "GloveProblem": "glove_table", "GloveSlices": "glove_slices", "LDAProblem": "lda_table",
 }
 
 __all__ = ["LogisticProblem", "SparseDataset", "make_sparse_classification", *_LAZY]
