@@ -184,7 +184,7 @@ def _compare_parser(sub: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--protocols", type=_protocol_list, default=",".join(DEFAULT_PROTOCOLS),
-                   help="comma-separated runs: bsp, ssp:S (staleness bound S), async")
+                   help="comma-separated runs: bsp, ssp:S (staleness bound S), essp:S (eager SSP), async")
     p.add_argument("--target", type=_target, default=DEFAULT_TARGET, help="target loss for 'time to target'")
     p.add_argument("--out", default=os.path.join("simlib_out", "compare.png"),
                    help="figure path (" + ", ".join(t[1:].upper() for t in FIGURE_TYPES) + ")")
@@ -367,7 +367,8 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--problem", choices=("logistic",), default="logistic", help="the problem to train")
-    p.add_argument("--protocol", type=_protocol, default="ssp:3", help="bsp, ssp:S or async")
+    p.add_argument("--protocol", type=_protocol, default="ssp:3",
+                   help="bsp, ssp:S, essp:S (eager SSP: substrate sim only) or async")
     p.add_argument("--substrate", choices=substrates.names(), default="sim", help="where the run happens")
     opts.add_arguments(p.add_argument_group("problem size"), opts.options(ProblemSize))
     training = [o for o in opts.options(SimConfig) if o.name in TRAINING_FIELDS]
@@ -386,15 +387,16 @@ def validate_run(args: argparse.Namespace) -> tuple[ProblemSize, dict[str, Any]]
     if data > budget:
         raise CliError(f"--rows: {size.rows} x {size.nnz} nonzeros need about {_gb(data)} to build, more than half "
                        f"the memory available ({_gb(2 * budget)})")
+    from simlib import substrates
+
     try:
         SimConfig(protocol=args.protocol, **training)  # the training fields' ranges, from their metadata
+        substrates.check_protocol(args.protocol, args.substrate)
     except ValueError as exc:
         raise CliError(_refusal(exc, "--protocol")) from None
     processes = 0 if args.substrate == "sim" else training["n_workers"] + 1
     check_sizes(training["n_workers"], training["steps"], training["batch_size"], size.rows, size.features, size.nnz,
                 processes=processes, budget=budget - data)
-    from simlib import substrates
-
     try:
         substrates.get(args.substrate)
     except Exception as exc:  # a substrate that cannot load is a one-line answer, whatever the cause

@@ -5,6 +5,8 @@ rule. Nothing here knows about SimPy, processes or time sources: the caller pass
 
 * :class:`Protocol` -- one value naming the read rule: BSP = SSP(0), SSP(s), async = SSP(inf),
   with optional backup workers (drop the slowest b pushes of a step) and a deadline per step.
+  ESSP(s) (eager SSP, Dai et al. 2015) reads under SSP(s)'s rule; its ``eager`` flag asks the
+  substrate to push every applied update into every worker's cache (the simulator models it).
 * :func:`may_read` -- *the* SSP read rule: a worker at clock c may read once every step < c - s
   is complete.
 * :class:`Clocks` -- the bookkeeping that feeds it: pushes per step, complete steps, deadlines.
@@ -35,14 +37,16 @@ from typing import Any, Callable
 
 from simlib import _validate as check
 
-KINDS = ("bsp", "ssp", "async")
+KINDS = ("bsp", "ssp", "async", "essp")
+BOUNDED = ("ssp", "essp")  # the kinds that take a staleness bound s
+KIND_LABELS = {"bsp": "BSP", "ssp": "SSP({s})", "essp": "ESSP({s})", "async": "Async"}
 MAX_BOUND = 1_000_000  # larger bounds never bind in any run this library can hold: say async
 # A run's sizes on every substrate (the simulator's SimConfig and the contract's Training): beyond them a
 # run only exhausts memory or never ends.
 MAX_WORKERS, MAX_STEPS, MAX_BATCH = 10_000, 1_000_000, 10_000_000
 # Real substrates take more steps: Hogwild! is one step per row, and a step applied in place costs a microsecond.
 MAX_REAL_STEPS = 1_000_000_000
-_SPEC = re.compile(r"^\s*(bsp|async|ssp)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*$", re.IGNORECASE)
+_SPEC = re.compile(r"^\s*(bsp|async|essp|ssp)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*$", re.IGNORECASE)
 
 
 def may_read(clock: int, completed: int, bound: float) -> bool:
@@ -71,10 +75,10 @@ def read_allowed(read_rule: ReadRule, clock: int, completed: int, bound: float) 
 
 @dataclass(frozen=True)
 class Protocol:
-    """BSP, SSP(s) or async, with backup workers and a per-step deadline.
+    """BSP, SSP(s), ESSP(s) or async, with backup workers and a per-step deadline.
 
-    ``Protocol.parse`` accepts 'bsp', 'async', 'ssp:3', 'SSP(3)' (any case). Bad values raise a
-    ValueError naming the field.
+    ``Protocol.parse`` accepts 'bsp', 'async', 'ssp:3', 'SSP(3)', 'essp:3', 'ESSP(3)' (any case).
+    Bad values raise a ValueError naming the field.
     """
 
     kind: str = "bsp"
@@ -85,9 +89,9 @@ class Protocol:
     def __post_init__(self) -> None:
         check.one_of("protocol", self.kind, KINDS)
         check.non_negative_int("staleness", self.staleness)
-        if self.kind != "ssp" and self.staleness != 0:
-            raise ValueError(f"staleness applies to protocol 'ssp' only; use 'ssp:{self.staleness}', not {self.kind!r} "
-                             f"with staleness={self.staleness}")
+        if self.kind not in BOUNDED and self.staleness != 0:
+            raise ValueError(f"staleness applies to protocol 'ssp' only (and 'essp'); use 'ssp:{self.staleness}', not "
+                             f"{self.kind!r} with staleness={self.staleness}")
         if self.staleness > MAX_BOUND:
             raise ValueError(f"staleness must be <= {MAX_BOUND} (a larger bound never binds: use 'async'), "
                              f"got {self.staleness}")
@@ -99,19 +103,21 @@ class Protocol:
 
     @classmethod
     def parse(cls, spec: "str | Protocol", **extra: Any) -> "Protocol":
-        """'bsp' | 'async' | 'ssp:S' | 'SSP(S)' (or a Protocol, returned as is) -> Protocol."""
+        """'bsp' | 'async' | 'ssp:S' | 'SSP(S)' | 'essp:S' | 'ESSP(S)' (or a Protocol, returned as is) -> Protocol."""
         if isinstance(spec, Protocol):
             return replace(spec, **extra) if extra else spec
         if not isinstance(spec, str):
-            raise ValueError(f"protocol must be 'bsp', 'ssp:S' or 'async', got {spec!r}")
+            raise ValueError(f"protocol must be 'bsp', 'ssp:S', 'essp:S' or 'async', got {spec!r}")
         m = _SPEC.match(spec)
         if m is None:
-            raise ValueError(f"protocol: unknown protocol {spec!r}; use 'bsp', 'ssp:S' (e.g. 'ssp:3') or 'async'")
+            raise ValueError(f"protocol: unknown protocol {spec!r}; use 'bsp', 'ssp:S' (e.g. 'ssp:3'), 'essp:S' "
+                             "or 'async'")
         kind, bound = m.group(1).lower(), m.group(2)
-        if kind == "ssp" and bound is None:
-            raise ValueError(f"protocol: SSP needs a staleness bound such as 'ssp:3', got {spec!r}")
-        if kind != "ssp" and bound is not None:
-            raise ValueError(f"protocol: only SSP takes a bound ('ssp:{bound}'), got {spec!r}")
+        if kind in BOUNDED and bound is None:
+            raise ValueError(f"protocol: {kind.upper()} needs a staleness bound such as '{kind}:3', got {spec!r}")
+        if kind not in BOUNDED and bound is not None:
+            raise ValueError(f"protocol: only SSP takes a bound ('ssp:{bound}', or ESSP's 'essp:{bound}'), "
+                             f"got {spec!r}")
         if bound is not None:
             bound = bound.lstrip("0") or "0"  # leading zeros are a valid spelling: 'ssp:007' is SSP(7)
         if bound is not None and len(bound) > 7:
@@ -138,19 +144,24 @@ class Protocol:
         return math.inf if self.kind == "async" else self.staleness
 
     @property
+    def eager(self) -> bool:
+        """True for ESSP: the server pushes every applied update to every worker's cache (SSP's read rule)."""
+        return self.kind == "essp"
+
+    @property
     def clocked(self) -> bool:
         """True for BSP and SSP (steps complete, so backup workers and deadlines make sense)."""
         return self.kind != "async"
 
     @property
     def spec(self) -> str:
-        """The string form that :meth:`parse` reads back: 'bsp', 'ssp:3', 'async'."""
-        return f"ssp:{self.staleness}" if self.kind == "ssp" else self.kind
+        """The string form that :meth:`parse` reads back: 'bsp', 'ssp:3', 'essp:3', 'async'."""
+        return f"{self.kind}:{self.staleness}" if self.kind in BOUNDED else self.kind
 
     @property
     def label(self) -> str:
-        """'BSP', 'SSP(3)', 'Async', with ' b=1' and ' T=0.01s' for backup workers and deadlines."""
-        base = {"bsp": "BSP", "ssp": f"SSP({self.staleness})", "async": "Async"}[self.kind]
+        """'BSP', 'SSP(3)', 'ESSP(3)', 'Async', with ' b=1' and ' T=0.01s' for backup workers and deadlines."""
+        base = KIND_LABELS[self.kind].format(s=self.staleness)
         if self.backup_workers:
             base += f" b={self.backup_workers}"
         if self.timeout is not None:
@@ -191,6 +202,10 @@ class Clocks:
     def may_read(self, clock: int) -> bool:
         """Whether a worker about to compute step ``clock`` may read now (:func:`may_read` by default)."""
         return read_allowed(self.read_rule, clock, self.completed, self.bound)
+
+    def may_read_from(self, clock: int, completed: int) -> bool:
+        """Whether a worker at ``clock`` may read a copy holding every step < ``completed`` (a cached row)."""
+        return read_allowed(self.read_rule, clock, completed, self.bound)
 
     def needed(self, clock: int) -> int:
         """How many complete steps a read at ``clock`` waits for (clock - s)."""

@@ -201,7 +201,8 @@ def test_panel_fits_the_window_no_label_is_clipped_and_projector_mode_is_readabl
     text = page.inner_text("body")
     assert "Run this cell" not in text and "Presentation Mode" not in text
     assert text.count("Live: BSP, SSP and async") == 1
-    assert page.locator(".simlib-live button", has_text="SSP(1)").count() == 1  # shows the current s
+    for name in ("SSP(1)", "ESSP(1)"):  # each shows the current s
+        assert page.locator(".simlib-live button", has_text=re.compile("^" + re.escape(name) + "$")).count() == 1
     # Laptop, then projector: the window first, then projector mode on and off, as a lecturer would.
     for width, height, modes in [(1280, 720, (False, True)), (1920, 1080, (True, False))]:
         page.set_viewport_size({"width": width, "height": height})

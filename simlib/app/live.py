@@ -52,7 +52,7 @@ from simlib.viz.style import style
 
 __all__ = ["LivePanel", "live_panel", "LiveSettings", "Runner", "live_problem", "shutdown_pool"]
 
-PROTOCOL_NAMES = {"bsp": "BSP", "ssp": "SSP(s)", "async": "Async"}
+PROTOCOL_NAMES = {"bsp": "BSP", "ssp": "SSP(s)", "essp": "ESSP(s)", "async": "Async"}
 TOPOLOGY_NAMES = {"ps": "PS shards", "allreduce": "ring all-reduce"}
 PLAY_FRAMES = 100
 FIGSIZE = (13.5, 8.0)  # inches at laptop size
@@ -169,16 +169,16 @@ class LivePanel:
         slider = {"continuous_update": False, **wide}  # a slider re-runs when released, not while dragged
         self.c_workers = W.IntSlider(s.n_workers, min=1, max=64, description="workers", **slider)
         self.c_steps = W.IntSlider(s.steps, min=10, max=1000, step=10, description="steps", **slider)
+        # Four toggles of 5.75em (and their 2 px margins) fill the 25em controls column.
         self.c_protocols = {p: W.ToggleButton(value=p in s.protocols, description=PROTOCOL_NAMES[p],
-                                              layout=W.Layout(width="7.5em")) for p in PROTOCOLS}
-        self.c_protocols["ssp"].description = f"SSP({s.staleness})"
+                                              layout=W.Layout(width="5.75em")) for p in PROTOCOLS}
+        self._name_bounded(s.staleness)
         for b in self.c_protocols.values():
             # A chosen protocol is drawn in the accent colour: the default grey pressed state is hard to see projected.
             b.button_style = "primary" if b.value else ""
             b.observe(lambda ch: setattr(ch["owner"], "button_style", "primary" if ch["new"] else ""), names="value")
         self.c_staleness = W.IntSlider(s.staleness, min=0, max=20, description="staleness s", **slider)
-        self.c_staleness.observe(lambda ch: setattr(self.c_protocols["ssp"], "description", f"SSP({ch['new']})"),
-                                 names="value")
+        self.c_staleness.observe(lambda ch: self._name_bounded(ch["new"]), names="value")
         self.c_straggler = W.Dropdown(options=STRAGGLERS, value=s.straggler, description="stragglers", **wide)
         self.c_severity = W.FloatSlider(s.severity, min=1.0, max=10.0, step=0.5, description="severity (x)", **slider)
         self.c_latency = W.FloatLogSlider(s.latency, base=10, min=-6, max=-1, step=0.25, description="latency (s)",
@@ -247,6 +247,11 @@ class LivePanel:
                              layout=W.Layout(width="100%"))
         self.widget.add_class("simlib-live")
 
+    def _name_bounded(self, s: int) -> None:
+        """The SSP and ESSP toggles show the bound: 'SSP(3)', 'ESSP(3)'."""
+        self.c_protocols["ssp"].description = f"SSP({s})"
+        self.c_protocols["essp"].description = f"ESSP({s})"
+
     def _read_controls(self) -> LiveSettings:
         """The settings the controls show now."""
         chosen = tuple(p for p in PROTOCOLS if self.c_protocols[p].value) or ("bsp",)
@@ -284,8 +289,8 @@ class LivePanel:
             self._show_error(exc)
             return
         self.c_servers.disabled = self.settings.topology != "ps"
-        self.c_staleness.disabled = "ssp" not in self.settings.runnable()
-        for p in ("ssp", "async"):
+        self.c_staleness.disabled = not {"ssp", "essp"} & set(self.settings.runnable())
+        for p in ("ssp", "essp", "async"):
             self.c_protocols[p].disabled = self.settings.topology == "allreduce"
         if self._loop is None:
             self.refresh()

@@ -26,7 +26,8 @@ from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim import TOPOLOGIES, SimConfig, Stragglers, simulate
 from simlib.trace import Trace
 
-PROTOCOLS = ("bsp", "ssp", "async")
+PROTOCOLS = ("bsp", "ssp", "essp", "async")  # the panel's toggles
+DEFAULT_PROTOCOLS = ("bsp", "ssp", "async")  # the ones switched on at the start
 STRAGGLERS = ("none", "slow worker", "jitter", "pauses", "failure")
 COMPRESSIONS = ("none", "topk:0.01", "qsgd:4", "onebit-ef")  # specs of simlib.compress the panel offers
 
@@ -54,7 +55,7 @@ class LiveSettings:
 
     n_workers: int = 16
     steps: int = 100
-    protocols: tuple[str, ...] = PROTOCOLS
+    protocols: tuple[str, ...] = DEFAULT_PROTOCOLS
     # Per-step jitter, not one slow worker: with a persistently slow worker SSP and BSP both end up
     # waiting for it (about 30% each), while jitter lets SSP(1) absorb most of the noise BSP waits for.
     staleness: int = 1
@@ -71,7 +72,7 @@ class LiveSettings:
         check.positive_int("n_workers", self.n_workers)
         check.positive_int("steps", self.steps)
         if not self.protocols:
-            raise ValueError("protocols must name at least one of 'bsp', 'ssp', 'async'")
+            raise ValueError("protocols must name at least one of 'bsp', 'ssp', 'essp', 'async'")
         for p in self.protocols:
             check.one_of("protocols", p, PROTOCOLS)
         check.non_negative_int("staleness", self.staleness)
@@ -115,7 +116,8 @@ class LiveSettings:
             # One loss point per two rounds keeps evaluation cheap; curves stay smooth at 100 steps.
             eval_every=max(1, self.steps // 50),
         )
-        return [SimConfig(protocol=p, staleness=self.staleness if p == "ssp" else 0, **common) for p in self.runnable()]
+        return [SimConfig(protocol=p, staleness=self.staleness if p in ("ssp", "essp") else 0, **common)
+                for p in self.runnable()]
 
 
 class Superseded(Exception):

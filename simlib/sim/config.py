@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 from simlib import _validate as check
 from simlib.options import check_fields
+from simlib.protocol import BOUNDED, KIND_LABELS, MAX_BATCH, MAX_STEPS, MAX_WORKERS, Protocol, StepRule
 from simlib.protocol import KINDS as PROTOCOLS
-from simlib.protocol import MAX_BATCH, MAX_STEPS, MAX_WORKERS, Protocol, StepRule
 
 TOPOLOGIES = ("ps", "allreduce")
 JITTERS = ("none", "lognormal", "exponential")
@@ -95,10 +95,10 @@ class SimConfig(_FieldsOnly):
     """
 
     n_workers: int = _f(8, "number of workers", flag="--workers", min=1, max=MAX_WORKERS)
-    # 'bsp', 'ssp' (with staleness) or 'async'; 'ssp:3', 'SSP(3)' and Protocol values are read too.
-    # The CLI takes protocols as one list (--protocols), so these two have no flag of their own.
-    protocol: str = _f("bsp", "bsp, ssp (with staleness) or async", flag=None)
-    staleness: int | None = _f(None, "SSP's staleness bound s (required for 'ssp')", flag=None, min=0)
+    # 'bsp', 'ssp' or 'essp' (with staleness) or 'async'; 'ssp:3', 'SSP(3)', 'essp:3' and Protocol values
+    # are read too. The CLI takes protocols as one list (--protocols), so these two have no flag of their own.
+    protocol: str = _f("bsp", "bsp, ssp or essp (with staleness) or async", flag=None)
+    staleness: int | None = _f(None, "the staleness bound s (required for 'ssp' and 'essp')", flag=None, min=0)
     steps: int = _f(100, "steps (clocks) per worker", min=1, max=MAX_STEPS)
     batch_size: int = _f(32, "rows per mini-batch", min=1, max=MAX_BATCH)
     lr: float = _f(0.5, "learning rate (step size)", min=0, min_open=True, max=1e6)
@@ -120,6 +120,11 @@ class SimConfig(_FieldsOnly):
     backup_workers: int = _f(0, "drop the slowest b pushes of each step", min=0, max=MAX_WORKERS)
     timeout: float | None = _f(None, "drop pushes later than this after a step opens", unit="s",
                                min=0, min_open=True, max=MAX_SECONDS)
+    # Without a cache every step pulls the rows it reads from the servers: the freshest read the bound
+    # allows. With one (Petuum's SSP) a row is read from the worker's copy until the bound forces a fetch.
+    cache: bool = _f(False, "workers read a cache of the table, fetching a row only when the staleness bound "
+                            "forces it (SSP as Petuum runs it; under BSP every read fetches; ESSP always reads one, "
+                            "kept fresh by the server's pushes)")
     compression: "str | Callable[..., Any] | None" = _f(None, "gradient compressor, e.g. topk:0.01, qsgd, onebit",
                                                        callable_ok=True)
     value_bytes: int = _f(4, "bytes per parameter value on the wire", flag=None, min=1, max=64)
@@ -145,9 +150,9 @@ class SimConfig(_FieldsOnly):
         elif isinstance(self.protocol, str):
             object.__setattr__(self, "protocol", self.protocol.lower())
             if self.staleness is None:
-                if self.protocol == "ssp":
-                    raise ValueError("protocol: SSP needs a staleness bound: protocol='ssp:3', or protocol='ssp' "
-                                     "with staleness=3")
+                if self.protocol in BOUNDED:
+                    raise ValueError(f"protocol: {self.protocol.upper()} needs a staleness bound: "
+                                     f"protocol='{self.protocol}:3', or protocol='{self.protocol}' with staleness=3")
                 object.__setattr__(self, "staleness", 0)
         self.validate()
 
@@ -157,8 +162,12 @@ class SimConfig(_FieldsOnly):
         check.one_of("protocol", self.protocol, PROTOCOLS)
         if self.protocol == "bsp" and self.staleness != 0:
             raise ValueError("staleness must be 0 for protocol 'bsp' (use protocol 'ssp' for a bound s > 0)")
-        if self.protocol != "ssp" and self.staleness:
-            raise ValueError(f"staleness applies to protocol 'ssp' only; use protocol='ssp:{self.staleness}'")
+        if self.protocol not in BOUNDED and self.staleness:
+            raise ValueError(f"staleness applies to protocol 'ssp' only (and 'essp'); "
+                             f"use protocol='ssp:{self.staleness}'")
+        if self.cache is True and self.protocol == "async":
+            raise ValueError("cache needs a staleness bound (a row is fetched when the bound forces it): under 'async' "
+                             "a worker would never fetch; use 'ssp:S' or 'essp:S' (under BSP every read fetches)")
         if self.topology == "allreduce" and self.protocol != "bsp":
             raise ValueError("topology 'allreduce' runs only with protocol 'bsp' (a ring all-reduce is a barrier)")
         if self.topology == "allreduce" and (self.n_servers != 1 or self.n_summation):
@@ -189,12 +198,21 @@ class SimConfig(_FieldsOnly):
                 raise ValueError(f"rule must be a StepRule (or subclass) instance, got {type(self.rule).__name__}")
             if self.staleness_aware or self.accumulation is not None:
                 raise ValueError("staleness_aware, accumulation: give them to the StepRule passed as rule=, not beside it")
+        if self.cached and self.step_rule.group_size(self.n_workers) != 1:
+            raise ValueError("accumulation: worker caches (ESSP, cache=True) are not modelled with a server that "
+                             "averages several pushes into one update; use accumulation < 2 x n_workers (c = 1) or "
+                             "no cache")
         self.proto.check_workers(self.n_workers)  # the bound's range, checked as every substrate checks it
 
     @property
     def proto(self) -> Protocol:
         """The run's :class:`~simlib.protocol.Protocol` (kind, bound, backup workers, deadline)."""
         return Protocol(self.protocol, self.staleness, self.backup_workers, self.timeout)
+
+    @property
+    def cached(self) -> bool:
+        """Whether workers read a cache of the table (ESSP, or SSP with ``cache=True``) instead of pulling each step."""
+        return self.cache is True or self.protocol == "essp"
 
     @property
     def step_rule(self) -> StepRule:
@@ -208,8 +226,10 @@ class SimConfig(_FieldsOnly):
 
     @property
     def label(self) -> str:
-        """'BSP', 'SSP(3)', 'Async', with mitigation suffixes such as ' b=1'."""
-        base = {"bsp": "BSP", "ssp": f"SSP({self.staleness})", "async": "Async"}[self.protocol]
+        """'BSP', 'SSP(3)', 'ESSP(3)', 'Async', with mitigation suffixes such as ' b=1' (' cache': SSP's cache)."""
+        base = KIND_LABELS[self.protocol].format(s=self.staleness)
+        if self.cache is True and self.protocol != "essp":
+            base += " cache"
         if self.topology == "allreduce":
             base += " all-reduce"
         if self.backup_workers:

@@ -5,9 +5,16 @@ actually read (so a stale read gives a really stale gradient), and pushes it bac
 (``clocks.ClockTable``) decides when reads may happen and which pushes count. Every random choice
 comes from generators spawned from the config's seed, and SimPy orders simultaneous events by
 creation, so the same config gives the same trace bit for bit.
+
+Without a cache a worker pulls the rows it reads every step, so under SSP it reads the server's
+values as they are when its pull arrives. With one (``SimConfig.cache``, and always under ESSP) it
+reads its own copy (:class:`_Cache`) and fetches only the rows the bound no longer lets it read as
+they are; under ESSP the server also sends every update it applies to every other worker's copy,
+over the same links, so reads are fresher and the network carries more.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import gc
 from typing import Any, Callable
@@ -92,6 +99,12 @@ class _Run:
         self.total_steps = cfg.steps * cfg.n_workers
         self.done_steps = 0
         self.down_since: dict[int, float] = {}
+        self.caches: list[_Cache] | None = None
+        self.eager = cfg.proto.eager
+        if cfg.cached:
+            self.caches = [_Cache(self.w, self.n_shards) for _ in range(cfg.n_workers)]
+            self.shard_of = np.repeat(np.arange(self.n_shards), np.diff(self.key_bounds))  # key -> its server shard
+            self.cache_stats = {"fetches": 0, "fetched_keys": 0, "pushes": 0, "pushed_bytes": 0}
 
     # -- top level ---------------------------------------------------------------------------
     def execute(self) -> Trace:
@@ -129,6 +142,8 @@ class _Run:
             stalled=stalled,
             failed_workers=sorted(self.down_since),
         )
+        if self.caches is not None:
+            self.trace.meta["cache"] = dict(self.cache_stats)
         if stalled:
             self.trace.meta["stall_reason"] = (
                 f"workers {stalled} never finished: failed worker {sorted(self.down_since)} blocks the "
@@ -154,7 +169,10 @@ class _Run:
                 keys = p.keys(batch)
                 # Pull: request keys from each shard, the shard reads w on arrival and replies.
                 t_pull = env.now
-                values, version, req_bytes, resp_bytes = yield from self._pull(keys)
+                if self.caches is None:
+                    values, version, req_bytes, resp_bytes = yield from self._pull(keys)
+                else:  # the read's version and clock lag are what its copy holds, not the server's
+                    values, version, lag, req_bytes, resp_bytes = yield from self._read_cache(i, c, keys)
                 trace.span(i, "recv", t_pull, env.now, nbytes=req_bytes + resp_bytes, step=c)
                 # Compute the real gradient on the values read.
                 t_comp = env.now
@@ -168,6 +186,8 @@ class _Run:
                 yield from self._push(keys, nbytes)
                 trace.span(i, "send", t_push, env.now, nbytes=nbytes, step=c)
                 applied, tau = self.server.push(c, keys, g, version)
+                if applied and self.caches is not None:
+                    self._share(i, c, keys, self.cfg.step_rule.scaled(g, tau))  # the update as the table took it
                 trace.update(env.now, i, c, tau, applied, clock_lag=lag)
                 self._count_step(applied)
                 # A dropped worker (backup workers, deadline) abandons the steps the others have
@@ -182,7 +202,8 @@ class _Run:
                     return
         self.finished[i] = True
 
-    def _pull(self, keys: np.ndarray):
+    def _pull(self, keys: np.ndarray, stamps: dict[int, tuple[int, int, int]] | None = None):
+        """Pull ``keys`` from their shards; ``stamps``, if given, receives each shard's :meth:`_stamp` at its read."""
         cfg, env = self.cfg, self.env
         parts = self._split(keys)
         req_bytes = len(keys) * cfg.key_bytes
@@ -191,21 +212,26 @@ class _Run:
             k, sel = parts[0]
             yield from transmit(env, self.servers[k].inlink, req_bytes, cfg.latency, cfg.bandwidth, cfg.server_time)
             values, version = self.server.pull(keys)
+            if stamps is not None:
+                stamps[k] = self._stamp()
             yield from transmit(env, self.servers[k].outlink, resp_bytes, cfg.latency, cfg.bandwidth)
             return values, version, req_bytes, resp_bytes
         values = np.empty(len(keys), dtype=self.w.dtype)
         versions: list[int] = []
-        procs = [env.process(self._pull_shard(k, keys, sel, values, versions)) for k, sel in parts]
+        procs = [env.process(self._pull_shard(k, keys, sel, values, versions, stamps)) for k, sel in parts]
         yield env.all_of(procs)
         return values, min(versions), req_bytes, resp_bytes
 
-    def _pull_shard(self, k: int, keys: np.ndarray, sel: slice, out: np.ndarray, versions: list[int]):
+    def _pull_shard(self, k: int, keys: np.ndarray, sel: slice, out: np.ndarray, versions: list[int],
+                    stamps: dict[int, tuple[int, int, int]] | None = None):
         cfg, env = self.cfg, self.env
         n = sel.stop - sel.start
         yield from transmit(env, self.servers[k].inlink, n * cfg.key_bytes, cfg.latency, cfg.bandwidth,
                             cfg.server_time)
         out[sel], v = self.server.pull(keys[sel])
         versions.append(v)  # the push's tau counts from the earliest shard read
+        if stamps is not None:
+            stamps[k] = self._stamp()
         yield from transmit(env, self.servers[k].outlink, n * cfg.value_bytes, cfg.latency, cfg.bandwidth)
 
     def _push(self, keys: np.ndarray, nbytes: int):
@@ -223,6 +249,70 @@ class _Run:
             for k, sel in parts
         ]
         yield env.all_of(procs)
+
+    # -- worker caches (SSP with cache=True, ESSP) -----------------------------------------------
+    def _stamp(self) -> tuple[int, int, int]:
+        """What the table holds now: (updates applied, the server's version, complete steps)."""
+        return self.server.acc.version, self.server.version, self.clocks.completed
+
+    def _read_cache(self, i: int, c: int, keys: np.ndarray):
+        """Worker i at clock c reads ``keys`` from its copy, first fetching the rows the read rule refuses as they are.
+
+        Returns (values, read version, clock lag, request bytes, reply bytes). The read's version is the
+        oldest its rows hold, plus the worker's own updates since (its copy has them: tau does not count them).
+        """
+        cache = self.caches[i]
+        held = cache.held(keys, self.shard_of)
+        old = [h for h in np.unique(held[2]) if h < 0 or not self.clocks.rule.may_read_from(c, int(h))]
+        req_bytes = resp_bytes = 0
+        if old:
+            stale = keys[np.isin(held[2], old)]
+            stamps: dict[int, tuple[int, int, int]] = {}
+            values, _, req_bytes, resp_bytes = yield from self._pull(stale, stamps)
+            for k, sel in self._split(stale):
+                cache.fill(stale[sel], values[sel], stamps[k])
+            self.cache_stats["fetches"] += 1
+            self.cache_stats["fetched_keys"] += len(stale)
+            held = cache.held(keys, self.shard_of)
+        updates, version, complete = (int(x) for x in held.min(axis=1))
+        # Under BSP the version counts rounds, not updates, and every read is a fresh fetch: nothing to add.
+        own = 0 if self.cfg.bound == 0 else len(cache.own) - bisect.bisect_right(cache.own, updates)
+        return cache.values[keys], version + own, max(c - complete, 0), req_bytes, resp_bytes
+
+    def _share(self, i: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:
+        """An update from worker i was applied: into its own copy now; under ESSP, sent to every other worker's."""
+        update = self.server.acc.version
+        cache = self.caches[i]
+        cache.add(keys, deltas, update)
+        cache.own.append(update)
+        if not self.eager:
+            return
+        stamp = self._stamp()
+        parts = self._split(keys)
+        for k, _ in parts:
+            # With nothing from shard k on its way to it, worker i's copy of k's rows holds every update so far.
+            if cache.inflight[k] == 0:
+                cache.pushed[:, k] = np.maximum(cache.pushed[:, k], stamp)
+        for j in range(self.cfg.n_workers):
+            if j != i:
+                for k, sel in parts:
+                    self.caches[j].inflight[k] += 1
+                    self.env.process(self._send_update(j, k, keys[sel], deltas[sel], stamp, c))
+
+    def _send_update(self, j: int, k: int, keys: np.ndarray, deltas: np.ndarray, stamp: tuple[int, int, int],
+                     step: int):
+        """Shard k sends an applied update to worker j's copy: it queues on the shard's out-link like a pull reply."""
+        cfg, env = self.cfg, self.env
+        t0, nbytes = env.now, len(keys) * (cfg.key_bytes + cfg.value_bytes)
+        yield from transmit(env, self.servers[k].outlink, nbytes, cfg.latency, cfg.bandwidth)
+        cache = self.caches[j]
+        cache.add(keys, deltas, stamp[0])
+        cache.pushed[:, k] = np.maximum(cache.pushed[:, k], stamp)
+        cache.inflight[k] -= 1
+        self.cache_stats["pushes"] += 1
+        self.cache_stats["pushed_bytes"] += nbytes
+        # Received while the worker computes or waits: the span overlaps its others (its link, not its time).
+        self.trace.span(j, "recv", t0, env.now, nbytes=nbytes, step=step)
 
     def _split(self, keys: np.ndarray) -> list[tuple[int, slice]]:
         """Shards that own some of the (sorted) keys, with the slice of keys each owns."""
@@ -297,6 +387,41 @@ class _Run:
         value = self.problem.quality(self.w)
         self.trace.record_quality(self.env.now, self.applied, value)
         check_metric(value, self.applied, self.problem, self.cfg.lr)
+
+
+class _Cache:
+    """One worker's copy of the table (SSP with ``cache=True``, ESSP), empty until its rows are fetched.
+
+    Each stamp is (updates applied, server version, complete steps) of the table at one moment. Per key,
+    ``fetched`` is the stamp its last fetch read (-1: never fetched); per server shard, ``pushed`` is the
+    stamp of the newest ESSP update received from it (or of its own, when nothing from the shard is on its
+    way: ``inflight`` counts those). A shard's link delivers its updates in the order they were applied,
+    so a fetched row holds every update up to the later of the two. ``own`` lists the updates this
+    worker's own pushes made, which its copy holds from the moment they are applied.
+    """
+
+    def __init__(self, w: np.ndarray, n_shards: int):
+        self.values = w.copy()
+        self.fetched = np.full((3, len(w)), -1, dtype=np.int64)
+        self.pushed = np.zeros((3, n_shards), dtype=np.int64)
+        self.inflight = np.zeros(n_shards, dtype=np.int64)
+        self.own: list[int] = []
+
+    def held(self, keys: np.ndarray, shard_of: np.ndarray) -> np.ndarray:
+        """(3, len(keys)): the stamp each key's cached value holds; -1 for a row never fetched."""
+        out = np.maximum(self.fetched[:, keys], self.pushed[:, shard_of[keys]])
+        out[:, self.fetched[0, keys] < 0] = -1
+        return out
+
+    def fill(self, keys: np.ndarray, values: np.ndarray, stamp: tuple[int, int, int]) -> None:
+        """A fetch's reply: the server's values of ``keys`` when the table was at ``stamp``."""
+        self.values[keys] = values
+        self.fetched[:, keys] = np.array(stamp, dtype=np.int64)[:, None]
+
+    def add(self, keys: np.ndarray, deltas: np.ndarray, update: int) -> None:
+        """Add update number ``update`` to the rows whose fetched value does not hold it yet."""
+        new = self.fetched[0, keys] < update
+        self.values[keys[new]] += deltas[new]
 
 
 class _AllReduce:
