@@ -8,7 +8,8 @@ import pytest
 from matplotlib.colors import to_hex
 
 from simlib.trace import Trace
-from simlib.viz import OKABE_ITO, plot_bars, plot_curves, plot_gantt, plot_traces_side_by_side, schedule_rows
+from simlib.viz import (OKABE_ITO, plot_bars, plot_curves, plot_gantt, plot_staleness, plot_traces_side_by_side,
+                        schedule_rows)
 from simlib.viz.style import MIN_FONT_PT
 
 
@@ -82,3 +83,31 @@ def test_traces_side_by_side_has_a_timeline_and_a_loss_per_trace() -> None:
     assert "wall seconds" in axes[1].get_xlabel() or "wall seconds" in axes[3].get_xlabel()
     with pytest.raises(ValueError, match="titles"):
         plot_traces_side_by_side(traces, titles=["one"])
+
+
+def _pushes(label: str, taus: list[int]) -> Trace:
+    t = Trace(label=label, substrate="sim", n_workers=1)
+    for k, tau in enumerate(taus):
+        t.update(float(k), worker=0, step=k, staleness=tau, clock_lag=min(tau, 2))
+    return t
+
+
+def test_plot_staleness_draws_each_runs_shares_and_mean() -> None:
+    ax = plot_staleness([_pushes("lazy", [0, 4, 4, 8]), _pushes("eager", [1, 1, 2, 0])], "eager reads are fresher")
+    lines = {l.get_gid(): l for l in ax.get_lines()}
+    assert list(lines["staleness:lazy"].get_ydata()) == [0.25, 0, 0, 0, 0.5, 0, 0, 0, 0.25]
+    assert list(lines["staleness:eager"].get_ydata())[:3] == [0.25, 0.5, 0.25]
+    assert lines["mean:lazy"].get_xdata()[0] == pytest.approx(4.0) and lines["mean:eager"].get_xdata()[0] == 1.0
+    assert "mean 4.0" in ax.get_legend().get_texts()[0].get_text() and ax.get_ylabel() == "share of pushes"
+    lag = plot_staleness([_pushes("lazy", [0, 4, 4, 8])], "lags", field="clock_lag")
+    assert list({l.get_gid(): l for l in lag.get_lines()}["staleness:lazy"].get_ydata()) == [0.25, 0, 0.75]
+    assert lag.get_xlabel().startswith("clock lag")
+
+
+def test_plot_staleness_refuses_empty_runs_and_unknown_fields() -> None:
+    with pytest.raises(ValueError, match="field"):
+        plot_staleness([_pushes("a", [1])], "t", field="tau")
+    with pytest.raises(ValueError, match="at least one update"):
+        plot_staleness([Trace(label="empty", substrate="sim", n_workers=1)], "t")
+    with pytest.raises(ValueError, match="title"):
+        plot_staleness([_pushes("a", [1])], "")

@@ -1,4 +1,4 @@
-"""Small figures the lessons share: curves, bars, Gantt charts of schedules, traces side by side.
+"""Small figures the lessons share: curves, bars, staleness distributions, Gantt charts, traces side by side.
 
 These draw arrays and traces only (no simulation here): a lesson computes, then calls one of
 these with a title that states its finding. Everything draws in the projector style
@@ -108,6 +108,34 @@ def plot_bars(values: Mapping[str, float], ylabel: str, title: str, ax: Axes | N
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(axis="x", visible=False)
+    return ax
+
+
+STALENESS_LABELS = {"staleness": "tau: updates applied between a read and its push",
+                    "clock_lag": "clock lag: steps the rows read were behind the reader"}
+
+
+def plot_staleness(traces: Sequence[Trace], title: str, field: str = "staleness", ax: Axes | None = None) -> Axes:
+    """Each run's read staleness: the share of its pushes at each tau (or clock lag), its mean dashed."""
+    _need_title(title)
+    if field not in STALENESS_LABELS:
+        raise ValueError(f"field must be one of {', '.join(repr(f) for f in STALENESS_LABELS)}, got {field!r}")
+    if not traces or any(not t.updates for t in traces):
+        raise ValueError("traces must be runs with at least one update each")
+    values = [np.array([getattr(u, field) for u in t.updates]) for t in traces]
+    top = int(max(v.max() for v in values))
+    with style():
+        ax = new_axes(ax, (9, 5))
+        for i, (t, v) in enumerate(zip(traces, values)):
+            color = RUN_COLORS[i % len(RUN_COLORS)]
+            share = np.bincount(v.clip(0), minlength=top + 1) / v.size
+            ax.step(np.arange(top + 1), share, where="mid", color=color, linewidth=2.2,
+                    label=f"{t.label} (mean {v.mean():.1f})", gid=f"staleness:{t.label}")
+            ax.axvline(v.mean(), color=color, linestyle="--", linewidth=1.5, gid=f"mean:{t.label}")
+        ax.set_xlabel(STALENESS_LABELS[field])
+        ax.set_ylabel("share of pushes")
+        ax.set_title(title)
+        ax.legend(loc="best")
     return ax
 
 
