@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import simlib  # noqa: E402
 from simlib.data import Vocabulary, iter_text8, iter_text_file, load_kjv  # noqa: E402
-from simlib.parallel.glove import train_model_parallel  # noqa: E402
 from simlib.parallel.glove_count import count_parallel  # noqa: E402
 from simlib.problems.glove import Cooccurrence, GloveConfig, count_cooccurrences  # noqa: E402
+from simlib.problems.glove_slices import GloveSlices  # noqa: E402
 from simlib.problems.glove_table import GloveProblem  # noqa: E402
 
 NOT_MEASURED = "not measured (set GLOVE_REF_DIR)"
@@ -77,16 +77,17 @@ def run_reference(ref: Path, docs: list[list[str]], vocab: Vocabulary, cfg: Glov
 
 
 def train(cooc: Cooccurrence, cfg: GloveConfig, mode: str, n: int) -> tuple[float, list[float]]:
-    """(updates/s over the training, cost per epoch) of ``mode``: 'hogwild' (async) or 'bsp' through simlib.run
-    on shared memory (BSP: 4,096 entries per worker per step), or 'model' (the model-parallel driver)."""
-    if mode == "model":
-        run = train_model_parallel(cooc, cfg, n_workers=n)
-        return run.updates_per_s, run.costs
-    problem = GloveProblem(cooc, cfg)
-    batch = 1 if mode == "hogwild" else 4096
+    """(updates/s over the training, cost per epoch) of ``mode``, through simlib.run on shared memory: 'hogwild'
+    (GloveProblem, async), 'bsp' (GloveProblem, 4,096 entries per worker per step) or 'model' (GloveSlices under
+    BSP: the dimensions split, batches of 8,192 entries shared by all workers, two steps each)."""
+    problem = GloveSlices(cooc, cfg, max_workers=n) if mode == "model" else GloveProblem(cooc, cfg)
+    batch = {"hogwild": 1, "bsp": 4096, "model": 8192}[mode]
     res = simlib.run(problem, "async" if mode == "hogwild" else "bsp", substrate="shm", n_workers=n, batch_size=batch,
                      lr=cfg.lr, steps=cfg.epochs * problem.epoch_steps(n, batch), monitor_every=60.0)
-    return n * res.trace.meta["steps"] * batch / res.seconds, problem.epoch_costs(res)
+    # entry updates: every step's batch on each worker (the last may run into the next pass); the split's workers
+    # share each entry, updated once per epoch
+    updates = cfg.epochs * cooc.nnz if mode == "model" else n * res.trace.meta["steps"] * batch
+    return updates / res.seconds, problem.epoch_costs(res)
 
 
 def fmt(x: float, unit: str = "") -> str:
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{label:<34}{fmt(speed):>14}{ratio:>16}")
     print(f"{'stanfordnlp/GloVe cooccur':<34}{(fmt(c_count) if c_count else NOT_MEASURED):>14}")
 
-    print("\ntraining (AdaGrad; cost = mean 0.5 f diff^2 of each pass, as the C program prints it; hogwild and bsp "
+    print("\ntraining (AdaGrad; cost = mean 0.5 f diff^2 of each pass, as the C program prints it; every mode "
           "through simlib.run on shared memory)")
     print(f"{'implementation':<34}{'updates/s':>12}{'vs C, 1 thread':>16}   cost per epoch")
     c1 = ref[1]["updates_per_s"] if ref else None

@@ -171,17 +171,19 @@ def build(algorithm: str) -> Callable[..., Any]:
         return count
     if algorithm.startswith("glove"):
         import simlib
-        from simlib.parallel.glove import train_model_parallel
         from simlib.problems.glove import GloveConfig, count_cooccurrences
+        from simlib.problems.glove_slices import GloveSlices
         from simlib.problems.glove_table import GloveProblem
 
         rng = np.random.default_rng(0)
         ids = rng.integers(0, 300, 20_000).astype(np.int32)
         offsets = np.arange(0, 20_001, 100, dtype=np.int64)
         cooc = count_cooccurrences(ids, offsets, 300, window=3)
-        if algorithm == "glove-model":  # model parallelism: its own driver, beside the contract
-            return lambda n, *_: train_model_parallel(cooc, GloveConfig(dim=16, epochs=n), n_workers=2, batch=1024,
-                                                      timeout=TIMEOUT)
+        if algorithm == "glove-model":  # model parallelism: the dimensions split, two steps per batch under BSP
+            split = GloveSlices(cooc, GloveConfig(dim=16), max_batch=1024)
+            return lambda n, *_: simlib.run(split, "bsp", substrate="shm", n_workers=2, batch_size=1024,
+                                            steps=min(n * split.epoch_steps(2, 1024), 10**9), monitor_every=0.05,
+                                            timeout=TIMEOUT)
         problem = GloveProblem(cooc, GloveConfig(dim=16))  # glove-hogwild: async; glove-sync: BSP, 512 entries a step
         protocol, batch = ("async", 1) if algorithm == "glove-hogwild" else ("bsp", 512)
         return lambda n, *_: simlib.run(problem, protocol, substrate="shm", n_workers=2, batch_size=batch,

@@ -55,6 +55,21 @@ def _glove(cooc, **kw):
     return call
 
 
+def _glove_split(cooc, changed_after=False, **kw):
+    """Model-parallel GloVe as lesson 08 runs it: GloveSlices under BSP on the shared-memory substrate
+    (``changed_after``: a row id made out of range once the problem has checked its co-occurrences)."""
+    import simlib
+    from simlib.problems.glove_slices import GloveSlices
+
+    def call():
+        prob = GloveSlices(cooc, GloveConfig(dim=4, epochs=1), max_batch=kw.pop("max_batch", 2))
+        if changed_after:
+            prob.cooc.rows[1] = 10**6
+        return simlib.run(prob, kw.pop("protocol", "bsp"), substrate=kw.pop("substrate", "shm"),
+                          **({"n_workers": 2, "batch_size": 2, "steps": 4} | kw))
+    return call
+
+
 def _count(ids, offsets, n_words=5, **kw):
     from simlib.parallel.glove_count import count_parallel
 
@@ -147,6 +162,17 @@ CASES = {
     "glove not a Cooccurrence": (_glove({"rows": [0]}), "cooc"),
     "glove n_workers 0": (_glove(_cooc(), n_workers=0), "n_workers"),
     "glove unknown protocol": (_glove(_cooc(), protocol="ring"), "protocol"),
+    # GloVe split by dimension (GloveSlices): the same arrays, and what the two phases need
+    "glove split row id >= n_words": (_glove_split(_cooc(rows=np.array([0, 1, 3], np.int32))), "cooc.rows"),
+    "glove split value NaN": (_glove_split(_cooc(values=np.array([1.0, np.nan, 0.5], np.float32))), "cooc.values"),
+    "glove split row id changed after the check": (_glove_split(_cooc(), changed_after=True), "cooc.rows"),
+    "glove split n_workers 0": (_glove_split(_cooc(), n_workers=0), "n_workers"),
+    "glove split more workers than dimensions": (_glove_split(_cooc(), n_workers=5), "n_workers"),
+    "glove split batch over max_batch": (_glove_split(_cooc(), batch_size=3), "batch_size"),
+    "glove split max_batch 0": (_glove_split(_cooc(), max_batch=0), "max_batch"),
+    "glove split async": (_glove_split(_cooc(), protocol="async"), "protocol"),
+    "glove split on pipes": (_glove_split(_cooc(), substrate="pipes"), "substrate"),
+    "glove split on the gpu substrate": (_glove_split(_cooc(), substrate="gpu", xp="numpy"), "substrate"),
     # GloVe counting
     "count decreasing offsets": (_count([0, 1, 2, 3, 4, 0], [0, 4, 2, 6]), "offsets"),
     "count offsets not ending at len(ids)": (_count([0, 1, 2, 3], [0, 2, 3]), "offsets"),
@@ -244,9 +270,9 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
     """The kernels' callers, given ids outside their arrays, in a fresh interpreter: validation answers."""
     script = textwrap.dedent('''
         import numpy as np
-        from simlib.parallel.glove import train_model_parallel
         from simlib.parallel.glove_count import count_parallel
         from simlib.problems.glove import Cooccurrence, GloveConfig, count_cooccurrences
+        from simlib.problems.glove_slices import GloveSlices
         from simlib.problems.glove_table import GloveProblem
         from simlib.problems.logistic import SparseDataset, make_sparse_classification
 
@@ -279,8 +305,9 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
             "glove rows": lambda: simlib.run(GloveProblem(Cooccurrence(np.array([0, big], np.int32), np.array([1, 0], np.int32),
                                                                        np.ones(2, np.float32), 3), GloveConfig(dim=4)),
                                              "async", substrate="shm"),
-            "glove cols": lambda: train_model_parallel(Cooccurrence(np.array([0, 1], np.int32), np.array([1, -big], np.int32),
-                                                                    np.ones(2, np.float32), 3), GloveConfig(dim=4, epochs=1)),
+            "glove cols": lambda: simlib.run(GloveSlices(Cooccurrence(np.array([0, 1], np.int32), np.array([1, -big], np.int32),
+                                                                      np.ones(2, np.float32), 3), GloveConfig(dim=4)),
+                                             "bsp", substrate="shm"),
             "count offsets": lambda: count_parallel(np.zeros(4, np.int32), np.array([0, 4, -big, 4]), 3),
             "count ids": lambda: count_cooccurrences(np.array([0, big], np.int32), np.array([0, 2]), 3),
             "hogwild indices": lambda: simlib.run(LogisticProblem(SparseDataset(d.indptr, d.indices + big, d.values,

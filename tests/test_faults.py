@@ -28,6 +28,7 @@ ALGORITHMS = [
     "lda-shm",  # simlib.run(LDAProblem, "ssp:1", substrate="shm")
     "lda-pipe",  # LDAProblem on simlib.run(..., substrate="pipes"): the word-topic table on the pipe server
     "glove-hogwild",  # simlib.run(GloveProblem, "async", substrate="shm"): AdaGrad in place on shared memory
+    "glove-model",  # simlib.run(GloveSlices, "bsp", substrate="shm"): the dimensions split, phases at the barrier
     "run-pipes",  # simlib.run(..., substrate="pipes"): the pipe parameter server
     "run-shm",  # simlib.run(..., substrate="shm"), where that substrate exists
     "glove-count",  # simlib.parallel.glove_count.count_parallel: co-occurrence counting, map-reduce

@@ -1,5 +1,5 @@
-"""GloVe on real processes: Hogwild and BSP through simlib.run on shared memory, the model-parallel driver
-(simlib.parallel.glove), and co-occurrence counting (simlib.parallel.glove_count)."""
+"""GloVe on real processes: Hogwild, BSP and the model-parallel split (GloveSlices) through simlib.run on shared
+memory, and co-occurrence counting (simlib.parallel.glove_count)."""
 import os
 import time
 import multiprocessing
@@ -10,9 +10,9 @@ import pytest
 import simlib
 from simlib.data import Vocabulary, load_kjv
 from simlib.parallel import WorkerDied, live_segments
-from simlib.parallel.glove import train_model_parallel
 from simlib.parallel.glove_count import count_parallel, shard_documents
 from simlib.problems.glove import GloveConfig, count_cooccurrences
+from simlib.problems.glove_slices import GloveSlices
 from simlib.problems.glove_table import GloveProblem
 
 
@@ -59,16 +59,22 @@ def on_shm(cooc, protocol: str, epochs: int, **options):
                             steps=min(epochs * prob.epoch_steps(2, batch), 10**9), **options)
 
 
+def split(cooc, epochs: int, n_workers: int = 2, batch: int = 2048, dim: int = 16, **options):
+    """``epochs`` passes of model-parallel GloVe (GloveSlices) through simlib.run on shared memory."""
+    cfg = GloveConfig(dim=dim, epochs=epochs)
+    prob = GloveSlices(cooc, cfg, max_workers=n_workers, max_batch=batch)
+    return prob, simlib.run(prob, "bsp", substrate="shm", n_workers=n_workers, batch_size=batch, lr=cfg.lr,
+                            steps=epochs * prob.epoch_steps(n_workers, batch), **options)
+
+
 def test_model_parallel_lowers_the_cost_and_records_it_per_epoch(cooc):
-    cfg = GloveConfig(dim=16, epochs=4)
-    run = train_model_parallel(cooc, cfg, n_workers=2, batch=2048)
-    assert all(b < a for a, b in zip(run.costs, run.costs[1:])), run.costs
-    assert [q.step for q in run.trace.quality] == [1, 2, 3, 4]
-    np.testing.assert_allclose([q.value for q in run.trace.quality], run.costs, rtol=1e-6)
-    assert run.trace.substrate == "parallel" and run.updates_per_s > 0
+    prob, res = split(cooc, 4)
+    costs = prob.epoch_costs(res)
+    assert len(costs) == 4 and all(b < a for a, b in zip(costs, costs[1:])), costs
+    assert res.trace.substrate == "shm" and res.quality < res.trace.quality[0].value
     assert not my_segments() and not live_segments()
-    prob, hogwild = on_shm(cooc, "async", 4)
-    assert abs(run.costs[-1] / prob.epoch_costs(hogwild)[-1] - 1) < 0.05  # the same cost as Hogwild's
+    hog, hogwild = on_shm(cooc, "async", 4)
+    assert abs(costs[-1] / hog.epoch_costs(hogwild)[-1] - 1) < 0.05  # the same cost as Hogwild's
 
 
 @pytest.mark.parametrize("how", ["model", "async", "bsp"])
@@ -78,48 +84,47 @@ def test_forked_workers_never_compile_a_kernel(cooc, how):
     With compiling switched off after the warm-up, forked workers needing a new signature would fail."""
     from numba.core.registry import CPUDispatcher
 
-    import simlib.parallel.glove as pg
     import simlib.problems.glove as problems_glove
+    import simlib.problems.glove_slices as glove_slices
     import simlib.problems.glove_table as glove_table
 
+    # the warm-up runs in the parent; this run compiles what it needs there (model: batches of 1,000 and a last,
+    # shorter one, as below)
+    (split(cooc, 1, batch=1000) if how == "model" else on_shm(cooc, how, 1))
     if how == "model":
-        pg._warm_up(2)
-        assert pg.partial_dots_kernel.signatures and pg.slice_update_kernel.signatures  # compiled in this process
-    else:
-        on_shm(cooc, how, 1)  # the warm-up runs in the parent; this run compiles what it needs there
-    kernels = [k for m in (pg, problems_glove, glove_table) for k in vars(m).values()
+        assert glove_slices.partial_dots_kernel.signatures and glove_slices.slice_update_kernel.signatures
+    kernels = [k for m in (glove_slices, problems_glove, glove_table) for k in vars(m).values()
                if isinstance(k, CPUDispatcher) and k.signatures]  # compiled here (the others: never called)
     for k in kernels:
         k.disable_compile()
     try:
-        if how == "model":
-            costs = train_model_parallel(cooc, GloveConfig(dim=16, epochs=1), n_workers=2, batch=1000,
-                                   start_method="fork").costs  # forked: the switched-off compiler is inherited
-        else:
-            prob, res = on_shm(cooc, how, 1, start_method="fork")
-            costs = prob.epoch_costs(res)
+        # forked: the switched-off compiler is inherited
+        prob, res = (split(cooc, 1, batch=1000, start_method="fork") if how == "model"
+                     else on_shm(cooc, how, 1, start_method="fork"))
+        costs = prob.epoch_costs(res)
     finally:
         for k in kernels:
             k.disable_compile(False)
-    assert np.isfinite(costs).all()
+    assert len(costs) == 1 and np.isfinite(costs).all()
 
 
 def test_model_parallel_does_not_depend_on_worker_count(cooc):
-    # Model-parallel splits dimensions: the same arithmetic on 1 or 2 workers.
-    cfg = GloveConfig(dim=16, epochs=2)
-    one = train_model_parallel(cooc, cfg, n_workers=1, batch=1024)
-    two = train_model_parallel(cooc, cfg, n_workers=2, batch=1024)
-    np.testing.assert_allclose(one.costs, two.costs, rtol=1e-4)
-    np.testing.assert_allclose(one.params.W, two.params.W, atol=1e-4)
+    # Model-parallel splits dimensions: the same arithmetic on 1 or 2 workers (the dot products summed in parts).
+    (p1, one), (p2, two) = split(cooc, 2, n_workers=1, batch=1024), split(cooc, 2, n_workers=2, batch=1024)
+    np.testing.assert_allclose(p1.epoch_costs(one), p2.epoch_costs(two), rtol=1e-5)
+    np.testing.assert_allclose(p1.unflatten(one.params).W, p2.unflatten(two.params).W, atol=1e-5)
 
 
 @pytest.mark.parametrize(
     "field, kwargs",
-    [("n_workers", {"n_workers": 0}), ("batch", {"batch": 0}), ("n_workers", {"n_workers": 17})],
+    [("n_workers", {"n_workers": 0}), ("batch_size", {"batch_size": 0}), ("n_workers", {"n_workers": 17}),
+     ("batch_size", {"batch_size": 4096})],
 )
 def test_bad_configuration_names_the_field(cooc, field, kwargs):
+    prob = GloveSlices(cooc, GloveConfig(dim=16, epochs=1), max_workers=16, max_batch=2048)
     with pytest.raises(ValueError, match=field):
-        train_model_parallel(cooc, GloveConfig(dim=16, epochs=1), **kwargs)
+        simlib.run(prob, "bsp", substrate="shm", **({"n_workers": 2, "batch_size": 1024, "steps": 2} | kwargs))
+    assert not multiprocessing.active_children()
 
 
 def test_killed_worker_fails_fast_and_leaks_nothing(cooc, sigkill_a_worker):

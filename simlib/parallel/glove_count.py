@@ -56,7 +56,7 @@ def count_parallel(
     check.positive_int("buffer_entries", buffer_entries)
     shards = shard_documents(offsets, n_workers)
     # The counting kernels compiled here, once, on a 4-token document of the same dtypes: forked workers
-    # compiling them at the same time on a fresh checkout can crash (see simlib.parallel.glove._warm_up).
+    # compiling them at the same time on a fresh checkout can crash (see simlib.contract.warm_up).
     count_runs(np.zeros(4, ids.dtype), np.array([0, 4], offsets.dtype), n_words, window, 0, 1, 64)
     with WorkerGroup(n_workers, start_method, label="glove-count") as group:
         shared_ids, shared_offsets = group.copy_of(ids), group.copy_of(offsets)

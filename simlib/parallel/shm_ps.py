@@ -126,21 +126,23 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     return Result(trace, params, measured)
 
 
-def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> int:
-    """Wait until the protocol lets a worker at ``clock`` read; returns the steps every worker has completed.
+def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> tuple[int, bool]:
+    """Wait until the protocol lets a worker at ``clock`` read; (steps every worker has completed, whether it waited).
 
     NOTE: this used to sleep ``_POLL`` between looks, but a sleep lasts 80-130 us at the least (timer slack,
     the scheduler), so a short BSP barrier cost far more than it waited. Looking again at once for the first
     ``_SPIN`` seconds, yielding the core to any other runnable process, brought model-parallel GloVe's two
     barriers per batch from ~200 to ~40 us (two workers, batches of 64 entries, measured on 2 cores).
     """
+    if read_allowed(read_rule, clock, completed := int(fin.min()), bound):
+        return completed, False
     spin = time.perf_counter() + _SPIN
     while not read_allowed(read_rule, clock, completed := int(fin.min()), bound):
         if time.perf_counter() < spin:
             os.sched_yield()
         else:
             time.sleep(_POLL)
-    return completed
+    return completed, True
 
 
 def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Training, table: Any, clocks: Any,
@@ -154,7 +156,7 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
     rule, read_rule = training.rule, training.read_rule or may_read
     for c in range(training.steps):
         t0 = time.perf_counter()
-        completed = _wait_to_read(read_rule, c, fin, bound)
+        completed, _ = _wait_to_read(read_rule, c, fin, bound)
         t1 = time.perf_counter()
         batch = problem.batch(shards[i], c, training.batch_size)
         keys = problem.keys(batch)
@@ -193,7 +195,7 @@ def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, tra
     c = 0
     while c < training.steps:
         t0 = time.perf_counter()
-        completed = _wait_to_read(read_rule or may_read, c, fin, bound)
+        completed, waited = _wait_to_read(read_rule or may_read, c, fin, bound)
         # Steps c .. c+k-1 may all read now: the SSP rule allows step j while j - bound <= completed.
         # A plugged-in rule is asked step by step.
         k = min(chunk, training.steps - c, 1 if read_rule else int(min(completed + bound - c + 1, chunk)))
@@ -209,7 +211,7 @@ def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, tra
         fin[i] = c + k
         t2 = time.perf_counter()
         if ctx is not None:
-            if t1 - t0 > _POLL:
+            if waited:  # the protocol held the read back
                 ctx.span("wait", t0, t1, step=c)
             ctx.span("compute", t1, t2, step=c + k - 1)
             # other workers' steps per step of this chunk; under BSP a round is one update, so 0
