@@ -114,17 +114,3 @@ def test_get_step_add_and_costs_without_a_run_are_refused():
     with pytest.raises(ValueError, match="result"):  # one step: partial dots written, nothing updated
         prob.epoch_costs(simlib.run(prob, "bsp", substrate="shm", n_workers=1, batch_size=2, steps=1))
 
-
-def test_equals_the_model_parallel_driver_it_replaces(cooc):
-    """Before simlib.parallel.glove goes: the same parameters and costs, bit for bit (same kernels, same order)."""
-    from simlib.parallel.glove import train_model_parallel
-
-    for n, batch in [(2, 1000), (1, 1000), (3, 777)]:
-        cfg = GloveConfig(dim=16, epochs=3)
-        old = train_model_parallel(cooc, cfg, n_workers=n, batch=batch)
-        prob = GloveSlices(cooc, cfg, max_workers=n, max_batch=batch)
-        res = run(prob, n, batch, cfg.epochs)
-        new = prob.unflatten(res.params)
-        for name in new.ARRAYS:
-            np.testing.assert_array_equal(getattr(new, name), getattr(old.params, name), err_msg=name)
-        assert prob.epoch_costs(res) == old.costs
