@@ -187,3 +187,23 @@ def test_weights_larger_than_memory_are_refused_naming_n_features():
     wide = SparseDataset(data.indptr, data.indices, data.values, data.y, n_features=10**13)  # 80 TB of weights
     with pytest.raises(ValueError, match=r"n_features: .* more than half the memory available .* use at most \d+"):
         LogisticProblem(wide)
+
+
+@pytest.mark.parametrize("l2_on", ["touched", "all"])
+def test_a_batchs_keys_are_kept_read_only_and_recomputed_after_the_data_changes(l2_on):
+    data = make_sparse_classification(200, 50, 5, seed=3)
+    prob = LogisticProblem(data, eval_rows=None, l2_on=l2_on)
+    batch = prob.batch((0, 40), 3, 8)
+    keys = prob.keys(batch)
+    expected = np.unique(data.indices[np.concatenate([np.arange(data.indptr[r], data.indptr[r + 1]) for r in batch])])
+    if l2_on == "all":
+        expected = np.append(expected, data.n_features)
+    np.testing.assert_array_equal(keys, expected)
+    assert prob.keys(batch.copy()) is keys  # the same rows again: the kept array
+    assert prob.work(batch) == int(np.sum(np.diff(data.indptr)[batch]))
+    with pytest.raises(ValueError, match="read-only"):
+        keys[0] = 7  # a caller changing it in place would change every later step's keys
+    absent = max(set(range(data.n_features)) - set(keys.tolist()))
+    data.indices[data.indptr[batch[0]]] = absent  # the data change; validate() forgets what it kept
+    prob.validate()
+    assert absent in prob.keys(batch)
