@@ -8,7 +8,8 @@
 ``SimConfig`` holds the whole run (validated on construction); ``simulate`` returns a
 :class:`simlib.trace.Trace`. Modules: ``config`` (fields and checks), ``network`` (message
 cost, shared links, ring all-reduce), ``clocks`` (BSP/SSP/async gating, backup workers,
-deadlines), ``stragglers`` (compute time model), ``engine`` (the run).
+deadlines), ``stragglers`` (compute time model), ``sites`` (sites joined by a WAN, per-site servers,
+the significance filter), ``engine`` (the run).
 """
 from typing import Any
 

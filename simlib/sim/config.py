@@ -13,6 +13,16 @@ from simlib.protocol import KINDS as PROTOCOLS
 TOPOLOGIES = ("ps", "allreduce")
 JITTERS = ("none", "lognormal", "exponential")
 COST_UNITS = ("nonzero", "sample")
+HIERARCHIES = ("flat", "per-site")
+# Network presets (SimConfig.preset): one rack, one data centre, three regions joined by a WAN.
+NETWORKS: dict[str, dict[str, Any]] = {
+    # 25 Gbit/s top-of-rack switch, 20 us per message.
+    "rack": {"sites": 1, "latency": 2e-5, "bandwidth": 3.125e9},
+    # 10 Gbit/s across a data centre's fabric, 100 us per message (SimConfig's defaults).
+    "datacenter": {"sites": 1, "latency": 1e-4, "bandwidth": 1.25e9},
+    # Three regions, a data centre each, joined by 100 Mbit/s WAN links with 50 ms per message.
+    "regions": {"sites": 3, "latency": 1e-4, "bandwidth": 1.25e9, "wan_latency": 0.05, "wan_bandwidth": 12.5e6},
+}
 # Upper bounds keep every simulated time finite (steps x seconds stays far below 1e308) and every
 # run within what a laptop holds; the CLI checks memory-dependent sizes against the problem too.
 MAX_SECONDS = 1e6
@@ -113,6 +123,16 @@ class SimConfig(_FieldsOnly):
     bandwidth: float = _f(1.25e9, "bytes per second per link", unit="B/s", min=1, max=1e30)
     server_time: float = _f(0.0, "time a server shard spends on each request, one at a time", unit="s", min=0,
                             max=3600)
+    # Sites (data centres) joined by WAN links: see simlib.sim.sites for the model.
+    sites: int = _f(1, "sites (data centres) the workers are spread over evenly", min=1, max=MAX_WORKERS)
+    wan_latency: float = _f(0.05, "time per message between two sites", unit="s", min=0, max=3600)
+    wan_bandwidth: float = _f(12.5e6, "bytes per second per WAN link (one each way between two sites)", unit="B/s",
+                              min=1, max=1e30)
+    hierarchy: str = _f("flat", "flat: one parameter server, at site 0; per-site: one per site, the sites "
+                                "exchanging updates across the WAN", choices=HIERARCHIES)
+    significance: float | None = _f(None, "per-site servers send a key across the WAN only once its accumulated "
+                                          "update passes |acc| > significance x |value| (Gaia); off: every update",
+                                    min=0, max=1e6)
     compute_per_unit: float = _f(5e-8, "time per nonzero (or sample)", unit="s", min=0, max=10)
     compute_overhead: float = _f(1e-4, "fixed time per step", unit="s", min=0, max=3600)
     cost_unit: str = _f("nonzero", "what compute is charged per", choices=COST_UNITS)
@@ -172,6 +192,7 @@ class SimConfig(_FieldsOnly):
             raise ValueError("topology 'allreduce' runs only with protocol 'bsp' (a ring all-reduce is a barrier)")
         if self.topology == "allreduce" and (self.n_servers != 1 or self.n_summation):
             raise ValueError("n_servers and n_summation apply to topology 'ps' only")
+        self._validate_sites()
         if not isinstance(self.stragglers, Stragglers):
             raise ValueError(f"stragglers must be a Stragglers(...) instance, got {type(self.stragglers).__name__}")
         if self.stragglers.slow_workers > self.n_workers:
@@ -204,6 +225,35 @@ class SimConfig(_FieldsOnly):
                              "no cache")
         self.proto.check_workers(self.n_workers)  # the bound's range, checked as every substrate checks it
 
+    def _validate_sites(self) -> None:
+        """The combinations of sites, hierarchy and significance that the model covers."""
+        if self.sites > self.n_workers:
+            raise ValueError(f"sites ({self.sites}) must be <= n_workers ({self.n_workers}): every site needs a worker")
+        if self.sites > 1 and self.topology != "ps":
+            raise ValueError("sites > 1 runs with topology 'ps' only (a ring all-reduce across sites is not modelled)")
+        if self.significance is not None and self.hierarchy != "per-site":
+            raise ValueError("significance filters what per-site servers send each other: it needs "
+                             "hierarchy='per-site' (--hierarchy per-site)")
+        if self.hierarchy == "per-site":
+            if self.topology != "ps":
+                raise ValueError("hierarchy 'per-site' needs topology 'ps'")
+            if self.cached:
+                raise ValueError("hierarchy 'per-site': worker caches (cache=True, ESSP) are not modelled with a server "
+                                 "per site; use 'bsp', 'ssp:S' or 'async' without cache")
+            if not self.step_rule.plain:
+                raise ValueError("hierarchy 'per-site': staleness_aware, accumulation and rule= are not modelled with "
+                                 "a server per site (each site's table takes every push as it is)")
+
+    @classmethod
+    def preset(cls, network: str, **fields: Any) -> "SimConfig":
+        """A config on a named network (:data:`NETWORKS`: 'rack', 'datacenter', 'regions'), other fields as given.
+
+            >>> SimConfig.preset("regions", n_workers=9).sites
+            3
+        """
+        check.one_of("network", network, tuple(NETWORKS))
+        return cls(**{**NETWORKS[network], **fields})
+
     @property
     def proto(self) -> Protocol:
         """The run's :class:`~simlib.protocol.Protocol` (kind, bound, backup workers, deadline)."""
@@ -232,6 +282,10 @@ class SimConfig(_FieldsOnly):
             base += " cache"
         if self.topology == "allreduce":
             base += " all-reduce"
+        if self.sites > 1:
+            base += f" {self.sites} sites"
+        if self.hierarchy == "per-site":
+            base += " per-site" + ("" if self.significance is None else f" sig={self.significance:g}")
         if self.backup_workers:
             base += f" b={self.backup_workers}"
         if self.timeout is not None:

@@ -11,6 +11,10 @@ values as they are when its pull arrives. With one (``SimConfig.cache``, and alw
 reads its own copy (:class:`_Cache`) and fetches only the rows the bound no longer lets it read as
 they are; under ESSP the server also sends every update it applies to every other worker's copy,
 over the same links, so reads are fresher and the network carries more.
+
+With ``SimConfig.sites`` > 1 the job spans sites joined by WAN links; with ``hierarchy='per-site'`` each
+site has its own servers and table, synced across the WAN (all of it, or Gaia's significant sums):
+see :mod:`simlib.sim.sites` for the model.
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ from simlib.diverged import check_metric
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim.clocks import ClockTable
 from simlib.sim.config import SimConfig
-from simlib.sim.network import Node, ring_allreduce_time, transmit
+from simlib.sim.network import Link, Node, ring_allreduce_time, transmit
+from simlib.sim.sites import Filter, site_of
 from simlib.sim.stragglers import ComputeModel
 from simlib.trace import Trace
 
@@ -91,6 +96,7 @@ class _Run:
         )
         self.n_shards = cfg.n_servers + cfg.n_summation
         self.servers = [Node(f"server{k}") for k in range(self.n_shards)]
+        self._init_sites(cfg)
         self.key_bounds = np.linspace(0, problem.n_params, self.n_shards + 1).astype(np.int64)
         self.compressors = _make_compressors(cfg, problem.n_params, comp_seq)
         self.applied = 0
@@ -127,8 +133,11 @@ class _Run:
         finally:
             if gc_was_enabled:
                 gc.enable()
+        if self.filters is not None and not self.flushed:  # stalled workers: flush what is left now
+            self._flush()
+            env.run()
         self.server.finish()
-        if self.applied % self.eval_period:
+        if self.applied % self.eval_period or self.per_site:  # per site: the WAN's last arrivals changed the table
             self._evaluate()
         for i, t0 in self.down_since.items():  # a worker that never came back is down to the end
             self.trace.span(i, "down", t0, max(env.now, t0))
@@ -144,6 +153,9 @@ class _Run:
         )
         if self.caches is not None:
             self.trace.meta["cache"] = dict(self.cache_stats)
+        if self.wan_links is not None:
+            self.trace.meta.update(site_of=list(self.site_of), wan_bytes=self.wan_bytes, lan_bytes=self.lan_bytes,
+                                   wan_messages=len(self.wan_log), wan=self.wan_log)
         if stalled:
             self.trace.meta["stall_reason"] = (
                 f"workers {stalled} never finished: failed worker {sorted(self.down_since)} blocks the "
@@ -163,6 +175,10 @@ class _Run:
                 if gate is not None:
                     yield gate
                     trace.span(i, "wait", t0, env.now, step=c)
+                if self.per_site and not self._wan_ready(self.site_of[i], c):
+                    t0 = env.now
+                    yield self._wan_wait(self.site_of[i], c)
+                    trace.span(i, "wait", t0, env.now, step=c)
                 self.clocks.open(c)
                 lag = self.clocks.rule.clock_lag(c)
                 batch = p.batch(self.shards[i], c, cfg.batch_size)
@@ -170,7 +186,7 @@ class _Run:
                 # Pull: request keys from each shard, the shard reads w on arrival and replies.
                 t_pull = env.now
                 if self.caches is None:
-                    values, version, req_bytes, resp_bytes = yield from self._pull(keys)
+                    values, version, req_bytes, resp_bytes = yield from self._pull(i, keys)
                 else:  # the read's version and clock lag are what its copy holds, not the server's
                     values, version, lag, req_bytes, resp_bytes = yield from self._read_cache(i, c, keys)
                 trace.span(i, "recv", t_pull, env.now, nbytes=req_bytes + resp_bytes, step=c)
@@ -183,9 +199,14 @@ class _Run:
                 keys, g, nbytes = self._encode(i, keys, g)
                 # Push: the update travels to each shard; it is applied when all of it has arrived.
                 t_push = env.now
-                yield from self._push(keys, nbytes)
+                yield from self._push(i, keys, nbytes)
                 trace.span(i, "send", t_push, env.now, nbytes=nbytes, step=c)
-                applied, tau = self.server.push(c, keys, g, version)
+                if self.per_site:
+                    applied, tau = self.site_server[self.site_of[i]].push(c, keys, g, version)
+                    if applied:
+                        self._replicate(self.site_of[i], c, keys, g)
+                else:
+                    applied, tau = self.server.push(c, keys, g, version)
                 if applied and self.caches is not None:
                     self._share(i, c, keys, self.cfg.step_rule.scaled(g, tau))  # the update as the table took it
                 trace.update(env.now, i, c, tau, applied, clock_lag=lag)
@@ -201,54 +222,159 @@ class _Run:
                 if not restarted:
                     return
         self.finished[i] = True
+        if self.filters is not None and all(self.finished):
+            self._flush()
 
-    def _pull(self, keys: np.ndarray, stamps: dict[int, tuple[int, int, int]] | None = None):
-        """Pull ``keys`` from their shards; ``stamps``, if given, receives each shard's :meth:`_stamp` at its read."""
+    def _pull(self, i: int, keys: np.ndarray, stamps: dict[int, tuple[int, int, int]] | None = None):
+        """Worker i pulls ``keys`` from their shards; ``stamps``, if given, receives each shard's :meth:`_stamp` at its read."""
         cfg, env = self.cfg, self.env
         parts = self._split(keys)
         req_bytes = len(keys) * cfg.key_bytes
         resp_bytes = len(keys) * cfg.value_bytes
+        server = self.site_server[self.site_of[i]] if self.per_site else self.server
         if len(parts) == 1:
             k, sel = parts[0]
-            yield from transmit(env, self.servers[k].inlink, req_bytes, cfg.latency, cfg.bandwidth, cfg.server_time)
-            values, version = self.server.pull(keys)
+            yield from self._to_server(i, k, req_bytes, cfg.server_time)
+            values, version = server.pull(keys)
             if stamps is not None:
                 stamps[k] = self._stamp()
-            yield from transmit(env, self.servers[k].outlink, resp_bytes, cfg.latency, cfg.bandwidth)
+            yield from self._to_worker(i, k, resp_bytes)
             return values, version, req_bytes, resp_bytes
         values = np.empty(len(keys), dtype=self.w.dtype)
         versions: list[int] = []
-        procs = [env.process(self._pull_shard(k, keys, sel, values, versions, stamps)) for k, sel in parts]
+        procs = [env.process(self._pull_shard(i, server, k, keys, sel, values, versions, stamps)) for k, sel in parts]
         yield env.all_of(procs)
         return values, min(versions), req_bytes, resp_bytes
 
-    def _pull_shard(self, k: int, keys: np.ndarray, sel: slice, out: np.ndarray, versions: list[int],
-                    stamps: dict[int, tuple[int, int, int]] | None = None):
-        cfg, env = self.cfg, self.env
+    def _pull_shard(self, i: int, server: ParamServer, k: int, keys: np.ndarray, sel: slice, out: np.ndarray,
+                    versions: list[int], stamps: dict[int, tuple[int, int, int]] | None = None):
+        cfg = self.cfg
         n = sel.stop - sel.start
-        yield from transmit(env, self.servers[k].inlink, n * cfg.key_bytes, cfg.latency, cfg.bandwidth,
-                            cfg.server_time)
-        out[sel], v = self.server.pull(keys[sel])
+        yield from self._to_server(i, k, n * cfg.key_bytes, cfg.server_time)
+        out[sel], v = server.pull(keys[sel])
         versions.append(v)  # the push's tau counts from the earliest shard read
         if stamps is not None:
             stamps[k] = self._stamp()
-        yield from transmit(env, self.servers[k].outlink, n * cfg.value_bytes, cfg.latency, cfg.bandwidth)
+        yield from self._to_worker(i, k, n * cfg.value_bytes)
 
-    def _push(self, keys: np.ndarray, nbytes: int):
+    def _push(self, i: int, keys: np.ndarray, nbytes: int):
         cfg, env = self.cfg, self.env
         parts = self._split(keys)
         total = max(len(keys), 1)
         if len(parts) == 1:
-            yield from transmit(env, self.servers[parts[0][0]].inlink, nbytes, cfg.latency, cfg.bandwidth,
-                                cfg.server_time)
+            yield from self._to_server(i, parts[0][0], nbytes, cfg.server_time)
             return
         # Encoded bytes are split across shards in proportion to the keys each one receives.
-        procs = [
-            env.process(transmit(env, self.servers[k].inlink, nbytes * (sel.stop - sel.start) / total, cfg.latency,
-                                 cfg.bandwidth, cfg.server_time))
-            for k, sel in parts
-        ]
+        procs = [env.process(self._to_server(i, k, nbytes * (sel.stop - sel.start) / total, cfg.server_time))
+                 for k, sel in parts]
         yield env.all_of(procs)
+
+    # -- sites and the WAN (simlib.sim.sites) ----------------------------------------------------
+    def _init_sites(self, cfg: SimConfig) -> None:
+        """Sites, WAN links, per-site servers and tables, significance filters (all off on one flat site)."""
+        self.site_of = site_of(cfg.n_workers, cfg.sites)
+        self.per_site = cfg.hierarchy == "per-site"
+        self.lan_bytes = self.wan_bytes = 0
+        self.wan_log: list[list[float]] = []
+        self.wan_links = None
+        if cfg.sites > 1 or self.per_site:
+            self.wan_links = [[Link() for _ in range(cfg.sites)] for _ in range(cfg.sites)]
+        # The flat servers sit at site 0; per site, site s has its own nodes, table and server.
+        self.nodes = [self.servers] + [[Node(f"site{s}.server{k}") for k in range(self.n_shards)]
+                                       for s in range(1, cfg.sites if self.per_site else 1)]
+        self.filters: list[Filter] | None = None
+        self.flushed = False
+        # Per receiving site: {step: messages from other sites' updates of that step still on the WAN}, and the
+        # workers waiting for them (the protocol's bound holds across the WAN too: see simlib.sim.sites).
+        self.wan_pending: list[dict[int, int]] = [{} for _ in range(cfg.sites)]
+        self.wan_waiters: list[list[tuple[int, simpy.Event]]] = [[] for _ in range(cfg.sites)]
+        if self.per_site:
+            self.tables = [self.w] + [self.w.copy() for _ in range(1, cfg.sites)]
+            self.site_server = [self.server] + [ParamServer(t, cfg.n_workers, cfg.proto, cfg.step_rule,
+                                                            clocks=self.clocks) for t in self.tables[1:]]
+            # One update counter for the job: tau counts the updates applied at any site between a read and
+            # its push (the plain step rule, the only one allowed per site, uses nothing else of it).
+            for server in self.site_server[1:]:
+                server.acc = self.server.acc
+            if cfg.significance is not None:
+                self.filters = [Filter(t, cfg.significance) for t in self.tables]
+
+    def _remote(self, i: int) -> bool:
+        """Whether worker i's servers are at another site (a flat PS, the worker away from site 0)."""
+        return not self.per_site and self.site_of[i] != 0
+
+    def _to_server(self, i: int, k: int, nbytes: float, service: float = 0.0):
+        """Worker i's message to shard k of its servers: across the WAN first if they are at another site."""
+        cfg = self.cfg
+        if self._remote(i):
+            yield from self._wan(self.site_of[i], 0, nbytes)
+        else:
+            self.lan_bytes += nbytes
+        node = self.nodes[self.site_of[i] if self.per_site else 0][k]
+        yield from transmit(self.env, node.inlink, nbytes, cfg.latency, cfg.bandwidth, service)
+
+    def _to_worker(self, i: int, k: int, nbytes: float):
+        """Shard k's message to worker i: its out-link, then the WAN if the worker is at another site."""
+        cfg = self.cfg
+        node = self.nodes[self.site_of[i] if self.per_site else 0][k]
+        yield from transmit(self.env, node.outlink, nbytes, cfg.latency, cfg.bandwidth)
+        if self._remote(i):
+            yield from self._wan(0, self.site_of[i], nbytes)
+        else:
+            self.lan_bytes += nbytes
+
+    def _wan(self, a: int, b: int, nbytes: float):
+        """A message from site a to site b: it queues on their WAN link, then travels for wan_latency."""
+        cfg, env = self.cfg, self.env
+        t0 = env.now
+        yield from transmit(env, self.wan_links[a][b], nbytes, cfg.wan_latency, cfg.wan_bandwidth)
+        self.wan_bytes += nbytes
+        self.wan_log.append([t0, env.now, nbytes, a, b])
+
+    def _replicate(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:
+        """Site s applied an update of step c: send it (or, filtered, its keys whose sums became significant) to the others."""
+        if self.filters is not None:
+            keys, deltas = self.filters[s].add(keys, deltas, self.tables[s][keys])
+        self._send_sites(s, c, keys, deltas)
+
+    def _send_sites(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:
+        if not len(keys):
+            return
+        nbytes = len(keys) * (self.cfg.key_bytes + self.cfg.value_bytes)
+        for r in range(self.cfg.sites):
+            if r != s:
+                pending = self.wan_pending[r]
+                pending[c] = pending.get(c, 0) + 1
+                self.env.process(self._site_message(s, r, c, keys, deltas, nbytes))
+
+    def _site_message(self, s: int, r: int, c: int, keys: np.ndarray, deltas: np.ndarray, nbytes: int):
+        yield from self._wan(s, r, nbytes)
+        self.tables[r][keys] += deltas
+        pending = self.wan_pending[r]
+        pending[c] -= 1
+        if not pending[c]:
+            del pending[c]
+            waiting = self.wan_waiters[r]
+            self.wan_waiters[r] = [(step, ev) for step, ev in waiting if not self._wan_ready(r, step)]
+            for step, ev in waiting:
+                if self._wan_ready(r, step):
+                    ev.succeed()
+
+    def _wan_ready(self, r: int, c: int) -> bool:
+        """Whether site r holds every update of the other sites that the bound lets a step-c read not see: those of
+        steps <= c - 1 - bound (of them, with a filter, the ones sent: significant sums)."""
+        return min(self.wan_pending[r], default=c) > c - 1 - self.cfg.bound
+
+    def _wan_wait(self, r: int, c: int) -> simpy.Event:
+        ev = self.env.event()
+        self.wan_waiters[r].append((c, ev))
+        return ev
+
+    def _flush(self) -> None:
+        """The workers are done: every site sends all it still holds back, so every update reaches every site."""
+        self.flushed = True
+        for s, f in enumerate(self.filters):
+            self._send_sites(s, self.cfg.steps, *f.rest())
 
     # -- worker caches (SSP with cache=True, ESSP) -----------------------------------------------
     def _stamp(self) -> tuple[int, int, int]:
@@ -268,7 +394,7 @@ class _Run:
         if old:
             stale = keys[np.isin(held[2], old)]
             stamps: dict[int, tuple[int, int, int]] = {}
-            values, _, req_bytes, resp_bytes = yield from self._pull(stale, stamps)
+            values, _, req_bytes, resp_bytes = yield from self._pull(i, stale, stamps)
             for k, sel in self._split(stale):
                 cache.fill(stale[sel], values[sel], stamps[k])
             self.cache_stats["fetches"] += 1
@@ -304,7 +430,7 @@ class _Run:
         """Shard k sends an applied update to worker j's copy: it queues on the shard's out-link like a pull reply."""
         cfg, env = self.cfg, self.env
         t0, nbytes = env.now, len(keys) * (cfg.key_bytes + cfg.value_bytes)
-        yield from transmit(env, self.servers[k].outlink, nbytes, cfg.latency, cfg.bandwidth)
+        yield from self._to_worker(j, k, nbytes)
         cache = self.caches[j]
         cache.add(keys, deltas, stamp[0])
         cache.pushed[:, k] = np.maximum(cache.pushed[:, k], stamp)

@@ -1,0 +1,178 @@
+"""Sites joined by a WAN (simlib.sim.sites): a flat PS across sites, per-site servers, Gaia's significance filter."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from simlib.cli import main
+from simlib.sim import SimConfig, simulate
+from simlib.sim.config import NETWORKS
+from simlib.sim.engine import run_config
+from simlib.sim.sites import Filter, site_of, wan_load
+
+FAST_LAN = dict(latency=0.0, bandwidth=1e18)
+# Fixed compute, an instant LAN, a WAN with latency only: every time below is a closed form.
+CLOSED = dict(compute_per_unit=0.0, compute_overhead=0.01, wan_latency=0.05, wan_bandwidth=1e18, **FAST_LAN)
+
+
+# -- one site, the options off: today's trace ------------------------------------------------------
+def test_one_flat_site_is_the_trace_from_before_sites(small_problem):
+    # Figures of the simulator before sites existed (the same config, the same problem, seed 0).
+    t = simulate(SimConfig(n_workers=3, protocol="ssp:1", steps=10, n_servers=2), small_problem)
+    assert (t.makespan, t.quality[-1].value) == (0.0041430943999999975, 0.6423498125255882)
+    assert (sum(u.staleness for u in t.updates), len(t.spans)) == (30, 90)
+    t = simulate(SimConfig(n_workers=4, protocol="essp:1", steps=8), small_problem)
+    assert (t.makespan, t.quality[-1].value) == (0.0034223279999999966, 0.6411325410719271)
+    assert not {"wan_bytes", "lan_bytes", "wan"} & set(t.meta)
+
+
+def test_wan_settings_do_nothing_on_one_flat_site(small_problem):
+    a = simulate(SimConfig(n_workers=3, steps=10), small_problem)
+    b = simulate(SimConfig(n_workers=3, steps=10, wan_latency=1.0, wan_bandwidth=10.0), small_problem)
+    assert (a.spans, a.updates, a.quality) == (b.spans, b.updates, b.quality)
+
+
+# -- a flat parameter server across sites ------------------------------------------------------------
+def test_workers_are_spread_evenly_in_blocks():
+    assert site_of(8, 3) == [0, 0, 0, 1, 1, 1, 2, 2]
+    assert site_of(4, 1) == [0, 0, 0, 0]
+
+
+def test_flat_ps_remote_worker_pays_three_wan_trips_per_step(small_problem):
+    # Worker 1 is at site 1, the server at site 0: pull request, pull reply and push each cross the WAN,
+    # and BSP makes everyone wait for it: a step is 3 x 50 ms + 10 ms of compute.
+    t = simulate(SimConfig(n_workers=2, sites=2, steps=6, **CLOSED), small_problem)
+    assert t.makespan == pytest.approx(6 * (3 * 0.05 + 0.01), rel=1e-9)
+    one_site = simulate(SimConfig(n_workers=2, steps=6, **CLOSED), small_problem)
+    assert t.makespan - one_site.makespan >= 6 * 3 * 0.05 - 1e-9
+    # The remote worker's bytes crossed the WAN, the local one's stayed on the LAN.
+    sent = {w: sum(s.nbytes for s in t.spans if s.worker == w and s.kind in ("send", "recv")) for w in (0, 1)}
+    assert t.meta["wan_bytes"] == sent[1] and t.meta["lan_bytes"] == sent[0]
+    assert t.meta["site_of"] == [0, 1]
+
+
+def test_flat_ps_wan_link_is_shared_so_traffic_queues(small_problem):
+    # Workers 2 and 3 share site 1's WAN link to site 0: with no latency at all, each step still takes
+    # at least the time to move both of their messages through it, one after the other.
+    bw = 1e5
+    t = simulate(SimConfig(n_workers=4, sites=2, steps=5, wan_latency=0.0, wan_bandwidth=bw, compute_overhead=0.0,
+                           compute_per_unit=0.0, **FAST_LAN), small_problem)
+    remote = [s for s in t.spans if s.worker in (2, 3) and s.kind in ("send", "recv")]
+    per_step_bytes = sum(s.nbytes for s in remote if s.step == 0)
+    # Pull requests queue behind each other on the way in, replies on the way out, then pushes.
+    assert t.makespan >= 5 * per_step_bytes / 2 / bw
+    alone = simulate(SimConfig(n_workers=4, sites=2, steps=5, wan_latency=0.0, wan_bandwidth=bw * 1e6,
+                               compute_overhead=0.0, compute_per_unit=0.0, **FAST_LAN), small_problem)
+    assert t.makespan > 100 * alone.makespan
+
+
+# -- per-site servers ---------------------------------------------------------------------------------
+def test_per_site_bsp_waits_one_wan_trip_per_step_async_does_not(small_problem):
+    # Each site's workers reach their servers over the instant LAN; under BSP a step's reads wait until
+    # the other sites' updates of the step before have crossed the WAN: compute + 50 ms per step.
+    bsp = simulate(SimConfig(n_workers=2, sites=2, hierarchy="per-site", steps=6, **CLOSED), small_problem)
+    assert bsp.makespan == pytest.approx(6 * (0.01 + 0.05), rel=1e-9)
+    asy = simulate(SimConfig(n_workers=2, sites=2, hierarchy="per-site", protocol="async", steps=6, **CLOSED),
+                   small_problem)
+    assert asy.makespan == pytest.approx(6 * 0.01 + 0.05, rel=1e-9)  # the last updates still cross the WAN
+    waits = [s for s in bsp.spans if s.kind == "wait" and s.end - s.start > 1e-9]  # (the barrier's are ~0)
+    assert len(waits) == 2 * 5 and all(s.end - s.start == pytest.approx(0.05) for s in waits)
+
+
+def test_per_site_replication_sends_every_update_to_every_other_site(small_problem):
+    cfg = SimConfig(n_workers=6, sites=3, hierarchy="per-site", steps=8)
+    t = simulate(cfg, small_problem)
+    pushed = sum(s.nbytes for s in t.spans if s.kind == "send")  # each applied push, key + value bytes
+    assert t.meta["wan_bytes"] == 2 * pushed
+    assert t.meta["wan_messages"] == 2 * len(t.updates)
+    assert t.meta["lan_bytes"] == sum(s.nbytes for s in t.spans if s.kind in ("send", "recv"))
+    times, load = wan_load(t, bins=50)
+    assert load.sum() * (times[1] - times[0]) == pytest.approx(t.meta["wan_bytes"])
+
+
+def test_significance_filter_moves_fewer_bytes_and_every_update_arrives(small_problem):
+    base = SimConfig(n_workers=6, sites=3, hierarchy="per-site", steps=30)
+    full = run_config(base, small_problem)
+    filt = run_config(base.replace(significance=0.1), small_problem)
+    assert filt.trace.meta["wan_bytes"] < 0.8 * full.trace.meta["wan_bytes"]
+    for run in (full, filt):
+        # After the final flush the sites hold the same table (up to the order of the additions) ...
+        for table in run.tables[1:]:
+            np.testing.assert_allclose(table, run.tables[0], rtol=0, atol=1e-12)
+        # ... and the last quality point is site 0's table.
+        assert run.trace.quality[-1].value == small_problem.quality(run.tables[0])
+    # Filtered reads miss the other sites' small sums for a while, so the runs differ, but only a little.
+    assert filt.trace.quality[-1].value == pytest.approx(full.trace.quality[-1].value, rel=0.02)
+
+
+def test_a_filter_that_passes_nothing_still_delivers_everything_at_the_end(small_problem):
+    run = run_config(SimConfig(n_workers=6, sites=3, hierarchy="per-site", significance=1e6, steps=6), small_problem)
+    # Nothing passes |acc| > 1e6 |value| once values are nonzero; keys at 0 pass on their first update.
+    # The flush sends one message from each site to each other site, after the last step.
+    last_update = max(u.time for u in run.trace.updates)
+    flush = [m for m in run.trace.meta["wan"] if m[0] >= last_update]
+    assert len(flush) == 3 * 2
+    for table in run.tables[1:]:
+        np.testing.assert_allclose(table, run.tables[0], rtol=0, atol=1e-12)
+    assert np.abs(run.tables[0] - small_problem.init_params()).sum() > 0
+
+
+def test_filter_keeps_small_sums_until_they_pass():
+    f = Filter(np.zeros(4), threshold=0.5)
+    keys, sums = f.add(np.array([0, 1, 3]), np.array([0.2, 2.0, 0.1]), np.array([1.0, 1.0, 0.0]))
+    assert keys.tolist() == [1, 3]  # 2.0 > 0.5 x 1; key 3's value is 0: any change passes
+    keys, sums = f.add(np.array([0]), np.array([0.4]), np.array([1.0]))
+    assert keys.tolist() == [0] and sums.tolist() == pytest.approx([0.6])
+    assert f.rest()[0].tolist() == []
+
+
+def test_tau_counts_updates_applied_at_every_site(small_problem):
+    t = simulate(SimConfig(n_workers=4, sites=2, hierarchy="per-site", protocol="async", steps=10, **CLOSED),
+                 small_problem)
+    # Equal workers pushing in turn: between a read and its push the other 3 workers each pushed once.
+    assert max(u.staleness for u in t.updates) == 3
+
+
+# -- presets, labels, errors --------------------------------------------------------------------------
+def test_presets_set_the_network():
+    regions = SimConfig.preset("regions", n_workers=9)
+    assert (regions.sites, regions.wan_latency, regions.wan_bandwidth, regions.n_workers) == (3, 0.05, 12.5e6, 9)
+    assert SimConfig.preset("rack").latency < SimConfig.preset("datacenter").latency
+    assert set(NETWORKS) == {"rack", "datacenter", "regions"}
+    assert SimConfig.preset("regions", n_workers=9, hierarchy="per-site", significance=0.01).label == \
+        "BSP 3 sites per-site sig=0.01"
+    with pytest.raises(ValueError, match="network must be one of 'rack'"):
+        SimConfig.preset("moon")
+
+
+@pytest.mark.parametrize("fields, needle", [
+    (dict(sites=0), "sites must be an integer in \\[1"),
+    (dict(n_workers=2, sites=3), "sites \\(3\\) must be <= n_workers \\(2\\)"),
+    (dict(wan_bandwidth=0), "wan_bandwidth must be"),
+    (dict(wan_latency=-1), "wan_latency must be"),
+    (dict(hierarchy="tree"), "hierarchy must be one of 'flat', 'per-site'"),
+    (dict(significance=0.01), "significance .* needs hierarchy='per-site'"),
+    (dict(hierarchy="per-site", significance=-0.1), "significance must be"),
+    (dict(sites=2, topology="allreduce"), "sites > 1 runs with topology 'ps' only"),
+    (dict(hierarchy="per-site", protocol="essp:2"), "hierarchy 'per-site': worker caches"),
+    (dict(hierarchy="per-site", protocol="ssp:2", cache=True), "hierarchy 'per-site': worker caches"),
+    (dict(hierarchy="per-site", protocol="ssp:2", staleness_aware=True), "hierarchy 'per-site': staleness_aware"),
+])
+def test_bad_site_settings_are_named(fields, needle):
+    with pytest.raises(ValueError, match=needle):
+        SimConfig(**fields)
+
+
+def test_cli_takes_the_site_flags(capsys):
+    rc = main(["compare", "--no-plot", "--workers", "6", "--steps", "5", "--sites", "3", "--hierarchy", "per-site",
+               "--significance", "0.05", "--wan-latency", "0.02", "--protocols", "bsp,ssp:2"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "BSP 3 sites per-site sig=0.05" in out and "SSP(2) 3 sites per-site sig=0.05" in out
+
+
+def test_cli_names_a_bad_site_flag():
+    proc = subprocess.run([sys.executable, "-m", "simlib", "compare", "--no-plot", "--significance", "0.1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "significance" in proc.stderr and "Traceback" not in proc.stderr
