@@ -9,7 +9,7 @@ from simlib.cli import main
 from simlib.sim import SimConfig, simulate
 from simlib.sim.config import NETWORKS
 from simlib.sim.engine import run_config
-from simlib.sim.sites import Filter, site_of, wan_load
+from simlib.sim.sites import Filter, relative_changes, site_of, wan_load
 
 FAST_LAN = dict(latency=0.0, bandwidth=1e18)
 # Fixed compute, an instant LAN, a WAN with latency only: every time below is a closed form.
@@ -176,3 +176,13 @@ def test_cli_names_a_bad_site_flag():
     proc = subprocess.run([sys.executable, "-m", "simlib", "compare", "--no-plot", "--significance", "0.1"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "significance" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_relative_changes_are_what_the_filter_compares(small_problem):
+    run = run_config(SimConfig(n_workers=2, steps=20), small_problem)
+    rel = relative_changes(small_problem, run.w, 32, 0.5, steps=3)
+    batch = small_problem.batch(small_problem.shards(1)[0], 0, 32)
+    keys = small_problem.keys(batch)
+    keys, deltas = small_problem.step(run.w[keys], batch, keys, 0.5)
+    np.testing.assert_allclose(rel[:len(keys)], np.abs(deltas) / np.abs(run.w[keys]))
+    assert np.isinf(relative_changes(small_problem, small_problem.init_params(), 32, 0.5, steps=1)).all()

@@ -90,3 +90,20 @@ def wan_load(trace: Any, bins: int = 200) -> tuple[np.ndarray, np.ndarray]:
         b = max(a + 1, min(-int(-end // width), bins))
         load[a:b] += nbytes / (b - a)
     return np.arange(bins) * width, load / width
+
+
+def relative_changes(problem: Any, table: np.ndarray, batch_size: int, lr: float, steps: int = 20) -> np.ndarray:
+    """|delta| / |value| of every entry of ``steps`` updates computed on ``table`` (worker 0 of 1's batches).
+
+    What the significance filter compares with its threshold, for one update at a time; a value of 0
+    gives inf (such a key always passes).
+    """
+    shard = problem.shards(1)[0]
+    out = []
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for c in range(steps):
+            batch = problem.batch(shard, c, batch_size)
+            keys = problem.keys(batch)
+            keys, deltas = problem.step(table[keys], batch, keys, lr)
+            out.append(np.abs(deltas) / np.abs(table[keys]))
+    return np.concatenate(out)
