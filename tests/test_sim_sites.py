@@ -4,9 +4,11 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from simlib.cli import main
-from simlib.sim import SimConfig, simulate
+from simlib.sim import SimConfig, Stragglers, simulate
 from simlib.sim.config import NETWORKS
 from simlib.sim.engine import run_config
 from simlib.sim.sites import Filter, relative_changes, site_of, wan_load
@@ -186,3 +188,26 @@ def test_relative_changes_are_what_the_filter_compares(small_problem):
     keys, deltas = small_problem.step(run.w[keys], batch, keys, 0.5)
     np.testing.assert_allclose(rel[:len(keys)], np.abs(deltas) / np.abs(run.w[keys]))
     assert np.isinf(relative_changes(small_problem, small_problem.init_params(), 32, 0.5, steps=1)).all()
+
+
+def test_runs_across_sites_are_deterministic(small_problem):
+    cfg = SimConfig(n_workers=6, sites=3, hierarchy="per-site", significance=0.05, protocol="ssp:2", steps=8,
+                    stragglers=Stragglers(jitter="lognormal"))
+    assert simulate(cfg, small_problem) == simulate(cfg, small_problem)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(2, 6), sites=st.integers(1, 3), proto=st.sampled_from(["bsp", "ssp:1", "async"]),
+       sig=st.sampled_from([None, 0.0, 0.05, 10.0]), servers=st.integers(1, 2))
+def test_per_site_invariants(small_problem, n, sites, proto, sig, servers):
+    sites = min(sites, n)
+    run = run_config(SimConfig(n_workers=n, sites=sites, hierarchy="per-site", significance=sig, protocol=proto,
+                               steps=5, n_servers=servers), small_problem)
+    t = run.trace
+    assert len(t.updates) == 5 * n and all(u.applied for u in t.updates)
+    for table in run.tables[1:]:  # every update reached every site
+        np.testing.assert_allclose(table, run.tables[0], rtol=0, atol=1e-12)
+    assert t.meta["wan_bytes"] == sum(m[2] for m in t.meta["wan"])
+    assert all(m[3] != m[4] for m in t.meta["wan"])
+    if sig is None:  # full replication: every update crosses to every other site
+        assert t.meta["wan_bytes"] == (sites - 1) * sum(s.nbytes for s in t.spans if s.kind == "send")
