@@ -228,8 +228,11 @@ def _kill_later(pid_of, delay: float):
             pid = pid_of()
             if pid:
                 time.sleep(delay)
-                os.kill(pid, signal.SIGKILL)
-                return
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    return
+                except ProcessLookupError:  # a process of that title that was already on its way out: look again
+                    pass
             time.sleep(0.05)
 
     t = threading.Thread(target=run, daemon=True)
