@@ -95,18 +95,18 @@ def segment_sum(index: Any, weights: Any, n: int) -> Any:
 KERNELS = ("auto", "array", "fused", "hogwild")
 
 
-def use_fused(kernel: str, xp: ModuleType, lock_free: bool = False) -> bool:
+def use_fused(kernel: str, xp: ModuleType) -> bool:
     """Whether device code runs its fused CUDA kernels: 'fused', or 'auto' on CuPy; 'array' never.
 
-    'hogwild' (lock-free rows, see :class:`RowQueue`) is a choice only where the caller offers it
-    (``lock_free``); the caller handles it, and this returns False for it. Raises a ValueError
-    naming ``kernel`` for an unknown choice, for 'fused' on NumPy, or for 'hogwild' where not offered.
+    'hogwild' (lock-free rows, see :class:`RowQueue`) is handled before this by the problems that offer
+    it (logistic, GloVe); reaching here it is refused. Raises a ValueError naming ``kernel`` for an
+    unknown choice, for 'fused' on NumPy, or for 'hogwild'.
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if kernel == "fused" and xp is np:
         raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
-    if kernel == "hogwild" and not lock_free:
+    if kernel == "hogwild":
         raise ValueError("kernel='hogwild' (lock-free rows) is offered by the logistic and GloVe problems only; "
                          "use 'auto', 'fused' or 'array'")
     return kernel == "fused" or (kernel == "auto" and xp is not np)

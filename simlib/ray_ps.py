@@ -612,9 +612,8 @@ def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[
 def _local_actors(ray: Any, pids: dict[str, list[tuple[int, str]]]) -> dict[int, str]:
     """The actors on this machine (the driver's node): pid -> the name an error gives it."""
     here = ray.get_runtime_context().get_node_id()
-    names = {"servers": lambda k: f"server shard {k}" + (" (the coordinator)" if k == 0 else ""),
-             "workers": lambda k: f"worker {k}"}
-    return {pid: names[role](k) for role, got in pids.items() for k, (pid, node) in enumerate(got) if node == here}
+    names = {"servers": "server shard", "workers": "worker"}
+    return {pid: f"{names[role]} {k}" for role, got in pids.items() for k, (pid, node) in enumerate(got) if node == here}
 
 
 def _gone(pid: int) -> bool:
@@ -653,7 +652,7 @@ def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: floa
                                f"timeout={timeout:g} s")
         for pid, name in (local or {}).items():
             if _gone(pid):
-                raise RuntimeError(f"ray: {name.split(' (')[0]} died mid-run (its actor process {pid} ended); "
+                raise RuntimeError(f"ray: {name} died mid-run (its actor process {pid} ended); "
                                    + ("its part of the table is lost, so the run cannot continue"
                                       if name.startswith("server") else
                                       "the run fails fast rather than replay its step on a table that moved on"))

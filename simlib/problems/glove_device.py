@@ -204,7 +204,7 @@ def device_pass(problem: Any, w: Any, entries: Any, offset: int, batch_size: int
     cuts = list(range(-(offset % batch_size) + batch_size if offset % batch_size else batch_size, len(entries),
                       batch_size))
     parts = [ids[a:b] for a, b in zip([0] + cuts, cuts + [len(entries)]) if b > a]
-    if use_fused(problem.device_kernel, xp, lock_free=True):  # pragma: no cover - needs a GPU
+    if use_fused(problem.device_kernel, xp):  # pragma: no cover - needs a GPU
         return _fused(views, rows, cols, logx, fx, parts, batch_size, eta, clip), None
     return float(sum(adagrad_batch(views, rows, cols, logx, fx, part, eta, clip) for part in parts)), None
 

@@ -161,7 +161,7 @@ def device_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count
     if problem.device_kernel == "hogwild":  # pragma: no cover - needs a GPU
         return hogwild_rows(dev, w, shard, first * batch_size, count * batch_size, batch_size, lr / batch_size,
                             problem.l2, scaled)
-    if use_fused(problem.device_kernel, xp, lock_free=True):  # pragma: no cover - needs a GPU
+    if use_fused(problem.device_kernel, xp):  # pragma: no cover - needs a GPU
         if dev.fused is None:
             dev.fused = FusedSteps(dev, w.shape[0])
         dev.fused(w, shard, first, count, batch_size, lr, problem.l2, scaled, read)
