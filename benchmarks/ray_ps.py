@@ -26,7 +26,7 @@ import time
 
 import simlib
 from simlib.calibration.ray_cost import ray_message_cost, sim_options, step_cost
-from simlib.ray_ps import connect
+from simlib.substrates.ray import connect
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 
 BATCH, LR = 64, 0.5

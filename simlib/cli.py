@@ -26,7 +26,7 @@ from simlib import options as opts
 from simlib._validate import available_memory, gb as _gb
 from simlib.protocol import Protocol
 from simlib.sim.config import SimConfig, Stragglers
-from simlib.sim.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_ROWS, DEFAULT_PROTOCOLS, DEFAULT_TARGET,
+from simlib.course.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_ROWS, DEFAULT_PROTOCOLS, DEFAULT_TARGET,
                                     default_cluster, with_protocol)
 
 FIGURE_TYPES = (".png", ".svg", ".pdf")
@@ -328,7 +328,7 @@ def _quiet_numerics() -> Iterator[None]:
 def run_compare(args: argparse.Namespace) -> int:
     """The main job: check everything, simulate each protocol, print the table, write the figure."""
     configs = validate_compare(args)
-    from simlib.sim.experiments import compare, compare_problem, summary_rows
+    from simlib.course.experiments import compare, compare_problem, summary_rows
 
     compare_problem(configs[0].seed)  # built (and its kernels compiled) here, so Ctrl-C is checked after it
     check_interrupt()

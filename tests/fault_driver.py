@@ -116,7 +116,7 @@ def _ray_mode(mode: str) -> None:
     if mode == "owned" and ray.is_initialized():
         ray.shutdown()
     elif mode == "attached" and not ray.is_initialized():
-        for attempt in range(3):  # a busy machine can miss the raylet's start-up deadline (simlib.ray_ps.connect)
+        for attempt in range(3):  # a busy machine can miss the raylet's start-up deadline (simlib.substrates.ray.connect)
             try:
                 ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING,
                          log_to_driver=False, runtime_env={"worker_process_setup_hook": _install_raising_usr1})

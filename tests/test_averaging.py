@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from simlib.averaging import parameter_mixing, train_on_shard
+from simlib.course.averaging import parameter_mixing, train_on_shard
 from simlib.contract import serial_reference
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from simlib.cache import cached_sgd
+from simlib.course.cache import cached_sgd
 from simlib.contract import serial_reference
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 

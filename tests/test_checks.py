@@ -1,7 +1,7 @@
-"""simlib.checks: visible lesson checks and quick mode."""
+"""simlib.course.checks: visible lesson checks and quick mode."""
 import pytest
 
-from simlib.checks import check, quick, sized
+from simlib.course.checks import check, quick, sized
 
 
 def test_check_prints_a_tick(capsys) -> None:
@@ -29,7 +29,7 @@ def test_quick_mode_is_off_without_the_variable(monkeypatch) -> None:
 
 
 def test_reveal_compares_a_guess_and_never_raises(capsys) -> None:
-    from simlib.checks import reveal
+    from simlib.course.checks import reveal
 
     reveal("How many?", None, 4, detail="it took 12.5 s")
     asked = capsys.readouterr().out

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from simlib.cli import format_table, main
-from simlib.sim.experiments import DEFAULT_TARGET, compare, default_cluster, summary_rows, with_protocol
+from simlib.course.experiments import DEFAULT_TARGET, compare, default_cluster, summary_rows, with_protocol
 
 
 @pytest.fixture(scope="module")

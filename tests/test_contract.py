@@ -95,7 +95,7 @@ def test_the_ssp_read_rule_is_written_once_and_every_server_calls_it():
                       r"(<=|>=|<|>)\s*(clock|\bc)\s*-\s*(self\s*\.\s*)?(bound|staleness|s)\b")
     hits = [p for p in (ROOT / "simlib").rglob("*.py") if rule.search(_code(p))]
     assert [p.name for p in hits] == ["protocol.py"], hits
-    for module in ("sim/clocks.py", "contract.py", "parallel/shm_ps.py"):
+    for module in ("sim/clocks.py", "contract.py", "substrates/shm.py"):
         assert "may_read(" in (ROOT / "simlib" / module).read_text(), module
 
 
@@ -125,7 +125,7 @@ def test_accumulation_factor_averages_floor_lambda_over_n_pushes():
 
 def test_staleness_aware_rule_keeps_async_stable_where_plain_async_fails():
     from simlib.sim import simulate
-    from simlib.sim.experiments import DEFAULT_TARGET, compare_problem, default_cluster
+    from simlib.course.experiments import DEFAULT_TARGET, compare_problem, default_cluster
 
     prob = compare_problem()
     plain = simulate(default_cluster(protocol="async", lr=24.0), prob)
@@ -351,7 +351,7 @@ def test_forked_workers_never_compile_a_kernel_of_the_problem(substrate):
     compiling switched off after the warm-up, a worker needing another signature fails the run."""
     from numba.core.registry import CPUDispatcher
 
-    from simlib.parallel import pipe_ps
+    from simlib.substrates import pipes as pipe_ps
     from simlib.problems import logistic
 
     prob = LogisticProblem(make_sparse_classification(2_000, 300, 8, seed=3), eval_rows=400)
@@ -371,7 +371,7 @@ def test_forked_workers_never_compile_a_kernel_of_the_problem(substrate):
 @pytest.mark.parametrize("option, value", [("backup_workers", 1), ("timeout", 1e-4)])
 def test_backup_workers_and_a_deadline_given_beside_the_protocol_are_obeyed(option, value):
     """simlib.run(problem, 'bsp', backup_workers=1) ran plain BSP on the simulator: the protocol's own 0 won."""
-    from simlib.sim.experiments import compare_problem
+    from simlib.course.experiments import compare_problem
 
     prob = compare_problem()
     beside = simlib.run(prob, "bsp", substrate="sim", n_workers=4, steps=10, **{option: value})

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from simlib.contract import serial_reference
-from simlib.delayed import delayed_sgd, loss_against_delay
+from simlib.course.delayed import delayed_sgd, loss_against_delay
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 
 

@@ -31,6 +31,6 @@ def test_docstring_examples(name):
 
 def test_discovery_finds_the_core_modules():
     found = set(all_modules())
-    assert {"simlib.trace", "simlib.sim.engine", "simlib.parallel.pipe_ps", "simlib.app.scenario",
+    assert {"simlib.trace", "simlib.sim.engine", "simlib.substrates.pipes", "simlib.app.scenario",
             "simlib.calibration.validate", "simlib.problems.logistic"} <= found
     assert len(found) > 40

@@ -10,7 +10,7 @@ from simlib.problems.glove import (
 from glove_reference import train
 import simlib
 from simlib.problems.glove_table import GloveProblem
-from simlib.sim.glove_twin import predict_speedup
+from simlib.course.glove_twin import predict_speedup
 
 
 def test_one_worker_equals_the_sequential_kernel(cooc):

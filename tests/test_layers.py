@@ -12,14 +12,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "simlib"
 
-# The first component under simlib/ names the group; each group has a rank, lower ranks sit below.
+# The first component under simlib/ names the group (two under simlib/substrates/: one group a
+# substrate); each group has a rank, lower ranks sit below.
 BOTTOM = {"problems", "trace", "protocol", "contract", "backend", "compress", "_validate", "data", "options", "signals",
-          "averaging", "cache", "checks", "delayed", "diverged"}
-SUBSTRATES = {"sim", "parallel", "gpu", "ray_ps"}
-# The registry finds substrates by name (importlib), and the package root reaches them through it.
-ABOVE_SUBSTRATES = {"calibration", "viz", "substrates", "simlib", "costs"}
+          "diverged"}
+# The engines a substrate runs on: the simulator, and the process infrastructure (workers, shared
+# arrays, channels). Each substrate may import its own engine; nothing else at rank 1 crosses over.
+ENGINES = {"sim", "parallel"}
+ENGINE_OF = {"substrates.sim": {"sim"}, "substrates.shm": {"parallel"}, "substrates.pipes": {"parallel"},
+             "substrates.gpu": set(), "substrates.ray": set()}
+SUBSTRATES = set(ENGINE_OF)
+# The registry (simlib.substrates) finds substrates by name (importlib), and the package root reaches
+# them through it; the lessons' helpers (course) may run any substrate.
+ABOVE_SUBSTRATES = {"calibration", "viz", "substrates", "simlib", "costs", "course"}
 TOP = {"app", "cli", "__main__", "grade"}
-RANK = {**{g: 0 for g in BOTTOM}, **{g: 1 for g in SUBSTRATES}, **{g: 2 for g in ABOVE_SUBSTRATES},
+RANK = {**{g: 0 for g in BOTTOM}, **{g: 1 for g in ENGINES | SUBSTRATES}, **{g: 2 for g in ABOVE_SUBSTRATES},
         **{g: 3 for g in TOP}}
 VIZ_MAY_IMPORT = BOTTOM | {"viz"}  # viz draws traces: no substrate, no calibration, no registry
 
@@ -64,6 +71,8 @@ def simlib_imports(name: str, source: str, is_package: bool = False) -> list[tup
 def group(module: str) -> str:
     """The layer group of a simlib module: its first component under simlib/ ('simlib' for the root)."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "substrates":
+        return f"substrates.{parts[2]}"
     return parts[1] if len(parts) > 1 else "simlib"
 
 
@@ -76,8 +85,10 @@ def violations(name: str, imported: str) -> str | None:
         return f"{src if src not in RANK else dst!r} is in no layer: add it to tests/test_layers.py"
     if RANK[dst] > RANK[src]:
         return f"layer {src!r} (rank {RANK[src]}) imports the higher layer {dst!r} (rank {RANK[dst]})"
-    if src in SUBSTRATES and dst in SUBSTRATES:
-        return f"substrate {src!r} imports substrate {dst!r}: move what they share below both"
+    side = ENGINES | SUBSTRATES
+    if src in side and dst in side and dst not in ENGINE_OF.get(src, set()):
+        what = "substrate" if src in SUBSTRATES else "engine"
+        return f"{what} {src!r} imports {dst!r}, not its own engine: move what they share below both"
     if src == "viz" and dst not in VIZ_MAY_IMPORT:
         return f"viz imports {dst!r}: viz only draws traces"
     return None
@@ -86,7 +97,7 @@ def violations(name: str, imported: str) -> str | None:
 def test_every_module_is_in_a_layer():
     groups = {group(m) for m in modules()}
     assert groups <= set(RANK), f"modules outside every layer: {sorted(groups - set(RANK))}"
-    assert {"sim", "parallel", "gpu", "viz", "app", "calibration", "problems"} <= groups
+    assert {"sim", "parallel", "substrates", "viz", "app", "calibration", "problems", "course"} | SUBSTRATES <= groups
 
 
 def test_imports_point_down():
@@ -100,14 +111,19 @@ def test_imports_point_down():
 
 
 @pytest.mark.parametrize("name, imported, expected", [
-    ("simlib.sim.probe", "simlib.parallel.pipe_ps", "substrate 'sim' imports substrate 'parallel'"),
-    ("simlib.gpu.hogwild", "simlib.parallel.hogwild", "substrate 'gpu' imports substrate 'parallel'"),
+    ("simlib.sim.probe", "simlib.substrates.pipes", "engine 'sim' imports 'substrates.pipes'"),
+    ("simlib.substrates.gpu", "simlib.parallel.group", "substrate 'substrates.gpu' imports 'parallel'"),
+    ("simlib.substrates.shm", "simlib.substrates.pipes", "substrate 'substrates.shm' imports 'substrates.pipes'"),
+    ("simlib.substrates.pipes", "simlib.sim.engine", "substrate 'substrates.pipes' imports 'sim'"),
+    ("simlib.parallel.group", "simlib.substrates.shm", "engine 'parallel' imports 'substrates.shm'"),
+    ("simlib.substrates.sim", "simlib.substrates", "higher layer"),
+    ("simlib.problems.lda", "simlib.course.checks", "higher layer"),
     ("simlib.viz.panel", "simlib.sim", "viz only draws traces"),
     ("simlib.viz.plots", "simlib.calibration.validate", "viz only draws traces"),
     ("simlib.problems.lda", "simlib.parallel.lda", "higher layer"),
     ("simlib.sim.engine", "simlib.viz", "higher layer"),
     ("simlib.calibration.validate", "simlib.app.live", "higher layer"),
-    ("simlib.ray_ps", "simlib.sim.engine", "substrate 'ray_ps' imports substrate 'sim'"),
+    ("simlib.substrates.ray", "simlib.sim.engine", "substrate 'substrates.ray' imports 'sim'"),
 ])
 def test_the_rule_catches_what_it_should(name, imported, expected):
     why = violations(name, imported)
@@ -116,11 +132,14 @@ def test_the_rule_catches_what_it_should(name, imported, expected):
 
 @pytest.mark.parametrize("name, imported", [
     ("simlib.sim.engine", "simlib.problems.logistic"),
-    ("simlib.calibration.validate", "simlib.parallel.pipe_ps"),
+    ("simlib.calibration.validate", "simlib.substrates.pipes"),
     ("simlib.calibration.validate", "simlib.viz"),
     ("simlib.app.live", "simlib.viz.anim"),
     ("simlib.cli", "simlib.app.serve"),
-    ("simlib.parallel.hogwild", "simlib.parallel.group"),
+    ("simlib.parallel.group", "simlib.parallel.shm"),
+    ("simlib.substrates.shm", "simlib.parallel.group"),
+    ("simlib.substrates.sim", "simlib.sim.engine"),
+    ("simlib.course.glove_twin", "simlib.substrates.sim"),
 ])
 def test_the_rule_allows_imports_that_point_down(name, imported):
     assert violations(name, imported) is None

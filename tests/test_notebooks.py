@@ -24,7 +24,7 @@ def test_committed_without_outputs(path):
 
 @pytest.fixture
 def quick_mode(monkeypatch):
-    """Lessons shrink their runs (simlib.checks.sized) when SIMLIB_QUICK is set; the kernel inherits os.environ."""
+    """Lessons shrink their runs (simlib.course.checks.sized) when SIMLIB_QUICK is set; the kernel inherits os.environ."""
     monkeypatch.setenv("SIMLIB_QUICK", "1")
 
 

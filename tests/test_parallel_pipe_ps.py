@@ -9,7 +9,7 @@ import pytest
 import simlib
 
 from simlib.parallel import WorkerDied
-from simlib.parallel.pipe_ps import PUSH_DTYPE, DenseKeys
+from simlib.substrates.pipes import PUSH_DTYPE, DenseKeys
 
 
 def run_pipe_ps(problem, eval_every=0, **options):

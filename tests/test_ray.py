@@ -364,7 +364,7 @@ def test_sigterm_ends_a_ray_run_with_status_143_as_on_the_other_substrates(momen
 
 def test_an_ended_actor_process_is_seen_at_once_even_as_a_zombie():
     """The driver looks at /proc for its local actors: a process that exited (a zombie, not yet reaped) is gone."""
-    from simlib.ray_ps import _gone
+    from simlib.substrates.ray import _gone
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 30

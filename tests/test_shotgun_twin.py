@@ -6,7 +6,7 @@ import pytest
 
 from simlib.problems.lasso import make_lasso, make_uncorrelated_lasso, random_schedule, reference_optimum, shotgun
 from simlib.sim import SimConfig, Stragglers
-from simlib.sim.shotgun_twin import allgather_time, simulate_shotgun
+from simlib.course.shotgun_twin import allgather_time, simulate_shotgun
 
 
 @pytest.fixture(scope="module")

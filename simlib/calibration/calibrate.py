@@ -47,7 +47,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
-from simlib.parallel.pipe_ps import DenseKeys, pull_keys, push_message, warm_up
+from simlib.substrates.pipes import DenseKeys, pull_keys, push_message, warm_up
 from simlib.parallel.shm import SharedArray
 from simlib.parallel.worker import current
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification

@@ -119,7 +119,7 @@ def ray_message_cost(keys: Sequence[int] = (1, 512, 2_048, 4_096), calls: int = 
     """
     import ray
 
-    from simlib.ray_ps import _resources
+    from simlib.substrates.ray import _resources
 
     check.positive_int("calls", calls)
     check.positive_int("callers", callers)

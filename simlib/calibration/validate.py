@@ -1,7 +1,7 @@
 """Predict, measure, compare: does the calibrated simulator forecast real runs on this machine?
 
 For a :class:`Workload` on a real substrate -- the pipe parameter server
-(:mod:`simlib.parallel.pipe_ps`), or ``simlib.run(..., substrate="shm")`` under async (Hogwild!)
+(:mod:`simlib.substrates.pipes`), or ``simlib.run(..., substrate="shm")`` under async (Hogwild!)
 or BSP, both on the shared-memory substrate's in-place path -- :func:`predict` builds the simulated twin from a
 :class:`~simlib.calibration.calibrate.Calibration` and runs it, :func:`measure` runs the real thing,
 and :func:`compare` does both for 1 and 2 workers and reports the relative error of the
@@ -42,7 +42,7 @@ from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, Calibration, Spread, busy_note, calibrate,
                                           kernel_problem, measure_load)
-from simlib.parallel.pipe_ps import DenseKeys
+from simlib.substrates.pipes import DenseKeys
 from simlib.sim.config import SimConfig
 from simlib.sim.engine import simulate
 from simlib.trace import Trace

@@ -264,7 +264,7 @@ def shotgun(problem: LassoProblem, schedule: np.ndarray, record_every: int = 1, 
 class ShotgunProblem:
     """Shotgun on the parameter-server contract: the table is x, round t's coordinates come from a schedule.
 
-    Worker w of N owns the slots w, w + N, ... of every round (as :mod:`simlib.sim.shotgun_twin`
+    Worker w of N owns the slots w, w + N, ... of every round (as :mod:`simlib.course.shotgun_twin`
     deals them), so one clock of all workers updates the P coordinates of one round. A coordinate
     step needs A_j . r with r = A x - y, which depends on all of x, so every pull reads the whole
     table: n_features values (8 bytes each on the real substrates, ``value_bytes`` in the

@@ -1,4 +1,4 @@
-"""The discrete-event substrate: BSP, SSP and async training on a simulated cluster (SimPy).
+"""The discrete-event simulator: BSP, SSP and async training on a simulated cluster (SimPy).
 
     >>> from simlib.sim import SimConfig, Stragglers, simulate
     >>> bsp = simulate(SimConfig(n_workers=4, steps=10, stragglers=Stragglers(jitter="lognormal")))
@@ -9,7 +9,8 @@
 :class:`simlib.trace.Trace`. Modules: ``config`` (fields and checks), ``network`` (message
 cost, shared links, ring all-reduce), ``clocks`` (BSP/SSP/async gating, backup workers,
 deadlines), ``stragglers`` (compute time model), ``sites`` (sites joined by a WAN, per-site servers,
-the significance filter), ``engine`` (the run).
+the significance filter), ``engine`` (the run). ``simlib.run(..., substrate="sim")`` reaches it
+through :mod:`simlib.substrates.sim`.
 """
 from typing import Any
 

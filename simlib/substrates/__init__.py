@@ -1,5 +1,11 @@
 """Substrates found by name, and the one entry point :func:`run`.
 
+One module per substrate: :mod:`~simlib.substrates.sim` (the discrete-event cluster of
+:mod:`simlib.sim`), :mod:`~simlib.substrates.pipes` and :mod:`~simlib.substrates.shm` (real processes
+on the infrastructure of :mod:`simlib.parallel`), :mod:`~simlib.substrates.gpu` (one device array,
+CuPy or its NumPy twin) and :mod:`~simlib.substrates.ray` (actors). Each problem's math and
+compiled kernels live beside it under :mod:`simlib.problems`.
+
 A substrate is a module with a top-level ``run(problem, protocol, training, **options) -> Result``.
 The built-in ones are imported on first use, so ``import simlib`` stays light; :func:`register`
 adds another (a test's serial loop, or a new engine) without touching this file.
@@ -30,11 +36,11 @@ if TYPE_CHECKING:
 Runner = Callable[..., "Result"]
 
 BUILTIN = {
-    "sim": "simlib.sim.substrate",
-    "shm": "simlib.parallel.shm_ps",
-    "pipes": "simlib.parallel.pipe_ps",
-    "gpu": "simlib.gpu.substrate",
-    "ray": "simlib.ray_ps",
+    "sim": "simlib.substrates.sim",
+    "shm": "simlib.substrates.shm",
+    "pipes": "simlib.substrates.pipes",
+    "gpu": "simlib.substrates.gpu",
+    "ray": "simlib.substrates.ray",
 }
 _registered: dict[str, Runner] = {}
 _RULE = {f.name for f in fields(StepRule)}

@@ -21,6 +21,10 @@ Two paths, as on shared memory:
   i's push lands on top of i others: tau = i. No worker gets ahead of another, a valid schedule under
   BSP, SSP(s) and async alike.
 
+Each problem's device steps live beside its math (:mod:`simlib.problems.logistic_device`,
+:mod:`~simlib.problems.glove_device`, :mod:`~simlib.problems.lda_device`); fused CUDA kernels are chosen
+by :func:`simlib.backend.use_fused` and compiled once by :func:`simlib.backend.cuda_kernels`.
+
 The array module comes from ``xp`` ('auto': CuPy when a device is present); the trace's ``path``
 says which path ran. Example::
 

@@ -13,7 +13,7 @@ from simlib.problems.glove import Cooccurrence, GloveConfig
 from simlib.problems.glove_table import GloveProblem
 from simlib.contract import Training
 from simlib.protocol import Protocol
-from simlib.sim.substrate import run
+from simlib.substrates.sim import run
 
 
 def predict_speedup(
