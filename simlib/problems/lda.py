@@ -185,9 +185,20 @@ def count_tables(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> tuple[np.nd
     if z.size and (z.min() < 0 or z.max() >= n_topics):
         raise ValueError(f"z must lie in [0, n_topics={n_topics})")
     K = n_topics
-    n_dk, n_wk = (np.bincount(ids.astype(np.int64) * K + z, minlength=n * K).reshape(n, K).astype(np.int32)
-                  for ids, n in ((corpus.doc_of, corpus.n_docs), (corpus.words, corpus.n_words)))
-    return n_dk, n_wk, np.bincount(z, minlength=K).astype(np.int32)
+    return _count_pairs(corpus.doc_of, z, corpus.n_docs, K), _count_pairs(corpus.words, z, corpus.n_words, K), \
+        np.bincount(z, minlength=K).astype(np.int32)
+
+
+@njit(cache=True, nogil=True)
+def _count_pairs(ids: np.ndarray, z: np.ndarray, n: int, K: int) -> np.ndarray:
+    """out[i, k] = the number of tokens with id i and topic k, as int32 (n, K)."""
+    # NOTE: replaces np.bincount(ids * K + z, minlength=n * K).reshape(n, K).astype(np.int32), whose int64
+    # counts and int32 copy (12 bytes per entry at once) set the peak memory at K = 10,000 on the KJV (1.44 GB);
+    # the zeroed table here is 4 bytes per entry, and pages no token writes are not touched.
+    out = np.zeros((n, K), np.int32)
+    for i in range(ids.shape[0]):
+        out[ids[i], z[i]] += 1
+    return out
 
 
 def conditional(n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, n_words: int) -> Any:

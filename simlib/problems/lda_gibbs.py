@@ -78,6 +78,8 @@ Example::
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from numba import njit
 
@@ -663,6 +665,15 @@ class GibbsState:
                           self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), self._cdf)
             _lists_to_dense(self.dk_idx, self.dk_cnt, self.dk_len, self.n_dk)
 
+    def memory(self) -> dict[str, int]:
+        """Bytes held, by structure: the word-topic counts (V x K and K), the document-topic counts (D x K),
+        the per-document topic lists of the sparse and alias kernels (3 D x K), the per-token arrays."""
+        out = {"n_wk, n_k": self.n_wk.nbytes + self.n_k.nbytes, "n_dk": self.n_dk.nbytes}
+        if self.kernel in ("sparse", "alias"):
+            out["topic lists"] = sum(a.nbytes for a in (self.dk_idx, self.dk_cnt, self.dk_pos, self.dk_len, self._cdf))
+        out["per token"] = sum(a.nbytes for a in (self.order, self.word_ptr, self.doc_wm, self.z_wm, self._z_doc))
+        return out
+
     def log_likelihood(self) -> float:
         """log p(w, z) of the current state (valid when n_wk, n_k are this corpus's own counts)."""
         return log_likelihood(self.n_dk, self.n_wk, self.n_k, self.alpha, self.beta)
@@ -711,6 +722,23 @@ def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0
     return seen
 
 
+def cpu_per_token(corpus: LDACorpus, n_topics: int, kernel: str = "sparse", n_sweeps: int = 3, alpha: float = 0.1,
+                  beta: float = 0.01, seed: int = 0) -> tuple[float, GibbsState]:
+    """CPU seconds per token of sweeps 1..n_sweeps from a random start (sweep 0 compiles: not timed); and the state.
+
+    CPU time of this process (``time.process_time``), so other programs on a busy machine inflate
+    it far less than wall time. Sweep s is seeded by s, as in a loop of ``state.sweep(seed=s)``.
+    """
+    check_corpus(corpus)
+    check.positive_int("n_sweeps", n_sweeps)
+    state = GibbsState.init(corpus, n_topics, alpha, beta, seed, kernel)
+    state.sweep(seed=0)
+    t = time.process_time()
+    for s in range(1, n_sweeps + 1):
+        state.sweep(seed=s)
+    return (time.process_time() - t) / (n_sweeps * corpus.n_tokens), state
+
+
 def fit(corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01, n_sweeps: int = 100,
         seed: int = 0, kernel: str = "sparse", record_every: int = 1) -> tuple[GibbsState, list[float]]:
     """Run ``n_sweeps`` Gibbs sweeps from a random start; return the state and log p(w, z) after each recorded sweep."""
@@ -726,4 +754,4 @@ def fit(corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01
     return state, lls
 
 
-__all__ = ["GibbsState", "fit", "mh_token_draws", "KERNELS"]
+__all__ = ["GibbsState", "fit", "cpu_per_token", "mh_token_draws", "KERNELS"]
