@@ -212,11 +212,20 @@ def conditional(n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, n_wor
     return p / xp.sum(p, axis=-1, keepdims=True)
 
 
+def _lgamma_sum(counts: np.ndarray, prior: float) -> float:
+    """sum over all entries of lgamma(count + prior), every zero count adding lgamma(prior)."""
+    # NOTE: gammaln over the non-zero counts only: at K = 10,000 on the KJV the tables hold 64 M counts,
+    # 0.3 M of them non-zero, and gammaln(n_wk + b) over them all built two 418 MB float64 arrays
+    # (the peak of a run went from 0.48 to 1.27 GB) and took 2.5 s of CPU.
+    nonzero = counts[counts != 0]
+    return float(gammaln(nonzero + prior).sum() + (counts.size - nonzero.size) * gammaln(prior))
+
+
 def word_log_likelihood(n_wk: Any, n_k: Any, beta: float) -> float:
     """log p(w | z) = K[lgamma(V b) - V lgamma(b)] + sum_k [sum_w lgamma(n_wk + b) - lgamma(n_k + V b)]."""
     n_wk, n_k = to_numpy(n_wk), to_numpy(n_k)
     V, K = n_wk.shape
-    return float(K * (gammaln(V * beta) - V * gammaln(beta)) + gammaln(n_wk + beta).sum()
+    return float(K * (gammaln(V * beta) - V * gammaln(beta)) + _lgamma_sum(n_wk, beta)
                  - gammaln(n_k + V * beta).sum())
 
 
@@ -225,7 +234,7 @@ def doc_log_likelihood(n_dk: Any, alpha: float) -> float:
     n_dk = to_numpy(n_dk)
     D, K = n_dk.shape
     n_d = n_dk.sum(axis=1)
-    return float(D * (gammaln(K * alpha) - K * gammaln(alpha)) + gammaln(n_dk + alpha).sum()
+    return float(D * (gammaln(K * alpha) - K * gammaln(alpha)) + _lgamma_sum(n_dk, alpha)
                  - gammaln(n_d + K * alpha).sum())
 
 
