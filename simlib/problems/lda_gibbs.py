@@ -51,7 +51,7 @@ Four compiled sweeps share one state (:class:`GibbsState`):
   its O(K) build costs O(1) per draw.
   The doc part is the exact conditional but for the word part's staleness, so most proposals
   are accepted and the chain keeps the exact sampler's pace per sweep: log p after 10 sweeps
-  on the KJV at K = 1,000 within 0.3% of ``sparse`` (``mh``: 4.5% behind).
+  on 300 KJV chapters at K = 1,000 within 0.3% of ``sparse``'s (``mh``: 4.4-4.6% behind).
 
 Why sparse is the default (measured on the KJV chapters, 278 k tokens, one core of a busy 2-core
 machine): the dense sweep runs at ~13 M tokens/s at K = 20 but ~4.9 M at K = 100; the sparse
@@ -63,9 +63,9 @@ same load) while costing O(log K) per move, so the simpler running sum stayed. T
 is not exact Gibbs: its chain mixes more slowly per sweep, so its likelihood after a given
 number of sweeps lags the exact chain's; it pays off at large K (``benchmarks/lda.py --kernels``).
 The alias sampler's cost per token still follows the topics a document uses (its doc part, as
-sparse's), without sparse's O(K) scan of the word part: on the KJV from a random start, 1.5-1.6x
-sparse's CPU per token at K = 100, level at K = 1,000 (0.9-1.1x) and 3x cheaper at K = 10,000,
-where mh is 1.3x cheaper still (2 sweeps after the first, one busy core).
+sparse's), without sparse's O(K) scan of the word part: on the KJV from a random start, 1.5-1.7x
+sparse's CPU per token at K = 100, level at K = 1,000 (0.9-1.2x) and 3.1x cheaper at K = 10,000,
+where mh is 1.2-1.3x cheaper still (2-3 sweeps after the first, one core of a busy machine).
 
 Example::
 
@@ -450,10 +450,11 @@ def _alias_run(
     """AliasLDA on tokens j, j+1, .. of word w until b, or until the word table has served ``budget`` draws.
 
     Each token runs n_steps MH steps, proposing from q(k) ∝ n_dk phi_w(k) + a q_w(k): the doc
-    part fresh over d's topic list, q_w the stale table without the token (``_word_draw``, which
-    also says what s_fixed means); accepted with min(1, p(t) q(s) / (p(s) q(t))) against
-    p(k) = (n_dk + a) phi_w(k). ``inv`` holds 1 / (n_k + V b) and is kept up to date; ``phi`` is
-    work space for phi_w. Returns (the next token, the rng).
+    part fresh over d's topic list, q_w the stale table without the token (``_word_draw``; the
+    table counts it under its topic on entry, or s_fixed if >= 0, as in ``_mh_run``); accepted
+    with min(1, p(t) q(s) / (p(s) q(t))) against p(k) = (n_dk + a) phi_w(k). ``inv`` holds
+    1 / (n_k + V b) and is kept up to date; ``phi`` is work space for phi_w. Returns (the next
+    token, the rng).
     """
     V, K = n_wk.shape
     vbeta = V * beta
