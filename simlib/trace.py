@@ -193,12 +193,13 @@ class Trace:
             if s.kind not in kinds or not s.nbytes:
                 continue
             a = min(int(s.start // width), bins - 1)
-            if s.end <= s.start:  # an instant: all its bytes in its bin
+            if s.end - s.start <= 1e-9 * width:  # an instant: all its bytes in its bin
                 load[s.worker, a] += s.nbytes
                 continue
             b = min(int(-(-s.end // width)), bins)
             overlap = np.minimum(edges[a + 1:b + 1], s.end) - np.maximum(edges[a:b], s.start)
-            load[s.worker, a:b] += s.nbytes * np.clip(overlap, 0.0, None) / (s.end - s.start)
+            overlap[overlap < 1e-12 * width] = 0.0  # a span ending on a bin edge, give or take rounding
+            load[s.worker, a:b] += s.nbytes * overlap / overlap.sum()
         return edges[:-1], load / width
 
     def worker_spans(self, worker: int) -> list[Span]:
