@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from simlib.sim import SimConfig, Stragglers, simulate
 from simlib.sim.engine import run_config
-from simlib.sim.managed import MESSAGE_ENTRIES, Pending, priority
+from simlib.managed import MESSAGE_ENTRIES, Pending, priority
 
 JITTER = Stragglers(jitter="lognormal", slow_workers=1, pause_prob=0.1, pause_time=0.001)
 
@@ -128,7 +128,7 @@ def test_largest_relative_change_goes_first():
 
 # -- the SSP bound, determinism ---------------------------------------------------------------------
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(n=st.integers(1, 5), s=st.integers(0, 3), k=st.integers(2, 4), shards=st.integers(1, 3),
+@given(n=st.integers(1, 5), s=st.integers(1, 3), k=st.integers(2, 4), shards=st.integers(1, 3),
        budget=st.sampled_from([1e4, 1e5, 1e6]), sigma=st.floats(0.0, 1.5), seed=st.integers(0, 10_000))
 def test_no_read_is_staler_than_the_bound(small_problem, n, s, k, shards, budget, sigma, seed):
     cfg = SimConfig(n_workers=n, protocol=f"ssp:{s}", steps=8, clock_batches=k, managed_bandwidth=budget,
@@ -150,6 +150,7 @@ def test_same_seed_same_trace(small_problem):
 @pytest.mark.parametrize("kwargs, words", [
     (dict(protocol="ssp:2", managed_bandwidth=1e5), "clock_batches >= 2"),
     (dict(protocol="bsp", clock_batches=2, managed_bandwidth=1e5), "managed_bandwidth needs a stale protocol"),
+    (dict(protocol="ssp:0", clock_batches=2, managed_bandwidth=1e5), "managed_bandwidth needs a stale protocol"),
     (dict(protocol="ssp:2", clock_batches=2, managed_bandwidth=0), "managed_bandwidth must be"),
     (dict(protocol="ssp:2", clock_batches=2, managed_bandwidth=float("nan")), "managed_bandwidth must be"),
     (dict(protocol="ssp:2", clock_batches=2, managed_bandwidth=1e10, bandwidth=1e9), "must be <= bandwidth"),

@@ -263,18 +263,11 @@ class SimConfig(_FieldsOnly):
                     raise ValueError(f"clock_batches > 1 is modelled with {why} only")
         if self.managed_bandwidth is None:
             return
-        if self.clock_batches < 2:
-            raise ValueError("managed_bandwidth needs clock_batches >= 2 (--clock-batches): with one mini-batch per "
-                             "clock nothing is pending between clocks, so there is nothing to send early")
-        if self.protocol == "bsp":
-            raise ValueError("managed_bandwidth needs a stale protocol ('ssp:S' or 'async'): under BSP an early update "
-                             "would reach reads of the round it belongs to")
-        if self.managed_bandwidth > self.bandwidth:
-            raise ValueError(f"managed_bandwidth ({self.managed_bandwidth:g} B/s) must be <= bandwidth "
-                             f"({self.bandwidth:g} B/s): the budget is spent on the same link")
-        for bad, name in ((not self.step_rule.plain, "staleness_aware, accumulation and rule="),
-                          (self.backup_workers or self.timeout is not None, "backup_workers and timeout"),
-                          (self.sites > 1, "sites > 1"),
+        from simlib.managed import check as check_managed  # NumPy: only once managed communication is asked for
+
+        check_managed(self.clock_batches, self.managed_bandwidth, self.bound, self.step_rule.plain,
+                      self.backup_workers or self.timeout is not None, self.bandwidth)
+        for bad, name in ((self.sites > 1, "sites > 1"),
                           (self.stragglers.fail_worker is not None, "stragglers.fail_worker")):
             if bad:
                 raise ValueError(f"managed_bandwidth: {name} are not modelled with managed communication (early "

@@ -1,4 +1,4 @@
-"""Bosen's managed communication (Wei et al., SoCC 2015): a bandwidth budget spent between clocks.
+"""Bosen's managed communication (Wei et al., SoCC 2015) in the simulator: a bandwidth budget spent between clocks.
 
 A clock spans ``SimConfig.clock_batches`` mini-batches. The worker reads the rows they touch once, at
 the clock's start (as fresh as the protocol allows), computes each mini-batch's real update on its
@@ -6,7 +6,7 @@ copy (its own updates included: they are added locally first, the seeds' "combin
 in a pending buffer. Without a budget the whole sum goes at the clock's end: SSP's burst, with the
 network idle in between. With ``SimConfig.managed_bandwidth`` = B bytes/s, while the worker computes,
 a sender takes the pending keys of largest relative change |delta| / (|value| + eps) first, in
-messages of at most :data:`MESSAGE_ENTRIES` entries, never faster than B on average (a message of n
+messages of at most ``MESSAGE_ENTRIES`` entries (:mod:`simlib.managed`), never faster than B on average (a message of n
 bytes is followed by n / B of silence). The server adds each early message to the table on arrival,
 so the next reads see it; the clock's end pushes whatever is still pending as before, and only that
 push completes the clock, so the SSP bound holds unchanged and every update arrives exactly once.
@@ -25,63 +25,27 @@ from typing import Any
 import numpy as np
 import simpy
 
-# Entries per early message (8 bytes each with the default 4-byte keys and values): small enough that a
-# budget of a few hundred kB/s sends several messages per clock, large enough that latency stays cheap.
-MESSAGE_ENTRIES = 32
-# The eps of the priority |delta| / (|value| + eps): parameters still at 0 rank by |delta| alone.
-EPS = 1e-6
+from simlib.managed import MESSAGE_ENTRIES, Pending
 
 
-def priority(delta: np.ndarray, value: np.ndarray, eps: float = EPS) -> np.ndarray:
-    """Bosen's relative magnitude: |delta| / (|value| + eps)."""
-    return np.abs(delta) / (np.abs(value) + eps)
+class _Pending(Pending):
+    """:class:`simlib.managed.Pending` that wakes a sender waiting for something to send."""
 
-
-class Pending:
-    """One worker's updates of one clock not yet sent: a sum per key over the clock's (sorted) keys."""
-
-    def __init__(self, keys: np.ndarray, values: np.ndarray):
-        self.keys = keys
-        self.values = values  # the values read at the clock's start: the priority's denominator
-        self.acc = np.zeros(len(keys), dtype=np.float64)
-        self.held = np.zeros(len(keys), dtype=bool)  # which keys have an update pending
-        self.closed = False
-        self.wake: simpy.Event | None = None
-
-    def index(self, keys: np.ndarray) -> np.ndarray:
-        """Positions of ``keys`` (each one of the clock's) in the buffer."""
-        idx = np.searchsorted(self.keys, keys)
-        if len(keys) and (idx.max() >= len(self.keys) or not np.array_equal(self.keys[idx], keys)):
-            raise ValueError("a mini-batch's update touched a key its clock did not read")
-        return idx
+    wake: simpy.Event | None = None
 
     def add(self, keys: np.ndarray, deltas: np.ndarray) -> None:
-        """Accumulate one mini-batch's update; wake a sender waiting for something to send."""
-        idx = self.index(keys)
-        np.add.at(self.acc, idx, deltas)
-        self.held[idx] = True
-        if self.wake is not None:
-            self.wake.succeed()
-            self.wake = None
-
-    def take(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Remove and return the (at most) n pending keys of largest priority, in key order, with their sums."""
-        where = np.flatnonzero(self.held)
-        if len(where) > n:
-            order = np.argsort(-priority(self.acc[where], self.values[where]), kind="stable")
-            where = np.sort(where[order[:n]])
-        out = self.keys[where], self.acc[where].copy()
-        self.acc[where] = 0.0
-        self.held[where] = False
-        return out
+        super().add(keys, deltas)
+        self._wake()
 
     def rest(self) -> tuple[np.ndarray, np.ndarray]:
-        """Close the clock: every key still pending, with its sum."""
-        self.closed = True
+        out = super().rest()
+        self._wake()
+        return out
+
+    def _wake(self) -> None:
         if self.wake is not None:
             self.wake.succeed()
             self.wake = None
-        return self.take(len(self.keys))
 
 
 def clocked_worker(run: Any, i: int):
@@ -110,7 +74,7 @@ def clocked_worker(run: Any, i: int):
             fresh.read(i)
             values, version, req_bytes, resp_bytes = yield from run._pull(i, keys)
             trace.span(i, "recv", t_pull, env.now, nbytes=req_bytes + resp_bytes, step=c)
-            pending = Pending(keys, np.asarray(values, dtype=np.float64))
+            pending = _Pending(keys, np.asarray(values, dtype=np.float64))
             fresh.pending[i] = pending
             local = pending.values.copy()  # the worker's copy: its own updates are added locally first
             if budget is not None:
@@ -149,7 +113,7 @@ def clocked_worker(run: Any, i: int):
     run.finished[i] = True
 
 
-def _sender(run: Any, i: int, c: int, pending: Pending, budget: float, next_send: list[float], log: dict,
+def _sender(run: Any, i: int, c: int, pending: _Pending, budget: float, next_send: list[float], log: dict,
             fresh: "_Unseen"):
     """While clock c computes: send the largest pending changes, at most ``budget`` bytes/s on average."""
     env = run.env
@@ -189,7 +153,7 @@ def _send_early(run: Any, i: int, c: int, keys: np.ndarray, deltas: np.ndarray, 
 def _land(run: Any, delay: float, keys: np.ndarray, deltas: np.ndarray, i: int, fresh: "_Unseen"):
     """An early message reaches its shard: the server adds it to the table (the plain step rule: as it is)."""
     yield run.env.timeout(delay)
-    run.w[keys] += deltas
+    run.server.add_early(keys, deltas)
     fresh.flying[i] -= float(np.abs(deltas).sum())
 
 
