@@ -9,7 +9,8 @@
 :class:`simlib.trace.Trace`. Modules: ``config`` (fields and checks), ``network`` (message
 cost, shared links, ring all-reduce), ``clocks`` (BSP/SSP/async gating, backup workers,
 deadlines), ``stragglers`` (compute time model), ``sites`` (sites joined by a WAN, per-site servers,
-the significance filter), ``engine`` (the run). ``simlib.run(..., substrate="sim")`` reaches it
+the significance filter), ``managed`` (clocks of several mini-batches, Bosen's managed communication),
+``engine`` (the run). ``simlib.run(..., substrate="sim")`` reaches it
 through :mod:`simlib.substrates.sim`.
 """
 from typing import Any

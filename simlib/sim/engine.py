@@ -119,6 +119,10 @@ class _Run:
         body = self._allreduce_worker if cfg.topology == "allreduce" else self._ps_worker
         if cfg.topology == "allreduce":
             self._ar = _AllReduce(self)
+        if cfg.clock_batches > 1:  # clocks of several mini-batches, Bosen's managed communication: simlib.sim.managed
+            from simlib.sim.managed import clocked_worker
+
+            body = functools.partial(clocked_worker, self)
         self.procs = [env.process(body(i)) for i in range(cfg.n_workers)]
         st = cfg.stragglers
         if st.fail_worker is not None:
