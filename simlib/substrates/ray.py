@@ -46,6 +46,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import os
@@ -432,11 +433,8 @@ def _children(pid: int | str = "self") -> set[int]:
     except OSError:
         return pids
     for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+            pids.update(int(p) for p in f.read().split())
     return pids
 
 
@@ -585,10 +583,8 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
 def _kill(ray: Any, actors: list) -> None:
     """Kill every actor of the run, even if Ray already lost some of them."""
     for a in actors:
-        try:
+        with contextlib.suppress(Exception):  # an actor Ray cannot reach is gone with its node; kill the rest
             ray.kill(a, no_restart=True)
-        except Exception:  # noqa: BLE001 - an actor Ray cannot reach is gone with its node; kill the rest
-            pass
 
 
 def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[tuple[int, str]]]:
