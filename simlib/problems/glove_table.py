@@ -87,8 +87,7 @@ class GloveProblem:
 
     def unflatten(self, w: np.ndarray) -> GloveParams:
         """The flat table as GloveParams (float32 copies)."""
-        return GloveParams(**{n: w[self.offsets[k] : self.offsets[k + 1]].astype(np.float32).reshape(shape)
-                              for k, (n, shape) in enumerate(GloveParams.shapes(self.v, self.d).items())})
+        return GloveParams(*(a.astype(np.float32) for a in self._views(w)))
 
     def shards(self, n_workers: int) -> list[tuple[int, int]]:
         """Contiguous ranges of the shuffled entry order, one per worker."""
@@ -208,13 +207,10 @@ class GloveProblem:
 
     def quality(self, w: np.ndarray) -> float:
         """The C program's cost 0.5 f diff^2, averaged over a fixed sample of entries."""
-        w = to_numpy(w)  # a device table is read back (the sample's rows are few, the table small)
+        W, C, bw, bc = self._views(to_numpy(w))[:4]  # a device table is read back (the sample's rows are few)
         e = self.eval_idx
         r, c = self.cooc.rows[e], self.cooc.cols[e]
-        o, d = self.offsets, self.d
-        W = w[o[0] : o[1]].reshape(-1, d)
-        C = w[o[1] : o[2]].reshape(-1, d)
-        diff = np.einsum("ij,ij->i", W[r], C[c]) + w[o[2] + r] + w[o[3] + c] - self.logx[e]
+        diff = np.einsum("ij,ij->i", W[r], C[c]) + bw[r] + bc[c] - self.logx[e]
         return float(np.mean(0.5 * self.fx[e] * diff * diff))
 
 
