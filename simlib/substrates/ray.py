@@ -293,9 +293,8 @@ class RayPSWorker:
         refs = [s.pull.remote(keys[parts[k + 1]], meta_ref) for k, s in enumerate(self.shards)]
         got = ray.get([values_ref, meta_ref, *refs])
         values = np.empty(len(keys))
-        values[parts[0]] = got[0]
-        for k, v in enumerate(got[2:]):
-            values[parts[k + 1]] = v
+        for part, v in zip(parts, [got[0], *got[2:]]):  # the coordinator's range, then each shard's
+            values[part] = v
         return values, got[1]
 
     def _push(self, ray: Any, c: int, keys: np.ndarray, deltas: np.ndarray, version: int) -> tuple:
@@ -468,10 +467,8 @@ def _stop_local(before: set[int]) -> None:
             continue
         strays += _tree(pid)
     for pid in strays:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            continue
     deadline = time.monotonic() + 2.0
     for pid in strays:  # reap this process's own children, so no zombie is left either
         while time.monotonic() < deadline:
