@@ -1,6 +1,7 @@
 """Validation at the boundary: every check raises ValueError naming the field and the allowed range."""
 from __future__ import annotations
 
+import contextlib
 import difflib
 import math
 import os
@@ -55,13 +56,10 @@ def one_of(name: str, value: Any, allowed: Iterable[Any]) -> None:
 
 def available_memory() -> float:
     """Bytes of memory available to a new allocation (MemAvailable; physical pages as a fallback)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
     try:
         return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):

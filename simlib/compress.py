@@ -93,11 +93,9 @@ def parse_spec(spec: str) -> tuple[str, float | None]:
     if name.startswith("topk"):
         if not (math.isfinite(arg) and arg > 0 and (arg < 1 or arg == int(arg))):
             raise ValueError(f"compression topk needs a fraction in (0, 1) or an integer count >= 1; got {spec!r}")
-    elif name.startswith("budget"):
-        if not (math.isfinite(arg) and arg >= 1 and arg == int(arg)):
-            raise ValueError(f"compression budget needs an integer byte budget >= 1; got {spec!r}")
-    elif not (math.isfinite(arg) and arg >= 1 and arg == int(arg)):
-        raise ValueError(f"compression qsgd levels must be an integer >= 1; got {spec!r}")
+    elif not (math.isfinite(arg) and arg >= 1 and arg == int(arg)):  # budget and qsgd: an integer >= 1
+        what = "budget needs an integer byte budget" if name.startswith("budget") else "qsgd levels must be an integer"
+        raise ValueError(f"compression {what} >= 1; got {spec!r}")
     return name, arg
 
 

@@ -26,6 +26,9 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from simlib._validate import _is_int, _is_number
+
+
 @dataclass(frozen=True)
 class Option:
     """One configurable field: its dotted name, flag, type, default, help and allowed range."""
@@ -186,12 +189,3 @@ def _unwrap(hint: Any) -> tuple[Any, bool]:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return args[0], len(args) < len(typing.get_args(hint))
     return hint, False
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) or type(value).__name__.startswith(("int", "uint")) \
-        and hasattr(value, "dtype")
-
-
-def _is_number(value: Any) -> bool:
-    return _is_int(value) or isinstance(value, float) or type(value).__name__.startswith("float") and hasattr(value, "dtype")

@@ -62,10 +62,6 @@ class RayMessageCost:
     sizes: tuple[int, ...]
     round_trips: tuple[float, ...]
 
-    def round_trip(self, nbytes: float) -> float:
-        """2 * latency + server_time + nbytes / bandwidth (no queueing)."""
-        return 2 * self.latency + self.server_time + nbytes / self.bandwidth
-
 
 class _Server:
     """The server side: an asynchronous actor with the substrate's pull and push, over a table of zeros."""

@@ -131,16 +131,14 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
     """The simulated twin of ``w`` on ``n_workers``, priced by ``cal`` (see the module doc)."""
     check.positive_int("n_workers", n_workers)
     busy = min(n_workers, 2)
-    b = w.batch_size(n_workers)
+    b, prob = w.batch_size(n_workers), workload_problem(w)
     if w.substrate == "pipe_ps":
-        prob = workload_problem(w)
         push_bytes = 12 * len(prob.keys(prob.batch(prob.shards(n_workers)[0], 0, b)))  # (int32 key, float64 grad)
         cfg = _pipe_ps_config(cal, busy, n_workers, w.steps, b, w.lr, push_bytes)
         overhead = cfg.compute_overhead + pipe_ps_residual(cal)
         if w.dense:
             overhead += cal.compute_time("ps_dense", w.n_features, busy)
         return cfg.replace(compute_overhead=overhead)
-    prob = workload_problem(w)
     b, steps = shm_steps(w, n_workers)
     if w.substrate == "hogwild":
         chunks = -(-steps // w.global_batch)

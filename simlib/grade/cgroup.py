@@ -14,6 +14,7 @@ count into a one-line reason naming the flag.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -88,10 +89,8 @@ def _sweep(parent: Path) -> None:
     for entry in parent.glob(PREFIX + "*"):
         pid = entry.name[len(PREFIX):].split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
-            try:
+            with contextlib.suppress(OSError):
                 entry.rmdir()
-            except OSError:
-                pass
 
 
 def _probe(parents: dict[str, Path]) -> str:
@@ -215,12 +214,11 @@ class Cgroup:
                 folder.mkdir()
                 made.append(folder)
             limit = str(memory_mb * 1024 * 1024)
+            (self.pids / "pids.max").write_text(str(max_procs))
             if found.version == 2:
-                (self.pids / "pids.max").write_text(str(max_procs))
                 (self.memory / "memory.max").write_text(limit)
                 _write(self.memory / "memory.swap.max", "0")
             else:
-                (self.pids / "pids.max").write_text(str(max_procs))
                 (self.memory / "memory.limit_in_bytes").write_text(limit)
                 _write(self.memory / "memory.memsw.limit_in_bytes", limit)  # no swap beyond it, where accounted
         except OSError:
@@ -247,23 +245,20 @@ class Cgroup:
         """Pids of the processes now in the cgroup."""
         return [int(p) for p in _read(self.pids / "cgroup.procs").split() if p.isdigit()]
 
+    def _oom_kills(self) -> int:
+        """Processes the memory limit killed (memory.events, or v1's memory.oom_control)."""
+        return _field(self.memory / ("memory.events" if self.layout.version == 2 else "memory.oom_control"), "oom_kill")
+
     def stats(self) -> dict[str, int]:
         """Peak and current tasks, forks refused by pids.max, processes killed by the memory limit, peak bytes."""
-        if self.layout.version == 2:
-            oom, peak_bytes = _field(self.memory / "memory.events", "oom_kill"), _number(self.memory / "memory.peak")
-        else:
-            oom = _field(self.memory / "memory.oom_control", "oom_kill")
-            peak_bytes = _number(self.memory / "memory.max_usage_in_bytes")
+        peak = "memory.peak" if self.layout.version == 2 else "memory.max_usage_in_bytes"
         return {"pids_peak": _number(self.pids / "pids.peak"), "pids_current": _number(self.pids / "pids.current"),
-                "pids_refused": _field(self.pids / "pids.events", "max"), "oom_kills": oom, "memory_peak": peak_bytes}
+                "pids_refused": _field(self.pids / "pids.events", "max"), "oom_kills": self._oom_kills(),
+                "memory_peak": _number(self.memory / peak)}
 
     def violation(self) -> str:
         """A one-line reason if the submission hit pids.max or the memory limit, else ''."""
-        if self.layout.version == 2:
-            oom = _field(self.memory / "memory.events", "oom_kill")
-        else:
-            oom = _field(self.memory / "memory.oom_control", "oom_kill")
-        if oom:
+        if self._oom_kills():
             return (f"its processes together used more than {self.memory_mb} MB "
                     "(--memory-mb, the cgroup's memory limit, killed one)")
         if _field(self.pids / "pids.events", "max"):
@@ -301,10 +296,8 @@ class Cgroup:
 
     def _signal_all(self) -> None:
         for pid in self.members():
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def remove(self) -> None:
         """Kill whatever is left in the cgroup and remove it from every hierarchy."""

@@ -13,6 +13,7 @@ ok or the error's type and message and the unit's nonce.
 from __future__ import annotations
 
 import base64
+import contextlib
 import builtins
 import ctypes
 import fcntl
@@ -172,10 +173,8 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int) -> None:
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
             reply = {"seq": seq, "nonce": unit["nonce"], "ok": False, "error": describe(exc)}
         del code, unit
-        try:
+        with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()
-        except BaseException:  # noqa: BLE001 - the submission may have closed or replaced stdout
-            pass
         write_frame(result_fd, reply)
 
 

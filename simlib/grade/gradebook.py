@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 import simlib
+from simlib import _validate as check
 from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
 from simlib.grade.sandbox import Limits, Outcome, SandboxError, Unit, choose, exposed, run_units
@@ -376,8 +377,7 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
     check_hidden(master_path, out_dir, submissions)
     kind, note = choose(sandbox)
     jobs = (2 if kind == "bwrap" or os.getuid() == 0 else 1) if jobs is None else jobs
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"--jobs must be an integer >= 1, got {jobs!r}")
+    check.positive_int("--jobs", jobs)
     if jobs > 1 and kind != "bwrap" and os.getuid() != 0:
         raise ValueError("--jobs: submissions run side by side only in bubblewrap or as root "
                          "(each needs a private /dev/shm); use 1")

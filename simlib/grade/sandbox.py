@@ -35,6 +35,7 @@ tests or the nonces, replacing ``exec`` or the reference functions the tests cal
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import json
 import marshal
@@ -372,10 +373,8 @@ class Child:
             alive = self.tree()
             for pid in alive:
                 _signal(pid, signal.SIGKILL)
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
             self.proc.poll()
             if not alive or alive == [self.proc.pid] and self.proc.returncode is not None:
                 return
@@ -390,10 +389,8 @@ class Child:
         self._watcher.join()
         _reap_children(self.known | set(self.seen.items()), self.proc.pid)
         for stream in (self.proc.stdin, self.proc.stdout):
-            try:
+            with contextlib.suppress(OSError):
                 stream.close()
-            except OSError:
-                pass
         self._drain.join(timeout=5)
         os.close(self.results)
         if self.cgroup is not None:
@@ -443,11 +440,9 @@ class Child:
         self._write(_frame({"units": plan}))
 
     def _write(self, data: bytes) -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):  # the child is gone; receive() says how
             self.proc.stdin.write(data)
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
-            pass  # the child is gone; receive() says how
 
     def run(self, k: int, deadline: float) -> Outcome:
         """Let unit ``k`` of the plan run; wait for its answer until ``deadline``."""
@@ -493,21 +488,15 @@ def _start_time(pid: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled_source(name: str, source: str) -> str:
-    return base64.b64encode(marshal.dumps(compile(source, f"<{name}>", "exec"))).decode("ascii")
-
-
 def _compiled(unit: Unit) -> str:
     """A test unit as base64 marshalled bytecode (the master's code, so compiling it here is safe)."""
-    return _compiled_source(unit.name, unit.source)
+    return base64.b64encode(marshal.dumps(compile(unit.source, f"<{unit.name}>", "exec"))).decode("ascii")
 
 
 def _signal(pid: int, sig: int) -> None:
     """Send a signal to a process that may already be gone."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _proc_stats() -> dict[int, tuple[int, int, int]]:
@@ -628,11 +617,6 @@ def _describe_isolation(kind: str, hello: dict[str, Any], cgroup: cgroups.Cgroup
             f"private /dev/shm {'yes' if hello.get('private_shm') else 'no'}; {group}")
 
 
-def parallel_safe(sandbox: str = "auto") -> bool:
-    """Whether submissions may run side by side: each needs a private /dev/shm (bubblewrap, or root)."""
-    return choose(sandbox)[0] == "bwrap" or (os.getuid() == 0 and sys.platform.startswith("linux"))
-
-
 def _shm_entries() -> set[str]:
     try:
         return set(os.listdir(SHM))
@@ -643,7 +627,5 @@ def _shm_entries() -> set[str]:
 def _unlink_new_shm(before: set[str]) -> None:
     """Unlink /dev/shm entries that appeared during the submission (segments, semaphores)."""
     for name in _shm_entries() - before:
-        try:
+        with contextlib.suppress(OSError):
             (SHM / name).unlink()
-        except OSError:
-            pass

@@ -17,6 +17,7 @@ kill them if the parent dies (``PR_SET_PDEATHSIG``), so no worker outlives its p
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -65,11 +66,9 @@ def _set_parent_death_signal() -> None:
     """Linux: have the kernel SIGKILL this process when its parent dies (no orphans)."""
     if not sys.platform.startswith("linux"):
         return
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # an exotic libc
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        pass
 
 
 def _bootstrap(

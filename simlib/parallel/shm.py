@@ -17,6 +17,7 @@ Segment names start with ``simlib_`` so a leak is easy to see in ``/dev/shm``. E
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sys
@@ -70,10 +71,8 @@ def _release(shm: shared_memory.SharedMemory, owner_pid: int) -> None:
     """Unlink (in the owner process only) and close the descriptor; safe to call twice."""
     if os.getpid() == owner_pid:
         with held():  # unlink and the resource tracker's unregister go together
-            try:
+            with contextlib.suppress(FileNotFoundError):  # already gone: unlink is idempotent here by design
                 shm.unlink()
-            except FileNotFoundError:  # already gone: unlink is idempotent here by design
-                pass
     shm.close()
 
 

@@ -378,9 +378,9 @@ def entry_gradient(w: np.ndarray, c: np.ndarray, bw: float, bc: float, x: float,
 @njit(nogil=True, cache=True, fastmath=True, inline="always")
 def entry_residual(W, C, bw, bc, logx_e, i, j) -> float:  # pragma: no cover - compiled
     """w_i . c_j + b_i + b'_j - log X_ij: what the weighted least squares drives to zero."""
-    diff = bw[i] + bc[j] - logx_e
+    diff = np.float32(bw[i]) + np.float32(bc[j]) - logx_e
     for k in range(W.shape[1]):
-        diff += W[i, k] * C[j, k]
+        diff += np.float32(W[i, k]) * np.float32(C[j, k])
     return diff
 
 
@@ -391,6 +391,9 @@ def adagrad_kernel(rows, cols, logx, fx, order, W, C, bw, bc, gW, gC, gbw, gbc, 
     NOTE: one fused compiled loop replaces the per-entry NumPy version (gather two rows, dot,
     two clipped AdaGrad row updates), which spends most of its time in call overhead.
     ``fastmath`` lets the row loops vectorise (1/sqrt over 50 floats) -- see benchmarks/glove.py.
+    The arrays may be float32 (GloveParams) or float64 storage holding float32 values (the flat table of
+    :mod:`simlib.problems.glove_table`): every value is rounded to float32 before it is used and after it is
+    updated, so the arithmetic is the C program's float32 on either (the casts are no-ops on float32).
     """
     dim = W.shape[1]
     cost = 0.0
@@ -404,19 +407,19 @@ def adagrad_kernel(rows, cols, logx, fx, order, W, C, bw, bc, gW, gC, gbw, gbc, 
         g = fx[e] * diff
         cost += 0.5 * g * diff
         for k in range(dim):
-            tw = min(max(g * C[j, k], -clip), clip) * eta
-            tc = min(max(g * W[i, k], -clip), clip) * eta
-            uw[k] = tw / np.sqrt(gW[i, k])
-            uc[k] = tc / np.sqrt(gC[j, k])
-            gW[i, k] += tw * tw
-            gC[j, k] += tc * tc
+            tw = min(max(g * np.float32(C[j, k]), -clip), clip) * eta
+            tc = min(max(g * np.float32(W[i, k]), -clip), clip) * eta
+            uw[k] = tw / np.sqrt(np.float32(gW[i, k]))
+            uc[k] = tc / np.sqrt(np.float32(gC[j, k]))
+            gW[i, k] = np.float32(gW[i, k]) + tw * tw
+            gC[j, k] = np.float32(gC[j, k]) + tc * tc
         for k in range(dim):
-            W[i, k] -= uw[k]
-            C[j, k] -= uc[k]
-        bw[i] -= g / np.sqrt(gbw[i])
-        bc[j] -= g / np.sqrt(gbc[j])
-        gbw[i] += g * g
-        gbc[j] += g * g
+            W[i, k] = np.float32(W[i, k]) - uw[k]
+            C[j, k] = np.float32(C[j, k]) - uc[k]
+        bw[i] = np.float32(bw[i]) - g / np.sqrt(np.float32(gbw[i]))
+        bc[j] = np.float32(bc[j]) - g / np.sqrt(np.float32(gbc[j]))
+        gbw[i] = np.float32(gbw[i]) + g * g
+        gbc[j] = np.float32(gbc[j]) + g * g
     return cost
 
 

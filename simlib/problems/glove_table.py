@@ -36,11 +36,11 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from simlib import _validate as check
 from simlib.backend import InFlight, array_module, to_numpy
-from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, entry_terms, epoch_order, validate_training
+from simlib.problems.glove import (Cooccurrence, GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order,
+                                   validate_training)
 
 
 # float32 arrays as the reference program builds them, then the float64 table they are copied into
@@ -87,8 +87,7 @@ class GloveProblem:
 
     def unflatten(self, w: np.ndarray) -> GloveParams:
         """The flat table as GloveParams (float32 copies)."""
-        return GloveParams(**{n: w[self.offsets[k] : self.offsets[k + 1]].astype(np.float32).reshape(shape)
-                              for k, (n, shape) in enumerate(GloveParams.shapes(self.v, self.d).items())})
+        return GloveParams(*(a.astype(np.float32) for a in self._views(w)))
 
     def shards(self, n_workers: int) -> list[tuple[int, int]]:
         """Contiguous ranges of the shuffled entry order, one per worker."""
@@ -143,7 +142,7 @@ class GloveProblem:
         cols = np.searchsorted(uj, self.cooc.cols[batch]).astype(np.int32)
         new = np.array(values, dtype=np.float64)
         local = [new[cuts[k] : cuts[k + 1]].reshape(shape) for k, shape in enumerate(shapes)]
-        adagrad_in_place(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), *local,
+        adagrad_kernel(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), *local,
                          np.float32(lr), np.float32(self.config.grad_clip))
         return keys, new - values
 
@@ -176,7 +175,7 @@ class GloveProblem:
             upto = min(n, pos + end - t)
             if isinstance(w, np.ndarray):
                 entries = self._order(p)[start + pos : start + upto]
-                cost = adagrad_in_place(self.cooc.rows, self.cooc.cols, self.logx, self.fx, entries, *views, eta, clip)
+                cost = adagrad_kernel(self.cooc.rows, self.cooc.cols, self.logx, self.fx, entries, *views, eta, clip)
             else:  # a device table (the gpu substrate on CuPy): glove_device's steps, no wait between passes
                 from simlib.problems.glove_device import device_order, device_pass
 
@@ -208,51 +207,11 @@ class GloveProblem:
 
     def quality(self, w: np.ndarray) -> float:
         """The C program's cost 0.5 f diff^2, averaged over a fixed sample of entries."""
-        w = to_numpy(w)  # a device table is read back (the sample's rows are few, the table small)
+        W, C, bw, bc = self._views(to_numpy(w))[:4]  # a device table is read back (the sample's rows are few)
         e = self.eval_idx
         r, c = self.cooc.rows[e], self.cooc.cols[e]
-        o, d = self.offsets, self.d
-        W = w[o[0] : o[1]].reshape(-1, d)
-        C = w[o[1] : o[2]].reshape(-1, d)
-        diff = np.einsum("ij,ij->i", W[r], C[c]) + w[o[2] + r] + w[o[3] + c] - self.logx[e]
+        diff = np.einsum("ij,ij->i", W[r], C[c]) + bw[r] + bc[c] - self.logx[e]
         return float(np.mean(0.5 * self.fx[e] * diff * diff))
-
-
-# NOTE: one kernel for both paths (a step's gathered copy and the shared table in place), so one worker on
-# shm equals the serial reference bit for bit. It is adagrad_kernel's loop on float64 storage: every value
-# is rounded to float32 before it is used and after it is updated, so the arithmetic is the float32 of the
-# C program; fastmath lets the row loops vectorise as there.
-@njit(nogil=True, cache=True, fastmath=True)
-def adagrad_in_place(rows, cols, logx, fx, entries, W, C, bw, bc, gW, gC, gbw, gbc, eta, clip) -> float:  # pragma: no cover
-    """AdaGrad for entries ``entries[0], entries[1], ...`` in order, in place; returns the sum of 0.5 f diff^2."""
-    dim = W.shape[1]
-    cost = 0.0
-    uw = np.empty(dim, dtype=np.float32)
-    uc = np.empty(dim, dtype=np.float32)
-    for t in range(entries.shape[0]):
-        e = entries[t]
-        i = rows[e]
-        j = cols[e]
-        diff = np.float32(bw[i]) + np.float32(bc[j]) - logx[e]
-        for k in range(dim):
-            diff += np.float32(W[i, k]) * np.float32(C[j, k])
-        g = fx[e] * diff
-        cost += 0.5 * g * diff
-        for k in range(dim):
-            tw = min(max(g * np.float32(C[j, k]), -clip), clip) * eta
-            tc = min(max(g * np.float32(W[i, k]), -clip), clip) * eta
-            uw[k] = tw / np.sqrt(np.float32(gW[i, k]))
-            uc[k] = tc / np.sqrt(np.float32(gC[j, k]))
-            gW[i, k] = np.float32(gW[i, k]) + tw * tw
-            gC[j, k] = np.float32(gC[j, k]) + tc * tc
-        for k in range(dim):
-            W[i, k] = np.float32(W[i, k]) - uw[k]
-            C[j, k] = np.float32(C[j, k]) - uc[k]
-        bw[i] = np.float32(bw[i]) - g / np.sqrt(np.float32(gbw[i]))
-        bc[j] = np.float32(bc[j]) - g / np.sqrt(np.float32(gbc[j]))
-        gbw[i] = np.float32(gbw[i]) + g * g
-        gbc[j] = np.float32(gbc[j]) + g * g
-    return cost
 
 
 __all__ = ["GloveProblem"]

@@ -317,10 +317,7 @@ class LogisticProblem:
             keys, g = self.gradient(w_keys, batch, keys)
             return keys, -lr * g
         scale = self._scale(float(w_keys[-1]))
-        keep = 1.0 - lr * self.l2
-        if keep <= 0.0:
-            raise ValueError(f"lr * l2 must be < 1 with l2_on='all' (the decay factor 1 - lr*l2 must stay positive), "
-                             f"got {lr * self.l2:g}")
+        keep = self._keep(lr)
         _, g = self.gradient(w_keys[:-1] * scale, batch, keys[:-1], l2=0.0)
         xp = array_module(g)
         return keys, xp.concatenate([-lr * g / (scale * keep), xp.full(1, math.log(keep))])
@@ -329,14 +326,18 @@ class LogisticProblem:
         """Refuse l2_on='all' runs whose decay the table cannot hold: lr * l2 >= 1, or s below exp(-300) by the end."""
         if self.l2_on != "all" or self.l2 == 0.0:
             return
-        if training.lr * self.l2 >= 1.0:
-            raise ValueError(f"lr * l2 must be < 1 with l2_on='all' (the decay factor 1 - lr*l2 must stay positive), "
-                             f"got {training.lr * self.l2:g}")
-        total = -training.n_workers * training.steps * math.log(1.0 - training.lr * self.l2)
+        total = -training.n_workers * training.steps * math.log(self._keep(training.lr))
         if total > MAX_DECAY:
             raise ValueError(f"l2: with l2_on='all' this run would shrink the weights' common scale to exp(-{total:.4g}), "
                              f"below exp(-{MAX_DECAY:g}) (n_workers * steps * -log(1 - lr*l2)); use fewer steps, "
                              "a smaller l2, or l2_on='touched'")
+
+    def _keep(self, lr: float) -> float:
+        """The decay factor 1 - lr*l2 of l2_on='all'; ValueError unless it is positive."""
+        if lr * self.l2 >= 1.0:
+            raise ValueError(f"lr * l2 must be < 1 with l2_on='all' (the decay factor 1 - lr*l2 must stay positive), "
+                             f"got {lr * self.l2:g}")
+        return 1.0 - lr * self.l2
 
     def _scale(self, log_s: float) -> float:
         """s = exp(log s); ValueError naming l2 once the decay so far would make 1 / s overflow."""
@@ -364,10 +365,7 @@ class LogisticProblem:
         if self.l2_on == "touched":
             _local_sgd(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr, self.l2)
             return
-        if lr * self.l2 >= 1.0:
-            raise ValueError(f"lr * l2 must be < 1 with l2_on='all' (the decay factor 1 - lr*l2 must stay positive), "
-                             f"got {lr * self.l2:g}")
-        self._scale(float(w[-1]) + count * math.log(1.0 - lr * self.l2))
+        self._scale(float(w[-1]) + count * math.log(self._keep(lr)))
         _local_sgd_scaled(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr,
                           self.l2)
 

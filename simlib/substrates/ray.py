@@ -46,6 +46,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import os
@@ -292,9 +293,8 @@ class RayPSWorker:
         refs = [s.pull.remote(keys[parts[k + 1]], meta_ref) for k, s in enumerate(self.shards)]
         got = ray.get([values_ref, meta_ref, *refs])
         values = np.empty(len(keys))
-        values[parts[0]] = got[0]
-        for k, v in enumerate(got[2:]):
-            values[parts[k + 1]] = v
+        for part, v in zip(parts, [got[0], *got[2:]]):  # the coordinator's range, then each shard's
+            values[part] = v
         return values, got[1]
 
     def _push(self, ray: Any, c: int, keys: np.ndarray, deltas: np.ndarray, version: int) -> tuple:
@@ -441,11 +441,8 @@ def _children(pid: int | str = "self") -> set[int]:
     except OSError:
         return pids
     for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                pids.update(int(p) for p in f.read().split())
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+            pids.update(int(p) for p in f.read().split())
     return pids
 
 
@@ -479,10 +476,8 @@ def _stop_local(before: set[int]) -> None:
             continue
         strays += _tree(pid)
     for pid in strays:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            continue
     deadline = time.monotonic() + 2.0
     for pid in strays:  # reap this process's own children, so no zombie is left either
         while time.monotonic() < deadline:
@@ -594,10 +589,8 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
 def _kill(ray: Any, actors: list) -> None:
     """Kill every actor of the run, even if Ray already lost some of them."""
     for a in actors:
-        try:
+        with contextlib.suppress(Exception):  # an actor Ray cannot reach is gone with its node; kill the rest
             ray.kill(a, no_restart=True)
-        except Exception:  # noqa: BLE001 - an actor Ray cannot reach is gone with its node; kill the rest
-            pass
 
 
 def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[tuple[int, str]]]:
