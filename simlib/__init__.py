@@ -13,7 +13,11 @@ Problems (``simlib.problems``) follow :class:`simlib.contract.Problem`; protocol
 :class:`simlib.protocol.Protocol` values; substrates (``simlib.substrates.names()``) return the same
 :class:`~simlib.trace.Trace`, which ``simlib.viz`` plots.
 """
-from typing import Any
+from __future__ import annotations
+
+# NOTE: nothing is imported here, not even typing (the annotations stay strings): ``python -m simlib`` runs
+# this module before its Ctrl-C handling starts, and an import here under load was wide enough for a Ctrl-C
+# to land in it (a traceback and status -2 instead of one line and 130).
 
 # Imported on first use (PEP 562), so that ``python -m simlib`` reaches its own code -- and its
 # Ctrl-C handling -- before anything else runs.
