@@ -168,7 +168,8 @@ class ParamServer:
             return False, tau
         if self._plain:  # NOTE: skips the accumulator's bookkeeping (one list per push) when it does nothing
             self.acc.version += 1
-            self.params[keys] += deltas
+            if deltas is not None:  # None: a cost-only simulation counts the push and applies nothing
+                self.params[keys] += deltas
             return True, tau
         _, ready = self.acc.push(keys, deltas, read_version, tau=tau)
         for k, d in ready:
