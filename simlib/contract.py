@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol as TypingProtocol, runtime_checkable
 import numpy as np
 
 from simlib import _validate as check
-from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_WORKERS, Accumulator, Clocks, Protocol, ReadRule, StepRule
+from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS, MAX_WORKERS, Accumulator, Clocks, Protocol, ReadRule, StepRule
 from simlib.trace import Trace
 
 PROBLEM_METHODS = ("init_params", "shards", "batch", "keys", "step", "quality", "work")
@@ -125,6 +125,13 @@ class Training:
         check.non_negative_int("seed", self.seed)
         if self.read_rule is not None and not callable(self.read_rule):
             raise ValueError(f"read_rule must be a function (clock, completed, bound) -> bool, got {self.read_rule!r}")
+
+
+def check_real_workers(n_workers: int, substrate: str) -> None:
+    """Refuse, naming n_workers, more workers than a real substrate starts: one process or actor each."""
+    if n_workers > MAX_REAL_WORKERS:
+        raise ValueError(f"n_workers must be <= {MAX_REAL_WORKERS} on substrate {substrate!r} (a process or actor per "
+                         f"worker), got {n_workers}; the simulator (substrate 'sim') takes up to {MAX_WORKERS}")
 
 
 class ParamServer:
