@@ -68,6 +68,7 @@ class QualityPoint(NamedTuple):
 
 
 _KIND_CODE = {k: i for i, k in enumerate(SPAN_KINDS)}
+_NUMPY = {"i": "int32", "b": "int8", "d": "float64", "q": "int64"}  # array.array codes -> NumPy dtypes (Linux, macOS)
 SPAN_CODES = tuple(range(len(SPAN_KINDS)))  # the code of each kind in :meth:`SpanLog.add`: SPAN_KINDS' order
 
 
@@ -115,6 +116,21 @@ class _Log:
 
     def __reduce__(self) -> Any:
         return (type(self), (), self._cols)
+
+    @classmethod
+    def from_columns(cls, columns: list) -> Any:
+        """A log holding these columns (NumPy arrays of the column types, e.g. int32 for 'i'), copied once.
+
+        Each array is dropped from ``columns`` once copied, so a caller holding no other reference to
+        them needs the memory of one column more, not of all of them.
+        """
+        import numpy as np
+
+        log = cls()
+        for k, col in enumerate(log._cols):
+            col.frombytes(memoryview(np.ascontiguousarray(columns[k], dtype=_NUMPY[col.typecode])).cast("B"))
+            columns[k] = None
+        return log
 
     def append(self, row: Any) -> None:
         """Add one record (a NamedTuple or a tuple of its fields)."""

@@ -29,6 +29,7 @@ import simpy
 from simlib.contract import ParamServer, check_problem
 from simlib.diverged import check_metric
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from simlib.sim import fastcost
 from simlib.sim.clocks import ClockTable
 from simlib.sim.config import SimConfig
 from simlib.sim.network import Link, Node, ring_allreduce_time, transmit
@@ -139,11 +140,15 @@ class _Run:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            self.procs = [env.process(body(i)) for i in range(cfg.n_workers)]
-            st = cfg.stragglers
-            if st.fail_worker is not None:
-                env.process(self._failure(st.fail_worker, st.fail_time))
-            env.run()
+            if fastcost.eligible(self):  # the plain cost-only server, compiled (the same events: see fastcost)
+                self.procs = []
+                fastcost.run(self)
+            else:
+                self.procs = [env.process(body(i)) for i in range(cfg.n_workers)]
+                st = cfg.stragglers
+                if st.fail_worker is not None:
+                    env.process(self._failure(st.fail_worker, st.fail_time))
+                env.run()
         finally:
             if gc_was_enabled:
                 gc.enable()

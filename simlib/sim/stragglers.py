@@ -63,6 +63,24 @@ class ComputeModel:
             buf.extend(self._pause[worker].random(_BLOCK)[::-1].tolist())
         return buf.pop() < self.cfg.stragglers.pause_prob
 
+    def predrawn(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """(jitter factors, pause draws), each (workers, steps): the values the next ``steps`` calls of
+        :meth:`time` would use, row by row ((workers, 0) where the config has no such noise)."""
+        n = self.cfg.n_workers
+        jitter = np.empty((n, 0))
+        pauses = np.empty((n, 0))
+        if self._jitter is not None:
+            jitter = np.array([[self._jitter_factor(i) for _ in range(steps)] for i in range(n)], dtype=np.float64)
+        if self._pause is not None:
+            buf = self._pauses
+            pauses = np.empty((n, steps))
+            for i in range(n):
+                for k in range(steps):
+                    if not buf[i]:
+                        buf[i].extend(self._pause[i].random(_BLOCK)[::-1].tolist())
+                    pauses[i, k] = buf[i].pop()
+        return jitter, pauses
+
     def time(self, worker: int, units: int) -> float:
         """One step's compute time for ``worker`` processing ``units`` (nonzeros or samples)."""
         t = (self._overhead + units * self._per_unit) * (self._slow_factor if worker < self._slow else 1.0)
