@@ -100,8 +100,8 @@ def one(workers: int, mode: str, protocol: str, steps: int) -> dict:
     from simlib.sim import SimConfig, default_problem, simulate
 
     problem = default_problem()
-    simulate(SimConfig(n_workers=2, steps=2), problem)  # the compiled kernels loaded before timing
     extra = dict(cost_only=True, step_keys=STEP_KEYS) if mode == "cost-only" else {}
+    simulate(SimConfig(n_workers=2, steps=2, **extra), problem)  # the compiled kernels loaded before timing
     # lr: the sum of n gradients makes one BSP step, so the step shrinks with n (the run must not diverge).
     cfg = SimConfig(n_workers=workers, steps=steps, protocol=protocol, lr=min(0.5, 10 / workers), eval_every=10,
                     **extra)

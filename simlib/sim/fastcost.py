@@ -73,7 +73,7 @@ def _pop(ht, hs, hw, hk, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _simulate(n_workers, steps, bound, quorum, req_bytes, resp_bytes, push_bytes, latency, bandwidth,
+def _simulate(n_workers, steps, needs, rounds, quorum, req_bytes, resp_bytes, push_bytes, latency, bandwidth,
               server_time, base, n_slow, slow_factor, jitter, pauses, pause_prob, pause_time,
               sw, sk, ss, se, sn, sc, ut, uw, uc, us, ua, ul, barriers, finished):  # pragma: no cover - compiled
     """The run; fills the span and update columns; returns (spans, updates, barriers, applied, skipped steps)."""
@@ -104,7 +104,6 @@ def _simulate(n_workers, steps, bound, quorum, req_bytes, resp_bytes, push_bytes
     n_barriers = 0
     applied_total = 0
     skipped = 0
-    rounds = bound == 0
     now = 0.0
     # Every worker starts at time 0, in order (SimPy's process starts are urgent): each opens step 0.
     for i in range(n_workers + 0):
@@ -200,8 +199,8 @@ def _simulate(n_workers, steps, bound, quorum, req_bytes, resp_bytes, push_bytes
                 finished[i] = True
                 continue
             t0[i] = now
-            if not (c - bound <= completed):  # the gate is shut: wait for step c - bound to complete
-                need = int(c - bound)
+            need = needs[c]
+            if completed < need:  # the gate is shut (protocol.may_read): wait for that many complete steps
                 if head[need] < 0:
                     head[need] = i
                 else:
@@ -231,8 +230,11 @@ def run(state: Any) -> float:
     st = cfg.stragglers
     n, steps = cfg.n_workers, cfg.steps
     keys = len(state.fixed_keys)
-    bound = cfg.bound
-    bound = float(steps + 1) if math.isinf(bound) else float(bound)  # async: a bound no step reaches
+    # The read rule stays protocol.py's: per clock, the complete steps a read waits for (Clocks.needed; async none).
+    rule = state.clocks.rule
+    needs = np.zeros(steps + 1, np.int64)
+    if not math.isinf(rule.bound):
+        needs[:] = [max(rule.needed(c), 0) for c in range(steps + 1)]
     jitter, pauses = state.compute.predrawn(steps)
     max_spans = 4 * n * steps
     cols = [np.empty(max_spans, np.int32), np.empty(max_spans, np.int8), np.empty(max_spans, np.float64),
@@ -242,7 +244,7 @@ def run(state: Any) -> float:
     barriers = np.empty(steps + 1, np.float64)
     finished = np.zeros(n, np.bool_)
     n_spans, n_updates, n_barriers, applied, skipped, end = _simulate(
-        n, steps, bound, n - cfg.backup_workers, float(keys * cfg.key_bytes), float(keys * cfg.value_bytes),
+        n, steps, needs, cfg.bound == 0, n - cfg.backup_workers, float(keys * cfg.key_bytes), float(keys * cfg.value_bytes),
         float(keys * (cfg.key_bytes + cfg.value_bytes)), float(cfg.latency), float(cfg.bandwidth),
         float(cfg.server_time), float(state.compute.base(state.fixed_units)), st.slow_workers, float(st.slow_factor),
         jitter, pauses, float(st.pause_prob), float(st.pause_time), *cols, *ucols, barriers, finished)
