@@ -198,6 +198,7 @@ class _Run:
         # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined
         # (the same delays, taken in the same order, as _pull / _push; 10,000 workers: -20 % time).
         direct = self.n_shards == 1 and not per_site and not cached and not self._remote(i)
+        # (env._now: the kernel's clock read without the property's call, as SimPy's own code reads it.)
         if direct:
             node = self.nodes[0][0]
             inlink, outlink = node.inlink, node.outlink
@@ -209,15 +210,15 @@ class _Run:
         c = 0
         while c < steps:
             try:
-                t0 = env.now
+                t0 = env._now
                 gate = clocks.gate(c)
                 if gate is not None:
                     yield gate
-                    span(i, WAIT, t0, env.now, 0, c)
+                    span(i, WAIT, t0, env._now, 0, c)
                 if per_site and not self._wan_ready(self.site_of[i], c):
-                    t0 = env.now
+                    t0 = env._now
                     yield self._wan_wait(self.site_of[i], c)
-                    span(i, WAIT, t0, env.now, 0, c)
+                    span(i, WAIT, t0, env._now, 0, c)
                 if deadline:  # a step's opening matters only to its deadline
                     clocks.open(c)
                 lag = clocks.rule.clock_lag(c)
@@ -228,25 +229,25 @@ class _Run:
                     keys = p.keys(batch)
                     units = p.work(batch) if nonzero else len(batch)
                 # Pull: request keys from each shard, the shard reads w on arrival and replies.
-                t_pull = env.now
+                t_pull = env._now
                 if direct:
                     n = len(keys)
                     req_bytes, resp_bytes = n * key_bytes, n * value_bytes
                     self.lan_bytes += req_bytes
-                    now = env.now
+                    now = env._now
                     yield inlink.reserve(now, req_bytes, bandwidth, server_time) - now + latency
                     if cost_only:
                         values, version = None, server.version
                     else:
                         values, version = server.pull(keys)
-                    now = env.now
+                    now = env._now
                     yield outlink.reserve(now, resp_bytes, bandwidth) - now + latency
                     self.lan_bytes += resp_bytes
                 elif not cached:
                     values, version, req_bytes, resp_bytes = yield from self._pull(i, keys)
                 else:  # the read's version and clock lag are what its copy holds, not the server's
                     values, version, lag, req_bytes, resp_bytes = yield from self._read_cache(i, c, keys)
-                t_comp = env.now
+                t_comp = env._now
                 if t_comp > t_pull:  # span(i, RECV, t_pull, t_comp, req_bytes + resp_bytes, c)
                     sw(i), sk(RECV), ss(t_pull), se(t_comp), sn(int(req_bytes + resp_bytes)), sc(c)
                 # Compute the real gradient on the values read (cost-only: its time alone).
@@ -255,7 +256,7 @@ class _Run:
                     g = None
                 else:
                     keys, g = p.step(values, batch, keys, lr)
-                t_push = env.now
+                t_push = env._now
                 if t_push > t_comp:  # span(i, COMPUTE, t_comp, t_push, 0, c)
                     sw(i), sk(COMPUTE), ss(t_comp), se(t_push), sn(0), sc(c)
                 # Push: the update travels to each shard; it is applied when all of it has arrived.
@@ -266,7 +267,7 @@ class _Run:
                 else:
                     keys, g, nbytes = self._encode(i, keys, g)
                     yield from self._push(i, keys, nbytes)
-                now = env.now
+                now = env._now
                 if now > t_push:  # span(i, SEND, t_push, now, nbytes, c)
                     sw(i), sk(SEND), ss(t_push), se(now), sn(int(nbytes)), sc(c)
                 if per_site:
