@@ -75,8 +75,8 @@ SPAN_CODES = tuple(range(len(SPAN_KINDS)))  # the code of each kind in :meth:`Sp
 class _Log:
     """A list of records kept as columns (``array.array``): read like a list, a sixth of its memory.
 
-    NOTE: a simulated run of 100,000 workers records tens of millions of spans; as NamedTuples in a
-    list they took ~200 bytes each (8 GB), as columns 33 (1.3 GB). Reading yields the same
+    NOTE: a simulated run of 100,000 workers x 100 steps records 40 million spans; as NamedTuples in a
+    list they take 248 bytes each (measured: 10 GB), as columns 34 (1.3 GB). Reading yields the same
     NamedTuples, so code that iterates, indexes, compares or saves a trace sees no difference.
     """
 

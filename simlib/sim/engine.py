@@ -195,8 +195,8 @@ class _Run:
         steps, batch_size, lr, cost_only = cfg.steps, cfg.batch_size, cfg.lr, cfg.cost_only
         nonzero = cfg.cost_unit == "nonzero"
         per_site, cached = self.per_site, self.caches is not None
-        # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined
-        # (the same delays, taken in the same order, as _pull / _push; 10,000 workers: -20 % time).
+        # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined (the
+        # same delays, taken in the same order, as _pull / _push, without three generators per message).
         direct = self.n_shards == 1 and not per_site and not cached and not self._remote(i)
         # (env._now: the kernel's clock read without the property's call, as SimPy's own code reads it.)
         if direct:

@@ -5,8 +5,9 @@ NOTE: a simulated step is mostly plain delays (a message on a link, a compute sp
 delay is one queue entry pointing at the waiting process's reusable :class:`_Wake`, and the run loop
 resumes the generator directly. Everything else (events, ``all_of``, interrupts, process ends) is
 SimPy's own. The order is SimPy's exactly: a delay takes its event id when it is yielded, which is
-when ``env.timeout`` would have taken it, so a run gives the same trace bit for bit (measured on
-10,000 workers x 10 BSP steps: the event loop's share of the run fell from ~45 % to ~15 %).
+when ``env.timeout`` would have taken it, so a run gives the same trace bit for bit. With the engine's
+pull and push inlined and its records kept as columns, 10,000 workers x 30 BSP steps with real math
+went from 24.0 to 12.2 CPU s (the two engines one after the other on the same loaded machine).
 """
 from __future__ import annotations
 
