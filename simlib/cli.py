@@ -156,6 +156,14 @@ def _target(text: str) -> float:
     return value
 
 
+class _Given(argparse.Action):
+    """Store the value and note that the flag was given (``<dest>_given``): a default and a choice differ."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest + "_given", True)
+
+
 def _protocol(text: str) -> Protocol:
     try:
         return Protocol.parse(text)
@@ -185,8 +193,8 @@ def _compare_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--protocols", type=_protocol_list, default=",".join(DEFAULT_PROTOCOLS),
                    help="comma-separated runs: bsp, ssp:S (staleness bound S), essp:S (eager SSP), async")
-    p.add_argument("--target", type=_target, default=None,
-                   help=f"target loss for 'time to target' (default {DEFAULT_TARGET:g}; none with --cost-only)")
+    p.add_argument("--target", type=_target, default=DEFAULT_TARGET, action=_Given,
+                   help="target loss for 'time to target' (none with --cost-only)")
     p.add_argument("--out", default=os.path.join("simlib_out", "compare.png"),
                    help="figure path (" + ", ".join(t[1:].upper() for t in FIGURE_TYPES) + ")")
     p.add_argument("--no-plot", action="store_true", help="skip the figure")
@@ -231,7 +239,7 @@ def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
         if n > COMPARE_FEATURES:
             raise CliError(f"{flag}: {n} nodes for {COMPARE_FEATURES} parameters would leave most of them empty; "
                            f"use at most {COMPARE_FEATURES}")
-    if cfg.cost_only and args.target is not None:
+    if cfg.cost_only and getattr(args, "target_given", False):
         raise CliError("--target: a cost-only run (--cost-only) computes no loss, so it has no target; drop --target "
                        "or --cost-only")
     if cfg.step_keys is not None and cfg.step_keys > COMPARE_FEATURES:
@@ -351,7 +359,7 @@ def run_compare(args: argparse.Namespace) -> int:
     base = configs[0]
     print(f"{base.n_workers} workers x {base.steps} steps, stragglers: {base.stragglers.describe()}, "
           f"latency {base.latency * 1e3:.4g} ms, bandwidth {base.bandwidth / 1e6:.4g} MB/s (simulated time)")
-    target = DEFAULT_TARGET if args.target is None else args.target
+    target = args.target
     rows = summary_rows(traces, target)
     if base.cost_only:  # no math ran: no loss, no time to a target
         for row in rows:
