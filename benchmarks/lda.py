@@ -2,7 +2,7 @@
 
     python benchmarks/lda.py            # KJV chapters (stop words removed), K = 20 and 100, 100 sweeps
     python benchmarks/lda.py --quick    # 400 chapters, 20 sweeps
-    python benchmarks/lda.py --kernels sparse,mh --topics 100,1000 --sweeps 10   # this project's samplers only
+    python benchmarks/lda.py --kernels sparse,mh,alias --topics 100,1000 --sweeps 10   # this project's samplers
     python benchmarks/lda.py --corpus FILE ...   # any text file, one document per line (see the README's
                                                  # "A larger corpus" for the 5 M-token dictionary)
 
@@ -13,10 +13,11 @@ Peers, measured in the same run on the same documents, alpha = 0.1, beta = 0.01:
 * this project: the single-process sparse sampler (``simlib.problems.lda_gibbs``) and AD-LDA on
   1 and 2 processes with BSP (``simlib.run(LDAProblem(...), "bsp", substrate="shm")``).
 
-With ``--kernels`` the peers are left out: each named kernel of ``simlib.problems.lda_gibbs`` (the
-exact sparse sampler, LightLDA's Metropolis-Hastings sampler ``mh``, the dense one) runs through
+With ``--kernels`` each named kernel of ``simlib.problems.lda_gibbs`` (the exact sparse sampler,
+LightLDA's Metropolis-Hastings sampler ``mh``, AliasLDA's ``alias``, the dense one) runs through
 ``simlib.run(LDAProblem(..., kernel=...), "bsp", substrate="shm")`` at each ``--topics`` K, on the
-same documents from the same random start, in one table with each kernel's speed relative to the first.
+same documents from the same random start, in one table with each kernel's speed relative to the
+first; tomotopy with as many workers is the one peer kept there (when it is installed).
 
 Every row's log-likelihood is the joint log p(w, z) computed by ``simlib.problems.lda`` from that
 sampler's final assignments, so the numbers compare like for like. Sampling time excludes
@@ -107,16 +108,22 @@ def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps:
     """One table: each kernel through simlib.run at each K, M tokens/s and log p(w, z) per token after ``sweeps``."""
     for k in kernels:
         GibbsState.init(c.subset(np.arange(2)), 2, kernel=k).sweep(0)  # load the compiled kernels before timing
+    try:
+        import tomotopy  # noqa: F401
+        peers = {"tomotopy": lambda K: run_tomotopy(c, K, sweeps, workers)}
+    except ImportError:
+        peers = {}
     header = f"{'K':>5} {'kernel':<8} {'workers':>7} {'M tokens/s':>11} {'vs ' + kernels[0]:>10} {'log p(w,z)/token':>17}"
     print(header)
     print("-" * len(header))
     for K in topics:
         best: dict[str, tuple[float, float]] = {}
+        runs = {k: (lambda K, k=k: run_simlib_parallel(c, K, sweeps, workers, kernel=k)) for k in kernels} | peers
         for _ in range(repeat):  # interleaved, the best speed kept (the machine is shared)
-            for k in kernels:
-                speed, ll = run_simlib_parallel(c, K, sweeps, workers, kernel=k)
+            for k, fn in runs.items():
+                speed, ll = fn(K)
                 best[k] = (max(speed, best.get(k, (0.0, ll))[0]), ll)
-        for k in kernels:
+        for k in runs:
             speed, ll = best[k]
             print(f"{K:>5} {k:<8} {workers:>7} {speed / 1e6:>11.2f} {speed / best[kernels[0]][0]:>9.2f}x "
                   f"{ll / c.n_tokens:>17.4f}")

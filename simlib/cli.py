@@ -207,12 +207,20 @@ def _compare_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _config_from(args: argparse.Namespace) -> SimConfig:
-    """The base SimConfig (protocol BSP) of the parsed flags; CliError naming the flag if invalid."""
+    """The base SimConfig of the parsed flags (protocol BSP, or the first requested protocol the flags allow:
+    --managed-bandwidth refuses BSP); CliError naming the flag if no protocol allows them."""
     values = opts.values(args, opts.options(SimConfig))  # the flags compare did not add are skipped
     try:
-        return SimConfig(**{**values, "stragglers": Stragglers(**values.pop("stragglers"))})
+        values["stragglers"] = Stragglers(**values.pop("stragglers"))
     except ValueError as exc:
         raise CliError(_refusal(exc, "--protocols")) from None
+    refused = None
+    for spec in ["bsp", *(p.spec for p in getattr(args, "protocols", None) or ())]:
+        try:
+            return SimConfig(**values, protocol=spec)
+        except ValueError as exc:
+            refused = refused or exc
+    raise CliError(_refusal(refused, "--protocols")) from None
 
 
 def compare_configs(args: argparse.Namespace) -> list[SimConfig]:

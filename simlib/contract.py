@@ -183,6 +183,14 @@ class ParamServer:
             self.params[k] += d
         return True, tau
 
+    def add_early(self, keys: np.ndarray, deltas: Any) -> None:
+        """Part of a push that arrives before its clock ends (Bosen's managed communication, :mod:`simlib.managed`):
+        added to the table as it is, counted as no update; its clock completes with the push that follows it."""
+        if not self._plain:
+            raise ValueError("managed_bandwidth: early updates need the plain step rule (no staleness_aware, "
+                             "accumulation or rule=)")
+        self.params[keys] += deltas
+
     def finish(self) -> None:
         """Apply a partial accumulation group left at the end."""
         for k, d in self.acc.flush():

@@ -310,6 +310,35 @@ class Trace:
             load[a:b] += s.nbytes / (b - a)
         return np.arange(bins) * width, load / width
 
+    def link_load(self, width: float, kinds: tuple[str, ...] = ("send",)) -> tuple[Any, Any]:
+        """(bin start times, bytes/s on each worker's link per bin, shape (n_workers, bins)): each span of ``kinds``
+        spreads its bytes evenly over its duration, bins of ``width`` seconds from 0 to the makespan.
+
+            >>> t = Trace("x", "sim", 1)
+            >>> t.span(0, "send", 0.0, 2.0, nbytes=100)
+            >>> t.link_load(1.0)[1].tolist()
+            [[50.0, 50.0]]
+        """
+        import numpy as np
+
+        if not (isinstance(width, (int, float)) and width > 0):
+            raise ValueError(f"width must be a positive number of seconds, got {width!r}")
+        bins = max(1, int(np.ceil(self.makespan / width)))
+        load = np.zeros((self.n_workers, bins))
+        edges = np.arange(bins + 1) * width
+        for s in self.spans:
+            if s.kind not in kinds or not s.nbytes:
+                continue
+            a = min(int(s.start // width), bins - 1)
+            if s.end - s.start <= 1e-9 * width:  # an instant: all its bytes in its bin
+                load[s.worker, a] += s.nbytes
+                continue
+            b = min(int(-(-s.end // width)), bins)
+            overlap = np.minimum(edges[a + 1:b + 1], s.end) - np.maximum(edges[a:b], s.start)
+            overlap[overlap < 1e-12 * width] = 0.0  # a span ending on a bin edge, give or take rounding
+            load[s.worker, a:b] += s.nbytes * overlap / overlap.sum()
+        return edges[:-1], load / width
+
     def worker_spans(self, worker: int) -> list[Span]:
         """The spans of one worker, in time order."""
         return sorted((s for s in self.spans if s.worker == worker), key=lambda s: (s.start, s.end))

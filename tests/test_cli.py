@@ -44,6 +44,12 @@ def test_cli_prints_table_and_writes_figure(tmp_path, capsys):
     assert out.exists() and out.stat().st_size > 10_000
 
 
+def test_cli_runs_managed_communication_under_a_stale_protocol(capsys):
+    rc = main(["compare", "--workers", "3", "--steps", "6", "--protocols", "ssp:2", "--clock-batches", "3",
+               "--managed-bandwidth", "2e5", "--no-plot"])
+    assert rc == 0 and "SSP(2) 3/clock managed 0.2 MB/s" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [

@@ -86,6 +86,9 @@ BAD: list[tuple[list[str], str]] = [
     (["compare", "--workers", "4", "--slow-workers", "5"], "--slow-workers"),
     (["compare", "--fail-time", "3"], "--fail-worker"),
     (["compare", "--compression", "zip"], "--compression"),
+    (["compare", "--managed-bandwidth", "1e5"], "--managed-bandwidth"),
+    (["compare", "--clock-batches", "4", "--managed-bandwidth", "1e5"], "--protocols ssp:3,async"),
+    (["compare", "--clock-batches", "4", "--managed-bandwidth", "-1", "--protocols", "ssp:3"], "--managed-bandwidth"),
     (["compare", "--bogus-flag"], "--bogus-flag"),
     # run
     (["run", "--substrate", "nope"], "--substrate"),

@@ -74,3 +74,65 @@ def test_a_killed_member_is_named_by_its_role(small_problem, victim, role):
     with pytest.raises(WorkerDied, match=rf"^{role} failed: .*killed by signal 9"):
         run_pipe_ps(_Killed(small_problem, victim), n_workers=3, steps=4, batch_size=8)
     assert not multiprocessing.active_children()
+
+
+# -- clocks of several mini-batches, Bosen's managed communication ------------------------------------
+class _FixedSteps:
+    """``small_problem`` whose update ignores the values read: the final table is then known in advance."""
+
+    def __init__(self, problem):
+        self.inner = problem
+
+    def step(self, values, batch, keys, lr):
+        return keys, lr * np.sin(keys + 1.0) * len(batch) / 100
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("budget", [None, 1e5, 1e8])
+def test_managed_pipes_lose_nothing(small_problem, budget):
+    prob, k, steps = _FixedSteps(small_problem), 4, 6
+    res = simlib.run(prob, "ssp:2", substrate="pipes", n_workers=3, steps=steps, batch_size=16, lr=0.5,
+                     clock_batches=k, managed_bandwidth=budget, evaluate=False)
+    expected = small_problem.init_params().astype(np.float64)
+    for shard in small_problem.shards(3):
+        for b in range(steps * k):
+            batch = small_problem.batch(shard, b, 16)
+            keys, d = prob.step(None, batch, small_problem.keys(batch), 0.5)
+            np.add.at(expected, keys, d)
+    np.testing.assert_allclose(res.params, expected, rtol=1e-10, atol=1e-12)
+    assert len(res.trace.updates) == 3 * steps and max(u.clock_lag for u in res.trace.updates) <= 2
+    if budget is not None:
+        m = res.trace.meta["managed"]
+        assert m["messages"] == len(m["log"]) > 0 and m["entries"] > 0
+    else:
+        assert "managed" not in res.trace.meta and res.trace.meta["clock_batches"] == k
+
+
+@pytest.mark.parametrize("budget", [2e4, 2e5])
+def test_managed_pipes_keep_to_the_budget(small_problem, budget):
+    res = simlib.run(small_problem, "ssp:3", substrate="pipes", n_workers=2, steps=12, batch_size=16, lr=0.5,
+                     clock_batches=4, managed_bandwidth=budget, straggler=(1, 0.002), evaluate=False)
+    log = np.array(res.trace.meta["managed"]["log"])  # [seconds, bytes the channel sent, worker]
+    assert len(log) >= 2
+    one_message = log[:, 1].max()
+    for width in (1e-3, 1e-2, 5e-2):
+        for i in (0, 1):
+            mine = log[log[:, 2] == i]
+            if len(mine):
+                assert np.bincount((mine[:, 0] // width).astype(int), weights=mine[:, 1]).max() <= budget * width + one_message
+    assert max(u.clock_lag for u in res.trace.updates) <= 3
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"clock_batches": 0}, "clock_batches"),
+    ({"managed_bandwidth": 1e5}, "clock_batches >= 2"),
+    ({"clock_batches": 2, "managed_bandwidth": -1.0}, "managed_bandwidth"),
+    ({"clock_batches": 2, "managed_bandwidth": 1e5, "protocol": "bsp"}, "stale protocol"),
+    ({"clock_batches": 2, "managed_bandwidth": 1e5, "staleness_aware": True}, "managed_bandwidth: staleness_aware"),
+])
+def test_managed_pipes_refuse_bad_values_by_name(small_problem, kwargs, words):
+    kwargs = {"protocol": "ssp:2", **kwargs}
+    with pytest.raises(ValueError, match=words):
+        simlib.run(small_problem, kwargs.pop("protocol"), substrate="pipes", n_workers=2, steps=2, **kwargs)

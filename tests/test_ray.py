@@ -207,6 +207,31 @@ def test_an_address_no_cluster_answers_on_is_refused_at_once(tiny):
     assert lines[1].startswith("ValueError address must be 'host:port'"), done.stdout
 
 
+def test_a_local_ray_that_never_comes_up_is_refused_by_name_after_its_tries():
+    """Under load far past the cores, Ray's fixed 30 s for a raylet to register ran out on every try and its
+    bare Exception ('The current node timed out during startup') reached the user; now the run says what
+    happened, how often it tried and how busy the machine is. Ray's start is made to fail as it did there
+    (in a fresh process, so no cluster of this module is connected)."""
+    script = textwrap.dedent("""
+        import ray
+        from simlib.substrates import ray as substrate
+        calls = []
+        def init(*args, **kwargs):
+            calls.append(kwargs.get("address"))
+            raise Exception("The current node timed out during startup. This could happen because ...")
+        ray.init = init
+        try:
+            substrate.connect(None, 1)
+        except RuntimeError as e:
+            print(len(calls), calls[0], "|", e)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.split(" ")[:2] == ["3", "local"], done.stdout + done.stderr
+    assert "ray: a local Ray did not start in 3 tries" in done.stdout, done.stdout
+    assert "the last said: The current node timed out during startup." in done.stdout, done.stdout
+    assert "load average is" in done.stdout and "pass address= of a running cluster" in done.stdout, done.stdout
+
+
 def test_a_connected_driver_refuses_another_clusters_address(cluster, tiny):
     """It used to run on the cluster it was connected to, ignoring the address it was given."""
     port = int(cluster.address.rpartition(":")[2])

@@ -53,6 +53,7 @@ def test_more_workers_than_rows_run_cost_only_with_a_fixed_step(small_problem):
     (dict(protocol="ssp:2", cache=True), "cache"),
     (dict(staleness_aware=True), "staleness_aware"),
     (dict(accumulation=16), "accumulation"),
+    (dict(clock_batches=2), "clock_batches"),
 ])
 def test_cost_only_refuses_what_needs_the_math_by_name(extra, field):
     with pytest.raises(ValueError, match=f"^{field}: not available with cost_only"):

@@ -8,8 +8,8 @@ import pytest
 from matplotlib.colors import to_hex
 
 from simlib.trace import Trace
-from simlib.viz import (OKABE_ITO, plot_bars, plot_curves, plot_gantt, plot_staleness, plot_traces_side_by_side,
-                        schedule_rows)
+from simlib.viz import (OKABE_ITO, plot_bars, plot_curves, plot_gantt, plot_link_load, plot_staleness,
+                        plot_traces_side_by_side, schedule_rows)
 from simlib.viz.style import MIN_FONT_PT
 
 
@@ -111,3 +111,22 @@ def test_plot_staleness_refuses_empty_runs_and_unknown_fields() -> None:
         plot_staleness([Trace(label="empty", substrate="sim", n_workers=1)], "t")
     with pytest.raises(ValueError, match="title"):
         plot_staleness([_pushes("a", [1])], "")
+
+
+def test_plot_link_load_draws_a_panel_per_trace_with_the_budget() -> None:
+    bursts, steady = Trace("bursts", "sim", 2), Trace("steady", "sim", 2)
+    bursts.span(0, "send", 0.0, 0.001, nbytes=4000)
+    bursts.span(1, "send", 0.009, 0.010, nbytes=4000)
+    for k in range(10):
+        steady.span(k % 2, "send", k * 0.001, (k + 1) * 0.001, nbytes=800)
+    steady.meta["config"] = {"managed_bandwidth": 4e5}
+    fig = plot_link_load([bursts, steady], width=0.001, title="steady use")
+    top, bottom = fig.axes
+    assert "80%" in top.get_title() and "0%" in bottom.get_title()  # bins with nothing sent, over the run
+    assert [l.get_gid() for l in bottom.get_lines()] == ["budget"]
+    assert bottom.get_lines()[0].get_ydata()[0] == pytest.approx(0.8)  # 2 workers x 0.4 MB/s
+    assert not top.get_lines() and fig._suptitle.get_text() == "steady use"
+    with pytest.raises(ValueError, match="worker"):
+        plot_link_load([bursts], width=0.001, title="t", worker=5)
+    with pytest.raises(ValueError, match="title"):
+        plot_link_load([bursts], width=0.001, title="")

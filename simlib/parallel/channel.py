@@ -33,6 +33,7 @@ class Channel:
         self.bytes_received = 0
         self.messages_sent = 0
         self.messages_received = 0
+        self.tag: str | None = None  # the tag of the last array received
 
     def fileno(self) -> int:
         """The pipe's descriptor, so ``multiprocessing.connection.wait`` accepts channels."""
@@ -50,15 +51,17 @@ class Channel:
         """Receive and unpickle one object."""
         return pickle.loads(self._recv_raw())
 
-    def send_array(self, a: np.ndarray) -> int:
-        """Send an array as a small header plus its raw buffer (no pickling of the data)."""
+    def send_array(self, a: np.ndarray, tag: str | None = None) -> int:
+        """Send an array as a small header plus its raw buffer (no pickling of the data); a ``tag``, if given,
+        rides in the header and the receiver reads it as :attr:`tag`."""
         a = np.ascontiguousarray(a)
-        n = self.send((a.dtype.str, a.shape))
+        n = self.send((a.dtype.str, a.shape) if tag is None else (a.dtype.str, a.shape, tag))
         return n + self._send_raw(a.data)
 
     def recv_array(self) -> np.ndarray:
-        """Receive an array sent with :meth:`send_array`."""
-        dtype, shape = self.recv()
+        """Receive an array sent with :meth:`send_array` (its tag, or None, in :attr:`tag`)."""
+        dtype, shape, *tag = self.recv()
+        self.tag = tag[0] if tag else None
         return np.frombuffer(self._recv_raw(), dtype=np.dtype(dtype)).reshape(shape)
 
     def close(self) -> None:

@@ -185,9 +185,20 @@ def count_tables(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> tuple[np.nd
     if z.size and (z.min() < 0 or z.max() >= n_topics):
         raise ValueError(f"z must lie in [0, n_topics={n_topics})")
     K = n_topics
-    n_dk, n_wk = (np.bincount(ids.astype(np.int64) * K + z, minlength=n * K).reshape(n, K).astype(np.int32)
-                  for ids, n in ((corpus.doc_of, corpus.n_docs), (corpus.words, corpus.n_words)))
-    return n_dk, n_wk, np.bincount(z, minlength=K).astype(np.int32)
+    return _count_pairs(corpus.doc_of, z, corpus.n_docs, K), _count_pairs(corpus.words, z, corpus.n_words, K), \
+        np.bincount(z, minlength=K).astype(np.int32)
+
+
+@njit(cache=True, nogil=True)
+def _count_pairs(ids: np.ndarray, z: np.ndarray, n: int, K: int) -> np.ndarray:
+    """out[i, k] = the number of tokens with id i and topic k, as int32 (n, K)."""
+    # NOTE: replaces np.bincount(ids * K + z, minlength=n * K).reshape(n, K).astype(np.int32), whose int64
+    # counts and int32 copy (12 bytes per entry at once) set the peak memory at K = 10,000 on the KJV (1.44 GB);
+    # the zeroed table here is 4 bytes per entry, and pages no token writes are not touched.
+    out = np.zeros((n, K), np.int32)
+    for i in range(ids.shape[0]):
+        out[ids[i], z[i]] += 1
+    return out
 
 
 def conditional(n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, n_words: int) -> Any:
@@ -201,11 +212,20 @@ def conditional(n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, n_wor
     return p / xp.sum(p, axis=-1, keepdims=True)
 
 
+def _lgamma_sum(counts: np.ndarray, prior: float) -> float:
+    """sum over all entries of lgamma(count + prior), every zero count adding lgamma(prior)."""
+    # NOTE: gammaln over the non-zero counts only: at K = 10,000 on the KJV the tables hold 64 M counts,
+    # 0.3 M of them non-zero, and gammaln(n_wk + b) over them all built two 418 MB float64 arrays
+    # (the peak of a run went from 0.48 to 1.27 GB) and took 2.5 s of CPU.
+    nonzero = counts[counts != 0]
+    return float(gammaln(nonzero + prior).sum() + (counts.size - nonzero.size) * gammaln(prior))
+
+
 def word_log_likelihood(n_wk: Any, n_k: Any, beta: float) -> float:
     """log p(w | z) = K[lgamma(V b) - V lgamma(b)] + sum_k [sum_w lgamma(n_wk + b) - lgamma(n_k + V b)]."""
     n_wk, n_k = to_numpy(n_wk), to_numpy(n_k)
     V, K = n_wk.shape
-    return float(K * (gammaln(V * beta) - V * gammaln(beta)) + gammaln(n_wk + beta).sum()
+    return float(K * (gammaln(V * beta) - V * gammaln(beta)) + _lgamma_sum(n_wk, beta)
                  - gammaln(n_k + V * beta).sum())
 
 
@@ -214,7 +234,7 @@ def doc_log_likelihood(n_dk: Any, alpha: float) -> float:
     n_dk = to_numpy(n_dk)
     D, K = n_dk.shape
     n_d = n_dk.sum(axis=1)
-    return float(D * (gammaln(K * alpha) - K * gammaln(alpha)) + gammaln(n_dk + alpha).sum()
+    return float(D * (gammaln(K * alpha) - K * gammaln(alpha)) + _lgamma_sum(n_dk, alpha)
                  - gammaln(n_d + K * alpha).sum())
 
 

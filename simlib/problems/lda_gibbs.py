@@ -1,6 +1,6 @@
 """The fast single-process collapsed Gibbs sampler for LDA (the baseline every substrate runs).
 
-Three compiled sweeps share one state (:class:`GibbsState`):
+Four compiled sweeps share one state (:class:`GibbsState`):
 
 * ``dense``: the textbook sampler. For each token, in document order, build the K-term
   cumulative sum of (n_dk + a)(n_wk + b)/(n_k + V b) and invert it: O(K) per token.
@@ -37,6 +37,24 @@ Three compiled sweeps share one state (:class:`GibbsState`):
   remains stale is the other tokens' moves since the sweep (n_k) or the word's run (n_wk)
   began, as in LightLDA; the tests check the per-token step against the exact conditional.
 
+* ``alias``: AliasLDA (Li, Ahmed, Ravi, Smola, KDD 2014). The same split as ``sparse``, but the
+  word part is drawn in O(1) from a stale alias table and a Metropolis-Hastings test corrects
+  for the staleness. Each token runs 2 MH steps with the proposal
+
+      q(k) ∝ n_dk * phi_w(k)           +   a * q_w(k)
+             (doc part: exact, fresh,       (word part: the stale table of ``mh``, the token taken out:
+              over d's topic list)           q_w(k) = (n'_wk + b) / (n'_k + V b), n' the counts it was built from)
+
+  accepted with min(1, p(t) q(s) / (p(s) q(t))), p the exact conditional. A word's table is
+  built at the start of its run in every sweep (from n_wk now, n_k at the sweep's start or its
+  last rebuild) and rebuilt within the run, n_k's table too, after it has served K draws, so
+  its O(K) build costs O(1) per draw.
+  The proposal is the exact conditional but for the word part's staleness, so most proposals
+  are accepted (on the KJV, of those that would move the token: 96-99% at K = 100; at K = 1,000
+  75% in the first sweep from a random start, 91-93% from the fourth) and the chain keeps the
+  exact sampler's pace per sweep: log p after 10 sweeps on 300 KJV chapters at K = 1,000 within
+  0.3% of ``sparse``'s (``mh``: 4.4-4.6% behind).
+
 Why sparse is the default (measured on the KJV chapters, 278 k tokens, one core of a busy 2-core
 machine): the dense sweep runs at ~13 M tokens/s at K = 20 but ~4.9 M at K = 100; the sparse
 sweep ran at 20 M (K = 20) and 11.8 M (K = 100) over 100 sweeps from a random start, level
@@ -46,6 +64,10 @@ part (as in F+LDA) measured no faster here (6-8 M tokens/s at K = 100 either way
 same load) while costing O(log K) per move, so the simpler running sum stayed. The MH sampler
 is not exact Gibbs: its chain mixes more slowly per sweep, so its likelihood after a given
 number of sweeps lags the exact chain's; it pays off at large K (``benchmarks/lda.py --kernels``).
+The alias sampler's cost per token still follows the topics a document uses (its doc part, as
+sparse's), without sparse's O(K) scan of the word part: on the KJV from a random start, 1.5-1.7x
+sparse's CPU per token at K = 100, level at K = 1,000 (0.9-1.2x) and 3.1x cheaper at K = 10,000,
+where mh is 1.2-1.3x cheaper still (2-3 sweeps after the first, one core of a busy machine).
 
 Example::
 
@@ -58,19 +80,26 @@ Example::
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from numba import njit
 
 from simlib import _validate as check
 from simlib.problems.lda import LDACorpus, check_corpus, check_hyper, count_tables, log_likelihood, random_assignments
 
-KERNELS = ("sparse", "dense", "mh")
+KERNELS = ("sparse", "dense", "mh", "alias")
 # NOTE: word-then-doc cycles per token. LightLDA's default is 2; 4 measured better per unit of time
 # here: on the default 8-topic synthetic corpus 2 of 12 random starts still had two true topics merged
 # after 50 sweeps with 2 cycles (0 of 12 with 4, and 0 of 12 for exact Gibbs), and on the KJV at K = 1,000
 # log p(w, z) after 30 sweeps trailed the sparse sampler's by 3.6% with 2 cycles, 1.4% with 4, for
 # 36 against 59 ms of CPU per sweep (sparse: 77 ms).
 _MH_CYCLES = 4
+# NOTE: MH steps per token of the alias kernel. On the KJV from a random start, log p per token after 10 sweeps
+# with 1, 2 and 4 steps: -8.576, -8.569, -8.601 at K = 100 (sparse: -8.598) for 115, 141, 204 ns per token; at
+# K = 1,000 -9.671, -9.593, -9.590 (sparse: -9.569) for 325, 343, 493 ns. One step trails at K = 1,000, four cost
+# 40% more for nothing.
+_ALIAS_STEPS = 2
 
 
 @njit(cache=True, nogil=True)
@@ -123,6 +152,21 @@ def _rng_state(seed: int) -> np.uint64:
     return np.uint64((x ^ (x >> 31)) or 1)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _list_take(d: int, k: int, idx: np.ndarray, cnt: np.ndarray, length: np.ndarray, pos: np.ndarray) -> None:
+    """n_dk[d, k] -= 1 on document d's topic list; at 0, k leaves it (the last entry moves into its slot)."""
+    i = pos[d, k]
+    cnt[d, i] -= 1
+    if cnt[d, i] == 0:
+        L = length[d] - 1
+        last = idx[d, L]
+        idx[d, i] = last
+        cnt[d, i] = cnt[d, L]
+        pos[d, last] = i
+        pos[d, k] = -1
+        length[d] = L
+
+
 @njit(cache=True, nogil=True, fastmath=True)
 def _sweep_sparse(
     word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray,
@@ -154,16 +198,7 @@ def _sweep_sparse(
             old = phi[k]
             phi[k] = (n_wk[w, k] + beta) * inv[k]
             wsum += phi[k] - old
-            i = dk_pos[d, k]
-            dk_cnt[d, i] -= 1
-            if dk_cnt[d, i] == 0:  # drop k from d's list: move the last entry into its slot
-                L = dk_len[d] - 1
-                last = dk_idx[d, L]
-                dk_idx[d, i] = last
-                dk_cnt[d, i] = dk_cnt[d, L]
-                dk_pos[d, last] = i
-                dk_pos[d, k] = -1
-                dk_len[d] = L
+            _list_take(d, k, dk_idx, dk_cnt, dk_len, dk_pos)
             # Doc part: sum over the topics document d uses.
             L = dk_len[d]
             total = 0.0
@@ -187,6 +222,8 @@ def _sweep_sparse(
                     k += 1
                     acc += phi[k]
             # Put it back under topic k.
+            # NOTE: inline, not shared with the alias kernel as _list_take is: as a helper (even inline="always")
+            # this step made the sweep 25% slower at K = 100 (95 -> 123 ns per token, same chain), _list_take 0%.
             z[j] = k
             i = dk_pos[d, k]
             if i < 0:
@@ -278,6 +315,41 @@ def _word_table(row: np.ndarray, n0: np.ndarray, vbeta: float, snap: np.ndarray,
     return m, total
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _word_draw(rng: np.uint64, S: float, B: float, m: int, wtopic: np.ndarray, wprob: np.ndarray, walias: np.ndarray,
+               dprob: np.ndarray, dalias: np.ndarray, snap: np.ndarray, n0: np.ndarray, s_tab: int, beta: float,
+               vbeta: float) -> tuple[np.uint64, int]:
+    """A draw from the stale word table without the token: q_j(k) ∝ (snap_k - [k=s_tab] + b) / (n0_k - [k=s_tab] + V b).
+
+    The table (sparse part of mass S over wtopic[:m], b-part of mass B over all K) counts the
+    token under s_tab; a draw of s_tab is kept with probability q_j(s_tab) / q_table(s_tab).
+    """
+    K = n0.shape[0]
+    while True:
+        rng, u = _uniform(rng)
+        x = u * (S + B)
+        if x < S:
+            x *= m / S
+            i = min(int(x), m - 1)
+            t = wtopic[i if x - i < wprob[i] else walias[i]]
+        else:
+            x = min((x - S) / B, 1.0) * K
+            i = min(int(x), K - 1)
+            t = i if x - i < dprob[i] else dalias[i]
+        if t != s_tab:
+            return rng, t
+        rng, u = _uniform(rng)
+        if u * (snap[t] + beta) * (n0[t] - 1 + vbeta) < (snap[t] - 1 + beta) * (n0[t] + vbeta):
+            return rng, t
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _stale_q(k: int, snap: np.ndarray, n0: np.ndarray, s_tab: int, beta: float, vbeta: float) -> float:
+    """The stale word proposal without the token, unnormalised: (snap_k - [k=s_tab] + b) / (n0_k - [k=s_tab] + V b)."""
+    own = int(k == s_tab)
+    return (snap[k] - own + beta) / (n0[k] - own + vbeta)
+
+
 @njit(cache=True, nogil=True, fastmath=True)
 def _mh_run(
     a: int, b: int, w: int, doc: np.ndarray, z: np.ndarray, order: np.ndarray, offsets: np.ndarray,
@@ -308,26 +380,11 @@ def _mh_run(
         ps = (n_dk[d, s] + alpha) * (n_wk[w, s] + beta) / (n_k[s] + vbeta)
         for _ in range(n_cycles):
             # Word proposal: sparse part (mass S) or b-part (mass B), alias draws from one uniform each.
-            while True:
-                rng, u = _uniform(rng)
-                x = u * (S + B)
-                if x < S:
-                    x *= m / S
-                    i = min(int(x), m - 1)
-                    t = wtopic[i if x - i < wprob[i] else walias[i]]
-                else:
-                    x = min((x - S) / B, 1.0) * K
-                    i = min(int(x), K - 1)
-                    t = i if x - i < dprob[i] else dalias[i]
-                if t != s_tab:
-                    break
-                rng, u = _uniform(rng)  # the table's draw of s_tab, thinned to take the token out
-                if u * (snap[t] + beta) * (n0[t] - 1 + vbeta) < (snap[t] - 1 + beta) * (n0[t] + vbeta):
-                    break
+            rng, t = _word_draw(rng, S, B, m, wtopic, wprob, walias, dprob, dalias, snap, n0, s_tab, beta, vbeta)
             if t != s:
                 pt = (n_dk[d, t] + alpha) * (n_wk[w, t] + beta) / (n_k[t] + vbeta)
-                qs = (snap[s] - int(s == s_tab) + beta) / (n0[s] - int(s == s_tab) + vbeta)
-                qt = (snap[t] - int(t == s_tab) + beta) / (n0[t] - int(t == s_tab) + vbeta)
+                qs = _stale_q(s, snap, n0, s_tab, beta, vbeta)
+                qt = _stale_q(t, snap, n0, s_tab, beta, vbeta)
                 rng, u = _uniform(rng)
                 if u * ps * qt < pt * qs:  # accept with min(1, p(t) q(s) / (p(s) q(t)))
                     s, ps = t, pt
@@ -353,6 +410,16 @@ def _mh_run(
 
 
 @njit(cache=True, nogil=True)
+def _table_buffers(n_wk: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Work arrays of length K for the alias tables: weight, b-part prob, word prob, b-part alias, word alias,
+    word topics, Vose's two stacks, and the snapshot of the word's row (n_wk's dtype)."""
+    K = n_wk.shape[1]
+    i32 = np.int32
+    return (np.empty(K), np.empty(K), np.empty(K), np.empty(K, i32), np.empty(K, i32), np.empty(K, i32),
+            np.empty(K, i32), np.empty(K, i32), np.empty(K, n_wk.dtype))
+
+
+@njit(cache=True, nogil=True)
 def _sweep_mh(
     word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, order: np.ndarray, offsets: np.ndarray, z_doc: np.ndarray,
     n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, rng: np.uint64, n_cycles: int,
@@ -363,9 +430,7 @@ def _sweep_mh(
     for j in range(z.shape[0]):  # the topics in document order, for the doc proposal
         z_doc[order[j]] = z[j]
     n0 = n_k.copy()  # the topic totals the tables of this sweep are built with
-    weight, dprob, wprob = np.empty(K), np.empty(K), np.empty(K)
-    dalias, walias, wtopic = np.empty(K, np.int32), np.empty(K, np.int32), np.empty(K, np.int32)
-    small, large, snap = np.empty(K, np.int32), np.empty(K, np.int32), np.empty(K, n_wk.dtype)
+    weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
     B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
     for w in range(V):
         a, b = word_ptr[w], word_ptr[w + 1]
@@ -376,34 +441,145 @@ def _sweep_mh(
                       wtopic, wprob, walias, m, S, dprob, dalias, B, n_cycles, rng)
 
 
-@njit(cache=True, nogil=True)
-def _mh_chain(
-    p: int, d: int, w: int, offsets: np.ndarray, z_doc: np.ndarray, n_dk: np.ndarray, n_wk: np.ndarray,
-    n_k: np.ndarray, alpha: float, beta: float, tab_wk: np.ndarray, tab_k: np.ndarray, s_tab: int, rebuild: bool,
-    n_draws: int, n_cycles: int, rng: np.uint64,
-) -> np.ndarray:
-    """Resample the token at corpus position p n_draws times, the others fixed; the count of each topic it took.
+@njit(cache=True, nogil=True, fastmath=True)
+def _alias_run(
+    j: int, b: int, w: int, doc: np.ndarray, z: np.ndarray, dk_idx: np.ndarray, dk_cnt: np.ndarray,
+    dk_len: np.ndarray, dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float,
+    snap: np.ndarray, n0: np.ndarray, s_fixed: int, wtopic: np.ndarray, wprob: np.ndarray, walias: np.ndarray,
+    m: int, S: float, dprob: np.ndarray, dalias: np.ndarray, B: float, budget: int, n_steps: int, rng: np.uint64,
+    cdf: np.ndarray, inv: np.ndarray, phi: np.ndarray,
+) -> tuple[int, np.uint64]:
+    """AliasLDA on tokens j, j+1, .. of word w until b, or until the word table has served ``budget`` draws.
 
-    With ``rebuild`` the tables are rebuilt before every draw from the counts with the token in
-    (as a sweep does); otherwise they are built once from (tab_wk, tab_k), which count it under s_tab.
+    Each token runs n_steps MH steps, proposing from q(k) ∝ n_dk phi_w(k) + a q_w(k): the doc
+    part fresh over d's topic list, q_w the stale table without the token (``_word_draw``; the
+    table counts it under its topic on entry, or s_fixed if >= 0, as in ``_mh_run``); accepted
+    with min(1, p(t) q(s) / (p(s) q(t))) against p(k) = (n_dk + a) phi_w(k). ``inv`` holds
+    1 / (n_k + V b) and is kept up to date; ``phi`` is work space for phi_w. Returns (the next
+    token, the rng).
     """
     V, K = n_wk.shape
     vbeta = V * beta
-    weight, dprob, wprob = np.empty(K), np.empty(K), np.empty(K)
-    dalias, walias, wtopic = np.empty(K, np.int32), np.empty(K, np.int32), np.empty(K, np.int32)
-    small, large, snap = np.empty(K, np.int32), np.empty(K, np.int32), np.empty(K, n_wk.dtype)
+    for k in range(K):  # O(K), as the table's build: phi_w(k) fresh, updated in O(1) when a token moves
+        phi[k] = (n_wk[w, k] + beta) * inv[k]
+    drawn = 0
+    while j < b and drawn < budget:
+        d = doc[j]
+        s = z[j]
+        s_tab = s if s_fixed < 0 else s_fixed
+        n_wk[w, s] -= 1
+        n_k[s] -= 1
+        inv[s] = 1.0 / (n_k[s] + vbeta)
+        phi[s] = (n_wk[w, s] + beta) * inv[s]
+        _list_take(d, s, dk_idx, dk_cnt, dk_len, dk_pos)
+        L = dk_len[d]
+        P = 0.0  # the doc part's mass, sum over d's topics of n_dk phi_w(k), exact
+        for i in range(L):
+            P += dk_cnt[d, i] * phi[dk_idx[d, i]]
+            cdf[i] = P
+        # The word part's mass: the table's S + B with the token's own entry at s_tab taken out.
+        Q = alpha * (S + B - (snap[s_tab] + beta) / (n0[s_tab] + vbeta) + _stale_q(s_tab, snap, n0, s_tab, beta, vbeta))
+        ps, qs = _alias_pq(d, s, dk_cnt, dk_pos, phi, alpha, beta, vbeta, snap, n0, s_tab)
+        for _ in range(n_steps):
+            rng, u = _uniform(rng)
+            x = u * (P + Q)
+            if x < P:  # the list is unsorted: bisect its cdf
+                t = dk_idx[d, min(np.searchsorted(cdf[:L], x, side="right"), L - 1)]
+            else:
+                rng, t = _word_draw(rng, S, B, m, wtopic, wprob, walias, dprob, dalias, snap, n0, s_tab, beta, vbeta)
+                drawn += 1
+            if t != s:
+                pt, qt = _alias_pq(d, t, dk_cnt, dk_pos, phi, alpha, beta, vbeta, snap, n0, s_tab)
+                rng, u = _uniform(rng)
+                if u * ps * qt < pt * qs:
+                    s, ps, qs = t, pt, qt
+        z[j] = s
+        i = dk_pos[d, s]
+        if i < 0:  # s joins d's list, unsorted: the doc part's cdf is built over the whole list anyway
+            i = dk_len[d]
+            dk_idx[d, i], dk_cnt[d, i], dk_pos[d, s], dk_len[d] = s, 0, i, i + 1
+        dk_cnt[d, i] += 1
+        n_wk[w, s] += 1
+        n_k[s] += 1
+        inv[s] = 1.0 / (n_k[s] + vbeta)
+        phi[s] = (n_wk[w, s] + beta) * inv[s]
+        j += 1
+    return j, rng
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _alias_pq(d: int, k: int, dk_cnt: np.ndarray, dk_pos: np.ndarray, phi: np.ndarray, alpha: float, beta: float,
+              vbeta: float, snap: np.ndarray, n0: np.ndarray, s_tab: int) -> tuple[float, float]:
+    """AliasLDA's target and proposal at topic k: ((n_dk + a) phi_w(k), n_dk phi_w(k) + a q_w(k)), both unnormalised."""
+    i = dk_pos[d, k]
+    c = dk_cnt[d, i] if i >= 0 else 0
+    return (c + alpha) * phi[k], c * phi[k] + alpha * _stale_q(k, snap, n0, s_tab, beta, vbeta)
+
+
+@njit(cache=True, nogil=True)
+def _sweep_alias(
+    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, dk_idx: np.ndarray, dk_cnt: np.ndarray, dk_len: np.ndarray,
+    dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, rng: np.uint64, n_steps: int,
+    cdf: np.ndarray,
+) -> None:
+    """One AliasLDA sweep word by word: a word's table is built at the start of its run and again after K draws."""
+    V, K = n_wk.shape
+    vbeta = V * beta
+    n0 = n_k.copy()  # the topic totals the tables are built with
+    weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
+    B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
+    inv, phi = 1.0 / (n_k + vbeta), np.empty(K)
+    for w in range(V):
+        j, b = word_ptr[w], word_ptr[w + 1]
+        while j < b:  # O(K) to build, O(1) per draw: rebuilt after K draws keeps the building O(1) per draw
+            if j > word_ptr[w]:
+                # Rebuilt within the run: n_k afresh too. The word's tokens have moved since n0 was taken,
+                # and a row counting more of them under k than n0_k does would make _word_draw's thinning
+                # probability exceed 1 (it needs snap_k <= n0_k, true at the start of a run).
+                n0[:] = n_k
+                B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
+            m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
+            j, rng = _alias_run(j, b, w, doc, z, dk_idx, dk_cnt, dk_len, dk_pos, n_wk, n_k, alpha, beta, snap, n0,
+                                -1, wtopic, wprob, walias, m, S, dprob, dalias, B, K, n_steps, rng, cdf, inv, phi)
+
+
+@njit(cache=True, nogil=True)
+def _token_chain(
+    p: int, d: int, w: int, offsets: np.ndarray, z_doc: np.ndarray, n_dk: np.ndarray, dk_idx: np.ndarray,
+    dk_cnt: np.ndarray, dk_len: np.ndarray, dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float,
+    beta: float, tab_wk: np.ndarray, tab_k: np.ndarray, s_tab: int, rebuild: bool, n_draws: int, alias: bool,
+    n_steps: int, rng: np.uint64,
+) -> np.ndarray:
+    """Resample the token at corpus position p n_draws times, the others fixed; the count of each topic it took.
+
+    One draw is one token's step of the mh kernel (n_dk, z_doc) or, with ``alias``, of the alias
+    kernel (d's topic list). With ``rebuild`` the tables are rebuilt before every draw from the
+    counts with the token in (as a sweep does); otherwise they are built once from (tab_wk, tab_k),
+    which count it under s_tab.
+    """
+    V, K = n_wk.shape
+    vbeta = V * beta
+    weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
     n0 = tab_k.copy()
     B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
     m, S = _word_table(tab_wk, n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
     doc, z, order = np.full(1, d, np.int64), np.full(1, z_doc[p], np.int32), np.full(1, p, np.int64)
+    cdf = np.empty(K)
     seen = np.zeros(K, np.int64)
+    s_fixed = -1 if rebuild else s_tab
     for _ in range(n_draws):
         if rebuild:
             n0[:] = n_k
             B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
             m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
-        rng = _mh_run(0, 1, w, doc, z, order, offsets, z_doc, n_dk, n_wk, n_k, alpha, beta, snap, n0,
-                      -1 if rebuild else s_tab, wtopic, wprob, walias, m, S, dprob, dalias, B, n_cycles, rng)
+        if alias:
+            _, rng = _alias_run(0, 1, w, doc, z, dk_idx, dk_cnt, dk_len, dk_pos, n_wk, n_k, alpha, beta, snap, n0,
+                                s_fixed, wtopic, wprob, walias, m, S, dprob, dalias, B, K, n_steps, rng, cdf,
+                                1.0 / (n_k + vbeta), np.empty(K))
+            z_doc[p] = z[0]
+        else:
+            rng = _mh_run(0, 1, w, doc, z, order, offsets, z_doc, n_dk, n_wk, n_k, alpha, beta, snap, n0,
+                          s_fixed, wtopic, wprob, walias, m, S, dprob, dalias, B, n_steps, rng)
         seen[z[0]] += 1
     return seen
 
@@ -458,7 +634,7 @@ class GibbsState:
         np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words), out=self.word_ptr[1:])
         self.doc_wm = corpus.doc_of[self.order]
         self.z_wm = np.asarray(z, dtype=np.int32)[self.order]
-        if kernel == "sparse":  # D x K lists: the other kernels read n_dk itself
+        if kernel in ("sparse", "alias"):  # D x K lists: the other kernels read n_dk itself
             self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos = _doc_lists(self.n_dk)
             self._cdf = np.empty(n_topics)
         self._z_doc = np.empty_like(self.z_wm)  # the mh kernel's topics in corpus order (filled by each sweep)
@@ -483,10 +659,23 @@ class GibbsState:
         elif self.kernel == "mh":
             _sweep_mh(self.word_ptr, self.doc_wm, self.z_wm, self.order, self.corpus.offsets, self._z_doc, self.n_dk,
                       self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), _MH_CYCLES)
+        elif self.kernel == "alias":
+            _sweep_alias(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos,
+                         self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), _ALIAS_STEPS, self._cdf)
+            _lists_to_dense(self.dk_idx, self.dk_cnt, self.dk_len, self.n_dk)
         else:
             _sweep_sparse(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos,
                           self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), self._cdf)
             _lists_to_dense(self.dk_idx, self.dk_cnt, self.dk_len, self.n_dk)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held, by structure: the word-topic counts (V x K and K), the document-topic counts (D x K),
+        the per-document topic lists of the sparse and alias kernels (3 D x K), the per-token arrays."""
+        out = {"n_wk, n_k": self.n_wk.nbytes + self.n_k.nbytes, "n_dk": self.n_dk.nbytes}
+        if self.kernel in ("sparse", "alias"):
+            out["topic lists"] = sum(a.nbytes for a in (self.dk_idx, self.dk_cnt, self.dk_pos, self.dk_len, self._cdf))
+        out["per token"] = sum(a.nbytes for a in (self.order, self.word_ptr, self.doc_wm, self.z_wm, self._z_doc))
+        return out
 
     def log_likelihood(self) -> float:
         """log p(w, z) of the current state (valid when n_wk, n_k are this corpus's own counts)."""
@@ -502,8 +691,9 @@ class GibbsState:
 
 def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0,
                    table: tuple[np.ndarray, np.ndarray, int] | None = None) -> np.ndarray:
-    """Resample one token ``n_draws`` times with the mh kernel, every other token fixed; how often it took each topic.
+    """Resample one token ``n_draws`` times by an MH kernel, every other token fixed; how often it took each topic.
 
+    The kernel is AliasLDA's for a state with ``kernel="alias"``, LightLDA's (``mh``) for any other.
     Its long-run frequencies must be the exact conditional p(k | rest) (``simlib.problems.lda.conditional``).
     By default the tables are rebuilt before each draw from the counts with the token in, as a
     sweep does; ``table = (n_wk row of its word, n_k, the topic they count it under)`` fixes stale
@@ -519,14 +709,37 @@ def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0
     tab_wk, tab_k, s_tab = table if table is not None else (state.n_wk[w], state.n_k, int(z_doc[position]))
     if not (0 <= s_tab < K and tab_wk[s_tab] >= 1 and tab_k[s_tab] >= 1):
         raise ValueError(f"table: its counts must hold the token under its topic s_tab = {s_tab!r} (>= 1 there)")
-    seen = _mh_chain(position, d, w, c.offsets, z_doc, state.n_dk, state.n_wk,
-                     state.n_k, state.alpha, state.beta, np.asarray(tab_wk, state.n_wk.dtype).reshape(K),
-                     np.asarray(tab_k, state.n_k.dtype).reshape(K), int(s_tab), table is None, n_draws, _MH_CYCLES,
-                     _rng_state(seed))
+    alias = state.kernel == "alias"
+    # The alias chain keeps d's topic list; the mh chain keeps n_dk and reads no list (empty ones stand in).
+    lists = (state.dk_idx, state.dk_cnt, state.dk_len, state.dk_pos) if alias else _doc_lists(state.n_dk[:0])
+    seen = _token_chain(position, d, w, c.offsets, z_doc, state.n_dk, *lists, state.n_wk, state.n_k, state.alpha,
+                        state.beta,
+                        np.asarray(tab_wk, state.n_wk.dtype).reshape(K), np.asarray(tab_k, state.n_k.dtype).reshape(K),
+                        int(s_tab), table is None, n_draws, alias, _ALIAS_STEPS if alias else _MH_CYCLES,
+                        _rng_state(seed))
     state.z_wm[:] = z_doc[state.order]
-    if state.kernel == "sparse":
+    if alias:
+        _lists_to_dense(state.dk_idx, state.dk_cnt, state.dk_len, state.n_dk)
+    elif state.kernel == "sparse":
         state.dk_idx, state.dk_cnt, state.dk_len, state.dk_pos = _doc_lists(state.n_dk)
     return seen
+
+
+def cpu_per_token(corpus: LDACorpus, n_topics: int, kernel: str = "sparse", n_sweeps: int = 3, alpha: float = 0.1,
+                  beta: float = 0.01, seed: int = 0) -> tuple[float, GibbsState]:
+    """CPU seconds per token of sweeps 1..n_sweeps from a random start (sweep 0 compiles: not timed); and the state.
+
+    CPU time of this process (``time.process_time``), so other programs on a busy machine inflate
+    it far less than wall time. Sweep s is seeded by s, as in a loop of ``state.sweep(seed=s)``.
+    """
+    check_corpus(corpus)
+    check.positive_int("n_sweeps", n_sweeps)
+    state = GibbsState.init(corpus, n_topics, alpha, beta, seed, kernel)
+    state.sweep(seed=0)
+    t = time.process_time()
+    for s in range(1, n_sweeps + 1):
+        state.sweep(seed=s)
+    return (time.process_time() - t) / (n_sweeps * corpus.n_tokens), state
 
 
 def fit(corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01, n_sweeps: int = 100,
@@ -544,4 +757,4 @@ def fit(corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01
     return state, lls
 
 
-__all__ = ["GibbsState", "fit", "mh_token_draws", "KERNELS"]
+__all__ = ["GibbsState", "fit", "cpu_per_token", "mh_token_draws", "KERNELS"]

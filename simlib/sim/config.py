@@ -133,6 +133,14 @@ class SimConfig(_FieldsOnly):
     significance: float | None = _f(None, "per-site servers send a key across the WAN only once its accumulated "
                                           "update passes |acc| > significance x |value| (Gaia); off: every update",
                                     min=0, max=1e6)
+    # Bosen's managed communication (simlib.sim.managed): a clock spans several mini-batches whose updates the
+    # worker sums and pushes at the clock's end; with a budget it sends the largest relative changes early.
+    clock_batches: int = _f(1, "mini-batches per clock: the worker sums their updates and pushes once per clock, "
+                               "at its end (Bosen's clocks span many)", min=1, max=MAX_STEPS)
+    managed_bandwidth: float | None = _f(None, "Bosen's managed communication: between clocks each worker sends its "
+                                               "pending updates, largest |delta| / |value| first, at most this many "
+                                               "bytes per second; the rest goes at the clock's end (needs "
+                                               "clock_batches >= 2)", unit="B/s", min=0, min_open=True, max=1e30)
     compute_per_unit: float = _f(5e-8, "time per nonzero (or sample)", unit="s", min=0, max=10)
     compute_overhead: float = _f(1e-4, "fixed time per step", unit="s", min=0, max=3600)
     cost_unit: str = _f("nonzero", "what compute is charged per", choices=COST_UNITS)
@@ -201,6 +209,7 @@ class SimConfig(_FieldsOnly):
             raise ValueError("n_servers and n_summation apply to topology 'ps' only")
         self._validate_sites()
         self._validate_cost_only()
+        self._validate_managed()
         if not isinstance(self.stragglers, Stragglers):
             raise ValueError(f"stragglers must be a Stragglers(...) instance, got {type(self.stragglers).__name__}")
         if self.stragglers.slow_workers > self.n_workers:
@@ -246,6 +255,8 @@ class SimConfig(_FieldsOnly):
             ("staleness_aware", self.staleness_aware, "it scales the update's values"),
             ("accumulation", self.accumulation is not None, "it averages the updates' values"),
             ("rule", self.rule is not None, "a step rule acts on the update's values"),
+            ("clock_batches", self.clock_batches > 1, "a clock's mini-batches are summed into one update"),
+            ("managed_bandwidth", self.managed_bandwidth is not None, "it sends the largest changes first"),
         ]
         for name, on, why in needs_math:
             if on:
@@ -270,6 +281,26 @@ class SimConfig(_FieldsOnly):
             if not self.step_rule.plain:
                 raise ValueError("hierarchy 'per-site': staleness_aware, accumulation and rule= are not modelled with "
                                  "a server per site (each site's table takes every push as it is)")
+
+    def _validate_managed(self) -> None:
+        """clock_batches and managed_bandwidth: what :mod:`simlib.sim.managed` models."""
+        if self.clock_batches > 1:
+            for bad, why in ((self.topology != "ps", "topology 'ps'"), (self.cached, "no worker cache (cache, ESSP)"),
+                             (self.hierarchy != "flat", "hierarchy 'flat'"),
+                             (self.compression not in (None, "none"), "no compression")):
+                if bad:
+                    raise ValueError(f"clock_batches > 1 is modelled with {why} only")
+        if self.managed_bandwidth is None:
+            return
+        from simlib.managed import check as check_managed  # NumPy: only once managed communication is asked for
+
+        check_managed(self.clock_batches, self.managed_bandwidth, self.bound, self.step_rule.plain,
+                      self.backup_workers or self.timeout is not None, self.bandwidth)
+        for bad, name in ((self.sites > 1, "sites > 1"),
+                          (self.stragglers.fail_worker is not None, "stragglers.fail_worker")):
+            if bad:
+                raise ValueError(f"managed_bandwidth: {name} are not modelled with managed communication (early "
+                                 f"updates land as they are, once, on one site's servers)")
 
     @classmethod
     def preset(cls, network: str, **fields: Any) -> "SimConfig":
@@ -317,6 +348,10 @@ class SimConfig(_FieldsOnly):
             base += f" b={self.backup_workers}"
         if self.timeout is not None:
             base += f" T={self.timeout:g}s"
+        if self.clock_batches > 1:
+            base += f" {self.clock_batches}/clock"
+        if self.managed_bandwidth is not None:
+            base += f" managed {self.managed_bandwidth / 1e6:g} MB/s"
         if self.staleness_aware:
             base += " a0/tau"
         if self.compression and self.compression != "none":

@@ -34,7 +34,8 @@ def eligible(run: Any) -> bool:
     st = cfg.stragglers
     return (cfg.cost_only and cfg.step_keys is not None and cfg.topology == "ps" and run.n_shards == 1
             and cfg.sites == 1 and cfg.hierarchy == "flat" and not cfg.cached and cfg.timeout is None
-            and st.fail_worker is None and cfg.read_rule is None and run.compressors is None)
+            and st.fail_worker is None and cfg.read_rule is None and run.compressors is None
+            and cfg.clock_batches == 1 and cfg.managed_bandwidth is None)
 
 
 @njit(cache=True)

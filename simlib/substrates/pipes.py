@@ -12,6 +12,14 @@ The server is :class:`simlib.contract.ParamServer`: it holds a pull for step c u
 allows the read (BSP, SSP(s), async, backup workers), applies pushes through the step rule and
 measures each push's tau. Byte counts are the simulator's with ``key_bytes=4, value_bytes=8``.
 
+With ``clock_batches=k`` a step is a clock of k mini-batches: one pull of the keys they touch, k
+updates computed on the worker's copy (its own added locally first) and summed, one push at the
+end. With ``managed_bandwidth=B`` too (Bosen's managed communication, :mod:`simlib.managed`),
+between mini-batches the worker sends the pending keys of largest relative change first, tagged
+'early', at most one message of up to ``MESSAGE_ENTRIES`` entries per gap and never sooner than
+n / B seconds after an early message of n bytes (header included, as the channel counts it); the
+server adds each on arrival, and the clock's push carries the rest.
+
 Example::
 
     >>> from simlib.problems.logistic import LogisticProblem, make_sparse_classification
@@ -29,14 +37,18 @@ from typing import Any
 
 import numpy as np
 
+from simlib import _validate as check
 from simlib.contract import ParamServer, Result, Training, local_result, new_trace, warm_up as contract_warm_up
 from simlib.diverged import check_metric
+from simlib.managed import MESSAGE_ENTRIES, Pending
+from simlib.managed import check as check_managed
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
-from simlib.protocol import Protocol
+from simlib.protocol import MAX_STEPS, Protocol
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
+EARLY = "early"  # the tag of a managed-communication message: part of the clock's push, sent before its end
 
 
 class DenseKeys:
@@ -64,11 +76,7 @@ def pull_keys(problem: Any, batch: np.ndarray) -> np.ndarray:
 
 def push_message(problem: Any, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float = 1.0) -> np.ndarray:
     """The worker's compute: the problem's update on the values read, packed as (key, delta) records."""
-    keys, d = problem.step(values, batch, keys, lr)
-    msg = np.empty(len(keys), PUSH_DTYPE)
-    msg["key"] = keys
-    msg["grad"] = d
-    return msg
+    return _records(*problem.step(values, batch, keys, lr))
 
 
 def warm_up(problem: Any) -> None:
@@ -77,10 +85,14 @@ def warm_up(problem: Any) -> None:
 
 
 def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
-        timeout: float | None = 120.0, evaluate: bool = True, straggler: tuple[int, float] | None = None) -> Result:
+        timeout: float | None = 120.0, evaluate: bool = True, straggler: tuple[int, float] | None = None,
+        clock_batches: int = 1, managed_bandwidth: float | None = None) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="pipes")``).
 
     ``straggler=(i, s)``: worker i sleeps s seconds after computing each step, a slow machine.
+
+    ``clock_batches`` mini-batches make one clock (one pull, one push); ``managed_bandwidth`` (bytes/s per
+    worker) turns on Bosen's managed communication between them (the module's docstring).
 
     ``evaluate=False`` records the metric only at the start and the end (for timing runs);
     ``timeout`` bounds the whole run's wall time. Deadlines (``Protocol.timeout``) are simulated
@@ -91,6 +103,10 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
                          "use backup_workers on real substrates")
     n_workers = training.n_workers
     check_straggler(straggler, n_workers)
+    check.positive_int("clock_batches", clock_batches, most=MAX_STEPS)
+    if managed_bandwidth is not None:
+        check.positive("managed_bandwidth", managed_bandwidth)
+    check_managed(clock_batches, managed_bandwidth, protocol.bound, training.rule.plain, protocol.backup_workers)
     shards = problem.shards(n_workers)  # raises ValueError naming n_workers if too many
     warm_up(problem)
     started = time.perf_counter()
@@ -100,10 +116,14 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         server_ends = tuple(a for a, _ in pairs)
         worker_args = [(None, server_ends)] + [(b, None) for _, b in pairs]
         out = group.run(_member, problem, shards, protocol, training, evaluate, straggler,
-                        worker_args=worker_args, timeout=timeout)
+                        (clock_batches, managed_bandwidth), worker_args=worker_args, timeout=timeout)
         raw = group.trace
     wall = time.perf_counter() - started
-    w, quality, updates = out[0]
+    w, quality, updates, early = out[0]
+    logs = None
+    if managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
+        logs = [log for _, log in out[1:]]
+        out = [out[0], *(local for local, _ in out[1:])]
     trace = new_trace(problem, protocol, training, "pipes", "over pipes", substrate_detail="pipe parameter server",
                       wall_seconds=wall, start_method=group.start_method)
     for s in raw.spans:  # member 0 is the server; workers become 0 .. N-1 as in the simulator
@@ -113,6 +133,11 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         trace.update(*u)
     for t, step, value in quality:
         trace.record_quality(t, step, value)
+    if clock_batches > 1:
+        trace.meta["clock_batches"] = clock_batches
+    if logs is not None:
+        trace.meta["managed"] = {"budget": managed_bandwidth, **early,
+                                 "log": [[t, n, i] for i, log in enumerate(logs) for t, n in log]}
     worker_seconds = max((s.end for s in trace.spans), default=0.0)
     measured = {"wall_seconds": wall, "worker_seconds": worker_seconds}
     if callable(getattr(problem, "local_result", None)):
@@ -121,15 +146,20 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
 
 
 def _member(member: int, n_members: int, problem: Any, shards: list, protocol: Protocol, training: Training,
-            evaluate: bool, straggler: tuple[int, float] | None, mine: Channel | None,
-            server_ends: tuple[Channel, ...] | None) -> Any:
+            evaluate: bool, straggler: tuple[int, float] | None, clocks: tuple[int, float | None],
+            mine: Channel | None, server_ends: tuple[Channel, ...] | None) -> Any:
     """Group entry point: member 0 serves, the others are workers 0 .. N-1."""
     if member == 0:
         assert server_ends is not None
         return _serve(problem, list(server_ends), protocol, training, evaluate)
     assert mine is not None
-    _work(member - 1, problem, shards[member - 1], mine, training, straggler)
-    return local_result(problem, shards[member - 1])
+    k, budget = clocks
+    if k == 1:
+        _work(member - 1, problem, shards[member - 1], mine, training, straggler)
+        return local_result(problem, shards[member - 1])
+    log = _work_clocked(member - 1, problem, shards[member - 1], mine, training, k, budget, straggler)
+    result = local_result(problem, shards[member - 1])
+    return result if budget is None else (result, log)
 
 
 def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training,
@@ -150,8 +180,55 @@ def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training,
             ctx.span("compute", s, e, step=c)
 
 
+def _work_clocked(i: int, problem: Any, shard: Any, ch: Channel, training: Training, k: int, budget: float | None,
+                  straggler: tuple[int, float] | None = None) -> list[tuple[float, int]]:
+    """One worker whose clocks span k mini-batches; with a budget, early messages between them.
+
+    Returns the early messages as (seconds since the run started, bytes the channel sent).
+    """
+    ctx = current()
+    t0 = ctx.t0 if ctx is not None else time.perf_counter()
+    log: list[tuple[float, int]] = []
+    next_send = 0.0  # perf_counter reading before which no early message starts
+    for c in range(training.steps):
+        batches = [problem.batch(shard, c * k + j, training.batch_size) for j in range(k)]
+        batch_keys = [pull_keys(problem, b) for b in batches]
+        keys = np.unique(np.concatenate(batch_keys))
+        ch.send_array(keys)
+        values = ch.recv_array()
+        pending = Pending(keys, np.asarray(values, dtype=np.float64))
+        local = pending.values.copy()  # the worker's copy: its own updates are added locally first
+        s = time.perf_counter()
+        for j, (batch, bkeys) in enumerate(zip(batches, batch_keys)):
+            out_keys, d = problem.step(local[pending.index(bkeys)], batch, bkeys, training.lr)
+            out_keys, d = np.asarray(out_keys), np.asarray(d, dtype=np.float64)
+            local[pending.index(out_keys)] += d
+            pending.add(out_keys, d)
+            straggle(straggler, i)
+            now = time.perf_counter()
+            if budget is not None and j < k - 1 and now >= next_send:
+                early_keys, early = pending.take(MESSAGE_ENTRIES)
+                if len(early_keys):
+                    n = ch.send_array(_records(early_keys, early), tag=EARLY)
+                    next_send = now + n / budget
+                    log.append((now - t0, n))
+        e = time.perf_counter()
+        ch.send_array(_records(*pending.rest()))
+        if ctx is not None:
+            ctx.span("compute", s, e, step=c)
+    return log
+
+
+def _records(keys: np.ndarray, deltas: np.ndarray) -> np.ndarray:
+    """(key, delta) records as a push carries them."""
+    msg = np.empty(len(keys), PUSH_DTYPE)
+    msg["key"] = keys
+    msg["grad"] = deltas
+    return msg
+
+
 def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Training,
-           evaluate: bool) -> tuple[np.ndarray, list, list]:
+           evaluate: bool) -> tuple[np.ndarray, list, list, dict]:
     """The server: answer pulls when :class:`ParamServer` allows, apply pushes, record tau per push."""
     ctx = current()
     n, steps = len(chans), training.steps
@@ -173,6 +250,7 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     updates: list[tuple] = []
     period = training.eval_every * n
     done = 0
+    early = {"messages": 0, "entries": 0}
 
     def answer(j: int, keys: np.ndarray) -> None:
         values, read_version[j] = server.pull(keys)
@@ -193,6 +271,11 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
                 continue
             c = clock[i] - 1
             rec = msg.view(PUSH_DTYPE)  # a record dtype travels as raw 'V12' bytes
+            if ch.tag == EARLY:  # part of clock c's push, before its end: into the table, no update yet
+                server.add_early(rec["key"], rec["grad"])
+                early["messages"] += 1
+                early["entries"] += len(rec)
+                continue
             applied, tau = server.push(c, rec["key"], rec["grad"], read_version[i])
             updates.append((now(), i, c, tau, applied, lag[i]))
             expecting_push[i] = False
@@ -205,4 +288,4 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
                 answer(j, k)
     server.finish()
     record(n * steps)
-    return server.params, quality, updates
+    return server.params, quality, updates, early

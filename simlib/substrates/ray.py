@@ -71,7 +71,7 @@ WATCH_S = 1.0  # seconds between pings of each server shard while the workers ru
 READY_TIMEOUT = 120.0  # a busy 2-core laptop starts one actor process (Python, NumPy, numba) at a time
 # NOTE: a raylet gives its metrics agent a fixed 15 s to start and exits otherwise; on a busy
 # 2-core machine that happens to about one start in three, so a local start is tried again.
-START_ATTEMPTS = 3  # seconds to place and warm up the actors before the run is refused
+START_ATTEMPTS = 3  # local starts tried before the run is refused
 
 
 def key_bounds(n_params: int, n_servers: int) -> np.ndarray:
@@ -327,6 +327,7 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
         with _interruptible_start():
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return False
+    began = time.monotonic()
     for attempt in range(START_ATTEMPTS):
         before = _children()
         try:
@@ -336,8 +337,16 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
             return True
         except BaseException as exc:  # a bare Exception when the node was slow to start; or Ctrl-C, SIGTERM
             _stop_local(before)
-            if attempt == START_ATTEMPTS - 1 or not isinstance(exc, Exception):
+            if not isinstance(exc, Exception):
                 raise
+            if attempt == START_ATTEMPTS - 1:
+                # NOTE: Ray gives a raylet a fixed 30 s to register; a machine busy far past its cores
+                # (load average 12 on 2 cores in a loaded test run) misses it every time.
+                raise RuntimeError(
+                    f"ray: a local Ray did not start in {START_ATTEMPTS} tries ({time.monotonic() - began:.0f} s; "
+                    f"the last said: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); this machine's "
+                    f"load average is {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: run again when it is less "
+                    "busy, or pass address= of a running cluster") from exc
     return True
 
 

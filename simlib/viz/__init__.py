@@ -15,8 +15,8 @@ from simlib.viz.plots import (
     speedup_table,
     speedups,
 )
-from simlib.viz.lesson_plots import (plot_bars, plot_curves, plot_gantt, plot_staleness, plot_traces_side_by_side,
-                                    schedule_rows)
+from simlib.viz.lesson_plots import (plot_bars, plot_curves, plot_gantt, plot_link_load, plot_staleness,
+                                    plot_traces_side_by_side, schedule_rows)
 from simlib.viz.style import KIND_COLORS, OKABE_ITO, PROJECTOR_RC, RUN_COLORS, style, time_label
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "plot_curves",
     "plot_bars",
     "plot_staleness",
+    "plot_link_load",
     "plot_gantt",
     "schedule_rows",
     "plot_traces_side_by_side",

@@ -204,3 +204,37 @@ def plot_traces_side_by_side(traces: Sequence[Trace], titles: Sequence[str] | No
         if suptitle:
             fig.suptitle(suptitle)
     return fig
+
+
+def plot_link_load(traces: Sequence[Trace], width: float, title: str, worker: int | None = None,
+                   t_max: float | None = None) -> Figure:
+    """One panel per trace: bytes/s sent over time (:meth:`Trace.link_load`, bins of ``width`` s, up to ``t_max`` s)
+    by ``worker`` on its link, or by all workers together (None: what the servers' in-links carry); a managed
+    run's budget (``meta['config']['managed_bandwidth']``, times the workers when summed) dashed."""
+    _need_title(title)
+    if not traces:
+        raise ValueError("traces must hold at least one Trace")
+    if worker is not None and any(not 0 <= worker < t.n_workers for t in traces):
+        raise ValueError(f"worker must be a worker of every trace (or None: all of them), got {worker}")
+    with style():
+        fig = Figure(figsize=(11, 2.2 + 2.2 * len(traces)), layout="constrained")
+        axes = fig.subplots(len(traces), 1, sharex=True, squeeze=False)[:, 0]
+        for i, (ax, tr) in enumerate(zip(axes, traces)):
+            starts, load = tr.link_load(width)
+            shown = starts < (tr.makespan if t_max is None else t_max)
+            ys = (load.sum(axis=0) if worker is None else load[worker]) / 1e6
+            idle = float(np.mean(ys == 0))  # over the whole run, not only what is shown
+            ys = ys[shown]
+            ax.fill_between(starts[shown] * 1e3, ys, step="post", color=RUN_COLORS[i % len(RUN_COLORS)], alpha=0.8,
+                            linewidth=0, gid=f"load:{tr.label}")
+            budget = tr.meta.get("config", {}).get("managed_bandwidth")
+            if budget:
+                n = tr.n_workers if worker is None else 1
+                ax.axhline(n * budget / 1e6, color=OKABE_ITO["black"], linestyle="--", linewidth=1.5,
+                           label=f"budget {f'{n} x ' if n > 1 else ''}{budget / 1e6:g} MB/s", gid="budget")
+                ax.legend(loc="upper right")
+            ax.set_title(f"{tr.label}: nothing sent in {idle:.0%} of the run's {width * 1e3:g} ms bins", fontsize=14)
+            ax.set_ylabel("MB/s sent")
+        axes[-1].set_xlabel("simulated time (ms), " + ("all workers' links" if worker is None else f"worker {worker}'s link"))
+        fig.suptitle(title)
+    return fig
