@@ -253,7 +253,7 @@ class _Run:
                     values, version, lag, req_bytes, resp_bytes = yield from self._read_cache(i, c, keys)
                 t_comp = env._now
                 if t_comp > t_pull:  # span(i, RECV, t_pull, t_comp, req_bytes + resp_bytes, c)
-                    sw(i), sk(RECV), ss(t_pull), se(t_comp), sn(int(req_bytes + resp_bytes)), sc(c)
+                    sw(i); sk(RECV); ss(t_pull); se(t_comp); sn(int(req_bytes + resp_bytes)); sc(c)  # noqa: E702
                 # Compute the real gradient on the values read (cost-only: its time alone).
                 yield compute(i, units)
                 if cost_only:
@@ -262,7 +262,7 @@ class _Run:
                     keys, g = p.step(values, batch, keys, lr)
                 t_push = env._now
                 if t_push > t_comp:  # span(i, COMPUTE, t_comp, t_push, 0, c)
-                    sw(i), sk(COMPUTE), ss(t_comp), se(t_push), sn(0), sc(c)
+                    sw(i); sk(COMPUTE); ss(t_comp); se(t_push); sn(0); sc(c)  # noqa: E702
                 # Push: the update travels to each shard; it is applied when all of it has arrived.
                 if direct and self.compressors is None:
                     nbytes = len(keys) * entry_bytes
@@ -273,7 +273,7 @@ class _Run:
                     yield from self._push(i, keys, nbytes)
                 now = env._now
                 if now > t_push:  # span(i, SEND, t_push, now, nbytes, c)
-                    sw(i), sk(SEND), ss(t_push), se(now), sn(int(nbytes)), sc(c)
+                    sw(i); sk(SEND); ss(t_push); se(now); sn(int(nbytes)); sc(c)  # noqa: E702
                 if per_site:
                     applied, tau = self.site_server[self.site_of[i]].push(c, keys, g, version)
                     if applied:
