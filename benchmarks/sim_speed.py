@@ -1,31 +1,37 @@
-"""How fast is the simulator? Events per second against bare SimPy, and a 1,000-worker run.
+"""How fast is the simulator? Its event rate against bare SimPy, and how it scales from 10^2 to 10^5 workers.
 
-Prints one table:
-  * bare SimPy: N processes x M timeouts (the peer, nothing but the event loop);
-  * SimPy + the step's NumPy work only: five timeouts per step and nothing but the pull, gradient
-    and apply a null step must do -- a ceiling on the ratio any engine can reach;
-  * simlib, null math: the same cluster machinery (gates, links, clocks, trace) with a problem
-    whose gradient is free, so the ratio isolates the simulator's own overhead; once more with
-    the trace's records switched off, to show what recording costs;
-  * simlib, real math: the default logistic problem (10^4 features), 1,000 workers x 100 BSP steps.
-Goals (issue): simulated events/s >= 0.5x bare SimPy; 1,000 x 100 BSP with real math < 60 s.
+Prints two tables:
+  * the peer: bare SimPy (N processes x M timeouts) against the simulator's machinery with a problem
+    whose gradient is free (null math), same number of events;
+  * the scaling table: the default logistic problem (10^4 features), 100 steps per worker, BSP, SSP(3)
+    and async, at 10^2, 10^3, 10^4 workers with real math and at 10^4, 10^5 cost-only
+    (``SimConfig(cost_only=True, step_keys=500)``: no math, each step charged its modelled time and
+    500 keys each way, about a batch's). Each run is a fresh subprocess, so peak memory is its own:
+    wall seconds, CPU seconds, peak RSS.
+Goals (issue 28): 10^4 workers real math < 30 CPU s per protocol; 10^5 cost-only < 60 s and 4 GB.
+The machine's load average is printed before and after: on a shared machine CPU seconds rise with it.
 
-    python benchmarks/sim_speed.py            # full
-    python benchmarks/sim_speed.py --quick    # 100 workers x 20 steps
+    python benchmarks/sim_speed.py                      # everything (about 10 minutes on 2 idle cores)
+    python benchmarks/sim_speed.py --max-workers 1000   # a quick run
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
+import os
 import platform
+import resource
+import subprocess
+import sys
 import time
 
 import numpy as np
 import simpy
 
-from simlib.sim import SimConfig, default_problem, simulate
-from simlib.sim.engine import run_config
-from simlib.trace import Trace
+STEPS = 100
+STEP_KEYS = 500
+PROTOCOLS = ("bsp", "ssp:3", "async")
+GOAL_REAL_CPU, GOAL_COST_CPU, GOAL_COST_GB = 30.0, 60.0, 4.0
 
 
 class NullProblem:
@@ -55,8 +61,8 @@ class NullProblem:
         return 0.0
 
 
-def bare_simpy(n_procs: int, n_timeouts: int) -> tuple[int, float]:
-    """Wall seconds for n_procs processes each yielding n_timeouts timeouts."""
+def bare_simpy(n_procs: int, n_timeouts: int) -> float:
+    """CPU seconds for n_procs processes each yielding n_timeouts timeouts."""
     env = simpy.Environment()
 
     def proc(env):
@@ -65,105 +71,94 @@ def bare_simpy(n_procs: int, n_timeouts: int) -> tuple[int, float]:
 
     for _ in range(n_procs):
         env.process(proc(env))
-    t = time.perf_counter()
+    t = time.process_time()
     env.run()
-    return n_procs * n_timeouts, time.perf_counter() - t
+    return time.process_time() - t
 
 
-def simpy_with_step_math(n_procs: int, n_steps: int) -> tuple[int, float]:
-    """A ceiling for any PS worker on SimPy: per step five timeouts and only the step's NumPy work.
+def peer_table(workers: int, steps: int, repeats: int) -> None:
+    """Events per CPU second: bare SimPy against the simulator with null math (medians of ``repeats``)."""
+    from simlib.sim import SimConfig
+    from simlib.sim.engine import run_config
 
-    Pull (read the 8 keys' values), gradient (here zeros, as NullProblem's), apply (w[keys] -=
-    lr * g): no trace, no clocks, no links, no shards. Whatever an engine adds to this costs on
-    top, so this row's ratio bounds every engine's from above.
-    """
-    env = simpy.Environment()
-    w = np.zeros(64)
-
-    def proc(env):
-        for step in range(n_steps):
-            keys = np.arange(8)
-            yield env.timeout(1.0)  # request travels
-            values = w[keys].copy()
-            yield env.timeout(1.0)  # reply travels
-            yield env.timeout(1.0)  # compute
-            g = np.zeros(len(keys)) + 0.0 * values
-            yield env.timeout(1.0)  # push travels
-            w[keys] -= 0.01 * g
-            yield env.timeout(1.0)  # the barrier (here a timeout: the cheapest event there is)
-
-    for _ in range(n_procs):
-        env.process(proc(env))
-    t = time.perf_counter()
-    env.run()
-    return n_procs * n_steps * 5, time.perf_counter() - t
+    cfg = SimConfig(n_workers=workers, steps=steps, protocol="bsp", lr=0.01, eval_every=10)
+    runs = []
+    for _ in range(repeats):
+        t = time.process_time()
+        run = run_config(cfg, NullProblem())
+        runs.append((run.env.scheduled, time.process_time() - t))
+    events, sim_s = runs[0][0], float(np.median([r[1] for r in runs]))
+    bare_s = float(np.median([bare_simpy(workers, max(events // workers, 1)) for _ in range(repeats)]))
+    print(f"peer: {workers} workers x {steps} BSP steps, null math, {events} events; medians of {repeats}")
+    print(f"{'run':34s} {'CPU s':>7s} {'events/s':>10s} {'vs SimPy':>9s}")
+    print(f"{'bare SimPy: timeouts':34s} {bare_s:7.2f} {events / bare_s:10.0f} {1.0:8.2f}x")
+    print(f"{'simlib BSP, null math':34s} {sim_s:7.2f} {events / sim_s:10.0f} {bare_s / sim_s:8.2f}x")
 
 
-@contextlib.contextmanager
-def trace_records_off():
-    """Make Trace.span and Trace.update do nothing, to see what recording costs (a diagnostic only)."""
-    span, update = Trace.span, Trace.update
-    Trace.span = Trace.update = lambda self, *a, **k: None
-    try:
-        yield
-    finally:
-        Trace.span, Trace.update = span, update
+def one(workers: int, mode: str, protocol: str, steps: int) -> dict:
+    """One run in this process: the default problem, ``mode`` 'real' or 'cost-only'; seconds and peak RSS."""
+    from simlib.sim import SimConfig, default_problem, simulate
+
+    problem = default_problem()
+    extra = dict(cost_only=True, step_keys=STEP_KEYS) if mode == "cost-only" else {}
+    simulate(SimConfig(n_workers=2, steps=2, **extra), problem)  # the compiled kernels loaded before timing
+    # lr: the sum of n gradients makes one BSP step, so the step shrinks with n (the run must not diverge).
+    cfg = SimConfig(n_workers=workers, steps=steps, protocol=protocol, lr=min(0.5, 10 / workers), eval_every=10,
+                    **extra)
+    wall, cpu = time.perf_counter(), time.process_time()
+    trace = simulate(cfg, problem)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    final = trace.quality[-1].value if trace.quality else float("nan")
+    return {"wall": wall, "cpu": cpu, "rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+            "updates": len(trace.updates), "spans": len(trace.spans), "final_loss": final}
 
 
-def timed(cfg: SimConfig, problem) -> tuple[int, float, object]:
-    t = time.perf_counter()
-    run = run_config(cfg, problem)
-    # SimPy numbers every scheduled event from one counter: its next value is the total.
-    return next(run.env._eid), time.perf_counter() - t, run.trace
+def scaling_table(max_workers: int, steps: int) -> list[tuple]:
+    sizes = [(n, "real") for n in (100, 1_000, 10_000)] + [(n, "cost-only") for n in (10_000, 100_000)]
+    rows = []
+    print(f"\nscaling: default logistic problem (10^4 features), {steps} steps per worker; each run a fresh process")
+    print(f"{'workers':>8s} {'mode':10s} {'protocol':9s} {'wall s':>8s} {'CPU s':>8s} {'peak GB':>8s} "
+          f"{'updates':>10s} {'final loss':>10s}")
+    for n, mode in sizes:
+        if n > max_workers:
+            continue
+        for proto in PROTOCOLS:
+            out = subprocess.run([sys.executable, __file__, "--one", str(n), mode, proto, str(steps)],
+                                 capture_output=True, text=True, check=True)
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            rows.append((n, mode, proto, r))
+            loss = "-" if r["final_loss"] != r["final_loss"] else f"{r['final_loss']:.4f}"
+            print(f"{n:8d} {mode:10s} {proto:9s} {r['wall']:8.1f} {r['cpu']:8.1f} {r['rss_gb']:8.2f} "
+                  f"{r['updates']:10d} {loss:>10s}", flush=True)
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-workers", type=int, default=100_000, help="largest worker count of the scaling table")
+    ap.add_argument("--steps", type=int, default=STEPS, help="steps per worker in the scaling table")
+    ap.add_argument("--repeats", type=int, default=3, help="repeats of the peer table's runs")
+    ap.add_argument("--one", nargs=4, metavar=("WORKERS", "MODE", "PROTOCOL", "STEPS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    workers, steps = (100, 20) if args.quick else (1000, 100)
-    # lr is small because 1,000 summed gradients make one BSP step; the run must not diverge.
-    cfg = SimConfig(n_workers=workers, steps=steps, protocol="bsp", lr=0.01, eval_every=10)
-
-    rows = []
-    null_runs = [timed(cfg, NullProblem()) for _ in range(args.repeats)]
-    ev = null_runs[0][0]
-    null_s = float(np.median([r[1] for r in null_runs]))
-    # Bare SimPy does the same number of events as timeouts, spread over the same number of processes.
-    bare = [bare_simpy(workers, max(ev // workers, 1)) for _ in range(args.repeats)]
-    bare_ev, bare_s = bare[0][0], float(np.median([b[1] for b in bare]))
-    floor = [simpy_with_step_math(workers, steps) for _ in range(args.repeats)]
-    floor_ev, floor_s = floor[0][0], float(np.median([f[1] for f in floor]))
-    with trace_records_off():
-        quiet_s = float(np.median([timed(cfg, NullProblem())[1] for _ in range(args.repeats)]))
-    problem = default_problem()
-    simulate(SimConfig(n_workers=2, steps=2), problem)  # load the compiled kernels before timing
-    t0 = time.perf_counter()
-    events, real_s, trace = timed(cfg, problem)
-    _ = time.perf_counter() - t0
-
-    rows.append(("bare SimPy (peer): timeouts", bare_ev, bare_s, bare_ev / bare_s, 1.0))
-    rows.append(("SimPy + the step's NumPy work only (ceiling)", floor_ev, floor_s, floor_ev / floor_s,
-                 (floor_ev / floor_s) / (bare_ev / bare_s)))
-    rows.append(("simlib BSP, null math", ev, null_s, ev / null_s, (ev / null_s) / (bare_ev / bare_s)))
-    rows.append(("simlib BSP, null math, no trace records", ev, quiet_s, ev / quiet_s,
-                 (ev / quiet_s) / (bare_ev / bare_s)))
-    rows.append((f"simlib BSP, real math (10^4 features)", events, real_s, events / real_s, (events / real_s) / (bare_ev / bare_s)))
-
-    print(f"simulator speed, {workers} workers x {steps} BSP steps; {platform.processor() or platform.machine()}, "
-          f"Python {platform.python_version()}, SimPy {simpy.__version__}; medians of {args.repeats} (real math: 1 run)")
-    print(f"{'run':46s} {'events':>10s} {'wall s':>8s} {'events/s':>11s} {'vs SimPy':>9s}")
-    for name, e, s, rate, ratio in rows:
-        print(f"{name:46s} {e:10d} {s:8.2f} {rate:11.0f} {ratio:8.2f}x")
-    goal_ratio = rows[2][4] >= 0.5
-    goal_wall = real_s < 60 or args.quick
-    steps_run = workers * steps
-    print(f"trace records cost {(null_s - quiet_s) / steps_run * 1e6:.1f} us per step; the 0.5x goal leaves the "
-          f"engine {(ev / (0.5 * bare_ev / bare_s) - floor_s) / steps_run * 1e6:.1f} us per step beyond the ceiling row")
-    print(f"goal events/s >= 0.5x SimPy (null math): {'met' if goal_ratio else 'NOT met'}; "
-          f"goal {workers} x {steps} real math < 60 s: {'met' if goal_wall else 'NOT met'} ({real_s:.1f} s); "
-          f"final loss {trace.quality[-1].value:.4f}")
+    if args.one:
+        n, mode, proto, steps = args.one
+        print(json.dumps(one(int(n), mode, proto, int(steps))))
+        return
+    print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"SimPy {simpy.__version__}; load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    peer_table(min(args.max_workers, 1_000), 20, args.repeats)
+    rows = scaling_table(args.max_workers, args.steps)
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    for n, mode, goal in ((10_000, "real", f"< {GOAL_REAL_CPU:g} CPU s"),
+                          (100_000, "cost-only", f"< {GOAL_COST_CPU:g} CPU s and {GOAL_COST_GB:g} GB")):
+        got = [r for m, md, _, r in rows if m == n and md == mode]
+        if not got or args.steps != STEPS:
+            continue
+        met = all(r["cpu"] < (GOAL_REAL_CPU if mode == "real" else GOAL_COST_CPU) for r in got) and (
+            mode == "real" or all(r["rss_gb"] < GOAL_COST_GB for r in got))
+        cpus = ", ".join(f"{r['cpu']:.1f}" for r in got)
+        print(f"goal {n:,} workers {mode} x {STEPS} steps {goal} per protocol: {'met' if met else 'NOT met'} "
+              f"(CPU {cpus} s)")
 
 
 if __name__ == "__main__":

@@ -156,6 +156,14 @@ def _target(text: str) -> float:
     return value
 
 
+class _Given(argparse.Action):
+    """Store the value and note that the flag was given (``<dest>_given``): a default and a choice differ."""
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest + "_given", True)
+
+
 def _protocol(text: str) -> Protocol:
     try:
         return Protocol.parse(text)
@@ -185,7 +193,8 @@ def _compare_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--protocols", type=_protocol_list, default=",".join(DEFAULT_PROTOCOLS),
                    help="comma-separated runs: bsp, ssp:S (staleness bound S), essp:S (eager SSP), async")
-    p.add_argument("--target", type=_target, default=DEFAULT_TARGET, help="target loss for 'time to target'")
+    p.add_argument("--target", type=_target, default=DEFAULT_TARGET, action=_Given,
+                   help="target loss for 'time to target' (none with --cost-only)")
     p.add_argument("--out", default=os.path.join("simlib_out", "compare.png"),
                    help="figure path (" + ", ".join(t[1:].upper() for t in FIGURE_TYPES) + ")")
     p.add_argument("--no-plot", action="store_true", help="skip the figure")
@@ -238,7 +247,15 @@ def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
         if n > COMPARE_FEATURES:
             raise CliError(f"{flag}: {n} nodes for {COMPARE_FEATURES} parameters would leave most of them empty; "
                            f"use at most {COMPARE_FEATURES}")
-    check_sizes(cfg.n_workers, cfg.steps, cfg.batch_size, COMPARE_ROWS, COMPARE_FEATURES, COMPARE_NNZ, runs=len(configs))
+    if cfg.cost_only and getattr(args, "target_given", False):
+        raise CliError("--target: a cost-only run (--cost-only) computes no loss, so it has no target; drop --target "
+                       "or --cost-only")
+    if cfg.step_keys is not None and cfg.step_keys > COMPARE_FEATURES:
+        raise CliError(f"--step-keys: {cfg.step_keys} keys per step, but the model has {COMPARE_FEATURES} parameters; "
+                       f"use at most {COMPARE_FEATURES}")
+    # A fixed cost-only step reads no data: the rows need not cover the workers (a trace is all it keeps).
+    rows = max(COMPARE_ROWS, cfg.n_workers * cfg.batch_size) if cfg.step_keys is not None else COMPARE_ROWS
+    check_sizes(cfg.n_workers, cfg.steps, cfg.batch_size, rows, COMPARE_FEATURES, COMPARE_NNZ, runs=len(configs))
     if not args.no_plot:
         check_output(args.out)
     return configs
@@ -292,6 +309,8 @@ _SCALES = {"ms": 1e3, "s": 1.0, "MB": 1e-6}  # a table unit -> the factor its va
 
 
 def _fmt(v: Any, unit: str = "") -> str:
+    if isinstance(v, str):  # already a word ('no math')
+        return v
     if v is None or (isinstance(v, float) and math.isnan(v) and unit != "loss"):
         return "never"
     if unit == "loss":
@@ -348,7 +367,12 @@ def run_compare(args: argparse.Namespace) -> int:
     base = configs[0]
     print(f"{base.n_workers} workers x {base.steps} steps, stragglers: {base.stragglers.describe()}, "
           f"latency {base.latency * 1e3:.4g} ms, bandwidth {base.bandwidth / 1e6:.4g} MB/s (simulated time)")
-    print(format_table(summary_rows(traces, args.target), args.target))
+    target = args.target
+    rows = summary_rows(traces, target)
+    if base.cost_only:  # no math ran: no loss, no time to a target
+        for row in rows:
+            row.update(time_to_target="-", rounds_to_target="-", final_loss="no math")
+    print(format_table(rows, target))
     for t in traces:
         if t.meta.get("stall_reason"):
             print(f"{t.label} stalled: {t.meta['stall_reason']}")
@@ -356,7 +380,7 @@ def run_compare(args: argparse.Namespace) -> int:
         from simlib.viz import compare_figure, save_figure
 
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        save_figure(compare_figure(traces, target=args.target), args.out)
+        save_figure(compare_figure(traces, target=target), args.out)
         print(f"figure written to {args.out}")
     return 0
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol as TypingProtocol, runtime_checkable
 import numpy as np
 
 from simlib import _validate as check
-from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_WORKERS, Accumulator, Clocks, Protocol, ReadRule, StepRule
+from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS, MAX_WORKERS, Accumulator, Clocks, Protocol, ReadRule, StepRule
 from simlib.trace import Trace
 
 PROBLEM_METHODS = ("init_params", "shards", "batch", "keys", "step", "quality", "work")
@@ -127,6 +127,13 @@ class Training:
             raise ValueError(f"read_rule must be a function (clock, completed, bound) -> bool, got {self.read_rule!r}")
 
 
+def check_real_workers(n_workers: int, substrate: str) -> None:
+    """Refuse, naming n_workers, more workers than a real substrate starts: one process or actor each."""
+    if n_workers > MAX_REAL_WORKERS:
+        raise ValueError(f"n_workers must be <= {MAX_REAL_WORKERS} on substrate {substrate!r} (a process or actor per "
+                         f"worker), got {n_workers}; the simulator (substrate 'sim') takes up to {MAX_WORKERS}")
+
+
 class ParamServer:
     """The server's logic over a table held in ``params``: gate reads, apply pushes, measure tau.
 
@@ -168,7 +175,8 @@ class ParamServer:
             return False, tau
         if self._plain:  # NOTE: skips the accumulator's bookkeeping (one list per push) when it does nothing
             self.acc.version += 1
-            self.params[keys] += deltas
+            if deltas is not None:  # None: a cost-only simulation counts the push and applies nothing
+                self.params[keys] += deltas
             return True, tau
         _, ready = self.acc.push(keys, deltas, read_version, tau=tau)
         for k, d in ready:

@@ -42,8 +42,11 @@ BOUNDED = ("ssp", "essp")  # the kinds that take a staleness bound s
 KIND_LABELS = {"bsp": "BSP", "ssp": "SSP({s})", "essp": "ESSP({s})", "async": "Async"}
 MAX_BOUND = 1_000_000  # larger bounds never bind in any run this library can hold: say async
 # A run's sizes on every substrate (the simulator's SimConfig and the contract's Training): beyond them a
-# run only exhausts memory or never ends.
-MAX_WORKERS, MAX_STEPS, MAX_BATCH = 10_000, 1_000_000, 10_000_000
+# run only exhausts memory or never ends. MAX_WORKERS is the simulator's (100,000 simulated workers fit in a
+# few GB, cost-only: see SimConfig.cost_only); a real substrate starts a process or an actor per worker and
+# takes at most MAX_REAL_WORKERS (simlib.contract.check_real_workers).
+MAX_WORKERS, MAX_STEPS, MAX_BATCH = 100_000, 1_000_000, 10_000_000
+MAX_REAL_WORKERS = 10_000
 # Real substrates take more steps: Hogwild! is one step per row, and a step applied in place costs a microsecond.
 MAX_REAL_STEPS = 1_000_000_000
 _SPEC = re.compile(r"^\s*(bsp|async|essp|ssp)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*$", re.IGNORECASE)
@@ -201,6 +204,8 @@ class Clocks:
 
     def may_read(self, clock: int) -> bool:
         """Whether a worker about to compute step ``clock`` may read now (:func:`may_read` by default)."""
+        if self.read_rule is may_read:  # it allows every read with the earlier steps complete: nothing to check
+            return may_read(clock, self.completed, self.bound)
         return read_allowed(self.read_rule, clock, self.completed, self.bound)
 
     def may_read_from(self, clock: int, completed: int) -> bool:

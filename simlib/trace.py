@@ -21,6 +21,7 @@ otherwise. Example::
 """
 from __future__ import annotations
 
+import array
 import json
 import math
 from collections import Counter
@@ -64,6 +65,142 @@ class QualityPoint(NamedTuple):
     time: float
     step: int
     value: float
+
+
+_KIND_CODE = {k: i for i, k in enumerate(SPAN_KINDS)}
+_NUMPY = {"i": "int32", "b": "int8", "d": "float64", "q": "int64"}  # array.array codes -> NumPy dtypes (Linux, macOS)
+SPAN_CODES = tuple(range(len(SPAN_KINDS)))  # the code of each kind in :meth:`SpanLog.add`: SPAN_KINDS' order
+
+
+class _Log:
+    """A list of records kept as columns (``array.array``): read like a list, a sixth of its memory.
+
+    NOTE: a simulated run of 100,000 workers x 100 steps records 40 million spans; as NamedTuples in a
+    list they take 248 bytes each (measured: 10 GB), as columns 34 (1.3 GB). Reading yields the same
+    NamedTuples, so code that iterates, indexes, compares or saves a trace sees no difference.
+    """
+
+    __slots__ = ("_cols",)
+    _type: Any = None
+    _codes: str = ""
+
+    def __init__(self, rows: Any = ()) -> None:
+        self._cols = tuple(array.array(code) for code in self._codes)
+        for row in rows:
+            self.append(row)
+
+    def __len__(self) -> int:
+        return len(self._cols[0])
+
+    def __iter__(self) -> Any:
+        return map(self._make, *self._cols)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(map(self._make, *(c[index] for c in self._cols)))
+        return self._make(*(c[index] for c in self._cols))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            return self._cols == other._cols
+        try:
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))  # type: ignore[arg-type]
+        except TypeError:
+            return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} records)"
+
+    def __setstate__(self, cols: tuple) -> None:
+        self._cols = cols
+
+    def __reduce__(self) -> Any:
+        return (type(self), (), self._cols)
+
+    @classmethod
+    def from_columns(cls, columns: list) -> Any:
+        """A log holding these columns (NumPy arrays of the column types, e.g. int32 for 'i'), copied once.
+
+        Each array is dropped from ``columns`` once copied, so a caller holding no other reference to
+        them needs the memory of one column more, not of all of them.
+        """
+        import numpy as np
+
+        log = cls()
+        for k, col in enumerate(log._cols):
+            col.frombytes(memoryview(np.ascontiguousarray(columns[k], dtype=_NUMPY[col.typecode])).cast("B"))
+            columns[k] = None
+        return log
+
+    def append(self, row: Any) -> None:
+        """Add one record (a NamedTuple or a tuple of its fields)."""
+        for col, value in zip(self._cols, self._encode(row)):
+            col.append(value)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory the columns hold."""
+        return sum(c.itemsize * len(c) for c in self._cols)
+
+
+class SpanLog(_Log):
+    """:class:`Span` records as columns; :meth:`add` is the simulator's fast path (a kind by its code)."""
+
+    __slots__ = ()
+    _codes = "ibddqi"  # worker, kind code, start, end, nbytes, step
+
+    @staticmethod
+    def _make(worker: int, kind: int, start: float, end: float, nbytes: int, step: int) -> Span:
+        return Span(worker, SPAN_KINDS[kind], start, end, nbytes, step)
+
+    @staticmethod
+    def _encode(row: Any) -> tuple:
+        s = Span(*row)
+        if s.kind not in _KIND_CODE:
+            raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {s.kind!r}")
+        return int(s.worker), _KIND_CODE[s.kind], float(s.start), float(s.end), int(s.nbytes), int(s.step)
+
+    def appenders(self) -> tuple:
+        """The columns' ``append`` methods (worker, kind code, start, end, nbytes, step): a hot loop's way to
+        record a span without a call of :meth:`add` (it must skip empty spans and pass each field's type)."""
+        return tuple(c.append for c in self._cols)
+
+    def add(self, worker: int, kind: int, start: float, end: float, nbytes: int = 0, step: int = -1) -> None:
+        """Record [start, end) of kind ``SPAN_KINDS[kind]`` if it is not empty (as :meth:`Trace.span`)."""
+        if end > start:
+            w, k, s, e, n, c = self._cols
+            w.append(worker)
+            k.append(kind)
+            s.append(start)
+            e.append(end)
+            n.append(int(nbytes))
+            c.append(step)
+
+
+class UpdateLog(_Log):
+    """:class:`Update` records as columns."""
+
+    __slots__ = ()
+    _codes = "diiqbq"  # time, worker, step, staleness, applied, clock lag
+
+    @staticmethod
+    def _make(time: float, worker: int, step: int, staleness: int, applied: int, clock_lag: int) -> Update:
+        return Update(time, worker, step, staleness, bool(applied), clock_lag)
+
+    @staticmethod
+    def _encode(row: Any) -> tuple:
+        u = Update(*row)
+        return float(u.time), int(u.worker), int(u.step), int(u.staleness), bool(u.applied), int(u.clock_lag)
+
+    def add(self, time: float, worker: int, step: int, staleness: int, applied: bool, clock_lag: int) -> None:
+        """Record one push (the simulator's fast path: the fields already of their types)."""
+        t, w, c, s, a, lag = self._cols
+        t.append(time)
+        w.append(worker)
+        c.append(step)
+        s.append(staleness)
+        a.append(applied)
+        lag.append(clock_lag)
 
 
 @dataclass

@@ -357,7 +357,7 @@ def test_forked_workers_never_compile_a_kernel_of_the_problem(substrate):
     prob = LogisticProblem(make_sparse_classification(2_000, 300, 8, seed=3), eval_rows=400)
     (pipe_ps.warm_up if substrate == "pipes" else simlib.contract.warm_up)(prob)
     kernels = [k for k in vars(logistic).values() if isinstance(k, CPUDispatcher) and k.signatures]
-    assert {logistic._batch_gradient, logistic._batch_keys} <= set(kernels)
+    assert {logistic._batch_step, logistic._batch_keys} <= set(kernels)  # step: _batch_step (the gradient inside)
     for k in kernels:
         k.disable_compile()
     try:

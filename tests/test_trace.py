@@ -77,3 +77,25 @@ def test_network_load_spreads_each_transfer_over_its_time_and_keeps_every_byte()
     assert load[10] == pytest.approx(load[8] + 500 / width)  # the recv lands on top of the send
     with pytest.raises(ValueError, match="bins"):
         t.network_load(bins=0)
+
+
+def test_column_logs_read_as_the_lists_they_replace(tmp_path):
+    import pickle
+
+    from simlib.trace import Span, SpanLog, Update, UpdateLog
+
+    rows = [Span(0, "compute", 0.0, 0.5, 0, 0), Span(1, "send", 0.25, 1.0, 4096, 0), Span(0, "wait", 0.5, 2.0, 0, 1)]
+    log = SpanLog(rows)
+    assert list(log) == rows and log == rows and rows == log and len(log) == 3
+    assert log[1] == rows[1] and log[-1] == rows[-1] and log[1:] == rows[1:]
+    assert pickle.loads(pickle.dumps(log)) == log
+    log.add(2, 2, 1.0, 1.0)  # empty: dropped, as Trace.span drops it
+    assert len(log) == 3
+    with pytest.raises(ValueError, match="span kind"):
+        log.append((0, "nap", 0.0, 1.0, 0, 0))
+    ups = UpdateLog([Update(1.0, 0, 0, 2, False, 1)])
+    assert list(ups) == [Update(1.0, 0, 0, 2, False, 1)] and list(ups)[0].applied is False
+    t = Trace(label="x", substrate="sim", n_workers=2, spans=log, updates=ups)
+    t.save(str(tmp_path / "t.json"))
+    back = Trace.load(str(tmp_path / "t.json"))
+    assert back == t and back.summary() == t.summary()

@@ -10,8 +10,9 @@
 cost, shared links, ring all-reduce), ``clocks`` (BSP/SSP/async gating, backup workers,
 deadlines), ``stragglers`` (compute time model), ``sites`` (sites joined by a WAN, per-site servers,
 the significance filter), ``managed`` (clocks of several mini-batches, Bosen's managed communication),
-``engine`` (the run). ``simlib.run(..., substrate="sim")`` reaches it
-through :mod:`simlib.substrates.sim`.
+``engine`` (the run), ``kernel`` (SimPy with a fast path for plain delays and a time-bucketed queue),
+``fastcost`` (cost-only runs of the plain parameter server, compiled, pinned to the engine's traces).
+``simlib.run(..., substrate="sim")`` reaches it through :mod:`simlib.substrates.sim`.
 """
 from typing import Any
 

@@ -158,6 +158,13 @@ class SimConfig(_FieldsOnly):
     value_bytes: int = _f(4, "bytes per parameter value on the wire", flag=None, min=1, max=64)
     key_bytes: int = _f(4, "bytes per key on the wire", flag=None, min=1, max=64)
     eval_every: int = _f(1, "evaluate the metric every this many updates", flag=None, min=1, max=1_000_000)
+    # Cost-only runs (as collective simulators such as ASTRA-sim and SimAI run): no math, for when only time
+    # and bytes matter. Message sizes come from the problem's batch keys, or from step_keys.
+    cost_only: bool = _f(False, "no math: each step costs its modelled compute and communication time and "
+                                "nothing else (no gradients, no loss; for time and bytes at scale)")
+    step_keys: int | None = _f(None, "cost-only: every step reads and writes this many keys (and is charged this "
+                                     "many nonzeros) instead of its batch's; no data needed", min=1,
+                               max=1_000_000_000)
     seed: int = _f(0, "seed of the whole run", min=0, max=2**32 - 1)
     # Extension points (assignments plug students' code in here): a read rule replacing the SSP
     # rule (see simlib.protocol.Clocks) and a StepRule subclass replacing the built-in step rule.
@@ -201,6 +208,7 @@ class SimConfig(_FieldsOnly):
         if self.topology == "allreduce" and (self.n_servers != 1 or self.n_summation):
             raise ValueError("n_servers and n_summation apply to topology 'ps' only")
         self._validate_sites()
+        self._validate_cost_only()
         self._validate_managed()
         if not isinstance(self.stragglers, Stragglers):
             raise ValueError(f"stragglers must be a Stragglers(...) instance, got {type(self.stragglers).__name__}")
@@ -233,6 +241,27 @@ class SimConfig(_FieldsOnly):
                              "averages several pushes into one update; use accumulation < 2 x n_workers (c = 1) or "
                              "no cache")
         self.proto.check_workers(self.n_workers)  # the bound's range, checked as every substrate checks it
+
+    def _validate_cost_only(self) -> None:
+        """Cost-only runs refuse what needs the update's values."""
+        if self.step_keys is not None and not self.cost_only:
+            raise ValueError("step_keys sets a cost-only run's message size: it needs cost_only=True (--cost-only)")
+        if not self.cost_only:
+            return
+        needs_math = [
+            ("compression", self.compression not in (None, "none"), "a compressor's output depends on the gradient"),
+            ("significance", self.significance is not None, "the filter compares sums with the table's values"),
+            ("cache", self.cached, "worker caches (cache=True, ESSP) hold the table's values"),
+            ("staleness_aware", self.staleness_aware, "it scales the update's values"),
+            ("accumulation", self.accumulation is not None, "it averages the updates' values"),
+            ("rule", self.rule is not None, "a step rule acts on the update's values"),
+            ("clock_batches", self.clock_batches > 1, "a clock's mini-batches are summed into one update"),
+            ("managed_bandwidth", self.managed_bandwidth is not None, "it sends the largest changes first"),
+        ]
+        for name, on, why in needs_math:
+            if on:
+                raise ValueError(f"{name}: not available with cost_only=True (no math runs, and {why}); "
+                                 f"drop {name} or cost_only")
 
     def _validate_sites(self) -> None:
         """The combinations of sites, hierarchy and significance that the model covers."""
@@ -327,6 +356,8 @@ class SimConfig(_FieldsOnly):
             base += " a0/tau"
         if self.compression and self.compression != "none":
             base += f" [{_name(self.compression)}]"
+        if self.cost_only:
+            base += " cost-only"
         return base
 
     def replace(self, **changes: Any) -> "SimConfig":

@@ -29,12 +29,16 @@ import simpy
 from simlib.contract import ParamServer, check_problem
 from simlib.diverged import check_metric
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from simlib.sim import fastcost
 from simlib.sim.clocks import ClockTable
 from simlib.sim.config import SimConfig
 from simlib.sim.network import Link, Node, ring_allreduce_time, transmit
 from simlib.sim.sites import Filter, site_of
 from simlib.sim.stragglers import ComputeModel
-from simlib.trace import Trace
+from simlib.sim.kernel import Environment
+from simlib.trace import SPAN_KINDS, SpanLog, Trace, UpdateLog
+
+COMPUTE, SEND, RECV, WAIT = (SPAN_KINDS.index(k) for k in ("compute", "send", "recv", "wait"))
 
 Progress = Callable[[float], None]
 
@@ -80,11 +84,18 @@ class _Run:
         self.cfg = cfg
         self.problem = problem
         self.progress = progress
-        self.env = simpy.Environment()
+        self.env = Environment()
         compute_seq, comp_seq = np.random.SeedSequence(cfg.seed).spawn(2)
         self.compute = ComputeModel(cfg, compute_seq)
         self.w = problem.init_params()
-        self.shards = problem.shards(cfg.n_workers)
+        self.shards: list[Any] | None = None
+        if cfg.step_keys is None:
+            self.shards = problem.shards(cfg.n_workers)
+        else:  # cost-only, a fixed step: step_keys keys spread evenly over the table (so over its shards)
+            if cfg.step_keys > problem.n_params:
+                raise ValueError(f"step_keys ({cfg.step_keys}) must be <= the problem's parameters ({problem.n_params})")
+            self.fixed_keys = np.linspace(0, problem.n_params, cfg.step_keys, endpoint=False).astype(np.int64)
+            self.fixed_units = cfg.step_keys if cfg.cost_unit == "nonzero" else cfg.batch_size
         self.clocks = ClockTable(self.env, cfg.n_workers, cfg.proto, cfg.read_rule)
         self.server = ParamServer(self.w, cfg.n_workers, cfg.proto, cfg.step_rule, clocks=self.clocks)
         self.trace = Trace(
@@ -93,6 +104,8 @@ class _Run:
             n_workers=cfg.n_workers,
             metric=getattr(problem, "metric", "loss"),
             lower_is_better=getattr(problem, "lower_is_better", True),
+            spans=SpanLog(),
+            updates=UpdateLog(),
         )
         self.n_shards = cfg.n_servers + cfg.n_summation
         self.servers = [Node(f"server{k}") for k in range(self.n_shards)]
@@ -115,7 +128,8 @@ class _Run:
     # -- top level ---------------------------------------------------------------------------
     def execute(self) -> Trace:
         cfg, env = self.cfg, self.env
-        self.trace.record_quality(0.0, 0, self.problem.quality(self.w))
+        if not cfg.cost_only:
+            self.trace.record_quality(0.0, 0, self.problem.quality(self.w))
         body = self._allreduce_worker if cfg.topology == "allreduce" else self._ps_worker
         if cfg.topology == "allreduce":
             self._ar = _AllReduce(self)
@@ -123,17 +137,22 @@ class _Run:
             from simlib.sim.managed import clocked_worker
 
             body = functools.partial(clocked_worker, self)
-        self.procs = [env.process(body(i)) for i in range(cfg.n_workers)]
-        st = cfg.stragglers
-        if st.fail_worker is not None:
-            env.process(self._failure(st.fail_worker, st.fail_time))
         # NOTE: the run allocates hundreds of thousands of small records; Python's cyclic GC would
-        # rescan them all repeatedly (measured: 1.7x slower at 1,000 workers). Nothing here needs
-        # cycle collection mid-run, so it is paused and restored, whatever happens.
+        # rescan them all repeatedly (measured: 1.7x slower at 1,000 workers; starting 100,000 worker
+        # processes with it on took 16 % of a cost-only run). Nothing here needs cycle collection
+        # mid-run, so it is paused and restored, whatever happens.
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            env.run()
+            if fastcost.eligible(self):  # the plain cost-only server, compiled (the same events: see fastcost)
+                self.procs = []
+                fastcost.run(self)
+            else:
+                self.procs = [env.process(body(i)) for i in range(cfg.n_workers)]
+                st = cfg.stragglers
+                if st.fail_worker is not None:
+                    env.process(self._failure(st.fail_worker, st.fail_time))
+                env.run()
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -143,6 +162,9 @@ class _Run:
         self.server.finish()
         if self.applied % self.eval_period or self.per_site:  # per site: the WAN's last arrivals changed the table
             self._evaluate()
+        if cfg.cost_only:
+            self.trace.meta["math"] = ("none: cost-only run, each step charged its modelled compute and "
+                                       "communication time; no gradient computed, no quality recorded")
         for i, t0 in self.down_since.items():  # a worker that never came back is down to the end
             self.trace.span(i, "down", t0, max(env.now, t0))
         # Stalled: alive but blocked (by a dead worker, at a barrier or the staleness bound).
@@ -170,57 +192,107 @@ class _Run:
 
     # -- parameter-server worker -----------------------------------------------------------------
     def _ps_worker(self, i: int):
-        cfg, env, trace, p = self.cfg, self.env, self.trace, self.problem
+        cfg, env, trace, p, clocks = self.cfg, self.env, self.trace, self.problem, self.clocks
+        span, update = trace.spans.add, trace.updates.add
+        # NOTE: the three spans of every step appended column by column, not through span(): 3 % of a run.
+        sw, sk, ss, se, sn, sc = trace.spans.appenders()
+        steps, batch_size, lr, cost_only = cfg.steps, cfg.batch_size, cfg.lr, cfg.cost_only
+        nonzero = cfg.cost_unit == "nonzero"
+        per_site, cached = self.per_site, self.caches is not None
+        # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined (the
+        # same delays, taken in the same order, as _pull / _push, without three generators per message).
+        direct = self.n_shards == 1 and not per_site and not cached and not self._remote(i)
+        # (env._now: the kernel's clock read without the property's call, as SimPy's own code reads it.)
+        if direct:
+            node = self.nodes[0][0]
+            inlink, outlink = node.inlink, node.outlink
+            latency, bandwidth, server_time = cfg.latency, cfg.bandwidth, cfg.server_time
+            key_bytes, value_bytes, entry_bytes = cfg.key_bytes, cfg.value_bytes, cfg.key_bytes + cfg.value_bytes
+        server, compute = self.server, self.compute.time
+        deadline = cfg.timeout is not None
+        shard = self.shards[i] if self.shards is not None else None
         c = 0
-        while c < cfg.steps:
+        while c < steps:
             try:
-                t0 = env.now
-                gate = self.clocks.gate(c)
+                t0 = env._now
+                gate = clocks.gate(c)
                 if gate is not None:
                     yield gate
-                    trace.span(i, "wait", t0, env.now, step=c)
-                if self.per_site and not self._wan_ready(self.site_of[i], c):
-                    t0 = env.now
+                    span(i, WAIT, t0, env._now, 0, c)
+                if per_site and not self._wan_ready(self.site_of[i], c):
+                    t0 = env._now
                     yield self._wan_wait(self.site_of[i], c)
-                    trace.span(i, "wait", t0, env.now, step=c)
-                self.clocks.open(c)
-                lag = self.clocks.rule.clock_lag(c)
-                batch = p.batch(self.shards[i], c, cfg.batch_size)
-                keys = p.keys(batch)
+                    span(i, WAIT, t0, env._now, 0, c)
+                if deadline:  # a step's opening matters only to its deadline
+                    clocks.open(c)
+                lag = clocks.rule.clock_lag(c)
+                if shard is None:  # cost-only with a fixed step: the same keys and work every step
+                    batch, keys, units = None, self.fixed_keys, self.fixed_units
+                else:
+                    batch = p.batch(shard, c, batch_size)
+                    keys = p.keys(batch)
+                    units = p.work(batch) if nonzero else len(batch)
                 # Pull: request keys from each shard, the shard reads w on arrival and replies.
-                t_pull = env.now
-                if self.caches is None:
+                t_pull = env._now
+                if direct:
+                    n = len(keys)
+                    req_bytes, resp_bytes = n * key_bytes, n * value_bytes
+                    self.lan_bytes += req_bytes
+                    now = env._now
+                    yield inlink.reserve(now, req_bytes, bandwidth, server_time) - now + latency
+                    if cost_only:
+                        values, version = None, server.version
+                    else:
+                        values, version = server.pull(keys)
+                    now = env._now
+                    yield outlink.reserve(now, resp_bytes, bandwidth) - now + latency
+                    self.lan_bytes += resp_bytes
+                elif not cached:
                     values, version, req_bytes, resp_bytes = yield from self._pull(i, keys)
                 else:  # the read's version and clock lag are what its copy holds, not the server's
                     values, version, lag, req_bytes, resp_bytes = yield from self._read_cache(i, c, keys)
-                trace.span(i, "recv", t_pull, env.now, nbytes=req_bytes + resp_bytes, step=c)
-                # Compute the real gradient on the values read.
-                t_comp = env.now
-                units = p.work(batch) if cfg.cost_unit == "nonzero" else len(batch)
-                yield env.timeout(self.compute.time(i, units))
-                keys, g = p.step(values, batch, keys, cfg.lr)
-                trace.span(i, "compute", t_comp, env.now, step=c)
-                keys, g, nbytes = self._encode(i, keys, g)
+                t_comp = env._now
+                if t_comp > t_pull:  # span(i, RECV, t_pull, t_comp, req_bytes + resp_bytes, c)
+                    sw(i); sk(RECV); ss(t_pull); se(t_comp); sn(int(req_bytes + resp_bytes)); sc(c)  # noqa: E702
+                # Compute the real gradient on the values read (cost-only: its time alone).
+                yield compute(i, units)
+                if cost_only:
+                    g = None
+                else:
+                    keys, g = p.step(values, batch, keys, lr)
+                t_push = env._now
+                if t_push > t_comp:  # span(i, COMPUTE, t_comp, t_push, 0, c)
+                    sw(i); sk(COMPUTE); ss(t_comp); se(t_push); sn(0); sc(c)  # noqa: E702
                 # Push: the update travels to each shard; it is applied when all of it has arrived.
-                t_push = env.now
-                yield from self._push(i, keys, nbytes)
-                trace.span(i, "send", t_push, env.now, nbytes=nbytes, step=c)
-                if self.per_site:
+                if direct and self.compressors is None:
+                    nbytes = len(keys) * entry_bytes
+                    self.lan_bytes += nbytes
+                    yield inlink.reserve(t_push, nbytes, bandwidth, server_time) - t_push + latency
+                else:
+                    keys, g, nbytes = self._encode(i, keys, g)
+                    yield from self._push(i, keys, nbytes)
+                now = env._now
+                if now > t_push:  # span(i, SEND, t_push, now, nbytes, c)
+                    sw(i); sk(SEND); ss(t_push); se(now); sn(int(nbytes)); sc(c)  # noqa: E702
+                if per_site:
                     applied, tau = self.site_server[self.site_of[i]].push(c, keys, g, version)
                     if applied:
                         self._replicate(self.site_of[i], c, keys, g)
                 else:
-                    applied, tau = self.server.push(c, keys, g, version)
-                if applied and self.caches is not None:
+                    applied, tau = server.push(c, keys, g, version)
+                if applied and cached:
                     self._share(i, c, keys, self.cfg.step_rule.scaled(g, tau))  # the update as the table took it
-                trace.update(env.now, i, c, tau, applied, clock_lag=lag)
+                update(now, i, c, tau, applied, lag)
                 self._count_step(applied)
                 # A dropped worker (backup workers, deadline) abandons the steps the others have
                 # already completed and rejoins at the current one, as in synchronous SGD with
                 # backup workers; otherwise it would keep computing gradients nobody will use.
-                nxt = c + 1 if applied else max(c + 1, self.clocks.completed)
-                self.done_steps += nxt - (c + 1)
-                c = min(nxt, cfg.steps)
+                if applied:
+                    c += 1
+                else:
+                    nxt = max(c + 1, clocks.completed)
+                    self.done_steps += nxt - (c + 1)
+                    c = min(nxt, steps)
             except simpy.Interrupt:
                 restarted = yield from self._down(i)
                 if not restarted:
@@ -353,7 +425,8 @@ class _Run:
 
     def _site_message(self, s: int, r: int, c: int, keys: np.ndarray, deltas: np.ndarray, nbytes: int):
         yield from self._wan(s, r, nbytes)
-        self.tables[r][keys] += deltas
+        if deltas is not None:  # None: cost-only
+            self.tables[r][keys] += deltas
         pending = self.wan_pending[r]
         pending[c] -= 1
         if not pending[c]:
@@ -464,12 +537,17 @@ class _Run:
         c = 0
         while c < cfg.steps:
             try:
-                batch = p.batch(self.shards[i], c, cfg.batch_size)
-                keys = p.keys(batch)
+                if self.shards is None:  # cost-only with a fixed step
+                    batch, keys, units = None, self.fixed_keys, self.fixed_units
+                else:
+                    batch = p.batch(self.shards[i], c, cfg.batch_size)
+                    keys = p.keys(batch)
+                    units = p.work(batch) if cfg.cost_unit == "nonzero" else len(batch)
                 t_comp = env.now
-                units = p.work(batch) if cfg.cost_unit == "nonzero" else len(batch)
-                yield env.timeout(self.compute.time(i, units))
-                keys, g = p.step(self.w[keys], batch, keys, cfg.lr)
+                yield self.compute.time(i, units)
+                g = None
+                if not cfg.cost_only:
+                    keys, g = p.step(self.w[keys], batch, keys, cfg.lr)
                 trace.span(i, "compute", t_comp, env.now, step=c)
                 t_arrive = env.now
                 done = self._ar.arrive(i, c, keys, g)
@@ -514,6 +592,8 @@ class _Run:
             self.progress(self.done_steps / self.total_steps)
 
     def _evaluate(self) -> None:
+        if self.cfg.cost_only:  # no math ran: there is no metric to evaluate
+            return
         value = self.problem.quality(self.w)
         self.trace.record_quality(self.env.now, self.applied, value)
         check_metric(value, self.applied, self.problem, self.cfg.lr)
@@ -577,16 +657,19 @@ class _AllReduce:
     def _reduce(self, c: int, entry: list):
         run, cfg, env = self.run, self.run.cfg, self.run.env
         t_start = env.now
-        dense = np.zeros_like(run.w)
-        for keys, g in entry[1]:
-            dense[keys] += g
         size = run.w.size * cfg.value_bytes
+        dense = None
+        if not cfg.cost_only:
+            dense = np.zeros_like(run.w)
+            for keys, g in entry[1]:
+                dense[keys] += g
         if run.compressors is not None:
             k_dec, v_dec, size = run.compressors[0](np.arange(run.w.size), dense)
             dense = np.zeros_like(run.w)
             dense[np.asarray(k_dec)] = np.asarray(v_dec, dtype=np.float64)  # a sparse compressor keeps a subset
         yield env.timeout(ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth))
-        run.w += dense
+        if dense is not None:
+            run.w += dense
         run.clocks.barriers.append(t_start)
         sent = int(round(2 * (cfg.n_workers - 1) / cfg.n_workers * size)) if cfg.n_workers > 1 else 0
         del self.pending[c]

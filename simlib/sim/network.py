@@ -62,5 +62,9 @@ class Node:
 
 def transmit(env: simpy.Environment, link: Link, nbytes: float, latency: float, bandwidth: float,
              service: float = 0.0) -> Generator:
-    """Wait for ``link`` (FIFO), hold it for service + nbytes / bandwidth, then propagate for latency."""
-    yield env.timeout(link.reserve(env.now, nbytes, bandwidth, service) - env.now + latency)
+    """Wait for ``link`` (FIFO), hold it for service + nbytes / bandwidth, then propagate for latency.
+
+    A delay yielded as a float (:mod:`simlib.sim.kernel`'s fast path; plain SimPy needs ``env.timeout``).
+    """
+    now = env.now
+    yield link.reserve(now, nbytes, bandwidth, service) - now + latency

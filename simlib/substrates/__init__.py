@@ -81,7 +81,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     the substrate (e.g. the simulator's network, stragglers and ``compression``, the real substrates'
     ``start_method``).
     """
-    from simlib.contract import Training, check_problem, linear_step
+    from simlib.contract import Training, check_problem, check_real_workers, linear_step
 
     check_problem(problem)
     proto = Protocol.parse(protocol)
@@ -103,6 +103,8 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
                          "so they cannot be scaled by 1/tau")
     shared = {f.name for f in fields(Training)} - {"rule"}
     training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
+    if substrate != "sim":
+        check_real_workers(training.n_workers, substrate)
     proto.check_workers(training.n_workers)
     check_run = getattr(problem, "check_run", None)  # protocols and substrates the problem cannot run on
     if callable(check_run):
