@@ -57,14 +57,9 @@ def adagrad_batch(entries: tuple[Any, ...], batch: Any, arrays: tuple[Any, ...],
     ub = fdiff  # the C update gives the biases no learning rate
     step_bw = ub / xp.sqrt(gbw[i])
     step_bc = ub / xp.sqrt(gbc[j])
-    scatter_add(W, i, -uw)
-    scatter_add(C, j, -uc)
-    scatter_add(gW, i, tw * tw)
-    scatter_add(gC, j, tc * tc)
-    scatter_add(bw, i, -step_bw)
-    scatter_add(bc, j, -step_bc)
-    scatter_add(gbw, i, ub * ub)
-    scatter_add(gbc, j, ub * ub)
+    for target, at, change in ((W, i, -uw), (C, j, -uc), (gW, i, tw * tw), (gC, j, tc * tc), (bw, i, -step_bw),
+                               (bc, j, -step_bc), (gbw, i, ub * ub), (gbc, j, ub * ub)):
+        scatter_add(target, at, change)
     return cost
 
 
