@@ -92,9 +92,7 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
                 ax.set_xticks(xs, [f"{v:g}" for v in xs])
         if opts.logy:
             ax.set_yscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
         ax.legend(loc="best")
     return ax
 
@@ -120,8 +118,7 @@ def plot_bars(values: Mapping[str, float], ylabel: str, title: str, ax: Axes | N
         ax.set_xticks(range(len(names)), names)
         if ylim is not None:
             ax.set_ylim(*ylim)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set(ylabel=ylabel, title=title)
         ax.grid(axis="x", visible=False)
     return ax
 
@@ -147,9 +144,7 @@ def plot_staleness(traces: Sequence[Trace], title: str, field: str = "staleness"
             ax.step(np.arange(top + 1), share, where="mid", color=color, linewidth=2.2,
                     label=f"{t.label} (mean {v.mean():.1f})", gid=f"staleness:{t.label}")
             ax.axvline(v.mean(), color=color, linestyle="--", linewidth=1.5, gid=f"mean:{t.label}")
-        ax.set_xlabel(STALENESS_LABELS[field])
-        ax.set_ylabel("share of pushes")
-        ax.set_title(title)
+        ax.set(xlabel=STALENESS_LABELS[field], ylabel="share of pushes", title=title)
         ax.legend(loc="best")
     return ax
 
@@ -182,8 +177,7 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
                             color="#FFFFFF" if color_of[lab] in (OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["black"]) else "#000000")
         ax.set_yticks(range(len(names)), names)
         ax.set_ylim(len(names) - 0.5, -0.5)
-        ax.set_xlabel(xlabel)
-        ax.set_title(title)
+        ax.set(xlabel=xlabel, title=title)
         ax.grid(axis="y", visible=False)
         if any(lab == idle for iv in rows.values() for (_, _, lab) in iv):
             ax.legend(handles=[Patch(facecolor=IDLE_COLOR, hatch="//", edgecolor=OKABE_ITO["black"], label=idle)],
