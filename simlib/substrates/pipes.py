@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -106,16 +106,6 @@ class PipesOptions:
             check.positive("managed_bandwidth", self.managed_bandwidth)
 
 
-class _Job(NamedTuple):
-    """What every member of a run's group gets."""
-
-    problem: Any
-    shards: list
-    protocol: Protocol
-    training: Training
-    options: PipesOptions
-
-
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="pipes")``); ``options``: :class:`PipesOptions`."""
     opts = check.options(PipesOptions, options, "substrate 'pipes'")
@@ -134,7 +124,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         pairs = [group.channel_pair() for _ in range(n_workers)]
         server_ends = tuple(a for a, _ in pairs)
         worker_args = [(None, server_ends)] + [(b, None) for _, b in pairs]
-        out = group.run(_member, _Job(problem, shards, protocol, training, opts), worker_args=worker_args,
+        out = group.run(_member, (problem, shards, protocol, training, opts), worker_args=worker_args,
                         timeout=opts.timeout)
         raw = group.trace
     wall = time.perf_counter() - started
@@ -167,9 +157,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
 run.options = PipesOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
 
 
-def _member(member: int, n_members: int, job: _Job, mine: Channel | None,
-            server_ends: tuple[Channel, ...] | None) -> Any:
-    """Group entry point: member 0 serves, the others are workers 0 .. N-1."""
+def _member(member: int, n_members: int, job: tuple[Any, list, Protocol, Training, PipesOptions],
+            mine: Channel | None, server_ends: tuple[Channel, ...] | None) -> Any:
+    """Group entry point: member 0 serves, the others are workers 0 .. N-1; ``job`` is the same for every member."""
     problem, shards, protocol, training, opts = job
     if member == 0:
         assert server_ends is not None
