@@ -130,9 +130,7 @@ def count_pairs_kernel(corpus, table, at, end_doc, limit):
     while d < end_doc:
         lo = offsets[d]
         hi = offsets[d + 1]
-        p = pos if d == doc else lo
-        if p < lo:
-            p = lo
+        p = max(pos, lo) if d == doc else lo
         while p < hi:
             if used >= limit:
                 return d, p, used
