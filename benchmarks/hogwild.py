@@ -9,7 +9,10 @@ shared 2-core machine other programs steal whole time slices. The loss is the fu
 over all rows. Every simlib row is ``simlib.run(LogisticProblem(...), protocol, substrate="shm")``, one row per
 step: the in-place path of the contract. Hogwild runs twice: with every weight decayed every step
 (``l2_on='all'``, scikit-learn's objective and its shared scale) and with L2 on the touched
-features only (``l2_on='touched'``, the parameter server's sparse L2). 'cores' is CPU seconds per training second: how many cores a method really got
+features only (``l2_on='touched'``, the parameter server's sparse L2), each also with hot-key replicas
+(``hot_keys=``: every process updates a private copy of the most frequent features and adds its
+change to the table once per chunk, so their cache lines stop moving between the cores on every
+row). 'cores' is CPU seconds per training second: how many cores a method really got
 (fewer than its processes when other programs compete), and 'M nnz/CPU-s' is the throughput
 per CPU second, which the competition does not dilute. Run::
 
@@ -30,6 +33,9 @@ import simlib
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import SharedArray
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+
+
+HOT_KEYS = 1_000  # the most frequent features (Zipf 1.0: 55 % of the nonzeros) each process keeps a replica of
 
 
 def on_shm(data, protocol: str, n_workers: int, lr: float, l2: float, epochs: int, batch_size: int = 1,
@@ -118,6 +124,7 @@ def main() -> None:
     ap.add_argument("--l2", type=float, default=1e-5, help="L2 weight")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--start-method", default="fork", choices=["fork", "spawn"])
+    ap.add_argument("--hot-keys", type=int, default=HOT_KEYS, help="features each process keeps a replica of")
     args = ap.parse_args()
     if args.quick:
         args.rows, args.features, args.repeats = 20_000, 10_000, 1
@@ -136,8 +143,11 @@ def main() -> None:
         ("serial (in place)", 1, lambda: on_shm(data, "async", 1, **common)),
         ("locked", 2, lambda: on_shm(data, "async", 2, locked=True, **common)),
         ("hogwild", 2, lambda: on_shm(data, "async", 2, **common)),
+        ("hogwild, hot-key replicas", 2, lambda: on_shm(data, "async", 2, hot_keys=args.hot_keys, **common)),
         ("hogwild, touched L2", 1, lambda: on_shm(data, "async", 1, l2_on="touched", **common)),
         ("hogwild, touched L2", 2, lambda: on_shm(data, "async", 2, l2_on="touched", **common)),
+        ("hogwild, touched, hot keys", 2,
+         lambda: on_shm(data, "async", 2, l2_on="touched", hot_keys=args.hot_keys, **common)),
         ("bsp, batch 256/worker", 2, lambda: on_shm(data, "bsp", 2, batch_size=256, **common)),
         ("gpu substrate (NumPy), B=256", 1, lambda: batched(data, args.lr, args.l2, args.epochs, 256)),
     ]
@@ -169,15 +179,17 @@ def main() -> None:
         )
     sk = nnz / sk_s
     loss_of = {(name, workers): loss for name, workers, *_, loss in rows}
-    rate[("hogwild", 1)], per_cpu[("hogwild", 1)] = rate[("serial (in place)", 1)], per_cpu[("serial (in place)", 1)]
-    for name in ("hogwild", "hogwild, touched L2"):
+    for name, serial in (("hogwild", "serial (in place)"), ("hogwild, hot-key replicas", "serial (in place)"),
+                         ("hogwild, touched, hot keys", "hogwild, touched L2")):
+        rate[(name, 1)], per_cpu[(name, 1)] = rate[(serial, 1)], per_cpu[(serial, 1)]
+    for name in ("hogwild", "hogwild, hot-key replicas", "hogwild, touched L2", "hogwild, touched, hot keys"):
         h1, h2 = rate[(name, 1)], rate[(name, 2)]
         gap = 100 * abs(loss_of[(name, 2)] - sk_loss) / sk_loss
         ideal = 2 * per_cpu[(name, 2)]
         print()
-        print(f"{name}, 2 procs / scikit-learn : {h2 / sk:.2f}x   (goal >= 2.5x)")
-        print(f"{name}, 2 procs / 1 proc       : {h2 / h1:.2f}x   (goal >= 1.5x)")
-        print(f"{name}, 2 procs loss vs sklearn: {gap:.2f}%  (goal <= 1%)")
+        print(f"{name}, 2 procs / scikit-learn : {h2 / sk:.2f}x   (goal >= 0.9x)")
+        print(f"{name}, 2 procs / 1 proc       : {h2 / h1:.2f}x   (stretch goal >= 1.5x)")
+        print(f"{name}, 2 procs loss vs sklearn: {gap:.2f}%  (goal <= 0.5%)")
         print(
             f"  on two whole cores ({ideal / 1e6:.0f} M nnz/s = 2 x its rate per CPU second): "
             f"{ideal / (nnz / sk_cpu):.2f}x scikit-learn's rate per CPU second, "
