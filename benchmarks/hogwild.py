@@ -126,13 +126,16 @@ def _chunks_member(worker: int, n: int, prob: LogisticProblem, shared: SharedArr
     return out
 
 
-def co_running(data, lr: float, l2: float, start_method: str, hot_keys: int, repeats: int = 6, chunk: int = 2_000) -> None:
+def co_running(data, lr: float, l2: float, start_method: str, hot_keys: int, repeats: int = 6, chunk: int = 2_000,
+               peer_per_cpu: float | None = None) -> None:
     """Nonzeros per CPU second of 2 Hogwild! processes while both are on a CPU, and while one runs alone.
 
     On a machine other programs share, the two processes often take turns, and a turn alone moves no cache
     line; the chunks timed here count only when the process had its core (CPU time >= 90 % of the chunk's wall
     time) and the other process had one too for >= 90 % of it (or for <= 10 %: 'alone'). This is the cost of
-    sharing the table that the throughput table blurs under load.
+    sharing the table that the throughput table blurs under load (its 'on two whole cores' lines take the
+    rate per CPU second of processes that, on a busy machine, mostly took turns); ``peer_per_cpu``, when
+    given, turns the rate of both on a CPU into what two whole cores would do against scikit-learn.
     """
     prob = LogisticProblem(data, l2=l2, eval_rows=2_000, l2_on="all")
     for hot in (0, hot_keys):  # compiled here, not in each process's first chunk
@@ -156,6 +159,9 @@ def co_running(data, lr: float, l2: float, start_method: str, hot_keys: int, rep
                         alone += (nz, cpu)
         rate = [f"{z / c / 1e6:5.0f} M nnz/CPU-s ({c:.2f} CPU-s timed)" if c else "    - (no such chunk)" for z, c in (both, alone)]
         print(f"  hot_keys={hot:<6,} both on a CPU: {rate[0]}   alone: {rate[1]}")
+        if both[1] and peer_per_cpu:
+            print(f"    two whole cores at that rate: {2 * both[0] / both[1] / 1e6:.0f} M nnz/s = "
+                  f"{2 * both[0] / both[1] / peer_per_cpu:.2f}x scikit-learn's rate per CPU second")
 
 
 def main() -> None:
@@ -242,7 +248,7 @@ def main() -> None:
             f"{ideal / per_cpu[(name, 1)]:.2f}x its own 1-process rate per CPU second"
         )
     coherence_probe(args.features, sm)
-    co_running(data, args.lr, args.l2, sm, args.hot_keys, repeats=2 * args.repeats)
+    co_running(data, args.lr, args.l2, sm, args.hot_keys, repeats=6 * args.repeats, peer_per_cpu=nnz / sk_cpu)
 
 
 if __name__ == "__main__":
