@@ -116,7 +116,7 @@ def _chunks_member(worker: int, n: int, prob: LogisticProblem, shared: SharedArr
                    chunk: int) -> list[tuple[float, float, float, int]]:
     """Hogwild! on this worker's shard, chunk by chunk: (start, end, CPU seconds, nonzeros) of each chunk."""
     w, shard = shared.array, prob.shards(n)[worker]
-    replica = prob.replica(hot_keys, 1) if hot_keys else None
+    replica = prob.replica(hot_keys, 1, n) if hot_keys else None
     d, (a, b), out = prob.data, shard, []
     for c in range(0, (b - a) * 2, chunk):  # two epochs
         rows = a + (np.arange(c, c + chunk) % (b - a))

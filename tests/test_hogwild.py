@@ -242,6 +242,19 @@ def test_two_workers_with_hot_key_replicas_reach_the_serial_loss(data, method: s
     assert res.params[-1] == pytest.approx(2 * steps * math.log(1 - 0.2 * 1e-5), rel=1e-9)  # every worker's decay folded in
 
 
+@pytest.mark.parametrize("others, part", [(0, 1.0), (1, 0.5), (2, 1 / 3), (9, 0.25)])
+def test_a_replica_push_adds_one_over_one_plus_the_other_pushes_of_its_change(others: int, part: float) -> None:
+    """m other pushes since the read: 1 / (1 + m) of the change lands, at least 1 / n_workers (here 4); none: all."""
+    from simlib.problems.logistic import _push_replica
+
+    w = np.arange(10.0)
+    hot, rep, base = np.array([1, 4, 7]), np.array([3.0, -2.0, 9.5]), np.array([1.0, 4.0, 7.0])
+    pushes = np.array([5 + others])
+    _push_replica(w, hot, rep, base, 0.25, pushes, 5)
+    np.testing.assert_allclose(w[hot], base + part * (rep - base), rtol=1e-15)
+    assert np.array_equal(np.delete(w, hot), np.delete(np.arange(10.0), hot)) and pushes[0] == 6 + others
+
+
 class _NoReplica(LogisticProblem):
     replica = None  # a problem with the in-place hook but no replica
 

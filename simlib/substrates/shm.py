@@ -22,7 +22,9 @@ during it per step of this worker, and the trace holds one update per chunk.
 
 With ``hot_keys=K`` (a problem with ``replica``, LogisticProblem at one row per step), each worker
 also keeps a private replica of the K most frequent keys: read from the table at a chunk's start,
-updated there during the chunk, its change added to the table at the chunk's end. Under Hogwild! the
+updated there during the chunk, its change added to the table at the chunk's end; 1 / (1 + m) of it
+where m other replicas pushed meanwhile (the overlapping replicas' changes averaged, as in HogWild++:
+they stepped the hot keys from the same values, so their whole changes added would overshoot). Under Hogwild! the
 frequent features are written by every worker on nearly every row, and each such write takes the
 cache line from the other cores; with the replica they move once per chunk. The price is staleness:
 a worker sees the others' changes to the hot keys once per chunk, and one update of the trace is
@@ -59,7 +61,7 @@ _SPIN = 5e-4  # seconds a worker looks again at once (yielding its core) before 
 
 
 CHUNK_WORK = 10_000  # rows (batch_size x steps) a fast-path worker applies between two looks at the clocks
-HOT_CHUNK_WORK = 2_000  # the same with hot_keys: rows between two pushes of a worker's replica (1,000-5,000 measured alike)
+
 
 
 def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
@@ -76,7 +78,8 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     worker i sleeps s seconds after each step (after each chunk on the fast path), a slow machine.
     ``hot_keys=K`` (fast path, problems with ``replica``): each worker keeps a private replica of the
     problem's K hot keys, updates it during a chunk, and adds its change to the table at the chunk's end
-    (default chunk then ``HOT_CHUNK_WORK`` rows); every other key is written in place as before. The
+    (1 / (1 + m) of it where m other replicas pushed during the chunk); every other key is written in
+    place as before. The
     trace's update per chunk is then also the push of that chunk's replica.
     """
     if protocol.backup_workers or protocol.timeout is not None:
@@ -93,7 +96,7 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         check.one_of("start_method", start_method, START_METHODS)
     fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain
     replica = _replica(problem, hot_keys, fast, locked, training)
-    chunk = chunk or max(1, (HOT_CHUNK_WORK if replica else CHUNK_WORK) // training.batch_size)
+    chunk = chunk or max(1, CHUNK_WORK // training.batch_size)
     n = training.n_workers
     shards = problem.shards(n)
     # A problem may keep its table in a narrower type here (LDA's counts as int32, GloVe's floats as float32):
@@ -179,7 +182,7 @@ def _replica(problem: Any, hot_keys: int, fast: bool, locked: bool, training: Tr
     if locked:
         raise ValueError("hot_keys: the locked baseline applies each step to the table under the lock; "
                          "use hot_keys=0 with locked=True")
-    return problem.replica(int(hot_keys), training.batch_size)
+    return problem.replica(int(hot_keys), training.batch_size, training.n_workers)
 
 
 def _update_unit(fast: bool, chunk: int, hot_keys: int) -> str:
@@ -259,6 +262,8 @@ def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) ->
     training, bound, chunk, replica, shard = setup.training, setup.bound, setup.chunk, setup.replica, setup.shards[i]
     w, fin = setup.table.array, setup.clocks.array
     read_rule = training.read_rule
+    if replica is not None:
+        replica = replica._replace(pushes=version.array)
     _start_together(setup.ready.array, i)
     cpu0 = time.thread_time()
     c = 0
@@ -270,7 +275,7 @@ def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) ->
         k = min(chunk, training.steps - c, 1 if read_rule else int(min(completed + bound - c + 1, chunk)))
         others = sum(fin.tolist()) - c
         t1 = time.perf_counter()
-        if replica is not None:
+        if replica is not None:  # the replicas count their pushes in the version key, unused on this path
             problem.local_steps(w, shard, c, k, training.batch_size, training.lr, replica=replica)
         elif not setup.locked:
             problem.local_steps(w, shard, c, k, training.batch_size, training.lr)
