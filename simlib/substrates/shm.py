@@ -23,12 +23,12 @@ during it per step of this worker, and the trace holds one update per chunk.
 With ``hot_keys=K`` (a problem with ``replica``, LogisticProblem at one row per step), each worker
 also keeps a private replica of the K most frequent keys: read from the table at a chunk's start,
 updated there during the chunk, its change added to the table at the chunk's end; 1 / (1 + m) of it
-where m other replicas pushed meanwhile (the overlapping replicas' changes averaged, as in HogWild++:
-they stepped the hot keys from the same values, so their whole changes added would overshoot). Under Hogwild! the
-frequent features are written by every worker on nearly every row, and each such write takes the
-cache line from the other cores; with the replica they move once per chunk. The price is staleness:
-a worker sees the others' changes to the hot keys once per chunk, and one update of the trace is
-then also the push of that chunk's replica.
+where m other replicas pushed meanwhile (overlapping replicas' changes averaged, as in HogWild++:
+they stepped the hot keys from the same values, so their whole changes added would overshoot).
+Under Hogwild! the frequent features are written by every worker on nearly every row, and each such
+write takes the cache line from the other cores; with the replica they move once per chunk. The
+price is staleness: a worker sees the others' changes to the hot keys once per chunk. One update of
+the trace is then also the push of that chunk's replica (its count is in the table's version key).
 
 Example::
 
@@ -63,7 +63,6 @@ _SPIN = 5e-4  # seconds a worker looks again at once (yielding its core) before 
 CHUNK_WORK = 10_000  # rows (batch_size x steps) a fast-path worker applies between two looks at the clocks
 
 
-
 def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
         timeout: float | None = 120.0, monitor_every: float = 0.05, chunk: int | None = None,
         locked: bool = False, straggler: tuple[int, float] | None = None, hot_keys: int = 0) -> Result:
@@ -79,8 +78,7 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     ``hot_keys=K`` (fast path, problems with ``replica``): each worker keeps a private replica of the
     problem's K hot keys, updates it during a chunk, and adds its change to the table at the chunk's end
     (1 / (1 + m) of it where m other replicas pushed during the chunk); every other key is written in
-    place as before. The
-    trace's update per chunk is then also the push of that chunk's replica.
+    place as before. The trace's update per chunk is then also the push of that chunk's replica.
     """
     if protocol.backup_workers or protocol.timeout is not None:
         raise ValueError("backup_workers and timeout run on substrates 'sim' and 'pipes' (a server counts pushes); "
