@@ -9,7 +9,10 @@ shared 2-core machine other programs steal whole time slices. The loss is the fu
 over all rows. Every simlib row is ``simlib.run(LogisticProblem(...), protocol, substrate="shm")``, one row per
 step: the in-place path of the contract. Hogwild runs twice: with every weight decayed every step
 (``l2_on='all'``, scikit-learn's objective and its shared scale) and with L2 on the touched
-features only (``l2_on='touched'``, the parameter server's sparse L2). 'cores' is CPU seconds per training second: how many cores a method really got
+features only (``l2_on='touched'``, the parameter server's sparse L2), each also with hot-key replicas
+(``hot_keys=``: every process updates a private copy of the most frequent features and adds its
+change to the table once per chunk, so their cache lines stop moving between the cores on every
+row). 'cores' is CPU seconds per training second: how many cores a method really got
 (fewer than its processes when other programs compete), and 'M nnz/CPU-s' is the throughput
 per CPU second, which the competition does not dilute. Run::
 
@@ -30,6 +33,9 @@ import simlib
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import SharedArray
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+
+
+HOT_KEYS = 1_000  # the most frequent features (Zipf 1.0: 55 % of the nonzeros) each process keeps a replica of
 
 
 def on_shm(data, protocol: str, n_workers: int, lr: float, l2: float, epochs: int, batch_size: int = 1,
@@ -106,6 +112,58 @@ def coherence_probe(n_features: int, start_method: str) -> None:
     print(f"  sharing costs {rows[1][1] / rows[0][1]:.1f}x per update: the cache lines bounce between the cores")
 
 
+def _chunks_member(worker: int, n: int, prob: LogisticProblem, shared: SharedArray, hot_keys: int, lr: float,
+                   chunk: int) -> list[tuple[float, float, float, int]]:
+    """Hogwild! on this worker's shard, chunk by chunk: (start, end, CPU seconds, nonzeros) of each chunk."""
+    w, shard = shared.array, prob.shards(n)[worker]
+    replica = prob.replica(hot_keys, 1, n) if hot_keys else None
+    d, (a, b), out = prob.data, shard, []
+    for c in range(0, (b - a) * 2, chunk):  # two epochs
+        rows = a + (np.arange(c, c + chunk) % (b - a))
+        t, cpu = time.perf_counter(), time.thread_time()
+        prob.local_steps(w, shard, c, chunk, 1, lr, replica=replica)
+        out.append((t, time.perf_counter(), time.thread_time() - cpu, int((d.indptr[rows + 1] - d.indptr[rows]).sum())))
+    return out
+
+
+def co_running(data, lr: float, l2: float, start_method: str, hot_keys: int, repeats: int = 6, chunk: int = 2_000,
+               peer_per_cpu: float | None = None) -> None:
+    """Nonzeros per CPU second of 2 Hogwild! processes while both are on a CPU, and while one runs alone.
+
+    On a machine other programs share, the two processes often take turns, and a turn alone moves no cache
+    line; the chunks timed here count only when the process had its core (CPU time >= 90 % of the chunk's wall
+    time) and the other process had one too for >= 90 % of it (or for <= 10 %: 'alone'). This is the cost of
+    sharing the table that the throughput table blurs under load (its 'on two whole cores' lines take the
+    rate per CPU second of processes that, on a busy machine, mostly took turns); ``peer_per_cpu``, when
+    given, turns the rate of both on a CPU into what two whole cores would do against scikit-learn.
+    """
+    prob = LogisticProblem(data, l2=l2, eval_rows=2_000, l2_on="all")
+    for hot in (0, hot_keys):  # compiled here, not in each process's first chunk
+        prob.local_steps(prob.init_params(), (0, 1), 0, 1, 1, 0.0, replica=prob.replica(hot, 1) if hot else None)
+    print(f"\n2 processes, Hogwild! chunks of {chunk:,} rows on one shared table (l2_on='all'), {repeats} runs:")
+    for hot in (0, hot_keys):
+        both, alone = np.zeros(2), np.zeros(2)  # (nonzeros, CPU seconds)
+        for _ in range(repeats):
+            with WorkerGroup(2, start_method, label="co-running probe") as group:
+                shared = group.copy_of(prob.init_params())
+                runs = group.run(_chunks_member, prob, shared, hot, lr, chunk)
+            for i in (0, 1):
+                other = [(s, e) for s, e, cpu, _ in runs[1 - i] if cpu >= 0.9 * (e - s)]
+                for s, e, cpu, nz in runs[i]:
+                    if cpu < 0.9 * (e - s):
+                        continue
+                    overlap = sum(max(0.0, min(e, e2) - max(s, s2)) for s2, e2 in other) / (e - s)
+                    if overlap >= 0.9:
+                        both += (nz, cpu)
+                    elif overlap <= 0.1:
+                        alone += (nz, cpu)
+        rate = [f"{z / c / 1e6:5.0f} M nnz/CPU-s ({c:.2f} CPU-s timed)" if c else "    - (no such chunk)" for z, c in (both, alone)]
+        print(f"  hot_keys={hot:<6,} both on a CPU: {rate[0]}   alone: {rate[1]}")
+        if both[1] and peer_per_cpu:
+            print(f"    two whole cores at that rate: {2 * both[0] / both[1] / 1e6:.0f} M nnz/s = "
+                  f"{2 * both[0] / both[1] / peer_per_cpu:.2f}x scikit-learn's rate per CPU second")
+
+
 def main() -> None:
     """Print one table: throughput, ratio to scikit-learn, final loss and its gap to scikit-learn's."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -118,6 +176,7 @@ def main() -> None:
     ap.add_argument("--l2", type=float, default=1e-5, help="L2 weight")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--start-method", default="fork", choices=["fork", "spawn"])
+    ap.add_argument("--hot-keys", type=int, default=HOT_KEYS, help="features each process keeps a replica of")
     args = ap.parse_args()
     if args.quick:
         args.rows, args.features, args.repeats = 20_000, 10_000, 1
@@ -136,8 +195,11 @@ def main() -> None:
         ("serial (in place)", 1, lambda: on_shm(data, "async", 1, **common)),
         ("locked", 2, lambda: on_shm(data, "async", 2, locked=True, **common)),
         ("hogwild", 2, lambda: on_shm(data, "async", 2, **common)),
+        ("hogwild, hot-key replicas", 2, lambda: on_shm(data, "async", 2, hot_keys=args.hot_keys, **common)),
         ("hogwild, touched L2", 1, lambda: on_shm(data, "async", 1, l2_on="touched", **common)),
         ("hogwild, touched L2", 2, lambda: on_shm(data, "async", 2, l2_on="touched", **common)),
+        ("hogwild, touched, hot keys", 2,
+         lambda: on_shm(data, "async", 2, l2_on="touched", hot_keys=args.hot_keys, **common)),
         ("bsp, batch 256/worker", 2, lambda: on_shm(data, "bsp", 2, batch_size=256, **common)),
         ("gpu substrate (NumPy), B=256", 1, lambda: batched(data, args.lr, args.l2, args.epochs, 256)),
     ]
@@ -169,21 +231,24 @@ def main() -> None:
         )
     sk = nnz / sk_s
     loss_of = {(name, workers): loss for name, workers, *_, loss in rows}
-    rate[("hogwild", 1)], per_cpu[("hogwild", 1)] = rate[("serial (in place)", 1)], per_cpu[("serial (in place)", 1)]
-    for name in ("hogwild", "hogwild, touched L2"):
+    for name, serial in (("hogwild", "serial (in place)"), ("hogwild, hot-key replicas", "serial (in place)"),
+                         ("hogwild, touched, hot keys", "hogwild, touched L2")):
+        rate[(name, 1)], per_cpu[(name, 1)] = rate[(serial, 1)], per_cpu[(serial, 1)]
+    for name in ("hogwild", "hogwild, hot-key replicas", "hogwild, touched L2", "hogwild, touched, hot keys"):
         h1, h2 = rate[(name, 1)], rate[(name, 2)]
         gap = 100 * abs(loss_of[(name, 2)] - sk_loss) / sk_loss
         ideal = 2 * per_cpu[(name, 2)]
         print()
-        print(f"{name}, 2 procs / scikit-learn : {h2 / sk:.2f}x   (goal >= 2.5x)")
-        print(f"{name}, 2 procs / 1 proc       : {h2 / h1:.2f}x   (goal >= 1.5x)")
-        print(f"{name}, 2 procs loss vs sklearn: {gap:.2f}%  (goal <= 1%)")
+        print(f"{name}, 2 procs / scikit-learn : {h2 / sk:.2f}x   (goal >= 0.9x)")
+        print(f"{name}, 2 procs / 1 proc       : {h2 / h1:.2f}x   (stretch goal >= 1.5x)")
+        print(f"{name}, 2 procs loss vs sklearn: {gap:.2f}%  (goal <= 0.5%)")
         print(
             f"  on two whole cores ({ideal / 1e6:.0f} M nnz/s = 2 x its rate per CPU second): "
             f"{ideal / (nnz / sk_cpu):.2f}x scikit-learn's rate per CPU second, "
             f"{ideal / per_cpu[(name, 1)]:.2f}x its own 1-process rate per CPU second"
         )
     coherence_probe(args.features, sm)
+    co_running(data, args.lr, args.l2, sm, args.hot_keys, repeats=6 * args.repeats, peer_per_cpu=nnz / sk_cpu)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,16 @@ table, unlocked, and publishes its clock. Under async that is Hogwild!. Reads th
 workers' writes (the lesson), so tau is measured per chunk, as the other workers' steps completed
 during it per step of this worker, and the trace holds one update per chunk.
 
+With ``hot_keys=K`` (a problem with ``replica``, LogisticProblem at one row per step), each worker
+also keeps a private replica of the K most frequent keys: read from the table at a chunk's start,
+updated there during the chunk, its change added to the table at the chunk's end; 1 / (1 + m) of it
+where m other replicas pushed meanwhile (overlapping replicas' changes averaged, as in HogWild++:
+they stepped the hot keys from the same values, so their whole changes added would overshoot).
+Under Hogwild! the frequent features are written by every worker on nearly every row, and each such
+write takes the cache line from the other cores; with the replica they move once per chunk. The
+price is staleness: a worker sees the others' changes to the hot keys once per chunk. One update of
+the trace is then also the push of that chunk's replica (its count is in the table's version key).
+
 Example::
 
     >>> from simlib.problems.logistic import LogisticProblem, make_sparse_classification
@@ -34,6 +44,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,7 +65,7 @@ CHUNK_WORK = 10_000  # rows (batch_size x steps) a fast-path worker applies betw
 
 def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
         timeout: float | None = 120.0, monitor_every: float = 0.05, chunk: int | None = None,
-        locked: bool = False, straggler: tuple[int, float] | None = None) -> Result:
+        locked: bool = False, straggler: tuple[int, float] | None = None, hot_keys: int = 0) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="shm")``); records quality every ``monitor_every`` s.
 
     ``chunk``: the most steps a worker applies between two looks at the clocks on the fast path
@@ -64,6 +75,10 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     end), ``cpu_seconds`` (the CPU time the workers' loops got, summed), and ``local`` where the
     problem keeps part of a worker's state (:func:`simlib.contract.local_result`). ``straggler=(i, s)``:
     worker i sleeps s seconds after each step (after each chunk on the fast path), a slow machine.
+    ``hot_keys=K`` (fast path, problems with ``replica``): each worker keeps a private replica of the
+    problem's K hot keys, updates it during a chunk, and adds its change to the table at the chunk's end
+    (1 / (1 + m) of it where m other replicas pushed during the chunk); every other key is written in
+    place as before. The trace's update per chunk is then also the push of that chunk's replica.
     """
     if protocol.backup_workers or protocol.timeout is not None:
         raise ValueError("backup_workers and timeout run on substrates 'sim' and 'pipes' (a server counts pushes); "
@@ -78,6 +93,7 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     if start_method is not None:  # named before the warm-up compiles anything
         check.one_of("start_method", start_method, START_METHODS)
     fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain
+    replica = _replica(problem, hot_keys, fast, locked, training)
     chunk = chunk or max(1, CHUNK_WORK // training.batch_size)
     n = training.n_workers
     shards = problem.shards(n)
@@ -88,12 +104,17 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     warm_up(problem, values=lambda v: v.astype(dtype))
     if fast:  # with the types the workers pass; two steps, as a problem's steps may take turns (GloveSlices' phases)
         problem.local_steps(np.asarray(problem.init_params()).astype(dtype), shards[0], 0, 2, 1, 0.0)
+        if replica is not None:
+            problem.local_steps(np.asarray(problem.init_params()).astype(dtype), shards[0], 0, 2, 1, 0.0,
+                                replica=replica)
     started = time.perf_counter()
     with WorkerGroup(n, start_method, label="shm table") as group:
         table = group.copy_of(np.asarray(problem.init_params()).astype(dtype))
         clocks = group.zeros(n, np.int64)
         version = group.zeros(1, np.int64)
         lock = group.lock()
+        ready = group.zeros(n, np.int64)
+        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, locked, straggler, chunk, replica)
 
         def monitor(elapsed: float) -> None:
             """The metric now; Diverged (which stops the workers) if it is not finite."""
@@ -102,19 +123,14 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
             check_metric(value, step, problem, training.lr)
 
         monitor(0.0)
-        if fast:
-            out = group.run(_work_in_place, problem, shards, protocol.bound, training, chunk, table, clocks,
-                            lock if locked else None, straggler, monitor=monitor, monitor_every=monitor_every,
-                            timeout=timeout)
-        else:  # get and add always hold the lock; locked=True makes it cover the step too
-            out = group.run(_work, problem, shards, protocol.bound, training, table, clocks, version, lock, locked,
-                            straggler, monitor=monitor, monitor_every=monitor_every, timeout=timeout)
+        out = group.run(_work_in_place if fast else _work, problem, setup, version, monitor=monitor,
+                        monitor_every=monitor_every, timeout=timeout)
         params = table.array.copy()
         raw = group.trace
     wall = time.perf_counter() - started
     trace = new_trace(problem, protocol, training, "shm", "on shared memory", wall_seconds=wall,
                       start_method=group.start_method, path="in place" if fast else "get / step / add",
-                      update_unit=f"a chunk of up to {chunk} steps" if fast and chunk > 1 else "one step")
+                      update_unit=_update_unit(fast, chunk, hot_keys))
     trace.spans, trace.updates, trace.quality = raw.spans, raw.updates, raw.quality
     if locked:
         trace.label = trace.label.replace("on shared memory", "on shared memory, locked")
@@ -126,6 +142,55 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     return Result(trace, params, measured)
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What every worker of one run is given: the shards, the protocol's bound, the settings, the shared arrays."""
+
+    shards: list[tuple[int, int]]
+    bound: float
+    training: Training
+    table: Any  # SharedArray: the parameters
+    clocks: Any  # SharedArray: each worker's finished steps
+    ready: Any  # SharedArray: 1 once a worker has started (see _start_together)
+    lock: Any
+    locked: bool  # one lock around each whole step (the locked baseline)
+    straggler: tuple[int, float] | None
+    chunk: int  # fast path: the most steps between two looks at the clocks
+    replica: Any  # fast path: the problem's replica of its hot keys, or None
+
+
+def _start_together(ready: np.ndarray, i: int) -> None:
+    """Mark worker i started and wait until every worker has: the last process forked then starts as early as the first."""
+    # NOTE: processes start 5-30 ms apart (fork, import); a 2-worker Hogwild! run of 0.2 s lost up to 15 % of
+    # its training time with one worker alone at the start. The wait yields the core, and comes before any span.
+    ready[i] = 1
+    while int(ready.min()) == 0:
+        os.sched_yield()
+
+
+def _replica(problem: Any, hot_keys: int, fast: bool, locked: bool, training: Training) -> Any:
+    """The problem's private replica of its ``hot_keys`` hot keys (None for 0); ValueError where it cannot apply."""
+    if isinstance(hot_keys, bool) or not isinstance(hot_keys, (int, np.integer)) or hot_keys < 0:
+        raise ValueError(f"hot_keys must be an integer >= 0 (0: no replica), got {hot_keys!r}")
+    if not hot_keys:
+        return None
+    if not fast or not callable(getattr(problem, "replica", None)):
+        raise ValueError(f"hot_keys: {type(problem).__name__} keeps no replica on this path (it needs the in-place "
+                         "local_steps with a replica, and the plain step rule)")
+    if locked:
+        raise ValueError("hot_keys: the locked baseline applies each step to the table under the lock; "
+                         "use hot_keys=0 with locked=True")
+    return problem.replica(int(hot_keys), training.batch_size, training.n_workers)
+
+
+def _update_unit(fast: bool, chunk: int, hot_keys: int) -> str:
+    """What one update of the trace stands for on this path."""
+    if not fast or chunk == 1 and not hot_keys:
+        return "one step"
+    unit = f"a chunk of up to {chunk} steps" if chunk > 1 else "one step"
+    return unit + (f", and the push of its {hot_keys} hot keys' replica at its end" if hot_keys else "")
+
+
 def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> tuple[int, bool]:
     """Wait until the protocol lets a worker at ``clock`` read; (steps every worker has completed, whether it waited).
 
@@ -134,10 +199,11 @@ def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> 
     ``_SPIN`` seconds, yielding the core to any other runnable process, brought model-parallel GloVe's two
     barriers per batch from ~200 to ~40 us (two workers, batches of 64 entries, measured on 2 cores).
     """
-    if read_allowed(read_rule, clock, completed := int(fin.min()), bound):
+    # NOTE: min of a list, not fin.min(): 0.3 us instead of 2 (NumPy's reduction set-up) per look, 2 looks a chunk.
+    if read_allowed(read_rule, clock, completed := min(fin.tolist()), bound):
         return completed, False
     spin = time.perf_counter() + _SPIN
-    while not read_allowed(read_rule, clock, completed := int(fin.min()), bound):
+    while not read_allowed(read_rule, clock, completed := min(fin.tolist()), bound):
         if time.perf_counter() < spin:
             os.sched_yield()
         else:
@@ -145,28 +211,30 @@ def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> 
     return completed, True
 
 
-def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Training, table: Any, clocks: Any,
-          version: Any, lock: Any, locked: bool, straggler: tuple[int, float] | None) -> tuple[float, Any]:
+def _work(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[float, Any]:
     """One worker: wait for the protocol, get, step, add under the version lock, publish the clock.
 
     Returns its CPU seconds and what the problem keeps of the worker's local state (``local_result``)."""
     ctx = current()
-    cpu0 = time.thread_time()
-    w, fin, ver = table.array, clocks.array, version.array
+    training, bound, lock, shard = setup.training, setup.bound, setup.lock, setup.shards[i]
+    w, fin, ver = setup.table.array, setup.clocks.array, version.array
     rule, read_rule = training.rule, training.read_rule or may_read
+    _start_together(setup.ready.array, i)
+    cpu0 = time.thread_time()
     for c in range(training.steps):
         t0 = time.perf_counter()
         completed, _ = _wait_to_read(read_rule, c, fin, bound)
         t1 = time.perf_counter()
-        batch = problem.batch(shards[i], c, training.batch_size)
+        batch = problem.batch(shard, c, training.batch_size)
         keys = problem.keys(batch)
-        outer, inner = (lock, nullcontext()) if locked else (nullcontext(), lock)
+        # get and add always hold the lock; locked=True makes it cover the step too
+        outer, inner = (lock, nullcontext()) if setup.locked else (nullcontext(), lock)
         with outer:
             with inner:  # a consistent (values, version) pair; the add below takes the same lock
                 values, read_version = w[keys].copy(), int(ver[0])
             t2 = time.perf_counter()
             keys, deltas = problem.step(values, batch, keys, training.lr)
-            straggle(straggler, i)  # before the push: a slow machine's steps take longer
+            straggle(setup.straggler, i)  # before the push: a slow machine's steps take longer
             t3 = time.perf_counter()
             with inner:  # under BSP a round's pushes are one update: none of them is stale (ParamServer.push)
                 tau = 0 if bound == 0 else int(ver[0]) - read_version
@@ -180,18 +248,22 @@ def _work(i: int, n: int, problem: Any, shards: list, bound: float, training: Tr
             ctx.span("compute", t2, t3, step=c)
             ctx.span("send", t3, t4, nbytes=int(np.asarray(deltas).nbytes + keys.nbytes), step=c)
             ctx.update(c, staleness=tau, clock_lag=c - completed)
-    return time.thread_time() - cpu0, local_result(problem, shards[i])
+    return time.thread_time() - cpu0, local_result(problem, shard)
 
 
-def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, training: Training, chunk: int,
-                   table: Any, clocks: Any, lock: Any, straggler: tuple[int, float] | None) -> tuple[float, Any]:
+def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[float, Any]:
     """One fast-path worker: wait for the protocol, apply the steps it allows in place, publish; its CPU seconds.
 
-    With a ``lock``, each step is applied under it, one at a time (the locked baseline)."""
+    With ``setup.locked``, each step is applied under the lock, one at a time (the locked baseline); with a
+    replica, each chunk's steps update it and its change is added to the table at the chunk's end."""
     ctx = current()
-    cpu0 = time.thread_time()
-    w, fin = table.array, clocks.array
+    training, bound, chunk, replica, shard = setup.training, setup.bound, setup.chunk, setup.replica, setup.shards[i]
+    w, fin = setup.table.array, setup.clocks.array
     read_rule = training.read_rule
+    if replica is not None:
+        replica = replica._replace(pushes=version.array)
+    _start_together(setup.ready.array, i)
+    cpu0 = time.thread_time()
     c = 0
     while c < training.steps:
         t0 = time.perf_counter()
@@ -199,15 +271,17 @@ def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, tra
         # Steps c .. c+k-1 may all read now: the SSP rule allows step j while j - bound <= completed.
         # A plugged-in rule is asked step by step.
         k = min(chunk, training.steps - c, 1 if read_rule else int(min(completed + bound - c + 1, chunk)))
-        others = int(fin.sum()) - c
+        others = sum(fin.tolist()) - c
         t1 = time.perf_counter()
-        if lock is None:
-            problem.local_steps(w, shards[i], c, k, training.batch_size, training.lr)
+        if replica is not None:  # the replicas count their pushes in the version key, unused on this path
+            problem.local_steps(w, shard, c, k, training.batch_size, training.lr, replica=replica)
+        elif not setup.locked:
+            problem.local_steps(w, shard, c, k, training.batch_size, training.lr)
         else:
             for j in range(c, c + k):  # NOTE: one call per step, because the lock must cover each single update
-                with lock:
-                    problem.local_steps(w, shards[i], j, 1, training.batch_size, training.lr)
-        straggle(straggler, i)
+                with setup.lock:
+                    problem.local_steps(w, shard, j, 1, training.batch_size, training.lr)
+        straggle(setup.straggler, i)
         fin[i] = c + k
         t2 = time.perf_counter()
         if ctx is not None:
@@ -215,7 +289,7 @@ def _work_in_place(i: int, n: int, problem: Any, shards: list, bound: float, tra
                 ctx.span("wait", t0, t1, step=c)
             ctx.span("compute", t1, t2, step=c + k - 1)
             # other workers' steps per step of this chunk; under BSP a round is one update, so 0
-            tau = 0 if bound == 0 else round((int(fin.sum()) - c - k - others) / k)
+            tau = 0 if bound == 0 else round((sum(fin.tolist()) - c - k - others) / k)
             ctx.update(c + k - 1, staleness=tau, clock_lag=c + k - 1 - completed)
         c += k
-    return time.thread_time() - cpu0, local_result(problem, shards[i])
+    return time.thread_time() - cpu0, local_result(problem, shard)
