@@ -97,12 +97,17 @@ def test_shards_cover_the_corpus_evenly(synthetic):
 
 
 class FailingLDA(LDAProblem):
-    """LDA whose worker 1 raises at clock 3: the clean failure path."""
+    """LDA whose worker 1 raises at clock 3 (in get / step / add, or in place on shm): the clean failure path."""
 
     def step(self, values, batch, keys, lr):
         if batch.worker == 1 and batch.clock == 3:
             raise RuntimeError("injected failure in worker 1 at clock 3")
         return super().step(values, batch, keys, lr)
+
+    def local_steps(self, table, shard, first, count, batch_size, lr):
+        if shard.worker == 1 and first <= 3 < first + count:
+            raise RuntimeError("injected failure in worker 1 at clock 3")
+        super().local_steps(table, shard, first, count, batch_size, lr)
 
 
 @pytest.mark.parametrize("substrate", ["shm", "pipes"])

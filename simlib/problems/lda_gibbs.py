@@ -102,17 +102,27 @@ _MH_CYCLES = 4
 _ALIAS_STEPS = 2
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _uniform(state: np.uint64) -> tuple[np.uint64, float]:
+    """xorshift64* step: the new state and a uniform draw in [0, 1)."""
+    # NOTE: replaces np.random.random() (numba's Mersenne Twister) in the inner loop: 17 -> 4 ns
+    # per draw measured on a busy core; numba's generator state would also be global per process.
+    state ^= state >> np.uint64(12)
+    state ^= state << np.uint64(25)
+    state ^= state >> np.uint64(27)
+    return state, float((state * np.uint64(2685821657736338717)) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
 @njit(cache=True, nogil=True)
 def _sweep_dense(
     word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray,
-    alpha: float, beta: float, seed: int,
-) -> None:
-    """One O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b) and invert it."""
-    np.random.seed(seed)
+    alpha: float, beta: float, w_lo: int, w_hi: int, rng: np.uint64,
+) -> np.uint64:
+    """Words w_lo..w_hi-1 of one O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b), invert it."""
     V, K = n_wk.shape
     vbeta = V * beta
     cdf = np.empty(K)
-    for w in range(V):
+    for w in range(w_lo, w_hi):
         for j in range(word_ptr[w], word_ptr[w + 1]):
             d = doc[j]
             k = z[j]
@@ -123,7 +133,8 @@ def _sweep_dense(
             for kk in range(K):
                 total += (n_dk[d, kk] + alpha) * (n_wk[w, kk] + beta) / (n_k[kk] + vbeta)
                 cdf[kk] = total
-            u = np.random.random() * total
+            rng, u = _uniform(rng)
+            u *= total
             k = 0
             while k < K - 1 and cdf[k] <= u:
                 k += 1
@@ -131,17 +142,7 @@ def _sweep_dense(
             n_dk[d, k] += 1
             n_wk[w, k] += 1
             n_k[k] += 1
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _uniform(state: np.uint64) -> tuple[np.uint64, float]:
-    """xorshift64* step: the new state and a uniform draw in [0, 1)."""
-    # NOTE: replaces np.random.random() (numba's Mersenne Twister) in the inner loop: 17 -> 4 ns
-    # per draw measured on a busy core; numba's generator state would also be global per process.
-    state ^= state >> np.uint64(12)
-    state ^= state << np.uint64(25)
-    state ^= state >> np.uint64(27)
-    return state, float((state * np.uint64(2685821657736338717)) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    return rng
 
 
 def _rng_state(seed: int) -> np.uint64:
@@ -171,16 +172,16 @@ def _list_take(d: int, k: int, idx: np.ndarray, cnt: np.ndarray, length: np.ndar
 def _sweep_sparse(
     word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray,
     dk_idx: np.ndarray, dk_cnt: np.ndarray, dk_len: np.ndarray, dk_pos: np.ndarray,
-    n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, rng: np.uint64, cdf: np.ndarray,
-) -> None:
-    """One exact sweep word by word: doc part over the document's topic list, word part by a running sum."""
+    n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int, rng: np.uint64, cdf: np.ndarray,
+) -> np.uint64:
+    """Words w_lo..w_hi-1 of one exact sweep: doc part over the document's topic list, word part by a running sum."""
     V, K = n_wk.shape
     vbeta = V * beta
     inv = np.empty(K)  # 1 / (n_k + V b): divisions hoisted out of the inner loops
     for k in range(K):
         inv[k] = 1.0 / (n_k[k] + vbeta)
     phi = np.empty(K)  # phi_w(k) for the current word
-    for w in range(V):
+    for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
             continue
@@ -244,6 +245,7 @@ def _sweep_sparse(
             old = phi[k]
             phi[k] = (n_wk[w, k] + beta) * inv[k]
             wsum += phi[k] - old
+    return rng
 
 
 @njit(cache=True, nogil=True)
@@ -422,23 +424,32 @@ def _table_buffers(n_wk: np.ndarray) -> tuple[np.ndarray, ...]:
 @njit(cache=True, nogil=True)
 def _sweep_mh(
     word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, order: np.ndarray, offsets: np.ndarray, z_doc: np.ndarray,
-    n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, rng: np.uint64, n_cycles: int,
-) -> None:
-    """One LightLDA sweep word by word: per word an alias table of the counts at its run's start, then MH per token."""
+    n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int,
+    rng: np.uint64, n_cycles: int,
+) -> np.uint64:
+    """Words w_lo..w_hi-1 of a LightLDA sweep: per word an alias table of the counts at its run's start, then MH per token.
+
+    ``z_doc`` must hold the topics in document order (:func:`_doc_order`) for the doc proposal."""
     V, K = n_wk.shape
     vbeta = V * beta
-    for j in range(z.shape[0]):  # the topics in document order, for the doc proposal
-        z_doc[order[j]] = z[j]
-    n0 = n_k.copy()  # the topic totals the tables of this sweep are built with
+    n0 = n_k.copy()  # the topic totals the tables of this call are built with
     weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
     B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
-    for w in range(V):
+    for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
             continue
         m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
         rng = _mh_run(a, b, w, doc, z, order, offsets, z_doc, n_dk, n_wk, n_k, alpha, beta, snap, n0, -1,
                       wtopic, wprob, walias, m, S, dprob, dalias, B, n_cycles, rng)
+    return rng
+
+
+@njit(cache=True, nogil=True)
+def _doc_order(z: np.ndarray, order: np.ndarray, z_doc: np.ndarray) -> None:
+    """z_doc[order[j]] = z[j]: the topics in document order, for the mh kernel's doc proposal."""
+    for j in range(z.shape[0]):
+        z_doc[order[j]] = z[j]
 
 
 @njit(cache=True, nogil=True, fastmath=True)
@@ -519,17 +530,17 @@ def _alias_pq(d: int, k: int, dk_cnt: np.ndarray, dk_pos: np.ndarray, phi: np.nd
 @njit(cache=True, nogil=True)
 def _sweep_alias(
     word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, dk_idx: np.ndarray, dk_cnt: np.ndarray, dk_len: np.ndarray,
-    dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, rng: np.uint64, n_steps: int,
-    cdf: np.ndarray,
-) -> None:
-    """One AliasLDA sweep word by word: a word's table is built at the start of its run and again after K draws."""
+    dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int,
+    rng: np.uint64, n_steps: int, cdf: np.ndarray,
+) -> np.uint64:
+    """Words w_lo..w_hi-1 of an AliasLDA sweep: a word's table is built at the start of its run and again after K draws."""
     V, K = n_wk.shape
     vbeta = V * beta
     n0 = n_k.copy()  # the topic totals the tables are built with
     weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
     B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
     inv, phi = 1.0 / (n_k + vbeta), np.empty(K)
-    for w in range(V):
+    for w in range(w_lo, w_hi):
         j, b = word_ptr[w], word_ptr[w + 1]
         while j < b:  # O(K) to build, O(1) per draw: rebuilt after K draws keeps the building O(1) per draw
             if j > word_ptr[w]:
@@ -541,6 +552,7 @@ def _sweep_alias(
             m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
             j, rng = _alias_run(j, b, w, doc, z, dk_idx, dk_cnt, dk_len, dk_pos, n_wk, n_k, alpha, beta, snap, n0,
                                 -1, wtopic, wprob, walias, m, S, dprob, dalias, B, K, n_steps, rng, cdf, inv, phi)
+    return rng
 
 
 @njit(cache=True, nogil=True)
@@ -654,18 +666,35 @@ class GibbsState:
 
     def sweep(self, seed: int = 0) -> None:
         """Resample every token once (in place); n_dk, n_wk, n_k stay in step with the assignments."""
+        self.begin_sweep()
+        self.sweep_words(0, self.corpus.n_words, _rng_state(seed))
+        self.end_sweep()
+
+    def begin_sweep(self) -> None:
+        """Before a sweep's first :meth:`sweep_words`: the mh kernel's topics in document order."""
+        if self.kernel == "mh":
+            _doc_order(self.z_wm, self.order, self._z_doc)
+
+    def sweep_words(self, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
+        """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after."""
+        a, b = self.alpha, self.beta
         if self.kernel == "dense":
-            _sweep_dense(self.word_ptr, self.doc_wm, self.z_wm, self.n_dk, self.n_wk, self.n_k, self.alpha, self.beta, seed)
+            rng = _sweep_dense(self.word_ptr, self.doc_wm, self.z_wm, self.n_dk, self.n_wk, self.n_k, a, b,
+                               w_lo, w_hi, rng)
         elif self.kernel == "mh":
-            _sweep_mh(self.word_ptr, self.doc_wm, self.z_wm, self.order, self.corpus.offsets, self._z_doc, self.n_dk,
-                      self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), _MH_CYCLES)
+            rng = _sweep_mh(self.word_ptr, self.doc_wm, self.z_wm, self.order, self.corpus.offsets, self._z_doc,
+                            self.n_dk, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, _MH_CYCLES)
         elif self.kernel == "alias":
-            _sweep_alias(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos,
-                         self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), _ALIAS_STEPS, self._cdf)
-            _lists_to_dense(self.dk_idx, self.dk_cnt, self.dk_len, self.n_dk)
+            rng = _sweep_alias(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len,
+                               self.dk_pos, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, _ALIAS_STEPS, self._cdf)
         else:
-            _sweep_sparse(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos,
-                          self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), self._cdf)
+            rng = _sweep_sparse(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len,
+                                self.dk_pos, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, self._cdf)
+        return np.uint64(rng)  # numba hands a uint64 back as a Python int, which it would then read as int64
+
+    def end_sweep(self) -> None:
+        """After a sweep's last :meth:`sweep_words`: n_dk from the sparse and alias kernels' topic lists."""
+        if self.kernel in ("sparse", "alias"):
             _lists_to_dense(self.dk_idx, self.dk_cnt, self.dk_len, self.n_dk)
 
     def memory(self) -> dict[str, int]:

@@ -35,15 +35,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from simlib import _validate as check
 from simlib.backend import to_numpy
 from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, log_likelihood, random_assignments,
                                 shard_documents, word_log_likelihood)
-from simlib.problems.lda_gibbs import KERNELS, GibbsState
+from simlib.problems.lda_gibbs import KERNELS, GibbsState, _rng_state
 
 _SEED_STRIDE = (1_000_003, 10_007)
+#: In place with several workers: tokens swept between two syncs with the table (see LDAProblem.local_steps).
+SYNC_EVERY = 4096
 # Bytes per topic: the float64 table (V + 1 rows) and the count tables n_dk, n_wk, counted as
 # int64 then kept as int32 (D + V rows); and each worker's int32 copy of n_wk and n_k.
 _TABLE_BYTES_PER_ROW, _COUNT_BYTES_PER_ROW, _COPY_BYTES_PER_ROW = 8, 12, 4  # sweep seed = seed * 1_000_003 + worker * 10_007 + clock
@@ -63,6 +67,9 @@ class LDAShard:
     own_wk: np.ndarray | None = None  # the shard's own counts of its words (len(words), K), kept up to date
     own_k: np.ndarray | None = None  # and its own topic totals (K,)
     device: Any = None  # on the gpu substrate: its tokens, z and n_dk on the device (lda_device.DeviceShard)
+    n_workers: int = 1  # how many shards share the table (alone, a worker samples on the table itself)
+    blocks: np.ndarray | None = None  # in place: word boundaries of the sweep's blocks, a sync after each
+    table: Any = None  # in place, alone: the table its state's n_wk, n_k are views of
 
     def sweep_seed(self) -> int:
         """seed * 1_000_003 + worker * 10_007 + clock: one stream per worker and clock."""
@@ -77,16 +84,18 @@ class LDAProblem:
     linear_step = False  # count moves do not scale with a step size
     table_dtype = np.int32  # where a substrate keeps the table in place (shm): counts, exact in 32 bits
     exact_deltas = True  # every push must be applied whole, or the counts no longer match the topics
+    in_place_chunk = 1  # on shm in place, a worker publishes its clock after every sweep (a step is a whole sweep)
     device_kernel = "auto"  # the gpu substrate's batches: 'auto' (fused on CuPy), 'fused' or 'array'
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
-                 seed: int = 0, kernel: str = "sparse"):
+                 seed: int = 0, kernel: str = "sparse", sync_every: int = SYNC_EVERY):
         check_corpus(corpus)
         check_hyper(n_topics, alpha, beta)
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        check.positive_int("sync_every", sync_every)
         self.corpus, self.K, self.alpha, self.beta = corpus, int(n_topics), float(alpha), float(beta)
-        self.seed, self.kernel = int(seed), kernel
+        self.seed, self.kernel, self.sync_every = int(seed), kernel, int(sync_every)
         self.V = corpus.n_words
         per_topic = _TABLE_BYTES_PER_ROW * (self.V + 1) + _COUNT_BYTES_PER_ROW * (corpus.n_docs + self.V)
         check.fits_memory("n_topics", self.K, self.K * per_topic, per_topic,
@@ -99,14 +108,26 @@ class LDAProblem:
         check_corpus(self.corpus)
 
     def miniature(self) -> "LDAProblem":
-        """The same problem on its first two documents (same vocabulary and topics): what a warm-up compiles on."""
-        docs = np.arange(min(2, self.corpus.n_docs))
-        return LDAProblem(self.corpus.subset(docs), self.K, self.alpha, self.beta, self.seed, self.kernel)
+        """The same problem on its first two documents, their words renumbered (same topics): what a warm-up compiles on."""
+        # NOTE: the kernels compile per argument type, not shape; the two documents' own vocabulary keeps the
+        # warm-up's tables small (at K = 10,000 on the KJV the full vocabulary's float64 table was 418 MB).
+        c = self.corpus
+        words = c.words[: c.offsets[min(2, c.n_docs)]]
+        used, ids = np.unique(words, return_inverse=True)
+        mini = LDACorpus(ids.astype(np.int32), c.offsets[: min(2, c.n_docs) + 1].copy(), len(used))
+        return LDAProblem(mini, self.K, self.alpha, self.beta, self.seed, self.kernel, self.sync_every)
 
     def init_params(self) -> np.ndarray:
         """The counts of the random start z0: n_wk flattened, then n_k (float64)."""
+        return self.init_table(np.float64)
+
+    def init_table(self, dtype: Any = np.int32) -> np.ndarray:
+        """init_params in ``dtype`` (int32: the shm table), built without a float64 copy."""
         _, n_wk, n_k = count_tables(self.corpus, self.z0, self.K)
-        return np.concatenate([n_wk.ravel(), n_k]).astype(np.float64)
+        out = np.empty(self.n_params, dtype)
+        out[: n_wk.size] = n_wk.ravel()
+        out[n_wk.size:] = n_k
+        return out
 
     def shards(self, n_workers: int) -> list[LDAShard]:
         """One worker-local state per worker: a contiguous block of about N / n_workers tokens."""
@@ -128,7 +149,8 @@ class LDAProblem:
             topics = np.arange(self.K)
             keys = np.concatenate([(words[:, None] * self.K + topics).ravel(), self.V * self.K + topics])
             local = np.searchsorted(words, docs.words).astype(np.int64)
-            out.append(LDAShard(state, i, words, keys, self.seed, local=local))
+            out.append(LDAShard(state, i, words, keys, self.seed, local=local, n_workers=n_workers,
+                                blocks=_blocks(state.word_ptr, self.sync_every)))
         return out
 
     def batch(self, shard: LDAShard, step: int, batch_size: int) -> LDAShard:
@@ -163,6 +185,44 @@ class LDAProblem:
         deltas = np.empty(len(keys), np.float64)
         m = _moved_counts(st.n_wk, st.n_k, batch.words, before, keys, batch.own_wk, batch.own_k, out_keys, deltas)
         return out_keys[:m], deltas[:m]
+
+    def local_steps(self, table: np.ndarray, shard: LDAShard, first: int, count: int, batch_size: int,
+                    lr: float) -> None:
+        """Sweeps first .. first+count-1 against the shared table (shm in place); ``batch_size``, ``lr`` unused.
+
+        Alone (one worker), the sweep samples on the table itself. Otherwise the sweep goes word by
+        word in blocks of about ``sync_every`` tokens: before a block, the rows of its words and n_k
+        are read from the table; after it, each token that moved is pushed as -1 on (w, old topic)
+        and +1 on (w, new topic), n_k's net change too, by atomic adds, so the table stays exact
+        whoever else adds at the same time. Staleness is then the other workers' moves within a
+        block, not within a sweep.
+        """
+        if not isinstance(table, np.ndarray) or table.dtype != np.int32 or table.shape != (self.n_params,):
+            raise ValueError(f"table must be the int32 table of {self.n_params} counts, got "
+                             f"{getattr(table, 'dtype', type(table).__name__)} of shape {getattr(table, 'shape', None)}")
+        st, K, V = shard.state, self.K, self.V
+        tab_wk, tab_k = table[: V * K].reshape(V, K), table[V * K:]
+        alone = shard.n_workers == 1
+        if alone and shard.table is not table:
+            # NOTE: one worker is the table's only writer: sampling on it in place is the bare serial sweep (no
+            # read, no push; at K = 1,000 on the KJV, reading and diffing 5.2 M counts per sweep cost ~40% of it).
+            st.n_wk, st.n_k, shard.table = tab_wk, tab_k, table
+        zb = np.empty(0, np.int32) if alone else np.empty(int(np.diff(st.word_ptr[shard.blocks]).max()), np.int32)
+        dk = np.zeros(K, np.int64)
+        for c in range(first, first + count):
+            shard.clock = c
+            rng = _rng_state(shard.sweep_seed())
+            st.begin_sweep()
+            if alone:
+                st.sweep_words(0, V, rng)
+            else:
+                for lo, hi in zip(shard.blocks[:-1], shard.blocks[1:]):
+                    _pull(tab_wk, tab_k, st.n_wk, st.n_k, st.word_ptr, lo, hi)
+                    a, b = st.word_ptr[lo], st.word_ptr[hi]
+                    zb[: b - a] = st.z_wm[a:b]
+                    rng = st.sweep_words(lo, hi, rng)
+                    _push(table, K, V, st.word_ptr, lo, hi, zb, st.z_wm, dk)
+            st.end_sweep()
 
     def device_steps(self, table: Any, shard: LDAShard, first: int, count: int, batch_size: int, lr: float) -> None:
         """The gpu substrate's hook: sweeps first .. first+count-1 in batches of ``batch_size`` tokens, each batch
@@ -215,6 +275,63 @@ class LDAProblem:
         assert n_wk.min() >= 0, "a word-topic count went negative"
         assert n_wk.sum() == self.corpus.n_tokens, f"n_wk sums to {n_wk.sum()}, not N = {self.corpus.n_tokens}"
         assert np.array_equal(n_k, n_wk.sum(axis=0)), "n_k differs from the column sums of n_wk"
+
+
+def _blocks(word_ptr: np.ndarray, tokens: int) -> np.ndarray:
+    """Word boundaries 0 = w_0 < .. < w_m = V cutting the word-major tokens into runs of about ``tokens`` each."""
+    V = len(word_ptr) - 1
+    targets = np.arange(tokens, word_ptr[-1], tokens)
+    cuts = np.searchsorted(word_ptr, targets, side="left")
+    return np.unique(np.concatenate([[0], cuts, [V]])).astype(np.int64)
+
+
+@intrinsic
+def _atomic_add(typingctx, arr, index, value):  # pragma: no cover - compiled
+    """arr[index] += value as one atomic read-modify-write (LLVM atomicrmw add); returns nothing."""
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        val = context.cast(builder, args[2], signature.args[2], aryty.dtype)
+        builder.atomic_rmw("add", ptr, val, "monotonic")
+        return context.get_dummy_value()
+    return types.void(arr, index, value), codegen
+
+
+@njit(cache=True, nogil=True)
+def _pull(tab_wk, tab_k, n_wk, n_k, word_ptr, lo, hi):  # pragma: no cover - compiled
+    """Read n_k and the rows of the words in lo..hi-1 that have tokens here from the table into the worker's copy.
+
+    n_k[k] is raised to at least each row's count: a read racing another worker's push may see a row's +1 before
+    the matching n_k's, and the alias tables need n_wk <= n_k."""
+    K = n_k.shape[0]
+    for k in range(K):
+        n_k[k] = tab_k[k]
+    for w in range(lo, hi):
+        if word_ptr[w + 1] > word_ptr[w]:
+            for k in range(K):
+                c = tab_wk[w, k]
+                n_wk[w, k] = c
+                if c > n_k[k]:
+                    n_k[k] = c
+
+
+@njit(cache=True, nogil=True)
+def _push(table, K, V, word_ptr, lo, hi, z_before, z, dk):  # pragma: no cover - compiled
+    """Add the moves of words lo..hi-1 (z_before -> z, word-major) to the table atomically: n_wk per token, n_k net."""
+    a = word_ptr[lo]
+    for w in range(lo, hi):
+        for j in range(word_ptr[w], word_ptr[w + 1]):
+            s, t = z_before[j - a], z[j]
+            if s != t:
+                _atomic_add(table, w * K + s, -1)
+                _atomic_add(table, w * K + t, 1)
+                dk[s] -= 1
+                dk[t] += 1
+    for k in range(K):
+        if dk[k] != 0:
+            _atomic_add(table, V * K + k, dk[k])
+            dk[k] = 0
 
 
 @njit(cache=True, nogil=True)
