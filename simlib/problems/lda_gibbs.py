@@ -86,14 +86,18 @@ import numpy as np
 from numba import njit
 
 from simlib import _validate as check
-from simlib.problems.lda import LDACorpus, check_corpus, check_hyper, count_tables, log_likelihood, random_assignments
+from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, doc_topic_counts, log_likelihood,
+                                random_assignments)
 
 KERNELS = ("sparse", "dense", "mh", "alias")
 # NOTE: word-then-doc cycles per token. LightLDA's default is 2; 4 measured better per unit of time
 # here: on the default 8-topic synthetic corpus 2 of 12 random starts still had two true topics merged
 # after 50 sweeps with 2 cycles (0 of 12 with 4, and 0 of 12 for exact Gibbs), and on the KJV at K = 1,000
 # log p(w, z) after 30 sweeps trailed the sparse sampler's by 3.6% with 2 cycles, 1.4% with 4, for
-# 36 against 59 ms of CPU per sweep (sparse: 77 ms).
+# 36 against 59 ms of CPU per sweep (sparse: 77 ms). More cycles close the gap only at more than the exact
+# sampler's cost (KJV, K = 1,000, 30 sweeps, log p per token against sparse's -9.094 at 339 ns CPU per token:
+# 4 cycles -9.221 at 226 ns, 8 -9.140 at 386 ns); fresher word tables (rebuilt with n_k
+# after every K tokens of a word, as the alias kernel does) did not help (-9.241 with 4 cycles, -9.154 with 6).
 _MH_CYCLES = 4
 # NOTE: MH steps per token of the alias kernel. On the KJV from a random start, log p per token after 10 sweeps
 # with 1, 2 and 4 steps: -8.576, -8.569, -8.601 at K = 100 (sparse: -8.598) for 115, 141, 204 ns per token; at
@@ -638,9 +642,12 @@ class GibbsState:
         check_hyper(n_topics, alpha, beta)
         check.one_of("kernel", kernel, KERNELS)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
-        self.n_dk, own_wk, own_k = count_tables(corpus, z, n_topics)
-        self.n_wk = own_wk if n_wk is None else n_wk
-        self.n_k = own_k if n_k is None else n_k
+        if n_wk is None or n_k is None:
+            self.n_dk, own_wk, own_k = count_tables(corpus, z, n_topics)
+            self.n_wk = own_wk if n_wk is None else n_wk
+            self.n_k = own_k if n_k is None else n_k
+        else:  # a worker's copy of the table: its own V x K counts would be built only to be dropped
+            self.n_dk, self.n_wk, self.n_k = doc_topic_counts(corpus, z, n_topics), n_wk, n_k
         self.order = np.argsort(corpus.words, kind="stable").astype(np.int64)
         self.word_ptr = np.zeros(corpus.n_words + 1, np.int64)
         np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words), out=self.word_ptr[1:])

@@ -41,7 +41,7 @@ from numba.extending import intrinsic
 
 from simlib import _validate as check
 from simlib.backend import to_numpy
-from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, log_likelihood, random_assignments,
+from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, doc_topic_counts, log_likelihood, random_assignments,
                                 shard_documents, word_log_likelihood)
 from simlib.problems.lda_gibbs import KERNELS, GibbsState, _rng_state
 
@@ -60,7 +60,7 @@ class LDAShard:
     state: GibbsState
     worker: int
     words: np.ndarray  # the distinct words of the shard, sorted
-    keys: np.ndarray  # w * K + k for those words, then V * K + k
+    keys: np.ndarray | None  # w * K + k for those words, then V * K + k (built by LDAProblem.keys on first use)
     seed: int
     clock: int = 0
     local: np.ndarray | None = None  # each token's word as an index into ``words`` (computed once)
@@ -123,10 +123,8 @@ class LDAProblem:
 
     def init_table(self, dtype: Any = np.int32) -> np.ndarray:
         """init_params in ``dtype`` (int32: the shm table), built without a float64 copy."""
-        _, n_wk, n_k = count_tables(self.corpus, self.z0, self.K)
-        out = np.empty(self.n_params, dtype)
-        out[: n_wk.size] = n_wk.ravel()
-        out[n_wk.size:] = n_k
+        out = np.zeros(self.n_params, dtype)
+        _count_words(self.corpus.words, self.z0, self.K, out)
         return out
 
     def shards(self, n_workers: int) -> list[LDAShard]:
@@ -138,18 +136,19 @@ class LDAProblem:
         check.fits_memory("n_workers", n_workers, n_workers * per_worker, per_worker,
                           f"each worker's copy of the counts of {self.V} words x {self.K} topics")
         bounds = shard_documents(self.corpus, n_workers)
-        _, n_wk, n_k = count_tables(self.corpus, self.z0, self.K)
+        n_k = np.bincount(self.z0, minlength=self.K).astype(np.int32)
         out = []
         for i in range(n_workers):
             docs = self.corpus.subset(np.arange(bounds[i], bounds[i + 1]))
             t0, t1 = self.corpus.offsets[bounds[i]], self.corpus.offsets[bounds[i + 1]]
-            state = GibbsState(docs, self.K, self.alpha, self.beta, self.z0[t0:t1], n_wk=n_wk.copy(),
-                               n_k=n_k.copy(), kernel=self.kernel)
+            # NOTE: the worker's copy of n_wk starts as zeros: every read loads the rows of the shard's words
+            # before a sweep uses them (step, local_steps), and alone a worker samples on the table itself. Untouched,
+            # the zeros take no memory (at K = 10,000 on the KJV a full copy per worker was 209 MB).
+            state = GibbsState(docs, self.K, self.alpha, self.beta, self.z0[t0:t1],
+                               n_wk=np.zeros((self.V, self.K), np.int32), n_k=n_k.copy(), kernel=self.kernel)
             words = np.unique(docs.words).astype(np.int64)
-            topics = np.arange(self.K)
-            keys = np.concatenate([(words[:, None] * self.K + topics).ravel(), self.V * self.K + topics])
             local = np.searchsorted(words, docs.words).astype(np.int64)
-            out.append(LDAShard(state, i, words, keys, self.seed, local=local, n_workers=n_workers,
+            out.append(LDAShard(state, i, words, None, self.seed, local=local, n_workers=n_workers,
                                 blocks=_blocks(state.word_ptr, self.sync_every)))
         return out
 
@@ -160,6 +159,10 @@ class LDAProblem:
 
     def keys(self, batch: LDAShard) -> np.ndarray:
         """The K counts of each word the shard holds, then the K totals (sorted)."""
+        if batch.keys is None:  # built on first use: in place on shm no keys are read (at K = 10,000: 418 MB)
+            K, V = batch.state.n_topics, batch.state.corpus.n_words  # the shard's own (a miniature's, in a warm-up)
+            topics = np.arange(K)
+            batch.keys = np.concatenate([(batch.words[:, None] * K + topics).ravel(), V * K + topics])
         return batch.keys
 
     def work(self, batch: LDAShard) -> int:
@@ -256,7 +259,7 @@ class LDAProblem:
 
     def log_likelihood(self, params: np.ndarray, z: np.ndarray) -> float:
         """The full log p(w, z): the table's word part plus the doc part of the assignments ``z``."""
-        n_dk, _, _ = count_tables(self.corpus, z, self.K)
+        n_dk = doc_topic_counts(self.corpus, z, self.K)
         n_wk, n_k = self.split(params)
         return log_likelihood(n_dk, n_wk.astype(np.int64), n_k.astype(np.int64), self.alpha, self.beta)
 
@@ -283,6 +286,15 @@ def _blocks(word_ptr: np.ndarray, tokens: int) -> np.ndarray:
     targets = np.arange(tokens, word_ptr[-1], tokens)
     cuts = np.searchsorted(word_ptr, targets, side="left")
     return np.unique(np.concatenate([[0], cuts, [V]])).astype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _count_words(words, z, K, out):  # pragma: no cover - compiled
+    """out[w * K + k] += tokens of word w in topic k, out[V * K + k] += tokens in topic k (out: the flat table)."""
+    V = out.shape[0] // K - 1
+    for i in range(words.shape[0]):
+        out[words[i] * K + z[i]] += 1
+        out[V * K + z[i]] += 1
 
 
 @intrinsic
