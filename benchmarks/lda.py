@@ -43,7 +43,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
 import simlib  # noqa: E402
-from simlib.problems.lda_table import SYNC_EVERY, LDAProblem  # noqa: E402
+from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelihood, text_corpus  # noqa: E402
 from simlib.problems.lda_gibbs import KERNELS, GibbsState  # noqa: E402
 
@@ -100,7 +100,7 @@ def run_simlib(c: LDACorpus, K: int, sweeps: int, kernel: str = "sparse") -> tup
 
 
 def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int, kernel: str = "sparse",
-                        sync_every: int = SYNC_EVERY) -> tuple[float, float, float]:
+                        sync_every: int | None = None) -> tuple[float, float, float]:
     """(tokens/s, log-likelihood, CPU seconds per token) of AD-LDA with BSP on ``workers`` processes (shared memory)."""
     problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel, sync_every=sync_every)
     res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0)
@@ -109,7 +109,7 @@ def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int, kernel:
 
 
 def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps: int, workers: list[int], repeat: int,
-                    sync_every: int = SYNC_EVERY, bare: bool = False) -> None:
+                    sync_every: int | None = None, bare: bool = False) -> None:
     """One table: each kernel through simlib.run at each K and number of processes, tomotopy beside.
 
     M tokens/s (wall, best of the interleaved repetitions), CPU ns per token (the workers' CPU, summed),
@@ -164,9 +164,9 @@ def main() -> None:
     ap.add_argument("--topics", default="100,1000", help="with --kernels: the numbers of topics K, e.g. 100,1000")
     ap.add_argument("--workers", default="1",
                     help="with --kernels: AD-LDA processes, e.g. 1,2 (default 1); tomotopy runs with as many threads")
-    ap.add_argument("--sync-every", type=int, default=SYNC_EVERY,
-                    help=f"with --kernels and several processes: tokens between two syncs with the table "
-                         f"(default {SYNC_EVERY}; a number above the corpus's tokens syncs once per sweep)")
+    ap.add_argument("--sync-every", type=int, default=None,
+                    help="with --kernels and several processes: tokens between two syncs with the table (default "
+                         "LDAProblem's: max(1024, 2^20 / K); a number above the corpus's tokens syncs once per sweep)")
     ap.add_argument("--bare", action="store_true",
                     help="with --kernels: also each kernel's serial loop outside simlib.run (workers shown as 0)")
     ap.add_argument("--corpus", default=None,
@@ -180,7 +180,7 @@ def main() -> None:
         topics = [int(k) for k in args.topics.split(",") if k.strip().isdigit()]
         workers = [int(w) for w in args.workers.split(",") if w.strip().isdigit()]
         if (any(k not in KERNELS for k in kernels) or not topics or min(topics) < 1 or not workers or min(workers) < 1
-                or args.sync_every < 1):
+                or (args.sync_every is not None and args.sync_every < 1)):
             ap.error(f"--kernels must name kernels of {KERNELS}; --topics, --workers and --sync-every positive integers")
     max_docs = 400 if args.quick else None
     c = text_corpus(args.corpus, max_docs=max_docs) if args.corpus else kjv_corpus(max_docs=max_docs)
