@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import math
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping, TypeVar
+
+T = TypeVar("T")
 
 
 def positive(name: str, value: Any) -> None:
@@ -24,6 +27,16 @@ def nearest(name: str, known: Iterable[str]) -> str:
     """"did you mean 'x'?" for the known name closest to a misspelt ``name``, or ''."""
     near = difflib.get_close_matches(name, list(known), n=1)
     return f"did you mean {near[0]!r}?" if near else ""
+
+
+def options(cls: type[T], given: Mapping[str, Any], where: str) -> T:
+    """``cls(**given)`` for a dataclass of keyword options, refusing a name that is not one of its fields."""
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    for key in given:
+        if key not in known:
+            hint = (nearest(key, known) + " ").lstrip()
+            raise ValueError(f"{key}: not an option of {where}; {hint}its options: {', '.join(known)}")
+    return cls(**given)
 
 
 def positive_int(name: str, value: Any, most: int | None = None) -> None:

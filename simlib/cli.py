@@ -90,10 +90,11 @@ def _refusal(exc: ValueError, default_flag: str) -> str:
 # -- checks made before any work ------------------------------------------------------------------
 
 
-def check_sizes(n_workers: int, steps: int, batch_size: int, rows: int, n_params: int, nnz: int, runs: int = 1,
-                processes: int = 0, budget: float | None = None) -> None:
+def check_sizes(size: ProblemSize, n_workers: int, steps: int, batch_size: int, runs: int = 1, processes: int = 0,
+                budget: float | None = None) -> None:
     """Raise CliError naming the flag if the run cannot hold its data, batches and traces in half the free memory."""
     budget = available_memory() / 2 if budget is None else budget
+    rows, nnz = size.rows, size.nnz
     if n_workers > rows:
         raise CliError(f"--workers: {n_workers} workers need at least one row each; the problem has {rows} rows")
     shard = rows // n_workers
@@ -255,7 +256,7 @@ def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
                        f"use at most {COMPARE_FEATURES}")
     # A fixed cost-only step reads no data: the rows need not cover the workers (a trace is all it keeps).
     rows = max(COMPARE_ROWS, cfg.n_workers * cfg.batch_size) if cfg.step_keys is not None else COMPARE_ROWS
-    check_sizes(cfg.n_workers, cfg.steps, cfg.batch_size, rows, COMPARE_FEATURES, COMPARE_NNZ, runs=len(configs))
+    check_sizes(ProblemSize(rows=rows), cfg.n_workers, cfg.steps, cfg.batch_size, runs=len(configs))
     if not args.no_plot:
         check_output(args.out)
     return configs
@@ -427,8 +428,8 @@ def validate_run(args: argparse.Namespace) -> tuple[ProblemSize, dict[str, Any]]
     except ValueError as exc:
         raise CliError(_refusal(exc, "--protocol")) from None
     processes = 0 if args.substrate == "sim" else training["n_workers"] + 1
-    check_sizes(training["n_workers"], training["steps"], training["batch_size"], size.rows, size.features, size.nnz,
-                processes=processes, budget=budget - data)
+    check_sizes(size, training["n_workers"], training["steps"], training["batch_size"], processes=processes,
+                budget=budget - data)
     try:
         substrates.get(args.substrate)
     except Exception as exc:  # a substrate that cannot load is a one-line answer, whatever the cause

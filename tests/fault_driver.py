@@ -39,7 +39,7 @@ class InjectedFault(RuntimeError):
 
 # Where Python prints an exception as "Exception ignored" and drops it. (A child's after-fork
 # callbacks drop them too, but the kit signals only workers past their start-up: faultkit.started.)
-_DROPPING = {("weakref.py", None)}
+_DROPPING = {("weakref.py", None), ("_weakrefset.py", None)}  # WeakSet._remove: a weakref callback too
 
 
 def _in_dropping_context(frame: Any) -> bool:

@@ -18,7 +18,7 @@ def train_epoch(params: GloveParams, cooc: Cooccurrence, config: GloveConfig, ep
     """One AdaGrad pass over all entries in the order of ``epoch``; returns the pass's mean 0.5 f diff^2."""
     logx, fx = terms if terms is not None else entry_terms(cooc.values, config)
     order = epoch_order(cooc.nnz, config.seed, epoch)
-    total = adagrad_kernel(cooc.rows, cooc.cols, logx, fx, order, *params.arrays(),
+    total = adagrad_kernel((cooc.rows, cooc.cols, logx, fx), order, params.arrays(),
                            np.float32(config.lr), np.float32(config.grad_clip))
     return total / cooc.nnz
 

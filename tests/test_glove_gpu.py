@@ -15,8 +15,8 @@ def test_batch_of_one_equals_the_sequential_kernel(cooc):
     logx, fx = entry_terms(cooc.values, cfg)
     order = np.arange(200, dtype=np.int64)
     eta, clip = np.float32(cfg.lr), np.float32(cfg.grad_clip)
-    seq = adagrad_kernel(cooc.rows, cooc.cols, logx, fx, order, *a.arrays(), eta, clip)
-    bat = sum(adagrad_batch(b.arrays(), cooc.rows, cooc.cols, logx, fx, order[k:k + 1], eta, clip) for k in range(200))
+    seq = adagrad_kernel((cooc.rows, cooc.cols, logx, fx), order, a.arrays(), eta, clip)
+    bat = sum(adagrad_batch((cooc.rows, cooc.cols, logx, fx), order[k:k + 1], b.arrays(), eta, clip) for k in range(200))
     assert bat == pytest.approx(seq, rel=1e-4)
     for x, y in zip(a.arrays(), b.arrays()):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-6)
@@ -29,8 +29,8 @@ def test_repeated_words_in_a_batch_all_land(cooc):
     before = p.W[cooc.rows[0]].copy()
     logx, fx = entry_terms(cooc.values, cfg)
     once = GloveParams.init(cooc.n_words, cfg)
-    adagrad_batch(once.arrays(), cooc.rows, cooc.cols, logx, fx, np.array([0]), np.float32(0.05), np.float32(100))
-    adagrad_batch(p.arrays(), cooc.rows, cooc.cols, logx, fx, np.array([0, 0]), np.float32(0.05), np.float32(100))
+    adagrad_batch((cooc.rows, cooc.cols, logx, fx), np.array([0]), once.arrays(), np.float32(0.05), np.float32(100))
+    adagrad_batch((cooc.rows, cooc.cols, logx, fx), np.array([0, 0]), p.arrays(), np.float32(0.05), np.float32(100))
     np.testing.assert_allclose(p.W[cooc.rows[0]] - before, 2 * (once.W[cooc.rows[0]] - before), rtol=1e-5)
 
 

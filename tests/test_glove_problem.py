@@ -109,7 +109,7 @@ def test_kernel_first_step_is_eta_times_half_gradient():
     before = {k: getattr(p, k).copy() for k in ("W", "C", "bw", "bc")}
     rows, cols, x = np.array([0], np.int32), np.array([1], np.int32), np.array([3.0], np.float32)
     logx, fx = entry_terms(x, cfg)
-    adagrad_kernel(rows, cols, logx, fx, np.array([0]), *p.arrays(), np.float32(0.5), np.float32(100))
+    adagrad_kernel((rows, cols, logx, fx), np.array([0]), p.arrays(), np.float32(0.5), np.float32(100))
     gw, gc, gbw, gbc = entry_gradient(before["W"][0].astype(float), before["C"][1].astype(float),
                                       float(before["bw"][0]), float(before["bc"][1]), 3.0, cfg)
     np.testing.assert_allclose(before["W"][0] - p.W[0], 0.5 * gw / 2, rtol=1e-3)

@@ -27,7 +27,7 @@ def test_one_worker_equals_the_sequential_kernel(cooc):
     ref = GloveParams.init(cooc.n_words, cfg)
     logx, fx = entry_terms(cooc.values, cfg)
     order = epoch_order(cooc.nnz, cfg.seed, 0)[: batch * steps]
-    adagrad_kernel(cooc.rows, cooc.cols, logx, fx, order, *ref.arrays(), np.float32(cfg.lr), np.float32(cfg.grad_clip))
+    adagrad_kernel((cooc.rows, cooc.cols, logx, fx), order, ref.arrays(), np.float32(cfg.lr), np.float32(cfg.grad_clip))
     got = prob.unflatten(w)
     for name in GloveParams.ARRAYS:
         assert np.allclose(getattr(got, name), getattr(ref, name), rtol=1e-6, atol=1e-7), name

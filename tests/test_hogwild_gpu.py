@@ -12,7 +12,7 @@ import simlib
 from simlib.backend import gpu_available
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.protocol import StepRule
-from simlib.problems.logistic_device import array_steps, device_data, device_steps
+from simlib.problems.logistic_device import array_steps, device_steps
 
 L2_ON = ("touched", "all")
 
@@ -29,7 +29,7 @@ def test_the_array_steps_are_the_compiled_steps(data, l2_on: str, batch_size: in
     compiled, array = prob.init_params(), prob.init_params()
     shard = (37, 450)  # 20 steps of 64 rows wrap around the shard's end
     prob.local_steps(compiled, shard, 3, 20, batch_size, 0.3)
-    array_steps(device_data(prob, np), array, shard, 3, 20, batch_size, 0.3, prob.l2, l2_on == "all")
+    array_steps(prob, array, shard, 3, 20, batch_size, 0.3)
     assert np.abs(compiled).max() > 0.05
     np.testing.assert_allclose(array, compiled, rtol=1e-12, atol=1e-15)
 
@@ -43,7 +43,7 @@ def test_every_row_of_a_batch_reads_the_same_weights(data) -> None:
     touched = np.flatnonzero(np.abs(x).sum(axis=0))
     expected = w - 0.2 * (coef @ x) / 10
     expected[touched] -= 0.2 * 0.01 * w[touched]
-    array_steps(device_data(prob, np), w, (10, 20), 0, 1, 10, 0.2, 0.01, False)
+    array_steps(prob, w, (10, 20), 0, 1, 10, 0.2)  # l2=0.01 on the touched keys
     np.testing.assert_allclose(w, expected, rtol=1e-12)
 
 
@@ -161,7 +161,7 @@ def test_fused_kernels_match_the_array_steps(data, l2_on: str, batch_size: int) 
         prob.device_kernel = kernel
         w = xp.asarray(prob.init_params())
         if xp is np:
-            array_steps(device_data(prob, np), w, (0, 1_500), 0, 6, batch_size, 0.3, prob.l2, l2_on == "all")
+            array_steps(prob, w, (0, 1_500), 0, 6, batch_size, 0.3)
         else:
             prob.local_steps(w, (0, 1_500), 0, 6, batch_size, 0.3)
         out[(xp.__name__, kernel)] = cupy.asnumpy(w) if xp is cupy else w

@@ -5,7 +5,7 @@ import pytest
 import simlib
 from simlib.backend import gpu_available
 from simlib.problems.lda import conditional, count_tables, make_synthetic_corpus, topic_match, topic_word
-from simlib.problems.lda_device import resample_batch
+from simlib.problems.lda_device import DeviceShard, resample_batch
 from simlib.problems.lda_table import LDAProblem
 
 
@@ -52,7 +52,7 @@ def test_one_token_batches_draw_from_the_exact_conditional():
     words, docs = corpus.words.astype(np.int64), corpus.doc_of.astype(np.int64)
     for u in (np.arange(4000) + 0.5) / 4000:  # a quasi-random sweep of the unit interval
         zz, dk, wk, k = z.copy(), n_dk.copy(), n_wk.copy(), n_k.copy()
-        resample_batch(np, idx, words, docs, zz, dk, wk, k, a, b, np.array([u], np.float32))
+        resample_batch(DeviceShard(np, words, docs, zz, dk), idx, wk, k, a, b, np.array([u], np.float32))
         draws[zz[t]] += 1
     assert np.allclose(draws / draws.sum(), expected, atol=2e-3)
 

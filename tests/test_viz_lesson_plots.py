@@ -29,6 +29,8 @@ def test_plot_curves_rejects_mismatch_and_missing_title() -> None:
         plot_curves([1, 2], {"a": [1]}, "x", "y", "t")
     with pytest.raises(ValueError, match="title"):
         plot_curves([1], {"a": [1]}, "x", "y", "")
+    with pytest.raises(ValueError, match="logz: not an option of plot_curves; did you mean 'logy'"):
+        plot_curves([1], {"a": [1]}, "x", "y", "t", logz=True)
 
 
 def test_plot_curves_shades_a_spread_and_dashes_a_reference() -> None:

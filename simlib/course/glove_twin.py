@@ -15,6 +15,8 @@ from simlib.contract import Training
 from simlib.protocol import Protocol
 from simlib.substrates.sim import run
 
+SHARED_MEMORY = {"latency": 2e-6, "bandwidth": 4e9}  # a "message" between processes on one machine is a copy
+
 
 def predict_speedup(
     cooc: Cooccurrence,
@@ -23,16 +25,15 @@ def predict_speedup(
     workers: Sequence[int] = (1, 2),
     batch_size: int = 8192,
     epochs: float = 1.0,
-    latency: float = 2e-6,
-    bandwidth: float = 4e9,
     protocol: str = "async",
+    **cluster: Any,
 ) -> dict[int, dict[str, Any]]:
     """Predict updates/s for each worker count from one process's measured rate.
 
     Each entry costs ``1 / updates_per_second`` seconds of compute; every batch pulls and pushes
-    its rows at ``latency`` and ``bandwidth`` (defaults: shared memory on one machine, where a
-    "message" is a copy). Returns, per worker count, the simulated updates/s, the speed-up over
-    the first count, and the trace.
+    its rows over the simulated cluster ``cluster`` (SimConfig's fields; default ``latency=2e-6``,
+    ``bandwidth=4e9``: shared memory on one machine, where a "message" is a copy). Returns, per
+    worker count, the simulated updates/s, the speed-up over the first count, and the trace.
     """
     check.positive("updates_per_second", updates_per_second)
     check.positive("epochs", epochs)
@@ -43,8 +44,8 @@ def predict_speedup(
         steps = max(1, int(round(epochs * cooc.nnz / (n * batch_size))))
         training = Training(n_workers=n, steps=steps, batch_size=batch_size, lr=config.lr,
                             eval_every=max(1, steps // 10))
-        trace = run(problem, Protocol.parse(protocol), training, compute_per_unit=1.0 / updates_per_second,
-                    compute_overhead=0.0, latency=latency, bandwidth=bandwidth, value_bytes=4, key_bytes=4).trace
+        trace = run(problem, Protocol.parse(protocol), training, **{**SHARED_MEMORY, **cluster},
+                    compute_per_unit=1.0 / updates_per_second, compute_overhead=0.0, value_bytes=4, key_bytes=4).trace
         out[n] = {"updates_per_s": steps * n * batch_size / trace.makespan, "trace": trace}
     base = out[workers[0]]["updates_per_s"]
     for n in workers:

@@ -35,11 +35,15 @@ def shard_documents(offsets: np.ndarray, n_shards: int) -> list[tuple[int, int]]
     return [(int(bounds[k]), int(bounds[k + 1])) for k in range(n_shards)]
 
 
-def _count_shard(worker_id: int, n_workers: int, ids: SharedArray, offsets: SharedArray, n_words: int,
-                 window: int, buffer_entries: int, doc_lo: int, doc_hi: int) -> tuple[np.ndarray, np.ndarray]:
-    """Worker: count documents [doc_lo, doc_hi) and return the sorted run (keys, values)."""
+def _count_shard(worker_id: int, n_workers: int, ids: SharedArray, offsets: SharedArray, counting: tuple[int, int, int],
+                 doc_lo: int, doc_hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Worker: count documents [doc_lo, doc_hi) and return the sorted run (keys, values).
+
+    ``counting`` is (n_words, window, buffer_entries), the same for every worker.
+    """
     ctx = current()
     assert ctx is not None
+    n_words, window, buffer_entries = counting
     with ctx.timed("compute", step=0):
         run = count_runs(ids.array, offsets.array, n_words, window, doc_lo, doc_hi, buffer_entries)
     ctx.update(step=0)
@@ -60,7 +64,7 @@ def count_parallel(
     count_runs(np.zeros(4, ids.dtype), np.array([0, 4], offsets.dtype), n_words, window, 0, 1, 64)
     with WorkerGroup(n_workers, start_method, label="glove-count") as group:
         shared_ids, shared_offsets = group.copy_of(ids), group.copy_of(offsets)
-        runs = group.run(_count_shard, shared_ids, shared_offsets, n_words, window, buffer_entries,
+        runs = group.run(_count_shard, shared_ids, shared_offsets, (n_words, window, buffer_entries),
                          worker_args=shards)
         t = group.now()
         # Reduce pairwise (a tree), so each merge is linear and the largest one is the last.

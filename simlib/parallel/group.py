@@ -28,7 +28,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -71,17 +71,19 @@ def _set_parent_death_signal() -> None:
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
-def _bootstrap(
-    fn: Callable[..., Any],
-    worker_id: int,
-    n_workers: int,
-    t0: float,
-    parent_pid: int,
-    conn: Connection,
-    log_queue: Any,
-    verbose: bool,
-    args: tuple[Any, ...],
-) -> None:
+class _Launch(NamedTuple):
+    """What every worker of one :meth:`WorkerGroup.run` is started with."""
+
+    fn: Callable[..., Any]
+    n_workers: int
+    t0: float  # the group's clock origin (perf_counter)
+    parent_pid: int
+    log_queue: Any
+    verbose: bool
+    args: tuple[Any, ...]  # the arguments every worker gets, before its own
+
+
+def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tuple[Any, ...]) -> None:
     """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # _exit_on_sigterm's last resort
@@ -91,18 +93,19 @@ def _bootstrap(
         raise SystemExit(128 + signal.SIGTERM)
     _signals.forked()
     _set_parent_death_signal()
-    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
+    if os.getppid() != launch.parent_pid:  # the parent died before the death signal was armed
         os._exit(1)
-    _log.worker_setup(log_queue, verbose)
-    ctx = _worker.WorkerContext(worker_id, n_workers, t0)
+    _log.worker_setup(launch.log_queue, launch.verbose)
+    ctx = _worker.WorkerContext(worker_id, launch.n_workers, launch.t0)
     _worker._install(ctx)
     try:
-        message: tuple[Any, ...] = ("ok", fn(worker_id, n_workers, *args), ctx.records())
+        message: tuple[Any, ...] = ("ok", launch.fn(worker_id, launch.n_workers, *launch.args, *own_args),
+                                    ctx.records())
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
         # Divergence is the run's result, not a crash: the parent raises the same Diverged.
         message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(),
                    exc if isinstance(exc, Diverged) else None)
-    _log.worker_flush(log_queue)
+    _log.worker_flush(launch.log_queue)
     try:
         conn.send(message)
     except Exception as exc:  # the result could not be pickled
@@ -199,16 +202,13 @@ class WorkerGroup:
             self.t0 = time.perf_counter()
         trap = _Trap()
         readers: list[Connection] = []
+        launch = _Launch(fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose, args)
         try:
             for i in range(self.n_workers):
                 extra = tuple(worker_args[i]) if worker_args is not None else ()
                 reader, writer = self.ctx.Pipe(duplex=False)
-                proc = self.ctx.Process(
-                    target=_bootstrap,
-                    args=(fn, i, self.n_workers, self.t0, os.getpid(), writer, handler.queue, self.verbose, args + extra),
-                    name=f"worker-{i}",
-                    daemon=True,
-                )
+                proc = self.ctx.Process(target=_bootstrap, args=(launch, i, writer, extra), name=f"worker-{i}",
+                                        daemon=True)
                 _start_deferring_signals(proc, self._procs)
                 writer.close()  # only the child writes; closing ours lets a dead child read as EOF
                 readers.append(reader)

@@ -26,7 +26,7 @@ Example::
     >>> config = GloveConfig(dim=50)
     >>> params = GloveParams.init(len(vocab), config)
     >>> logx, fx = entry_terms(cooc.values, config)
-    >>> total = adagrad_kernel(cooc.rows, cooc.cols, logx, fx, epoch_order(cooc.nnz, config.seed, 0), *params.arrays(),
+    >>> total = adagrad_kernel((cooc.rows, cooc.cols, logx, fx), epoch_order(cooc.nnz, config.seed, 0), params.arrays(),
     ...                        np.float32(config.lr), np.float32(config.grad_clip))    # one pass, in place
 
 Training runs through :func:`simlib.run` on :class:`simlib.problems.glove_table.GloveProblem` (every
@@ -112,23 +112,25 @@ def _mix(key: int) -> int:
 
 
 @njit(nogil=True, cache=True)
-def count_pairs_kernel(ids, offsets, doc, pos, end_doc, window, n_words, keys, vals, limit, used):
-    """Add 1/(q - p) to the slot of the unordered pair (min, max) for every window pair, from (doc, pos).
+def count_pairs_kernel(corpus, table, at, end_doc, limit):
+    """Add 1/(q - p) to the slot of the unordered pair (min, max) for every window pair, from ``at``.
 
+    ``corpus`` is (ids, offsets, n_words, window), ``table`` is (keys, vals): an open-addressing hash
+    table (size a power of two, -1 = empty) keyed by i * n_words + j, i <= j; ``at`` is (doc, pos, used).
     Stops early, before the token at which ``used`` would pass ``limit``, and returns
-    (doc, pos, used) to resume from; returns (end_doc, 0, used) when done. ``keys`` is an
-    open-addressing hash table (size a power of two, -1 = empty) keyed by i * n_words + j, i <= j.
+    (doc, pos, used) to resume from; returns (end_doc, 0, used) when done.
     NOTE: replaces a Python dict keyed by (i, j) (~0.3 M tokens/s at L = 10) with a flat table
     in compiled code, which keeps the memory for a full table bounded by ``limit``.
     """
+    ids, offsets, n_words, window = corpus
+    keys, vals = table
+    doc, pos, used = at
     mask = keys.shape[0] - 1
     d = doc
     while d < end_doc:
         lo = offsets[d]
         hi = offsets[d + 1]
-        p = pos if d == doc else lo
-        if p < lo:
-            p = lo
+        p = max(pos, lo) if d == doc else lo
         while p < hi:
             if used >= limit:
                 return d, p, used
@@ -249,7 +251,7 @@ def count_runs(ids: np.ndarray, offsets: np.ndarray, n_words: int, window: int, 
     merged = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
     doc, pos, used = doc_lo, 0, 0
     while True:
-        doc, pos, used = count_pairs_kernel(ids, offsets, doc, pos, doc_hi, window, n_words, keys, vals, limit, 0)
+        doc, pos, used = count_pairs_kernel((ids, offsets, n_words, window), (keys, vals), (doc, pos, 0), doc_hi, limit)
         out_k = np.empty(used, dtype=np.int64)
         out_v = np.empty(used, dtype=np.float64)
         drain_kernel(keys, vals, out_k, out_v)
@@ -385,8 +387,11 @@ def entry_residual(W, C, bw, bc, logx_e, i, j) -> float:  # pragma: no cover - c
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def adagrad_kernel(rows, cols, logx, fx, order, W, C, bw, bc, gW, gC, gbw, gbc, eta, clip) -> float:
+def adagrad_kernel(entries, order, params, eta, clip) -> float:
     """Apply the AdaGrad update for entries ``order[0], order[1], ...`` in place; return sum of 0.5 f diff^2.
+
+    ``entries`` is (rows, cols, logx, fx) of every co-occurrence entry (:func:`entry_terms`), ``params`` the eight
+    arrays of :meth:`GloveParams.arrays` (W, C, bw, bc, gW, gC, gbw, gbc), ``eta`` and ``clip`` float32.
 
     NOTE: one fused compiled loop replaces the per-entry NumPy version (gather two rows, dot,
     two clipped AdaGrad row updates), which spends most of its time in call overhead.
@@ -395,6 +400,8 @@ def adagrad_kernel(rows, cols, logx, fx, order, W, C, bw, bc, gW, gC, gbw, gbc, 
     :mod:`simlib.problems.glove_table`): every value is rounded to float32 before it is used and after it is
     updated, so the arithmetic is the C program's float32 on either (the casts are no-ops on float32).
     """
+    rows, cols, logx, fx = entries
+    W, C, bw, bc, gW, gC, gbw, gbc = params
     dim = W.shape[1]
     cost = 0.0
     uw = np.empty(dim, dtype=np.float32)

@@ -35,13 +35,13 @@ import numpy as np
 from simlib.backend import QUEUE_SOURCE, RowQueue, array_module, cuda_kernels, device_copies, scatter_add, use_fused
 
 
-def adagrad_batch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, batch: Any,
-                  eta: float, clip: float) -> Any:
-    """One batched AdaGrad step over entries ``batch`` (all read before any write).
+def adagrad_batch(entries: tuple[Any, ...], batch: Any, arrays: tuple[Any, ...], eta: float, clip: float) -> Any:
+    """One batched AdaGrad step over entries ``batch`` (all read before any write); arguments as :func:`adagrad_kernel`'s.
 
     Returns sum 0.5 f diff^2 as a 0-d array on the parameters' device: reading it back to the
     host every batch would stall the GPU's queue, so the caller adds these up and converts once.
     """
+    rows, cols, logx, fx = entries
     W, C, bw, bc, gW, gC, gbw, gbc = arrays
     xp = array_module(W)
     i, j = rows[batch], cols[batch]
@@ -57,14 +57,9 @@ def adagrad_batch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: 
     ub = fdiff  # the C update gives the biases no learning rate
     step_bw = ub / xp.sqrt(gbw[i])
     step_bc = ub / xp.sqrt(gbc[j])
-    scatter_add(W, i, -uw)
-    scatter_add(C, j, -uc)
-    scatter_add(gW, i, tw * tw)
-    scatter_add(gC, j, tc * tc)
-    scatter_add(bw, i, -step_bw)
-    scatter_add(bc, j, -step_bc)
-    scatter_add(gbw, i, ub * ub)
-    scatter_add(gbc, j, ub * ub)
+    for target, at, change in ((W, i, -uw), (C, j, -uc), (gW, i, tw * tw), (gC, j, tc * tc), (bw, i, -step_bw),
+                               (bc, j, -step_bc), (gbw, i, ub * ub), (gbc, j, ub * ub)):
+        scatter_add(target, at, change)
     return cost
 
 
@@ -195,21 +190,21 @@ def device_pass(problem: Any, w: Any, entries: Any, offset: int, batch_size: int
     queue's counts (:meth:`~simlib.backend.InFlight.of`), nothing waited for.
     """
     xp = array_module(w)
-    rows, cols, logx, fx = device_copies(problem, xp, lambda m: tuple(m.asarray(a) for a in (
+    terms = device_copies(problem, xp, lambda m: tuple(m.asarray(a) for a in (
         problem.cooc.rows.astype(np.int32), problem.cooc.cols.astype(np.int32), problem.logx, problem.fx)))
-    views = tuple(problem._views(w))
+    views = problem._views(w)
     ids = xp.asarray(entries).astype(np.int64, copy=False)  # host ids, or a device order's slice
     if problem.device_kernel == "hogwild":  # pragma: no cover - needs a GPU
-        return hogwild_entries(views, rows, cols, logx, fx, ids, batch_size, eta, clip)
+        return hogwild_entries(terms, ids, views, batch_size, eta, clip)
     cuts = list(range(-(offset % batch_size) + batch_size if offset % batch_size else batch_size, len(entries),
                       batch_size))
     parts = [ids[a:b] for a, b in zip([0] + cuts, cuts + [len(entries)]) if b > a]
     if use_fused(problem.device_kernel, xp):  # pragma: no cover - needs a GPU
-        return _fused(views, rows, cols, logx, fx, parts, batch_size, eta, clip), None
-    return float(sum(adagrad_batch(views, rows, cols, logx, fx, part, eta, clip) for part in parts)), None
+        return _fused(terms, parts, views, batch_size, eta, clip), None
+    return float(sum(adagrad_batch(terms, part, views, eta, clip) for part in parts)), None
 
 
-def hogwild_entries(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, ids: Any, in_flight: int,
+def hogwild_entries(entries: tuple[Any, ...], ids: Any, arrays: tuple[Any, ...], in_flight: int,
                     eta: np.float32, clip: np.float32) -> tuple[Any, Any]:  # pragma: no cover - needs a GPU
     """Entries ``ids`` in order, one warp each, ``in_flight`` at once, in one launch.
 
@@ -217,13 +212,12 @@ def hogwild_entries(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx
     counts with :meth:`~simlib.backend.InFlight.of`. With ``in_flight=1`` this is the CPU kernel's
     sequence of updates (float32, the dot product summed in another order).
     """
-    xp = array_module(rows)
+    xp = array_module(ids)
     (kernel,) = cuda_kernels(_HOGWILD_SOURCE, ("glove_hogwild",))
     cost = xp.zeros(1, dtype=np.float64)
-    W = arrays[0]
-    counts = RowQueue(xp).launch(kernel, in_flight, int(ids.shape[0]), (rows, cols, logx, fx, ids,
-                                                                        np.int64(ids.shape[0]), np.int32(W.shape[1]),
-                                                                        *arrays, eta, clip, cost))
+    counts = RowQueue(xp).launch(kernel, in_flight, int(ids.shape[0]), (*entries, ids, np.int64(ids.shape[0]),
+                                                                        np.int32(arrays[0].shape[1]), *arrays, eta,
+                                                                        clip, cost))
     return cost[0], counts
 
 
@@ -254,11 +248,12 @@ def _order_keys(xp: Any) -> Any:  # pragma: no cover - needs a GPU
         key = z ^ (z >> 31);""", "simlib_order_keys")
 
 
-def _fused(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, parts: list[Any], batch: int,
+def _fused(entries: tuple[Any, ...], parts: list[Any], arrays: tuple[Any, ...], batch: int,
            eta: np.float32, clip: np.float32) -> float:  # pragma: no cover - needs a GPU
     """The steps ``parts`` as fused kernel triples; returns sum 0.5 f diff^2 (read back once)."""
-    xp = array_module(rows)
+    rows, cols, logx, fx = entries
     W, C, bw, bc, gW, gC, gbw, gbc = arrays
+    xp = array_module(W)
     errors, steps, apply = cuda_kernels(_FUSED_SOURCE, ("glove_errors", "glove_steps", "glove_apply"))
     dim = np.int32(W.shape[1])
     fdiff, sbw, sbc = (xp.empty(batch, dtype=np.float32) for _ in range(3))

@@ -169,10 +169,10 @@ class GloveSlices:
         Worker 0 keeps each pass's cost (the sum of 0.5 f diff^2 before each update) for :meth:`local_result`;
         a call from step 0 starts the record afresh.
         """
-        p, n, lo, hi = shard
-        W, C, bw, bc, gW, gC, gbw, gbc = self.glove._views(w)
+        p, n = shard.worker, shard.n_workers
+        params = self.glove._views(w)
         parts = self.partials(w, n)
-        rows, cols, logx, fx = self.cooc.rows, self.cooc.cols, self.glove.logx, self.glove.fx
+        terms = (self.cooc.rows, self.cooc.cols, self.glove.logx, self.glove.fx)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
         passes = self._passes.setdefault(shard, {})
         if first == 0:
@@ -181,10 +181,9 @@ class GloveSlices:
             epoch, start, stop, phase = self._position(c, batch_size)
             entries = self.glove._order(epoch)[start:stop]
             if phase == 0:
-                partial_dots_kernel(rows, cols, entries, W, C, lo, hi, bw, bc, p == 0, parts[p])
+                partial_dots_kernel(terms, entries, params, shard, parts[p])
                 continue
-            cost = slice_update_kernel(rows, cols, logx, fx, entries, parts, W, C, gW, gC, lo, hi, bw, bc, gbw, gbc,
-                                       p == 0, eta, clip)
+            cost = slice_update_kernel(terms, entries, params, shard, parts, eta, clip)
             if p == 0:
                 record = passes.setdefault(epoch, [0.0, 0])
                 record[0] += cost
@@ -214,24 +213,30 @@ class GloveSlices:
 
 
 # NOTE: the split's two kernels, one per phase. Every worker sums the partials itself (the same sum, in the
-# same order, on every worker), so the update of a slice needs nothing but its own dimensions.
+# same order, on every worker), so the update of a slice needs nothing but its own dimensions. Both take the
+# entries' (rows, cols, logx, fx), the batch's entry ids ``order``, GloveProblem's eight arrays (W, C, bw, bc,
+# gW, gC, gbw, gbc) and the worker's DimSlice.
 @njit(nogil=True, cache=True, fastmath=True)
-def partial_dots_kernel(rows, cols, order, W, C, lo, hi, bw, bc, with_bias, out) -> None:  # pragma: no cover
-    """out[t] = W[i, lo:hi] . C[j, lo:hi] (+ b_i + b'_j if ``with_bias``) for entry order[t] = (i, j)."""
+def partial_dots_kernel(entries, order, params, shard, out) -> None:  # pragma: no cover
+    """out[t] = W[i, lo:hi] . C[j, lo:hi] (+ b_i + b'_j on worker 0) for entry order[t] = (i, j)."""
+    rows, cols, _, _ = entries
+    W, C, bw, bc, _, _, _, _ = params
     for t in range(order.shape[0]):
         e = order[t]
         i = rows[e]
         j = cols[e]
-        s = bw[i] + bc[j] if with_bias else np.float32(0.0)
-        for k in range(lo, hi):
+        s = bw[i] + bc[j] if shard.worker == 0 else np.float32(0.0)
+        for k in range(shard.lo, shard.hi):
             s += W[i, k] * C[j, k]
         out[t] = s
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def slice_update_kernel(rows, cols, logx, fx, order, partials, W, C, gW, gC, lo, hi,
-                        bw, bc, gbw, gbc, with_bias, eta, clip) -> float:  # pragma: no cover
+def slice_update_kernel(entries, order, params, shard, partials, eta, clip) -> float:  # pragma: no cover
     """diff = sum of the partial dots - log X; AdaGrad on dimensions [lo, hi) (and the biases); returns the cost."""
+    rows, cols, logx, fx = entries
+    W, C, bw, bc, gW, gC, gbw, gbc = params
+    lo, hi, with_bias = shard.lo, shard.hi, shard.worker == 0
     cost = 0.0
     for t in range(order.shape[0]):
         e = order[t]

@@ -142,14 +142,14 @@ class GloveProblem:
         cols = np.searchsorted(uj, self.cooc.cols[batch]).astype(np.int32)
         new = np.array(values, dtype=np.float64)
         local = [new[cuts[k] : cuts[k + 1]].reshape(shape) for k, shape in enumerate(shapes)]
-        adagrad_kernel(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), *local,
-                         np.float32(lr), np.float32(self.config.grad_clip))
+        adagrad_kernel((rows, cols, self.logx[batch], self.fx[batch]), np.arange(len(batch), dtype=np.int64),
+                       tuple(local), np.float32(lr), np.float32(self.config.grad_clip))
         return keys, new - values
 
-    def _views(self, w: np.ndarray) -> list[np.ndarray]:
-        """W, C, bw, bc, gW, gC, gbw, gbc as views of the flat table."""
-        return [w[self.offsets[k] : self.offsets[k + 1]].reshape(shape)
-                for k, shape in enumerate(GloveParams.shapes(self.v, self.d).values())]
+    def _views(self, w: np.ndarray) -> tuple[np.ndarray, ...]:
+        """W, C, bw, bc, gW, gC, gbw, gbc as views of the flat table (the kernels' ``params``)."""
+        return tuple(w[self.offsets[k] : self.offsets[k + 1]].reshape(shape)
+                     for k, shape in enumerate(GloveParams.shapes(self.v, self.d).values()))
 
     def local_steps(self, w: np.ndarray, shard: tuple[int, int], first: int, count: int, batch_size: int,
                     lr: float) -> Any:
@@ -175,7 +175,7 @@ class GloveProblem:
             upto = min(n, pos + end - t)
             if isinstance(w, np.ndarray):
                 entries = self._order(p)[start + pos : start + upto]
-                cost = adagrad_kernel(self.cooc.rows, self.cooc.cols, self.logx, self.fx, entries, *views, eta, clip)
+                cost = adagrad_kernel((self.cooc.rows, self.cooc.cols, self.logx, self.fx), entries, views, eta, clip)
             else:  # a device table (the gpu substrate on CuPy): glove_device's steps, no wait between passes
                 from simlib.problems.glove_device import device_order, device_pass
 

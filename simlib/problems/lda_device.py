@@ -22,6 +22,7 @@ dozen kernels per batch; it is the NumPy path and the fused kernels' reference.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -30,11 +31,28 @@ import numpy as np
 from simlib.backend import array_module, cuda_kernels, segment_sum, use_fused
 
 
-def resample_batch(
-    xp: ModuleType, idx: Any, words: Any, docs: Any, z: Any, n_dk: Any, n_wk: Any, n_k: Any,
-    alpha: float, beta: float, u: Any,
-) -> None:
-    """Redraw the topics of tokens ``idx`` from one snapshot of the counts, then scatter-add the changes."""
+@dataclass
+class DeviceShard:
+    """A worker's tokens, their topics ``z`` and its doc-topic counts on one array module (int64, int32 counts)."""
+
+    xp: ModuleType
+    words: Any
+    docs: Any
+    z: Any
+    n_dk: Any
+    newz: Any = None  # the fused kernels' scratch buffer of new topics
+
+    @classmethod
+    def of(cls, state: Any, xp: ModuleType) -> "DeviceShard":
+        """The device copy of a worker's Gibbs state."""
+        corpus = state.corpus
+        return cls(xp, xp.asarray(corpus.words.astype(np.int64)), xp.asarray(corpus.doc_of.astype(np.int64)),
+                   xp.asarray(state.z.astype(np.int64)), xp.asarray(state.n_dk.astype(np.int32)))
+
+
+def resample_batch(shard: DeviceShard, idx: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, u: Any) -> None:
+    """Redraw the topics of the shard's tokens ``idx`` from one snapshot of the counts, then scatter-add the changes."""
+    xp, words, docs, z, n_dk = shard.xp, shard.words, shard.docs, shard.z, shard.n_dk
     D, K = n_dk.shape
     V = n_wk.shape[0]
     w, d, old = words[idx], docs[idx], z[idx]
@@ -108,11 +126,10 @@ extern "C" __global__ void lda_move(
 """
 
 
-def resample_fused(
-    idx: Any, words: Any, docs: Any, z: Any, n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, u: Any,
-    newz: Any,
-) -> None:  # pragma: no cover - needs a GPU
-    """:func:`resample_batch` as two CUDA kernels (int32 counts, int64 indices; ``newz`` a scratch buffer)."""
+def resample_fused(shard: DeviceShard, idx: Any, n_wk: Any, n_k: Any, alpha: float, beta: float,
+                   u: Any) -> None:  # pragma: no cover - needs a GPU
+    """:func:`resample_batch` as two CUDA kernels (int32 counts, int64 indices; ``shard.newz`` a scratch buffer)."""
+    words, docs, z, n_dk, newz = shard.words, shard.docs, shard.z, shard.n_dk, shard.newz
     draw, move = cuda_kernels(_FUSED_SOURCE, ("lda_draw", "lda_move"))
     K = np.int32(n_dk.shape[1])
     n = np.int64(idx.shape[0])
@@ -120,19 +137,6 @@ def resample_fused(
     draw(blocks, (256,), (idx, n, words, docs, z, n_dk, n_wk, n_k, K, np.float32(alpha), np.float32(beta),
                           np.float32(n_wk.shape[0] * beta), u, newz))
     move(blocks, (256,), (idx, n, words, docs, z, newz, n_dk, n_wk, n_k, K))
-
-
-class DeviceShard:
-    """A worker's tokens, assignments and doc-topic counts on one array module (made from its Gibbs state)."""
-
-    def __init__(self, state: Any, xp: ModuleType):
-        corpus = state.corpus
-        self.xp = xp
-        self.words = xp.asarray(corpus.words.astype(np.int64))
-        self.docs = xp.asarray(corpus.doc_of.astype(np.int64))
-        self.z = xp.asarray(state.z.astype(np.int64))
-        self.n_dk = xp.asarray(state.n_dk.astype(np.int32))
-        self.newz: Any = None
 
 
 def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, batch_size: int) -> None:
@@ -145,7 +149,7 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
     K, V = problem.K, problem.V
     n_wk, n_k = table[:-K].reshape(V, K), table[-K:]
     if shard.device is None or shard.device.xp is not xp:
-        shard.device = DeviceShard(shard.state, xp)
+        shard.device = DeviceShard.of(shard.state, xp)
     dev = shard.device
     fused = use_fused(problem.device_kernel, xp)
     n = int(dev.z.shape[0])
@@ -159,8 +163,6 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
         for lo in range(0, n, batch_size):
             sl = slice(lo, min(lo + batch_size, n))
             if fused:  # pragma: no cover - needs a GPU
-                resample_fused(order[sl], dev.words, dev.docs, dev.z, dev.n_dk, n_wk, n_k, problem.alpha,
-                               problem.beta, uniforms[sl], dev.newz)
+                resample_fused(dev, order[sl], n_wk, n_k, problem.alpha, problem.beta, uniforms[sl])
             else:
-                resample_batch(xp, order[sl], dev.words, dev.docs, dev.z, dev.n_dk, n_wk, n_k, problem.alpha,
-                               problem.beta, uniforms[sl])
+                resample_batch(dev, order[sl], n_wk, n_k, problem.alpha, problem.beta, uniforms[sl])

@@ -156,31 +156,30 @@ def device_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count
     round's workers on one snapshot, with no copy per worker.
     """
     xp = array_module(w)
-    dev = device_data(problem, xp)
-    scaled = problem.l2_on == "all"
     if problem.device_kernel == "hogwild":  # pragma: no cover - needs a GPU
-        return hogwild_rows(dev, w, shard, first * batch_size, count * batch_size, batch_size, lr / batch_size,
-                            problem.l2, scaled)
+        return hogwild_rows(problem, w, shard, first * batch_size, count * batch_size, batch_size, lr / batch_size)
     if use_fused(problem.device_kernel, xp):  # pragma: no cover - needs a GPU
+        dev = device_data(problem, xp)
         if dev.fused is None:
             dev.fused = FusedSteps(dev, w.shape[0])
-        dev.fused(w, shard, first, count, batch_size, lr, problem.l2, scaled, read)
+        dev.fused(problem, w, shard, first, count, batch_size, lr, read)
     elif read is not None:
         raise ValueError(f"read= needs the fused kernels (device_kernel 'auto' or 'fused' on CuPy), "
                          f"not {problem.device_kernel!r}")
     else:
-        array_steps(dev, w, shard, first, count, batch_size, lr, problem.l2, scaled)
+        array_steps(problem, w, shard, first, count, batch_size, lr)
     return None
 
 
-def hogwild_rows(dev: DeviceData, w: Any, shard: tuple[int, int], first_row: int, rows: int, in_flight: int,
-                 rate: float, l2: float, scaled: bool) -> InFlight:  # pragma: no cover - needs a GPU
+def hogwild_rows(problem: Any, w: Any, shard: tuple[int, int], first_row: int, rows: int, in_flight: int,
+                 rate: float) -> InFlight:  # pragma: no cover - needs a GPU
     """Rows first_row .. first_row+rows-1 of a shard, each an SGD step at ``rate``, ``in_flight`` warps at once.
 
     One launch for the whole chunk: warps take rows in order from a queue and add their steps with
     atomics as soon as they are computed, so a row misses at most about ``in_flight`` earlier ones
     (counted, and returned). With ``in_flight=1`` this is the compiled CPU loop at batch size 1.
     """
+    dev, l2, scaled = device_data(problem, array_module(w)), problem.l2, problem.l2_on == "all"
     if dev.queue is None:
         dev.queue = RowQueue(dev.xp)
     (kernel,) = cuda_kernels(_HOGWILD_SOURCE, ("sgd_hogwild",))
@@ -194,9 +193,10 @@ def hogwild_rows(dev: DeviceData, w: Any, shard: tuple[int, int], first_row: int
     return InFlight.of(counts)
 
 
-def array_steps(dev: DeviceData, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int,
-                lr: float, l2: float, scaled: bool) -> None:
-    """The steps in array code on ``dev.xp``: the NumPy-tested reference of :class:`FusedSteps`."""
+def array_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int,
+                lr: float) -> None:
+    """The steps in array code on ``w``'s array module: the NumPy-tested reference of :class:`FusedSteps`."""
+    dev, l2, scaled = device_data(problem, array_module(w)), problem.l2, problem.l2_on == "all"
     xp, ip = dev.xp, dev.host_indptr
     start, n_rows = shard[0], shard[1] - shard[0]
     keep = 1.0 - lr * l2
@@ -234,9 +234,9 @@ class FusedSteps:  # pragma: no cover - needs a GPU
         self.seen = dev.xp.zeros(n_params, dtype=np.uint64)
         self.tick = 0
 
-    def __call__(self, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int, lr: float,
-                 l2: float, scaled: bool, read: Any = None) -> None:
-        d = self.dev
+    def __call__(self, problem: Any, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int,
+                 lr: float, read: Any = None) -> None:
+        d, l2, scaled = self.dev, problem.l2, problem.l2_on == "all"
         if read is not None and count != 1:
             raise ValueError(f"a step read from another table is one step; got count={count}")
         src = w if read is None else read

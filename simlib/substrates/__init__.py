@@ -6,7 +6,8 @@ on the infrastructure of :mod:`simlib.parallel`), :mod:`~simlib.substrates.gpu` 
 CuPy or its NumPy twin) and :mod:`~simlib.substrates.ray` (actors). Each problem's math and
 compiled kernels live beside it under :mod:`simlib.problems`.
 
-A substrate is a module with a top-level ``run(problem, protocol, training, **options) -> Result``.
+A substrate is a module with a top-level ``run(problem, protocol, training, **options) -> Result``
+(its options as keyword parameters, or as the fields of the dataclass ``run.options``).
 The built-in ones are imported on first use, so ``import simlib`` stays light; :func:`register`
 adds another (a test's serial loop, or a new engine) without touching this file.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from simlib import _validate as check
@@ -144,7 +145,13 @@ def _with_protocol_options(proto: Protocol, options: dict[str, Any], runner: Run
 
 
 def _own_options(runner: Runner) -> list[inspect.Parameter] | None:
-    """The parameters ``runner`` takes after (problem, protocol, training); None for a callable without a signature."""
+    """The parameters ``runner`` takes after (problem, protocol, training); None for a callable without a signature.
+
+    A runner that takes ``**options`` and builds a dataclass of them says so as ``runner.options = TheDataclass``:
+    its fields are its options.
+    """
+    if is_dataclass(getattr(runner, "options", None)):
+        return [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY) for f in fields(runner.options)]
     try:
         return list(inspect.signature(runner).parameters.values())[3:]
     except (TypeError, ValueError):

@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -84,44 +85,52 @@ def warm_up(problem: Any) -> None:
     contract_warm_up(problem, lambda batch: pull_keys(problem, batch), lambda v: np.frombuffer(v.tobytes(), v.dtype))
 
 
-def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
-        timeout: float | None = 120.0, evaluate: bool = True, straggler: tuple[int, float] | None = None,
-        clock_batches: int = 1, managed_bandwidth: float | None = None) -> Result:
-    """The substrate entry point (``simlib.run(..., substrate="pipes")``).
+@dataclass(frozen=True)
+class PipesOptions:
+    """The substrate's own options, ``simlib.run(..., substrate="pipes", **options)``.
 
-    ``straggler=(i, s)``: worker i sleeps s seconds after computing each step, a slow machine.
-
-    ``clock_batches`` mini-batches make one clock (one pull, one push); ``managed_bandwidth`` (bytes/s per
-    worker) turns on Bosen's managed communication between them (the module's docstring).
-
-    ``evaluate=False`` records the metric only at the start and the end (for timing runs);
-    ``timeout`` bounds the whole run's wall time. Deadlines (``Protocol.timeout``) are simulated
-    only: a real server would need timers, so they are refused here.
+    Deadlines (``Protocol.timeout``) are simulated only: a real server would need timers, so they are
+    refused here; ``timeout`` is the hang guard.
     """
+
+    start_method: str | None = None
+    timeout: float | None = 120.0  # seconds for the whole run
+    evaluate: bool = True  # False: the metric at the start and the end only (for timing runs)
+    straggler: tuple[int, float] | None = None  # (i, s): worker i sleeps s seconds after each step, a slow machine
+    clock_batches: int = 1  # mini-batches per clock (one pull, one push)
+    managed_bandwidth: float | None = None  # bytes/s per worker: Bosen's managed communication (module docs)
+
+    def __post_init__(self) -> None:
+        check.positive_int("clock_batches", self.clock_batches, most=MAX_STEPS)
+        if self.managed_bandwidth is not None:
+            check.positive("managed_bandwidth", self.managed_bandwidth)
+
+
+def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
+    """The substrate entry point (``simlib.run(..., substrate="pipes")``); ``options``: :class:`PipesOptions`."""
+    opts = check.options(PipesOptions, options, "substrate 'pipes'")
     if protocol.timeout is not None:
         raise ValueError("timeout: per-step deadlines run in the simulator only (substrate='sim'); "
                          "use backup_workers on real substrates")
     n_workers = training.n_workers
-    check_straggler(straggler, n_workers)
-    check.positive_int("clock_batches", clock_batches, most=MAX_STEPS)
-    if managed_bandwidth is not None:
-        check.positive("managed_bandwidth", managed_bandwidth)
-    check_managed(clock_batches, managed_bandwidth, protocol.bound, training.rule.plain, protocol.backup_workers)
+    check_straggler(opts.straggler, n_workers)
+    check_managed(opts.clock_batches, opts.managed_bandwidth, protocol.bound, training.rule.plain,
+                  protocol.backup_workers)
     shards = problem.shards(n_workers)  # raises ValueError naming n_workers if too many
     warm_up(problem)
     started = time.perf_counter()
     roles = ["parameter server"] + [f"worker {i}" for i in range(n_workers)]
-    with WorkerGroup(n_workers + 1, start_method, label="pipe PS", roles=roles) as group:
+    with WorkerGroup(n_workers + 1, opts.start_method, label="pipe PS", roles=roles) as group:
         pairs = [group.channel_pair() for _ in range(n_workers)]
         server_ends = tuple(a for a, _ in pairs)
         worker_args = [(None, server_ends)] + [(b, None) for _, b in pairs]
-        out = group.run(_member, problem, shards, protocol, training, evaluate, straggler,
-                        (clock_batches, managed_bandwidth), worker_args=worker_args, timeout=timeout)
+        out = group.run(_member, (problem, shards, protocol, training, opts), worker_args=worker_args,
+                        timeout=opts.timeout)
         raw = group.trace
     wall = time.perf_counter() - started
     w, quality, updates, early = out[0]
     logs = None
-    if managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
+    if opts.managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
         logs = [log for _, log in out[1:]]
         out = [out[0], *(local for local, _ in out[1:])]
     trace = new_trace(problem, protocol, training, "pipes", "over pipes", substrate_detail="pipe parameter server",
@@ -133,10 +142,10 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         trace.update(*u)
     for t, step, value in quality:
         trace.record_quality(t, step, value)
-    if clock_batches > 1:
-        trace.meta["clock_batches"] = clock_batches
+    if opts.clock_batches > 1:
+        trace.meta["clock_batches"] = opts.clock_batches
     if logs is not None:
-        trace.meta["managed"] = {"budget": managed_bandwidth, **early,
+        trace.meta["managed"] = {"budget": opts.managed_bandwidth, **early,
                                  "log": [[t, n, i] for i, log in enumerate(logs) for t, n in log]}
     worker_seconds = max((s.end for s in trace.spans), default=0.0)
     measured = {"wall_seconds": wall, "worker_seconds": worker_seconds}
@@ -145,20 +154,23 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     return Result(trace, w, measured)
 
 
-def _member(member: int, n_members: int, problem: Any, shards: list, protocol: Protocol, training: Training,
-            evaluate: bool, straggler: tuple[int, float] | None, clocks: tuple[int, float | None],
+run.options = PipesOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
+
+
+def _member(member: int, n_members: int, job: tuple[Any, list, Protocol, Training, PipesOptions],
             mine: Channel | None, server_ends: tuple[Channel, ...] | None) -> Any:
-    """Group entry point: member 0 serves, the others are workers 0 .. N-1."""
+    """Group entry point: member 0 serves, the others are workers 0 .. N-1; ``job`` is the same for every member."""
+    problem, shards, protocol, training, opts = job
     if member == 0:
         assert server_ends is not None
-        return _serve(problem, list(server_ends), protocol, training, evaluate)
+        return _serve(problem, list(server_ends), protocol, training, opts.evaluate)
     assert mine is not None
-    k, budget = clocks
+    i, k, budget = member - 1, opts.clock_batches, opts.managed_bandwidth
     if k == 1:
-        _work(member - 1, problem, shards[member - 1], mine, training, straggler)
-        return local_result(problem, shards[member - 1])
-    log = _work_clocked(member - 1, problem, shards[member - 1], mine, training, k, budget, straggler)
-    result = local_result(problem, shards[member - 1])
+        _work(i, problem, shards[i], mine, training, opts.straggler)
+        return local_result(problem, shards[i])
+    log = _work_clocked(i, problem, shards[i], mine, training, k, budget, opts.straggler)
+    result = local_result(problem, shards[i])
     return result if budget is None else (result, log)
 
 

@@ -54,6 +54,7 @@ import signal
 import socket
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -113,14 +114,15 @@ class _Changed:
 class RayPSCoordinator:
     """Shard 0: a ParamServer over keys [0, b1) plus the run's clocks, version and records."""
 
-    def __init__(self, params: np.ndarray, n_workers: int, protocol: Protocol, rule: StepRule, problem: Any,
-                 others: list, evaluate_every: int, total_pushes: int, read_rule: Any = None):
+    def __init__(self, params: np.ndarray, problem: Any, protocol: Protocol, training: Training, others: list,
+                 evaluate: bool):
+        n = training.n_workers
         # Arrays arrive as read-only views of Ray's object store: the table needs its own copy.
-        self.server = ParamServer(np.array(params), n_workers, protocol, rule, read_rule=read_rule)
+        self.server = ParamServer(np.array(params), n, protocol, training.rule, read_rule=training.read_rule)
         self.timeout = protocol.timeout
         self.problem, self.others = problem, others
-        self.evaluate_every, self.total = evaluate_every, total_pushes
-        self.lag = [0] * n_workers
+        self.evaluate_every, self.total = training.eval_every * n if evaluate else 0, n * training.steps
+        self.lag = [0] * n
         self.decided = 0  # pushes decided (applied or dropped) so far; their sequence numbers
         self.updates: list[tuple] = []
         self.quality: list[tuple] = []
@@ -504,35 +506,41 @@ def _resources(placement: str) -> tuple[dict, dict]:
     return {"server": ACTOR_SHARE}, {"worker": ACTOR_SHARE}
 
 
-def _check_options(problem: Any, protocol: Protocol, training: Training, n_servers: int, placement: str,
-                   timeout: float | None, compression: str | None) -> None:
-    """ValueError naming the option that cannot run on this substrate."""
-    check.positive_int("n_servers", n_servers)
-    if n_servers > problem.n_params:
-        raise ValueError(f"n_servers must be <= the table's {problem.n_params} keys, got {n_servers}")
-    check.one_of("placement", placement, PLACEMENTS)
-    if timeout is not None:
-        check.positive("timeout", timeout)
-    if n_servers > 1 and training.rule.group_size(training.n_workers) != 1:
-        raise ValueError("accumulation: averaging pushes over several server shards is not supported; "
-                         "use n_servers=1")
-    if compression is not None:
-        make_compressor(compression, problem.n_params, np.random.default_rng(0))  # names a bad spec
-    protocol.check_workers(training.n_workers)
+@dataclass(frozen=True)
+class RayOptions:
+    """The substrate's own options, ``simlib.run(..., substrate="ray", **options)``."""
+
+    address: str | None = None  # a Ray cluster to join (None: a local Ray for this run)
+    n_servers: int = 1  # server shards (key ranges)
+    placement: str = "auto"  # 'auto' | 'resources' | 'any' (module docstring)
+    timeout: float | None = 120.0  # seconds for the whole run (TimeoutError)
+    evaluate: bool = True  # False: the metric at the start and the end only
+    compression: str | None = None  # a simlib.compress.make_compressor spec for pushes
+    num_cpus: int | None = None  # the local Ray's CPUs (default: the machine's)
+
+    def __post_init__(self) -> None:
+        check.positive_int("n_servers", self.n_servers)
+        check.one_of("placement", self.placement, PLACEMENTS)
+        if self.timeout is not None:
+            check.positive("timeout", self.timeout)
+
+    def check_run(self, problem: Any, protocol: Protocol, training: Training) -> None:
+        """ValueError naming the option that cannot run this problem under this protocol and training."""
+        if self.n_servers > problem.n_params:
+            raise ValueError(f"n_servers must be <= the table's {problem.n_params} keys, got {self.n_servers}")
+        if self.n_servers > 1 and training.rule.group_size(training.n_workers) != 1:
+            raise ValueError("accumulation: averaging pushes over several server shards is not supported; "
+                             "use n_servers=1")
+        if self.compression is not None:
+            make_compressor(self.compression, problem.n_params, np.random.default_rng(0))  # names a bad spec
+        protocol.check_workers(training.n_workers)
 
 
-def run(problem: Any, protocol: Protocol, training: Training, address: str | None = None, n_servers: int = 1,
-        placement: str = "auto", timeout: float | None = 120.0, evaluate: bool = True,
-        compression: str | None = None, num_cpus: int | None = None) -> Result:
-    """The substrate entry point (``simlib.run(..., substrate="ray")``).
-
-    ``address``: a Ray cluster to join (None: a local Ray for this run). ``n_servers``: server
-    shards (key ranges). ``placement``: 'auto' | 'resources' | 'any' (module docstring).
-    ``timeout``: seconds for the whole run (TimeoutError). ``evaluate=False``: the metric at the
-    start and the end only. ``compression``: a :func:`simlib.compress.make_compressor` spec for
-    pushes. ``num_cpus``: the local Ray's CPUs (default: the machine's).
-    """
-    _check_options(problem, protocol, training, n_servers, placement, timeout, compression)
+def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
+    """The substrate entry point (``simlib.run(..., substrate="ray")``); ``options``: :class:`RayOptions`."""
+    opts = check.options(RayOptions, options, "substrate 'ray'")
+    opts.check_run(problem, protocol, training)
+    address, n_servers, timeout, compression = opts.address, opts.n_servers, opts.timeout, opts.compression
     n = training.n_workers
     data_shards = problem.shards(n)  # raises ValueError naming n_workers if too many
     import ray
@@ -544,8 +552,8 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
     global _terminated
     _terminated = False
     try:
-        connect(address, num_cpus)
-        server_res, worker_res = _resources(placement)
+        connect(address, opts.num_cpus)
+        server_res, worker_res = _resources(opts.placement)
         bounds = key_bounds(problem.n_params, n_servers)
         table = np.asarray(problem.init_params(), dtype=np.float64)
         prob_ref = ray.put(problem)
@@ -553,9 +561,8 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
         shards = [shard_cls.remote(table[bounds[k]:bounds[k + 1]], int(bounds[k]), training.rule)
                   for k in range(1, n_servers)]
         actors += shards
-        every = training.eval_every * n if evaluate else 0
         coord = ray.remote(RayPSCoordinator).options(num_cpus=0, resources=server_res, max_restarts=0).remote(
-            table[:bounds[1]], n, protocol, training.rule, prob_ref, shards, every, n * training.steps, training.read_rule)
+            table[:bounds[1]], prob_ref, protocol, training, shards, opts.evaluate)
         actors.append(coord)
         worker_cls = ray.remote(RayPSWorker).options(num_cpus=0, resources=worker_res, max_restarts=0)
         workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, compression)
@@ -570,7 +577,7 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
         _call(ray, coord.start.remote(t0), who)
         runs = [w.run.remote(t0) for w in workers]
         spans = _await_workers(ray, runs, coord, shards, started, timeout, _local_actors(ray, pids))
-        params, updates, quality = _call(ray, coord.finish.remote(), "server shard 0 (the coordinator)")
+        finished = _call(ray, coord.finish.remote(), "server shard 0 (the coordinator)")
         wall = time.perf_counter() - started
     except BaseException:
         if _terminated:
@@ -580,10 +587,13 @@ def run(problem: Any, protocol: Protocol, training: Training, address: str | Non
         _kill(ray, actors)
         if started_here:
             _stop_local(before)
-    for _, step, value in quality:  # a diverged run fails as on every substrate, at its first non-finite point
+    for _, step, value in finished[2]:  # a diverged run fails as on every substrate, at its first non-finite point
         check_metric(value, step, problem, training.lr)
-    return _result(problem, protocol, training, n_servers, params, spans, updates, quality, wall,
-                   {"actors": pids, "setup_seconds": setup})
+    return _result(problem, protocol, training, n_servers, spans, finished,
+                   {"wall_seconds": wall, "actors": pids, "setup_seconds": setup})
+
+
+run.options = RayOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
 
 
 def _kill(ray: Any, actors: list) -> None:
@@ -713,10 +723,13 @@ def _cause(error: Any) -> str:
     return f"{type(cause).__name__}: {cause}".splitlines()[0]
 
 
-def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, params: np.ndarray,
-            spans: list[list[tuple]], updates: list, quality: list, wall: float, extra: dict) -> Result:
-    """The run's trace and Result, in the format every substrate returns."""
-    trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=n_servers, wall_seconds=wall,
+def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, spans: list[list[tuple]],
+            finished: tuple[np.ndarray, list, list], measured: dict) -> Result:
+    """The run's trace and Result, in the format every substrate returns; ``finished``: the coordinator's
+    (table, updates, quality points), ``measured``: wall_seconds and the rest the Result reports."""
+    params, updates, quality = finished
+    trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=n_servers,
+                      wall_seconds=measured["wall_seconds"],
                       substrate_detail="Ray actors: parameter-server shards and workers")
     for i, worker_spans in enumerate(spans):
         for kind, start, end, nbytes, step in worker_spans:
@@ -726,4 +739,4 @@ def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int
     for t, step, value in quality:
         trace.record_quality(t, step, value)
     worker_seconds = max((s.end for s in trace.spans), default=0.0)
-    return Result(trace, params, {"wall_seconds": wall, "worker_seconds": worker_seconds, **extra})
+    return Result(trace, params, {**measured, "worker_seconds": worker_seconds})

@@ -16,7 +16,7 @@ import base64
 import html
 import io
 import os
-from typing import TYPE_CHECKING
+from typing import Any
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -32,9 +32,6 @@ from simlib._validate import one_of, positive, positive_int
 from simlib.trace import Trace
 from simlib.viz.plots import MAX_ARROWS, default_target, finding, plot_loss, plot_timeline, timeline_artists
 from simlib.viz.style import KIND_COLORS, KIND_LABELS, OKABE_ITO, run_label, style
-
-if TYPE_CHECKING:
-    from matplotlib.animation import FuncAnimation
 
 # Artists of a timeline that appear as time passes; labels and axes stay.
 _REVEALED_GIDS = ("span:", "messages", "message-heads", "barriers")
@@ -289,23 +286,6 @@ def _wipe(ax: Axes) -> None:
     ax.set_autoscale_on(True)
 
 
-def animate(traces: Sequence[Trace], frames: int = 48, target: float | None = None, max_workers: int = 16,
-            figsize: tuple[float, float] = (16, 9), dpi: int = 72, window: float | None = None) -> "FuncAnimation":
-    """A FuncAnimation of :func:`draw_runs` revealing time 0 .. makespan over ``frames`` frames (Agg canvas)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    positive_int("frames", frames)
-    with style():
-        # Fixed margins: a layout re-solved per frame would make the axes jump as the cursor text changes.
-        fig = Figure(figsize=figsize, dpi=dpi)
-        FigureCanvasAgg(fig)
-        reveal = draw_runs(fig, traces, target=target, max_workers=max_workers, window=window)
-        times = np.linspace(0.0, reveal.t_end, frames)
-        from matplotlib.animation import FuncAnimation
-
-        return FuncAnimation(fig, lambda i: reveal(times[i]), frames=frames, blit=False, repeat=True)
-
-
 # A page with no fonts, icons or scripts from elsewhere: frames are PNG data URIs, the player is
 # plain text buttons and a range input, it plays on load and the image fits the window it opens in.
 _PLAYER = """<!DOCTYPE html>
@@ -345,42 +325,35 @@ def _small_png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def export_animation(
-    traces: Sequence[Trace],
-    path: str,
-    frames: int = 30,
-    fps: float = 10.0,
-    target: float | None = None,
-    max_workers: int = 16,
-    dpi: int = 60,
-    window: float | None = None,
-    figsize: tuple[float, float] = (13.5, 8),
-    progress: Callable[[float], None] | None = None,
-) -> str:
+def export_animation(traces: Sequence[Trace], path: str, frames: int = 30, fps: float = 10.0,
+                     progress: Callable[[float], None] | None = None, dpi: int = 60,
+                     figsize: tuple[float, float] = (13.5, 8), **draw: Any) -> str:
     """Write the play-mode animation to ``path``: '.html' (self-contained, autoplays, no kernel needed) or '.gif'.
 
-    ``progress(fraction)`` is called after each frame is drawn.
+    ``draw`` goes to :func:`draw_runs` (``target``, ``max_workers``, ``window``): the frames reveal its
+    figure from time 0 to the makespan. ``progress(fraction)`` is called after each frame is drawn.
     """
     positive("fps", fps)
     positive_int("frames", frames)
     ext = os.path.splitext(path)[1].lower()
     one_of("path extension", ext, (".html", ".gif"))
-    if ext == ".gif":
-        anim = animate(traces, frames=frames, target=target, max_workers=max_workers, dpi=dpi, window=window,
-                       figsize=figsize)
-        with style():
-            from matplotlib.animation import PillowWriter
-
-            anim.save(path, writer=PillowWriter(fps=fps), dpi=dpi)
-        return path
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    uris = []
     with style():
+        # Fixed margins: a layout re-solved per frame would make the axes jump as the cursor text changes.
         fig = Figure(figsize=figsize, dpi=dpi)
         FigureCanvasAgg(fig)
-        reveal = draw_runs(fig, traces, target=target, max_workers=max_workers, window=window)
-        for k, t in enumerate(np.linspace(0.0, reveal.t_end, frames)):
+        reveal = draw_runs(fig, traces, **draw)
+        times = np.linspace(0.0, reveal.t_end, frames)
+        if ext == ".gif":
+            from matplotlib.animation import FuncAnimation, PillowWriter
+
+            done = None if progress is None else (lambda k, n: progress((k + 1) / n))
+            FuncAnimation(fig, lambda k: reveal(times[k]), frames=frames, blit=False).save(
+                path, writer=PillowWriter(fps=fps), dpi=dpi, progress_callback=done)
+            return path
+        uris = []
+        for k, t in enumerate(times):
             reveal(t)
             uris.append('"data:image/png;base64,' + base64.b64encode(_small_png(fig)).decode("ascii") + '"')
             if progress is not None:

@@ -12,6 +12,7 @@ these with a title that states its finding. Everything draws in the projector st
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from simlib import _validate as check
 from simlib.trace import Trace
 from simlib.viz.plots import new_axes, plot_loss, plot_timeline
 from simlib.viz.style import OKABE_ITO, RUN_COLORS, style
@@ -33,21 +35,34 @@ def _need_title(title: Any) -> None:
         raise ValueError("title must state the figure's finding, e.g. '4 shards: 2.9x faster'")
 
 
+@dataclass(frozen=True)
+class CurveOptions:
+    """:func:`plot_curves`' optional marks, given to it as keywords."""
+
+    logx: bool = False  # a base-2 x axis (up to 8 points: each labelled with its value)
+    logy: bool = False
+    vline: float | None = None  # a dashed vertical reference line at this x, named vline_label in the legend
+    vline_label: str = ""
+    hline: float | None = None  # a dotted horizontal reference line at this y, named hline_label
+    hline_label: str = ""
+    markers: bool = True
+    spread: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None  # label -> (low, high) band
+    dashed: Sequence[str] = ()  # series drawn dashed without markers (a reference such as an ideal line)
+
+
 def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabel: str, ylabel: str, title: str,
-                ax: Axes | None = None, logx: bool = False, logy: bool = False, vline: float | None = None,
-                vline_label: str = "", hline: float | None = None, hline_label: str = "",
-                markers: bool = True, spread: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
-                dashed: Sequence[str] = ()) -> Axes:
-    """One line per series against ``x`` (one value per x; NaN leaves a gap).
+                ax: Axes | None = None, **options: Any) -> Axes:
+    """One line per series against ``x`` (one value per x; NaN leaves a gap); ``options``: :class:`CurveOptions`.
 
     ``spread[label] = (low, high)`` shades that band around the series (say what it is in the
     label, e.g. '90% interval over 12 seeds'); series named in ``dashed`` are drawn dashed without
     markers (a reference such as an ideal line).
     """
     _need_title(title)
+    opts = check.options(CurveOptions, options, "plot_curves")
     if not series:
         raise ValueError("series must hold at least one curve")
-    spread = dict(spread or {})
+    spread, dashed = dict(opts.spread or {}), opts.dashed
     unknown = [k for k in [*spread, *dashed] if k not in series]
     if unknown:
         raise ValueError(f"spread/dashed name series that do not exist: {unknown}")
@@ -60,26 +75,24 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
                 raise ValueError(f"series: {label!r} has {ys.size} values for {xs.size} x values")
             color = RUN_COLORS[i % len(RUN_COLORS)]
             ref = label in dashed
-            ax.plot(xs, ys, marker="o" if markers and not ref else None, color=color,
+            ax.plot(xs, ys, marker="o" if opts.markers and not ref else None, color=color,
                     linestyle="--" if ref else "-", label=label, gid=f"curve:{label}")
             if label in spread:
                 lo, hi = (np.asarray(b, dtype=float) for b in spread[label])
                 if lo.shape != xs.shape or hi.shape != xs.shape:
                     raise ValueError(f"spread: {label!r} needs (low, high) with {xs.size} values each")
                 ax.fill_between(xs, lo, hi, color=color, alpha=0.25, linewidth=0, gid=f"spread:{label}")
-        for draw, at, text, linestyle, gid in ((ax.axvline, vline, vline_label, "--", "vline"),
-                                               (ax.axhline, hline, hline_label, ":", "hline")):
+        for draw, at, text, linestyle, gid in ((ax.axvline, opts.vline, opts.vline_label, "--", "vline"),
+                                               (ax.axhline, opts.hline, opts.hline_label, ":", "hline")):
             if at is not None:
                 draw(at, color=OKABE_ITO["black"], linestyle=linestyle, linewidth=1.8, label=text or None, gid=gid)
-        if logx:
+        if opts.logx:
             ax.set_xscale("log", base=2)
             if len(xs) <= 8:  # few points: label each as a plain number; many would overlap
                 ax.set_xticks(xs, [f"{v:g}" for v in xs])
-        if logy:
+        if opts.logy:
             ax.set_yscale("log")
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
         ax.legend(loc="best")
     return ax
 
@@ -105,8 +118,7 @@ def plot_bars(values: Mapping[str, float], ylabel: str, title: str, ax: Axes | N
         ax.set_xticks(range(len(names)), names)
         if ylim is not None:
             ax.set_ylim(*ylim)
-        ax.set_ylabel(ylabel)
-        ax.set_title(title)
+        ax.set(ylabel=ylabel, title=title)
         ax.grid(axis="x", visible=False)
     return ax
 
@@ -132,9 +144,7 @@ def plot_staleness(traces: Sequence[Trace], title: str, field: str = "staleness"
             ax.step(np.arange(top + 1), share, where="mid", color=color, linewidth=2.2,
                     label=f"{t.label} (mean {v.mean():.1f})", gid=f"staleness:{t.label}")
             ax.axvline(v.mean(), color=color, linestyle="--", linewidth=1.5, gid=f"mean:{t.label}")
-        ax.set_xlabel(STALENESS_LABELS[field])
-        ax.set_ylabel("share of pushes")
-        ax.set_title(title)
+        ax.set(xlabel=STALENESS_LABELS[field], ylabel="share of pushes", title=title)
         ax.legend(loc="best")
     return ax
 
@@ -167,8 +177,7 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
                             color="#FFFFFF" if color_of[lab] in (OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["black"]) else "#000000")
         ax.set_yticks(range(len(names)), names)
         ax.set_ylim(len(names) - 0.5, -0.5)
-        ax.set_xlabel(xlabel)
-        ax.set_title(title)
+        ax.set(xlabel=xlabel, title=title)
         ax.grid(axis="y", visible=False)
         if any(lab == idle for iv in rows.values() for (_, _, lab) in iv):
             ax.legend(handles=[Patch(facecolor=IDLE_COLOR, hatch="//", edgecolor=OKABE_ITO["black"], label=idle)],
