@@ -225,6 +225,7 @@ class LDAProblem:
             # read, no push; at K = 1,000 on the KJV, reading and diffing 5.2 M counts per sweep cost ~40% of it).
             st.n_wk, st.n_k, shard.table = tab_wk, tab_k, table
         zb = np.empty(0, np.int32) if alone else np.empty(int(np.diff(st.word_ptr[shard.blocks]).max()), np.int32)
+        snap = np.empty(0 if alone else len(st.z_wm), np.int32)
         dk = np.zeros(K, np.int64)
         for c in range(first, first + count):
             shard.clock = c
@@ -240,11 +241,11 @@ class LDAProblem:
                 for i in range(nb):
                     j = (first_block + i) % nb
                     lo, hi = shard.blocks[j], shard.blocks[j + 1]
-                    _pull(tab_wk, tab_k, st.n_wk, st.n_k, st.word_ptr, lo, hi)
+                    _pull(tab_wk, tab_k, st.n_wk, st.n_k, st.word_ptr, lo, hi, snap)
                     a, b = st.word_ptr[lo], st.word_ptr[hi]
                     zb[: b - a] = st.z_wm[a:b]
                     rng = st.sweep_words(lo, hi, rng)
-                    _push(table, K, V, st.word_ptr, lo, hi, zb, st.z_wm, dk)
+                    _push(table, K, V, st.word_ptr, lo, hi, zb, st.z_wm, st.n_wk, snap, dk)
             st.end_sweep()
 
     def device_steps(self, table: Any, shard: LDAShard, first: int, count: int, batch_size: int, lr: float) -> None:
@@ -331,29 +332,46 @@ def _atomic_add(typingctx, arr, index, value):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _pull(tab_wk, tab_k, n_wk, n_k, word_ptr, lo, hi):  # pragma: no cover - compiled
+def _pull(tab_wk, tab_k, n_wk, n_k, word_ptr, lo, hi, snap):  # pragma: no cover - compiled
     """Read n_k and the rows of the words in lo..hi-1 that have tokens here from the table into the worker's copy.
 
     n_k[k] is raised to at least each row's count: a read racing another worker's push may see a row's +1 before
-    the matching n_k's, and the alias tables need n_wk <= n_k."""
+    the matching n_k's, and the alias tables need n_wk <= n_k. A word with more tokens here than K keeps its row
+    as read in ``snap`` (from its first token's position on) for :func:`_push`."""
     K = n_k.shape[0]
     for k in range(K):
         n_k[k] = tab_k[k]
     for w in range(lo, hi):
-        if word_ptr[w + 1] > word_ptr[w]:
+        a, b = word_ptr[w], word_ptr[w + 1]
+        if b > a:
             for k in range(K):
                 c = tab_wk[w, k]
                 n_wk[w, k] = c
                 if c > n_k[k]:
                     n_k[k] = c
+                if b - a > K:
+                    snap[a + k] = c
 
 
 @njit(cache=True, nogil=True)
-def _push(table, K, V, word_ptr, lo, hi, z_before, z, dk):  # pragma: no cover - compiled
-    """Add the moves of words lo..hi-1 (z_before -> z, word-major) to the table atomically: n_wk per token, n_k net."""
+def _push(table, K, V, word_ptr, lo, hi, z_before, z, n_wk, snap, dk):  # pragma: no cover - compiled
+    """Add the moves of words lo..hi-1 to the table atomically, n_k's net at the end.
+
+    A word with at most K tokens here pushes -1 on (w, old topic) and +1 on (w, new topic) per token that moved
+    (z_before -> z, word-major from word_ptr[lo]); one with more pushes its row's change since :func:`_pull`."""
+    # NOTE: the row's change is O(K) against O(tokens) per move: at K = 20 one add per move cost 2 workers ~12%
+    # more CPU per token than the get / step / add path's row diff; at K = 1,000 most words have fewer tokens than K.
     a = word_ptr[lo]
     for w in range(lo, hi):
-        for j in range(word_ptr[w], word_ptr[w + 1]):
+        p, q = word_ptr[w], word_ptr[w + 1]
+        if q - p > K:
+            for k in range(K):
+                d = n_wk[w, k] - snap[p + k]
+                if d != 0:
+                    _atomic_add(table, w * K + k, d)
+                    dk[k] += d
+            continue
+        for j in range(p, q):
             s, t = z_before[j - a], z[j]
             if s != t:
                 _atomic_add(table, w * K + s, -1)
