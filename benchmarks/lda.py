@@ -3,6 +3,7 @@
     python benchmarks/lda.py            # KJV chapters (stop words removed), K = 20 and 100, 100 sweeps
     python benchmarks/lda.py --quick    # 400 chapters, 20 sweeps
     python benchmarks/lda.py --kernels sparse,mh,alias --topics 100,1000 --sweeps 10   # this project's samplers
+    python benchmarks/lda.py --kernels sparse,mh --topics 1000 --sweeps 30 --workers 1,2 --bare   # AD-LDA's scaling
     python benchmarks/lda.py --corpus FILE ...   # any text file, one document per line (see the README's
                                                  # "A larger corpus" for the 5 M-token dictionary)
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 import warnings
@@ -63,8 +65,8 @@ def run_lda_package(c: LDACorpus, K: int, sweeps: int) -> tuple[float, float]:
     return c.n_tokens * sweeps / dt, ll
 
 
-def run_tomotopy(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float, float]:
-    """(tokens/s, log-likelihood) of tomotopy with ``workers`` threads."""
+def run_tomotopy(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float, float, float]:
+    """(tokens/s, log-likelihood, CPU seconds per token) of tomotopy with ``workers`` threads."""
     import tomotopy as tp
 
     model = tp.LDAModel(k=K, alpha=ALPHA, eta=BETA, seed=0)
@@ -74,9 +76,9 @@ def run_tomotopy(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float
     with warnings.catch_warnings():  # tomotopy warns that runs with several workers are not reproducible
         warnings.simplefilter("ignore", RuntimeWarning)
         model.train(0, workers=workers)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         model.train(sweeps, workers=workers)
-    dt = time.perf_counter() - t
+    dt, cpu = time.perf_counter() - t, time.process_time() - cpu
     index = {w: i for i, w in enumerate(c.vocab)}
     vocab = list(model.used_vocabs)
     words = np.concatenate([[index[vocab[w]] for w in doc.words] for doc in model.docs]).astype(np.int32)
@@ -84,50 +86,71 @@ def run_tomotopy(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float
     lengths = [len(doc.words) for doc in model.docs]
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     ll = log_likelihood(*count_tables(LDACorpus(words, offsets, c.n_words), z, K), ALPHA, BETA)
-    return c.n_tokens * sweeps / dt, ll
+    return c.n_tokens * sweeps / dt, ll, cpu / (c.n_tokens * sweeps)
 
 
-def run_simlib(c: LDACorpus, K: int, sweeps: int) -> tuple[float, float]:
-    """(tokens/s, log-likelihood) of the single-process sparse sampler."""
-    state = GibbsState.init(c, K, ALPHA, BETA, seed=0)
-    t = time.perf_counter()
+def run_simlib(c: LDACorpus, K: int, sweeps: int, kernel: str = "sparse") -> tuple[float, float, float]:
+    """(tokens/s, log-likelihood, CPU seconds per token) of the bare serial loop of one kernel (no simlib.run)."""
+    state = GibbsState.init(c, K, ALPHA, BETA, seed=0, kernel=kernel)
+    t, cpu = time.perf_counter(), time.process_time()
     for s in range(sweeps):
         state.sweep(seed=s)
-    dt = time.perf_counter() - t
-    return c.n_tokens * sweeps / dt, state.log_likelihood()
+    dt, cpu = time.perf_counter() - t, time.process_time() - cpu
+    return c.n_tokens * sweeps / dt, state.log_likelihood(), cpu / (c.n_tokens * sweeps)
 
 
-def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int, kernel: str = "sparse") -> tuple[float, float]:
-    """(tokens/s, log-likelihood) of AD-LDA with BSP on ``workers`` processes (shared memory)."""
-    problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel)
+def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int, kernel: str = "sparse",
+                        sync_every: int | None = None) -> tuple[float, float, float]:
+    """(tokens/s, log-likelihood, CPU seconds per token) of AD-LDA with BSP on ``workers`` processes (shared memory)."""
+    problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel, sync_every=sync_every)
     res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0)
-    return c.n_tokens * sweeps / res.seconds, problem.log_likelihood(res.params, problem.assignments(res))
+    return (c.n_tokens * sweeps / res.seconds, problem.log_likelihood(res.params, problem.assignments(res)),
+            res.measured["cpu_seconds"] / (c.n_tokens * sweeps))
 
 
-def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps: int, workers: int, repeat: int) -> None:
-    """One table: each kernel through simlib.run at each K, M tokens/s and log p(w, z) per token after ``sweeps``."""
+def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps: int, workers: list[int], repeat: int,
+                    sync_every: int | None = None, bare: bool = False) -> None:
+    """One table: each kernel through simlib.run at each K and number of processes, tomotopy beside.
+
+    M tokens/s (wall, best of the interleaved repetitions), CPU ns per token (the workers' CPU, summed),
+    log p(w, z) per token after ``sweeps``; each row against the first kernel's 1-process row (speed) and
+    against the same kernel's 1-process row (log p, when 1 is among ``workers``). With ``bare``, each kernel's
+    serial loop outside simlib.run too (workers shown as 0), the same chain as simlib.run's 1-process run.
+    """
     for k in kernels:
         GibbsState.init(c.subset(np.arange(2)), 2, kernel=k).sweep(0)  # load the compiled kernels before timing
     try:
         import tomotopy  # noqa: F401
-        peers = {"tomotopy": lambda K: run_tomotopy(c, K, sweeps, workers)}
+        peers = {("tomotopy", w): (lambda K, w=w: run_tomotopy(c, K, sweeps, w)) for w in workers}
     except ImportError:
         peers = {}
-    header = f"{'K':>5} {'kernel':<8} {'workers':>7} {'M tokens/s':>11} {'vs ' + kernels[0]:>10} {'log p(w,z)/token':>17}"
+    header = (f"{'K':>5} {'kernel':<8} {'workers':>7} {'M tokens/s':>11} {'CPU ns/tok':>10} {'vs tomotopy':>11} "
+              f"{'vs 1 proc':>9} {'log p(w,z)/token':>17} {'vs 1 proc':>9}")
     print(header)
     print("-" * len(header))
+    loads = []
     for K in topics:
-        best: dict[str, tuple[float, float]] = {}
-        runs = {k: (lambda K, k=k: run_simlib_parallel(c, K, sweeps, workers, kernel=k)) for k in kernels} | peers
+        best: dict[tuple[str, int], tuple[float, float, float]] = {}
+        runs = {(k, w): (lambda K, k=k, w=w: run_simlib_parallel(c, K, sweeps, w, k, sync_every))
+                for k in kernels for w in workers} | peers
+        if bare:
+            runs |= {(k, 0): (lambda K, k=k: run_simlib(c, K, sweeps, k)) for k in kernels}
         for _ in range(repeat):  # interleaved, the best speed kept (the machine is shared)
-            for k, fn in runs.items():
-                speed, ll = fn(K)
-                best[k] = (max(speed, best.get(k, (0.0, ll))[0]), ll)
-        for k in runs:
-            speed, ll = best[k]
-            print(f"{K:>5} {k:<8} {workers:>7} {speed / 1e6:>11.2f} {speed / best[kernels[0]][0]:>9.2f}x "
-                  f"{ll / c.n_tokens:>17.4f}")
-    print("Measured on a shared, busy machine: compare rows of one run, not across runs.")
+            for key, fn in runs.items():
+                speed, ll, cpu = fn(K)
+                loads.append(os.getloadavg()[0])
+                old = best.get(key)
+                best[key] = (max(speed, old[0]) if old else speed, ll, min(cpu, old[2]) if old else cpu)
+        for (k, w), (speed, ll, cpu) in best.items():
+            tomo = best.get(("tomotopy", max(w, 1)))
+            one = best.get((k, 1))
+            vs_tomo = f"{speed / tomo[0]:.2f}x" if tomo and k != "tomotopy" else ""
+            vs_one = f"{speed / one[0]:.2f}x" if one and w != 1 and k != "tomotopy" else ""
+            ll_one = f"{(ll - one[1]) / abs(one[1]):+.2%}" if one and w != 1 and k != "tomotopy" else ""
+            print(f"{K:>5} {k:<8} {w:>7} {speed / 1e6:>11.2f} {cpu * 1e9:>10.0f} {vs_tomo:>11} {vs_one:>9} "
+                  f"{ll / c.n_tokens:>17.4f} {ll_one:>9}")
+    print(f"Load average (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores. "
+          "Wall-clock speeds of one run compare with each other only; CPU per token is less sensitive to the load.")
 
 
 def main() -> None:
@@ -139,7 +162,13 @@ def main() -> None:
     ap.add_argument("--kernels", default=None,
                     help="compare these simlib kernels only, e.g. sparse,mh (from simlib.problems.lda_gibbs.KERNELS)")
     ap.add_argument("--topics", default="100,1000", help="with --kernels: the numbers of topics K, e.g. 100,1000")
-    ap.add_argument("--workers", type=int, default=1, help="with --kernels: AD-LDA processes (default 1)")
+    ap.add_argument("--workers", default="1",
+                    help="with --kernels: AD-LDA processes, e.g. 1,2 (default 1); tomotopy runs with as many threads")
+    ap.add_argument("--sync-every", type=int, default=None,
+                    help="with --kernels and several processes: tokens between two syncs with the table (default "
+                         "LDAProblem's: max(1024, 2^20 / K); a number above the corpus's tokens syncs once per sweep)")
+    ap.add_argument("--bare", action="store_true",
+                    help="with --kernels: also each kernel's serial loop outside simlib.run (workers shown as 0)")
     ap.add_argument("--corpus", default=None,
                     help="a plain or gzipped text file, one document per line, instead of the KJV chapters "
                          "(the same stop-word rule: simlib.problems.lda.text_corpus)")
@@ -149,15 +178,17 @@ def main() -> None:
     if args.kernels:
         kernels = args.kernels.split(",")
         topics = [int(k) for k in args.topics.split(",") if k.strip().isdigit()]
-        if any(k not in KERNELS for k in kernels) or not topics or min(topics) < 1 or args.workers < 1:
-            ap.error(f"--kernels must name kernels of {KERNELS}, --topics and --workers positive integers")
+        workers = [int(w) for w in args.workers.split(",") if w.strip().isdigit()]
+        if (any(k not in KERNELS for k in kernels) or not topics or min(topics) < 1 or not workers or min(workers) < 1
+                or (args.sync_every is not None and args.sync_every < 1)):
+            ap.error(f"--kernels must name kernels of {KERNELS}; --topics, --workers and --sync-every positive integers")
     max_docs = 400 if args.quick else None
     c = text_corpus(args.corpus, max_docs=max_docs) if args.corpus else kjv_corpus(max_docs=max_docs)
     name = Path(args.corpus).name if args.corpus else "KJV chapters"
     if args.kernels:
         print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; {sweeps} sweeps; "
               f"alpha={ALPHA}, beta={BETA}; AD-LDA BSP through simlib.run, best of {repeat} interleaved runs")
-        compare_kernels(c, kernels, topics, sweeps, args.workers, repeat)
+        compare_kernels(c, kernels, topics, sweeps, workers, repeat, args.sync_every, args.bare)
         return
     print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; "
           f"{sweeps} sweeps; alpha={ALPHA}, beta={BETA}; best of {repeat} interleaved runs (lda package: 1 run)")
@@ -178,7 +209,7 @@ def main() -> None:
         best: dict[tuple[str, int], tuple[float, float]] = {}
         for _ in range(repeat):
             for key, fn in fast.items():
-                speed, ll = fn()
+                speed, ll = fn()[:2]
                 if key not in best or speed > best[key][0]:
                     best[key] = (speed, best.get(key, (0.0, ll))[1])
         rows = [("lda package", 1, *run_lda_package(c, K, sweeps))] + [(n, w, *best[(n, w)]) for n, w in fast]

@@ -97,12 +97,17 @@ def test_shards_cover_the_corpus_evenly(synthetic):
 
 
 class FailingLDA(LDAProblem):
-    """LDA whose worker 1 raises at clock 3: the clean failure path."""
+    """LDA whose worker 1 raises at clock 3 (in get / step / add, or in place on shm): the clean failure path."""
 
     def step(self, values, batch, keys, lr):
         if batch.worker == 1 and batch.clock == 3:
             raise RuntimeError("injected failure in worker 1 at clock 3")
         return super().step(values, batch, keys, lr)
+
+    def local_steps(self, table, shard, first, count, batch_size, lr):
+        if shard.worker == 1 and first <= 3 < first + count:
+            raise RuntimeError("injected failure in worker 1 at clock 3")
+        super().local_steps(table, shard, first, count, batch_size, lr)
 
 
 @pytest.mark.parametrize("substrate", ["shm", "pipes"])
@@ -192,3 +197,41 @@ def test_ctrl_c_over_pipes_ends_promptly_and_cleanly():
     problems = [p for o in outcomes for p in faultkit.check(o, "lda-pipe")]
     assert problems == []
     assert all(o.error == "KeyboardInterrupt" and o.seconds_after_fault < faultkit.PROMPT for o in outcomes)
+
+
+def test_one_worker_in_place_is_the_serial_sampler(synthetic):
+    """On shm, one worker samples on the shared table itself: the run is the serial sweep loop, token for token."""
+    from simlib.problems.lda_gibbs import GibbsState
+
+    corpus, _, _ = synthetic
+    problem, res = lda(corpus, "bsp", n_workers=1, steps=5)
+    assert res.trace.meta["path"] == "in place"
+    state = GibbsState(corpus, 8, 0.5, 0.01, problem.z0)
+    for c in range(5):
+        state.sweep(seed=c)  # the sweep seed of worker 0 at clock c, with seed 0
+    np.testing.assert_array_equal(problem.assignments(res), state.z)
+    np.testing.assert_array_equal(problem.split(res.params)[0], state.n_wk)
+
+
+@pytest.mark.parametrize("kernel", ["sparse", "mh", "alias", "dense"])
+@pytest.mark.parametrize("protocol", ["bsp", "async"])
+def test_in_place_syncs_within_a_sweep_and_keeps_the_counts_exact(synthetic, kernel, protocol):
+    """Two workers pushing their moves every ~300 tokens by atomic adds, racing: the table is the recount of z."""
+    corpus, _, _ = synthetic
+    problem = LDAProblem(corpus, 8, alpha=0.5, beta=0.01, kernel=kernel, sync_every=300)
+    assert len(problem.shards(2)[0].blocks) > 20  # many syncs per sweep
+    res = simlib.run(problem, protocol, substrate="shm", n_workers=2, steps=8, timeout=60)
+    z = problem.assignments(res)
+    _, n_wk, n_k = count_tables(corpus, z, 8)
+    np.testing.assert_array_equal(problem.split(res.params)[0], n_wk)
+    np.testing.assert_array_equal(problem.split(res.params)[1], n_k)
+    assert problem.log_likelihood(res.params, z) > problem.log_likelihood(problem.init_params(), problem.z0)
+
+
+def test_in_place_refuses_a_table_of_another_type(synthetic):
+    corpus, _, _ = synthetic
+    problem = LDAProblem(corpus, 8)
+    with pytest.raises(ValueError, match="table must be the int32 table"):
+        problem.local_steps(problem.init_params(), problem.shards(1)[0], 0, 1, 1, 0.0)
+    with pytest.raises(ValueError, match="sync_every"):
+        LDAProblem(corpus, 8, sync_every=0)

@@ -179,14 +179,19 @@ def random_assignments(corpus: LDACorpus, n_topics: int, seed: int = 0) -> np.nd
 
 def count_tables(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(n_dk, n_wk, n_k) recomputed from the assignments z, as int32 tables."""
+    n_dk = doc_topic_counts(corpus, z, n_topics)
+    return n_dk, _count_pairs(corpus.words, z, corpus.n_words, n_topics), \
+        np.bincount(z, minlength=n_topics).astype(np.int32)
+
+
+def doc_topic_counts(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> np.ndarray:
+    """n_dk alone, recomputed from the assignments z (int32, D x K)."""
     z = np.asarray(z)
     if z.shape != (corpus.n_tokens,):
         raise ValueError(f"z must have one topic per token ({corpus.n_tokens}), got shape {z.shape}")
     if z.size and (z.min() < 0 or z.max() >= n_topics):
         raise ValueError(f"z must lie in [0, n_topics={n_topics})")
-    K = n_topics
-    return _count_pairs(corpus.doc_of, z, corpus.n_docs, K), _count_pairs(corpus.words, z, corpus.n_words, K), \
-        np.bincount(z, minlength=K).astype(np.int32)
+    return _count_pairs(corpus.doc_of, z, corpus.n_docs, n_topics)
 
 
 @njit(cache=True, nogil=True)
@@ -413,6 +418,7 @@ def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: floa
     return float(np.exp(-np.log(p).sum() / w.size))
 
 
-__all__ = ["LDACorpus", "shard_documents", "check_hyper", "random_assignments", "count_tables", "conditional",
+__all__ = ["LDACorpus", "shard_documents", "check_hyper", "random_assignments", "count_tables", "doc_topic_counts",
+           "conditional",
            "word_log_likelihood", "doc_log_likelihood", "log_likelihood", "topic_word", "top_words", "topic_match",
            "make_synthetic_corpus", "kjv_corpus", "perplexity", "KJV_N_STOP", "KJV_MIN_COUNT"]

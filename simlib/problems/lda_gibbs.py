@@ -86,51 +86,24 @@ import numpy as np
 from numba import njit
 
 from simlib import _validate as check
-from simlib.problems.lda import LDACorpus, check_corpus, check_hyper, count_tables, log_likelihood, random_assignments
+from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, doc_topic_counts, log_likelihood,
+                                random_assignments)
 
 KERNELS = ("sparse", "dense", "mh", "alias")
 # NOTE: word-then-doc cycles per token. LightLDA's default is 2; 4 measured better per unit of time
 # here: on the default 8-topic synthetic corpus 2 of 12 random starts still had two true topics merged
 # after 50 sweeps with 2 cycles (0 of 12 with 4, and 0 of 12 for exact Gibbs), and on the KJV at K = 1,000
 # log p(w, z) after 30 sweeps trailed the sparse sampler's by 3.6% with 2 cycles, 1.4% with 4, for
-# 36 against 59 ms of CPU per sweep (sparse: 77 ms).
+# 36 against 59 ms of CPU per sweep (sparse: 77 ms). More cycles close the gap only at more than the exact
+# sampler's cost (KJV, K = 1,000, 30 sweeps, log p per token against sparse's -9.094 at 339 ns CPU per token:
+# 4 cycles -9.221 at 226 ns, 8 -9.140 at 386 ns); fresher word tables (rebuilt with n_k
+# after every K tokens of a word, as the alias kernel does) did not help (-9.241 with 4 cycles, -9.154 with 6).
 _MH_CYCLES = 4
 # NOTE: MH steps per token of the alias kernel. On the KJV from a random start, log p per token after 10 sweeps
 # with 1, 2 and 4 steps: -8.576, -8.569, -8.601 at K = 100 (sparse: -8.598) for 115, 141, 204 ns per token; at
 # K = 1,000 -9.671, -9.593, -9.590 (sparse: -9.569) for 325, 343, 493 ns. One step trails at K = 1,000, four cost
 # 40% more for nothing.
 _ALIAS_STEPS = 2
-
-
-@njit(cache=True, nogil=True)
-def _sweep_dense(
-    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray,
-    alpha: float, beta: float, seed: int,
-) -> None:
-    """One O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b) and invert it."""
-    np.random.seed(seed)
-    V, K = n_wk.shape
-    vbeta = V * beta
-    cdf = np.empty(K)
-    for w in range(V):
-        for j in range(word_ptr[w], word_ptr[w + 1]):
-            d = doc[j]
-            k = z[j]
-            n_dk[d, k] -= 1
-            n_wk[w, k] -= 1
-            n_k[k] -= 1
-            total = 0.0
-            for kk in range(K):
-                total += (n_dk[d, kk] + alpha) * (n_wk[w, kk] + beta) / (n_k[kk] + vbeta)
-                cdf[kk] = total
-            u = np.random.random() * total
-            k = 0
-            while k < K - 1 and cdf[k] <= u:
-                k += 1
-            z[j] = k
-            n_dk[d, k] += 1
-            n_wk[w, k] += 1
-            n_k[k] += 1
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -142,6 +115,38 @@ def _uniform(state: np.uint64) -> tuple[np.uint64, float]:
     state ^= state << np.uint64(25)
     state ^= state >> np.uint64(27)
     return state, float((state * np.uint64(2685821657736338717)) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True, nogil=True)
+def _sweep_dense(
+    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray,
+    alpha: float, beta: float, w_lo: int, w_hi: int, rng: np.uint64,
+) -> np.uint64:
+    """Words w_lo..w_hi-1 of one O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b), invert it."""
+    V, K = n_wk.shape
+    vbeta = V * beta
+    cdf = np.empty(K)
+    for w in range(w_lo, w_hi):
+        for j in range(word_ptr[w], word_ptr[w + 1]):
+            d = doc[j]
+            k = z[j]
+            n_dk[d, k] -= 1
+            n_wk[w, k] -= 1
+            n_k[k] -= 1
+            total = 0.0
+            for kk in range(K):
+                total += (n_dk[d, kk] + alpha) * (n_wk[w, kk] + beta) / (n_k[kk] + vbeta)
+                cdf[kk] = total
+            rng, u = _uniform(rng)
+            u *= total
+            k = 0
+            while k < K - 1 and cdf[k] <= u:
+                k += 1
+            z[j] = k
+            n_dk[d, k] += 1
+            n_wk[w, k] += 1
+            n_k[k] += 1
+    return rng
 
 
 def _rng_state(seed: int) -> np.uint64:
@@ -171,16 +176,16 @@ def _list_take(d: int, k: int, idx: np.ndarray, cnt: np.ndarray, length: np.ndar
 def _sweep_sparse(
     word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray,
     dk_idx: np.ndarray, dk_cnt: np.ndarray, dk_len: np.ndarray, dk_pos: np.ndarray,
-    n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, rng: np.uint64, cdf: np.ndarray,
-) -> None:
-    """One exact sweep word by word: doc part over the document's topic list, word part by a running sum."""
+    n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int, rng: np.uint64, cdf: np.ndarray,
+) -> np.uint64:
+    """Words w_lo..w_hi-1 of one exact sweep: doc part over the document's topic list, word part by a running sum."""
     V, K = n_wk.shape
     vbeta = V * beta
     inv = np.empty(K)  # 1 / (n_k + V b): divisions hoisted out of the inner loops
     for k in range(K):
         inv[k] = 1.0 / (n_k[k] + vbeta)
     phi = np.empty(K)  # phi_w(k) for the current word
-    for w in range(V):
+    for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
             continue
@@ -244,6 +249,7 @@ def _sweep_sparse(
             old = phi[k]
             phi[k] = (n_wk[w, k] + beta) * inv[k]
             wsum += phi[k] - old
+    return rng
 
 
 @njit(cache=True, nogil=True)
@@ -422,23 +428,32 @@ def _table_buffers(n_wk: np.ndarray) -> tuple[np.ndarray, ...]:
 @njit(cache=True, nogil=True)
 def _sweep_mh(
     word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, order: np.ndarray, offsets: np.ndarray, z_doc: np.ndarray,
-    n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, rng: np.uint64, n_cycles: int,
-) -> None:
-    """One LightLDA sweep word by word: per word an alias table of the counts at its run's start, then MH per token."""
+    n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int,
+    rng: np.uint64, n_cycles: int,
+) -> np.uint64:
+    """Words w_lo..w_hi-1 of a LightLDA sweep: per word an alias table of the counts at its run's start, then MH per token.
+
+    ``z_doc`` must hold the topics in document order (:func:`_doc_order`) for the doc proposal."""
     V, K = n_wk.shape
     vbeta = V * beta
-    for j in range(z.shape[0]):  # the topics in document order, for the doc proposal
-        z_doc[order[j]] = z[j]
-    n0 = n_k.copy()  # the topic totals the tables of this sweep are built with
+    n0 = n_k.copy()  # the topic totals the tables of this call are built with
     weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
     B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
-    for w in range(V):
+    for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
             continue
         m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
         rng = _mh_run(a, b, w, doc, z, order, offsets, z_doc, n_dk, n_wk, n_k, alpha, beta, snap, n0, -1,
                       wtopic, wprob, walias, m, S, dprob, dalias, B, n_cycles, rng)
+    return rng
+
+
+@njit(cache=True, nogil=True)
+def _doc_order(z: np.ndarray, order: np.ndarray, z_doc: np.ndarray) -> None:
+    """z_doc[order[j]] = z[j]: the topics in document order, for the mh kernel's doc proposal."""
+    for j in range(z.shape[0]):
+        z_doc[order[j]] = z[j]
 
 
 @njit(cache=True, nogil=True, fastmath=True)
@@ -519,17 +534,17 @@ def _alias_pq(d: int, k: int, dk_cnt: np.ndarray, dk_pos: np.ndarray, phi: np.nd
 @njit(cache=True, nogil=True)
 def _sweep_alias(
     word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, dk_idx: np.ndarray, dk_cnt: np.ndarray, dk_len: np.ndarray,
-    dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, rng: np.uint64, n_steps: int,
-    cdf: np.ndarray,
-) -> None:
-    """One AliasLDA sweep word by word: a word's table is built at the start of its run and again after K draws."""
+    dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int,
+    rng: np.uint64, n_steps: int, cdf: np.ndarray,
+) -> np.uint64:
+    """Words w_lo..w_hi-1 of an AliasLDA sweep: a word's table is built at the start of its run and again after K draws."""
     V, K = n_wk.shape
     vbeta = V * beta
     n0 = n_k.copy()  # the topic totals the tables are built with
     weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
     B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
     inv, phi = 1.0 / (n_k + vbeta), np.empty(K)
-    for w in range(V):
+    for w in range(w_lo, w_hi):
         j, b = word_ptr[w], word_ptr[w + 1]
         while j < b:  # O(K) to build, O(1) per draw: rebuilt after K draws keeps the building O(1) per draw
             if j > word_ptr[w]:
@@ -541,6 +556,7 @@ def _sweep_alias(
             m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
             j, rng = _alias_run(j, b, w, doc, z, dk_idx, dk_cnt, dk_len, dk_pos, n_wk, n_k, alpha, beta, snap, n0,
                                 -1, wtopic, wprob, walias, m, S, dprob, dalias, B, K, n_steps, rng, cdf, inv, phi)
+    return rng
 
 
 @njit(cache=True, nogil=True)
@@ -626,9 +642,12 @@ class GibbsState:
         check_hyper(n_topics, alpha, beta)
         check.one_of("kernel", kernel, KERNELS)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
-        self.n_dk, own_wk, own_k = count_tables(corpus, z, n_topics)
-        self.n_wk = own_wk if n_wk is None else n_wk
-        self.n_k = own_k if n_k is None else n_k
+        if n_wk is None or n_k is None:
+            self.n_dk, own_wk, own_k = count_tables(corpus, z, n_topics)
+            self.n_wk = own_wk if n_wk is None else n_wk
+            self.n_k = own_k if n_k is None else n_k
+        else:  # a worker's copy of the table: its own V x K counts would be built only to be dropped
+            self.n_dk, self.n_wk, self.n_k = doc_topic_counts(corpus, z, n_topics), n_wk, n_k
         self.order = np.argsort(corpus.words, kind="stable").astype(np.int64)
         self.word_ptr = np.zeros(corpus.n_words + 1, np.int64)
         np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words), out=self.word_ptr[1:])
@@ -654,18 +673,35 @@ class GibbsState:
 
     def sweep(self, seed: int = 0) -> None:
         """Resample every token once (in place); n_dk, n_wk, n_k stay in step with the assignments."""
+        self.begin_sweep()
+        self.sweep_words(0, self.corpus.n_words, _rng_state(seed))
+        self.end_sweep()
+
+    def begin_sweep(self) -> None:
+        """Before a sweep's first :meth:`sweep_words`: the mh kernel's topics in document order."""
+        if self.kernel == "mh":
+            _doc_order(self.z_wm, self.order, self._z_doc)
+
+    def sweep_words(self, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
+        """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after."""
+        a, b = self.alpha, self.beta
         if self.kernel == "dense":
-            _sweep_dense(self.word_ptr, self.doc_wm, self.z_wm, self.n_dk, self.n_wk, self.n_k, self.alpha, self.beta, seed)
+            rng = _sweep_dense(self.word_ptr, self.doc_wm, self.z_wm, self.n_dk, self.n_wk, self.n_k, a, b,
+                               w_lo, w_hi, rng)
         elif self.kernel == "mh":
-            _sweep_mh(self.word_ptr, self.doc_wm, self.z_wm, self.order, self.corpus.offsets, self._z_doc, self.n_dk,
-                      self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), _MH_CYCLES)
+            rng = _sweep_mh(self.word_ptr, self.doc_wm, self.z_wm, self.order, self.corpus.offsets, self._z_doc,
+                            self.n_dk, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, _MH_CYCLES)
         elif self.kernel == "alias":
-            _sweep_alias(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos,
-                         self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), _ALIAS_STEPS, self._cdf)
-            _lists_to_dense(self.dk_idx, self.dk_cnt, self.dk_len, self.n_dk)
+            rng = _sweep_alias(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len,
+                               self.dk_pos, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, _ALIAS_STEPS, self._cdf)
         else:
-            _sweep_sparse(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos,
-                          self.n_wk, self.n_k, self.alpha, self.beta, _rng_state(seed), self._cdf)
+            rng = _sweep_sparse(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len,
+                                self.dk_pos, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, self._cdf)
+        return np.uint64(rng)  # numba hands a uint64 back as a Python int, which it would then read as int64
+
+    def end_sweep(self) -> None:
+        """After a sweep's last :meth:`sweep_words`: n_dk from the sparse and alias kernels' topic lists."""
+        if self.kernel in ("sparse", "alias"):
             _lists_to_dense(self.dk_idx, self.dk_cnt, self.dk_len, self.n_dk)
 
     def memory(self) -> dict[str, int]:

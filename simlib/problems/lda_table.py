@@ -10,7 +10,11 @@ worker process holds its own copy. One clock is one sweep of the worker's docume
   sweep of :mod:`~simlib.problems.lda_gibbs`), and push the count deltas that moved (``lr`` is
   ignored: a sample is not a gradient);
 * ``quality``: the word part of the likelihood, log p(w | z), the one part a table holds (the
-  doc part, log p(z), needs every worker's n_dk).
+  doc part, log p(z), needs every worker's n_dk);
+* ``local_steps``: the same sweeps in place on shm's int32 table. One worker samples on the
+  table itself (the serial sampler, token for token); several sync every ``sync_every`` tokens
+  within a sweep, reading their next words' rows and pushing their moves by atomic adds, so
+  the table stays exact and a worker sees the others' moves within the clock.
 
 The sweep's seed is derived from (seed, worker, clock), so a simulated run is deterministic.
 Each push moves tokens between topics, so the table always holds exactly the corpus's tokens:
@@ -35,15 +39,28 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from simlib import _validate as check
 from simlib.backend import to_numpy
-from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, log_likelihood, random_assignments,
+from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, doc_topic_counts, log_likelihood, random_assignments,
                                 shard_documents, word_log_likelihood)
-from simlib.problems.lda_gibbs import KERNELS, GibbsState
+from simlib.problems.lda_gibbs import KERNELS, GibbsState, _rng_state
 
 _SEED_STRIDE = (1_000_003, 10_007)
+#: In place with several workers: tokens swept between two syncs with the table (see LDAProblem.local_steps).
+# NOTE: a word's row is read once per sweep whatever the block size, so smaller blocks cost only ~5 us of calls
+# each (2% of a 1,024-token block's sampling at K = 1,000). KJV, K = 1,000, 2 workers, 30 sweeps, sparse, log p
+# per token against one process's -9.0935: once per sweep -9.2372 (1.6% worse); every 4,096 tokens -9.1029 to
+# -9.1373 (0.10-0.48%); 1,024: -9.0886, -9.1173; 512: -9.0953, -9.1049; 256: -9.0961, -9.1004.
+SYNC_EVERY = 1024
+
+
+def default_sync_every(n_topics: int) -> int:
+    """max(SYNC_EVERY, 2^20 / K) tokens: a block's calls (~5 us) stay ~2% of its sampling where K is small."""
+    return max(SYNC_EVERY, 2**20 // n_topics)
 # Bytes per topic: the float64 table (V + 1 rows) and the count tables n_dk, n_wk, counted as
 # int64 then kept as int32 (D + V rows); and each worker's int32 copy of n_wk and n_k.
 _TABLE_BYTES_PER_ROW, _COUNT_BYTES_PER_ROW, _COPY_BYTES_PER_ROW = 8, 12, 4  # sweep seed = seed * 1_000_003 + worker * 10_007 + clock
@@ -56,13 +73,16 @@ class LDAShard:
     state: GibbsState
     worker: int
     words: np.ndarray  # the distinct words of the shard, sorted
-    keys: np.ndarray  # w * K + k for those words, then V * K + k
+    keys: np.ndarray | None  # w * K + k for those words, then V * K + k (built by LDAProblem.keys on first use)
     seed: int
     clock: int = 0
     local: np.ndarray | None = None  # each token's word as an index into ``words`` (computed once)
     own_wk: np.ndarray | None = None  # the shard's own counts of its words (len(words), K), kept up to date
     own_k: np.ndarray | None = None  # and its own topic totals (K,)
     device: Any = None  # on the gpu substrate: its tokens, z and n_dk on the device (lda_device.DeviceShard)
+    n_workers: int = 1  # how many shards share the table (alone, a worker samples on the table itself)
+    blocks: np.ndarray | None = None  # in place: word boundaries of the sweep's blocks, a sync after each
+    table: Any = None  # in place, alone: the table its state's n_wk, n_k are views of
 
     def sweep_seed(self) -> int:
         """seed * 1_000_003 + worker * 10_007 + clock: one stream per worker and clock."""
@@ -77,16 +97,19 @@ class LDAProblem:
     linear_step = False  # count moves do not scale with a step size
     table_dtype = np.int32  # where a substrate keeps the table in place (shm): counts, exact in 32 bits
     exact_deltas = True  # every push must be applied whole, or the counts no longer match the topics
+    in_place_chunk = 1  # on shm in place, a worker publishes its clock after every sweep (a step is a whole sweep)
     device_kernel = "auto"  # the gpu substrate's batches: 'auto' (fused on CuPy), 'fused' or 'array'
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
-                 seed: int = 0, kernel: str = "sparse"):
+                 seed: int = 0, kernel: str = "sparse", sync_every: int | None = None):
         check_corpus(corpus)
         check_hyper(n_topics, alpha, beta)
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        sync_every = default_sync_every(n_topics) if sync_every is None else sync_every
+        check.positive_int("sync_every", sync_every)
         self.corpus, self.K, self.alpha, self.beta = corpus, int(n_topics), float(alpha), float(beta)
-        self.seed, self.kernel = int(seed), kernel
+        self.seed, self.kernel, self.sync_every = int(seed), kernel, int(sync_every)
         self.V = corpus.n_words
         per_topic = _TABLE_BYTES_PER_ROW * (self.V + 1) + _COUNT_BYTES_PER_ROW * (corpus.n_docs + self.V)
         check.fits_memory("n_topics", self.K, self.K * per_topic, per_topic,
@@ -99,14 +122,24 @@ class LDAProblem:
         check_corpus(self.corpus)
 
     def miniature(self) -> "LDAProblem":
-        """The same problem on its first two documents (same vocabulary and topics): what a warm-up compiles on."""
-        docs = np.arange(min(2, self.corpus.n_docs))
-        return LDAProblem(self.corpus.subset(docs), self.K, self.alpha, self.beta, self.seed, self.kernel)
+        """The same problem on its first two documents, their words renumbered (same topics): what a warm-up compiles on."""
+        # NOTE: the kernels compile per argument type, not shape; the two documents' own vocabulary keeps the
+        # warm-up's tables small (at K = 10,000 on the KJV the full vocabulary's float64 table was 418 MB).
+        c = self.corpus
+        words = c.words[: c.offsets[min(2, c.n_docs)]]
+        used, ids = np.unique(words, return_inverse=True)
+        mini = LDACorpus(ids.astype(np.int32), c.offsets[: min(2, c.n_docs) + 1].copy(), len(used))
+        return LDAProblem(mini, self.K, self.alpha, self.beta, self.seed, self.kernel, self.sync_every)
 
     def init_params(self) -> np.ndarray:
         """The counts of the random start z0: n_wk flattened, then n_k (float64)."""
-        _, n_wk, n_k = count_tables(self.corpus, self.z0, self.K)
-        return np.concatenate([n_wk.ravel(), n_k]).astype(np.float64)
+        return self.init_table(np.float64)
+
+    def init_table(self, dtype: Any = np.int32) -> np.ndarray:
+        """init_params in ``dtype`` (int32: the shm table), built without a float64 copy."""
+        out = np.zeros(self.n_params, dtype)
+        _count_words(self.corpus.words, self.z0, self.K, out)
+        return out
 
     def shards(self, n_workers: int) -> list[LDAShard]:
         """One worker-local state per worker: a contiguous block of about N / n_workers tokens."""
@@ -117,18 +150,20 @@ class LDAProblem:
         check.fits_memory("n_workers", n_workers, n_workers * per_worker, per_worker,
                           f"each worker's copy of the counts of {self.V} words x {self.K} topics")
         bounds = shard_documents(self.corpus, n_workers)
-        _, n_wk, n_k = count_tables(self.corpus, self.z0, self.K)
+        n_k = np.bincount(self.z0, minlength=self.K).astype(np.int32)
         out = []
         for i in range(n_workers):
             docs = self.corpus.subset(np.arange(bounds[i], bounds[i + 1]))
             t0, t1 = self.corpus.offsets[bounds[i]], self.corpus.offsets[bounds[i + 1]]
-            state = GibbsState(docs, self.K, self.alpha, self.beta, self.z0[t0:t1], n_wk=n_wk.copy(),
-                               n_k=n_k.copy(), kernel=self.kernel)
+            # NOTE: the worker's copy of n_wk starts as zeros: every read loads the rows of the shard's words
+            # before a sweep uses them (step, local_steps), and alone a worker samples on the table itself. Untouched,
+            # the zeros take no memory (at K = 10,000 on the KJV a full copy per worker was 209 MB).
+            state = GibbsState(docs, self.K, self.alpha, self.beta, self.z0[t0:t1],
+                               n_wk=np.zeros((self.V, self.K), np.int32), n_k=n_k.copy(), kernel=self.kernel)
             words = np.unique(docs.words).astype(np.int64)
-            topics = np.arange(self.K)
-            keys = np.concatenate([(words[:, None] * self.K + topics).ravel(), self.V * self.K + topics])
             local = np.searchsorted(words, docs.words).astype(np.int64)
-            out.append(LDAShard(state, i, words, keys, self.seed, local=local))
+            out.append(LDAShard(state, i, words, None, self.seed, local=local, n_workers=n_workers,
+                                blocks=_blocks(state.word_ptr, self.sync_every)))
         return out
 
     def batch(self, shard: LDAShard, step: int, batch_size: int) -> LDAShard:
@@ -138,6 +173,10 @@ class LDAProblem:
 
     def keys(self, batch: LDAShard) -> np.ndarray:
         """The K counts of each word the shard holds, then the K totals (sorted)."""
+        if batch.keys is None:  # built on first use: in place on shm no keys are read (at K = 10,000: 418 MB)
+            K, V = batch.state.n_topics, batch.state.corpus.n_words  # the shard's own (a miniature's, in a warm-up)
+            topics = np.arange(K)
+            batch.keys = np.concatenate([(batch.words[:, None] * K + topics).ravel(), V * K + topics])
         return batch.keys
 
     def work(self, batch: LDAShard) -> int:
@@ -163,6 +202,51 @@ class LDAProblem:
         deltas = np.empty(len(keys), np.float64)
         m = _moved_counts(st.n_wk, st.n_k, batch.words, before, keys, batch.own_wk, batch.own_k, out_keys, deltas)
         return out_keys[:m], deltas[:m]
+
+    def local_steps(self, table: np.ndarray, shard: LDAShard, first: int, count: int, batch_size: int,
+                    lr: float) -> None:
+        """Sweeps first .. first+count-1 against the shared table (shm in place); ``batch_size``, ``lr`` unused.
+
+        Alone (one worker), the sweep samples on the table itself. Otherwise the sweep goes word by
+        word in blocks of about ``sync_every`` tokens: before a block, the rows of its words and n_k
+        are read from the table; after it, each token that moved is pushed as -1 on (w, old topic)
+        and +1 on (w, new topic), n_k's net change too, by atomic adds, so the table stays exact
+        whoever else adds at the same time. Staleness is then the other workers' moves within a
+        block, not within a sweep.
+        """
+        if not isinstance(table, np.ndarray) or table.dtype != np.int32 or table.shape != (self.n_params,):
+            raise ValueError(f"table must be the int32 table of {self.n_params} counts, got "
+                             f"{getattr(table, 'dtype', type(table).__name__)} of shape {getattr(table, 'shape', None)}")
+        st, K, V = shard.state, self.K, self.V
+        tab_wk, tab_k = table[: V * K].reshape(V, K), table[V * K:]
+        alone = shard.n_workers == 1
+        if alone and shard.table is not table:
+            # NOTE: one worker is the table's only writer: sampling on it in place is the bare serial sweep (no
+            # read, no push; at K = 1,000 on the KJV, reading and diffing 5.2 M counts per sweep cost ~40% of it).
+            st.n_wk, st.n_k, shard.table = tab_wk, tab_k, table
+        zb = np.empty(0, np.int32) if alone else np.empty(int(np.diff(st.word_ptr[shard.blocks]).max()), np.int32)
+        snap = np.empty(0 if alone else len(st.z_wm), np.int32)
+        dk = np.zeros(K, np.int64)
+        for c in range(first, first + count):
+            shard.clock = c
+            rng = _rng_state(shard.sweep_seed())
+            st.begin_sweep()
+            if alone:
+                st.sweep_words(0, V, rng)
+            else:
+                # NOTE: worker i starts its sweep i / n of the way through the vocabulary, so the workers read and
+                # push different rows at any one time rather than the same cache lines in lock step.
+                nb = len(shard.blocks) - 1
+                first_block = shard.worker * nb // shard.n_workers
+                for i in range(nb):
+                    j = (first_block + i) % nb
+                    lo, hi = shard.blocks[j], shard.blocks[j + 1]
+                    _pull(tab_wk, tab_k, st.n_wk, st.n_k, st.word_ptr, lo, hi, snap)
+                    a, b = st.word_ptr[lo], st.word_ptr[hi]
+                    zb[: b - a] = st.z_wm[a:b]
+                    rng = st.sweep_words(lo, hi, rng)
+                    _push(table, K, V, st.word_ptr, lo, hi, zb, st.z_wm, st.n_wk, snap, dk)
+            st.end_sweep()
 
     def device_steps(self, table: Any, shard: LDAShard, first: int, count: int, batch_size: int, lr: float) -> None:
         """The gpu substrate's hook: sweeps first .. first+count-1 in batches of ``batch_size`` tokens, each batch
@@ -196,7 +280,7 @@ class LDAProblem:
 
     def log_likelihood(self, params: np.ndarray, z: np.ndarray) -> float:
         """The full log p(w, z): the table's word part plus the doc part of the assignments ``z``."""
-        n_dk, _, _ = count_tables(self.corpus, z, self.K)
+        n_dk = doc_topic_counts(self.corpus, z, self.K)
         n_wk, n_k = self.split(params)
         return log_likelihood(n_dk, n_wk.astype(np.int64), n_k.astype(np.int64), self.alpha, self.beta)
 
@@ -215,6 +299,89 @@ class LDAProblem:
         assert n_wk.min() >= 0, "a word-topic count went negative"
         assert n_wk.sum() == self.corpus.n_tokens, f"n_wk sums to {n_wk.sum()}, not N = {self.corpus.n_tokens}"
         assert np.array_equal(n_k, n_wk.sum(axis=0)), "n_k differs from the column sums of n_wk"
+
+
+def _blocks(word_ptr: np.ndarray, tokens: int) -> np.ndarray:
+    """Word boundaries 0 = w_0 < .. < w_m = V cutting the word-major tokens into runs of about ``tokens`` each."""
+    V = len(word_ptr) - 1
+    targets = np.arange(tokens, word_ptr[-1], tokens)
+    cuts = np.searchsorted(word_ptr, targets, side="left")
+    return np.unique(np.concatenate([[0], cuts, [V]])).astype(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _count_words(words, z, K, out):  # pragma: no cover - compiled
+    """out[w * K + k] += tokens of word w in topic k, out[V * K + k] += tokens in topic k (out: the flat table)."""
+    V = out.shape[0] // K - 1
+    for i in range(words.shape[0]):
+        out[words[i] * K + z[i]] += 1
+        out[V * K + z[i]] += 1
+
+
+@intrinsic
+def _atomic_add(typingctx, arr, index, value):  # pragma: no cover - compiled
+    """arr[index] += value as one atomic read-modify-write (LLVM atomicrmw add); returns nothing."""
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        val = context.cast(builder, args[2], signature.args[2], aryty.dtype)
+        builder.atomic_rmw("add", ptr, val, "monotonic")
+        return context.get_dummy_value()
+    return types.void(arr, index, value), codegen
+
+
+@njit(cache=True, nogil=True)
+def _pull(tab_wk, tab_k, n_wk, n_k, word_ptr, lo, hi, snap):  # pragma: no cover - compiled
+    """Read n_k and the rows of the words in lo..hi-1 that have tokens here from the table into the worker's copy.
+
+    n_k[k] is raised to at least each row's count: a read racing another worker's push may see a row's +1 before
+    the matching n_k's, and the alias tables need n_wk <= n_k. A word with more tokens here than K keeps its row
+    as read in ``snap`` (from its first token's position on) for :func:`_push`."""
+    K = n_k.shape[0]
+    for k in range(K):
+        n_k[k] = tab_k[k]
+    for w in range(lo, hi):
+        a, b = word_ptr[w], word_ptr[w + 1]
+        if b > a:
+            for k in range(K):
+                c = tab_wk[w, k]
+                n_wk[w, k] = c
+                if c > n_k[k]:
+                    n_k[k] = c
+                if b - a > K:
+                    snap[a + k] = c
+
+
+@njit(cache=True, nogil=True)
+def _push(table, K, V, word_ptr, lo, hi, z_before, z, n_wk, snap, dk):  # pragma: no cover - compiled
+    """Add the moves of words lo..hi-1 to the table atomically, n_k's net at the end.
+
+    A word with at most K tokens here pushes -1 on (w, old topic) and +1 on (w, new topic) per token that moved
+    (z_before -> z, word-major from word_ptr[lo]); one with more pushes its row's change since :func:`_pull`."""
+    # NOTE: the row's change is O(K) against O(tokens) per move: at K = 20 one add per move cost 2 workers ~12%
+    # more CPU per token than the get / step / add path's row diff; at K = 1,000 most words have fewer tokens than K.
+    a = word_ptr[lo]
+    for w in range(lo, hi):
+        p, q = word_ptr[w], word_ptr[w + 1]
+        if q - p > K:
+            for k in range(K):
+                d = n_wk[w, k] - snap[p + k]
+                if d != 0:
+                    _atomic_add(table, w * K + k, d)
+                    dk[k] += d
+            continue
+        for j in range(p, q):
+            s, t = z_before[j - a], z[j]
+            if s != t:
+                _atomic_add(table, w * K + s, -1)
+                _atomic_add(table, w * K + t, 1)
+                dk[s] -= 1
+                dk[t] += 1
+    for k in range(K):
+        if dk[k] != 0:
+            _atomic_add(table, V * K + k, dk[k])
+            dk[k] = 0
 
 
 @njit(cache=True, nogil=True)

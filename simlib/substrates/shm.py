@@ -69,7 +69,8 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     """The substrate entry point (``simlib.run(..., substrate="shm")``); records quality every ``monitor_every`` s.
 
     ``chunk``: the most steps a worker applies between two looks at the clocks on the fast path
-    (default: 10,000 rows' worth, ``max(1, 10_000 // batch_size)``). ``locked=True``: one lock held
+    (default: the problem's ``in_place_chunk`` if it has one, else 10,000 rows' worth,
+    ``max(1, 10_000 // batch_size)``). ``locked=True``: one lock held
     around every step's read, compute and write (the locked baseline Hogwild! is measured against).
     ``measured`` holds ``wall_seconds``, ``train_seconds`` (first compute span's start to the last's
     end), ``cpu_seconds`` (the CPU time the workers' loops got, summed), and ``local`` where the
@@ -94,7 +95,8 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         check.one_of("start_method", start_method, START_METHODS)
     fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain
     replica = _replica(problem, hot_keys, fast, locked, training)
-    chunk = chunk or max(1, CHUNK_WORK // training.batch_size)
+    # a problem whose one step is already a lot of work (LDA: a sweep) names its own chunk (1: publish every step)
+    chunk = chunk or getattr(problem, "in_place_chunk", None) or max(1, CHUNK_WORK // training.batch_size)
     n = training.n_workers
     shards = problem.shards(n)
     # A problem may keep its table in a narrower type here (LDA's counts as int32, GloVe's floats as float32):
@@ -103,13 +105,15 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     # The problem's kernels compiled here, once, not by every forked worker at the same time.
     warm_up(problem, values=lambda v: v.astype(dtype))
     if fast:  # with the types the workers pass; two steps, as a problem's steps may take turns (GloveSlices' phases)
-        problem.local_steps(np.asarray(problem.init_params()).astype(dtype), shards[0], 0, 2, 1, 0.0)
+        # on the miniature where the problem has one: its shard is its whole state (LDA's topics), not to be stepped here
+        mini = problem.miniature() if callable(getattr(problem, "miniature", None)) else None
+        warm = mini if mini is not None else problem
+        warm.local_steps(_initial_table(warm, dtype), shards[0] if mini is None else mini.shards(1)[0], 0, 2, 1, 0.0)
         if replica is not None:
-            problem.local_steps(np.asarray(problem.init_params()).astype(dtype), shards[0], 0, 2, 1, 0.0,
-                                replica=replica)
+            problem.local_steps(_initial_table(problem, dtype), shards[0], 0, 2, 1, 0.0, replica=replica)
     started = time.perf_counter()
     with WorkerGroup(n, start_method, label="shm table") as group:
-        table = group.copy_of(np.asarray(problem.init_params()).astype(dtype))
+        table = group.copy_of(_initial_table(problem, dtype))
         clocks = group.zeros(n, np.int64)
         version = group.zeros(1, np.int64)
         lock = group.lock()
@@ -189,6 +193,12 @@ def _update_unit(fast: bool, chunk: int, hot_keys: int) -> str:
         return "one step"
     unit = f"a chunk of up to {chunk} steps" if chunk > 1 else "one step"
     return unit + (f", and the push of its {hot_keys} hot keys' replica at its end" if hot_keys else "")
+
+
+def _initial_table(problem: Any, dtype: np.dtype) -> np.ndarray:
+    """The table at the start, in ``dtype``: ``problem.init_table(dtype)`` where offered (no float64 copy), else cast."""
+    init = getattr(problem, "init_table", None)
+    return init(dtype) if callable(init) else np.asarray(problem.init_params()).astype(dtype)
 
 
 def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> tuple[int, bool]:
