@@ -170,7 +170,7 @@ class GloveSlices:
         a call from step 0 starts the record afresh.
         """
         p, n, lo, hi = shard
-        W, C, bw, bc, gW, gC, gbw, gbc = self.glove._views(w)
+        W, C, bw, bc, gW, gC, gbw, gbc = self.glove.views(w)
         parts = self.partials(w, n)
         rows, cols, logx, fx = self.cooc.rows, self.cooc.cols, self.glove.logx, self.glove.fx
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
