@@ -71,8 +71,8 @@ def adagrad_batch(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: 
 _FUSED_SOURCE = r"""
 extern "C" __global__ void glove_errors(
     const int* rows, const int* cols, const float* logx, const float* fx, const long long* batch,
-    const long long n, const int dim, const long long ld, const float* W, const float* C, const float* bw,
-    const float* bc, const float* gbw, const float* gbc, float* fdiff, float* sbw, float* sbc, double* cost)
+    const long long n, const int dim, const float* W, const float* C, const float* bw, const float* bc,
+    const float* gbw, const float* gbc, float* fdiff, float* sbw, float* sbc, double* cost)
 {
     // One warp per entry: w_i . c_j by a shuffle reduction, then the weighted error and bias steps.
     const long long e = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
@@ -81,20 +81,20 @@ extern "C" __global__ void glove_errors(
     const long long b = batch[e];
     const long long i = rows[b], j = cols[b];
     float s = 0.0f;
-    for (int k = lane; k < dim; k += 32) s += W[i * ld + k] * C[j * ld + k];
+    for (int k = lane; k < dim; k += 32) s += W[i * dim + k] * C[j * dim + k];
     for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
     if (lane == 0) {
-        const float diff = s + bw[i * ld] + bc[j * ld] - logx[b];
+        const float diff = s + bw[i] + bc[j] - logx[b];
         const float fd = fx[b] * diff;
         fdiff[e] = fd;
-        sbw[e] = fd / sqrtf(gbw[i * ld]);
-        sbc[e] = fd / sqrtf(gbc[j * ld]);
+        sbw[e] = fd / sqrtf(gbw[i]);
+        sbc[e] = fd / sqrtf(gbc[j]);
         atomicAdd(cost, 0.5 * (double)(fd * diff));
     }
 }
 
 extern "C" __global__ void glove_steps(
-    const int* rows, const int* cols, const long long* batch, const long long n, const int dim, const long long ld,
+    const int* rows, const int* cols, const long long* batch, const long long n, const int dim,
     const float* W, const float* C, const float* gW, const float* gC, const float* fdiff,
     const float eta, const float clip, float* uw, float* uc, float* tw2, float* tc2)
 {
@@ -102,7 +102,7 @@ extern "C" __global__ void glove_steps(
     const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n * dim) return;
     const long long e = t / dim, k = t % dim, b = batch[e];
-    const long long wi = (long long)rows[b] * ld + k, cj = (long long)cols[b] * ld + k;
+    const long long wi = (long long)rows[b] * dim + k, cj = (long long)cols[b] * dim + k;
     const float g = fdiff[e];
     const float tw = fminf(fmaxf(g * C[cj], -clip), clip) * eta;
     const float tc = fminf(fmaxf(g * W[wi], -clip), clip) * eta;
@@ -113,7 +113,7 @@ extern "C" __global__ void glove_steps(
 }
 
 extern "C" __global__ void glove_apply(
-    const int* rows, const int* cols, const long long* batch, const long long n, const int dim, const long long ld,
+    const int* rows, const int* cols, const long long* batch, const long long n, const int dim,
     const float* uw, const float* uc, const float* tw2, const float* tc2, const float* fdiff,
     const float* sbw, const float* sbc, float* W, float* C, float* gW, float* gC, float* bw,
     float* bc, float* gbw, float* gbc)
@@ -123,16 +123,16 @@ extern "C" __global__ void glove_apply(
     if (t >= n * dim) return;
     const long long e = t / dim, k = t % dim, b = batch[e];
     const long long i = rows[b], j = cols[b];
-    atomicAdd(&W[i * ld + k], -uw[t]);
-    atomicAdd(&C[j * ld + k], -uc[t]);
-    atomicAdd(&gW[i * ld + k], tw2[t]);
-    atomicAdd(&gC[j * ld + k], tc2[t]);
+    atomicAdd(&W[i * dim + k], -uw[t]);
+    atomicAdd(&C[j * dim + k], -uc[t]);
+    atomicAdd(&gW[i * dim + k], tw2[t]);
+    atomicAdd(&gC[j * dim + k], tc2[t]);
     if (k == 0) {
         const float fd = fdiff[e];
-        atomicAdd(&bw[i * ld], -sbw[e]);
-        atomicAdd(&bc[j * ld], -sbc[e]);
-        atomicAdd(&gbw[i * ld], fd * fd);
-        atomicAdd(&gbc[j * ld], fd * fd);
+        atomicAdd(&bw[i], -sbw[e]);
+        atomicAdd(&bc[j], -sbc[e]);
+        atomicAdd(&gbw[i], fd * fd);
+        atomicAdd(&gbc[j], fd * fd);
     }
 }
 """
@@ -140,8 +140,8 @@ extern "C" __global__ void glove_apply(
 _HOGWILD_SOURCE = QUEUE_SOURCE + r"""
 extern "C" __global__ void glove_hogwild(
     const int* rows, const int* cols, const float* logx, const float* fx, const long long* order,
-    const long long total, const int dim, const long long ld, float* W, float* C, float* bw, float* bc, float* gW,
-    float* gC, float* gbw, float* gbc, const float eta, const float clip, double* cost, unsigned long long* queue)
+    const long long total, const int dim, float* W, float* C, float* bw, float* bc, float* gW, float* gC,
+    float* gbw, float* gbc, const float eta, const float clip, double* cost, unsigned long long* queue)
 {
     // Entries order[0 .. total-1], taken in order by whichever warp is free (lanes over the dimensions):
     // each reads the rows as they are now and adds its AdaGrad steps with atomics (GloVe's Hogwild).
@@ -154,12 +154,12 @@ extern "C" __global__ void glove_hogwild(
         const long long e = order[t];
         const long long i = rows[e], j = cols[e];
         float s = 0.0f;
-        for (int k = lane; k < dim; k += 32) s += W[i * ld + k] * C[j * ld + k];
+        for (int k = lane; k < dim; k += 32) s += W[i * dim + k] * C[j * dim + k];
         for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-        const float diff = s + bw[i * ld] + bc[j * ld] - logx[e];
+        const float diff = s + bw[i] + bc[j] - logx[e];
         const float g = fx[e] * diff;
         for (int k = lane; k < dim; k += 32) {
-            const long long a = i * ld + k, b = j * ld + k;
+            const long long a = i * dim + k, b = j * dim + k;
             const float tw = fminf(fmaxf(g * C[b], -clip), clip) * eta;
             const float tc = fminf(fmaxf(g * W[a], -clip), clip) * eta;
             const float uw = tw / sqrtf(gW[a]), uc = tc / sqrtf(gC[b]);
@@ -170,11 +170,11 @@ extern "C" __global__ void glove_hogwild(
         }
         if (lane == 0) {
             mine += 0.5 * (double)(g * diff);
-            const float sbw = g / sqrtf(gbw[i * ld]), sbc = g / sqrtf(gbc[j * ld]);
-            atomicAdd(&bw[i * ld], -sbw);
-            atomicAdd(&bc[j * ld], -sbc);
-            atomicAdd(&gbw[i * ld], g * g);
-            atomicAdd(&gbc[j * ld], g * g);
+            const float sbw = g / sqrtf(gbw[i]), sbc = g / sqrtf(gbc[j]);
+            atomicAdd(&bw[i], -sbw);
+            atomicAdd(&bc[j], -sbc);
+            atomicAdd(&gbw[i], g * g);
+            atomicAdd(&gbc[j], g * g);
         }
         queue_done(queue, missed, &missed_sum, &missed_most);
     }
@@ -182,14 +182,6 @@ extern "C" __global__ void glove_hogwild(
     if (lane == 0 && mine != 0.0) atomicAdd(cost, mine);
 }
 """
-
-
-def row_stride(W: Any) -> np.int64:
-    """Values from one word's row of the table to the next (:class:`~simlib.problems.glove_rows.RowLayout`): the
-    raw kernels index W[i * ld + k], and every other array of the table, its biases too, at i * ld (+ k)."""
-    if W.strides[1] != W.itemsize:
-        raise ValueError(f"the table's vectors must be contiguous within a row, got strides {W.strides}")
-    return np.int64(W.strides[0] // W.itemsize)
 
 
 def device_pass(problem: Any, w: Any, entries: Any, offset: int, batch_size: int, eta: np.float32,
@@ -231,7 +223,7 @@ def hogwild_entries(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx
     W = arrays[0]
     counts = RowQueue(xp).launch(kernel, in_flight, int(ids.shape[0]), (rows, cols, logx, fx, ids,
                                                                         np.int64(ids.shape[0]), np.int32(W.shape[1]),
-                                                                        row_stride(W), *arrays, eta, clip, cost))
+                                                                        *arrays, eta, clip, cost))
     return cost[0], counts
 
 
@@ -268,16 +260,16 @@ def _fused(arrays: tuple[Any, ...], rows: Any, cols: Any, logx: Any, fx: Any, pa
     xp = array_module(rows)
     W, C, bw, bc, gW, gC, gbw, gbc = arrays
     errors, steps, apply = cuda_kernels(_FUSED_SOURCE, ("glove_errors", "glove_steps", "glove_apply"))
-    dim, ld = np.int32(W.shape[1]), row_stride(W)
+    dim = np.int32(W.shape[1])
     fdiff, sbw, sbc = (xp.empty(batch, dtype=np.float32) for _ in range(3))
     uw, uc, tw2, tc2 = (xp.empty(batch * int(dim), dtype=np.float32) for _ in range(4))
     cost = xp.zeros(1, dtype=np.float64)
     for part in parts:
         n = np.int64(part.shape[0])
-        errors((-(-int(n) * 32 // 256),), (256,), (rows, cols, logx, fx, part, n, dim, ld, W, C, bw, bc, gbw, gbc,
+        errors((-(-int(n) * 32 // 256),), (256,), (rows, cols, logx, fx, part, n, dim, W, C, bw, bc, gbw, gbc,
                                                  fdiff, sbw, sbc, cost))
         blocks = (-(-int(n) * int(dim) // 256),)
-        steps(blocks, (256,), (rows, cols, part, n, dim, ld, W, C, gW, gC, fdiff, eta, clip, uw, uc, tw2, tc2))
-        apply(blocks, (256,), (rows, cols, part, n, dim, ld, uw, uc, tw2, tc2, fdiff, sbw, sbc, W, C, gW, gC, bw, bc,
+        steps(blocks, (256,), (rows, cols, part, n, dim, W, C, gW, gC, fdiff, eta, clip, uw, uc, tw2, tc2))
+        apply(blocks, (256,), (rows, cols, part, n, dim, uw, uc, tw2, tc2, fdiff, sbw, sbc, W, C, gW, gC, bw, bc,
                                gbw, gbc))
     return float(cost[0])

@@ -1,9 +1,7 @@
 """GloVe on the parameter-server contract: the table holds every GloVe array, flattened.
 
-The table holds W, C, the biases and all AdaGrad accumulators, one row per word and one per context:
-a word's vector, its AdaGrad sums, its bias and the bias's sum side by side
-(:class:`~simlib.problems.glove_rows.RowLayout`, read through :meth:`GloveProblem.views`; float64 storage
-holding float32 values: the arithmetic is the reference C program's, in float32).
+The table is W, C, the biases and all AdaGrad accumulators, flattened in the kernel's order
+(float64 storage holding float32 values: the arithmetic is the reference C program's, in float32).
 A worker pulls the rows its batch of co-occurrence entries touches, runs the AdaGrad kernel on its
 local copy, and pushes the change; the server adds it. ``local_steps`` runs the same kernel on the
 shared table in place (the shm substrate's fast path: under ``async`` that is GloVe's Hogwild).
@@ -34,6 +32,7 @@ On processes sharing memory (two workers, two epochs, Hogwild)::
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -41,7 +40,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.backend import InFlight, array_module, to_numpy
 from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams, entry_terms, epoch_order, validate_training
-from simlib.problems.glove_rows import AHEAD, RowLayout, rows_kernel
+from simlib.problems.glove_prefetch import AHEAD, adagrad_prefetch_kernel
 
 
 # float32 arrays as the reference program builds them, then the float64 table they are copied into
@@ -68,8 +67,9 @@ class GloveProblem:
         self.v, self.d = cooc.n_words, config.dim
         per_dim = _BYTES_PER_VECTOR_ENTRY * 4 * self.v  # W, C and their accumulators gain V entries per dimension
         check.fits_memory("dim", self.d, per_dim * self.d, per_dim, f"the vectors of {self.v} words")
-        self.layout = RowLayout(self.v, self.d)
-        self.n_params = self.layout.n_params
+        sizes = [math.prod(shape) for shape in GloveParams.shapes(self.v, self.d).values()]  # W, C, bw, bc, gW, ...
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.n_params = int(self.offsets[-1])
         self.logx, self.fx = entry_terms(cooc.values, config)
         self._orders: dict[int, np.ndarray] = {}  # the latest passes' shuffled orders (see _order)
         self._passes: dict[tuple[int, int], dict[int, list[float]]] = {}  # shard -> pass -> [cost sum, entries]
@@ -81,16 +81,13 @@ class GloveProblem:
         validate_training(self.cooc, self.config)
 
     def init_params(self, xp: Any = np) -> np.ndarray:
-        """The flat table, initialised as :meth:`GloveParams.init` does (float64 storage; the rows' padding 0)."""
-        return self.layout.fill(np.zeros(self.n_params), GloveParams.init(self.v, self.config).arrays())
+        """The flat table, initialised as :meth:`GloveParams.init` does (float64 storage)."""
+        p = GloveParams.init(self.v, self.config)
+        return np.concatenate([a.ravel() for a in p.arrays()]).astype(np.float64)
 
     def unflatten(self, w: np.ndarray) -> GloveParams:
         """The flat table as GloveParams (float32 copies)."""
         return GloveParams(*(a.astype(np.float32) for a in self.views(w)))
-
-    def views(self, w: Any) -> list[Any]:
-        """W, C, bw, bc, gW, gC, gbw, gbc as (strided) views of the flat table: the one way to read it."""
-        return self.layout.views(w)
 
     def shards(self, n_workers: int) -> list[tuple[int, int]]:
         """Contiguous ranges of the shuffled entry order, one per worker."""
@@ -130,18 +127,29 @@ class GloveProblem:
         return np.unique(self.cooc.rows[batch]), np.unique(self.cooc.cols[batch])
 
     def keys(self, batch: np.ndarray) -> np.ndarray:
-        """Flat indices of the batch's word rows, then context rows (vector, AdaGrad sums, bias, its sum; sorted)."""
-        return self.layout.keys(*self._rows(batch))
+        """Flat indices of W, C, biases and accumulators of the batch's words and contexts (sorted)."""
+        ui, uj = self._rows(batch)
+        # Row u of an array of width w (d for W, C, gW, gC; 1 for the biases) starts at base + u * w.
+        return np.concatenate([(base + u[:, None] * w + np.arange(w)).ravel()
+                               for base, u, w in zip(self.offsets, (ui, uj) * 4, (self.d, self.d, 1, 1) * 2)])
 
     def step(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
         """(keys, change): AdaGrad with base rate ``lr`` on the pulled rows, as deltas to add."""
         ui, uj = self._rows(batch)
+        shapes = [(len(ui), self.d), (len(uj), self.d), (len(ui),), (len(uj),)] * 2  # W, C, bw, bc, then their G
+        cuts = np.concatenate([[0], np.cumsum([math.prod(shape) for shape in shapes])])
         rows = np.searchsorted(ui, self.cooc.rows[batch]).astype(np.int32)
         cols = np.searchsorted(uj, self.cooc.cols[batch]).astype(np.int32)
-        new = np.array(values, dtype=np.float64)  # the pulled rows, unpadded: words, then contexts
-        rows_kernel(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64), new,
-                    self.layout.width, len(ui), self.d, np.float32(lr), np.float32(self.config.grad_clip), 0)
+        new = np.array(values, dtype=np.float64)
+        local = [new[cuts[k] : cuts[k + 1]].reshape(shape) for k, shape in enumerate(shapes)]
+        adagrad_prefetch_kernel(rows, cols, self.logx[batch], self.fx[batch], np.arange(len(batch), dtype=np.int64),
+                                *local, np.float32(lr), np.float32(self.config.grad_clip), 0)
         return keys, new - values
+
+    def views(self, w: Any) -> list[Any]:
+        """W, C, bw, bc, gW, gC, gbw, gbc as views of the flat table (NumPy or CuPy): the one way to read it."""
+        return [w[self.offsets[k] : self.offsets[k + 1]].reshape(shape)
+                for k, shape in enumerate(GloveParams.shapes(self.v, self.d).values())]
 
     def local_steps(self, w: np.ndarray, shard: tuple[int, int], first: int, count: int, batch_size: int,
                     lr: float) -> Any:
@@ -158,6 +166,7 @@ class GloveProblem:
         passes = self._passes.setdefault(shard, {})
         if first == 0:
             passes.clear()
+        views = self.views(w)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
         t, end = first * batch_size, (first + count) * batch_size
         counts = []  # lock-free device steps: each launch's queue counts (what their entries missed)
@@ -166,8 +175,8 @@ class GloveProblem:
             upto = min(n, pos + end - t)
             if isinstance(w, np.ndarray):
                 entries = self._order(p)[start + pos : start + upto]
-                cost = rows_kernel(self.cooc.rows, self.cooc.cols, self.logx, self.fx, entries, w, self.layout.stride,
-                                   self.v, self.d, eta, clip, AHEAD)
+                cost = adagrad_prefetch_kernel(self.cooc.rows, self.cooc.cols, self.logx, self.fx, entries, *views, eta,
+                                               clip, AHEAD)
             else:  # a device table (the gpu substrate on CuPy): glove_device's steps, no wait between passes
                 from simlib.problems.glove_device import device_order, device_pass
 
