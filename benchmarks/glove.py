@@ -77,9 +77,10 @@ def run_reference(ref: Path, docs: list[list[str]], vocab: Vocabulary, cfg: Glov
 
 
 def train(cooc: Cooccurrence, cfg: GloveConfig, mode: str, n: int) -> tuple[float, float, list[float]]:
-    """(updates/s over the training, updates per CPU-second of the workers, cost per epoch) of ``mode``, through simlib.run on shared memory: 'hogwild'
-    (GloveProblem, async), 'bsp' (GloveProblem, 4,096 entries per worker per step) or 'model' (GloveSlices under
-    BSP: the dimensions split, batches of 8,192 entries shared by all workers, two steps each)."""
+    """(updates/s over the training, updates per CPU-second of the workers, cost per epoch) of ``mode``, through
+    simlib.run on shared memory: 'hogwild' (GloveProblem, async), 'bsp' (GloveProblem, 4,096 entries per worker per
+    step) or 'model' (GloveSlices under BSP: the dimensions split, batches of 8,192 entries shared by all workers,
+    two steps each)."""
     problem = GloveSlices(cooc, cfg, max_workers=n) if mode == "model" else GloveProblem(cooc, cfg)
     batch = {"hogwild": 1, "bsp": 4096, "model": 8192}[mode]
     res = simlib.run(problem, "async" if mode == "hogwild" else "bsp", substrate="shm", n_workers=n, batch_size=batch,

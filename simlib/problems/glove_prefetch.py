@@ -30,8 +30,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-# Entries ahead whose rows are prefetched (their ids, log X and f(X): twice as far). Measured on gcide
-# (d = 50, 2 cores): 8 gave 1.3 M updates/s on one process, 16 gave 1.6-2.9 M, 32 no more than 16.
+# Entries ahead whose rows are prefetched (their ids, log X and f(X): twice as far). One pass over gcide's entries,
+# one process, d = 50, 2 busy cores (load 2-4): 8 ahead 1.3 M updates/s, 16 ahead 1.6-2.9 M, 32 ahead 2.5-2.6 M.
 AHEAD = 16
 
 
@@ -80,10 +80,13 @@ def adagrad_prefetch_kernel(rows, cols, logx, fx, order, W, C, bw, bc, gW, gC, g
                             ahead) -> float:  # pragma: no cover - compiled
     """AdaGrad for entries ``order[0], order[1], ...`` in place, prefetching ``ahead`` entries early; sum 0.5 f diff^2.
 
-    NOTE: :func:`simlib.problems.glove.adagrad_kernel` plus the prefetches (see the module docs): on gcide's
-    46,838 words, 0.74 M -> 2.6-2.9 M updates/s on one process and 0.9 M -> 5.2 M on two (one pass, the same
-    run, load ~2 on 2 cores). The arrays may be float32 or float64 storage holding float32 values: every value
-    is rounded to float32 as it is read, so the arithmetic is the C program's float32 on either.
+    NOTE: :func:`simlib.problems.glove.adagrad_kernel` plus the prefetches (see the module docs). On gcide's 46,838
+    words, Hogwild through simlib.run (benchmarks/glove.py, 5 epochs, two runs back to back at load ~5 on 2 cores):
+    0.95 M -> 2.36 M updates/s on one process, 0.87 M -> 3.39 M on two; the kernel alone, at load ~2: 2.6-2.9 M on
+    one process, 5.2 M on two. Keeping a word's vector, sums and bias in one row (fewer cache lines) measured no
+    faster once the rows were prefetched, so the table keeps its eight arrays. The arrays may be float32 or float64
+    storage holding float32 values: every value is rounded to float32 as it is read, so the arithmetic is the C
+    program's float32 on either.
     """
     dim = W.shape[1]
     cost = 0.0
