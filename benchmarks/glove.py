@@ -76,10 +76,11 @@ def run_reference(ref: Path, docs: list[list[str]], vocab: Vocabulary, cfg: Glov
     return out
 
 
-def train(cooc: Cooccurrence, cfg: GloveConfig, mode: str, n: int) -> tuple[float, list[float]]:
-    """(updates/s over the training, cost per epoch) of ``mode``, through simlib.run on shared memory: 'hogwild'
-    (GloveProblem, async), 'bsp' (GloveProblem, 4,096 entries per worker per step) or 'model' (GloveSlices under
-    BSP: the dimensions split, batches of 8,192 entries shared by all workers, two steps each)."""
+def train(cooc: Cooccurrence, cfg: GloveConfig, mode: str, n: int) -> tuple[float, float, list[float]]:
+    """(updates/s over the training, updates per CPU-second of the workers, cost per epoch) of ``mode``, through
+    simlib.run on shared memory: 'hogwild' (GloveProblem, async), 'bsp' (GloveProblem, 4,096 entries per worker per
+    step) or 'model' (GloveSlices under BSP: the dimensions split, batches of 8,192 entries shared by all workers,
+    two steps each)."""
     problem = GloveSlices(cooc, cfg, max_workers=n) if mode == "model" else GloveProblem(cooc, cfg)
     batch = {"hogwild": 1, "bsp": 4096, "model": 8192}[mode]
     res = simlib.run(problem, "async" if mode == "hogwild" else "bsp", substrate="shm", n_workers=n, batch_size=batch,
@@ -87,7 +88,7 @@ def train(cooc: Cooccurrence, cfg: GloveConfig, mode: str, n: int) -> tuple[floa
     # entry updates: every step's batch on each worker (the last may run into the next pass); the split's workers
     # share each entry, updated once per epoch
     updates = cfg.epochs * cooc.nnz if mode == "model" else n * res.trace.meta["steps"] * batch
-    return updates / res.seconds, problem.epoch_costs(res)
+    return updates / res.seconds, updates / res.measured["cpu_seconds"], problem.epoch_costs(res)
 
 
 def fmt(x: float, unit: str = "") -> str:
@@ -146,20 +147,25 @@ def main(argv: list[str] | None = None) -> None:
 
     print("\ntraining (AdaGrad; cost = mean 0.5 f diff^2 of each pass, as the C program prints it; every mode "
           "through simlib.run on shared memory)")
-    print(f"{'implementation':<34}{'updates/s':>12}{'vs C, 1 thread':>16}   cost per epoch")
+    # per CPU-s: updates per second of CPU time the workers got; on a busy machine (other processes taking the
+    # cores) it stays near what a quiet one gives, where updates/s does not
+    print(f"{'implementation':<34}{'updates/s':>12}{'vs C, 1 thread':>16}{'per CPU-s':>12}   cost per epoch")
     c1 = ref[1]["updates_per_s"] if ref else None
-    for (mode, n), (speed, per_epoch) in runs.items():
+    for (mode, n), (speed, per_cpu, per_epoch) in runs.items():
         ratio = f"{speed / c1:.2f}x" if c1 else "-"
         costs = " ".join(f"{c:.5f}" for c in per_epoch)
-        print(f"{f'simlib {mode}, {n} process' + ('es' if n > 1 else ''):<34}{fmt(speed):>12}{ratio:>16}   {costs}")
+        print(f"{f'simlib {mode}, {n} process' + ('es' if n > 1 else ''):<34}{fmt(speed):>12}{ratio:>16}"
+              f"{fmt(per_cpu):>12}   {costs}")
     for n in (1, 2):
         label = f"stanfordnlp/GloVe, {n} thread" + ("s" if n > 1 else "")
         if ref:
             ratio = f"{ref[n]['updates_per_s'] / c1:.2f}x"
             costs = " ".join(f"{c:.5f}" for c in ref[n]["costs"])
-            print(f"{label:<34}{fmt(ref[n]['updates_per_s']):>12}{ratio:>16}   {costs}")
+            print(f"{label:<34}{fmt(ref[n]['updates_per_s']):>12}{ratio:>16}{'-':>12}   {costs}")
         else:
             print(f"{label:<34}{NOT_MEASURED:>12}")
+    print("\nload average at the end (1, 5, 15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+          + f" on {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

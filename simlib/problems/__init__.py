@@ -5,7 +5,8 @@ Each lesson's :class:`simlib.contract.Problem` lives beside its math:
 * ``logistic`` -- sparse logistic regression (Hogwild, the simulator's default workload): ``LogisticProblem``
 * ``textclass`` -- the shipped corpus as a sparse classification task
 * ``glove`` and ``embedding_eval`` -- GloVe co-occurrence counting, AdaGrad, evaluation;
-  ``glove_table`` -- ``GloveProblem``; ``glove_slices`` -- ``GloveSlices`` (split by dimension)
+  ``glove_table`` -- ``GloveProblem`` (its in-place steps prefetch: ``glove_prefetch``); ``glove_slices`` --
+  ``GloveSlices`` (split by dimension)
 * ``lda`` and ``lda_gibbs`` -- LDA by collapsed Gibbs sampling; ``lda_table`` -- ``LDAProblem``
 * ``lasso`` -- Lasso by (parallel) coordinate descent, for Shotgun: ``ShotgunProblem``
 

@@ -192,7 +192,7 @@ def device_pass(problem: Any, w: Any, entries: Any, offset: int, batch_size: int
     xp = array_module(w)
     terms = device_copies(problem, xp, lambda m: tuple(m.asarray(a) for a in (
         problem.cooc.rows.astype(np.int32), problem.cooc.cols.astype(np.int32), problem.logx, problem.fx)))
-    views = problem._views(w)
+    views = problem.views(w)
     ids = xp.asarray(entries).astype(np.int64, copy=False)  # host ids, or a device order's slice
     if problem.device_kernel == "hogwild":  # pragma: no cover - needs a GPU
         return hogwild_entries(terms, ids, views, batch_size, eta, clip)

@@ -170,7 +170,7 @@ class GloveSlices:
         a call from step 0 starts the record afresh.
         """
         p, n = shard.worker, shard.n_workers
-        params = self.glove._views(w)
+        params = self.glove.views(w)
         parts = self.partials(w, n)
         terms = (self.cooc.rows, self.cooc.cols, self.glove.logx, self.glove.fx)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)

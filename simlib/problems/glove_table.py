@@ -41,6 +41,7 @@ from simlib import _validate as check
 from simlib.backend import InFlight, array_module, to_numpy
 from simlib.problems.glove import (Cooccurrence, GloveConfig, GloveParams, adagrad_kernel, entry_terms, epoch_order,
                                    validate_training)
+from simlib.problems.glove_prefetch import AHEAD
 
 
 # float32 arrays as the reference program builds them, then the float64 table they are copied into
@@ -87,7 +88,7 @@ class GloveProblem:
 
     def unflatten(self, w: np.ndarray) -> GloveParams:
         """The flat table as GloveParams (float32 copies)."""
-        return GloveParams(*(a.astype(np.float32) for a in self._views(w)))
+        return GloveParams(*(a.astype(np.float32) for a in self.views(w)))
 
     def shards(self, n_workers: int) -> list[tuple[int, int]]:
         """Contiguous ranges of the shuffled entry order, one per worker."""
@@ -146,8 +147,10 @@ class GloveProblem:
                        tuple(local), np.float32(lr), np.float32(self.config.grad_clip))
         return keys, new - values
 
-    def _views(self, w: np.ndarray) -> tuple[np.ndarray, ...]:
-        """W, C, bw, bc, gW, gC, gbw, gbc as views of the flat table (the kernels' ``params``)."""
+    def views(self, w: Any) -> tuple[Any, ...]:
+        """W, C, bw, bc, gW, gC, gbw, gbc as views of the flat table (NumPy or CuPy; the kernels' ``params``).
+
+        The one way to read the table: the model-parallel split and the device steps go through it too."""
         return tuple(w[self.offsets[k] : self.offsets[k + 1]].reshape(shape)
                      for k, shape in enumerate(GloveParams.shapes(self.v, self.d).values()))
 
@@ -166,7 +169,7 @@ class GloveProblem:
         passes = self._passes.setdefault(shard, {})
         if first == 0:
             passes.clear()
-        views = self._views(w)
+        views = self.views(w)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
         t, end = first * batch_size, (first + count) * batch_size
         counts = []  # lock-free device steps: each launch's queue counts (what their entries missed)
@@ -175,7 +178,8 @@ class GloveProblem:
             upto = min(n, pos + end - t)
             if isinstance(w, np.ndarray):
                 entries = self._order(p)[start + pos : start + upto]
-                cost = adagrad_kernel((self.cooc.rows, self.cooc.cols, self.logx, self.fx), entries, views, eta, clip)
+                cost = adagrad_kernel((self.cooc.rows, self.cooc.cols, self.logx, self.fx), entries, views, eta, clip,
+                                      AHEAD)
             else:  # a device table (the gpu substrate on CuPy): glove_device's steps, no wait between passes
                 from simlib.problems.glove_device import device_order, device_pass
 
@@ -207,7 +211,7 @@ class GloveProblem:
 
     def quality(self, w: np.ndarray) -> float:
         """The C program's cost 0.5 f diff^2, averaged over a fixed sample of entries."""
-        W, C, bw, bc = self._views(to_numpy(w))[:4]  # a device table is read back (the sample's rows are few)
+        W, C, bw, bc = self.views(to_numpy(w))[:4]  # a device table is read back (the sample's rows are few)
         e = self.eval_idx
         r, c = self.cooc.rows[e], self.cooc.cols[e]
         diff = np.einsum("ij,ij->i", W[r], C[c]) + bw[r] + bc[c] - self.logx[e]
