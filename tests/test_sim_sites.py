@@ -11,7 +11,7 @@ from simlib.cli import main
 from simlib.sim import SimConfig, Stragglers, simulate
 from simlib.sim.config import NETWORKS
 from simlib.sim.engine import run_config
-from simlib.sim.sites import Filter, relative_changes, site_of, wan_load
+from simlib.sim.sites import Outbox, relative_changes, site_of, wan_load
 
 FAST_LAN = dict(latency=0.0, bandwidth=1e18)
 # Fixed compute, an instant LAN, a WAN with latency only: every time below is a closed form.
@@ -82,12 +82,27 @@ def test_per_site_bsp_waits_one_wan_trip_per_step_async_does_not(small_problem):
     assert len(waits) == 2 * 5 and all(s.end - s.start == pytest.approx(0.05) for s in waits)
 
 
-def test_per_site_replication_sends_every_update_to_every_other_site(small_problem):
+def _site_step_keys(trace, problem, n_workers, sites):
+    """Per (site, step): the distinct keys its workers' pushes of that step touched (every push applied)."""
+    shards, where = problem.shards(n_workers), site_of(n_workers, sites)
+    out: dict = {}
+    for u in trace.updates:
+        keys = problem.keys(problem.batch(shards[u.worker], u.step, trace.meta["config"]["batch_size"]))
+        out.setdefault((where[u.worker], u.step), []).append(keys)
+    return {k: np.unique(np.concatenate(v)) for k, v in out.items()}
+
+
+def test_per_site_replication_sends_each_sites_summed_step_to_every_other_site(small_problem):
+    # A site server sums its workers' pushes of a step and sends the sum, one message to each other site
+    # per step: one key + value entry per distinct key its workers touched (under BSP a step's pushes are
+    # all in before any worker of the site moves on).
     cfg = SimConfig(n_workers=6, sites=3, hierarchy="per-site", steps=8)
     t = simulate(cfg, small_problem)
+    per_step = _site_step_keys(t, small_problem, 6, 3)
+    assert t.meta["wan_bytes"] == 2 * sum(len(k) for k in per_step.values()) * (cfg.key_bytes + cfg.value_bytes)
+    assert t.meta["wan_messages"] == 2 * 3 * 8
     pushed = sum(s.nbytes for s in t.spans if s.kind == "send")  # each applied push, key + value bytes
-    assert t.meta["wan_bytes"] == 2 * pushed
-    assert t.meta["wan_messages"] == 2 * len(t.updates)
+    assert t.meta["wan_bytes"] < 2 * pushed  # keys two workers of a site both touched cross once
     assert t.meta["lan_bytes"] == sum(s.nbytes for s in t.spans if s.kind in ("send", "recv"))
     times, load = wan_load(t, bins=50)
     assert load.sum() * (times[1] - times[0]) == pytest.approx(t.meta["wan_bytes"])
@@ -110,7 +125,7 @@ def test_significance_filter_moves_fewer_bytes_and_every_update_arrives(small_pr
 
 def test_a_filter_that_passes_nothing_still_delivers_everything_at_the_end(small_problem):
     run = run_config(SimConfig(n_workers=6, sites=3, hierarchy="per-site", significance=1e6, steps=6), small_problem)
-    # Nothing passes |acc| > 1e6 |value| once values are nonzero; keys at 0 pass on their first update.
+    # Nothing passes |acc| > 1e6 |value| once values are nonzero; keys at 0 pass on their first sum.
     # The flush sends one message from each site to each other site, after the last step.
     last_update = max(u.time for u in run.trace.updates)
     flush = [m for m in run.trace.meta["wan"] if m[0] >= last_update]
@@ -121,12 +136,26 @@ def test_a_filter_that_passes_nothing_still_delivers_everything_at_the_end(small
 
 
 def test_filter_keeps_small_sums_until_they_pass():
-    f = Filter(np.zeros(4), threshold=0.5)
-    keys, sums = f.add(np.array([0, 1, 3]), np.array([0.2, 2.0, 0.1]), np.array([1.0, 1.0, 0.0]))
-    assert keys.tolist() == [1, 3]  # 2.0 > 0.5 x 1; key 3's value is 0: any change passes
-    keys, sums = f.add(np.array([0]), np.array([0.4]), np.array([1.0]))
-    assert keys.tolist() == [0] and sums.tolist() == pytest.approx([0.6])
-    assert f.rest()[0].tolist() == []
+    box = Outbox(np.zeros(4), threshold=0.5)
+    values = np.array([1.0, 1.0, 5.0, 0.0])
+    box.add(3, np.array([0, 1, 3]), np.array([0.2, 2.0, 0.1]))
+    keys, sums, step = box.take(values)
+    assert keys.tolist() == [1, 3] and step == 3  # 2.0 > 0.5 x 1; key 3's value is 0: any change passes
+    box.add(4, np.array([0, 2]), np.array([0.4, 1.0]))
+    keys, sums, step = box.take(values)
+    assert keys.tolist() == [0] and sums.tolist() == pytest.approx([0.6]) and step == 4  # key 2: 1.0 <= 2.5
+    keys, sums = box.rest()
+    assert keys.tolist() == [2] and sums.tolist() == [1.0]
+    assert box.rest()[0].tolist() == [] and box.take(values)[2] is None
+
+
+def test_a_site_sums_its_workers_pushes_before_the_wan():
+    box = Outbox(np.zeros(4))  # full replication: every key touched since the last take, summed
+    box.add(2, np.array([0, 1]), np.array([1.0, 2.0]))
+    box.add(1, np.array([1, 3]), np.array([0.5, -1.0]))  # a push of an earlier step, from a slower worker
+    keys, sums, step = box.take(np.zeros(4))
+    assert keys.tolist() == [0, 1, 3] and sums.tolist() == [1.0, 2.5, -1.0] and step == 1
+    assert box.take(np.zeros(4))[0].tolist() == []
 
 
 def test_tau_counts_updates_applied_at_every_site(small_problem):
@@ -209,5 +238,8 @@ def test_per_site_invariants(small_problem, n, sites, proto, sig, servers):
         np.testing.assert_allclose(table, run.tables[0], rtol=0, atol=1e-12)
     assert t.meta["wan_bytes"] == sum(m[2] for m in t.meta["wan"])
     assert all(m[3] != m[4] for m in t.meta["wan"])
-    if sig is None:  # full replication: every update crosses to every other site
-        assert t.meta["wan_bytes"] == (sites - 1) * sum(s.nbytes for s in t.spans if s.kind == "send")
+    if sig is None and proto == "bsp":  # full replication: each site's summed step crosses to every other site
+        per_step = _site_step_keys(t, small_problem, n, sites)
+        assert t.meta["wan_bytes"] == (sites - 1) * 8 * sum(len(k) for k in per_step.values())
+    if sig is None:  # never more than each push sent as it is
+        assert t.meta["wan_bytes"] <= (sites - 1) * sum(s.nbytes for s in t.spans if s.kind == "send")

@@ -33,7 +33,7 @@ from simlib.sim import fastcost
 from simlib.sim.clocks import ClockTable
 from simlib.sim.config import SimConfig
 from simlib.sim.network import Link, Node, ring_allreduce_time, transmit
-from simlib.sim.sites import Filter, site_of
+from simlib.sim.sites import Outbox, site_of
 from simlib.sim.stragglers import ComputeModel
 from simlib.sim.kernel import Environment
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, UpdateLog
@@ -156,7 +156,7 @@ class _Run:
         finally:
             if gc_was_enabled:
                 gc.enable()
-        if self.filters is not None and not self.flushed:  # stalled workers: flush what is left now
+        if self.per_site and not self.flushed:  # stalled workers: flush what is left now
             self._flush()
             env.run()
         self.server.finish()
@@ -293,12 +293,14 @@ class _Run:
                     nxt = max(c + 1, clocks.completed)
                     self.done_steps += nxt - (c + 1)
                     c = min(nxt, steps)
+                if per_site:
+                    self._site_step(i, c)
             except simpy.Interrupt:
                 restarted = yield from self._down(i)
                 if not restarted:
                     return
         self.finished[i] = True
-        if self.filters is not None and all(self.finished):
+        if per_site and all(self.finished):
             self._flush()
 
     def _pull(self, i: int, keys: np.ndarray, stamps: dict[int, tuple[int, int, int]] | None = None):
@@ -358,7 +360,7 @@ class _Run:
         # The flat servers sit at site 0; per site, site s has its own nodes, table and server.
         self.nodes = [self.servers] + [[Node(f"site{s}.server{k}") for k in range(self.n_shards)]
                                        for s in range(1, cfg.sites if self.per_site else 1)]
-        self.filters: list[Filter] | None = None
+        self.outboxes: list[Outbox] | None = None
         self.flushed = False
         # Per receiving site: {step: messages from other sites' updates of that step still on the WAN}, and the
         # workers waiting for them (the protocol's bound holds across the WAN too: see simlib.sim.sites).
@@ -372,8 +374,11 @@ class _Run:
             # its push (the plain step rule, the only one allowed per site, uses nothing else of it).
             for server in self.site_server[1:]:
                 server.acc = self.server.acc
-            if cfg.significance is not None:
-                self.filters = [Filter(t, cfg.significance) for t in self.tables]
+            self.outboxes = [Outbox(t, cfg.significance) for t in self.tables]
+            # A site's step is complete once each of its workers has moved past it (or is down for good).
+            self.next_step = [0] * cfg.n_workers
+            self.site_step = [0] * cfg.sites
+            self.site_workers = [[i for i in range(cfg.n_workers) if self.site_of[i] == s] for s in range(cfg.sites)]
 
     def _remote(self, i: int) -> bool:
         """Whether worker i's servers are at another site (a flat PS, the worker away from site 0)."""
@@ -408,10 +413,20 @@ class _Run:
         self.wan_log.append([t0, env.now, nbytes, a, b])
 
     def _replicate(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:
-        """Site s applied an update of step c: send it (or, filtered, its keys whose sums became significant) to the others."""
-        if self.filters is not None:
-            keys, deltas = self.filters[s].add(keys, deltas, self.tables[s][keys])
-        self._send_sites(s, c, keys, deltas)
+        """Site s applied an update of step c: its server sums it into what it will send the other sites."""
+        self.outboxes[s].add(c, keys, deltas)
+
+    def _site_step(self, i: int, c: int) -> None:
+        """Worker i moved on to step c: once its site's step is complete, the site server sends its sums (one
+        message to each other site), all of them or, filtered, the significant ones."""
+        self.next_step[i] = c
+        s = self.site_of[i]
+        done = min(self.next_step[j] for j in self.site_workers[s])
+        if done > self.site_step[s]:
+            self.site_step[s] = done
+            keys, sums, first = self.outboxes[s].take(self.tables[s])
+            if first is not None:
+                self._send_sites(s, first, keys, sums)
 
     def _send_sites(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:
         if not len(keys):
@@ -450,8 +465,8 @@ class _Run:
     def _flush(self) -> None:
         """The workers are done: every site sends all it still holds back, so every update reaches every site."""
         self.flushed = True
-        for s, f in enumerate(self.filters):
-            self._send_sites(s, self.cfg.steps, *f.rest())
+        for s, box in enumerate(self.outboxes):
+            self._send_sites(s, self.cfg.steps, *box.rest())
 
     # -- worker caches (SSP with cache=True, ESSP) -----------------------------------------------
     def _stamp(self) -> tuple[int, int, int]:
@@ -577,6 +592,8 @@ class _Run:
         t0 = env.now
         if st.restart_after is None:
             self.down_since[i] = t0
+            if self.per_site:  # its site's steps no longer wait for it
+                self._site_step(i, self.cfg.steps)
             return False
         yield env.timeout(st.restart_after)
         self.trace.span(i, "down", t0, env.now)
