@@ -158,6 +158,34 @@ def test_a_site_sums_its_workers_pushes_before_the_wan():
     assert box.take(np.zeros(4))[0].tolist() == []
 
 
+def test_mirror_clock_zero_makes_async_sites_wait_one_wan_trip_per_step(small_problem):
+    # Gaia's mirror clock: a site starts step c once it has heard that the other sites ended step c - 1 - m.
+    # With m = 0 the announcement of each step's end crosses the WAN before the next: BSP's closed form.
+    asy = simulate(SimConfig(n_workers=2, sites=2, hierarchy="per-site", protocol="async", mirror_clock=0, steps=6,
+                             **CLOSED), small_problem)
+    assert asy.makespan == pytest.approx(6 * (0.01 + 0.05), rel=1e-9)
+    # Every step's end is announced: one message each way per step, updates and clock together.
+    assert asy.meta["wan_messages"] == 2 * 6
+
+
+def _pushed_at(trace) -> dict:
+    return {(u.worker, u.step): u.time for u in trace.updates}
+
+
+@pytest.mark.parametrize("m", [0, 2])
+def test_mirror_clock_bounds_how_far_async_sites_drift_apart(small_problem, m):
+    # Site 0's worker is 20x slower. A push of step c at site 1 follows a read that the mirror clock let
+    # through only once site 0 had ended step c - 1 - m: its worker had pushed that step before.
+    cfg = SimConfig(n_workers=2, sites=2, hierarchy="per-site", protocol="async", steps=12,
+                    stragglers=Stragglers(slow_workers=1, slow_factor=20.0), **CLOSED)
+    def drift(trace):
+        at = _pushed_at(trace)
+        return max(c - max((k for (w, k), t in at.items() if w == 0 and t <= at[(1, c)]), default=-1)
+                   for c in range(12))
+    assert drift(simulate(cfg.replace(mirror_clock=m), small_problem)) <= m + 1
+    assert drift(simulate(cfg, small_problem)) > m + 1  # without it the fast site runs ahead
+
+
 def test_tau_counts_updates_applied_at_every_site(small_problem):
     t = simulate(SimConfig(n_workers=4, sites=2, hierarchy="per-site", protocol="async", steps=10, **CLOSED),
                  small_problem)
@@ -185,6 +213,9 @@ def test_presets_set_the_network():
     (dict(hierarchy="tree"), "hierarchy must be one of 'flat', 'per-site'"),
     (dict(significance=0.01), "significance .* needs hierarchy='per-site'"),
     (dict(hierarchy="per-site", significance=-0.1), "significance must be"),
+    (dict(mirror_clock=2), "mirror_clock .* needs hierarchy='per-site'"),
+    (dict(hierarchy="per-site", mirror_clock=-1), "mirror_clock must be"),
+    (dict(hierarchy="per-site", mirror_clock=1.5), "mirror_clock must be"),
     (dict(sites=2, topology="allreduce"), "sites > 1 runs with topology 'ps' only"),
     (dict(hierarchy="per-site", protocol="essp:2"), "hierarchy 'per-site': worker caches"),
     (dict(hierarchy="per-site", protocol="ssp:2", cache=True), "hierarchy 'per-site': worker caches"),
@@ -197,10 +228,10 @@ def test_bad_site_settings_are_named(fields, needle):
 
 def test_cli_takes_the_site_flags(capsys):
     rc = main(["compare", "--no-plot", "--workers", "6", "--steps", "5", "--sites", "3", "--hierarchy", "per-site",
-               "--significance", "0.05", "--wan-latency", "0.02", "--protocols", "bsp,ssp:2"])
+               "--significance", "0.05", "--mirror-clock", "1", "--wan-latency", "0.02", "--protocols", "bsp,async"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "BSP 3 sites per-site sig=0.05" in out and "SSP(2) 3 sites per-site sig=0.05" in out
+    assert "BSP 3 sites per-site sig=0.05 mirror=1" in out and "Async 3 sites per-site sig=0.05 mirror=1" in out
 
 
 def test_cli_names_a_bad_site_flag():
@@ -227,19 +258,28 @@ def test_runs_across_sites_are_deterministic(small_problem):
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(2, 6), sites=st.integers(1, 3), proto=st.sampled_from(["bsp", "ssp:1", "async"]),
-       sig=st.sampled_from([None, 0.0, 0.05, 10.0]), servers=st.integers(1, 2))
-def test_per_site_invariants(small_problem, n, sites, proto, sig, servers):
+       sig=st.sampled_from([None, 0.0, 0.05, 10.0]), servers=st.integers(1, 2),
+       mirror=st.sampled_from([None, 0, 2]))
+def test_per_site_invariants(small_problem, n, sites, proto, sig, servers, mirror):
     sites = min(sites, n)
     run = run_config(SimConfig(n_workers=n, sites=sites, hierarchy="per-site", significance=sig, protocol=proto,
-                               steps=5, n_servers=servers), small_problem)
+                               steps=5, n_servers=servers, mirror_clock=mirror,
+                               stragglers=Stragglers(jitter="lognormal")), small_problem)
     t = run.trace
     assert len(t.updates) == 5 * n and all(u.applied for u in t.updates)
     for table in run.tables[1:]:  # every update reached every site
         np.testing.assert_allclose(table, run.tables[0], rtol=0, atol=1e-12)
     assert t.meta["wan_bytes"] == sum(m[2] for m in t.meta["wan"])
     assert all(m[3] != m[4] for m in t.meta["wan"])
-    if sig is None and proto == "bsp":  # full replication: each site's summed step crosses to every other site
+    # The bound across sites (the protocol's, at most the mirror clock): a push of step c follows a read that
+    # waited until every worker elsewhere had pushed step c - 1 - bound.
+    bound = min(SimConfig(protocol=proto).bound, np.inf if mirror is None else mirror)
+    at, where = _pushed_at(t), site_of(n, sites)
+    for (i, c), when in at.items():
+        if c - 1 - bound >= 0:
+            assert all(at[(j, int(c - 1 - bound))] <= when for j in range(n) if where[j] != where[i])
+    if sig is None and proto == "bsp" and mirror is None:  # full replication: each site's summed step crosses to every other site
         per_step = _site_step_keys(t, small_problem, n, sites)
         assert t.meta["wan_bytes"] == (sites - 1) * 8 * sum(len(k) for k in per_step.values())
-    if sig is None:  # never more than each push sent as it is
+    if sig is None and mirror is None:  # never more than each push sent as it is (a mirror clock adds its own)
         assert t.meta["wan_bytes"] <= (sites - 1) * sum(s.nbytes for s in t.spans if s.kind == "send")

@@ -366,6 +366,10 @@ class _Run:
         # workers waiting for them (the protocol's bound holds across the WAN too: see simlib.sim.sites).
         self.wan_pending: list[dict[int, int]] = [{} for _ in range(cfg.sites)]
         self.wan_waiters: list[list[tuple[int, simpy.Event]]] = [[] for _ in range(cfg.sites)]
+        # Gaia's mirror clock: heard[r][s] is the last end of a step of site s that site r has heard of.
+        self.mirror = cfg.mirror_clock if self.per_site else None
+        self.cross_bound = cfg.bound if self.mirror is None else min(cfg.bound, self.mirror)
+        self.heard = [[cfg.steps if s == r else 0 for s in range(cfg.sites)] for r in range(cfg.sites)]
         if self.per_site:
             self.tables = [self.w] + [self.w.copy() for _ in range(1, cfg.sites)]
             self.site_server = [self.server] + [ParamServer(t, cfg.n_workers, cfg.proto, cfg.step_rule,
@@ -425,28 +429,36 @@ class _Run:
         if done > self.site_step[s]:
             self.site_step[s] = done
             keys, sums, first = self.outboxes[s].take(self.tables[s])
-            if first is not None:
-                self._send_sites(s, first, keys, sums)
+            clock = None if self.mirror is None else done  # with the mirror clock, every step's end is announced
+            self._send_sites(s, done if first is None else first, keys, sums, clock)
 
-    def _send_sites(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:
-        if not len(keys):
+    def _send_sites(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray | None, clock: int | None = None) -> None:
+        """Site s sends ``keys`` (sums of its steps >= c) to every other site, with its clock if one is given (a
+        clock costs one key's bytes; alone when no key is sent)."""
+        if not len(keys) and clock is None:
             return
-        nbytes = len(keys) * (self.cfg.key_bytes + self.cfg.value_bytes)
+        nbytes = len(keys) * (self.cfg.key_bytes + self.cfg.value_bytes) + (0 if clock is None else self.cfg.key_bytes)
         for r in range(self.cfg.sites):
             if r != s:
-                pending = self.wan_pending[r]
-                pending[c] = pending.get(c, 0) + 1
-                self.env.process(self._site_message(s, r, c, keys, deltas, nbytes))
+                if len(keys):
+                    pending = self.wan_pending[r]
+                    pending[c] = pending.get(c, 0) + 1
+                self.env.process(self._site_message(s, r, c, keys, deltas, nbytes, clock))
 
-    def _site_message(self, s: int, r: int, c: int, keys: np.ndarray, deltas: np.ndarray, nbytes: int):
+    def _site_message(self, s: int, r: int, c: int, keys: np.ndarray, deltas: np.ndarray | None, nbytes: int,
+                      clock: int | None):
         yield from self._wan(s, r, nbytes)
-        if deltas is not None:  # None: cost-only
-            self.tables[r][keys] += deltas
-        pending = self.wan_pending[r]
-        pending[c] -= 1
-        if not pending[c]:
-            del pending[c]
-            waiting = self.wan_waiters[r]
+        if len(keys):
+            if deltas is not None:  # None: cost-only
+                self.tables[r][keys] += deltas
+            pending = self.wan_pending[r]
+            pending[c] -= 1
+            if not pending[c]:
+                del pending[c]
+        if clock is not None:  # the link is FIFO: every message site s sent before this one has arrived
+            self.heard[r][s] = max(self.heard[r][s], clock)
+        waiting = self.wan_waiters[r]
+        if waiting:
             self.wan_waiters[r] = [(step, ev) for step, ev in waiting if not self._wan_ready(r, step)]
             for step, ev in waiting:
                 if self._wan_ready(r, step):
@@ -454,8 +466,11 @@ class _Run:
 
     def _wan_ready(self, r: int, c: int) -> bool:
         """Whether site r holds every update of the other sites that the bound lets a step-c read not see: those of
-        steps <= c - 1 - bound (of them, with a filter, the ones sent: significant sums)."""
-        return min(self.wan_pending[r], default=c) > c - 1 - self.cfg.bound
+        steps <= c - 1 - bound (of them, with a filter, the ones sent: significant sums). With the mirror clock m the
+        bound is at most m, and site r must also have heard that every other site ended its steps <= c - 1 - m."""
+        if min(self.wan_pending[r], default=c) <= c - 1 - self.cross_bound:
+            return False
+        return self.mirror is None or min(self.heard[r]) >= c - self.mirror
 
     def _wan_wait(self, r: int, c: int) -> simpy.Event:
         ev = self.env.event()

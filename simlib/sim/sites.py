@@ -18,8 +18,12 @@ every update reaches every site and the tables agree (up to the order of floatin
 
 The clocks stay global and the protocol's bound holds across the WAN too: a worker's read at step c
 waits until its site holds what the other sites sent for updates of steps up to c - 1 - s (s = 0 for
-BSP, the bound for SSP, none for async); a message counts for the earliest step whose pushes it sums. With the filter that is what they sent, the significant sums:
-the small ones are the approximation (Gaia's ASP bounds them only by the threshold). tau counts the
+BSP, the bound for SSP, none for async); a message counts for the earliest step whose pushes it sums.
+With the filter that is what they sent, the significant sums: the small ones are the approximation (Gaia's ASP bounds them only by the threshold). Gaia's mirror clock
+(``mirror_clock`` m) bounds the sites against each other whatever the protocol: each site announces the end
+of each of its steps to the others (with that step's sums, or alone: one key's bytes), and a read at step c
+also waits until its site has heard that every other site ended step c - 1 - m. Without it an async site
+runs on its own table at LAN speed and hears from the others only as the WAN delivers. tau counts the
 updates applied at any site between a read and its push. The quality is evaluated on site 0's table.
 """
 from __future__ import annotations
