@@ -11,7 +11,7 @@ from simlib.cli import main
 from simlib.sim import SimConfig, Stragglers, simulate
 from simlib.sim.config import NETWORKS
 from simlib.sim.engine import run_config
-from simlib.sim.sites import Outbox, relative_changes, site_of, wan_load
+from simlib.sim.sites import Outbox, relative_changes, sent_by_frequency, site_of, wan_load
 
 FAST_LAN = dict(latency=0.0, bandwidth=1e18)
 # Fixed compute, an instant LAN, a WAN with latency only: every time below is a closed form.
@@ -184,6 +184,20 @@ def test_mirror_clock_bounds_how_far_async_sites_drift_apart(small_problem, m):
                    for c in range(12))
     assert drift(simulate(cfg.replace(mirror_clock=m), small_problem)) <= m + 1
     assert drift(simulate(cfg, small_problem)) > m + 1  # without it the fast site runs ahead
+
+
+def test_sent_by_frequency_counts_what_the_filter_held_back():
+    box = Outbox(np.zeros(3), threshold=0.5)
+    values = np.array([10.0, 1.0, 0.0])
+    for step in range(4):  # key 0 summed 4 times and never sent; key 1 sent each time; key 2 once, sent
+        box.add(step, np.array([0, 1] if step else [0, 1, 2]), np.array([0.1, 1.0, 1.0] if not step else [0.1, 1.0]))
+        box.take(values)
+    assert box.summed.tolist() == [4, 4, 1] and box.sent.tolist() == [0, 4, 1]
+    top, rest = sent_by_frequency([box], shares=(0.5, 1.0))  # 3 keys: round(1.5) = 2 in the top half
+    assert (top["keys"], top["share"], top["sent"], top["per_key"]) == (2, 8 / 9, 0.5, 4)
+    assert (rest["keys"], rest["share"], rest["sent"]) == (1, 1 / 9, 1.0)
+    with pytest.raises(ValueError, match="shares must rise"):
+        sent_by_frequency([box], shares=(0.5, 0.2, 1.0))
 
 
 def test_tau_counts_updates_applied_at_every_site(small_problem):

@@ -73,6 +73,9 @@ class Outbox:
         self.threshold = threshold
         self.touched: list[np.ndarray] = []
         self.first: int | None = None  # the earliest step of a push summed in since the last take
+        # Per key: how many of the site's takes summed it, and how many of those sent it (what filtering saved).
+        self.summed = np.zeros(len(like), dtype=np.int64)
+        self.sent = np.zeros(len(like), dtype=np.int64)
 
     def add(self, step: int, keys: np.ndarray, deltas: np.ndarray | None) -> None:
         """Sum one applied push of ``step`` (unique keys) in."""
@@ -89,11 +92,13 @@ class Outbox:
             return np.zeros(0, dtype=np.int64), None, None
         keys = self.touched[0] if len(self.touched) == 1 else np.unique(np.concatenate(self.touched))
         self.touched = []
+        self.summed[keys] += 1
         acc = self.acc[keys]
         if self.threshold is not None:
             sig = significant(acc, values[keys], self.threshold)
             keys, acc = keys[sig], acc[sig]
         self.acc[keys] = 0.0
+        self.sent[keys] += 1
         return keys, acc, first
 
     def rest(self) -> tuple[np.ndarray, np.ndarray]:
@@ -105,6 +110,32 @@ class Outbox:
         out = self.acc[keys]
         self.acc[keys] = 0.0
         return keys, out
+
+
+def sent_by_frequency(outboxes: list[Outbox], shares: tuple[float, ...] = (0.01, 0.1, 0.5, 1.0)) -> list[dict[str, float]]:
+    """What a filter sent, by how often the keys were touched: keys ranked by the site steps that summed them.
+
+    One row per group (the top ``shares[0]`` of the keys ever touched, then up to ``shares[1]``, ...):
+    ``keys``, ``share`` (of all the sums the sites took), ``sent`` (the fraction of the group's sums sent)
+    and ``per_key`` (the median sums per key per site).
+    """
+    if not shares or any(not 0 <= a < b for a, b in zip((0.0, *shares), shares)) or shares[-1] != 1.0:
+        raise ValueError(f"shares must rise from above 0 to 1.0, got {shares!r}")
+    summed = sum(box.summed for box in outboxes)
+    sent = sum(box.sent for box in outboxes)
+    order = np.argsort(-summed, kind="stable")
+    order = order[summed[order] > 0]
+    total = max(int(summed.sum()), 1)
+    rows, lo = [], 0
+    for share in shares:
+        hi = int(round(share * len(order)))
+        keys = order[lo:hi]
+        if len(keys):
+            rows.append({"keys": float(len(keys)), "share": float(summed[keys].sum() / total),
+                         "sent": float(sent[keys].sum() / summed[keys].sum()),
+                         "per_key": float(np.median(summed[keys])) / len(outboxes)})
+        lo = hi
+    return rows
 
 
 def wan_load(trace: Any, bins: int = 200) -> tuple[np.ndarray, np.ndarray]:
