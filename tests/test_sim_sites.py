@@ -11,7 +11,7 @@ from simlib.cli import main
 from simlib.sim import SimConfig, Stragglers, simulate
 from simlib.sim.config import NETWORKS
 from simlib.sim.engine import run_config
-from simlib.sim.sites import Outbox, relative_changes, sent_by_frequency, site_of, wan_load
+from simlib.sim.sites import Outbox, against, relative_changes, sent_by_frequency, site_of, wan_load
 
 FAST_LAN = dict(latency=0.0, bandwidth=1e18)
 # Fixed compute, an instant LAN, a WAN with latency only: every time below is a closed form.
@@ -198,6 +198,19 @@ def test_sent_by_frequency_counts_what_the_filter_held_back():
     assert (rest["keys"], rest["share"], rest["sent"]) == (1, 1 / 9, 1.0)
     with pytest.raises(ValueError, match="shares must rise"):
         sent_by_frequency([box], shares=(0.5, 0.2, 1.0))
+
+
+def test_against_compares_bytes_time_and_loss_with_the_base(small_problem):
+    cfg = SimConfig(n_workers=6, sites=3, protocol="ssp:2", steps=30)
+    flat, site = simulate(cfg, small_problem), simulate(cfg.replace(hierarchy="per-site", significance=0.1), small_problem)
+    target = flat.quality[-1].value * 1.05
+    rows = against(flat, {"flat": flat, "filter": site}, target)
+    assert rows["flat"]["fewer"] == 1.0 and rows["flat"]["sooner"] == 1.0 and rows["flat"]["change"] == 0.0
+    r = rows["filter"]
+    assert r["wan_mb"] == site.meta["wan_bytes"] / 1e6 and r["fewer"] == flat.meta["wan_bytes"] / site.meta["wan_bytes"]
+    assert r["time"] == site.time_to(target) and r["sooner"] == flat.time_to(target) / site.time_to(target)
+    assert r["change"] == pytest.approx(site.quality[-1].value / flat.quality[-1].value - 1)
+    assert against(flat, {"never": site}, 0.0)["never"]["time"] is None
 
 
 def test_tau_counts_updates_applied_at_every_site(small_problem):

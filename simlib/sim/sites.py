@@ -138,6 +138,18 @@ def sent_by_frequency(outboxes: list[Outbox], shares: tuple[float, ...] = (0.01,
     return rows
 
 
+def against(base: Any, traces: dict[str, Any], target: float) -> dict[str, dict[str, float | None]]:
+    """Each trace against ``base`` (say a flat PS): WAN MB and how many times fewer, the time to ``target`` (None:
+    never reached) and how many times sooner, the final quality and its relative change."""
+    fw, ft, fq = base.meta["wan_bytes"], base.time_to(target), base.quality[-1].value
+    rows = {}
+    for name, tr in traces.items():
+        w, t, q = tr.meta["wan_bytes"], tr.time_to(target), tr.quality[-1].value
+        rows[name] = {"wan_mb": w / 1e6, "fewer": fw / w if w else float("inf"), "time": t,
+                      "sooner": None if t is None or ft is None else ft / t, "final": q, "change": q / fq - 1}
+    return rows
+
+
 def wan_load(trace: Any, bins: int = 200) -> tuple[np.ndarray, np.ndarray]:
     """(bin start times, WAN bytes per second in each bin), from ``trace.meta['wan']`` ([start, end, bytes, from, to]).
 
