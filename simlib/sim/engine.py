@@ -13,8 +13,8 @@ they are; under ESSP the server also sends every update it applies to every othe
 over the same links, so reads are fresher and the network carries more.
 
 With ``SimConfig.sites`` > 1 the job spans sites joined by WAN links; with ``hierarchy='per-site'`` each
-site has its own servers and table, synced across the WAN (all of it, or Gaia's significant sums):
-see :mod:`simlib.sim.sites` for the model.
+site has its own servers and table, synced across the WAN once per site step (the sums of its workers' pushes,
+all of them or Gaia's significant ones), optionally bounded by Gaia's mirror clock: see :mod:`simlib.sim.sites`.
 """
 from __future__ import annotations
 
