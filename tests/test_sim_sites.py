@@ -11,7 +11,7 @@ from simlib.cli import main
 from simlib.sim import SimConfig, Stragglers, simulate
 from simlib.sim.config import NETWORKS
 from simlib.sim.engine import run_config
-from simlib.sim.sites import Filter, relative_changes, site_of, wan_load
+from simlib.sim.sites import Outbox, against, relative_changes, sent_by_frequency, site_of, wan_load
 
 FAST_LAN = dict(latency=0.0, bandwidth=1e18)
 # Fixed compute, an instant LAN, a WAN with latency only: every time below is a closed form.
@@ -82,12 +82,27 @@ def test_per_site_bsp_waits_one_wan_trip_per_step_async_does_not(small_problem):
     assert len(waits) == 2 * 5 and all(s.end - s.start == pytest.approx(0.05) for s in waits)
 
 
-def test_per_site_replication_sends_every_update_to_every_other_site(small_problem):
+def _site_step_keys(trace, problem, n_workers, sites):
+    """Per (site, step): the distinct keys its workers' pushes of that step touched (every push applied)."""
+    shards, where = problem.shards(n_workers), site_of(n_workers, sites)
+    out: dict = {}
+    for u in trace.updates:
+        keys = problem.keys(problem.batch(shards[u.worker], u.step, trace.meta["config"]["batch_size"]))
+        out.setdefault((where[u.worker], u.step), []).append(keys)
+    return {k: np.unique(np.concatenate(v)) for k, v in out.items()}
+
+
+def test_per_site_replication_sends_each_sites_summed_step_to_every_other_site(small_problem):
+    # A site server sums its workers' pushes of a step and sends the sum, one message to each other site
+    # per step: one key + value entry per distinct key its workers touched (under BSP a step's pushes are
+    # all in before any worker of the site moves on).
     cfg = SimConfig(n_workers=6, sites=3, hierarchy="per-site", steps=8)
     t = simulate(cfg, small_problem)
+    per_step = _site_step_keys(t, small_problem, 6, 3)
+    assert t.meta["wan_bytes"] == 2 * sum(len(k) for k in per_step.values()) * (cfg.key_bytes + cfg.value_bytes)
+    assert t.meta["wan_messages"] == 2 * 3 * 8
     pushed = sum(s.nbytes for s in t.spans if s.kind == "send")  # each applied push, key + value bytes
-    assert t.meta["wan_bytes"] == 2 * pushed
-    assert t.meta["wan_messages"] == 2 * len(t.updates)
+    assert t.meta["wan_bytes"] < 2 * pushed  # keys two workers of a site both touched cross once
     assert t.meta["lan_bytes"] == sum(s.nbytes for s in t.spans if s.kind in ("send", "recv"))
     times, load = wan_load(t, bins=50)
     assert load.sum() * (times[1] - times[0]) == pytest.approx(t.meta["wan_bytes"])
@@ -110,7 +125,7 @@ def test_significance_filter_moves_fewer_bytes_and_every_update_arrives(small_pr
 
 def test_a_filter_that_passes_nothing_still_delivers_everything_at_the_end(small_problem):
     run = run_config(SimConfig(n_workers=6, sites=3, hierarchy="per-site", significance=1e6, steps=6), small_problem)
-    # Nothing passes |acc| > 1e6 |value| once values are nonzero; keys at 0 pass on their first update.
+    # Nothing passes |acc| > 1e6 |value| once values are nonzero; keys at 0 pass on their first sum.
     # The flush sends one message from each site to each other site, after the last step.
     last_update = max(u.time for u in run.trace.updates)
     flush = [m for m in run.trace.meta["wan"] if m[0] >= last_update]
@@ -121,12 +136,81 @@ def test_a_filter_that_passes_nothing_still_delivers_everything_at_the_end(small
 
 
 def test_filter_keeps_small_sums_until_they_pass():
-    f = Filter(np.zeros(4), threshold=0.5)
-    keys, sums = f.add(np.array([0, 1, 3]), np.array([0.2, 2.0, 0.1]), np.array([1.0, 1.0, 0.0]))
-    assert keys.tolist() == [1, 3]  # 2.0 > 0.5 x 1; key 3's value is 0: any change passes
-    keys, sums = f.add(np.array([0]), np.array([0.4]), np.array([1.0]))
-    assert keys.tolist() == [0] and sums.tolist() == pytest.approx([0.6])
-    assert f.rest()[0].tolist() == []
+    box = Outbox(np.zeros(4), threshold=0.5)
+    values = np.array([1.0, 1.0, 5.0, 0.0])
+    box.add(3, np.array([0, 1, 3]), np.array([0.2, 2.0, 0.1]))
+    keys, sums, step = box.take(values)
+    assert keys.tolist() == [1, 3] and step == 3  # 2.0 > 0.5 x 1; key 3's value is 0: any change passes
+    box.add(4, np.array([0, 2]), np.array([0.4, 1.0]))
+    keys, sums, step = box.take(values)
+    assert keys.tolist() == [0] and sums.tolist() == pytest.approx([0.6]) and step == 4  # key 2: 1.0 <= 2.5
+    keys, sums = box.rest()
+    assert keys.tolist() == [2] and sums.tolist() == [1.0]
+    assert box.rest()[0].tolist() == [] and box.take(values)[2] is None
+
+
+def test_a_site_sums_its_workers_pushes_before_the_wan():
+    box = Outbox(np.zeros(4))  # full replication: every key touched since the last take, summed
+    box.add(2, np.array([0, 1]), np.array([1.0, 2.0]))
+    box.add(1, np.array([1, 3]), np.array([0.5, -1.0]))  # a push of an earlier step, from a slower worker
+    keys, sums, step = box.take(np.zeros(4))
+    assert keys.tolist() == [0, 1, 3] and sums.tolist() == [1.0, 2.5, -1.0] and step == 1
+    assert box.take(np.zeros(4))[0].tolist() == []
+
+
+def test_mirror_clock_zero_makes_async_sites_wait_one_wan_trip_per_step(small_problem):
+    # Gaia's mirror clock: a site starts step c once it has heard that the other sites ended step c - 1 - m.
+    # With m = 0 the announcement of each step's end crosses the WAN before the next: BSP's closed form.
+    asy = simulate(SimConfig(n_workers=2, sites=2, hierarchy="per-site", protocol="async", mirror_clock=0, steps=6,
+                             **CLOSED), small_problem)
+    assert asy.makespan == pytest.approx(6 * (0.01 + 0.05), rel=1e-9)
+    # Every step's end is announced: one message each way per step, updates and clock together.
+    assert asy.meta["wan_messages"] == 2 * 6
+
+
+def _pushed_at(trace) -> dict:
+    return {(u.worker, u.step): u.time for u in trace.updates}
+
+
+@pytest.mark.parametrize("m", [0, 2])
+def test_mirror_clock_bounds_how_far_async_sites_drift_apart(small_problem, m):
+    # Site 0's worker is 20x slower. A push of step c at site 1 follows a read that the mirror clock let
+    # through only once site 0 had ended step c - 1 - m: its worker had pushed that step before.
+    cfg = SimConfig(n_workers=2, sites=2, hierarchy="per-site", protocol="async", steps=12,
+                    stragglers=Stragglers(slow_workers=1, slow_factor=20.0), **CLOSED)
+    def drift(trace):
+        at = _pushed_at(trace)
+        return max(c - max((k for (w, k), t in at.items() if w == 0 and t <= at[(1, c)]), default=-1)
+                   for c in range(12))
+    assert drift(simulate(cfg.replace(mirror_clock=m), small_problem)) <= m + 1
+    assert drift(simulate(cfg, small_problem)) > m + 1  # without it the fast site runs ahead
+
+
+def test_sent_by_frequency_counts_what_the_filter_held_back():
+    box = Outbox(np.zeros(3), threshold=0.5)
+    values = np.array([10.0, 1.0, 0.0])
+    for step in range(4):  # key 0 summed 4 times and never sent; key 1 sent each time; key 2 once, sent
+        box.add(step, np.array([0, 1] if step else [0, 1, 2]), np.array([0.1, 1.0, 1.0] if not step else [0.1, 1.0]))
+        box.take(values)
+    assert box.summed.tolist() == [4, 4, 1] and box.sent.tolist() == [0, 4, 1]
+    top, rest = sent_by_frequency([box], shares=(0.5, 1.0))  # 3 keys: round(1.5) = 2 in the top half
+    assert (top["keys"], top["share"], top["sent"], top["per_key"]) == (2, 8 / 9, 0.5, 4)
+    assert (rest["keys"], rest["share"], rest["sent"]) == (1, 1 / 9, 1.0)
+    with pytest.raises(ValueError, match="shares must rise"):
+        sent_by_frequency([box], shares=(0.5, 0.2, 1.0))
+
+
+def test_against_compares_bytes_time_and_loss_with_the_base(small_problem):
+    cfg = SimConfig(n_workers=6, sites=3, protocol="ssp:2", steps=30)
+    flat, site = simulate(cfg, small_problem), simulate(cfg.replace(hierarchy="per-site", significance=0.1), small_problem)
+    target = flat.quality[-1].value * 1.05
+    rows = against(flat, {"flat": flat, "filter": site}, target)
+    assert rows["flat"]["fewer"] == 1.0 and rows["flat"]["sooner"] == 1.0 and rows["flat"]["change"] == 0.0
+    r = rows["filter"]
+    assert r["wan_mb"] == site.meta["wan_bytes"] / 1e6 and r["fewer"] == flat.meta["wan_bytes"] / site.meta["wan_bytes"]
+    assert r["time"] == site.time_to(target) and r["sooner"] == flat.time_to(target) / site.time_to(target)
+    assert r["change"] == pytest.approx(site.quality[-1].value / flat.quality[-1].value - 1)
+    assert against(flat, {"never": site}, 0.0)["never"]["time"] is None
 
 
 def test_tau_counts_updates_applied_at_every_site(small_problem):
@@ -156,6 +240,9 @@ def test_presets_set_the_network():
     (dict(hierarchy="tree"), "hierarchy must be one of 'flat', 'per-site'"),
     (dict(significance=0.01), "significance .* needs hierarchy='per-site'"),
     (dict(hierarchy="per-site", significance=-0.1), "significance must be"),
+    (dict(mirror_clock=2), "mirror_clock .* needs hierarchy='per-site'"),
+    (dict(hierarchy="per-site", mirror_clock=-1), "mirror_clock must be"),
+    (dict(hierarchy="per-site", mirror_clock=1.5), "mirror_clock must be"),
     (dict(sites=2, topology="allreduce"), "sites > 1 runs with topology 'ps' only"),
     (dict(hierarchy="per-site", protocol="essp:2"), "hierarchy 'per-site': worker caches"),
     (dict(hierarchy="per-site", protocol="ssp:2", cache=True), "hierarchy 'per-site': worker caches"),
@@ -168,10 +255,10 @@ def test_bad_site_settings_are_named(fields, needle):
 
 def test_cli_takes_the_site_flags(capsys):
     rc = main(["compare", "--no-plot", "--workers", "6", "--steps", "5", "--sites", "3", "--hierarchy", "per-site",
-               "--significance", "0.05", "--wan-latency", "0.02", "--protocols", "bsp,ssp:2"])
+               "--significance", "0.05", "--mirror-clock", "1", "--wan-latency", "0.02", "--protocols", "bsp,async"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "BSP 3 sites per-site sig=0.05" in out and "SSP(2) 3 sites per-site sig=0.05" in out
+    assert "BSP 3 sites per-site sig=0.05 mirror=1" in out and "Async 3 sites per-site sig=0.05 mirror=1" in out
 
 
 def test_cli_names_a_bad_site_flag():
@@ -198,16 +285,28 @@ def test_runs_across_sites_are_deterministic(small_problem):
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(2, 6), sites=st.integers(1, 3), proto=st.sampled_from(["bsp", "ssp:1", "async"]),
-       sig=st.sampled_from([None, 0.0, 0.05, 10.0]), servers=st.integers(1, 2))
-def test_per_site_invariants(small_problem, n, sites, proto, sig, servers):
+       sig=st.sampled_from([None, 0.0, 0.05, 10.0]), servers=st.integers(1, 2),
+       mirror=st.sampled_from([None, 0, 2]))
+def test_per_site_invariants(small_problem, n, sites, proto, sig, servers, mirror):
     sites = min(sites, n)
     run = run_config(SimConfig(n_workers=n, sites=sites, hierarchy="per-site", significance=sig, protocol=proto,
-                               steps=5, n_servers=servers), small_problem)
+                               steps=5, n_servers=servers, mirror_clock=mirror,
+                               stragglers=Stragglers(jitter="lognormal")), small_problem)
     t = run.trace
     assert len(t.updates) == 5 * n and all(u.applied for u in t.updates)
     for table in run.tables[1:]:  # every update reached every site
         np.testing.assert_allclose(table, run.tables[0], rtol=0, atol=1e-12)
     assert t.meta["wan_bytes"] == sum(m[2] for m in t.meta["wan"])
     assert all(m[3] != m[4] for m in t.meta["wan"])
-    if sig is None:  # full replication: every update crosses to every other site
-        assert t.meta["wan_bytes"] == (sites - 1) * sum(s.nbytes for s in t.spans if s.kind == "send")
+    # The bound across sites (the protocol's, at most the mirror clock): a push of step c follows a read that
+    # waited until every worker elsewhere had pushed step c - 1 - bound.
+    bound = min(SimConfig(protocol=proto).bound, np.inf if mirror is None else mirror)
+    at, where = _pushed_at(t), site_of(n, sites)
+    for (i, c), when in at.items():
+        if c - 1 - bound >= 0:
+            assert all(at[(j, int(c - 1 - bound))] <= when for j in range(n) if where[j] != where[i])
+    if sig is None and proto == "bsp" and mirror is None:  # full replication: each site's summed step crosses to every other site
+        per_step = _site_step_keys(t, small_problem, n, sites)
+        assert t.meta["wan_bytes"] == (sites - 1) * 8 * sum(len(k) for k in per_step.values())
+    if sig is None and mirror is None:  # never more than each push sent as it is (a mirror clock adds its own)
+        assert t.meta["wan_bytes"] <= (sites - 1) * sum(s.nbytes for s in t.spans if s.kind == "send")

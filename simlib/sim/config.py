@@ -133,6 +133,11 @@ class SimConfig(_FieldsOnly):
     significance: float | None = _f(None, "per-site servers send a key across the WAN only once its accumulated "
                                           "update passes |acc| > significance x |value| (Gaia); off: every update",
                                     min=0, max=1e6)
+    mirror_clock: int | None = _f(None, "Gaia's mirror clock (per-site servers): a site's workers start step c only once "
+                                        "every other site has announced the end of step c - 1 - mirror_clock and its "
+                                        "updates of those steps (the ones it sent) have arrived; bounds how far sites "
+                                        "drift apart under async; off: the protocol's bound alone", min=0,
+                                  max=MAX_STEPS)
     # Bosen's managed communication (simlib.sim.managed): a clock spans several mini-batches whose updates the
     # worker sums and pushes at the clock's end; with a budget it sends the largest relative changes early.
     clock_batches: int = _f(1, "mini-batches per clock: the worker sums their updates and pushes once per clock, "
@@ -269,6 +274,9 @@ class SimConfig(_FieldsOnly):
             raise ValueError(f"sites ({self.sites}) must be <= n_workers ({self.n_workers}): every site needs a worker")
         if self.sites > 1 and self.topology != "ps":
             raise ValueError("sites > 1 runs with topology 'ps' only (a ring all-reduce across sites is not modelled)")
+        if self.mirror_clock is not None and self.hierarchy != "per-site":
+            raise ValueError("mirror_clock bounds how far per-site servers drift apart: it needs hierarchy='per-site' "
+                             "(--hierarchy per-site)")
         if self.significance is not None and self.hierarchy != "per-site":
             raise ValueError("significance filters what per-site servers send each other: it needs "
                              "hierarchy='per-site' (--hierarchy per-site)")
@@ -344,6 +352,7 @@ class SimConfig(_FieldsOnly):
             base += f" {self.sites} sites"
         if self.hierarchy == "per-site":
             base += " per-site" + ("" if self.significance is None else f" sig={self.significance:g}")
+            base += "" if self.mirror_clock is None else f" mirror={self.mirror_clock}"
         if self.backup_workers:
             base += f" b={self.backup_workers}"
         if self.timeout is not None:

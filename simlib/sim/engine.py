@@ -13,8 +13,8 @@ they are; under ESSP the server also sends every update it applies to every othe
 over the same links, so reads are fresher and the network carries more.
 
 With ``SimConfig.sites`` > 1 the job spans sites joined by WAN links; with ``hierarchy='per-site'`` each
-site has its own servers and table, synced across the WAN (all of it, or Gaia's significant sums):
-see :mod:`simlib.sim.sites` for the model.
+site has its own servers and table, synced across the WAN once per site step (the sums of its workers' pushes,
+all of them or Gaia's significant ones), optionally bounded by Gaia's mirror clock: see :mod:`simlib.sim.sites`.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from simlib.sim import fastcost
 from simlib.sim.clocks import ClockTable
 from simlib.sim.config import SimConfig
 from simlib.sim.network import Link, Node, ring_allreduce_time, transmit
-from simlib.sim.sites import Filter, site_of
+from simlib.sim.sites import Outbox, site_of
 from simlib.sim.stragglers import ComputeModel
 from simlib.sim.kernel import Environment
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, UpdateLog
@@ -156,7 +156,7 @@ class _Run:
         finally:
             if gc_was_enabled:
                 gc.enable()
-        if self.filters is not None and not self.flushed:  # stalled workers: flush what is left now
+        if self.per_site and not self.flushed:  # stalled workers: flush what is left now
             self._flush()
             env.run()
         self.server.finish()
@@ -293,12 +293,14 @@ class _Run:
                     nxt = max(c + 1, clocks.completed)
                     self.done_steps += nxt - (c + 1)
                     c = min(nxt, steps)
+                if per_site:
+                    self._site_step(i, c)
             except simpy.Interrupt:
                 restarted = yield from self._down(i)
                 if not restarted:
                     return
         self.finished[i] = True
-        if self.filters is not None and all(self.finished):
+        if per_site and all(self.finished):
             self._flush()
 
     def _pull(self, i: int, keys: np.ndarray, stamps: dict[int, tuple[int, int, int]] | None = None):
@@ -358,12 +360,16 @@ class _Run:
         # The flat servers sit at site 0; per site, site s has its own nodes, table and server.
         self.nodes = [self.servers] + [[Node(f"site{s}.server{k}") for k in range(self.n_shards)]
                                        for s in range(1, cfg.sites if self.per_site else 1)]
-        self.filters: list[Filter] | None = None
+        self.outboxes: list[Outbox] | None = None
         self.flushed = False
         # Per receiving site: {step: messages from other sites' updates of that step still on the WAN}, and the
         # workers waiting for them (the protocol's bound holds across the WAN too: see simlib.sim.sites).
         self.wan_pending: list[dict[int, int]] = [{} for _ in range(cfg.sites)]
         self.wan_waiters: list[list[tuple[int, simpy.Event]]] = [[] for _ in range(cfg.sites)]
+        # Gaia's mirror clock: heard[r][s] is the last end of a step of site s that site r has heard of.
+        self.mirror = cfg.mirror_clock if self.per_site else None
+        self.cross_bound = cfg.bound if self.mirror is None else min(cfg.bound, self.mirror)
+        self.heard = [[cfg.steps if s == r else 0 for s in range(cfg.sites)] for r in range(cfg.sites)]
         if self.per_site:
             self.tables = [self.w] + [self.w.copy() for _ in range(1, cfg.sites)]
             self.site_server = [self.server] + [ParamServer(t, cfg.n_workers, cfg.proto, cfg.step_rule,
@@ -372,8 +378,11 @@ class _Run:
             # its push (the plain step rule, the only one allowed per site, uses nothing else of it).
             for server in self.site_server[1:]:
                 server.acc = self.server.acc
-            if cfg.significance is not None:
-                self.filters = [Filter(t, cfg.significance) for t in self.tables]
+            self.outboxes = [Outbox(t, cfg.significance) for t in self.tables]
+            # A site's step is complete once each of its workers has moved past it (or is down for good).
+            self.next_step = [0] * cfg.n_workers
+            self.site_step = [0] * cfg.sites
+            self.site_workers = [[i for i in range(cfg.n_workers) if self.site_of[i] == s] for s in range(cfg.sites)]
 
     def _remote(self, i: int) -> bool:
         """Whether worker i's servers are at another site (a flat PS, the worker away from site 0)."""
@@ -408,30 +417,48 @@ class _Run:
         self.wan_log.append([t0, env.now, nbytes, a, b])
 
     def _replicate(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:
-        """Site s applied an update of step c: send it (or, filtered, its keys whose sums became significant) to the others."""
-        if self.filters is not None:
-            keys, deltas = self.filters[s].add(keys, deltas, self.tables[s][keys])
-        self._send_sites(s, c, keys, deltas)
+        """Site s applied an update of step c: its server sums it into what it will send the other sites."""
+        self.outboxes[s].add(c, keys, deltas)
 
-    def _send_sites(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:
-        if not len(keys):
+    def _site_step(self, i: int, c: int) -> None:
+        """Worker i moved on to step c: once its site's step is complete, the site server sends its sums (one
+        message to each other site), all of them or, filtered, the significant ones."""
+        self.next_step[i] = c
+        s = self.site_of[i]
+        done = min(self.next_step[j] for j in self.site_workers[s])
+        if done > self.site_step[s]:
+            self.site_step[s] = done
+            keys, sums, first = self.outboxes[s].take(self.tables[s])
+            clock = None if self.mirror is None else done  # with the mirror clock, every step's end is announced
+            self._send_sites(s, done if first is None else first, keys, sums, clock)
+
+    def _send_sites(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray | None, clock: int | None = None) -> None:
+        """Site s sends ``keys`` (sums of its steps >= c) to every other site, with its clock if one is given (a
+        clock costs one key's bytes; alone when no key is sent)."""
+        if not len(keys) and clock is None:
             return
-        nbytes = len(keys) * (self.cfg.key_bytes + self.cfg.value_bytes)
+        nbytes = len(keys) * (self.cfg.key_bytes + self.cfg.value_bytes) + (0 if clock is None else self.cfg.key_bytes)
         for r in range(self.cfg.sites):
             if r != s:
-                pending = self.wan_pending[r]
-                pending[c] = pending.get(c, 0) + 1
-                self.env.process(self._site_message(s, r, c, keys, deltas, nbytes))
+                if len(keys):
+                    pending = self.wan_pending[r]
+                    pending[c] = pending.get(c, 0) + 1
+                self.env.process(self._site_message(s, r, c, keys, deltas, nbytes, clock))
 
-    def _site_message(self, s: int, r: int, c: int, keys: np.ndarray, deltas: np.ndarray, nbytes: int):
+    def _site_message(self, s: int, r: int, c: int, keys: np.ndarray, deltas: np.ndarray | None, nbytes: int,
+                      clock: int | None):
         yield from self._wan(s, r, nbytes)
-        if deltas is not None:  # None: cost-only
-            self.tables[r][keys] += deltas
-        pending = self.wan_pending[r]
-        pending[c] -= 1
-        if not pending[c]:
-            del pending[c]
-            waiting = self.wan_waiters[r]
+        if len(keys):
+            if deltas is not None:  # None: cost-only
+                self.tables[r][keys] += deltas
+            pending = self.wan_pending[r]
+            pending[c] -= 1
+            if not pending[c]:
+                del pending[c]
+        if clock is not None:  # the link is FIFO: every message site s sent before this one has arrived
+            self.heard[r][s] = max(self.heard[r][s], clock)
+        waiting = self.wan_waiters[r]
+        if waiting:
             self.wan_waiters[r] = [(step, ev) for step, ev in waiting if not self._wan_ready(r, step)]
             for step, ev in waiting:
                 if self._wan_ready(r, step):
@@ -439,8 +466,11 @@ class _Run:
 
     def _wan_ready(self, r: int, c: int) -> bool:
         """Whether site r holds every update of the other sites that the bound lets a step-c read not see: those of
-        steps <= c - 1 - bound (of them, with a filter, the ones sent: significant sums)."""
-        return min(self.wan_pending[r], default=c) > c - 1 - self.cfg.bound
+        steps <= c - 1 - bound (of them, with a filter, the ones sent: significant sums). With the mirror clock m the
+        bound is at most m, and site r must also have heard that every other site ended its steps <= c - 1 - m."""
+        if min(self.wan_pending[r], default=c) <= c - 1 - self.cross_bound:
+            return False
+        return self.mirror is None or min(self.heard[r]) >= c - self.mirror
 
     def _wan_wait(self, r: int, c: int) -> simpy.Event:
         ev = self.env.event()
@@ -450,8 +480,8 @@ class _Run:
     def _flush(self) -> None:
         """The workers are done: every site sends all it still holds back, so every update reaches every site."""
         self.flushed = True
-        for s, f in enumerate(self.filters):
-            self._send_sites(s, self.cfg.steps, *f.rest())
+        for s, box in enumerate(self.outboxes):
+            self._send_sites(s, self.cfg.steps, *box.rest())
 
     # -- worker caches (SSP with cache=True, ESSP) -----------------------------------------------
     def _stamp(self) -> tuple[int, int, int]:
@@ -577,6 +607,8 @@ class _Run:
         t0 = env.now
         if st.restart_after is None:
             self.down_since[i] = t0
+            if self.per_site:  # its site's steps no longer wait for it
+                self._site_step(i, self.cfg.steps)
             return False
         yield env.timeout(st.restart_after)
         self.trace.span(i, "down", t0, env.now)
