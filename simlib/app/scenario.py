@@ -57,7 +57,8 @@ def _extra(given: Any) -> tuple[tuple[str, Any], ...]:
             raise ValueError(f"{name}: not a setting of the live panel{'; ' + hint if hint else ''}")
         known[name].check(value)  # the field's own range, named as the config names it
     # An option at SimConfig's default is left out: equal settings have one form (and one cache key).
-    return tuple(sorted((k, v) for k, v in pairs.items() if not (v == known[k].default and type(v) is type(known[k].default))))
+    at_default = {k for k, v in pairs.items() if v == known[k].default and type(v) is type(known[k].default)}
+    return tuple(sorted((k, v) for k, v in pairs.items() if k not in at_default))
 
 
 @functools.lru_cache(maxsize=1)
