@@ -101,6 +101,20 @@ PANEL_CSS = """
   margin-right: 8px; }
 .simlib-live .simlib-controls .widget-toggle-buttons > div { display: flex; flex-wrap: nowrap; }
 .simlib-live .simlib-playrow .widget-slider { width: 18em; }
+.simlib-live .simlib-more .jupyter-widget-Collapse-header, .simlib-live .simlib-more .p-Collapse-header,
+.simlib-live .simlib-more .lm-Collapse-header { padding: 0.1em 0.5em; }
+.simlib-live .simlib-more .jupyter-widget-Collapse-contents, .simlib-live .simlib-more .p-Collapse-contents,
+.simlib-live .simlib-more .lm-Collapse-contents { padding: 0.3em; }
+/* Projector mode: the collapsed "more settings" row kept small, so the controls column fits the window. */
+.simlib-live.simlib-projector .simlib-more { margin-top: 0; margin-bottom: 0; }
+.simlib-live.simlib-projector .simlib-more .jupyter-widget-Collapse-header,
+.simlib-live.simlib-projector .simlib-more .p-Collapse-header,
+.simlib-live.simlib-projector .simlib-more .lm-Collapse-header { padding: 0 0.4em; line-height: 1.2; }
+@media (min-height: 1000px) {
+  .simlib-live.simlib-projector .simlib-more .jupyter-widget-Collapse-header,
+  .simlib-live.simlib-projector .simlib-more .p-Collapse-header,
+  .simlib-live.simlib-projector .simlib-more .lm-Collapse-header { font-size: 0.7em; }
+}
 """
 
 
