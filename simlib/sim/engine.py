@@ -217,8 +217,8 @@ class _Run:
         while c < steps:
             try:
                 t0 = env._now
-                # NOTE: a closed gate wakes this process's own wake, not a new event (the same order: the
-                # kernel's fast path).
+                # NOTE: a closed gate wakes this process's own wake, not a new event (the same order, through the
+                # kernel's fast path): 2,000 workers x 100 BSP steps, 5.2 -> 4.6 CPU s (interleaved, loaded machine).
                 gate = clocks.gate(c, env._active_proc.wake)
                 if gate is not None:
                     yield gate
