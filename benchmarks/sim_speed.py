@@ -13,6 +13,8 @@ The machine's load average is printed before and after: on a shared machine CPU 
 
     python benchmarks/sim_speed.py                      # everything (about 10 minutes on 2 idle cores)
     python benchmarks/sim_speed.py --max-workers 1000   # a quick run
+    python benchmarks/sim_speed.py --min-workers 10000 --max-workers 10000 --mode real --no-peer
+                                                        # the 10^4 real-math rows alone (about 2 minutes)
 """
 from __future__ import annotations
 
@@ -113,15 +115,14 @@ def one(workers: int, mode: str, protocol: str, steps: int) -> dict:
             "updates": len(trace.updates), "spans": len(trace.spans), "final_loss": final}
 
 
-def scaling_table(max_workers: int, steps: int) -> list[tuple]:
+def scaling_table(max_workers: int, steps: int, min_workers: int = 0, modes: tuple = ("real", "cost-only")) -> list[tuple]:
     sizes = [(n, "real") for n in (100, 1_000, 10_000)] + [(n, "cost-only") for n in (10_000, 100_000)]
+    sizes = [(n, mode) for n, mode in sizes if min_workers <= n <= max_workers and mode in modes]
     rows = []
     print(f"\nscaling: default logistic problem (10^4 features), {steps} steps per worker; each run a fresh process")
     print(f"{'workers':>8s} {'mode':10s} {'protocol':9s} {'wall s':>8s} {'CPU s':>8s} {'peak GB':>8s} "
           f"{'updates':>10s} {'final loss':>10s}")
     for n, mode in sizes:
-        if n > max_workers:
-            continue
         for proto in PROTOCOLS:
             out = subprocess.run([sys.executable, __file__, "--one", str(n), mode, proto, str(steps)],
                                  capture_output=True, text=True, check=True)
@@ -136,6 +137,10 @@ def scaling_table(max_workers: int, steps: int) -> list[tuple]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-workers", type=int, default=100_000, help="largest worker count of the scaling table")
+    ap.add_argument("--min-workers", type=int, default=0, help="smallest worker count of the scaling table")
+    ap.add_argument("--mode", choices=("real", "cost-only", "both"), default="both",
+                    help="the scaling table's rows with real math, cost-only, or both")
+    ap.add_argument("--no-peer", action="store_true", help="skip the peer table (bare SimPy against null math)")
     ap.add_argument("--steps", type=int, default=STEPS, help="steps per worker in the scaling table")
     ap.add_argument("--repeats", type=int, default=3, help="repeats of the peer table's runs")
     ap.add_argument("--one", nargs=4, metavar=("WORKERS", "MODE", "PROTOCOL", "STEPS"), help=argparse.SUPPRESS)
@@ -146,8 +151,10 @@ def main() -> None:
         return
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"SimPy {simpy.__version__}; load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    peer_table(min(args.max_workers, 1_000), 20, args.repeats)
-    rows = scaling_table(args.max_workers, args.steps)
+    if not args.no_peer:
+        peer_table(min(args.max_workers, 1_000), 20, args.repeats)
+    modes = ("real", "cost-only") if args.mode == "both" else (args.mode,)
+    rows = scaling_table(args.max_workers, args.steps, args.min_workers, modes)
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     for n, mode, goal in ((10_000, "real", f"< {GOAL_REAL_CPU:g} CPU s"),
                           (100_000, "cost-only", f"< {GOAL_COST_CPU:g} CPU s and {GOAL_COST_GB:g} GB")):

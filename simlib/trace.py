@@ -132,6 +132,11 @@ class _Log:
             columns[k] = None
         return log
 
+    def appenders(self) -> tuple:
+        """The columns' ``append`` methods, in field order: a hot loop's way to record without a call of ``add``
+        (it must do what ``add`` does: pass each field's type; a span log skips empty spans)."""
+        return tuple(c.append for c in self._cols)
+
     def append(self, row: Any) -> None:
         """Add one record (a NamedTuple or a tuple of its fields)."""
         for col, value in zip(self._cols, self._encode(row)):
@@ -159,11 +164,6 @@ class SpanLog(_Log):
         if s.kind not in _KIND_CODE:
             raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {s.kind!r}")
         return int(s.worker), _KIND_CODE[s.kind], float(s.start), float(s.end), int(s.nbytes), int(s.step)
-
-    def appenders(self) -> tuple:
-        """The columns' ``append`` methods (worker, kind code, start, end, nbytes, step): a hot loop's way to
-        record a span without a call of :meth:`add` (it must skip empty spans and pass each field's type)."""
-        return tuple(c.append for c in self._cols)
 
     def add(self, worker: int, kind: int, start: float, end: float, nbytes: int = 0, step: int = -1) -> None:
         """Record [start, end) of kind ``SPAN_KINDS[kind]`` if it is not empty (as :meth:`Trace.span`)."""

@@ -310,3 +310,84 @@ def test_a_new_run_stops_play_and_shows_the_whole_run(panel):
     assert _shown(panel) == (30, pytest.approx(0.3 * panel.reveal.t_end))
     panel.c_severity.value = 5.0
     assert panel.time_slider.value == 100 and _shown(panel)[0] == 100 and not panel.play.value
+
+
+# -- the generated controls: every other SimConfig option, from its field's metadata --------------------------
+def _eligible_fields() -> set[str]:
+    """SimConfig's fields a generated control must cover, read from the dataclass itself."""
+    import dataclasses
+
+    from simlib.app.scenario import NOT_OFFERED, PANEL_FIELDS
+    from simlib.sim import SimConfig
+
+    return {f.name for f in dataclasses.fields(SimConfig)
+            if f.metadata.get("option", True) is not False and f.name not in PANEL_FIELDS + NOT_OFFERED}
+
+
+def test_every_other_simconfig_option_has_a_generated_control(panel):
+    import ipywidgets as W
+
+    from simlib.options import options
+    from simlib.sim import SimConfig
+
+    assert set(panel.c_more) == _eligible_fields()
+    assert {"sites", "wan_latency", "server_time", "backup_workers", "timeout", "clock_batches"} <= set(panel.c_more)
+    assert panel.more.selected_index is None  # collapsed
+    for opt in options(SimConfig):
+        control = panel.c_more.get(opt.name)
+        if control is None:
+            continue
+        kind = (W.Dropdown if opt.choices else W.Checkbox if opt.type is bool else
+                W.IntText if opt.type is int else W.FloatText)
+        assert isinstance(control.input, kind), opt.name
+        assert opt.help in control.input.tooltip, opt.name
+        assert (control.switch is not None) == opt.optional, opt.name
+        assert control.value == opt.default, opt.name  # untouched: SimConfig's default (None: off)
+
+
+def test_a_generated_control_changes_the_config_the_panel_runs(panel):
+    panel.c_more["server_time"].value = 2e-4
+    assert all(c.server_time == 2e-4 for c in panel.settings.configs())
+    assert all(t.meta["config"]["server_time"] == 2e-4 for t in panel.traces)
+    panel.c_protocols["async"].value = False  # a deadline needs clocks
+    timeout = panel.c_more["timeout"]
+    timeout.input.value = 0.5
+    assert panel.settings.configs()[0].timeout is None  # still switched off
+    timeout.switch.value = True
+    assert panel.settings.configs()[0].timeout == 0.5
+    panel.c_more["backup_workers"].value = 1
+    assert [t.label for t in panel.traces] == ["BSP b=1 T=0.5s", "SSP(3) b=1 T=0.5s"]
+
+
+def test_a_bad_generated_value_is_refused_by_name_and_the_panel_goes_on(panel):
+    kept = list(panel.traces)
+    panel.c_more["sites"].value = 0  # out of the field's range
+    assert "cannot run" in panel.status.value and "sites" in panel.status.value
+    assert panel.traces == kept
+    panel.c_more["sites"].value = 2
+    assert all(t.meta["config"]["sites"] == 2 for t in panel.traces)
+    panel.c_more["significance"].value = 0.1  # in range, but only per-site servers filter: the config refuses it
+    assert "cannot run" in panel.status.value and "significance" in panel.status.value
+    panel.c_more["hierarchy"].value = "per-site"
+    assert all(t.meta["config"]["significance"] == 0.1 for t in panel.traces)
+    with pytest.raises(ValueError, match="sitez: not a setting of the live panel; did you mean 'sites'"):
+        panel.set(sitez=3)
+
+
+def test_settings_round_trip_through_a_dict_extra_options_included(panel, tiny_problem):
+    from simlib.app.live import live_panel
+
+    panel.set(sites=2, wan_latency=0.01, staleness_aware=True, accumulation=None)
+    d = panel.settings_dict()
+    assert d["sites"] == 2 and d["wan_latency"] == 0.01 and d["staleness_aware"] is True
+    assert "accumulation" not in d  # an option left at its default is not written
+    again = LiveSettings.from_dict(d)
+    assert again == panel.settings and again.configs() == panel.settings.configs()
+    other = LivePanel(again, problem=tiny_problem, figsize=(10, 6))
+    try:
+        assert other.c_more["sites"].value == 2 and other.c_more["staleness_aware"].value is True
+        assert [t.meta["config"] for t in other.traces] == [t.meta["config"] for t in panel.traces]
+    finally:
+        other.close()
+    with pytest.raises(ValueError, match="bogus: not a setting of the live panel"):
+        live_panel(**d, bogus=1)

@@ -26,7 +26,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +42,11 @@ from simlib.app.scenario import (
     LiveSettings,
     Runner,
     Superseded,
+    extra_options,
     live_problem,
     shutdown_pool,
 )
+from simlib.options import Option
 from simlib.trace import Trace
 from simlib.viz.anim import Reveal, draw_runs, export_animation
 from simlib.viz.style import style
@@ -100,6 +101,20 @@ PANEL_CSS = """
   margin-right: 8px; }
 .simlib-live .simlib-controls .widget-toggle-buttons > div { display: flex; flex-wrap: nowrap; }
 .simlib-live .simlib-playrow .widget-slider { width: 18em; }
+.simlib-live .simlib-more .jupyter-widget-Collapse-header, .simlib-live .simlib-more .p-Collapse-header,
+.simlib-live .simlib-more .lm-Collapse-header { padding: 0.1em 0.5em; }
+.simlib-live .simlib-more .jupyter-widget-Collapse-contents, .simlib-live .simlib-more .p-Collapse-contents,
+.simlib-live .simlib-more .lm-Collapse-contents { padding: 0.3em; }
+/* Projector mode: the collapsed "more settings" row kept small, so the controls column fits the window. */
+.simlib-live.simlib-projector .simlib-more { margin-top: 0; margin-bottom: 0; }
+.simlib-live.simlib-projector .simlib-more .jupyter-widget-Collapse-header,
+.simlib-live.simlib-projector .simlib-more .p-Collapse-header,
+.simlib-live.simlib-projector .simlib-more .lm-Collapse-header { padding: 0 0.4em; line-height: 1.2; }
+@media (min-height: 1000px) {
+  .simlib-live.simlib-projector .simlib-more .jupyter-widget-Collapse-header,
+  .simlib-live.simlib-projector .simlib-more .p-Collapse-header,
+  .simlib-live.simlib-projector .simlib-more .lm-Collapse-header { font-size: 0.7em; }
+}
 """
 
 
@@ -196,12 +211,18 @@ class LivePanel:
                                       tooltip="the figure on most of the screen, its text large enough for the back row "
                                               "(a full-screen browser on a projector)")
         self.c_large.observe(self._on_large, names="value")
+        # Every other SimConfig option, a control generated from its field's metadata, in a collapsed section.
+        extra = dict(s.extra)
+        self.c_more = {o.name: OptionControl(o, extra.get(o.name, o.default)) for o in extra_options()}
+        self.more = W.Accordion(children=[W.VBox([c.widget for c in self.c_more.values()])], selected_index=None)
+        self.more.set_title(0, "more settings")
+        self.more.add_class("simlib-more")
         # The control that shows each LiveSettings field (the protocols are the toggles; the seed has none).
         self._fields = {"n_workers": self.c_workers, "steps": self.c_steps, "staleness": self.c_staleness,
                         "straggler": self.c_straggler, "severity": self.c_severity, "latency": self.c_latency,
                         "bandwidth": self.c_bandwidth, "topology": self.c_topology, "n_servers": self.c_servers,
                         "compression": self.c_compression}
-        for c in [*self._fields.values(), *self.c_protocols.values()]:
+        for c in [*self._fields.values(), *self.c_protocols.values(), *self.c_more.values()]:
             c.observe(self._on_change, names="value")
         self.c_window.observe(lambda _: self._draw(), names="value")
 
@@ -235,7 +256,7 @@ class LivePanel:
             W.HTML("<b>protocols</b>"), W.HBox(list(self.c_protocols.values())), self.c_staleness,
             W.HTML("<b>stragglers</b>"), self.c_straggler, self.c_severity,
             W.HTML("<b>network</b>"), self.c_latency, self.c_bandwidth, self.c_topology, self.c_servers,
-            self.c_compression, W.HTML("<b>view</b>"), self.c_window, self.c_large,
+            self.c_compression, self.more, W.HTML("<b>view</b>"), self.c_window, self.c_large,
         ])
         left.add_class("simlib-controls")
         playrow = W.HBox([self.play, self.stop_button, self.c_speed, self.time_slider, self.export_button])
@@ -256,11 +277,13 @@ class LivePanel:
         """The settings the controls show now."""
         chosen = tuple(p for p in PROTOCOLS if self.c_protocols[p].value) or ("bsp",)
         # The float sliders' values are floats already (their traits cast them).
-        return LiveSettings(protocols=chosen, seed=self.settings.seed, **{f: c.value for f, c in self._fields.items()})
+        extra = {n: c.value for n, c in self.c_more.items() if c.value != c.option.default}
+        return LiveSettings(protocols=chosen, seed=self.settings.seed, extra=extra,
+                            **{f: c.value for f, c in self._fields.items()})
 
     def set(self, **changes: Any) -> None:
         """Change settings from code (as the sliders do) and re-run synchronously."""
-        self.settings = replace(self.settings, **changes)
+        self.settings = LiveSettings.from_dict({**self.settings.to_dict(), **changes})
         self._sync_controls()
         self.refresh()
 
@@ -273,6 +296,9 @@ class LivePanel:
                 c.value = getattr(s, f)
             for p, b in self.c_protocols.items():
                 b.value = p in s.protocols
+            extra = dict(s.extra)
+            for n, c in self.c_more.items():
+                c.value = extra.get(n, c.option.default)
         finally:
             self._muted = False
 
@@ -547,8 +573,9 @@ class LivePanel:
         self.widget.close()
 
     def settings_dict(self) -> dict[str, Any]:
-        """The current settings as a plain dict (for notes or reproducing a run)."""
-        return asdict(self.settings)
+        """The current settings as a plain dict (for notes or reproducing a run: ``live_panel(**d)``); the extra
+        options appear by their SimConfig names."""
+        return self.settings.to_dict()
 
     def _ipython_display_(self) -> None:
         """Display the panel's widget."""
@@ -563,5 +590,62 @@ def smallest_text_pt(fig: Figure) -> float:
 
 
 def live_panel(**settings: Any) -> LivePanel:
-    """A :class:`LivePanel` started from keyword settings, e.g. ``live_panel(n_workers=8, straggler='jitter')``."""
-    return LivePanel(LiveSettings(**settings))
+    """A :class:`LivePanel` started from keyword settings, e.g. ``live_panel(n_workers=8, straggler='jitter')``;
+    any other SimConfig option by its name too (``sites=3``, ``server_time=1e-5``); an unknown name is refused."""
+    return LivePanel(LiveSettings.from_dict(settings))
+
+
+class OptionControl:
+    """The panel's control for one SimConfig option, made from its metadata: a dropdown for choices, a checkbox for
+    a flag, a number box otherwise (its help, unit and range as the tooltip); an optional one (None: off) has a
+    checkbox that switches it on. ``value`` is what the option gets (None when off)."""
+
+    def __init__(self, option: Option, value: Any) -> None:
+        self.option = o = option
+        tip = o.help + (f" ({o.unit})" if o.unit else "") + (f"; {o.range_text()}" if o.range_text() else "")
+        label = o.name.replace("_", " ") + (f" ({o.unit})" if o.unit else "")
+        style = {"description_width": "8.5em"}
+        if o.choices is not None:
+            self.input: Any = W.Dropdown(options=list(o.choices), value=o.default, description=label, style=style)
+        elif o.type is bool:
+            self.input = W.Checkbox(value=bool(o.default), description=label, indent=False)
+        elif o.type is int:
+            self.input = W.IntText(value=self._start(), description=label, style=style)
+        else:
+            self.input = W.FloatText(value=self._start(), description=label, style=style)
+        self.input.tooltip = tip
+        self.switch: W.Checkbox | None = None
+        self.widget: Any = self.input
+        if o.optional:
+            self.switch = W.Checkbox(value=False, indent=False, tooltip=f"{o.name}: on (off: not used)",
+                                     layout=W.Layout(width="1.6em"))
+            self.switch.observe(lambda ch: setattr(self.input, "disabled", not ch["new"]), names="value")
+            self.input.disabled = True
+            self.widget = W.HBox([self.switch, self.input])
+        self.value = value
+
+    def _start(self) -> float:
+        """What the number box shows while an optional option is off: its default, else the least value allowed."""
+        o = self.option
+        if o.default is not None:
+            return o.default
+        lo = 0 if o.min is None else o.min
+        return lo + 1 if o.min_open else lo
+
+    @property
+    def value(self) -> Any:
+        """The option's value: the input's, or None while an optional option is switched off."""
+        return None if self.switch is not None and not self.switch.value else self.input.value
+
+    @value.setter
+    def value(self, value: Any) -> None:
+        if self.switch is not None:
+            self.switch.value = value is not None
+        if value is not None:
+            self.input.value = value
+
+    def observe(self, callback: Callable[[dict[str, Any]], None], names: str = "value") -> None:
+        """Call ``callback`` when the value changes (the input, or the on/off switch)."""
+        self.input.observe(callback, names=names)
+        if self.switch is not None:
+            self.switch.observe(callback, names=names)

@@ -17,11 +17,12 @@ import functools
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 from simlib import _validate as check
+from simlib.options import Option, options
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim import TOPOLOGIES, SimConfig, Stragglers, simulate
 from simlib.trace import Trace
@@ -30,6 +31,34 @@ PROTOCOLS = ("bsp", "ssp", "essp", "async")  # the panel's toggles
 DEFAULT_PROTOCOLS = ("bsp", "ssp", "async")  # the ones switched on at the start
 STRAGGLERS = ("none", "slow worker", "jitter", "pauses", "failure")
 COMPRESSIONS = ("none", "topk:0.01", "qsgd:4", "onebit-ef")  # specs of simlib.compress the panel offers
+# SimConfig fields the panel's own controls set (or the panel derives: eval_every from steps); every other
+# option of SimConfig is an extra setting with a control generated from its metadata (extra_options).
+PANEL_FIELDS = ("n_workers", "steps", "protocol", "staleness", "topology", "n_servers", "latency", "bandwidth",
+                "compression", "stragglers", "seed", "eval_every")
+# Options the panel does not offer: it draws loss curves, and a cost-only run computes no loss.
+NOT_OFFERED = ("cost_only", "step_keys")
+
+
+@functools.lru_cache(maxsize=1)
+def extra_options() -> tuple[Option, ...]:
+    """SimConfig's options (from its fields' metadata) that the panel's own controls do not cover, in field order."""
+    return tuple(o for o in options(SimConfig)
+                 if "." not in o.name and o.name not in PANEL_FIELDS and o.name not in NOT_OFFERED)
+
+
+def _extra(given: Any) -> tuple[tuple[str, Any], ...]:
+    """Extra settings (a mapping or (name, value) pairs) checked by name against their options; as sorted pairs,
+    the ones at their default left out."""
+    pairs = dict(given.items() if isinstance(given, Mapping) else given)
+    known = {o.name: o for o in extra_options()}
+    for name, value in pairs.items():
+        if name not in known:
+            hint = check.nearest(str(name), [*known, *(f.name for f in fields(LiveSettings))])
+            raise ValueError(f"{name}: not a setting of the live panel{'; ' + hint if hint else ''}")
+        known[name].check(value)  # the field's own range, named as the config names it
+    # An option at SimConfig's default is left out: equal settings have one form (and one cache key).
+    at_default = {k for k, v in pairs.items() if v == known[k].default and type(v) is type(known[k].default)}
+    return tuple(sorted((k, v) for k, v in pairs.items() if k not in at_default))
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,8 +96,12 @@ class LiveSettings:
     n_servers: int = 1
     compression: str = "none"
     seed: int = 0
+    # Any other SimConfig option (extra_options: sites, server_time, backup_workers, ...), as sorted
+    # (name, value) pairs; a mapping is accepted. Options left out keep SimConfig's defaults.
+    extra: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "extra", _extra(self.extra))
         check.positive_int("n_workers", self.n_workers)
         check.positive_int("steps", self.steps)
         if not self.protocols:
@@ -116,8 +149,28 @@ class LiveSettings:
             # One loss point per two rounds keeps evaluation cheap; curves stay smooth at 100 steps.
             eval_every=max(1, self.steps // 50),
         )
+        common.update(self.extra)
         return [SimConfig(protocol=p, staleness=self.staleness if p in ("ssp", "essp") else 0, **common)
                 for p in self.runnable()]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as one flat dict: the panel's own, then each extra option by its SimConfig name."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out["protocols"] = list(self.protocols)
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, settings: Mapping[str, Any]) -> "LiveSettings":
+        """Settings from :meth:`to_dict`'s form: the panel's own names, any other SimConfig option by name (an
+        unknown name is refused by name)."""
+        own = {f.name for f in fields(cls)}
+        given = {k: v for k, v in settings.items() if k in own}
+        extra = dict(_extra(given.pop("extra", ())))
+        extra.update({k: v for k, v in settings.items() if k not in own})
+        if "protocols" in given:
+            given["protocols"] = tuple(given["protocols"])
+        return cls(**given, extra=extra)
 
 
 class Superseded(Exception):

@@ -6,6 +6,7 @@ turns "not yet" into an event that fires when the rule allows, and a deadline in
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import simpy
 
@@ -28,11 +29,12 @@ class ClockTable:
         """Steps 0 .. completed-1 are complete."""
         return self.rule.completed
 
-    def gate(self, clock: int) -> simpy.Event | None:
-        """None if a worker at ``clock`` may read now, else an event that fires when it may."""
+    def gate(self, clock: int, waiter: Any = None) -> Any:
+        """None if a worker at ``clock`` may read now, else an event that fires when it may: ``waiter`` if given
+        (anything with ``succeed()``: the kernel's process wake), else a new one."""
         if self.rule.may_read(clock):
             return None
-        ev = self.env.event()
+        ev = self.env.event() if waiter is None else waiter
         if self._asking is not None:
             self._asking.append((clock, ev))
         else:

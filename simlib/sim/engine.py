@@ -193,9 +193,11 @@ class _Run:
     # -- parameter-server worker -----------------------------------------------------------------
     def _ps_worker(self, i: int):
         cfg, env, trace, p, clocks = self.cfg, self.env, self.trace, self.problem, self.clocks
-        span, update = trace.spans.add, trace.updates.add
+        span = trace.spans.add
         # NOTE: the three spans of every step appended column by column, not through span(): 3 % of a run.
         sw, sk, ss, se, sn, sc = trace.spans.appenders()
+        ut, uw, uc, us, ua, ul = trace.updates.appenders()  # and the update of every step, as updates.add
+        eval_period, progress = self.eval_period, self.progress
         steps, batch_size, lr, cost_only = cfg.steps, cfg.batch_size, cfg.lr, cfg.cost_only
         nonzero = cfg.cost_unit == "nonzero"
         per_site, cached = self.per_site, self.caches is not None
@@ -208,24 +210,30 @@ class _Run:
             inlink, outlink = node.inlink, node.outlink
             latency, bandwidth, server_time = cfg.latency, cfg.bandwidth, cfg.server_time
             key_bytes, value_bytes, entry_bytes = cfg.key_bytes, cfg.value_bytes, cfg.key_bytes + cfg.value_bytes
-        server, compute = self.server, self.compute.time
+        server, compute, rule = self.server, self.compute.time, clocks.rule
         deadline = cfg.timeout is not None
         shard = self.shards[i] if self.shards is not None else None
         c = 0
         while c < steps:
             try:
                 t0 = env._now
-                gate = clocks.gate(c)
+                # NOTE: a closed gate wakes this process's own wake, not a new event (the same order, through the
+                # kernel's fast path): 2,000 workers x 100 BSP steps, 5.2 -> 4.6 CPU s (interleaved, loaded machine).
+                gate = clocks.gate(c, env._active_proc.wake)
                 if gate is not None:
                     yield gate
-                    span(i, WAIT, t0, env._now, 0, c)
+                    now = env._now
+                    if now > t0:  # span(i, WAIT, t0, now, 0, c)
+                        sw(i); sk(WAIT); ss(t0); se(now); sn(0); sc(c)  # noqa: E702
                 if per_site and not self._wan_ready(self.site_of[i], c):
                     t0 = env._now
                     yield self._wan_wait(self.site_of[i], c)
                     span(i, WAIT, t0, env._now, 0, c)
                 if deadline:  # a step's opening matters only to its deadline
                     clocks.open(c)
-                lag = clocks.rule.clock_lag(c)
+                lag = c - rule.completed  # rule.clock_lag(c), inlined
+                if lag < 0:
+                    lag = 0
                 if shard is None:  # cost-only with a fixed step: the same keys and work every step
                     batch, keys, units = None, self.fixed_keys, self.fixed_units
                 else:
@@ -238,14 +246,19 @@ class _Run:
                     n = len(keys)
                     req_bytes, resp_bytes = n * key_bytes, n * value_bytes
                     self.lan_bytes += req_bytes
-                    now = env._now
-                    yield inlink.reserve(now, req_bytes, bandwidth, server_time) - now + latency
+                    # inlink.reserve(now, req_bytes, bandwidth, server_time), inlined (as the two below)
+                    now, free = env._now, inlink.free_at
+                    done = (now if now >= free else free) + (server_time + req_bytes / bandwidth)
+                    inlink.free_at = done
+                    yield done - now + latency
                     if cost_only:
                         values, version = None, server.version
                     else:
                         values, version = server.pull(keys)
-                    now = env._now
-                    yield outlink.reserve(now, resp_bytes, bandwidth) - now + latency
+                    now, free = env._now, outlink.free_at
+                    done = (now if now >= free else free) + resp_bytes / bandwidth
+                    outlink.free_at = done
+                    yield done - now + latency
                     self.lan_bytes += resp_bytes
                 elif not cached:
                     values, version, req_bytes, resp_bytes = yield from self._pull(i, keys)
@@ -267,7 +280,10 @@ class _Run:
                 if direct and self.compressors is None:
                     nbytes = len(keys) * entry_bytes
                     self.lan_bytes += nbytes
-                    yield inlink.reserve(t_push, nbytes, bandwidth, server_time) - t_push + latency
+                    free = inlink.free_at
+                    done = (t_push if t_push >= free else free) + (server_time + nbytes / bandwidth)
+                    inlink.free_at = done
+                    yield done - t_push + latency
                 else:
                     keys, g, nbytes = self._encode(i, keys, g)
                     yield from self._push(i, keys, nbytes)
@@ -282,8 +298,15 @@ class _Run:
                     applied, tau = server.push(c, keys, g, version)
                 if applied and cached:
                     self._share(i, c, keys, self.cfg.step_rule.scaled(g, tau))  # the update as the table took it
-                update(now, i, c, tau, applied, lag)
-                self._count_step(applied)
+                ut(now); uw(i); uc(c); us(tau); ua(applied); ul(lag)  # noqa: E702  update(now, i, c, tau, applied, lag)
+                # self._count_step(applied), inlined
+                self.done_steps += 1
+                if applied:
+                    self.applied += 1
+                    if self.applied % eval_period == 0:
+                        self._evaluate()
+                if progress is not None and self.done_steps % eval_period == 0:
+                    progress(self.done_steps / self.total_steps)
                 # A dropped worker (backup workers, deadline) abandons the steps the others have
                 # already completed and rejoins at the current one, as in synchronous SGD with
                 # backup workers; otherwise it would keep computing gradients nobody will use.

@@ -73,6 +73,15 @@ def _pop(ht, hs, hw, hk, n):  # pragma: no cover - compiled
     return n
 
 
+@njit(cache=True, inline="always")
+def _open_pull(ht, hs, hw, hk, n, seq, i, now, in_free, req_bytes, bandwidth, server_time, latency):  # pragma: no cover
+    """Worker i sends its pull request at ``now``: it queues on the in-link; returns (n, seq, in_free) after."""
+    hold = server_time + req_bytes / bandwidth
+    fin = max(now, in_free) + hold
+    n = _push(ht, hs, hw, hk, n, now + ((fin - now) + latency), seq, i, _REQUEST)
+    return n, seq + 1, fin
+
+
 @njit(cache=True)
 def _simulate(n_workers, steps, needs, rounds, quorum, req_bytes, resp_bytes, push_bytes, latency, bandwidth,
               server_time, base, n_slow, slow_factor, jitter, pauses, pause_prob, pause_time,
@@ -111,11 +120,7 @@ def _simulate(n_workers, steps, needs, rounds, quorum, req_bytes, resp_bytes, pu
         # the gate at step 0 is open (needs[0] = 0): open the pull
         lag[i] = 0
         t_pull[i] = now
-        hold = server_time + req_bytes / bandwidth
-        fin = max(now, in_free) + hold
-        in_free = fin
-        n = _push(ht, hs, hw, hk, n, now + ((fin - now) + latency), seq, i, _REQUEST)
-        seq += 1
+        n, seq, in_free = _open_pull(ht, hs, hw, hk, n, seq, i, now, in_free, req_bytes, bandwidth, server_time, latency)
     while n > 0:
         now, i, kind = ht[0], hw[0], hk[0]
         n = _pop(ht, hs, hw, hk, n)
@@ -217,11 +222,7 @@ def _simulate(n_workers, steps, needs, rounds, quorum, req_bytes, resp_bytes, pu
         # The gate is open: open the pull.
         lag[i] = max(c - completed, 0)
         t_pull[i] = now
-        hold = server_time + req_bytes / bandwidth
-        fin = max(now, in_free) + hold
-        in_free = fin
-        n = _push(ht, hs, hw, hk, n, now + ((fin - now) + latency), seq, i, _REQUEST)
-        seq += 1
+        n, seq, in_free = _open_pull(ht, hs, hw, hk, n, seq, i, now, in_free, req_bytes, bandwidth, server_time, latency)
     return n_spans, n_updates, n_barriers, applied_total, skipped, now
 
 

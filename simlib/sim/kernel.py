@@ -22,9 +22,15 @@ from simpy.events import NORMAL, URGENT
 
 __all__ = ["Environment", "Process"]
 
+_ENDED = object()  # what Process._step returns once the generator has returned or raised
+
 
 class _Wake:
-    """What a process waiting on a plain delay waits on; ``callbacks`` empty once an interrupt took it away."""
+    """What a process waiting on a plain delay waits on; ``callbacks`` empty once an interrupt took it away.
+
+    A process may also yield its own wake (``env.active_process.wake``) to sleep until someone calls its
+    :meth:`succeed`, as it would wait on a fresh event: the same wake-up order, the run loop's fast path.
+    """
 
     __slots__ = ("proc", "callbacks", "_ok", "_value")
 
@@ -34,6 +40,11 @@ class _Wake:
         self._ok = True
         self._value = None
 
+    def succeed(self, value: Any = None) -> "_Wake":
+        """Wake the process now (its yield gives None), as ``Event.succeed`` would schedule an event it waits on."""
+        self.proc.env.schedule(self)
+        return self
+
 
 class Process(simpy.Process):
     """A SimPy process that may also yield a float: resume after that many seconds."""
@@ -42,28 +53,39 @@ class Process(simpy.Process):
         super().__init__(env, generator)
         self._wake = _Wake(self)
 
+    @property
+    def wake(self) -> _Wake:
+        """What this process yields to sleep until something calls its ``succeed()`` (see :class:`_Wake`)."""
+        if not self._wake.callbacks:  # an interrupt took the last one away
+            self._wake = _Wake(self)
+        return self._wake
+
     def _resume(self, event: Any) -> None:
         """SimPy's ``Process._resume``, plus: a yielded float schedules this process's wake-up."""
         env = self.env
         env._active_proc = self
         if not self._wake.callbacks:  # an interrupt took the last wake-up away: a fresh one for the next delay
             self._wake = _Wake(self)
+        target = self._step(event)
+        if target is not _ENDED:
+            self._wait(target)
+
+    def _step(self, event: Any) -> Any:
+        """Resume the generator with ``event``'s outcome: what it yields next, or _ENDED if it returned or raised
+        (the process is then triggered). The one copy of the resume: :meth:`_resume` and the run loop's fast path."""
         try:
             if event._ok:
-                target = self._generator.send(event._value)
-            else:
-                event._defused = True
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
-                target = self._generator.throw(exc)
+                return self._generator.send(event._value)
+            event._defused = True
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            return self._generator.throw(exc)
         except StopIteration as e:
             self._end(True, e.args[0] if len(e.args) else None)
-            return
         except BaseException as e:
-            e.__traceback__ = e.__traceback__.tb_next
+            e.__traceback__ = e.__traceback__.tb_next  # this frame: the traceback starts in the generator
             self._end(False, e)
-            return
-        self._wait(target)
+        return _ENDED
 
     def _end(self, ok: bool, value: Any) -> None:
         """The generator returned (ok) or raised: the process, an event itself, is triggered."""
@@ -79,6 +101,10 @@ class Process(simpy.Process):
         if type(target) is float:
             env.schedule(self._wake, NORMAL, target)
             self._target = self._wake
+            env._active_proc = None
+            return
+        if target is self._wake:  # asleep until someone calls its succeed()
+            self._target = target
             env._active_proc = None
             return
         try:
@@ -205,15 +231,7 @@ class Environment(simpy.Environment):
                 # The fast path: resume the generator; another delay goes straight back on the queue.
                 proc = event.proc
                 self._active_proc = proc
-                try:
-                    target = proc._generator.send(None)
-                except StopIteration as e:
-                    proc._end(True, e.args[0] if len(e.args) else None)
-                    continue
-                except BaseException as e:
-                    e.__traceback__ = e.__traceback__.tb_next
-                    proc._end(False, e)
-                    continue
+                target = proc._step(event)
                 if type(target) is float:  # schedule(event, NORMAL, target), inlined
                     t = self._now + target
                     self.scheduled += 1
@@ -227,7 +245,7 @@ class Environment(simpy.Environment):
                     else:
                         normal[t] = deque((b, event))
                     self._active_proc = None
-                else:
+                elif target is not _ENDED:
                     proc._wait(target)
                 continue
             callbacks, event.callbacks = event.callbacks, None
