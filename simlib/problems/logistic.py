@@ -230,10 +230,12 @@ class LogisticProblem:
         self._facts: dict[bytes, tuple[np.ndarray, int]] = {}  # a batch's rows -> (keys, nonzeros)
         self._batches: dict[tuple[int, int, int, int], np.ndarray] = {}  # (start, stop, size, offset) -> rows
         self._last: tuple[Any, Any] = (None, None)  # the last batch asked about, and its facts
+        self._split: dict[int, tuple[np.ndarray, ...]] = {}  # hot_keys -> the replica's hot keys and rows split
 
     def validate(self) -> None:
         """Check the data again (it may have changed since): the kernels index it without bounds checks."""
         self._facts.clear()  # batches' keys computed from the data as it was
+        self._split.clear()
         self._last = (None, None)
         self.data.validate()
         self.data.require_features()
@@ -397,21 +399,13 @@ class LogisticProblem:
             return device_steps(self, w, shard, first, count, batch_size, lr, read)
         if self.device_kernel == "hogwild":  # lock-free rows, one in flight: each row a step at lr / B
             first, count, lr, batch_size = first * batch_size, count * batch_size, lr / batch_size, 1
+        if replica is not None and batch_size != 1:
+            raise ValueError(f"hot_keys: replicas take one row per step (batch_size=1), got batch_size={batch_size}")
+        if self.l2_on == "all":
+            self._scale(float(w[-1]) + count * math.log(self._keep(lr)))
         d = self.data
-        if replica is not None:
-            if batch_size != 1:
-                raise ValueError(f"hot_keys: replicas take one row per step (batch_size=1), got batch_size={batch_size}")
-            if self.l2_on == "all":
-                self._scale(float(w[-1]) + count * math.log(self._keep(lr)))
-            _local_sgd_hot(d.indptr, d.y, w, shard[0], shard[1], first, count, lr, self.l2, self.l2_on == "all",
-                           *replica)
-            return
-        if self.l2_on == "touched":
-            _local_sgd(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr, self.l2)
-            return
-        self._scale(float(w[-1]) + count * math.log(self._keep(lr)))
-        _local_sgd_scaled(d.indptr, d.indices, d.values, d.y, w, shard[0], shard[1], first, count, batch_size, lr,
-                          self.l2)
+        _local_sgd((d.indptr, d.indices, d.values, d.y), w, (shard[0], shard[1], first, count, batch_size),
+                   (float(lr), self.l2, self.l2_on == "all"), self._rows() if replica is None else replica)
 
     def replica(self, n_keys: int, batch_size: int, n_workers: int = 1) -> "Replica":
         """A private replica of the ``n_keys`` most frequent features (ties: lower id first), for :meth:`local_steps`.
@@ -432,14 +426,23 @@ class LogisticProblem:
             raise ValueError(f"hot_keys: replicas take one row per step (batch_size=1), got batch_size={batch_size}")
         if self.device_kernel == "hogwild":
             raise ValueError("hot_keys: device_kernel='hogwild' is the gpu substrate's; use device_kernel='auto'")
-        d = self.data
-        # NOTE: in id order, so each chunk's read and push of the replica walk the table forwards (prefetched).
-        hot = np.sort(np.argsort(-np.bincount(d.indices, minlength=d.n_features), kind="stable")[:n_keys]).astype(np.int64)
-        slot = np.full(d.n_features, -1, dtype=np.int32)
-        slot[hot] = np.arange(n_keys, dtype=np.int32)
         check.positive_int("n_workers", n_workers)
-        return Replica(hot, np.zeros(n_keys), np.zeros(n_keys), *_split_hot(d.indptr, d.indices, d.values, slot),
-                       1.0 / n_workers, np.zeros(1, dtype=np.int64))
+        split = self._split.get(n_keys)
+        if split is None:  # NOTE: once per problem and size: 0.2-0.5 s at 200 k x 100 k, and the data do not change
+            d = self.data
+            # in id order, so each chunk's read and push of the replica walk the table forwards (prefetched)
+            hot = np.sort(np.argsort(-np.bincount(d.indices, minlength=d.n_features), kind="stable")[:n_keys])
+            slot = np.full(d.n_features, -1, dtype=np.int32)
+            slot[hot] = np.arange(n_keys, dtype=np.int32)
+            split = self._split[n_keys] = (hot.astype(np.int64), *_split_hot(d.indptr, d.indices, d.values, slot))
+        hot, rest = split[0], split[1:]
+        return Replica(hot, np.zeros(n_keys), np.zeros(n_keys), *rest, 1.0 / n_workers, np.zeros(1, dtype=np.int64))
+
+    def _rows(self) -> Replica:
+        """The data as :func:`_rows_sgd` reads it without a replica: no hot keys, each row's nonzeros as they are."""
+        d = self.data
+        return Replica(np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0), d.indptr[:-1], d.indices, d.values,
+                       1.0, np.zeros(1, dtype=np.int64))
 
     @property
     def device_reads_apart(self) -> bool:
@@ -550,13 +553,15 @@ def _batch_step(indptr, indices, values, y, batch, keys, w_keys, l2, n_features,
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _gradient_into(indptr, indices, values, y, w, start, n_rows, c, batch_size, scale, l2, g, seen,
-                   touched):  # pragma: no cover - compiled
-    """g_j = l2 w_j + (1/B) sum_i slope(y_i, scale x_i.w) x_ij over mini-batch c's rows, in the scratch ``g``.
+def _gradient_into(data, w, where, scale, l2, g, seen, touched):  # pragma: no cover - compiled
+    """g_j = l2 w_j + (1/B) sum_i slope(y_i, scale x_i.w) x_ij over one mini-batch's rows, in the scratch ``g``.
 
-    Returns (m, touched): the batch's features are touched[:m] (grown when a batch has more); ``seen``
-    marks them with c, so the scratch needs no clearing between batches.
+    where = (start, n_rows, c, batch_size): mini-batch c of the rows [start, start + n_rows). Returns
+    (m, touched): the batch's features are touched[:m] (grown when a batch has more); ``seen`` marks them
+    with c, so the scratch needs no clearing between batches.
     """
+    indptr, indices, values, y = data
+    start, n_rows, c, batch_size = where
     inv_b = 1.0 / batch_size
     m = 0
     for b in range(batch_size):
@@ -582,69 +587,43 @@ def _gradient_into(indptr, indices, values, y, w, start, n_rows, c, batch_size, 
 
 
 @njit(cache=True, nogil=True)
-def _local_sgd(indptr, indices, values, y, w, start, stop, first, count, batch_size, lr, l2):  # pragma: no cover
-    """w[k] += -lr * g_k for each mini-batch in turn, g as in :func:`_batch_gradient`, computed in place."""
+def _local_sgd(data, w, chunk, hyper, rep):  # pragma: no cover - compiled
+    """Mini-batches first .. first+count-1 of rows [start, stop) applied to ``w`` in place, one after the other.
+
+    data = (indptr, indices, values, y); chunk = (start, stop, first, count, batch_size); hyper = (lr, l2,
+    scaled): with ``scaled`` (l2_on='all') w[:-1] is v and w[-1] is log s, the weights s * v. Each batch is
+    w[k] += -lr * g_k, g as in :func:`_batch_gradient`; the rounding is the serial get / step / add's exactly.
+    One row per step reads its nonzeros through ``rep`` (a :class:`Replica`; with no hot keys, the data).
+    """
     # NOTE: replaces get / step / add per mini-batch (a key sort, a gather into a copy, a 20,000-long
-    # index map and a scatter per step) with one compiled pass over the chunk; rows of one batch share
-    # a scratch gradient indexed by feature, so sums and rounding are the serial reference's exactly.
-    n_rows = stop - start
-    inv_b = 1.0 / batch_size
-    if batch_size == 1:  # one row: its features are unique, so the update needs no scratch
-        for c in range(first, first + count):
-            r = start + c % n_rows
-            lo, hi = indptr[r], indptr[r + 1]
-            coef = log_loss_slope(y[r], row_dot(indptr, indices, values, w, r)) * inv_b
-            for p in range(lo, hi):
-                j = indices[p]
-                w[j] += -lr * (l2 * w[j] + coef * values[p])
+    # index map and a scatter per step) with one compiled pass over the chunk. A worker's own decay of log s
+    # is added to the shared key once per chunk, not per step: with several workers, one key written every
+    # step by all of them would bounce its cache line between cores.
+    indptr, indices, values, y = data
+    start, stop, first, count, batch_size = chunk
+    lr, l2, scaled = hyper
+    if batch_size == 1:
+        _rows_sgd(indptr, y, w, start, stop, first, count, hyper, rep)
         return
-    g = np.empty(w.shape[0])
-    seen = np.full(w.shape[0], -1, dtype=np.int64)
-    touched = np.empty(batch_size * 64, dtype=np.int64)
-    for c in range(first, first + count):
-        m, touched = _gradient_into(indptr, indices, values, y, w, start, n_rows, c, batch_size, 1.0, l2, g, seen,
-                                    touched)
-        for q in range(m):
-            j = touched[q]
-            w[j] += -lr * g[j]
-
-
-@njit(cache=True, nogil=True)
-def _local_sgd_scaled(indptr, indices, values, y, w, start, stop, first, count, batch_size, lr, l2):  # pragma: no cover
-    """:func:`_local_sgd` for l2_on='all': w[:-1] is v, w[-1] is log s, the weights are s * v."""
-    # NOTE: this worker's own decay is added to the shared log s once per chunk, not once per step: with
-    # several workers, one key written every step by all of them would bounce its cache line between cores.
     n_rows, f = stop - start, w.shape[0] - 1
     keep = 1.0 - lr * l2
     log_keep = np.log(keep)
     pending = 0.0
-    if batch_size == 1:  # one row: its features are unique, so the update needs no scratch
-        for c in range(first, first + count):
-            s = np.exp(w[f] + pending)
-            r = start + c % n_rows
-            lo, hi = indptr[r], indptr[r + 1]
-            margin = 0.0
-            for p in range(lo, hi):
-                margin += values[p] * (w[indices[p]] * s)
-            step = -lr * log_loss_slope(y[r], margin) / (s * keep)
-            for p in range(lo, hi):
-                w[indices[p]] += step * values[p]
-            pending += log_keep
-        w[f] += pending
-        return
-    g = np.empty(f)
-    seen = np.full(f, -1, dtype=np.int64)
+    n = f if scaled else w.shape[0]
+    g = np.empty(n)
+    seen = np.full(n, -1, dtype=np.int64)
     touched = np.empty(batch_size * 64, dtype=np.int64)
     for c in range(first, first + count):
-        s = np.exp(w[f] + pending)
-        m, touched = _gradient_into(indptr, indices, values, y, w, start, n_rows, c, batch_size, s, 0.0, g, seen,
+        s = np.exp(w[f] + pending) if scaled else 1.0  # x 1.0 and / 1.0 are exact: the unscaled sums as before
+        m, touched = _gradient_into(data, w, (start, n_rows, c, batch_size), s, 0.0 if scaled else l2, g, seen,
                                     touched)
-        div = s * keep
+        div = s * keep if scaled else 1.0
         for q in range(m):
             j = touched[q]
             w[j] += -lr * g[j] / div
         pending += log_keep
-    w[f] += pending
+    if scaled:
+        w[f] += pending
 
 
 @njit(cache=True, nogil=True)
@@ -671,24 +650,25 @@ def _split_hot(indptr, indices, values, slot):  # pragma: no cover - compiled
     return split, ids, vals
 
 
-@njit(cache=True, nogil=True)
-def _local_sgd_hot(indptr, y, w, start, stop, first, count, lr, l2, scaled, hot, rep, base, split, ids, vals,
-                   least, pushes):  # pragma: no cover - compiled
-    """One-row steps of :func:`_local_sgd` (or, ``scaled``, :func:`_local_sgd_scaled`), the hot keys in ``rep``.
+@njit(cache=True, nogil=True, inline="always")
+def _rows_sgd(indptr, y, w, start, stop, first, count, hyper, rep):  # pragma: no cover - compiled
+    """One-row steps of :func:`_local_sgd`, the hot keys (if any) in the replica ``rep``.
 
-    rep = base = w[hot] at the start; a row's hot nonzeros (first, see :func:`_split_hot`) read and write
-    rep, the others w; at the end w[hot] += share * (rep - base), share = max(1 / (1 + m), least) where m
-    is the other replicas' pushes since the read (and log s += this chunk's decay). One worker (m = 0)
-    computes what the kernels without a replica do, up to the order of each margin's sum and the
-    rounding of base + (rep - base).
+    rep.values = rep.base = w[hot] at the start; a row's hot nonzeros (first, see :func:`_split_hot`) read
+    and write rep.values, the others w; at the end w[hot] += share * (values - base), share = max(1 / (1 + m),
+    least), where m is the other replicas' pushes since the read (and log s += this chunk's decay). One worker
+    (m = 0) computes what it computes without a replica, up to the order of each margin's sum and the
+    rounding of base + (values - base).
     """
     # NOTE: a branch per nonzero (hot or not) cost 3x the time per nonzero (mispredicted half the time);
     # rows split hot first once per run make both loops branch-free.
+    lr, l2, scaled = hyper
+    hot, rep_w, base, split, ids, vals = rep.hot, rep.values, rep.base, rep.split, rep.ids, rep.vals
     n_rows, f = stop - start, w.shape[0] - 1
-    seen = pushes[0]
+    seen = rep.pushes[0]
     for q in range(hot.shape[0]):
-        rep[q] = w[hot[q]]
-        base[q] = rep[q]
+        rep_w[q] = w[hot[q]]
+        base[q] = rep_w[q]
     keep = 1.0 - lr * l2
     log_keep = np.log(keep)
     pending = 0.0
@@ -700,28 +680,29 @@ def _local_sgd_hot(indptr, y, w, start, stop, first, count, lr, l2, scaled, hot,
         if scaled:
             s = np.exp(log_s + pending)
             for p in range(lo, mid):
-                margin += vals[p] * (rep[ids[p]] * s)
+                margin += vals[p] * (rep_w[ids[p]] * s)
             for p in range(mid, hi):
                 margin += vals[p] * (w[ids[p]] * s)
             step = -lr * log_loss_slope(y[r], margin) / (s * keep)
             for p in range(lo, mid):
-                rep[ids[p]] += step * vals[p]
+                rep_w[ids[p]] += step * vals[p]
             for p in range(mid, hi):
                 w[ids[p]] += step * vals[p]
             pending += log_keep
         else:
             for p in range(lo, mid):
-                margin += vals[p] * rep[ids[p]]
+                margin += vals[p] * rep_w[ids[p]]
             for p in range(mid, hi):
                 margin += vals[p] * w[ids[p]]
             coef = log_loss_slope(y[r], margin)
             for p in range(lo, mid):
-                rep[ids[p]] += -lr * (l2 * rep[ids[p]] + coef * vals[p])
+                rep_w[ids[p]] += -lr * (l2 * rep_w[ids[p]] + coef * vals[p])
             for p in range(mid, hi):
                 w[ids[p]] += -lr * (l2 * w[ids[p]] + coef * vals[p])
     if scaled:
         w[f] += pending
-    _push_replica(w, hot, rep, base, least, pushes, seen)
+    if hot.shape[0]:
+        _push_replica(w, hot, rep_w, base, rep.least, rep.pushes, seen)
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -108,9 +108,8 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         # on the miniature where the problem has one: its shard is its whole state (LDA's topics), not to be stepped here
         mini = problem.miniature() if callable(getattr(problem, "miniature", None)) else None
         warm = mini if mini is not None else problem
-        warm.local_steps(_initial_table(warm, dtype), shards[0] if mini is None else mini.shards(1)[0], 0, 2, 1, 0.0)
-        if replica is not None:
-            problem.local_steps(_initial_table(problem, dtype), shards[0], 0, 2, 1, 0.0, replica=replica)
+        warm.local_steps(_initial_table(warm, dtype), shards[0] if mini is None else mini.shards(1)[0], 0, 2, 1, 0.0,
+                         **({} if replica is None else {"replica": replica}))
     started = time.perf_counter()
     with WorkerGroup(n, start_method, label="shm table") as group:
         table = group.copy_of(_initial_table(problem, dtype))
