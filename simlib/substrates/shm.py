@@ -63,36 +63,56 @@ _SPIN = 5e-4  # seconds a worker looks again at once (yielding its core) before 
 CHUNK_WORK = 10_000  # rows (batch_size x steps) a fast-path worker applies between two looks at the clocks
 
 
-def run(problem: Any, protocol: Protocol, training: Training, start_method: str | None = None,
-        timeout: float | None = 120.0, monitor_every: float = 0.05, chunk: int | None = None,
-        locked: bool = False, straggler: tuple[int, float] | None = None, hot_keys: int = 0) -> Result:
-    """The substrate entry point (``simlib.run(..., substrate="shm")``); records quality every ``monitor_every`` s.
+@dataclass(frozen=True)
+class ShmOptions:
+    """The substrate's own options, ``simlib.run(..., substrate="shm", **options)``.
 
     ``chunk``: the most steps a worker applies between two looks at the clocks on the fast path
     (default: the problem's ``in_place_chunk`` if it has one, else 10,000 rows' worth,
-    ``max(1, 10_000 // batch_size)``). ``locked=True``: one lock held
-    around every step's read, compute and write (the locked baseline Hogwild! is measured against).
-    ``measured`` holds ``wall_seconds``, ``train_seconds`` (first compute span's start to the last's
-    end), ``cpu_seconds`` (the CPU time the workers' loops got, summed), and ``local`` where the
-    problem keeps part of a worker's state (:func:`simlib.contract.local_result`). ``straggler=(i, s)``:
-    worker i sleeps s seconds after each step (after each chunk on the fast path), a slow machine.
-    ``hot_keys=K`` (fast path, problems with ``replica``): each worker keeps a private replica of the
-    problem's K hot keys, updates it during a chunk, and adds its change to the table at the chunk's end
-    (1 / (1 + m) of it where m other replicas pushed during the chunk); every other key is written in
-    place as before. The trace's update per chunk is then also the push of that chunk's replica.
+    ``max(1, 10_000 // batch_size)``). ``locked=True``: one lock held around every step's read, compute
+    and write (the locked baseline Hogwild! is measured against). ``straggler=(i, s)``: worker i sleeps
+    s seconds after each step (after each chunk on the fast path), a slow machine. ``hot_keys=K`` (fast
+    path, problems with ``replica``): each worker keeps a private replica of the problem's K hot keys,
+    updates it during a chunk, and adds its change to the table at the chunk's end (1 / (1 + m) of it
+    where m other replicas pushed during the chunk); every other key is written in place as before. The
+    trace's update per chunk is then also the push of that chunk's replica.
     """
+
+    start_method: str | None = None
+    timeout: float | None = 120.0  # seconds for the whole run
+    monitor_every: float = 0.05  # seconds between two records of the metric
+    chunk: int | None = None
+    locked: bool = False
+    straggler: tuple[int, float] | None = None
+    hot_keys: int = 0
+
+    def __post_init__(self) -> None:
+        if self.chunk is not None:
+            check.positive_int("chunk", self.chunk)
+        if not isinstance(self.locked, bool):
+            raise ValueError(f"locked must be True or False, got {self.locked!r}")
+        if self.start_method is not None:  # named before the warm-up compiles anything
+            check.one_of("start_method", self.start_method, START_METHODS)
+        if isinstance(self.hot_keys, bool) or not isinstance(self.hot_keys, (int, np.integer)) or self.hot_keys < 0:
+            raise ValueError(f"hot_keys must be an integer >= 0 (0: no replica), got {self.hot_keys!r}")
+
+
+def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
+    """The substrate entry point (``simlib.run(..., substrate="shm")``); ``options``: :class:`ShmOptions`.
+
+    Records the metric every ``monitor_every`` s. ``measured`` holds ``wall_seconds``, ``train_seconds``
+    (first compute span's start to the last's end), ``cpu_seconds`` (the CPU time the workers' loops got,
+    summed), and ``local`` where the problem keeps part of a worker's state
+    (:func:`simlib.contract.local_result`).
+    """
+    opts = check.options(ShmOptions, options, "substrate 'shm'")
+    chunk, locked, hot_keys = opts.chunk, opts.locked, opts.hot_keys
     if protocol.backup_workers or protocol.timeout is not None:
         raise ValueError("backup_workers and timeout run on substrates 'sim' and 'pipes' (a server counts pushes); "
                          "the shared-memory table has no server")
     if training.rule.group_size(training.n_workers) != 1:
         raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
-    if chunk is not None:
-        check.positive_int("chunk", chunk)
-    if not isinstance(locked, bool):
-        raise ValueError(f"locked must be True or False, got {locked!r}")
-    check_straggler(straggler, training.n_workers)
-    if start_method is not None:  # named before the warm-up compiles anything
-        check.one_of("start_method", start_method, START_METHODS)
+    check_straggler(opts.straggler, training.n_workers)
     fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain
     replica = _replica(problem, hot_keys, fast, locked, training)
     # a problem whose one step is already a lot of work (LDA: a sweep) names its own chunk (1: publish every step)
@@ -111,13 +131,14 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
         warm.local_steps(_initial_table(warm, dtype), shards[0] if mini is None else mini.shards(1)[0], 0, 2, 1, 0.0,
                          **({} if replica is None else {"replica": replica}))
     started = time.perf_counter()
-    with WorkerGroup(n, start_method, label="shm table") as group:
+    with WorkerGroup(n, opts.start_method, label="shm table") as group:
         table = group.copy_of(_initial_table(problem, dtype))
         clocks = group.zeros(n, np.int64)
         version = group.zeros(1, np.int64)
         lock = group.lock()
         ready = group.zeros(n, np.int64)
-        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, locked, straggler, chunk, replica)
+        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, locked, opts.straggler, chunk,
+                       replica)
 
         def monitor(elapsed: float) -> None:
             """The metric now; Diverged (which stops the workers) if it is not finite."""
@@ -127,7 +148,7 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
 
         monitor(0.0)
         out = group.run(_work_in_place if fast else _work, problem, setup, version, monitor=monitor,
-                        monitor_every=monitor_every, timeout=timeout)
+                        monitor_every=opts.monitor_every, timeout=opts.timeout)
         params = table.array.copy()
         raw = group.trace
     wall = time.perf_counter() - started
@@ -143,6 +164,9 @@ def run(problem: Any, protocol: Protocol, training: Training, start_method: str 
     if callable(getattr(problem, "local_result", None)):
         measured["local"] = [local for _, local in out]
     return Result(trace, params, measured)
+
+
+run.options = ShmOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
 
 
 @dataclass(frozen=True)
@@ -173,8 +197,6 @@ def _start_together(ready: np.ndarray, i: int) -> None:
 
 def _replica(problem: Any, hot_keys: int, fast: bool, locked: bool, training: Training) -> Any:
     """The problem's private replica of its ``hot_keys`` hot keys (None for 0); ValueError where it cannot apply."""
-    if isinstance(hot_keys, bool) or not isinstance(hot_keys, (int, np.integer)) or hot_keys < 0:
-        raise ValueError(f"hot_keys must be an integer >= 0 (0: no replica), got {hot_keys!r}")
     if not hot_keys:
         return None
     if not fast or not callable(getattr(problem, "replica", None)):
