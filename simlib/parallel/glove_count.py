@@ -67,10 +67,10 @@ def count_parallel(
         runs = group.run(_count_shard, shared_ids, shared_offsets, (n_words, window, buffer_entries),
                          worker_args=shards)
         t = group.now()
-        # Reduce pairwise (a tree), so each merge is linear and the largest one is the last.
-        while len(runs) > 1:
+        # Reduce pairwise (a tree), so each merge is linear; the last two are merged as they are expanded.
+        while len(runs) > 2:
             runs = [merge_runs(runs[k], runs[k + 1]) if k + 1 < len(runs) else runs[k] for k in range(0, len(runs), 2)]
-        cooc = runs_to_cooccurrence(runs[0][0], runs[0][1], n_words)
+        cooc = runs_to_cooccurrence(*runs[0], n_words, other=runs[1] if len(runs) > 1 else None)
         group.trace.span(0, "compute", t, group.now(), step=1)
         group.trace.meta.update(tokens=int(ids.shape[0]), nnz=cooc.nnz, window=window)
         return cooc, group.trace

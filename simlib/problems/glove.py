@@ -230,7 +230,7 @@ def merge_runs(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray
     out_k = np.empty(a[0].shape[0] + b[0].shape[0], dtype=np.int64)
     out_v = np.empty(out_k.shape[0], dtype=np.float64)
     n = merge_sorted_kernel(a[0], a[1], b[0], b[1], out_k, out_v)
-    return out_k[:n].copy(), out_v[:n].copy()
+    return out_k[:n], out_v[:n]  # views: a copy would move every entry once more
 
 
 def table_capacity(max_entries: int) -> int:
@@ -262,16 +262,66 @@ def count_runs(ids: np.ndarray, offsets: np.ndarray, n_words: int, window: int, 
             return merged
 
 
-def runs_to_cooccurrence(keys: np.ndarray, vals: np.ndarray, n_words: int) -> Cooccurrence:
-    """Expand unordered pairs (i <= j) to the symmetric matrix: (i, j) and (j, i), diagonal doubled."""
-    i = (keys // n_words).astype(np.int32)
-    j = (keys % n_words).astype(np.int32)
-    off = i != j
-    rows = np.concatenate([i, j[off]])
-    cols = np.concatenate([j, i[off]])
-    # A pair of equal words at distance k is seen once as (i, i) but counts in both orders.
-    values = np.concatenate([np.where(off, vals, 2.0 * vals), vals[off]]).astype(np.float32)
+def runs_to_cooccurrence(keys: np.ndarray, vals: np.ndarray, n_words: int,
+                         other: tuple[np.ndarray, np.ndarray] | None = None) -> Cooccurrence:
+    """Expand unordered pairs (i <= j) to the symmetric matrix: (i, j) and (j, i), diagonal doubled.
+
+    With ``other`` (a second key-sorted run), the two runs merged (equal keys summed, as :func:`merge_runs`)
+    are expanded without building the merge. Entries come in key order, then the mirrored (j, i) of the
+    off-diagonal ones in key order.
+    """
+    b = other if other is not None else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
+    rows, cols, values = symmetric_kernel((keys, vals), b, n_words)
     return Cooccurrence(rows=rows, cols=cols, values=values, n_words=n_words)
+
+
+@njit(nogil=True, cache=True)
+def symmetric_kernel(a, b, n_words):  # pragma: no cover - compiled
+    """(rows, cols, values) of the runs a and b merged and expanded (see :func:`runs_to_cooccurrence`).
+
+    NOTE: one compiled walk to size the output and one to fill it, in place of a merged copy and ten
+    NumPy passes (two integer divisions per key among them): the row is tracked as the sorted keys rise.
+    """
+    n, m = _symmetric_walk(a, b, n_words, (np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float32)), -1)
+    out = (np.empty(n + m, np.int32), np.empty(n + m, np.int32), np.empty(n + m, np.float32))
+    _symmetric_walk(a, b, n_words, out, n)
+    return out
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _symmetric_walk(a, b, n_words, out, first):  # pragma: no cover - compiled
+    """Walk the merge of the runs a and b; where ``first`` >= 0, write entry n at n and its mirror at first + m.
+    Returns (n, m): the merged entries and the off-diagonal ones among them."""
+    ka, va = a
+    kb, vb = b
+    rows, cols, values = out
+    na, nb = ka.shape[0], kb.shape[0]
+    x = y = n = m = 0
+    row, row_start = 0, 0  # the row of the key: keys i * n_words + j rise, so i only grows
+    while x < na or y < nb:
+        if y >= nb or (x < na and ka[x] < kb[y]):
+            k, v = ka[x], va[x]
+            x += 1
+        elif x >= na or kb[y] < ka[x]:
+            k, v = kb[y], vb[y]
+            y += 1
+        else:
+            k, v = ka[x], va[x] + vb[y]
+            x += 1
+            y += 1
+        while k >= row_start + n_words:
+            row += 1
+            row_start += n_words
+        col = k - row_start
+        if first >= 0:
+            rows[n], cols[n] = row, col
+            values[n] = v if row != col else 2.0 * v  # a pair of equal words counts in both orders
+            if row != col:
+                rows[first + m], cols[first + m], values[first + m] = col, row, v
+        if row != col:
+            m += 1
+        n += 1
+    return n, m
 
 
 def validate_counting(ids: np.ndarray, offsets: np.ndarray, n_words: int, window: int) -> None:
