@@ -24,7 +24,6 @@ from __future__ import annotations
 import array
 import json
 import math
-from collections import Counter
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
@@ -203,6 +202,28 @@ class UpdateLog(_Log):
         lag.append(clock_lag)
 
 
+def _columns(records: Any, log: type[_Log]) -> list[Any]:
+    """The fields of spans or updates as NumPy arrays (a span's kind as its code): copies of a log's columns, or
+    the columns of a list of records."""
+    import numpy as np
+
+    if not isinstance(records, log):
+        records = log(records)
+    return [np.frombuffer(c, dtype=_NUMPY[c.typecode]).copy() if len(c) else np.zeros(0, _NUMPY[c.typecode])
+            for c in records._cols]
+
+
+def _busy(spans: list[Any], kind: str) -> float:
+    """Total length of the spans of ``kind``, from :func:`_columns`, summed left to right as ``sum`` does."""
+    import numpy as np
+
+    if kind not in _KIND_CODE:
+        raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
+    mine = spans[1] == _KIND_CODE[kind]
+    lengths = spans[3][mine] - spans[2][mine]
+    return float(np.cumsum(lengths)[-1]) if len(lengths) else 0.0
+
+
 @dataclass
 class Trace:
     """A run's record; equal traces compare equal (``==``), which is how determinism is tested."""
@@ -238,8 +259,12 @@ class Trace:
     @property
     def makespan(self) -> float:
         """Time from the start to the last recorded event."""
-        ends = [s.end for s in self.spans] + [u.time for u in self.updates] + [q.time for q in self.quality]
-        return max(ends, default=0.0)
+        return self._makespan(_columns(self.spans, SpanLog), _columns(self.updates, UpdateLog))
+
+    def _makespan(self, spans: list[Any], updates: list[Any]) -> float:
+        """:attr:`makespan` from the columns of :func:`_columns`."""
+        ends = [float(c.max()) for c in (spans[3], updates[0]) if c.size]
+        return max(ends + [q.time for q in self.quality], default=0.0)
 
     def _reached(self, target: float) -> QualityPoint | None:
         """The first quality point at which the metric reaches ``target`` (<= for losses, >= otherwise)."""
@@ -258,38 +283,45 @@ class Trace:
 
     def busy_time(self, kind: str) -> float:
         """Total time all workers spent on spans of ``kind``."""
-        return sum(s.end - s.start for s in self.spans if s.kind == kind)
+        return _busy(_columns(self.spans, SpanLog), kind)
 
     def summary(self) -> dict[str, float]:
         """Headline numbers: time per step, fraction waiting, bytes moved, staleness, final metric."""
-        makespan = self.makespan
+        import numpy as np
+
+        # NOTE: on the columns, not record by record: 100,000 simulated workers x 10 steps took 55 s a summary.
+        # Every sum runs left to right (np.cumsum), as the loop over the records did, so the figures are the same.
+        spans, updates = _columns(self.spans, SpanLog), _columns(self.updates, UpdateLog)
+        makespan = self._makespan(spans, updates)
         n = max(self.n_workers, 1)
-        steps_per_worker = len(self.updates) / n
+        time, worker, stale, applied, lags = updates[0], updates[1], updates[3], updates[4], updates[5]
+        steps_per_worker = len(time) / n
         # Per worker: time of its last update / its number of updates; async fast workers finish
         # early, so this (not makespan / steps) is what "time per step" means to a reader.
-        last: dict[int, float] = {}
-        count: Counter[int] = Counter()
-        for u in self.updates:
-            last[u.worker] = max(last.get(u.worker, 0.0), u.time)
-            count[u.worker] += 1
-        per_worker = [last[w] / count[w] for w in count]
+        time_per_step = math.nan
+        if len(time):
+            ids, first = np.unique(worker, return_index=True)
+            ids = ids[np.argsort(first)]  # workers in the order of their first update
+            last = np.zeros(int(ids.max()) + 1)
+            np.maximum.at(last, worker, time)
+            per_worker = last[ids] / np.bincount(worker)[ids]
+            time_per_step = float(np.cumsum(per_worker)[-1]) / len(per_worker)
         worker_time = makespan * n
-        waiting = self.busy_time("wait")
-        stale = [u.staleness for u in self.updates]
-        lags = [u.clock_lag for u in self.updates if u.clock_lag >= 0]
+        kinds, nbytes = spans[1], spans[4]
+        lags = lags[lags >= 0]
         return {
             "makespan": makespan,
             "steps_per_worker": steps_per_worker,
-            "time_per_step": sum(per_worker) / len(per_worker) if per_worker else math.nan,
-            "wait_fraction": waiting / worker_time if worker_time > 0 else 0.0,
-            "compute_fraction": self.busy_time("compute") / worker_time if worker_time > 0 else 0.0,
-            "bytes_sent": float(sum(s.nbytes for s in self.spans if s.kind == "send")),
-            "bytes_received": float(sum(s.nbytes for s in self.spans if s.kind == "recv")),
-            "updates_applied": float(sum(1 for u in self.updates if u.applied)),
-            "updates_dropped": float(sum(1 for u in self.updates if not u.applied)),
-            "max_staleness": float(max(stale, default=0)),
-            "mean_staleness": float(sum(stale) / len(stale)) if stale else 0.0,
-            "max_clock_lag": float(max(lags, default=0)),
+            "time_per_step": time_per_step,
+            "wait_fraction": _busy(spans, "wait") / worker_time if worker_time > 0 else 0.0,
+            "compute_fraction": _busy(spans, "compute") / worker_time if worker_time > 0 else 0.0,
+            "bytes_sent": float(int(nbytes[kinds == _KIND_CODE["send"]].sum())),
+            "bytes_received": float(int(nbytes[kinds == _KIND_CODE["recv"]].sum())),
+            "updates_applied": float(int(applied.sum())),
+            "updates_dropped": float(len(applied) - int(applied.sum())),
+            "max_staleness": float(stale.max()) if len(stale) else 0.0,
+            "mean_staleness": int(stale.sum()) / len(stale) if len(stale) else 0.0,
+            "max_clock_lag": float(lags.max()) if len(lags) else 0.0,
             "final_" + self.metric: self.quality[-1].value if self.quality else math.nan,
         }
 
