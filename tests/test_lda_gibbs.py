@@ -53,7 +53,7 @@ def test_tables_stay_equal_to_the_counts_of_z(kernel):
         state.check_counts()
         assert state.n_wk.min() >= 0 and state.n_dk.min() >= 0
         if kernel in ("sparse", "alias"):  # the per-document topic lists list exactly the non-zero topics
-            assert np.array_equal(state.dk_len, (state.n_dk > 0).sum(1))
+            assert np.array_equal(state.counts.dk_len, (state.n_dk > 0).sum(1))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
