@@ -140,7 +140,7 @@ class Hyper(NamedTuple):
 
 
 class Work(NamedTuple):
-    """A sampler's scratch, K long: the alias tables of the MH kernels, a cdf, 1 / (n_k + V b) and phi_w."""
+    """The MH kernels' scratch, K long: the alias tables, and the alias kernel's cdf, 1 / (n_k + V b) and phi_w."""
 
     n0: np.ndarray  # the topic totals the tables are built with (n_k's dtype)
     snap: np.ndarray  # the word's row as its table was built (n_wk's dtype)
@@ -168,12 +168,20 @@ class WordTable(NamedTuple):
     s_fixed: int
 
 
+@njit(cache=True, nogil=True)
 def _work(n_wk: np.ndarray, n_k: np.ndarray) -> Work:
     """Scratch for counts like n_wk (V, K) and n_k."""
-    K = n_k.shape[0]
-    f8, i4 = (lambda: np.empty(K)), (lambda: np.empty(K, np.int32))
-    return Work(n0=np.empty(K, n_k.dtype), snap=np.empty(K, n_wk.dtype), wtopic=i4(), wprob=f8(), walias=i4(),
-                dprob=f8(), dalias=i4(), weight=f8(), small=i4(), large=i4(), cdf=f8(), inv=f8(), phi=f8())
+    # NOTE: allocated per sweep_words call (~1 us), not held by the state: a held Work's 13 arrays cost more in the
+    # dispatcher's typing of every call (~0.2-0.4 us each), which a sweep cut into blocks pays per block. Allocated in
+    # the order the kernels allocated them before Work (n0, the f8 arrays, the i4 ones, snap): in Work's field order
+    # the mh sweep ran ~5% slower at K = 1,000 on 500 tokens per word (same chain), in this order level.
+    K, i4 = n_k.shape[0], np.int32
+    n0, weight, dprob, wprob = np.empty(K, n_k.dtype), np.empty(K), np.empty(K), np.empty(K)
+    dalias, walias, wtopic, small, large = (np.empty(K, i4), np.empty(K, i4), np.empty(K, i4), np.empty(K, i4),
+                                            np.empty(K, i4))
+    snap = np.empty(K, n_wk.dtype)
+    cdf, inv, phi = np.empty(K), np.empty(K), np.empty(K)
+    return Work(n0, snap, wtopic, wprob, walias, dprob, dalias, weight, small, large, cdf, inv, phi)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -188,10 +196,11 @@ def _uniform(state: np.uint64) -> tuple[np.uint64, float]:
 
 
 @njit(cache=True, nogil=True)
-def _sweep_dense(tok: Tokens, c: Counts, hyper: Hyper, work: Work, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
+def _sweep_dense(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
     """Words w_lo..w_hi-1 of one O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b), invert it."""
-    word_ptr, doc, z, n_dk, n_wk, n_k, cdf = tok.word_ptr, tok.doc, tok.z, c.n_dk, c.n_wk, c.n_k, work.cdf
+    word_ptr, doc, z, n_dk, n_wk, n_k = tok.word_ptr, tok.doc, tok.z, c.n_dk, c.n_wk, c.n_k
     alpha, beta, vbeta, K = hyper.alpha, hyper.beta, hyper.vbeta, n_k.shape[0]
+    cdf = np.empty(K)
     for w in range(w_lo, w_hi):
         for j in range(word_ptr[w], word_ptr[w + 1]):
             d = doc[j]
@@ -224,9 +233,8 @@ def _rng_state(seed: int) -> np.uint64:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _list_take(d: int, k: int, c: Counts) -> None:
+def _list_take(d: int, k: int, idx: np.ndarray, cnt: np.ndarray, length: np.ndarray, pos: np.ndarray) -> None:
     """n_dk[d, k] -= 1 on document d's topic list; at 0, k leaves it (the last entry moves into its slot)."""
-    idx, cnt, length, pos = c.dk_idx, c.dk_cnt, c.dk_len, c.dk_pos
     i = pos[d, k]
     cnt[d, i] -= 1
     if cnt[d, i] == 0:
@@ -240,14 +248,15 @@ def _list_take(d: int, k: int, c: Counts) -> None:
 
 
 @njit(cache=True, nogil=True, fastmath=True)
-def _sweep_sparse(tok: Tokens, c: Counts, hyper: Hyper, work: Work, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
+def _sweep_sparse(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
     """Words w_lo..w_hi-1 of one exact sweep: doc part over the document's topic list, word part by a running sum."""
     word_ptr, doc, z, n_wk, n_k = tok.word_ptr, tok.doc, tok.z, c.n_wk, c.n_k
     dk_idx, dk_cnt, dk_len, dk_pos = c.dk_idx, c.dk_cnt, c.dk_len, c.dk_pos
     alpha, beta, vbeta, K = hyper.alpha, hyper.beta, hyper.vbeta, n_k.shape[0]
-    inv, phi, cdf = work.inv, work.phi, work.cdf  # phi_w(k) for the current word
-    for k in range(K):  # 1 / (n_k + V b): divisions hoisted out of the inner loops
+    inv = np.empty(K)  # 1 / (n_k + V b): divisions hoisted out of the inner loops
+    for k in range(K):
         inv[k] = 1.0 / (n_k[k] + vbeta)
+    phi, cdf = np.empty(K), np.empty(K)  # phi_w(k) for the current word; the doc part's cumulative sums
     for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
@@ -266,7 +275,7 @@ def _sweep_sparse(tok: Tokens, c: Counts, hyper: Hyper, work: Work, w_lo: int, w
             old = phi[k]
             phi[k] = (n_wk[w, k] + beta) * inv[k]
             wsum += phi[k] - old
-            _list_take(d, k, c)
+            _list_take(d, k, dk_idx, dk_cnt, dk_len, dk_pos)
             # Doc part: sum over the topics document d uses.
             L = dk_len[d]
             total = 0.0
@@ -384,13 +393,18 @@ def _word_table(row: np.ndarray, work: Work, hyper: Hyper) -> tuple[int, float]:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _word_draw(rng: np.uint64, s_tab: int, table: WordTable, work: Work, hyper: Hyper) -> tuple[np.uint64, int]:
+def _word_draw(rng: np.uint64, s_tab: int, table: WordTable, hyper: Hyper, wtopic: np.ndarray, wprob: np.ndarray,
+               walias: np.ndarray, dprob: np.ndarray, dalias: np.ndarray, snap: np.ndarray,
+               n0: np.ndarray) -> tuple[np.uint64, int]:
     """A draw from the stale word table without the token: q_j(k) ∝ (snap_k - [k=s_tab] + b) / (n0_k - [k=s_tab] + V b).
 
     The table (sparse part of mass S over wtopic[:m], b-part of mass B over all K) counts the
     token under s_tab; a draw of s_tab is kept with probability q_j(s_tab) / q_table(s_tab).
     """
-    S, B, m, snap, n0, beta, vbeta = table.S, table.B, table.m, work.snap, work.n0, hyper.beta, hyper.vbeta
+    # NOTE: the arrays come one by one, not as the Work tuple: bound to an inlined helper in the token loop, a tuple
+    # of arrays was increfed member by member on every call (15 atomic increfs and decrefs per draw, not pruned):
+    # the mh sweep ran 4x slower (KJV, K = 100 and 1,000); single arrays are pruned, as before.
+    S, B, m, beta, vbeta = table.S, table.B, table.m, hyper.beta, hyper.vbeta
     K = n0.shape[0]
     while True:
         rng, u = _uniform(rng)
@@ -398,11 +412,11 @@ def _word_draw(rng: np.uint64, s_tab: int, table: WordTable, work: Work, hyper: 
         if x < S:
             x *= m / S
             i = min(int(x), m - 1)
-            t = work.wtopic[i if x - i < work.wprob[i] else work.walias[i]]
+            t = wtopic[i if x - i < wprob[i] else walias[i]]
         else:
             x = min((x - S) / B, 1.0) * K
             i = min(int(x), K - 1)
-            t = i if x - i < work.dprob[i] else work.dalias[i]
+            t = i if x - i < dprob[i] else dalias[i]
         if t != s_tab:
             return rng, t
         rng, u = _uniform(rng)
@@ -411,10 +425,10 @@ def _word_draw(rng: np.uint64, s_tab: int, table: WordTable, work: Work, hyper: 
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _stale_q(k: int, s_tab: int, work: Work, hyper: Hyper) -> float:
+def _stale_q(k: int, s_tab: int, snap: np.ndarray, n0: np.ndarray, hyper: Hyper) -> float:
     """The stale word proposal without the token, unnormalised: (snap_k - [k=s_tab] + b) / (n0_k - [k=s_tab] + V b)."""
     own = int(k == s_tab)
-    return (work.snap[k] - own + hyper.beta) / (work.n0[k] - own + hyper.vbeta)
+    return (snap[k] - own + hyper.beta) / (n0[k] - own + hyper.vbeta)
 
 
 @njit(cache=True, nogil=True, fastmath=True)
@@ -432,6 +446,8 @@ def _mh_run(a: int, b: int, tok: Tokens, c: Counts, hyper: Hyper, work: Work, ta
     doc, z, order, offsets, z_doc = tok.doc, tok.z, tok.order, tok.offsets, tok.z_doc
     n_dk, n_wk, n_k = c.n_dk, c.n_wk, c.n_k
     alpha, beta, vbeta, K, w, s_fixed = hyper.alpha, hyper.beta, hyper.vbeta, n_k.shape[0], table.w, table.s_fixed
+    wtopic, wprob, walias, dprob, dalias, snap, n0 = (work.wtopic, work.wprob, work.walias, work.dprob, work.dalias,
+                                                      work.snap, work.n0)
     for j in range(a, b):
         d = doc[j]
         s = z[j]
@@ -444,11 +460,11 @@ def _mh_run(a: int, b: int, tok: Tokens, c: Counts, hyper: Hyper, work: Work, ta
         ps = (n_dk[d, s] + alpha) * (n_wk[w, s] + beta) / (n_k[s] + vbeta)
         for _ in range(hyper.n_steps):
             # Word proposal: sparse part (mass S) or b-part (mass B), alias draws from one uniform each.
-            rng, t = _word_draw(rng, s_tab, table, work, hyper)
+            rng, t = _word_draw(rng, s_tab, table, hyper, wtopic, wprob, walias, dprob, dalias, snap, n0)
             if t != s:
                 pt = (n_dk[d, t] + alpha) * (n_wk[w, t] + beta) / (n_k[t] + vbeta)
-                qs = _stale_q(s, s_tab, work, hyper)
-                qt = _stale_q(t, s_tab, work, hyper)
+                qs = _stale_q(s, s_tab, snap, n0, hyper)
+                qt = _stale_q(t, s_tab, snap, n0, hyper)
                 rng, u = _uniform(rng)
                 if u * ps * qt < pt * qs:  # accept with min(1, p(t) q(s) / (p(s) q(t)))
                     s, ps = t, pt
@@ -474,10 +490,11 @@ def _mh_run(a: int, b: int, tok: Tokens, c: Counts, hyper: Hyper, work: Work, ta
 
 
 @njit(cache=True, nogil=True)
-def _sweep_mh(tok: Tokens, c: Counts, hyper: Hyper, work: Work, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
+def _sweep_mh(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
     """Words w_lo..w_hi-1 of a LightLDA sweep: per word an alias table of the counts at its run's start, then MH per token.
 
     ``tok.z_doc`` must hold the topics in document order (:func:`_doc_order`) for the doc proposal."""
+    work = _work(c.n_wk, c.n_k)
     work.n0[:] = c.n_k  # the topic totals the tables of this call are built with
     B = _beta_table(work, hyper)
     for w in range(w_lo, w_hi):
@@ -512,6 +529,7 @@ def _alias_run(j: int, b: int, tok: Tokens, c: Counts, hyper: Hyper, work: Work,
     dk_idx, dk_cnt, dk_len, dk_pos = c.dk_idx, c.dk_cnt, c.dk_len, c.dk_pos
     alpha, beta, vbeta, K, w, s_fixed = hyper.alpha, hyper.beta, hyper.vbeta, n_k.shape[0], table.w, table.s_fixed
     snap, n0, S, B, cdf, inv, phi = work.snap, work.n0, table.S, table.B, work.cdf, work.inv, work.phi
+    wtopic, wprob, walias, dprob, dalias = work.wtopic, work.wprob, work.walias, work.dprob, work.dalias
     for k in range(K):  # O(K), as the table's build: phi_w(k) fresh, updated in O(1) when a token moves
         phi[k] = (n_wk[w, k] + beta) * inv[k]
     drawn = 0
@@ -523,25 +541,25 @@ def _alias_run(j: int, b: int, tok: Tokens, c: Counts, hyper: Hyper, work: Work,
         n_k[s] -= 1
         inv[s] = 1.0 / (n_k[s] + vbeta)
         phi[s] = (n_wk[w, s] + beta) * inv[s]
-        _list_take(d, s, c)
+        _list_take(d, s, dk_idx, dk_cnt, dk_len, dk_pos)
         L = dk_len[d]
         P = 0.0  # the doc part's mass, sum over d's topics of n_dk phi_w(k), exact
         for i in range(L):
             P += dk_cnt[d, i] * phi[dk_idx[d, i]]
             cdf[i] = P
         # The word part's mass: the table's S + B with the token's own entry at s_tab taken out.
-        Q = alpha * (S + B - (snap[s_tab] + beta) / (n0[s_tab] + vbeta) + _stale_q(s_tab, s_tab, work, hyper))
-        ps, qs = _alias_pq(d, s, s_tab, c, work, hyper)
+        Q = alpha * (S + B - (snap[s_tab] + beta) / (n0[s_tab] + vbeta) + _stale_q(s_tab, s_tab, snap, n0, hyper))
+        ps, qs = _alias_pq(d, s, s_tab, dk_cnt, dk_pos, phi, snap, n0, hyper)
         for _ in range(hyper.n_steps):
             rng, u = _uniform(rng)
             x = u * (P + Q)
             if x < P:  # the list is unsorted: bisect its cdf
                 t = dk_idx[d, min(np.searchsorted(cdf[:L], x, side="right"), L - 1)]
             else:
-                rng, t = _word_draw(rng, s_tab, table, work, hyper)
+                rng, t = _word_draw(rng, s_tab, table, hyper, wtopic, wprob, walias, dprob, dalias, snap, n0)
                 drawn += 1
             if t != s:
-                pt, qt = _alias_pq(d, t, s_tab, c, work, hyper)
+                pt, qt = _alias_pq(d, t, s_tab, dk_cnt, dk_pos, phi, snap, n0, hyper)
                 rng, u = _uniform(rng)
                 if u * ps * qt < pt * qs:
                     s, ps, qs = t, pt, qt
@@ -560,16 +578,18 @@ def _alias_run(j: int, b: int, tok: Tokens, c: Counts, hyper: Hyper, work: Work,
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _alias_pq(d: int, k: int, s_tab: int, c: Counts, work: Work, hyper: Hyper) -> tuple[float, float]:
+def _alias_pq(d: int, k: int, s_tab: int, dk_cnt: np.ndarray, dk_pos: np.ndarray, phi: np.ndarray, snap: np.ndarray,
+              n0: np.ndarray, hyper: Hyper) -> tuple[float, float]:
     """AliasLDA's target and proposal at topic k: ((n_dk + a) phi_w(k), n_dk phi_w(k) + a q_w(k)), both unnormalised."""
-    i = c.dk_pos[d, k]
-    n = c.dk_cnt[d, i] if i >= 0 else 0
-    return (n + hyper.alpha) * work.phi[k], n * work.phi[k] + hyper.alpha * _stale_q(k, s_tab, work, hyper)
+    i = dk_pos[d, k]
+    c = dk_cnt[d, i] if i >= 0 else 0
+    return (c + hyper.alpha) * phi[k], c * phi[k] + hyper.alpha * _stale_q(k, s_tab, snap, n0, hyper)
 
 
 @njit(cache=True, nogil=True)
-def _sweep_alias(tok: Tokens, c: Counts, hyper: Hyper, work: Work, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
+def _sweep_alias(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
     """Words w_lo..w_hi-1 of an AliasLDA sweep: a word's table is built at the start of its run and again after K draws."""
+    work = _work(c.n_wk, c.n_k)
     work.n0[:] = c.n_k  # the topic totals the tables are built with
     B = _beta_table(work, hyper)
     work.inv[:] = 1.0 / (c.n_k + hyper.vbeta)
@@ -673,7 +693,6 @@ class GibbsState:
         self.tokens = Tokens(word_ptr, corpus.doc_of[order], z_wm, order, corpus.offsets, np.empty_like(z_wm))
         steps = _ALIAS_STEPS if kernel == "alias" else _MH_CYCLES  # a sparse or dense state's mh_token_draws: mh's
         self.hyper = Hyper(self.alpha, self.beta, n_wk.shape[0] * self.beta, steps)
-        self.work = _work(n_wk, n_k)
 
     n_dk = property(lambda self: self.counts.n_dk, doc="Document-topic counts, D x K.")
     n_wk = property(lambda self: self.counts.n_wk, doc="Word-topic counts, V x K.")
@@ -705,7 +724,7 @@ class GibbsState:
 
     def sweep_words(self, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
         """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after."""
-        rng = _SWEEPS[self.kernel](self.tokens, self.counts, self.hyper, self.work, w_lo, w_hi, rng)
+        rng = _SWEEPS[self.kernel](self.tokens, self.counts, self.hyper, w_lo, w_hi, rng)
         return np.uint64(rng)  # numba hands a uint64 back as a Python int, which it would then read as int64
 
     def end_sweep(self) -> None:
@@ -719,7 +738,7 @@ class GibbsState:
         c, t = self.counts, self.tokens
         out = {"n_wk, n_k": c.n_wk.nbytes + c.n_k.nbytes, "n_dk": c.n_dk.nbytes}
         if self.kernel in ("sparse", "alias"):
-            out["topic lists"] = sum(a.nbytes for a in (c.dk_idx, c.dk_cnt, c.dk_pos, c.dk_len, self.work.cdf))
+            out["topic lists"] = sum(a.nbytes for a in (c.dk_idx, c.dk_cnt, c.dk_pos, c.dk_len))
         out["per token"] = sum(a.nbytes for a in (t.order, t.word_ptr, t.doc, t.z, t.z_doc))
         return out
 
@@ -749,7 +768,8 @@ def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0
     check.positive_int("n_draws", n_draws)
     if not 0 <= position < c.n_tokens:
         raise ValueError(f"position must lie in [0, {c.n_tokens}), got {position!r}")
-    w, K, tok, work, hyper = int(c.words[position]), state.n_topics, state.tokens, state.work, state.hyper
+    w, K, tok, hyper = int(c.words[position]), state.n_topics, state.tokens, state.hyper
+    work = _work(state.n_wk, state.n_k)
     tab_wk, tab_k, s_tab = table if table is not None else (state.n_wk[w], state.n_k, int(state.z[position]))
     if not (0 <= s_tab < K and tab_wk[s_tab] >= 1 and tab_k[s_tab] >= 1):
         raise ValueError(f"table: its counts must hold the token under its topic s_tab = {s_tab!r} (>= 1 there)")
