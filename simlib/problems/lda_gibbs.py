@@ -84,7 +84,8 @@ import time
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, typeof
+from numba.types import int64, uint64
 
 from simlib import _validate as check
 from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, doc_topic_counts, log_likelihood,
@@ -713,6 +714,7 @@ class GibbsState:
         self.tokens = Tokens(word_ptr, corpus.doc_of[order], z_wm, order, corpus.offsets, np.empty_like(z_wm))
         steps = _ALIAS_STEPS if kernel == "alias" else _MH_CYCLES  # a sparse or dense state's mh_token_draws: mh's
         self.hyper = Hyper(self.alpha, self.beta, n_wk.shape[0] * self.beta, steps)
+        self._kernel: tuple | None = None  # (the tuples, the compiled sweep for their types): see sweep_words
 
     n_dk = property(lambda self: self.counts.n_dk, doc="Document-topic counts, D x K.")
     n_wk = property(lambda self: self.counts.n_wk, doc="Word-topic counts, V x K.")
@@ -744,7 +746,13 @@ class GibbsState:
 
     def sweep_words(self, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
         """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after."""
-        rng = _SWEEPS[self.kernel](self.tokens, self.counts, self.hyper, w_lo, w_hi, rng)
+        args = self.tokens, self.counts, self.hyper
+        if self._kernel is None or any(a is not b for a, b in zip(self._kernel[0], args)):
+            # NOTE: the compiled kernel for these very tuples, looked up once: the dispatcher would type their 17
+            # arrays in Python on every call (~3-9 us), which a sweep cut into blocks pays per block (2 workers at
+            # K = 1,000 on the KJV: 267 a sweep, 2-4% of it). Looked up again whenever the tuples are replaced.
+            self._kernel = args, _SWEEPS[self.kernel].compile(tuple(typeof(a) for a in args) + (int64, int64, uint64))
+        rng = self._kernel[1](*args, w_lo, w_hi, rng)
         return np.uint64(rng)  # numba hands a uint64 back as a Python int, which it would then read as int64
 
     def end_sweep(self) -> None:

@@ -244,7 +244,7 @@ class LDAProblem:
                     _pull(tab_wk, tab_k, st.n_wk, st.n_k, word_ptr, lo, hi, snap)
                     zb[: word_ptr[hi] - word_ptr[lo]] = st.tokens.z[word_ptr[lo]:word_ptr[hi]]
                     rng = st.sweep_words(lo, hi, rng)
-                    _push(table, st.tokens, st.n_wk, lo, hi, zb, snap, dk)
+                    _push(table, word_ptr, st.tokens.z, st.n_wk, lo, hi, zb, snap, dk)
             st.end_sweep()
 
     def device_steps(self, table: Any, shard: LDAShard, first: int, count: int, batch_size: int, lr: float) -> None:
@@ -353,14 +353,16 @@ def _pull(tab_wk, tab_k, n_wk, n_k, word_ptr, lo, hi, snap):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _push(table, tok, n_wk, lo, hi, z_before, snap, dk):  # pragma: no cover - compiled
-    """Add the moves of words lo..hi-1 (the worker's Tokens and n_wk) to the table atomically, n_k's net at the end.
+def _push(table, word_ptr, z, n_wk, lo, hi, z_before, snap, dk):  # pragma: no cover - compiled
+    """Add the moves of words lo..hi-1 to the table atomically, n_k's net at the end.
 
     A word with at most K tokens here pushes -1 on (w, old topic) and +1 on (w, new topic) per token that moved
-    (z_before -> tok.z, word-major from word_ptr[lo]); one with more pushes its row's change since :func:`_pull`."""
+    (z_before -> z, word-major from word_ptr[lo]); one with more pushes its row's change since :func:`_pull`."""
+    # NOTE: 9 parameters, not the Tokens tuple: called per block, the dispatcher types a NamedTuple's arrays one by
+    # one in Python (+2 us per call, measured), which 2 workers at K = 1,000 on the KJV pay 267 times a sweep.
     # NOTE: the row's change is O(K) against O(tokens) per move: at K = 20 one add per move cost 2 workers ~12%
     # more CPU per token than the get / step / add path's row diff; at K = 1,000 most words have fewer tokens than K.
-    (V, K), word_ptr, z = n_wk.shape, tok.word_ptr, tok.z
+    V, K = n_wk.shape
     a = word_ptr[lo]
     for w in range(lo, hi):
         p, q = word_ptr[w], word_ptr[w + 1]
