@@ -601,12 +601,13 @@ def _sweep_alias(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng
     work = _work(c.n_wk, c.n_k)
     work.n0[:] = c.n_k  # the topic totals the tables are built with
     B = _beta_table(work, hyper)
-    work.inv[:] = 1.0 / (c.n_k + hyper.vbeta)
     word_ptr, doc, z, n_wk, n_k = tok.word_ptr, tok.doc, tok.z, c.n_wk, c.n_k
     dk_idx, dk_cnt, dk_len, dk_pos = c.dk_idx, c.dk_cnt, c.dk_len, c.dk_pos
     alpha, beta, vbeta, n_steps = hyper
     n0, snap, wtopic, wprob, walias, dprob, dalias, weight, small, large, cdf, inv, phi = work
     K = n_k.shape[0]
+    for k in range(K):  # in place: no temporaries, as this runs once per call (per block of a local_steps sweep)
+        inv[k] = 1.0 / (n_k[k] + vbeta)
     for w in range(w_lo, w_hi):
         j, b = word_ptr[w], word_ptr[w + 1]
         while j < b:  # O(K) to build, O(1) per draw: rebuilt after K draws keeps the building O(1) per draw
@@ -746,8 +747,8 @@ class GibbsState:
 
     def sweep_words(self, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
         """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after."""
-        args = self.tokens, self.counts, self.hyper
-        if self._kernel is None or any(a is not b for a, b in zip(self._kernel[0], args)):
+        args, k = (self.tokens, self.counts, self.hyper), self._kernel
+        if k is None or k[0][0] is not args[0] or k[0][1] is not args[1] or k[0][2] is not args[2]:
             # NOTE: the compiled kernel for these very tuples, looked up once: the dispatcher would type their 17
             # arrays in Python on every call (~3-9 us), which a sweep cut into blocks pays per block (2 workers at
             # K = 1,000 on the KJV: 267 a sweep, 2-4% of it). Looked up again whenever the tuples are replaced.
