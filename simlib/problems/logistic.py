@@ -605,7 +605,7 @@ def _local_sgd(data, w, chunk, hyper, rep):  # pragma: no cover - compiled
     start, stop, first, count, batch_size = chunk
     lr, l2, scaled = hyper
     if batch_size == 1:
-        _rows_sgd(indptr, y, w, start, stop, first, count, hyper, rep)
+        _rows_sgd(indptr, y, w, chunk, hyper, rep)
         return
     n_rows, f = stop - start, w.shape[0] - 1
     keep = 1.0 - lr * l2
@@ -653,7 +653,7 @@ def _split_hot(indptr, indices, values, slot):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _rows_sgd(indptr, y, w, start, stop, first, count, hyper, rep):  # pragma: no cover - compiled
+def _rows_sgd(indptr, y, w, chunk, hyper, rep):  # pragma: no cover - compiled
     """One-row steps of :func:`_local_sgd`, the hot keys (if any) in the replica ``rep``.
 
     rep.values = rep.base = w[hot] at the start; a row's hot nonzeros (first, see :func:`_split_hot`) read
@@ -664,6 +664,7 @@ def _rows_sgd(indptr, y, w, start, stop, first, count, hyper, rep):  # pragma: n
     """
     # NOTE: a branch per nonzero (hot or not) cost 3x the time per nonzero (mispredicted half the time);
     # rows split hot first once per run make both loops branch-free.
+    start, stop, first, count, _ = chunk
     lr, l2, scaled = hyper
     hot, rep_w, base, split, ids, vals = rep.hot, rep.values, rep.base, rep.split, rep.ids, rep.vals
     n_rows, f = stop - start, w.shape[0] - 1
