@@ -53,7 +53,7 @@ def test_tables_stay_equal_to_the_counts_of_z(kernel):
         state.check_counts()
         assert state.n_wk.min() >= 0 and state.n_dk.min() >= 0
         if kernel in ("sparse", "alias"):  # the per-document topic lists list exactly the non-zero topics
-            assert np.array_equal(state.counts.dk_len, (state.n_dk > 0).sum(1))
+            assert np.array_equal(state.dk_len, (state.n_dk > 0).sum(1))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -93,8 +93,8 @@ def test_memory_counts_the_tables_that_grow_with_k(kernel):
     V, D = corpus.n_words, corpus.n_docs
     assert large["n_wk, n_k"] == 4 * (V + 1) * 50 and large["n_dk"] == 4 * D * 50
     assert ("topic lists" in large) == (kernel in ("sparse", "alias"))
-    if "topic lists" in large:  # three D x K int32 tables and the lengths
-        assert large["topic lists"] == 4 * (3 * D * 50 + D)
+    if "topic lists" in large:  # three D x K int32 tables, the lengths, the K-long cdf
+        assert large["topic lists"] == 4 * (3 * D * 50 + D) + 8 * 50
     assert large["per token"] == small["per token"]  # nothing per token depends on K
 
 

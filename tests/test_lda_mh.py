@@ -54,8 +54,8 @@ def test_the_alias_kernel_keeps_the_counts_where_a_word_table_is_rebuilt_within_
     for s in range(3):
         state.sweep(seed=s)
         state.check_counts()
-        assert np.array_equal(state.counts.dk_len, (state.n_dk > 0).sum(1))  # the topic lists list the non-zero topics
-        assert all(set(state.counts.dk_idx[d, :state.counts.dk_len[d]]) == set(np.flatnonzero(state.n_dk[d])) for d in range(10))
+        assert np.array_equal(state.dk_len, (state.n_dk > 0).sum(1))  # the topic lists list the non-zero topics
+        assert all(set(state.dk_idx[d, :state.dk_len[d]]) == set(np.flatnonzero(state.n_dk[d])) for d in range(10))
 
 
 @pytest.mark.parametrize("kernel", MH_KERNELS)

@@ -81,11 +81,9 @@ Example::
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
 
 import numpy as np
-from numba import njit, typeof
-from numba.types import int64, uint64
+from numba import njit
 
 from simlib import _validate as check
 from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, doc_topic_counts, log_likelihood,
@@ -108,83 +106,6 @@ _MH_CYCLES = 4
 _ALIAS_STEPS = 2
 
 
-class Tokens(NamedTuple):
-    """A state's tokens in word-major order (word w's run is word_ptr[w]..word_ptr[w+1]-1) and what indexes them."""
-
-    word_ptr: np.ndarray  # (V + 1,) start of each word's run
-    doc: np.ndarray  # each token's document
-    z: np.ndarray  # each token's topic
-    order: np.ndarray  # each token's corpus position
-    offsets: np.ndarray  # (D + 1,) the corpus's document offsets
-    z_doc: np.ndarray  # the topics in corpus order: the mh kernel's doc proposal reads it (_doc_order fills it)
-
-
-class Counts(NamedTuple):
-    """The count tables, n_dk also as per-document topic lists (the sparse and alias kernels'; empty for the others)."""
-
-    n_dk: np.ndarray  # (D, K)
-    n_wk: np.ndarray  # (V, K)
-    n_k: np.ndarray  # (K,)
-    dk_idx: np.ndarray  # (D, K) document d's topics with n_dk > 0, in its first dk_len[d] slots
-    dk_cnt: np.ndarray  # (D, K) their counts
-    dk_len: np.ndarray  # (D,)
-    dk_pos: np.ndarray  # (D, K) topic k's slot in d's list, -1 if absent
-
-
-class Hyper(NamedTuple):
-    """The priors a, b and V b, and the MH steps per token (the mh kernel's cycles, the alias kernel's steps)."""
-
-    alpha: float
-    beta: float
-    vbeta: float
-    n_steps: int
-
-
-class Work(NamedTuple):
-    """The MH kernels' scratch, K long: the alias tables, and the alias kernel's cdf, 1 / (n_k + V b) and phi_w."""
-
-    n0: np.ndarray  # the topic totals the tables are built with (n_k's dtype)
-    snap: np.ndarray  # the word's row as its table was built (n_wk's dtype)
-    wtopic: np.ndarray  # the word table's topics
-    wprob: np.ndarray  # its alias table
-    walias: np.ndarray
-    dprob: np.ndarray  # the b-part's alias table
-    dalias: np.ndarray
-    weight: np.ndarray  # Vose's weights and two stacks
-    small: np.ndarray
-    large: np.ndarray
-    cdf: np.ndarray
-    inv: np.ndarray
-    phi: np.ndarray
-
-
-class WordTable(NamedTuple):
-    """Word w's stale proposal in ``Work``: m topics of mass S, the b-part's mass B, and the topic it counts the
-    token under (s_fixed, or the token's topic on entry where s_fixed < 0)."""
-
-    w: int
-    m: int
-    S: float
-    B: float
-    s_fixed: int
-
-
-@njit(cache=True, nogil=True)
-def _work(n_wk: np.ndarray, n_k: np.ndarray) -> Work:
-    """Scratch for counts like n_wk (V, K) and n_k."""
-    # NOTE: allocated per sweep_words call (~1 us), not held by the state: a held Work's 13 arrays cost more in the
-    # dispatcher's typing of every call (~0.2-0.4 us each), which a sweep cut into blocks pays per block. Allocated in
-    # the order the kernels allocated them before Work (n0, the f8 arrays, the i4 ones, snap): in Work's field order
-    # the mh sweep ran ~5% slower at K = 1,000 on 500 tokens per word (same chain), in this order level.
-    K, i4 = n_k.shape[0], np.int32
-    n0, weight, dprob, wprob = np.empty(K, n_k.dtype), np.empty(K), np.empty(K), np.empty(K)
-    dalias, walias, wtopic, small, large = (np.empty(K, i4), np.empty(K, i4), np.empty(K, i4), np.empty(K, i4),
-                                            np.empty(K, i4))
-    snap = np.empty(K, n_wk.dtype)
-    cdf, inv, phi = np.empty(K), np.empty(K), np.empty(K)
-    return Work(n0, snap, wtopic, wprob, walias, dprob, dalias, weight, small, large, cdf, inv, phi)
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _uniform(state: np.uint64) -> tuple[np.uint64, float]:
     """xorshift64* step: the new state and a uniform draw in [0, 1)."""
@@ -197,10 +118,13 @@ def _uniform(state: np.uint64) -> tuple[np.uint64, float]:
 
 
 @njit(cache=True, nogil=True)
-def _sweep_dense(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
+def _sweep_dense(
+    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray,
+    alpha: float, beta: float, w_lo: int, w_hi: int, rng: np.uint64,
+) -> np.uint64:
     """Words w_lo..w_hi-1 of one O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b), invert it."""
-    word_ptr, doc, z, n_dk, n_wk, n_k = tok.word_ptr, tok.doc, tok.z, c.n_dk, c.n_wk, c.n_k
-    alpha, beta, vbeta, K = hyper.alpha, hyper.beta, hyper.vbeta, n_k.shape[0]
+    V, K = n_wk.shape
+    vbeta = V * beta
     cdf = np.empty(K)
     for w in range(w_lo, w_hi):
         for j in range(word_ptr[w], word_ptr[w + 1]):
@@ -249,15 +173,18 @@ def _list_take(d: int, k: int, idx: np.ndarray, cnt: np.ndarray, length: np.ndar
 
 
 @njit(cache=True, nogil=True, fastmath=True)
-def _sweep_sparse(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
+def _sweep_sparse(
+    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray,
+    dk_idx: np.ndarray, dk_cnt: np.ndarray, dk_len: np.ndarray, dk_pos: np.ndarray,
+    n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int, rng: np.uint64, cdf: np.ndarray,
+) -> np.uint64:
     """Words w_lo..w_hi-1 of one exact sweep: doc part over the document's topic list, word part by a running sum."""
-    word_ptr, doc, z, n_wk, n_k = tok.word_ptr, tok.doc, tok.z, c.n_wk, c.n_k
-    dk_idx, dk_cnt, dk_len, dk_pos = c.dk_idx, c.dk_cnt, c.dk_len, c.dk_pos
-    alpha, beta, vbeta, K = hyper.alpha, hyper.beta, hyper.vbeta, n_k.shape[0]
+    V, K = n_wk.shape
+    vbeta = V * beta
     inv = np.empty(K)  # 1 / (n_k + V b): divisions hoisted out of the inner loops
     for k in range(K):
         inv[k] = 1.0 / (n_k[k] + vbeta)
-    phi, cdf = np.empty(K), np.empty(K)  # phi_w(k) for the current word; the doc part's cumulative sums
+    phi = np.empty(K)  # phi_w(k) for the current word
     for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
@@ -360,14 +287,14 @@ def _alias_build(weight: np.ndarray, n: int, prob: np.ndarray, alias: np.ndarray
 
 
 @njit(cache=True, nogil=True)
-def _beta_table(work: Work, hyper: Hyper) -> float:
+def _beta_table(n0: np.ndarray, beta: float, vbeta: float, prob: np.ndarray, alias: np.ndarray, weight: np.ndarray,
+                small: np.ndarray, large: np.ndarray) -> float:
     """The b-part of q_w, shared by every word: alias table over K with weights b / (n0_k + V b); returns their sum."""
-    n0, weight, beta, vbeta = work.n0, work.weight, hyper.beta, hyper.vbeta
     total = 0.0
     for k in range(n0.shape[0]):
         weight[k] = beta / (n0[k] + vbeta)
         total += weight[k]
-    _alias_build(weight, n0.shape[0], work.dprob, work.dalias, work.small, work.large)
+    _alias_build(weight, n0.shape[0], prob, alias, small, large)
     return total
 
 
@@ -445,9 +372,6 @@ def _mh_run(
     """
     # NOTE: one call per word with the token loop inside, not one call per token: a per-token
     # helper (even inline="always") cost ~100 ns in reference counts of its 13 array arguments.
-    # NOTE: 26 parameters, the arrays one by one (as _alias_run's 30, _word_table's 10): called per word, with the
-    # Tokens / Counts / Work / WordTable tuples instead (26 arrays, 10 unread) the mh and alias sweeps ran 1-9% slower
-    # (KJV, K = 100 and 1,000, median of paired runs: 1.06 at K = 1,000), with these as fast as before.
     V, K = n_wk.shape
     vbeta = V * beta
     for j in range(a, b):
@@ -492,17 +416,29 @@ def _mh_run(
 
 
 @njit(cache=True, nogil=True)
-def _sweep_mh(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
+def _table_buffers(n_wk: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Work arrays of length K for the alias tables: weight, b-part prob, word prob, b-part alias, word alias,
+    word topics, Vose's two stacks, and the snapshot of the word's row (n_wk's dtype)."""
+    K = n_wk.shape[1]
+    i32 = np.int32
+    return (np.empty(K), np.empty(K), np.empty(K), np.empty(K, i32), np.empty(K, i32), np.empty(K, i32),
+            np.empty(K, i32), np.empty(K, i32), np.empty(K, n_wk.dtype))
+
+
+@njit(cache=True, nogil=True)
+def _sweep_mh(
+    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, order: np.ndarray, offsets: np.ndarray, z_doc: np.ndarray,
+    n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int,
+    rng: np.uint64, n_cycles: int,
+) -> np.uint64:
     """Words w_lo..w_hi-1 of a LightLDA sweep: per word an alias table of the counts at its run's start, then MH per token.
 
-    ``tok.z_doc`` must hold the topics in document order (:func:`_doc_order`) for the doc proposal."""
-    work = _work(c.n_wk, c.n_k)
-    work.n0[:] = c.n_k  # the topic totals the tables of this call are built with
-    B = _beta_table(work, hyper)
-    word_ptr, doc, z, order, offsets, z_doc = tok
-    n_dk, n_wk, n_k = c.n_dk, c.n_wk, c.n_k
-    alpha, beta, vbeta, n_cycles = hyper
-    n0, snap, wtopic, wprob, walias, dprob, dalias, weight, small, large = work[:10]
+    ``z_doc`` must hold the topics in document order (:func:`_doc_order`) for the doc proposal."""
+    V, K = n_wk.shape
+    vbeta = V * beta
+    n0 = n_k.copy()  # the topic totals the tables of this call are built with
+    weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
+    B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
     for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
@@ -514,10 +450,10 @@ def _sweep_mh(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng: n
 
 
 @njit(cache=True, nogil=True)
-def _doc_order(tok: Tokens) -> None:
+def _doc_order(z: np.ndarray, order: np.ndarray, z_doc: np.ndarray) -> None:
     """z_doc[order[j]] = z[j]: the topics in document order, for the mh kernel's doc proposal."""
-    for j in range(tok.z.shape[0]):
-        tok.z_doc[tok.order[j]] = tok.z[j]
+    for j in range(z.shape[0]):
+        z_doc[order[j]] = z[j]
 
 
 @njit(cache=True, nogil=True, fastmath=True)
@@ -596,18 +532,18 @@ def _alias_pq(d: int, k: int, dk_cnt: np.ndarray, dk_pos: np.ndarray, phi: np.nd
 
 
 @njit(cache=True, nogil=True)
-def _sweep_alias(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
+def _sweep_alias(
+    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, dk_idx: np.ndarray, dk_cnt: np.ndarray, dk_len: np.ndarray,
+    dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int,
+    rng: np.uint64, n_steps: int, cdf: np.ndarray,
+) -> np.uint64:
     """Words w_lo..w_hi-1 of an AliasLDA sweep: a word's table is built at the start of its run and again after K draws."""
-    work = _work(c.n_wk, c.n_k)
-    work.n0[:] = c.n_k  # the topic totals the tables are built with
-    B = _beta_table(work, hyper)
-    word_ptr, doc, z, n_wk, n_k = tok.word_ptr, tok.doc, tok.z, c.n_wk, c.n_k
-    dk_idx, dk_cnt, dk_len, dk_pos = c.dk_idx, c.dk_cnt, c.dk_len, c.dk_pos
-    alpha, beta, vbeta, n_steps = hyper
-    n0, snap, wtopic, wprob, walias, dprob, dalias, weight, small, large, cdf, inv, phi = work
-    K = n_k.shape[0]
-    for k in range(K):  # in place: no temporaries, as this runs once per call (per block of a local_steps sweep)
-        inv[k] = 1.0 / (n_k[k] + vbeta)
+    V, K = n_wk.shape
+    vbeta = V * beta
+    n0 = n_k.copy()  # the topic totals the tables are built with
+    weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
+    B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
+    inv, phi = 1.0 / (n_k + vbeta), np.empty(K)
     for w in range(w_lo, w_hi):
         j, b = word_ptr[w], word_ptr[w + 1]
         while j < b:  # O(K) to build, O(1) per draw: rebuilt after K draws keeps the building O(1) per draw
@@ -615,8 +551,8 @@ def _sweep_alias(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng
                 # Rebuilt within the run: n_k afresh too. The word's tokens have moved since n0 was taken,
                 # and a row counting more of them under k than n0_k does would make _word_draw's thinning
                 # probability exceed 1 (it needs snap_k <= n0_k, true at the start of a run).
-                work.n0[:] = c.n_k
-                B = _beta_table(work, hyper)
+                n0[:] = n_k
+                B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
             m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
             j, rng = _alias_run(j, b, w, doc, z, dk_idx, dk_cnt, dk_len, dk_pos, n_wk, n_k, alpha, beta, snap, n0,
                                 -1, wtopic, wprob, walias, m, S, dprob, dalias, B, K, n_steps, rng, cdf, inv, phi)
@@ -624,35 +560,43 @@ def _sweep_alias(tok: Tokens, c: Counts, hyper: Hyper, w_lo: int, w_hi: int, rng
 
 
 @njit(cache=True, nogil=True)
-def _token_chain(j: int, tok: Tokens, c: Counts, hyper: Hyper, work: Work, table: WordTable, n_draws: int,
-                 rng: np.uint64) -> np.ndarray:
-    """Resample the token at word-major position j n_draws times, the others fixed; the count of each topic it took.
+def _token_chain(
+    p: int, d: int, w: int, offsets: np.ndarray, z_doc: np.ndarray, n_dk: np.ndarray, dk_idx: np.ndarray,
+    dk_cnt: np.ndarray, dk_len: np.ndarray, dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float,
+    beta: float, tab_wk: np.ndarray, tab_k: np.ndarray, s_tab: int, rebuild: bool, n_draws: int, alias: bool,
+    n_steps: int, rng: np.uint64,
+) -> np.ndarray:
+    """Resample the token at corpus position p n_draws times, the others fixed; the count of each topic it took.
 
-    One draw is one token's step of the alias kernel where ``c`` has topic lists (d's list), of
-    the mh kernel (n_dk, z_doc) where it has none. With table.s_fixed < 0 the tables are rebuilt
-    before every draw from the counts with the token in (as a sweep does); otherwise ``table``
-    and ``work`` hold them, built once, counting it under s_fixed.
+    One draw is one token's step of the mh kernel (n_dk, z_doc) or, with ``alias``, of the alias
+    kernel (d's topic list). With ``rebuild`` the tables are rebuilt before every draw from the
+    counts with the token in (as a sweep does); otherwise they are built once from (tab_wk, tab_k),
+    which count it under s_tab.
     """
-    alias, (w, m, S, B, s_fixed) = c.dk_len.shape[0] > 0, table
-    _, doc, z, order, offsets, z_doc = tok
-    n_dk, n_wk, n_k, dk_idx, dk_cnt, dk_len, dk_pos = c
-    alpha, beta, vbeta, n_steps = hyper
-    n0, snap, wtopic, wprob, walias, dprob, dalias, weight, small, large, cdf, inv, phi = work
-    K = n_k.shape[0]
+    V, K = n_wk.shape
+    vbeta = V * beta
+    weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
+    n0 = tab_k.copy()
+    B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
+    m, S = _word_table(tab_wk, n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
+    doc, z, order = np.full(1, d, np.int64), np.full(1, z_doc[p], np.int32), np.full(1, p, np.int64)
+    cdf = np.empty(K)
     seen = np.zeros(K, np.int64)
+    s_fixed = -1 if rebuild else s_tab
     for _ in range(n_draws):
-        if s_fixed < 0:
+        if rebuild:
             n0[:] = n_k
-            B = _beta_table(work, hyper)
+            B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
             m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
         if alias:
-            inv[:] = 1.0 / (n_k + vbeta)
-            _, rng = _alias_run(j, j + 1, w, doc, z, dk_idx, dk_cnt, dk_len, dk_pos, n_wk, n_k, alpha, beta, snap, n0,
-                                s_fixed, wtopic, wprob, walias, m, S, dprob, dalias, B, K, n_steps, rng, cdf, inv, phi)
+            _, rng = _alias_run(0, 1, w, doc, z, dk_idx, dk_cnt, dk_len, dk_pos, n_wk, n_k, alpha, beta, snap, n0,
+                                s_fixed, wtopic, wprob, walias, m, S, dprob, dalias, B, K, n_steps, rng, cdf,
+                                1.0 / (n_k + vbeta), np.empty(K))
+            z_doc[p] = z[0]
         else:
-            rng = _mh_run(j, j + 1, w, doc, z, order, offsets, z_doc, n_dk, n_wk, n_k, alpha, beta, snap, n0, s_fixed,
-                          wtopic, wprob, walias, m, S, dprob, dalias, B, n_steps, rng)
-        seen[z[j]] += 1
+            rng = _mh_run(0, 1, w, doc, z, order, offsets, z_doc, n_dk, n_wk, n_k, alpha, beta, snap, n0,
+                          s_fixed, wtopic, wprob, walias, m, S, dprob, dalias, B, n_steps, rng)
+        seen[z[0]] += 1
     return seen
 
 
@@ -675,24 +619,21 @@ def _doc_lists(n_dk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
 
 
 @njit(cache=True, nogil=True)
-def _lists_to_dense(c: Counts) -> None:
+def _lists_to_dense(idx: np.ndarray, cnt: np.ndarray, length: np.ndarray, n_dk: np.ndarray) -> None:
     """Write the per-document topic lists back into the dense table n_dk."""
-    c.n_dk[:] = 0
-    for d in range(c.n_dk.shape[0]):
-        for i in range(c.dk_len[d]):
-            c.n_dk[d, c.dk_idx[d, i]] = c.dk_cnt[d, i]
-
-
-_SWEEPS = {"sparse": _sweep_sparse, "dense": _sweep_dense, "mh": _sweep_mh, "alias": _sweep_alias}
+    n_dk[:] = 0
+    for d in range(n_dk.shape[0]):
+        for i in range(length[d]):
+            n_dk[d, idx[d, i]] = cnt[d, i]
 
 
 class GibbsState:
     """A corpus (or a worker's shard), its topic assignments and the three count tables, ready to sweep.
 
-    Tokens are kept in word-major order (``tokens``; ``tokens.order`` maps that order to corpus
-    positions), so a sweep reads each token's document and topic sequentially. ``n_wk`` and
-    ``n_k`` may be a worker's cached copy of the shared table: the sweep reads and updates
-    whatever arrays ``counts`` holds, which is exactly AD-LDA's local sampling step.
+    Tokens are kept in word-major order (``order`` maps that order to corpus positions), so a
+    sweep reads each token's document and topic sequentially. ``n_wk`` and ``n_k`` may be a
+    worker's cached copy of the shared table: the sweep reads and updates whatever arrays are
+    here, which is exactly AD-LDA's local sampling step.
     """
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float, beta: float, z: np.ndarray,
@@ -702,24 +643,20 @@ class GibbsState:
         check.one_of("kernel", kernel, KERNELS)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
         if n_wk is None or n_k is None:
-            n_dk, own_wk, own_k = count_tables(corpus, z, n_topics)
-            n_wk, n_k = own_wk if n_wk is None else n_wk, own_k if n_k is None else n_k
+            self.n_dk, own_wk, own_k = count_tables(corpus, z, n_topics)
+            self.n_wk = own_wk if n_wk is None else n_wk
+            self.n_k = own_k if n_k is None else n_k
         else:  # a worker's copy of the table: its own V x K counts would be built only to be dropped
-            n_dk = doc_topic_counts(corpus, z, n_topics)
-        # D x K topic lists for the sparse and alias kernels: the others read n_dk itself (empty lists stand in).
-        self.counts = Counts(n_dk, n_wk, n_k, *_doc_lists(n_dk if kernel in ("sparse", "alias") else n_dk[:0]))
-        order = np.argsort(corpus.words, kind="stable").astype(np.int64)
-        word_ptr = np.zeros(corpus.n_words + 1, np.int64)
-        np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words), out=word_ptr[1:])
-        z_wm = np.asarray(z, dtype=np.int32)[order]
-        self.tokens = Tokens(word_ptr, corpus.doc_of[order], z_wm, order, corpus.offsets, np.empty_like(z_wm))
-        steps = _ALIAS_STEPS if kernel == "alias" else _MH_CYCLES  # a sparse or dense state's mh_token_draws: mh's
-        self.hyper = Hyper(self.alpha, self.beta, n_wk.shape[0] * self.beta, steps)
-        self._kernel: tuple | None = None  # (the tuples, the compiled sweep for their types): see sweep_words
-
-    n_dk = property(lambda self: self.counts.n_dk, doc="Document-topic counts, D x K.")
-    n_wk = property(lambda self: self.counts.n_wk, doc="Word-topic counts, V x K.")
-    n_k = property(lambda self: self.counts.n_k, doc="Topic totals, K.")
+            self.n_dk, self.n_wk, self.n_k = doc_topic_counts(corpus, z, n_topics), n_wk, n_k
+        self.order = np.argsort(corpus.words, kind="stable").astype(np.int64)
+        self.word_ptr = np.zeros(corpus.n_words + 1, np.int64)
+        np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words), out=self.word_ptr[1:])
+        self.doc_wm = corpus.doc_of[self.order]
+        self.z_wm = np.asarray(z, dtype=np.int32)[self.order]
+        if kernel in ("sparse", "alias"):  # D x K lists: the other kernels read n_dk itself
+            self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos = _doc_lists(self.n_dk)
+            self._cdf = np.empty(n_topics)
+        self._z_doc = np.empty_like(self.z_wm)  # the mh kernel's topics in corpus order (filled by each sweep)
 
     @classmethod
     def init(cls, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01, seed: int = 0,
@@ -730,8 +667,8 @@ class GibbsState:
     @property
     def z(self) -> np.ndarray:
         """Topic of every token, in corpus order."""
-        z = np.empty_like(self.tokens.z)
-        z[self.tokens.order] = self.tokens.z
+        z = np.empty_like(self.z_wm)
+        z[self.order] = self.z_wm
         return z
 
     def sweep(self, seed: int = 0) -> None:
@@ -743,32 +680,37 @@ class GibbsState:
     def begin_sweep(self) -> None:
         """Before a sweep's first :meth:`sweep_words`: the mh kernel's topics in document order."""
         if self.kernel == "mh":
-            _doc_order(self.tokens)
+            _doc_order(self.z_wm, self.order, self._z_doc)
 
     def sweep_words(self, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
         """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after."""
-        args, k = (self.tokens, self.counts, self.hyper), self._kernel
-        if k is None or k[0][0] is not args[0] or k[0][1] is not args[1] or k[0][2] is not args[2]:
-            # NOTE: the compiled kernel for these very tuples, looked up once: the dispatcher would type their 17
-            # arrays in Python on every call (~3-9 us), which a sweep cut into blocks pays per block (2 workers at
-            # K = 1,000 on the KJV: 267 a sweep, 2-4% of it). Looked up again whenever the tuples are replaced.
-            self._kernel = args, _SWEEPS[self.kernel].compile(tuple(typeof(a) for a in args) + (int64, int64, uint64))
-        rng = self._kernel[1](*args, w_lo, w_hi, rng)
+        a, b = self.alpha, self.beta
+        if self.kernel == "dense":
+            rng = _sweep_dense(self.word_ptr, self.doc_wm, self.z_wm, self.n_dk, self.n_wk, self.n_k, a, b,
+                               w_lo, w_hi, rng)
+        elif self.kernel == "mh":
+            rng = _sweep_mh(self.word_ptr, self.doc_wm, self.z_wm, self.order, self.corpus.offsets, self._z_doc,
+                            self.n_dk, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, _MH_CYCLES)
+        elif self.kernel == "alias":
+            rng = _sweep_alias(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len,
+                               self.dk_pos, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, _ALIAS_STEPS, self._cdf)
+        else:
+            rng = _sweep_sparse(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len,
+                                self.dk_pos, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, self._cdf)
         return np.uint64(rng)  # numba hands a uint64 back as a Python int, which it would then read as int64
 
     def end_sweep(self) -> None:
         """After a sweep's last :meth:`sweep_words`: n_dk from the sparse and alias kernels' topic lists."""
         if self.kernel in ("sparse", "alias"):
-            _lists_to_dense(self.counts)
+            _lists_to_dense(self.dk_idx, self.dk_cnt, self.dk_len, self.n_dk)
 
     def memory(self) -> dict[str, int]:
         """Bytes held, by structure: the word-topic counts (V x K and K), the document-topic counts (D x K),
         the per-document topic lists of the sparse and alias kernels (3 D x K), the per-token arrays."""
-        c, t = self.counts, self.tokens
-        out = {"n_wk, n_k": c.n_wk.nbytes + c.n_k.nbytes, "n_dk": c.n_dk.nbytes}
+        out = {"n_wk, n_k": self.n_wk.nbytes + self.n_k.nbytes, "n_dk": self.n_dk.nbytes}
         if self.kernel in ("sparse", "alias"):
-            out["topic lists"] = sum(a.nbytes for a in (c.dk_idx, c.dk_cnt, c.dk_pos, c.dk_len))
-        out["per token"] = sum(a.nbytes for a in (t.order, t.word_ptr, t.doc, t.z, t.z_doc))
+            out["topic lists"] = sum(a.nbytes for a in (self.dk_idx, self.dk_cnt, self.dk_pos, self.dk_len, self._cdf))
+        out["per token"] = sum(a.nbytes for a in (self.order, self.word_ptr, self.doc_wm, self.z_wm, self._z_doc))
         return out
 
     def log_likelihood(self) -> float:
@@ -797,25 +739,25 @@ def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0
     check.positive_int("n_draws", n_draws)
     if not 0 <= position < c.n_tokens:
         raise ValueError(f"position must lie in [0, {c.n_tokens}), got {position!r}")
-    w, K, tok, hyper = int(c.words[position]), state.n_topics, state.tokens, state.hyper
-    work = _work(state.n_wk, state.n_k)
-    tab_wk, tab_k, s_tab = table if table is not None else (state.n_wk[w], state.n_k, int(state.z[position]))
+    d, w = int(c.doc_of[position]), int(c.words[position])
+    z_doc = state.z
+    K = state.n_topics
+    tab_wk, tab_k, s_tab = table if table is not None else (state.n_wk[w], state.n_k, int(z_doc[position]))
     if not (0 <= s_tab < K and tab_wk[s_tab] >= 1 and tab_k[s_tab] >= 1):
         raise ValueError(f"table: its counts must hold the token under its topic s_tab = {s_tab!r} (>= 1 there)")
     alias = state.kernel == "alias"
     # The alias chain keeps d's topic list; the mh chain keeps n_dk and reads no list (empty ones stand in).
-    counts = state.counts if alias else Counts(*state.counts[:3], *_doc_lists(state.n_dk[:0]))
-    work.n0[:] = np.asarray(tab_k, state.n_k.dtype).reshape(K)
-    B = _beta_table(work, hyper)
-    m, S = _word_table(np.asarray(tab_wk, state.n_wk.dtype).reshape(K), work.n0, hyper.vbeta, work.snap,
-                       work.wtopic, work.weight, work.wprob, work.walias, work.small, work.large)
-    _doc_order(tok)
-    seen = _token_chain(int(np.flatnonzero(tok.order == position)[0]), tok, counts, hyper, work,
-                        WordTable(w, m, S, B, -1 if table is None else int(s_tab)), n_draws, _rng_state(seed))
+    lists = (state.dk_idx, state.dk_cnt, state.dk_len, state.dk_pos) if alias else _doc_lists(state.n_dk[:0])
+    seen = _token_chain(position, d, w, c.offsets, z_doc, state.n_dk, *lists, state.n_wk, state.n_k, state.alpha,
+                        state.beta,
+                        np.asarray(tab_wk, state.n_wk.dtype).reshape(K), np.asarray(tab_k, state.n_k.dtype).reshape(K),
+                        int(s_tab), table is None, n_draws, alias, _ALIAS_STEPS if alias else _MH_CYCLES,
+                        _rng_state(seed))
+    state.z_wm[:] = z_doc[state.order]
     if alias:
-        _lists_to_dense(counts)
+        _lists_to_dense(state.dk_idx, state.dk_cnt, state.dk_len, state.n_dk)
     elif state.kernel == "sparse":
-        state.counts = Counts(*counts[:3], *_doc_lists(counts.n_dk))
+        state.dk_idx, state.dk_cnt, state.dk_len, state.dk_pos = _doc_lists(state.n_dk)
     return seen
 
 

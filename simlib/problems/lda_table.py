@@ -163,7 +163,7 @@ class LDAProblem:
             words = np.unique(docs.words).astype(np.int64)
             local = np.searchsorted(words, docs.words).astype(np.int64)
             out.append(LDAShard(state, i, words, None, self.seed, local=local, n_workers=n_workers,
-                                blocks=_blocks(state.tokens.word_ptr, self.sync_every)))
+                                blocks=_blocks(state.word_ptr, self.sync_every)))
         return out
 
     def batch(self, shard: LDAShard, step: int, batch_size: int) -> LDAShard:
@@ -196,11 +196,11 @@ class LDAProblem:
         # state, two gathers, a subtraction, a nonzero, the own counts' bincount): at K = 100 on the
         # KJV they cost more than the sweep itself.
         before = np.empty(len(keys), np.int32)
-        _load_counts(values, batch.own_wk, batch.own_k, batch.words, st.counts, before)
+        _load_counts(values, batch.own_wk, batch.own_k, batch.words, st.n_wk, st.n_k, before)
         st.sweep(seed=batch.sweep_seed())
         out_keys = np.empty(len(keys), np.int64)
         deltas = np.empty(len(keys), np.float64)
-        m = _moved_counts(st.counts, batch.words, before, keys, batch.own_wk, batch.own_k, out_keys, deltas)
+        m = _moved_counts(st.n_wk, st.n_k, batch.words, before, keys, batch.own_wk, batch.own_k, out_keys, deltas)
         return out_keys[:m], deltas[:m]
 
     def local_steps(self, table: np.ndarray, shard: LDAShard, first: int, count: int, batch_size: int,
@@ -218,14 +218,14 @@ class LDAProblem:
             raise ValueError(f"table must be the int32 table of {self.n_params} counts, got "
                              f"{getattr(table, 'dtype', type(table).__name__)} of shape {getattr(table, 'shape', None)}")
         st, K, V = shard.state, self.K, self.V
-        tab_wk, tab_k, word_ptr = table[: V * K].reshape(V, K), table[V * K:], st.tokens.word_ptr
+        tab_wk, tab_k = table[: V * K].reshape(V, K), table[V * K:]
         alone = shard.n_workers == 1
         if alone and shard.table is not table:
             # NOTE: one worker is the table's only writer: sampling on it in place is the bare serial sweep (no
             # read, no push; at K = 1,000 on the KJV, reading and diffing 5.2 M counts per sweep cost ~40% of it).
-            st.counts, shard.table = st.counts._replace(n_wk=tab_wk, n_k=tab_k), table
-        zb = np.empty(0, np.int32) if alone else np.empty(int(np.diff(word_ptr[shard.blocks]).max()), np.int32)
-        snap = np.empty(0 if alone else len(st.tokens.z), np.int32)
+            st.n_wk, st.n_k, shard.table = tab_wk, tab_k, table
+        zb = np.empty(0, np.int32) if alone else np.empty(int(np.diff(st.word_ptr[shard.blocks]).max()), np.int32)
+        snap = np.empty(0 if alone else len(st.z_wm), np.int32)
         dk = np.zeros(K, np.int64)
         for c in range(first, first + count):
             shard.clock = c
@@ -241,10 +241,11 @@ class LDAProblem:
                 for i in range(nb):
                     j = (first_block + i) % nb
                     lo, hi = shard.blocks[j], shard.blocks[j + 1]
-                    _pull(tab_wk, tab_k, st.n_wk, st.n_k, word_ptr, lo, hi, snap)
-                    zb[: word_ptr[hi] - word_ptr[lo]] = st.tokens.z[word_ptr[lo]:word_ptr[hi]]
+                    _pull(tab_wk, tab_k, st.n_wk, st.n_k, st.word_ptr, lo, hi, snap)
+                    a, b = st.word_ptr[lo], st.word_ptr[hi]
+                    zb[: b - a] = st.z_wm[a:b]
                     rng = st.sweep_words(lo, hi, rng)
-                    _push(table, word_ptr, st.tokens.z, st.n_wk, lo, hi, zb, snap, dk)
+                    _push(table, K, V, st.word_ptr, lo, hi, zb, st.z_wm, st.n_wk, snap, dk)
             st.end_sweep()
 
     def device_steps(self, table: Any, shard: LDAShard, first: int, count: int, batch_size: int, lr: float) -> None:
@@ -353,16 +354,13 @@ def _pull(tab_wk, tab_k, n_wk, n_k, word_ptr, lo, hi, snap):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def _push(table, word_ptr, z, n_wk, lo, hi, z_before, snap, dk):  # pragma: no cover - compiled
+def _push(table, K, V, word_ptr, lo, hi, z_before, z, n_wk, snap, dk):  # pragma: no cover - compiled
     """Add the moves of words lo..hi-1 to the table atomically, n_k's net at the end.
 
     A word with at most K tokens here pushes -1 on (w, old topic) and +1 on (w, new topic) per token that moved
     (z_before -> z, word-major from word_ptr[lo]); one with more pushes its row's change since :func:`_pull`."""
-    # NOTE: 9 parameters, not the Tokens tuple: called per block, the dispatcher types a NamedTuple's arrays one by
-    # one in Python (+2 us per call, measured), which 2 workers at K = 1,000 on the KJV pay 267 times a sweep.
     # NOTE: the row's change is O(K) against O(tokens) per move: at K = 20 one add per move cost 2 workers ~12%
     # more CPU per token than the get / step / add path's row diff; at K = 1,000 most words have fewer tokens than K.
-    V, K = n_wk.shape
     a = word_ptr[lo]
     for w in range(lo, hi):
         p, q = word_ptr[w], word_ptr[w + 1]
@@ -387,10 +385,9 @@ def _push(table, word_ptr, z, n_wk, lo, hi, z_before, snap, dk):  # pragma: no c
 
 
 @njit(cache=True, nogil=True)
-def _load_counts(values, own_wk, own_k, words, c, before):  # pragma: no cover - compiled
-    """Load a read into Counts c: n_wk[words[i]] = max(read row i, own row i), n_k likewise; ``before`` = them."""
+def _load_counts(values, own_wk, own_k, words, n_wk, n_k, before):  # pragma: no cover - compiled
+    """Load a read into the worker's tables: n_wk[words[i]] = max(read row i, own row i), n_k likewise; ``before`` = the loaded counts."""
     n, k_topics = own_wk.shape
-    n_wk, n_k = c.n_wk, c.n_k
     for i in range(n):
         w = words[i]
         for k in range(k_topics):
@@ -404,10 +401,9 @@ def _load_counts(values, own_wk, own_k, words, c, before):  # pragma: no cover -
 
 
 @njit(cache=True, nogil=True)
-def _moved_counts(c, words, before, keys, own_wk, own_k, out_keys, deltas):  # pragma: no cover - compiled
-    """The sweep's moves: (keys, count deltas) where the Counts c changed, also added to the own counts; how many."""
+def _moved_counts(n_wk, n_k, words, before, keys, own_wk, own_k, out_keys, deltas):  # pragma: no cover - compiled
+    """The sweep's moves: (keys, count deltas) where the tables changed, also added to the own counts; returns how many."""
     n, k_topics = own_wk.shape
-    n_wk, n_k = c.n_wk, c.n_k
     m = 0
     for i in range(n):
         w = words[i]
