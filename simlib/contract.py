@@ -65,7 +65,8 @@ class Problem(TypingProtocol):
     # ``local_steps(table, shard, first, count, batch_size, lr)`` applies steps first .. first+count-1 to
     # the table in place, each as get / step / add would: substrates sharing memory with the table call it.
     # ``check_run(protocol, substrate)`` refuses protocols and substrates that cannot run the problem (simlib.run
-    # calls it before any process starts). ``in_place_only = True``: the steps exist only as ``local_steps``
+    # calls it before any process starts). ``in_place_locks(n_workers)``: how many int32 words the in-place steps
+    # of several workers share as locks (shm makes them and passes ``locks=``; LDA's blocks of rows). ``in_place_only = True``: the steps exist only as ``local_steps``
     # (keys and step refuse: model-parallel GloVe's two phases), so :func:`warm_up` leaves get / step / add alone.
 
 

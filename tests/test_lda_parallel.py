@@ -104,10 +104,10 @@ class FailingLDA(LDAProblem):
             raise RuntimeError("injected failure in worker 1 at clock 3")
         return super().step(values, batch, keys, lr)
 
-    def local_steps(self, table, shard, first, count, batch_size, lr):
+    def local_steps(self, table, shard, first, count, batch_size, lr, **shared):
         if shard.worker == 1 and first <= 3 < first + count:
             raise RuntimeError("injected failure in worker 1 at clock 3")
-        super().local_steps(table, shard, first, count, batch_size, lr)
+        super().local_steps(table, shard, first, count, batch_size, lr, **shared)
 
 
 @pytest.mark.parametrize("substrate", ["shm", "pipes"])
@@ -216,7 +216,7 @@ def test_one_worker_in_place_is_the_serial_sampler(synthetic):
 @pytest.mark.parametrize("kernel", ["sparse", "mh", "alias", "dense"])
 @pytest.mark.parametrize("protocol", ["bsp", "async"])
 def test_in_place_syncs_within_a_sweep_and_keeps_the_counts_exact(synthetic, kernel, protocol):
-    """Two workers pushing their moves every ~300 tokens by atomic adds, racing: the table is the recount of z."""
+    """Two workers sampling on the table's rows block by block, racing on n_k every ~300 tokens: the table is the recount of z."""
     corpus, _, _ = synthetic
     problem = LDAProblem(corpus, 8, alpha=0.5, beta=0.01, kernel=kernel, sync_every=300)
     assert len(problem.shards(2)[0].blocks) > 20  # many syncs per sweep
@@ -226,6 +226,35 @@ def test_in_place_syncs_within_a_sweep_and_keeps_the_counts_exact(synthetic, ker
     np.testing.assert_array_equal(problem.split(res.params)[0], n_wk)
     np.testing.assert_array_equal(problem.split(res.params)[1], n_k)
     assert problem.log_likelihood(res.params, z) > problem.log_likelihood(problem.init_params(), problem.z0)
+
+
+def test_in_place_a_held_block_is_left_alone_until_its_lock_is_free(synthetic):
+    """A block another worker holds: its rows stay as they are while the sweep does the rest, then it is swept too."""
+    import threading
+
+    corpus, _, _ = synthetic
+    problem = LDAProblem(corpus, 8, alpha=0.5, beta=0.01, sync_every=300)
+    shard = problem.shards(2)[0]
+    table, K = problem.init_table(), problem.K
+    locks = np.zeros(problem.in_place_locks(2), np.int32)
+    ptr = shard.state.word_ptr[shard.blocks]
+    j = int(np.flatnonzero(np.diff(ptr) > 0)[1])  # a block the shard has tokens in, not its first
+    held = slice(shard.blocks[j] * K, shard.blocks[j + 1] * K)
+    before = table.copy()
+    locks[j] = 2  # held by worker 1
+    sweep = threading.Thread(target=problem.local_steps, args=(table, shard, 0, 1, 1, 0.0), kwargs={"locks": locks})
+    sweep.start()
+    others = [slice(shard.blocks[b] * K, shard.blocks[b + 1] * K) for b in np.flatnonzero(np.diff(ptr) > 0) if b != j]
+    for _ in range(600):  # until every other block's rows have moved (the sweep cannot end while the lock is held)
+        if all(not np.array_equal(table[r], before[r]) for r in others) or not sweep.is_alive():
+            break
+        sweep.join(0.05)
+    assert sweep.is_alive() and all(not np.array_equal(table[r], before[r]) for r in others)
+    np.testing.assert_array_equal(table[held], before[held])
+    locks[j] = 0
+    sweep.join(30)
+    assert not sweep.is_alive() and not np.array_equal(table[held], before[held]) and not locks.any()
+    problem.check_counts(table)
 
 
 def test_in_place_refuses_a_table_of_another_type(synthetic):

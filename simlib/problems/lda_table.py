@@ -12,9 +12,9 @@ worker process holds its own copy. One clock is one sweep of the worker's docume
 * ``quality``: the word part of the likelihood, log p(w | z), the one part a table holds (the
   doc part, log p(z), needs every worker's n_dk);
 * ``local_steps``: the same sweeps in place on shm's int32 table. One worker samples on the
-  table itself (the serial sampler, token for token); several sync every ``sync_every`` tokens
-  within a sweep, reading their next words' rows and pushing their moves by atomic adds, so
-  the table stays exact and a worker sees the others' moves within the clock.
+  table itself (the serial sampler, token for token); several sample on its rows too, each block
+  of words under a lock shared by the workers, and sync their topic totals n_k every
+  ``sync_every`` tokens, so the table stays exact and a worker sees the others' moves at once.
 
 The sweep's seed is derived from (seed, worker, clock), so a simulated run is deterministic.
 Each push moves tokens between topics, so the table always holds exactly the corpus's tokens:
@@ -35,6 +35,8 @@ Example::
 """
 from __future__ import annotations
 
+import collections
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,16 +52,16 @@ from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, doc_topic
 from simlib.problems.lda_gibbs import KERNELS, GibbsState, _rng_state
 
 _SEED_STRIDE = (1_000_003, 10_007)
-#: In place with several workers: tokens swept between two syncs with the table (see LDAProblem.local_steps).
-# NOTE: a word's row is read once per sweep whatever the block size, so smaller blocks cost only ~5 us of calls
-# each (2% of a 1,024-token block's sampling at K = 1,000). KJV, K = 1,000, 2 workers, 30 sweeps, sparse, log p
-# per token against one process's -9.0935: once per sweep -9.2372 (1.6% worse); every 4,096 tokens -9.1029 to
-# -9.1373 (0.10-0.48%); 1,024: -9.0886, -9.1173; 512: -9.0953, -9.1049; 256: -9.0961, -9.1004.
-SYNC_EVERY = 1024
+#: In place with several workers: each worker's tokens per block, between two syncs of n_k (see LDAProblem.local_steps).
+# NOTE: the rows are the table's own, so a block's size bounds only how stale n_k gets. KJV, K = 1,000, 2 workers,
+# BSP, 30 sweeps, sparse, log p per token against one process's -9.0935: blocks of 256 tokens -9.0876, -9.0895;
+# 1,024: -9.0822 to -9.1061; 4,096: -9.0953, -9.0849, with 2 workers' CPU 2.33-2.38 s, 2.36-2.42 s and 2.19-2.24 s
+# (the calls, the n_k reads and the 1 / (n_k + V b) each block takes cost K each).
+SYNC_EVERY = 4096
 
 
 def default_sync_every(n_topics: int) -> int:
-    """max(SYNC_EVERY, 2^20 / K) tokens: a block's calls (~5 us) stay ~2% of its sampling where K is small."""
+    """max(SYNC_EVERY, 2^20 / K) tokens: a block's calls stay ~1% of its sampling where K is small."""
     return max(SYNC_EVERY, 2**20 // n_topics)
 # Bytes per topic: the float64 table (V + 1 rows) and the count tables n_dk, n_wk, counted as
 # int64 then kept as int32 (D + V rows); and each worker's int32 copy of n_wk and n_k.
@@ -81,8 +83,8 @@ class LDAShard:
     own_k: np.ndarray | None = None  # and its own topic totals (K,)
     device: Any = None  # on the gpu substrate: its tokens, z and n_dk on the device (lda_device.DeviceShard)
     n_workers: int = 1  # how many shards share the table (alone, a worker samples on the table itself)
-    blocks: np.ndarray | None = None  # in place: word boundaries of the sweep's blocks, a sync after each
-    table: Any = None  # in place, alone: the table its state's n_wk, n_k are views of
+    blocks: np.ndarray | None = None  # in place: word boundaries of the blocks, the same for every worker
+    table: Any = None  # in place: the table its state's n_wk (and, alone, n_k) are views of
 
     def sweep_seed(self) -> int:
         """seed * 1_000_003 + worker * 10_007 + clock: one stream per worker and clock."""
@@ -150,6 +152,7 @@ class LDAProblem:
         check.fits_memory("n_workers", n_workers, n_workers * per_worker, per_worker,
                           f"each worker's copy of the counts of {self.V} words x {self.K} topics")
         bounds = shard_documents(self.corpus, n_workers)
+        blocks = self._word_blocks(n_workers)
         n_k = np.bincount(self.z0, minlength=self.K).astype(np.int32)
         out = []
         for i in range(n_workers):
@@ -163,7 +166,7 @@ class LDAProblem:
             words = np.unique(docs.words).astype(np.int64)
             local = np.searchsorted(words, docs.words).astype(np.int64)
             out.append(LDAShard(state, i, words, None, self.seed, local=local, n_workers=n_workers,
-                                blocks=_blocks(state.word_ptr, self.sync_every)))
+                                blocks=blocks))
         return out
 
     def batch(self, shard: LDAShard, step: int, batch_size: int) -> LDAShard:
@@ -204,15 +207,18 @@ class LDAProblem:
         return out_keys[:m], deltas[:m]
 
     def local_steps(self, table: np.ndarray, shard: LDAShard, first: int, count: int, batch_size: int,
-                    lr: float) -> None:
+                    lr: float, locks: np.ndarray | None = None) -> None:
         """Sweeps first .. first+count-1 against the shared table (shm in place); ``batch_size``, ``lr`` unused.
 
-        Alone (one worker), the sweep samples on the table itself. Otherwise the sweep goes word by
-        word in blocks of about ``sync_every`` tokens: before a block, the rows of its words and n_k
-        are read from the table; after it, each token that moved is pushed as -1 on (w, old topic)
-        and +1 on (w, new topic), n_k's net change too, by atomic adds, so the table stays exact
-        whoever else adds at the same time. Staleness is then the other workers' moves within a
-        block, not within a sweep.
+        Alone (one worker), the sweep samples on the table itself. Otherwise the vocabulary is cut into
+        the same blocks of words for every worker (about ``sync_every`` of each worker's tokens each),
+        and a worker samples a block's words on the table's own rows while it holds the block's lock
+        (``locks``: one int32 word per block, shared by the workers; :meth:`in_place_locks` says how
+        many): no copy of a row, no push of a row, and no other worker writes those rows meanwhile, so
+        the counts stay exact. n_k is the worker's own copy, read from the table when it takes a block
+        and its net change added back, atomically, before it lets the block go. A block held by another
+        worker is put off until the worker has swept the others. Staleness is then the other workers'
+        moves within a block, in n_k only.
         """
         if not isinstance(table, np.ndarray) or table.dtype != np.int32 or table.shape != (self.n_params,):
             raise ValueError(f"table must be the int32 table of {self.n_params} counts, got "
@@ -220,13 +226,22 @@ class LDAProblem:
         st, K, V = shard.state, self.K, self.V
         tab_wk, tab_k = table[: V * K].reshape(V, K), table[V * K:]
         alone = shard.n_workers == 1
-        if alone and shard.table is not table:
+        if shard.table is not table:
             # NOTE: one worker is the table's only writer: sampling on it in place is the bare serial sweep (no
             # read, no push; at K = 1,000 on the KJV, reading and diffing 5.2 M counts per sweep cost ~40% of it).
-            st.n_wk, st.n_k, shard.table = tab_wk, tab_k, table
-        zb = np.empty(0, np.int32) if alone else np.empty(int(np.diff(st.word_ptr[shard.blocks]).max()), np.int32)
-        snap = np.empty(0 if alone else len(st.z_wm), np.int32)
-        dk = np.zeros(K, np.int64)
+            # Several sample on its rows too, each under its block's lock (reading a worker's rows into a copy
+            # and pushing its moves by atomic adds cost 2 workers 17% more CPU than 1 at K = 1,000).
+            st.n_wk, shard.table = tab_wk, table
+            st.n_k = tab_k if alone else st.n_k
+        if not alone:
+            locks = np.zeros(len(shard.blocks) - 1, np.int32) if locks is None else locks
+            # NOTE: worker i starts its sweep i / n of the way through the blocks, so the workers rarely want the
+            # same block at the same time; the blocks it holds no tokens of it skips without their locks.
+            nb = len(shard.blocks) - 1
+            start = shard.worker * nb // shard.n_workers
+            ptr = st.word_ptr[shard.blocks]
+            own = [j for j in (*range(start, nb), *range(start)) if ptr[j + 1] > ptr[j]]
+            n0 = np.empty(K, np.int32)
         for c in range(first, first + count):
             shard.clock = c
             rng = _rng_state(shard.sweep_seed())
@@ -234,19 +249,32 @@ class LDAProblem:
             if alone:
                 st.sweep_words(0, V, rng)
             else:
-                # NOTE: worker i starts its sweep i / n of the way through the vocabulary, so the workers read and
-                # push different rows at any one time rather than the same cache lines in lock step.
-                nb = len(shard.blocks) - 1
-                first_block = shard.worker * nb // shard.n_workers
-                for i in range(nb):
-                    j = (first_block + i) % nb
-                    lo, hi = shard.blocks[j], shard.blocks[j + 1]
-                    _pull(tab_wk, tab_k, st.n_wk, st.n_k, st.word_ptr, lo, hi, snap)
-                    a, b = st.word_ptr[lo], st.word_ptr[hi]
-                    zb[: b - a] = st.z_wm[a:b]
-                    rng = st.sweep_words(lo, hi, rng)
-                    _push(table, K, V, st.word_ptr, lo, hi, zb, st.z_wm, st.n_wk, snap, dk)
+                todo, missed = collections.deque(own), 0
+                while todo:
+                    j = todo.popleft()
+                    if not _take_block(locks, j, shard.worker + 1, tab_k, st.n_k, n0):
+                        todo.append(j)
+                        missed += 1
+                        if missed >= len(todo):  # every block left is held: let the others run
+                            os.sched_yield()
+                            missed = 0
+                        continue
+                    missed = 0
+                    rng = st.sweep_words(shard.blocks[j], shard.blocks[j + 1], rng)
+                    _give_block(locks, j, table, V * K, st.n_k, n0)
             st.end_sweep()
+
+    def in_place_locks(self, n_workers: int) -> int:
+        """How many lock words :meth:`local_steps` needs shared between ``n_workers`` workers (one per block)."""
+        return len(self._word_blocks(n_workers)) - 1
+
+    def _word_blocks(self, n_workers: int) -> np.ndarray:
+        """Word boundaries of the in-place blocks: about ``sync_every`` tokens of each of ``n_workers`` workers,
+        fewer where that would leave under 4 blocks a worker (the words permitting): a worker that finds the next
+        block held takes another."""
+        word_ptr = np.zeros(self.V + 1, np.int64)
+        np.cumsum(np.bincount(self.corpus.words, minlength=self.V), out=word_ptr[1:])
+        return _blocks(word_ptr, max(1, min(self.sync_every * n_workers, self.corpus.n_tokens // (4 * n_workers))))
 
     def device_steps(self, table: Any, shard: LDAShard, first: int, count: int, batch_size: int, lr: float) -> None:
         """The gpu substrate's hook: sweeps first .. first+count-1 in batches of ``batch_size`` tokens, each batch
@@ -331,57 +359,36 @@ def _atomic_add(typingctx, arr, index, value):  # pragma: no cover - compiled
     return types.void(arr, index, value), codegen
 
 
-@njit(cache=True, nogil=True)
-def _pull(tab_wk, tab_k, n_wk, n_k, word_ptr, lo, hi, snap):  # pragma: no cover - compiled
-    """Read n_k and the rows of the words in lo..hi-1 that have tokens here from the table into the worker's copy.
-
-    n_k[k] is raised to at least each row's count: a read racing another worker's push may see a row's +1 before
-    the matching n_k's, and the alias tables need n_wk <= n_k. A word with more tokens here than K keeps its row
-    as read in ``snap`` (from its first token's position on) for :func:`_push`."""
-    K = n_k.shape[0]
-    for k in range(K):
-        n_k[k] = tab_k[k]
-    for w in range(lo, hi):
-        a, b = word_ptr[w], word_ptr[w + 1]
-        if b > a:
-            for k in range(K):
-                c = tab_wk[w, k]
-                n_wk[w, k] = c
-                if c > n_k[k]:
-                    n_k[k] = c
-                if b - a > K:
-                    snap[a + k] = c
+@intrinsic
+def _swap(typingctx, arr, index, expected, value):  # pragma: no cover - compiled
+    """arr[index] = value if it holds ``expected`` (LLVM cmpxchg, acquire-release); True if it did."""
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+        old = context.cast(builder, args[2], signature.args[2], aryty.dtype)
+        new = context.cast(builder, args[3], signature.args[3], aryty.dtype)
+        return builder.extract_value(builder.cmpxchg(ptr, old, new, "acq_rel", "acquire"), 1)
+    return types.boolean(arr, index, expected, value), codegen
 
 
 @njit(cache=True, nogil=True)
-def _push(table, K, V, word_ptr, lo, hi, z_before, z, n_wk, snap, dk):  # pragma: no cover - compiled
-    """Add the moves of words lo..hi-1 to the table atomically, n_k's net at the end.
+def _take_block(locks, j, me, tab_k, n_k, n0):  # pragma: no cover - compiled
+    """Take block j's lock for worker ``me`` (>= 1) if it is free, then read n_k (into n_k and n0); False if held."""
+    if not _swap(locks, j, 0, me):
+        return False
+    for k in range(n_k.shape[0]):
+        n_k[k] = n0[k] = tab_k[k]
+    return True
 
-    A word with at most K tokens here pushes -1 on (w, old topic) and +1 on (w, new topic) per token that moved
-    (z_before -> z, word-major from word_ptr[lo]); one with more pushes its row's change since :func:`_pull`."""
-    # NOTE: the row's change is O(K) against O(tokens) per move: at K = 20 one add per move cost 2 workers ~12%
-    # more CPU per token than the get / step / add path's row diff; at K = 1,000 most words have fewer tokens than K.
-    a = word_ptr[lo]
-    for w in range(lo, hi):
-        p, q = word_ptr[w], word_ptr[w + 1]
-        if q - p > K:
-            for k in range(K):
-                d = n_wk[w, k] - snap[p + k]
-                if d != 0:
-                    _atomic_add(table, w * K + k, d)
-                    dk[k] += d
-            continue
-        for j in range(p, q):
-            s, t = z_before[j - a], z[j]
-            if s != t:
-                _atomic_add(table, w * K + s, -1)
-                _atomic_add(table, w * K + t, 1)
-                dk[s] -= 1
-                dk[t] += 1
-    for k in range(K):
-        if dk[k] != 0:
-            _atomic_add(table, V * K + k, dk[k])
-            dk[k] = 0
+
+@njit(cache=True, nogil=True)
+def _give_block(locks, j, table, at, n_k, n0):  # pragma: no cover - compiled
+    """Add n_k's change since :func:`_take_block` to table[at:] atomically, then let block j's lock go."""
+    for k in range(n_k.shape[0]):
+        if n_k[k] != n0[k]:
+            _atomic_add(table, at + k, n_k[k] - n0[k])
+    _swap(locks, j, locks[j], 0)
 
 
 @njit(cache=True, nogil=True)

@@ -16,7 +16,8 @@ A problem with the local-step hook (``problem.local_steps(table, shard, first, c
 lr)``, which applies a chunk of steps to the table in place, compiled) runs on the fast path
 instead whenever every push lands as it is (the plain step rule): each worker reads the clocks,
 applies as many steps as the protocol allows (at most ``chunk`` of them) straight to the shared
-table, unlocked, and publishes its clock. Under async that is Hogwild!. Reads then race with other
+table, unlocked (a problem that names ``in_place_locks`` gets that many shared lock words as
+``locks=``, LDA's blocks of rows), and publishes its clock. Under async that is Hogwild!. Reads then race with other
 workers' writes (the lesson), so tau is measured per chunk, as the other workers' steps completed
 during it per step of this worker, and the trace holds one update per chunk.
 
@@ -137,8 +138,11 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         version = group.zeros(1, np.int64)
         lock = group.lock()
         ready = group.zeros(n, np.int64)
+        # the in-place steps' own shared words (LDA's block locks), where the problem names how many it needs
+        n_locks = problem.in_place_locks(n) if fast and n > 1 and callable(getattr(problem, "in_place_locks", None)) else 0
+        step_locks = group.zeros(n_locks, np.int32) if n_locks else None
         setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, locked, opts.straggler, chunk,
-                       replica)
+                       replica, step_locks)
 
         def monitor(elapsed: float) -> None:
             """The metric now; Diverged (which stops the workers) if it is not finite."""
@@ -184,6 +188,7 @@ class _Setup:
     straggler: tuple[int, float] | None
     chunk: int  # fast path: the most steps between two looks at the clocks
     replica: Any  # fast path: the problem's replica of its hot keys, or None
+    step_locks: Any  # fast path: SharedArray of the lock words the problem's in-place steps take, or None
 
 
 def _start_together(ready: np.ndarray, i: int) -> None:
@@ -291,8 +296,11 @@ def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) ->
     training, bound, chunk, replica, shard = setup.training, setup.bound, setup.chunk, setup.replica, setup.shards[i]
     w, fin = setup.table.array, setup.clocks.array
     read_rule = training.read_rule
+    shared = {}  # what the problem's in-place steps share besides the table
     if replica is not None:
-        replica = replica._replace(pushes=version.array)
+        shared["replica"] = replica._replace(pushes=version.array)
+    if setup.step_locks is not None:
+        shared["locks"] = setup.step_locks.array
     _start_together(setup.ready.array, i)
     cpu0 = time.thread_time()
     c = 0
@@ -304,10 +312,8 @@ def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) ->
         k = min(chunk, training.steps - c, 1 if read_rule else int(min(completed + bound - c + 1, chunk)))
         others = sum(fin.tolist()) - c
         t1 = time.perf_counter()
-        if replica is not None:  # the replicas count their pushes in the version key, unused on this path
-            problem.local_steps(w, shard, c, k, training.batch_size, training.lr, replica=replica)
-        elif not setup.locked:
-            problem.local_steps(w, shard, c, k, training.batch_size, training.lr)
+        if not setup.locked:  # the replicas count their pushes in the version key, unused on this path
+            problem.local_steps(w, shard, c, k, training.batch_size, training.lr, **shared)
         else:
             for j in range(c, c + k):  # NOTE: one call per step, because the lock must cover each single update
                 with setup.lock:
