@@ -10,7 +10,7 @@ import pytest
 
 import simlib
 from simlib.parallel import WorkerDied, WorkerError
-from simlib.problems.lda import (count_tables, log_likelihood, make_synthetic_corpus, shard_documents, topic_match,
+from simlib.problems.lda import (count_tables, deal_documents, log_likelihood, make_synthetic_corpus, shard_documents, topic_match,
                                 topic_word)
 from simlib.problems.lda_table import LDAProblem
 from simlib.protocol import Protocol
@@ -94,6 +94,21 @@ def test_shards_cover_the_corpus_evenly(synthetic):
     assert b[0] == 0 and b[-1] == corpus.n_docs and np.all(np.diff(b) > 0)
     tokens = np.diff(corpus.offsets[b])
     assert tokens.max() - tokens.min() < 3 * np.diff(corpus.offsets).max()
+
+
+def test_dealt_shards_hold_every_part_of_the_corpus_in_even_shares(synthetic):
+    corpus, _, _ = synthetic
+    parts = deal_documents(corpus, 3, pieces=4)
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(corpus.n_docs))
+    lengths = np.diff(corpus.offsets)
+    tokens = [lengths[p].sum() for p in parts]
+    assert max(tokens) - min(tokens) < 4 * lengths.max()
+    assert all(p.min() < corpus.n_docs // 3 and p.max() >= 2 * corpus.n_docs // 3 for p in parts)  # front and back
+    problem = LDAProblem(corpus, 8)
+    for shard, own in zip(problem.shards(3), deal_documents(corpus, 3)):  # its dealt documents, with their start topics
+        np.testing.assert_array_equal(shard.state.corpus.words, np.concatenate([corpus.doc(d) for d in own]))
+        np.testing.assert_array_equal(shard.state.z, np.concatenate([problem.z0[corpus.offsets[d]:corpus.offsets[d + 1]]
+                                                                     for d in own]))
 
 
 class FailingLDA(LDAProblem):

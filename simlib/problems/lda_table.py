@@ -48,7 +48,7 @@ from numba.extending import intrinsic
 from simlib import _validate as check
 from simlib.backend import to_numpy
 from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, doc_topic_counts, log_likelihood, random_assignments,
-                                shard_documents, word_log_likelihood)
+                                deal_documents, word_log_likelihood)
 from simlib.problems.lda_gibbs import KERNELS, GibbsState, _rng_state
 
 _SEED_STRIDE = (1_000_003, 10_007)
@@ -144,24 +144,23 @@ class LDAProblem:
         return out
 
     def shards(self, n_workers: int) -> list[LDAShard]:
-        """One worker-local state per worker: a contiguous block of about N / n_workers tokens."""
+        """One worker-local state per worker: about N / n_workers tokens, in runs of documents from all over the
+        corpus (:func:`~simlib.problems.lda.deal_documents`)."""
         if not isinstance(n_workers, int) or not 1 <= n_workers <= self.corpus.n_docs:
             raise ValueError(f"n_workers must be an integer in [1, {self.corpus.n_docs}] (one document each at least), "
                              f"got {n_workers!r}")
         per_worker = _COPY_BYTES_PER_ROW * (self.V + 1) * self.K
         check.fits_memory("n_workers", n_workers, n_workers * per_worker, per_worker,
                           f"each worker's copy of the counts of {self.V} words x {self.K} topics")
-        bounds = shard_documents(self.corpus, n_workers)
         blocks = self._word_blocks(n_workers)
         n_k = np.bincount(self.z0, minlength=self.K).astype(np.int32)
         out = []
-        for i in range(n_workers):
-            docs = self.corpus.subset(np.arange(bounds[i], bounds[i + 1]))
-            t0, t1 = self.corpus.offsets[bounds[i]], self.corpus.offsets[bounds[i + 1]]
+        for i, (own, tokens) in enumerate(zip(deal_documents(self.corpus, n_workers), self._tokens(n_workers))):
+            docs = self.corpus.subset(own)
             # NOTE: the worker's copy of n_wk starts as zeros: every read loads the rows of the shard's words
             # before a sweep uses them (step, local_steps), and alone a worker samples on the table itself. Untouched,
             # the zeros take no memory (at K = 10,000 on the KJV a full copy per worker was 209 MB).
-            state = GibbsState(docs, self.K, self.alpha, self.beta, self.z0[t0:t1],
+            state = GibbsState(docs, self.K, self.alpha, self.beta, self.z0[tokens],
                                n_wk=np.zeros((self.V, self.K), np.int32), n_k=n_k.copy(), kernel=self.kernel)
             words = np.unique(docs.words).astype(np.int64)
             local = np.searchsorted(words, docs.words).astype(np.int64)
@@ -300,11 +299,22 @@ class LDAProblem:
         return shard.state.z
 
     def assignments(self, result: Any) -> np.ndarray:
-        """Every token's topic after a run on a real substrate (the workers' shards, in corpus order)."""
+        """Every token's topic after a run on a real substrate (the workers' shards' topics, put back in corpus order)."""
         parts = result.measured.get("local")
         if not parts:
             raise ValueError("result: it holds no workers' assignments; run on a real substrate ('shm' or 'pipes')")
-        return np.concatenate(parts)
+        z = np.empty(self.corpus.n_tokens, np.int32)
+        for tokens, part in zip(self._tokens(len(parts)), parts):
+            z[tokens] = part
+        return z
+
+    def _tokens(self, n_workers: int) -> list[np.ndarray]:
+        """The corpus positions of each worker's tokens, in its shard's order."""
+        out, off = [], self.corpus.offsets
+        for own in deal_documents(self.corpus, n_workers):
+            lengths = off[own + 1] - off[own]  # document i's tokens: its start - the tokens before it here + 0, 1, ...
+            out.append(np.repeat(off[own] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum()))
+        return out
 
     def log_likelihood(self, params: np.ndarray, z: np.ndarray) -> float:
         """The full log p(w, z): the table's word part plus the doc part of the assignments ``z``."""
