@@ -66,8 +66,9 @@ class Problem(TypingProtocol):
     # the table in place, each as get / step / add would: substrates sharing memory with the table call it.
     # ``check_run(protocol, substrate)`` refuses protocols and substrates that cannot run the problem (simlib.run
     # calls it before any process starts). ``in_place_locks(n_workers)``: how many int32 words the in-place steps
-    # of several workers share as locks (shm makes them and passes ``locks=``; LDA's blocks of rows). ``in_place_only = True``: the steps exist only as ``local_steps``
-    # (keys and step refuse: model-parallel GloVe's two phases), so :func:`warm_up` leaves get / step / add alone.
+    # of several workers share as locks (shm makes them and passes ``locks=``; LDA's blocks of rows).
+    # ``in_place_only = True``: the steps exist only as ``local_steps`` (keys and step refuse: model-parallel
+    # GloVe's two phases), so :func:`warm_up` leaves get / step / add alone.
 
 
 class Table(TypingProtocol):

@@ -10,8 +10,8 @@ import pytest
 
 import simlib
 from simlib.parallel import WorkerDied, WorkerError
-from simlib.problems.lda import (count_tables, deal_documents, log_likelihood, make_synthetic_corpus, shard_documents, topic_match,
-                                topic_word)
+from simlib.problems.lda import (count_tables, deal_documents, log_likelihood, make_synthetic_corpus, shard_documents,
+                                topic_match, topic_word)
 from simlib.problems.lda_table import LDAProblem
 from simlib.protocol import Protocol
 
@@ -231,7 +231,7 @@ def test_one_worker_in_place_is_the_serial_sampler(synthetic):
 @pytest.mark.parametrize("kernel", ["sparse", "mh", "alias", "dense"])
 @pytest.mark.parametrize("protocol", ["bsp", "async"])
 def test_in_place_syncs_within_a_sweep_and_keeps_the_counts_exact(synthetic, kernel, protocol):
-    """Two workers sampling on the table's rows block by block, racing on n_k every ~300 tokens: the table is the recount of z."""
+    """Two workers sampling on the table's rows block by block, racing on n_k: the table is the recount of z."""
     corpus, _, _ = synthetic
     problem = LDAProblem(corpus, 8, alpha=0.5, beta=0.01, kernel=kernel, sync_every=300)
     assert len(problem.shards(2)[0].blocks) > 20  # many syncs per sweep

@@ -431,7 +431,7 @@ def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: floa
     return float(np.exp(-np.log(p).sum() / w.size))
 
 
-__all__ = ["LDACorpus", "shard_documents", "deal_documents", "check_hyper", "random_assignments", "count_tables", "doc_topic_counts",
-           "conditional",
+__all__ = ["LDACorpus", "shard_documents", "deal_documents", "check_hyper", "random_assignments", "count_tables",
+           "doc_topic_counts", "conditional",
            "word_log_likelihood", "doc_log_likelihood", "log_likelihood", "topic_word", "top_words", "topic_match",
            "make_synthetic_corpus", "kjv_corpus", "perplexity", "KJV_N_STOP", "KJV_MIN_COUNT"]

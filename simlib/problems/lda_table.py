@@ -299,7 +299,7 @@ class LDAProblem:
         return shard.state.z
 
     def assignments(self, result: Any) -> np.ndarray:
-        """Every token's topic after a run on a real substrate (the workers' shards' topics, put back in corpus order)."""
+        """Every token's topic after a run on a real substrate (the workers' topics, put back in corpus order)."""
         parts = result.measured.get("local")
         if not parts:
             raise ValueError("result: it holds no workers' assignments; run on a real substrate ('shm' or 'pipes')")

@@ -139,7 +139,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         lock = group.lock()
         ready = group.zeros(n, np.int64)
         # the in-place steps' own shared words (LDA's block locks), where the problem names how many it needs
-        n_locks = problem.in_place_locks(n) if fast and n > 1 and callable(getattr(problem, "in_place_locks", None)) else 0
+        locks_of = getattr(problem, "in_place_locks", None)
+        n_locks = locks_of(n) if fast and n > 1 and callable(locks_of) else 0
         step_locks = group.zeros(n_locks, np.int32) if n_locks else None
         setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, locked, opts.straggler, chunk,
                        replica, step_locks)
