@@ -48,7 +48,7 @@ def prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:  # pragma: no cover - c
     return sig, codegen
 
 
-@njit(nogil=True, cache=True, fastmath=True, inline="always")
+@njit(nogil=True, cache=True, fastmath=True, inline="always", error_model="numpy")
 def prefetch_ahead(entries, params, order, t, ahead) -> None:  # pragma: no cover - compiled
     """While entry ``order[t]`` is updated: ask for the data of entry ``order[t + 2 ahead]`` (its word ids, log X, f(X))
     and for every cache line of entry ``order[t + ahead]``'s two words (vectors, AdaGrad sums, biases, their sums)."""

@@ -216,7 +216,7 @@ class GloveSlices:
 # same order, on every worker), so the update of a slice needs nothing but its own dimensions. Both take the
 # entries' (rows, cols, logx, fx), the batch's entry ids ``order``, GloveProblem's eight arrays (W, C, bw, bc,
 # gW, gC, gbw, gbc) and the worker's DimSlice.
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=True, error_model="numpy")
 def partial_dots_kernel(entries, order, params, shard, out) -> None:  # pragma: no cover
     """out[t] = W[i, lo:hi] . C[j, lo:hi] (+ b_i + b'_j on worker 0) for entry order[t] = (i, j)."""
     rows, cols, _, _ = entries
@@ -231,7 +231,7 @@ def partial_dots_kernel(entries, order, params, shard, out) -> None:  # pragma: 
         out[t] = s
 
 
-@njit(nogil=True, cache=True, fastmath=True)
+@njit(nogil=True, cache=True, fastmath=True, error_model="numpy")
 def slice_update_kernel(entries, order, params, shard, partials, eta, clip) -> float:  # pragma: no cover
     """diff = sum of the partial dots - log X; AdaGrad on dimensions [lo, hi) (and the biases); returns the cost."""
     rows, cols, logx, fx = entries
