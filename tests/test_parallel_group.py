@@ -23,6 +23,11 @@ def square(worker_id: int, n_workers: int, base: int, extra: int = 0) -> int:
     return (base + worker_id) ** 2 + extra
 
 
+def payload_bytes(worker_id: int, n_workers: int, payload: np.ndarray) -> int:
+    """The size of what the worker was sent."""
+    return payload.nbytes
+
+
 def record_work(worker_id: int, n_workers: int) -> int:
     """Record two compute spans and an update in the worker's context."""
     ctx = current()
@@ -262,3 +267,39 @@ def test_bad_run_arguments_fail_before_any_process(clean: None) -> None:
         with pytest.raises(ValueError, match="timeout"):
             group.run(square, 1, timeout=0)
         assert group.t0 is None  # nothing was started
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver here")
+def test_forkserver_workers_run_though_their_parent_is_the_server(clean: None) -> None:
+    with WorkerGroup(2, "forkserver") as group:  # they used to exit at once: their parent pid is the server's
+        assert group.run(square, 10) == [100, 121]
+
+
+_UNGUARDED = """
+import os, sys
+sys.path.insert(0, {root!r})
+from simlib.parallel import WorkerGroup
+import numpy as np
+from tests.test_parallel_group import payload_bytes
+with WorkerGroup(2, {method!r}) as group:
+    print(group.run(payload_bytes, np.zeros(1_000_000)))  # 8 MB to send: a dying worker left the parent hung on it
+"""
+
+
+@pytest.mark.parametrize("method", [m for m in ("spawn", "forkserver") if m in multiprocessing.get_all_start_methods()])
+def test_a_script_that_starts_workers_unguarded_is_refused_not_hung(tmp_path, method: str) -> None:
+    """spawn workers run the main file again: unguarded, each would start workers again and die before reading."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED.format(root=root, method=method))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and 'if __name__ == "__main__":' in proc.stderr and "line 7 " in proc.stderr
+    guarded = tmp_path / "guarded.py"
+    body = _UNGUARDED.format(root=root, method=method).split("from tests.test_parallel_group import payload_bytes\n")
+    guarded.write_text(body[0] + "from tests.test_parallel_group import payload_bytes\nif __name__ == '__main__':\n"
+                       + "".join("    " + line + "\n" for line in body[1].strip().splitlines()))
+    proc = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[8000000, 8000000]", proc.stderr

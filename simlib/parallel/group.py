@@ -17,6 +17,7 @@ kill them if the parent dies (``PR_SET_PDEATHSIG``), so no worker outlives its p
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import ctypes
 import multiprocessing
@@ -93,8 +94,8 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
         raise SystemExit(128 + signal.SIGTERM)
     _signals.forked()
     _set_parent_death_signal()
-    if os.getppid() != launch.parent_pid:  # the parent died before the death signal was armed
-        os._exit(1)
+    if os.getppid() != launch.parent_pid and not _alive(launch.parent_pid):  # it died before the signal was armed
+        os._exit(1)  # (a forkserver's worker is the server's child: its parent pid is never the group's)
     _log.worker_setup(launch.log_queue, launch.verbose)
     ctx = _worker.WorkerContext(worker_id, launch.n_workers, launch.t0)
     _worker._install(ctx)
@@ -111,6 +112,17 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
     except Exception as exc:  # the result could not be pickled
         conn.send(("error", f"could not send the result back: {type(exc).__name__}: {exc}", traceback.format_exc()))
     conn.close()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        pass
+    return True
 
 
 class WorkerGroup:
@@ -138,6 +150,7 @@ class WorkerGroup:
         self.roles = list(roles) if roles is not None else [f"worker {i}" for i in range(self.n_workers)]  # for errors
         self.ctx = multiprocessing.get_context(start_method)
         self.start_method = self.ctx.get_start_method()
+        _check_main_can_be_rerun(self.start_method)
         self.verbose = bool(verbose)
         self.poll_interval = float(poll_interval)
         self.grace = float(grace)
@@ -321,6 +334,37 @@ class WorkerGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_main_can_be_rerun(start_method: str) -> None:
+    """ValueError where 'spawn' or 'forkserver' workers would run the main script's unguarded code, or cannot run it.
+
+    Such a worker starts by running the caller's main file again (as ``__mp_main__``). Code at its top level that
+    starts workers, outside ``if __name__ == "__main__":``, then fails in every worker before the worker reads
+    what it was sent, and the parent waited forever on a full pipe (Ctrl-C and the run's timeout included).
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if start_method == "fork" or path is None:  # an interactive session or a notebook: nothing is re-run
+        return
+    if not os.path.isfile(path):
+        raise ValueError(f"start_method {start_method!r} starts each worker by running the main program's file "
+                         f"again, and this one has none ({path}): use start_method='fork', or run it from a file")
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:  # not started from the script's top level (a function called from elsewhere)
+        return
+    with open(path, encoding="utf-8", errors="replace") as f:
+        body = ast.parse(f.read()).body
+    stmt = next((st for st in body if st.lineno <= frame.f_lineno <= (st.end_lineno or st.lineno)), None)
+    test = stmt.test if isinstance(stmt, ast.If) else None
+    guarded = (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+               and {ast.unparse(test.left), ast.unparse(test.comparators[0])} == {"__name__", "'__main__'"})
+    if not guarded:
+        raise ValueError(f"start_method {start_method!r} starts each worker by running {os.path.basename(path)} "
+                         f"again, and line {frame.f_lineno} would start the workers again in every worker: put the "
+                         "code that starts them under `if __name__ == \"__main__\":`, or use start_method='fork'")
 
 
 def _start_deferring_signals(proc: BaseProcess, started: list[BaseProcess]) -> None:
