@@ -328,24 +328,17 @@ class _Run:
 
     def _pull(self, i: int, keys: np.ndarray, stamps: dict[int, tuple[int, int, int]] | None = None):
         """Worker i pulls ``keys`` from their shards; ``stamps``, if given, receives each shard's :meth:`_stamp` at its read."""
-        cfg, env = self.cfg, self.env
         parts = self._split(keys)
-        req_bytes = len(keys) * cfg.key_bytes
-        resp_bytes = len(keys) * cfg.value_bytes
         server = self.site_server[self.site_of[i]] if self.per_site else self.server
-        if len(parts) == 1:
-            k, sel = parts[0]
-            yield from self._to_server(i, k, req_bytes, cfg.server_time)
-            values, version = server.pull(keys)
-            if stamps is not None:
-                stamps[k] = self._stamp()
-            yield from self._to_worker(i, k, resp_bytes)
-            return values, version, req_bytes, resp_bytes
         values = np.empty(len(keys), dtype=self.w.dtype)
         versions: list[int] = []
-        procs = [env.process(self._pull_shard(i, server, k, keys, sel, values, versions, stamps)) for k, sel in parts]
-        yield env.all_of(procs)
-        return values, min(versions), req_bytes, resp_bytes
+        if len(parts) == 1:  # one shard: its messages in this process (a process per shard only to overlap them)
+            yield from self._pull_shard(i, server, parts[0][0], keys, parts[0][1], values, versions, stamps)
+        else:
+            env = self.env
+            yield env.all_of([env.process(self._pull_shard(i, server, k, keys, sel, values, versions, stamps))
+                              for k, sel in parts])
+        return values, min(versions), len(keys) * self.cfg.key_bytes, len(keys) * self.cfg.value_bytes
 
     def _pull_shard(self, i: int, server: ParamServer, k: int, keys: np.ndarray, sel: slice, out: np.ndarray,
                     versions: list[int], stamps: dict[int, tuple[int, int, int]] | None = None):
