@@ -198,8 +198,7 @@ class _Run:
         sw, sk, ss, se, sn, sc = trace.spans.appenders()
         ut, uw, uc, us, ua, ul = trace.updates.appenders()  # and the update of every step, as updates.add
         eval_period, progress = self.eval_period, self.progress
-        steps, batch_size, lr, cost_only = cfg.steps, cfg.batch_size, cfg.lr, cfg.cost_only
-        nonzero = cfg.cost_unit == "nonzero"
+        steps, lr, cost_only = cfg.steps, cfg.lr, cfg.cost_only
         per_site, cached = self.per_site, self.caches is not None
         # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined (the
         # same delays, taken in the same order, as _pull / _push, without three generators per message).
@@ -212,7 +211,6 @@ class _Run:
             key_bytes, value_bytes, entry_bytes = cfg.key_bytes, cfg.value_bytes, cfg.key_bytes + cfg.value_bytes
         server, compute, rule = self.server, self.compute.time, clocks.rule
         deadline = cfg.timeout is not None
-        shard = self.shards[i] if self.shards is not None else None
         c = 0
         while c < steps:
             try:
@@ -234,12 +232,7 @@ class _Run:
                 lag = c - rule.completed  # rule.clock_lag(c), inlined
                 if lag < 0:
                     lag = 0
-                if shard is None:  # cost-only with a fixed step: the same keys and work every step
-                    batch, keys, units = None, self.fixed_keys, self.fixed_units
-                else:
-                    batch = p.batch(shard, c, batch_size)
-                    keys = p.keys(batch)
-                    units = p.work(batch) if nonzero else len(batch)
+                batch, keys, units = self._step_input(i, c)
                 # Pull: request keys from each shard, the shard reads w on arrival and replies.
                 t_pull = env._now
                 if direct:
@@ -326,26 +319,27 @@ class _Run:
         if per_site and all(self.finished):
             self._flush()
 
+    def _step_input(self, i: int, c: int) -> tuple[Any, np.ndarray, int]:
+        """Worker i's step c: (mini-batch, the keys it reads, its units of compute work)."""
+        if self.shards is None:  # cost-only with a fixed step: the same keys and work every step
+            return None, self.fixed_keys, self.fixed_units
+        p = self.problem
+        batch = p.batch(self.shards[i], c, self.cfg.batch_size)
+        return batch, p.keys(batch), p.work(batch) if self.cfg.cost_unit == "nonzero" else len(batch)
+
     def _pull(self, i: int, keys: np.ndarray, stamps: dict[int, tuple[int, int, int]] | None = None):
         """Worker i pulls ``keys`` from their shards; ``stamps``, if given, receives each shard's :meth:`_stamp` at its read."""
-        cfg, env = self.cfg, self.env
         parts = self._split(keys)
-        req_bytes = len(keys) * cfg.key_bytes
-        resp_bytes = len(keys) * cfg.value_bytes
         server = self.site_server[self.site_of[i]] if self.per_site else self.server
-        if len(parts) == 1:
-            k, sel = parts[0]
-            yield from self._to_server(i, k, req_bytes, cfg.server_time)
-            values, version = server.pull(keys)
-            if stamps is not None:
-                stamps[k] = self._stamp()
-            yield from self._to_worker(i, k, resp_bytes)
-            return values, version, req_bytes, resp_bytes
         values = np.empty(len(keys), dtype=self.w.dtype)
         versions: list[int] = []
-        procs = [env.process(self._pull_shard(i, server, k, keys, sel, values, versions, stamps)) for k, sel in parts]
-        yield env.all_of(procs)
-        return values, min(versions), req_bytes, resp_bytes
+        if len(parts) == 1:  # one shard: its messages in this process (a process per shard only to overlap them)
+            yield from self._pull_shard(i, server, parts[0][0], keys, parts[0][1], values, versions, stamps)
+        else:
+            env = self.env
+            yield env.all_of([env.process(self._pull_shard(i, server, k, keys, sel, values, versions, stamps))
+                              for k, sel in parts])
+        return values, min(versions), len(keys) * self.cfg.key_bytes, len(keys) * self.cfg.value_bytes
 
     def _pull_shard(self, i: int, server: ParamServer, k: int, keys: np.ndarray, sel: slice, out: np.ndarray,
                     versions: list[int], stamps: dict[int, tuple[int, int, int]] | None = None):
@@ -590,12 +584,7 @@ class _Run:
         c = 0
         while c < cfg.steps:
             try:
-                if self.shards is None:  # cost-only with a fixed step
-                    batch, keys, units = None, self.fixed_keys, self.fixed_units
-                else:
-                    batch = p.batch(self.shards[i], c, cfg.batch_size)
-                    keys = p.keys(batch)
-                    units = p.work(batch) if cfg.cost_unit == "nonzero" else len(batch)
+                batch, keys, units = self._step_input(i, c)
                 t_comp = env.now
                 yield self.compute.time(i, units)
                 g = None

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from simlib.sim.config import HIERARCHIES, NETWORKS  # noqa: F401  (re-exported: the presets live with the fields)
+from simlib.trace import binned_load
 
 
 def site_of(n_workers: int, sites: int) -> list[int]:
@@ -156,15 +157,8 @@ def wan_load(trace: Any, bins: int = 200) -> tuple[np.ndarray, np.ndarray]:
     A message's bytes are spread evenly over the time it held its link and travelled; a trace without
     WAN traffic gives zeros.
     """
-    if not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"bins must be a positive integer, got {bins!r}")
-    width = trace.makespan / bins if trace.makespan > 0 else 1.0
-    load = np.zeros(bins)
-    for start, end, nbytes, *_ in trace.meta.get("wan", []):
-        a = min(int(start / width), bins - 1)
-        b = max(a + 1, min(-int(-end // width), bins))
-        load[a:b] += nbytes / (b - a)
-    return np.arange(bins) * width, load / width
+    return binned_load(((start, end, nbytes) for start, end, nbytes, *_ in trace.meta.get("wan", [])),
+                       trace.makespan, bins)
 
 
 def relative_changes(problem: Any, table: np.ndarray, batch_size: int, lr: float, steps: int = 20) -> np.ndarray:

@@ -56,12 +56,12 @@ class ComputeModel:
                 buf.extend(rng.exponential(size=_BLOCK)[::-1].tolist())
         return buf.pop()
 
-    def _paused(self, worker: int) -> bool:
-        """Whether the worker pauses this step (its next uniform draw < pause_prob)."""
+    def _pause_draw(self, worker: int) -> float:
+        """The worker's next uniform pause draw (it pauses when the draw < pause_prob)."""
         buf = self._pauses[worker]
         if not buf:
             buf.extend(self._pause[worker].random(_BLOCK)[::-1].tolist())
-        return buf.pop() < self.cfg.stragglers.pause_prob
+        return buf.pop()
 
     def predrawn(self, steps: int) -> tuple[np.ndarray, np.ndarray]:
         """(jitter factors, pause draws), each (workers, steps): the values the next ``steps`` calls of
@@ -72,13 +72,7 @@ class ComputeModel:
         if self._jitter is not None:
             jitter = np.array([[self._jitter_factor(i) for _ in range(steps)] for i in range(n)], dtype=np.float64)
         if self._pause is not None:
-            buf = self._pauses
-            pauses = np.empty((n, steps))
-            for i in range(n):
-                for k in range(steps):
-                    if not buf[i]:
-                        buf[i].extend(self._pause[i].random(_BLOCK)[::-1].tolist())
-                    pauses[i, k] = buf[i].pop()
+            pauses = np.array([[self._pause_draw(i) for _ in range(steps)] for i in range(n)], dtype=np.float64)
         return jitter, pauses
 
     def time(self, worker: int, units: int) -> float:
@@ -86,6 +80,6 @@ class ComputeModel:
         t = (self._overhead + units * self._per_unit) * (self._slow_factor if worker < self._slow else 1.0)
         if self._jitter is not None:
             t *= self._jitter_factor(worker)
-        if self._pause is not None and self._paused(worker):
+        if self._pause is not None and self._pause_draw(worker) < self.cfg.stragglers.pause_prob:
             t += self.cfg.stragglers.pause_time
         return t
