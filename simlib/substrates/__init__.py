@@ -161,9 +161,9 @@ def _own_options(runner: Runner) -> list[inspect.Parameter] | None:
 def _check_options(substrate: str, runner: Runner, options: dict[str, Any], shared: list[str]) -> None:
     """ValueError naming an option ``runner`` does not take, with the ones it does (a bare TypeError otherwise)."""
     params = _own_options(runner)
-    if params is None:  # a callable without a signature: it answers for itself
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in params):  # it checks its own (the simulator: SimConfig's fields)
+    # None: a callable without a signature answers for itself; **options: it checks its own (the simulator:
+    # SimConfig's fields)
+    if params is None or any(p.kind is p.VAR_KEYWORD for p in params):
         return
     own = [p.name for p in params]
     for key in options:
