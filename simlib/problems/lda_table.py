@@ -41,12 +41,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
 
 from simlib import _validate as check
 from simlib.backend import to_numpy
+from simlib.problems.atomic import atomic_add, compare_swap
 from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, doc_topic_counts, log_likelihood, random_assignments,
                                 deal_documents, word_log_likelihood)
 from simlib.problems.lda_gibbs import KERNELS, GibbsState, _rng_state
@@ -356,36 +355,10 @@ def _count_words(words, z, K, out):  # pragma: no cover - compiled
         out[V * K + z[i]] += 1
 
 
-@intrinsic
-def _atomic_add(typingctx, arr, index, value):  # pragma: no cover - compiled
-    """arr[index] += value as one atomic read-modify-write (LLVM atomicrmw add); returns nothing."""
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
-        val = context.cast(builder, args[2], signature.args[2], aryty.dtype)
-        builder.atomic_rmw("add", ptr, val, "monotonic")
-        return context.get_dummy_value()
-    return types.void(arr, index, value), codegen
-
-
-@intrinsic
-def _swap(typingctx, arr, index, expected, value):  # pragma: no cover - compiled
-    """arr[index] = value if it holds ``expected`` (LLVM cmpxchg, acquire-release); True if it did."""
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
-        old = context.cast(builder, args[2], signature.args[2], aryty.dtype)
-        new = context.cast(builder, args[3], signature.args[3], aryty.dtype)
-        return builder.extract_value(builder.cmpxchg(ptr, old, new, "acq_rel", "acquire"), 1)
-    return types.boolean(arr, index, expected, value), codegen
-
-
 @njit(cache=True, nogil=True)
 def _take_block(locks, j, me, tab_k, n_k, n0):  # pragma: no cover - compiled
     """Take block j's lock for worker ``me`` (>= 1) if it is free, then read n_k (into n_k and n0); False if held."""
-    if not _swap(locks, j, 0, me):
+    if not compare_swap(locks, j, 0, me):
         return False
     for k in range(n_k.shape[0]):
         n_k[k] = n0[k] = tab_k[k]
@@ -397,8 +370,8 @@ def _give_block(locks, j, table, at, n_k, n0):  # pragma: no cover - compiled
     """Add n_k's change since :func:`_take_block` to table[at:] atomically, then let block j's lock go."""
     for k in range(n_k.shape[0]):
         if n_k[k] != n0[k]:
-            _atomic_add(table, at + k, n_k[k] - n0[k])
-    _swap(locks, j, locks[j], 0)
+            atomic_add(table, at + k, n_k[k] - n0[k])
+    compare_swap(locks, j, locks[j], 0)
 
 
 @njit(cache=True, nogil=True)

@@ -29,6 +29,7 @@ from numba import njit
 
 from simlib import _validate as check
 from simlib.backend import array_module
+from simlib.problems.atomic import atomic_add
 
 _DTYPES = {"indptr": np.int64, "indices": np.int32, "values": np.float32, "y": np.float32}
 
@@ -625,7 +626,7 @@ def _local_sgd(data, w, chunk, hyper, rep):  # pragma: no cover - compiled
             w[j] += -lr * g[j] / div
         pending += log_keep
     if scaled:
-        w[f] += pending
+        atomic_add(w, f, pending)  # other workers add theirs meanwhile: a plain += lost one now and then
 
 
 @njit(cache=True, nogil=True)
@@ -703,7 +704,7 @@ def _rows_sgd(indptr, y, w, chunk, hyper, rep):  # pragma: no cover - compiled
             for p in range(mid, hi):
                 w[ids[p]] += -lr * (l2 * w[ids[p]] + coef * vals[p])
     if scaled:
-        w[f] += pending
+        atomic_add(w, f, pending)  # other workers add theirs meanwhile: a plain += lost one now and then
     if hot.shape[0]:
         _push_replica(w, hot, rep_w, base, rep.least, rep.pushes, seen)
 
