@@ -154,10 +154,11 @@ class LDAProblem:
         blocks = self._word_blocks(n_workers)
         n_k = np.bincount(self.z0, minlength=self.K).astype(np.int32)
         out = []
-        for i, (own, tokens) in enumerate(zip(deal_documents(self.corpus, n_workers), self._tokens(n_workers))):
+        dealt = deal_documents(self.corpus, n_workers)
+        for i, (own, tokens) in enumerate(zip(dealt, self._tokens(dealt))):
             docs = self.corpus.subset(own)
-            # NOTE: the worker's copy of n_wk starts as zeros: every read loads the rows of the shard's words
-            # before a sweep uses them (step, local_steps), and alone a worker samples on the table itself. Untouched,
+            # NOTE: the worker's copy of n_wk starts as zeros: a get / step / add read loads the rows of the shard's
+            # words before a sweep uses them, and in place (shm) a worker samples on the table itself. Untouched,
             # the zeros take no memory (at K = 10,000 on the KJV a full copy per worker was 209 MB).
             state = GibbsState(docs, self.K, self.alpha, self.beta, self.z0[tokens],
                                n_wk=np.zeros((self.V, self.K), np.int32), n_k=n_k.copy(), kernel=self.kernel)
@@ -259,7 +260,7 @@ class LDAProblem:
                         continue
                     missed = 0
                     rng = st.sweep_words(shard.blocks[j], shard.blocks[j + 1], rng)
-                    _give_block(locks, j, table, V * K, st.n_k, n0)
+                    _give_block(locks, j, shard.worker + 1, table, V * K, st.n_k, n0)
             st.end_sweep()
 
     def in_place_locks(self, n_workers: int) -> int:
@@ -303,14 +304,14 @@ class LDAProblem:
         if not parts:
             raise ValueError("result: it holds no workers' assignments; run on a real substrate ('shm' or 'pipes')")
         z = np.empty(self.corpus.n_tokens, np.int32)
-        for tokens, part in zip(self._tokens(len(parts)), parts):
+        for tokens, part in zip(self._tokens(deal_documents(self.corpus, len(parts))), parts):
             z[tokens] = part
         return z
 
-    def _tokens(self, n_workers: int) -> list[np.ndarray]:
-        """The corpus positions of each worker's tokens, in its shard's order."""
+    def _tokens(self, dealt: list[np.ndarray]) -> list[np.ndarray]:
+        """The corpus positions of each worker's tokens, in its shard's order (``dealt``: each worker's documents)."""
         out, off = [], self.corpus.offsets
-        for own in deal_documents(self.corpus, n_workers):
+        for own in dealt:
             lengths = off[own + 1] - off[own]  # document i's tokens: its start - the tokens before it here + 0, 1, ...
             out.append(np.repeat(off[own] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum()))
         return out
@@ -366,12 +367,12 @@ def _take_block(locks, j, me, tab_k, n_k, n0):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _give_block(locks, j, table, at, n_k, n0):  # pragma: no cover - compiled
-    """Add n_k's change since :func:`_take_block` to table[at:] atomically, then let block j's lock go."""
+def _give_block(locks, j, me, table, at, n_k, n0):  # pragma: no cover - compiled
+    """Add n_k's change since :func:`_take_block` to table[at:] atomically, then free block j (held by ``me``)."""
     for k in range(n_k.shape[0]):
         if n_k[k] != n0[k]:
             atomic_add(table, at + k, n_k[k] - n0[k])
-    compare_swap(locks, j, locks[j], 0)
+    compare_swap(locks, j, me, 0)
 
 
 @njit(cache=True, nogil=True)

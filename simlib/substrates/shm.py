@@ -17,9 +17,9 @@ lr)``, which applies a chunk of steps to the table in place, compiled) runs on t
 instead whenever every push lands as it is (the plain step rule): each worker reads the clocks,
 applies as many steps as the protocol allows (at most ``chunk`` of them) straight to the shared
 table, unlocked (a problem that names ``in_place_locks`` gets that many shared lock words as
-``locks=``, LDA's blocks of rows), and publishes its clock. Under async that is Hogwild!. Reads then race with other
-workers' writes (the lesson), so tau is measured per chunk, as the other workers' steps completed
-during it per step of this worker, and the trace holds one update per chunk.
+``locks=``, LDA's blocks of rows), and publishes its clock. Under async that is Hogwild!. Reads
+then race with other workers' writes (the lesson), so tau is measured per chunk, as the other
+workers' steps completed during it per step of this worker, and the trace holds one update per chunk.
 
 With ``hot_keys=K`` (a problem with ``replica``, LogisticProblem at one row per step), each worker
 also keeps a private replica of the K most frequent keys: read from the table at a chunk's start,
