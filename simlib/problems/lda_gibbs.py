@@ -90,6 +90,16 @@ from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tab
                                 random_assignments)
 
 KERNELS = ("sparse", "dense", "mh", "alias")
+# The kernels' arguments travel in tuples (numba unpacks them at no cost), grouped by what they describe:
+Tokens = tuple  # word-major tokens: (word_ptr, doc, z), for mh followed by (order, offsets, z_doc)
+Lists = tuple  # the sparse kernels' per-document topic lists: (idx, cnt, length, pos), each D x K but length
+Table = tuple  # the word-topic counts the sweep reads and updates: (n_wk, n_k)
+Prior = tuple  # (alpha, beta)
+Run = tuple  # the tokens a..b-1 of word w: (a, b, w)
+Buffers = tuple  # _table_buffers: (weight, b-part prob, word prob, b-part alias, word alias, word topics, two stacks, snap)
+Proposal = tuple  # a stale word table and the MH steps per token drawn from it: (buffers, n0, s_fixed, n_steps)
+Mass = tuple  # a stale word table's size and masses: (m, S, B), see _word_draw
+Work = tuple  # the alias kernel's K-long work arrays: (cdf, 1 / (n_k + V b), phi_w)
 # NOTE: word-then-doc cycles per token. LightLDA's default is 2; 4 measured better per unit of time
 # here: on the default 8-topic synthetic corpus 2 of 12 random starts still had two true topics merged
 # after 50 sweeps with 2 cycles (0 of 12 with 4, and 0 of 12 for exact Gibbs), and on the KJV at K = 1,000
@@ -122,11 +132,11 @@ def _uniform(state: np.uint64) -> tuple[np.uint64, float]:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _sweep_dense(
-    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray,
-    alpha: float, beta: float, w_lo: int, w_hi: int, rng: np.uint64,
-) -> np.uint64:
+def _sweep_dense(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo: int, w_hi: int,
+                 rng: np.uint64) -> np.uint64:
     """Words w_lo..w_hi-1 of one O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b), invert it."""
+    word_ptr, doc, z = tokens[:3]
+    (n_wk, n_k), (alpha, beta) = table, prior
     V, K = n_wk.shape
     vbeta = V * beta
     cdf = np.empty(K)
@@ -162,8 +172,9 @@ def _rng_state(seed: int) -> np.uint64:
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _list_take(d: int, k: int, idx: np.ndarray, cnt: np.ndarray, length: np.ndarray, pos: np.ndarray) -> None:
+def _list_take(d: int, k: int, lists: Lists) -> None:
     """n_dk[d, k] -= 1 on document d's topic list; at 0, k leaves it (the last entry moves into its slot)."""
+    idx, cnt, length, pos = lists
     i = pos[d, k]
     cnt[d, i] -= 1
     if cnt[d, i] == 0:
@@ -177,12 +188,12 @@ def _list_take(d: int, k: int, idx: np.ndarray, cnt: np.ndarray, length: np.ndar
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
-def _sweep_sparse(
-    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray,
-    dk_idx: np.ndarray, dk_cnt: np.ndarray, dk_len: np.ndarray, dk_pos: np.ndarray,
-    n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int, rng: np.uint64, cdf: np.ndarray,
-) -> np.uint64:
+def _sweep_sparse(tokens: Tokens, lists: Lists, table: Table, prior: Prior, w_lo: int, w_hi: int, rng: np.uint64,
+                  cdf: np.ndarray) -> np.uint64:
     """Words w_lo..w_hi-1 of one exact sweep: doc part over the document's topic list, word part by a running sum."""
+    word_ptr, doc, z = tokens[:3]
+    dk_idx, dk_cnt, dk_len, dk_pos = lists
+    (n_wk, n_k), (alpha, beta) = table, prior
     V, K = n_wk.shape
     vbeta = V * beta
     inv = np.empty(K)  # 1 / (n_k + V b): divisions hoisted out of the inner loops
@@ -207,7 +218,7 @@ def _sweep_sparse(
             old = phi[k]
             phi[k] = (n_wk[w, k] + beta) * inv[k]
             wsum += phi[k] - old
-            _list_take(d, k, dk_idx, dk_cnt, dk_len, dk_pos)
+            _list_take(d, k, lists)
             # Doc part: sum over the topics document d uses.
             L = dk_len[d]
             total = 0.0
@@ -291,9 +302,9 @@ def _alias_build(weight: np.ndarray, n: int, prob: np.ndarray, alias: np.ndarray
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _beta_table(n0: np.ndarray, beta: float, vbeta: float, prob: np.ndarray, alias: np.ndarray, weight: np.ndarray,
-                small: np.ndarray, large: np.ndarray) -> float:
+def _beta_table(n0: np.ndarray, beta: float, vbeta: float, bufs: Buffers) -> float:
     """The b-part of q_w, shared by every word: alias table over K with weights b / (n0_k + V b); returns their sum."""
+    weight, prob, _, alias, _, _, small, large, _ = bufs
     total = 0.0
     for k in range(n0.shape[0]):
         weight[k] = beta / (n0[k] + vbeta)
@@ -303,13 +314,12 @@ def _beta_table(n0: np.ndarray, beta: float, vbeta: float, prob: np.ndarray, ali
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _word_table(row: np.ndarray, n0: np.ndarray, vbeta: float, snap: np.ndarray, topic: np.ndarray,
-                weight: np.ndarray, prob: np.ndarray, alias: np.ndarray, small: np.ndarray,
-                large: np.ndarray) -> tuple[int, float]:
+def _word_table(row: np.ndarray, n0: np.ndarray, vbeta: float, bufs: Buffers) -> tuple[int, float]:
     """The sparse part of q_w: alias table over the m topics with n_wk > 0, weights n_wk / (n0_k + V b); (m, their sum).
 
     ``snap`` keeps the row as it was, for the acceptance test.
     """
+    weight, _, prob, _, alias, topic, small, large, snap = bufs
     m = 0
     total = 0.0
     for k in range(row.shape[0]):
@@ -326,14 +336,14 @@ def _word_table(row: np.ndarray, n0: np.ndarray, vbeta: float, snap: np.ndarray,
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _word_draw(rng: np.uint64, S: float, B: float, m: int, wtopic: np.ndarray, wprob: np.ndarray, walias: np.ndarray,
-               dprob: np.ndarray, dalias: np.ndarray, snap: np.ndarray, n0: np.ndarray, s_tab: int, beta: float,
-               vbeta: float) -> tuple[np.uint64, int]:
+def _word_draw(rng: np.uint64, prop: Proposal, mass: Mass, s_tab: int, beta: float, vbeta: float) -> tuple[np.uint64, int]:
     """A draw from the stale word table without the token: q_j(k) ∝ (snap_k - [k=s_tab] + b) / (n0_k - [k=s_tab] + V b).
 
     The table (sparse part of mass S over wtopic[:m], b-part of mass B over all K) counts the
     token under s_tab; a draw of s_tab is kept with probability q_j(s_tab) / q_table(s_tab).
     """
+    (_, dprob, wprob, dalias, walias, wtopic, _, _, snap), n0 = prop[:2]
+    m, S, B = mass
     K = n0.shape[0]
     while True:
         rng, u = _uniform(rng)
@@ -361,21 +371,20 @@ def _stale_q(k: int, snap: np.ndarray, n0: np.ndarray, s_tab: int, beta: float, 
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
-def _mh_run(
-    a: int, b: int, w: int, doc: np.ndarray, z: np.ndarray, order: np.ndarray, offsets: np.ndarray,
-    z_doc: np.ndarray, n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float,
-    snap: np.ndarray, n0: np.ndarray, s_fixed: int, wtopic: np.ndarray, wprob: np.ndarray, walias: np.ndarray,
-    m: int, S: float, dprob: np.ndarray, dalias: np.ndarray, B: float, n_cycles: int, rng: np.uint64,
-) -> np.uint64:
-    """Resample tokens a..b-1 (all of word w) by n_cycles MH cycles of word then doc proposal each; returns the rng.
+def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, prop: Proposal, mass: Mass,
+            rng: np.uint64) -> np.uint64:
+    """Resample tokens a..b-1 (all of word w), run = (a, b, w), by n_steps MH cycles of word then doc proposal each.
 
-    The word proposal is the stale table (snap, n0), which counts each token under the topic
-    s_tab it had when the table was built (its topic on entry, or ``s_fixed`` if >= 0):
+    The word proposal is the stale table ``prop`` (snap, n0), which counts each token under the topic
+    s_tab it had when the table was built (its topic on entry, or prop's ``s_fixed`` if >= 0):
     q_j(k) ∝ (snap_k - [k = s_tab] + b) / (n0_k - [k = s_tab] + V b) is that table without the
     token, drawn by rejecting a draw of s_tab with probability 1 - q_j(s_tab) / q_table(s_tab).
     """
     # NOTE: one call per word with the token loop inside, not one call per token: a per-token
     # helper (even inline="always") cost ~100 ns in reference counts of its 13 array arguments.
+    (a, b, w), (_, doc, z, order, offsets, z_doc) = run, tokens
+    (n_wk, n_k), (alpha, beta) = table, prior
+    snap, n0, s_fixed, n_steps = prop[0][8], prop[1], prop[2], prop[3]
     V, K = n_wk.shape
     vbeta = V * beta
     for j in range(a, b):
@@ -388,9 +397,11 @@ def _mh_run(
         p, lo = order[j], offsets[d]
         n_other = offsets[d + 1] - lo - 1  # the other tokens of document d
         ps = (n_dk[d, s] + alpha) * (n_wk[w, s] + beta) / (n_k[s] + vbeta)
-        for _ in range(n_cycles):
+        # NOTE: n_steps is a run-time value: with the constant _MH_CYCLES here, numba unrolled the loop and the
+        # kernel ran 3% slower (KJV, K = 1,000: 209 against 202 ns per token, paired runs).
+        for _ in range(n_steps):
             # Word proposal: sparse part (mass S) or b-part (mass B), alias draws from one uniform each.
-            rng, t = _word_draw(rng, S, B, m, wtopic, wprob, walias, dprob, dalias, snap, n0, s_tab, beta, vbeta)
+            rng, t = _word_draw(rng, prop, mass, s_tab, beta, vbeta)
             if t != s:
                 pt = (n_dk[d, t] + alpha) * (n_wk[w, t] + beta) / (n_k[t] + vbeta)
                 qs = _stale_q(s, snap, n0, s_tab, beta, vbeta)
@@ -430,26 +441,24 @@ def _table_buffers(n_wk: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _sweep_mh(
-    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, order: np.ndarray, offsets: np.ndarray, z_doc: np.ndarray,
-    n_dk: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int,
-    rng: np.uint64, n_cycles: int,
-) -> np.uint64:
+def _sweep_mh(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo: int, w_hi: int,
+              rng: np.uint64) -> np.uint64:
     """Words w_lo..w_hi-1 of a LightLDA sweep: per word an alias table of the counts at its run's start, then MH per token.
 
-    ``z_doc`` must hold the topics in document order (:func:`_doc_order`) for the doc proposal."""
-    V, K = n_wk.shape
-    vbeta = V * beta
-    n0 = n_k.copy()  # the topic totals the tables of this call are built with
-    weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
-    B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
+    ``tokens`` ends with ``z_doc``, the topics in document order (:func:`_doc_order`), for the doc proposal."""
+    word_ptr, n_wk, beta = tokens[0], table[0], prior[1]
+    vbeta = n_wk.shape[0] * beta
+    n0 = table[1].copy()  # the topic totals the tables of this call are built with
+    bufs = _table_buffers(n_wk)
+    B = _beta_table(n0, beta, vbeta, bufs)
+    # NOTE: built once, not per word with (m, S, B) in it: a tuple of arrays built per word cost 2-3% at K = 1,000.
+    prop = (bufs, n0, -1, _MH_CYCLES)
     for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
             continue
-        m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
-        rng = _mh_run(a, b, w, doc, z, order, offsets, z_doc, n_dk, n_wk, n_k, alpha, beta, snap, n0, -1,
-                      wtopic, wprob, walias, m, S, dprob, dalias, B, n_cycles, rng)
+        m, S = _word_table(n_wk[w], n0, vbeta, bufs)
+        rng = _mh_run((a, b, w), tokens, n_dk, table, prior, prop, (m, S, B), rng)
     return rng
 
 
@@ -461,28 +470,28 @@ def _doc_order(z: np.ndarray, order: np.ndarray, z_doc: np.ndarray) -> None:
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
-def _alias_run(
-    j: int, b: int, w: int, doc: np.ndarray, z: np.ndarray, dk_idx: np.ndarray, dk_cnt: np.ndarray,
-    dk_len: np.ndarray, dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float,
-    snap: np.ndarray, n0: np.ndarray, s_fixed: int, wtopic: np.ndarray, wprob: np.ndarray, walias: np.ndarray,
-    m: int, S: float, dprob: np.ndarray, dalias: np.ndarray, B: float, budget: int, n_steps: int, rng: np.uint64,
-    cdf: np.ndarray, inv: np.ndarray, phi: np.ndarray,
-) -> tuple[int, np.uint64]:
-    """AliasLDA on tokens j, j+1, .. of word w until b, or until the word table has served ``budget`` draws.
+def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prior, prop: Proposal, mass: Mass,
+               work: Work, rng: np.uint64) -> tuple[int, np.uint64]:
+    """AliasLDA on tokens j, j+1, .. of word w until b, or until the word table has served K draws; run = (j, b, w).
 
-    Each token runs n_steps MH steps, proposing from q(k) ∝ n_dk phi_w(k) + a q_w(k): the doc
-    part fresh over d's topic list, q_w the stale table without the token (``_word_draw``; the
+    Each token runs prop's n_steps MH steps, proposing from q(k) ∝ n_dk phi_w(k) + a q_w(k): the doc
+    part fresh over d's topic list, q_w the stale table ``prop`` without the token (``_word_draw``; the
     table counts it under its topic on entry, or s_fixed if >= 0, as in ``_mh_run``); accepted
-    with min(1, p(t) q(s) / (p(s) q(t))) against p(k) = (n_dk + a) phi_w(k). ``inv`` holds
-    1 / (n_k + V b) and is kept up to date; ``phi`` is work space for phi_w. Returns (the next
+    with min(1, p(t) q(s) / (p(s) q(t))) against p(k) = (n_dk + a) phi_w(k). ``work`` = (cdf, inv, phi):
+    inv holds 1 / (n_k + V b) and is kept up to date; cdf and phi are work space. Returns (the next
     token, the rng).
     """
+    (j, b, w), (_, doc, z), (cdf, inv, phi) = run, tokens[:3], work
+    dk_idx, dk_cnt, dk_len, dk_pos = lists
+    (n_wk, n_k), (alpha, beta) = table, prior
+    snap, n0, s_fixed, n_steps = prop[0][8], prop[1], prop[2], prop[3]
+    _, S, B = mass
     V, K = n_wk.shape
     vbeta = V * beta
     for k in range(K):  # O(K), as the table's build: phi_w(k) fresh, updated in O(1) when a token moves
         phi[k] = (n_wk[w, k] + beta) * inv[k]
     drawn = 0
-    while j < b and drawn < budget:
+    while j < b and drawn < K:
         d = doc[j]
         s = z[j]
         s_tab = s if s_fixed < 0 else s_fixed
@@ -490,7 +499,7 @@ def _alias_run(
         n_k[s] -= 1
         inv[s] = 1.0 / (n_k[s] + vbeta)
         phi[s] = (n_wk[w, s] + beta) * inv[s]
-        _list_take(d, s, dk_idx, dk_cnt, dk_len, dk_pos)
+        _list_take(d, s, lists)
         L = dk_len[d]
         P = 0.0  # the doc part's mass, sum over d's topics of n_dk phi_w(k), exact
         for i in range(L):
@@ -498,17 +507,17 @@ def _alias_run(
             cdf[i] = P
         # The word part's mass: the table's S + B with the token's own entry at s_tab taken out.
         Q = alpha * (S + B - (snap[s_tab] + beta) / (n0[s_tab] + vbeta) + _stale_q(s_tab, snap, n0, s_tab, beta, vbeta))
-        ps, qs = _alias_pq(d, s, dk_cnt, dk_pos, phi, alpha, beta, vbeta, snap, n0, s_tab)
+        ps, qs = _alias_pq(d, s, lists, phi, prior, vbeta, prop, s_tab)
         for _ in range(n_steps):
             rng, u = _uniform(rng)
             x = u * (P + Q)
             if x < P:  # the list is unsorted: bisect its cdf
                 t = dk_idx[d, min(np.searchsorted(cdf[:L], x, side="right"), L - 1)]
             else:
-                rng, t = _word_draw(rng, S, B, m, wtopic, wprob, walias, dprob, dalias, snap, n0, s_tab, beta, vbeta)
+                rng, t = _word_draw(rng, prop, mass, s_tab, beta, vbeta)
                 drawn += 1
             if t != s:
-                pt, qt = _alias_pq(d, t, dk_cnt, dk_pos, phi, alpha, beta, vbeta, snap, n0, s_tab)
+                pt, qt = _alias_pq(d, t, lists, phi, prior, vbeta, prop, s_tab)
                 rng, u = _uniform(rng)
                 if u * ps * qt < pt * qs:
                     s, ps, qs = t, pt, qt
@@ -527,27 +536,25 @@ def _alias_run(
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _alias_pq(d: int, k: int, dk_cnt: np.ndarray, dk_pos: np.ndarray, phi: np.ndarray, alpha: float, beta: float,
-              vbeta: float, snap: np.ndarray, n0: np.ndarray, s_tab: int) -> tuple[float, float]:
+def _alias_pq(d: int, k: int, lists: Lists, phi: np.ndarray, prior: Prior, vbeta: float, prop: Proposal,
+              s_tab: int) -> tuple[float, float]:
     """AliasLDA's target and proposal at topic k: ((n_dk + a) phi_w(k), n_dk phi_w(k) + a q_w(k)), both unnormalised."""
-    i = dk_pos[d, k]
-    c = dk_cnt[d, i] if i >= 0 else 0
-    return (c + alpha) * phi[k], c * phi[k] + alpha * _stale_q(k, snap, n0, s_tab, beta, vbeta)
+    i = lists[3][d, k]
+    c = lists[1][d, i] if i >= 0 else 0
+    alpha, beta = prior
+    return (c + alpha) * phi[k], c * phi[k] + alpha * _stale_q(k, prop[0][8], prop[1], s_tab, beta, vbeta)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _sweep_alias(
-    word_ptr: np.ndarray, doc: np.ndarray, z: np.ndarray, dk_idx: np.ndarray, dk_cnt: np.ndarray, dk_len: np.ndarray,
-    dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float, beta: float, w_lo: int, w_hi: int,
-    rng: np.uint64, n_steps: int, cdf: np.ndarray,
-) -> np.uint64:
+def _sweep_alias(tokens: Tokens, lists: Lists, table: Table, prior: Prior, w_lo: int, w_hi: int, rng: np.uint64,
+                 cdf: np.ndarray) -> np.uint64:
     """Words w_lo..w_hi-1 of an AliasLDA sweep: a word's table is built at the start of its run and again after K draws."""
-    V, K = n_wk.shape
-    vbeta = V * beta
+    word_ptr, (n_wk, n_k), beta = tokens[0], table, prior[1]
+    vbeta = n_wk.shape[0] * beta
     n0 = n_k.copy()  # the topic totals the tables are built with
-    weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
-    B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
-    inv, phi = 1.0 / (n_k + vbeta), np.empty(K)
+    bufs = _table_buffers(n_wk)
+    B = _beta_table(n0, beta, vbeta, bufs)
+    work, prop = (cdf, 1.0 / (n_k + vbeta), np.empty(n_wk.shape[1])), (bufs, n0, -1, _ALIAS_STEPS)
     for w in range(w_lo, w_hi):
         j, b = word_ptr[w], word_ptr[w + 1]
         while j < b:  # O(K) to build, O(1) per draw: rebuilt after K draws keeps the building O(1) per draw
@@ -556,50 +563,46 @@ def _sweep_alias(
                 # and a row counting more of them under k than n0_k does would make _word_draw's thinning
                 # probability exceed 1 (it needs snap_k <= n0_k, true at the start of a run).
                 n0[:] = n_k
-                B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
-            m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
-            j, rng = _alias_run(j, b, w, doc, z, dk_idx, dk_cnt, dk_len, dk_pos, n_wk, n_k, alpha, beta, snap, n0,
-                                -1, wtopic, wprob, walias, m, S, dprob, dalias, B, K, n_steps, rng, cdf, inv, phi)
+                B = _beta_table(n0, beta, vbeta, bufs)
+            m, S = _word_table(n_wk[w], n0, vbeta, bufs)
+            j, rng = _alias_run((j, b, w), tokens, lists, table, prior, prop, (m, S, B), work, rng)
     return rng
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _token_chain(
-    p: int, d: int, w: int, offsets: np.ndarray, z_doc: np.ndarray, n_dk: np.ndarray, dk_idx: np.ndarray,
-    dk_cnt: np.ndarray, dk_len: np.ndarray, dk_pos: np.ndarray, n_wk: np.ndarray, n_k: np.ndarray, alpha: float,
-    beta: float, tab_wk: np.ndarray, tab_k: np.ndarray, s_tab: int, rebuild: bool, n_draws: int, alias: bool,
-    n_steps: int, rng: np.uint64,
-) -> np.ndarray:
+def _token_chain(token: Run, docs: tuple, table: Table, prior: Prior, stale: tuple, n_draws: int, alias: bool,
+                 rng: np.uint64) -> np.ndarray:
     """Resample the token at corpus position p n_draws times, the others fixed; the count of each topic it took.
 
+    ``token`` = (p, its document d, its word w); ``docs`` = (offsets, z_doc, n_dk, d's topic lists).
     One draw is one token's step of the mh kernel (n_dk, z_doc) or, with ``alias``, of the alias
-    kernel (d's topic list). With ``rebuild`` the tables are rebuilt before every draw from the
-    counts with the token in (as a sweep does); otherwise they are built once from (tab_wk, tab_k),
-    which count it under s_tab.
+    kernel (the topic lists). ``stale`` = (tab_wk, tab_k, s_tab, rebuild): with ``rebuild`` the tables
+    are rebuilt before every draw from the counts with the token in (as a sweep does); otherwise they
+    are built once from (tab_wk, tab_k), which count it under s_tab.
     """
+    (p, d, w), (offsets, z_doc, n_dk, lists), (n_wk, n_k) = token, docs, table
+    tab_wk, tab_k, s_tab, rebuild = stale
     V, K = n_wk.shape
-    vbeta = V * beta
-    weight, dprob, wprob, dalias, walias, wtopic, small, large, snap = _table_buffers(n_wk)
+    vbeta = V * prior[1]
+    bufs = _table_buffers(n_wk)
     n0 = tab_k.copy()
-    B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
-    m, S = _word_table(tab_wk, n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
-    doc, z, order = np.full(1, d, np.int64), np.full(1, z_doc[p], np.int32), np.full(1, p, np.int64)
-    cdf = np.empty(K)
+    B = _beta_table(n0, prior[1], vbeta, bufs)
+    m, S = _word_table(tab_wk, n0, vbeta, bufs)
+    z = np.full(1, z_doc[p], np.int32)
+    tokens = (np.zeros(2, np.int64), np.full(1, d, np.int64), z, np.full(1, p, np.int64), offsets, z_doc)
     seen = np.zeros(K, np.int64)
-    s_fixed = -1 if rebuild else s_tab
+    prop = (bufs, n0, -1 if rebuild else s_tab, _ALIAS_STEPS if alias else _MH_CYCLES)
     for _ in range(n_draws):
         if rebuild:
             n0[:] = n_k
-            B = _beta_table(n0, beta, vbeta, dprob, dalias, weight, small, large)
-            m, S = _word_table(n_wk[w], n0, vbeta, snap, wtopic, weight, wprob, walias, small, large)
+            B = _beta_table(n0, prior[1], vbeta, bufs)
+            m, S = _word_table(n_wk[w], n0, vbeta, bufs)
         if alias:
-            _, rng = _alias_run(0, 1, w, doc, z, dk_idx, dk_cnt, dk_len, dk_pos, n_wk, n_k, alpha, beta, snap, n0,
-                                s_fixed, wtopic, wprob, walias, m, S, dprob, dalias, B, K, n_steps, rng, cdf,
-                                1.0 / (n_k + vbeta), np.empty(K))
+            _, rng = _alias_run((0, 1, w), tokens, lists, table, prior, prop, (m, S, B),
+                                (np.empty(K), 1.0 / (n_k + vbeta), np.empty(K)), rng)
             z_doc[p] = z[0]
         else:
-            rng = _mh_run(0, 1, w, doc, z, order, offsets, z_doc, n_dk, n_wk, n_k, alpha, beta, snap, n0,
-                          s_fixed, wtopic, wprob, walias, m, S, dprob, dalias, B, n_steps, rng)
+            rng = _mh_run((0, 1, w), tokens, n_dk, table, prior, prop, (m, S, B), rng)
         seen[z[0]] += 1
     return seen
 
@@ -688,19 +691,16 @@ class GibbsState:
 
     def sweep_words(self, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
         """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after."""
-        a, b = self.alpha, self.beta
+        tokens, table, prior = (self.word_ptr, self.doc_wm, self.z_wm), (self.n_wk, self.n_k), (self.alpha, self.beta)
         if self.kernel == "dense":
-            rng = _sweep_dense(self.word_ptr, self.doc_wm, self.z_wm, self.n_dk, self.n_wk, self.n_k, a, b,
-                               w_lo, w_hi, rng)
+            rng = _sweep_dense(tokens, self.n_dk, table, prior, w_lo, w_hi, rng)
         elif self.kernel == "mh":
-            rng = _sweep_mh(self.word_ptr, self.doc_wm, self.z_wm, self.order, self.corpus.offsets, self._z_doc,
-                            self.n_dk, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, _MH_CYCLES)
-        elif self.kernel == "alias":
-            rng = _sweep_alias(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len,
-                               self.dk_pos, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, _ALIAS_STEPS, self._cdf)
+            tokens += (self.order, self.corpus.offsets, self._z_doc)
+            rng = _sweep_mh(tokens, self.n_dk, table, prior, w_lo, w_hi, rng)
         else:
-            rng = _sweep_sparse(self.word_ptr, self.doc_wm, self.z_wm, self.dk_idx, self.dk_cnt, self.dk_len,
-                                self.dk_pos, self.n_wk, self.n_k, a, b, w_lo, w_hi, rng, self._cdf)
+            sweep = _sweep_alias if self.kernel == "alias" else _sweep_sparse
+            lists = (self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos)
+            rng = sweep(tokens, lists, table, prior, w_lo, w_hi, rng, self._cdf)
         return np.uint64(rng)  # numba hands a uint64 back as a Python int, which it would then read as int64
 
     def end_sweep(self) -> None:
@@ -752,11 +752,10 @@ def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0
     alias = state.kernel == "alias"
     # The alias chain keeps d's topic list; the mh chain keeps n_dk and reads no list (empty ones stand in).
     lists = (state.dk_idx, state.dk_cnt, state.dk_len, state.dk_pos) if alias else _doc_lists(state.n_dk[:0])
-    seen = _token_chain(position, d, w, c.offsets, z_doc, state.n_dk, *lists, state.n_wk, state.n_k, state.alpha,
-                        state.beta,
-                        np.asarray(tab_wk, state.n_wk.dtype).reshape(K), np.asarray(tab_k, state.n_k.dtype).reshape(K),
-                        int(s_tab), table is None, n_draws, alias, _ALIAS_STEPS if alias else _MH_CYCLES,
-                        _rng_state(seed))
+    stale = (np.asarray(tab_wk, state.n_wk.dtype).reshape(K), np.asarray(tab_k, state.n_k.dtype).reshape(K), int(s_tab),
+             table is None)
+    seen = _token_chain((position, d, w), (c.offsets, z_doc, state.n_dk, lists), (state.n_wk, state.n_k),
+                        (state.alpha, state.beta), stale, n_draws, alias, _rng_state(seed))
     state.z_wm[:] = z_doc[state.order]
     if alias:
         _lists_to_dense(state.dk_idx, state.dk_cnt, state.dk_len, state.n_dk)
