@@ -95,10 +95,12 @@ Tokens = tuple  # word-major tokens: (word_ptr, doc, z), for mh followed by (ord
 Lists = tuple  # the sparse kernels' per-document topic lists: (idx, cnt, length, pos), each D x K but length
 Table = tuple  # the word-topic counts the sweep reads and updates: (n_wk, n_k)
 Prior = tuple  # (alpha, beta)
-Run = tuple  # the tokens a..b-1 of word w: (a, b, w)
+Run = tuple  # the tokens a..b-1 of word w and the size and masses of its stale word table: (a, b, w, (m, S, B))
 Buffers = tuple  # _table_buffers: (weight, b-part prob, word prob, b-part alias, word alias, word topics, two stacks, snap)
 Proposal = tuple  # a stale word table and the MH steps per token drawn from it: (buffers, n0, s_fixed, n_steps)
 Mass = tuple  # a stale word table's size and masses: (m, S, B), see _word_draw
+# NOTE: the arrays of a stale table (Proposal) travel apart from its masses, in a tuple built once per sweep, not per
+# word: a tuple of arrays built per word cost the mh kernel 3-4% at K = 1,000 (205 against 197 ns per token, paired).
 Work = tuple  # the alias kernel's K-long work arrays: (cdf, 1 / (n_k + V b), phi_w)
 # NOTE: word-then-doc cycles per token. LightLDA's default is 2; 4 measured better per unit of time
 # here: on the default 8-topic synthetic corpus 2 of 12 random starts still had two true topics merged
@@ -371,9 +373,9 @@ def _stale_q(k: int, snap: np.ndarray, n0: np.ndarray, s_tab: int, beta: float, 
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
-def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, prop: Proposal, mass: Mass,
+def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, prop: Proposal,
             rng: np.uint64) -> np.uint64:
-    """Resample tokens a..b-1 (all of word w), run = (a, b, w), by n_steps MH cycles of word then doc proposal each.
+    """Resample tokens a..b-1 (all of word w), run = (a, b, w, mass), by n_steps MH cycles of word then doc proposal each.
 
     The word proposal is the stale table ``prop`` (snap, n0), which counts each token under the topic
     s_tab it had when the table was built (its topic on entry, or prop's ``s_fixed`` if >= 0):
@@ -382,7 +384,7 @@ def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Pri
     """
     # NOTE: one call per word with the token loop inside, not one call per token: a per-token
     # helper (even inline="always") cost ~100 ns in reference counts of its 13 array arguments.
-    (a, b, w), (_, doc, z, order, offsets, z_doc) = run, tokens
+    (a, b, w, mass), (_, doc, z, order, offsets, z_doc) = run, tokens
     (n_wk, n_k), (alpha, beta) = table, prior
     snap, n0, s_fixed, n_steps = prop[0][8], prop[1], prop[2], prop[3]
     V, K = n_wk.shape
@@ -451,14 +453,13 @@ def _sweep_mh(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo
     n0 = table[1].copy()  # the topic totals the tables of this call are built with
     bufs = _table_buffers(n_wk)
     B = _beta_table(n0, beta, vbeta, bufs)
-    # NOTE: built once, not per word with (m, S, B) in it: a tuple of arrays built per word cost 2-3% at K = 1,000.
     prop = (bufs, n0, -1, _MH_CYCLES)
     for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
             continue
         m, S = _word_table(n_wk[w], n0, vbeta, bufs)
-        rng = _mh_run((a, b, w), tokens, n_dk, table, prior, prop, (m, S, B), rng)
+        rng = _mh_run((a, b, w, (m, S, B)), tokens, n_dk, table, prior, prop, rng)
     return rng
 
 
@@ -470,9 +471,9 @@ def _doc_order(z: np.ndarray, order: np.ndarray, z_doc: np.ndarray) -> None:
 
 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
-def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prior, prop: Proposal, mass: Mass,
-               work: Work, rng: np.uint64) -> tuple[int, np.uint64]:
-    """AliasLDA on tokens j, j+1, .. of word w until b, or until the word table has served K draws; run = (j, b, w).
+def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prior, prop: Proposal, work: Work,
+               rng: np.uint64) -> tuple[int, np.uint64]:
+    """AliasLDA on tokens j, j+1, .. of word w until b, or until the word table has served K draws; run = (j, b, w, mass).
 
     Each token runs prop's n_steps MH steps, proposing from q(k) ∝ n_dk phi_w(k) + a q_w(k): the doc
     part fresh over d's topic list, q_w the stale table ``prop`` without the token (``_word_draw``; the
@@ -481,7 +482,7 @@ def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prio
     inv holds 1 / (n_k + V b) and is kept up to date; cdf and phi are work space. Returns (the next
     token, the rng).
     """
-    (j, b, w), (_, doc, z), (cdf, inv, phi) = run, tokens[:3], work
+    (j, b, w, mass), (_, doc, z), (cdf, inv, phi) = run, tokens[:3], work
     dk_idx, dk_cnt, dk_len, dk_pos = lists
     (n_wk, n_k), (alpha, beta) = table, prior
     snap, n0, s_fixed, n_steps = prop[0][8], prop[1], prop[2], prop[3]
@@ -565,7 +566,7 @@ def _sweep_alias(tokens: Tokens, lists: Lists, table: Table, prior: Prior, w_lo:
                 n0[:] = n_k
                 B = _beta_table(n0, beta, vbeta, bufs)
             m, S = _word_table(n_wk[w], n0, vbeta, bufs)
-            j, rng = _alias_run((j, b, w), tokens, lists, table, prior, prop, (m, S, B), work, rng)
+            j, rng = _alias_run((j, b, w, (m, S, B)), tokens, lists, table, prior, prop, work, rng)
     return rng
 
 
@@ -598,11 +599,11 @@ def _token_chain(token: Run, docs: tuple, table: Table, prior: Prior, stale: tup
             B = _beta_table(n0, prior[1], vbeta, bufs)
             m, S = _word_table(n_wk[w], n0, vbeta, bufs)
         if alias:
-            _, rng = _alias_run((0, 1, w), tokens, lists, table, prior, prop, (m, S, B),
-                                (np.empty(K), 1.0 / (n_k + vbeta), np.empty(K)), rng)
+            work = (np.empty(K), 1.0 / (n_k + vbeta), np.empty(K))
+            _, rng = _alias_run((0, 1, w, (m, S, B)), tokens, lists, table, prior, prop, work, rng)
             z_doc[p] = z[0]
         else:
-            rng = _mh_run((0, 1, w), tokens, n_dk, table, prior, prop, (m, S, B), rng)
+            rng = _mh_run((0, 1, w, (m, S, B)), tokens, n_dk, table, prior, prop, rng)
         seen[z[0]] += 1
     return seen
 

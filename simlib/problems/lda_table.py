@@ -202,7 +202,7 @@ class LDAProblem:
         st.sweep(seed=batch.sweep_seed())
         out_keys = np.empty(len(keys), np.int64)
         deltas = np.empty(len(keys), np.float64)
-        m = _moved_counts(st.n_wk, st.n_k, batch.words, before, keys, batch.own_wk, batch.own_k, out_keys, deltas)
+        m = _moved_counts((st.n_wk, st.n_k), batch.words, before, keys, (batch.own_wk, batch.own_k), out_keys, deltas)
         return out_keys[:m], deltas[:m]
 
     def local_steps(self, table: np.ndarray, shard: LDAShard, first: int, count: int, batch_size: int,
@@ -392,8 +392,12 @@ def _load_counts(values, own_wk, own_k, words, n_wk, n_k, before):  # pragma: no
 
 
 @njit(cache=True, nogil=True)
-def _moved_counts(n_wk, n_k, words, before, keys, own_wk, own_k, out_keys, deltas):  # pragma: no cover - compiled
-    """The sweep's moves: (keys, count deltas) where the tables changed, also added to the own counts; returns how many."""
+def _moved_counts(table, words, before, keys, own, out_keys, deltas):  # pragma: no cover - compiled
+    """The sweep's moves: (keys, count deltas) where the tables changed, also added to the own counts; returns how many.
+
+    ``table`` = (n_wk, n_k) after the sweep, ``own`` = the worker's own (rows, n_k), updated here.
+    """
+    (n_wk, n_k), (own_wk, own_k) = table, own
     n, k_topics = own_wk.shape
     m = 0
     for i in range(n):
