@@ -62,6 +62,8 @@ SYNC_EVERY = 4096
 def default_sync_every(n_topics: int) -> int:
     """max(SYNC_EVERY, 2^20 / K) tokens: a block's calls stay ~1% of its sampling where K is small."""
     return max(SYNC_EVERY, 2**20 // n_topics)
+
+
 # Bytes per topic: the float64 table (V + 1 rows) and the count tables n_dk, n_wk, counted as
 # int64 then kept as int32 (D + V rows); and each worker's int32 copy of n_wk and n_k.
 _TABLE_BYTES_PER_ROW, _COUNT_BYTES_PER_ROW, _COPY_BYTES_PER_ROW = 8, 12, 4  # sweep seed = seed * 1_000_003 + worker * 10_007 + clock
@@ -105,8 +107,7 @@ class LDAProblem:
                  seed: int = 0, kernel: str = "sparse", sync_every: int | None = None):
         check_corpus(corpus)
         check_hyper(n_topics, alpha, beta)
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        check.one_of("kernel", kernel, KERNELS)
         sync_every = default_sync_every(n_topics) if sync_every is None else sync_every
         check.positive_int("sync_every", sync_every)
         self.corpus, self.K, self.alpha, self.beta = corpus, int(n_topics), float(alpha), float(beta)
