@@ -31,7 +31,7 @@ from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path
 
 from simlib._validate import one_of, positive_int
-from simlib.trace import SPAN_KINDS, Trace
+from simlib.trace import SPAN_KINDS, SpanLog, Trace, _columns
 from simlib.viz.style import KIND_COLORS, KIND_LABELS, OKABE_ITO, RUN_COLORS, run_label, style, time_label
 
 SpeedupInput = Union[Mapping[str, Mapping[int, float]], Mapping[str, Sequence[Trace]], Sequence[Trace]]
@@ -90,15 +90,10 @@ def barrier_times(trace: Trace, n_workers: int | None = None) -> np.ndarray:
 
 def _span_columns(trace: Trace, n_shown: int, t_max: float | None) -> dict[str, np.ndarray]:
     """The spans of the shown workers as columns, clipped to ``t_max``."""
-    rows = [s for s in trace.spans if s.worker < n_shown and (t_max is None or s.start < t_max)]
-    worker, kind, start, end, _nbytes, _step = zip(*rows) if rows else ((),) * 6
-    end_arr = np.asarray(end, dtype=float)
-    return {
-        "worker": np.asarray(worker, dtype=float),
-        "kind": np.asarray(kind, dtype=object),
-        "start": np.asarray(start, dtype=float),
-        "end": end_arr if t_max is None else np.minimum(end_arr, t_max),
-    }
+    worker, kind, start, end = _columns(trace.spans, SpanLog)[:4]
+    keep = (worker < n_shown) & (start < (math.inf if t_max is None else t_max))
+    return {"worker": worker[keep].astype(float), "kind": np.asarray(SPAN_KINDS, dtype=object)[kind[keep]],
+            "start": start[keep], "end": end[keep] if t_max is None else np.minimum(end[keep], t_max)}
 
 
 def _bars_path(start: np.ndarray, end: np.ndarray, y: np.ndarray) -> Path:
@@ -185,8 +180,7 @@ def plot_timeline(
         if draw_arrows and len(segs):
             # NOTE: one NaN-separated line instead of a LineCollection (one Path per message): ~10x
             # cheaper to build for 3,000 messages.
-            xs = np.column_stack([segs[:, 0, 0], segs[:, 1, 0], np.full(len(segs), np.nan)]).ravel()
-            ys = np.column_stack([segs[:, 0, 1], segs[:, 1, 1], np.full(len(segs), np.nan)]).ravel()
+            xs, ys = np.concatenate([segs, np.full((len(segs), 1, 2), np.nan)], axis=1).reshape(-1, 2).T
             ax.plot(xs, ys, color=OKABE_ITO["black"], linewidth=0.6, alpha=0.35, gid="messages", scalex=False,
                     scaley=False)
             # A dot at each arrival gives the direction without one FancyArrow per message.
@@ -216,12 +210,10 @@ def plot_timeline(
             ticks, labels = [server_y] + ticks, ["servers" if topo == "ps" else "network"] + labels
         ax.set_yticks(ticks, labels)
         ax.grid(False)
-        ax.set_xlabel(time_label(trace))
         shown = f" (first {n_shown} of {trace.n_workers})" if n_shown < trace.n_workers else ""
-        ax.set_ylabel("worker" + shown)
         if title is None:
             title = f"{run_label(trace)}: workers wait {trace.summary()['wait_fraction']:.0%} of the time"
-        ax.set_title(title)
+        ax.set(xlabel=time_label(trace), ylabel="worker" + shown, title=title)
         if legend and handles:
             ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return ax
@@ -276,13 +268,12 @@ def plot_loss(
         if target is not None:
             ax.axhline(target, color=OKABE_ITO["black"], linestyle="--", linewidth=1.8,
                        label=f"target {metric_name(runs[0].metric)} {target:.3g}", gid="target")
-        ax.set_xlabel(_time_axis_label(runs) if x == "time" else "steps (updates applied)")
-        ax.set_ylabel(metric_name(runs[0].metric))
         if t_max is not None and x == "time":
             ax.set_xlim(0.0, t_max)
         if title is None:
             title = finding(runs, target, x=x) if target is not None else f"{metric_name(runs[0].metric)} against {x}"
-        ax.set_title(title)
+        ax.set(xlabel=_time_axis_label(runs) if x == "time" else "steps (updates applied)",
+               ylabel=metric_name(runs[0].metric), title=title)
         ax.legend(loc="upper right")
     return ax
 
@@ -301,19 +292,14 @@ def _trace_cost(tr: Trace, target: float | None) -> float:
 
 def speedup_table(results: SpeedupInput, target: float | None = None) -> dict[str, dict[int, float]]:
     """Normalise the inputs of :func:`plot_speedup` to {label: {n_workers: time}}."""
-    if isinstance(results, Mapping):
-        out: dict[str, dict[int, float]] = {}
-        for label, runs in results.items():
-            if isinstance(runs, Mapping):
-                out[str(label)] = {int(n): float(t) for n, t in runs.items()}
-            else:
-                out[str(label)] = {tr.n_workers: _trace_cost(tr, target) for tr in _as_list(runs)}
-        return out
-    grouped: dict[str, dict[int, float]] = {}
-    for tr in _as_list(results):
-        label = str(tr.meta.get("protocol_label") or tr.label)
-        grouped.setdefault(label, {})[tr.n_workers] = _trace_cost(tr, target)
-    return grouped
+    if not isinstance(results, Mapping):  # a list of traces: grouped by protocol label
+        grouped: dict[str, list[Trace]] = {}
+        for tr in _as_list(results):
+            grouped.setdefault(str(tr.meta.get("protocol_label") or tr.label), []).append(tr)
+        results = grouped
+    return {str(label): ({int(n): float(t) for n, t in runs.items()} if isinstance(runs, Mapping)
+                         else {tr.n_workers: _trace_cost(tr, target) for tr in _as_list(runs)})
+            for label, runs in results.items()}
 
 
 def speedups(times: Mapping[int, float]) -> dict[int, float]:
@@ -344,11 +330,10 @@ def plot_speedup(results: SpeedupInput, ax: Axes | None = None, target: float | 
                     gid=f"speedup:{label}")
             if ns:
                 ends.append((ns[-1], s[ns[-1]], label))
-        if all_n and all_n[-1] / all_n[0] >= 16:
+        if all_n[-1] / all_n[0] >= 16:  # all_n is not empty: some run has a time
             ax.set_xscale("log", base=2)
             ax.set_yscale("log", base=2)
-        ax.set_xlabel("workers")
-        ax.set_ylabel(f"speed-up (x, vs {all_n[0]} worker{'s' if all_n[0] > 1 else ''})" if all_n else "speed-up (x)")
+        ax.set(xlabel="workers", ylabel=f"speed-up (x, vs {all_n[0]} worker{'s' if all_n[0] > 1 else ''})")
         if ends:
             n_best, s_best, label_best = max(ends)
             ax.set_title(f"{label_best}: {s_best:.1f}x on {n_best} workers (ideal {n_best}x)")
