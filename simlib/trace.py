@@ -67,6 +67,7 @@ class QualityPoint(NamedTuple):
 
 
 _KIND_CODE = {k: i for i, k in enumerate(SPAN_KINDS)}
+_RECORDS = {"spans": Span, "updates": Update, "quality": QualityPoint}  # a trace's record lists and their types
 _NUMPY = {"i": "int32", "b": "int8", "d": "float64", "q": "int64"}  # array.array codes -> NumPy dtypes (Linux, macOS)
 
 
@@ -379,23 +380,16 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (lists of lists), loss-free for floats."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d.update({k: [list(x) for x in d[k]] for k in ("spans", "updates", "quality")})
+        d.update({k: [list(x) for x in d[k]] for k in _RECORDS})
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Trace":
         """Inverse of :meth:`to_dict`."""
-        return cls(
-            label=d["label"],
-            substrate=d["substrate"],
-            n_workers=int(d["n_workers"]),
-            metric=d.get("metric", "loss"),
-            lower_is_better=bool(d.get("lower_is_better", True)),
-            spans=[Span(*s) for s in d.get("spans", [])],
-            updates=[Update(*u) for u in d.get("updates", [])],
-            quality=[QualityPoint(*q) for q in d.get("quality", [])],
-            meta=dict(d.get("meta", {})),
-        )
+        records = {k: [record(*r) for r in d.get(k, [])] for k, record in _RECORDS.items()}
+        return cls(label=d["label"], substrate=d["substrate"], n_workers=int(d["n_workers"]),
+                   metric=d.get("metric", "loss"), lower_is_better=bool(d.get("lower_is_better", True)),
+                   meta=dict(d.get("meta", {})), **records)
 
     def save(self, path: str) -> None:
         """Write the trace as JSON."""

@@ -166,11 +166,10 @@ def plot_timeline(
             mask = cols["kind"] == kind
             if not mask.any():
                 continue
-            path = _bars_path(cols["start"][mask], cols["end"][mask], cols["worker"][mask])
-            bars = PathPatch(path, facecolor=KIND_COLORS[kind], edgecolor="none", linewidth=0, gid=f"span:{kind}",
-                             label=KIND_LABELS[kind])
-            ax.add_artist(bars)
-            bars.set_clip_path(ax.patch)
+            # add_artist clips the bars to the axes, and leaves them out of autoscaling (the limits are set below).
+            ax.add_artist(PathPatch(_bars_path(cols["start"][mask], cols["end"][mask], cols["worker"][mask]),
+                                    facecolor=KIND_COLORS[kind], edgecolor="none", linewidth=0, gid=f"span:{kind}",
+                                    label=KIND_LABELS[kind]))
             handles.append(Patch(facecolor=KIND_COLORS[kind], label=KIND_LABELS[kind]))
 
         server_y = -1.0 - BAR_HEIGHT / 2
@@ -386,10 +385,9 @@ def finding(traces: Trace | Iterable[Trace], target: float | None = None, x: str
     runs = _as_list(traces)
     if target is None:
         target = default_target(runs)
-    metric = metric_name(runs[0].metric)
     cost = {run_label(t): (t.time_to(target) if x == "time" else t.steps_to(target)) for t in runs}
     reached = {k: v for k, v in cost.items() if v is not None}
-    goal = f"{metric} {target:.3g}"
+    goal = f"{metric_name(runs[0].metric)} {target:.3g}"
     if not reached:
         return f"No run reaches {goal}"
     winner = min(reached, key=lambda k: reached[k])
