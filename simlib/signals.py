@@ -153,8 +153,7 @@ def guard_forks() -> Iterator[None]:
 def forked() -> None:
     """In a child forked inside a held block: no block is open here (the child never leaves the parent's)."""
     global _open, _guards
-    _open = 0
-    _guards = 0
+    _open = _guards = 0
     _real.clear()
 
 
