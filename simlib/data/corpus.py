@@ -89,16 +89,15 @@ def iter_text_file(path: str | Path, max_doc_tokens: int = 100_000, chunk_chars:
                 text, carry = (text[: cut + 1], text[cut + 1 :]) if cut >= 0 else ("", text)
             else:
                 carry = ""
-            lines = text.split("\n")
-            for i, line in enumerate(lines):
+            for i, line in enumerate(text.split("\n")):
+                if i and doc:  # the newline before this line ended the document
+                    yield doc
+                    doc = []
                 for token in tokenize(line):
                     doc.append(token)
                     if len(doc) >= max_doc_tokens:
                         yield doc
                         doc = []
-                if i < len(lines) - 1 and doc:  # a newline ends the document
-                    yield doc
-                    doc = []
             if not chunk:
                 break
     if doc:
