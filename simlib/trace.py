@@ -87,7 +87,6 @@ class _Log:
     """
 
     __slots__ = ("_cols",)
-    _type: Any = None
     _codes: str = ""
 
     def __init__(self, rows: Any = ()) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import cycle
 from typing import Any
 
 import numpy as np
@@ -71,11 +72,10 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
     xs = np.asarray(x, dtype=float)
     with style():
         ax = new_axes(ax, (9, 5.5))
-        for i, (label, ys) in enumerate(series.items()):
+        for color, (label, ys) in zip(cycle(RUN_COLORS), series.items()):
             ys = np.asarray(ys, dtype=float)
             if ys.shape != xs.shape:
                 raise ValueError(f"series: {label!r} has {ys.size} values for {xs.size} x values")
-            color = RUN_COLORS[i % len(RUN_COLORS)]
             ref = label in dashed
             ax.plot(xs, ys, marker="o" if opts.markers and not ref else None, color=color,
                     linestyle="--" if ref else "-", label=label, gid=f"curve:{label}")
@@ -138,8 +138,7 @@ def plot_staleness(traces: Sequence[Trace], title: str, field: str = "staleness"
     top = int(max(v.max() for v in values))
     with style():
         ax = new_axes(ax, (9, 5))
-        for i, (t, v) in enumerate(zip(traces, values)):
-            color = RUN_COLORS[i % len(RUN_COLORS)]
+        for color, t, v in zip(cycle(RUN_COLORS), traces, values):
             share = np.bincount(v.clip(0), minlength=top + 1) / v.size
             ax.step(np.arange(top + 1), share, where="mid", color=color, linewidth=2.2,
                     label=f"{t.label} (mean {v.mean():.1f})", gid=f"staleness:{t.label}")
@@ -158,7 +157,7 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
     _need_title(title, "rows", rows, "resource")
     names = list(rows)
     labels = sorted({lab for iv in rows.values() for (_, _, lab) in iv if lab != idle})
-    color_of = {lab: RUN_COLORS[i % len(RUN_COLORS)] for i, lab in enumerate(labels)}
+    color_of = dict(zip(labels, cycle(RUN_COLORS)))
     span = max((end for iv in rows.values() for (_, end, _) in iv), default=1.0) or 1.0
     with style():
         ax = new_axes(ax, (12, 1.2 + 0.8 * len(names)))
@@ -223,13 +222,13 @@ def plot_link_load(traces: Sequence[Trace], width: float, title: str, worker: in
     with style():
         fig = Figure(figsize=(11, 2.2 + 2.2 * len(traces)), layout="constrained")
         axes = fig.subplots(len(traces), 1, sharex=True, squeeze=False)[:, 0]
-        for i, (ax, tr) in enumerate(zip(axes, traces)):
+        for ax, tr, color in zip(axes, traces, cycle(RUN_COLORS)):
             starts, load = tr.link_load(width)
             shown = starts < (tr.makespan if t_max is None else t_max)
             ys = (load.sum(axis=0) if worker is None else load[worker]) / 1e6
             idle = float(np.mean(ys == 0))  # over the whole run, not only what is shown
             ys = ys[shown]
-            ax.fill_between(starts[shown] * 1e3, ys, step="post", color=RUN_COLORS[i % len(RUN_COLORS)], alpha=0.8,
+            ax.fill_between(starts[shown] * 1e3, ys, step="post", color=color, alpha=0.8,
                             linewidth=0, gid=f"load:{tr.label}")
             budget = tr.meta.get("config", {}).get("managed_bandwidth")
             if budget:

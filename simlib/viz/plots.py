@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import cycle
 from typing import Any, Union
 
 import matplotlib
@@ -243,8 +244,7 @@ def plot_loss(
     runs = _as_list(traces)
     with style():
         ax = new_axes(ax, (9, 5.5))
-        for i, tr in enumerate(runs):
-            color = RUN_COLORS[i % len(RUN_COLORS)]
+        for color, tr in zip(cycle(RUN_COLORS), runs):
             pts = [q for q in tr.quality if t_max is None or q.time <= t_max]
             xs = [q.time if x == "time" else q.step for q in pts]
             ys = [q.value for q in pts]
@@ -317,10 +317,10 @@ def plot_speedup(results: SpeedupInput, ax: Axes | None = None, target: float | 
         all_n = sorted({n for times in table.values() for n in times})
         ax.plot(all_n, all_n, color=OKABE_ITO["black"], linestyle="--", linewidth=2, label="ideal (S = n)", gid="ideal")
         ends: list[tuple[int, float, str]] = []
-        for i, (label, times) in enumerate(table.items()):
+        for color, (label, times) in zip(cycle(RUN_COLORS), table.items()):
             s = speedups(times) if times else {}
             ns = sorted(s)
-            ax.plot(ns, [s[n] for n in ns], marker="o", color=RUN_COLORS[i % len(RUN_COLORS)], label=label,
+            ax.plot(ns, [s[n] for n in ns], marker="o", color=color, label=label,
                     gid=f"speedup:{label}")
             if ns:
                 ends.append((ns[-1], s[ns[-1]], label))
