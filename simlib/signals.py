@@ -139,8 +139,7 @@ def guard_forks() -> Iterator[None]:
             h = signal.getsignal(s)
             if h is None or h is _note:  # set outside Python, or already guarded or held: leave it
                 continue
-            _real[s] = h
-            previous[s] = h
+            _real[s] = previous[s] = h
             signal.signal(s, _note)
         yield
     finally:
