@@ -223,12 +223,10 @@ class TopK(Compressor):
         """Keep the largest |v_i|; V * k' + idx(k') bytes."""
         xp = array_module(values)
         keep = min(self.n_keep(n_fresh), len(keys))
-        if keep >= len(keys):
-            return keys, values, self.value_bytes * len(keys) + self.index_bytes(len(keys))
-        if keep == 0:
-            return keys[:0], values[:0], 0
-        pick = self.pick(xp, values, keep)
-        return keys[pick], values[pick], self.value_bytes * keep + self.index_bytes(keep)
+        if keep < len(keys):  # else every entry is sent
+            pick = self.pick(xp, values, keep) if keep else slice(0, 0)
+            keys, values = keys[pick], values[pick]
+        return keys, values, self.value_bytes * keep + self.index_bytes(keep)
 
     def pick(self, xp: Any, values: Any, keep: int) -> Any:
         """Sorted positions of the ``keep`` largest |v_i|."""

@@ -110,26 +110,28 @@ def mapreduce_iteration_time(job_start: float, input_bytes: float, disk_bandwidt
 # -- pipeline and tensor parallelism --------------------------------------------------------------
 
 
-def pipeline_bubble(stages: int, microbatches: int) -> float:
-    """Idle fraction of a GPipe schedule: (p - 1) / (m + p - 1)."""
+def _pipeline_slots(stages: int, microbatches: int) -> int:
+    """m + p - 1: the slots a GPipe schedule of p stages and m micro-batches takes (both checked)."""
     check.positive_int("stages", stages)
     check.positive_int("microbatches", microbatches)
-    return (stages - 1) / (microbatches + stages - 1)
+    return microbatches + stages - 1
+
+
+def pipeline_bubble(stages: int, microbatches: int) -> float:
+    """Idle fraction of a GPipe schedule: (p - 1) / (m + p - 1)."""
+    return (stages - 1) / _pipeline_slots(stages, microbatches)
 
 
 def pipeline_time(stages: int, microbatches: int, stage_time: float) -> float:
     """(m + p - 1) slots of one micro-batch's stage time (forward, or forward + backward)."""
-    check.positive_int("stages", stages)
-    check.positive_int("microbatches", microbatches)
+    slots = _pipeline_slots(stages, microbatches)
     check.non_negative("stage_time", stage_time)
-    return (microbatches + stages - 1) * stage_time
+    return slots * stage_time
 
 
 def pipeline_schedule(stages: int, microbatches: int) -> np.ndarray:
     """grid[s, t] = the micro-batch stage s works on in slot t, or -1 when idle (the bubble)."""
-    check.positive_int("stages", stages)
-    check.positive_int("microbatches", microbatches)
-    grid = np.full((stages, microbatches + stages - 1), -1, dtype=np.int64)
+    grid = np.full((stages, _pipeline_slots(stages, microbatches)), -1, dtype=np.int64)
     for s in range(stages):
         grid[s, s : s + microbatches] = np.arange(microbatches)
     return grid
@@ -220,6 +222,5 @@ def hyperparameter_search(trial_times: Sequence[float], n_workers: int) -> float
     free = np.zeros(n_workers)
     for t in trial_times:
         check.non_negative("trial_times", t)
-        w = int(np.argmin(free))
-        free[w] += t
+        free[np.argmin(free)] += t
     return float(free.max())

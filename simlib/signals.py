@@ -139,8 +139,7 @@ def guard_forks() -> Iterator[None]:
             h = signal.getsignal(s)
             if h is None or h is _note:  # set outside Python, or already guarded or held: leave it
                 continue
-            _real[s] = h
-            previous[s] = h
+            _real[s] = previous[s] = h
             signal.signal(s, _note)
         yield
     finally:
@@ -153,8 +152,7 @@ def guard_forks() -> Iterator[None]:
 def forked() -> None:
     """In a child forked inside a held block: no block is open here (the child never leaves the parent's)."""
     global _open, _guards
-    _open = 0
-    _guards = 0
+    _open = _guards = 0
     _real.clear()
 
 

@@ -67,8 +67,15 @@ class QualityPoint(NamedTuple):
 
 
 _KIND_CODE = {k: i for i, k in enumerate(SPAN_KINDS)}
+_RECORDS = {"spans": Span, "updates": Update, "quality": QualityPoint}  # a trace's record lists and their types
 _NUMPY = {"i": "int32", "b": "int8", "d": "float64", "q": "int64"}  # array.array codes -> NumPy dtypes (Linux, macOS)
-SPAN_CODES = tuple(range(len(SPAN_KINDS)))  # the code of each kind in :meth:`SpanLog.add`: SPAN_KINDS' order
+
+
+def _kind_code(kind: str) -> int:
+    """The code of a span kind (its place in SPAN_KINDS); ValueError naming the kinds otherwise."""
+    if kind not in SPAN_KINDS:
+        raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
+    return _KIND_CODE[kind]
 
 
 class _Log:
@@ -80,7 +87,6 @@ class _Log:
     """
 
     __slots__ = ("_cols",)
-    _type: Any = None
     _codes: str = ""
 
     def __init__(self, rows: Any = ()) -> None:
@@ -160,9 +166,7 @@ class SpanLog(_Log):
     @staticmethod
     def _encode(row: Any) -> tuple:
         s = Span(*row)
-        if s.kind not in _KIND_CODE:
-            raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {s.kind!r}")
-        return int(s.worker), _KIND_CODE[s.kind], float(s.start), float(s.end), int(s.nbytes), int(s.step)
+        return int(s.worker), _kind_code(s.kind), float(s.start), float(s.end), int(s.nbytes), int(s.step)
 
     def add(self, worker: int, kind: int, start: float, end: float, nbytes: int = 0, step: int = -1) -> None:
         """Record [start, end) of kind ``SPAN_KINDS[kind]`` if it is not empty (as :meth:`Trace.span`)."""
@@ -192,14 +196,9 @@ class UpdateLog(_Log):
         return float(u.time), int(u.worker), int(u.step), int(u.staleness), bool(u.applied), int(u.clock_lag)
 
     def add(self, time: float, worker: int, step: int, staleness: int, applied: bool, clock_lag: int) -> None:
-        """Record one push (the simulator's fast path: the fields already of their types)."""
-        t, w, c, s, a, lag = self._cols
-        t.append(time)
-        w.append(worker)
-        c.append(step)
-        s.append(staleness)
-        a.append(applied)
-        lag.append(clock_lag)
+        """Record one push, its fields already of their types (the simulator records them by :meth:`appenders`)."""
+        for col, value in zip(self._cols, (time, worker, step, staleness, applied, clock_lag)):
+            col.append(value)
 
 
 def _columns(records: Any, log: type[_Log]) -> list[Any]:
@@ -234,9 +233,7 @@ def _busy(spans: list[Any], kind: str) -> float:
     """Total length of the spans of ``kind``, from :func:`_columns`, summed left to right as ``sum`` does."""
     import numpy as np
 
-    if kind not in _KIND_CODE:
-        raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
-    mine = spans[1] == _KIND_CODE[kind]
+    mine = spans[1] == _kind_code(kind)
     lengths = spans[3][mine] - spans[2][mine]
     return float(np.cumsum(lengths)[-1]) if len(lengths) else 0.0
 
@@ -258,8 +255,7 @@ class Trace:
     # -- recording -------------------------------------------------------------------------
     def span(self, worker: int, kind: str, start: float, end: float, nbytes: int = 0, step: int = -1) -> None:
         """Record that ``worker`` spent [start, end) on ``kind``."""
-        if kind not in SPAN_KINDS:
-            raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
+        _kind_code(kind)
         if end > start:
             self.spans.append(Span(worker, kind, float(start), float(end), int(nbytes), int(step)))
 
@@ -290,13 +286,11 @@ class Trace:
 
     def time_to(self, target: float) -> float | None:
         """First time the metric reaches ``target`` (<= for losses, >= otherwise); None if never."""
-        q = self._reached(target)
-        return None if q is None else q.time
+        return getattr(self._reached(target), "time", None)
 
     def steps_to(self, target: float) -> int | None:
         """First step count at which the metric reaches ``target``; None if never."""
-        q = self._reached(target)
-        return None if q is None else q.step
+        return getattr(self._reached(target), "step", None)
 
     def busy_time(self, kind: str) -> float:
         """Total time all workers spent on spans of ``kind``."""
@@ -385,23 +379,16 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (lists of lists), loss-free for floats."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d.update({k: [list(x) for x in d[k]] for k in ("spans", "updates", "quality")})
+        d.update({k: [list(x) for x in d[k]] for k in _RECORDS})
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Trace":
         """Inverse of :meth:`to_dict`."""
-        return cls(
-            label=d["label"],
-            substrate=d["substrate"],
-            n_workers=int(d["n_workers"]),
-            metric=d.get("metric", "loss"),
-            lower_is_better=bool(d.get("lower_is_better", True)),
-            spans=[Span(*s) for s in d.get("spans", [])],
-            updates=[Update(*u) for u in d.get("updates", [])],
-            quality=[QualityPoint(*q) for q in d.get("quality", [])],
-            meta=dict(d.get("meta", {})),
-        )
+        records = {k: [record(*r) for r in d.get(k, [])] for k, record in _RECORDS.items()}
+        return cls(label=d["label"], substrate=d["substrate"], n_workers=int(d["n_workers"]),
+                   metric=d.get("metric", "loss"), lower_is_better=bool(d.get("lower_is_better", True)),
+                   meta=dict(d.get("meta", {})), **records)
 
     def save(self, path: str) -> None:
         """Write the trace as JSON."""

@@ -17,6 +17,7 @@ import io
 import re
 from collections import Counter
 from dataclasses import dataclass
+from itertools import chain, repeat
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
@@ -52,14 +53,9 @@ class Corpus:
 
 def load_kjv() -> Corpus:
     """The King James Bible shipped with simlib: 1,189 chapters ('Genesis 1' ... 'Revelation 22')."""
-    docs: list[list[str]] = []
-    titles: list[str] = []
     with gzip.open(KJV_PATH, "rt", encoding="ascii") as f:
-        for line in f:
-            title, _, text = line.rstrip("\n").partition("\t")
-            titles.append(title)
-            docs.append(text.split())
-    return Corpus(docs=docs, titles=titles)
+        rows = [line.rstrip("\n").partition("\t") for line in f]
+    return Corpus(docs=[text.split() for _, _, text in rows], titles=[title for title, _, _ in rows])
 
 
 def _open_text(path: str | Path) -> IO[str]:
@@ -93,16 +89,15 @@ def iter_text_file(path: str | Path, max_doc_tokens: int = 100_000, chunk_chars:
                 text, carry = (text[: cut + 1], text[cut + 1 :]) if cut >= 0 else ("", text)
             else:
                 carry = ""
-            lines = text.split("\n")
-            for i, line in enumerate(lines):
+            for i, line in enumerate(text.split("\n")):
+                if i and doc:  # the newline before this line ended the document
+                    yield doc
+                    doc = []
                 for token in tokenize(line):
                     doc.append(token)
                     if len(doc) >= max_doc_tokens:
                         yield doc
                         doc = []
-                if i < len(lines) - 1 and doc:  # a newline ends the document
-                    yield doc
-                    doc = []
             if not chunk:
                 break
     if doc:
@@ -137,9 +132,7 @@ class Vocabulary:
         positive_int("min_count", min_count)
         if max_size is not None:
             positive_int("max_size", max_size)
-        counter: Counter[str] = Counter()
-        for doc in docs:
-            counter.update(doc)
+        counter = Counter(chain.from_iterable(docs))
         ranked = sorted((item for item in counter.items() if item[1] >= min_count), key=lambda wc: (-wc[1], wc[0]))
         if max_size is not None:
             ranked = ranked[:max_size]
@@ -166,10 +159,8 @@ class Vocabulary:
 
     def encode(self, doc: Iterable[str], drop_unknown: bool = True) -> np.ndarray:
         """Token ids (int32) of ``doc``; unknown words are dropped, or mapped to -1 if not ``drop_unknown``."""
-        get = self.index.get
-        if drop_unknown:
-            return np.fromiter((i for i in map(get, doc) if i is not None), dtype=np.int32)
-        return np.fromiter((-1 if i is None else i for i in map(get, doc)), dtype=np.int32)
+        ids = np.fromiter(map(self.index.get, doc, repeat(-1)), dtype=np.int32)
+        return ids[ids >= 0] if drop_unknown else ids
 
     def encode_docs(self, docs: Iterable[Iterable[str]], drop_unknown: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Flatten ``docs`` to (ids int32, offsets int64): document k is ``ids[offsets[k]:offsets[k+1]]``."""
@@ -186,19 +177,14 @@ class Vocabulary:
     def save(self, path: str | Path) -> None:
         """Write ``word count`` lines, most frequent first (the format of GloVe's ``vocab_count``)."""
         with open(path, "w", encoding="utf-8") as f:
-            for w, c in zip(self.words, self.counts):
-                f.write(f"{w} {int(c)}\n")
+            f.writelines(f"{w} {int(c)}\n" for w, c in zip(self.words, self.counts))
 
     @classmethod
     def load(cls, path: str | Path) -> "Vocabulary":
         """Read a vocabulary written by :meth:`save` (or by GloVe's ``vocab_count``)."""
-        words, counts = [], []
         with open(path, encoding="utf-8") as f:
-            for line in f:
-                w, c = line.split()
-                words.append(w)
-                counts.append(int(c))
-        return cls(words, np.array(counts, dtype=np.int64))
+            pairs = [line.split() for line in f]
+        return cls([w for w, _ in pairs], np.array([int(c) for _, c in pairs], dtype=np.int64))
 
 
 __all__ = ["Corpus", "Vocabulary", "load_kjv", "iter_text_file", "iter_text8", "tokenize", "KJV_PATH"]

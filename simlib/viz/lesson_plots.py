@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import cycle
 from typing import Any
 
 import numpy as np
@@ -22,17 +23,19 @@ from matplotlib.patches import Patch
 
 from simlib import _validate as check
 from simlib.trace import Trace
-from simlib.viz.plots import new_axes, plot_loss, plot_timeline
+from simlib.viz.plots import _as_list, new_axes, plot_loss, plot_timeline
 from simlib.viz.style import OKABE_ITO, RUN_COLORS, style
 
 Interval = tuple[float, float, str]
 IDLE_COLOR = "#D9D9D9"
 
 
-def _need_title(title: Any) -> None:
-    """Figures state their finding: a title is required."""
+def _need_title(title: Any, name: str = "", items: Any = True, what: str = "") -> None:
+    """Figures state their finding: a title is required; and ``items`` (the argument ``name``) must hold a ``what``."""
     if not isinstance(title, str) or not title.strip():
         raise ValueError("title must state the figure's finding, e.g. '4 shards: 2.9x faster'")
+    if not items:
+        raise ValueError(f"{name} must hold at least one {what}")
 
 
 @dataclass(frozen=True)
@@ -69,11 +72,10 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
     xs = np.asarray(x, dtype=float)
     with style():
         ax = new_axes(ax, (9, 5.5))
-        for i, (label, ys) in enumerate(series.items()):
+        for color, (label, ys) in zip(cycle(RUN_COLORS), series.items()):
             ys = np.asarray(ys, dtype=float)
             if ys.shape != xs.shape:
                 raise ValueError(f"series: {label!r} has {ys.size} values for {xs.size} x values")
-            color = RUN_COLORS[i % len(RUN_COLORS)]
             ref = label in dashed
             ax.plot(xs, ys, marker="o" if opts.markers and not ref else None, color=color,
                     linestyle="--" if ref else "-", label=label, gid=f"curve:{label}")
@@ -103,9 +105,7 @@ def plot_bars(values: Mapping[str, float], ylabel: str, title: str, ax: Axes | N
 
     ``ylim`` zooms the value axis (say so in the title or label: bars no longer start at zero).
     """
-    _need_title(title)
-    if not values:
-        raise ValueError("values must hold at least one bar")
+    _need_title(title, "values", values, "bar")
     names = list(values)
     heights = np.array([values[k] for k in names], dtype=float)
     colors = [OKABE_ITO["vermillion"] if k == highlight else OKABE_ITO["blue"] for k in names]
@@ -138,8 +138,7 @@ def plot_staleness(traces: Sequence[Trace], title: str, field: str = "staleness"
     top = int(max(v.max() for v in values))
     with style():
         ax = new_axes(ax, (9, 5))
-        for i, (t, v) in enumerate(zip(traces, values)):
-            color = RUN_COLORS[i % len(RUN_COLORS)]
+        for color, t, v in zip(cycle(RUN_COLORS), traces, values):
             share = np.bincount(v.clip(0), minlength=top + 1) / v.size
             ax.step(np.arange(top + 1), share, where="mid", color=color, linewidth=2.2,
                     label=f"{t.label} (mean {v.mean():.1f})", gid=f"staleness:{t.label}")
@@ -155,12 +154,10 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
 
     Intervals whose label equals ``idle`` are drawn grey and hatched (a pipeline's bubble).
     """
-    _need_title(title)
+    _need_title(title, "rows", rows, "resource")
     names = list(rows)
-    if not names:
-        raise ValueError("rows must hold at least one resource")
     labels = sorted({lab for iv in rows.values() for (_, _, lab) in iv if lab != idle})
-    color_of = {lab: RUN_COLORS[i % len(RUN_COLORS)] for i, lab in enumerate(labels)}
+    color_of = dict(zip(labels, cycle(RUN_COLORS)))
     span = max((end for iv in rows.values() for (_, end, _) in iv), default=1.0) or 1.0
     with style():
         ax = new_axes(ax, (12, 1.2 + 0.8 * len(names)))
@@ -197,8 +194,7 @@ def schedule_rows(grid: np.ndarray, slot: float = 1.0, prefix: str = "stage ", i
 def plot_traces_side_by_side(traces: Sequence[Trace], titles: Sequence[str] | None = None,
                              suptitle: str = "", max_workers: int = 8) -> Figure:
     """Each trace's timeline in its own column (its own time unit), its loss curve below it."""
-    if not traces:
-        raise ValueError("traces must hold at least one Trace")
+    traces = _as_list(traces)
     if titles is not None and len(titles) != len(traces):
         raise ValueError(f"titles: {len(titles)} titles for {len(traces)} traces")
     k = len(traces)
@@ -220,21 +216,19 @@ def plot_link_load(traces: Sequence[Trace], width: float, title: str, worker: in
     """One panel per trace: bytes/s sent over time (:meth:`Trace.link_load`, bins of ``width`` s, up to ``t_max`` s)
     by ``worker`` on its link, or by all workers together (None: what the servers' in-links carry); a managed
     run's budget (``meta['config']['managed_bandwidth']``, times the workers when summed) dashed."""
-    _need_title(title)
-    if not traces:
-        raise ValueError("traces must hold at least one Trace")
+    _need_title(title, "traces", traces, "Trace")
     if worker is not None and any(not 0 <= worker < t.n_workers for t in traces):
         raise ValueError(f"worker must be a worker of every trace (or None: all of them), got {worker}")
     with style():
         fig = Figure(figsize=(11, 2.2 + 2.2 * len(traces)), layout="constrained")
         axes = fig.subplots(len(traces), 1, sharex=True, squeeze=False)[:, 0]
-        for i, (ax, tr) in enumerate(zip(axes, traces)):
+        for ax, tr, color in zip(axes, traces, cycle(RUN_COLORS)):
             starts, load = tr.link_load(width)
             shown = starts < (tr.makespan if t_max is None else t_max)
             ys = (load.sum(axis=0) if worker is None else load[worker]) / 1e6
             idle = float(np.mean(ys == 0))  # over the whole run, not only what is shown
             ys = ys[shown]
-            ax.fill_between(starts[shown] * 1e3, ys, step="post", color=RUN_COLORS[i % len(RUN_COLORS)], alpha=0.8,
+            ax.fill_between(starts[shown] * 1e3, ys, step="post", color=color, alpha=0.8,
                             linewidth=0, gid=f"load:{tr.label}")
             budget = tr.meta.get("config", {}).get("managed_bandwidth")
             if budget:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import cycle
 from typing import Any, Union
 
 import matplotlib
@@ -31,7 +32,7 @@ from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path
 
 from simlib._validate import one_of, positive_int
-from simlib.trace import SPAN_KINDS, Trace
+from simlib.trace import SPAN_KINDS, SpanLog, Trace, _columns
 from simlib.viz.style import KIND_COLORS, KIND_LABELS, OKABE_ITO, RUN_COLORS, run_label, style, time_label
 
 SpeedupInput = Union[Mapping[str, Mapping[int, float]], Mapping[str, Sequence[Trace]], Sequence[Trace]]
@@ -88,17 +89,12 @@ def barrier_times(trace: Trace, n_workers: int | None = None) -> np.ndarray:
     return np.sort(keys[counts >= max(2, n - 1)] * tol)
 
 
-def _span_columns(trace: Trace, n_shown: int, t_max: float | None) -> dict[str, np.ndarray]:
-    """The spans of the shown workers as columns, clipped to ``t_max``."""
-    rows = [s for s in trace.spans if s.worker < n_shown and (t_max is None or s.start < t_max)]
-    worker, kind, start, end, _nbytes, _step = zip(*rows) if rows else ((),) * 6
-    end_arr = np.asarray(end, dtype=float)
-    return {
-        "worker": np.asarray(worker, dtype=float),
-        "kind": np.asarray(kind, dtype=object),
-        "start": np.asarray(start, dtype=float),
-        "end": end_arr if t_max is None else np.minimum(end_arr, t_max),
-    }
+def _span_columns(trace: Trace, n_shown: int, t_end: float) -> dict[str, np.ndarray]:
+    """The spans of the shown workers as columns, clipped to ``t_end`` (inf: not clipped)."""
+    worker, kind, start, end = _columns(trace.spans, SpanLog)[:4]
+    keep = (worker < n_shown) & (start < t_end)
+    return {"worker": worker[keep].astype(float), "kind": np.asarray(SPAN_KINDS, dtype=object)[kind[keep]],
+            "start": start[keep], "end": np.minimum(end[keep], t_end)}
 
 
 def _bars_path(start: np.ndarray, end: np.ndarray, y: np.ndarray) -> Path:
@@ -106,11 +102,9 @@ def _bars_path(start: np.ndarray, end: np.ndarray, y: np.ndarray) -> Path:
     # NOTE: one compound path per kind replaces a PolyCollection (one Path object per bar); for
     # 16 workers x 100 steps x 3 runs it cuts building the timelines from ~0.25 s to ~0.02 s.
     lo, hi = y - BAR_HEIGHT / 2, y + BAR_HEIGHT / 2
-    verts = np.stack(
-        [np.stack(p, -1) for p in ((start, lo), (start, hi), (end, hi), (end, lo), (start, lo))], axis=1
-    ).reshape(-1, 2)
-    codes = np.tile(np.array(_BAR_CODES, dtype=Path.code_type), len(start))
-    return Path(verts, codes)
+    corners = ((start, lo), (start, hi), (end, hi), (end, lo), (start, lo))
+    verts = np.stack([np.stack(p, -1) for p in corners], axis=1).reshape(-1, 2)
+    return Path(verts, np.tile(np.array(_BAR_CODES, dtype=Path.code_type), len(start)))
 
 
 _BAR_CODES = (Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY)
@@ -132,14 +126,12 @@ def _message_segments(trace: Trace, cols: dict[str, np.ndarray], n_shown: int, s
     segs = []
     # A ring has no pull: each worker sends to its neighbour.
     for kind in ("send", "recv") if topology != "allreduce" else ("send",):
-        mask = cols["kind"] == kind
-        if not mask.any():
-            continue
+        mask = cols["kind"] == kind  # none: adds no segment
         w = cols["worker"][mask]
         peer = (w + 1) % n_shown if topology == "allreduce" else np.full_like(w, server_y)
         src, dest = (w, peer) if kind == "send" else (peer, w)
         segs.append(np.stack([np.stack([cols["start"][mask], src], -1), np.stack([cols["end"][mask], dest], -1)], 1))
-    return np.concatenate(segs) if segs else np.empty((0, 2, 2))
+    return np.concatenate(segs)
 
 
 def plot_timeline(
@@ -165,17 +157,17 @@ def plot_timeline(
     n_shown = min(trace.n_workers, max_workers)
     with style():
         ax = new_axes(ax, (12, 1.5 + 0.35 * n_shown))
-        cols = _span_columns(trace, n_shown, t_max)
+        t_end = math.inf if t_max is None else t_max
+        cols = _span_columns(trace, n_shown, t_end)
         handles = []
         for kind in SPAN_KINDS:
             mask = cols["kind"] == kind
             if not mask.any():
                 continue
-            path = _bars_path(cols["start"][mask], cols["end"][mask], cols["worker"][mask])
-            bars = PathPatch(path, facecolor=KIND_COLORS[kind], edgecolor="none", linewidth=0, gid=f"span:{kind}",
-                             label=KIND_LABELS[kind])
-            ax.add_artist(bars)
-            bars.set_clip_path(ax.patch)
+            # add_artist clips the bars to the axes, and leaves them out of autoscaling (the limits are set below).
+            ax.add_artist(PathPatch(_bars_path(cols["start"][mask], cols["end"][mask], cols["worker"][mask]),
+                                    facecolor=KIND_COLORS[kind], edgecolor="none", linewidth=0, gid=f"span:{kind}",
+                                    label=KIND_LABELS[kind]))
             handles.append(Patch(facecolor=KIND_COLORS[kind], label=KIND_LABELS[kind]))
 
         server_y = -1.0 - BAR_HEIGHT / 2
@@ -185,8 +177,7 @@ def plot_timeline(
         if draw_arrows and len(segs):
             # NOTE: one NaN-separated line instead of a LineCollection (one Path per message): ~10x
             # cheaper to build for 3,000 messages.
-            xs = np.column_stack([segs[:, 0, 0], segs[:, 1, 0], np.full(len(segs), np.nan)]).ravel()
-            ys = np.column_stack([segs[:, 0, 1], segs[:, 1, 1], np.full(len(segs), np.nan)]).ravel()
+            xs, ys = np.concatenate([segs, np.full((len(segs), 1, 2), np.nan)], axis=1).reshape(-1, 2).T
             ax.plot(xs, ys, color=OKABE_ITO["black"], linewidth=0.6, alpha=0.35, gid="messages", scalex=False,
                     scaley=False)
             # A dot at each arrival gives the direction without one FancyArrow per message.
@@ -194,14 +185,12 @@ def plot_timeline(
                     color=OKABE_ITO["black"], gid="message-heads", scalex=False, scaley=False, zorder=3)
             handles.append(Patch(facecolor="none", edgecolor=OKABE_ITO["black"], label="message"))
 
-        if barriers:
-            bt = barrier_times(trace, n_shown)
-            if t_max is not None:
-                bt = bt[bt <= t_max]
-            if bt.size:
-                ax.vlines(bt, -0.5 - (1.0 if has_server_row else 0.0), n_shown - 0.5,
-                          colors=OKABE_ITO["black"], linestyles="--", linewidths=1.2, zorder=4, gid="barriers")
-                handles.append(Patch(facecolor="none", edgecolor=OKABE_ITO["black"], linestyle="--", label="barrier"))
+        bt = barrier_times(trace, n_shown) if barriers else np.empty(0)
+        bt = bt[bt <= t_end]
+        if bt.size:
+            ax.vlines(bt, -0.5 - (1.0 if has_server_row else 0.0), n_shown - 0.5,
+                      colors=OKABE_ITO["black"], linestyles="--", linewidths=1.2, zorder=4, gid="barriers")
+            handles.append(Patch(facecolor="none", edgecolor=OKABE_ITO["black"], linestyle="--", label="barrier"))
 
         ax.set_xlim(0.0, t_max if t_max is not None else (trace.makespan or 1.0))
         ax.set_ylim(n_shown - 0.5, -0.5 - (1.2 if has_server_row else 0.0))  # worker 0 on top
@@ -216,12 +205,10 @@ def plot_timeline(
             ticks, labels = [server_y] + ticks, ["servers" if topo == "ps" else "network"] + labels
         ax.set_yticks(ticks, labels)
         ax.grid(False)
-        ax.set_xlabel(time_label(trace))
         shown = f" (first {n_shown} of {trace.n_workers})" if n_shown < trace.n_workers else ""
-        ax.set_ylabel("worker" + shown)
         if title is None:
             title = f"{run_label(trace)}: workers wait {trace.summary()['wait_fraction']:.0%} of the time"
-        ax.set_title(title)
+        ax.set(xlabel=time_label(trace), ylabel="worker" + shown, title=title)
         if legend and handles:
             ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return ax
@@ -257,8 +244,7 @@ def plot_loss(
     runs = _as_list(traces)
     with style():
         ax = new_axes(ax, (9, 5.5))
-        for i, tr in enumerate(runs):
-            color = RUN_COLORS[i % len(RUN_COLORS)]
+        for color, tr in zip(cycle(RUN_COLORS), runs):
             pts = [q for q in tr.quality if t_max is None or q.time <= t_max]
             xs = [q.time if x == "time" else q.step for q in pts]
             ys = [q.value for q in pts]
@@ -276,13 +262,12 @@ def plot_loss(
         if target is not None:
             ax.axhline(target, color=OKABE_ITO["black"], linestyle="--", linewidth=1.8,
                        label=f"target {metric_name(runs[0].metric)} {target:.3g}", gid="target")
-        ax.set_xlabel(_time_axis_label(runs) if x == "time" else "steps (updates applied)")
-        ax.set_ylabel(metric_name(runs[0].metric))
         if t_max is not None and x == "time":
             ax.set_xlim(0.0, t_max)
         if title is None:
             title = finding(runs, target, x=x) if target is not None else f"{metric_name(runs[0].metric)} against {x}"
-        ax.set_title(title)
+        ax.set(xlabel=_time_axis_label(runs) if x == "time" else "steps (updates applied)",
+               ylabel=metric_name(runs[0].metric), title=title)
         ax.legend(loc="upper right")
     return ax
 
@@ -301,19 +286,14 @@ def _trace_cost(tr: Trace, target: float | None) -> float:
 
 def speedup_table(results: SpeedupInput, target: float | None = None) -> dict[str, dict[int, float]]:
     """Normalise the inputs of :func:`plot_speedup` to {label: {n_workers: time}}."""
-    if isinstance(results, Mapping):
-        out: dict[str, dict[int, float]] = {}
-        for label, runs in results.items():
-            if isinstance(runs, Mapping):
-                out[str(label)] = {int(n): float(t) for n, t in runs.items()}
-            else:
-                out[str(label)] = {tr.n_workers: _trace_cost(tr, target) for tr in _as_list(runs)}
-        return out
-    grouped: dict[str, dict[int, float]] = {}
-    for tr in _as_list(results):
-        label = str(tr.meta.get("protocol_label") or tr.label)
-        grouped.setdefault(label, {})[tr.n_workers] = _trace_cost(tr, target)
-    return grouped
+    if not isinstance(results, Mapping):  # a list of traces: grouped by protocol label
+        grouped: dict[str, list[Trace]] = {}
+        for tr in _as_list(results):
+            grouped.setdefault(str(tr.meta.get("protocol_label") or tr.label), []).append(tr)
+        results = grouped
+    return {str(label): ({int(n): float(t) for n, t in runs.items()} if isinstance(runs, Mapping)
+                         else {tr.n_workers: _trace_cost(tr, target) for tr in _as_list(runs)})
+            for label, runs in results.items()}
 
 
 def speedups(times: Mapping[int, float]) -> dict[int, float]:
@@ -337,18 +317,17 @@ def plot_speedup(results: SpeedupInput, ax: Axes | None = None, target: float | 
         all_n = sorted({n for times in table.values() for n in times})
         ax.plot(all_n, all_n, color=OKABE_ITO["black"], linestyle="--", linewidth=2, label="ideal (S = n)", gid="ideal")
         ends: list[tuple[int, float, str]] = []
-        for i, (label, times) in enumerate(table.items()):
+        for color, (label, times) in zip(cycle(RUN_COLORS), table.items()):
             s = speedups(times) if times else {}
             ns = sorted(s)
-            ax.plot(ns, [s[n] for n in ns], marker="o", color=RUN_COLORS[i % len(RUN_COLORS)], label=label,
+            ax.plot(ns, [s[n] for n in ns], marker="o", color=color, label=label,
                     gid=f"speedup:{label}")
             if ns:
                 ends.append((ns[-1], s[ns[-1]], label))
-        if all_n and all_n[-1] / all_n[0] >= 16:
+        if all_n[-1] / all_n[0] >= 16:  # all_n is not empty: some run has a time
             ax.set_xscale("log", base=2)
             ax.set_yscale("log", base=2)
-        ax.set_xlabel("workers")
-        ax.set_ylabel(f"speed-up (x, vs {all_n[0]} worker{'s' if all_n[0] > 1 else ''})" if all_n else "speed-up (x)")
+        ax.set(xlabel="workers", ylabel=f"speed-up (x, vs {all_n[0]} worker{'s' if all_n[0] > 1 else ''})")
         if ends:
             n_best, s_best, label_best = max(ends)
             ax.set_title(f"{label_best}: {s_best:.1f}x on {n_best} workers (ideal {n_best}x)")
@@ -401,10 +380,9 @@ def finding(traces: Trace | Iterable[Trace], target: float | None = None, x: str
     runs = _as_list(traces)
     if target is None:
         target = default_target(runs)
-    metric = metric_name(runs[0].metric)
     cost = {run_label(t): (t.time_to(target) if x == "time" else t.steps_to(target)) for t in runs}
     reached = {k: v for k, v in cost.items() if v is not None}
-    goal = f"{metric} {target:.3g}"
+    goal = f"{metric_name(runs[0].metric)} {target:.3g}"
     if not reached:
         return f"No run reaches {goal}"
     winner = min(reached, key=lambda k: reached[k])
