@@ -43,6 +43,14 @@ LIVE_HELP = "serve the live lecture panel (sliders, timelines, play mode) on 127
 # Each command's one-line help, in the top-level listing and atop the command's own --help.
 _HELP = {"compare": "simulate BSP, SSP and async on one cluster; print a table and write a figure",
          "run": "train one problem under one protocol on one substrate; print its summary", "live": LIVE_HELP}
+# The --help description of compare and run (live's is its module's: simlib.app.serve).
+_DESCRIPTION = {
+    "compare": "Simulate the same training job under several protocols on one cluster (same seed, so the same "
+    "straggler draws), print time to a target loss, time per step, waiting and bytes, and write the timelines and "
+    "loss curves to a figure.",
+    "run": "Train a problem with simlib.run on a substrate (the simulator or real processes) and print time, updates, "
+    "bytes, mean staleness tau and the final metric.",
+}
 
 
 class CliError(Exception):
@@ -183,15 +191,7 @@ def _protocol_list(text: str) -> list[Protocol]:
 # -- compare ----------------------------------------------------------------------------------------
 
 
-def _compare_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "compare",
-        help=_HELP["compare"],
-        description="Simulate the same training job under several protocols on one cluster (same seed, so "
-        "the same straggler draws), print time to a target loss, time per step, waiting and bytes, "
-        "and write the timelines and loss curves to a figure.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+def _compare_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocols", type=_protocol_list, default=",".join(DEFAULT_PROTOCOLS),
                    help="comma-separated runs: bsp, ssp:S (staleness bound S), essp:S (eager SSP), async")
     p.add_argument("--target", type=_target, default=DEFAULT_TARGET, action=_Given,
@@ -204,7 +204,6 @@ def _compare_parser(sub: Any) -> argparse.ArgumentParser:
     opts.add_arguments(p.add_argument_group("cluster"), [o for o in flagged if "." not in o.name], base)
     opts.add_arguments(p.add_argument_group("stragglers"), [o for o in flagged if o.name.startswith("stragglers.")],
                        base)
-    return p
 
 
 def _config_from(args: argparse.Namespace) -> SimConfig:
@@ -389,16 +388,9 @@ def run_compare(args: argparse.Namespace) -> int:
 # -- run ----------------------------------------------------------------------------------------------
 
 
-def _run_parser(sub: Any) -> argparse.ArgumentParser:
+def _run_flags(p: argparse.ArgumentParser) -> None:
     from simlib import substrates
 
-    p = sub.add_parser(
-        "run",
-        help=_HELP["run"],
-        description="Train a problem with simlib.run on a substrate (the simulator or real processes) and print "
-        "time, updates, bytes, mean staleness tau and the final metric.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
     p.add_argument("--problem", choices=("logistic",), default="logistic", help="the problem to train")
     p.add_argument("--protocol", type=_protocol, default="ssp:3",
                    help="bsp, ssp:S, essp:S (eager SSP: substrate sim only) or async")
@@ -406,7 +398,6 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     opts.add_arguments(p.add_argument_group("problem size"), opts.options(ProblemSize))
     training = [o for o in opts.options(SimConfig) if o.name in TRAINING_FIELDS]
     opts.add_arguments(p.add_argument_group("training"), training, default_cluster())
-    return p
 
 
 def validate_run(args: argparse.Namespace) -> tuple[ProblemSize, dict[str, Any]]:
@@ -480,18 +471,7 @@ def run_one(args: argparse.Namespace) -> int:
 # -- live and the top level ---------------------------------------------------------------------------
 
 
-def _run_live(argv: list[str], prog: str) -> int:
-    try:
-        from simlib.app import serve
-    except ImportError as exc:
-        raise CliError(f"{prog} live: the live panel cannot start ({' '.join(str(exc).split())})") from None
-    top = _Parser(prog=prog)
-    serve.add_parser(top.add_subparsers(dest="command", parser_class=_Parser))
-    args = top.parse_args(["live", *argv])
-    try:
-        return serve.run(args)
-    except ValueError as exc:
-        raise CliError(f"{prog} live: error: {' '.join(str(exc).split())}") from None
+_COMMANDS = {"compare": (_compare_flags, run_compare), "run": (_run_flags, run_one)}  # its flags, its job
 
 
 def _prog() -> str:
@@ -510,19 +490,28 @@ def _top_parser(prog: str) -> argparse.ArgumentParser:
 
 def _dispatch(argv: list[str], prog: str) -> int:
     command = argv[0] if argv else None
+    if command not in _HELP:
+        _top_parser(prog).parse_args(argv)  # --help, or a one-line error for a missing or unknown command
+        return 2
+    top = _Parser(prog=prog)
+    sub = top.add_subparsers(dest="command", parser_class=_Parser)
     if command == "live":
-        return _run_live(argv[1:], prog)
-    if command in ("compare", "run"):
-        top = _Parser(prog=prog)
-        sub = top.add_subparsers(dest="command", parser_class=_Parser)
-        parser = (_compare_parser if command == "compare" else _run_parser)(sub)
-        args = parser.parse_args(argv[1:])
         try:
-            return run_compare(args) if command == "compare" else run_one(args)
-        except ValueError as exc:  # a check that only the run itself could make
-            raise CliError(f"{parser.prog}: error: {' '.join(str(exc).split())}") from None
-    _top_parser(prog).parse_args(argv)  # --help, or a one-line error for a missing or unknown command
-    return 2
+            from simlib.app import serve
+        except ImportError as exc:
+            raise CliError(f"{prog} live: the live panel cannot start ({' '.join(str(exc).split())})") from None
+        parser, job = serve.add_parser(sub), serve.run
+        args = top.parse_args(argv)
+    else:
+        parser = sub.add_parser(command, help=_HELP[command], description=_DESCRIPTION[command],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_flags, job = _COMMANDS[command]
+        add_flags(parser)
+        args = parser.parse_args(argv[1:])
+    try:
+        return job(args)
+    except ValueError as exc:  # a check that only the run itself could make
+        raise CliError(f"{parser.prog}: error: {' '.join(str(exc).split())}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
