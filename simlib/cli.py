@@ -109,20 +109,19 @@ def check_sizes(size: ProblemSize, n_workers: int, steps: int, batch_size: int, 
     if batch_size > shard:
         raise CliError(f"--batch-size: a batch of {batch_size} rows is larger than a worker's shard ({shard} rows of "
                        f"{rows}, over {n_workers} workers) and would repeat rows; use at most {shard}")
-    batch = batch_size * (BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz)
-    if batch > budget:
-        most = int(budget // (BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz))
-        raise CliError(f"--batch-size: a batch of {batch_size} rows needs about {_gb(batch)}, more than half the "
-                       f"memory available ({_gb(2 * budget)}); use at most {most}")
-    trace = runs * n_workers * steps * TRACE_BYTES_PER_STEP
-    if trace > budget:
-        most = int(budget // (runs * n_workers * TRACE_BYTES_PER_STEP))
-        raise CliError(f"--steps: {runs} run(s) of {n_workers} workers x {steps} steps keep about {_gb(trace)} of "
-                       f"trace, more than half the memory available ({_gb(2 * budget)}); use at most {most} steps "
-                       "or fewer --workers")
+    half = f"more than half the memory available ({_gb(2 * budget)})"
+    per_row = BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz
+    if batch_size * per_row > budget:
+        raise CliError(f"--batch-size: a batch of {batch_size} rows needs about {_gb(batch_size * per_row)}, {half}; "
+                       f"use at most {int(budget // per_row)}")
+    per_step = runs * n_workers * TRACE_BYTES_PER_STEP
+    if steps * per_step > budget:
+        raise CliError(f"--steps: {runs} run(s) of {n_workers} workers x {steps} steps keep about "
+                       f"{_gb(steps * per_step)} of trace, {half}; use at most {int(budget // per_step)} steps or "
+                       "fewer --workers")
     if processes * PROCESS_BYTES > budget:
-        raise CliError(f"--workers: {processes} processes need about {_gb(processes * PROCESS_BYTES)}, more than "
-                       f"half the memory available ({_gb(2 * budget)}); use at most {int(budget // PROCESS_BYTES)}")
+        raise CliError(f"--workers: {processes} processes need about {_gb(processes * PROCESS_BYTES)}, {half}; "
+                       f"use at most {int(budget // PROCESS_BYTES)}")
 
 
 def check_output(path: str) -> None:
