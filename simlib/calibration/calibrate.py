@@ -406,12 +406,12 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
             # for 400 rows, which left a BSP step 8% short).
             # Window k is the shard's rows local.batch(shard, k, rows), at one row per step or as one step.
             nxt = iter(list(range(calls + 1)) * 2)
-            if kind == "hogwild_sgd":
-                def f(rows: int = rows, nxt: Any = nxt) -> None:
-                    local.local_steps(w, shard, next(nxt) * rows, rows, 1, 1e-3)
-            else:
-                def f(rows: int = rows, nxt: Any = nxt) -> None:
-                    local.local_steps(w, shard, next(nxt), 1, rows, 1e-3)
+            # Call k: hogwild_sgd runs one-row steps k*rows .. k*rows+rows-1; bsp_step runs step k, a batch of rows.
+            per, steps, batch = (rows, rows, 1) if kind == "hogwild_sgd" else (1, 1, rows)
+
+            def f(per: int = per, steps: int = steps, batch: int = batch, nxt: Any = nxt) -> None:
+                local.local_steps(w, shard, next(nxt) * per, steps, batch, 1e-3)
+
             timed.append((float(np.mean([local.work(local.batch(shard, k, rows)) for k in range(calls + 1)])), f))
     elif kind == "bsp_call":
         # Per feature of the table, not per nonzero: a batch step clears a scratch gradient as long
@@ -627,8 +627,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
 
     null_steps, warmups = [], []
     for _ in range(repeats):
-        run = simlib.run(prob, "bsp", substrate="pipes", n_workers=NULL_PS["n_workers"], steps=NULL_PS["steps"],
-                         batch_size=NULL_PS["batch_size"], start_method=start_method, evaluate=False)
+        run = simlib.run(prob, "bsp", substrate="pipes", **NULL_PS, start_method=start_method, evaluate=False)
         # The median time between consecutive updates: a typical step, not skewed by one stall
         # (a page-fault storm or a descheduled process can double a short run's total).
         times = sorted(u.time for u in run.trace.updates)
