@@ -467,7 +467,7 @@ def run_one(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- live and the top level ---------------------------------------------------------------------------
+# -- the top level ----------------------------------------------------------------------------------------
 
 
 _COMMANDS = {"compare": (_compare_flags, run_compare), "run": (_run_flags, run_one)}  # its flags, its job
@@ -479,21 +479,15 @@ def _prog() -> str:
     return "python -m simlib" if name in ("__main__.py", "-c", "-m", "") else name
 
 
-def _top_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description="simlib: distributed ML you can run and measure")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{compare,run,live}")
-    for name, text in _HELP.items():
-        sub.add_parser(name, help=text, add_help=False)
-    return parser
-
-
 def _dispatch(argv: list[str], prog: str) -> int:
     command = argv[0] if argv else None
-    if command not in _HELP:
-        _top_parser(prog).parse_args(argv)  # --help, or a one-line error for a missing or unknown command
+    top = _Parser(prog=prog, description="simlib: distributed ML you can run and measure")
+    sub = top.add_subparsers(dest="command", required=True, metavar="{compare,run,live}")
+    if command not in _HELP:  # --help, or a one-line error for a missing or unknown command
+        for name, text in _HELP.items():
+            sub.add_parser(name, help=text, add_help=False)
+        top.parse_args(argv)
         return 2
-    top = _Parser(prog=prog)
-    sub = top.add_subparsers(dest="command", parser_class=_Parser)
     if command == "live":
         try:
             from simlib.app import serve
