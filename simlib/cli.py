@@ -467,7 +467,7 @@ def run_one(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- the top level ----------------------------------------------------------------------------------------
+# -- the top level ------------------------------------------------------------------------------------
 
 
 _COMMANDS = {"compare": (_compare_flags, run_compare), "run": (_run_flags, run_one)}  # its flags, its job
