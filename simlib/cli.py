@@ -137,8 +137,7 @@ def check_output(path: str) -> None:
         raise CliError(f"--out: {path!r} is a directory; give a file name such as {os.path.join(path, 'compare.png')}")
     if os.path.exists(full) and not os.access(full, os.W_OK):
         raise CliError(f"--out: {path!r} exists and is not writable")
-    parent = os.path.dirname(full)
-    ancestor = parent
+    ancestor = parent = os.path.dirname(full)
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):
@@ -225,17 +224,16 @@ def _config_from(args: argparse.Namespace) -> SimConfig:
 def compare_configs(args: argparse.Namespace) -> list[SimConfig]:
     """One validated config per protocol; a refusal says which protocols would work."""
     base = _config_from(args)
-    configs, ok, refused = [], [], None
+    made, refused = [], None  # (spec, config) of each protocol the flags allow
     for p in args.protocols:
         try:
-            configs.append(with_protocol(base, p.spec))  # the spec: the read rule, the flags keep the rest
-            ok.append(p.spec)
+            made.append((p.spec, with_protocol(base, p.spec)))  # the spec: the read rule, the flags keep the rest
         except ValueError as exc:
             refused = refused or exc
     if refused is not None:
-        fix = f"; use --protocols {','.join(ok)}" if ok else ""
+        fix = f"; use --protocols {','.join(spec for spec, _ in made)}" if made else ""
         raise CliError(_refusal(refused, "--protocols") + fix)
-    return configs
+    return [config for _, config in made]
 
 
 def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
@@ -299,8 +297,6 @@ class _Progress:
 def _num(v: float, scale: float = 1.0) -> str:
     """Two decimals for everyday magnitudes, three significant digits (engineering form) beyond them."""
     x = v * scale
-    if not math.isfinite(x):
-        return "inf" if x > 0 else "-inf" if x < 0 else "nan"
     return f"{x:.2f}" if x == 0 or 0.01 <= abs(x) < 1e6 else f"{x:.3g}"
 
 

@@ -568,13 +568,11 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         }
         raw = group.run(_kernels_member, cache, repeats, calls, group.barrier())
     kernels = {}
-    for kind in KERNELS:
+    for kind, unit in KERNEL_UNITS.items():
         alone = raw[0][kind]["alone"]
-        together = [f for r in raw for f in r[kind]["together"]]
         per_alone = [b for _, b in alone]
-        ratio = [b / float(np.median(per_alone)) for _, b in together]
-        kernels[kind] = KernelCost(KERNEL_UNITS[kind], Spread.of(per_alone), Spread.of([a for a, _ in alone]),
-                                   Spread.of(ratio))
+        ratio = [b / float(np.median(per_alone)) for r in raw for _, b in r[kind]["together"]]
+        kernels[kind] = KernelCost(unit, Spread.of(per_alone), Spread.of([a for a, _ in alone]), Spread.of(ratio))
 
     # Pipes: half a ping-pong between two workers, by size.
     # Dense above 1 MiB: here a pipe message's cost jumps several-fold between 1 and 2 MiB, and a
