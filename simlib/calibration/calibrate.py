@@ -298,8 +298,7 @@ class Calibration:
 
     def __str__(self) -> str:
         lines = [f"{'quantity':<34} {'median':>10} {'IQR':>10}  unit"]
-        for name, s, unit in self.rows():
-            lines.append(f"{name:<34} {s.median:>10.4g} {s.iqr:>10.3g}  {unit}")
+        lines += [f"{name:<34} {s.median:>10.4g} {s.iqr:>10.3g}  {unit}" for name, s, unit in self.rows()]
         ctx = self.context
         if ctx:
             lines.append(f"({ctx.get('cpu_count')} cores, load average {ctx.get('load_before')} -> "
@@ -452,10 +451,8 @@ def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, 
                 for _ in range(calls + 1):
                     ch.send_array(ch.recv_array())
                 continue
-            ch.send_array(payload)  # one untimed trip: both sides awake, pages touched
-            ch.recv_array()
             trips = []
-            for _ in range(calls):
+            for _ in range(calls + 1):
                 s = time.perf_counter()
                 ch.send_array(payload)
                 ch.recv_array()
@@ -463,7 +460,8 @@ def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, 
             # NOTE: the median trip, not the mean: on a busy machine one trip in 20 waits out another
             # process's time slice (about 4 ms), which put a mean 8-byte trip at 10x its median.
             # Calibration prices that wait apart, by the CPU share it measures (pipe_share).
-            row.append(float(np.median(trips)) / 2)
+            # The first trip is left out: it wakes both sides and touches the pages.
+            row.append(float(np.median(trips[1:])) / 2)
         times.append(row)
     return times
 
