@@ -43,14 +43,6 @@ LIVE_HELP = "serve the live lecture panel (sliders, timelines, play mode) on 127
 # Each command's one-line help, in the top-level listing and atop the command's own --help.
 _HELP = {"compare": "simulate BSP, SSP and async on one cluster; print a table and write a figure",
          "run": "train one problem under one protocol on one substrate; print its summary", "live": LIVE_HELP}
-# The --help description of compare and run (live's is its module's: simlib.app.serve).
-_DESCRIPTION = {
-    "compare": "Simulate the same training job under several protocols on one cluster (same seed, so the same "
-    "straggler draws), print time to a target loss, time per step, waiting and bytes, and write the timelines and "
-    "loss curves to a figure.",
-    "run": "Train a problem with simlib.run on a substrate (the simulator or real processes) and print time, updates, "
-    "bytes, mean staleness tau and the final metric.",
-}
 
 
 class CliError(Exception):
@@ -466,7 +458,14 @@ def run_one(args: argparse.Namespace) -> int:
 # -- the top level ------------------------------------------------------------------------------------
 
 
-_COMMANDS = {"compare": (_compare_flags, run_compare), "run": (_run_flags, run_one)}  # its flags, its job
+# compare's and run's --help description (live's is its module's: simlib.app.serve), flags and job.
+_COMMANDS = {
+    "compare": ("Simulate the same training job under several protocols on one cluster (same seed, so the same "
+                "straggler draws), print time to a target loss, time per step, waiting and bytes, and write the "
+                "timelines and loss curves to a figure.", _compare_flags, run_compare),
+    "run": ("Train a problem with simlib.run on a substrate (the simulator or real processes) and print time, "
+            "updates, bytes, mean staleness tau and the final metric.", _run_flags, run_one),
+}
 
 
 def _prog() -> str:
@@ -492,9 +491,9 @@ def _dispatch(argv: list[str], prog: str) -> int:
         parser, job = serve.add_parser(sub), serve.run
         args = top.parse_args(argv)
     else:
-        parser = sub.add_parser(command, help=_HELP[command], description=_DESCRIPTION[command],
+        description, add_flags, job = _COMMANDS[command]
+        parser = sub.add_parser(command, help=_HELP[command], description=description,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        add_flags, job = _COMMANDS[command]
         add_flags(parser)
         args = parser.parse_args(argv[1:])
     try:
