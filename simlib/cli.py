@@ -286,12 +286,6 @@ class _Progress:
             self._finish_up_to(len(self.labels))
 
 
-def _num(v: float, scale: float = 1.0) -> str:
-    """Two decimals for everyday magnitudes, three significant digits (engineering form) beyond them."""
-    x = v * scale
-    return f"{x:.2f}" if x == 0 or 0.01 <= abs(x) < 1e6 else f"{x:.3g}"
-
-
 _SCALES = {"ms": 1e3, "s": 1.0, "MB": 1e-6}  # a table unit -> the factor its values are shown with
 
 
@@ -302,8 +296,9 @@ def _fmt(v: Any, unit: str = "") -> str:
         return "never"
     if unit == "loss":
         return f"{v:.4g}" if math.isfinite(v) else "diverged"
-    if unit in _SCALES:
-        return _num(v, _SCALES[unit])
+    if unit in _SCALES:  # two decimals for everyday magnitudes, three significant digits beyond them
+        x = v * _SCALES[unit]
+        return f"{x:.2f}" if x == 0 or 0.01 <= abs(x) < 1e6 else f"{x:.3g}"
     if unit == "%":
         return f"{100 * v:.0f}%"
     if isinstance(v, float):

@@ -376,8 +376,7 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
         cases = [(prob, np.arange(base, base + b)) for b in (16, 256, 1024, 2048)] if kind == "ps_step" else \
             [(dp, np.arange(4)) for dp in cache["dense_problems"]]
         for p, batch in cases:
-            keys = pull_keys(p, batch)
-            values = np.zeros(len(keys))
+            values = np.zeros(len(pull_keys(p, batch)))
 
             def step(p: Any = p, batch: np.ndarray = batch, values: np.ndarray = values) -> None:
                 push_message(p, values, batch, pull_keys(p, batch))
