@@ -120,8 +120,7 @@ def check_output(path: str) -> None:
     """Raise CliError naming --out unless ``path`` is a figure file this process can create (nothing is left behind)."""
     if not path.strip():
         raise CliError(f"--out: give a file name ending in {', '.join(FIGURE_TYPES)}, e.g. simlib_out/compare.png")
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in FIGURE_TYPES:
+    if os.path.splitext(path)[1].lower() not in FIGURE_TYPES:
         raise CliError(f"--out: the figure must be {', '.join(t[1:].upper() for t in FIGURE_TYPES)} "
                        f"(a name ending in {', '.join(FIGURE_TYPES)}), got {path!r}")
     full = os.path.abspath(path)
