@@ -405,10 +405,10 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
             # Window k is the shard's rows local.batch(shard, k, rows), at one row per step or as one step.
             nxt = iter(list(range(calls + 1)) * 2)
             # Call k: hogwild_sgd runs one-row steps k*rows .. k*rows+rows-1; bsp_step runs step k, a batch of rows.
-            per, steps, batch = (rows, rows, 1) if kind == "hogwild_sgd" else (1, 1, rows)
+            stride, steps, batch = (rows, rows, 1) if kind == "hogwild_sgd" else (1, 1, rows)
 
-            def f(per: int = per, steps: int = steps, batch: int = batch, nxt: Any = nxt) -> None:
-                local.local_steps(w, shard, next(nxt) * per, steps, batch, 1e-3)
+            def f(stride: int = stride, steps: int = steps, batch: int = batch, nxt: Any = nxt) -> None:
+                local.local_steps(w, shard, next(nxt) * stride, steps, batch, 1e-3)
 
             timed.append((float(np.mean([local.work(local.batch(shard, k, rows)) for k in range(calls + 1)])), f))
     elif kind == "bsp_call":
