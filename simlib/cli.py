@@ -101,28 +101,26 @@ def check_sizes(size: ProblemSize, n_workers: int, steps: int, batch_size: int, 
     if batch_size > shard:
         raise CliError(f"--batch-size: a batch of {batch_size} rows is larger than a worker's shard ({shard} rows of "
                        f"{rows}, over {n_workers} workers) and would repeat rows; use at most {shard}")
-    batch = batch_size * (BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz)
-    if batch > budget:
-        most = int(budget // (BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz))
-        raise CliError(f"--batch-size: a batch of {batch_size} rows needs about {_gb(batch)}, more than half the "
-                       f"memory available ({_gb(2 * budget)}); use at most {most}")
-    trace = runs * n_workers * steps * TRACE_BYTES_PER_STEP
-    if trace > budget:
-        most = int(budget // (runs * n_workers * TRACE_BYTES_PER_STEP))
-        raise CliError(f"--steps: {runs} run(s) of {n_workers} workers x {steps} steps keep about {_gb(trace)} of "
-                       f"trace, more than half the memory available ({_gb(2 * budget)}); use at most {most} steps "
-                       "or fewer --workers")
+    half = f"more than half the memory available ({_gb(2 * budget)})"
+    per_row = BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz
+    if batch_size * per_row > budget:
+        raise CliError(f"--batch-size: a batch of {batch_size} rows needs about {_gb(batch_size * per_row)}, {half}; "
+                       f"use at most {int(budget // per_row)}")
+    per_step = runs * n_workers * TRACE_BYTES_PER_STEP
+    if steps * per_step > budget:
+        raise CliError(f"--steps: {runs} run(s) of {n_workers} workers x {steps} steps keep about "
+                       f"{_gb(steps * per_step)} of trace, {half}; use at most {int(budget // per_step)} steps or "
+                       "fewer --workers")
     if processes * PROCESS_BYTES > budget:
-        raise CliError(f"--workers: {processes} processes need about {_gb(processes * PROCESS_BYTES)}, more than "
-                       f"half the memory available ({_gb(2 * budget)}); use at most {int(budget // PROCESS_BYTES)}")
+        raise CliError(f"--workers: {processes} processes need about {_gb(processes * PROCESS_BYTES)}, {half}; "
+                       f"use at most {int(budget // PROCESS_BYTES)}")
 
 
 def check_output(path: str) -> None:
     """Raise CliError naming --out unless ``path`` is a figure file this process can create (nothing is left behind)."""
     if not path.strip():
         raise CliError(f"--out: give a file name ending in {', '.join(FIGURE_TYPES)}, e.g. simlib_out/compare.png")
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in FIGURE_TYPES:
+    if os.path.splitext(path)[1].lower() not in FIGURE_TYPES:
         raise CliError(f"--out: the figure must be {', '.join(t[1:].upper() for t in FIGURE_TYPES)} "
                        f"(a name ending in {', '.join(FIGURE_TYPES)}), got {path!r}")
     full = os.path.abspath(path)
@@ -130,8 +128,7 @@ def check_output(path: str) -> None:
         raise CliError(f"--out: {path!r} is a directory; give a file name such as {os.path.join(path, 'compare.png')}")
     if os.path.exists(full) and not os.access(full, os.W_OK):
         raise CliError(f"--out: {path!r} exists and is not writable")
-    parent = os.path.dirname(full)
-    ancestor = parent
+    ancestor = parent = os.path.dirname(full)
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):
@@ -183,15 +180,7 @@ def _protocol_list(text: str) -> list[Protocol]:
 # -- compare ----------------------------------------------------------------------------------------
 
 
-def _compare_parser(sub: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser(
-        "compare",
-        help=_HELP["compare"],
-        description="Simulate the same training job under several protocols on one cluster (same seed, so "
-        "the same straggler draws), print time to a target loss, time per step, waiting and bytes, "
-        "and write the timelines and loss curves to a figure.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+def _compare_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocols", type=_protocol_list, default=",".join(DEFAULT_PROTOCOLS),
                    help="comma-separated runs: bsp, ssp:S (staleness bound S), essp:S (eager SSP), async")
     p.add_argument("--target", type=_target, default=DEFAULT_TARGET, action=_Given,
@@ -204,7 +193,6 @@ def _compare_parser(sub: Any) -> argparse.ArgumentParser:
     opts.add_arguments(p.add_argument_group("cluster"), [o for o in flagged if "." not in o.name], base)
     opts.add_arguments(p.add_argument_group("stragglers"), [o for o in flagged if o.name.startswith("stragglers.")],
                        base)
-    return p
 
 
 def _config_from(args: argparse.Namespace) -> SimConfig:
@@ -227,17 +215,16 @@ def _config_from(args: argparse.Namespace) -> SimConfig:
 def compare_configs(args: argparse.Namespace) -> list[SimConfig]:
     """One validated config per protocol; a refusal says which protocols would work."""
     base = _config_from(args)
-    configs, ok, refused = [], [], None
+    made, refused = [], None  # (spec, config) of each protocol the flags allow
     for p in args.protocols:
         try:
-            configs.append(with_protocol(base, p.spec))  # the spec: the read rule, the flags keep the rest
-            ok.append(p.spec)
+            made.append((p.spec, with_protocol(base, p.spec)))  # the spec: the read rule, the flags keep the rest
         except ValueError as exc:
             refused = refused or exc
     if refused is not None:
-        fix = f"; use --protocols {','.join(ok)}" if ok else ""
+        fix = f"; use --protocols {','.join(spec for spec, _ in made)}" if made else ""
         raise CliError(_refusal(refused, "--protocols") + fix)
-    return configs
+    return [config for _, config in made]
 
 
 def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
@@ -298,14 +285,6 @@ class _Progress:
             self._finish_up_to(len(self.labels))
 
 
-def _num(v: float, scale: float = 1.0) -> str:
-    """Two decimals for everyday magnitudes, three significant digits (engineering form) beyond them."""
-    x = v * scale
-    if not math.isfinite(x):
-        return "inf" if x > 0 else "-inf" if x < 0 else "nan"
-    return f"{x:.2f}" if x == 0 or 0.01 <= abs(x) < 1e6 else f"{x:.3g}"
-
-
 _SCALES = {"ms": 1e3, "s": 1.0, "MB": 1e-6}  # a table unit -> the factor its values are shown with
 
 
@@ -316,8 +295,9 @@ def _fmt(v: Any, unit: str = "") -> str:
         return "never"
     if unit == "loss":
         return f"{v:.4g}" if math.isfinite(v) else "diverged"
-    if unit in _SCALES:
-        return _num(v, _SCALES[unit])
+    if unit in _SCALES:  # two decimals for everyday magnitudes, three significant digits beyond them
+        x = v * _SCALES[unit]
+        return f"{x:.2f}" if x == 0 or 0.01 <= abs(x) < 1e6 else f"{x:.3g}"
     if unit == "%":
         return f"{100 * v:.0f}%"
     if isinstance(v, float):
@@ -389,16 +369,9 @@ def run_compare(args: argparse.Namespace) -> int:
 # -- run ----------------------------------------------------------------------------------------------
 
 
-def _run_parser(sub: Any) -> argparse.ArgumentParser:
+def _run_flags(p: argparse.ArgumentParser) -> None:
     from simlib import substrates
 
-    p = sub.add_parser(
-        "run",
-        help=_HELP["run"],
-        description="Train a problem with simlib.run on a substrate (the simulator or real processes) and print "
-        "time, updates, bytes, mean staleness tau and the final metric.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
     p.add_argument("--problem", choices=("logistic",), default="logistic", help="the problem to train")
     p.add_argument("--protocol", type=_protocol, default="ssp:3",
                    help="bsp, ssp:S, essp:S (eager SSP: substrate sim only) or async")
@@ -406,7 +379,6 @@ def _run_parser(sub: Any) -> argparse.ArgumentParser:
     opts.add_arguments(p.add_argument_group("problem size"), opts.options(ProblemSize))
     training = [o for o in opts.options(SimConfig) if o.name in TRAINING_FIELDS]
     opts.add_arguments(p.add_argument_group("training"), training, default_cluster())
-    return p
 
 
 def validate_run(args: argparse.Namespace) -> tuple[ProblemSize, dict[str, Any]]:
@@ -477,21 +449,17 @@ def run_one(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- live and the top level ---------------------------------------------------------------------------
+# -- the top level ------------------------------------------------------------------------------------
 
 
-def _run_live(argv: list[str], prog: str) -> int:
-    try:
-        from simlib.app import serve
-    except ImportError as exc:
-        raise CliError(f"{prog} live: the live panel cannot start ({' '.join(str(exc).split())})") from None
-    top = _Parser(prog=prog)
-    serve.add_parser(top.add_subparsers(dest="command", parser_class=_Parser))
-    args = top.parse_args(["live", *argv])
-    try:
-        return serve.run(args)
-    except ValueError as exc:
-        raise CliError(f"{prog} live: error: {' '.join(str(exc).split())}") from None
+# compare's and run's --help description (live's is its module's: simlib.app.serve), flags and job.
+_COMMANDS = {
+    "compare": ("Simulate the same training job under several protocols on one cluster (same seed, so the same "
+                "straggler draws), print time to a target loss, time per step, waiting and bytes, and write the "
+                "timelines and loss curves to a figure.", _compare_flags, run_compare),
+    "run": ("Train a problem with simlib.run on a substrate (the simulator or real processes) and print time, "
+            "updates, bytes, mean staleness tau and the final metric.", _run_flags, run_one),
+}
 
 
 def _prog() -> str:
@@ -500,29 +468,32 @@ def _prog() -> str:
     return "python -m simlib" if name in ("__main__.py", "-c", "-m", "") else name
 
 
-def _top_parser(prog: str) -> argparse.ArgumentParser:
-    parser = _Parser(prog=prog, description="simlib: distributed ML you can run and measure")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{compare,run,live}")
-    for name, text in _HELP.items():
-        sub.add_parser(name, help=text, add_help=False)
-    return parser
-
-
 def _dispatch(argv: list[str], prog: str) -> int:
     command = argv[0] if argv else None
+    top = _Parser(prog=prog, description="simlib: distributed ML you can run and measure")
+    sub = top.add_subparsers(dest="command", required=True, metavar="{compare,run,live}")
+    if command not in _HELP:  # --help, or a one-line error for a missing or unknown command
+        for name, text in _HELP.items():
+            sub.add_parser(name, help=text, add_help=False)
+        top.parse_args(argv)
+        return 2
     if command == "live":
-        return _run_live(argv[1:], prog)
-    if command in ("compare", "run"):
-        top = _Parser(prog=prog)
-        sub = top.add_subparsers(dest="command", parser_class=_Parser)
-        parser = (_compare_parser if command == "compare" else _run_parser)(sub)
-        args = parser.parse_args(argv[1:])
         try:
-            return run_compare(args) if command == "compare" else run_one(args)
-        except ValueError as exc:  # a check that only the run itself could make
-            raise CliError(f"{parser.prog}: error: {' '.join(str(exc).split())}") from None
-    _top_parser(prog).parse_args(argv)  # --help, or a one-line error for a missing or unknown command
-    return 2
+            from simlib.app import serve
+        except ImportError as exc:
+            raise CliError(f"{prog} live: the live panel cannot start ({' '.join(str(exc).split())})") from None
+        parser, job = serve.add_parser(sub), serve.run
+        args = top.parse_args(argv)
+    else:
+        description, add_flags, job = _COMMANDS[command]
+        parser = sub.add_parser(command, help=_HELP[command], description=description,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        add_flags(parser)
+        args = parser.parse_args(argv[1:])
+    try:
+        return job(args)
+    except ValueError as exc:  # a check that only the run itself could make
+        raise CliError(f"{parser.prog}: error: {' '.join(str(exc).split())}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

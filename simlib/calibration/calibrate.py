@@ -298,8 +298,7 @@ class Calibration:
 
     def __str__(self) -> str:
         lines = [f"{'quantity':<34} {'median':>10} {'IQR':>10}  unit"]
-        for name, s, unit in self.rows():
-            lines.append(f"{name:<34} {s.median:>10.4g} {s.iqr:>10.3g}  {unit}")
+        lines += [f"{name:<34} {s.median:>10.4g} {s.iqr:>10.3g}  {unit}" for name, s, unit in self.rows()]
         ctx = self.context
         if ctx:
             lines.append(f"({ctx.get('cpu_count')} cores, load average {ctx.get('load_before')} -> "
@@ -377,8 +376,7 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
         cases = [(prob, np.arange(base, base + b)) for b in (16, 256, 1024, 2048)] if kind == "ps_step" else \
             [(dp, np.arange(4)) for dp in cache["dense_problems"]]
         for p, batch in cases:
-            keys = pull_keys(p, batch)
-            values = np.zeros(len(keys))
+            values = np.zeros(len(pull_keys(p, batch)))
 
             def step(p: Any = p, batch: np.ndarray = batch, values: np.ndarray = values) -> None:
                 push_message(p, values, batch, pull_keys(p, batch))
@@ -406,12 +404,12 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
             # for 400 rows, which left a BSP step 8% short).
             # Window k is the shard's rows local.batch(shard, k, rows), at one row per step or as one step.
             nxt = iter(list(range(calls + 1)) * 2)
-            if kind == "hogwild_sgd":
-                def f(rows: int = rows, nxt: Any = nxt) -> None:
-                    local.local_steps(w, shard, next(nxt) * rows, rows, 1, 1e-3)
-            else:
-                def f(rows: int = rows, nxt: Any = nxt) -> None:
-                    local.local_steps(w, shard, next(nxt), 1, rows, 1e-3)
+            # Call k: hogwild_sgd runs one-row steps k*rows .. k*rows+rows-1; bsp_step runs step k, a batch of rows.
+            stride, steps, batch = (rows, rows, 1) if kind == "hogwild_sgd" else (1, 1, rows)
+
+            def f(stride: int = stride, steps: int = steps, batch: int = batch, nxt: Any = nxt) -> None:
+                local.local_steps(w, shard, next(nxt) * stride, steps, batch, 1e-3)
+
             timed.append((float(np.mean([local.work(local.batch(shard, k, rows)) for k in range(calls + 1)])), f))
     elif kind == "bsp_call":
         # Per feature of the table, not per nonzero: a batch step clears a scratch gradient as long
@@ -452,10 +450,8 @@ def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, 
                 for _ in range(calls + 1):
                     ch.send_array(ch.recv_array())
                 continue
-            ch.send_array(payload)  # one untimed trip: both sides awake, pages touched
-            ch.recv_array()
             trips = []
-            for _ in range(calls):
+            for _ in range(calls + 1):
                 s = time.perf_counter()
                 ch.send_array(payload)
                 ch.recv_array()
@@ -463,7 +459,8 @@ def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, 
             # NOTE: the median trip, not the mean: on a busy machine one trip in 20 waits out another
             # process's time slice (about 4 ms), which put a mean 8-byte trip at 10x its median.
             # Calibration prices that wait apart, by the CPU share it measures (pipe_share).
-            row.append(float(np.median(trips)) / 2)
+            # The first trip is left out: it wakes both sides and touches the pages.
+            row.append(float(np.median(trips[1:])) / 2)
         times.append(row)
     return times
 
@@ -568,13 +565,11 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         }
         raw = group.run(_kernels_member, cache, repeats, calls, group.barrier())
     kernels = {}
-    for kind in KERNELS:
+    for kind, unit in KERNEL_UNITS.items():
         alone = raw[0][kind]["alone"]
-        together = [f for r in raw for f in r[kind]["together"]]
         per_alone = [b for _, b in alone]
-        ratio = [b / float(np.median(per_alone)) for _, b in together]
-        kernels[kind] = KernelCost(KERNEL_UNITS[kind], Spread.of(per_alone), Spread.of([a for a, _ in alone]),
-                                   Spread.of(ratio))
+        ratio = [b / float(np.median(per_alone)) for r in raw for _, b in r[kind]["together"]]
+        kernels[kind] = KernelCost(unit, Spread.of(per_alone), Spread.of([a for a, _ in alone]), Spread.of(ratio))
 
     # Pipes: half a ping-pong between two workers, by size.
     # Dense above 1 MiB: here a pipe message's cost jumps several-fold between 1 and 2 MiB, and a
@@ -627,8 +622,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
 
     null_steps, warmups = [], []
     for _ in range(repeats):
-        run = simlib.run(prob, "bsp", substrate="pipes", n_workers=NULL_PS["n_workers"], steps=NULL_PS["steps"],
-                         batch_size=NULL_PS["batch_size"], start_method=start_method, evaluate=False)
+        run = simlib.run(prob, "bsp", substrate="pipes", **NULL_PS, start_method=start_method, evaluate=False)
         # The median time between consecutive updates: a typical step, not skewed by one stall
         # (a page-fault storm or a descheduled process can double a short run's total).
         times = sorted(u.time for u in run.trace.updates)

@@ -36,8 +36,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
-
 from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, Calibration, Spread, busy_note, calibrate,
@@ -140,14 +138,13 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
             overhead += cal.compute_time("ps_dense", w.n_features, busy)
         return cfg.replace(compute_overhead=overhead)
     b, steps = shm_steps(w, n_workers)
+    shm = dict(busy=busy, n_workers=n_workers, lr=w.lr, latency=0.0, bandwidth=FREE_BANDWIDTH)  # free messages
     if w.substrate == "hogwild":
         chunks = -(-steps // w.global_batch)
-        return cal.sim_config("hogwild_sgd", busy=busy, n_workers=n_workers, protocol="async",
-                              steps=chunks, batch_size=w.global_batch, lr=w.lr, latency=0.0,
-                              bandwidth=FREE_BANDWIDTH, eval_every=chunks)
+        return cal.sim_config("hogwild_sgd", protocol="async", steps=chunks, batch_size=w.global_batch,
+                              eval_every=chunks, **shm)
     # bsp_shm: the batch step, then the wait for the slowest at the next step's read
-    cfg = cal.sim_config("bsp_step", busy=busy, n_workers=n_workers, protocol="bsp", steps=steps, batch_size=b,
-                         lr=w.lr, latency=0.0, bandwidth=FREE_BANDWIDTH, eval_every=steps)
+    cfg = cal.sim_config("bsp_step", protocol="bsp", steps=steps, batch_size=b, eval_every=steps, **shm)
     return cfg.replace(compute_overhead=cal.compute_time("bsp_call", prob.n_params, busy) + bsp_sync(cal, n_workers))
 
 
@@ -160,10 +157,8 @@ def bsp_sync(cal: Calibration, n_workers: int) -> float:
     from the slower worker's clock to the faster one waking up and seeing it.
     """
     n = min(n_workers, 2)
-    null_step = cal.bsp_step[n].median_or(math.nan) if n in cal.bsp_step else math.nan
-    if math.isnan(null_step):
-        return 0.0
-    return max(null_step - cal.compute_time("hogwild_sgd", 1, n), 0.0)
+    null_step = cal.bsp_step.get(n, Spread.unmeasured()).median_or(math.nan)
+    return 0.0 if math.isnan(null_step) else max(null_step - cal.compute_time("hogwild_sgd", 1, n), 0.0)
 
 
 def _pipe_ps_config(cal: Calibration, busy: int, n_workers: int, steps: int, batch_size: int, lr: float,
@@ -189,7 +184,7 @@ def pipe_ps_residual(cal: Calibration) -> float:
     if math.isnan(cal.ps_step.median_or(math.nan)):
         return 0.0
     quick = bool(cal.context.get("quick", False))
-    cfg = _pipe_ps_config(cal, 1, NULL_PS["n_workers"], NULL_PS["steps"], NULL_PS["batch_size"], 0.5)
+    cfg = _pipe_ps_config(cal, 1, lr=0.5, **NULL_PS)
     modelled = last_span_end(simulate(cfg, kernel_problem(quick))) / NULL_PS["steps"]
     return max(cal.ps_step.median - modelled, 0.0)
 
@@ -356,8 +351,8 @@ def compare(
         for n in workers:
             pred, ptrace = predict(w, n, cal_w)
             runs = sorted(times[n], key=lambda x: x[0])
-            q25, med, q75 = np.percentile([t for t, _ in runs], [25, 50, 75])
-            out.rows.append(Row(w.name, w.substrate, n, pred, float(med), float(q25), float(q75), repeats))
+            s = Spread.of([t for t, _ in runs])
+            out.rows.append(Row(w.name, w.substrate, n, pred, s.median, s.q25, s.q75, repeats))
             out.predicted[(w.name, n)] = ptrace
             out.measured[(w.name, n)] = runs[len(runs) // 2][1]
     return out
