@@ -131,10 +131,10 @@ def read_exact(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def write_frame(fd: int, obj: dict[str, Any]) -> None:
-    """Send one length-prefixed JSON frame to the grader."""
+def frame(obj: Any) -> bytes:
+    """One length-prefixed JSON frame (both ways: the grader's plan, the child's replies)."""
     data = json.dumps(obj).encode("utf-8")
-    os.write(fd, struct.pack(">I", len(data)) + data)
+    return struct.pack(">I", len(data)) + data
 
 
 def describe(exc: BaseException) -> str:
@@ -175,7 +175,7 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int) -> None:
         del code, unit
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()
-        write_frame(result_fd, reply)
+        os.write(result_fd, frame(reply))
 
 
 def main() -> None:
@@ -196,12 +196,12 @@ def main() -> None:
     abi = landlock(read_only, cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
     sys.addaudithook(refuse_inet)
     fcntl.fcntl(cfg["result_fd"], fcntl.F_SETFD, fcntl.FD_CLOEXEC)
-    write_frame(cfg["result_fd"], {"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm})
-    frame = read_frame(0)
-    if frame is None:
+    os.write(cfg["result_fd"], frame({"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm}))
+    plan = read_frame(0)
+    if plan is None:
         return
     control = private_control(0)
-    serve(frame["units"], control, cfg["result_fd"])
+    serve(plan["units"], control, cfg["result_fd"])
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from typing import Any
 
 import simlib
 from simlib.grade import cgroup as cgroups
+from simlib.grade.child import frame
 
 SHM = Path("/dev/shm")
 # Read-only trees besides Python's own; /etc, /proc of others and /sys are left out on purpose.
@@ -129,8 +130,7 @@ def python_roots() -> list[str]:
     paths.update(v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib"))
     paths.update(p for p in sys.path if p and "site-packages" in p)
     paths.add(os.path.dirname(simlib.__file__))
-    return sorted({os.path.realpath(p) for p in paths if p and os.path.exists(p)} |
-                  {os.path.abspath(p) for p in paths if p and os.path.exists(p)})
+    return sorted({f(p) for p in paths if p and os.path.exists(p) for f in (os.path.realpath, os.path.abspath)})
 
 
 def readable_roots() -> list[str]:
@@ -148,11 +148,6 @@ def exposed(path: Path | str) -> str | None:
     return None
 
 
-def _frame(obj: Any) -> bytes:
-    data = json.dumps(obj).encode("utf-8")
-    return struct.pack(">I", len(data)) + data
-
-
 # -- choosing the sandbox -------------------------------------------------------------------------
 def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits) -> list[str]:
     """bwrap's options: namespaces, a cleared environment, the read-only trees, the two quota'd tmpfs."""
@@ -168,11 +163,8 @@ def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits) -> list
     for root in python_roots():
         args += ["--ro-bind", root, root]
     args += ["--ro-bind", os.path.abspath(scratch / "submission.ipynb"), f"{INSIDE_SCRATCH}/submission.ipynb"]
-    if warm:
-        args += ["--bind", os.path.abspath(kernels), f"{INSIDE_SCRATCH}/numba-cache"]
-    else:
-        args += ["--ro-bind", os.path.abspath(kernels), "/run/numba-cache"]
-    return args + ["--chdir", INSIDE_SCRATCH]
+    bind, at = ("--bind", f"{INSIDE_SCRATCH}/numba-cache") if warm else ("--ro-bind", "/run/numba-cache")
+    return args + [bind, os.path.abspath(kernels), at, "--chdir", INSIDE_SCRATCH]
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,17 +193,14 @@ def choose(kind: str = "auto") -> tuple[str, str]:
     if cgroups.problem():
         notes.append(f"note: no cgroup for submissions ({cgroups.problem()}); memory is limited per process "
                      "(rlimits) and process counts by the watcher's polling, which a fast fork bomb can outrun briefly")
-    if kind == "watcher":
-        return "watcher", "\n".join(notes)
-    problem = bwrap_problem()
-    if not problem:
-        return "bwrap", "\n".join(notes)
-    if kind == "bwrap":
+    problem = bwrap_problem() if kind != "watcher" else ""
+    if problem and kind == "bwrap":
         raise ValueError(f"--sandbox bwrap: {problem}")
-    escape = ("a process forked with CLONE_PARENT may outlive grading" if cgroups.problem() else
-              "without the namespaces a submission can see the host's processes")
-    notes.insert(0, f"note: {problem}; falling back to the process watcher, which cannot stop every escape ({escape})")
-    return "watcher", "\n".join(notes)
+    if problem:
+        escape = ("a process forked with CLONE_PARENT may outlive grading" if cgroups.problem() else
+                  "without the namespaces a submission can see the host's processes")
+        notes.insert(0, f"note: {problem}; falling back to the process watcher, which cannot stop every escape ({escape})")
+    return "watcher" if problem or kind == "watcher" else "bwrap", "\n".join(notes)
 
 
 # -- the child ------------------------------------------------------------------------------------
@@ -279,7 +268,6 @@ class Child:
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
         self.nonces: list[str] = []
-        self.base = 0  # how many units of the plan come before the first one numbered here
 
     # -- output and the process tree ------------------------------------------------------------
     def _read_output(self) -> None:
@@ -437,7 +425,7 @@ class Child:
         self.nonces = [secrets.token_hex(16) for _ in units]
         plan = [{"name": u.name, "nonce": n, **({"code": _compiled(u)} if u.kind == "test" else {"source": u.source})}
                 for u, n in zip(units, self.nonces)]
-        self._write(_frame({"units": plan}))
+        self._write(frame({"units": plan}))
 
     def _write(self, data: bytes) -> None:
         with contextlib.suppress(BrokenPipeError, OSError, ValueError):  # the child is gone; receive() says how
@@ -478,13 +466,19 @@ def _reap_children(processes: set[tuple[int, int]], skip: int, patience: float =
         time.sleep(0.005)
 
 
-def _start_time(pid: int) -> int:
-    """The start time of process ``pid`` in clock ticks (0 if it is gone), zombies included."""
+def _stat_fields(pid: int | str) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name, state first ([] if the process is gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return 0
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _start_time(pid: int) -> int:
+    """The start time of process ``pid`` in clock ticks (0 if it is gone), zombies included."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -503,15 +497,8 @@ def _proc_stats() -> dict[int, tuple[int, int, int]]:
     """pid -> (ppid, session id, start time) for every process now listed in /proc."""
     out = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                text = f.read().decode("ascii", "replace")
-        except OSError:
-            continue
-        rest = text[text.rfind(")") + 2:].split()
-        if len(rest) > 19 and rest[0] != "Z":
+        rest = _stat_fields(name) if name.isdigit() else []
+        if len(rest) > 19 and rest[0] != b"Z":
             out[int(name)] = (int(rest[1]), int(rest[3]), int(rest[19]))
     return out
 
