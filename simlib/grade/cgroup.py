@@ -48,9 +48,7 @@ def _own_paths(text: str) -> dict[str, str]:
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
-        names = parts[1].split(",") if parts[1] else ["unified"]
-        for name in names:
-            out[name] = parts[2]
+        out.update(dict.fromkeys(parts[1].split(",") if parts[1] else ["unified"], parts[2]))
     return out
 
 

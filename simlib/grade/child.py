@@ -70,9 +70,8 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
         allow(path, fs)
     for path in rw_files:
         allow(path, FS_FILE)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        return 0
-    if libc.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+    if (libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            or libc.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0):
         return 0
     os.close(ruleset)
     return int(abi)
@@ -96,11 +95,8 @@ def cut_network() -> bool:
 def private_shm() -> bool:
     """A fresh tmpfs on /dev/shm in a new mount namespace (root only): segments vanish with the sandbox."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNS) != 0:
-        return False
-    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return False
-    return libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0
+    return (libc.unshare(CLONE_NEWNS) == 0 and libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+            and libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0)
 
 
 def refuse_inet(event: str, args: tuple) -> None:
@@ -121,14 +117,13 @@ def read_frame(fd: int) -> Any:
 
 def read_exact(fd: int, n: int) -> bytes | None:
     """Exactly n bytes from a pipe, or None if it closes first."""
-    chunks, got = [], 0
-    while got < n:
-        chunk = os.read(fd, n - got)
+    data = bytearray()
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
         if not chunk:
             return None
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+        data += chunk
+    return bytes(data)
 
 
 def frame(obj: Any) -> bytes:
@@ -164,10 +159,8 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int) -> None:
         unit, plan[seq] = plan[seq], {}
         code = None
         try:
-            if "code" in unit:
-                code = marshal.loads(base64.b64decode(unit.pop("code")))
-            else:
-                code = compile(unit.pop("source"), f"<{unit['name']}>", "exec")
+            code = (marshal.loads(base64.b64decode(unit.pop("code"))) if "code" in unit
+                    else compile(unit.pop("source"), f"<{unit['name']}>", "exec"))
             exec(code, namespace)
             reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": ""}
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too

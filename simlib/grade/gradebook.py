@@ -110,11 +110,8 @@ def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], ou
 
 def hidden_lines(master: dict[str, Any]) -> list[str]:
     """The hidden tests' lines worth looking for in a message (long enough not to match by chance)."""
-    lines = []
-    for cell in master["cells"]:
-        if nbm.is_test(cell):
-            lines += [ln.strip() for ln in nbm.split_hidden(nbm.source(cell))[1].splitlines() if len(ln.strip()) >= 10]
-    return lines
+    return [ln.strip() for cell in master["cells"] if nbm.is_test(cell)
+            for ln in nbm.split_hidden(nbm.source(cell))[1].splitlines() if len(ln.strip()) >= 10]
 
 
 def clean(text: str, secret: list[str]) -> str:
@@ -239,16 +236,14 @@ def _notebook_in(folder: Path, assignment: str) -> tuple[Path | None, str]:
 
 def _unique(names: list[str]) -> list[str]:
     """The names, later repeats suffixed ' (2)', ' (3)', ... (an entry and a clash's entry name may meet)."""
-    taken: set[str] = set()
-    out = []
+    taken: dict[str, None] = {}  # a dict: the names in order
     for name in names:
         candidate, k = name, 1
         while candidate in taken:
             k += 1
             candidate = f"{name} ({k})"
-        taken.add(candidate)
-        out.append(candidate)
-    return out
+        taken[candidate] = None
+    return list(taken)
 
 
 def _fold(name: str) -> str:

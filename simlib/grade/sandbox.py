@@ -199,7 +199,8 @@ def choose(kind: str = "auto") -> tuple[str, str]:
     if problem:
         escape = ("a process forked with CLONE_PARENT may outlive grading" if cgroups.problem() else
                   "without the namespaces a submission can see the host's processes")
-        notes.insert(0, f"note: {problem}; falling back to the process watcher, which cannot stop every escape ({escape})")
+        notes.insert(0, f"note: {problem}; falling back to the process watcher, which cannot stop every escape "
+                        f"({escape})")
     return "watcher" if problem or kind == "watcher" else "bwrap", "\n".join(notes)
 
 
@@ -335,8 +336,7 @@ class Child:
         found.update(pid for pid, (_, sid, _) in stats.items() if sid == root)
         found.update(pid for pid, start in self.seen.items() if pid in stats and stats[pid][2] == start)
         found.discard(os.getpid())
-        for pid in found:
-            self.seen[pid] = stats[pid][2]
+        self.seen.update((pid, stats[pid][2]) for pid in found)
         return sorted(found)
 
     def kill(self) -> None:
@@ -555,14 +555,12 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             child.send_plan([units[j] for j in plan])
             for k, j in enumerate(plan):
                 current = j
-                outcome = child.run(k, _deadline(start, limits))
+                outcome = child.run(k, min(time.monotonic() + limits.cell_s, start + limits.wall_s))
                 if j >= i:
                     report.outcomes[j] = outcome
                     i = j + 1
         except Fatal as exc:
-            reason = str(exc)
-            if reason == "timeout":
-                reason = _timeout_reason(start, limits)
+            reason = _timeout_reason(start, limits) if str(exc) == "timeout" else str(exc)
             skip.add(current)
             if current == i:
                 report.outcomes[i] = Outcome(False, f"stopped: {reason}", fatal=True)
@@ -581,10 +579,6 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
                                                     "(time, memory, processes or exit)")
             break
     return report
-
-
-def _deadline(start: float, limits: Limits) -> float:
-    return min(time.monotonic() + limits.cell_s, start + limits.wall_s)
 
 
 def _timeout_reason(start: float, limits: Limits) -> str:
