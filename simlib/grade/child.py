@@ -54,22 +54,15 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
     ruleset = libc.syscall(SYS_LANDLOCK["create"], ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
     if ruleset < 0:
         return 0
-
-    def allow(path: str, access: int) -> None:
+    rules = [(path, FS_READ if os.path.isdir(path) else FS_READ & FS_FILE) for path in read_only]
+    for path, access in rules + [(path, fs) for path in read_write] + [(path, FS_FILE) for path in rw_files]:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
-            return
+            continue
         rule = struct.pack("=Qi", access & fs, fd)
         libc.syscall(SYS_LANDLOCK["add"], ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0))
         os.close(fd)
-
-    for path in read_only:
-        allow(path, FS_READ if os.path.isdir(path) else FS_READ & FS_FILE)
-    for path in read_write:
-        allow(path, fs)
-    for path in rw_files:
-        allow(path, FS_FILE)
     if (libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
             or libc.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0):
         return 0

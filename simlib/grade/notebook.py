@@ -53,8 +53,7 @@ def source(cell: dict[str, Any]) -> str:
 
 def is_test(cell: dict[str, Any]) -> bool:
     """An autograder test cell: graded code that is not an answer."""
-    m = meta(cell)
-    return cell.get("cell_type") == "code" and bool(m.get("grade")) and not m.get("solution")
+    return cell.get("cell_type") == "code" and bool(meta(cell).get("grade")) and not is_answer(cell)
 
 
 def is_answer(cell: dict[str, Any]) -> bool:
@@ -64,8 +63,7 @@ def is_answer(cell: dict[str, Any]) -> bool:
 
 def is_manual(cell: dict[str, Any]) -> bool:
     """A hand-graded answer: graded and a solution cell."""
-    m = meta(cell)
-    return bool(m.get("grade")) and bool(m.get("solution"))
+    return bool(meta(cell).get("grade")) and is_answer(cell)
 
 
 def load(path: Path | str) -> dict[str, Any]:
