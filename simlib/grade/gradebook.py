@@ -246,10 +246,6 @@ def _unique(names: list[str]) -> list[str]:
     return list(taken)
 
 
-def _fold(name: str) -> str:
-    return unicodedata.normalize("NFKC", name).casefold()
-
-
 def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], list[str]]:
     """Every submission in ``folder`` ('NAME.ipynb' files, or 'NAME/' folders holding the notebook, as
     nbgrader lays them out), and notes on entries ignored. Names that clash (``alice.ipynb`` beside
@@ -289,7 +285,7 @@ def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], l
         raise ValueError(f"submissions-dir: {folder} holds no submissions (NAME.ipynb files or NAME/ folders)")
     clash: dict[str, list[Submission]] = {}
     for sub in subs:
-        clash.setdefault(_fold(sub.student), []).append(sub)
+        clash.setdefault(unicodedata.normalize("NFKC", sub.student).casefold(), []).append(sub)
     for group in clash.values():
         if len(group) > 1:
             entries = ", ".join(s.entry for s in group)
@@ -470,8 +466,7 @@ def write_gradebook(path: Path, rows: list[dict[str, Any]]) -> None:
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
         w.writeheader()
-        for row in rows:
-            w.writerow({**row, "points": f"{row['points']:g}", "max_points": f"{row['max_points']:g}"})
+        w.writerows({**row, "points": f"{row['points']:g}", "max_points": f"{row['max_points']:g}"} for row in rows)
     os.replace(tmp, path)
 
 

@@ -289,35 +289,24 @@ class Child:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.watch_every):
-            if self.cgroup is not None:  # the kernel enforces both limits; only say so as soon as one is hit
-                if self._over_limit():
-                    self.kill()
-                    return
-                continue
-            tree = self.tree()
-            if self._crowded(tree):
-                self.kill()
-                return
-            rss = sum(_rss_bytes(pid) for pid in tree)
-            if rss > 2 * self.limits.memory_mb * 1024 * 1024:
-                self.violation = f"the processes used more than {2 * self.limits.memory_mb} MB together"
+            if self._over_limit(resident=True):
                 self.kill()
                 return
 
-    def _over_limit(self) -> bool:
-        """Whether the cgroup refused a fork or killed for memory, or (without one) the tree is too large."""
-        if self.cgroup is None:
-            return self._crowded(self.tree())
-        why = self.cgroup.violation()
-        self.violation = self.violation or why
-        return bool(why)
-
-    def _crowded(self, tree: list[int]) -> bool:
-        """Whether ``tree`` has more processes than allowed; if so, that becomes the violation."""
-        own = len(tree) - (2 if self.kind == "bwrap" else 0)  # bwrap and the namespace's init
-        if own <= self.limits.max_procs:
+    def _over_limit(self, resident: bool = False) -> bool:
+        """Whether the cgroup refused a fork or killed for memory, or (without one) the tree has more processes
+        than allowed or, if ``resident``, more than twice ``memory_mb`` resident; if so, that is the violation."""
+        if self.cgroup is not None:  # the kernel enforces both limits; only say so as soon as one is hit
+            why = self.cgroup.violation()
+            self.violation = self.violation or why
+            return bool(why)
+        tree = self.tree()
+        if len(tree) - (2 if self.kind == "bwrap" else 0) > self.limits.max_procs:  # bwrap and the namespace's init
+            self.violation = self.violation or f"more than {self.limits.max_procs} processes (a fork bomb?)"
+            return True
+        if not resident or sum(_rss_bytes(pid) for pid in tree) <= 2 * self.limits.memory_mb * 1024 * 1024:
             return False
-        self.violation = self.violation or f"more than {self.limits.max_procs} processes (a fork bomb?)"
+        self.violation = f"the processes used more than {2 * self.limits.memory_mb} MB together"
         return True
 
     def tree(self) -> list[int]:
