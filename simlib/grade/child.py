@@ -81,8 +81,7 @@ def limit_resources(cfg: dict[str, Any]) -> None:
 
 def cut_network() -> bool:
     """A new, empty network namespace (loopback down) when permitted; True if that worked."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.unshare(CLONE_NEWNET) == 0
+    return ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) == 0
 
 
 def private_shm() -> bool:

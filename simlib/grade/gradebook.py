@@ -198,9 +198,8 @@ def read_notebook(path: Path) -> tuple[bytes, str]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return b"", "the notebook is a symbolic link"
-        return b"", f"the notebook cannot be read ({exc.strerror})"
+        link = exc.errno == errno.ELOOP
+        return b"", "the notebook is a symbolic link" if link else f"the notebook cannot be read ({exc.strerror})"
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

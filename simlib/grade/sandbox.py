@@ -141,8 +141,7 @@ def readable_roots() -> list[str]:
 def exposed(path: Path | str) -> str | None:
     """The readable root that contains ``path``, if any (hidden tests or grades must not be inside one)."""
     real = os.path.realpath(path)
-    for root in readable_roots():
-        root = os.path.realpath(root)
+    for root in map(os.path.realpath, readable_roots()):
         if real == root or real.startswith(root.rstrip("/") + "/"):
             return root
     return None
