@@ -538,8 +538,8 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             own_shm = own_shm or bool(hello.get("private_shm"))
             if restarts == 0:
                 report.notes.append(_describe_isolation(kind, hello, child.cgroup, limits))
-            replay = [j for j in range(i) if units[j].kind == "code" and j not in skip]
-            plan = replay + list(range(i, len(units)))
+            # the earlier code units replayed (all but those that stopped a child), then the rest
+            plan = [j for j in range(i) if units[j].kind == "code" and j not in skip] + list(range(i, len(units)))
             child.send_plan([units[j] for j in plan])
             for k, j in enumerate(plan):
                 current = j
