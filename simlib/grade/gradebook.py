@@ -222,10 +222,9 @@ def _notebook_in(folder: Path, assignment: str) -> tuple[Path | None, str]:
     seen = 0
     for here, dirs, files in os.walk(folder, followlinks=False):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in files:
-            seen += 1
-            if name.endswith(".ipynb") and not name.startswith("."):
-                found.append((name != f"{assignment}.ipynb", os.path.join(here, name), Path(here) / name))
+        seen += len(files)
+        found += [(name != f"{assignment}.ipynb", os.path.join(here, name), Path(here) / name)
+                  for name in files if name.endswith(".ipynb") and not name.startswith(".")]
         if seen > 10_000:
             return None, "the folder holds more than 10000 files"
     if not found:
