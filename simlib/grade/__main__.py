@@ -19,9 +19,19 @@ from typing import NoReturn
 
 from simlib.grade import notebook as nbm
 from simlib.grade.gradebook import Refused, grade_class, part_totals
-from simlib.grade.sandbox import Limits
+from simlib.grade.sandbox import FLAGS, Limits
 
 COMMANDS = ("generate",)
+LIMIT_HELP = {  # Limits field -> (metavar, meaning); the flag is sandbox.FLAGS[field], the type its default's
+    "cell_s": ("S", "seconds one cell may run"),
+    "wall_s": ("S", "seconds a whole submission may run"),
+    "memory_mb": ("MB", "memory of all a submission's processes together where a cgroup can be made (as root), else "
+                        "twice this resident; address space per process"),
+    "max_procs": ("N", "processes a submission may run at once; with a cgroup, its pids.max, which counts threads "
+                       "and the sandbox's own 2 or 3"),
+    "output_mb": ("MB", "output one cell may print"),
+    "disk_mb": ("MB", "scratch space, and /dev/shm space, of a submission"),
+}
 
 
 class Usage(ValueError):
@@ -96,7 +106,6 @@ def generate(argv: list[str]) -> int:
 
 def grade(argv: list[str]) -> int:
     """Grade a folder of submissions; print the totals."""
-    d = Limits()
     ap = Parser(prog="python -m simlib.grade", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("assignment", help="master notebook: its path, name ('02-hogwild') or number ('02')")
@@ -105,20 +114,10 @@ def grade(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=None, help="gradebook and feedback (default: grades/ASSIGNMENT)")
     ap.add_argument("--solutions", type=Path, default=Path("solutions"),
                     help="where ASSIGNMENT is looked up (default: solutions)")
-    ap.add_argument("--cell-timeout", type=float, default=d.cell_s, metavar="S",
-                    help=f"seconds one cell may run (default: {d.cell_s:g})")
-    ap.add_argument("--timeout", type=float, default=d.wall_s, metavar="S",
-                    help=f"seconds a whole submission may run (default: {d.wall_s:g})")
-    ap.add_argument("--memory-mb", type=int, default=d.memory_mb, metavar="MB",
-                    help=f"memory of all a submission's processes together where a cgroup can be made (as "
-                         f"root), else twice this resident; address space per process (default: {d.memory_mb})")
-    ap.add_argument("--max-procs", type=int, default=d.max_procs, metavar="N",
-                    help=f"processes a submission may run at once; with a cgroup, its pids.max, which counts "
-                         f"threads and the sandbox's own 2 or 3 (default: {d.max_procs})")
-    ap.add_argument("--output-mb", type=int, default=d.output_mb, metavar="MB",
-                    help=f"output one cell may print (default: {d.output_mb})")
-    ap.add_argument("--disk-mb", type=int, default=d.disk_mb, metavar="MB",
-                    help=f"scratch space, and /dev/shm space, of a submission (default: {d.disk_mb})")
+    for name, (metavar, meaning) in LIMIT_HELP.items():
+        default = getattr(Limits(), name)
+        ap.add_argument(FLAGS[name], dest=name, type=type(default), default=default, metavar=metavar,
+                        help=f"{meaning} (default: {default:g})")
     ap.add_argument("--jobs", type=int, default=None, metavar="N",
                     help="submissions graded side by side (default: 2 in bubblewrap or as root, else 1)")
     ap.add_argument("--sandbox", choices=("auto", "bwrap", "watcher"), default="auto",
@@ -127,8 +126,7 @@ def grade(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     master = find_master(a.assignment, a.solutions)
     out = a.out if a.out is not None else Path("grades") / master.stem
-    limits = Limits(cell_s=a.cell_timeout, wall_s=a.timeout, memory_mb=a.memory_mb, max_procs=a.max_procs,
-                    output_mb=a.output_mb, disk_mb=a.disk_mb)
+    limits = Limits(**{name: getattr(a, name) for name in LIMIT_HELP})
     rows = grade_class(master, a.submissions, out, limits, jobs=a.jobs, sandbox=a.sandbox)
     # grade_class lists each student's rows together
     for student, parts in groupby(rows, key=lambda r: r["student"]):

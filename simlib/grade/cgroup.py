@@ -48,9 +48,7 @@ def _own_paths(text: str) -> dict[str, str]:
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
-        names = parts[1].split(",") if parts[1] else ["unified"]
-        for name in names:
-            out[name] = parts[2]
+        out.update(dict.fromkeys(parts[1].split(",") if parts[1] else ["unified"], parts[2]))
     return out
 
 
@@ -93,8 +91,8 @@ def _sweep(parent: Path) -> None:
                 entry.rmdir()
 
 
-def _probe(parents: dict[str, Path]) -> str:
-    """'' if a child cgroup can be made and removed in every hierarchy, else why not."""
+def _probe(version: int, parents: dict[str, Path]) -> tuple[Layout | None, str]:
+    """(the layout, '') if a child cgroup can be made and removed in every hierarchy, else (None, why not)."""
     for parent in parents.values():
         _sweep(parent)
         probe = parent / f"{PREFIX}{os.getpid()}-probe-{secrets.token_hex(4)}"
@@ -102,8 +100,8 @@ def _probe(parents: dict[str, Path]) -> str:
             probe.mkdir()
             probe.rmdir()
         except OSError as exc:
-            return f"cannot create a cgroup under {parent} ({exc.strerror})"
-    return ""
+            return None, f"cannot create a cgroup under {parent} ({exc.strerror})"
+    return Layout(version, parents), ""
 
 
 def _v2(own: dict[str, str], mounts: dict[str, tuple[str, str]]) -> tuple[Layout | None, str]:
@@ -125,9 +123,7 @@ def _v2(own: dict[str, str], mounts: dict[str, tuple[str, str]]) -> tuple[Layout
         except OSError as exc:  # EBUSY: the grader's cgroup holds processes, so it cannot delegate
             return None, (f"cgroup v2: cannot enable pids and memory for children of {folder} ({exc.strerror}; "
                           "run the grader in a cgroup of its own, e.g. systemd-run --scope -p Delegate=yes)")
-    parents = {"unified": folder}
-    problem = _probe(parents)
-    return (None, problem) if problem else (Layout(2, parents), "")
+    return _probe(2, {"unified": folder})
 
 
 def _v1(own: dict[str, str], mounts: dict[str, tuple[str, str]]) -> tuple[Layout | None, str]:
@@ -135,9 +131,7 @@ def _v1(own: dict[str, str], mounts: dict[str, tuple[str, str]]) -> tuple[Layout
     missing = [c for c in ("pids", "memory") if parents[c] is None]
     if missing:
         return None, f"no cgroup v1 {' or '.join(missing)} hierarchy"
-    parents = {c: p for c, p in parents.items() if p is not None}
-    problem = _probe(parents)
-    return (None, problem) if problem else (Layout(1, parents), "")
+    return _probe(1, {c: p for c, p in parents.items() if p is not None})
 
 
 @functools.lru_cache(maxsize=None)
@@ -152,13 +146,11 @@ def layout() -> tuple[Layout | None, str]:
         mounts = _mounts(Path("/proc/self/mountinfo").read_text())
     except OSError as exc:
         return None, f"cgroups unreadable ({exc.strerror})"
-    found, why2 = _v2(own, mounts)
-    if found is not None:
-        return found, ""
-    found, why1 = _v1(own, mounts)
-    if found is not None:
-        return found, ""
-    return None, why1 if not why1.startswith("no cgroup v1") else why2
+    found, why = _v2(own, mounts)
+    if found is None:  # v1's reason, unless it has no v1 hierarchy either
+        found, why1 = _v1(own, mounts)
+        why = why if why1.startswith("no cgroup v1") else why1
+    return found, why
 
 
 def problem() -> str:
@@ -208,31 +200,22 @@ class Cgroup:
         self.layout, self.max_procs, self.memory_mb = found, max_procs, memory_mb
         name = f"{PREFIX}{os.getpid()}-{next(_serial)}-{secrets.token_hex(4)}"
         self.dirs = {c: parent / name for c, parent in found.parents.items()}
+        self.pids = self.dirs.get("pids", self.dirs.get("unified"))
+        self.memory = self.dirs.get("memory", self.dirs.get("unified"))
+        v2, limit = found.version == 2, str(memory_mb * 1024 * 1024)
         made = []
         try:
             for folder in self.dirs.values():
                 folder.mkdir()
                 made.append(folder)
-            limit = str(memory_mb * 1024 * 1024)
             (self.pids / "pids.max").write_text(str(max_procs))
-            if found.version == 2:
-                (self.memory / "memory.max").write_text(limit)
-                _write(self.memory / "memory.swap.max", "0")
-            else:
-                (self.memory / "memory.limit_in_bytes").write_text(limit)
-                _write(self.memory / "memory.memsw.limit_in_bytes", limit)  # no swap beyond it, where accounted
+            (self.memory / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(limit)
+            # no swap beyond the limit (v1: where swap is accounted)
+            _write(self.memory / ("memory.swap.max" if v2 else "memory.memsw.limit_in_bytes"), "0" if v2 else limit)
         except OSError:
             for folder in made:
                 _rmdir(folder)
             raise
-
-    @property
-    def pids(self) -> Path:
-        return self.dirs.get("pids", self.dirs.get("unified"))
-
-    @property
-    def memory(self) -> Path:
-        return self.dirs.get("memory", self.dirs.get("unified"))
 
     def launcher(self, cmd: list[str]) -> list[str]:
         """``cmd`` behind a shell that joins this cgroup (every hierarchy) and then execs it."""

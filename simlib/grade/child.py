@@ -54,25 +54,17 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
     ruleset = libc.syscall(SYS_LANDLOCK["create"], ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
     if ruleset < 0:
         return 0
-
-    def allow(path: str, access: int) -> None:
+    rules = [(path, FS_READ if os.path.isdir(path) else FS_READ & FS_FILE) for path in read_only]
+    for path, access in rules + [(path, fs) for path in read_write] + [(path, FS_FILE) for path in rw_files]:
         try:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError:
-            return
+            continue
         rule = struct.pack("=Qi", access & fs, fd)
         libc.syscall(SYS_LANDLOCK["add"], ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0))
         os.close(fd)
-
-    for path in read_only:
-        allow(path, FS_READ if os.path.isdir(path) else FS_READ & FS_FILE)
-    for path in read_write:
-        allow(path, fs)
-    for path in rw_files:
-        allow(path, FS_FILE)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        return 0
-    if libc.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0:
+    if (libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+            or libc.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0):
         return 0
     os.close(ruleset)
     return int(abi)
@@ -89,18 +81,14 @@ def limit_resources(cfg: dict[str, Any]) -> None:
 
 def cut_network() -> bool:
     """A new, empty network namespace (loopback down) when permitted; True if that worked."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.unshare(CLONE_NEWNET) == 0
+    return ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) == 0
 
 
 def private_shm() -> bool:
     """A fresh tmpfs on /dev/shm in a new mount namespace (root only): segments vanish with the sandbox."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNS) != 0:
-        return False
-    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return False
-    return libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0
+    return (libc.unshare(CLONE_NEWNS) == 0 and libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+            and libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0)
 
 
 def refuse_inet(event: str, args: tuple) -> None:
@@ -121,20 +109,19 @@ def read_frame(fd: int) -> Any:
 
 def read_exact(fd: int, n: int) -> bytes | None:
     """Exactly n bytes from a pipe, or None if it closes first."""
-    chunks, got = [], 0
-    while got < n:
-        chunk = os.read(fd, n - got)
+    data = bytearray()
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
         if not chunk:
             return None
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+        data += chunk
+    return bytes(data)
 
 
-def write_frame(fd: int, obj: dict[str, Any]) -> None:
-    """Send one length-prefixed JSON frame to the grader."""
+def frame(obj: Any) -> bytes:
+    """One length-prefixed JSON frame (both ways: the grader's plan, the child's replies)."""
     data = json.dumps(obj).encode("utf-8")
-    os.write(fd, struct.pack(">I", len(data)) + data)
+    return struct.pack(">I", len(data)) + data
 
 
 def describe(exc: BaseException) -> str:
@@ -164,10 +151,8 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int) -> None:
         unit, plan[seq] = plan[seq], {}
         code = None
         try:
-            if "code" in unit:
-                code = marshal.loads(base64.b64decode(unit.pop("code")))
-            else:
-                code = compile(unit.pop("source"), f"<{unit['name']}>", "exec")
+            code = (marshal.loads(base64.b64decode(unit.pop("code"))) if "code" in unit
+                    else compile(unit.pop("source"), f"<{unit['name']}>", "exec"))
             exec(code, namespace)
             reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": ""}
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
@@ -175,7 +160,7 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int) -> None:
         del code, unit
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()
-        write_frame(result_fd, reply)
+        os.write(result_fd, frame(reply))
 
 
 def main() -> None:
@@ -196,12 +181,12 @@ def main() -> None:
     abi = landlock(read_only, cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
     sys.addaudithook(refuse_inet)
     fcntl.fcntl(cfg["result_fd"], fcntl.F_SETFD, fcntl.FD_CLOEXEC)
-    write_frame(cfg["result_fd"], {"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm})
-    frame = read_frame(0)
-    if frame is None:
+    os.write(cfg["result_fd"], frame({"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm}))
+    plan = read_frame(0)
+    if plan is None:
         return
     control = private_control(0)
-    serve(frame["units"], control, cfg["result_fd"])
+    serve(plan["units"], control, cfg["result_fd"])
 
 
 if __name__ == "__main__":

@@ -110,11 +110,8 @@ def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], ou
 
 def hidden_lines(master: dict[str, Any]) -> list[str]:
     """The hidden tests' lines worth looking for in a message (long enough not to match by chance)."""
-    lines = []
-    for cell in master["cells"]:
-        if nbm.is_test(cell):
-            lines += [ln.strip() for ln in nbm.split_hidden(nbm.source(cell))[1].splitlines() if len(ln.strip()) >= 10]
-    return lines
+    return [ln.strip() for cell in master["cells"] if nbm.is_test(cell)
+            for ln in nbm.split_hidden(nbm.source(cell))[1].splitlines() if len(ln.strip()) >= 10]
 
 
 def clean(text: str, secret: list[str]) -> str:
@@ -201,9 +198,8 @@ def read_notebook(path: Path) -> tuple[bytes, str]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return b"", "the notebook is a symbolic link"
-        return b"", f"the notebook cannot be read ({exc.strerror})"
+        link = exc.errno == errno.ELOOP
+        return b"", "the notebook is a symbolic link" if link else f"the notebook cannot be read ({exc.strerror})"
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -226,10 +222,9 @@ def _notebook_in(folder: Path, assignment: str) -> tuple[Path | None, str]:
     seen = 0
     for here, dirs, files in os.walk(folder, followlinks=False):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in files:
-            seen += 1
-            if name.endswith(".ipynb") and not name.startswith("."):
-                found.append((name != f"{assignment}.ipynb", os.path.join(here, name), Path(here) / name))
+        seen += len(files)
+        found += [(name != f"{assignment}.ipynb", os.path.join(here, name), Path(here) / name)
+                  for name in files if name.endswith(".ipynb") and not name.startswith(".")]
         if seen > 10_000:
             return None, "the folder holds more than 10000 files"
     if not found:
@@ -239,20 +234,14 @@ def _notebook_in(folder: Path, assignment: str) -> tuple[Path | None, str]:
 
 def _unique(names: list[str]) -> list[str]:
     """The names, later repeats suffixed ' (2)', ' (3)', ... (an entry and a clash's entry name may meet)."""
-    taken: set[str] = set()
-    out = []
+    taken: dict[str, None] = {}  # a dict: the names in order
     for name in names:
         candidate, k = name, 1
         while candidate in taken:
             k += 1
             candidate = f"{name} ({k})"
-        taken.add(candidate)
-        out.append(candidate)
-    return out
-
-
-def _fold(name: str) -> str:
-    return unicodedata.normalize("NFKC", name).casefold()
+        taken[candidate] = None
+    return list(taken)
 
 
 def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], list[str]]:
@@ -294,7 +283,7 @@ def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], l
         raise ValueError(f"submissions-dir: {folder} holds no submissions (NAME.ipynb files or NAME/ folders)")
     clash: dict[str, list[Submission]] = {}
     for sub in subs:
-        clash.setdefault(_fold(sub.student), []).append(sub)
+        clash.setdefault(unicodedata.normalize("NFKC", sub.student).casefold(), []).append(sub)
     for group in clash.values():
         if len(group) > 1:
             entries = ", ".join(s.entry for s in group)
@@ -475,8 +464,7 @@ def write_gradebook(path: Path, rows: list[dict[str, Any]]) -> None:
     with open(tmp, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
         w.writeheader()
-        for row in rows:
-            w.writerow({**row, "points": f"{row['points']:g}", "max_points": f"{row['max_points']:g}"})
+        w.writerows({**row, "points": f"{row['points']:g}", "max_points": f"{row['max_points']:g}"} for row in rows)
     os.replace(tmp, path)
 
 

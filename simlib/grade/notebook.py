@@ -53,8 +53,7 @@ def source(cell: dict[str, Any]) -> str:
 
 def is_test(cell: dict[str, Any]) -> bool:
     """An autograder test cell: graded code that is not an answer."""
-    m = meta(cell)
-    return cell.get("cell_type") == "code" and bool(m.get("grade")) and not m.get("solution")
+    return cell.get("cell_type") == "code" and bool(meta(cell).get("grade")) and not is_answer(cell)
 
 
 def is_answer(cell: dict[str, Any]) -> bool:
@@ -64,8 +63,7 @@ def is_answer(cell: dict[str, Any]) -> bool:
 
 def is_manual(cell: dict[str, Any]) -> bool:
     """A hand-graded answer: graded and a solution cell."""
-    m = meta(cell)
-    return bool(m.get("grade")) and bool(m.get("solution"))
+    return bool(meta(cell).get("grade")) and is_answer(cell)
 
 
 def load(path: Path | str) -> dict[str, Any]:
@@ -135,39 +133,34 @@ def assignment_number(path: Path | str) -> int:
     return int(m.group(1))
 
 
-def split_hidden(text: str) -> tuple[str, str]:
-    """(visible code, hidden code) of a test cell; the hidden blocks' lines, markers dropped."""
-    visible, hidden, inside = [], [], False
+def _blocks(text: str, begin: str, end: str, what: str) -> list[tuple[str, str]]:
+    """(line, where) for each line of ``text``: where is 'begin' or 'end' for a marker, 'in' or 'out' of a block."""
+    out, inside = [], False
     for line in text.splitlines(keepends=True):
         mark = line.strip()
-        if mark == BEGIN_HIDDEN:
-            inside = True
-        elif mark == END_HIDDEN:
-            inside = False
-        elif inside:
-            hidden.append(line)
-        else:
-            visible.append(line)
+        where = "begin" if mark == begin else "end" if mark == end else "in" if inside else "out"
+        inside = where == "begin" or inside and where != "end"
+        out.append((line, where))
     if inside:
-        raise ValueError(f"a test cell opens '{BEGIN_HIDDEN}' without '{END_HIDDEN}'")
-    return "".join(visible), "".join(hidden)
+        raise ValueError(f"a {what} cell opens '{begin}' without '{end}'")
+    return out
+
+
+def split_hidden(text: str) -> tuple[str, str]:
+    """(visible code, hidden code) of a test cell; the hidden blocks' lines, markers dropped."""
+    lines = _blocks(text, BEGIN_HIDDEN, END_HIDDEN, "test")
+    return "".join(ln for ln, where in lines if where == "out"), "".join(ln for ln, where in lines if where == "in")
 
 
 def strip_solution(text: str, stub: str) -> str:
     """Replace each solution block by ``stub``, indented like its BEGIN marker."""
-    out, inside = [], False
-    for line in text.splitlines(keepends=True):
-        mark = line.strip()
-        if mark == BEGIN_SOLUTION:
-            inside = True
+    out = []
+    for line, where in _blocks(text, BEGIN_SOLUTION, END_SOLUTION, "solution"):
+        if where == "begin":
             indent = line[: len(line) - len(line.lstrip())]
             out.extend(indent + s + "\n" for s in stub.splitlines())
-        elif mark == END_SOLUTION:
-            inside = False
-        elif not inside:
+        elif where == "out":
             out.append(line)
-    if inside:
-        raise ValueError(f"a solution cell opens '{BEGIN_SOLUTION}' without '{END_SOLUTION}'")
     return "".join(out).rstrip("\n")
 
 

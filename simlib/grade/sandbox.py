@@ -57,6 +57,7 @@ from typing import Any
 
 import simlib
 from simlib.grade import cgroup as cgroups
+from simlib.grade.child import frame
 
 SHM = Path("/dev/shm")
 # Read-only trees besides Python's own; /etc, /proc of others and /sys are left out on purpose.
@@ -129,8 +130,7 @@ def python_roots() -> list[str]:
     paths.update(v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib"))
     paths.update(p for p in sys.path if p and "site-packages" in p)
     paths.add(os.path.dirname(simlib.__file__))
-    return sorted({os.path.realpath(p) for p in paths if p and os.path.exists(p)} |
-                  {os.path.abspath(p) for p in paths if p and os.path.exists(p)})
+    return sorted({f(p) for p in paths if p and os.path.exists(p) for f in (os.path.realpath, os.path.abspath)})
 
 
 def readable_roots() -> list[str]:
@@ -141,16 +141,10 @@ def readable_roots() -> list[str]:
 def exposed(path: Path | str) -> str | None:
     """The readable root that contains ``path``, if any (hidden tests or grades must not be inside one)."""
     real = os.path.realpath(path)
-    for root in readable_roots():
-        root = os.path.realpath(root)
+    for root in map(os.path.realpath, readable_roots()):
         if real == root or real.startswith(root.rstrip("/") + "/"):
             return root
     return None
-
-
-def _frame(obj: Any) -> bytes:
-    data = json.dumps(obj).encode("utf-8")
-    return struct.pack(">I", len(data)) + data
 
 
 # -- choosing the sandbox -------------------------------------------------------------------------
@@ -168,11 +162,8 @@ def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits) -> list
     for root in python_roots():
         args += ["--ro-bind", root, root]
     args += ["--ro-bind", os.path.abspath(scratch / "submission.ipynb"), f"{INSIDE_SCRATCH}/submission.ipynb"]
-    if warm:
-        args += ["--bind", os.path.abspath(kernels), f"{INSIDE_SCRATCH}/numba-cache"]
-    else:
-        args += ["--ro-bind", os.path.abspath(kernels), "/run/numba-cache"]
-    return args + ["--chdir", INSIDE_SCRATCH]
+    bind, at = ("--bind", f"{INSIDE_SCRATCH}/numba-cache") if warm else ("--ro-bind", "/run/numba-cache")
+    return args + [bind, os.path.abspath(kernels), at, "--chdir", INSIDE_SCRATCH]
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,17 +192,15 @@ def choose(kind: str = "auto") -> tuple[str, str]:
     if cgroups.problem():
         notes.append(f"note: no cgroup for submissions ({cgroups.problem()}); memory is limited per process "
                      "(rlimits) and process counts by the watcher's polling, which a fast fork bomb can outrun briefly")
-    if kind == "watcher":
-        return "watcher", "\n".join(notes)
-    problem = bwrap_problem()
-    if not problem:
-        return "bwrap", "\n".join(notes)
-    if kind == "bwrap":
+    problem = bwrap_problem() if kind != "watcher" else ""
+    if problem and kind == "bwrap":
         raise ValueError(f"--sandbox bwrap: {problem}")
-    escape = ("a process forked with CLONE_PARENT may outlive grading" if cgroups.problem() else
-              "without the namespaces a submission can see the host's processes")
-    notes.insert(0, f"note: {problem}; falling back to the process watcher, which cannot stop every escape ({escape})")
-    return "watcher", "\n".join(notes)
+    if problem:
+        escape = ("a process forked with CLONE_PARENT may outlive grading" if cgroups.problem() else
+                  "without the namespaces a submission can see the host's processes")
+        notes.insert(0, f"note: {problem}; falling back to the process watcher, which cannot stop every escape "
+                        f"({escape})")
+    return "watcher" if problem or kind == "watcher" else "bwrap", "\n".join(notes)
 
 
 # -- the child ------------------------------------------------------------------------------------
@@ -279,7 +268,6 @@ class Child:
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
         self.nonces: list[str] = []
-        self.base = 0  # how many units of the plan come before the first one numbered here
 
     # -- output and the process tree ------------------------------------------------------------
     def _read_output(self) -> None:
@@ -300,35 +288,24 @@ class Child:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.watch_every):
-            if self.cgroup is not None:  # the kernel enforces both limits; only say so as soon as one is hit
-                if self._over_limit():
-                    self.kill()
-                    return
-                continue
-            tree = self.tree()
-            if self._crowded(tree):
-                self.kill()
-                return
-            rss = sum(_rss_bytes(pid) for pid in tree)
-            if rss > 2 * self.limits.memory_mb * 1024 * 1024:
-                self.violation = f"the processes used more than {2 * self.limits.memory_mb} MB together"
+            if self._over_limit(resident=True):
                 self.kill()
                 return
 
-    def _over_limit(self) -> bool:
-        """Whether the cgroup refused a fork or killed for memory, or (without one) the tree is too large."""
-        if self.cgroup is None:
-            return self._crowded(self.tree())
-        why = self.cgroup.violation()
-        self.violation = self.violation or why
-        return bool(why)
-
-    def _crowded(self, tree: list[int]) -> bool:
-        """Whether ``tree`` has more processes than allowed; if so, that becomes the violation."""
-        own = len(tree) - (2 if self.kind == "bwrap" else 0)  # bwrap and the namespace's init
-        if own <= self.limits.max_procs:
+    def _over_limit(self, resident: bool = False) -> bool:
+        """Whether the cgroup refused a fork or killed for memory, or (without one) the tree has more processes
+        than allowed or, if ``resident``, more than twice ``memory_mb`` resident; if so, that is the violation."""
+        if self.cgroup is not None:  # the kernel enforces both limits; only say so as soon as one is hit
+            why = self.cgroup.violation()
+            self.violation = self.violation or why
+            return bool(why)
+        tree = self.tree()
+        if len(tree) - (2 if self.kind == "bwrap" else 0) > self.limits.max_procs:  # bwrap and the namespace's init
+            self.violation = self.violation or f"more than {self.limits.max_procs} processes (a fork bomb?)"
+            return True
+        if not resident or sum(_rss_bytes(pid) for pid in tree) <= 2 * self.limits.memory_mb * 1024 * 1024:
             return False
-        self.violation = self.violation or f"more than {self.limits.max_procs} processes (a fork bomb?)"
+        self.violation = f"the processes used more than {2 * self.limits.memory_mb} MB together"
         return True
 
     def tree(self) -> list[int]:
@@ -347,8 +324,7 @@ class Child:
         found.update(pid for pid, (_, sid, _) in stats.items() if sid == root)
         found.update(pid for pid, start in self.seen.items() if pid in stats and stats[pid][2] == start)
         found.discard(os.getpid())
-        for pid in found:
-            self.seen[pid] = stats[pid][2]
+        self.seen.update((pid, stats[pid][2]) for pid in found)
         return sorted(found)
 
     def kill(self) -> None:
@@ -437,7 +413,7 @@ class Child:
         self.nonces = [secrets.token_hex(16) for _ in units]
         plan = [{"name": u.name, "nonce": n, **({"code": _compiled(u)} if u.kind == "test" else {"source": u.source})}
                 for u, n in zip(units, self.nonces)]
-        self._write(_frame({"units": plan}))
+        self._write(frame({"units": plan}))
 
     def _write(self, data: bytes) -> None:
         with contextlib.suppress(BrokenPipeError, OSError, ValueError):  # the child is gone; receive() says how
@@ -478,13 +454,19 @@ def _reap_children(processes: set[tuple[int, int]], skip: int, patience: float =
         time.sleep(0.005)
 
 
-def _start_time(pid: int) -> int:
-    """The start time of process ``pid`` in clock ticks (0 if it is gone), zombies included."""
+def _stat_fields(pid: int | str) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name, state first ([] if the process is gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return 0
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _start_time(pid: int) -> int:
+    """The start time of process ``pid`` in clock ticks (0 if it is gone), zombies included."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 and fields[19].isdigit() else 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -503,15 +485,8 @@ def _proc_stats() -> dict[int, tuple[int, int, int]]:
     """pid -> (ppid, session id, start time) for every process now listed in /proc."""
     out = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                text = f.read().decode("ascii", "replace")
-        except OSError:
-            continue
-        rest = text[text.rfind(")") + 2:].split()
-        if len(rest) > 19 and rest[0] != "Z":
+        rest = _stat_fields(name) if name.isdigit() else []
+        if len(rest) > 19 and rest[0] != b"Z":
             out[int(name)] = (int(rest[1]), int(rest[3]), int(rest[19]))
     return out
 
@@ -563,19 +538,17 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             own_shm = own_shm or bool(hello.get("private_shm"))
             if restarts == 0:
                 report.notes.append(_describe_isolation(kind, hello, child.cgroup, limits))
-            replay = [j for j in range(i) if units[j].kind == "code" and j not in skip]
-            plan = replay + list(range(i, len(units)))
+            # the earlier code units replayed (all but those that stopped a child), then the rest
+            plan = [j for j in range(i) if units[j].kind == "code" and j not in skip] + list(range(i, len(units)))
             child.send_plan([units[j] for j in plan])
             for k, j in enumerate(plan):
                 current = j
-                outcome = child.run(k, _deadline(start, limits))
+                outcome = child.run(k, min(time.monotonic() + limits.cell_s, start + limits.wall_s))
                 if j >= i:
                     report.outcomes[j] = outcome
                     i = j + 1
         except Fatal as exc:
-            reason = str(exc)
-            if reason == "timeout":
-                reason = _timeout_reason(start, limits)
+            reason = _timeout_reason(start, limits) if str(exc) == "timeout" else str(exc)
             skip.add(current)
             if current == i:
                 report.outcomes[i] = Outcome(False, f"stopped: {reason}", fatal=True)
@@ -594,10 +567,6 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
                                                     "(time, memory, processes or exit)")
             break
     return report
-
-
-def _deadline(start: float, limits: Limits) -> float:
-    return min(time.monotonic() + limits.cell_s, start + limits.wall_s)
 
 
 def _timeout_reason(start: float, limits: Limits) -> str:
