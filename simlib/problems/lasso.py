@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -231,11 +231,12 @@ def shotgun_round(problem: LassoProblem, x: Any, r: Any, coords: Any) -> None:
 
 
 def shotgun(problem: LassoProblem, schedule: np.ndarray, record_every: int = 1, blowup: float = 1e6, x0: Any = None,
-            stop_below: float | None = None) -> ShotgunRun:
+            stop_below: float | None = None, before_round: Callable[[int], None] | None = None) -> ShotgunRun:
     """Run the rounds of ``schedule`` serially; stop early once F exceeds ``blowup`` x F(start).
 
     With ``stop_below``, also stop at the first recorded F <= stop_below: ``rounds_to(stop_below)``
-    is then the same as for the whole schedule, without the rounds after it.
+    is then the same as for the whole schedule, without the rounds after it. ``before_round(t)`` is
+    called before each round t (a simulated clock prices it there: :mod:`simlib.course.shotgun_twin`).
     """
     check.positive_int("record_every", record_every)
     if stop_below is not None and not np.isfinite(stop_below):
@@ -248,6 +249,8 @@ def shotgun(problem: LassoProblem, schedule: np.ndarray, record_every: int = 1, 
     rounds, values = [0], [f0]
     diverged = False
     for t in range(len(schedule)):
+        if before_round is not None:
+            before_round(t)
         shotgun_round(problem, x, r, xp.asarray(schedule[t]))
         if (t + 1) % record_every == 0 or t + 1 == len(schedule):
             f = problem.objective(x, r)
