@@ -136,8 +136,7 @@ def make_sparse_classification(n_rows: int = 20_000, n_features: int = 10_000, n
     keep[:, 1:] = raw[:, 1:] != raw[:, :-1]
     counts = keep.sum(axis=1)
     indices = raw[keep].astype(np.int32)
-    indptr = np.zeros(n_rows + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     # tf-idf-like values: log-normal term weights, rows normalised to unit length.
     values = rng.lognormal(0.0, 0.5, size=len(indices))
     row_of = np.repeat(np.arange(n_rows), counts)
@@ -466,17 +465,18 @@ class LogisticProblem:
             data_loss = _mean_log_loss(e.indptr, e.indices, e.values, e.y, np.asarray(w, dtype=np.float64))
             with np.errstate(over="ignore"):  # a diverged w: the loss is inf, and the caller says so by name
                 return float(data_loss) + 0.5 * self.l2 * float(np.dot(w, w))
-        vals = xp.asarray(e.values, dtype=np.float64)
-        margin = xp.bincount(xp.asarray(self._eval_row_of), weights=vals * w[xp.asarray(e.indices)], minlength=e.n_rows)
-        data_loss = float(xp.mean(log1pexp(-xp.asarray(e.y, dtype=np.float64) * margin)))
+        data_loss = float(xp.mean(log1pexp(-xp.asarray(e.y, dtype=np.float64) * self._margins(w))))
         return data_loss + 0.5 * self.l2 * float(xp.dot(w, w))
 
     def accuracy(self, w: Any) -> float:
         """Fraction of evaluation rows whose sign(x . w) equals the label."""
-        e = self._eval
-        w = np.asarray(w)
-        margin = np.bincount(self._eval_row_of, weights=e.values * w[e.indices], minlength=e.n_rows)
-        return float(np.mean(np.where(margin >= 0, 1.0, -1.0) == e.y))
+        return float(np.mean(np.where(self._margins(np.asarray(w)) >= 0, 1.0, -1.0) == self._eval.y))
+
+    def _margins(self, w: Any) -> Any:
+        """x_i . w of every evaluation row, on ``w``'s array module."""
+        e, xp = self._eval, array_module(w)
+        vals = xp.asarray(e.values, dtype=np.float64)
+        return xp.bincount(xp.asarray(self._eval_row_of), weights=vals * w[xp.asarray(e.indices)], minlength=e.n_rows)
 
 
 # NOTE: the two kernels below replace ~15 NumPy calls per mini-batch (ranges, unique,
@@ -747,6 +747,4 @@ def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
 def _take_rows(d: SparseDataset, rows: np.ndarray) -> SparseDataset:
     lens = d.indptr[rows + 1] - d.indptr[rows]
     flat = _ranges(d.indptr[rows], lens)
-    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(lens, out=indptr[1:])
-    return SparseDataset(indptr, d.indices[flat], d.values[flat], d.y[rows], d.n_features)
+    return SparseDataset(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), d.indices[flat], d.values[flat], d.y[rows], d.n_features)
