@@ -221,9 +221,8 @@ class LogisticProblem:
         self.n_params = data.n_features + (l2_on == "all")  # 'all': one more key, log s
         check.fits_memory("n_features", self.n_params, 8 * self.n_params, 8, "the float64 weights")
         # Loss is evaluated on a fixed sample of rows so that frequent evaluation stays cheap.
-        if eval_rows is None or eval_rows >= data.n_rows:
-            self._eval = data
-        else:
+        self._eval = data
+        if eval_rows is not None and eval_rows < data.n_rows:
             pick = np.sort(np.random.default_rng(seed).choice(data.n_rows, eval_rows, replace=False))
             self._eval = _take_rows(data, pick)
         self._eval_row_of = np.repeat(np.arange(self._eval.n_rows), np.diff(self._eval.indptr))
@@ -313,11 +312,11 @@ class LogisticProblem:
     def gradient(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray | None = None,
                  l2: float | None = None) -> tuple[np.ndarray, Any]:
         """(keys, g): mean log-loss gradient over the batch plus l2 * w, on the touched features only."""
+        d = self.data
         if keys is None:
-            keys = _batch_keys(self.data.indptr, self.data.indices, np.asarray(batch, dtype=np.int64))
+            keys = _batch_keys(d.indptr, d.indices, np.asarray(batch, dtype=np.int64))
         l2 = self.l2 if l2 is None else l2
         if isinstance(w_keys, np.ndarray):
-            d = self.data
             return keys, _batch_gradient(d.indptr, d.indices, d.values, d.y, np.asarray(batch, dtype=np.int64), keys,
                                          np.asarray(w_keys, dtype=np.float64), l2, d.n_features)
         return self.gradient_xp(w_keys, batch, keys, l2)
@@ -326,17 +325,15 @@ class LogisticProblem:
                     l2: float | None = None) -> tuple[np.ndarray, Any]:
         """The same gradient in array-module code (NumPy or CuPy): the reference for the compiled kernel."""
         d = self.data
-        ip = d.indptr
-        lens = ip[batch + 1] - ip[batch]
-        flat = _ranges(ip[batch], lens)
+        lens = d.indptr[batch + 1] - d.indptr[batch]
+        flat = _ranges(d.indptr[batch], lens)
         cols = d.indices[flat]
         if keys is None:
             keys = np.unique(cols)
-        local = np.searchsorted(keys, cols)
         xp = array_module(w_keys)
+        local_x = xp.asarray(np.searchsorted(keys, cols))
         vals = xp.asarray(d.values[flat], dtype=np.float64)
         row = xp.asarray(np.repeat(np.arange(len(batch)), lens))
-        local_x = xp.asarray(local)
         margin = xp.bincount(row, weights=vals * w_keys[local_x], minlength=len(batch))
         yb = xp.asarray(d.y[batch], dtype=np.float64)
         coef = -yb * sigmoid(-yb * margin) / len(batch)
