@@ -13,7 +13,7 @@ list of judgements.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -41,23 +41,27 @@ def nearest(vectors: np.ndarray, vocab: Vocabulary, word: str, k: int = 10) -> l
     return [(vocab.words[t], float(sims[t])) for t in top]
 
 
+def _data_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, stripped line) of a data file's lines, blank lines and ``#`` comment lines skipped."""
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                yield n, line.strip()
+
+
 def load_analogies(path: str | Path) -> dict[str, list[tuple[str, str, str, str]]]:
     """Read the standard question format: ``: section`` lines, then ``a b c d`` lines (lowercased)."""
     sections: dict[str, list[tuple[str, str, str, str]]] = {}
     current = None
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            if line.startswith(":"):
-                current = line[1:].strip()
-                sections.setdefault(current, [])
-                continue
-            words = line.lower().split()
-            if len(words) != 4 or current is None:
-                raise ValueError(f"analogy file line {n} must be ': section' or four words after a section, got {line!r}")
-            sections[current].append(tuple(words))
+    for n, line in _data_lines(path):
+        if line.startswith(":"):
+            current = line[1:].strip()
+            sections.setdefault(current, [])
+            continue
+        words = line.lower().split()
+        if len(words) != 4 or current is None:
+            raise ValueError(f"analogy file line {n} must be ': section' or four words after a section, got {line!r}")
+        sections[current].append(tuple(words))
     return sections
 
 
@@ -75,7 +79,7 @@ def analogy_accuracy(vectors: np.ndarray, vocab: Vocabulary,
     """Per section (and 'all'): fraction answered correctly among questions whose words are all known."""
     unit = normalize(vectors)
     out: dict[str, dict[str, float]] = {}
-    total_right = total_asked = total_seen = 0
+    rights = []
     for name, questions in sections.items():
         known = [q for q in questions if all(w in vocab for w in q)]
         right = 0
@@ -87,27 +91,25 @@ def analogy_accuracy(vectors: np.ndarray, vocab: Vocabulary,
             rows = np.arange(len(known))[:, None]
             sims[rows, ids[:, :3]] = -np.inf
             right = int(np.sum(np.argmax(sims, axis=1) == ids[:, 3]))
-        out[name] = {"accuracy": right / len(known) if known else float("nan"),
-                     "answered": len(known), "total": len(questions)}
-        total_right += right
-        total_asked += len(known)
-        total_seen += len(questions)
-    out["all"] = {"accuracy": total_right / total_asked if total_asked else float("nan"),
-                  "answered": total_asked, "total": total_seen}
+        out[name] = _score(right, len(known), len(questions))
+        rights.append(right)
+    out["all"] = _score(sum(rights), sum(o["answered"] for o in out.values()), sum(o["total"] for o in out.values()))
     return out
+
+
+def _score(right: int, answered: int, total: int) -> dict[str, float]:
+    """An accuracy entry: right / answered (NaN when no question was answered), with both counts."""
+    return {"accuracy": right / answered if answered else float("nan"), "answered": answered, "total": total}
 
 
 def load_similarity(path: str | Path) -> list[tuple[str, str, float]]:
     """Read ``word1 word2 score`` lines (``#`` starts a comment line)."""
     pairs = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            parts = line.split()
-            if len(parts) != 3:
-                raise ValueError(f"similarity file line {n} must be 'word1 word2 score', got {line.strip()!r}")
-            pairs.append((parts[0].lower(), parts[1].lower(), float(parts[2])))
+    for n, line in _data_lines(path):
+        parts = line.split()
+        if len(parts) != 3:
+            raise ValueError(f"similarity file line {n} must be 'word1 word2 score', got {line!r}")
+        pairs.append((parts[0].lower(), parts[1].lower(), float(parts[2])))
     return pairs
 
 
