@@ -198,15 +198,13 @@ def array_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count:
     """The steps in array code on ``w``'s array module: the NumPy-tested reference of :class:`FusedSteps`."""
     dev, l2, scaled = device_data(problem, array_module(w)), problem.l2, problem.l2_on == "all"
     xp, ip = dev.xp, dev.host_indptr
-    start, n_rows = shard[0], shard[1] - shard[0]
     keep = 1.0 - lr * l2
     log_s, pending = (float(w[-1]), 0.0) if scaled else (0.0, 0.0)
-    offsets = np.arange(batch_size)
     for c in range(first, first + count):
-        rows = start + (c * batch_size + offsets) % n_rows
+        rows = problem.batch(shard, c, batch_size)
         lens = ip[rows + 1] - ip[rows]
         flat = xp.asarray(_ranges(ip[rows], lens))
-        row = xp.asarray(np.repeat(offsets, lens))
+        row = xp.asarray(np.repeat(np.arange(batch_size), lens))
         cols, vals = dev.indices[flat], dev.values[flat]
         s = math.exp(log_s + pending)
         margin = segment_sum(row, vals * w[cols], batch_size) * s
@@ -217,8 +215,7 @@ def array_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count:
             pending += math.log(keep)
             continue
         if l2:
-            touched = xp.unique(cols)
-            w[touched] *= keep
+            w[xp.unique(cols)] *= keep  # each touched weight decays once
         scatter_add(w, cols, -lr * coef[row] * vals)
     if scaled:
         w[-1] += pending
