@@ -48,8 +48,9 @@ from simlib.problems.glove_prefetch import AHEAD
 _BYTES_PER_VECTOR_ENTRY = 4 + 8
 
 
-class GloveProblem:
-    """GloVe in the parameter-server contract: keys are flat indices of the rows a batch touches."""
+class PassRecords:
+    """What GloVe's problems share: the C program's cost, one unit of work per entry, and each worker's record
+    of its passes (``_passes``: shard -> pass -> [cost sum, entries]) that ``local_steps`` keeps."""
 
     metric = "cost"
     lower_is_better = True
@@ -57,6 +58,26 @@ class GloveProblem:
     # Where a substrate keeps the table in place (shm): float32, the values' own precision (the float64
     # storage elsewhere only holds float32 values), so the in-place kernel moves half the bytes.
     table_dtype = np.float32
+
+    def work(self, batch: np.ndarray) -> int:
+        """One unit per co-occurrence entry updated."""
+        return len(batch)
+
+    def _record(self, shard: Any, first: int) -> dict[int, list[float]]:
+        """The shard's record, pass -> [cost sum, entries]: a call from step 0 starts it afresh."""
+        passes = self._passes.setdefault(shard, {})
+        if first == 0:
+            passes.clear()
+        return passes
+
+    def local_result(self, shard: Any) -> dict[int, list[float]]:
+        """What a worker sends back of a real run: per pass over its shard, [cost sum, entries]."""
+        return {p: [float(cost), m] for p, (cost, m) in self._passes.get(shard, {}).items()}
+
+
+class GloveProblem(PassRecords):
+    """GloVe in the parameter-server contract: keys are flat indices of the rows a batch touches."""
+
     # A device table's steps: 'auto' (fused on CuPy), 'fused', 'array', or 'hogwild' (entries lock-free,
     # B in flight on CuPy; on NumPy entries are applied one after another in every case).
     device_kernel = "auto"
@@ -120,10 +141,6 @@ class GloveProblem:
             out[passes == p] = self._order(int(p))[start + pos[passes == p]]
         return out
 
-    def work(self, batch: np.ndarray) -> int:
-        """One unit per co-occurrence entry updated."""
-        return len(batch)
-
     def _rows(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.unique(self.cooc.rows[batch]), np.unique(self.cooc.cols[batch])
 
@@ -166,9 +183,7 @@ class GloveProblem:
         """
         start, stop = shard
         n = stop - start
-        passes = self._passes.setdefault(shard, {})
-        if first == 0:
-            passes.clear()
+        passes = self._record(shard, first)
         views = self.views(w)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
         t, end = first * batch_size, (first + count) * batch_size
@@ -193,10 +208,6 @@ class GloveProblem:
             t += upto - pos
         return sum((InFlight.of(c) for c in counts), InFlight()) if counts else None
 
-    def local_result(self, shard: tuple[int, int]) -> dict[int, list[float]]:
-        """What a worker sends back of a real run: per pass over its shard, [cost sum, entries]."""
-        return {p: [float(cost), m] for p, (cost, m) in self._passes.get(shard, {}).items()}
-
     def epoch_costs(self, result: Any) -> list[float]:
         """The C program's cost per epoch, mean 0.5 f diff^2 over the pass, of the passes every worker completed.
 
@@ -218,4 +229,4 @@ class GloveProblem:
         return float(np.mean(0.5 * self.fx[e] * diff * diff))
 
 
-__all__ = ["GloveProblem"]
+__all__ = ["GloveProblem", "PassRecords"]
