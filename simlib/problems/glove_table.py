@@ -33,7 +33,7 @@ On processes sharing memory (two workers, two epochs, Hogwild)::
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -133,13 +133,19 @@ class GloveProblem(PassRecords):
 
     def batch(self, shard: tuple[int, int], step: int, batch_size: int) -> np.ndarray:
         """Entry ids of batch ``step`` in the shard: positions t = step*B .. step*B+B-1, pass t // n, in that pass's order."""
+        t = step * batch_size
+        return np.concatenate([self._order(p)[lo:hi] for _, p, lo, hi in self._segments(shard, t, t + batch_size)])
+
+    @staticmethod
+    def _segments(shard: tuple[int, int], t: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+        """(t, p, lo, hi) for each pass p that the shard's positions t .. end-1 touch (position t = pass t // n at
+        t % n, n the shard's length): that pass's order holds their entries at lo .. hi-1; t is the first's position."""
         start, stop = shard
-        t = np.arange(step * batch_size, (step + 1) * batch_size, dtype=np.int64)
-        passes, pos = np.divmod(t, stop - start)
-        out = np.empty(batch_size, dtype=np.int64)
-        for p in np.unique(passes):
-            out[passes == p] = self._order(int(p))[start + pos[passes == p]]
-        return out
+        while t < end:
+            p, pos = divmod(t, stop - start)
+            hi = min(stop, start + pos + end - t)
+            yield t, p, start + pos, hi
+            t += hi - start - pos
 
     def _rows(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.unique(self.cooc.rows[batch]), np.unique(self.cooc.cols[batch])
@@ -181,31 +187,24 @@ class GloveProblem(PassRecords):
         cost (the sum of 0.5 f diff^2 before each update) is kept for :meth:`local_result`; a call from
         step 0 starts the record afresh.
         """
-        start, stop = shard
-        n = stop - start
         passes = self._record(shard, first)
         views = self.views(w)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
-        t, end = first * batch_size, (first + count) * batch_size
         counts = []  # lock-free device steps: each launch's queue counts (what their entries missed)
-        while t < end:  # one kernel call per pass the chunk touches
-            p, pos = divmod(t, n)
-            upto = min(n, pos + end - t)
+        for t, p, lo, hi in self._segments(shard, first * batch_size, (first + count) * batch_size):  # a call per pass
             if isinstance(w, np.ndarray):
-                entries = self._order(p)[start + pos : start + upto]
-                cost = adagrad_kernel((self.cooc.rows, self.cooc.cols, self.logx, self.fx), entries, views, eta, clip,
-                                      AHEAD)
+                cost = adagrad_kernel((self.cooc.rows, self.cooc.cols, self.logx, self.fx), self._order(p)[lo:hi], views,
+                                      eta, clip, AHEAD)
             else:  # a device table (the gpu substrate on CuPy): glove_device's steps, no wait between passes
                 from simlib.problems.glove_device import device_order, device_pass
 
                 order = device_order(self, array_module(w), p) if self.device_kernel == "hogwild" else self._order(p)
-                cost, seen = device_pass(self, w, order[start + pos : start + upto], t, batch_size, eta, clip)
+                cost, seen = device_pass(self, w, order[lo:hi], t, batch_size, eta, clip)
                 if seen is not None:
                     counts.append(seen)
             record = passes.setdefault(p, [0.0, 0])
             record[0] += cost
-            record[1] += upto - pos
-            t += upto - pos
+            record[1] += hi - lo
         return sum((InFlight.of(c) for c in counts), InFlight()) if counts else None
 
     def epoch_costs(self, result: Any) -> list[float]:
