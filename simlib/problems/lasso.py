@@ -128,8 +128,7 @@ def make_lasso(n_rows: int = 1_000, n_features: int = 512, n_nonzero: int = 20, 
     support = rng.choice(n_features, n_nonzero, replace=False)
     x_true[support] = rng.choice([-1.0, 1.0], n_nonzero) * rng.uniform(1.0, 3.0, n_nonzero)
     y = x_true @ At + noise * rng.standard_normal(n_rows)
-    l1_max = float(np.max(np.abs(At @ y)))
-    return LassoProblem(At, y, l1_ratio * l1_max, x_true=x_true)
+    return LassoProblem(At, y, l1_ratio * float(np.max(np.abs(At @ y))), x_true=x_true)  # l1_ratio * l1_max
 
 
 def make_uncorrelated_lasso(n_features: int = 512, seed: int = 0, **kw: Any) -> LassoProblem:
