@@ -162,9 +162,8 @@ class GloveSlices(PassRecords):
         Worker 0 keeps each pass's cost (the sum of 0.5 f diff^2 before each update) for :meth:`local_result`;
         a call from step 0 starts the record afresh.
         """
-        p, n = shard.worker, shard.n_workers
         params = self.glove.views(w)
-        parts = self.partials(w, n)
+        parts = self.partials(w, shard.n_workers)
         terms = (self.cooc.rows, self.cooc.cols, self.glove.logx, self.glove.fx)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
         passes = self._record(shard, first)
@@ -172,10 +171,10 @@ class GloveSlices(PassRecords):
             epoch, start, stop, phase = self._position(c, batch_size)
             entries = self.glove._order(epoch)[start:stop]
             if phase == 0:
-                partial_dots_kernel(terms, entries, params, shard, parts[p])
+                partial_dots_kernel(terms, entries, params, shard, parts[shard.worker])
                 continue
             cost = slice_update_kernel(terms, entries, params, shard, parts, eta, clip)
-            if p == 0:
+            if shard.worker == 0:
                 record = passes.setdefault(epoch, [0.0, 0])
                 record[0] += cost
                 record[1] += stop - start

@@ -284,21 +284,20 @@ class LogisticProblem:
         last = self._last  # NOTE: keys() then work() of one batch: the second call is a look here (1.5 % of a run)
         if last[0] is batch:
             return last[1]
-        given = batch
-        batch = np.asarray(batch, dtype=np.int64)
-        tag = batch.tobytes()
+        rows = np.asarray(batch, dtype=np.int64)
+        tag = rows.tobytes()
         facts = self._facts.get(tag)
         if facts is None:
             d = self.data
-            keys = _batch_keys(d.indptr, d.indices, batch)
+            keys = _batch_keys(d.indptr, d.indices, rows)
             if self.l2_on == "all":
                 keys = np.append(keys, d.n_features)
             keys.setflags(write=False)  # shared by every caller: a change in place would corrupt the cache
-            facts = (keys, int(np.sum(d.indptr[batch + 1] - d.indptr[batch])))
+            facts = (keys, int(np.sum(d.indptr[rows + 1] - d.indptr[rows])))
             if len(self._facts) >= _FACTS_KEPT:
                 self._facts.clear()
             self._facts[tag] = facts
-        self._last = (given, facts)  # one assignment: threads sharing the problem never see a torn pair
+        self._last = (batch, facts)  # one assignment: threads sharing the problem never see a torn pair
         return facts
 
     def weights(self, params: Any) -> Any:
@@ -456,14 +455,11 @@ class LogisticProblem:
 
     def loss(self, w: Any) -> float:
         """L(w) on the evaluation rows: mean log-loss plus (l2 / 2) ||w||^2."""
-        e = self._eval
-        xp = array_module(w)
-        if xp is np:
-            data_loss = _mean_log_loss(e.indptr, e.indices, e.values, e.y, np.asarray(w, dtype=np.float64))
-            with np.errstate(over="ignore"):  # a diverged w: the loss is inf, and the caller says so by name
-                return float(data_loss) + 0.5 * self.l2 * float(np.dot(w, w))
-        data_loss = float(xp.mean(log1pexp(-xp.asarray(e.y, dtype=np.float64) * self._margins(w))))
-        return data_loss + 0.5 * self.l2 * float(xp.dot(w, w))
+        e, xp = self._eval, array_module(w)
+        data_loss = (_mean_log_loss(e.indptr, e.indices, e.values, e.y, np.asarray(w, dtype=np.float64)) if xp is np
+                     else xp.mean(log1pexp(-xp.asarray(e.y, dtype=np.float64) * self._margins(w))))
+        with np.errstate(over="ignore"):  # a diverged w: the loss is inf, and the caller says so by name
+            return float(data_loss) + 0.5 * self.l2 * float(xp.dot(w, w))
 
     def accuracy(self, w: Any) -> float:
         """Fraction of evaluation rows whose sign(x . w) equals the label."""
