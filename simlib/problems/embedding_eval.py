@@ -37,8 +37,7 @@ def nearest(vectors: np.ndarray, vocab: Vocabulary, word: str, k: int = 10) -> l
     i = vocab.id(word)
     sims = unit @ unit[i]
     sims[i] = -np.inf
-    top = np.argsort(-sims, kind="stable")[:k]
-    return [(vocab.words[t], float(sims[t])) for t in top]
+    return [(vocab.words[t], float(sims[t])) for t in np.argsort(-sims, kind="stable")[:k]]
 
 
 def _data_lines(path: str | Path) -> Iterator[tuple[int, str]]:
@@ -88,8 +87,7 @@ def analogy_accuracy(vectors: np.ndarray, vocab: Vocabulary,
             # NOTE: one matrix product for all questions of a section instead of one per question.
             targets = unit[ids[:, 1]] - unit[ids[:, 0]] + unit[ids[:, 2]]
             sims = targets @ unit.T
-            rows = np.arange(len(known))[:, None]
-            sims[rows, ids[:, :3]] = -np.inf
+            sims[np.arange(len(known))[:, None], ids[:, :3]] = -np.inf  # a, b and c are not answers
             right = int(np.sum(np.argmax(sims, axis=1) == ids[:, 3]))
         out[name] = _score(right, len(known), len(questions))
         rights.append(right)

@@ -137,7 +137,7 @@ class DeviceData:
         self.values = xp.asarray(np.asarray(data.values, dtype=np.float64))
         self.y = xp.asarray(np.asarray(data.y, dtype=np.float64))
         self.fused: FusedSteps | None = None
-        self.queue: RowQueue | None = None
+        self.queue = RowQueue(xp)  # the lock-free rows' queue (four counters)
 
 
 def device_data(problem: Any, xp: Any) -> DeviceData:
@@ -180,8 +180,6 @@ def hogwild_rows(problem: Any, w: Any, shard: tuple[int, int], first_row: int, r
     (counted, and returned). With ``in_flight=1`` this is the compiled CPU loop at batch size 1.
     """
     dev, l2, scaled = device_data(problem, array_module(w)), problem.l2, problem.l2_on == "all"
-    if dev.queue is None:
-        dev.queue = RowQueue(dev.xp)
     (kernel,) = cuda_kernels(_HOGWILD_SOURCE, ("sgd_hogwild",))
     log_keep = math.log(1.0 - rate * l2) if scaled else 0.0
     counts = dev.queue.launch(kernel, in_flight, rows, (dev.indptr, dev.indices, dev.values, dev.y, w, np.int64(shard[0]),
