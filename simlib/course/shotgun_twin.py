@@ -50,13 +50,8 @@ def allgather_time(n_workers: int, nbytes_per_worker: float, latency: float, ban
     return (n_workers - 1) * (latency + nbytes_per_worker / bandwidth)
 
 
-def simulate_shotgun(
-    problem: LassoProblem,
-    schedule: np.ndarray,
-    cfg: SimConfig | None = None,
-    record_every: int = 10,
-    blowup: float = 1e6,
-) -> tuple[ShotgunRun, Trace]:
+def simulate_shotgun(problem: LassoProblem, schedule: np.ndarray, cfg: SimConfig | None = None, record_every: int = 10,
+                     blowup: float = 1e6) -> tuple[ShotgunRun, Trace]:
     """Run Shotgun's rounds on the simulated cluster ``cfg`` (n_workers, network, compute, stragglers).
 
     Returns the objective every ``record_every`` rounds and a trace (``substrate='sim'``) with

@@ -271,8 +271,7 @@ def runs_to_cooccurrence(keys: np.ndarray, vals: np.ndarray, n_words: int,
     off-diagonal ones in key order.
     """
     b = other if other is not None else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
-    rows, cols, values = symmetric_kernel((keys, vals), b, n_words)
-    return Cooccurrence(rows=rows, cols=cols, values=values, n_words=n_words)
+    return Cooccurrence(*symmetric_kernel((keys, vals), b, n_words), n_words=n_words)  # rows, cols, values
 
 
 @njit(nogil=True, cache=True)
