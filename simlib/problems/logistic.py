@@ -724,17 +724,9 @@ def _mean_log_loss(indptr, indices, values, y, w):  # pragma: no cover - compile
 
 def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Concatenation of arange(s, s + n) for each (s, n), vectorised."""
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(lens)
-    out = np.ones(total, dtype=np.int64)
-    nz = lens > 0
-    s, e = starts[nz], ends[nz]
-    out[0] = s[0]  # the first range that has elements (a batch may start with an empty row)
-    # At the first element of each range jump to its start; elsewhere step by one.
-    out[e[:-1]] = s[1:] - (s[:-1] + lens[nz][:-1] - 1)
-    return np.cumsum(out)
+    # Output k, in range i (which starts at output offset_i = cumsum(lens)[i] - lens[i]), is k - (offset_i - s_i).
+    starts, lens = np.asarray(starts, dtype=np.int64), np.asarray(lens, dtype=np.int64)
+    return np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens - starts, lens)
 
 
 def _take_rows(d: SparseDataset, rows: np.ndarray) -> SparseDataset:
