@@ -125,8 +125,7 @@ def rank(x: np.ndarray) -> np.ndarray:
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     """Spearman's rho: the Pearson correlation of the ranks of x and y."""
-    rx, ry = rank(np.asarray(x)), rank(np.asarray(y))
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return float(np.corrcoef(rank(x), rank(y))[0, 1])
 
 
 def similarity_score(vectors: np.ndarray, vocab: Vocabulary, pairs: list[tuple[str, str, float]]) -> dict[str, float]:

@@ -132,8 +132,7 @@ def make_sparse_classification(n_rows: int = 20_000, n_features: int = 10_000, n
     perm = rng.permutation(n_features).astype(np.int32)  # so common features are not ids 0, 1, 2, ...
     raw = perm[np.searchsorted(cdf, rng.random((n_rows, nnz_per_row)), side="right").clip(0, n_features - 1)]
     raw.sort(axis=1)
-    keep = np.ones_like(raw, dtype=bool)
-    keep[:, 1:] = raw[:, 1:] != raw[:, :-1]
+    keep = np.diff(raw, axis=1, prepend=-1) != 0  # each row's first id, and every id unlike the one before it
     counts = keep.sum(axis=1)
     indices = raw[keep].astype(np.int32)
     indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
