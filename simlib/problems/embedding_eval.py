@@ -160,7 +160,6 @@ def plot_projection(vectors: np.ndarray, vocab: Vocabulary, words: Sequence[str]
     ax.scatter(xy[:, 0], xy[:, 1], color="#0072B2")
     for (x, y), w in zip(xy, known):
         ax.annotate(w, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=12)
-    ax.set_xlabel("principal component 1 (cosine units)")
-    ax.set_ylabel("principal component 2 (cosine units)")
-    ax.set_title(title or "Words on the first two principal components")
+    ax.set(xlabel="principal component 1 (cosine units)", ylabel="principal component 2 (cosine units)",
+           title=title or "Words on the first two principal components")
     return ax

@@ -110,9 +110,8 @@ def make_lasso(n_rows: int = 1_000, n_features: int = 512, n_nonzero: int = 20, 
     so any two of them have corr ~= c = ``correlation``; the other columns are independent
     (|corr| ~ 1 / sqrt(n_rows)). Columns are scaled to unit norm; l1 = l1_ratio * l1_max.
     """
-    check.positive_int("n_rows", n_rows)
-    check.positive_int("n_features", n_features)
-    check.positive_int("n_nonzero", n_nonzero)
+    for name, count in (("n_rows", n_rows), ("n_features", n_features), ("n_nonzero", n_nonzero)):
+        check.positive_int(name, count)
     check.non_negative_int("n_correlated", n_correlated)
     check.probability("correlation", correlation)
     check.non_negative("noise", noise)
@@ -145,9 +144,8 @@ def make_correlated_lasso(n_features: int = 512, n_correlated: int = 256, correl
 # -- schedules: which coordinates each round updates ---------------------------------------------
 def random_schedule(n_features: int, p: int, rounds: int, seed: int = 0) -> np.ndarray:
     """(rounds, p) coordinates, p distinct ones per round, uniformly at random (plain Shotgun)."""
-    check.positive_int("n_features", n_features)
-    check.positive_int("p", p)
-    check.positive_int("rounds", rounds)
+    for name, count in (("n_features", n_features), ("p", p), ("rounds", rounds)):
+        check.positive_int(name, count)
     if p > n_features:
         raise ValueError(f"p ({p}) must be <= n_features ({n_features})")
     rng = np.random.default_rng(seed)

@@ -117,9 +117,8 @@ def make_sparse_classification(n_rows: int = 20_000, n_features: int = 10_000, n
     most are rare), values are positive and each row has unit L2 norm, labels come from a hidden
     weight vector and are flipped with probability ``label_noise``.
     """
-    check.positive_int("n_rows", n_rows)
-    check.positive_int("n_features", n_features)
-    check.positive_int("nnz_per_row", nnz_per_row)
+    for name, count in (("n_rows", n_rows), ("n_features", n_features), ("nnz_per_row", nnz_per_row)):
+        check.positive_int(name, count)
     check.probability("label_noise", label_noise)
     check.non_negative("zipf", zipf)
     if nnz_per_row > n_features:
