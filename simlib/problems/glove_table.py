@@ -215,8 +215,7 @@ class GloveProblem(PassRecords):
         parts = result.measured.get("local") or []
         if not parts or not all(parts):
             raise ValueError("result: it holds no costs per pass; run on substrate 'shm' with the plain step rule")
-        shards = self.shards(len(parts))
-        done = min(sum(1 for c, m in part.values() if m == b - a) for part, (a, b) in zip(parts, shards))
+        done = min(sum(m == b - a for _, m in part.values()) for part, (a, b) in zip(parts, self.shards(len(parts))))
         return [sum(part[p][0] for part in parts) / self.cooc.nnz for p in range(done)]
 
     def quality(self, w: np.ndarray) -> float:

@@ -253,10 +253,8 @@ def shotgun(problem: LassoProblem, schedule: np.ndarray, record_every: int = 1, 
             f = problem.objective(x, r)
             rounds.append(t + 1)
             values.append(f)
-            if not np.isfinite(f) or f > blowup * f0:
-                diverged = True
-                break
-            if stop_below is not None and f <= stop_below:
+            diverged = not np.isfinite(f) or f > blowup * f0
+            if diverged or (stop_below is not None and f <= stop_below):
                 break
     return ShotgunRun(np.array(rounds), np.array(values), to_numpy(x), diverged)
 
