@@ -193,8 +193,8 @@ class GloveProblem(PassRecords):
         counts = []  # lock-free device steps: each launch's queue counts (what their entries missed)
         for t, p, lo, hi in self._segments(shard, first * batch_size, (first + count) * batch_size):  # a call per pass
             if isinstance(w, np.ndarray):
-                cost = adagrad_kernel((self.cooc.rows, self.cooc.cols, self.logx, self.fx), self._order(p)[lo:hi], views,
-                                      eta, clip, AHEAD)
+                terms = (self.cooc.rows, self.cooc.cols, self.logx, self.fx)
+                cost = adagrad_kernel(terms, self._order(p)[lo:hi], views, eta, clip, AHEAD)
             else:  # a device table (the gpu substrate on CuPy): glove_device's steps, no wait between passes
                 from simlib.problems.glove_device import device_order, device_pass
 

@@ -730,4 +730,5 @@ def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
 def _take_rows(d: SparseDataset, rows: np.ndarray) -> SparseDataset:
     lens = d.indptr[rows + 1] - d.indptr[rows]
     flat = _ranges(d.indptr[rows], lens)
-    return SparseDataset(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), d.indices[flat], d.values[flat], d.y[rows], d.n_features)
+    return SparseDataset(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), d.indices[flat], d.values[flat],
+                         d.y[rows], d.n_features)
