@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from simlib import _validate as check
-from simlib.problems.lasso import LassoProblem, ShotgunProblem, ShotgunRun, shotgun_round
+from simlib.problems.lasso import LassoProblem, ShotgunProblem, ShotgunRun, shotgun
 from simlib.sim.config import SimConfig
 from simlib.sim.stragglers import ComputeModel
 from simlib.trace import Trace
@@ -50,13 +50,8 @@ def allgather_time(n_workers: int, nbytes_per_worker: float, latency: float, ban
     return (n_workers - 1) * (latency + nbytes_per_worker / bandwidth)
 
 
-def simulate_shotgun(
-    problem: LassoProblem,
-    schedule: np.ndarray,
-    cfg: SimConfig | None = None,
-    record_every: int = 10,
-    blowup: float = 1e6,
-) -> tuple[ShotgunRun, Trace]:
+def simulate_shotgun(problem: LassoProblem, schedule: np.ndarray, cfg: SimConfig | None = None, record_every: int = 10,
+                     blowup: float = 1e6) -> tuple[ShotgunRun, Trace]:
     """Run Shotgun's rounds on the simulated cluster ``cfg`` (n_workers, network, compute, stragglers).
 
     Returns the objective every ``record_every`` rounds and a trace (``substrate='sim'``) with
@@ -72,36 +67,27 @@ def simulate_shotgun(
     owner = np.arange(p) % n  # worker owning each slot
     pair = cfg.key_bytes + cfg.value_bytes
     apply_time = cfg.compute_per_unit * p * problem.n_rows / n
+    slots = np.bincount(owner, minlength=n)
+    exchange = allgather_time(n, int(slots.max()) * pair, cfg.latency, cfg.bandwidth)
     trace = Trace(label=f"Shotgun P={p} on {n} workers", substrate="sim", n_workers=n, metric="objective")
+    ends = [0.0]  # the simulated time at the end of each round (entry 0: the start)
 
-    x = np.zeros(problem.n_features)
-    r = problem.residual(x)
-    f0 = problem.objective(x, r)
-    rounds_rec, values = [0], [f0]
-    trace.record_quality(0.0, 0, f0)
-    now, diverged = 0.0, False
-    for t in range(rounds):
-        coords = schedule[t]
+    def price(t: int) -> None:
+        """Round t's compute, wait, exchange and apply spans, from the time the round before ended."""
+        now, coords = ends[-1], schedule[t]
         live = np.bincount(owner[coords >= 0], minlength=n)
         busy = [compute.time(w, int(live[w]) * problem.n_rows) if live[w] else 0.0 for w in range(n)]
         barrier = now + max(busy)
-        slots = np.bincount(owner, minlength=n)
-        exchange = allgather_time(n, int(slots.max()) * pair, cfg.latency, cfg.bandwidth)
         for w in range(n):
             trace.span(w, "compute", now, now + busy[w], step=t)
             trace.span(w, "wait", now + busy[w], barrier, step=t)
             trace.span(w, "send", barrier, barrier + exchange, nbytes=int(slots[w]) * pair * (n - 1), step=t)
             trace.span(w, "compute", barrier + exchange, barrier + exchange + apply_time, step=t)
             trace.update(barrier, w, t, 0, bool(live[w]))
-        now = barrier + exchange + apply_time
-        shotgun_round(problem, x, r, coords)
-        if (t + 1) % record_every == 0 or t + 1 == rounds:
-            f = problem.objective(x, r)
-            rounds_rec.append(t + 1)
-            values.append(f)
-            trace.record_quality(now, t + 1, f)
-            if not np.isfinite(f) or f > blowup * f0:
-                diverged = True
-                break
-    trace.meta.update(config=cfg.to_dict(), P=p, rounds=rounds, record_every=record_every, diverged=diverged)
-    return ShotgunRun(np.array(rounds_rec), np.array(values), x, diverged), trace
+        ends.append(barrier + exchange + apply_time)
+
+    run = shotgun(problem, schedule, record_every, blowup, before_round=price)
+    for t, f in zip(run.rounds, run.objective):
+        trace.record_quality(ends[t], t, f)
+    trace.meta.update(config=cfg.to_dict(), P=p, rounds=rounds, record_every=record_every, diverged=run.diverged)
+    return run, trace

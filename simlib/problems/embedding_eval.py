@@ -13,7 +13,7 @@ list of judgements.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -37,27 +37,30 @@ def nearest(vectors: np.ndarray, vocab: Vocabulary, word: str, k: int = 10) -> l
     i = vocab.id(word)
     sims = unit @ unit[i]
     sims[i] = -np.inf
-    top = np.argsort(-sims, kind="stable")[:k]
-    return [(vocab.words[t], float(sims[t])) for t in top]
+    return [(vocab.words[t], float(sims[t])) for t in np.argsort(-sims, kind="stable")[:k]]
+
+
+def _data_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number, stripped line) of a data file's lines, blank lines and ``#`` comment lines skipped."""
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                yield n, line.strip()
 
 
 def load_analogies(path: str | Path) -> dict[str, list[tuple[str, str, str, str]]]:
     """Read the standard question format: ``: section`` lines, then ``a b c d`` lines (lowercased)."""
     sections: dict[str, list[tuple[str, str, str, str]]] = {}
     current = None
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            if line.startswith(":"):
-                current = line[1:].strip()
-                sections.setdefault(current, [])
-                continue
-            words = line.lower().split()
-            if len(words) != 4 or current is None:
-                raise ValueError(f"analogy file line {n} must be ': section' or four words after a section, got {line!r}")
-            sections[current].append(tuple(words))
+    for n, line in _data_lines(path):
+        if line.startswith(":"):
+            current = line[1:].strip()
+            sections.setdefault(current, [])
+            continue
+        words = line.lower().split()
+        if len(words) != 4 or current is None:
+            raise ValueError(f"analogy file line {n} must be ': section' or four words after a section, got {line!r}")
+        sections[current].append(tuple(words))
     return sections
 
 
@@ -75,7 +78,7 @@ def analogy_accuracy(vectors: np.ndarray, vocab: Vocabulary,
     """Per section (and 'all'): fraction answered correctly among questions whose words are all known."""
     unit = normalize(vectors)
     out: dict[str, dict[str, float]] = {}
-    total_right = total_asked = total_seen = 0
+    rights = []
     for name, questions in sections.items():
         known = [q for q in questions if all(w in vocab for w in q)]
         right = 0
@@ -84,30 +87,27 @@ def analogy_accuracy(vectors: np.ndarray, vocab: Vocabulary,
             # NOTE: one matrix product for all questions of a section instead of one per question.
             targets = unit[ids[:, 1]] - unit[ids[:, 0]] + unit[ids[:, 2]]
             sims = targets @ unit.T
-            rows = np.arange(len(known))[:, None]
-            sims[rows, ids[:, :3]] = -np.inf
+            sims[np.arange(len(known))[:, None], ids[:, :3]] = -np.inf  # a, b and c are not answers
             right = int(np.sum(np.argmax(sims, axis=1) == ids[:, 3]))
-        out[name] = {"accuracy": right / len(known) if known else float("nan"),
-                     "answered": len(known), "total": len(questions)}
-        total_right += right
-        total_asked += len(known)
-        total_seen += len(questions)
-    out["all"] = {"accuracy": total_right / total_asked if total_asked else float("nan"),
-                  "answered": total_asked, "total": total_seen}
+        out[name] = _score(right, len(known), len(questions))
+        rights.append(right)
+    out["all"] = _score(sum(rights), sum(o["answered"] for o in out.values()), sum(o["total"] for o in out.values()))
     return out
+
+
+def _score(right: int, answered: int, total: int) -> dict[str, float]:
+    """An accuracy entry: right / answered (NaN when no question was answered), with both counts."""
+    return {"accuracy": right / answered if answered else float("nan"), "answered": answered, "total": total}
 
 
 def load_similarity(path: str | Path) -> list[tuple[str, str, float]]:
     """Read ``word1 word2 score`` lines (``#`` starts a comment line)."""
     pairs = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            parts = line.split()
-            if len(parts) != 3:
-                raise ValueError(f"similarity file line {n} must be 'word1 word2 score', got {line.strip()!r}")
-            pairs.append((parts[0].lower(), parts[1].lower(), float(parts[2])))
+    for n, line in _data_lines(path):
+        parts = line.split()
+        if len(parts) != 3:
+            raise ValueError(f"similarity file line {n} must be 'word1 word2 score', got {line!r}")
+        pairs.append((parts[0].lower(), parts[1].lower(), float(parts[2])))
     return pairs
 
 
@@ -125,8 +125,7 @@ def rank(x: np.ndarray) -> np.ndarray:
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     """Spearman's rho: the Pearson correlation of the ranks of x and y."""
-    rx, ry = rank(np.asarray(x)), rank(np.asarray(y))
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return float(np.corrcoef(rank(x), rank(y))[0, 1])
 
 
 def similarity_score(vectors: np.ndarray, vocab: Vocabulary, pairs: list[tuple[str, str, float]]) -> dict[str, float]:
@@ -161,7 +160,6 @@ def plot_projection(vectors: np.ndarray, vocab: Vocabulary, words: Sequence[str]
     ax.scatter(xy[:, 0], xy[:, 1], color="#0072B2")
     for (x, y), w in zip(xy, known):
         ax.annotate(w, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=12)
-    ax.set_xlabel("principal component 1 (cosine units)")
-    ax.set_ylabel("principal component 2 (cosine units)")
-    ax.set_title(title or "Words on the first two principal components")
+    ax.set(xlabel="principal component 1 (cosine units)", ylabel="principal component 2 (cosine units)",
+           title=title or "Words on the first two principal components")
     return ax

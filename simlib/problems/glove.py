@@ -271,8 +271,7 @@ def runs_to_cooccurrence(keys: np.ndarray, vals: np.ndarray, n_words: int,
     off-diagonal ones in key order.
     """
     b = other if other is not None else (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64))
-    rows, cols, values = symmetric_kernel((keys, vals), b, n_words)
-    return Cooccurrence(rows=rows, cols=cols, values=values, n_words=n_words)
+    return Cooccurrence(*symmetric_kernel((keys, vals), b, n_words), n_words=n_words)  # rows, cols, values
 
 
 @njit(nogil=True, cache=True)
@@ -491,10 +490,9 @@ def adagrad_kernel(entries, order, params, eta, clip, ahead=0) -> float:
 
 def validate_training(cooc: Cooccurrence, config: GloveConfig) -> None:
     """Check every array the compiled kernels index; raise ValueError naming the field."""
-    if not isinstance(cooc, Cooccurrence):
-        raise ValueError(f"cooc must be a Cooccurrence, got {type(cooc).__name__}")
-    if not isinstance(config, GloveConfig):
-        raise ValueError(f"config must be a GloveConfig, got {type(config).__name__}")
+    for name, value, kind in (("cooc", cooc, Cooccurrence), ("config", config, GloveConfig)):
+        if not isinstance(value, kind):
+            raise ValueError(f"{name} must be a {kind.__name__}, got {type(value).__name__}")
     check.positive_int("cooc.n_words", cooc.n_words)
     if cooc.n_words < 2:
         raise ValueError(f"n_words (the vocabulary size) must be >= 2, got {cooc.n_words}")

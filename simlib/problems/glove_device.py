@@ -52,13 +52,11 @@ def adagrad_batch(entries: tuple[Any, ...], batch: Any, arrays: tuple[Any, ...],
     g = fdiff[:, None]
     tw = xp.clip(g * cj, -clip, clip) * eta
     tc = xp.clip(g * wi, -clip, clip) * eta
-    uw = tw / xp.sqrt(gW[i])
-    uc = tc / xp.sqrt(gC[j])
-    ub = fdiff  # the C update gives the biases no learning rate
-    step_bw = ub / xp.sqrt(gbw[i])
-    step_bc = ub / xp.sqrt(gbc[j])
-    for target, at, change in ((W, i, -uw), (C, j, -uc), (gW, i, tw * tw), (gC, j, tc * tc), (bw, i, -step_bw),
-                               (bc, j, -step_bc), (gbw, i, ub * ub), (gbc, j, ub * ub)):
+    # every change is computed from the arrays as they were, before any lands; the biases' steps have no eta (as in C)
+    changes = ((W, i, -tw / xp.sqrt(gW[i])), (C, j, -tc / xp.sqrt(gC[j])), (gW, i, tw * tw), (gC, j, tc * tc),
+               (bw, i, -fdiff / xp.sqrt(gbw[i])), (bc, j, -fdiff / xp.sqrt(gbc[j])), (gbw, i, fdiff * fdiff),
+               (gbc, j, fdiff * fdiff))
+    for target, at, change in changes:
         scatter_add(target, at, change)
     return cost
 
@@ -196,8 +194,7 @@ def device_pass(problem: Any, w: Any, entries: Any, offset: int, batch_size: int
     ids = xp.asarray(entries).astype(np.int64, copy=False)  # host ids, or a device order's slice
     if problem.device_kernel == "hogwild":  # pragma: no cover - needs a GPU
         return hogwild_entries(terms, ids, views, batch_size, eta, clip)
-    cuts = list(range(-(offset % batch_size) + batch_size if offset % batch_size else batch_size, len(entries),
-                      batch_size))
+    cuts = list(range(batch_size - offset % batch_size, len(entries), batch_size))
     parts = [ids[a:b] for a, b in zip([0] + cuts, cuts + [len(entries)]) if b > a]
     if use_fused(problem.device_kernel, xp):  # pragma: no cover - needs a GPU
         return _fused(terms, parts, views, batch_size, eta, clip), None

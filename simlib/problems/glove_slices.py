@@ -48,7 +48,7 @@ from numba import njit
 
 from simlib import _validate as check
 from simlib.problems.glove import Cooccurrence, GloveConfig, GloveParams
-from simlib.problems.glove_table import GloveProblem
+from simlib.problems.glove_table import GloveProblem, PassRecords
 
 
 class DimSlice(NamedTuple):
@@ -60,17 +60,14 @@ class DimSlice(NamedTuple):
     hi: int
 
 
-class GloveSlices:
+class GloveSlices(PassRecords):
     """GloVe split by dimension: a worker's shard is its slice of the dimensions; two steps per batch.
 
     ``max_workers`` and ``max_batch`` size the partials region (``max_workers`` rows of ``max_batch``
-    float32 values): a run may use up to that many workers and entries per batch.
+    float32 values): a run may use up to that many workers and entries per batch. Only worker 0 records
+    each pass's cost (its :meth:`local_result`; the others send back nothing).
     """
 
-    metric = "cost"
-    lower_is_better = True
-    linear_step = False  # AdaGrad's accumulators do not scale with the step size
-    table_dtype = np.float32  # where the table is kept in place (shm): the values' own precision
     in_place_only = True  # no get / step / add: the steps run only as local_steps on a shared table
 
     def __init__(self, cooc: Cooccurrence, config: GloveConfig, max_workers: int = 2, max_batch: int = 8192,
@@ -147,10 +144,6 @@ class GloveSlices:
         epoch, start, stop, _ = self._position(step, batch_size)
         return self.glove._order(epoch)[start:stop]
 
-    def work(self, batch: np.ndarray) -> int:
-        """One unit per co-occurrence entry."""
-        return len(batch)
-
     def keys(self, batch: np.ndarray) -> np.ndarray:
         """Refused: the steps run only in place (see the module docs)."""
         raise ValueError("GloveSlices has no get / step / add: its steps run in place on substrate 'shm'")
@@ -169,29 +162,22 @@ class GloveSlices:
         Worker 0 keeps each pass's cost (the sum of 0.5 f diff^2 before each update) for :meth:`local_result`;
         a call from step 0 starts the record afresh.
         """
-        p, n = shard.worker, shard.n_workers
         params = self.glove.views(w)
-        parts = self.partials(w, n)
+        parts = self.partials(w, shard.n_workers)
         terms = (self.cooc.rows, self.cooc.cols, self.glove.logx, self.glove.fx)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
-        passes = self._passes.setdefault(shard, {})
-        if first == 0:
-            passes.clear()
+        passes = self._record(shard, first)
         for c in range(first, first + count):
             epoch, start, stop, phase = self._position(c, batch_size)
             entries = self.glove._order(epoch)[start:stop]
             if phase == 0:
-                partial_dots_kernel(terms, entries, params, shard, parts[p])
+                partial_dots_kernel(terms, entries, params, shard, parts[shard.worker])
                 continue
             cost = slice_update_kernel(terms, entries, params, shard, parts, eta, clip)
-            if p == 0:
+            if shard.worker == 0:
                 record = passes.setdefault(epoch, [0.0, 0])
                 record[0] += cost
                 record[1] += stop - start
-
-    def local_result(self, shard: DimSlice) -> dict[int, list[float]]:
-        """What a worker sends back of a run: worker 0's [cost sum, entries] per pass (the others: nothing)."""
-        return {p: [float(cost), m] for p, (cost, m) in self._passes.get(shard, {}).items()}
 
     def epoch_costs(self, result: Any) -> list[float]:
         """The C program's cost per epoch, mean 0.5 f diff^2 over the pass, of the passes completed (worker 0's record).

@@ -33,7 +33,7 @@ On processes sharing memory (two workers, two epochs, Hogwild)::
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -48,8 +48,9 @@ from simlib.problems.glove_prefetch import AHEAD
 _BYTES_PER_VECTOR_ENTRY = 4 + 8
 
 
-class GloveProblem:
-    """GloVe in the parameter-server contract: keys are flat indices of the rows a batch touches."""
+class PassRecords:
+    """What GloVe's problems share: the C program's cost, one unit of work per entry, and each worker's record
+    of its passes (``_passes``: shard -> pass -> [cost sum, entries]) that ``local_steps`` keeps."""
 
     metric = "cost"
     lower_is_better = True
@@ -57,6 +58,26 @@ class GloveProblem:
     # Where a substrate keeps the table in place (shm): float32, the values' own precision (the float64
     # storage elsewhere only holds float32 values), so the in-place kernel moves half the bytes.
     table_dtype = np.float32
+
+    def work(self, batch: np.ndarray) -> int:
+        """One unit per co-occurrence entry updated."""
+        return len(batch)
+
+    def _record(self, shard: Any, first: int) -> dict[int, list[float]]:
+        """The shard's record, pass -> [cost sum, entries]: a call from step 0 starts it afresh."""
+        passes = self._passes.setdefault(shard, {})
+        if first == 0:
+            passes.clear()
+        return passes
+
+    def local_result(self, shard: Any) -> dict[int, list[float]]:
+        """What a worker sends back of a real run: per pass over its shard, [cost sum, entries]."""
+        return {p: [float(cost), m] for p, (cost, m) in self._passes.get(shard, {}).items()}
+
+
+class GloveProblem(PassRecords):
+    """GloVe in the parameter-server contract: keys are flat indices of the rows a batch touches."""
+
     # A device table's steps: 'auto' (fused on CuPy), 'fused', 'array', or 'hogwild' (entries lock-free,
     # B in flight on CuPy; on NumPy entries are applied one after another in every case).
     device_kernel = "auto"
@@ -112,17 +133,19 @@ class GloveProblem:
 
     def batch(self, shard: tuple[int, int], step: int, batch_size: int) -> np.ndarray:
         """Entry ids of batch ``step`` in the shard: positions t = step*B .. step*B+B-1, pass t // n, in that pass's order."""
-        start, stop = shard
-        t = np.arange(step * batch_size, (step + 1) * batch_size, dtype=np.int64)
-        passes, pos = np.divmod(t, stop - start)
-        out = np.empty(batch_size, dtype=np.int64)
-        for p in np.unique(passes):
-            out[passes == p] = self._order(int(p))[start + pos[passes == p]]
-        return out
+        t = step * batch_size
+        return np.concatenate([self._order(p)[lo:hi] for _, p, lo, hi in self._segments(shard, t, t + batch_size)])
 
-    def work(self, batch: np.ndarray) -> int:
-        """One unit per co-occurrence entry updated."""
-        return len(batch)
+    @staticmethod
+    def _segments(shard: tuple[int, int], t: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+        """(t, p, lo, hi) for each pass p that the shard's positions t .. end-1 touch (position t = pass t // n at
+        t % n, n the shard's length): that pass's order holds their entries at lo .. hi-1; t is the first's position."""
+        start, stop = shard
+        while t < end:
+            p, pos = divmod(t, stop - start)
+            hi = min(stop, start + pos + end - t)
+            yield t, p, start + pos, hi
+            t += hi - start - pos
 
     def _rows(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.unique(self.cooc.rows[batch]), np.unique(self.cooc.cols[batch])
@@ -164,38 +187,25 @@ class GloveProblem:
         cost (the sum of 0.5 f diff^2 before each update) is kept for :meth:`local_result`; a call from
         step 0 starts the record afresh.
         """
-        start, stop = shard
-        n = stop - start
-        passes = self._passes.setdefault(shard, {})
-        if first == 0:
-            passes.clear()
+        passes = self._record(shard, first)
         views = self.views(w)
         eta, clip = np.float32(lr), np.float32(self.config.grad_clip)
-        t, end = first * batch_size, (first + count) * batch_size
         counts = []  # lock-free device steps: each launch's queue counts (what their entries missed)
-        while t < end:  # one kernel call per pass the chunk touches
-            p, pos = divmod(t, n)
-            upto = min(n, pos + end - t)
+        for t, p, lo, hi in self._segments(shard, first * batch_size, (first + count) * batch_size):  # a call per pass
             if isinstance(w, np.ndarray):
-                entries = self._order(p)[start + pos : start + upto]
-                cost = adagrad_kernel((self.cooc.rows, self.cooc.cols, self.logx, self.fx), entries, views, eta, clip,
-                                      AHEAD)
+                terms = (self.cooc.rows, self.cooc.cols, self.logx, self.fx)
+                cost = adagrad_kernel(terms, self._order(p)[lo:hi], views, eta, clip, AHEAD)
             else:  # a device table (the gpu substrate on CuPy): glove_device's steps, no wait between passes
                 from simlib.problems.glove_device import device_order, device_pass
 
                 order = device_order(self, array_module(w), p) if self.device_kernel == "hogwild" else self._order(p)
-                cost, seen = device_pass(self, w, order[start + pos : start + upto], t, batch_size, eta, clip)
+                cost, seen = device_pass(self, w, order[lo:hi], t, batch_size, eta, clip)
                 if seen is not None:
                     counts.append(seen)
             record = passes.setdefault(p, [0.0, 0])
             record[0] += cost
-            record[1] += upto - pos
-            t += upto - pos
+            record[1] += hi - lo
         return sum((InFlight.of(c) for c in counts), InFlight()) if counts else None
-
-    def local_result(self, shard: tuple[int, int]) -> dict[int, list[float]]:
-        """What a worker sends back of a real run: per pass over its shard, [cost sum, entries]."""
-        return {p: [float(cost), m] for p, (cost, m) in self._passes.get(shard, {}).items()}
 
     def epoch_costs(self, result: Any) -> list[float]:
         """The C program's cost per epoch, mean 0.5 f diff^2 over the pass, of the passes every worker completed.
@@ -205,8 +215,7 @@ class GloveProblem:
         parts = result.measured.get("local") or []
         if not parts or not all(parts):
             raise ValueError("result: it holds no costs per pass; run on substrate 'shm' with the plain step rule")
-        shards = self.shards(len(parts))
-        done = min(sum(1 for c, m in part.values() if m == b - a) for part, (a, b) in zip(parts, shards))
+        done = min(sum(m == b - a for _, m in part.values()) for part, (a, b) in zip(parts, self.shards(len(parts))))
         return [sum(part[p][0] for part in parts) / self.cooc.nnz for p in range(done)]
 
     def quality(self, w: np.ndarray) -> float:
@@ -218,4 +227,4 @@ class GloveProblem:
         return float(np.mean(0.5 * self.fx[e] * diff * diff))
 
 
-__all__ = ["GloveProblem"]
+__all__ = ["GloveProblem", "PassRecords"]

@@ -26,7 +26,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -110,9 +110,8 @@ def make_lasso(n_rows: int = 1_000, n_features: int = 512, n_nonzero: int = 20, 
     so any two of them have corr ~= c = ``correlation``; the other columns are independent
     (|corr| ~ 1 / sqrt(n_rows)). Columns are scaled to unit norm; l1 = l1_ratio * l1_max.
     """
-    check.positive_int("n_rows", n_rows)
-    check.positive_int("n_features", n_features)
-    check.positive_int("n_nonzero", n_nonzero)
+    for name, count in (("n_rows", n_rows), ("n_features", n_features), ("n_nonzero", n_nonzero)):
+        check.positive_int(name, count)
     check.non_negative_int("n_correlated", n_correlated)
     check.probability("correlation", correlation)
     check.non_negative("noise", noise)
@@ -128,8 +127,7 @@ def make_lasso(n_rows: int = 1_000, n_features: int = 512, n_nonzero: int = 20, 
     support = rng.choice(n_features, n_nonzero, replace=False)
     x_true[support] = rng.choice([-1.0, 1.0], n_nonzero) * rng.uniform(1.0, 3.0, n_nonzero)
     y = x_true @ At + noise * rng.standard_normal(n_rows)
-    l1_max = float(np.max(np.abs(At @ y)))
-    return LassoProblem(At, y, l1_ratio * l1_max, x_true=x_true)
+    return LassoProblem(At, y, l1_ratio * float(np.max(np.abs(At @ y))), x_true=x_true)  # l1_ratio * l1_max
 
 
 def make_uncorrelated_lasso(n_features: int = 512, seed: int = 0, **kw: Any) -> LassoProblem:
@@ -146,9 +144,8 @@ def make_correlated_lasso(n_features: int = 512, n_correlated: int = 256, correl
 # -- schedules: which coordinates each round updates ---------------------------------------------
 def random_schedule(n_features: int, p: int, rounds: int, seed: int = 0) -> np.ndarray:
     """(rounds, p) coordinates, p distinct ones per round, uniformly at random (plain Shotgun)."""
-    check.positive_int("n_features", n_features)
-    check.positive_int("p", p)
-    check.positive_int("rounds", rounds)
+    for name, count in (("n_features", n_features), ("p", p), ("rounds", rounds)):
+        check.positive_int(name, count)
     if p > n_features:
         raise ValueError(f"p ({p}) must be <= n_features ({n_features})")
     rng = np.random.default_rng(seed)
@@ -231,11 +228,12 @@ def shotgun_round(problem: LassoProblem, x: Any, r: Any, coords: Any) -> None:
 
 
 def shotgun(problem: LassoProblem, schedule: np.ndarray, record_every: int = 1, blowup: float = 1e6, x0: Any = None,
-            stop_below: float | None = None) -> ShotgunRun:
+            stop_below: float | None = None, before_round: Callable[[int], None] | None = None) -> ShotgunRun:
     """Run the rounds of ``schedule`` serially; stop early once F exceeds ``blowup`` x F(start).
 
     With ``stop_below``, also stop at the first recorded F <= stop_below: ``rounds_to(stop_below)``
-    is then the same as for the whole schedule, without the rounds after it.
+    is then the same as for the whole schedule, without the rounds after it. ``before_round(t)`` is
+    called before each round t (a simulated clock prices it there: :mod:`simlib.course.shotgun_twin`).
     """
     check.positive_int("record_every", record_every)
     if stop_below is not None and not np.isfinite(stop_below):
@@ -248,15 +246,15 @@ def shotgun(problem: LassoProblem, schedule: np.ndarray, record_every: int = 1, 
     rounds, values = [0], [f0]
     diverged = False
     for t in range(len(schedule)):
+        if before_round is not None:
+            before_round(t)
         shotgun_round(problem, x, r, xp.asarray(schedule[t]))
         if (t + 1) % record_every == 0 or t + 1 == len(schedule):
             f = problem.objective(x, r)
             rounds.append(t + 1)
             values.append(f)
-            if not np.isfinite(f) or f > blowup * f0:
-                diverged = True
-                break
-            if stop_below is not None and f <= stop_below:
+            diverged = not np.isfinite(f) or f > blowup * f0
+            if diverged or (stop_below is not None and f <= stop_below):
                 break
     return ShotgunRun(np.array(rounds), np.array(values), to_numpy(x), diverged)
 

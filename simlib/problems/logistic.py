@@ -117,9 +117,8 @@ def make_sparse_classification(n_rows: int = 20_000, n_features: int = 10_000, n
     most are rare), values are positive and each row has unit L2 norm, labels come from a hidden
     weight vector and are flipped with probability ``label_noise``.
     """
-    check.positive_int("n_rows", n_rows)
-    check.positive_int("n_features", n_features)
-    check.positive_int("nnz_per_row", nnz_per_row)
+    for name, count in (("n_rows", n_rows), ("n_features", n_features), ("nnz_per_row", nnz_per_row)):
+        check.positive_int(name, count)
     check.probability("label_noise", label_noise)
     check.non_negative("zipf", zipf)
     if nnz_per_row > n_features:
@@ -132,12 +131,10 @@ def make_sparse_classification(n_rows: int = 20_000, n_features: int = 10_000, n
     perm = rng.permutation(n_features).astype(np.int32)  # so common features are not ids 0, 1, 2, ...
     raw = perm[np.searchsorted(cdf, rng.random((n_rows, nnz_per_row)), side="right").clip(0, n_features - 1)]
     raw.sort(axis=1)
-    keep = np.ones_like(raw, dtype=bool)
-    keep[:, 1:] = raw[:, 1:] != raw[:, :-1]
+    keep = np.diff(raw, axis=1, prepend=-1) != 0  # each row's first id, and every id unlike the one before it
     counts = keep.sum(axis=1)
     indices = raw[keep].astype(np.int32)
-    indptr = np.zeros(n_rows + 1, dtype=np.int64)
-    np.cumsum(counts, out=indptr[1:])
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     # tf-idf-like values: log-normal term weights, rows normalised to unit length.
     values = rng.lognormal(0.0, 0.5, size=len(indices))
     row_of = np.repeat(np.arange(n_rows), counts)
@@ -222,9 +219,8 @@ class LogisticProblem:
         self.n_params = data.n_features + (l2_on == "all")  # 'all': one more key, log s
         check.fits_memory("n_features", self.n_params, 8 * self.n_params, 8, "the float64 weights")
         # Loss is evaluated on a fixed sample of rows so that frequent evaluation stays cheap.
-        if eval_rows is None or eval_rows >= data.n_rows:
-            self._eval = data
-        else:
+        self._eval = data
+        if eval_rows is not None and eval_rows < data.n_rows:
             pick = np.sort(np.random.default_rng(seed).choice(data.n_rows, eval_rows, replace=False))
             self._eval = _take_rows(data, pick)
         self._eval_row_of = np.repeat(np.arange(self._eval.n_rows), np.diff(self._eval.indptr))
@@ -286,21 +282,20 @@ class LogisticProblem:
         last = self._last  # NOTE: keys() then work() of one batch: the second call is a look here (1.5 % of a run)
         if last[0] is batch:
             return last[1]
-        given = batch
-        batch = np.asarray(batch, dtype=np.int64)
-        tag = batch.tobytes()
+        rows = np.asarray(batch, dtype=np.int64)
+        tag = rows.tobytes()
         facts = self._facts.get(tag)
         if facts is None:
             d = self.data
-            keys = _batch_keys(d.indptr, d.indices, batch)
+            keys = _batch_keys(d.indptr, d.indices, rows)
             if self.l2_on == "all":
                 keys = np.append(keys, d.n_features)
             keys.setflags(write=False)  # shared by every caller: a change in place would corrupt the cache
-            facts = (keys, int(np.sum(d.indptr[batch + 1] - d.indptr[batch])))
+            facts = (keys, int(np.sum(d.indptr[rows + 1] - d.indptr[rows])))
             if len(self._facts) >= _FACTS_KEPT:
                 self._facts.clear()
             self._facts[tag] = facts
-        self._last = (given, facts)  # one assignment: threads sharing the problem never see a torn pair
+        self._last = (batch, facts)  # one assignment: threads sharing the problem never see a torn pair
         return facts
 
     def weights(self, params: Any) -> Any:
@@ -314,11 +309,11 @@ class LogisticProblem:
     def gradient(self, w_keys: Any, batch: np.ndarray, keys: np.ndarray | None = None,
                  l2: float | None = None) -> tuple[np.ndarray, Any]:
         """(keys, g): mean log-loss gradient over the batch plus l2 * w, on the touched features only."""
+        d = self.data
         if keys is None:
-            keys = _batch_keys(self.data.indptr, self.data.indices, np.asarray(batch, dtype=np.int64))
+            keys = _batch_keys(d.indptr, d.indices, np.asarray(batch, dtype=np.int64))
         l2 = self.l2 if l2 is None else l2
         if isinstance(w_keys, np.ndarray):
-            d = self.data
             return keys, _batch_gradient(d.indptr, d.indices, d.values, d.y, np.asarray(batch, dtype=np.int64), keys,
                                          np.asarray(w_keys, dtype=np.float64), l2, d.n_features)
         return self.gradient_xp(w_keys, batch, keys, l2)
@@ -327,17 +322,15 @@ class LogisticProblem:
                     l2: float | None = None) -> tuple[np.ndarray, Any]:
         """The same gradient in array-module code (NumPy or CuPy): the reference for the compiled kernel."""
         d = self.data
-        ip = d.indptr
-        lens = ip[batch + 1] - ip[batch]
-        flat = _ranges(ip[batch], lens)
+        lens = d.indptr[batch + 1] - d.indptr[batch]
+        flat = _ranges(d.indptr[batch], lens)
         cols = d.indices[flat]
         if keys is None:
             keys = np.unique(cols)
-        local = np.searchsorted(keys, cols)
         xp = array_module(w_keys)
+        local_x = xp.asarray(np.searchsorted(keys, cols))
         vals = xp.asarray(d.values[flat], dtype=np.float64)
         row = xp.asarray(np.repeat(np.arange(len(batch)), lens))
-        local_x = xp.asarray(local)
         margin = xp.bincount(row, weights=vals * w_keys[local_x], minlength=len(batch))
         yb = xp.asarray(d.y[batch], dtype=np.float64)
         coef = -yb * sigmoid(-yb * margin) / len(batch)
@@ -460,23 +453,21 @@ class LogisticProblem:
 
     def loss(self, w: Any) -> float:
         """L(w) on the evaluation rows: mean log-loss plus (l2 / 2) ||w||^2."""
-        e = self._eval
-        xp = array_module(w)
-        if xp is np:
-            data_loss = _mean_log_loss(e.indptr, e.indices, e.values, e.y, np.asarray(w, dtype=np.float64))
-            with np.errstate(over="ignore"):  # a diverged w: the loss is inf, and the caller says so by name
-                return float(data_loss) + 0.5 * self.l2 * float(np.dot(w, w))
-        vals = xp.asarray(e.values, dtype=np.float64)
-        margin = xp.bincount(xp.asarray(self._eval_row_of), weights=vals * w[xp.asarray(e.indices)], minlength=e.n_rows)
-        data_loss = float(xp.mean(log1pexp(-xp.asarray(e.y, dtype=np.float64) * margin)))
-        return data_loss + 0.5 * self.l2 * float(xp.dot(w, w))
+        e, xp = self._eval, array_module(w)
+        data_loss = (_mean_log_loss(e.indptr, e.indices, e.values, e.y, np.asarray(w, dtype=np.float64)) if xp is np
+                     else xp.mean(log1pexp(-xp.asarray(e.y, dtype=np.float64) * self._margins(w))))
+        with np.errstate(over="ignore"):  # a diverged w: the loss is inf, and the caller says so by name
+            return float(data_loss) + 0.5 * self.l2 * float(xp.dot(w, w))
 
     def accuracy(self, w: Any) -> float:
         """Fraction of evaluation rows whose sign(x . w) equals the label."""
-        e = self._eval
-        w = np.asarray(w)
-        margin = np.bincount(self._eval_row_of, weights=e.values * w[e.indices], minlength=e.n_rows)
-        return float(np.mean(np.where(margin >= 0, 1.0, -1.0) == e.y))
+        return float(np.mean(np.where(self._margins(np.asarray(w)) >= 0, 1.0, -1.0) == self._eval.y))
+
+    def _margins(self, w: Any) -> Any:
+        """x_i . w of every evaluation row, on ``w``'s array module."""
+        e, xp = self._eval, array_module(w)
+        vals = xp.asarray(e.values, dtype=np.float64)
+        return xp.bincount(xp.asarray(self._eval_row_of), weights=vals * w[xp.asarray(e.indices)], minlength=e.n_rows)
 
 
 # NOTE: the two kernels below replace ~15 NumPy calls per mini-batch (ranges, unique,
@@ -731,22 +722,13 @@ def _mean_log_loss(indptr, indices, values, y, w):  # pragma: no cover - compile
 
 def _ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Concatenation of arange(s, s + n) for each (s, n), vectorised."""
-    total = int(lens.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(lens)
-    out = np.ones(total, dtype=np.int64)
-    nz = lens > 0
-    s, e = starts[nz], ends[nz]
-    out[0] = s[0]  # the first range that has elements (a batch may start with an empty row)
-    # At the first element of each range jump to its start; elsewhere step by one.
-    out[e[:-1]] = s[1:] - (s[:-1] + lens[nz][:-1] - 1)
-    return np.cumsum(out)
+    # Output k, in range i (which starts at output offset_i = cumsum(lens)[i] - lens[i]), is k - (offset_i - s_i).
+    starts, lens = np.asarray(starts, dtype=np.int64), np.asarray(lens, dtype=np.int64)
+    return np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens - starts, lens)
 
 
 def _take_rows(d: SparseDataset, rows: np.ndarray) -> SparseDataset:
     lens = d.indptr[rows + 1] - d.indptr[rows]
     flat = _ranges(d.indptr[rows], lens)
-    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(lens, out=indptr[1:])
-    return SparseDataset(indptr, d.indices[flat], d.values[flat], d.y[rows], d.n_features)
+    return SparseDataset(np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), d.indices[flat], d.values[flat],
+                         d.y[rows], d.n_features)

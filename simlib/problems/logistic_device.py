@@ -137,7 +137,7 @@ class DeviceData:
         self.values = xp.asarray(np.asarray(data.values, dtype=np.float64))
         self.y = xp.asarray(np.asarray(data.y, dtype=np.float64))
         self.fused: FusedSteps | None = None
-        self.queue: RowQueue | None = None
+        self.queue = RowQueue(xp)  # the lock-free rows' queue (four counters)
 
 
 def device_data(problem: Any, xp: Any) -> DeviceData:
@@ -180,8 +180,6 @@ def hogwild_rows(problem: Any, w: Any, shard: tuple[int, int], first_row: int, r
     (counted, and returned). With ``in_flight=1`` this is the compiled CPU loop at batch size 1.
     """
     dev, l2, scaled = device_data(problem, array_module(w)), problem.l2, problem.l2_on == "all"
-    if dev.queue is None:
-        dev.queue = RowQueue(dev.xp)
     (kernel,) = cuda_kernels(_HOGWILD_SOURCE, ("sgd_hogwild",))
     log_keep = math.log(1.0 - rate * l2) if scaled else 0.0
     counts = dev.queue.launch(kernel, in_flight, rows, (dev.indptr, dev.indices, dev.values, dev.y, w, np.int64(shard[0]),
@@ -198,15 +196,13 @@ def array_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count:
     """The steps in array code on ``w``'s array module: the NumPy-tested reference of :class:`FusedSteps`."""
     dev, l2, scaled = device_data(problem, array_module(w)), problem.l2, problem.l2_on == "all"
     xp, ip = dev.xp, dev.host_indptr
-    start, n_rows = shard[0], shard[1] - shard[0]
     keep = 1.0 - lr * l2
     log_s, pending = (float(w[-1]), 0.0) if scaled else (0.0, 0.0)
-    offsets = np.arange(batch_size)
     for c in range(first, first + count):
-        rows = start + (c * batch_size + offsets) % n_rows
+        rows = problem.batch(shard, c, batch_size)
         lens = ip[rows + 1] - ip[rows]
         flat = xp.asarray(_ranges(ip[rows], lens))
-        row = xp.asarray(np.repeat(offsets, lens))
+        row = xp.asarray(np.repeat(np.arange(batch_size), lens))
         cols, vals = dev.indices[flat], dev.values[flat]
         s = math.exp(log_s + pending)
         margin = segment_sum(row, vals * w[cols], batch_size) * s
@@ -217,8 +213,7 @@ def array_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count:
             pending += math.log(keep)
             continue
         if l2:
-            touched = xp.unique(cols)
-            w[touched] *= keep
+            w[xp.unique(cols)] *= keep  # each touched weight decays once
         scatter_add(w, cols, -lr * coef[row] * vals)
     if scaled:
         w[-1] += pending
