@@ -63,11 +63,10 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
         rule = struct.pack("=Qi", access & fs, fd)
         libc.syscall(SYS_LANDLOCK["add"], ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0))
         os.close(fd)
-    if (libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
-            or libc.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) != 0):
-        return 0
-    os.close(ruleset)
-    return int(abi)
+    confined = (libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                and libc.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) == 0)
+    os.close(ruleset)  # on either outcome: the submission's code must not find it open
+    return int(abi) if confined else 0
 
 
 def limit_resources(cfg: dict[str, Any]) -> None:

@@ -248,9 +248,11 @@ class Child:
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=scratch,
                 env=env, pass_fds=fds, start_new_session=True,
             )
-        except BaseException:
+        except BaseException:  # no child: its pipes go too, or each failed start would leak descriptors
             if self.cgroup is not None:
                 self.cgroup.remove()
+            for fd in (r, *fds):
+                os.close(fd)
             raise
         for fd in fds:
             os.close(fd)
