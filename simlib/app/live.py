@@ -63,6 +63,24 @@ DPI = 80  # figure pixels per inch at laptop size; the browser scales the image 
 # 14 / 72 * 950 / 8.4 = 22 px. More pixels per inch keep it sharp where it is drawn larger.
 PROJECTOR_FIGSIZE = (8.4, 5.5)
 PROJECTOR_DPI = 120
+_WIDE = {"style": {"description_width": "8.5em"}}
+_SLIDER = {"continuous_update": False, **_WIDE}  # a slider re-runs when released, not while dragged
+_LOG_SLIDER = {"base": 10, "step": 0.25, "readout_format": ".1e", **_SLIDER}
+# The control of each LiveSettings field (the protocols are toggles; the seed has none): the panel's attribute,
+# the widget, its description and arguments.
+CONTROLS: dict[str, tuple[str, Any, str, dict[str, Any]]] = {
+    "n_workers": ("c_workers", W.IntSlider, "workers", dict(min=1, max=64, **_SLIDER)),
+    "steps": ("c_steps", W.IntSlider, "steps", dict(min=10, max=1000, step=10, **_SLIDER)),
+    "staleness": ("c_staleness", W.IntSlider, "staleness s", dict(min=0, max=20, **_SLIDER)),
+    "straggler": ("c_straggler", W.Dropdown, "stragglers", dict(options=STRAGGLERS, **_WIDE)),
+    "severity": ("c_severity", W.FloatSlider, "severity (x)", dict(min=1.0, max=10.0, step=0.5, **_SLIDER)),
+    "latency": ("c_latency", W.FloatLogSlider, "latency (s)", dict(min=-6, max=-1, **_LOG_SLIDER)),
+    "bandwidth": ("c_bandwidth", W.FloatLogSlider, "bandwidth (B/s)", dict(min=6, max=11, **_LOG_SLIDER)),
+    "topology": ("c_topology", W.ToggleButtons, "topology", dict(options=[(v, k) for k, v in TOPOLOGY_NAMES.items()],
+                                                                 style={**_WIDE["style"], "button_width": ""})),
+    "n_servers": ("c_servers", W.IntSlider, "PS shards", dict(min=1, max=8, **_SLIDER)),
+    "compression": ("c_compression", W.Dropdown, "compression", dict(options=COMPRESSIONS, **_WIDE)),
+}
 
 # The panel's own style sheet. The figure is an image scaled to the width it gets and never taller
 # than the window minus the heading and the play row, so figure, controls, Play and Export stay on
@@ -180,10 +198,10 @@ class LivePanel:
     # -- controls ---------------------------------------------------------------------------
     def _build(self) -> None:
         s = self.settings
-        wide = {"style": {"description_width": "8.5em"}}
-        slider = {"continuous_update": False, **wide}  # a slider re-runs when released, not while dragged
-        self.c_workers = W.IntSlider(s.n_workers, min=1, max=64, description="workers", **slider)
-        self.c_steps = W.IntSlider(s.steps, min=10, max=1000, step=10, description="steps", **slider)
+        self._fields: dict[str, Any] = {}  # the control of each LiveSettings field (but protocols and seed)
+        for field, (attr, widget, description, kw) in CONTROLS.items():
+            self._fields[field] = control = widget(value=getattr(s, field), description=description, **kw)
+            setattr(self, attr, control)
         # Four toggles of 5.75em (and their 2 px margins) fill the 25em controls column.
         self.c_protocols = {p: W.ToggleButton(value=p in s.protocols, description=PROTOCOL_NAMES[p],
                                               layout=W.Layout(width="5.75em")) for p in PROTOCOLS}
@@ -192,21 +210,8 @@ class LivePanel:
             # A chosen protocol is drawn in the accent colour: the default grey pressed state is hard to see projected.
             b.button_style = "primary" if b.value else ""
             b.observe(lambda ch: setattr(ch["owner"], "button_style", "primary" if ch["new"] else ""), names="value")
-        self.c_staleness = W.IntSlider(s.staleness, min=0, max=20, description="staleness s", **slider)
         self.c_staleness.observe(lambda ch: self._name_bounded(ch["new"]), names="value")
-        self.c_straggler = W.Dropdown(options=STRAGGLERS, value=s.straggler, description="stragglers", **wide)
-        self.c_severity = W.FloatSlider(s.severity, min=1.0, max=10.0, step=0.5, description="severity (x)", **slider)
-        self.c_latency = W.FloatLogSlider(s.latency, base=10, min=-6, max=-1, step=0.25, description="latency (s)",
-                                          readout_format=".1e", **slider)
-        self.c_bandwidth = W.FloatLogSlider(s.bandwidth, base=10, min=6, max=11, step=0.25,
-                                            description="bandwidth (B/s)", readout_format=".1e", **slider)
-        self.c_topology = W.ToggleButtons(options=[(v, k) for k, v in TOPOLOGY_NAMES.items()], value=s.topology,
-                                          description="topology", style={"description_width": "8.5em",
-                                                                          "button_width": ""})
-        self.c_servers = W.IntSlider(s.n_servers, min=1, max=8, description="PS shards", **slider)
-        self.c_compression = W.Dropdown(options=COMPRESSIONS, value=s.compression, description="compression",
-                                        **wide)
-        self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", **slider)
+        self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", **_SLIDER)
         self.c_large = W.ToggleButton(False, description="projector mode",
                                       tooltip="the figure on most of the screen, its text large enough for the back row "
                                               "(a full-screen browser on a projector)")
@@ -217,11 +222,6 @@ class LivePanel:
         self.more = W.Accordion(children=[W.VBox([c.widget for c in self.c_more.values()])], selected_index=None)
         self.more.set_title(0, "more settings")
         self.more.add_class("simlib-more")
-        # The control that shows each LiveSettings field (the protocols are the toggles; the seed has none).
-        self._fields = {"n_workers": self.c_workers, "steps": self.c_steps, "staleness": self.c_staleness,
-                        "straggler": self.c_straggler, "severity": self.c_severity, "latency": self.c_latency,
-                        "bandwidth": self.c_bandwidth, "topology": self.c_topology, "n_servers": self.c_servers,
-                        "compression": self.c_compression}
         for c in [*self._fields.values(), *self.c_protocols.values(), *self.c_more.values()]:
             c.observe(self._on_change, names="value")
         self.c_window.observe(lambda _: self._draw(), names="value")
@@ -604,15 +604,12 @@ class OptionControl:
         self.option = o = option
         tip = o.help + (f" ({o.unit})" if o.unit else "") + (f"; {o.range_text()}" if o.range_text() else "")
         label = o.name.replace("_", " ") + (f" ({o.unit})" if o.unit else "")
-        style = {"description_width": "8.5em"}
         if o.choices is not None:
-            self.input: Any = W.Dropdown(options=list(o.choices), value=o.default, description=label, style=style)
+            self.input: Any = W.Dropdown(options=list(o.choices), value=o.default, description=label, **_WIDE)
         elif o.type is bool:
             self.input = W.Checkbox(value=bool(o.default), description=label, indent=False)
-        elif o.type is int:
-            self.input = W.IntText(value=self._start(), description=label, style=style)
         else:
-            self.input = W.FloatText(value=self._start(), description=label, style=style)
+            self.input = (W.IntText if o.type is int else W.FloatText)(value=self._start(), description=label, **_WIDE)
         self.input.tooltip = tip
         self.switch: W.Checkbox | None = None
         self.widget: Any = self.input
