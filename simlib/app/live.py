@@ -93,14 +93,9 @@ PANEL_CSS = """
 .simlib-live { --jp-widgets-font-size: 15px; --jp-widgets-inline-height: 28px; font-size: 15px; }
 .simlib-live.simlib-projector { --jp-widgets-font-size: 13px; --jp-widgets-inline-height: 22px; font-size: 13px; }
 .simlib-live.simlib-projector h2 { display: none; }
-.simlib-live.simlib-projector .widget-inline-hbox, .simlib-live.simlib-projector .widget-html { margin-top: 1px;
-  margin-bottom: 1px; }
+.simlib-live.simlib-projector :is(.widget-inline-hbox, .widget-html) { margin-top: 1px; margin-bottom: 1px; }
 .simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 7.2em); }
 .simlib-live.simlib-projector .simlib-live-status { line-height: 1.25; margin-top: 0.6em; }
-@media (min-height: 1000px) {
-  .simlib-live.simlib-projector { --jp-widgets-font-size: 24px; --jp-widgets-inline-height: 38px; font-size: 24px; }
-  .simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 5em); }
-}
 .simlib-live .widget-label, .simlib-live .widget-readout, .simlib-live .widget-button,
 .simlib-live .widget-toggle-button, .simlib-live select, .simlib-live .widget-html-content,
 .simlib-live .widget-label-basic, .simlib-live .widget-dropdown > select { font-size: inherit !important; }
@@ -119,19 +114,19 @@ PANEL_CSS = """
   margin-right: 8px; }
 .simlib-live .simlib-controls .widget-toggle-buttons > div { display: flex; flex-wrap: nowrap; }
 .simlib-live .simlib-playrow .widget-slider { width: 18em; }
-.simlib-live .simlib-more .jupyter-widget-Collapse-header, .simlib-live .simlib-more .p-Collapse-header,
-.simlib-live .simlib-more .lm-Collapse-header { padding: 0.1em 0.5em; }
-.simlib-live .simlib-more .jupyter-widget-Collapse-contents, .simlib-live .simlib-more .p-Collapse-contents,
-.simlib-live .simlib-more .lm-Collapse-contents { padding: 0.3em; }
+.simlib-live .simlib-more :is(.jupyter-widget-Collapse-header, .p-Collapse-header, .lm-Collapse-header) {
+  padding: 0.1em 0.5em; }
+.simlib-live .simlib-more :is(.jupyter-widget-Collapse-contents, .p-Collapse-contents, .lm-Collapse-contents) {
+  padding: 0.3em; }
 /* Projector mode: the collapsed "more settings" row kept small, so the controls column fits the window. */
 .simlib-live.simlib-projector .simlib-more { margin-top: 0; margin-bottom: 0; }
-.simlib-live.simlib-projector .simlib-more .jupyter-widget-Collapse-header,
-.simlib-live.simlib-projector .simlib-more .p-Collapse-header,
-.simlib-live.simlib-projector .simlib-more .lm-Collapse-header { padding: 0 0.4em; line-height: 1.2; }
+.simlib-live.simlib-projector .simlib-more :is(.jupyter-widget-Collapse-header, .p-Collapse-header,
+  .lm-Collapse-header) { padding: 0 0.4em; line-height: 1.2; }
 @media (min-height: 1000px) {
-  .simlib-live.simlib-projector .simlib-more .jupyter-widget-Collapse-header,
-  .simlib-live.simlib-projector .simlib-more .p-Collapse-header,
-  .simlib-live.simlib-projector .simlib-more .lm-Collapse-header { font-size: 0.7em; }
+  .simlib-live.simlib-projector { --jp-widgets-font-size: 24px; --jp-widgets-inline-height: 38px; font-size: 24px; }
+  .simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 5em); }
+  .simlib-live.simlib-projector .simlib-more :is(.jupyter-widget-Collapse-header, .p-Collapse-header,
+    .lm-Collapse-header) { font-size: 0.7em; }
 }
 """
 
