@@ -30,7 +30,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from simlib._validate import one_of, positive, positive_int
 from simlib.trace import Trace
-from simlib.viz.plots import MAX_ARROWS, default_target, finding, plot_loss, plot_timeline, timeline_artists
+from simlib.viz.plots import MAX_ARROWS, _as_list, default_target, finding, plot_loss, plot_timeline, timeline_artists
 from simlib.viz.style import KIND_COLORS, KIND_LABELS, OKABE_ITO, run_label, style
 
 # Artists of a timeline that appear as time passes; labels and axes stay.
@@ -143,9 +143,7 @@ def draw_runs(
     the loss legend beside its axes.
     """
     positive_int("max_workers", max_workers)
-    runs = list(traces)
-    if not runs:
-        raise ValueError("traces must hold at least one Trace")
+    runs = _as_list(traces)
     has_quality = all(t.quality for t in runs)
     if target is None and has_quality:
         target = default_target(runs)
@@ -163,16 +161,15 @@ def draw_runs(
             _wipe(a)
         for leg in list(fig.legends):
             leg.remove()
+    elif projector:
+        fig.clear()
+        cells = _projector_grid(fig, k, has_quality)
     else:
         fig.clear()
+        margins = dict(left=0.09, right=0.98, top=0.82, bottom=0.08, hspace=0.35, wspace=0.06) if fixed else {}
+        gs = fig.add_gridspec(2, k, height_ratios=[3, 2] if has_quality else [1, 0.001], **margins)
+        cells = [gs[0, i] for i in range(k)], gs[1, :]
     with style():
-        if not reuse:
-            if projector:
-                cells = _projector_grid(fig, k, has_quality)
-            else:
-                margins = dict(left=0.09, right=0.98, top=0.82, bottom=0.08, hspace=0.35, wspace=0.06) if fixed else {}
-                gs = fig.add_gridspec(2, k, height_ratios=[3, 2] if has_quality else [1, 0.001], **margins)
-                cells = [gs[0, i] for i in range(k)], gs[1, :]
         sep = "\n" if projector else ": "
         timelines: list[Axes] = []
         for i, tr in enumerate(runs):
@@ -181,17 +178,14 @@ def draw_runs(
             arrows = messages_before(tr, window, max_workers) <= MAX_ARROWS
             plot_timeline(tr, ax=ax, max_workers=max_workers, legend=False, arrows=arrows,
                           title=f"{run_label(tr)}{sep}{tr.summary()['wait_fraction']:.0%} waiting")
-            if projector:
-                # At most three ticks without trailing zeros ("0.0025", not "0.00250"): at 14 pt more
-                # ran into each other and into the next timeline's.
-                ax.xaxis.set_major_locator(MaxNLocator(2))
-                ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
-            else:
-                ax.xaxis.set_major_locator(MaxNLocator(4))
+            # Projector: at most three ticks without trailing zeros ("0.0025", not "0.00250"): at 14 pt more
+            # ran into each other and into the next timeline's.
+            ax.xaxis.set_major_locator(MaxNLocator(2 if projector else 4))
             if i:
                 ax.set_ylabel("")
                 ax.tick_params(labelleft=False)
             if projector:
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
                 ax.title.set_fontsize(PROJECTOR_RUN_TITLE_PT)
                 # The time label once: under the loss plot, or under the middle timeline without one.
                 if has_quality or i != k // 2:
@@ -203,23 +197,20 @@ def draw_runs(
         # The span colours are explained once, in a row under the title, so the plots keep the full width.
         gids = {g for a in timelines for g in timeline_artists(a)}
         kinds = sorted((g[5:] for g in gids if g.startswith("span:")), key=list(KIND_COLORS).index)
-        handles: list[Artist] = [Patch(facecolor=KIND_COLORS[kd], label=KIND_LABELS[kd]) for kd in kinds]
+        # Projector: short names and tight spacing keep the legend to one row across the figure's width.
+        names = {**KIND_LABELS, **(_SHORT_KIND_LABELS if projector else {})}
+        handles: list[Artist] = [Patch(facecolor=KIND_COLORS[kd], label=names[kd]) for kd in kinds]
         black = OKABE_ITO["black"]
         if "barriers" in gids:
             handles.append(Line2D([], [], color=black, linestyle="--", linewidth=1.2, label="barrier"))
         if "messages" in gids:
             handles.append(Line2D([], [], color=black, linewidth=0.8, marker=".", label="message"))
         fig_h = fig.get_figheight() * 72
+        place = dict(bbox_to_anchor=(0.5, 0.935))
         if projector:
-            # Short names and tight spacing keep the legend to one row across the figure's width.
-            for h in handles:
-                h.set_label(_SHORT_LABELS.get(h.get_label(), h.get_label()))
-            fig.legend(handles=handles, loc="upper center", ncols=max(len(handles), 1), frameon=False,
-                       bbox_to_anchor=(0.5, 1 - PROJECTOR_MARGINS_PT["legend"] / fig_h), borderaxespad=0,
-                       borderpad=0, handlelength=1.4, handletextpad=0.4, columnspacing=1.0)
-        else:
-            fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.935), ncols=max(len(handles), 1),
-                       frameon=False)
+            place = dict(bbox_to_anchor=(0.5, 1 - PROJECTOR_MARGINS_PT["legend"] / fig_h), borderaxespad=0,
+                         columnspacing=1.0, **_TIGHT_LEGEND)
+        fig.legend(handles=handles, loc="upper center", ncols=max(len(handles), 1), frameon=False, **place)
         loss_ax = None
         if has_quality:
             loss_ax = kept[1][k] if reuse else fig.add_subplot(cells[1])
@@ -230,7 +221,7 @@ def draw_runs(
                 loss_ax.yaxis.set_major_locator(MaxNLocator(3))
                 # Beside the axes, not over the curves: inside, four rows would cover most of a short plot.
                 loss_ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, borderaxespad=0.4,
-                               borderpad=0, labelspacing=0.3, handlelength=1.4, handletextpad=0.4)
+                               labelspacing=0.3, **_TIGHT_LEGEND)
         heading = title if title is not None else (finding(runs, target) if target is not None else "")
         fig.suptitle(heading, y=1 - PROJECTOR_MARGINS_PT["pad"] / fig_h if projector else 0.99)
     fig._simlib_runs_axes = (layout, [*timelines, *([loss_ax] if loss_ax is not None else [])])
@@ -244,7 +235,8 @@ def draw_runs(
 PROJECTOR_MARGINS_PT = {"pad": 3.0, "legend": 31.0, "top": 95.0, "left": 92.0, "right": 10.0, "legend_width": 190.0,
                         "bottom": 46.0, "between": 34.0, "wspace": 36.0}
 PROJECTOR_RUN_TITLE_PT = 15
-_SHORT_LABELS = {KIND_LABELS["send"]: "send", KIND_LABELS["recv"]: "receive", KIND_LABELS["down"]: "down"}
+_SHORT_KIND_LABELS = {"send": "send", "recv": "receive", "down": "down"}
+_TIGHT_LEGEND = dict(borderpad=0, handlelength=1.4, handletextpad=0.4)
 
 
 def _clear_server_row(ax: Axes) -> None:
