@@ -174,8 +174,7 @@ class LivePanel:
         # An image, not an ipympl canvas: a canvas has a fixed pixel size (and a resize handle), an
         # image scales with the browser window. The panel sends the Agg canvas's PNGs to it.
         self.canvas = FigureCanvasAgg(self.fig)
-        self._image = W.Image(format="png")
-        self._image.add_class("simlib-figure")
+        self._image = W.Image(format="png").add_class("simlib-figure")
         self._build()
         self._warming = False
         # The first figure is simulated in this process: starting the worker processes (each imports
@@ -214,9 +213,8 @@ class LivePanel:
         # Every other SimConfig option, a control generated from its field's metadata, in a collapsed section.
         extra = dict(s.extra)
         self.c_more = {o.name: OptionControl(o, extra.get(o.name, o.default)) for o in extra_options()}
-        self.more = W.Accordion(children=[W.VBox([c.widget for c in self.c_more.values()])], selected_index=None)
-        self.more.set_title(0, "more settings")
-        self.more.add_class("simlib-more")
+        self.more = W.Accordion(children=[W.VBox([c.widget for c in self.c_more.values()])], selected_index=None,
+                                titles=("more settings",)).add_class("simlib-more")
         for c in [*self._fields.values(), *self.c_protocols.values(), *self.c_more.values()]:
             c.observe(self._on_change, names="value")
         self.c_window.observe(lambda _: self._draw(), names="value")
@@ -240,10 +238,8 @@ class LivePanel:
         self.export_button = W.Button(description="Export HTML")
         self.export_button.on_click(lambda _: self.export(wait=False))
         self.export_note = W.HTML()
-        self.progress = W.FloatProgress(value=0.0, min=0.0, max=1.0, description="", layout=W.Layout(width="20em",
-                                                                                                   visibility="hidden"))
-        self.status = W.HTML()
-        self.status.add_class("simlib-live-status")
+        self.progress = W.FloatProgress(max=1.0, layout=W.Layout(width="20em", visibility="hidden"))
+        self.status = W.HTML().add_class("simlib-live-status")
 
         title = W.HTML("<style>" + PANEL_CSS + "</style><h2>Live: BSP, SSP and async on a simulated cluster</h2>")
         left = W.VBox([
@@ -252,16 +248,13 @@ class LivePanel:
             W.HTML("<b>stragglers</b>"), self.c_straggler, self.c_severity,
             W.HTML("<b>network</b>"), self.c_latency, self.c_bandwidth, self.c_topology, self.c_servers,
             self.c_compression, self.more, W.HTML("<b>view</b>"), self.c_window, self.c_large,
-        ])
-        left.add_class("simlib-controls")
+        ]).add_class("simlib-controls")
         playrow = W.HBox([self.play, self.stop_button, self.c_speed, self.time_slider, self.export_button])
-        playrow.add_class("simlib-playrow")
-        right = W.VBox([self._image, playrow, W.HBox([self.progress, self.export_note]), self.status])
-        right.add_class("simlib-main")
+        right = W.VBox([self._image, playrow.add_class("simlib-playrow"), W.HBox([self.progress, self.export_note]),
+                        self.status]).add_class("simlib-main")
         self._columns = (left, right)
         self.widget = W.VBox([title, W.HBox([left, right], layout=W.Layout(width="100%"))],
-                             layout=W.Layout(width="100%"))
-        self.widget.add_class("simlib-live")
+                             layout=W.Layout(width="100%")).add_class("simlib-live")
 
     def _name_bounded(self, s: int) -> None:
         """The SSP and ESSP toggles show the bound: 'SSP(3)', 'ESSP(3)'."""
