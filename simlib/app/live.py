@@ -424,8 +424,7 @@ class LivePanel:
         self.projector = bool(change["new"])
         (self.widget.add_class if self.projector else self.widget.remove_class)("simlib-projector")
         # The per-run summary moves under the controls, so the figure gets the window's height.
-        left, right = self._columns
-        home, away = (left, right) if self.projector else (right, left)
+        home, away = self._columns if self.projector else self._columns[::-1]
         away.children = tuple(c for c in away.children if c is not self.status)
         if self.status not in home.children:
             home.children = (*home.children, self.status)
