@@ -52,19 +52,13 @@ class Reveal:
         # Count only the rows drawn: a box saying "31 waiting" over 16 rows reads as a bug.
         self.rows = [tr.n_workers if max_workers is None else min(tr.n_workers, max_workers) for tr in self.traces]
         self._waits = [self._wait_columns(tr, n) for tr, n in zip(self.traces, self.rows)]
-        self._curves: list[tuple[Line2D, np.ndarray, np.ndarray]] = []
-        self._marks: list[tuple[Line2D, float]] = []
-        self._cursors = [ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=2.5, zorder=6, gid="cursor")
-                         for ax in self.timelines]
-        if loss_ax is not None:
-            for line in loss_ax.lines:
-                gid = line.get_gid() or ""
-                if gid.startswith("loss:"):
-                    self._curves.append((line, np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)))
-                elif gid.startswith("reached:"):
-                    self._marks.append((line, float(line.get_xdata()[0])))
-            self._cursors.append(loss_ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=1.5, zorder=6,
-                                                 gid="cursor"))
+        lines = [] if loss_ax is None else list(loss_ax.lines)
+        self._curves = [(ln, np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float))
+                        for ln in lines if (ln.get_gid() or "").startswith("loss:")]
+        self._marks = [(ln, float(ln.get_xdata()[0])) for ln in lines if (ln.get_gid() or "").startswith("reached:")]
+        axes = self.timelines if loss_ax is None else [*self.timelines, loss_ax]
+        self._cursors = [ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=1.5 if ax is loss_ax else 2.5,
+                                    zorder=6, gid="cursor") for ax in axes]
         # The waiting count lives in each timeline's title, above the rows: a box inside the axes hid rows.
         self._texts = [ax.title for ax in self.timelines]
         self._titles = [ax.get_title() for ax in self.timelines]
@@ -108,15 +102,11 @@ class Reveal:
         for cursor in self._cursors:
             cursor.set_xdata([t, t])
             cursor.set_visible(t < self.t_end)
-            changed.append(cursor)
         for line, xs, ys in self._curves:
-            keep = xs <= t
-            line.set_data(xs[keep], ys[keep])
-            changed.append(line)
+            line.set_data(xs[xs <= t], ys[xs <= t])
         for mark, when in self._marks:
             mark.set_visible(when <= t)
-            changed.append(mark)
-        return changed
+        return [*changed, *self._cursors, *(line for line, _, _ in self._curves), *(mark for mark, _ in self._marks)]
 
 
 def messages_before(trace: Trace, t: float, n_workers: int) -> int:
