@@ -327,17 +327,12 @@ class LivePanel:
         return traces
 
     def _start(self, gen: int) -> None:
-        """Submit the run for generation ``gen`` to the worker thread."""
+        """Submit the run for generation ``gen`` to the worker thread (a config refused comes back as its error)."""
         self._pending = None
         if gen != self._gen:
             return
         t0 = time.perf_counter()
-        try:
-            configs = self.settings.configs(self.runner.nnz_per_row)
-        except ValueError as exc:
-            self._show_error(exc)
-            return
-        loop = self._loop
+        settings, loop = self.settings, self._loop
         assert loop is not None
 
         def progress(frac: float, label: str) -> None:
@@ -349,7 +344,8 @@ class LivePanel:
                 loop.call_soon_threadsafe(self._show_progress, gen, frac, label, now - t0)
 
         # Until the worker processes have started, simulate in this process's worker thread.
-        fut = self._executor.submit(lambda: self.runner.run(configs, progress, pool=self.runner.warm))
+        fut = self._executor.submit(lambda: self.runner.run(settings.configs(self.runner.nnz_per_row), progress,
+                                                            pool=self.runner.warm))
         fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._done, f, gen, t0))
 
     def _show_progress(self, gen: int, frac: float, label: str, elapsed: float) -> None:

@@ -283,8 +283,7 @@ button {{ font-size: 1em; min-width: 5em; }} input {{ width: 50vw; }}
 <span id="label"></span></div>
 <script>
 const frames = [{frames}];
-const img = document.getElementById("frame"), play = document.getElementById("play"),
-      time = document.getElementById("time"), label = document.getElementById("label");
+const [img, play, time, label] = ["frame", "play", "time", "label"].map((id) => document.getElementById(id));
 let i = 0, playing = true;
 function show(k) {{ i = k; img.src = frames[k]; time.value = k; label.textContent = (k + 1) + " / " + frames.length; }}
 function toggle(on) {{ playing = on; play.textContent = on ? "Pause" : "Play"; }}
