@@ -191,18 +191,16 @@ class LivePanel:
 
     # -- controls ---------------------------------------------------------------------------
     def _build(self) -> None:
-        s = self.settings
+        # The controls are made, then show the settings (_sync_controls, at the end).
         self._fields: dict[str, Any] = {}  # the control of each LiveSettings field (but protocols and seed)
         for field, (attr, widget, description, kw) in CONTROLS.items():
-            self._fields[field] = control = widget(value=getattr(s, field), description=description, **kw)
+            self._fields[field] = control = widget(description=description, **kw)
             setattr(self, attr, control)
         # Four toggles of 5.75em (and their 2 px margins) fill the 25em controls column.
-        self.c_protocols = {p: W.ToggleButton(value=p in s.protocols, description=PROTOCOL_NAMES[p],
-                                              layout=W.Layout(width="5.75em")) for p in PROTOCOLS}
-        self._name_bounded(s.staleness)
+        self.c_protocols = {p: W.ToggleButton(description=PROTOCOL_NAMES[p], layout=W.Layout(width="5.75em"))
+                            for p in PROTOCOLS}
         for b in self.c_protocols.values():
             # A chosen protocol is drawn in the accent colour: the default grey pressed state is hard to see projected.
-            b.button_style = "primary" if b.value else ""
             b.observe(lambda ch: setattr(ch["owner"], "button_style", "primary" if ch["new"] else ""), names="value")
         self.c_staleness.observe(lambda ch: self._name_bounded(ch["new"]), names="value")
         self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", **_SLIDER)
@@ -211,13 +209,14 @@ class LivePanel:
                                               "(a full-screen browser on a projector)")
         self.c_large.observe(self._on_large, names="value")
         # Every other SimConfig option, a control generated from its field's metadata, in a collapsed section.
-        extra = dict(s.extra)
-        self.c_more = {o.name: OptionControl(o, extra.get(o.name, o.default)) for o in extra_options()}
+        self.c_more = {o.name: OptionControl(o, o.default) for o in extra_options()}
         self.more = W.Accordion(children=[W.VBox([c.widget for c in self.c_more.values()])], selected_index=None,
                                 titles=("more settings",)).add_class("simlib-more")
         for c in [*self._fields.values(), *self.c_protocols.values(), *self.c_more.values()]:
             c.observe(self._on_change, names="value")
         self.c_window.observe(lambda _: self._draw(), names="value")
+        self._sync_controls()
+        self._name_bounded(self.settings.staleness)
 
         # Play is driven by the kernel, not by a timer in the browser: each frame is drawn, then the
         # figure and the time slider are sent together, so they never disagree (a browser-side
