@@ -495,11 +495,9 @@ class LivePanel:
 
     def _write_status(self) -> None:
         """One line per run: time per step, waiting share, staleness, bytes; plus the redraw count."""
-        rows = []
-        for tr in self.traces:
-            s = tr.summary()
-            rows.append(f"<b>{tr.label}</b>: {s['time_per_step'] * 1e3:.3g} ms/step, {s['wait_fraction']:.0%} waiting, "
-                        f"max staleness {s['max_staleness']:.0f}, {s['bytes_sent'] / 1e6:.3g} MB sent")
+        rows = [f"<b>{label}</b>: {s['time_per_step'] * 1e3:.3g} ms/step, {s['wait_fraction']:.0%} waiting, "
+                f"max staleness {s['max_staleness']:.0f}, {s['bytes_sent'] / 1e6:.3g} MB sent"
+                for label, s in ((tr.label, tr.summary()) for tr in self.traces)]
         self.status.value = (
             f"<div data-redraws='{self.redraws}'>" + "<br>".join(rows) +
             f"<br><small>redraw #{self.redraws} in {self.last_redraw_s:.2f} s</small></div>"

@@ -103,6 +103,7 @@ class LiveSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra", _extra(self.extra))
+        object.__setattr__(self, "protocols", tuple(self.protocols or ()))  # a list (from a dict) too
         if not self.protocols:
             raise ValueError("protocols must name at least one of 'bsp', 'ssp', 'essp', 'async'")
         for p in self.protocols:
@@ -159,8 +160,6 @@ class LiveSettings:
         given = {k: v for k, v in settings.items() if k in own}
         extra = dict(_extra(given.pop("extra", ())))
         extra.update({k: v for k, v in settings.items() if k not in own})
-        if "protocols" in given:
-            given["protocols"] = tuple(given["protocols"])
         return cls(**given, extra=extra)
 
 

@@ -190,11 +190,7 @@ def draw_runs(
         # Projector: short names and tight spacing keep the legend to one row across the figure's width.
         names = {**KIND_LABELS, **(_SHORT_KIND_LABELS if projector else {})}
         handles: list[Artist] = [Patch(facecolor=KIND_COLORS[kd], label=names[kd]) for kd in kinds]
-        black = OKABE_ITO["black"]
-        if "barriers" in gids:
-            handles.append(Line2D([], [], color=black, linestyle="--", linewidth=1.2, label="barrier"))
-        if "messages" in gids:
-            handles.append(Line2D([], [], color=black, linewidth=0.8, marker=".", label="message"))
+        handles += [Line2D([], [], color=OKABE_ITO["black"], **kw) for gid, kw in _LINE_HANDLES.items() if gid in gids]
         fig_h = fig.get_figheight() * 72
         place = dict(bbox_to_anchor=(0.5, 0.935))
         if projector:
@@ -227,6 +223,9 @@ PROJECTOR_MARGINS_PT = {"pad": 3.0, "legend": 31.0, "top": 95.0, "left": 92.0, "
 PROJECTOR_RUN_TITLE_PT = 15
 _SHORT_KIND_LABELS = {"send": "send", "recv": "receive", "down": "down"}
 _TIGHT_LEGEND = dict(borderpad=0, handlelength=1.4, handletextpad=0.4)
+# The legend's lines after the span colours, each shown when the timelines have an artist of its gid.
+_LINE_HANDLES = {"barriers": dict(linestyle="--", linewidth=1.2, label="barrier"),
+                 "messages": dict(linewidth=0.8, marker=".", label="message")}
 
 
 def _clear_server_row(ax: Axes) -> None:
