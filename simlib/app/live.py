@@ -96,9 +96,8 @@ PANEL_CSS = """
 .simlib-live.simlib-projector :is(.widget-inline-hbox, .widget-html) { margin-top: 1px; margin-bottom: 1px; }
 .simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 7.2em); }
 .simlib-live.simlib-projector .simlib-live-status { line-height: 1.25; margin-top: 0.6em; }
-.simlib-live .widget-label, .simlib-live .widget-readout, .simlib-live .widget-button,
-.simlib-live .widget-toggle-button, .simlib-live select, .simlib-live .widget-html-content,
-.simlib-live .widget-label-basic, .simlib-live .widget-dropdown > select { font-size: inherit !important; }
+.simlib-live :is(.widget-label, .widget-readout, .widget-button, .widget-toggle-button, select, .widget-html-content,
+  .widget-label-basic) { font-size: inherit !important; }
 .simlib-live .widget-readout { min-width: 4.5em; }
 .simlib-live h2 { font-size: 1.35em; margin: 0.1em 0 0.2em 0; }
 .simlib-live .simlib-controls { flex: 0 0 25em; width: 25em; }
@@ -596,8 +595,7 @@ class OptionControl:
         if o.optional:
             self.switch = W.Checkbox(value=False, indent=False, tooltip=f"{o.name}: on (off: not used)",
                                      layout=W.Layout(width="1.6em"))
-            self.switch.observe(lambda ch: setattr(self.input, "disabled", not ch["new"]), names="value")
-            self.input.disabled = True
+            W.dlink((self.switch, "value"), (self.input, "disabled"), transform=lambda on: not on)
             self.widget = W.HBox([self.switch, self.input])
         self.value = value
 
