@@ -64,6 +64,7 @@ DPI = 80  # figure pixels per inch at laptop size; the browser scales the image 
 PROJECTOR_FIGSIZE = (8.4, 5.5)
 PROJECTOR_DPI = 120
 _WIDE = {"style": {"description_width": "8.5em"}}
+_NARROW = {"style": {"description_width": "5em"}}  # the play row's sliders
 _SLIDER = {"continuous_update": False, **_WIDE}  # a slider re-runs when released, not while dragged
 _LOG_SLIDER = {"base": 10, "step": 0.25, "readout_format": ".1e", **_SLIDER}
 # The control of each LiveSettings field (the protocols are toggles; the seed has none): the panel's attribute,
@@ -224,11 +225,9 @@ class LivePanel:
         self.play.observe(self._on_play, names="value")
         self.stop_button = W.Button(description="Stop", icon="stop", tooltip="stop and show the whole run")
         self.stop_button.on_click(lambda _: self.stop())
-        self.c_speed = W.FloatLogSlider(1.0, base=2, min=-2, max=2, step=0.5, description="speed (x)",
-                                        style={"description_width": "5em"})
+        self.c_speed = W.FloatLogSlider(1.0, base=2, min=-2, max=2, step=0.5, description="speed (x)", **_NARROW)
         self.c_speed.observe(lambda _: self._rebase_play(), names="value")
-        self.time_slider = W.IntSlider(PLAY_FRAMES, min=0, max=PLAY_FRAMES, description="time (%)",
-                                       style={"description_width": "5em"})
+        self.time_slider = W.IntSlider(PLAY_FRAMES, min=0, max=PLAY_FRAMES, description="time (%)", **_NARROW)
         self.time_slider.observe(self._on_time, names="value")
         self._play_task: asyncio.Task | None = None
         self._play_origin = (0.0, 0.0)  # (loop time, frame) Play counts from
