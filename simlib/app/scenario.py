@@ -212,6 +212,7 @@ def process_pool(problem: Any, processes: int) -> concurrent.futures.ProcessPool
         return executor
 
 
+@atexit.register
 def shutdown_pool() -> None:
     """Stop the simulator worker processes (also done at interpreter exit)."""
     global _pool
@@ -219,9 +220,6 @@ def shutdown_pool() -> None:
         if _pool is not None:
             _pool[2].shutdown(wait=True, cancel_futures=True)
             _pool = None
-
-
-atexit.register(shutdown_pool)
 
 
 class Runner:
