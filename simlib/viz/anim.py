@@ -325,10 +325,10 @@ def export_animation(traces: Sequence[Trace], path: str, frames: int = 30, fps: 
         FigureCanvasAgg(fig)
         reveal = draw_runs(fig, traces, **draw)
         times = np.linspace(0.0, reveal.t_end, frames)
+        done = (lambda k, n: None) if progress is None else (lambda k, n: progress((k + 1) / n))
         if ext == ".gif":
             from matplotlib.animation import FuncAnimation, PillowWriter
 
-            done = None if progress is None else (lambda k, n: progress((k + 1) / n))
             FuncAnimation(fig, lambda k: reveal(times[k]), frames=frames, blit=False).save(
                 path, writer=PillowWriter(fps=fps), dpi=dpi, progress_callback=done)
             return path
@@ -336,8 +336,7 @@ def export_animation(traces: Sequence[Trace], path: str, frames: int = 30, fps: 
         for k, t in enumerate(times):
             reveal(t)
             uris.append('"data:image/png;base64,' + base64.b64encode(_small_png(fig)).decode("ascii") + '"')
-            if progress is not None:
-                progress((k + 1) / frames)
+            done(k, frames)
     title = html.escape(fig.get_suptitle() or "simlib animation")
     page = _PLAYER.format(title=title, last=frames - 1, frames=",\n".join(uris), interval=max(10, int(1000 / fps)))
     with open(path, "w", encoding="utf-8") as f:
