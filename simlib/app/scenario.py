@@ -43,8 +43,7 @@ _OWN_CHECK = {"option": False}  # a LiveSettings field __post_init__ checks itse
 @functools.lru_cache(maxsize=1)
 def extra_options() -> tuple[Option, ...]:
     """SimConfig's options (from its fields' metadata) that the panel's own controls do not cover, in field order."""
-    return tuple(o for o in options(SimConfig)
-                 if "." not in o.name and o.name not in PANEL_FIELDS and o.name not in NOT_OFFERED)
+    return tuple(o for o in options(SimConfig) if "." not in o.name and o.name not in PANEL_FIELDS + NOT_OFFERED)
 
 
 def _extra(given: Any) -> tuple[tuple[str, Any], ...]:
