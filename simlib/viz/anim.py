@@ -192,10 +192,8 @@ def draw_runs(
         handles: list[Artist] = [Patch(facecolor=KIND_COLORS[kd], label=names[kd]) for kd in kinds]
         handles += [Line2D([], [], color=OKABE_ITO["black"], **kw) for gid, kw in _LINE_HANDLES.items() if gid in gids]
         fig_h = fig.get_figheight() * 72
-        place = dict(bbox_to_anchor=(0.5, 0.935))
-        if projector:
-            place = dict(bbox_to_anchor=(0.5, 1 - PROJECTOR_MARGINS_PT["legend"] / fig_h), borderaxespad=0,
-                         columnspacing=1.0, **_TIGHT_LEGEND)
+        place = dict(bbox_to_anchor=(0.5, 1 - PROJECTOR_MARGINS_PT["legend"] / fig_h), borderaxespad=0,
+                     columnspacing=1.0, **_TIGHT_LEGEND) if projector else dict(bbox_to_anchor=(0.5, 0.935))
         fig.legend(handles=handles, loc="upper center", ncols=max(len(handles), 1), frameon=False, **place)
         loss_ax = None
         if has_quality:
