@@ -63,6 +63,25 @@ DPI = 80  # figure pixels per inch at laptop size; the browser scales the image 
 # 14 / 72 * 950 / 8.4 = 22 px. More pixels per inch keep it sharp where it is drawn larger.
 PROJECTOR_FIGSIZE = (8.4, 5.5)
 PROJECTOR_DPI = 120
+_WIDE = {"style": {"description_width": "8.5em"}}
+_NARROW = {"style": {"description_width": "5em"}}  # the play row's sliders
+_SLIDER = {"continuous_update": False, **_WIDE}  # a slider re-runs when released, not while dragged
+_LOG_SLIDER = {"base": 10, "step": 0.25, "readout_format": ".1e", **_SLIDER}
+# The control of each LiveSettings field (the protocols are toggles; the seed has none): the panel's attribute,
+# the widget, its description and arguments.
+CONTROLS: dict[str, tuple[str, Any, str, dict[str, Any]]] = {
+    "n_workers": ("c_workers", W.IntSlider, "workers", dict(min=1, max=64, **_SLIDER)),
+    "steps": ("c_steps", W.IntSlider, "steps", dict(min=10, max=1000, step=10, **_SLIDER)),
+    "staleness": ("c_staleness", W.IntSlider, "staleness s", dict(min=0, max=20, **_SLIDER)),
+    "straggler": ("c_straggler", W.Dropdown, "stragglers", dict(options=STRAGGLERS, **_WIDE)),
+    "severity": ("c_severity", W.FloatSlider, "severity (x)", dict(min=1.0, max=10.0, step=0.5, **_SLIDER)),
+    "latency": ("c_latency", W.FloatLogSlider, "latency (s)", dict(min=-6, max=-1, **_LOG_SLIDER)),
+    "bandwidth": ("c_bandwidth", W.FloatLogSlider, "bandwidth (B/s)", dict(min=6, max=11, **_LOG_SLIDER)),
+    "topology": ("c_topology", W.ToggleButtons, "topology", dict(options=[(v, k) for k, v in TOPOLOGY_NAMES.items()],
+                                                                 style={**_WIDE["style"], "button_width": ""})),
+    "n_servers": ("c_servers", W.IntSlider, "PS shards", dict(min=1, max=8, **_SLIDER)),
+    "compression": ("c_compression", W.Dropdown, "compression", dict(options=COMPRESSIONS, **_WIDE)),
+}
 
 # The panel's own style sheet. The figure is an image scaled to the width it gets and never taller
 # than the window minus the heading and the play row, so figure, controls, Play and Export stay on
@@ -75,17 +94,11 @@ PANEL_CSS = """
 .simlib-live { --jp-widgets-font-size: 15px; --jp-widgets-inline-height: 28px; font-size: 15px; }
 .simlib-live.simlib-projector { --jp-widgets-font-size: 13px; --jp-widgets-inline-height: 22px; font-size: 13px; }
 .simlib-live.simlib-projector h2 { display: none; }
-.simlib-live.simlib-projector .widget-inline-hbox, .simlib-live.simlib-projector .widget-html { margin-top: 1px;
-  margin-bottom: 1px; }
+.simlib-live.simlib-projector :is(.widget-inline-hbox, .widget-html) { margin-top: 1px; margin-bottom: 1px; }
 .simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 7.2em); }
 .simlib-live.simlib-projector .simlib-live-status { line-height: 1.25; margin-top: 0.6em; }
-@media (min-height: 1000px) {
-  .simlib-live.simlib-projector { --jp-widgets-font-size: 24px; --jp-widgets-inline-height: 38px; font-size: 24px; }
-  .simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 5em); }
-}
-.simlib-live .widget-label, .simlib-live .widget-readout, .simlib-live .widget-button,
-.simlib-live .widget-toggle-button, .simlib-live select, .simlib-live .widget-html-content,
-.simlib-live .widget-label-basic, .simlib-live .widget-dropdown > select { font-size: inherit !important; }
+.simlib-live :is(.widget-label, .widget-readout, .widget-button, .widget-toggle-button, select, .widget-html-content,
+  .widget-label-basic) { font-size: inherit !important; }
 .simlib-live .widget-readout { min-width: 4.5em; }
 .simlib-live h2 { font-size: 1.35em; margin: 0.1em 0 0.2em 0; }
 .simlib-live .simlib-controls { flex: 0 0 25em; width: 25em; }
@@ -101,19 +114,19 @@ PANEL_CSS = """
   margin-right: 8px; }
 .simlib-live .simlib-controls .widget-toggle-buttons > div { display: flex; flex-wrap: nowrap; }
 .simlib-live .simlib-playrow .widget-slider { width: 18em; }
-.simlib-live .simlib-more .jupyter-widget-Collapse-header, .simlib-live .simlib-more .p-Collapse-header,
-.simlib-live .simlib-more .lm-Collapse-header { padding: 0.1em 0.5em; }
-.simlib-live .simlib-more .jupyter-widget-Collapse-contents, .simlib-live .simlib-more .p-Collapse-contents,
-.simlib-live .simlib-more .lm-Collapse-contents { padding: 0.3em; }
+.simlib-live .simlib-more :is(.jupyter-widget-Collapse-header, .p-Collapse-header, .lm-Collapse-header) {
+  padding: 0.1em 0.5em; }
+.simlib-live .simlib-more :is(.jupyter-widget-Collapse-contents, .p-Collapse-contents, .lm-Collapse-contents) {
+  padding: 0.3em; }
 /* Projector mode: the collapsed "more settings" row kept small, so the controls column fits the window. */
 .simlib-live.simlib-projector .simlib-more { margin-top: 0; margin-bottom: 0; }
-.simlib-live.simlib-projector .simlib-more .jupyter-widget-Collapse-header,
-.simlib-live.simlib-projector .simlib-more .p-Collapse-header,
-.simlib-live.simlib-projector .simlib-more .lm-Collapse-header { padding: 0 0.4em; line-height: 1.2; }
+.simlib-live.simlib-projector .simlib-more :is(.jupyter-widget-Collapse-header, .p-Collapse-header,
+  .lm-Collapse-header) { padding: 0 0.4em; line-height: 1.2; }
 @media (min-height: 1000px) {
-  .simlib-live.simlib-projector .simlib-more .jupyter-widget-Collapse-header,
-  .simlib-live.simlib-projector .simlib-more .p-Collapse-header,
-  .simlib-live.simlib-projector .simlib-more .lm-Collapse-header { font-size: 0.7em; }
+  .simlib-live.simlib-projector { --jp-widgets-font-size: 24px; --jp-widgets-inline-height: 38px; font-size: 24px; }
+  .simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 5em); }
+  .simlib-live.simlib-projector .simlib-more :is(.jupyter-widget-Collapse-header, .p-Collapse-header,
+    .lm-Collapse-header) { font-size: 0.7em; }
 }
 """
 
@@ -161,8 +174,7 @@ class LivePanel:
         # An image, not an ipympl canvas: a canvas has a fixed pixel size (and a resize handle), an
         # image scales with the browser window. The panel sends the Agg canvas's PNGs to it.
         self.canvas = FigureCanvasAgg(self.fig)
-        self._image = W.Image(format="png")
-        self._image.add_class("simlib-figure")
+        self._image = W.Image(format="png").add_class("simlib-figure")
         self._build()
         self._warming = False
         # The first figure is simulated in this process: starting the worker processes (each imports
@@ -179,52 +191,32 @@ class LivePanel:
 
     # -- controls ---------------------------------------------------------------------------
     def _build(self) -> None:
-        s = self.settings
-        wide = {"style": {"description_width": "8.5em"}}
-        slider = {"continuous_update": False, **wide}  # a slider re-runs when released, not while dragged
-        self.c_workers = W.IntSlider(s.n_workers, min=1, max=64, description="workers", **slider)
-        self.c_steps = W.IntSlider(s.steps, min=10, max=1000, step=10, description="steps", **slider)
+        # The controls are made, then show the settings (_sync_controls, at the end).
+        self._fields: dict[str, Any] = {}  # the control of each LiveSettings field (but protocols and seed)
+        for field, (attr, widget, description, kw) in CONTROLS.items():
+            self._fields[field] = control = widget(description=description, **kw)
+            setattr(self, attr, control)
         # Four toggles of 5.75em (and their 2 px margins) fill the 25em controls column.
-        self.c_protocols = {p: W.ToggleButton(value=p in s.protocols, description=PROTOCOL_NAMES[p],
-                                              layout=W.Layout(width="5.75em")) for p in PROTOCOLS}
-        self._name_bounded(s.staleness)
+        self.c_protocols = {p: W.ToggleButton(description=PROTOCOL_NAMES[p], layout=W.Layout(width="5.75em"))
+                            for p in PROTOCOLS}
         for b in self.c_protocols.values():
             # A chosen protocol is drawn in the accent colour: the default grey pressed state is hard to see projected.
-            b.button_style = "primary" if b.value else ""
             b.observe(lambda ch: setattr(ch["owner"], "button_style", "primary" if ch["new"] else ""), names="value")
-        self.c_staleness = W.IntSlider(s.staleness, min=0, max=20, description="staleness s", **slider)
         self.c_staleness.observe(lambda ch: self._name_bounded(ch["new"]), names="value")
-        self.c_straggler = W.Dropdown(options=STRAGGLERS, value=s.straggler, description="stragglers", **wide)
-        self.c_severity = W.FloatSlider(s.severity, min=1.0, max=10.0, step=0.5, description="severity (x)", **slider)
-        self.c_latency = W.FloatLogSlider(s.latency, base=10, min=-6, max=-1, step=0.25, description="latency (s)",
-                                          readout_format=".1e", **slider)
-        self.c_bandwidth = W.FloatLogSlider(s.bandwidth, base=10, min=6, max=11, step=0.25,
-                                            description="bandwidth (B/s)", readout_format=".1e", **slider)
-        self.c_topology = W.ToggleButtons(options=[(v, k) for k, v in TOPOLOGY_NAMES.items()], value=s.topology,
-                                          description="topology", style={"description_width": "8.5em",
-                                                                          "button_width": ""})
-        self.c_servers = W.IntSlider(s.n_servers, min=1, max=8, description="PS shards", **slider)
-        self.c_compression = W.Dropdown(options=COMPRESSIONS, value=s.compression, description="compression",
-                                        **wide)
-        self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", **slider)
+        self.c_window = W.IntSlider(10, min=1, max=100, description="zoom (% of run)", **_SLIDER)
         self.c_large = W.ToggleButton(False, description="projector mode",
                                       tooltip="the figure on most of the screen, its text large enough for the back row "
                                               "(a full-screen browser on a projector)")
         self.c_large.observe(self._on_large, names="value")
         # Every other SimConfig option, a control generated from its field's metadata, in a collapsed section.
-        extra = dict(s.extra)
-        self.c_more = {o.name: OptionControl(o, extra.get(o.name, o.default)) for o in extra_options()}
-        self.more = W.Accordion(children=[W.VBox([c.widget for c in self.c_more.values()])], selected_index=None)
-        self.more.set_title(0, "more settings")
-        self.more.add_class("simlib-more")
-        # The control that shows each LiveSettings field (the protocols are the toggles; the seed has none).
-        self._fields = {"n_workers": self.c_workers, "steps": self.c_steps, "staleness": self.c_staleness,
-                        "straggler": self.c_straggler, "severity": self.c_severity, "latency": self.c_latency,
-                        "bandwidth": self.c_bandwidth, "topology": self.c_topology, "n_servers": self.c_servers,
-                        "compression": self.c_compression}
+        self.c_more = {o.name: OptionControl(o, o.default) for o in extra_options()}
+        self.more = W.Accordion(children=[W.VBox([c.widget for c in self.c_more.values()])], selected_index=None,
+                                titles=("more settings",)).add_class("simlib-more")
         for c in [*self._fields.values(), *self.c_protocols.values(), *self.c_more.values()]:
             c.observe(self._on_change, names="value")
         self.c_window.observe(lambda _: self._draw(), names="value")
+        self._sync_controls()
+        self._name_bounded(self.settings.staleness)
 
         # Play is driven by the kernel, not by a timer in the browser: each frame is drawn, then the
         # figure and the time slider are sent together, so they never disagree (a browser-side
@@ -233,11 +225,9 @@ class LivePanel:
         self.play.observe(self._on_play, names="value")
         self.stop_button = W.Button(description="Stop", icon="stop", tooltip="stop and show the whole run")
         self.stop_button.on_click(lambda _: self.stop())
-        self.c_speed = W.FloatLogSlider(1.0, base=2, min=-2, max=2, step=0.5, description="speed (x)",
-                                        style={"description_width": "5em"})
+        self.c_speed = W.FloatLogSlider(1.0, base=2, min=-2, max=2, step=0.5, description="speed (x)", **_NARROW)
         self.c_speed.observe(lambda _: self._rebase_play(), names="value")
-        self.time_slider = W.IntSlider(PLAY_FRAMES, min=0, max=PLAY_FRAMES, description="time (%)",
-                                       style={"description_width": "5em"})
+        self.time_slider = W.IntSlider(PLAY_FRAMES, min=0, max=PLAY_FRAMES, description="time (%)", **_NARROW)
         self.time_slider.observe(self._on_time, names="value")
         self._play_task: asyncio.Task | None = None
         self._play_origin = (0.0, 0.0)  # (loop time, frame) Play counts from
@@ -245,10 +235,8 @@ class LivePanel:
         self.export_button = W.Button(description="Export HTML")
         self.export_button.on_click(lambda _: self.export(wait=False))
         self.export_note = W.HTML()
-        self.progress = W.FloatProgress(value=0.0, min=0.0, max=1.0, description="", layout=W.Layout(width="20em",
-                                                                                                   visibility="hidden"))
-        self.status = W.HTML()
-        self.status.add_class("simlib-live-status")
+        self.progress = W.FloatProgress(max=1.0, layout=W.Layout(width="20em", visibility="hidden"))
+        self.status = W.HTML().add_class("simlib-live-status")
 
         title = W.HTML("<style>" + PANEL_CSS + "</style><h2>Live: BSP, SSP and async on a simulated cluster</h2>")
         left = W.VBox([
@@ -257,16 +245,13 @@ class LivePanel:
             W.HTML("<b>stragglers</b>"), self.c_straggler, self.c_severity,
             W.HTML("<b>network</b>"), self.c_latency, self.c_bandwidth, self.c_topology, self.c_servers,
             self.c_compression, self.more, W.HTML("<b>view</b>"), self.c_window, self.c_large,
-        ])
-        left.add_class("simlib-controls")
+        ]).add_class("simlib-controls")
         playrow = W.HBox([self.play, self.stop_button, self.c_speed, self.time_slider, self.export_button])
-        playrow.add_class("simlib-playrow")
-        right = W.VBox([self._image, playrow, W.HBox([self.progress, self.export_note]), self.status])
-        right.add_class("simlib-main")
+        right = W.VBox([self._image, playrow.add_class("simlib-playrow"), W.HBox([self.progress, self.export_note]),
+                        self.status]).add_class("simlib-main")
         self._columns = (left, right)
         self.widget = W.VBox([title, W.HBox([left, right], layout=W.Layout(width="100%"))],
-                             layout=W.Layout(width="100%"))
-        self.widget.add_class("simlib-live")
+                             layout=W.Layout(width="100%")).add_class("simlib-live")
 
     def _name_bounded(self, s: int) -> None:
         """The SSP and ESSP toggles show the bound: 'SSP(3)', 'ESSP(3)'."""
@@ -339,17 +324,12 @@ class LivePanel:
         return traces
 
     def _start(self, gen: int) -> None:
-        """Submit the run for generation ``gen`` to the worker thread."""
+        """Submit the run for generation ``gen`` to the worker thread (a config refused comes back as its error)."""
         self._pending = None
         if gen != self._gen:
             return
         t0 = time.perf_counter()
-        try:
-            configs = self.settings.configs(self.runner.nnz_per_row)
-        except ValueError as exc:
-            self._show_error(exc)
-            return
-        loop = self._loop
+        settings, loop = self.settings, self._loop
         assert loop is not None
 
         def progress(frac: float, label: str) -> None:
@@ -361,7 +341,8 @@ class LivePanel:
                 loop.call_soon_threadsafe(self._show_progress, gen, frac, label, now - t0)
 
         # Until the worker processes have started, simulate in this process's worker thread.
-        fut = self._executor.submit(lambda: self.runner.run(configs, progress, pool=self.runner.warm))
+        fut = self._executor.submit(lambda: self.runner.run(settings.configs(self.runner.nnz_per_row), progress,
+                                                            pool=self.runner.warm))
         fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._done, f, gen, t0))
 
     def _show_progress(self, gen: int, frac: float, label: str, elapsed: float) -> None:
@@ -436,8 +417,7 @@ class LivePanel:
         self.projector = bool(change["new"])
         (self.widget.add_class if self.projector else self.widget.remove_class)("simlib-projector")
         # The per-run summary moves under the controls, so the figure gets the window's height.
-        left, right = self._columns
-        home, away = (left, right) if self.projector else (right, left)
+        home, away = self._columns if self.projector else self._columns[::-1]
         away.children = tuple(c for c in away.children if c is not self.status)
         if self.status not in home.children:
             home.children = (*home.children, self.status)
@@ -513,11 +493,9 @@ class LivePanel:
 
     def _write_status(self) -> None:
         """One line per run: time per step, waiting share, staleness, bytes; plus the redraw count."""
-        rows = []
-        for tr in self.traces:
-            s = tr.summary()
-            rows.append(f"<b>{tr.label}</b>: {s['time_per_step'] * 1e3:.3g} ms/step, {s['wait_fraction']:.0%} waiting, "
-                        f"max staleness {s['max_staleness']:.0f}, {s['bytes_sent'] / 1e6:.3g} MB sent")
+        rows = [f"<b>{label}</b>: {s['time_per_step'] * 1e3:.3g} ms/step, {s['wait_fraction']:.0%} waiting, "
+                f"max staleness {s['max_staleness']:.0f}, {s['bytes_sent'] / 1e6:.3g} MB sent"
+                for label, s in ((tr.label, tr.summary()) for tr in self.traces)]
         self.status.value = (
             f"<div data-redraws='{self.redraws}'>" + "<br>".join(rows) +
             f"<br><small>redraw #{self.redraws} in {self.last_redraw_s:.2f} s</small></div>"
@@ -604,23 +582,19 @@ class OptionControl:
         self.option = o = option
         tip = o.help + (f" ({o.unit})" if o.unit else "") + (f"; {o.range_text()}" if o.range_text() else "")
         label = o.name.replace("_", " ") + (f" ({o.unit})" if o.unit else "")
-        style = {"description_width": "8.5em"}
         if o.choices is not None:
-            self.input: Any = W.Dropdown(options=list(o.choices), value=o.default, description=label, style=style)
+            self.input: Any = W.Dropdown(options=list(o.choices), value=o.default, description=label, **_WIDE)
         elif o.type is bool:
             self.input = W.Checkbox(value=bool(o.default), description=label, indent=False)
-        elif o.type is int:
-            self.input = W.IntText(value=self._start(), description=label, style=style)
         else:
-            self.input = W.FloatText(value=self._start(), description=label, style=style)
+            self.input = (W.IntText if o.type is int else W.FloatText)(value=self._start(), description=label, **_WIDE)
         self.input.tooltip = tip
         self.switch: W.Checkbox | None = None
         self.widget: Any = self.input
         if o.optional:
             self.switch = W.Checkbox(value=False, indent=False, tooltip=f"{o.name}: on (off: not used)",
                                      layout=W.Layout(width="1.6em"))
-            self.switch.observe(lambda ch: setattr(self.input, "disabled", not ch["new"]), names="value")
-            self.input.disabled = True
+            W.dlink((self.switch, "value"), (self.input, "disabled"), transform=lambda on: not on)
             self.widget = W.HBox([self.switch, self.input])
         self.value = value
 

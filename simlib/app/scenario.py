@@ -18,11 +18,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from simlib import _validate as check
-from simlib.options import Option, options
+from simlib.options import Option, check_fields, options
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim import TOPOLOGIES, SimConfig, Stragglers, simulate
 from simlib.trace import Trace
@@ -37,13 +37,13 @@ PANEL_FIELDS = ("n_workers", "steps", "protocol", "staleness", "topology", "n_se
                 "compression", "stragglers", "seed", "eval_every")
 # Options the panel does not offer: it draws loss curves, and a cost-only run computes no loss.
 NOT_OFFERED = ("cost_only", "step_keys")
+_OWN_CHECK = {"option": False}  # a LiveSettings field __post_init__ checks itself (or SimConfig does)
 
 
 @functools.lru_cache(maxsize=1)
 def extra_options() -> tuple[Option, ...]:
     """SimConfig's options (from its fields' metadata) that the panel's own controls do not cover, in field order."""
-    return tuple(o for o in options(SimConfig)
-                 if "." not in o.name and o.name not in PANEL_FIELDS and o.name not in NOT_OFFERED)
+    return tuple(o for o in options(SimConfig) if "." not in o.name and o.name not in PANEL_FIELDS + NOT_OFFERED)
 
 
 def _extra(given: Any) -> tuple[tuple[str, Any], ...]:
@@ -82,41 +82,34 @@ class LiveSettings:
     after 5 x ``severity`` step times.
     """
 
-    n_workers: int = 16
-    steps: int = 100
-    protocols: tuple[str, ...] = DEFAULT_PROTOCOLS
+    n_workers: int = field(default=16, metadata={"min": 1})
+    steps: int = field(default=100, metadata={"min": 1})
+    protocols: tuple[str, ...] = field(default=DEFAULT_PROTOCOLS, metadata=_OWN_CHECK)
     # Per-step jitter, not one slow worker: with a persistently slow worker SSP and BSP both end up
     # waiting for it (about 30% each), while jitter lets SSP(1) absorb most of the noise BSP waits for.
-    staleness: int = 1
-    straggler: str = "jitter"
-    severity: float = 3.0
-    latency: float = 1e-4
-    bandwidth: float = 1.25e9
-    topology: str = "ps"
-    n_servers: int = 1
-    compression: str = "none"
-    seed: int = 0
+    staleness: int = field(default=1, metadata={"min": 0})
+    straggler: str = field(default="jitter", metadata={"choices": STRAGGLERS})
+    severity: float = field(default=3.0, metadata=_OWN_CHECK)
+    latency: float = field(default=1e-4, metadata={"min": 0})
+    bandwidth: float = field(default=1.25e9, metadata={"min": 0, "min_open": True})
+    topology: str = field(default="ps", metadata={"choices": TOPOLOGIES})
+    n_servers: int = field(default=1, metadata={"min": 1})
+    compression: str = field(default="none", metadata=_OWN_CHECK)
+    seed: int = field(default=0, metadata={"min": 0})
     # Any other SimConfig option (extra_options: sites, server_time, backup_workers, ...), as sorted
     # (name, value) pairs; a mapping is accepted. Options left out keep SimConfig's defaults.
-    extra: tuple[tuple[str, Any], ...] = ()
+    extra: tuple[tuple[str, Any], ...] = field(default=(), metadata=_OWN_CHECK)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "extra", _extra(self.extra))
-        check.positive_int("n_workers", self.n_workers)
-        check.positive_int("steps", self.steps)
+        object.__setattr__(self, "protocols", tuple(self.protocols or ()))  # a list (from a dict) too
         if not self.protocols:
             raise ValueError("protocols must name at least one of 'bsp', 'ssp', 'essp', 'async'")
         for p in self.protocols:
             check.one_of("protocols", p, PROTOCOLS)
-        check.non_negative_int("staleness", self.staleness)
-        check.one_of("straggler", self.straggler, STRAGGLERS)
         if not (isinstance(self.severity, (int, float)) and 1.0 <= self.severity <= 100.0):
             raise ValueError(f"severity must be a number in [1, 100], got {self.severity!r}")
-        check.non_negative("latency", self.latency)
-        check.positive("bandwidth", self.bandwidth)
-        check.one_of("topology", self.topology, TOPOLOGIES)
-        check.positive_int("n_servers", self.n_servers)
-        check.non_negative_int("seed", self.seed)
+        check_fields(self)  # the other fields' metadata: n_workers, steps and n_servers >= 1, latency >= 0, ...
 
     def step_estimate(self, nnz_per_row: float = 20.0) -> float:
         """Seconds one step takes without stragglers: compute overhead + batch nonzeros x cost + a round trip."""
@@ -155,10 +148,8 @@ class LiveSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as one flat dict: the panel's own, then each extra option by its SimConfig name."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        out["protocols"] = list(self.protocols)
-        out.update(self.extra)
-        return out
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**own, "protocols": list(self.protocols), **dict(self.extra)}
 
     @classmethod
     def from_dict(cls, settings: Mapping[str, Any]) -> "LiveSettings":
@@ -168,8 +159,6 @@ class LiveSettings:
         given = {k: v for k, v in settings.items() if k in own}
         extra = dict(_extra(given.pop("extra", ())))
         extra.update({k: v for k, v in settings.items() if k not in own})
-        if "protocols" in given:
-            given["protocols"] = tuple(given["protocols"])
         return cls(**given, extra=extra)
 
 
@@ -222,6 +211,7 @@ def process_pool(problem: Any, processes: int) -> concurrent.futures.ProcessPool
         return executor
 
 
+@atexit.register
 def shutdown_pool() -> None:
     """Stop the simulator worker processes (also done at interpreter exit)."""
     global _pool
@@ -229,9 +219,6 @@ def shutdown_pool() -> None:
         if _pool is not None:
             _pool[2].shutdown(wait=True, cancel_futures=True)
             _pool = None
-
-
-atexit.register(shutdown_pool)
 
 
 class Runner:

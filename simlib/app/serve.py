@@ -26,28 +26,25 @@ TEMPLATE = "simlib-live"
 CULL_IDLE_S = 20
 CULL_INTERVAL_S = 5
 
-# The notebook the panel lives in; lessons/live.ipynb holds exactly these cells (a test checks it).
+# The notebook the panel lives in; lessons/live.ipynb holds exactly this cell (a test checks it).
 # One code cell and no markdown: Voilà shows outputs only, so the page is the panel and its own title.
-LIVE_NOTEBOOK_CELLS: list[tuple[str, str]] = [
-    ("code",
-     "# Live: BSP, SSP and async on a simulated cluster. Run this cell, then move a slider: every change\n"
-     "# re-simulates the chosen protocols and redraws their timelines and loss against simulated time.\n"
-     "# Play replays the runs; Export HTML writes that animation to a file that opens offline.\n"
-     "# On a projector: `python -m simlib live` serves the panel alone; press 'projector mode'.\n"
-     "from simlib.app.live import LivePanel\n"
-     "\n"
-     "panel = LivePanel()\n"
-     "panel"),
+LIVE_NOTEBOOK_SOURCE = [  # its lines, as nbformat stores them
+    "# Live: BSP, SSP and async on a simulated cluster. Run this cell, then move a slider: every change\n",
+    "# re-simulates the chosen protocols and redraws their timelines and loss against simulated time.\n",
+    "# Play replays the runs; Export HTML writes that animation to a file that opens offline.\n",
+    "# On a projector: `python -m simlib live` serves the panel alone; press 'projector mode'.\n",
+    "from simlib.app.live import LivePanel\n",
+    "\n",
+    "panel = LivePanel()\n",
+    "panel",
 ]
 
 
 def live_notebook_json() -> dict:
     """The live notebook as nbformat-4 JSON, without outputs."""
-    cells = [{"cell_type": kind, "id": f"live-{i}", "metadata": {}, "source": source.splitlines(keepends=True),
-              **({"execution_count": None, "outputs": []} if kind == "code" else {})}  # a code cell has no outputs yet
-             for i, (kind, source) in enumerate(LIVE_NOTEBOOK_CELLS)]
     return {
-        "cells": cells,
+        "cells": [{"cell_type": "code", "id": "live-0", "metadata": {}, "source": list(LIVE_NOTEBOOK_SOURCE),
+                   "execution_count": None, "outputs": []}],
         "metadata": {
             "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
             "language_info": {"name": "python"},

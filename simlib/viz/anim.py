@@ -30,7 +30,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from simlib._validate import one_of, positive, positive_int
 from simlib.trace import Trace
-from simlib.viz.plots import MAX_ARROWS, default_target, finding, plot_loss, plot_timeline, timeline_artists
+from simlib.viz.plots import MAX_ARROWS, _as_list, default_target, finding, plot_loss, plot_timeline, timeline_artists
 from simlib.viz.style import KIND_COLORS, KIND_LABELS, OKABE_ITO, run_label, style
 
 # Artists of a timeline that appear as time passes; labels and axes stay.
@@ -52,19 +52,13 @@ class Reveal:
         # Count only the rows drawn: a box saying "31 waiting" over 16 rows reads as a bug.
         self.rows = [tr.n_workers if max_workers is None else min(tr.n_workers, max_workers) for tr in self.traces]
         self._waits = [self._wait_columns(tr, n) for tr, n in zip(self.traces, self.rows)]
-        self._curves: list[tuple[Line2D, np.ndarray, np.ndarray]] = []
-        self._marks: list[tuple[Line2D, float]] = []
-        self._cursors = [ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=2.5, zorder=6, gid="cursor")
-                         for ax in self.timelines]
-        if loss_ax is not None:
-            for line in loss_ax.lines:
-                gid = line.get_gid() or ""
-                if gid.startswith("loss:"):
-                    self._curves.append((line, np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)))
-                elif gid.startswith("reached:"):
-                    self._marks.append((line, float(line.get_xdata()[0])))
-            self._cursors.append(loss_ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=1.5, zorder=6,
-                                                 gid="cursor"))
+        lines = [] if loss_ax is None else list(loss_ax.lines)
+        self._curves = [(ln, np.asarray(ln.get_xdata(), float), np.asarray(ln.get_ydata(), float))
+                        for ln in lines if (ln.get_gid() or "").startswith("loss:")]
+        self._marks = [(ln, float(ln.get_xdata()[0])) for ln in lines if (ln.get_gid() or "").startswith("reached:")]
+        axes = self.timelines if loss_ax is None else [*self.timelines, loss_ax]
+        self._cursors = [ax.axvline(self.t_end, color=OKABE_ITO["black"], linewidth=1.5 if ax is loss_ax else 2.5,
+                                    zorder=6, gid="cursor") for ax in axes]
         # The waiting count lives in each timeline's title, above the rows: a box inside the axes hid rows.
         self._texts = [ax.title for ax in self.timelines]
         self._titles = [ax.get_title() for ax in self.timelines]
@@ -108,15 +102,11 @@ class Reveal:
         for cursor in self._cursors:
             cursor.set_xdata([t, t])
             cursor.set_visible(t < self.t_end)
-            changed.append(cursor)
         for line, xs, ys in self._curves:
-            keep = xs <= t
-            line.set_data(xs[keep], ys[keep])
-            changed.append(line)
+            line.set_data(xs[xs <= t], ys[xs <= t])
         for mark, when in self._marks:
             mark.set_visible(when <= t)
-            changed.append(mark)
-        return changed
+        return [*changed, *self._cursors, *(line for line, _, _ in self._curves), *(mark for mark, _ in self._marks)]
 
 
 def messages_before(trace: Trace, t: float, n_workers: int) -> int:
@@ -143,9 +133,7 @@ def draw_runs(
     the loss legend beside its axes.
     """
     positive_int("max_workers", max_workers)
-    runs = list(traces)
-    if not runs:
-        raise ValueError("traces must hold at least one Trace")
+    runs = _as_list(traces)
     has_quality = all(t.quality for t in runs)
     if target is None and has_quality:
         target = default_target(runs)
@@ -163,16 +151,15 @@ def draw_runs(
             _wipe(a)
         for leg in list(fig.legends):
             leg.remove()
+    elif projector:
+        fig.clear()
+        cells = _projector_grid(fig, k, has_quality)
     else:
         fig.clear()
+        margins = dict(left=0.09, right=0.98, top=0.82, bottom=0.08, hspace=0.35, wspace=0.06) if fixed else {}
+        gs = fig.add_gridspec(2, k, height_ratios=[3, 2] if has_quality else [1, 0.001], **margins)
+        cells = [gs[0, i] for i in range(k)], gs[1, :]
     with style():
-        if not reuse:
-            if projector:
-                cells = _projector_grid(fig, k, has_quality)
-            else:
-                margins = dict(left=0.09, right=0.98, top=0.82, bottom=0.08, hspace=0.35, wspace=0.06) if fixed else {}
-                gs = fig.add_gridspec(2, k, height_ratios=[3, 2] if has_quality else [1, 0.001], **margins)
-                cells = [gs[0, i] for i in range(k)], gs[1, :]
         sep = "\n" if projector else ": "
         timelines: list[Axes] = []
         for i, tr in enumerate(runs):
@@ -181,17 +168,14 @@ def draw_runs(
             arrows = messages_before(tr, window, max_workers) <= MAX_ARROWS
             plot_timeline(tr, ax=ax, max_workers=max_workers, legend=False, arrows=arrows,
                           title=f"{run_label(tr)}{sep}{tr.summary()['wait_fraction']:.0%} waiting")
-            if projector:
-                # At most three ticks without trailing zeros ("0.0025", not "0.00250"): at 14 pt more
-                # ran into each other and into the next timeline's.
-                ax.xaxis.set_major_locator(MaxNLocator(2))
-                ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
-            else:
-                ax.xaxis.set_major_locator(MaxNLocator(4))
+            # Projector: at most three ticks without trailing zeros ("0.0025", not "0.00250"): at 14 pt more
+            # ran into each other and into the next timeline's.
+            ax.xaxis.set_major_locator(MaxNLocator(2 if projector else 4))
             if i:
                 ax.set_ylabel("")
                 ax.tick_params(labelleft=False)
             if projector:
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
                 ax.title.set_fontsize(PROJECTOR_RUN_TITLE_PT)
                 # The time label once: under the loss plot, or under the middle timeline without one.
                 if has_quality or i != k // 2:
@@ -203,23 +187,14 @@ def draw_runs(
         # The span colours are explained once, in a row under the title, so the plots keep the full width.
         gids = {g for a in timelines for g in timeline_artists(a)}
         kinds = sorted((g[5:] for g in gids if g.startswith("span:")), key=list(KIND_COLORS).index)
-        handles: list[Artist] = [Patch(facecolor=KIND_COLORS[kd], label=KIND_LABELS[kd]) for kd in kinds]
-        black = OKABE_ITO["black"]
-        if "barriers" in gids:
-            handles.append(Line2D([], [], color=black, linestyle="--", linewidth=1.2, label="barrier"))
-        if "messages" in gids:
-            handles.append(Line2D([], [], color=black, linewidth=0.8, marker=".", label="message"))
+        # Projector: short names and tight spacing keep the legend to one row across the figure's width.
+        names = {**KIND_LABELS, **(_SHORT_KIND_LABELS if projector else {})}
+        handles: list[Artist] = [Patch(facecolor=KIND_COLORS[kd], label=names[kd]) for kd in kinds]
+        handles += [Line2D([], [], color=OKABE_ITO["black"], **kw) for gid, kw in _LINE_HANDLES.items() if gid in gids]
         fig_h = fig.get_figheight() * 72
-        if projector:
-            # Short names and tight spacing keep the legend to one row across the figure's width.
-            for h in handles:
-                h.set_label(_SHORT_LABELS.get(h.get_label(), h.get_label()))
-            fig.legend(handles=handles, loc="upper center", ncols=max(len(handles), 1), frameon=False,
-                       bbox_to_anchor=(0.5, 1 - PROJECTOR_MARGINS_PT["legend"] / fig_h), borderaxespad=0,
-                       borderpad=0, handlelength=1.4, handletextpad=0.4, columnspacing=1.0)
-        else:
-            fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.935), ncols=max(len(handles), 1),
-                       frameon=False)
+        place = dict(bbox_to_anchor=(0.5, 1 - PROJECTOR_MARGINS_PT["legend"] / fig_h), borderaxespad=0,
+                     columnspacing=1.0, **_TIGHT_LEGEND) if projector else dict(bbox_to_anchor=(0.5, 0.935))
+        fig.legend(handles=handles, loc="upper center", ncols=max(len(handles), 1), frameon=False, **place)
         loss_ax = None
         if has_quality:
             loss_ax = kept[1][k] if reuse else fig.add_subplot(cells[1])
@@ -230,7 +205,7 @@ def draw_runs(
                 loss_ax.yaxis.set_major_locator(MaxNLocator(3))
                 # Beside the axes, not over the curves: inside, four rows would cover most of a short plot.
                 loss_ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False, borderaxespad=0.4,
-                               borderpad=0, labelspacing=0.3, handlelength=1.4, handletextpad=0.4)
+                               labelspacing=0.3, **_TIGHT_LEGEND)
         heading = title if title is not None else (finding(runs, target) if target is not None else "")
         fig.suptitle(heading, y=1 - PROJECTOR_MARGINS_PT["pad"] / fig_h if projector else 0.99)
     fig._simlib_runs_axes = (layout, [*timelines, *([loss_ax] if loss_ax is not None else [])])
@@ -244,7 +219,11 @@ def draw_runs(
 PROJECTOR_MARGINS_PT = {"pad": 3.0, "legend": 31.0, "top": 95.0, "left": 92.0, "right": 10.0, "legend_width": 190.0,
                         "bottom": 46.0, "between": 34.0, "wspace": 36.0}
 PROJECTOR_RUN_TITLE_PT = 15
-_SHORT_LABELS = {KIND_LABELS["send"]: "send", KIND_LABELS["recv"]: "receive", KIND_LABELS["down"]: "down"}
+_SHORT_KIND_LABELS = {"send": "send", "recv": "receive", "down": "down"}
+_TIGHT_LEGEND = dict(borderpad=0, handlelength=1.4, handletextpad=0.4)
+# The legend's lines after the span colours, each shown when the timelines have an artist of its gid.
+_LINE_HANDLES = {"barriers": dict(linestyle="--", linewidth=1.2, label="barrier"),
+                 "messages": dict(linewidth=0.8, marker=".", label="message")}
 
 
 def _clear_server_row(ax: Axes) -> None:
@@ -301,8 +280,7 @@ button {{ font-size: 1em; min-width: 5em; }} input {{ width: 50vw; }}
 <span id="label"></span></div>
 <script>
 const frames = [{frames}];
-const img = document.getElementById("frame"), play = document.getElementById("play"),
-      time = document.getElementById("time"), label = document.getElementById("label");
+const [img, play, time, label] = ["frame", "play", "time", "label"].map((id) => document.getElementById(id));
 let i = 0, playing = true;
 function show(k) {{ i = k; img.src = frames[k]; time.value = k; label.textContent = (k + 1) + " / " + frames.length; }}
 function toggle(on) {{ playing = on; play.textContent = on ? "Pause" : "Play"; }}
@@ -345,10 +323,10 @@ def export_animation(traces: Sequence[Trace], path: str, frames: int = 30, fps: 
         FigureCanvasAgg(fig)
         reveal = draw_runs(fig, traces, **draw)
         times = np.linspace(0.0, reveal.t_end, frames)
+        done = (lambda k, n: None) if progress is None else (lambda k, n: progress((k + 1) / n))
         if ext == ".gif":
             from matplotlib.animation import FuncAnimation, PillowWriter
 
-            done = None if progress is None else (lambda k, n: progress((k + 1) / n))
             FuncAnimation(fig, lambda k: reveal(times[k]), frames=frames, blit=False).save(
                 path, writer=PillowWriter(fps=fps), dpi=dpi, progress_callback=done)
             return path
@@ -356,8 +334,7 @@ def export_animation(traces: Sequence[Trace], path: str, frames: int = 30, fps: 
         for k, t in enumerate(times):
             reveal(t)
             uris.append('"data:image/png;base64,' + base64.b64encode(_small_png(fig)).decode("ascii") + '"')
-            if progress is not None:
-                progress((k + 1) / frames)
+            done(k, frames)
     title = html.escape(fig.get_suptitle() or "simlib animation")
     page = _PLAYER.format(title=title, last=frames - 1, frames=",\n".join(uris), interval=max(10, int(1000 / fps)))
     with open(path, "w", encoding="utf-8") as f:
