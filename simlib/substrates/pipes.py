@@ -45,7 +45,7 @@ from simlib.managed import MESSAGE_ENTRIES, Pending
 from simlib.managed import check as check_managed
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
-from simlib.parallel.worker import check_straggler, current, straggle
+from simlib.parallel.worker import check_straggler, current, record_span, straggle
 from simlib.protocol import MAX_STEPS, Protocol
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
@@ -129,10 +129,6 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         raw = group.trace
     wall = time.perf_counter() - started
     w, quality, updates, early = out[0]
-    logs = None
-    if opts.managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
-        logs = [log for _, log in out[1:]]
-        out = [out[0], *(local for local, _ in out[1:])]
     trace = new_trace(problem, protocol, training, "pipes", "over pipes", substrate_detail="pipe parameter server",
                       wall_seconds=wall, start_method=group.start_method)
     for s in raw.spans:  # member 0 is the server; workers become 0 .. N-1 as in the simulator
@@ -144,13 +140,13 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         trace.record_quality(t, step, value)
     if opts.clock_batches > 1:
         trace.meta["clock_batches"] = opts.clock_batches
-    if logs is not None:
+    if opts.managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
         trace.meta["managed"] = {"budget": opts.managed_bandwidth, **early,
-                                 "log": [[t, n, i] for i, log in enumerate(logs) for t, n in log]}
+                                 "log": [[t, n, i] for i, (_, log) in enumerate(out[1:]) for t, n in log]}
     worker_seconds = max((s.end for s in trace.spans), default=0.0)
     measured = {"wall_seconds": wall, "worker_seconds": worker_seconds}
     if callable(getattr(problem, "local_result", None)):
-        measured["local"] = out[1:]
+        measured["local"] = [local for local, _ in out[1:]]
     return Result(trace, w, measured)
 
 
@@ -165,19 +161,13 @@ def _member(member: int, n_members: int, job: tuple[Any, list, Protocol, Trainin
         assert server_ends is not None
         return _serve(problem, list(server_ends), protocol, training, opts.evaluate)
     assert mine is not None
-    i, k, budget = member - 1, opts.clock_batches, opts.managed_bandwidth
-    if k == 1:
-        _work(i, problem, shards[i], mine, training, opts.straggler)
-        return local_result(problem, shards[i])
-    log = _work_clocked(i, problem, shards[i], mine, training, k, budget, opts.straggler)
-    result = local_result(problem, shards[i])
-    return result if budget is None else (result, log)
+    i = member - 1
+    log = (_work if opts.clock_batches == 1 else _work_clocked)(i, problem, shards[i], mine, training, opts)
+    return local_result(problem, shards[i]), log
 
 
-def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training,
-          straggler: tuple[int, float] | None = None) -> None:
+def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training, opts: PipesOptions) -> None:
     """One worker: pull, compute, push, ``steps`` times (the channel records send/recv spans)."""
-    ctx = current()
     for c in range(training.steps):
         batch = problem.batch(shard, c, training.batch_size)
         keys = pull_keys(problem, batch)
@@ -185,21 +175,20 @@ def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training,
         values = ch.recv_array()  # the server holds this reply until the protocol allows the read
         s = time.perf_counter()
         msg = push_message(problem, values, batch, keys, training.lr)
-        straggle(straggler, i)
+        straggle(opts.straggler, i)
         e = time.perf_counter()
         ch.send_array(msg)
-        if ctx is not None:
-            ctx.span("compute", s, e, step=c)
+        record_span("compute", s, e, step=c)
 
 
-def _work_clocked(i: int, problem: Any, shard: Any, ch: Channel, training: Training, k: int, budget: float | None,
-                  straggler: tuple[int, float] | None = None) -> list[tuple[float, int]]:
+def _work_clocked(i: int, problem: Any, shard: Any, ch: Channel, training: Training,
+                  opts: PipesOptions) -> list[tuple[float, int]]:
     """One worker whose clocks span k mini-batches; with a budget, early messages between them.
 
     Returns the early messages as (seconds since the run started, bytes the channel sent).
     """
-    ctx = current()
-    t0 = ctx.t0 if ctx is not None else time.perf_counter()
+    k, budget = opts.clock_batches, opts.managed_bandwidth
+    t0 = getattr(current(), "t0", time.perf_counter())
     log: list[tuple[float, int]] = []
     next_send = 0.0  # perf_counter reading before which no early message starts
     for c in range(training.steps):
@@ -216,7 +205,7 @@ def _work_clocked(i: int, problem: Any, shard: Any, ch: Channel, training: Train
             out_keys, d = np.asarray(out_keys), np.asarray(d, dtype=np.float64)
             local[pending.index(out_keys)] += d
             pending.add(out_keys, d)
-            straggle(straggler, i)
+            straggle(opts.straggler, i)
             now = time.perf_counter()
             if budget is not None and j < k - 1 and now >= next_send:
                 early_keys, early = pending.take(MESSAGE_ENTRIES)
@@ -226,8 +215,7 @@ def _work_clocked(i: int, problem: Any, shard: Any, ch: Channel, training: Train
                     log.append((now - t0, n))
         e = time.perf_counter()
         ch.send_array(_records(*pending.rest()))
-        if ctx is not None:
-            ctx.span("compute", s, e, step=c)
+        record_span("compute", s, e, step=c)
     return log
 
 
@@ -242,7 +230,6 @@ def _records(keys: np.ndarray, deltas: np.ndarray) -> np.ndarray:
 def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Training,
            evaluate: bool) -> tuple[np.ndarray, list, list, dict]:
     """The server: answer pulls when :class:`ParamServer` allows, apply pushes, record tau per push."""
-    ctx = current()
     n, steps = len(chans), training.steps
     server = ParamServer(problem.init_params(), n, protocol, training.rule, read_rule=training.read_rule)
     clock = [0] * n  # the step each worker's next pull belongs to
@@ -250,7 +237,7 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     lag = [0] * n
     expecting_push = [False] * n
     deferred: list[tuple[int, np.ndarray]] = []  # (worker, keys) pulls the protocol holds back
-    now = ctx.now if ctx is not None else time.perf_counter
+    now = getattr(current(), "now", time.perf_counter)
     quality: list[tuple[float, int, float]] = []
 
     def record(n_updates: int) -> None:

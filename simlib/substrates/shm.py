@@ -143,7 +143,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         n_locks = locks_of(n) if fast and n > 1 and callable(locks_of) else 0
         step_locks = group.zeros(n_locks, np.int32) if n_locks else None
         setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, locked, opts.straggler, chunk,
-                       replica, step_locks)
+                       replica, step_locks, fast)
 
         def monitor(elapsed: float) -> None:
             """The metric now; Diverged (which stops the workers) if it is not finite."""
@@ -152,8 +152,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
             check_metric(value, step, problem, training.lr)
 
         monitor(0.0)
-        out = group.run(_work_in_place if fast else _work, problem, setup, version, monitor=monitor,
-                        monitor_every=opts.monitor_every, timeout=opts.timeout)
+        out = group.run(_member, problem, setup, version, monitor=monitor, monitor_every=opts.monitor_every,
+                        timeout=opts.timeout)
         params = table.array.copy()
         raw = group.trace
     wall = time.perf_counter() - started
@@ -183,22 +183,27 @@ class _Setup:
     training: Training
     table: Any  # SharedArray: the parameters
     clocks: Any  # SharedArray: each worker's finished steps
-    ready: Any  # SharedArray: 1 once a worker has started (see _start_together)
+    ready: Any  # SharedArray: 1 once a worker has started (see _member)
     lock: Any
     locked: bool  # one lock around each whole step (the locked baseline)
     straggler: tuple[int, float] | None
     chunk: int  # fast path: the most steps between two looks at the clocks
     replica: Any  # fast path: the problem's replica of its hot keys, or None
     step_locks: Any  # fast path: SharedArray of the lock words the problem's in-place steps take, or None
+    fast: bool  # the in-place path (_work_in_place), else get / step / add (_work)
 
 
-def _start_together(ready: np.ndarray, i: int) -> None:
-    """Mark worker i started and wait until every worker has: the last process forked then starts as early as the first."""
+def _member(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[float, Any]:
+    """One worker: wait until every worker has started, run its path's steps; its CPU seconds and ``local_result``."""
     # NOTE: processes start 5-30 ms apart (fork, import); a 2-worker Hogwild! run of 0.2 s lost up to 15 % of
     # its training time with one worker alone at the start. The wait yields the core, and comes before any span.
+    ready = setup.ready.array
     ready[i] = 1
     while int(ready.min()) == 0:
         os.sched_yield()
+    cpu0 = time.thread_time()
+    (_work_in_place if setup.fast else _work)(i, problem, setup, version)
+    return time.thread_time() - cpu0, local_result(problem, setup.shards[i])
 
 
 def _replica(problem: Any, hot_keys: int, fast: bool, locked: bool, training: Training) -> Any:
@@ -215,10 +220,8 @@ def _replica(problem: Any, hot_keys: int, fast: bool, locked: bool, training: Tr
 
 
 def _update_unit(fast: bool, chunk: int, hot_keys: int) -> str:
-    """What one update of the trace stands for on this path."""
-    if not fast or chunk == 1 and not hot_keys:
-        return "one step"
-    unit = f"a chunk of up to {chunk} steps" if chunk > 1 else "one step"
+    """What one update of the trace stands for on this path (hot keys only on the fast path: see _replica)."""
+    unit = f"a chunk of up to {chunk} steps" if fast and chunk > 1 else "one step"
     return unit + (f", and the push of its {hot_keys} hot keys' replica at its end" if hot_keys else "")
 
 
@@ -248,16 +251,12 @@ def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> 
     return completed, True
 
 
-def _work(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[float, Any]:
-    """One worker: wait for the protocol, get, step, add under the version lock, publish the clock.
-
-    Returns its CPU seconds and what the problem keeps of the worker's local state (``local_result``)."""
+def _work(i: int, problem: Any, setup: _Setup, version: Any) -> None:
+    """One worker's steps: wait for the protocol, get, step, add under the version lock, publish the clock."""
     ctx = current()
     training, bound, lock, shard = setup.training, setup.bound, setup.lock, setup.shards[i]
     w, fin, ver = setup.table.array, setup.clocks.array, version.array
     rule, read_rule = training.rule, training.read_rule or may_read
-    _start_together(setup.ready.array, i)
-    cpu0 = time.thread_time()
     for c in range(training.steps):
         t0 = time.perf_counter()
         completed, _ = _wait_to_read(read_rule, c, fin, bound)
@@ -279,17 +278,15 @@ def _work(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[fl
                 ver[0] += 1
         fin[i] = c + 1
         t4 = time.perf_counter()
-        if ctx is not None:
-            ctx.span("wait", t0, t1, step=c)
-            ctx.span("recv", t1, t2, nbytes=int(values.nbytes + keys.nbytes), step=c)
-            ctx.span("compute", t2, t3, step=c)
-            ctx.span("send", t3, t4, nbytes=int(np.asarray(deltas).nbytes + keys.nbytes), step=c)
-            ctx.update(c, staleness=tau, clock_lag=c - completed)
-    return time.thread_time() - cpu0, local_result(problem, shard)
+        ctx.span("wait", t0, t1, step=c)
+        ctx.span("recv", t1, t2, nbytes=int(values.nbytes + keys.nbytes), step=c)
+        ctx.span("compute", t2, t3, step=c)
+        ctx.span("send", t3, t4, nbytes=int(np.asarray(deltas).nbytes + keys.nbytes), step=c)
+        ctx.update(c, staleness=tau, clock_lag=c - completed)
 
 
-def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[float, Any]:
-    """One fast-path worker: wait for the protocol, apply the steps it allows in place, publish; its CPU seconds.
+def _work_in_place(i: int, problem: Any, setup: _Setup, version: Any) -> None:
+    """One fast-path worker's steps: wait for the protocol, apply the steps it allows in place, publish.
 
     With ``setup.locked``, each step is applied under the lock, one at a time (the locked baseline); with a
     replica, each chunk's steps update it and its change is added to the table at the chunk's end."""
@@ -302,8 +299,6 @@ def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) ->
         shared["replica"] = replica._replace(pushes=version.array)
     if setup.step_locks is not None:
         shared["locks"] = setup.step_locks.array
-    _start_together(setup.ready.array, i)
-    cpu0 = time.thread_time()
     c = 0
     while c < training.steps:
         t0 = time.perf_counter()
@@ -322,12 +317,10 @@ def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) ->
         straggle(setup.straggler, i)
         fin[i] = c + k
         t2 = time.perf_counter()
-        if ctx is not None:
-            if waited:  # the protocol held the read back
-                ctx.span("wait", t0, t1, step=c)
-            ctx.span("compute", t1, t2, step=c + k - 1)
-            # other workers' steps per step of this chunk; under BSP a round is one update, so 0
-            tau = 0 if bound == 0 else round((sum(fin.tolist()) - c - k - others) / k)
-            ctx.update(c + k - 1, staleness=tau, clock_lag=c + k - 1 - completed)
+        if waited:  # the protocol held the read back
+            ctx.span("wait", t0, t1, step=c)
+        ctx.span("compute", t1, t2, step=c + k - 1)
+        # other workers' steps per step of this chunk; under BSP a round is one update, so 0
+        tau = 0 if bound == 0 else round((sum(fin.tolist()) - c - k - others) / k)
+        ctx.update(c + k - 1, staleness=tau, clock_lag=c + k - 1 - completed)
         c += k
-    return time.thread_time() - cpu0, local_result(problem, shard)
