@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol as TypingProtocol, runtime_checkable
 import numpy as np
 
 from simlib import _validate as check
+from simlib.diverged import check_metric
 from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS, MAX_WORKERS, Accumulator, Clocks, Protocol, ReadRule, StepRule
 from simlib.trace import Trace
 
@@ -259,6 +260,13 @@ def new_trace(problem: Any, protocol: Protocol, training: Training, substrate: s
     trace.meta.update(protocol=protocol.spec, steps=training.steps, batch_size=training.batch_size, lr=training.lr,
                       **meta)
     return trace
+
+
+def record_metric(trace: Trace, problem: Any, t: float, step: int, params: Any, lr: float) -> None:
+    """The problem's metric of ``params`` into ``trace`` at (t, step); Diverged (which stops the run) if not finite."""
+    value = float(problem.quality(params))
+    trace.record_quality(t, step, value)
+    check_metric(value, step, problem, lr)
 
 
 @dataclass

@@ -159,10 +159,7 @@ def values(args: argparse.Namespace, opts: Iterable[Option]) -> dict[str, Any]:
     for opt in opts:
         if opt.flag and hasattr(args, dest(opt)):
             *outer, leaf = opt.name.split(".")
-            d = out
-            for part in outer:
-                d = d.setdefault(part, {})
-            d[leaf] = getattr(args, dest(opt))
+            functools.reduce(lambda d, part: d.setdefault(part, {}), outer, out)[leaf] = getattr(args, dest(opt))
     return out
 
 

@@ -51,8 +51,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import Result, Training, local_result, new_trace, warm_up
-from simlib.diverged import check_metric
+from simlib.contract import Result, Training, local_result, new_trace, record_metric, warm_up
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol, may_read, read_allowed
@@ -147,9 +146,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
 
         def monitor(elapsed: float) -> None:
             """The metric now; Diverged (which stops the workers) if it is not finite."""
-            step, value = int(clocks.array.sum()), float(problem.quality(table.array.copy()))
-            group.trace.record_quality(elapsed, step, value)
-            check_metric(value, step, problem, training.lr)
+            record_metric(group.trace, problem, elapsed, int(clocks.array.sum()), table.array.copy(), training.lr)
 
         monitor(0.0)
         out = group.run(_member, problem, setup, version, monitor=monitor, monitor_every=opts.monitor_every,
