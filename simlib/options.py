@@ -51,13 +51,11 @@ class Option:
         """'in [1, 10000]', '> 0', 'one of ...' -- the allowed values in words."""
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
-        lo = None if self.min is None else _show(self.min)
-        hi = None if self.max is None else _show(self.max)
-        if lo is not None and hi is not None:
-            return f"in {'(' if self.min_open else '['}{lo}, {hi}]"
-        if lo is not None:
-            return f"{'>' if self.min_open else '>='} {lo}"
-        return "" if hi is None else f"<= {hi}"
+        if self.min is not None and self.max is not None:
+            return f"in {'(' if self.min_open else '['}{_show(self.min)}, {_show(self.max)}]"
+        if self.min is not None:
+            return f"{'>' if self.min_open else '>='} {_show(self.min)}"
+        return "" if self.max is None else f"<= {_show(self.max)}"
 
     def check(self, value: Any) -> None:
         """Raise ValueError naming the field unless min <= value <= max (of the right type)."""
