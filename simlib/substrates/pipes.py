@@ -39,14 +39,15 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training, local_result, new_trace, warm_up as contract_warm_up
-from simlib.diverged import check_metric
+from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric
+from simlib.contract import warm_up as contract_warm_up
 from simlib.managed import MESSAGE_ENTRIES, Pending
 from simlib.managed import check as check_managed
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import check_straggler, current, record_span, straggle
 from simlib.protocol import MAX_STEPS, Protocol
+from simlib.trace import Trace
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
 EARLY = "early"  # the tag of a managed-communication message: part of the clock's push, sent before its end
@@ -128,16 +129,13 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
                         timeout=opts.timeout)
         raw = group.trace
     wall = time.perf_counter() - started
-    w, quality, updates, early = out[0]
+    w, served, early = out[0]
     trace = new_trace(problem, protocol, training, "pipes", "over pipes", substrate_detail="pipe parameter server",
                       wall_seconds=wall, start_method=group.start_method)
     for s in raw.spans:  # member 0 is the server; workers become 0 .. N-1 as in the simulator
         if s.worker > 0:
             trace.span(s.worker - 1, s.kind, s.start, s.end, s.nbytes, s.step)
-    for u in updates:
-        trace.update(*u)
-    for t, step, value in quality:
-        trace.record_quality(t, step, value)
+    trace.updates, trace.quality = served.updates, served.quality
     if opts.clock_batches > 1:
         trace.meta["clock_batches"] = opts.clock_batches
     if opts.managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
@@ -228,8 +226,10 @@ def _records(keys: np.ndarray, deltas: np.ndarray) -> np.ndarray:
 
 
 def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Training,
-           evaluate: bool) -> tuple[np.ndarray, list, list, dict]:
-    """The server: answer pulls when :class:`ParamServer` allows, apply pushes, record tau per push."""
+           evaluate: bool) -> tuple[np.ndarray, Trace, dict]:
+    """The server: answer pulls when :class:`ParamServer` allows, apply pushes, record tau per push.
+
+    Returns the table, a trace of its updates and metric points, and its counts of early messages."""
     n, steps = len(chans), training.steps
     server = ParamServer(problem.init_params(), n, protocol, training.rule, read_rule=training.read_rule)
     clock = [0] * n  # the step each worker's next pull belongs to
@@ -238,15 +238,8 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     expecting_push = [False] * n
     deferred: list[tuple[int, np.ndarray]] = []  # (worker, keys) pulls the protocol holds back
     now = getattr(current(), "now", time.perf_counter)
-    quality: list[tuple[float, int, float]] = []
-
-    def record(n_updates: int) -> None:
-        """The metric now; Diverged (which stops the run) if it is not finite."""
-        quality.append((now(), n_updates, float(problem.quality(server.params))))
-        check_metric(quality[-1][2], n_updates, problem, training.lr)
-
-    record(0)
-    updates: list[tuple] = []
+    served = Trace("pipe parameter server", "pipes", n)  # updates with the pushing worker's id, metric points
+    record_metric(served, problem, now(), 0, server.params, training.lr)
     period = training.eval_every * n
     done = 0
     early = {"messages": 0, "entries": 0}
@@ -276,15 +269,15 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
                 early["entries"] += len(rec)
                 continue
             applied, tau = server.push(c, rec["key"], rec["grad"], read_version[i])
-            updates.append((now(), i, c, tau, applied, lag[i]))
+            served.update(now(), i, c, tau, applied, lag[i])
             expecting_push[i] = False
             done += c == steps - 1
-            if evaluate and len(updates) % period == 0 and len(updates) < n * steps:
-                record(len(updates))
+            if evaluate and len(served.updates) % period == 0 and len(served.updates) < n * steps:
+                record_metric(served, problem, now(), len(served.updates), server.params, training.lr)
             ready = [(j, k) for j, k in deferred if server.may_read(clock[j] - 1)]
             deferred = [(j, k) for j, k in deferred if not server.may_read(clock[j] - 1)]
             for j, k in ready:
                 answer(j, k)
     server.finish()
-    record(n * steps)
-    return server.params, quality, updates, early
+    record_metric(served, problem, now(), n * steps, server.params, training.lr)
+    return server.params, served, early
