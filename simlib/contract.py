@@ -91,9 +91,13 @@ def check_problem(problem: Any) -> None:
         raise ValueError(f"problem: a {type(problem).__name__} is not a Problem; it lacks "
                          f"{', '.join(missing)} (see simlib.contract.Problem)")
     # Data may have been changed since the problem checked it; compiled kernels index it unchecked.
-    revalidate = getattr(problem, "validate", None)
-    if callable(revalidate):
-        revalidate()
+    offered(problem, "validate")
+
+
+def offered(problem: Any, hook: str, *args: Any, default: Any = None) -> Any:
+    """``problem.<hook>(*args)`` where the problem offers that optional hook (:class:`Problem`), else ``default``."""
+    method = getattr(problem, hook, None)
+    return method(*args) if callable(method) else default
 
 
 def linear_step(problem: Any) -> bool:
@@ -229,8 +233,7 @@ def warm_up(problem: Any, keys: Callable[[np.ndarray], np.ndarray] | None = None
     if getattr(problem, "in_place_only", False):  # no get / step / add to compile; the substrate warms local_steps
         problem.quality(np.asarray(problem.init_params(), dtype=np.float64))
         return
-    miniature = getattr(problem, "miniature", None)
-    problem = miniature() if callable(miniature) else problem
+    problem = offered(problem, "miniature", default=problem)
     batch = problem.batch(problem.shards(1)[0], 0, 2)
     k = (problem.keys if keys is None else keys)(batch)
     w = np.asarray(problem.init_params(), dtype=np.float64)
@@ -245,8 +248,7 @@ def local_result(problem: Any, shard: Any) -> Any:
     Real substrates put the workers' answers in ``Result.measured['local']`` (LDA: each shard's topic
     assignments, so the full log p(w, z) and the documents' topics can be computed after a run).
     """
-    keep = getattr(problem, "local_result", None)
-    return keep(shard) if callable(keep) else None
+    return offered(problem, "local_result", shard)
 
 
 def new_trace(problem: Any, protocol: Protocol, training: Training, substrate: str, where: str,

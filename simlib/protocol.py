@@ -317,11 +317,7 @@ class Accumulator:
             self.version += 1
             return tau, [(keys, self.rule.scaled(deltas, tau))]
         self._pending.append((keys, deltas * (self.rule.scale(tau) / self.c)))
-        if len(self._pending) < self.c:
-            return tau, []
-        out, self._pending = self._pending, []
-        self.version += 1
-        return tau, out
+        return tau, self.flush() if len(self._pending) >= self.c else []
 
     def flush(self) -> list[tuple[Any, Any]]:
         """What is still pending at the end of a run (applied as a partial group)."""

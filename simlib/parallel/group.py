@@ -359,9 +359,8 @@ def _check_main_can_be_rerun(start_method: str) -> None:
         body = ast.parse(f.read()).body
     stmt = next((st for st in body if st.lineno <= frame.f_lineno <= (st.end_lineno or st.lineno)), None)
     test = stmt.test if isinstance(stmt, ast.If) else None
-    guarded = (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
-               and {ast.unparse(test.left), ast.unparse(test.comparators[0])} == {"__name__", "'__main__'"})
-    if not guarded:
+    # ast.unparse writes any spelling of the guard (quotes, parentheses, spacing) as one of these two
+    if test is None or ast.unparse(test) not in ("__name__ == '__main__'", "'__main__' == __name__"):
         raise ValueError(f"start_method {start_method!r} starts each worker by running {os.path.basename(path)} "
                          f"again, and line {frame.f_lineno} would start the workers again in every worker: put the "
                          "code that starts them under `if __name__ == \"__main__\":`, or use start_method='fork'")

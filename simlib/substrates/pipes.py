@@ -127,12 +127,11 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         worker_args = [(None, server_ends)] + [(b, None) for _, b in pairs]
         out = group.run(_member, (problem, shards, protocol, training, opts), worker_args=worker_args,
                         timeout=opts.timeout)
-        raw = group.trace
     wall = time.perf_counter() - started
     w, served, early = out[0]
     trace = new_trace(problem, protocol, training, "pipes", "over pipes", substrate_detail="pipe parameter server",
                       wall_seconds=wall, start_method=group.start_method)
-    for s in raw.spans:  # member 0 is the server; workers become 0 .. N-1 as in the simulator
+    for s in group.trace.spans:  # member 0 is the server; workers become 0 .. N-1 as in the simulator
         if s.worker > 0:
             trace.span(s.worker - 1, s.kind, s.start, s.end, s.nbytes, s.step)
     trace.updates, trace.quality = served.updates, served.quality

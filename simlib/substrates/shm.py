@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import Result, Training, local_result, new_trace, record_metric, warm_up
+from simlib.contract import Result, Training, local_result, new_trace, offered, record_metric, warm_up
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol, may_read, read_allowed
@@ -106,7 +106,6 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     (:func:`simlib.contract.local_result`).
     """
     opts = check.options(ShmOptions, options, "substrate 'shm'")
-    chunk, locked, hot_keys = opts.chunk, opts.locked, opts.hot_keys
     if protocol.backup_workers or protocol.timeout is not None:
         raise ValueError("backup_workers and timeout run on substrates 'sim' and 'pipes' (a server counts pushes); "
                          "the shared-memory table has no server")
@@ -114,9 +113,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
     check_straggler(opts.straggler, training.n_workers)
     fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain
-    replica = _replica(problem, hot_keys, fast, locked, training)
+    replica = _replica(problem, opts.hot_keys, fast, opts.locked, training)
     # a problem whose one step is already a lot of work (LDA: a sweep) names its own chunk (1: publish every step)
-    chunk = chunk or getattr(problem, "in_place_chunk", None) or max(1, CHUNK_WORK // training.batch_size)
+    chunk = opts.chunk or getattr(problem, "in_place_chunk", None) or max(1, CHUNK_WORK // training.batch_size)
     n = training.n_workers
     shards = problem.shards(n)
     # A problem may keep its table in a narrower type here (LDA's counts as int32, GloVe's floats as float32):
@@ -126,7 +125,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     warm_up(problem, values=lambda v: v.astype(dtype))
     if fast:  # with the types the workers pass; two steps, as a problem's steps may take turns (GloveSlices' phases)
         # on the miniature where the problem has one: its shard is its whole state (LDA's topics), not to be stepped here
-        mini = problem.miniature() if callable(getattr(problem, "miniature", None)) else None
+        mini = offered(problem, "miniature")
         warm = mini if mini is not None else problem
         warm.local_steps(_initial_table(warm, dtype), shards[0] if mini is None else mini.shards(1)[0], 0, 2, 1, 0.0,
                          **({} if replica is None else {"replica": replica}))
@@ -138,10 +137,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         lock = group.lock()
         ready = group.zeros(n, np.int64)
         # the in-place steps' own shared words (LDA's block locks), where the problem names how many it needs
-        locks_of = getattr(problem, "in_place_locks", None)
-        n_locks = locks_of(n) if fast and n > 1 and callable(locks_of) else 0
+        n_locks = offered(problem, "in_place_locks", n, default=0) if fast and n > 1 else 0
         step_locks = group.zeros(n_locks, np.int32) if n_locks else None
-        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, locked, opts.straggler, chunk,
+        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, opts.locked, opts.straggler, chunk,
                        replica, step_locks, fast)
 
         def monitor(elapsed: float) -> None:
@@ -152,14 +150,11 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         out = group.run(_member, problem, setup, version, monitor=monitor, monitor_every=opts.monitor_every,
                         timeout=opts.timeout)
         params = table.array.copy()
-        raw = group.trace
     wall = time.perf_counter() - started
-    trace = new_trace(problem, protocol, training, "shm", "on shared memory", wall_seconds=wall,
-                      start_method=group.start_method, path="in place" if fast else "get / step / add",
-                      update_unit=_update_unit(fast, chunk, hot_keys))
-    trace.spans, trace.updates, trace.quality = raw.spans, raw.updates, raw.quality
-    if locked:
-        trace.label = trace.label.replace("on shared memory", "on shared memory, locked")
+    trace = new_trace(problem, protocol, training, "shm", "on shared memory" + (", locked" if opts.locked else ""),
+                      wall_seconds=wall, start_method=group.start_method, path="in place" if fast else "get / step / add",
+                      update_unit=_update_unit(fast, chunk, opts.hot_keys))
+    trace.spans, trace.updates, trace.quality = group.trace.spans, group.trace.updates, group.trace.quality
     compute = [s for s in trace.spans if s.kind == "compute"]
     train = max(s.end for s in compute) - min(s.start for s in compute) if compute else 0.0
     measured = {"wall_seconds": wall, "train_seconds": train, "cpu_seconds": float(sum(cpu for cpu, _ in out))}
