@@ -110,13 +110,10 @@ def _options(cls: type, prefix: str) -> tuple[Option, ...]:
             out.extend(_options(base, prefix + f.name + "."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
-        out.append(Option(
-            name=prefix + f.name, flag=meta.get("flag", "--" + f.name.replace("_", "-")), type=base,
-            default=default, help=meta.get("help", ""), min=meta.get("min"), max=meta.get("max"),
-            min_open=meta.get("min_open", False), choices=meta.get("choices"),
-            optional=optional, aliases=tuple(meta.get("aliases", ())), unit=meta.get("unit", ""),
-            callable_ok=meta.get("callable_ok", False),
-        ))
+        given = {k: meta[k] for k in ("min", "max", "min_open", "choices", "unit", "callable_ok") if k in meta}
+        out.append(Option(name=prefix + f.name, flag=meta.get("flag", "--" + f.name.replace("_", "-")), type=base,
+                          default=default, help=meta.get("help", ""), optional=optional,
+                          aliases=tuple(meta.get("aliases", ())), **given))  # the rest: Option's own defaults
     return tuple(out)
 
 

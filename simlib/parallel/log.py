@@ -54,8 +54,7 @@ def parent_handler(ctx: BaseContext) -> _ContextHandler:
     if handler is None:
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler = _ContextHandler(f"simlib-log-{key[1]}", stream, ctx)
-        _handlers[key] = handler
+        handler = _handlers[key] = _ContextHandler(f"simlib-log-{key[1]}", stream, ctx)
     _use(handler, instead_of=_ContextHandler)
     return handler
 

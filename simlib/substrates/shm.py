@@ -139,8 +139,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         # the in-place steps' own shared words (LDA's block locks), where the problem names how many it needs
         n_locks = offered(problem, "in_place_locks", n, default=0) if fast and n > 1 else 0
         step_locks = group.zeros(n_locks, np.int32) if n_locks else None
-        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, opts.locked, opts.straggler, chunk,
-                       replica, step_locks, fast)
+        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, opts, chunk, replica, step_locks,
+                       fast)
 
         def monitor(elapsed: float) -> None:
             """The metric now; Diverged (which stops the workers) if it is not finite."""
@@ -152,7 +152,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         params = table.array.copy()
     wall = time.perf_counter() - started
     trace = new_trace(problem, protocol, training, "shm", "on shared memory" + (", locked" if opts.locked else ""),
-                      wall_seconds=wall, start_method=group.start_method, path="in place" if fast else "get / step / add",
+                      wall_seconds=wall, start_method=group.start_method,
+                      path="in place" if fast else "get / step / add",
                       update_unit=_update_unit(fast, chunk, opts.hot_keys))
     trace.spans, trace.updates, trace.quality = group.trace.spans, group.trace.updates, group.trace.quality
     compute = [s for s in trace.spans if s.kind == "compute"]
@@ -177,8 +178,7 @@ class _Setup:
     clocks: Any  # SharedArray: each worker's finished steps
     ready: Any  # SharedArray: 1 once a worker has started (see _member)
     lock: Any
-    locked: bool  # one lock around each whole step (the locked baseline)
-    straggler: tuple[int, float] | None
+    opts: ShmOptions  # its ``locked`` (one lock around each whole step: the locked baseline) and ``straggler``
     chunk: int  # fast path: the most steps between two looks at the clocks
     replica: Any  # fast path: the problem's replica of its hot keys, or None
     step_locks: Any  # fast path: SharedArray of the lock words the problem's in-place steps take, or None
@@ -256,13 +256,13 @@ def _work(i: int, problem: Any, setup: _Setup, version: Any) -> None:
         batch = problem.batch(shard, c, training.batch_size)
         keys = problem.keys(batch)
         # get and add always hold the lock; locked=True makes it cover the step too
-        outer, inner = (lock, nullcontext()) if setup.locked else (nullcontext(), lock)
+        outer, inner = (lock, nullcontext()) if setup.opts.locked else (nullcontext(), lock)
         with outer:
             with inner:  # a consistent (values, version) pair; the add below takes the same lock
                 values, read_version = w[keys].copy(), int(ver[0])
             t2 = time.perf_counter()
             keys, deltas = problem.step(values, batch, keys, training.lr)
-            straggle(setup.straggler, i)  # before the push: a slow machine's steps take longer
+            straggle(setup.opts.straggler, i)  # before the push: a slow machine's steps take longer
             t3 = time.perf_counter()
             with inner:  # under BSP a round's pushes are one update: none of them is stale (ParamServer.push)
                 tau = 0 if bound == 0 else int(ver[0]) - read_version
@@ -280,7 +280,7 @@ def _work(i: int, problem: Any, setup: _Setup, version: Any) -> None:
 def _work_in_place(i: int, problem: Any, setup: _Setup, version: Any) -> None:
     """One fast-path worker's steps: wait for the protocol, apply the steps it allows in place, publish.
 
-    With ``setup.locked``, each step is applied under the lock, one at a time (the locked baseline); with a
+    With ``setup.opts.locked``, each step is applied under the lock, one at a time (the locked baseline); with a
     replica, each chunk's steps update it and its change is added to the table at the chunk's end."""
     ctx = current()
     training, bound, chunk, replica, shard = setup.training, setup.bound, setup.chunk, setup.replica, setup.shards[i]
@@ -300,13 +300,13 @@ def _work_in_place(i: int, problem: Any, setup: _Setup, version: Any) -> None:
         k = min(chunk, training.steps - c, 1 if read_rule else int(min(completed + bound - c + 1, chunk)))
         others = sum(fin.tolist()) - c
         t1 = time.perf_counter()
-        if not setup.locked:  # the replicas count their pushes in the version key, unused on this path
+        if not setup.opts.locked:  # the replicas count their pushes in the version key, unused on this path
             problem.local_steps(w, shard, c, k, training.batch_size, training.lr, **shared)
         else:
             for j in range(c, c + k):  # NOTE: one call per step, because the lock must cover each single update
                 with setup.lock:
                     problem.local_steps(w, shard, j, 1, training.batch_size, training.lr)
-        straggle(setup.straggler, i)
+        straggle(setup.opts.straggler, i)
         fin[i] = c + k
         t2 = time.perf_counter()
         if waited:  # the protocol held the read back
