@@ -271,6 +271,13 @@ def record_metric(trace: Trace, problem: Any, t: float, step: int, params: Any, 
     check_metric(value, step, problem, lr)
 
 
+def real_result(problem: Any, trace: Trace, params: Any, local: list, **measured: Any) -> Result:
+    """A worker-process substrate's Result: ``measured``, and the workers' ``local`` where the problem keeps any."""
+    if callable(getattr(problem, "local_result", None)):
+        measured["local"] = local
+    return Result(trace, params, measured)
+
+
 @dataclass
 class Result:
     """What :func:`simlib.run` returns from every substrate: the trace, the final table, measurements."""

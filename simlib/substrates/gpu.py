@@ -74,15 +74,13 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
         start = time.perf_counter() - t0
         server.may_read(c)  # lock-step: every earlier round is complete, so the rule allows it or says why not
         version = server.version
-        reads = []
-        for i in range(n):
-            batch = problem.batch(shards[i], c, training.batch_size)
-            keys = problem.keys(batch)
-            reads.append((batch, keys, server.params[mod.asarray(keys)]))
+        batches = [problem.batch(shard, c, training.batch_size) for shard in shards]
+        keys = [problem.keys(batch) for batch in batches]
+        values = [server.params[mod.asarray(k)] for k in keys]  # every worker reads the round's table before any push
         taus = []
-        for batch, keys, values in reads:
-            keys, deltas = problem.step(values, batch, keys, training.lr)
-            taus.append(server.push(c, mod.asarray(keys), deltas, version)[1])
+        for batch, k, v in zip(batches, keys, values):
+            out_keys, deltas = problem.step(v, batch, k, training.lr)
+            taus.append(server.push(c, mod.asarray(out_keys), deltas, version)[1])
         synchronize(mod)
         now = time.perf_counter() - t0
         for i in range(n):

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric
+from simlib.contract import ParamServer, Result, Training, local_result, new_trace, real_result, record_metric
 from simlib.contract import warm_up as contract_warm_up
 from simlib.managed import MESSAGE_ENTRIES, Pending
 from simlib.managed import check as check_managed
@@ -140,11 +140,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     if opts.managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
         trace.meta["managed"] = {"budget": opts.managed_bandwidth, **early,
                                  "log": [[t, n, i] for i, (_, log) in enumerate(out[1:]) for t, n in log]}
-    worker_seconds = max((s.end for s in trace.spans), default=0.0)
-    measured = {"wall_seconds": wall, "worker_seconds": worker_seconds}
-    if callable(getattr(problem, "local_result", None)):
-        measured["local"] = [local for local, _ in out[1:]]
-    return Result(trace, w, measured)
+    return real_result(problem, trace, w, [local for local, _ in out[1:]], wall_seconds=wall,
+                       worker_seconds=max((s.end for s in trace.spans), default=0.0))
 
 
 run.options = PipesOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields

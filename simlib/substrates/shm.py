@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import Result, Training, local_result, new_trace, offered, record_metric, warm_up
+from simlib.contract import Result, Training, local_result, new_trace, offered, real_result, record_metric, warm_up
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol, may_read, read_allowed
@@ -158,10 +158,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     trace.spans, trace.updates, trace.quality = group.trace.spans, group.trace.updates, group.trace.quality
     compute = [s for s in trace.spans if s.kind == "compute"]
     train = max(s.end for s in compute) - min(s.start for s in compute) if compute else 0.0
-    measured = {"wall_seconds": wall, "train_seconds": train, "cpu_seconds": float(sum(cpu for cpu, _ in out))}
-    if callable(getattr(problem, "local_result", None)):
-        measured["local"] = [local for _, local in out]
-    return Result(trace, params, measured)
+    return real_result(problem, trace, params, [local for _, local in out], wall_seconds=wall, train_seconds=train,
+                       cpu_seconds=float(sum(cpu for cpu, _ in out)))
 
 
 run.options = ShmOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
