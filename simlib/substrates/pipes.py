@@ -123,8 +123,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     roles = ["parameter server"] + [f"worker {i}" for i in range(n_workers)]
     with WorkerGroup(n_workers + 1, opts.start_method, label="pipe PS", roles=roles) as group:
         pairs = [group.channel_pair() for _ in range(n_workers)]
-        server_ends = tuple(a for a, _ in pairs)
-        worker_args = [(None, server_ends)] + [(b, None) for _, b in pairs]
+        worker_args = [(tuple(a for a, _ in pairs),)] + [(b,) for _, b in pairs]  # the server gets every pipe's end
         out = group.run(_member, (problem, shards, protocol, training, opts), worker_args=worker_args,
                         timeout=opts.timeout)
     wall = time.perf_counter() - started
@@ -148,15 +147,14 @@ run.options = PipesOptions  # type: ignore[attr-defined]  # simlib.run checks th
 
 
 def _member(member: int, n_members: int, job: tuple[Any, list, Protocol, Training, PipesOptions],
-            mine: Channel | None, server_ends: tuple[Channel, ...] | None) -> Any:
-    """Group entry point: member 0 serves, the others are workers 0 .. N-1; ``job`` is the same for every member."""
+            ends: Channel | tuple[Channel, ...]) -> Any:
+    """Group entry point: member 0 serves the ``ends`` of every pipe, the others are workers 0 .. N-1 on the other end
+    of theirs; ``job`` is the same for every member."""
     problem, shards, protocol, training, opts = job
     if member == 0:
-        assert server_ends is not None
-        return _serve(problem, list(server_ends), protocol, training, opts.evaluate)
-    assert mine is not None
+        return _serve(problem, list(ends), protocol, training, opts.evaluate)
     i = member - 1
-    log = (_work if opts.clock_batches == 1 else _work_clocked)(i, problem, shards[i], mine, training, opts)
+    log = (_work if opts.clock_batches == 1 else _work_clocked)(i, problem, shards[i], ends, training, opts)
     return local_result(problem, shards[i]), log
 
 
