@@ -320,7 +320,7 @@ class Accumulator:
         return tau, self.flush() if len(self._pending) >= self.c else []
 
     def flush(self) -> list[tuple[Any, Any]]:
-        """What is still pending at the end of a run (applied as a partial group)."""
+        """The pending pushes, as one update: a full group, or at the end of a run a partial one."""
         out, self._pending = self._pending, []
         if out:
             self.version += 1
