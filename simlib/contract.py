@@ -185,8 +185,7 @@ class ParamServer:
             if deltas is not None:  # None: a cost-only simulation counts the push and applies nothing
                 self.params[keys] += deltas
             return True, tau
-        _, ready = self.acc.push(keys, deltas, read_version, tau=tau)
-        for k, d in ready:
+        for k, d in self.acc.push(keys, deltas, read_version, tau=tau)[1]:  # (tau, the updates now due)
             self.params[k] += d
         return True, tau
 
