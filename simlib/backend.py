@@ -42,9 +42,7 @@ def get_xp(name: str = "auto") -> ModuleType:
 
 def to_numpy(a: Any) -> np.ndarray:
     """Copy a NumPy or CuPy array to host memory as NumPy."""
-    if _cupy is not None and isinstance(a, _cupy.ndarray):
-        return _cupy.asnumpy(a)
-    return np.asarray(a)
+    return np.asarray(a) if array_module(a) is np else _cupy.asnumpy(a)
 
 
 def synchronize(xp: ModuleType) -> None:
