@@ -206,7 +206,8 @@ class WorkerGroup:
             self.t0 = time.perf_counter()
         trap = _Trap()
         readers: list[Connection] = []
-        launch = (fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose, args)  # the same for every worker
+        # _bootstrap's arguments up to args are the same for every worker
+        launch = (fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose, args)
         try:
             for i in range(self.n_workers):
                 extra = tuple(worker_args[i]) if worker_args is not None else ()
