@@ -41,10 +41,8 @@ def options(cls: type[T], given: Mapping[str, Any], where: str) -> T:
 
 def positive_int(name: str, value: Any, most: int | None = None) -> None:
     """Require an integer >= 1 (and <= ``most``)."""
-    if most is not None and (not _is_int(value) or not 1 <= value <= most):
-        raise ValueError(f"{name} must be an integer in [1, {most}], got {value!r}")
-    if not _is_int(value) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if not _is_int(value) or value < 1 or most is not None and value > most:
+        raise ValueError(f"{name} must be an integer {'>= 1' if most is None else f'in [1, {most}]'}, got {value!r}")
 
 
 def non_negative_int(name: str, value: Any) -> None:

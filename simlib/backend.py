@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from simlib import _validate as check
+
 try:  # CuPy is optional: no import error on machines without it.
     import cupy as _cupy  # type: ignore
 except Exception:  # pragma: no cover - depends on the machine
@@ -17,11 +19,7 @@ except Exception:  # pragma: no cover - depends on the machine
 
 def array_module(*arrays: Any) -> ModuleType:
     """The module (numpy or cupy) that owns the given arrays; numpy when none is a CuPy array."""
-    if _cupy is not None:
-        for a in arrays:
-            if isinstance(a, _cupy.ndarray):
-                return _cupy
-    return np
+    return _cupy if _cupy is not None and any(isinstance(a, _cupy.ndarray) for a in arrays) else np
 
 
 def gpu_available() -> bool:
@@ -36,22 +34,15 @@ def gpu_available() -> bool:
 
 def get_xp(name: str = "auto") -> ModuleType:
     """Resolve 'numpy', 'cupy' or 'auto' (CuPy when a GPU is present) to a module."""
-    if name == "numpy":
-        return np
-    if name == "cupy":
-        if not gpu_available():
-            raise ValueError("xp='cupy' needs CuPy and a CUDA device; none was found (use xp='numpy')")
-        return _cupy
-    if name == "auto":
-        return _cupy if gpu_available() else np
-    raise ValueError(f"xp must be one of 'numpy', 'cupy', 'auto'; got {name!r}")
+    check.one_of("xp", name, ("numpy", "cupy", "auto"))
+    if name == "cupy" and not gpu_available():
+        raise ValueError("xp='cupy' needs CuPy and a CUDA device; none was found (use xp='numpy')")
+    return np if name == "numpy" or not gpu_available() else _cupy
 
 
 def to_numpy(a: Any) -> np.ndarray:
     """Copy a NumPy or CuPy array to host memory as NumPy."""
-    if _cupy is not None and isinstance(a, _cupy.ndarray):
-        return _cupy.asnumpy(a)
-    return np.asarray(a)
+    return np.asarray(a) if array_module(a) is np else _cupy.asnumpy(a)
 
 
 def synchronize(xp: ModuleType) -> None:

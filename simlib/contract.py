@@ -24,6 +24,7 @@ from typing import Any, Callable, Protocol as TypingProtocol, runtime_checkable
 import numpy as np
 
 from simlib import _validate as check
+from simlib.diverged import check_metric
 from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS, MAX_WORKERS, Accumulator, Clocks, Protocol, ReadRule, StepRule
 from simlib.trace import Trace
 
@@ -90,9 +91,13 @@ def check_problem(problem: Any) -> None:
         raise ValueError(f"problem: a {type(problem).__name__} is not a Problem; it lacks "
                          f"{', '.join(missing)} (see simlib.contract.Problem)")
     # Data may have been changed since the problem checked it; compiled kernels index it unchecked.
-    revalidate = getattr(problem, "validate", None)
-    if callable(revalidate):
-        revalidate()
+    offered(problem, "validate")
+
+
+def offered(problem: Any, hook: str, *args: Any, default: Any = None) -> Any:
+    """``problem.<hook>(*args)`` where the problem offers that optional hook (:class:`Problem`), else ``default``."""
+    method = getattr(problem, hook, None)
+    return method(*args) if callable(method) else default
 
 
 def linear_step(problem: Any) -> bool:
@@ -180,8 +185,7 @@ class ParamServer:
             if deltas is not None:  # None: a cost-only simulation counts the push and applies nothing
                 self.params[keys] += deltas
             return True, tau
-        _, ready = self.acc.push(keys, deltas, read_version, tau=tau)
-        for k, d in ready:
+        for k, d in self.acc.push(keys, deltas, read_version, tau=tau)[1]:  # (tau, the updates now due)
             self.params[k] += d
         return True, tau
 
@@ -228,8 +232,7 @@ def warm_up(problem: Any, keys: Callable[[np.ndarray], np.ndarray] | None = None
     if getattr(problem, "in_place_only", False):  # no get / step / add to compile; the substrate warms local_steps
         problem.quality(np.asarray(problem.init_params(), dtype=np.float64))
         return
-    miniature = getattr(problem, "miniature", None)
-    problem = miniature() if callable(miniature) else problem
+    problem = offered(problem, "miniature", default=problem)
     batch = problem.batch(problem.shards(1)[0], 0, 2)
     k = (problem.keys if keys is None else keys)(batch)
     w = np.asarray(problem.init_params(), dtype=np.float64)
@@ -244,8 +247,7 @@ def local_result(problem: Any, shard: Any) -> Any:
     Real substrates put the workers' answers in ``Result.measured['local']`` (LDA: each shard's topic
     assignments, so the full log p(w, z) and the documents' topics can be computed after a run).
     """
-    keep = getattr(problem, "local_result", None)
-    return keep(shard) if callable(keep) else None
+    return offered(problem, "local_result", shard)
 
 
 def new_trace(problem: Any, protocol: Protocol, training: Training, substrate: str, where: str,
@@ -259,6 +261,20 @@ def new_trace(problem: Any, protocol: Protocol, training: Training, substrate: s
     trace.meta.update(protocol=protocol.spec, steps=training.steps, batch_size=training.batch_size, lr=training.lr,
                       **meta)
     return trace
+
+
+def record_metric(trace: Trace, problem: Any, t: float, step: int, params: Any, lr: float) -> None:
+    """The problem's metric of ``params`` into ``trace`` at (t, step); Diverged (which stops the run) if not finite."""
+    value = float(problem.quality(params))
+    trace.record_quality(t, step, value)
+    check_metric(value, step, problem, lr)
+
+
+def real_result(problem: Any, trace: Trace, params: Any, local: list, **measured: Any) -> Result:
+    """A worker-process substrate's Result: ``measured``, and the workers' ``local`` where the problem keeps any."""
+    if callable(getattr(problem, "local_result", None)):
+        measured["local"] = local
+    return Result(trace, params, measured)
 
 
 @dataclass

@@ -51,13 +51,11 @@ class Option:
         """'in [1, 10000]', '> 0', 'one of ...' -- the allowed values in words."""
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
-        lo = None if self.min is None else _show(self.min)
-        hi = None if self.max is None else _show(self.max)
-        if lo is not None and hi is not None:
-            return f"in {'(' if self.min_open else '['}{lo}, {hi}]"
-        if lo is not None:
-            return f"{'>' if self.min_open else '>='} {lo}"
-        return "" if hi is None else f"<= {hi}"
+        if self.min is not None and self.max is not None:
+            return f"in {'(' if self.min_open else '['}{_show(self.min)}, {_show(self.max)}]"
+        if self.min is not None:
+            return f"{'>' if self.min_open else '>='} {_show(self.min)}"
+        return "" if self.max is None else f"<= {_show(self.max)}"
 
     def check(self, value: Any) -> None:
         """Raise ValueError naming the field unless min <= value <= max (of the right type)."""
@@ -112,13 +110,10 @@ def _options(cls: type, prefix: str) -> tuple[Option, ...]:
             out.extend(_options(base, prefix + f.name + "."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
-        out.append(Option(
-            name=prefix + f.name, flag=meta.get("flag", "--" + f.name.replace("_", "-")), type=base,
-            default=default, help=meta.get("help", ""), min=meta.get("min"), max=meta.get("max"),
-            min_open=meta.get("min_open", False), choices=meta.get("choices"),
-            optional=optional, aliases=tuple(meta.get("aliases", ())), unit=meta.get("unit", ""),
-            callable_ok=meta.get("callable_ok", False),
-        ))
+        given = {k: meta[k] for k in ("min", "max", "min_open", "choices", "unit", "callable_ok") if k in meta}
+        out.append(Option(name=prefix + f.name, flag=meta.get("flag", "--" + f.name.replace("_", "-")), type=base,
+                          default=default, help=meta.get("help", ""), optional=optional,
+                          aliases=tuple(meta.get("aliases", ())), **given))  # the rest: Option's own defaults
     return tuple(out)
 
 
@@ -159,10 +154,7 @@ def values(args: argparse.Namespace, opts: Iterable[Option]) -> dict[str, Any]:
     for opt in opts:
         if opt.flag and hasattr(args, dest(opt)):
             *outer, leaf = opt.name.split(".")
-            d = out
-            for part in outer:
-                d = d.setdefault(part, {})
-            d[leaf] = getattr(args, dest(opt))
+            functools.reduce(lambda d, part: d.setdefault(part, {}), outer, out)[leaf] = getattr(args, dest(opt))
     return out
 
 

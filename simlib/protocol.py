@@ -109,10 +109,8 @@ class Protocol:
         """'bsp' | 'async' | 'ssp:S' | 'SSP(S)' | 'essp:S' | 'ESSP(S)' (or a Protocol, returned as is) -> Protocol."""
         if isinstance(spec, Protocol):
             return replace(spec, **extra) if extra else spec
-        if not isinstance(spec, str):
-            raise ValueError(f"protocol must be 'bsp', 'ssp:S', 'essp:S' or 'async', got {spec!r}")
-        m = _SPEC.match(spec)
-        if m is None:
+        m = _SPEC.match(spec) if isinstance(spec, str) else None
+        if m is None:  # not a string, or not a protocol's spelling
             raise ValueError(f"protocol: unknown protocol {spec!r}; use 'bsp', 'ssp:S' (e.g. 'ssp:3'), 'essp:S' "
                              "or 'async'")
         kind, bound = m.group(1).lower(), m.group(2)
@@ -121,9 +119,8 @@ class Protocol:
         if kind not in BOUNDED and bound is not None:
             raise ValueError(f"protocol: only SSP takes a bound ('ssp:{bound}', or ESSP's 'essp:{bound}'), "
                              f"got {spec!r}")
-        if bound is not None:
-            bound = bound.lstrip("0") or "0"  # leading zeros are a valid spelling: 'ssp:007' is SSP(7)
-        if bound is not None and len(bound) > 7:
+        # leading zeros are a valid spelling ('ssp:007' is SSP(7)); more digits than MAX_BOUND's never bind
+        if bound is not None and len(bound.lstrip("0")) > len(str(MAX_BOUND)):
             raise ValueError(f"protocol: staleness must be <= {MAX_BOUND} (a larger bound never binds: use 'async'), "
                              f"got {spec!r}")
         return cls(kind, int(bound or 0), **extra)
@@ -310,28 +307,20 @@ class Accumulator:
         self.version = 0
         self._pending: list[tuple[Any, Any]] = []
 
-    def tau(self, read_version: int) -> int:
-        """Updates applied to the table since a read at ``read_version``."""
-        return self.version - read_version
-
     def push(self, keys: Any, deltas: Any, read_version: int, tau: int | None = None) -> tuple[int, list[tuple[Any, Any]]]:
         """Take one push; return (its tau, the (keys, deltas) to add to the table now, maybe none).
 
         ``tau`` overrides version - read_version where the server counts updates otherwise (BSP: rounds).
         """
-        tau = self.tau(read_version) if tau is None else tau
+        tau = self.version - read_version if tau is None else tau
         if self.c == 1:
             self.version += 1
             return tau, [(keys, self.rule.scaled(deltas, tau))]
         self._pending.append((keys, deltas * (self.rule.scale(tau) / self.c)))
-        if len(self._pending) < self.c:
-            return tau, []
-        out, self._pending = self._pending, []
-        self.version += 1
-        return tau, out
+        return tau, self.flush() if len(self._pending) >= self.c else []
 
     def flush(self) -> list[tuple[Any, Any]]:
-        """What is still pending at the end of a run (applied as a partial group)."""
+        """The pending pushes, as one update: a full group, or at the end of a run a partial one."""
         out, self._pending = self._pending, []
         if out:
             self.version += 1

@@ -85,12 +85,9 @@ class Channel:
         _worker.record_span("recv", start, time.perf_counter(), len(data))
         return data
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __reduce__(self) -> tuple[type, tuple[Connection]]:
         # Counters restart in the receiving process: each end counts its own traffic.
-        return {"conn": self.conn}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["conn"])  # type: ignore[misc]
+        return Channel, (self.conn,)
 
     def __repr__(self) -> str:
         return f"Channel(sent={self.bytes_sent} B, received={self.bytes_received} B)"

@@ -29,7 +29,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -72,20 +72,12 @@ def _set_parent_death_signal() -> None:
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
-class _Launch(NamedTuple):
-    """What every worker of one :meth:`WorkerGroup.run` is started with."""
+def _bootstrap(fn: Callable[..., Any], n_workers: int, t0: float, parent_pid: int, log_queue: Any, verbose: bool,
+               args: tuple[Any, ...], worker_id: int, conn: Connection, own_args: tuple[Any, ...]) -> None:
+    """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...).
 
-    fn: Callable[..., Any]
-    n_workers: int
-    t0: float  # the group's clock origin (perf_counter)
-    parent_pid: int
-    log_queue: Any
-    verbose: bool
-    args: tuple[Any, ...]  # the arguments every worker gets, before its own
-
-
-def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tuple[Any, ...]) -> None:
-    """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...)."""
+    Every worker of one :meth:`WorkerGroup.run` gets the same arguments up to ``args`` (``t0``: the group's clock
+    origin, a perf_counter reading; ``args``: what ``fn`` gets before the worker's ``own_args``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # _exit_on_sigterm's last resort
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # not the parent's handlers, inherited under fork
@@ -94,19 +86,18 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
         raise SystemExit(128 + signal.SIGTERM)
     _signals.forked()
     _set_parent_death_signal()
-    if os.getppid() != launch.parent_pid and not _alive(launch.parent_pid):  # it died before the signal was armed
+    if os.getppid() != parent_pid and not _alive(parent_pid):  # it died before the signal was armed
         os._exit(1)  # (a forkserver's worker is the server's child: its parent pid is never the group's)
-    _log.worker_setup(launch.log_queue, launch.verbose)
-    ctx = _worker.WorkerContext(worker_id, launch.n_workers, launch.t0)
+    _log.worker_setup(log_queue, verbose)
+    ctx = _worker.WorkerContext(worker_id, n_workers, t0)
     _worker._install(ctx)
     try:
-        message: tuple[Any, ...] = ("ok", launch.fn(worker_id, launch.n_workers, *launch.args, *own_args),
-                                    ctx.records())
+        message: tuple[Any, ...] = ("ok", fn(worker_id, n_workers, *args, *own_args), ctx.records())
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
         # Divergence is the run's result, not a crash: the parent raises the same Diverged.
         message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(),
                    exc if isinstance(exc, Diverged) else None)
-    _log.worker_flush(launch.log_queue)
+    _log.worker_flush(log_queue)
     try:
         conn.send(message)
     except Exception as exc:  # the result could not be pickled
@@ -215,12 +206,13 @@ class WorkerGroup:
             self.t0 = time.perf_counter()
         trap = _Trap()
         readers: list[Connection] = []
-        launch = _Launch(fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose, args)
+        # _bootstrap's arguments up to args are the same for every worker
+        launch = (fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose, args)
         try:
             for i in range(self.n_workers):
                 extra = tuple(worker_args[i]) if worker_args is not None else ()
                 reader, writer = self.ctx.Pipe(duplex=False)
-                proc = self.ctx.Process(target=_bootstrap, args=(launch, i, writer, extra), name=f"worker-{i}",
+                proc = self.ctx.Process(target=_bootstrap, args=(*launch, i, writer, extra), name=f"worker-{i}",
                                         daemon=True)
                 _start_deferring_signals(proc, self._procs)
                 writer.close()  # only the child writes; closing ours lets a dead child read as EOF
@@ -359,9 +351,8 @@ def _check_main_can_be_rerun(start_method: str) -> None:
         body = ast.parse(f.read()).body
     stmt = next((st for st in body if st.lineno <= frame.f_lineno <= (st.end_lineno or st.lineno)), None)
     test = stmt.test if isinstance(stmt, ast.If) else None
-    guarded = (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
-               and {ast.unparse(test.left), ast.unparse(test.comparators[0])} == {"__name__", "'__main__'"})
-    if not guarded:
+    # ast.unparse writes any spelling of the guard (quotes, parentheses, spacing) as one of these two
+    if test is None or ast.unparse(test) not in ("__name__ == '__main__'", "'__main__' == __name__"):
         raise ValueError(f"start_method {start_method!r} starts each worker by running {os.path.basename(path)} "
                          f"again, and line {frame.f_lineno} would start the workers again in every worker: put the "
                          "code that starts them under `if __name__ == \"__main__\":`, or use start_method='fork'")

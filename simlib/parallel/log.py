@@ -54,16 +54,20 @@ def parent_handler(ctx: BaseContext) -> _ContextHandler:
     if handler is None:
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler = _ContextHandler(f"simlib-log-{key[1]}", stream, ctx)
-        _handlers[key] = handler
+        handler = _handlers[key] = _ContextHandler(f"simlib-log-{key[1]}", stream, ctx)
+    _use(handler, instead_of=_ContextHandler)
+    return handler
+
+
+def _use(handler: logging.Handler, instead_of: type = logging.Handler) -> None:
+    """Send the logger's records to ``handler`` (and not up to the root logger) instead of its ``instead_of`` ones."""
     log = logger()
     for h in list(log.handlers):
-        if isinstance(h, _ContextHandler) and h is not handler:
+        if isinstance(h, instead_of) and h is not handler:
             log.removeHandler(h)
     if handler not in log.handlers:
         log.addHandler(handler)
     log.propagate = False
-    return handler
 
 
 def set_verbose(verbose: bool) -> None:
@@ -73,20 +77,12 @@ def set_verbose(verbose: bool) -> None:
 
 def worker_setup(queue: Any, verbose: bool) -> None:
     """In a worker: send records to the parent's queue (under fork and spawn alike)."""
-    log = logger()
-    for h in list(log.handlers):  # inherited under fork: the parent's thread is not running here
-        log.removeHandler(h)
-    log.addHandler(logging.handlers.QueueHandler(queue))
-    log.propagate = False
+    _use(logging.handlers.QueueHandler(queue))  # every handler inherited under fork goes: their threads are not here
     set_verbose(verbose)
 
 
 def worker_flush(queue: Any) -> None:
     """In a worker, before reporting back: detach from the queue and wait until it is written."""
-    log = logger()
-    for h in list(log.handlers):
-        if isinstance(h, logging.handlers.QueueHandler):
-            log.removeHandler(h)
-    log.addHandler(logging.NullHandler())
+    _use(logging.NullHandler(), instead_of=logging.handlers.QueueHandler)
     queue.close()
     queue.join_thread()  # records still buffered in this process would die with it otherwise

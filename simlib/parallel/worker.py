@@ -78,11 +78,10 @@ def _install(ctx: WorkerContext | None) -> None:
 
 def check_straggler(straggler: Any, n_workers: int) -> None:
     """ValueError naming 'straggler' unless it is None or (worker id in [0, n_workers), seconds >= 0)."""
-    if straggler is None:
-        return
-    ok = (isinstance(straggler, (tuple, list)) and len(straggler) == 2 and isinstance(straggler[0], int)
-          and not isinstance(straggler[0], bool) and 0 <= straggler[0] < n_workers
-          and isinstance(straggler[1], (int, float)) and math.isfinite(straggler[1]) and straggler[1] >= 0)
+    ok = straggler is None or (
+        isinstance(straggler, (tuple, list)) and len(straggler) == 2 and isinstance(straggler[0], int)
+        and not isinstance(straggler[0], bool) and 0 <= straggler[0] < n_workers
+        and isinstance(straggler[1], (int, float)) and math.isfinite(straggler[1]) and straggler[1] >= 0)
     if not ok:
         raise ValueError(f"straggler must be (worker, seconds) with worker in [0, {n_workers}) and seconds >= 0 "
                          f"(that worker sleeps so long after each step), got {straggler!r}")

@@ -48,8 +48,7 @@ from typing import Any
 import numpy as np
 
 from simlib.backend import InFlight, get_xp, synchronize, to_numpy
-from simlib.contract import ParamServer, Result, Training, local_result, new_trace
-from simlib.diverged import check_metric
+from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric
 from simlib.protocol import Protocol, may_read, read_allowed
 
 
@@ -75,15 +74,13 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
         start = time.perf_counter() - t0
         server.may_read(c)  # lock-step: every earlier round is complete, so the rule allows it or says why not
         version = server.version
-        reads = []
-        for i in range(n):
-            batch = problem.batch(shards[i], c, training.batch_size)
-            keys = problem.keys(batch)
-            reads.append((batch, keys, server.params[mod.asarray(keys)]))
+        batches = [problem.batch(shard, c, training.batch_size) for shard in shards]
+        keys = [problem.keys(batch) for batch in batches]
+        values = [server.params[mod.asarray(k)] for k in keys]  # every worker reads the round's table before any push
         taus = []
-        for batch, keys, values in reads:
-            keys, deltas = problem.step(values, batch, keys, training.lr)
-            taus.append(server.push(c, mod.asarray(keys), deltas, version)[1])
+        for batch, k, v in zip(batches, keys, values):
+            out_keys, deltas = problem.step(v, batch, k, training.lr)
+            taus.append(server.push(c, mod.asarray(out_keys), deltas, version)[1])
         synchronize(mod)
         now = time.perf_counter() - t0
         for i in range(n):
@@ -92,9 +89,7 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
         if (c + 1) % training.eval_every == 0 or c + 1 == training.steps:
             if c + 1 == training.steps:
                 server.finish()  # a partial accumulation group
-            value = float(problem.quality(server.params))
-            trace.record_quality(now, (c + 1) * n, value)
-            check_metric(value, (c + 1) * n, problem, training.lr)
+            record_metric(trace, problem, now, (c + 1) * n, server.params, training.lr)
     return Result(trace, to_numpy(server.params), {"wall_seconds": time.perf_counter() - t0})
 
 
@@ -105,10 +100,11 @@ def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any
     trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
                       xp=mod.__name__, path="in place",
                       update_unit="one step" if n > 1 else f"a chunk of up to {every} steps")
-    snapshot = scratch = None
     inflight = InFlight()
     # a device hook that reads one table and adds to another needs no scratch copy per worker
     apart = n > 1 and mod is not np and getattr(problem, "device_reads_apart", False)
+    snapshot = mod.empty_like(table) if n > 1 else None
+    scratch = mod.empty_like(table) if n > 1 and not apart else None
     t0 = time.perf_counter()
     trace.record_quality(0.0, 0, float(problem.quality(table)))
     c = 0
@@ -120,13 +116,13 @@ def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any
             seen = [hook(table, shards[0], c, k, training.batch_size, training.lr)]
         else:  # round c: every worker's step from the same read, the steps' changes added
             k = 1
-            snapshot = mod.array(table, copy=True) if snapshot is None else _copy_into(snapshot, table)
+            snapshot[...] = table
             seen = []
             for i in range(n):
                 if apart:  # the step computed from the snapshot, its change added to the table
                     seen.append(hook(table, shards[i], c, 1, training.batch_size, training.lr, read=snapshot))
                     continue
-                scratch = mod.array(snapshot, copy=True) if scratch is None else _copy_into(scratch, snapshot)
+                scratch[...] = snapshot
                 seen.append(hook(scratch, shards[i], c, 1, training.batch_size, training.lr))
                 table += scratch
                 table -= snapshot
@@ -141,17 +137,10 @@ def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any
             trace.update(now, i, c + k - 1, tau, True, clock_lag=0)
         c += k
         if c % every == 0 or c == steps:
-            value = float(problem.quality(table))
-            trace.record_quality(time.perf_counter() - t0, c * n, value)
-            check_metric(value, c * n, problem, training.lr)
+            record_metric(trace, problem, time.perf_counter() - t0, c * n, table, training.lr)
     if inflight.items:
         trace.meta["in_flight"] = {"items": inflight.items, "missed_mean": inflight.missed_mean,
                                    "missed_max": inflight.missed_max}
     train = sum(span.end - span.start for span in trace.spans if span.worker == 0)  # evaluations excluded
     return Result(trace, to_numpy(table), {"wall_seconds": time.perf_counter() - t0, "train_seconds": train,
                                             "local": [local_result(problem, s) for s in shards]})
-
-
-def _copy_into(target: Any, source: Any) -> Any:
-    target[...] = source
-    return target

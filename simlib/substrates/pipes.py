@@ -39,14 +39,15 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training, local_result, new_trace, warm_up as contract_warm_up
-from simlib.diverged import check_metric
+from simlib.contract import ParamServer, Result, Training, local_result, new_trace, real_result, record_metric
+from simlib.contract import warm_up as contract_warm_up
 from simlib.managed import MESSAGE_ENTRIES, Pending
 from simlib.managed import check as check_managed
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
-from simlib.parallel.worker import check_straggler, current, straggle
+from simlib.parallel.worker import check_straggler, current, record_span, straggle
 from simlib.protocol import MAX_STEPS, Protocol
+from simlib.trace import Trace
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
 EARLY = "early"  # the tag of a managed-communication message: part of the clock's push, sent before its end
@@ -122,62 +123,43 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     roles = ["parameter server"] + [f"worker {i}" for i in range(n_workers)]
     with WorkerGroup(n_workers + 1, opts.start_method, label="pipe PS", roles=roles) as group:
         pairs = [group.channel_pair() for _ in range(n_workers)]
-        server_ends = tuple(a for a, _ in pairs)
-        worker_args = [(None, server_ends)] + [(b, None) for _, b in pairs]
+        worker_args = [(tuple(a for a, _ in pairs),)] + [(b,) for _, b in pairs]  # the server gets every pipe's end
         out = group.run(_member, (problem, shards, protocol, training, opts), worker_args=worker_args,
                         timeout=opts.timeout)
-        raw = group.trace
     wall = time.perf_counter() - started
-    w, quality, updates, early = out[0]
-    logs = None
-    if opts.managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
-        logs = [log for _, log in out[1:]]
-        out = [out[0], *(local for local, _ in out[1:])]
+    w, served, early = out[0]
     trace = new_trace(problem, protocol, training, "pipes", "over pipes", substrate_detail="pipe parameter server",
                       wall_seconds=wall, start_method=group.start_method)
-    for s in raw.spans:  # member 0 is the server; workers become 0 .. N-1 as in the simulator
+    for s in group.trace.spans:  # member 0 is the server; workers become 0 .. N-1 as in the simulator
         if s.worker > 0:
             trace.span(s.worker - 1, s.kind, s.start, s.end, s.nbytes, s.step)
-    for u in updates:
-        trace.update(*u)
-    for t, step, value in quality:
-        trace.record_quality(t, step, value)
+    trace.updates, trace.quality = served.updates, served.quality
     if opts.clock_batches > 1:
         trace.meta["clock_batches"] = opts.clock_batches
-    if logs is not None:
+    if opts.managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
         trace.meta["managed"] = {"budget": opts.managed_bandwidth, **early,
-                                 "log": [[t, n, i] for i, log in enumerate(logs) for t, n in log]}
-    worker_seconds = max((s.end for s in trace.spans), default=0.0)
-    measured = {"wall_seconds": wall, "worker_seconds": worker_seconds}
-    if callable(getattr(problem, "local_result", None)):
-        measured["local"] = out[1:]
-    return Result(trace, w, measured)
+                                 "log": [[t, n, i] for i, (_, log) in enumerate(out[1:]) for t, n in log]}
+    return real_result(problem, trace, w, [local for local, _ in out[1:]], wall_seconds=wall,
+                       worker_seconds=max((s.end for s in trace.spans), default=0.0))
 
 
 run.options = PipesOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
 
 
 def _member(member: int, n_members: int, job: tuple[Any, list, Protocol, Training, PipesOptions],
-            mine: Channel | None, server_ends: tuple[Channel, ...] | None) -> Any:
-    """Group entry point: member 0 serves, the others are workers 0 .. N-1; ``job`` is the same for every member."""
+            ends: Channel | tuple[Channel, ...]) -> Any:
+    """Group entry point: member 0 serves the ``ends`` of every pipe, the others are workers 0 .. N-1 on the other end
+    of theirs; ``job`` is the same for every member."""
     problem, shards, protocol, training, opts = job
     if member == 0:
-        assert server_ends is not None
-        return _serve(problem, list(server_ends), protocol, training, opts.evaluate)
-    assert mine is not None
-    i, k, budget = member - 1, opts.clock_batches, opts.managed_bandwidth
-    if k == 1:
-        _work(i, problem, shards[i], mine, training, opts.straggler)
-        return local_result(problem, shards[i])
-    log = _work_clocked(i, problem, shards[i], mine, training, k, budget, opts.straggler)
-    result = local_result(problem, shards[i])
-    return result if budget is None else (result, log)
+        return _serve(problem, list(ends), protocol, training, opts.evaluate)
+    i = member - 1
+    log = (_work if opts.clock_batches == 1 else _work_clocked)(i, problem, shards[i], ends, training, opts)
+    return local_result(problem, shards[i]), log
 
 
-def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training,
-          straggler: tuple[int, float] | None = None) -> None:
+def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training, opts: PipesOptions) -> None:
     """One worker: pull, compute, push, ``steps`` times (the channel records send/recv spans)."""
-    ctx = current()
     for c in range(training.steps):
         batch = problem.batch(shard, c, training.batch_size)
         keys = pull_keys(problem, batch)
@@ -185,21 +167,20 @@ def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training,
         values = ch.recv_array()  # the server holds this reply until the protocol allows the read
         s = time.perf_counter()
         msg = push_message(problem, values, batch, keys, training.lr)
-        straggle(straggler, i)
+        straggle(opts.straggler, i)
         e = time.perf_counter()
         ch.send_array(msg)
-        if ctx is not None:
-            ctx.span("compute", s, e, step=c)
+        record_span("compute", s, e, step=c)
 
 
-def _work_clocked(i: int, problem: Any, shard: Any, ch: Channel, training: Training, k: int, budget: float | None,
-                  straggler: tuple[int, float] | None = None) -> list[tuple[float, int]]:
+def _work_clocked(i: int, problem: Any, shard: Any, ch: Channel, training: Training,
+                  opts: PipesOptions) -> list[tuple[float, int]]:
     """One worker whose clocks span k mini-batches; with a budget, early messages between them.
 
     Returns the early messages as (seconds since the run started, bytes the channel sent).
     """
-    ctx = current()
-    t0 = ctx.t0 if ctx is not None else time.perf_counter()
+    k, budget = opts.clock_batches, opts.managed_bandwidth
+    t0 = getattr(current(), "t0", time.perf_counter())
     log: list[tuple[float, int]] = []
     next_send = 0.0  # perf_counter reading before which no early message starts
     for c in range(training.steps):
@@ -216,7 +197,7 @@ def _work_clocked(i: int, problem: Any, shard: Any, ch: Channel, training: Train
             out_keys, d = np.asarray(out_keys), np.asarray(d, dtype=np.float64)
             local[pending.index(out_keys)] += d
             pending.add(out_keys, d)
-            straggle(straggler, i)
+            straggle(opts.straggler, i)
             now = time.perf_counter()
             if budget is not None and j < k - 1 and now >= next_send:
                 early_keys, early = pending.take(MESSAGE_ENTRIES)
@@ -226,8 +207,7 @@ def _work_clocked(i: int, problem: Any, shard: Any, ch: Channel, training: Train
                     log.append((now - t0, n))
         e = time.perf_counter()
         ch.send_array(_records(*pending.rest()))
-        if ctx is not None:
-            ctx.span("compute", s, e, step=c)
+        record_span("compute", s, e, step=c)
     return log
 
 
@@ -240,9 +220,10 @@ def _records(keys: np.ndarray, deltas: np.ndarray) -> np.ndarray:
 
 
 def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Training,
-           evaluate: bool) -> tuple[np.ndarray, list, list, dict]:
-    """The server: answer pulls when :class:`ParamServer` allows, apply pushes, record tau per push."""
-    ctx = current()
+           evaluate: bool) -> tuple[np.ndarray, Trace, dict]:
+    """The server: answer pulls when :class:`ParamServer` allows, apply pushes, record tau per push.
+
+    Returns the table, a trace of its updates and metric points, and its counts of early messages."""
     n, steps = len(chans), training.steps
     server = ParamServer(problem.init_params(), n, protocol, training.rule, read_rule=training.read_rule)
     clock = [0] * n  # the step each worker's next pull belongs to
@@ -250,16 +231,9 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     lag = [0] * n
     expecting_push = [False] * n
     deferred: list[tuple[int, np.ndarray]] = []  # (worker, keys) pulls the protocol holds back
-    now = ctx.now if ctx is not None else time.perf_counter
-    quality: list[tuple[float, int, float]] = []
-
-    def record(n_updates: int) -> None:
-        """The metric now; Diverged (which stops the run) if it is not finite."""
-        quality.append((now(), n_updates, float(problem.quality(server.params))))
-        check_metric(quality[-1][2], n_updates, problem, training.lr)
-
-    record(0)
-    updates: list[tuple] = []
+    now = getattr(current(), "now", time.perf_counter)
+    served = Trace("pipe parameter server", "pipes", n)  # updates with the pushing worker's id, metric points
+    record_metric(served, problem, now(), 0, server.params, training.lr)
     period = training.eval_every * n
     done = 0
     early = {"messages": 0, "entries": 0}
@@ -289,15 +263,15 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
                 early["entries"] += len(rec)
                 continue
             applied, tau = server.push(c, rec["key"], rec["grad"], read_version[i])
-            updates.append((now(), i, c, tau, applied, lag[i]))
+            served.update(now(), i, c, tau, applied, lag[i])
             expecting_push[i] = False
             done += c == steps - 1
-            if evaluate and len(updates) % period == 0 and len(updates) < n * steps:
-                record(len(updates))
+            if evaluate and len(served.updates) % period == 0 and len(served.updates) < n * steps:
+                record_metric(served, problem, now(), len(served.updates), server.params, training.lr)
             ready = [(j, k) for j, k in deferred if server.may_read(clock[j] - 1)]
             deferred = [(j, k) for j, k in deferred if not server.may_read(clock[j] - 1)]
             for j, k in ready:
                 answer(j, k)
     server.finish()
-    record(n * steps)
-    return server.params, quality, updates, early
+    record_metric(served, problem, now(), n * steps, server.params, training.lr)
+    return server.params, served, early

@@ -51,8 +51,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import Result, Training, local_result, new_trace, warm_up
-from simlib.diverged import check_metric
+from simlib.contract import Result, Training, local_result, new_trace, offered, real_result, record_metric, warm_up
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol, may_read, read_allowed
@@ -107,7 +106,6 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     (:func:`simlib.contract.local_result`).
     """
     opts = check.options(ShmOptions, options, "substrate 'shm'")
-    chunk, locked, hot_keys = opts.chunk, opts.locked, opts.hot_keys
     if protocol.backup_workers or protocol.timeout is not None:
         raise ValueError("backup_workers and timeout run on substrates 'sim' and 'pipes' (a server counts pushes); "
                          "the shared-memory table has no server")
@@ -115,9 +113,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
     check_straggler(opts.straggler, training.n_workers)
     fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain
-    replica = _replica(problem, hot_keys, fast, locked, training)
+    replica = _replica(problem, opts.hot_keys, fast, opts.locked, training)
     # a problem whose one step is already a lot of work (LDA: a sweep) names its own chunk (1: publish every step)
-    chunk = chunk or getattr(problem, "in_place_chunk", None) or max(1, CHUNK_WORK // training.batch_size)
+    chunk = opts.chunk or getattr(problem, "in_place_chunk", None) or max(1, CHUNK_WORK // training.batch_size)
     n = training.n_workers
     shards = problem.shards(n)
     # A problem may keep its table in a narrower type here (LDA's counts as int32, GloVe's floats as float32):
@@ -127,7 +125,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     warm_up(problem, values=lambda v: v.astype(dtype))
     if fast:  # with the types the workers pass; two steps, as a problem's steps may take turns (GloveSlices' phases)
         # on the miniature where the problem has one: its shard is its whole state (LDA's topics), not to be stepped here
-        mini = problem.miniature() if callable(getattr(problem, "miniature", None)) else None
+        mini = offered(problem, "miniature")
         warm = mini if mini is not None else problem
         warm.local_steps(_initial_table(warm, dtype), shards[0] if mini is None else mini.shards(1)[0], 0, 2, 1, 0.0,
                          **({} if replica is None else {"replica": replica}))
@@ -139,36 +137,29 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         lock = group.lock()
         ready = group.zeros(n, np.int64)
         # the in-place steps' own shared words (LDA's block locks), where the problem names how many it needs
-        locks_of = getattr(problem, "in_place_locks", None)
-        n_locks = locks_of(n) if fast and n > 1 and callable(locks_of) else 0
+        n_locks = offered(problem, "in_place_locks", n, default=0) if fast and n > 1 else 0
         step_locks = group.zeros(n_locks, np.int32) if n_locks else None
-        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, locked, opts.straggler, chunk,
-                       replica, step_locks)
+        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, opts, chunk, replica, step_locks,
+                       fast)
 
         def monitor(elapsed: float) -> None:
             """The metric now; Diverged (which stops the workers) if it is not finite."""
-            step, value = int(clocks.array.sum()), float(problem.quality(table.array.copy()))
-            group.trace.record_quality(elapsed, step, value)
-            check_metric(value, step, problem, training.lr)
+            record_metric(group.trace, problem, elapsed, int(clocks.array.sum()), table.array.copy(), training.lr)
 
         monitor(0.0)
-        out = group.run(_work_in_place if fast else _work, problem, setup, version, monitor=monitor,
-                        monitor_every=opts.monitor_every, timeout=opts.timeout)
+        out = group.run(_member, problem, setup, version, monitor=monitor, monitor_every=opts.monitor_every,
+                        timeout=opts.timeout)
         params = table.array.copy()
-        raw = group.trace
     wall = time.perf_counter() - started
-    trace = new_trace(problem, protocol, training, "shm", "on shared memory", wall_seconds=wall,
-                      start_method=group.start_method, path="in place" if fast else "get / step / add",
-                      update_unit=_update_unit(fast, chunk, hot_keys))
-    trace.spans, trace.updates, trace.quality = raw.spans, raw.updates, raw.quality
-    if locked:
-        trace.label = trace.label.replace("on shared memory", "on shared memory, locked")
+    trace = new_trace(problem, protocol, training, "shm", "on shared memory" + (", locked" if opts.locked else ""),
+                      wall_seconds=wall, start_method=group.start_method,
+                      path="in place" if fast else "get / step / add",
+                      update_unit=_update_unit(fast, chunk, opts.hot_keys))
+    trace.spans, trace.updates, trace.quality = group.trace.spans, group.trace.updates, group.trace.quality
     compute = [s for s in trace.spans if s.kind == "compute"]
     train = max(s.end for s in compute) - min(s.start for s in compute) if compute else 0.0
-    measured = {"wall_seconds": wall, "train_seconds": train, "cpu_seconds": float(sum(cpu for cpu, _ in out))}
-    if callable(getattr(problem, "local_result", None)):
-        measured["local"] = [local for _, local in out]
-    return Result(trace, params, measured)
+    return real_result(problem, trace, params, [local for _, local in out], wall_seconds=wall, train_seconds=train,
+                       cpu_seconds=float(sum(cpu for cpu, _ in out)))
 
 
 run.options = ShmOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
@@ -183,22 +174,26 @@ class _Setup:
     training: Training
     table: Any  # SharedArray: the parameters
     clocks: Any  # SharedArray: each worker's finished steps
-    ready: Any  # SharedArray: 1 once a worker has started (see _start_together)
+    ready: Any  # SharedArray: 1 once a worker has started (see _member)
     lock: Any
-    locked: bool  # one lock around each whole step (the locked baseline)
-    straggler: tuple[int, float] | None
+    opts: ShmOptions  # its ``locked`` (one lock around each whole step: the locked baseline) and ``straggler``
     chunk: int  # fast path: the most steps between two looks at the clocks
     replica: Any  # fast path: the problem's replica of its hot keys, or None
     step_locks: Any  # fast path: SharedArray of the lock words the problem's in-place steps take, or None
+    fast: bool  # the in-place path (_work_in_place), else get / step / add (_work)
 
 
-def _start_together(ready: np.ndarray, i: int) -> None:
-    """Mark worker i started and wait until every worker has: the last process forked then starts as early as the first."""
+def _member(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[float, Any]:
+    """One worker: wait until every worker has started, run its path's steps; its CPU seconds and ``local_result``."""
     # NOTE: processes start 5-30 ms apart (fork, import); a 2-worker Hogwild! run of 0.2 s lost up to 15 % of
     # its training time with one worker alone at the start. The wait yields the core, and comes before any span.
+    ready = setup.ready.array
     ready[i] = 1
     while int(ready.min()) == 0:
         os.sched_yield()
+    cpu0 = time.thread_time()
+    (_work_in_place if setup.fast else _work)(i, problem, setup, version)
+    return time.thread_time() - cpu0, local_result(problem, setup.shards[i])
 
 
 def _replica(problem: Any, hot_keys: int, fast: bool, locked: bool, training: Training) -> Any:
@@ -215,10 +210,8 @@ def _replica(problem: Any, hot_keys: int, fast: bool, locked: bool, training: Tr
 
 
 def _update_unit(fast: bool, chunk: int, hot_keys: int) -> str:
-    """What one update of the trace stands for on this path."""
-    if not fast or chunk == 1 and not hot_keys:
-        return "one step"
-    unit = f"a chunk of up to {chunk} steps" if chunk > 1 else "one step"
+    """What one update of the trace stands for on this path (hot keys only on the fast path: see _replica)."""
+    unit = f"a chunk of up to {chunk} steps" if fast and chunk > 1 else "one step"
     return unit + (f", and the push of its {hot_keys} hot keys' replica at its end" if hot_keys else "")
 
 
@@ -248,16 +241,12 @@ def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> 
     return completed, True
 
 
-def _work(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[float, Any]:
-    """One worker: wait for the protocol, get, step, add under the version lock, publish the clock.
-
-    Returns its CPU seconds and what the problem keeps of the worker's local state (``local_result``)."""
+def _work(i: int, problem: Any, setup: _Setup, version: Any) -> None:
+    """One worker's steps: wait for the protocol, get, step, add under the version lock, publish the clock."""
     ctx = current()
     training, bound, lock, shard = setup.training, setup.bound, setup.lock, setup.shards[i]
     w, fin, ver = setup.table.array, setup.clocks.array, version.array
     rule, read_rule = training.rule, training.read_rule or may_read
-    _start_together(setup.ready.array, i)
-    cpu0 = time.thread_time()
     for c in range(training.steps):
         t0 = time.perf_counter()
         completed, _ = _wait_to_read(read_rule, c, fin, bound)
@@ -265,13 +254,13 @@ def _work(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[fl
         batch = problem.batch(shard, c, training.batch_size)
         keys = problem.keys(batch)
         # get and add always hold the lock; locked=True makes it cover the step too
-        outer, inner = (lock, nullcontext()) if setup.locked else (nullcontext(), lock)
+        outer, inner = (lock, nullcontext()) if setup.opts.locked else (nullcontext(), lock)
         with outer:
             with inner:  # a consistent (values, version) pair; the add below takes the same lock
                 values, read_version = w[keys].copy(), int(ver[0])
             t2 = time.perf_counter()
             keys, deltas = problem.step(values, batch, keys, training.lr)
-            straggle(setup.straggler, i)  # before the push: a slow machine's steps take longer
+            straggle(setup.opts.straggler, i)  # before the push: a slow machine's steps take longer
             t3 = time.perf_counter()
             with inner:  # under BSP a round's pushes are one update: none of them is stale (ParamServer.push)
                 tau = 0 if bound == 0 else int(ver[0]) - read_version
@@ -279,19 +268,17 @@ def _work(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[fl
                 ver[0] += 1
         fin[i] = c + 1
         t4 = time.perf_counter()
-        if ctx is not None:
-            ctx.span("wait", t0, t1, step=c)
-            ctx.span("recv", t1, t2, nbytes=int(values.nbytes + keys.nbytes), step=c)
-            ctx.span("compute", t2, t3, step=c)
-            ctx.span("send", t3, t4, nbytes=int(np.asarray(deltas).nbytes + keys.nbytes), step=c)
-            ctx.update(c, staleness=tau, clock_lag=c - completed)
-    return time.thread_time() - cpu0, local_result(problem, shard)
+        ctx.span("wait", t0, t1, step=c)
+        ctx.span("recv", t1, t2, nbytes=int(values.nbytes + keys.nbytes), step=c)
+        ctx.span("compute", t2, t3, step=c)
+        ctx.span("send", t3, t4, nbytes=int(np.asarray(deltas).nbytes + keys.nbytes), step=c)
+        ctx.update(c, staleness=tau, clock_lag=c - completed)
 
 
-def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[float, Any]:
-    """One fast-path worker: wait for the protocol, apply the steps it allows in place, publish; its CPU seconds.
+def _work_in_place(i: int, problem: Any, setup: _Setup, version: Any) -> None:
+    """One fast-path worker's steps: wait for the protocol, apply the steps it allows in place, publish.
 
-    With ``setup.locked``, each step is applied under the lock, one at a time (the locked baseline); with a
+    With ``setup.opts.locked``, each step is applied under the lock, one at a time (the locked baseline); with a
     replica, each chunk's steps update it and its change is added to the table at the chunk's end."""
     ctx = current()
     training, bound, chunk, replica, shard = setup.training, setup.bound, setup.chunk, setup.replica, setup.shards[i]
@@ -302,8 +289,6 @@ def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) ->
         shared["replica"] = replica._replace(pushes=version.array)
     if setup.step_locks is not None:
         shared["locks"] = setup.step_locks.array
-    _start_together(setup.ready.array, i)
-    cpu0 = time.thread_time()
     c = 0
     while c < training.steps:
         t0 = time.perf_counter()
@@ -313,21 +298,19 @@ def _work_in_place(i: int, n: int, problem: Any, setup: _Setup, version: Any) ->
         k = min(chunk, training.steps - c, 1 if read_rule else int(min(completed + bound - c + 1, chunk)))
         others = sum(fin.tolist()) - c
         t1 = time.perf_counter()
-        if not setup.locked:  # the replicas count their pushes in the version key, unused on this path
+        if not setup.opts.locked:  # the replicas count their pushes in the version key, unused on this path
             problem.local_steps(w, shard, c, k, training.batch_size, training.lr, **shared)
         else:
             for j in range(c, c + k):  # NOTE: one call per step, because the lock must cover each single update
                 with setup.lock:
                     problem.local_steps(w, shard, j, 1, training.batch_size, training.lr)
-        straggle(setup.straggler, i)
+        straggle(setup.opts.straggler, i)
         fin[i] = c + k
         t2 = time.perf_counter()
-        if ctx is not None:
-            if waited:  # the protocol held the read back
-                ctx.span("wait", t0, t1, step=c)
-            ctx.span("compute", t1, t2, step=c + k - 1)
-            # other workers' steps per step of this chunk; under BSP a round is one update, so 0
-            tau = 0 if bound == 0 else round((sum(fin.tolist()) - c - k - others) / k)
-            ctx.update(c + k - 1, staleness=tau, clock_lag=c + k - 1 - completed)
+        if waited:  # the protocol held the read back
+            ctx.span("wait", t0, t1, step=c)
+        ctx.span("compute", t1, t2, step=c + k - 1)
+        # other workers' steps per step of this chunk; under BSP a round is one update, so 0
+        tau = 0 if bound == 0 else round((sum(fin.tolist()) - c - k - others) / k)
+        ctx.update(c + k - 1, staleness=tau, clock_lag=c + k - 1 - completed)
         c += k
-    return time.thread_time() - cpu0, local_result(problem, shard)
