@@ -1,6 +1,7 @@
 """The pipe parameter server: real BSP over pipes, exact byte counts, loss goes down, nothing leaks."""
 import multiprocessing
 import os
+import pickle
 import signal
 
 import numpy as np
@@ -36,6 +37,13 @@ def test_dense_keys_pull_every_parameter(small_problem):
     res = run_pipe_ps(dense, n_workers=1, steps=2, batch_size=4)
     recv = [s.nbytes for s in res.trace.spans if s.kind == "recv" and s.nbytes >= 8 * small_problem.n_params]
     assert recv and recv[0] == 8 * small_problem.n_params
+
+
+def test_dense_keys_survive_pickling_as_spawned_workers_receive_them(small_problem):
+    """A spawn or forkserver worker gets its problem pickled; unpickling must not recurse into ``__getattr__``."""
+    copy = pickle.loads(pickle.dumps(DenseKeys(small_problem)))
+    assert copy.n_params == small_problem.n_params and len(copy.keys(np.arange(3))) == small_problem.n_params
+    assert copy.l2 == small_problem.l2  # other attributes still come from the wrapped problem
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -68,6 +68,8 @@ class DenseKeys:
         return self._all
 
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not there yet while unpickling (spawn): asking for it here would recurse forever
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 
