@@ -77,9 +77,7 @@ class Process(simpy.Process):
             if event._ok:
                 return self._generator.send(event._value)
             event._defused = True
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            return self._generator.throw(exc)
+            return self._generator.throw(_copy(event._value))
         except StopIteration as e:
             self._end(True, e.args[0] if len(e.args) else None)
         except BaseException as e:
@@ -248,13 +246,7 @@ class Environment(simpy.Environment):
                 elif target is not _ENDED:
                     proc._wait(target)
                 continue
-            callbacks, event.callbacks = event.callbacks, None
-            for callback in callbacks:
-                callback(event)
-            if not event._ok and not hasattr(event, "_defused"):
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
-                raise exc
+            self._fire(event)
         return None
 
     def step(self) -> None:
@@ -266,10 +258,20 @@ class Environment(simpy.Environment):
             if event.callbacks:
                 event.proc._resume(event)
             return
+        self._fire(event)
+
+    @staticmethod
+    def _fire(event: Any) -> None:
+        """Run an event's callbacks; a failure nobody handled is raised again here, as SimPy's ``step`` raises it."""
         callbacks, event.callbacks = event.callbacks, None
         for callback in callbacks:
             callback(event)
         if not event._ok and not hasattr(event, "_defused"):
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
+            raise _copy(event._value)
+
+
+def _copy(exc: BaseException) -> BaseException:
+    """A fresh exception like ``exc``, caused by it (SimPy re-raises a failed event's value this way)."""
+    out = type(exc)(*exc.args)
+    out.__cause__ = exc
+    return out
