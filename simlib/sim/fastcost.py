@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from simlib.trace import SpanLog, UpdateLog
+from simlib.trace import _NUMPY, SpanLog, UpdateLog
 
 # Event kinds: a gate opened (a woken waiter), the request reached the server, the reply reached the
 # worker, the computation ended, the push reached the server.
@@ -250,11 +250,10 @@ def run(state: Any) -> float:
     if not math.isinf(rule.bound):
         needs[:] = [max(rule.needed(c), 0) for c in range(steps + 1)]
     jitter, pauses = state.compute.predrawn(steps)
-    max_spans = 4 * n * steps
-    cols = [np.empty(max_spans, np.int32), np.empty(max_spans, np.int8), np.empty(max_spans, np.float64),
-            np.empty(max_spans, np.float64), np.empty(max_spans, np.int64), np.empty(max_spans, np.int32)]
-    ucols = [np.empty(n * steps, np.float64), np.empty(n * steps, np.int32), np.empty(n * steps, np.int32),
-             np.empty(n * steps, np.int64), np.empty(n * steps, np.int8), np.empty(n * steps, np.int64)]
+    # The trace's columns, of their types (SpanLog: worker, kind, start, end, nbytes, step; UpdateLog: time, worker,
+    # step, staleness, applied, clock lag); at most four spans a step.
+    cols = [np.empty(4 * n * steps, _NUMPY[code]) for code in SpanLog._codes]
+    ucols = [np.empty(n * steps, _NUMPY[code]) for code in UpdateLog._codes]
     barriers = np.empty(steps + 1, np.float64)
     finished = np.zeros(n, np.bool_)
     link = (float(keys * cfg.key_bytes), float(keys * cfg.value_bytes), float(keys * (cfg.key_bytes + cfg.value_bytes)),
