@@ -130,9 +130,10 @@ class _Run:
         cfg, env = self.cfg, self.env
         if not cfg.cost_only:
             self.trace.record_quality(0.0, 0, self.problem.quality(self.w))
-        body = self._allreduce_worker if cfg.topology == "allreduce" else self._ps_worker
+        body = self._ps_worker
         if cfg.topology == "allreduce":
             self._ar = _AllReduce(self)
+            body = functools.partial(self._steps, step=self._allreduce_step)
         if cfg.clock_batches > 1:  # clocks of several mini-batches, Bosen's managed communication: simlib.sim.managed
             from simlib.sim.managed import clocked_worker
 
@@ -579,34 +580,40 @@ class _Run:
         return np.asarray(k2), np.asarray(g2, dtype=np.float64), int(nbytes)
 
     # -- all-reduce worker -----------------------------------------------------------------------
-    def _allreduce_worker(self, i: int):
-        cfg, env, trace, p = self.cfg, self.env, self.trace, self.problem
+    def _allreduce_step(self, i: int, c: int):
+        """Worker i's step c: its gradient, then the step's ring all-reduce; returns the next step."""
+        cfg, env, trace = self.cfg, self.env, self.trace
+        batch, keys, units = self._step_input(i, c)
+        t_comp = env.now
+        yield self.compute.time(i, units)
+        g = None
+        if not cfg.cost_only:
+            keys, g = self.problem.step(self.w[keys], batch, keys, cfg.lr)
+        trace.span(i, "compute", t_comp, env.now, step=c)
+        t_arrive = env.now
+        done = self._ar.arrive(i, c, keys, g)
+        yield done
+        t_start, nbytes = done.value
+        trace.span(i, "wait", t_arrive, t_start, step=c)
+        trace.span(i, "send", t_start, env.now, nbytes=nbytes, step=c)
+        trace.update(env.now, i, c, 0, True)
+        self._count_step(True)
+        return c + 1
+
+    # -- failures, bookkeeping -------------------------------------------------------------------
+    def _steps(self, i: int, step: Callable[[int, int], Any]):
+        """Worker i's steps, ``step(i, c)`` each (a generator returning the next step), to the last; a failure
+        retries the step it cut short once the worker is back, or ends the worker for good."""
         c = 0
-        while c < cfg.steps:
+        while c < self.cfg.steps:
             try:
-                batch, keys, units = self._step_input(i, c)
-                t_comp = env.now
-                yield self.compute.time(i, units)
-                g = None
-                if not cfg.cost_only:
-                    keys, g = p.step(self.w[keys], batch, keys, cfg.lr)
-                trace.span(i, "compute", t_comp, env.now, step=c)
-                t_arrive = env.now
-                done = self._ar.arrive(i, c, keys, g)
-                yield done
-                t_start, nbytes = done.value
-                trace.span(i, "wait", t_arrive, t_start, step=c)
-                trace.span(i, "send", t_start, env.now, nbytes=nbytes, step=c)
-                trace.update(env.now, i, c, 0, True)
-                self._count_step(True)
-                c += 1
+                c = yield from step(i, c)
             except simpy.Interrupt:
                 restarted = yield from self._down(i)
                 if not restarted:
                     return
         self.finished[i] = True
 
-    # -- failures, bookkeeping -------------------------------------------------------------------
     def _failure(self, worker: int, at: float):
         yield self.env.timeout(at)
         proc = self.procs[worker]
