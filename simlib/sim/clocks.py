@@ -6,7 +6,7 @@ turns "not yet" into an event that fires when the rule allows, and a deadline in
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import simpy
 
@@ -66,10 +66,15 @@ class ClockTable:
             for ev in self._waiters.pop(done, ()):
                 ev.succeed()
         if self._asking:
-            still = []
-            for clock, ev in self._asking:
-                if self.rule.may_read(clock):
-                    ev.succeed()
-                else:
-                    still.append((clock, ev))
-            self._asking = still
+            self._asking = wake_ready(self._asking, self.rule.may_read)
+
+
+def wake_ready(waiting: list[tuple[int, Any]], ready: Callable[[int], bool]) -> list[tuple[int, Any]]:
+    """Succeed, in order, the (step, event) waiters whose step is ``ready`` now; returns the others."""
+    still = []
+    for step, ev in waiting:
+        if ready(step):
+            ev.succeed()
+        else:
+            still.append((step, ev))
+    return still

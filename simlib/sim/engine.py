@@ -30,7 +30,7 @@ from simlib.contract import ParamServer, check_problem
 from simlib.diverged import check_metric
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim import fastcost
-from simlib.sim.clocks import ClockTable
+from simlib.sim.clocks import ClockTable, wake_ready
 from simlib.sim.config import SimConfig
 from simlib.sim.network import Link, Node, ring_allreduce_time, transmit
 from simlib.sim.sites import Outbox, site_of
@@ -475,12 +475,8 @@ class _Run:
                 del pending[c]
         if clock is not None:  # the link is FIFO: every message site s sent before this one has arrived
             self.heard[r][s] = max(self.heard[r][s], clock)
-        waiting = self.wan_waiters[r]
-        if waiting:
-            self.wan_waiters[r] = [(step, ev) for step, ev in waiting if not self._wan_ready(r, step)]
-            for step, ev in waiting:
-                if self._wan_ready(r, step):
-                    ev.succeed()
+        if self.wan_waiters[r]:
+            self.wan_waiters[r] = wake_ready(self.wan_waiters[r], functools.partial(self._wan_ready, r))
 
     def _wan_ready(self, r: int, c: int) -> bool:
         """Whether site r holds every update of the other sites that the bound lets a step-c read not see: those of
