@@ -223,12 +223,10 @@ class SimConfig(_FieldsOnly):
             )
         if self.stragglers.fail_worker is not None and self.stragglers.fail_worker >= self.n_workers:
             raise ValueError(f"stragglers.fail_worker must be < n_workers ({self.n_workers})")
-        if self.backup_workers >= self.n_workers:
-            raise ValueError(f"backup_workers must be < n_workers ({self.n_workers}), got {self.backup_workers}")
-        if self.backup_workers and self.protocol == "async":
-            raise ValueError("backup_workers needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
-        if self.timeout is not None and self.protocol == "async":
-            raise ValueError("timeout needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
+        for name, on in (("backup_workers", self.backup_workers), ("timeout", self.timeout is not None)):
+            if on and self.protocol == "async":
+                raise ValueError(f"{name} needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
+        self.proto.check_workers(self.n_workers)  # backup_workers < n_workers, as every substrate checks it
         # A callable is a factory (n_params, rng, key_bytes=, value_bytes=) -> compressor, called once per worker.
         if self.compression is not None and not callable(self.compression):
             from simlib.compress import parse_spec  # raises ValueError naming 'compression'
@@ -245,7 +243,6 @@ class SimConfig(_FieldsOnly):
             raise ValueError("accumulation: worker caches (ESSP, cache=True) are not modelled with a server that "
                              "averages several pushes into one update; use accumulation < 2 x n_workers (c = 1) or "
                              "no cache")
-        self.proto.check_workers(self.n_workers)  # the bound's range, checked as every substrate checks it
 
     def _validate_cost_only(self) -> None:
         """Cost-only runs refuse what needs the update's values."""
