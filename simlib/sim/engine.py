@@ -334,12 +334,7 @@ class _Run:
         server = self.site_server[self.site_of[i]] if self.per_site else self.server
         values = np.empty(len(keys), dtype=self.w.dtype)
         versions: list[int] = []
-        if len(parts) == 1:  # one shard: its messages in this process (a process per shard only to overlap them)
-            yield from self._pull_shard(i, server, parts[0][0], keys, parts[0][1], values, versions, stamps)
-        else:
-            env = self.env
-            yield env.all_of([env.process(self._pull_shard(i, server, k, keys, sel, values, versions, stamps))
-                              for k, sel in parts])
+        yield from self._each([self._pull_shard(i, server, k, keys, sel, values, versions, stamps) for k, sel in parts])
         return values, min(versions), len(keys) * self.cfg.key_bytes, len(keys) * self.cfg.value_bytes
 
     def _pull_shard(self, i: int, server: ParamServer, k: int, keys: np.ndarray, sel: slice, out: np.ndarray,
@@ -354,16 +349,17 @@ class _Run:
         yield from self._to_worker(i, k, n * cfg.value_bytes)
 
     def _push(self, i: int, keys: np.ndarray, nbytes: int):
-        cfg, env = self.cfg, self.env
         parts = self._split(keys)
-        total = max(len(keys), 1)
-        if len(parts) == 1:
-            yield from self._to_server(i, parts[0][0], nbytes, cfg.server_time)
-            return
         # Encoded bytes are split across shards in proportion to the keys each one receives.
-        procs = [env.process(self._to_server(i, k, nbytes * (sel.stop - sel.start) / total, cfg.server_time))
-                 for k, sel in parts]
-        yield env.all_of(procs)
+        sizes = [nbytes] if len(parts) == 1 else [nbytes * (sel.stop - sel.start) / len(keys) for _, sel in parts]
+        yield from self._each([self._to_server(i, k, n, self.cfg.server_time) for (k, _), n in zip(parts, sizes)])
+
+    def _each(self, messages: list[Any]):
+        """Send the messages (generators): one in this process, several as processes at once (to overlap them)."""
+        if len(messages) == 1:
+            yield from messages[0]
+        else:
+            yield self.env.all_of([self.env.process(m) for m in messages])
 
     # -- sites and the WAN (simlib.sim.sites) ----------------------------------------------------
     def _init_sites(self, cfg: SimConfig) -> None:
