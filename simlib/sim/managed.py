@@ -113,7 +113,7 @@ def clocked_worker(run: Any, i: int):
 def _sender(run: Any, i: int, c: int, pending: _Pending, budget: float, next_send: list[float], log: dict,
             fresh: "_Unseen"):
     """While clock c computes: send the largest pending changes, at most ``budget`` bytes/s on average."""
-    env = run.env
+    cfg, env = run.cfg, run.env
     while not pending.closed:
         if next_send[0] > env.now:
             yield env.timeout(next_send[0] - env.now)
@@ -123,28 +123,22 @@ def _sender(run: Any, i: int, c: int, pending: _Pending, budget: float, next_sen
             pending.wake = env.event()
             yield pending.wake
             continue
-        nbytes = len(keys) * (run.cfg.key_bytes + run.cfg.value_bytes)
-        _send_early(run, i, c, keys, deltas, nbytes, log, fresh)
-        next_send[0] = env.now + nbytes / budget
-
-
-def _send_early(run: Any, i: int, c: int, keys: np.ndarray, deltas: np.ndarray, nbytes: int, log: dict,
-                fresh: "_Unseen") -> None:
-    """One early message: queued on each shard's in-link now (so the clock's push, sent later, lands after it)."""
-    cfg, env = run.cfg, run.env
-    t0 = arrive = env.now
-    for k, sel in run._split(keys):
-        part = nbytes * (sel.stop - sel.start) / len(keys)
-        done = run.nodes[0][k].inlink.reserve(t0, part, cfg.bandwidth, cfg.server_time) + cfg.latency
-        run.lan_bytes += part
-        env.process(_land(run, done - t0, keys[sel], deltas[sel], i, fresh))
-        arrive = max(arrive, done)
-    run.trace.span(i, "send", t0, arrive, nbytes=nbytes, step=c)
-    log["messages"] += 1
-    log["bytes"] += nbytes
-    log["entries"] += len(keys)
-    log["log"].append([t0, arrive, nbytes, i, c])
-    fresh.flying[i] += float(np.abs(deltas).sum())
+        # One early message, queued on each shard's in-link now (so the clock's push, sent later, lands after it).
+        nbytes = len(keys) * (cfg.key_bytes + cfg.value_bytes)
+        t0 = arrive = env.now
+        for k, sel in run._split(keys):
+            part = nbytes * (sel.stop - sel.start) / len(keys)
+            done = run.nodes[0][k].inlink.reserve(t0, part, cfg.bandwidth, cfg.server_time) + cfg.latency
+            run.lan_bytes += part
+            env.process(_land(run, done - t0, keys[sel], deltas[sel], i, fresh))
+            arrive = max(arrive, done)
+        run.trace.span(i, "send", t0, arrive, nbytes=nbytes, step=c)
+        log["messages"] += 1
+        log["bytes"] += nbytes
+        log["entries"] += len(keys)
+        log["log"].append([t0, arrive, nbytes, i, c])
+        fresh.flying[i] += float(np.abs(deltas).sum())
+        next_send[0] = t0 + nbytes / budget
 
 
 def _land(run: Any, delay: float, keys: np.ndarray, deltas: np.ndarray, i: int, fresh: "_Unseen"):
