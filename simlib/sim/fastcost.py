@@ -129,9 +129,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
     now = 0.0
     # Every worker starts at time 0, in order (SimPy's process starts are urgent): each opens step 0.
     for i in range(n_workers):
-        # the gate at step 0 is open (needs[0] = 0): open the pull
-        lag[i] = 0
-        t_pull[i] = now
+        # the gate at step 0 is open (needs[0] = 0): open the pull (lag and t_pull start at 0)
         n, seq, in_free = _open_pull(heap, n, seq, i, now, in_free, link)
     while n > 0:
         now, i, kind = ht[0], hw[0], hk[0]
