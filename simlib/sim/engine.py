@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gc
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -224,9 +225,10 @@ class _Run:
                     now = env._now
                     if now > t0:  # span(i, WAIT, t0, now, 0, c)
                         sw(i); sk(WAIT); ss(t0); se(now); sn(0); sc(c)  # noqa: E702
-                if per_site and not self._wan_ready(self.site_of[i], c):
-                    t0 = env._now
-                    yield self._wan_wait(self.site_of[i], c)
+                if per_site and not self._wan_ready(self.site_of[i], c):  # woken by a WAN message (_site_message)
+                    t0, arrived = env._now, env.event()
+                    self.wan_waiters[self.site_of[i]].append((c, arrived))
+                    yield arrived
                     span(i, WAIT, t0, env._now, 0, c)
                 if deadline:  # a step's opening matters only to its deadline
                     clocks.open(c)
@@ -287,7 +289,7 @@ class _Run:
                 if per_site:
                     applied, tau = self.site_server[self.site_of[i]].push(c, keys, g, version)
                     if applied:
-                        self._replicate(self.site_of[i], c, keys, g)
+                        self.outboxes[self.site_of[i]].add(c, keys, g)  # summed into what goes to the other sites
                 else:
                     applied, tau = server.push(c, keys, g, version)
                 if applied and cached:
@@ -378,7 +380,7 @@ class _Run:
         self.flushed = False
         # Per receiving site: {step: messages from other sites' updates of that step still on the WAN}, and the
         # workers waiting for them (the protocol's bound holds across the WAN too: see simlib.sim.sites).
-        self.wan_pending: list[dict[int, int]] = [{} for _ in range(cfg.sites)]
+        self.wan_pending: list[Counter[int]] = [Counter() for _ in range(cfg.sites)]
         self.wan_waiters: list[list[tuple[int, simpy.Event]]] = [[] for _ in range(cfg.sites)]
         # Gaia's mirror clock: heard[r][s] is the last end of a step of site s that site r has heard of.
         self.mirror = cfg.mirror_clock if self.per_site else None
@@ -430,10 +432,6 @@ class _Run:
         self.wan_bytes += nbytes
         self.wan_log.append([t0, env.now, nbytes, a, b])
 
-    def _replicate(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:
-        """Site s applied an update of step c: its server sums it into what it will send the other sites."""
-        self.outboxes[s].add(c, keys, deltas)
-
     def _site_step(self, i: int, c: int) -> None:
         """Worker i moved on to step c: once its site's step is complete, the site server sends its sums (one
         message to each other site), all of them or, filtered, the significant ones."""
@@ -455,8 +453,7 @@ class _Run:
         for r in range(self.cfg.sites):
             if r != s:
                 if len(keys):
-                    pending = self.wan_pending[r]
-                    pending[c] = pending.get(c, 0) + 1
+                    self.wan_pending[r][c] += 1
                 self.env.process(self._site_message(s, r, c, keys, deltas, nbytes, clock))
 
     def _site_message(self, s: int, r: int, c: int, keys: np.ndarray, deltas: np.ndarray | None, nbytes: int,
@@ -465,10 +462,7 @@ class _Run:
         if len(keys):
             if deltas is not None:  # None: cost-only
                 self.tables[r][keys] += deltas
-            pending = self.wan_pending[r]
-            pending[c] -= 1
-            if not pending[c]:
-                del pending[c]
+            self.wan_pending[r] -= Counter({c: 1})  # a step none of whose messages is left drops out
         if clock is not None:  # the link is FIFO: every message site s sent before this one has arrived
             self.heard[r][s] = max(self.heard[r][s], clock)
         if self.wan_waiters[r]:
@@ -481,11 +475,6 @@ class _Run:
         if min(self.wan_pending[r], default=c) <= c - 1 - self.cross_bound:
             return False
         return self.mirror is None or min(self.heard[r]) >= c - self.mirror
-
-    def _wan_wait(self, r: int, c: int) -> simpy.Event:
-        ev = self.env.event()
-        self.wan_waiters[r].append((c, ev))
-        return ev
 
     def _flush(self) -> None:
         """The workers are done: every site sends all it still holds back, so every update reaches every site."""
