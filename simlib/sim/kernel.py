@@ -98,26 +98,21 @@ class Process(simpy.Process):
         env = self.env
         if type(target) is float:
             env.schedule(self._wake, NORMAL, target)
-            self._target = self._wake
-            env._active_proc = None
-            return
-        if target is self._wake:  # asleep until someone calls its succeed()
-            self._target = target
-            env._active_proc = None
-            return
-        try:
-            callbacks = target.callbacks
-        except AttributeError:
-            if isinstance(target, numbers.Real) and not isinstance(target, bool):  # an int or a NumPy float
-                if target < 0:
-                    raise ValueError(f"negative delay {target}") from None
-                self._wait(float(target))
+            target = self._wake
+        elif target is not self._wake:  # (its own wake: asleep until someone calls its succeed())
+            try:
+                callbacks = target.callbacks
+            except AttributeError:
+                if isinstance(target, numbers.Real) and not isinstance(target, bool):  # an int or a NumPy float
+                    if target < 0:
+                        raise ValueError(f"negative delay {target}") from None
+                    self._wait(float(target))
+                    return
+                raise RuntimeError(f'Invalid yield value "{target}" in process {self.name}') from None
+            if callbacks is None:  # already processed: its value at once, as SimPy's loop does
+                self._resume(target)
                 return
-            raise RuntimeError(f'Invalid yield value "{target}" in process {self.name}') from None
-        if callbacks is None:  # already processed: its value at once, as SimPy's loop does
-            self._resume(target)
-            return
-        callbacks.append(self._resume)
+            callbacks.append(self._resume)
         self._target = target
         env._active_proc = None
 
