@@ -89,10 +89,8 @@ class _Run:
         compute_seq, comp_seq = np.random.SeedSequence(cfg.seed).spawn(2)
         self.compute = ComputeModel(cfg, compute_seq)
         self.w = problem.init_params()
-        self.shards: list[Any] | None = None
-        if cfg.step_keys is None:
-            self.shards = problem.shards(cfg.n_workers)
-        else:  # cost-only, a fixed step: step_keys keys spread evenly over the table (so over its shards)
+        self.shards = problem.shards(cfg.n_workers) if cfg.step_keys is None else None
+        if cfg.step_keys is not None:  # cost-only, a fixed step: step_keys keys spread evenly over the table
             if cfg.step_keys > problem.n_params:
                 raise ValueError(f"step_keys ({cfg.step_keys}) must be <= the problem's parameters ({problem.n_params})")
             self.fixed_keys = np.linspace(0, problem.n_params, cfg.step_keys, endpoint=False).astype(np.int64)
