@@ -245,14 +245,10 @@ class Environment(simpy.Environment):
         return None
 
     def step(self) -> None:
-        """One event (as SimPy's), the delays' wake-ups included."""
+        """One event (as SimPy's), the delays' wake-ups included (a wake fired so is used up: the next is a fresh one)."""
         event = self._pop()
         if event is None:
             raise EmptySchedule
-        if type(event) is _Wake:
-            if event.callbacks:
-                event.proc._resume(event)
-            return
         self._fire(event)
 
     @staticmethod
