@@ -197,7 +197,6 @@ class _Run:
         # NOTE: the three spans of every step appended column by column, not through span(): 3 % of a run.
         sw, sk, ss, se, sn, sc = trace.spans.appenders()
         ut, uw, uc, us, ua, ul = trace.updates.appenders()  # and the update of every step, as updates.add
-        eval_period, progress = self.eval_period, self.progress
         steps, lr, cost_only = cfg.steps, cfg.lr, cfg.cost_only
         per_site, cached = self.per_site, self.caches is not None
         # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined (the
@@ -293,14 +292,7 @@ class _Run:
                 if applied and cached:
                     self._share(i, c, keys, self.cfg.step_rule.scaled(g, tau))  # the update as the table took it
                 ut(now); uw(i); uc(c); us(tau); ua(applied); ul(lag)  # noqa: E702  update(now, i, c, tau, applied, lag)
-                # self._count_step(applied), inlined
-                self.done_steps += 1
-                if applied:
-                    self.applied += 1
-                    if self.applied % eval_period == 0:
-                        self._evaluate()
-                if progress is not None and self.done_steps % eval_period == 0:
-                    progress(self.done_steps / self.total_steps)
+                self._count_step(applied)
                 # A dropped worker (backup workers, deadline) abandons the steps the others have
                 # already completed and rejoins at the current one, as in synchronous SGD with
                 # backup workers; otherwise it would keep computing gradients nobody will use.
