@@ -131,7 +131,7 @@ class _Run:
             self.trace.record_quality(0.0, 0, self.problem.quality(self.w))
         body = self._ps_worker
         if cfg.topology == "allreduce":
-            self._ar = _AllReduce(self)
+            self.rings: dict[int, tuple[simpy.Event, list]] = {}  # per step: its all-reduce's end, the gradients
             body = functools.partial(self._steps, step=self._allreduce_step)
         if cfg.clock_batches > 1:  # clocks of several mini-batches, Bosen's managed communication: simlib.sim.managed
             from simlib.sim.managed import clocked_worker
@@ -208,7 +208,8 @@ class _Run:
             inlink, outlink = node.inlink, node.outlink
             latency, bandwidth, server_time = cfg.latency, cfg.bandwidth, cfg.server_time
             key_bytes, value_bytes, entry_bytes = cfg.key_bytes, cfg.value_bytes, cfg.key_bytes + cfg.value_bytes
-        server, compute, rule = self.server, self.compute.time, clocks.rule
+        server = self.site_server[self.site_of[i]] if per_site else self.server  # per site: its site's servers
+        compute, rule = self.compute.time, clocks.rule
         deadline = cfg.timeout is not None
         c = 0
         while c < steps:
@@ -283,12 +284,9 @@ class _Run:
                 now = env._now
                 if now > t_push:  # span(i, SEND, t_push, now, nbytes, c)
                     sw(i); sk(SEND); ss(t_push); se(now); sn(int(nbytes)); sc(c)  # noqa: E702
-                if per_site:
-                    applied, tau = self.site_server[self.site_of[i]].push(c, keys, g, version)
-                    if applied:
-                        self.outboxes[self.site_of[i]].add(c, keys, g)  # summed into what goes to the other sites
-                else:
-                    applied, tau = server.push(c, keys, g, version)
+                applied, tau = server.push(c, keys, g, version)
+                if per_site and applied:
+                    self.outboxes[self.site_of[i]].add(c, keys, g)  # summed into what goes to the other sites
                 if applied and cached:
                     self._share(i, c, keys, self.cfg.step_rule.scaled(g, tau))  # the update as the table took it
                 ut(now); uw(i); uc(c); us(tau); ua(applied); ul(lag)  # noqa: E702  update(now, i, c, tau, applied, lag)
@@ -562,7 +560,10 @@ class _Run:
             keys, g = self.problem.step(self.w[keys], batch, keys, cfg.lr)
         trace.span(i, "compute", t_comp, env.now, step=c)
         t_arrive = env.now
-        done = self._ar.arrive(i, c, keys, g)
+        done, grads = self.rings.setdefault(c, (env.event(), []))
+        grads.append((keys, g))
+        if len(grads) == cfg.n_workers:  # the last gradient of the step: its ring all-reduce starts
+            env.process(self._ring(c, done, grads))
         yield done
         t_start, nbytes = done.value
         trace.span(i, "wait", t_arrive, t_start, step=c)
@@ -570,6 +571,33 @@ class _Run:
         trace.update(env.now, i, c, 0, True)
         self._count_step(True)
         return c + 1
+
+    def _ring(self, c: int, done: simpy.Event, grads: list[tuple[np.ndarray, np.ndarray | None]]):
+        """Step c's ring all-reduce of every worker's gradient, costed by the ring formula; ``done`` fires at its end.
+
+        With a compressor, the summed gradient is compressed once (worker 0's compressor) and its
+        encoded size is what travels the ring: a model of compressed all-reduce, not of per-worker
+        compression before the reduction.
+        """
+        cfg, env = self.cfg, self.env
+        t_start = env.now
+        size = self.w.size * cfg.value_bytes
+        dense = None
+        if not cfg.cost_only:
+            dense = np.zeros_like(self.w)
+            for keys, g in grads:
+                dense[keys] += g
+        if self.compressors is not None:
+            k_dec, v_dec, size = self.compressors[0](np.arange(self.w.size), dense)
+            dense = np.zeros_like(self.w)
+            dense[np.asarray(k_dec)] = np.asarray(v_dec, dtype=np.float64)  # a sparse compressor keeps a subset
+        yield env.timeout(ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth))
+        if dense is not None:
+            self.w += dense
+        self.clocks.barriers.append(t_start)
+        sent = int(round(2 * (cfg.n_workers - 1) / cfg.n_workers * size)) if cfg.n_workers > 1 else 0
+        del self.rings[c]
+        done.succeed((t_start, sent))
 
     # -- failures, bookkeeping -------------------------------------------------------------------
     def _steps(self, i: int, step: Callable[[int, int], Any]):
@@ -654,48 +682,6 @@ class _Cache:
         """Add update number ``update`` to the rows whose fetched value does not hold it yet."""
         new = self.fetched[0, keys] < update
         self.values[keys[new]] += deltas[new]
-
-
-class _AllReduce:
-    """A ring all-reduce per step: starts when every worker has its gradient, costs the ring formula.
-
-    With a compressor, the summed gradient is compressed once (worker 0's compressor) and its
-    encoded size is what travels the ring: a model of compressed all-reduce, not of per-worker
-    compression before the reduction.
-    """
-
-    def __init__(self, run: _Run):
-        self.run = run
-        self.pending: dict[int, list] = {}
-
-    def arrive(self, i: int, c: int, keys: np.ndarray, g: np.ndarray) -> simpy.Event:
-        cfg, env = self.run.cfg, self.run.env
-        entry = self.pending.setdefault(c, [env.event(), []])
-        entry[1].append((keys, g))
-        if len(entry[1]) == cfg.n_workers:
-            env.process(self._reduce(c, entry))
-        return entry[0]
-
-    def _reduce(self, c: int, entry: list):
-        run, cfg, env = self.run, self.run.cfg, self.run.env
-        t_start = env.now
-        size = run.w.size * cfg.value_bytes
-        dense = None
-        if not cfg.cost_only:
-            dense = np.zeros_like(run.w)
-            for keys, g in entry[1]:
-                dense[keys] += g
-        if run.compressors is not None:
-            k_dec, v_dec, size = run.compressors[0](np.arange(run.w.size), dense)
-            dense = np.zeros_like(run.w)
-            dense[np.asarray(k_dec)] = np.asarray(v_dec, dtype=np.float64)  # a sparse compressor keeps a subset
-        yield env.timeout(ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth))
-        if dense is not None:
-            run.w += dense
-        run.clocks.barriers.append(t_start)
-        sent = int(round(2 * (cfg.n_workers - 1) / cfg.n_workers * size)) if cfg.n_workers > 1 else 0
-        del self.pending[c]
-        entry[0].succeed((t_start, sent))
 
 
 def _make_compressors(cfg: SimConfig, n_params: int, seed_seq: np.random.SeedSequence) -> list | None:
