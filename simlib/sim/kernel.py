@@ -161,30 +161,19 @@ class Environment(simpy.Environment):
             u.append(event)
 
     def _pop(self) -> Any:
-        """The next event (None if none is left); the clock moves to its time."""
+        """The next event (None if none is left); the clock moves to its time. Its urgent events go first."""
         times = self._times
         if not times:
             return None
         t = times[0]
         self._now = t
-        if self._urgent:
-            u = self._urgent.get(t)
-            if u is not None:
-                event = u.popleft()
-                if not u:
-                    del self._urgent[t]
-                    if t not in self._normal:
-                        heappop(times)
-                return event
-        b = self._normal[t]
-        if type(b) is deque:
-            event = b.popleft()
-            if b:
-                return event
-        else:
-            event = b
-        del self._normal[t]
-        heappop(times)
+        queues = self._urgent if t in self._urgent else self._normal
+        b = queues[t]
+        event = b.popleft() if type(b) is deque else b
+        if type(b) is not deque or not b:  # the last of its queue
+            del queues[t]
+            if t not in self._urgent and t not in self._normal:
+                heappop(times)
         return event
 
     def peek(self) -> float:
