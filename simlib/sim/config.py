@@ -77,10 +77,8 @@ class Stragglers(_FieldsOnly):
     def describe(self) -> str:
         """A short human label, e.g. 'lognormal(0.5) + 1 worker x3'."""
         parts = []
-        if self.jitter == "lognormal":
-            parts.append(f"lognormal({self.jitter_sigma:g})")
-        elif self.jitter == "exponential":
-            parts.append("exponential")
+        if self.jitter != "none":
+            parts.append(f"lognormal({self.jitter_sigma:g})" if self.jitter == "lognormal" else self.jitter)
         if self.slow_workers:
             parts.append(f"{self.slow_workers} worker{'s' if self.slow_workers > 1 else ''} x{self.slow_factor:g}")
         if self.pause_prob:
