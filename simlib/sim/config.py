@@ -269,12 +269,10 @@ class SimConfig(_FieldsOnly):
             raise ValueError(f"sites ({self.sites}) must be <= n_workers ({self.n_workers}): every site needs a worker")
         if self.sites > 1 and self.topology != "ps":
             raise ValueError("sites > 1 runs with topology 'ps' only (a ring all-reduce across sites is not modelled)")
-        if self.mirror_clock is not None and self.hierarchy != "per-site":
-            raise ValueError("mirror_clock bounds how far per-site servers drift apart: it needs hierarchy='per-site' "
-                             "(--hierarchy per-site)")
-        if self.significance is not None and self.hierarchy != "per-site":
-            raise ValueError("significance filters what per-site servers send each other: it needs "
-                             "hierarchy='per-site' (--hierarchy per-site)")
+        for name, what in (("mirror_clock", "bounds how far per-site servers drift apart"),
+                           ("significance", "filters what per-site servers send each other")):
+            if getattr(self, name) is not None and self.hierarchy != "per-site":
+                raise ValueError(f"{name} {what}: it needs hierarchy='per-site' (--hierarchy per-site)")
         if self.hierarchy == "per-site":
             if self.topology != "ps":
                 raise ValueError("hierarchy 'per-site' needs topology 'ps'")
