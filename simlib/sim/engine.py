@@ -394,19 +394,17 @@ class _Run:
 
     def _to_server(self, i: int, k: int, nbytes: float, service: float = 0.0):
         """Worker i's message to shard k of its servers: across the WAN first if they are at another site."""
-        cfg = self.cfg
         if self._remote(i):
             yield from self._wan(self.site_of[i], 0, nbytes)
         else:
             self.lan_bytes += nbytes
         node = self.nodes[self.site_of[i] if self.per_site else 0][k]
-        yield from transmit(self.env, node.inlink, nbytes, cfg.latency, cfg.bandwidth, service)
+        yield from transmit(self.env, node.inlink, nbytes, self.cfg.latency, self.cfg.bandwidth, service)
 
     def _to_worker(self, i: int, k: int, nbytes: float):
         """Shard k's message to worker i: its out-link, then the WAN if the worker is at another site."""
-        cfg = self.cfg
         node = self.nodes[self.site_of[i] if self.per_site else 0][k]
-        yield from transmit(self.env, node.outlink, nbytes, cfg.latency, cfg.bandwidth)
+        yield from transmit(self.env, node.outlink, nbytes, self.cfg.latency, self.cfg.bandwidth)
         if self._remote(i):
             yield from self._wan(0, self.site_of[i], nbytes)
         else:
