@@ -152,13 +152,9 @@ class Environment(simpy.Environment):
             return
         if priority != URGENT:
             raise ValueError(f"priority must be URGENT or NORMAL, got {priority}")
-        u = self._urgent.get(t)
-        if u is None:
-            self._urgent[t] = deque((event,))
-            if t not in self._normal:
-                heappush(self._times, t)
-        else:
-            u.append(event)
+        if t not in self._urgent and t not in self._normal:
+            heappush(self._times, t)
+        self._urgent.setdefault(t, deque()).append(event)
 
     def _pop(self) -> Any:
         """The next event (None if none is left); the clock moves to its time. Its urgent events go first."""
