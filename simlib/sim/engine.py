@@ -358,9 +358,8 @@ class _Run:
         self.per_site = cfg.hierarchy == "per-site"
         self.lan_bytes = self.wan_bytes = 0
         self.wan_log: list[list[float]] = []
-        self.wan_links = None
-        if cfg.sites > 1 or self.per_site:
-            self.wan_links = [[Link() for _ in range(cfg.sites)] for _ in range(cfg.sites)]
+        self.wan_links = ([[Link() for _ in range(cfg.sites)] for _ in range(cfg.sites)]
+                          if cfg.sites > 1 or self.per_site else None)
         # The flat servers sit at site 0; per site, site s has its own nodes, table and server.
         self.nodes = [self.servers] + [[Node(f"site{s}.server{k}") for k in range(self.n_shards)]
                                        for s in range(1, cfg.sites if self.per_site else 1)]

@@ -83,8 +83,7 @@ def clocked_worker(run: Any, i: int):
         for batch, bkeys in zip(batches, batch_keys):
             units = p.work(batch) if cfg.cost_unit == "nonzero" else len(batch)
             yield env.timeout(run.compute.time(i, units))
-            idx = pending.index(bkeys)
-            out_keys, g = p.step(local[idx], batch, bkeys, cfg.lr)
+            out_keys, g = p.step(local[pending.index(bkeys)], batch, bkeys, cfg.lr)
             g = np.asarray(g, dtype=np.float64)
             local[pending.index(np.asarray(out_keys))] += g
             pending.add(np.asarray(out_keys), g)
