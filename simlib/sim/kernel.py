@@ -79,19 +79,15 @@ class Process(simpy.Process):
             event._defused = True
             return self._generator.throw(_copy(event._value))
         except StopIteration as e:
-            self._end(True, e.args[0] if len(e.args) else None)
+            self._ok, self._value = True, (e.args[0] if len(e.args) else None)
         except BaseException as e:
             e.__traceback__ = e.__traceback__.tb_next  # this frame: the traceback starts in the generator
-            self._end(False, e)
-        return _ENDED
-
-    def _end(self, ok: bool, value: Any) -> None:
-        """The generator returned (ok) or raised: the process, an event itself, is triggered."""
-        self._ok = ok
-        self._value = value
+            self._ok, self._value = False, e
+        # The generator returned or raised: the process, an event itself, is triggered.
         self._target = None
         self.env.schedule(self)
         self.env._active_proc = None
+        return _ENDED
 
     def _wait(self, target: Any) -> None:
         """Wait for what the generator yielded: a delay (a number) or an event."""
