@@ -216,9 +216,8 @@ class SimConfig(_FieldsOnly):
         if not isinstance(self.stragglers, Stragglers):
             raise ValueError(f"stragglers must be a Stragglers(...) instance, got {type(self.stragglers).__name__}")
         if self.stragglers.slow_workers > self.n_workers:
-            raise ValueError(
-                f"stragglers.slow_workers ({self.stragglers.slow_workers}) must be <= n_workers ({self.n_workers})"
-            )
+            raise ValueError(f"stragglers.slow_workers ({self.stragglers.slow_workers}) must be <= n_workers "
+                             f"({self.n_workers})")
         if self.stragglers.fail_worker is not None and self.stragglers.fail_worker >= self.n_workers:
             raise ValueError(f"stragglers.fail_worker must be < n_workers ({self.n_workers})")
         for name, on in (("backup_workers", self.backup_workers), ("timeout", self.timeout is not None)):

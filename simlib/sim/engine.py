@@ -204,8 +204,7 @@ class _Run:
         direct = self.n_shards == 1 and not per_site and not cached and not self._remote(i)
         # (env._now: the kernel's clock read without the property's call, as SimPy's own code reads it.)
         if direct:
-            node = self.nodes[0][0]
-            inlink, outlink = node.inlink, node.outlink
+            inlink, outlink = self.nodes[0][0].inlink, self.nodes[0][0].outlink
             latency, bandwidth, server_time = cfg.latency, cfg.bandwidth, cfg.server_time
             key_bytes, value_bytes, entry_bytes = cfg.key_bytes, cfg.value_bytes, cfg.key_bytes + cfg.value_bytes
         server = self.site_server[self.site_of[i]] if per_site else self.server  # per site: its site's servers

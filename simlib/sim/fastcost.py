@@ -31,10 +31,9 @@ _COMPUTE, _SEND, _RECV, _WAIT = 0, 1, 2, 3  # simlib.trace.SPAN_KINDS' order
 def eligible(run: Any) -> bool:
     """Whether :func:`run` covers this run's configuration (else the engine runs it)."""
     cfg = run.cfg
-    st = cfg.stragglers
     return (cfg.cost_only and cfg.step_keys is not None and cfg.topology == "ps" and run.n_shards == 1
             and cfg.sites == 1 and cfg.hierarchy == "flat" and not cfg.cached and cfg.timeout is None
-            and st.fail_worker is None and cfg.read_rule is None and run.compressors is None
+            and cfg.stragglers.fail_worker is None and cfg.read_rule is None and run.compressors is None
             and cfg.clock_batches == 1 and cfg.managed_bandwidth is None)
 
 
