@@ -302,8 +302,7 @@ class _Run:
                 if per_site:
                     self._site_step(i, c)
             except simpy.Interrupt:
-                restarted = yield from self._down(i)
-                if not restarted:
+                if not (yield from self._down(i)):  # down for good
                     return
         self.finished[i] = True
         if per_site and all(self.finished):
@@ -604,8 +603,7 @@ class _Run:
             try:
                 c = yield from step(i, c)
             except simpy.Interrupt:
-                restarted = yield from self._down(i)
-                if not restarted:
+                if not (yield from self._down(i)):  # down for good
                     return
         self.finished[i] = True
 
