@@ -52,7 +52,6 @@ def clocked_worker(run: Any, i: int):
     """Worker i of a parameter-server run whose clocks span ``clock_batches`` mini-batches (a SimPy process)."""
     cfg, env, trace, p = run.cfg, run.env, run.trace, run.problem
     k, budget = cfg.clock_batches, cfg.managed_bandwidth
-    entry_bytes = cfg.key_bytes + cfg.value_bytes
     log = run.trace.meta.setdefault("managed", {"messages": 0, "bytes": 0, "entries": 0, "pushed_entries": 0,
                                                 "log": []}) if budget is not None else None
     next_send = [0.0]  # the budget's clock: no early message starts before this time
@@ -90,7 +89,7 @@ def clocked_worker(run: Any, i: int):
         trace.span(i, "compute", t_comp, env.now, step=c)
         # The clock's end: what is still pending goes now, and this push alone completes the clock.
         rest_keys, rest = pending.rest()
-        nbytes = len(rest_keys) * entry_bytes
+        nbytes = len(rest_keys) * (cfg.key_bytes + cfg.value_bytes)
         t_push = env.now
         fresh.flying[i] += float(np.abs(rest).sum())
         if len(rest_keys):
