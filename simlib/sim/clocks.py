@@ -6,7 +6,7 @@ turns "not yet" into an event that fires when the rule allows, and a deadline in
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import simpy
 
@@ -49,27 +49,31 @@ class ClockTable:
 
     def deliver(self, clock: int) -> bool:
         """A push for step ``clock`` arrives; True if applied, False if dropped."""
-        before = self.rule.completed
-        applied = self.rule.deliver(clock)
-        self._wake(before)
-        return applied
+        return self._wake(self.rule.deliver, clock)
 
     def _deadline(self, clock: int, delay: float):
         yield self.env.timeout(delay)
-        before = self.rule.completed
-        if self.rule.expire(clock):
-            self._wake(before)
+        self._wake(self.rule.expire, clock)  # a step still open at its deadline completes
 
-    def _wake(self, before: int) -> None:
+    def _wake(self, change: Callable[[int], bool], clock: int) -> bool:
+        """``change(clock)`` on the rule (a delivery, a deadline); wakes whoever the steps it completed let read."""
+        before = self.rule.completed
+        out = change(clock)
         for done in range(before + 1, self.rule.completed + 1):
             self.barriers.append(self.env.now)
             for ev in self._waiters.pop(done, ()):
                 ev.succeed()
         if self._asking:
-            still = []
-            for clock, ev in self._asking:
-                if self.rule.may_read(clock):
-                    ev.succeed()
-                else:
-                    still.append((clock, ev))
-            self._asking = still
+            self._asking = wake_ready(self._asking, self.rule.may_read)
+        return out
+
+
+def wake_ready(waiting: list[tuple[int, Any]], ready: Callable[[int], bool]) -> list[tuple[int, Any]]:
+    """Succeed, in order, the (step, event) waiters whose step is ``ready`` now; returns the others."""
+    still = []
+    for step, ev in waiting:
+        if ready(step):
+            ev.succeed()
+        else:
+            still.append((step, ev))
+    return still

@@ -77,10 +77,8 @@ class Stragglers(_FieldsOnly):
     def describe(self) -> str:
         """A short human label, e.g. 'lognormal(0.5) + 1 worker x3'."""
         parts = []
-        if self.jitter == "lognormal":
-            parts.append(f"lognormal({self.jitter_sigma:g})")
-        elif self.jitter == "exponential":
-            parts.append("exponential")
+        if self.jitter != "none":
+            parts.append(f"lognormal({self.jitter_sigma:g})" if self.jitter == "lognormal" else self.jitter)
         if self.slow_workers:
             parts.append(f"{self.slow_workers} worker{'s' if self.slow_workers > 1 else ''} x{self.slow_factor:g}")
         if self.pause_prob:
@@ -218,17 +216,14 @@ class SimConfig(_FieldsOnly):
         if not isinstance(self.stragglers, Stragglers):
             raise ValueError(f"stragglers must be a Stragglers(...) instance, got {type(self.stragglers).__name__}")
         if self.stragglers.slow_workers > self.n_workers:
-            raise ValueError(
-                f"stragglers.slow_workers ({self.stragglers.slow_workers}) must be <= n_workers ({self.n_workers})"
-            )
+            raise ValueError(f"stragglers.slow_workers ({self.stragglers.slow_workers}) must be <= n_workers "
+                             f"({self.n_workers})")
         if self.stragglers.fail_worker is not None and self.stragglers.fail_worker >= self.n_workers:
             raise ValueError(f"stragglers.fail_worker must be < n_workers ({self.n_workers})")
-        if self.backup_workers >= self.n_workers:
-            raise ValueError(f"backup_workers must be < n_workers ({self.n_workers}), got {self.backup_workers}")
-        if self.backup_workers and self.protocol == "async":
-            raise ValueError("backup_workers needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
-        if self.timeout is not None and self.protocol == "async":
-            raise ValueError("timeout needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
+        for name, on in (("backup_workers", self.backup_workers), ("timeout", self.timeout is not None)):
+            if on and self.protocol == "async":
+                raise ValueError(f"{name} needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
+        self.proto.check_workers(self.n_workers)  # backup_workers < n_workers, as every substrate checks it
         # A callable is a factory (n_params, rng, key_bytes=, value_bytes=) -> compressor, called once per worker.
         if self.compression is not None and not callable(self.compression):
             from simlib.compress import parse_spec  # raises ValueError naming 'compression'
@@ -245,7 +240,6 @@ class SimConfig(_FieldsOnly):
             raise ValueError("accumulation: worker caches (ESSP, cache=True) are not modelled with a server that "
                              "averages several pushes into one update; use accumulation < 2 x n_workers (c = 1) or "
                              "no cache")
-        self.proto.check_workers(self.n_workers)  # the bound's range, checked as every substrate checks it
 
     def _validate_cost_only(self) -> None:
         """Cost-only runs refuse what needs the update's values."""
@@ -274,12 +268,10 @@ class SimConfig(_FieldsOnly):
             raise ValueError(f"sites ({self.sites}) must be <= n_workers ({self.n_workers}): every site needs a worker")
         if self.sites > 1 and self.topology != "ps":
             raise ValueError("sites > 1 runs with topology 'ps' only (a ring all-reduce across sites is not modelled)")
-        if self.mirror_clock is not None and self.hierarchy != "per-site":
-            raise ValueError("mirror_clock bounds how far per-site servers drift apart: it needs hierarchy='per-site' "
-                             "(--hierarchy per-site)")
-        if self.significance is not None and self.hierarchy != "per-site":
-            raise ValueError("significance filters what per-site servers send each other: it needs "
-                             "hierarchy='per-site' (--hierarchy per-site)")
+        for name, what in (("mirror_clock", "bounds how far per-site servers drift apart"),
+                           ("significance", "filters what per-site servers send each other")):
+            if getattr(self, name) is not None and self.hierarchy != "per-site":
+                raise ValueError(f"{name} {what}: it needs hierarchy='per-site' (--hierarchy per-site)")
         if self.hierarchy == "per-site":
             if self.topology != "ps":
                 raise ValueError("hierarchy 'per-site' needs topology 'ps'")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import functools
 import gc
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -30,7 +31,7 @@ from simlib.contract import ParamServer, check_problem
 from simlib.diverged import check_metric
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim import fastcost
-from simlib.sim.clocks import ClockTable
+from simlib.sim.clocks import ClockTable, wake_ready
 from simlib.sim.config import SimConfig
 from simlib.sim.network import Link, Node, ring_allreduce_time, transmit
 from simlib.sim.sites import Outbox, site_of
@@ -88,10 +89,8 @@ class _Run:
         compute_seq, comp_seq = np.random.SeedSequence(cfg.seed).spawn(2)
         self.compute = ComputeModel(cfg, compute_seq)
         self.w = problem.init_params()
-        self.shards: list[Any] | None = None
-        if cfg.step_keys is None:
-            self.shards = problem.shards(cfg.n_workers)
-        else:  # cost-only, a fixed step: step_keys keys spread evenly over the table (so over its shards)
+        self.shards = problem.shards(cfg.n_workers) if cfg.step_keys is None else None
+        if cfg.step_keys is not None:  # cost-only, a fixed step: step_keys keys spread evenly over the table
             if cfg.step_keys > problem.n_params:
                 raise ValueError(f"step_keys ({cfg.step_keys}) must be <= the problem's parameters ({problem.n_params})")
             self.fixed_keys = np.linspace(0, problem.n_params, cfg.step_keys, endpoint=False).astype(np.int64)
@@ -130,9 +129,10 @@ class _Run:
         cfg, env = self.cfg, self.env
         if not cfg.cost_only:
             self.trace.record_quality(0.0, 0, self.problem.quality(self.w))
-        body = self._allreduce_worker if cfg.topology == "allreduce" else self._ps_worker
+        body = self._ps_worker
         if cfg.topology == "allreduce":
-            self._ar = _AllReduce(self)
+            self.rings: dict[int, tuple[simpy.Event, list]] = {}  # per step: its all-reduce's end, the gradients
+            body = functools.partial(self._steps, step=self._allreduce_step)
         if cfg.clock_batches > 1:  # clocks of several mini-batches, Bosen's managed communication: simlib.sim.managed
             from simlib.sim.managed import clocked_worker
 
@@ -197,7 +197,6 @@ class _Run:
         # NOTE: the three spans of every step appended column by column, not through span(): 3 % of a run.
         sw, sk, ss, se, sn, sc = trace.spans.appenders()
         ut, uw, uc, us, ua, ul = trace.updates.appenders()  # and the update of every step, as updates.add
-        eval_period, progress = self.eval_period, self.progress
         steps, lr, cost_only = cfg.steps, cfg.lr, cfg.cost_only
         per_site, cached = self.per_site, self.caches is not None
         # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined (the
@@ -205,11 +204,11 @@ class _Run:
         direct = self.n_shards == 1 and not per_site and not cached and not self._remote(i)
         # (env._now: the kernel's clock read without the property's call, as SimPy's own code reads it.)
         if direct:
-            node = self.nodes[0][0]
-            inlink, outlink = node.inlink, node.outlink
+            inlink, outlink = self.nodes[0][0].inlink, self.nodes[0][0].outlink
             latency, bandwidth, server_time = cfg.latency, cfg.bandwidth, cfg.server_time
             key_bytes, value_bytes, entry_bytes = cfg.key_bytes, cfg.value_bytes, cfg.key_bytes + cfg.value_bytes
-        server, compute, rule = self.server, self.compute.time, clocks.rule
+        server = self.site_server[self.site_of[i]] if per_site else self.server  # per site: its site's servers
+        compute, rule = self.compute.time, clocks.rule
         deadline = cfg.timeout is not None
         c = 0
         while c < steps:
@@ -223,9 +222,10 @@ class _Run:
                     now = env._now
                     if now > t0:  # span(i, WAIT, t0, now, 0, c)
                         sw(i); sk(WAIT); ss(t0); se(now); sn(0); sc(c)  # noqa: E702
-                if per_site and not self._wan_ready(self.site_of[i], c):
-                    t0 = env._now
-                    yield self._wan_wait(self.site_of[i], c)
+                if per_site and not self._wan_ready(self.site_of[i], c):  # woken by a WAN message (_site_message)
+                    t0, arrived = env._now, env.event()
+                    self.wan_waiters[self.site_of[i]].append((c, arrived))
+                    yield arrived
                     span(i, WAIT, t0, env._now, 0, c)
                 if deadline:  # a step's opening matters only to its deadline
                     clocks.open(c)
@@ -283,23 +283,13 @@ class _Run:
                 now = env._now
                 if now > t_push:  # span(i, SEND, t_push, now, nbytes, c)
                     sw(i); sk(SEND); ss(t_push); se(now); sn(int(nbytes)); sc(c)  # noqa: E702
-                if per_site:
-                    applied, tau = self.site_server[self.site_of[i]].push(c, keys, g, version)
-                    if applied:
-                        self._replicate(self.site_of[i], c, keys, g)
-                else:
-                    applied, tau = server.push(c, keys, g, version)
+                applied, tau = server.push(c, keys, g, version)
+                if per_site and applied:
+                    self.outboxes[self.site_of[i]].add(c, keys, g)  # summed into what goes to the other sites
                 if applied and cached:
                     self._share(i, c, keys, self.cfg.step_rule.scaled(g, tau))  # the update as the table took it
                 ut(now); uw(i); uc(c); us(tau); ua(applied); ul(lag)  # noqa: E702  update(now, i, c, tau, applied, lag)
-                # self._count_step(applied), inlined
-                self.done_steps += 1
-                if applied:
-                    self.applied += 1
-                    if self.applied % eval_period == 0:
-                        self._evaluate()
-                if progress is not None and self.done_steps % eval_period == 0:
-                    progress(self.done_steps / self.total_steps)
+                self._count_step(applied)
                 # A dropped worker (backup workers, deadline) abandons the steps the others have
                 # already completed and rejoins at the current one, as in synchronous SGD with
                 # backup workers; otherwise it would keep computing gradients nobody will use.
@@ -312,8 +302,7 @@ class _Run:
                 if per_site:
                     self._site_step(i, c)
             except simpy.Interrupt:
-                restarted = yield from self._down(i)
-                if not restarted:
+                if not (yield from self._down(i)):  # down for good
                     return
         self.finished[i] = True
         if per_site and all(self.finished):
@@ -333,12 +322,7 @@ class _Run:
         server = self.site_server[self.site_of[i]] if self.per_site else self.server
         values = np.empty(len(keys), dtype=self.w.dtype)
         versions: list[int] = []
-        if len(parts) == 1:  # one shard: its messages in this process (a process per shard only to overlap them)
-            yield from self._pull_shard(i, server, parts[0][0], keys, parts[0][1], values, versions, stamps)
-        else:
-            env = self.env
-            yield env.all_of([env.process(self._pull_shard(i, server, k, keys, sel, values, versions, stamps))
-                              for k, sel in parts])
+        yield from self._each([self._pull_shard(i, server, k, keys, sel, values, versions, stamps) for k, sel in parts])
         return values, min(versions), len(keys) * self.cfg.key_bytes, len(keys) * self.cfg.value_bytes
 
     def _pull_shard(self, i: int, server: ParamServer, k: int, keys: np.ndarray, sel: slice, out: np.ndarray,
@@ -353,16 +337,17 @@ class _Run:
         yield from self._to_worker(i, k, n * cfg.value_bytes)
 
     def _push(self, i: int, keys: np.ndarray, nbytes: int):
-        cfg, env = self.cfg, self.env
         parts = self._split(keys)
-        total = max(len(keys), 1)
-        if len(parts) == 1:
-            yield from self._to_server(i, parts[0][0], nbytes, cfg.server_time)
-            return
         # Encoded bytes are split across shards in proportion to the keys each one receives.
-        procs = [env.process(self._to_server(i, k, nbytes * (sel.stop - sel.start) / total, cfg.server_time))
-                 for k, sel in parts]
-        yield env.all_of(procs)
+        sizes = [nbytes] if len(parts) == 1 else [nbytes * (sel.stop - sel.start) / len(keys) for _, sel in parts]
+        yield from self._each([self._to_server(i, k, n, self.cfg.server_time) for (k, _), n in zip(parts, sizes)])
+
+    def _each(self, messages: list[Any]):
+        """Send the messages (generators): one in this process, several as processes at once (to overlap them)."""
+        if len(messages) == 1:
+            yield from messages[0]
+        else:
+            yield self.env.all_of([self.env.process(m) for m in messages])
 
     # -- sites and the WAN (simlib.sim.sites) ----------------------------------------------------
     def _init_sites(self, cfg: SimConfig) -> None:
@@ -371,9 +356,8 @@ class _Run:
         self.per_site = cfg.hierarchy == "per-site"
         self.lan_bytes = self.wan_bytes = 0
         self.wan_log: list[list[float]] = []
-        self.wan_links = None
-        if cfg.sites > 1 or self.per_site:
-            self.wan_links = [[Link() for _ in range(cfg.sites)] for _ in range(cfg.sites)]
+        self.wan_links = ([[Link() for _ in range(cfg.sites)] for _ in range(cfg.sites)]
+                          if cfg.sites > 1 or self.per_site else None)
         # The flat servers sit at site 0; per site, site s has its own nodes, table and server.
         self.nodes = [self.servers] + [[Node(f"site{s}.server{k}") for k in range(self.n_shards)]
                                        for s in range(1, cfg.sites if self.per_site else 1)]
@@ -381,7 +365,7 @@ class _Run:
         self.flushed = False
         # Per receiving site: {step: messages from other sites' updates of that step still on the WAN}, and the
         # workers waiting for them (the protocol's bound holds across the WAN too: see simlib.sim.sites).
-        self.wan_pending: list[dict[int, int]] = [{} for _ in range(cfg.sites)]
+        self.wan_pending: list[Counter[int]] = [Counter() for _ in range(cfg.sites)]
         self.wan_waiters: list[list[tuple[int, simpy.Event]]] = [[] for _ in range(cfg.sites)]
         # Gaia's mirror clock: heard[r][s] is the last end of a step of site s that site r has heard of.
         self.mirror = cfg.mirror_clock if self.per_site else None
@@ -407,19 +391,17 @@ class _Run:
 
     def _to_server(self, i: int, k: int, nbytes: float, service: float = 0.0):
         """Worker i's message to shard k of its servers: across the WAN first if they are at another site."""
-        cfg = self.cfg
         if self._remote(i):
             yield from self._wan(self.site_of[i], 0, nbytes)
         else:
             self.lan_bytes += nbytes
         node = self.nodes[self.site_of[i] if self.per_site else 0][k]
-        yield from transmit(self.env, node.inlink, nbytes, cfg.latency, cfg.bandwidth, service)
+        yield from transmit(self.env, node.inlink, nbytes, self.cfg.latency, self.cfg.bandwidth, service)
 
     def _to_worker(self, i: int, k: int, nbytes: float):
         """Shard k's message to worker i: its out-link, then the WAN if the worker is at another site."""
-        cfg = self.cfg
         node = self.nodes[self.site_of[i] if self.per_site else 0][k]
-        yield from transmit(self.env, node.outlink, nbytes, cfg.latency, cfg.bandwidth)
+        yield from transmit(self.env, node.outlink, nbytes, self.cfg.latency, self.cfg.bandwidth)
         if self._remote(i):
             yield from self._wan(0, self.site_of[i], nbytes)
         else:
@@ -432,10 +414,6 @@ class _Run:
         yield from transmit(env, self.wan_links[a][b], nbytes, cfg.wan_latency, cfg.wan_bandwidth)
         self.wan_bytes += nbytes
         self.wan_log.append([t0, env.now, nbytes, a, b])
-
-    def _replicate(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:
-        """Site s applied an update of step c: its server sums it into what it will send the other sites."""
-        self.outboxes[s].add(c, keys, deltas)
 
     def _site_step(self, i: int, c: int) -> None:
         """Worker i moved on to step c: once its site's step is complete, the site server sends its sums (one
@@ -458,8 +436,7 @@ class _Run:
         for r in range(self.cfg.sites):
             if r != s:
                 if len(keys):
-                    pending = self.wan_pending[r]
-                    pending[c] = pending.get(c, 0) + 1
+                    self.wan_pending[r][c] += 1
                 self.env.process(self._site_message(s, r, c, keys, deltas, nbytes, clock))
 
     def _site_message(self, s: int, r: int, c: int, keys: np.ndarray, deltas: np.ndarray | None, nbytes: int,
@@ -468,18 +445,11 @@ class _Run:
         if len(keys):
             if deltas is not None:  # None: cost-only
                 self.tables[r][keys] += deltas
-            pending = self.wan_pending[r]
-            pending[c] -= 1
-            if not pending[c]:
-                del pending[c]
+            self.wan_pending[r] -= Counter({c: 1})  # a step none of whose messages is left drops out
         if clock is not None:  # the link is FIFO: every message site s sent before this one has arrived
             self.heard[r][s] = max(self.heard[r][s], clock)
-        waiting = self.wan_waiters[r]
-        if waiting:
-            self.wan_waiters[r] = [(step, ev) for step, ev in waiting if not self._wan_ready(r, step)]
-            for step, ev in waiting:
-                if self._wan_ready(r, step):
-                    ev.succeed()
+        if self.wan_waiters[r]:
+            self.wan_waiters[r] = wake_ready(self.wan_waiters[r], functools.partial(self._wan_ready, r))
 
     def _wan_ready(self, r: int, c: int) -> bool:
         """Whether site r holds every update of the other sites that the bound lets a step-c read not see: those of
@@ -488,11 +458,6 @@ class _Run:
         if min(self.wan_pending[r], default=c) <= c - 1 - self.cross_bound:
             return False
         return self.mirror is None or min(self.heard[r]) >= c - self.mirror
-
-    def _wan_wait(self, r: int, c: int) -> simpy.Event:
-        ev = self.env.event()
-        self.wan_waiters[r].append((c, ev))
-        return ev
 
     def _flush(self) -> None:
         """The workers are done: every site sends all it still holds back, so every update reaches every site."""
@@ -579,34 +544,69 @@ class _Run:
         return np.asarray(k2), np.asarray(g2, dtype=np.float64), int(nbytes)
 
     # -- all-reduce worker -----------------------------------------------------------------------
-    def _allreduce_worker(self, i: int):
-        cfg, env, trace, p = self.cfg, self.env, self.trace, self.problem
+    def _allreduce_step(self, i: int, c: int):
+        """Worker i's step c: its gradient, then the step's ring all-reduce; returns the next step."""
+        cfg, env, trace = self.cfg, self.env, self.trace
+        batch, keys, units = self._step_input(i, c)
+        t_comp = env.now
+        yield self.compute.time(i, units)
+        g = None
+        if not cfg.cost_only:
+            keys, g = self.problem.step(self.w[keys], batch, keys, cfg.lr)
+        trace.span(i, "compute", t_comp, env.now, step=c)
+        t_arrive = env.now
+        done, grads = self.rings.setdefault(c, (env.event(), []))
+        grads.append((keys, g))
+        if len(grads) == cfg.n_workers:  # the last gradient of the step: its ring all-reduce starts
+            env.process(self._ring(c, done, grads))
+        yield done
+        t_start, nbytes = done.value
+        trace.span(i, "wait", t_arrive, t_start, step=c)
+        trace.span(i, "send", t_start, env.now, nbytes=nbytes, step=c)
+        trace.update(env.now, i, c, 0, True)
+        self._count_step(True)
+        return c + 1
+
+    def _ring(self, c: int, done: simpy.Event, grads: list[tuple[np.ndarray, np.ndarray | None]]):
+        """Step c's ring all-reduce of every worker's gradient, costed by the ring formula; ``done`` fires at its end.
+
+        With a compressor, the summed gradient is compressed once (worker 0's compressor) and its
+        encoded size is what travels the ring: a model of compressed all-reduce, not of per-worker
+        compression before the reduction.
+        """
+        cfg, env = self.cfg, self.env
+        t_start = env.now
+        size = self.w.size * cfg.value_bytes
+        dense = None
+        if not cfg.cost_only:
+            dense = np.zeros_like(self.w)
+            for keys, g in grads:
+                dense[keys] += g
+        if self.compressors is not None:
+            k_dec, v_dec, size = self.compressors[0](np.arange(self.w.size), dense)
+            dense = np.zeros_like(self.w)
+            dense[np.asarray(k_dec)] = np.asarray(v_dec, dtype=np.float64)  # a sparse compressor keeps a subset
+        yield env.timeout(ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth))
+        if dense is not None:
+            self.w += dense
+        self.clocks.barriers.append(t_start)
+        sent = int(round(2 * (cfg.n_workers - 1) / cfg.n_workers * size)) if cfg.n_workers > 1 else 0
+        del self.rings[c]
+        done.succeed((t_start, sent))
+
+    # -- failures, bookkeeping -------------------------------------------------------------------
+    def _steps(self, i: int, step: Callable[[int, int], Any]):
+        """Worker i's steps, ``step(i, c)`` each (a generator returning the next step), to the last; a failure
+        retries the step it cut short once the worker is back, or ends the worker for good."""
         c = 0
-        while c < cfg.steps:
+        while c < self.cfg.steps:
             try:
-                batch, keys, units = self._step_input(i, c)
-                t_comp = env.now
-                yield self.compute.time(i, units)
-                g = None
-                if not cfg.cost_only:
-                    keys, g = p.step(self.w[keys], batch, keys, cfg.lr)
-                trace.span(i, "compute", t_comp, env.now, step=c)
-                t_arrive = env.now
-                done = self._ar.arrive(i, c, keys, g)
-                yield done
-                t_start, nbytes = done.value
-                trace.span(i, "wait", t_arrive, t_start, step=c)
-                trace.span(i, "send", t_start, env.now, nbytes=nbytes, step=c)
-                trace.update(env.now, i, c, 0, True)
-                self._count_step(True)
-                c += 1
+                c = yield from step(i, c)
             except simpy.Interrupt:
-                restarted = yield from self._down(i)
-                if not restarted:
+                if not (yield from self._down(i)):  # down for good
                     return
         self.finished[i] = True
 
-    # -- failures, bookkeeping -------------------------------------------------------------------
     def _failure(self, worker: int, at: float):
         yield self.env.timeout(at)
         proc = self.procs[worker]
@@ -676,48 +676,6 @@ class _Cache:
         """Add update number ``update`` to the rows whose fetched value does not hold it yet."""
         new = self.fetched[0, keys] < update
         self.values[keys[new]] += deltas[new]
-
-
-class _AllReduce:
-    """A ring all-reduce per step: starts when every worker has its gradient, costs the ring formula.
-
-    With a compressor, the summed gradient is compressed once (worker 0's compressor) and its
-    encoded size is what travels the ring: a model of compressed all-reduce, not of per-worker
-    compression before the reduction.
-    """
-
-    def __init__(self, run: _Run):
-        self.run = run
-        self.pending: dict[int, list] = {}
-
-    def arrive(self, i: int, c: int, keys: np.ndarray, g: np.ndarray) -> simpy.Event:
-        cfg, env = self.run.cfg, self.run.env
-        entry = self.pending.setdefault(c, [env.event(), []])
-        entry[1].append((keys, g))
-        if len(entry[1]) == cfg.n_workers:
-            env.process(self._reduce(c, entry))
-        return entry[0]
-
-    def _reduce(self, c: int, entry: list):
-        run, cfg, env = self.run, self.run.cfg, self.run.env
-        t_start = env.now
-        size = run.w.size * cfg.value_bytes
-        dense = None
-        if not cfg.cost_only:
-            dense = np.zeros_like(run.w)
-            for keys, g in entry[1]:
-                dense[keys] += g
-        if run.compressors is not None:
-            k_dec, v_dec, size = run.compressors[0](np.arange(run.w.size), dense)
-            dense = np.zeros_like(run.w)
-            dense[np.asarray(k_dec)] = np.asarray(v_dec, dtype=np.float64)  # a sparse compressor keeps a subset
-        yield env.timeout(ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth))
-        if dense is not None:
-            run.w += dense
-        run.clocks.barriers.append(t_start)
-        sent = int(round(2 * (cfg.n_workers - 1) / cfg.n_workers * size)) if cfg.n_workers > 1 else 0
-        del self.pending[c]
-        entry[0].succeed((t_start, sent))
 
 
 def _make_compressors(cfg: SimConfig, n_params: int, seed_seq: np.random.SeedSequence) -> list | None:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from simlib.trace import SpanLog, UpdateLog
+from simlib.trace import _NUMPY, SpanLog, UpdateLog
 
 # Event kinds: a gate opened (a woken waiter), the request reached the server, the reply reached the
 # worker, the computation ended, the push reached the server.
@@ -31,10 +31,9 @@ _COMPUTE, _SEND, _RECV, _WAIT = 0, 1, 2, 3  # simlib.trace.SPAN_KINDS' order
 def eligible(run: Any) -> bool:
     """Whether :func:`run` covers this run's configuration (else the engine runs it)."""
     cfg = run.cfg
-    st = cfg.stragglers
     return (cfg.cost_only and cfg.step_keys is not None and cfg.topology == "ps" and run.n_shards == 1
             and cfg.sites == 1 and cfg.hierarchy == "flat" and not cfg.cached and cfg.timeout is None
-            and st.fail_worker is None and cfg.read_rule is None and run.compressors is None
+            and cfg.stragglers.fail_worker is None and cfg.read_rule is None and run.compressors is None
             and cfg.clock_batches == 1 and cfg.managed_bandwidth is None)
 
 
@@ -129,9 +128,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
     now = 0.0
     # Every worker starts at time 0, in order (SimPy's process starts are urgent): each opens step 0.
     for i in range(n_workers):
-        # the gate at step 0 is open (needs[0] = 0): open the pull
-        lag[i] = 0
-        t_pull[i] = now
+        # the gate at step 0 is open (needs[0] = 0): open the pull (lag and t_pull start at 0)
         n, seq, in_free = _open_pull(heap, n, seq, i, now, in_free, link)
     while n > 0:
         now, i, kind = ht[0], hw[0], hk[0]
@@ -250,11 +247,10 @@ def run(state: Any) -> float:
     if not math.isinf(rule.bound):
         needs[:] = [max(rule.needed(c), 0) for c in range(steps + 1)]
     jitter, pauses = state.compute.predrawn(steps)
-    max_spans = 4 * n * steps
-    cols = [np.empty(max_spans, np.int32), np.empty(max_spans, np.int8), np.empty(max_spans, np.float64),
-            np.empty(max_spans, np.float64), np.empty(max_spans, np.int64), np.empty(max_spans, np.int32)]
-    ucols = [np.empty(n * steps, np.float64), np.empty(n * steps, np.int32), np.empty(n * steps, np.int32),
-             np.empty(n * steps, np.int64), np.empty(n * steps, np.int8), np.empty(n * steps, np.int64)]
+    # The trace's columns, of their types (SpanLog: worker, kind, start, end, nbytes, step; UpdateLog: time, worker,
+    # step, staleness, applied, clock lag); at most four spans a step.
+    cols = [np.empty(4 * n * steps, _NUMPY[code]) for code in SpanLog._codes]
+    ucols = [np.empty(n * steps, _NUMPY[code]) for code in UpdateLog._codes]
     barriers = np.empty(steps + 1, np.float64)
     finished = np.zeros(n, np.bool_)
     link = (float(keys * cfg.key_bytes), float(keys * cfg.value_bytes), float(keys * (cfg.key_bytes + cfg.value_bytes)),

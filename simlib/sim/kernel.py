@@ -77,49 +77,38 @@ class Process(simpy.Process):
             if event._ok:
                 return self._generator.send(event._value)
             event._defused = True
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            return self._generator.throw(exc)
+            return self._generator.throw(_copy(event._value))
         except StopIteration as e:
-            self._end(True, e.args[0] if len(e.args) else None)
+            self._ok, self._value = True, (e.args[0] if len(e.args) else None)
         except BaseException as e:
             e.__traceback__ = e.__traceback__.tb_next  # this frame: the traceback starts in the generator
-            self._end(False, e)
-        return _ENDED
-
-    def _end(self, ok: bool, value: Any) -> None:
-        """The generator returned (ok) or raised: the process, an event itself, is triggered."""
-        self._ok = ok
-        self._value = value
+            self._ok, self._value = False, e
+        # The generator returned or raised: the process, an event itself, is triggered.
         self._target = None
         self.env.schedule(self)
         self.env._active_proc = None
+        return _ENDED
 
     def _wait(self, target: Any) -> None:
         """Wait for what the generator yielded: a delay (a number) or an event."""
         env = self.env
         if type(target) is float:
             env.schedule(self._wake, NORMAL, target)
-            self._target = self._wake
-            env._active_proc = None
-            return
-        if target is self._wake:  # asleep until someone calls its succeed()
-            self._target = target
-            env._active_proc = None
-            return
-        try:
-            callbacks = target.callbacks
-        except AttributeError:
-            if isinstance(target, numbers.Real) and not isinstance(target, bool):  # an int or a NumPy float
-                if target < 0:
-                    raise ValueError(f"negative delay {target}") from None
-                self._wait(float(target))
+            target = self._wake
+        elif target is not self._wake:  # (its own wake: asleep until someone calls its succeed())
+            try:
+                callbacks = target.callbacks
+            except AttributeError:
+                if isinstance(target, numbers.Real) and not isinstance(target, bool):  # an int or a NumPy float
+                    if target < 0:
+                        raise ValueError(f"negative delay {target}") from None
+                    self._wait(float(target))
+                    return
+                raise RuntimeError(f'Invalid yield value "{target}" in process {self.name}') from None
+            if callbacks is None:  # already processed: its value at once, as SimPy's loop does
+                self._resume(target)
                 return
-            raise RuntimeError(f'Invalid yield value "{target}" in process {self.name}') from None
-        if callbacks is None:  # already processed: its value at once, as SimPy's loop does
-            self._resume(target)
-            return
-        callbacks.append(self._resume)
+            callbacks.append(self._resume)
         self._target = target
         env._active_proc = None
 
@@ -159,40 +148,9 @@ class Environment(simpy.Environment):
             return
         if priority != URGENT:
             raise ValueError(f"priority must be URGENT or NORMAL, got {priority}")
-        u = self._urgent.get(t)
-        if u is None:
-            self._urgent[t] = deque((event,))
-            if t not in self._normal:
-                heappush(self._times, t)
-        else:
-            u.append(event)
-
-    def _pop(self) -> Any:
-        """The next event (None if none is left); the clock moves to its time."""
-        times = self._times
-        if not times:
-            return None
-        t = times[0]
-        self._now = t
-        if self._urgent:
-            u = self._urgent.get(t)
-            if u is not None:
-                event = u.popleft()
-                if not u:
-                    del self._urgent[t]
-                    if t not in self._normal:
-                        heappop(times)
-                return event
-        b = self._normal[t]
-        if type(b) is deque:
-            event = b.popleft()
-            if b:
-                return event
-        else:
-            event = b
-        del self._normal[t]
-        heappop(times)
-        return event
+        if t not in self._urgent and t not in self._normal:
+            heappush(self._times, t)
+        self._urgent.setdefault(t, deque()).append(event)
 
     def peek(self) -> float:
         """The time of the next event (infinity if none)."""
@@ -204,7 +162,7 @@ class Environment(simpy.Environment):
             raise ValueError("this environment runs to the end: run() takes no 'until'")
         normal, urgent, times = self._normal, self._urgent, self._times
         while times:
-            # self._pop(), inlined (one call less per event)
+            # the next event, as step() takes it, inlined (one call less per event)
             t = times[0]
             self._now = t
             if urgent and t in urgent:
@@ -248,28 +206,40 @@ class Environment(simpy.Environment):
                 elif target is not _ENDED:
                     proc._wait(target)
                 continue
-            callbacks, event.callbacks = event.callbacks, None
-            for callback in callbacks:
-                callback(event)
-            if not event._ok and not hasattr(event, "_defused"):
-                exc = type(event._value)(*event._value.args)
-                exc.__cause__ = event._value
-                raise exc
+            self._fire(event)
         return None
 
     def step(self) -> None:
-        """One event (as SimPy's), the delays' wake-ups included."""
-        event = self._pop()
-        if event is None:
+        """One event (as SimPy's), the delays' wake-ups included (a wake fired so is used up: the next is a fresh one).
+
+        The clock moves to the event's time; the urgent events of a time go before its normal ones.
+        """
+        times = self._times
+        if not times:
             raise EmptySchedule
-        if type(event) is _Wake:
-            if event.callbacks:
-                event.proc._resume(event)
-            return
+        t = times[0]
+        self._now = t
+        queues = self._urgent if t in self._urgent else self._normal
+        b = queues[t]
+        event = b.popleft() if type(b) is deque else b
+        if type(b) is not deque or not b:  # the last of its queue
+            del queues[t]
+            if t not in self._urgent and t not in self._normal:
+                heappop(times)
+        self._fire(event)
+
+    @staticmethod
+    def _fire(event: Any) -> None:
+        """Run an event's callbacks; a failure nobody handled is raised again here, as SimPy's ``step`` raises it."""
         callbacks, event.callbacks = event.callbacks, None
         for callback in callbacks:
             callback(event)
         if not event._ok and not hasattr(event, "_defused"):
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
+            raise _copy(event._value)
+
+
+def _copy(exc: BaseException) -> BaseException:
+    """A fresh exception like ``exc``, caused by it (SimPy re-raises a failed event's value this way)."""
+    out = type(exc)(*exc.args)
+    out.__cause__ = exc
+    return out

@@ -52,71 +52,66 @@ def clocked_worker(run: Any, i: int):
     """Worker i of a parameter-server run whose clocks span ``clock_batches`` mini-batches (a SimPy process)."""
     cfg, env, trace, p = run.cfg, run.env, run.trace, run.problem
     k, budget = cfg.clock_batches, cfg.managed_bandwidth
-    entry_bytes = cfg.key_bytes + cfg.value_bytes
     log = run.trace.meta.setdefault("managed", {"messages": 0, "bytes": 0, "entries": 0, "pushed_entries": 0,
                                                 "log": []}) if budget is not None else None
     next_send = [0.0]  # the budget's clock: no early message starts before this time
     fresh = run.__dict__.setdefault("_unseen", _Unseen(cfg.n_workers, trace))
-    c = 0
-    while c < cfg.steps:
-        try:
-            t0 = env.now
-            gate = run.clocks.gate(c)
-            if gate is not None:
-                yield gate
-                trace.span(i, "wait", t0, env.now, step=c)
-            run.clocks.open(c)
-            lag = run.clocks.rule.clock_lag(c)
-            batches = [p.batch(run.shards[i], c * k + j, cfg.batch_size) for j in range(k)]
-            batch_keys = [p.keys(b) for b in batches]
-            keys = np.unique(np.concatenate(batch_keys))
-            t_pull = env.now
-            fresh.read(i)
-            values, version, req_bytes, resp_bytes = yield from run._pull(i, keys)
-            trace.span(i, "recv", t_pull, env.now, nbytes=req_bytes + resp_bytes, step=c)
-            pending = _Pending(keys, np.asarray(values, dtype=np.float64))
-            fresh.pending[i] = pending
-            local = pending.values.copy()  # the worker's copy: its own updates are added locally first
-            if budget is not None:
-                env.process(_sender(run, i, c, pending, budget, next_send, log, fresh))
-            t_comp = env.now
-            for batch, bkeys in zip(batches, batch_keys):
-                units = p.work(batch) if cfg.cost_unit == "nonzero" else len(batch)
-                yield env.timeout(run.compute.time(i, units))
-                idx = pending.index(bkeys)
-                out_keys, g = p.step(local[idx], batch, bkeys, cfg.lr)
-                g = np.asarray(g, dtype=np.float64)
-                local[pending.index(np.asarray(out_keys))] += g
-                pending.add(np.asarray(out_keys), g)
-            trace.span(i, "compute", t_comp, env.now, step=c)
-            # The clock's end: what is still pending goes now, and this push alone completes the clock.
-            rest_keys, rest = pending.rest()
-            nbytes = len(rest_keys) * entry_bytes
-            t_push = env.now
-            fresh.flying[i] += float(np.abs(rest).sum())
-            if len(rest_keys):
-                yield from run._push(i, rest_keys, nbytes)
-            else:  # everything went early: the clock's message still tells the server the clock is done
-                yield from run._to_server(i, 0, 0, cfg.server_time)
-            trace.span(i, "send", t_push, env.now, nbytes=nbytes, step=c)
-            if log is not None:
-                log["pushed_entries"] += len(rest_keys)
-            applied, tau = run.server.push(c, rest_keys, rest, version)
-            fresh.flying[i] -= float(np.abs(rest).sum())
-            trace.update(env.now, i, c, tau, applied, clock_lag=lag)
-            run._count_step(applied)
-            c += 1
-        except simpy.Interrupt:
-            restarted = yield from run._down(i)
-            if not restarted:
-                return
-    run.finished[i] = True
+
+    def step(i: int, c: int):
+        """Clock c: read its rows, compute its mini-batches (sending early if managed), push the rest."""
+        t0 = env.now
+        gate = run.clocks.gate(c)
+        if gate is not None:
+            yield gate
+            trace.span(i, "wait", t0, env.now, step=c)
+        run.clocks.open(c)
+        lag = run.clocks.rule.clock_lag(c)
+        batches = [p.batch(run.shards[i], c * k + j, cfg.batch_size) for j in range(k)]
+        batch_keys = [p.keys(b) for b in batches]
+        keys = np.unique(np.concatenate(batch_keys))
+        t_pull = env.now
+        fresh.read(i)
+        values, version, req_bytes, resp_bytes = yield from run._pull(i, keys)
+        trace.span(i, "recv", t_pull, env.now, nbytes=req_bytes + resp_bytes, step=c)
+        pending = _Pending(keys, np.asarray(values, dtype=np.float64))
+        fresh.pending[i] = pending
+        local = pending.values.copy()  # the worker's copy: its own updates are added locally first
+        if budget is not None:
+            env.process(_sender(run, i, c, pending, budget, next_send, log, fresh))
+        t_comp = env.now
+        for batch, bkeys in zip(batches, batch_keys):
+            units = p.work(batch) if cfg.cost_unit == "nonzero" else len(batch)
+            yield env.timeout(run.compute.time(i, units))
+            out_keys, g = p.step(local[pending.index(bkeys)], batch, bkeys, cfg.lr)
+            g = np.asarray(g, dtype=np.float64)
+            local[pending.index(np.asarray(out_keys))] += g
+            pending.add(np.asarray(out_keys), g)
+        trace.span(i, "compute", t_comp, env.now, step=c)
+        # The clock's end: what is still pending goes now, and this push alone completes the clock.
+        rest_keys, rest = pending.rest()
+        nbytes = len(rest_keys) * (cfg.key_bytes + cfg.value_bytes)
+        t_push = env.now
+        fresh.flying[i] += float(np.abs(rest).sum())
+        if len(rest_keys):
+            yield from run._push(i, rest_keys, nbytes)
+        else:  # everything went early: the clock's message still tells the server the clock is done
+            yield from run._to_server(i, 0, 0, cfg.server_time)
+        trace.span(i, "send", t_push, env.now, nbytes=nbytes, step=c)
+        if log is not None:
+            log["pushed_entries"] += len(rest_keys)
+        applied, tau = run.server.push(c, rest_keys, rest, version)
+        fresh.flying[i] -= float(np.abs(rest).sum())
+        trace.update(env.now, i, c, tau, applied, clock_lag=lag)
+        run._count_step(applied)
+        return c + 1
+
+    yield from run._steps(i, step)
 
 
 def _sender(run: Any, i: int, c: int, pending: _Pending, budget: float, next_send: list[float], log: dict,
             fresh: "_Unseen"):
     """While clock c computes: send the largest pending changes, at most ``budget`` bytes/s on average."""
-    env = run.env
+    cfg, env = run.cfg, run.env
     while not pending.closed:
         if next_send[0] > env.now:
             yield env.timeout(next_send[0] - env.now)
@@ -126,28 +121,22 @@ def _sender(run: Any, i: int, c: int, pending: _Pending, budget: float, next_sen
             pending.wake = env.event()
             yield pending.wake
             continue
-        nbytes = len(keys) * (run.cfg.key_bytes + run.cfg.value_bytes)
-        _send_early(run, i, c, keys, deltas, nbytes, log, fresh)
-        next_send[0] = env.now + nbytes / budget
-
-
-def _send_early(run: Any, i: int, c: int, keys: np.ndarray, deltas: np.ndarray, nbytes: int, log: dict,
-                fresh: "_Unseen") -> None:
-    """One early message: queued on each shard's in-link now (so the clock's push, sent later, lands after it)."""
-    cfg, env = run.cfg, run.env
-    t0 = arrive = env.now
-    for k, sel in run._split(keys):
-        part = nbytes * (sel.stop - sel.start) / len(keys)
-        done = run.nodes[0][k].inlink.reserve(t0, part, cfg.bandwidth, cfg.server_time) + cfg.latency
-        run.lan_bytes += part
-        env.process(_land(run, done - t0, keys[sel], deltas[sel], i, fresh))
-        arrive = max(arrive, done)
-    run.trace.span(i, "send", t0, arrive, nbytes=nbytes, step=c)
-    log["messages"] += 1
-    log["bytes"] += nbytes
-    log["entries"] += len(keys)
-    log["log"].append([t0, arrive, nbytes, i, c])
-    fresh.flying[i] += float(np.abs(deltas).sum())
+        # One early message, queued on each shard's in-link now (so the clock's push, sent later, lands after it).
+        nbytes = len(keys) * (cfg.key_bytes + cfg.value_bytes)
+        t0 = arrive = env.now
+        for k, sel in run._split(keys):
+            part = nbytes * (sel.stop - sel.start) / len(keys)
+            done = run.nodes[0][k].inlink.reserve(t0, part, cfg.bandwidth, cfg.server_time) + cfg.latency
+            run.lan_bytes += part
+            env.process(_land(run, done - t0, keys[sel], deltas[sel], i, fresh))
+            arrive = max(arrive, done)
+        run.trace.span(i, "send", t0, arrive, nbytes=nbytes, step=c)
+        log["messages"] += 1
+        log["bytes"] += nbytes
+        log["entries"] += len(keys)
+        log["log"].append([t0, arrive, nbytes, i, c])
+        fresh.flying[i] += float(np.abs(deltas).sum())
+        next_send[0] = t0 + nbytes / budget
 
 
 def _land(run: Any, delay: float, keys: np.ndarray, deltas: np.ndarray, i: int, fresh: "_Unseen"):
