@@ -74,6 +74,7 @@ READY_TIMEOUT = 120.0  # a busy 2-core laptop starts one actor process (Python, 
 # NOTE: a raylet gives its metrics agent a fixed 15 s to start and exits otherwise; on a busy
 # 2-core machine that happens to about one start in three, so a local start is tried again.
 START_ATTEMPTS = 3  # local starts tried before the run is refused
+COORDINATOR = "server shard 0 (the coordinator)"  # as errors name shard 0
 
 
 def key_bounds(n_params: int, n_servers: int) -> np.ndarray:
@@ -87,8 +88,8 @@ def owners(keys: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
     return [np.flatnonzero(owner == k) for k in range(len(bounds) - 1)]
 
 
-def _whereabouts() -> tuple[int, str]:
-    """(process id, Ray node id) of the calling actor."""
+def _whereabouts(_actor: Any = None) -> tuple[int, str]:
+    """(process id, Ray node id) of the calling actor (an actor's ``ping`` as well)."""
     import ray
 
     return os.getpid(), ray.get_runtime_context().get_node_id()
@@ -119,7 +120,6 @@ class RayPSCoordinator:
         n = training.n_workers
         # Arrays arrive as read-only views of Ray's object store: the table needs its own copy.
         self.server = ParamServer(np.array(params), n, protocol, training.rule, read_rule=training.read_rule)
-        self.timeout = protocol.timeout
         self.problem, self.others = problem, others
         self.evaluate_every, self.total = training.eval_every * n if evaluate else 0, n * training.steps
         self.lag = [0] * n
@@ -127,25 +127,18 @@ class RayPSCoordinator:
         self.updates: list[tuple] = []
         self.quality: list[tuple] = []
         self.t0 = 0.0
-        self._changed: _Changed | None = None
+        # NOTE: an asyncio.Event binds to the loop that first waits on it (Python >= 3.10), so it can be made here.
+        self._changed = _Changed()
 
-    def ping(self) -> tuple[int, str]:
-        """(process id, Ray node id) of this actor."""
-        return _whereabouts()
+    ping = _whereabouts
 
     async def evaluate_start(self) -> None:
         """The initial quality, off the clock (the first call loads compiled kernels); recorded at time 0."""
-        w = await self._table()
-        self.quality.append((0.0, 0, float(self.problem.quality(w))))
+        await self._evaluate(0, at=0.0)
 
     def start(self, t0: float) -> None:
         """The run's clock starts at wall time ``t0``."""
         self.t0 = t0
-        self._changed = _Changed()
-
-    @staticmethod
-    def _now(t0: float) -> float:
-        return time.time() - t0
 
     async def pull(self, worker: int, c: int, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
         """Held until the protocol lets step ``c`` read; (values, (version, lag, decided, held s))."""
@@ -170,7 +163,7 @@ class RayPSCoordinator:
         """Apply (or drop) a push: (applied, tau, its sequence number, complete steps)."""
         applied, tau = self.server.push(c, keys, deltas, read_version)
         seq, self.decided = self.decided, self.decided + 1
-        self.updates.append((self._now(self.t0), worker, c, tau, applied, self.lag[worker]))
+        self.updates.append((time.time() - self.t0, worker, c, tau, applied, self.lag[worker]))
         self._changed.notify()
         n = len(self.updates)
         if self.evaluate_every and n % self.evaluate_every == 0 and n < self.total:
@@ -184,9 +177,10 @@ class RayPSCoordinator:
         parts = await asyncio.gather(*[s.values.remote() for s in self.others])
         return np.concatenate([self.server.params, *parts])
 
-    async def _evaluate(self, n_updates: int) -> None:
+    async def _evaluate(self, n_updates: int, at: float | None = None) -> None:
+        """Record the quality of the whole table at run time ``at`` (default: now)."""
         w = await self._table()
-        self.quality.append((self._now(self.t0), n_updates, float(self.problem.quality(w))))
+        self.quality.append((time.time() - self.t0 if at is None else at, n_updates, float(self.problem.quality(w))))
 
     async def finish(self) -> tuple[np.ndarray, list, list]:
         """Apply what the step rule still holds; (the table, the updates, the quality points)."""
@@ -202,11 +196,9 @@ class RayPSShard:
         self.w, self.lo, self.rule = np.array(values), lo, rule
         self.upto = 0  # every push with sequence number < upto has arrived here
         self._seen: set[int] = set()
-        self._changed: _Changed | None = None
+        self._changed = _Changed()
 
-    def ping(self) -> tuple[int, str]:
-        """(process id, Ray node id) of this actor."""
-        return _whereabouts()
+    ping = _whereabouts
 
     def values(self) -> np.ndarray:
         """This shard's range of the table."""
@@ -214,7 +206,6 @@ class RayPSShard:
 
     async def pull(self, keys: np.ndarray, meta: tuple) -> np.ndarray:
         """table[keys] once every push decided before the read's gate (``meta[2]``) has arrived."""
-        self._changed = self._changed or _Changed()
         await self._changed.until(lambda: self.upto >= meta[2])
         return self.w[keys - self.lo]
 
@@ -227,7 +218,6 @@ class RayPSShard:
         while self.upto in self._seen:
             self._seen.discard(self.upto)
             self.upto += 1
-        self._changed = self._changed or _Changed()
         self._changed.notify()
 
 
@@ -281,9 +271,8 @@ class RayPSWorker:
     def _encode(self, keys: np.ndarray, deltas: Any) -> tuple[np.ndarray, np.ndarray, int]:
         """The compressor's (keys, decoded deltas, wire bytes); uncompressed: 12 bytes per key."""
         keys = np.asarray(keys)
-        if self.compressor is None:
-            return keys, np.asarray(deltas, dtype=np.float64), len(keys) * (KEY_BYTES + VALUE_BYTES)
-        k, d, nbytes = self.compressor(keys, deltas)
+        plain = (keys, deltas, len(keys) * (KEY_BYTES + VALUE_BYTES))
+        k, d, nbytes = plain if self.compressor is None else self.compressor(keys, deltas)
         return np.asarray(k), np.asarray(d, dtype=np.float64), int(nbytes)
 
     def _pull(self, ray: Any, c: int, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
@@ -301,8 +290,6 @@ class RayPSWorker:
 
     def _push(self, ray: Any, c: int, keys: np.ndarray, deltas: np.ndarray, version: int) -> tuple:
         """The coordinator decides (applied, tau); the other shards apply their part with that decision."""
-        if not self.shards:
-            return ray.get(self.coordinator.push.remote(self.i, c, keys, deltas, version))
         parts = owners(keys, self.bounds)
         decision = self.coordinator.push.remote(self.i, c, keys[parts[0]], deltas[parts[0]], version)
         adds = [s.add.remote(decision, keys[parts[k + 1]], deltas[parts[k + 1]]) for k, s in enumerate(self.shards)]
@@ -435,27 +422,25 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _read(path: str) -> bytes:
+    """The contents of a /proc file; empty if it cannot be read (its process is gone)."""
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        return f.read()
+    return b""
+
+
 def _children(pid: int | str = "self") -> set[int]:
     """Pids of a process's live children (Linux /proc; empty where there is none)."""
-    pids: set[int] = set()
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return pids
-    for tid in tasks:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
-            pids.update(int(p) for p in f.read().split())
-    return pids
+        return set()
+    return {int(p) for tid in tasks for p in _read(f"/proc/{pid}/task/{tid}/children").split()}
 
 
 def _tree(pid: int) -> list[int]:
     """``pid`` and all its descendants, parents first."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(_children(p))
-    return out
+    return [pid, *(p for child in _children(pid) for p in _tree(child))]
 
 
 def _stop_local(before: set[int]) -> None:
@@ -468,15 +453,7 @@ def _stop_local(before: set[int]) -> None:
     # them was never returned. And a raylet killed before its workers and agents orphans them. So
     # every new child whose command line is Ray's goes, with all its descendants, gathered first.
     home = os.path.dirname(ray.__file__).encode()
-    strays: list[int] = []
-    for pid in _children() - before:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if home not in f.read():
-                    continue
-        except OSError:
-            continue
-        strays += _tree(pid)
+    strays = [p for pid in _children() - before if home in _read(f"/proc/{pid}/cmdline") for p in _tree(pid)]
     for pid in strays:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
@@ -540,44 +517,42 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     """The substrate entry point (``simlib.run(..., substrate="ray")``); ``options``: :class:`RayOptions`."""
     opts = check.options(RayOptions, options, "substrate 'ray'")
     opts.check_run(problem, protocol, training)
-    address, n_servers, timeout, compression = opts.address, opts.n_servers, opts.timeout, opts.compression
     n = training.n_workers
     data_shards = problem.shards(n)  # raises ValueError naming n_workers if too many
     import ray
 
     # Decided before connecting: a Ctrl-C that lands just after a local Ray came up still shuts it down.
-    started_here = address is None and not ray.is_initialized()
+    started_here = opts.address is None and not ray.is_initialized()
     before = _children()
     actors: list = []
     global _terminated
     _terminated = False
     try:
-        connect(address, opts.num_cpus)
+        connect(opts.address, opts.num_cpus)
         server_res, worker_res = _resources(opts.placement)
-        bounds = key_bounds(problem.n_params, n_servers)
+        bounds = key_bounds(problem.n_params, opts.n_servers)
         table = np.asarray(problem.init_params(), dtype=np.float64)
         prob_ref = ray.put(problem)
         shard_cls = ray.remote(RayPSShard).options(num_cpus=0, resources=server_res, max_restarts=0)
         shards = [shard_cls.remote(table[bounds[k]:bounds[k + 1]], int(bounds[k]), training.rule)
-                  for k in range(1, n_servers)]
+                  for k in range(1, opts.n_servers)]
         actors += shards
         coord = ray.remote(RayPSCoordinator).options(num_cpus=0, resources=server_res, max_restarts=0).remote(
             table[:bounds[1]], prob_ref, protocol, training, shards, opts.evaluate)
         actors.append(coord)
         worker_cls = ray.remote(RayPSWorker).options(num_cpus=0, resources=worker_res, max_restarts=0)
-        workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, compression)
+        workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, opts.compression)
                    for i in range(n)]
         actors += workers
         placing = time.perf_counter()
         pids = _ready(ray, coord, shards, workers)
         setup = time.perf_counter() - placing
-        who = "server shard 0 (the coordinator)"
-        _call(ray, coord.evaluate_start.remote(), who)
+        _call(ray, coord.evaluate_start.remote(), COORDINATOR)
         t0, started = time.time(), time.perf_counter()
-        _call(ray, coord.start.remote(t0), who)
+        _call(ray, coord.start.remote(t0), COORDINATOR)
         runs = [w.run.remote(t0) for w in workers]
-        spans = _await_workers(ray, runs, coord, shards, started, timeout, _local_actors(ray, pids))
-        finished = _call(ray, coord.finish.remote(), "server shard 0 (the coordinator)")
+        spans = _await_workers(ray, runs, coord, shards, started, opts.timeout, _local_actors(ray, pids))
+        finished = _call(ray, coord.finish.remote(), COORDINATOR)
         wall = time.perf_counter() - started
     except BaseException:
         if _terminated:
@@ -589,7 +564,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
             _stop_local(before)
     for _, step, value in finished[2]:  # a diverged run fails as on every substrate, at its first non-finite point
         check_metric(value, step, problem, training.lr)
-    return _result(problem, protocol, training, n_servers, spans, finished,
+    return _result(problem, protocol, training, opts.n_servers, spans, finished,
                    {"wall_seconds": wall, "actors": pids, "setup_seconds": setup})
 
 
@@ -606,9 +581,8 @@ def _kill(ray: Any, actors: list) -> None:
 def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[tuple[int, str]]]:
     """Wait for every actor to be placed and warmed up; their (pid, node id) by role."""
     refs = [coord.ping.remote(), *[s.ping.remote() for s in shards], *[w.ready.remote() for w in workers]]
-    names = ["server shard 0 (the coordinator)", *[f"server shard {k + 1}" for k in range(len(shards))],
+    names = [COORDINATOR, *[f"server shard {k + 1}" for k in range(len(shards))],
              *[f"worker {i}" for i in range(len(workers))]]
-    who = dict(zip(refs, names))
     got: dict[Any, tuple[int, str]] = {}
     pending, deadline = list(refs), time.monotonic() + READY_TIMEOUT
     while pending:  # one at a time: an actor that died while the others still load fails the run at once
@@ -616,7 +590,7 @@ def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[
         if not done:
             raise TimeoutError(f"ray: the run's actors were not placed within {READY_TIMEOUT:g} s; does the "
                                "cluster have the resources placement asks for? (ray.cluster_resources())")
-        got[done[0]] = _call(ray, done[0], who[done[0]])
+        got[done[0]] = _call(ray, done[0], names[refs.index(done[0])])
     pids = [got[r] for r in refs]
     return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}
 
@@ -630,11 +604,8 @@ def _local_actors(ray: Any, pids: dict[str, list[tuple[int, str]]]) -> dict[int,
 
 def _gone(pid: int) -> bool:
     """Whether process ``pid`` has ended (no longer listed, or a zombie waiting for its parent)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return True
+    state = _read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()[:1]
+    return state in ([], [b"Z"])
 
 
 def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: float,
@@ -658,18 +629,14 @@ def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: floa
             if due[k] <= now and k not in pings.values():
                 pings[s.ping.remote()] = k
                 due[k] = now + WATCH_S
-        left = None if timeout is None else timeout - (time.perf_counter() - started)
-        if left is not None and left <= 0:
+        left = float("inf") if timeout is None else timeout - (time.perf_counter() - started)
+        if left <= 0:
             raise TimeoutError(f"ray: workers {sorted(index[r] for r in pending)} did not finish within "
                                f"timeout={timeout:g} s")
         for pid, name in (local or {}).items():
             if _gone(pid):
-                raise RuntimeError(f"ray: {name} died mid-run (its actor process {pid} ended); "
-                                   + ("its part of the table is lost, so the run cannot continue"
-                                      if name.startswith("server") else
-                                      "the run fails fast rather than replay its step on a table that moved on"))
-        wait_s = WATCH_S if left is None else min(left, WATCH_S)
-        done, _ = ray.wait(pending + list(pings), num_returns=1, timeout=wait_s)
+                raise _died(name, f" (its actor process {pid} ended)")
+        done, _ = ray.wait(pending + list(pings), num_returns=1, timeout=min(left, WATCH_S))
         for ref in done:
             if ref in pings:
                 k = pings.pop(ref)
@@ -678,8 +645,7 @@ def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: floa
                 except ray.exceptions.ActorUnavailableError:
                     pass  # unreachable for now, not dead (Ray says which): ask again at the next ping
                 except ray.exceptions.RayActorError as e:
-                    raise RuntimeError(f"ray: server shard {k} died mid-run; its part of the table is lost, "
-                                       "so the run cannot continue") from e
+                    raise _died(f"server shard {k}") from e
             else:
                 pending.remove(ref)
                 spans[index[ref]] = _worker_result(ray, ref, index[ref], coord, shards)
@@ -694,8 +660,7 @@ def _worker_result(ray: Any, ref: Any, i: int, coord: Any, shards: list) -> list
         _raise_if_a_server_died(ray, coord, shards, e)
         raise RuntimeError(f"ray: worker {i} failed: {_cause(e)}\n{e}") from e
     except ray.exceptions.RayActorError as e:
-        raise RuntimeError(f"ray: worker {i} died mid-run (its actor process ended); the run fails fast "
-                           "rather than replay its step on a table that moved on") from e
+        raise _died(f"worker {i}", " (its actor process ended)") from e
 
 
 def _raise_if_a_server_died(ray: Any, coord: Any, shards: list, cause: BaseException) -> None:
@@ -703,8 +668,14 @@ def _raise_if_a_server_died(ray: Any, coord: Any, shards: list, cause: BaseExcep
         try:
             ray.get(s.ping.remote(), timeout=10)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            raise RuntimeError(f"ray: server shard {k} died mid-run; its part of the table is lost, "
-                               "so the run cannot continue") from cause
+            raise _died(f"server shard {k}") from cause
+
+
+def _died(name: str, how: str = "") -> RuntimeError:
+    """The error for actor ``name`` (a server shard or a worker) that died mid-run: why the run cannot go on."""
+    why = ("its part of the table is lost, so the run cannot continue" if name.startswith("server") else
+           "the run fails fast rather than replay its step on a table that moved on")
+    return RuntimeError(f"ray: {name} died mid-run{how}; {why}")
 
 
 def _call(ray: Any, ref: Any, who: str) -> Any:
