@@ -123,8 +123,7 @@ class RayPSCoordinator:
         self.problem, self.others = problem, others
         self.evaluate_every, self.total = training.eval_every * n if evaluate else 0, n * training.steps
         self.lag = [0] * n
-        self.decided = 0  # pushes decided (applied or dropped) so far; their sequence numbers
-        self.updates: list[tuple] = []
+        self.updates: list[tuple] = []  # one per push decided (applied or dropped): its index is its sequence number
         self.quality: list[tuple] = []
         self.t0 = 0.0
         # NOTE: an asyncio.Event binds to the loop that first waits on it (Python >= 3.10), so it can be made here.
@@ -152,7 +151,7 @@ class RayPSCoordinator:
             asyncio.get_running_loop().call_later(deadline - time.monotonic(), self._expire, c)
         values, version = self.server.pull(keys)
         self.lag[worker] = self.server.clocks.clock_lag(c)
-        return values, (version, self.lag[worker], self.decided, held)
+        return values, (version, self.lag[worker], len(self.updates), held)
 
     def _expire(self, c: int) -> None:
         if self.server.clocks.expire(c):
@@ -162,7 +161,7 @@ class RayPSCoordinator:
                    read_version: int) -> tuple[bool, int, int, int]:
         """Apply (or drop) a push: (applied, tau, its sequence number, complete steps)."""
         applied, tau = self.server.push(c, keys, deltas, read_version)
-        seq, self.decided = self.decided, self.decided + 1
+        seq = len(self.updates)
         self.updates.append((time.time() - self.t0, worker, c, tau, applied, self.lag[worker]))
         self._changed.notify()
         n = len(self.updates)
@@ -172,8 +171,6 @@ class RayPSCoordinator:
 
     async def _table(self) -> np.ndarray:
         """The whole table: this shard's range followed by the others'."""
-        if not self.others:
-            return self.server.params
         parts = await asyncio.gather(*[s.values.remote() for s in self.others])
         return np.concatenate([self.server.params, *parts])
 
@@ -459,13 +456,9 @@ def _stop_local(before: set[int]) -> None:
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 2.0
     for pid in strays:  # reap this process's own children, so no zombie is left either
-        while time.monotonic() < deadline:
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    break
-            except ChildProcessError:  # not our child (a descendant): its own parent or init reaps it
-                break
-            time.sleep(0.01)
+        with contextlib.suppress(ChildProcessError):  # not our child (a descendant): its own parent or init reaps it
+            while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+                time.sleep(0.01)
 
 
 def _resources(placement: str) -> tuple[dict, dict]:
@@ -551,7 +544,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         t0, started = time.time(), time.perf_counter()
         _call(ray, coord.start.remote(t0), COORDINATOR)
         runs = [w.run.remote(t0) for w in workers]
-        spans = _await_workers(ray, runs, coord, shards, started, opts.timeout, _local_actors(ray, pids))
+        spans = _await_workers(ray, runs, [coord, *shards], started, opts.timeout, _local_actors(ray, pids))
         finished = _call(ray, coord.finish.remote(), COORDINATOR)
         wall = time.perf_counter() - started
     except BaseException:
@@ -562,8 +555,6 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         _kill(ray, actors)
         if started_here:
             _stop_local(before)
-    for _, step, value in finished[2]:  # a diverged run fails as on every substrate, at its first non-finite point
-        check_metric(value, step, problem, training.lr)
     return _result(problem, protocol, training, opts.n_servers, spans, finished,
                    {"wall_seconds": wall, "actors": pids, "setup_seconds": setup})
 
@@ -608,7 +599,7 @@ def _gone(pid: int) -> bool:
     return state in ([], [b"Z"])
 
 
-def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: float,
+def _await_workers(ray: Any, runs: list, servers: list, started: float,
                    timeout: float | None, local: dict[int, str] | None = None) -> list[list[tuple]]:
     """The workers' spans; fails fast naming the first worker or server shard that died.
 
@@ -617,9 +608,7 @@ def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: floa
     The actor processes on this machine (``local``: pid -> name) are looked at as often: on a loaded
     machine Ray took up to 15 s to report an actor killed by a signal, a look at /proc takes none.
     """
-    index = {r: i for i, r in enumerate(runs)}
-    spans: list[list[tuple]] = [[] for _ in runs]
-    servers = [coord, *shards]
+    spans: dict[Any, list[tuple]] = {}  # each finished run's spans
     pings: dict[Any, int] = {}  # an unanswered ping -> the server shard it went to
     due = [0.0] * len(servers)  # when each shard is pinged next
     pending = list(runs)
@@ -631,7 +620,7 @@ def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: floa
                 due[k] = now + WATCH_S
         left = float("inf") if timeout is None else timeout - (time.perf_counter() - started)
         if left <= 0:
-            raise TimeoutError(f"ray: workers {sorted(index[r] for r in pending)} did not finish within "
+            raise TimeoutError(f"ray: workers {sorted(runs.index(r) for r in pending)} did not finish within "
                                f"timeout={timeout:g} s")
         for pid, name in (local or {}).items():
             if _gone(pid):
@@ -641,34 +630,30 @@ def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: floa
             if ref in pings:
                 k = pings.pop(ref)
                 try:
-                    ray.get(ref)
-                except ray.exceptions.ActorUnavailableError:
-                    pass  # unreachable for now, not dead (Ray says which): ask again at the next ping
+                    # ActorUnavailableError: unreachable for now, not dead (Ray says which): ask again at the next ping
+                    with contextlib.suppress(ray.exceptions.ActorUnavailableError):
+                        ray.get(ref)
                 except ray.exceptions.RayActorError as e:
                     raise _died(f"server shard {k}") from e
             else:
                 pending.remove(ref)
-                spans[index[ref]] = _worker_result(ray, ref, index[ref], coord, shards)
-    return spans
+                spans[ref] = _worker_result(ray, ref, runs.index(ref), servers)
+    return [spans[r] for r in runs]
 
 
-def _worker_result(ray: Any, ref: Any, i: int, coord: Any, shards: list) -> list[tuple]:
+def _worker_result(ray: Any, ref: Any, i: int, servers: list) -> list[tuple]:
     """ray.get of worker i's run, turning a death into an error that names who died."""
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as e:  # the worker ran and raised: a server died, or the problem failed
-        _raise_if_a_server_died(ray, coord, shards, e)
+        for k, s in enumerate(servers):
+            try:
+                ray.get(s.ping.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                raise _died(f"server shard {k}") from e
         raise RuntimeError(f"ray: worker {i} failed: {_cause(e)}\n{e}") from e
     except ray.exceptions.RayActorError as e:
         raise _died(f"worker {i}", " (its actor process ended)") from e
-
-
-def _raise_if_a_server_died(ray: Any, coord: Any, shards: list, cause: BaseException) -> None:
-    for k, s in enumerate([coord, *shards]):
-        try:
-            ray.get(s.ping.remote(), timeout=10)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            raise _died(f"server shard {k}") from cause
 
 
 def _died(name: str, how: str = "") -> RuntimeError:
@@ -697,7 +682,8 @@ def _cause(error: Any) -> str:
 def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, spans: list[list[tuple]],
             finished: tuple[np.ndarray, list, list], measured: dict) -> Result:
     """The run's trace and Result, in the format every substrate returns; ``finished``: the coordinator's
-    (table, updates, quality points), ``measured``: wall_seconds and the rest the Result reports."""
+    (table, updates, quality points), ``measured``: wall_seconds and the rest the Result reports.
+    A diverged run fails as on every substrate, at its first non-finite quality point."""
     params, updates, quality = finished
     trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=n_servers,
                       wall_seconds=measured["wall_seconds"],
@@ -708,6 +694,7 @@ def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int
     for u in updates:
         trace.update(*u)
     for t, step, value in quality:
+        check_metric(value, step, problem, training.lr)
         trace.record_quality(t, step, value)
     worker_seconds = max((s.end for s in trace.spans), default=0.0)
     return Result(trace, params, {**measured, "worker_seconds": worker_seconds})
