@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import glob
 import logging
 import os
 import signal
@@ -281,8 +282,7 @@ class RayPSWorker:
         refs = [s.pull.remote(keys[parts[k + 1]], meta_ref) for k, s in enumerate(self.shards)]
         got = ray.get([values_ref, meta_ref, *refs])
         values = np.empty(len(keys))
-        for part, v in zip(parts, [got[0], *got[2:]]):  # the coordinator's range, then each shard's
-            values[part] = v
+        values[np.concatenate(parts)] = np.concatenate([got[0], *got[2:]])  # the coordinator's range, then each shard's
         return values, got[1]
 
     def _push(self, ray: Any, c: int, keys: np.ndarray, deltas: np.ndarray, version: int) -> tuple:
@@ -298,8 +298,10 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     import ray
 
     named = address is not None and address != "auto" and "://" not in address
-    if named:
-        _check_format(address)
+    host, sep, port = (address or "").rpartition(":")
+    if named and not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
+                         f"got {address!r}")
     if ray.is_initialized():
         here = ray.get_runtime_context().gcs_address
         if named and not _same_endpoint(here, address, {ray.util.get_node_ip_address()}):
@@ -309,7 +311,7 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address is not None:
         if named:
-            _check_reachable(address)
+            _check_reachable(host, port)
         with _interruptible_start():
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return False
@@ -336,13 +338,6 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     return True
 
 
-def _check_format(address: str) -> None:
-    host, sep, port = address.rpartition(":")
-    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
-                         f"got {address!r}")
-
-
 def _same_endpoint(a: str, b: str, local: set[str]) -> bool:
     """Whether 'host:port' ``a`` and ``b`` name one listener: the same port, and hosts that share an address
     or both belong to this machine (loopback, its host name's addresses, or ``local``: Ray reports the
@@ -363,14 +358,13 @@ def _addresses(host: str) -> set[str]:
         return {host}
 
 
-def _check_reachable(address: str, wait: float = 5.0) -> None:
+def _check_reachable(host: str, port: str, wait: float = 5.0) -> None:
     """Refuse an address no process listens on: Ray itself retries such an address for minutes, in C,
     deaf to Ctrl-C and SIGTERM meanwhile."""
-    host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=wait).close()
     except OSError as e:
-        raise ConnectionError(f"ray: no Ray cluster answers at {address} ({e.strerror or e}); start one there "
+        raise ConnectionError(f"ray: no Ray cluster answers at {host}:{port} ({e.strerror or e}); start one there "
                               f"with 'ray start --head --port={port}', or check the address") from None
 
 
@@ -428,11 +422,7 @@ def _read(path: str) -> bytes:
 
 def _children(pid: int | str = "self") -> set[int]:
     """Pids of a process's live children (Linux /proc; empty where there is none)."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return set()
-    return {int(p) for tid in tasks for p in _read(f"/proc/{pid}/task/{tid}/children").split()}
+    return {int(p) for path in glob.glob(f"/proc/{pid}/task/*/children") for p in _read(path).split()}
 
 
 def _tree(pid: int) -> list[int]:
@@ -555,7 +545,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         _kill(ray, actors)
         if started_here:
             _stop_local(before)
-    return _result(problem, protocol, training, opts.n_servers, spans, finished,
+    return _result(problem, protocol, training, opts.n_servers, spans, *finished,
                    {"wall_seconds": wall, "actors": pids, "setup_seconds": setup})
 
 
@@ -680,11 +670,10 @@ def _cause(error: Any) -> str:
 
 
 def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, spans: list[list[tuple]],
-            finished: tuple[np.ndarray, list, list], measured: dict) -> Result:
-    """The run's trace and Result, in the format every substrate returns; ``finished``: the coordinator's
-    (table, updates, quality points), ``measured``: wall_seconds and the rest the Result reports.
+            params: np.ndarray, updates: list, quality: list, measured: dict) -> Result:
+    """The run's trace and Result, in the format every substrate returns; (params, updates, quality): what the
+    coordinator's ``finish`` returns, ``measured``: wall_seconds and the rest the Result reports.
     A diverged run fails as on every substrate, at its first non-finite quality point."""
-    params, updates, quality = finished
     trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=n_servers,
                       wall_seconds=measured["wall_seconds"],
                       substrate_detail="Ray actors: parameter-server shards and workers")
