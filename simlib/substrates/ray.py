@@ -528,13 +528,13 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
                    for i in range(n)]
         actors += workers
         placing = time.perf_counter()
-        pids = _ready(ray, coord, shards, workers)
+        pids, local = _ready(ray, coord, shards, workers)
         setup = time.perf_counter() - placing
         _call(ray, coord.evaluate_start.remote(), COORDINATOR)
         t0, started = time.time(), time.perf_counter()
         _call(ray, coord.start.remote(t0), COORDINATOR)
         runs = [w.run.remote(t0) for w in workers]
-        spans = _await_workers(ray, runs, [coord, *shards], started, opts.timeout, _local_actors(ray, pids))
+        spans = _await_workers(ray, runs, [coord, *shards], started, opts.timeout, local)
         finished = _call(ray, coord.finish.remote(), COORDINATOR)
         wall = time.perf_counter() - started
     except BaseException:
@@ -559,8 +559,9 @@ def _kill(ray: Any, actors: list) -> None:
             ray.kill(a, no_restart=True)
 
 
-def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[tuple[int, str]]]:
-    """Wait for every actor to be placed and warmed up; their (pid, node id) by role."""
+def _ready(ray: Any, coord: Any, shards: list, workers: list) -> tuple[dict[str, list], dict[int, str]]:
+    """Wait for every actor to be placed and warmed up: their (pid, node id) by role, and the actors on this
+    machine (the driver's node) as pid -> the name an error gives it."""
     refs = [coord.ping.remote(), *[s.ping.remote() for s in shards], *[w.ready.remote() for w in workers]]
     names = [COORDINATOR, *[f"server shard {k + 1}" for k in range(len(shards))],
              *[f"worker {i}" for i in range(len(workers))]]
@@ -573,14 +574,9 @@ def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[
                                "cluster have the resources placement asks for? (ray.cluster_resources())")
         got[done[0]] = _call(ray, done[0], names[refs.index(done[0])])
     pids = [got[r] for r in refs]
-    return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}
-
-
-def _local_actors(ray: Any, pids: dict[str, list[tuple[int, str]]]) -> dict[int, str]:
-    """The actors on this machine (the driver's node): pid -> the name an error gives it."""
     here = ray.get_runtime_context().get_node_id()
-    names = {"servers": "server shard", "workers": "worker"}
-    return {pid: f"{names[role]} {k}" for role, got in pids.items() for k, (pid, node) in enumerate(got) if node == here}
+    local = {pid: name for name, (pid, node) in zip(["server shard 0", *names[1:]], pids) if node == here}
+    return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}, local
 
 
 def _gone(pid: int) -> bool:
