@@ -115,7 +115,7 @@ def ray_message_cost(keys: Sequence[int] = (1, 512, 2_048, 4_096), calls: int = 
     """
     import ray
 
-    from simlib.substrates.ray import _resources
+    from simlib.substrates.ray import _kill, _resources
 
     check.positive_int("calls", calls)
     check.positive_int("callers", callers)
@@ -135,8 +135,7 @@ def ray_message_cost(keys: Sequence[int] = (1, 512, 2_048, 4_096), calls: int = 
         per_caller = ray.get([p.time.remote(counts, calls) for p in pingers])
         cpu1 = ray.get(server.cpu.remote())
     finally:
-        for a in (*pingers, server):
-            ray.kill(a)
+        _kill(ray, [*pingers, server])
     sizes = [BYTES_PER_KEY * n for n in counts]
     rts = [statistics.fmean(col) for col in zip(*per_caller)]
     server_cpu = (cpu1 - cpu0) / (callers * calls * 2 * len(counts))

@@ -107,12 +107,11 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     if substrate != "sim":
         check_real_workers(training.n_workers, substrate)
     proto.check_workers(training.n_workers)
-    check_run = getattr(problem, "check_run", None)  # protocols and substrates the problem cannot run on
-    if callable(check_run):
-        check_run(proto, substrate)
-    check_training = getattr(problem, "check_training", None)  # settings the problem's math cannot run
-    if callable(check_training):
-        check_training(training)
+    # check_run: protocols and substrates the problem cannot run on; check_training: settings its math cannot run
+    for hook, args in (("check_run", (proto, substrate)), ("check_training", (training,))):
+        method = getattr(problem, hook, None)
+        if callable(method):
+            method(*args)
     if training.read_rule is not None:  # a rule that stalls the very first read is named before anything starts
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))

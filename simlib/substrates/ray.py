@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import glob
 import logging
 import os
 import signal
@@ -74,6 +75,7 @@ READY_TIMEOUT = 120.0  # a busy 2-core laptop starts one actor process (Python, 
 # NOTE: a raylet gives its metrics agent a fixed 15 s to start and exits otherwise; on a busy
 # 2-core machine that happens to about one start in three, so a local start is tried again.
 START_ATTEMPTS = 3  # local starts tried before the run is refused
+COORDINATOR = "server shard 0 (the coordinator)"  # as errors name shard 0
 
 
 def key_bounds(n_params: int, n_servers: int) -> np.ndarray:
@@ -87,8 +89,8 @@ def owners(keys: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
     return [np.flatnonzero(owner == k) for k in range(len(bounds) - 1)]
 
 
-def _whereabouts() -> tuple[int, str]:
-    """(process id, Ray node id) of the calling actor."""
+def _whereabouts(_actor: Any = None) -> tuple[int, str]:
+    """(process id, Ray node id) of the calling actor (an actor's ``ping`` as well)."""
     import ray
 
     return os.getpid(), ray.get_runtime_context().get_node_id()
@@ -119,33 +121,24 @@ class RayPSCoordinator:
         n = training.n_workers
         # Arrays arrive as read-only views of Ray's object store: the table needs its own copy.
         self.server = ParamServer(np.array(params), n, protocol, training.rule, read_rule=training.read_rule)
-        self.timeout = protocol.timeout
         self.problem, self.others = problem, others
         self.evaluate_every, self.total = training.eval_every * n if evaluate else 0, n * training.steps
         self.lag = [0] * n
-        self.decided = 0  # pushes decided (applied or dropped) so far; their sequence numbers
-        self.updates: list[tuple] = []
+        self.updates: list[tuple] = []  # one per push decided (applied or dropped): its index is its sequence number
         self.quality: list[tuple] = []
         self.t0 = 0.0
-        self._changed: _Changed | None = None
+        # NOTE: an asyncio.Event binds to the loop that first waits on it (Python >= 3.10), so it can be made here.
+        self._changed = _Changed()
 
-    def ping(self) -> tuple[int, str]:
-        """(process id, Ray node id) of this actor."""
-        return _whereabouts()
+    ping = _whereabouts
 
     async def evaluate_start(self) -> None:
         """The initial quality, off the clock (the first call loads compiled kernels); recorded at time 0."""
-        w = await self._table()
-        self.quality.append((0.0, 0, float(self.problem.quality(w))))
+        await self._evaluate(0, at=0.0)
 
     def start(self, t0: float) -> None:
         """The run's clock starts at wall time ``t0``."""
         self.t0 = t0
-        self._changed = _Changed()
-
-    @staticmethod
-    def _now(t0: float) -> float:
-        return time.time() - t0
 
     async def pull(self, worker: int, c: int, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
         """Held until the protocol lets step ``c`` read; (values, (version, lag, decided, held s))."""
@@ -159,7 +152,7 @@ class RayPSCoordinator:
             asyncio.get_running_loop().call_later(deadline - time.monotonic(), self._expire, c)
         values, version = self.server.pull(keys)
         self.lag[worker] = self.server.clocks.clock_lag(c)
-        return values, (version, self.lag[worker], self.decided, held)
+        return values, (version, self.lag[worker], len(self.updates), held)
 
     def _expire(self, c: int) -> None:
         if self.server.clocks.expire(c):
@@ -169,8 +162,8 @@ class RayPSCoordinator:
                    read_version: int) -> tuple[bool, int, int, int]:
         """Apply (or drop) a push: (applied, tau, its sequence number, complete steps)."""
         applied, tau = self.server.push(c, keys, deltas, read_version)
-        seq, self.decided = self.decided, self.decided + 1
-        self.updates.append((self._now(self.t0), worker, c, tau, applied, self.lag[worker]))
+        seq = len(self.updates)
+        self.updates.append((time.time() - self.t0, worker, c, tau, applied, self.lag[worker]))
         self._changed.notify()
         n = len(self.updates)
         if self.evaluate_every and n % self.evaluate_every == 0 and n < self.total:
@@ -179,14 +172,13 @@ class RayPSCoordinator:
 
     async def _table(self) -> np.ndarray:
         """The whole table: this shard's range followed by the others'."""
-        if not self.others:
-            return self.server.params
         parts = await asyncio.gather(*[s.values.remote() for s in self.others])
         return np.concatenate([self.server.params, *parts])
 
-    async def _evaluate(self, n_updates: int) -> None:
+    async def _evaluate(self, n_updates: int, at: float | None = None) -> None:
+        """Record the quality of the whole table at run time ``at`` (default: now)."""
         w = await self._table()
-        self.quality.append((self._now(self.t0), n_updates, float(self.problem.quality(w))))
+        self.quality.append((time.time() - self.t0 if at is None else at, n_updates, float(self.problem.quality(w))))
 
     async def finish(self) -> tuple[np.ndarray, list, list]:
         """Apply what the step rule still holds; (the table, the updates, the quality points)."""
@@ -202,11 +194,9 @@ class RayPSShard:
         self.w, self.lo, self.rule = np.array(values), lo, rule
         self.upto = 0  # every push with sequence number < upto has arrived here
         self._seen: set[int] = set()
-        self._changed: _Changed | None = None
+        self._changed = _Changed()
 
-    def ping(self) -> tuple[int, str]:
-        """(process id, Ray node id) of this actor."""
-        return _whereabouts()
+    ping = _whereabouts
 
     def values(self) -> np.ndarray:
         """This shard's range of the table."""
@@ -214,7 +204,6 @@ class RayPSShard:
 
     async def pull(self, keys: np.ndarray, meta: tuple) -> np.ndarray:
         """table[keys] once every push decided before the read's gate (``meta[2]``) has arrived."""
-        self._changed = self._changed or _Changed()
         await self._changed.until(lambda: self.upto >= meta[2])
         return self.w[keys - self.lo]
 
@@ -227,7 +216,6 @@ class RayPSShard:
         while self.upto in self._seen:
             self._seen.discard(self.upto)
             self.upto += 1
-        self._changed = self._changed or _Changed()
         self._changed.notify()
 
 
@@ -281,9 +269,8 @@ class RayPSWorker:
     def _encode(self, keys: np.ndarray, deltas: Any) -> tuple[np.ndarray, np.ndarray, int]:
         """The compressor's (keys, decoded deltas, wire bytes); uncompressed: 12 bytes per key."""
         keys = np.asarray(keys)
-        if self.compressor is None:
-            return keys, np.asarray(deltas, dtype=np.float64), len(keys) * (KEY_BYTES + VALUE_BYTES)
-        k, d, nbytes = self.compressor(keys, deltas)
+        plain = (keys, deltas, len(keys) * (KEY_BYTES + VALUE_BYTES))
+        k, d, nbytes = plain if self.compressor is None else self.compressor(keys, deltas)
         return np.asarray(k), np.asarray(d, dtype=np.float64), int(nbytes)
 
     def _pull(self, ray: Any, c: int, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
@@ -295,14 +282,11 @@ class RayPSWorker:
         refs = [s.pull.remote(keys[parts[k + 1]], meta_ref) for k, s in enumerate(self.shards)]
         got = ray.get([values_ref, meta_ref, *refs])
         values = np.empty(len(keys))
-        for part, v in zip(parts, [got[0], *got[2:]]):  # the coordinator's range, then each shard's
-            values[part] = v
+        values[np.concatenate(parts)] = np.concatenate([got[0], *got[2:]])  # the coordinator's range, then each shard's
         return values, got[1]
 
     def _push(self, ray: Any, c: int, keys: np.ndarray, deltas: np.ndarray, version: int) -> tuple:
         """The coordinator decides (applied, tau); the other shards apply their part with that decision."""
-        if not self.shards:
-            return ray.get(self.coordinator.push.remote(self.i, c, keys, deltas, version))
         parts = owners(keys, self.bounds)
         decision = self.coordinator.push.remote(self.i, c, keys[parts[0]], deltas[parts[0]], version)
         adds = [s.add.remote(decision, keys[parts[k + 1]], deltas[parts[k + 1]]) for k, s in enumerate(self.shards)]
@@ -314,8 +298,10 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     import ray
 
     named = address is not None and address != "auto" and "://" not in address
-    if named:
-        _check_format(address)
+    host, sep, port = (address or "").rpartition(":")
+    if named and not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
+                         f"got {address!r}")
     if ray.is_initialized():
         here = ray.get_runtime_context().gcs_address
         if named and not _same_endpoint(here, address, {ray.util.get_node_ip_address()}):
@@ -325,7 +311,7 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if address is not None:
         if named:
-            _check_reachable(address)
+            _check_reachable(host, port)
         with _interruptible_start():
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         return False
@@ -352,13 +338,6 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     return True
 
 
-def _check_format(address: str) -> None:
-    host, sep, port = address.rpartition(":")
-    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
-                         f"got {address!r}")
-
-
 def _same_endpoint(a: str, b: str, local: set[str]) -> bool:
     """Whether 'host:port' ``a`` and ``b`` name one listener: the same port, and hosts that share an address
     or both belong to this machine (loopback, its host name's addresses, or ``local``: Ray reports the
@@ -379,14 +358,13 @@ def _addresses(host: str) -> set[str]:
         return {host}
 
 
-def _check_reachable(address: str, wait: float = 5.0) -> None:
+def _check_reachable(host: str, port: str, wait: float = 5.0) -> None:
     """Refuse an address no process listens on: Ray itself retries such an address for minutes, in C,
     deaf to Ctrl-C and SIGTERM meanwhile."""
-    host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=wait).close()
     except OSError as e:
-        raise ConnectionError(f"ray: no Ray cluster answers at {address} ({e.strerror or e}); start one there "
+        raise ConnectionError(f"ray: no Ray cluster answers at {host}:{port} ({e.strerror or e}); start one there "
                               f"with 'ray start --head --port={port}', or check the address") from None
 
 
@@ -435,27 +413,21 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _read(path: str) -> bytes:
+    """The contents of a /proc file; empty if it cannot be read (its process is gone)."""
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        return f.read()
+    return b""
+
+
 def _children(pid: int | str = "self") -> set[int]:
     """Pids of a process's live children (Linux /proc; empty where there is none)."""
-    pids: set[int] = set()
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return pids
-    for tid in tasks:
-        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
-            pids.update(int(p) for p in f.read().split())
-    return pids
+    return {int(p) for path in glob.glob(f"/proc/{pid}/task/*/children") for p in _read(path).split()}
 
 
 def _tree(pid: int) -> list[int]:
     """``pid`` and all its descendants, parents first."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(_children(p))
-    return out
+    return [pid, *(p for child in _children(pid) for p in _tree(child))]
 
 
 def _stop_local(before: set[int]) -> None:
@@ -468,27 +440,15 @@ def _stop_local(before: set[int]) -> None:
     # them was never returned. And a raylet killed before its workers and agents orphans them. So
     # every new child whose command line is Ray's goes, with all its descendants, gathered first.
     home = os.path.dirname(ray.__file__).encode()
-    strays: list[int] = []
-    for pid in _children() - before:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if home not in f.read():
-                    continue
-        except OSError:
-            continue
-        strays += _tree(pid)
+    strays = [p for pid in _children() - before if home in _read(f"/proc/{pid}/cmdline") for p in _tree(pid)]
     for pid in strays:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 2.0
     for pid in strays:  # reap this process's own children, so no zombie is left either
-        while time.monotonic() < deadline:
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    break
-            except ChildProcessError:  # not our child (a descendant): its own parent or init reaps it
-                break
-            time.sleep(0.01)
+        with contextlib.suppress(ChildProcessError):  # not our child (a descendant): its own parent or init reaps it
+            while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+                time.sleep(0.01)
 
 
 def _resources(placement: str) -> tuple[dict, dict]:
@@ -540,44 +500,42 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     """The substrate entry point (``simlib.run(..., substrate="ray")``); ``options``: :class:`RayOptions`."""
     opts = check.options(RayOptions, options, "substrate 'ray'")
     opts.check_run(problem, protocol, training)
-    address, n_servers, timeout, compression = opts.address, opts.n_servers, opts.timeout, opts.compression
     n = training.n_workers
     data_shards = problem.shards(n)  # raises ValueError naming n_workers if too many
     import ray
 
     # Decided before connecting: a Ctrl-C that lands just after a local Ray came up still shuts it down.
-    started_here = address is None and not ray.is_initialized()
+    started_here = opts.address is None and not ray.is_initialized()
     before = _children()
     actors: list = []
     global _terminated
     _terminated = False
     try:
-        connect(address, opts.num_cpus)
+        connect(opts.address, opts.num_cpus)
         server_res, worker_res = _resources(opts.placement)
-        bounds = key_bounds(problem.n_params, n_servers)
+        bounds = key_bounds(problem.n_params, opts.n_servers)
         table = np.asarray(problem.init_params(), dtype=np.float64)
         prob_ref = ray.put(problem)
         shard_cls = ray.remote(RayPSShard).options(num_cpus=0, resources=server_res, max_restarts=0)
         shards = [shard_cls.remote(table[bounds[k]:bounds[k + 1]], int(bounds[k]), training.rule)
-                  for k in range(1, n_servers)]
+                  for k in range(1, opts.n_servers)]
         actors += shards
         coord = ray.remote(RayPSCoordinator).options(num_cpus=0, resources=server_res, max_restarts=0).remote(
             table[:bounds[1]], prob_ref, protocol, training, shards, opts.evaluate)
         actors.append(coord)
         worker_cls = ray.remote(RayPSWorker).options(num_cpus=0, resources=worker_res, max_restarts=0)
-        workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, compression)
+        workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, opts.compression)
                    for i in range(n)]
         actors += workers
         placing = time.perf_counter()
-        pids = _ready(ray, coord, shards, workers)
+        pids, local = _ready(ray, coord, shards, workers)
         setup = time.perf_counter() - placing
-        who = "server shard 0 (the coordinator)"
-        _call(ray, coord.evaluate_start.remote(), who)
+        _call(ray, coord.evaluate_start.remote(), COORDINATOR)
         t0, started = time.time(), time.perf_counter()
-        _call(ray, coord.start.remote(t0), who)
+        _call(ray, coord.start.remote(t0), COORDINATOR)
         runs = [w.run.remote(t0) for w in workers]
-        spans = _await_workers(ray, runs, coord, shards, started, timeout, _local_actors(ray, pids))
-        finished = _call(ray, coord.finish.remote(), "server shard 0 (the coordinator)")
+        spans = _await_workers(ray, runs, [coord, *shards], started, opts.timeout, local)
+        finished = _call(ray, coord.finish.remote(), COORDINATOR)
         wall = time.perf_counter() - started
     except BaseException:
         if _terminated:
@@ -587,9 +545,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         _kill(ray, actors)
         if started_here:
             _stop_local(before)
-    for _, step, value in finished[2]:  # a diverged run fails as on every substrate, at its first non-finite point
-        check_metric(value, step, problem, training.lr)
-    return _result(problem, protocol, training, n_servers, spans, finished,
+    return _result(problem, protocol, training, opts.n_servers, spans, *finished,
                    {"wall_seconds": wall, "actors": pids, "setup_seconds": setup})
 
 
@@ -603,12 +559,12 @@ def _kill(ray: Any, actors: list) -> None:
             ray.kill(a, no_restart=True)
 
 
-def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[tuple[int, str]]]:
-    """Wait for every actor to be placed and warmed up; their (pid, node id) by role."""
+def _ready(ray: Any, coord: Any, shards: list, workers: list) -> tuple[dict[str, list], dict[int, str]]:
+    """Wait for every actor to be placed and warmed up: their (pid, node id) by role, and the actors on this
+    machine (the driver's node) as pid -> the name an error gives it."""
     refs = [coord.ping.remote(), *[s.ping.remote() for s in shards], *[w.ready.remote() for w in workers]]
-    names = ["server shard 0 (the coordinator)", *[f"server shard {k + 1}" for k in range(len(shards))],
+    names = [COORDINATOR, *[f"server shard {k + 1}" for k in range(len(shards))],
              *[f"worker {i}" for i in range(len(workers))]]
-    who = dict(zip(refs, names))
     got: dict[Any, tuple[int, str]] = {}
     pending, deadline = list(refs), time.monotonic() + READY_TIMEOUT
     while pending:  # one at a time: an actor that died while the others still load fails the run at once
@@ -616,28 +572,20 @@ def _ready(ray: Any, coord: Any, shards: list, workers: list) -> dict[str, list[
         if not done:
             raise TimeoutError(f"ray: the run's actors were not placed within {READY_TIMEOUT:g} s; does the "
                                "cluster have the resources placement asks for? (ray.cluster_resources())")
-        got[done[0]] = _call(ray, done[0], who[done[0]])
+        got[done[0]] = _call(ray, done[0], names[refs.index(done[0])])
     pids = [got[r] for r in refs]
-    return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}
-
-
-def _local_actors(ray: Any, pids: dict[str, list[tuple[int, str]]]) -> dict[int, str]:
-    """The actors on this machine (the driver's node): pid -> the name an error gives it."""
     here = ray.get_runtime_context().get_node_id()
-    names = {"servers": "server shard", "workers": "worker"}
-    return {pid: f"{names[role]} {k}" for role, got in pids.items() for k, (pid, node) in enumerate(got) if node == here}
+    local = {pid: name for name, (pid, node) in zip(["server shard 0", *names[1:]], pids) if node == here}
+    return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}, local
 
 
 def _gone(pid: int) -> bool:
     """Whether process ``pid`` has ended (no longer listed, or a zombie waiting for its parent)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return True
+    state = _read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()[:1]
+    return state in ([], [b"Z"])
 
 
-def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: float,
+def _await_workers(ray: Any, runs: list, servers: list, started: float,
                    timeout: float | None, local: dict[int, str] | None = None) -> list[list[tuple]]:
     """The workers' spans; fails fast naming the first worker or server shard that died.
 
@@ -646,9 +594,7 @@ def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: floa
     The actor processes on this machine (``local``: pid -> name) are looked at as often: on a loaded
     machine Ray took up to 15 s to report an actor killed by a signal, a look at /proc takes none.
     """
-    index = {r: i for i, r in enumerate(runs)}
-    spans: list[list[tuple]] = [[] for _ in runs]
-    servers = [coord, *shards]
+    spans: dict[Any, list[tuple]] = {}  # each finished run's spans
     pings: dict[Any, int] = {}  # an unanswered ping -> the server shard it went to
     due = [0.0] * len(servers)  # when each shard is pinged next
     pending = list(runs)
@@ -658,53 +604,49 @@ def _await_workers(ray: Any, runs: list, coord: Any, shards: list, started: floa
             if due[k] <= now and k not in pings.values():
                 pings[s.ping.remote()] = k
                 due[k] = now + WATCH_S
-        left = None if timeout is None else timeout - (time.perf_counter() - started)
-        if left is not None and left <= 0:
-            raise TimeoutError(f"ray: workers {sorted(index[r] for r in pending)} did not finish within "
+        left = float("inf") if timeout is None else timeout - (time.perf_counter() - started)
+        if left <= 0:
+            raise TimeoutError(f"ray: workers {sorted(runs.index(r) for r in pending)} did not finish within "
                                f"timeout={timeout:g} s")
         for pid, name in (local or {}).items():
             if _gone(pid):
-                raise RuntimeError(f"ray: {name} died mid-run (its actor process {pid} ended); "
-                                   + ("its part of the table is lost, so the run cannot continue"
-                                      if name.startswith("server") else
-                                      "the run fails fast rather than replay its step on a table that moved on"))
-        wait_s = WATCH_S if left is None else min(left, WATCH_S)
-        done, _ = ray.wait(pending + list(pings), num_returns=1, timeout=wait_s)
+                raise _died(name, f" (its actor process {pid} ended)")
+        done, _ = ray.wait(pending + list(pings), num_returns=1, timeout=min(left, WATCH_S))
         for ref in done:
             if ref in pings:
                 k = pings.pop(ref)
                 try:
-                    ray.get(ref)
-                except ray.exceptions.ActorUnavailableError:
-                    pass  # unreachable for now, not dead (Ray says which): ask again at the next ping
+                    # ActorUnavailableError: unreachable for now, not dead (Ray says which): ask again at the next ping
+                    with contextlib.suppress(ray.exceptions.ActorUnavailableError):
+                        ray.get(ref)
                 except ray.exceptions.RayActorError as e:
-                    raise RuntimeError(f"ray: server shard {k} died mid-run; its part of the table is lost, "
-                                       "so the run cannot continue") from e
+                    raise _died(f"server shard {k}") from e
             else:
                 pending.remove(ref)
-                spans[index[ref]] = _worker_result(ray, ref, index[ref], coord, shards)
-    return spans
+                spans[ref] = _worker_result(ray, ref, runs.index(ref), servers)
+    return [spans[r] for r in runs]
 
 
-def _worker_result(ray: Any, ref: Any, i: int, coord: Any, shards: list) -> list[tuple]:
+def _worker_result(ray: Any, ref: Any, i: int, servers: list) -> list[tuple]:
     """ray.get of worker i's run, turning a death into an error that names who died."""
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as e:  # the worker ran and raised: a server died, or the problem failed
-        _raise_if_a_server_died(ray, coord, shards, e)
+        for k, s in enumerate(servers):
+            try:
+                ray.get(s.ping.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                raise _died(f"server shard {k}") from e
         raise RuntimeError(f"ray: worker {i} failed: {_cause(e)}\n{e}") from e
     except ray.exceptions.RayActorError as e:
-        raise RuntimeError(f"ray: worker {i} died mid-run (its actor process ended); the run fails fast "
-                           "rather than replay its step on a table that moved on") from e
+        raise _died(f"worker {i}", " (its actor process ended)") from e
 
 
-def _raise_if_a_server_died(ray: Any, coord: Any, shards: list, cause: BaseException) -> None:
-    for k, s in enumerate([coord, *shards]):
-        try:
-            ray.get(s.ping.remote(), timeout=10)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            raise RuntimeError(f"ray: server shard {k} died mid-run; its part of the table is lost, "
-                               "so the run cannot continue") from cause
+def _died(name: str, how: str = "") -> RuntimeError:
+    """The error for actor ``name`` (a server shard or a worker) that died mid-run: why the run cannot go on."""
+    why = ("its part of the table is lost, so the run cannot continue" if name.startswith("server") else
+           "the run fails fast rather than replay its step on a table that moved on")
+    return RuntimeError(f"ray: {name} died mid-run{how}; {why}")
 
 
 def _call(ray: Any, ref: Any, who: str) -> Any:
@@ -724,10 +666,10 @@ def _cause(error: Any) -> str:
 
 
 def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, spans: list[list[tuple]],
-            finished: tuple[np.ndarray, list, list], measured: dict) -> Result:
-    """The run's trace and Result, in the format every substrate returns; ``finished``: the coordinator's
-    (table, updates, quality points), ``measured``: wall_seconds and the rest the Result reports."""
-    params, updates, quality = finished
+            params: np.ndarray, updates: list, quality: list, measured: dict) -> Result:
+    """The run's trace and Result, in the format every substrate returns; (params, updates, quality): what the
+    coordinator's ``finish`` returns, ``measured``: wall_seconds and the rest the Result reports.
+    A diverged run fails as on every substrate, at its first non-finite quality point."""
     trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=n_servers,
                       wall_seconds=measured["wall_seconds"],
                       substrate_detail="Ray actors: parameter-server shards and workers")
@@ -737,6 +679,7 @@ def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int
     for u in updates:
         trace.update(*u)
     for t, step, value in quality:
+        check_metric(value, step, problem, training.lr)
         trace.record_quality(t, step, value)
     worker_seconds = max((s.end for s in trace.spans), default=0.0)
     return Result(trace, params, {**measured, "worker_seconds": worker_seconds})
