@@ -63,10 +63,31 @@ def tiny():
     return LogisticProblem(make_sparse_classification(600, 60, 5, seed=1), l2=1e-4, eval_rows=None)
 
 
+def _own_processes() -> dict[int, str]:
+    """pid -> title of every live process descended from this test process: the cluster's nodes (started here)
+    and the actors their raylets start. Other test runs on the machine, with actors of the same names, are not."""
+    parent, title = {}, {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                title[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except (OSError, IndexError, ValueError):  # gone meanwhile
+                continue
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    mine, todo = {}, [os.getpid()]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            mine[pid] = title[pid]
+            todo.append(pid)
+    return mine
+
+
 def _actor_processes() -> list[str]:
-    """Titles of live processes running this substrate's actors (Ray names them after the class)."""
-    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if any(f"ray::{n}" in line for n in ACTOR_NAMES)]
+    """Titles of this test run's live processes running the substrate's actors (Ray names them after the class)."""
+    return [t for t in _own_processes().values() if any(f"ray::{n}" in t for n in ACTOR_NAMES)]
 
 
 def _wait_gone(within: float = 20.0) -> list[str]:
@@ -266,13 +287,9 @@ def _kill_later(pid_of, delay: float):
 
 
 def _pid_of(title: str):
+    """A finder of the pid of this test run's process titled ``ray::<title>`` (None while there is none)."""
     def find():
-        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            pid, _, args = line.strip().partition(" ")
-            if f"ray::{title}" in args:
-                return int(pid)
-        return None
+        return next((pid for pid, t in _own_processes().items() if f"ray::{title}" in t), None)
     return find
 
 
