@@ -96,7 +96,8 @@ Lists = tuple  # the sparse kernels' per-document topic lists: (idx, cnt, length
 Table = tuple  # the word-topic counts the sweep reads and updates: (n_wk, n_k)
 Prior = tuple  # (alpha, beta)
 Run = tuple  # the tokens a..b-1 of word w and the size and masses of its stale word table: (a, b, w, (m, S, B))
-Buffers = tuple  # _table_buffers: (weight, b-part prob, word prob, b-part alias, word alias, word topics, two stacks, snap)
+# _table_buffers: (weight, b-part prob, word prob, b-part alias, word alias, word topics, Vose's two stacks, snap)
+Buffers = tuple
 Proposal = tuple  # a stale word table and the MH steps per token drawn from it: (buffers, n0, s_fixed, n_steps)
 Mass = tuple  # a stale word table's size and masses: (m, S, B), see _word_draw
 # NOTE: the arrays of a stale table (Proposal) travel apart from its masses, in a tuple built once per sweep, not per
@@ -338,7 +339,8 @@ def _word_table(row: np.ndarray, n0: np.ndarray, vbeta: float, bufs: Buffers) ->
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
-def _word_draw(rng: np.uint64, prop: Proposal, mass: Mass, s_tab: int, beta: float, vbeta: float) -> tuple[np.uint64, int]:
+def _word_draw(rng: np.uint64, prop: Proposal, mass: Mass, s_tab: int, beta: float,
+               vbeta: float) -> tuple[np.uint64, int]:
     """A draw from the stale word table without the token: q_j(k) ∝ (snap_k - [k=s_tab] + b) / (n0_k - [k=s_tab] + V b).
 
     The table (sparse part of mass S over wtopic[:m], b-part of mass B over all K) counts the
@@ -375,7 +377,7 @@ def _stale_q(k: int, snap: np.ndarray, n0: np.ndarray, s_tab: int, beta: float, 
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, prop: Proposal,
             rng: np.uint64) -> np.uint64:
-    """Resample tokens a..b-1 (all of word w), run = (a, b, w, mass), by n_steps MH cycles of word then doc proposal each.
+    """Resample tokens a..b-1 (all of word w), run = (a, b, w, mass), by n_steps MH cycles of word then doc proposal.
 
     The word proposal is the stale table ``prop`` (snap, n0), which counts each token under the topic
     s_tab it had when the table was built (its topic on entry, or prop's ``s_fixed`` if >= 0):
@@ -473,7 +475,7 @@ def _doc_order(z: np.ndarray, order: np.ndarray, z_doc: np.ndarray) -> None:
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prior, prop: Proposal, work: Work,
                rng: np.uint64) -> tuple[int, np.uint64]:
-    """AliasLDA on tokens j, j+1, .. of word w until b, or until the word table has served K draws; run = (j, b, w, mass).
+    """AliasLDA on tokens j, j+1, .. of word w until b or until its word table has served K draws; run = (j, b, w, mass).
 
     Each token runs prop's n_steps MH steps, proposing from q(k) ∝ n_dk phi_w(k) + a q_w(k): the doc
     part fresh over d's topic list, q_w the stale table ``prop`` without the token (``_word_draw``; the
