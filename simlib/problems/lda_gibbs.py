@@ -475,7 +475,7 @@ def _doc_order(z: np.ndarray, order: np.ndarray, z_doc: np.ndarray) -> None:
 @njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
 def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prior, prop: Proposal, work: Work,
                rng: np.uint64) -> tuple[int, np.uint64]:
-    """AliasLDA on tokens j, j+1, .. of word w until b or until its word table has served K draws; run = (j, b, w, mass).
+    """AliasLDA on tokens j, j+1, .. of word w until b or until its table has served K draws; run = (j, b, w, mass).
 
     Each token runs prop's n_steps MH steps, proposing from q(k) ∝ n_dk phi_w(k) + a q_w(k): the doc
     part fresh over d's topic list, q_w the stale table ``prop`` without the token (``_word_draw``; the
