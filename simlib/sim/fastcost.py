@@ -75,12 +75,11 @@ def _pop(heap, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _open_pull(heap, n, seq, i, now, in_free, link):  # pragma: no cover - compiled
-    """Worker i sends its pull request at ``now``: it queues on the in-link; returns (n, seq, in_free) after."""
-    req_bytes, _, _, latency, bandwidth, server_time = link
-    hold = server_time + req_bytes / bandwidth
-    fin = max(now, in_free) + hold
-    n = _push(heap, n, now + ((fin - now) + latency), seq, i, _REQUEST)
+def _send(heap, n, seq, i, now, free, hold, latency, kind):  # pragma: no cover - compiled
+    """Worker i's message (event ``kind`` on arrival) queues at ``now`` on a link free at ``free`` and holds it for
+    ``hold``, then travels ``latency`` (as transmit does); returns (n, seq, free) after."""
+    fin = max(now, free) + hold
+    n = _push(heap, n, now + ((fin - now) + latency), seq, i, kind)
     return n, seq + 1, fin
 
 
@@ -95,6 +94,8 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
     n_workers, steps, needs, rounds, quorum = shape
     req_bytes, resp_bytes, push_bytes, latency, bandwidth, server_time = link
     base, n_slow, slow_factor, jitter, pauses, pause_prob, pause_time = compute
+    req_hold = server_time + req_bytes / bandwidth  # how long each message holds its link
+    resp_hold, push_hold = resp_bytes / bandwidth, server_time + push_bytes / bandwidth
     sw, sk, ss, se, sn, sc = spans
     ut, uw, uc, us, ua, ul = updates
     ht = np.empty(n_workers, np.float64)
@@ -129,18 +130,14 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
     # Every worker starts at time 0, in order (SimPy's process starts are urgent): each opens step 0.
     for i in range(n_workers):
         # the gate at step 0 is open (needs[0] = 0): open the pull (lag and t_pull start at 0)
-        n, seq, in_free = _open_pull(heap, n, seq, i, now, in_free, link)
+        n, seq, in_free = _send(heap, n, seq, i, now, in_free, req_hold, latency, _REQUEST)
     while n > 0:
         now, i, kind = ht[0], hw[0], hk[0]
         n = _pop(heap, n)
         c = clock[i]
         if kind == _REQUEST:  # the server reads: the version the push's tau counts from; the reply leaves
             version[i] = completed if rounds else acc_version
-            hold = 0.0 + resp_bytes / bandwidth
-            fin = max(now, out_free) + hold
-            out_free = fin
-            n = _push(heap, n, now + ((fin - now) + latency), seq, i, _REPLY)
-            seq += 1
+            n, seq, out_free = _send(heap, n, seq, i, now, out_free, resp_hold, latency, _REPLY)
             continue
         if kind == _REPLY:  # the values arrived: compute
             t_comp[i] = now
@@ -164,11 +161,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
                     i, _COMPUTE, t_comp[i], now, 0, c
                 n_spans += 1
             t0[i] = now  # the push's start
-            hold = server_time + push_bytes / bandwidth
-            fin = max(now, in_free) + hold
-            in_free = fin
-            n = _push(heap, n, now + ((fin - now) + latency), seq, i, _PUSHED)
-            seq += 1
+            n, seq, in_free = _send(heap, n, seq, i, now, in_free, push_hold, latency, _PUSHED)
             continue
         if kind == _PUSHED:  # delivered: applied or dropped, waiters woken, the next step opened
             if now > t0[i]:
@@ -231,7 +224,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
         # The gate is open: open the pull.
         lag[i] = max(c - completed, 0)
         t_pull[i] = now
-        n, seq, in_free = _open_pull(heap, n, seq, i, now, in_free, link)
+        n, seq, in_free = _send(heap, n, seq, i, now, in_free, req_hold, latency, _REQUEST)
     return n_spans, n_updates, n_barriers, applied_total, skipped, now
 
 
