@@ -83,6 +83,16 @@ def _send(heap, n, seq, i, now, free, hold, latency, kind):  # pragma: no cover 
     return n, seq + 1, fin
 
 
+@njit(cache=True, inline="always")
+def _span(spans, n, i, kind, start, end, nbytes, c):  # pragma: no cover - compiled
+    """Append worker i's span (start, end) of step c to the n spans in the columns if it lasted; returns their count."""
+    if end <= start:
+        return n
+    sw, sk, ss, se, sn, sc = spans
+    sw[n], sk[n], ss[n], se[n], sn[n], sc[n] = i, kind, start, end, nbytes, c
+    return n + 1
+
+
 @njit(cache=True)
 def _simulate(shape, link, compute, spans, updates, barriers, finished):  # pragma: no cover - compiled
     """The run; fills the span and update columns; returns (spans, updates, barriers, applied, skipped steps).
@@ -96,7 +106,6 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
     base, n_slow, slow_factor, jitter, pauses, pause_prob, pause_time = compute
     req_hold = server_time + req_bytes / bandwidth  # how long each message holds its link
     resp_hold, push_hold = resp_bytes / bandwidth, server_time + push_bytes / bandwidth
-    sw, sk, ss, se, sn, sc = spans
     ut, uw, uc, us, ua, ul = updates
     ht = np.empty(n_workers, np.float64)
     hs = np.empty(n_workers, np.int64)
@@ -141,10 +150,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
             continue
         if kind == _REPLY:  # the values arrived: compute
             t_comp[i] = now
-            if now > t_pull[i]:
-                sw[n_spans], sk[n_spans], ss[n_spans], se[n_spans], sn[n_spans], sc[n_spans] = \
-                    i, _RECV, t_pull[i], now, req_bytes + resp_bytes, c
-                n_spans += 1
+            n_spans = _span(spans, n_spans, i, _RECV, t_pull[i], now, req_bytes + resp_bytes, c)
             t = base * (slow_factor if i < n_slow else 1.0)
             d = draws[i]
             if jitter.shape[1] > 0:
@@ -156,18 +162,12 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
             seq += 1
             continue
         if kind == _COMPUTED:  # push
-            if now > t_comp[i]:
-                sw[n_spans], sk[n_spans], ss[n_spans], se[n_spans], sn[n_spans], sc[n_spans] = \
-                    i, _COMPUTE, t_comp[i], now, 0, c
-                n_spans += 1
+            n_spans = _span(spans, n_spans, i, _COMPUTE, t_comp[i], now, 0, c)
             t0[i] = now  # the push's start
             n, seq, in_free = _send(heap, n, seq, i, now, in_free, push_hold, latency, _PUSHED)
             continue
         if kind == _PUSHED:  # delivered: applied or dropped, waiters woken, the next step opened
-            if now > t0[i]:
-                sw[n_spans], sk[n_spans], ss[n_spans], se[n_spans], sn[n_spans], sc[n_spans] = \
-                    i, _SEND, t0[i], now, push_bytes, c
-                n_spans += 1
+            n_spans = _span(spans, n_spans, i, _SEND, t0[i], now, push_bytes, c)
             tau = (completed if rounds else acc_version) - version[i]
             before = completed
             applied = not (c < completed or done[c])
@@ -217,10 +217,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
                 nxt[i] = -1
                 continue
         elif kind == _GATE:  # woken at the gate
-            if now > t0[i]:
-                sw[n_spans], sk[n_spans], ss[n_spans], se[n_spans], sn[n_spans], sc[n_spans] = \
-                    i, _WAIT, t0[i], now, 0, c
-                n_spans += 1
+            n_spans = _span(spans, n_spans, i, _WAIT, t0[i], now, 0, c)
         # The gate is open: open the pull.
         lag[i] = max(c - completed, 0)
         t_pull[i] = now
