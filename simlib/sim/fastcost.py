@@ -112,8 +112,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
     hw = np.empty(n_workers, np.int64)
     hk = np.empty(n_workers, np.int64)
     heap = (ht, hs, hw, hk)
-    n = 0
-    seq = 0
+    n = seq = 0  # entries on the heap, events scheduled
     clock = np.zeros(n_workers, np.int64)
     t0 = np.zeros(n_workers, np.float64)
     t_pull = np.zeros(n_workers, np.float64)
@@ -126,16 +125,9 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
     head = np.full(steps + 1, -1, np.int64)  # waiters per needed step: a linked list in arrival order
     tail = np.full(steps + 1, -1, np.int64)
     nxt = np.full(n_workers, -1, np.int64)
-    completed = 0
-    acc_version = 0
-    in_free = 0.0
-    out_free = 0.0
-    n_spans = 0
-    n_updates = 0
-    n_barriers = 0
-    applied_total = 0
-    skipped = 0
-    now = 0.0
+    completed = acc_version = 0
+    n_spans = n_updates = n_barriers = applied_total = skipped = 0
+    in_free = out_free = now = 0.0
     # Every worker starts at time 0, in order (SimPy's process starts are urgent): each opens step 0.
     for i in range(n_workers):
         # the gate at step 0 is open (needs[0] = 0): open the pull (lag and t_pull start at 0)
