@@ -1,6 +1,8 @@
 """Compute time of one step: the cost model times straggler noise, from each worker's own stream."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from simlib.sim.config import SimConfig
@@ -36,8 +38,6 @@ class ComputeModel:
         self._pauses: list[list[float]] = [[] for _ in range(n)] if self._pause else []
         self._slow = st.slow_workers
         self._slow_factor = st.slow_factor
-        self._overhead = cfg.compute_overhead
-        self._per_unit = cfg.compute_per_unit
 
     def base(self, units: int) -> float:
         """The cost model without noise: overhead + units * per_unit."""
@@ -67,17 +67,16 @@ class ComputeModel:
         """(jitter factors, pause draws), each (workers, steps): the values the next ``steps`` calls of
         :meth:`time` would use, row by row ((workers, 0) where the config has no such noise)."""
         n = self.cfg.n_workers
-        jitter = np.empty((n, 0))
-        pauses = np.empty((n, 0))
-        if self._jitter is not None:
-            jitter = np.array([[self._jitter_factor(i) for _ in range(steps)] for i in range(n)], dtype=np.float64)
-        if self._pause is not None:
-            pauses = np.array([[self._pause_draw(i) for _ in range(steps)] for i in range(n)], dtype=np.float64)
-        return jitter, pauses
+
+        def rows(draw: Callable[[int], float]) -> np.ndarray:
+            return np.array([[draw(i) for _ in range(steps)] for i in range(n)], dtype=np.float64)
+
+        return (np.empty((n, 0)) if self._jitter is None else rows(self._jitter_factor),
+                np.empty((n, 0)) if self._pause is None else rows(self._pause_draw))
 
     def time(self, worker: int, units: int) -> float:
         """One step's compute time for ``worker`` processing ``units`` (nonzeros or samples)."""
-        t = (self._overhead + units * self._per_unit) * (self._slow_factor if worker < self._slow else 1.0)
+        t = self.base(units) * (self._slow_factor if worker < self._slow else 1.0)
         if self._jitter is not None:
             t *= self._jitter_factor(worker)
         if self._pause is not None and self._pause_draw(worker) < self.cfg.stragglers.pause_prob:
