@@ -62,10 +62,7 @@ class Process(simpy.Process):
 
     def _resume(self, event: Any) -> None:
         """SimPy's ``Process._resume``, plus: a yielded float schedules this process's wake-up."""
-        env = self.env
-        env._active_proc = self
-        if not self._wake.callbacks:  # an interrupt took the last wake-up away: a fresh one for the next delay
-            self._wake = _Wake(self)
+        self.env._active_proc = self
         target = self._step(event)
         if target is not _ENDED:
             self._wait(target)
@@ -93,7 +90,7 @@ class Process(simpy.Process):
         """Wait for what the generator yielded: a delay (a number) or an event."""
         env = self.env
         if type(target) is float:
-            env.schedule(self._wake, NORMAL, target)
+            env.schedule(self.wake, NORMAL, target)  # (the property: a fresh wake if an interrupt took the last away)
             target = self._wake
         elif target is not self._wake:  # (its own wake: asleep until someone calls its succeed())
             try:
