@@ -27,8 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
-from simlib.contract import ParamServer, check_problem
-from simlib.diverged import check_metric
+from simlib.contract import ParamServer, check_problem, record_metric
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim import fastcost
 from simlib.sim.clocks import ClockTable, wake_ready
@@ -107,7 +106,6 @@ class _Run:
             updates=UpdateLog(),
         )
         self.n_shards = cfg.n_servers + cfg.n_summation
-        self.servers = [Node(f"server{k}") for k in range(self.n_shards)]
         self._init_sites(cfg)
         self.key_bounds = np.linspace(0, problem.n_params, self.n_shards + 1).astype(np.int64)
         self.compressors = _make_compressors(cfg, problem.n_params, comp_seq)
@@ -359,8 +357,8 @@ class _Run:
         self.wan_links = ([[Link() for _ in range(cfg.sites)] for _ in range(cfg.sites)]
                           if cfg.sites > 1 or self.per_site else None)
         # The flat servers sit at site 0; per site, site s has its own nodes, table and server.
-        self.nodes = [self.servers] + [[Node(f"site{s}.server{k}") for k in range(self.n_shards)]
-                                       for s in range(1, cfg.sites if self.per_site else 1)]
+        self.nodes = [[Node(f"site{s}.server{k}" if s else f"server{k}") for k in range(self.n_shards)]
+                      for s in range(cfg.sites if self.per_site else 1)]
         self.outboxes: list[Outbox] | None = None
         self.flushed = False
         # Per receiving site: {step: messages from other sites' updates of that step still on the WAN}, and the
@@ -638,9 +636,7 @@ class _Run:
     def _evaluate(self) -> None:
         if self.cfg.cost_only:  # no math ran: there is no metric to evaluate
             return
-        value = self.problem.quality(self.w)
-        self.trace.record_quality(self.env.now, self.applied, value)
-        check_metric(value, self.applied, self.problem, self.cfg.lr)
+        record_metric(self.trace, self.problem, self.env.now, self.applied, self.w, self.cfg.lr)
 
 
 class _Cache:
