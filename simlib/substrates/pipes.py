@@ -57,10 +57,7 @@ class DenseKeys:
     """A problem whose every step pulls and pushes all parameters (a dense model on the wire)."""
 
     def __init__(self, problem: Any):
-        self.inner = problem
-        self.n_params = problem.n_params
-        self.metric = getattr(problem, "metric", "loss")
-        self.lower_is_better = getattr(problem, "lower_is_better", True)
+        self.inner = problem  # n_params, metric and the rest are the inner problem's (__getattr__)
         self._all = np.arange(problem.n_params, dtype=np.int32)
 
     def keys(self, batch: np.ndarray) -> np.ndarray:
