@@ -535,7 +535,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         _call(ray, coord.start.remote(t0), COORDINATOR)
         runs = [w.run.remote(t0) for w in workers]
         spans = _await_workers(ray, runs, [coord, *shards], started, opts.timeout, local)
-        finished = _call(ray, coord.finish.remote(), COORDINATOR)
+        params, served = _call(ray, coord.finish.remote(), COORDINATOR)
         wall = time.perf_counter() - started
     except BaseException:
         if _terminated:
@@ -545,8 +545,13 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         _kill(ray, actors)
         if started_here:
             _stop_local(before)
-    return _result(problem, protocol, training, opts.n_servers, spans, *finished,
-                   {"wall_seconds": wall, "actors": pids, "setup_seconds": setup})
+    trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=opts.n_servers, wall_seconds=wall,
+                      substrate_detail="Ray actors: parameter-server shards and workers")
+    # a diverged run fails as on every substrate, at its first non-finite quality point
+    worker_seconds = served_trace(trace, ((i, *s) for i, worker in enumerate(spans) for s in worker), served, problem,
+                                  training.lr)
+    return Result(trace, params, {"wall_seconds": wall, "actors": pids, "setup_seconds": setup,
+                                  "worker_seconds": worker_seconds})
 
 
 run.options = RayOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
@@ -664,15 +669,3 @@ def _cause(error: Any) -> str:
     cause = getattr(error, "cause", None) or error
     return f"{type(cause).__name__}: {cause}".splitlines()[0]
 
-
-def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, spans: list[list[tuple]],
-            params: np.ndarray, served: Trace, measured: dict) -> Result:
-    """The run's trace and Result, in the format every substrate returns; (params, served): what the
-    coordinator's ``finish`` returns, ``measured``: wall_seconds and the rest the Result reports.
-    A diverged run fails as on every substrate, at its first non-finite quality point."""
-    trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=n_servers,
-                      wall_seconds=measured["wall_seconds"],
-                      substrate_detail="Ray actors: parameter-server shards and workers")
-    worker_seconds = served_trace(trace, ((i, *s) for i, worker in enumerate(spans) for s in worker), served, problem,
-                                  training.lr)
-    return Result(trace, params, {**measured, "worker_seconds": worker_seconds})
