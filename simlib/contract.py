@@ -19,13 +19,14 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol as TypingProtocol, runtime_checkable
+from typing import Any, Callable, Iterable, Protocol as TypingProtocol, runtime_checkable
 
 import numpy as np
 
 from simlib import _validate as check
 from simlib.diverged import check_metric
-from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS, MAX_WORKERS, Accumulator, Clocks, Protocol, ReadRule, StepRule
+from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS, MAX_WORKERS, Accumulator, Clocks, Protocol
+from simlib.protocol import ReadRule, StepRule, check_read_rule
 from simlib.trace import Trace
 
 PROBLEM_METHODS = ("init_params", "shards", "batch", "keys", "step", "quality", "work")
@@ -130,8 +131,7 @@ class Training:
             raise ValueError(f"rule must be a StepRule(...), got {type(self.rule).__name__}")
         check.positive_int("eval_every", self.eval_every)
         check.non_negative_int("seed", self.seed)
-        if self.read_rule is not None and not callable(self.read_rule):
-            raise ValueError(f"read_rule must be a function (clock, completed, bound) -> bool, got {self.read_rule!r}")
+        check_read_rule(self.read_rule)
 
 
 def check_real_workers(n_workers: int, substrate: str) -> None:
@@ -268,6 +268,17 @@ def record_metric(trace: Trace, problem: Any, t: float, step: int, params: Any, 
     value = float(problem.quality(params))
     trace.record_quality(t, step, value)
     check_metric(value, step, problem, lr)
+
+
+def served_trace(trace: Trace, spans: Iterable[tuple], served: Trace, problem: Any, lr: float) -> float:
+    """Fill a server substrate's ``trace``: the workers' ``spans`` (worker, kind, start, end, bytes, step), the
+    server's updates and quality points (Diverged at the first non-finite one); returns the last span's end."""
+    for span in spans:
+        trace.span(*span)
+    for point in served.quality:
+        check_metric(point.value, point.step, problem, lr)
+    trace.updates, trace.quality = served.updates, served.quality
+    return max((s.end for s in trace.spans), default=0.0)
 
 
 def real_result(problem: Any, trace: Trace, params: Any, local: list, **measured: Any) -> Result:

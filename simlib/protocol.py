@@ -60,6 +60,13 @@ def may_read(clock: int, completed: int, bound: float) -> bool:
 ReadRule = Callable[[int, int, float], bool]
 
 
+def check_read_rule(read_rule: Any) -> ReadRule | None:
+    """``read_rule`` itself where it is a function or None; ValueError naming it otherwise."""
+    if read_rule is not None and not callable(read_rule):
+        raise ValueError(f"read_rule must be a function (clock, completed, bound) -> bool, got {read_rule!r}")
+    return read_rule
+
+
 def read_allowed(read_rule: ReadRule, clock: int, completed: int, bound: float) -> bool:
     """``read_rule(clock, completed, bound)``, refusing a rule that would stall the run.
 
@@ -186,9 +193,7 @@ class Clocks:
 
     def __init__(self, n_workers: int, protocol: Protocol | str = "bsp", read_rule: ReadRule | None = None):
         check.positive_int("n_workers", n_workers)
-        if read_rule is not None and not callable(read_rule):
-            raise ValueError(f"read_rule must be a function (clock, completed, bound) -> bool, got {read_rule!r}")
-        self.read_rule: ReadRule = may_read if read_rule is None else read_rule
+        self.read_rule: ReadRule = may_read if read_rule is None else check_read_rule(read_rule)
         self.protocol = Protocol.parse(protocol)
         self.protocol.check_workers(n_workers)
         self.n_workers = n_workers

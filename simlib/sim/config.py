@@ -8,7 +8,7 @@ from typing import Any, Callable
 from simlib import _validate as check
 from simlib.options import check_fields
 from simlib.protocol import BOUNDED, KIND_LABELS, MAX_BATCH, MAX_STEPS, MAX_WORKERS, Protocol, StepRule
-from simlib.protocol import KINDS as PROTOCOLS
+from simlib.protocol import KINDS as PROTOCOLS, check_read_rule
 
 TOPOLOGIES = ("ps", "allreduce")
 JITTERS = ("none", "lognormal", "exponential")
@@ -229,8 +229,7 @@ class SimConfig(_FieldsOnly):
             from simlib.compress import parse_spec  # raises ValueError naming 'compression'
 
             parse_spec(self.compression)
-        if self.read_rule is not None and not callable(self.read_rule):
-            raise ValueError(f"read_rule must be a function (clock, completed, bound) -> bool, got {self.read_rule!r}")
+        check_read_rule(self.read_rule)
         if self.rule is not None:
             if not isinstance(self.rule, StepRule):
                 raise ValueError(f"rule must be a StepRule (or subclass) instance, got {type(self.rule).__name__}")

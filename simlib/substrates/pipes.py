@@ -40,7 +40,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.contract import ParamServer, Result, Training, local_result, new_trace, real_result, record_metric
-from simlib.contract import warm_up as contract_warm_up
+from simlib.contract import served_trace, warm_up as contract_warm_up
 from simlib.managed import MESSAGE_ENTRIES, Pending
 from simlib.managed import check as check_managed
 from simlib.parallel.channel import Channel
@@ -57,10 +57,7 @@ class DenseKeys:
     """A problem whose every step pulls and pushes all parameters (a dense model on the wire)."""
 
     def __init__(self, problem: Any):
-        self.inner = problem
-        self.n_params = problem.n_params
-        self.metric = getattr(problem, "metric", "loss")
-        self.lower_is_better = getattr(problem, "lower_is_better", True)
+        self.inner = problem  # n_params, metric and the rest are the inner problem's (__getattr__)
         self._all = np.arange(problem.n_params, dtype=np.int32)
 
     def keys(self, batch: np.ndarray) -> np.ndarray:
@@ -132,17 +129,16 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     w, served, early = out[0]
     trace = new_trace(problem, protocol, training, "pipes", "over pipes", substrate_detail="pipe parameter server",
                       wall_seconds=wall, start_method=group.start_method)
-    for s in group.trace.spans:  # member 0 is the server; workers become 0 .. N-1 as in the simulator
-        if s.worker > 0:
-            trace.span(s.worker - 1, s.kind, s.start, s.end, s.nbytes, s.step)
-    trace.updates, trace.quality = served.updates, served.quality
+    # member 0 is the server; workers become 0 .. N-1 as in the simulator
+    worker_seconds = served_trace(trace, ((s.worker - 1, *s[1:]) for s in group.trace.spans if s.worker > 0), served,
+                                  problem, training.lr)
     if opts.clock_batches > 1:
         trace.meta["clock_batches"] = opts.clock_batches
     if opts.managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
         trace.meta["managed"] = {"budget": opts.managed_bandwidth, **early,
                                  "log": [[t, n, i] for i, (_, log) in enumerate(out[1:]) for t, n in log]}
     return real_result(problem, trace, w, [local for local, _ in out[1:]], wall_seconds=wall,
-                       worker_seconds=max((s.end for s in trace.spans), default=0.0))
+                       worker_seconds=worker_seconds)
 
 
 run.options = PipesOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields

@@ -63,9 +63,9 @@ import numpy as np
 from simlib import _validate as check
 from simlib import signals
 from simlib.compress import make_compressor
-from simlib.contract import ParamServer, Result, Training, new_trace
-from simlib.diverged import check_metric
+from simlib.contract import ParamServer, Result, Training, new_trace, served_trace
 from simlib.protocol import Protocol, StepRule
+from simlib.trace import Trace
 
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
 ACTOR_SHARE = 0.001  # of a node's 'server' / 'worker' resource per actor: a label, not a quota
@@ -124,8 +124,8 @@ class RayPSCoordinator:
         self.problem, self.others = problem, others
         self.evaluate_every, self.total = training.eval_every * n if evaluate else 0, n * training.steps
         self.lag = [0] * n
-        self.updates: list[tuple] = []  # one per push decided (applied or dropped): its index is its sequence number
-        self.quality: list[tuple] = []
+        # one update per push decided (applied or dropped): its index is its sequence number; the quality points
+        self.served = Trace("ray coordinator", "ray", n)
         self.t0 = 0.0
         # NOTE: an asyncio.Event binds to the loop that first waits on it (Python >= 3.10), so it can be made here.
         self._changed = _Changed()
@@ -152,7 +152,7 @@ class RayPSCoordinator:
             asyncio.get_running_loop().call_later(deadline - time.monotonic(), self._expire, c)
         values, version = self.server.pull(keys)
         self.lag[worker] = self.server.clocks.clock_lag(c)
-        return values, (version, self.lag[worker], len(self.updates), held)
+        return values, (version, self.lag[worker], len(self.served.updates), held)
 
     def _expire(self, c: int) -> None:
         if self.server.clocks.expire(c):
@@ -162,10 +162,10 @@ class RayPSCoordinator:
                    read_version: int) -> tuple[bool, int, int, int]:
         """Apply (or drop) a push: (applied, tau, its sequence number, complete steps)."""
         applied, tau = self.server.push(c, keys, deltas, read_version)
-        seq = len(self.updates)
-        self.updates.append((time.time() - self.t0, worker, c, tau, applied, self.lag[worker]))
+        seq = len(self.served.updates)
+        self.served.update(time.time() - self.t0, worker, c, tau, applied, self.lag[worker])
         self._changed.notify()
-        n = len(self.updates)
+        n = seq + 1
         if self.evaluate_every and n % self.evaluate_every == 0 and n < self.total:
             await self._evaluate(n)
         return applied, tau, seq, self.server.clocks.completed
@@ -178,13 +178,13 @@ class RayPSCoordinator:
     async def _evaluate(self, n_updates: int, at: float | None = None) -> None:
         """Record the quality of the whole table at run time ``at`` (default: now)."""
         w = await self._table()
-        self.quality.append((time.time() - self.t0 if at is None else at, n_updates, float(self.problem.quality(w))))
+        self.served.record_quality(time.time() - self.t0 if at is None else at, n_updates, self.problem.quality(w))
 
-    async def finish(self) -> tuple[np.ndarray, list, list]:
-        """Apply what the step rule still holds; (the table, the updates, the quality points)."""
+    async def finish(self) -> tuple[np.ndarray, Trace]:
+        """Apply what the step rule still holds; (the table, a trace of the updates and the quality points)."""
         self.server.finish()
-        await self._evaluate(len(self.updates))
-        return await self._table(), self.updates, self.quality
+        await self._evaluate(len(self.served.updates))
+        return await self._table(), self.served
 
 
 class RayPSShard:
@@ -535,7 +535,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         _call(ray, coord.start.remote(t0), COORDINATOR)
         runs = [w.run.remote(t0) for w in workers]
         spans = _await_workers(ray, runs, [coord, *shards], started, opts.timeout, local)
-        finished = _call(ray, coord.finish.remote(), COORDINATOR)
+        params, served = _call(ray, coord.finish.remote(), COORDINATOR)
         wall = time.perf_counter() - started
     except BaseException:
         if _terminated:
@@ -545,8 +545,13 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         _kill(ray, actors)
         if started_here:
             _stop_local(before)
-    return _result(problem, protocol, training, opts.n_servers, spans, *finished,
-                   {"wall_seconds": wall, "actors": pids, "setup_seconds": setup})
+    trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=opts.n_servers, wall_seconds=wall,
+                      substrate_detail="Ray actors: parameter-server shards and workers")
+    # a diverged run fails as on every substrate, at its first non-finite quality point
+    worker_seconds = served_trace(trace, ((i, *s) for i, worker in enumerate(spans) for s in worker), served, problem,
+                                  training.lr)
+    return Result(trace, params, {"wall_seconds": wall, "actors": pids, "setup_seconds": setup,
+                                  "worker_seconds": worker_seconds})
 
 
 run.options = RayOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
@@ -664,22 +669,3 @@ def _cause(error: Any) -> str:
     cause = getattr(error, "cause", None) or error
     return f"{type(cause).__name__}: {cause}".splitlines()[0]
 
-
-def _result(problem: Any, protocol: Protocol, training: Training, n_servers: int, spans: list[list[tuple]],
-            params: np.ndarray, updates: list, quality: list, measured: dict) -> Result:
-    """The run's trace and Result, in the format every substrate returns; (params, updates, quality): what the
-    coordinator's ``finish`` returns, ``measured``: wall_seconds and the rest the Result reports.
-    A diverged run fails as on every substrate, at its first non-finite quality point."""
-    trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=n_servers,
-                      wall_seconds=measured["wall_seconds"],
-                      substrate_detail="Ray actors: parameter-server shards and workers")
-    for i, worker_spans in enumerate(spans):
-        for kind, start, end, nbytes, step in worker_spans:
-            trace.span(i, kind, start, end, nbytes, step)
-    for u in updates:
-        trace.update(*u)
-    for t, step, value in quality:
-        check_metric(value, step, problem, training.lr)
-        trace.record_quality(t, step, value)
-    worker_seconds = max((s.end for s in trace.spans), default=0.0)
-    return Result(trace, params, {**measured, "worker_seconds": worker_seconds})

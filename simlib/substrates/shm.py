@@ -125,9 +125,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     warm_up(problem, values=lambda v: v.astype(dtype))
     if fast:  # with the types the workers pass; two steps, as a problem's steps may take turns (GloveSlices' phases)
         # on the miniature where the problem has one: its shard is its whole state (LDA's topics), not to be stepped here
-        mini = offered(problem, "miniature")
-        warm = mini if mini is not None else problem
-        warm.local_steps(_initial_table(warm, dtype), shards[0] if mini is None else mini.shards(1)[0], 0, 2, 1, 0.0,
+        warm = offered(problem, "miniature", default=problem)
+        warm.local_steps(_initial_table(warm, dtype), shards[0] if warm is problem else warm.shards(1)[0], 0, 2, 1, 0.0,
                          **({} if replica is None else {"replica": replica}))
     started = time.perf_counter()
     with WorkerGroup(n, opts.start_method, label="shm table") as group:
