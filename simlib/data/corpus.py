@@ -165,8 +165,7 @@ class Vocabulary:
     def encode_docs(self, docs: Iterable[Iterable[str]], drop_unknown: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Flatten ``docs`` to (ids int32, offsets int64): document k is ``ids[offsets[k]:offsets[k+1]]``."""
         parts = [self.encode(d, drop_unknown) for d in docs]
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([len(p) for p in parts], out=offsets[1:])
+        offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts], dtype=np.int64)])
         ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
         return ids.astype(np.int32, copy=False), offsets
 

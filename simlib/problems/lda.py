@@ -92,8 +92,7 @@ class LDACorpus:
         for i, p in enumerate(parts):
             if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
                 raise ValueError(f"docs must be 1-D integer word-id arrays; document {i} is not")
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([p.size for p in parts], out=offsets[1:])
+        offsets = np.concatenate([[0], np.cumsum([p.size for p in parts], dtype=np.int64)])
         words = np.concatenate([p.astype(np.int64) for p in parts]) if offsets[-1] else np.zeros(0, np.int64)
         check.positive_int("n_words", n_words)
         _check_word_ids(words, offsets, n_words)
@@ -421,8 +420,7 @@ def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: floa
         raise ValueError(f"heldout.n_words must equal the trained vocabulary size {phi.shape[1]}, got {heldout.n_words}")
     pos = np.arange(heldout.n_tokens) - heldout.offsets[heldout.doc_of]
     seen, scored = pos % 2 == 0, pos % 2 == 1
-    seen_offsets = np.zeros(heldout.n_docs + 1, dtype=np.int64)
-    np.cumsum(np.bincount(heldout.doc_of[seen], minlength=heldout.n_docs), out=seen_offsets[1:])
+    seen_offsets = np.concatenate([[0], np.cumsum(np.bincount(heldout.doc_of[seen], minlength=heldout.n_docs))])
     theta = _fold_in(heldout.words[seen], seen_offsets, phi, float(alpha), int(n_iter), int(seed))
     w, d = heldout.words[scored], heldout.doc_of[scored]
     if w.size == 0:

@@ -146,8 +146,7 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
     seed, so NumPy and CuPy runs draw the same stream.
     """
     xp = array_module(table)
-    K, V = problem.K, problem.V
-    n_wk, n_k = table[:-K].reshape(V, K), table[-K:]
+    n_wk, n_k = problem.split(table)
     if shard.device is None or shard.device.xp is not xp:
         shard.device = DeviceShard.of(shard.state, xp)
     dev = shard.device

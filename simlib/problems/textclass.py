@@ -40,12 +40,9 @@ def passages(passage_tokens: int) -> tuple[list[list[str]], np.ndarray]:
     return out, np.asarray(labels, dtype=np.float32)
 
 
-def _terms(tokens: list[str], bigrams: bool) -> set[str]:
-    """The distinct words of a passage, plus its adjacent word pairs written 'a_b'."""
-    terms = set(tokens)
-    if bigrams:
-        terms.update(f"{a}_{b}" for a, b in zip(tokens, tokens[1:]))
-    return terms
+def _grams(tokens: list[str], bigrams: bool) -> list[str]:
+    """The words of a passage, then (with ``bigrams``) its adjacent word pairs written 'a_b'."""
+    return tokens + ([f"{a}_{b}" for a, b in zip(tokens, tokens[1:])] if bigrams else [])
 
 
 def kjv_testament_dataset(passage_tokens: int = 25, min_count: int = 3, bigrams: bool = True,
@@ -57,7 +54,7 @@ def kjv_testament_dataset(passage_tokens: int = 25, min_count: int = 3, bigrams:
     """
     check.positive_int("min_count", min_count)
     texts, labels = passages(passage_tokens)
-    df = Counter(term for tokens in texts for term in _terms(tokens, bigrams))
+    df = Counter(term for tokens in texts for term in set(_grams(tokens, bigrams)))
     features = sorted(t for t, c in df.items() if c >= min_count)
     if not features:
         raise ValueError(f"min_count={min_count} leaves no feature; lower it")
@@ -68,9 +65,7 @@ def kjv_testament_dataset(passage_tokens: int = 25, min_count: int = 3, bigrams:
     indices: list[np.ndarray] = []
     values: list[np.ndarray] = []
     for r in order:
-        tokens = texts[r]
-        grams = tokens + ([f"{a}_{b}" for a, b in zip(tokens, tokens[1:])] if bigrams else [])
-        counts = Counter(index[term] for term in grams if term in index)
+        counts = Counter(index[term] for term in _grams(texts[r], bigrams) if term in index)
         cols = np.fromiter(sorted(counts), dtype=np.int32, count=len(counts))
         tf = np.array([counts[j] for j in cols], dtype=np.float64)
         v = tf * idf[cols]
