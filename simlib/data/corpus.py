@@ -134,8 +134,7 @@ class Vocabulary:
             positive_int("max_size", max_size)
         counter = Counter(chain.from_iterable(docs))
         ranked = sorted((item for item in counter.items() if item[1] >= min_count), key=lambda wc: (-wc[1], wc[0]))
-        if max_size is not None:
-            ranked = ranked[:max_size]
+        ranked = ranked[:max_size]  # None keeps every word
         return cls([w for w, _ in ranked], np.array([c for _, c in ranked], dtype=np.int64))
 
     def __len__(self) -> int:
@@ -166,8 +165,7 @@ class Vocabulary:
         """Flatten ``docs`` to (ids int32, offsets int64): document k is ``ids[offsets[k]:offsets[k+1]]``."""
         parts = [self.encode(d, drop_unknown) for d in docs]
         offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts], dtype=np.int64)])
-        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-        return ids.astype(np.int32, copy=False), offsets
+        return np.concatenate([np.zeros(0, np.int32), *parts]), offsets
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """Words for ``ids``."""

@@ -274,9 +274,11 @@ class LDAProblem:
     def _word_blocks(self, n_workers: int) -> np.ndarray:
         """Word boundaries of the in-place blocks: about ``sync_every`` tokens of each of ``n_workers`` workers,
         fewer where that would leave under 4 blocks a worker (the words permitting): a worker that finds the next
-        block held takes another."""
+        block held takes another. They cut the word-major tokens into runs of about ``tokens`` each."""
         word_ptr = np.concatenate([[0], np.cumsum(np.bincount(self.corpus.words, minlength=self.V))])
-        return _blocks(word_ptr, max(1, min(self.sync_every * n_workers, self.corpus.n_tokens // (4 * n_workers))))
+        tokens = max(1, min(self.sync_every * n_workers, self.corpus.n_tokens // (4 * n_workers)))
+        cuts = np.searchsorted(word_ptr, np.arange(tokens, word_ptr[-1], tokens), side="left")
+        return np.unique(np.concatenate([[0], cuts, [self.V]])).astype(np.int64)
 
     def device_steps(self, table: Any, shard: LDAShard, first: int, count: int, batch_size: int, lr: float) -> None:
         """The gpu substrate's hook: sweeps first .. first+count-1 in batches of ``batch_size`` tokens, each batch
@@ -330,14 +332,6 @@ class LDAProblem:
         assert n_wk.min() >= 0, "a word-topic count went negative"
         assert n_wk.sum() == self.corpus.n_tokens, f"n_wk sums to {n_wk.sum()}, not N = {self.corpus.n_tokens}"
         assert np.array_equal(n_k, n_wk.sum(axis=0)), "n_k differs from the column sums of n_wk"
-
-
-def _blocks(word_ptr: np.ndarray, tokens: int) -> np.ndarray:
-    """Word boundaries 0 = w_0 < .. < w_m = V cutting the word-major tokens into runs of about ``tokens`` each."""
-    V = len(word_ptr) - 1
-    targets = np.arange(tokens, word_ptr[-1], tokens)
-    cuts = np.searchsorted(word_ptr, targets, side="left")
-    return np.unique(np.concatenate([[0], cuts, [V]])).astype(np.int64)
 
 
 @njit(cache=True, nogil=True)
