@@ -87,8 +87,6 @@ def iter_text_file(path: str | Path, max_doc_tokens: int = 100_000, chunk_chars:
                 # Hold back a trailing partial word: it may continue in the next chunk.
                 cut = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t"))
                 text, carry = (text[: cut + 1], text[cut + 1 :]) if cut >= 0 else ("", text)
-            else:
-                carry = ""
             for i, line in enumerate(text.split("\n")):
                 if i and doc:  # the newline before this line ended the document
                     yield doc

@@ -353,16 +353,14 @@ def _stopped_corpus(docs: list, titles: list, n_stop: int, min_count: int, max_d
 
     check.non_negative_int("n_stop", n_stop)
     check.positive_int("min_count", min_count)
-    every = docs
     if max_docs is not None:
         check.positive_int("max_docs", max_docs)
-        docs, titles = docs[:max_docs], titles[:max_docs]
-    full = Vocabulary.build(every, min_count=min_count)
+    full = Vocabulary.build(docs, min_count=min_count)  # over every document, also past max_docs
     if len(full) <= n_stop:
         raise ValueError(f"n_stop ({n_stop}) must be below the vocabulary's {len(full)} words seen at least "
                          f"{min_count} times")
     vocab = Vocabulary(full.words[n_stop:], full.counts[n_stop:])
-    ids = [vocab.encode(d) for d in docs]
+    ids = [vocab.encode(d) for d in docs[:max_docs]]
     keep = [i for i, d in enumerate(ids) if d.size]
     return LDACorpus.from_docs([ids[i] for i in keep], len(vocab), vocab.words, [titles[i] for i in keep])
 

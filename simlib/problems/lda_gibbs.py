@@ -723,10 +723,9 @@ class GibbsState:
 
     def check_counts(self) -> None:
         """Raise AssertionError unless the tables equal those recomputed from z (single-process use)."""
-        n_dk, n_wk, n_k = count_tables(self.corpus, self.z, self.n_topics)
-        assert np.array_equal(n_dk, self.n_dk), "n_dk differs from the counts of z"
-        assert np.array_equal(n_wk, self.n_wk), "n_wk differs from the counts of z"
-        assert np.array_equal(n_k, self.n_k), "n_k differs from the counts of z"
+        counted = count_tables(self.corpus, self.z, self.n_topics)
+        for name, mine, expected in zip(("n_dk", "n_wk", "n_k"), (self.n_dk, self.n_wk, self.n_k), counted):
+            assert np.array_equal(expected, mine), f"{name} differs from the counts of z"
 
 
 def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0,

@@ -61,7 +61,6 @@ def kjv_testament_dataset(passage_tokens: int = 25, min_count: int = 3, bigrams:
     index = {t: i for i, t in enumerate(features)}
     idf = np.log(len(texts) / np.array([df[t] for t in features], dtype=np.float64)) + 1.0
     order = np.random.default_rng(seed).permutation(len(texts))
-    indptr = [0]
     indices: list[np.ndarray] = []
     values: list[np.ndarray] = []
     for r in order:
@@ -72,7 +71,6 @@ def kjv_testament_dataset(passage_tokens: int = 25, min_count: int = 3, bigrams:
         norm = np.sqrt(v @ v)
         indices.append(cols)
         values.append((v / norm if norm > 0 else v).astype(np.float32))
-        indptr.append(indptr[-1] + len(cols))
-    data = SparseDataset(np.asarray(indptr, dtype=np.int64), np.concatenate(indices), np.concatenate(values),
-                         labels[order], len(features))
+    indptr = np.concatenate([[0], np.cumsum([len(cols) for cols in indices], dtype=np.int64)])
+    data = SparseDataset(indptr, np.concatenate(indices), np.concatenate(values), labels[order], len(features))
     return data, features
