@@ -70,10 +70,9 @@ class LDACorpus:
                                  f"{getattr(a, 'dtype', type(a).__name__)}")
         if len(self.offsets) < 2 or self.offsets[0] != 0:  # 1-D: checked above
             raise ValueError("offsets must be a 1-D array starting at 0 with at least one document")
-        lengths = np.diff(self.offsets)
-        if np.any(lengths <= 0):
-            d = int(np.flatnonzero(lengths <= 0)[0])
-            raise ValueError(f"docs must be non-empty; document {d} has no tokens")
+        empty = np.flatnonzero(np.diff(self.offsets) <= 0)
+        if empty.size:
+            raise ValueError(f"docs must be non-empty; document {int(empty[0])} has no tokens")
         if self.offsets[-1] != len(self.words):
             raise ValueError(f"offsets[-1] must equal len(words) = {len(self.words)}, got {self.offsets[-1]}")
         _check_word_ids(self.words, self.offsets, self.n_words)

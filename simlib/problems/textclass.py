@@ -31,13 +31,9 @@ def passages(passage_tokens: int) -> tuple[list[list[str]], np.ndarray]:
     check.positive_int("passage_tokens", passage_tokens)
     kjv = load_kjv()
     nt_start = kjv.titles.index(FIRST_NEW_TESTAMENT_CHAPTER)
-    out: list[list[str]] = []
-    labels: list[float] = []
-    for k, doc in enumerate(kjv.docs):
-        for start in range(0, len(doc), passage_tokens):
-            out.append(doc[start : start + passage_tokens])
-            labels.append(1.0 if k >= nt_start else -1.0)
-    return out, np.asarray(labels, dtype=np.float32)
+    cut = [(doc[start : start + passage_tokens], 1.0 if k >= nt_start else -1.0)
+           for k, doc in enumerate(kjv.docs) for start in range(0, len(doc), passage_tokens)]
+    return [text for text, _ in cut], np.array([label for _, label in cut], dtype=np.float32)
 
 
 def _grams(tokens: list[str], bigrams: bool) -> list[str]:
