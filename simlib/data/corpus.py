@@ -87,8 +87,6 @@ def iter_text_file(path: str | Path, max_doc_tokens: int = 100_000, chunk_chars:
                 # Hold back a trailing partial word: it may continue in the next chunk.
                 cut = max(text.rfind(" "), text.rfind("\n"), text.rfind("\t"))
                 text, carry = (text[: cut + 1], text[cut + 1 :]) if cut >= 0 else ("", text)
-            else:
-                carry = ""
             for i, line in enumerate(text.split("\n")):
                 if i and doc:  # the newline before this line ended the document
                     yield doc
@@ -134,8 +132,7 @@ class Vocabulary:
             positive_int("max_size", max_size)
         counter = Counter(chain.from_iterable(docs))
         ranked = sorted((item for item in counter.items() if item[1] >= min_count), key=lambda wc: (-wc[1], wc[0]))
-        if max_size is not None:
-            ranked = ranked[:max_size]
+        ranked = ranked[:max_size]  # None keeps every word
         return cls([w for w, _ in ranked], np.array([c for _, c in ranked], dtype=np.int64))
 
     def __len__(self) -> int:
@@ -165,10 +162,8 @@ class Vocabulary:
     def encode_docs(self, docs: Iterable[Iterable[str]], drop_unknown: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Flatten ``docs`` to (ids int32, offsets int64): document k is ``ids[offsets[k]:offsets[k+1]]``."""
         parts = [self.encode(d, drop_unknown) for d in docs]
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([len(p) for p in parts], out=offsets[1:])
-        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
-        return ids.astype(np.int32, copy=False), offsets
+        offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts], dtype=np.int64)])
+        return np.concatenate([np.zeros(0, np.int32), *parts]), offsets
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """Words for ``ids``."""

@@ -70,10 +70,9 @@ class LDACorpus:
                                  f"{getattr(a, 'dtype', type(a).__name__)}")
         if len(self.offsets) < 2 or self.offsets[0] != 0:  # 1-D: checked above
             raise ValueError("offsets must be a 1-D array starting at 0 with at least one document")
-        lengths = np.diff(self.offsets)
-        if np.any(lengths <= 0):
-            d = int(np.flatnonzero(lengths <= 0)[0])
-            raise ValueError(f"docs must be non-empty; document {d} has no tokens")
+        empty = np.flatnonzero(np.diff(self.offsets) <= 0)
+        if empty.size:
+            raise ValueError(f"docs must be non-empty; document {int(empty[0])} has no tokens")
         if self.offsets[-1] != len(self.words):
             raise ValueError(f"offsets[-1] must equal len(words) = {len(self.words)}, got {self.offsets[-1]}")
         _check_word_ids(self.words, self.offsets, self.n_words)
@@ -92,8 +91,7 @@ class LDACorpus:
         for i, p in enumerate(parts):
             if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
                 raise ValueError(f"docs must be 1-D integer word-id arrays; document {i} is not")
-        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([p.size for p in parts], out=offsets[1:])
+        offsets = np.concatenate([[0], np.cumsum([p.size for p in parts], dtype=np.int64)])
         words = np.concatenate([p.astype(np.int64) for p in parts]) if offsets[-1] else np.zeros(0, np.int64)
         check.positive_int("n_words", n_words)
         _check_word_ids(words, offsets, n_words)
@@ -239,21 +237,22 @@ def _lgamma_sum(counts: np.ndarray, prior: float) -> float:
     return float(gammaln(nonzero + prior).sum() + (counts.size - nonzero.size) * gammaln(prior))
 
 
+def _polya_log_likelihood(counts: np.ndarray, totals: np.ndarray, prior: float) -> float:
+    """G[lgamma(M p) - M lgamma(p)] + sum_g [sum_i lgamma(c_gi + p) - lgamma(n_g + M p)]: G groups of M counts each."""
+    G, M = totals.size, counts.size // totals.size
+    return float(G * (gammaln(M * prior) - M * gammaln(prior)) + _lgamma_sum(counts, prior)
+                 - gammaln(totals + M * prior).sum())
+
+
 def word_log_likelihood(n_wk: Any, n_k: Any, beta: float) -> float:
     """log p(w | z) = K[lgamma(V b) - V lgamma(b)] + sum_k [sum_w lgamma(n_wk + b) - lgamma(n_k + V b)]."""
-    n_wk, n_k = to_numpy(n_wk), to_numpy(n_k)
-    V, K = n_wk.shape
-    return float(K * (gammaln(V * beta) - V * gammaln(beta)) + _lgamma_sum(n_wk, beta)
-                 - gammaln(n_k + V * beta).sum())
+    return _polya_log_likelihood(to_numpy(n_wk), to_numpy(n_k), beta)
 
 
 def doc_log_likelihood(n_dk: Any, alpha: float) -> float:
     """log p(z) = D[lgamma(K a) - K lgamma(a)] + sum_d [sum_k lgamma(n_dk + a) - lgamma(n_d + K a)]."""
     n_dk = to_numpy(n_dk)
-    D, K = n_dk.shape
-    n_d = n_dk.sum(axis=1)
-    return float(D * (gammaln(K * alpha) - K * gammaln(alpha)) + _lgamma_sum(n_dk, alpha)
-                 - gammaln(n_d + K * alpha).sum())
+    return _polya_log_likelihood(n_dk, n_dk.sum(axis=1), alpha)
 
 
 def log_likelihood(n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float) -> float:
@@ -353,16 +352,14 @@ def _stopped_corpus(docs: list, titles: list, n_stop: int, min_count: int, max_d
 
     check.non_negative_int("n_stop", n_stop)
     check.positive_int("min_count", min_count)
-    every = docs
     if max_docs is not None:
         check.positive_int("max_docs", max_docs)
-        docs, titles = docs[:max_docs], titles[:max_docs]
-    full = Vocabulary.build(every, min_count=min_count)
+    full = Vocabulary.build(docs, min_count=min_count)  # over every document, also past max_docs
     if len(full) <= n_stop:
         raise ValueError(f"n_stop ({n_stop}) must be below the vocabulary's {len(full)} words seen at least "
                          f"{min_count} times")
     vocab = Vocabulary(full.words[n_stop:], full.counts[n_stop:])
-    ids = [vocab.encode(d) for d in docs]
+    ids = [vocab.encode(d) for d in docs[:max_docs]]
     keep = [i for i, d in enumerate(ids) if d.size]
     return LDACorpus.from_docs([ids[i] for i in keep], len(vocab), vocab.words, [titles[i] for i in keep])
 
@@ -421,8 +418,7 @@ def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: floa
         raise ValueError(f"heldout.n_words must equal the trained vocabulary size {phi.shape[1]}, got {heldout.n_words}")
     pos = np.arange(heldout.n_tokens) - heldout.offsets[heldout.doc_of]
     seen, scored = pos % 2 == 0, pos % 2 == 1
-    seen_offsets = np.zeros(heldout.n_docs + 1, dtype=np.int64)
-    np.cumsum(np.bincount(heldout.doc_of[seen], minlength=heldout.n_docs), out=seen_offsets[1:])
+    seen_offsets = np.concatenate([[0], np.cumsum(np.bincount(heldout.doc_of[seen], minlength=heldout.n_docs))])
     theta = _fold_in(heldout.words[seen], seen_offsets, phi, float(alpha), int(n_iter), int(seed))
     w, d = heldout.words[scored], heldout.doc_of[scored]
     if w.size == 0:

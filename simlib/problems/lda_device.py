@@ -146,12 +146,12 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
     seed, so NumPy and CuPy runs draw the same stream.
     """
     xp = array_module(table)
-    K, V = problem.K, problem.V
-    n_wk, n_k = table[:-K].reshape(V, K), table[-K:]
+    n_wk, n_k = problem.split(table)
     if shard.device is None or shard.device.xp is not xp:
         shard.device = DeviceShard.of(shard.state, xp)
     dev = shard.device
     fused = use_fused(problem.device_kernel, xp)
+    resample = resample_fused if fused else resample_batch
     n = int(dev.z.shape[0])
     if fused and (dev.newz is None or dev.newz.shape[0] < min(batch_size, n)):  # pragma: no cover - needs a GPU
         dev.newz = xp.empty(min(batch_size, n), dtype=np.int64)
@@ -162,7 +162,4 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
         uniforms = xp.asarray(rng.random(n, dtype=np.float32))
         for lo in range(0, n, batch_size):
             sl = slice(lo, min(lo + batch_size, n))
-            if fused:  # pragma: no cover - needs a GPU
-                resample_fused(dev, order[sl], n_wk, n_k, problem.alpha, problem.beta, uniforms[sl])
-            else:
-                resample_batch(dev, order[sl], n_wk, n_k, problem.alpha, problem.beta, uniforms[sl])
+            resample(dev, order[sl], n_wk, n_k, problem.alpha, problem.beta, uniforms[sl])

@@ -86,8 +86,8 @@ import numpy as np
 from numba import njit
 
 from simlib import _validate as check
-from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, doc_topic_counts, log_likelihood,
-                                random_assignments)
+from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, check_hyper, count_tables, doc_topic_counts,
+                                log_likelihood, random_assignments)
 
 KERNELS = ("sparse", "dense", "mh", "alias")
 # The kernels' arguments travel in tuples (numba unpacks them at no cost), grouped by what they describe:
@@ -652,15 +652,12 @@ class GibbsState:
         check_hyper(n_topics, alpha, beta)
         check.one_of("kernel", kernel, KERNELS)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
-        if n_wk is None or n_k is None:
-            self.n_dk, own_wk, own_k = count_tables(corpus, z, n_topics)
-            self.n_wk = own_wk if n_wk is None else n_wk
-            self.n_k = own_k if n_k is None else n_k
-        else:  # a worker's copy of the table: its own V x K counts would be built only to be dropped
-            self.n_dk, self.n_wk, self.n_k = doc_topic_counts(corpus, z, n_topics), n_wk, n_k
+        self.n_dk = doc_topic_counts(corpus, z, n_topics)
+        # a worker's copy of the table is used as given: its own V x K counts would be built only to be dropped
+        self.n_wk = _count_pairs(corpus.words, z, corpus.n_words, n_topics) if n_wk is None else n_wk
+        self.n_k = np.bincount(z, minlength=n_topics).astype(np.int32) if n_k is None else n_k
         self.order = np.argsort(corpus.words, kind="stable").astype(np.int64)
-        self.word_ptr = np.zeros(corpus.n_words + 1, np.int64)
-        np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words), out=self.word_ptr[1:])
+        self.word_ptr = np.concatenate([[0], np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words))])
         self.doc_wm = corpus.doc_of[self.order]
         self.z_wm = np.asarray(z, dtype=np.int32)[self.order]
         if kernel in ("sparse", "alias"):  # D x K lists: the other kernels read n_dk itself
@@ -726,10 +723,9 @@ class GibbsState:
 
     def check_counts(self) -> None:
         """Raise AssertionError unless the tables equal those recomputed from z (single-process use)."""
-        n_dk, n_wk, n_k = count_tables(self.corpus, self.z, self.n_topics)
-        assert np.array_equal(n_dk, self.n_dk), "n_dk differs from the counts of z"
-        assert np.array_equal(n_wk, self.n_wk), "n_wk differs from the counts of z"
-        assert np.array_equal(n_k, self.n_k), "n_k differs from the counts of z"
+        counted = count_tables(self.corpus, self.z, self.n_topics)
+        for name, mine, expected in zip(("n_dk", "n_wk", "n_k"), (self.n_dk, self.n_wk, self.n_k), counted):
+            assert np.array_equal(expected, mine), f"{name} differs from the counts of z"
 
 
 def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0,

@@ -31,21 +31,14 @@ def passages(passage_tokens: int) -> tuple[list[list[str]], np.ndarray]:
     check.positive_int("passage_tokens", passage_tokens)
     kjv = load_kjv()
     nt_start = kjv.titles.index(FIRST_NEW_TESTAMENT_CHAPTER)
-    out: list[list[str]] = []
-    labels: list[float] = []
-    for k, doc in enumerate(kjv.docs):
-        for start in range(0, len(doc), passage_tokens):
-            out.append(doc[start : start + passage_tokens])
-            labels.append(1.0 if k >= nt_start else -1.0)
-    return out, np.asarray(labels, dtype=np.float32)
+    cut = [(doc[start : start + passage_tokens], 1.0 if k >= nt_start else -1.0)
+           for k, doc in enumerate(kjv.docs) for start in range(0, len(doc), passage_tokens)]
+    return [text for text, _ in cut], np.array([label for _, label in cut], dtype=np.float32)
 
 
-def _terms(tokens: list[str], bigrams: bool) -> set[str]:
-    """The distinct words of a passage, plus its adjacent word pairs written 'a_b'."""
-    terms = set(tokens)
-    if bigrams:
-        terms.update(f"{a}_{b}" for a, b in zip(tokens, tokens[1:]))
-    return terms
+def _grams(tokens: list[str], bigrams: bool) -> list[str]:
+    """The words of a passage, then (with ``bigrams``) its adjacent word pairs written 'a_b'."""
+    return tokens + ([f"{a}_{b}" for a, b in zip(tokens, tokens[1:])] if bigrams else [])
 
 
 def kjv_testament_dataset(passage_tokens: int = 25, min_count: int = 3, bigrams: bool = True,
@@ -57,27 +50,23 @@ def kjv_testament_dataset(passage_tokens: int = 25, min_count: int = 3, bigrams:
     """
     check.positive_int("min_count", min_count)
     texts, labels = passages(passage_tokens)
-    df = Counter(term for tokens in texts for term in _terms(tokens, bigrams))
+    df = Counter(term for tokens in texts for term in set(_grams(tokens, bigrams)))
     features = sorted(t for t, c in df.items() if c >= min_count)
     if not features:
         raise ValueError(f"min_count={min_count} leaves no feature; lower it")
     index = {t: i for i, t in enumerate(features)}
     idf = np.log(len(texts) / np.array([df[t] for t in features], dtype=np.float64)) + 1.0
     order = np.random.default_rng(seed).permutation(len(texts))
-    indptr = [0]
     indices: list[np.ndarray] = []
     values: list[np.ndarray] = []
     for r in order:
-        tokens = texts[r]
-        grams = tokens + ([f"{a}_{b}" for a, b in zip(tokens, tokens[1:])] if bigrams else [])
-        counts = Counter(index[term] for term in grams if term in index)
+        counts = Counter(index[term] for term in _grams(texts[r], bigrams) if term in index)
         cols = np.fromiter(sorted(counts), dtype=np.int32, count=len(counts))
         tf = np.array([counts[j] for j in cols], dtype=np.float64)
         v = tf * idf[cols]
         norm = np.sqrt(v @ v)
         indices.append(cols)
         values.append((v / norm if norm > 0 else v).astype(np.float32))
-        indptr.append(indptr[-1] + len(cols))
-    data = SparseDataset(np.asarray(indptr, dtype=np.int64), np.concatenate(indices), np.concatenate(values),
-                         labels[order], len(features))
+    indptr = np.concatenate([[0], np.cumsum([len(cols) for cols in indices], dtype=np.int64)])
+    data = SparseDataset(indptr, np.concatenate(indices), np.concatenate(values), labels[order], len(features))
     return data, features
