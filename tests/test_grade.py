@@ -588,6 +588,12 @@ CGROUP_ATTACKS = {  # name: (code replacing part 1's answer, (t1, t2) points, te
     "fast_fork_bomb": ("import os, time\npid0 = os.getpid()\nfor _ in range(7):\n    try:\n        os.fork()\n"
                        "    except OSError:\n        break\nif os.getpid() != pid0:\n    time.sleep(30)\n    os._exit(0)" + F,
                        (0, 3), "more than 32 processes at once (--max-procs, the cgroup's pids.max"),
+    # one child that goes on forking after its cell has returned (a fork every 5 ms): still growing at the
+    # cell's end, the crowd is that cell's, not the next one's, whenever it reaches the limit
+    "slow_fork_bomb": ("import os, time\nif os.fork() == 0:\n    for _ in range(60):\n        time.sleep(0.005)\n"
+                       "        try:\n            if os.fork() == 0:\n                time.sleep(30)\n"
+                       "                os._exit(0)\n        except OSError:\n            break\n    os._exit(0)" + F,
+                       (0, 3), "more than 32 processes at once (--max-procs, the cgroup's pids.max"),
     # two processes of 240 MB each (each under the 400 MB per process, 480 MB with the interpreter
     # together: over --memory-mb, yet under the watcher's 800 MB resident in all)
     "two_processes_over_memory": ("import os, time\nn = 240 * 2**20\npid = os.fork()\nif pid == 0:\n    a = b'x' * n\n"

@@ -64,6 +64,7 @@ SHM = Path("/dev/shm")
 SYSTEM_READ = ["/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/opt/conda"]
 DEVICES = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full"]
 MAX_RESTARTS = 3
+SETTLE_S = 1.0  # how long a unit's end waits for the processes it left behind to stop multiplying
 MAX_FRAME = 1 << 20
 INSIDE_SCRATCH = "/tmp"
 FLAGS = {"cell_s": "--cell-timeout", "wall_s": "--timeout", "memory_mb": "--memory-mb", "max_procs": "--max-procs",
@@ -310,6 +311,18 @@ class Child:
         self.violation = f"the processes used more than {2 * self.limits.memory_mb} MB together"
         return True
 
+    def _processes(self) -> int:
+        """How many processes the sandbox holds now: its cgroup's, or (without one) its tree's."""
+        return len(self.cgroup.members()) if self.cgroup is not None else len(self.tree())
+
+    def _settle(self, before: int) -> None:
+        """While the processes a unit left behind (more than ``before``) still multiply, wait, up to SETTLE_S:
+        the limit they are about to hit is that unit's to answer for, not the next one's."""
+        deadline, now = time.monotonic() + SETTLE_S, self._processes()
+        while now > before and time.monotonic() < deadline and not self._over_limit():
+            time.sleep(self.watch_every)
+            before, now = now, self._processes()
+
     def tree(self) -> list[int]:
         """The child's session members and descendants now alive (remembered for the final kill)."""
         stats = _proc_stats()
@@ -425,13 +438,16 @@ class Child:
     def run(self, k: int, deadline: float) -> Outcome:
         """Let unit ``k`` of the plan run; wait for its answer until ``deadline``."""
         self.output = 0
+        before = self._processes()
         self._write(b"g")
         reply = self.receive(deadline)
         if reply.get("seq") != k or reply.get("nonce") != self.nonces[k] or not isinstance(reply.get("ok"), bool):
             raise Fatal("the submission wrote into the grader's result channel")
         # The unit that leaves a crowd of processes behind is the one to blame, however late the
         # watcher (a thread polling every watch_every s, later on a busy machine) would have looked: checked
-        # here, before the next unit starts, a regrade blames the same unit.
+        # here, before the next unit starts, a regrade blames the same unit; and a crowd still growing
+        # when the unit returns (a fork bomb's children still forking) is waited for first.
+        self._settle(before)
         if self.violation or self._over_limit():
             raise Fatal(self.violation)
         return Outcome(reply["ok"], str(reply.get("error", ""))[:1000])
