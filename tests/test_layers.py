@@ -152,3 +152,28 @@ def test_imports_are_found_inside_functions_and_from_packages():
     found = simlib_imports("simlib.sim.probe", source)
     assert found == [(1, "simlib._validate"), (2, "simlib"), (5, "simlib.parallel.lda"), (6, "simlib.trace"),
                      (7, "simlib.problems.lda"), (8, "simlib.sim.engine")]
+
+
+# -- settings that travel together are one object (README, "how it is built") ----------------------
+MAX_PARAMETERS = 8
+
+
+def parameter_count(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Parameters of ``fn``, *args and **kwargs included, a method's self or cls not."""
+    a = fn.args
+    names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)] + [p.arg for p in (a.vararg, a.kwarg) if p]
+    return len(names) - (names[:1] in (["self"], ["cls"]))
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    wide = [f"{name}.{fn.name} ({parameter_count(fn)})" for name, path in modules().items()
+            for fn in ast.walk(ast.parse(path.read_text()))
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and parameter_count(fn) > MAX_PARAMETERS]
+    assert wide == [], "group related arguments into one object (a dataclass, or a tuple for a numba kernel)"
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("def f(self, a, b=1, *c, d, **e): pass", 5), ("def f(a, /, b, *, c): pass", 3), ("def f(): pass", 0),
+])
+def test_the_parameter_count_leaves_out_self_and_counts_the_rest(source, expected):
+    assert parameter_count(ast.parse(source).body[0]) == expected

@@ -29,7 +29,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -72,12 +72,21 @@ def _set_parent_death_signal() -> None:
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
-def _bootstrap(fn: Callable[..., Any], n_workers: int, t0: float, parent_pid: int, log_queue: Any, verbose: bool,
-               args: tuple[Any, ...], worker_id: int, conn: Connection, own_args: tuple[Any, ...]) -> None:
-    """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...).
+class _Launch(NamedTuple):
+    """What every worker of one :meth:`WorkerGroup.run` is started with."""
 
-    Every worker of one :meth:`WorkerGroup.run` gets the same arguments up to ``args`` (``t0``: the group's clock
-    origin, a perf_counter reading; ``args``: what ``fn`` gets before the worker's ``own_args``)."""
+    fn: Callable[..., Any]
+    n_workers: int
+    t0: float  # the group's clock origin (perf_counter)
+    parent_pid: int
+    log_queue: Any
+    verbose: bool
+    args: tuple[Any, ...]  # the arguments every worker gets, before its own
+
+
+def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tuple[Any, ...]) -> None:
+    """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...)."""
+    fn, n_workers, t0, parent_pid, log_queue, verbose, args = launch
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # _exit_on_sigterm's last resort
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # not the parent's handlers, inherited under fork
@@ -206,13 +215,12 @@ class WorkerGroup:
             self.t0 = time.perf_counter()
         trap = _Trap()
         readers: list[Connection] = []
-        # _bootstrap's arguments up to args are the same for every worker
-        launch = (fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose, args)
+        launch = _Launch(fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose, args)
         try:
             for i in range(self.n_workers):
                 extra = tuple(worker_args[i]) if worker_args is not None else ()
                 reader, writer = self.ctx.Pipe(duplex=False)
-                proc = self.ctx.Process(target=_bootstrap, args=(*launch, i, writer, extra), name=f"worker-{i}",
+                proc = self.ctx.Process(target=_bootstrap, args=(launch, i, writer, extra), name=f"worker-{i}",
                                         daemon=True)
                 _start_deferring_signals(proc, self._procs)
                 writer.close()  # only the child writes; closing ours lets a dead child read as EOF
