@@ -9,8 +9,9 @@ import simpy
 from simlib.sim.kernel import Environment
 
 
-def _program(env, log: list, wake: bool) -> None:
-    """Three sleepers woken by a waker at t=2 (by their wakes or by events), a delay racing them, a timeout."""
+def _program(env, log: list, wake: bool, by_step: bool = False) -> None:
+    """Three sleepers woken by a waker at t=2 (by their wakes or by events), a delay racing them, a timeout;
+    run by ``env.run()``, or one event at a time by ``env.step()`` with ``by_step``."""
     gates: list = []
 
     def sleeper(name):
@@ -36,13 +37,17 @@ def _program(env, log: list, wake: bool) -> None:
         env.process(sleeper(name))
     env.process(waker())
     env.process(racer())
-    env.run()
+    if not by_step:
+        env.run()
+    while by_step and env.peek() != float("inf"):
+        env.step()
 
 
+@pytest.mark.parametrize("by_step", [False, True])
 @pytest.mark.parametrize("wake", [False, True])
-def test_delays_and_wakes_run_in_simpys_order(wake):
+def test_delays_and_wakes_run_in_simpys_order(wake, by_step):
     ours, simpys = [], []
-    _program(Environment(), ours, wake)
+    _program(Environment(), ours, wake, by_step)
     _program(simpy.Environment(), simpys, wake=False)
     assert ours == simpys
     assert ours[:2] == [(2.0, "waker", "sent"), (2.0, "racer", "at 2")]

@@ -443,7 +443,10 @@ class _Run:
         if len(keys):
             if deltas is not None:  # None: cost-only
                 self.tables[r][keys] += deltas
-            self.wan_pending[r] -= Counter({c: 1})  # a step none of whose messages is left drops out
+            pending = self.wan_pending[r]
+            pending[c] -= 1
+            if not pending[c]:  # a step none of whose messages is left drops out
+                del pending[c]
         if clock is not None:  # the link is FIFO: every message site s sent before this one has arrived
             self.heard[r][s] = max(self.heard[r][s], clock)
         if self.wan_waiters[r]:
