@@ -237,22 +237,24 @@ def _lgamma_sum(counts: np.ndarray, prior: float) -> float:
     return float(gammaln(nonzero + prior).sum() + (counts.size - nonzero.size) * gammaln(prior))
 
 
-def _polya_log_likelihood(counts: np.ndarray, totals: np.ndarray, prior: float) -> float:
-    """G[lgamma(M p) - M lgamma(p)] + sum_g [sum_i lgamma(c_gi + p) - lgamma(n_g + M p)]: G groups of M counts each."""
-    G, M = totals.size, counts.size // totals.size
+def _polya_log_likelihood(counts: np.ndarray, totals: np.ndarray, prior: float, M: int) -> float:
+    """G[lgamma(M p) - M lgamma(p)] + sum_g [sum_i lgamma(c_gi + p) - lgamma(n_g + M p)]: G groups (``totals``) of
+    M counts each."""
+    G = totals.size
     return float(G * (gammaln(M * prior) - M * gammaln(prior)) + _lgamma_sum(counts, prior)
                  - gammaln(totals + M * prior).sum())
 
 
 def word_log_likelihood(n_wk: Any, n_k: Any, beta: float) -> float:
     """log p(w | z) = K[lgamma(V b) - V lgamma(b)] + sum_k [sum_w lgamma(n_wk + b) - lgamma(n_k + V b)]."""
-    return _polya_log_likelihood(to_numpy(n_wk), to_numpy(n_k), beta)
+    n_wk = to_numpy(n_wk)
+    return _polya_log_likelihood(n_wk, to_numpy(n_k), beta, n_wk.shape[0])
 
 
 def doc_log_likelihood(n_dk: Any, alpha: float) -> float:
     """log p(z) = D[lgamma(K a) - K lgamma(a)] + sum_d [sum_k lgamma(n_dk + a) - lgamma(n_d + K a)]."""
     n_dk = to_numpy(n_dk)
-    return _polya_log_likelihood(n_dk, n_dk.sum(axis=1), alpha)
+    return _polya_log_likelihood(n_dk, n_dk.sum(axis=1), alpha, n_dk.shape[1])
 
 
 def log_likelihood(n_dk: Any, n_wk: Any, n_k: Any, alpha: float, beta: float) -> float:

@@ -46,8 +46,8 @@ from numba import njit
 from simlib import _validate as check
 from simlib.backend import to_numpy
 from simlib.problems.atomic import atomic_add, compare_swap
-from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, doc_topic_counts, log_likelihood, random_assignments,
-                                deal_documents, word_log_likelihood)
+from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, check_hyper, deal_documents, doc_topic_counts,
+                                log_likelihood, random_assignments, word_log_likelihood)
 from simlib.problems.lda_gibbs import KERNELS, GibbsState, _rng_state
 
 _SEED_STRIDE = (1_000_003, 10_007)
@@ -191,8 +191,7 @@ class LDAProblem:
         """(keys, deltas): one Gibbs sweep against the counts read; the deltas are the tokens it moved."""
         st, K = batch.state, self.K
         if batch.own_wk is None:  # the shard's own counts: n_wk rows of its words, and n_k, from its assignments
-            n = len(batch.words)
-            batch.own_wk = np.bincount(batch.local * K + st.z, minlength=n * K).reshape(n, K).astype(np.int32)
+            batch.own_wk = _count_pairs(batch.local, st.z, len(batch.words), K)  # int32 at once (see its NOTE)
             batch.own_k = np.bincount(st.z, minlength=K).astype(np.int32)
         # NOTE: a read holds the worker's own tokens whenever its last push was applied before its
         # next pull (every substrate, without accumulation); the maximum binds only for a read that
