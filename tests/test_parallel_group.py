@@ -275,6 +275,54 @@ def test_forkserver_workers_run_though_their_parent_is_the_server(clean: None) -
         assert group.run(square, 10) == [100, 121]
 
 
+def sleep_noting_pid(worker_id: int, n_workers: int, path: str) -> None:
+    with open(f"{path}.{worker_id}", "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(60)
+
+
+_ORPHANED = """
+import sys
+sys.path.insert(0, {root!r})
+from simlib.parallel import WorkerGroup
+from tests.test_parallel_group import sleep_noting_pid
+if __name__ == "__main__":
+    with WorkerGroup(1, "forkserver") as group:
+        group.run(sleep_noting_pid, {path!r})
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver here")
+def test_a_forkserver_worker_ends_with_the_process_that_started_it(tmp_path) -> None:
+    """Its parent-death signal is armed against the server, which outlives the group's process: it watches that."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "orphaned.py"
+    script.write_text(_ORPHANED.format(root=root, path=str(tmp_path / "pid")))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path)
+    note, deadline = tmp_path / "pid.0", time.monotonic() + 60
+    while not note.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)
+    worker = int(note.read_text())
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(worker), "the worker outlived the process that started it"
+
+
 _UNGUARDED = """
 import os, sys
 sys.path.insert(0, {root!r})

@@ -95,8 +95,8 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
         raise SystemExit(128 + signal.SIGTERM)
     _signals.forked()
     _set_parent_death_signal()
-    if os.getppid() != parent_pid and not _alive(parent_pid):  # it died before the signal was armed
-        os._exit(1)  # (a forkserver's worker is the server's child: its parent pid is never the group's)
+    if os.getppid() != parent_pid:  # a forkserver's worker: its parent is the server, which outlives the group
+        _exit_with(parent_pid)
     _log.worker_setup(log_queue, verbose)
     ctx = _worker.WorkerContext(worker_id, n_workers, t0)
     _worker._install(ctx)
@@ -114,15 +114,19 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
     conn.close()
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` exists."""
+def _exit_with(pid: int) -> None:
+    """End this worker when process ``pid`` ends (at once if it has): the parent-death signal covers only a
+    worker's own parent, and a forkserver worker's parent is the server, not the group's process."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        pass
-    return True
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:  # it died before the worker got here
+        os._exit(1)
+
+    def wait_for_it() -> None:
+        wait([fd])  # a process's pidfd reads as ready once it has ended
+        os._exit(1)
+
+    threading.Thread(target=wait_for_it, name="group-watch", daemon=True).start()
 
 
 class WorkerGroup:
