@@ -35,9 +35,10 @@ def gpu_available() -> bool:
 def get_xp(name: str = "auto") -> ModuleType:
     """Resolve 'numpy', 'cupy' or 'auto' (CuPy when a GPU is present) to a module."""
     check.one_of("xp", name, ("numpy", "cupy", "auto"))
-    if name == "cupy" and not gpu_available():
+    gpu = name != "numpy" and gpu_available()  # asked once: it counts the CUDA devices
+    if name == "cupy" and not gpu:
         raise ValueError("xp='cupy' needs CuPy and a CUDA device; none was found (use xp='numpy')")
-    return np if name == "numpy" or not gpu_available() else _cupy
+    return _cupy if gpu else np
 
 
 def to_numpy(a: Any) -> np.ndarray:

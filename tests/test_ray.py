@@ -28,6 +28,7 @@ from simlib.problems.lda import make_synthetic_corpus  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
 from simlib.protocol import Protocol  # noqa: E402
+from simlib.substrates.ray import _read, _tree  # noqa: E402
 from simlib.trace import SPAN_KINDS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,23 +67,8 @@ def tiny():
 def _own_processes() -> dict[int, str]:
     """pid -> title of every live process descended from this test process: the cluster's nodes (started here)
     and the actors their raylets start. Other test runs on the machine, with actors of the same names, are not."""
-    parent, title = {}, {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                title[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except (OSError, IndexError, ValueError):  # gone meanwhile
-                continue
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    mine, todo = {}, [os.getpid()]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            mine[pid] = title[pid]
-            todo.append(pid)
-    return mine
+    return {pid: _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")
+            for pid in _tree(os.getpid())[1:]}
 
 
 def _actor_processes() -> list[str]:

@@ -240,11 +240,12 @@ class Child:
             os.close(aw)
             fds.append(ar)
             cmd = ["bwrap", "--args", str(ar), "--"] + cmd
-        # Made before the launch, joined by the launcher before it execs: nothing is ever forked outside it.
-        self.cgroup = cgroups.create(limits.max_procs, limits.memory_mb)
-        if self.cgroup is not None:
-            cmd = self.cgroup.launcher(cmd)
+        self.cgroup = None
         try:
+            # Made before the launch, joined by the launcher before it execs: nothing is ever forked outside it.
+            self.cgroup = cgroups.create(limits.max_procs, limits.memory_mb)
+            if self.cgroup is not None:
+                cmd = self.cgroup.launcher(cmd)
             self.proc = subprocess.Popen(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=scratch,
                 env=env, pass_fds=fds, start_new_session=True,
@@ -337,7 +338,8 @@ class Child:
                 found.add(pid)
                 stack.extend(children.get(pid, ()))
         found.update(pid for pid, (_, sid, _) in stats.items() if sid == root)
-        found.update(pid for pid, start in self.seen.items() if pid in stats and stats[pid][2] == start)
+        # a copy, taken at once (in C): the watcher thread and the unit's end both update it
+        found.update(pid for pid, start in list(self.seen.items()) if pid in stats and stats[pid][2] == start)
         found.discard(os.getpid())
         self.seen.update((pid, stats[pid][2]) for pid in found)
         return sorted(found)

@@ -82,7 +82,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     the substrate (e.g. the simulator's network, stragglers and ``compression``, the real substrates'
     ``start_method``).
     """
-    from simlib.contract import Training, check_problem, check_real_workers, linear_step
+    from simlib.contract import Training, check_problem, check_real_workers, linear_step, offered
 
     check_problem(problem)
     proto = Protocol.parse(protocol)
@@ -108,10 +108,8 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         check_real_workers(training.n_workers, substrate)
     proto.check_workers(training.n_workers)
     # check_run: protocols and substrates the problem cannot run on; check_training: settings its math cannot run
-    for hook, args in (("check_run", (proto, substrate)), ("check_training", (training,))):
-        method = getattr(problem, hook, None)
-        if callable(method):
-            method(*args)
+    offered(problem, "check_run", proto, substrate)
+    offered(problem, "check_training", training)
     if training.read_rule is not None:  # a rule that stalls the very first read is named before anything starts
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
