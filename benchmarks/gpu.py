@@ -29,7 +29,7 @@ from simlib.data import Vocabulary, load_kjv  # noqa: E402
 import simlib  # noqa: E402
 from simlib.problems.glove import GloveConfig, count_cooccurrences  # noqa: E402
 from simlib.problems.glove_table import GloveProblem  # noqa: E402
-from simlib.problems.lda import kjv_corpus  # noqa: E402
+from simlib.problems.lda import LDACorpus, kjv_corpus  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
 
@@ -47,12 +47,12 @@ def timed(fn: Callable[[], object]) -> tuple[object, float]:
     return out, time.perf_counter() - t
 
 
-def gpu_rows(runs: list[tuple[str, str, int]], label: Callable[[int], str],
+def gpu_rows(runs: list[tuple[str, str, int]], label: Callable[[str, int], str],
              measure: Callable[[str, str, int], tuple[float, float]]) -> list[tuple[str, float | None, float | None]]:
     """One row per (xp, kernel, size) on the gpu substrate: (name, rate, quality); CuPy rows without a device are empty."""
     rows: list[tuple[str, float | None, float | None]] = []
     for xp, kernel, size in runs:
-        name = f"gpu substrate, {xp}{'' if kernel == 'array' else ', ' + kernel}, {label(size)}"
+        name = f"gpu substrate, {xp}{'' if kernel == 'array' else ', ' + kernel}, {label(kernel, size)}"
         if xp in SKIP:
             continue
         rows.append((name, None, None) if xp == "cupy" and not gpu_available() else (name, *measure(xp, kernel, size)))
@@ -131,7 +131,7 @@ def hogwild_section(args: argparse.Namespace) -> None:
                          steps=args.epochs * problem.epoch_steps(1, b), eval_every=10**9)
         return nnz / res.seconds, full.loss(problem.weights(res.params))
 
-    rows += gpu_rows(runs, lambda b: f"B={b}", hogwild)
+    rows += gpu_rows(runs, lambda _, b: f"B={b}", hogwild)
     problem.device_kernel = "auto"
     print(f"\nHogwild: {data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
           f"{args.epochs} epochs, lr 0.2 per row, l2 1e-5")
@@ -183,7 +183,7 @@ def glove_section(args: argparse.Namespace) -> None:
         res = run(cfg.epochs)
         return updates / res.seconds, problem.epoch_costs(res)[-1]
 
-    rows += gpu_rows(runs, lambda b: f"B={b}", glove)
+    rows += gpu_rows(runs, lambda _, b: f"B={b}", glove)
     problem.device_kernel = "auto"
     print(f"\nGloVe: KJV, {cooc.nnz:,} co-occurrence entries, vocabulary {len(vocab):,}, d = 50, {cfg.epochs} epochs")
     # per update: rows of W, C and their AdaGrad sums, each read and written (float32), and the entry
@@ -193,36 +193,46 @@ def glove_section(args: argparse.Namespace) -> None:
 
 def lda_section(args: argparse.Namespace) -> None:
     c = kjv_corpus(max_docs=400 if args.quick else None)
-    K, sweeps = 100, args.sweeps
+    for K in args.lda_topics:
+        lda_rows(c, K, args, dense=K <= 100)
+
+
+def lda_rows(c: LDACorpus, K: int, args: argparse.Namespace, dense: bool) -> None:
+    """One CPU process (and two, where ``dense``) against the gpu substrate's batched and lock-free sweeps at K topics."""
+    sweeps = args.sweeps
     rows: list[tuple[str, float | None, float | None]] = []
     problem = LDAProblem(c, K, 0.1, 0.01)
-    for n in (1, 2):  # the contract on shared memory (it compiles in the parent before the workers start)
+    for n in (1, 2) if dense else (1,):  # the contract on shared memory (it compiles in the parent before the workers start)
         res = simlib.run(problem, "bsp", substrate="shm", n_workers=n, steps=sweeps, monitor_every=60.0)
         ll = problem.log_likelihood(res.params, problem.assignments(res))
         rows.append((f"AD-LDA BSP, {n} process{'es' if n > 1 else ''}", c.n_tokens * sweeps / res.seconds, ll / c.n_tokens))
-    runs = [("numpy", "array", 8), ("cupy", "array", 8)] + [("cupy", "fused", nb) for nb in args.lda_batches]
+    runs = ([("numpy", "array", 8), ("cupy", "array", 8)] + [("cupy", "fused", nb) for nb in args.lda_batches]
+            if dense else []) + [("cupy", "hogwild", w) for w in args.lda_warps]
 
-    def lda(xp: str, kernel: str, nb: int) -> tuple[float, float]:
-        """One worker on the gpu substrate, each sweep in nb batches of tokens drawn at once."""
+    def lda(xp: str, kernel: str, size: int) -> tuple[float, float]:
+        """One worker on the gpu substrate: each sweep in ``size`` batches drawn at once, or (hogwild) ``size``
+        warps per document."""
         problem.device_kernel = kernel
+        batch = size if kernel == "hogwild" else -(-c.n_tokens // size)
         run = lambda steps: simlib.run(problem, "bsp", substrate="gpu", xp=xp, n_workers=1, steps=steps,  # noqa: E731
-                                       batch_size=-(-c.n_tokens // nb), eval_every=10**9)
+                                       batch_size=batch, eval_every=10**9)
         run(1)  # warm-up (and the fused kernels' compilation)
         res = run(sweeps)
         return c.n_tokens * sweeps / res.seconds, problem.log_likelihood(res.params, problem.assignments(res)) / c.n_tokens
 
-    rows += gpu_rows(runs, lambda nb: f"{nb} batches/sweep", lda)
+    rows += gpu_rows(runs, lambda kernel, n: f"W={n} per doc" if kernel == "hogwild" else f"{n} batches/sweep", lda)
     problem.device_kernel = "auto"
     print(f"\nLDA: KJV chapters, {c.n_docs:,} documents, {c.n_tokens:,} tokens, K = {K}, {sweeps} sweeps")
     # per token (dense in K): its word's and its document's count rows read, a few counts written
-    table("collapsed Gibbs (quality = log p(w, z) per token, higher is better)", "M tokens/s", "log p / token",
-          rows, "AD-LDA BSP, 1 process", unit_bytes=2 * 4 * K + 32)
+    table("collapsed Gibbs (quality = log p(w, z) per token, higher is better; hogwild: a block per document, "
+          "W tokens of it in flight)", "M tokens/s", "log p / token", rows, "AD-LDA BSP, 1 process", unit_bytes=2 * 4 * K + 32)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes for a smoke test")
     ap.add_argument("--only", default="hogwild,glove,lda", help="sections to run, comma-separated")
+    ap.add_argument("--topics", default="100,1000", help="LDA's numbers of topics, comma-separated")
     ap.add_argument("--skip", default="", help="leave out the gpu substrate's rows on these array modules, e.g. numpy")
     args = ap.parse_args()
     SKIP.update(x for x in args.skip.split(",") if x)
@@ -237,6 +247,8 @@ def main() -> None:
     args.glove_batches = [1024, 8192, 65536]
     args.sweeps = 50 if big else 5
     args.lda_batches = [8, 32, 128, 512]
+    args.lda_warps = [8, 16, 32]
+    args.lda_topics = [int(k) for k in args.topics.split(",")]
     device = "none"
     if gpu_available():
         import cupy

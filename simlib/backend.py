@@ -91,7 +91,7 @@ def use_fused(kernel: str, xp: ModuleType) -> bool:
     """Whether device code runs its fused CUDA kernels: 'fused', or 'auto' on CuPy; 'array' never.
 
     'hogwild' (lock-free rows, see :class:`RowQueue`) is handled before this by the problems that offer
-    it (logistic, GloVe); reaching here it is refused. Raises a ValueError naming ``kernel`` for an
+    it (logistic, GloVe, LDA); reaching here it is refused. Raises a ValueError naming ``kernel`` for an
     unknown choice, for 'fused' on NumPy, or for 'hogwild'.
     """
     if kernel not in KERNELS:
@@ -99,7 +99,7 @@ def use_fused(kernel: str, xp: ModuleType) -> bool:
     if kernel == "fused" and xp is np:
         raise ValueError("kernel='fused' needs CuPy and a CUDA device (xp='cupy'); use kernel='array' on NumPy")
     if kernel == "hogwild":
-        raise ValueError("kernel='hogwild' (lock-free rows) is offered by the logistic and GloVe problems only; "
+        raise ValueError("kernel='hogwild' (lock-free rows) is offered by the logistic, GloVe and LDA problems only; "
                          "use 'auto', 'fused' or 'array'")
     return kernel == "fused" or (kernel == "auto" and xp is not np)
 

@@ -1,11 +1,12 @@
-"""LDA on the gpu substrate: batches of tokens drawn at once; consistent counts, topics, the exact conditional, CuPy."""
+"""LDA on the gpu substrate: batches of tokens drawn at once, or lock-free per document; consistent counts, topics,
+the exact conditional, CuPy."""
 import numpy as np
 import pytest
 
 import simlib
 from simlib.backend import gpu_available
 from simlib.problems.lda import conditional, count_tables, make_synthetic_corpus, topic_match, topic_word
-from simlib.problems.lda_device import DeviceShard, resample_batch
+from simlib.problems.lda_device import MAX_CHAIN_TOPICS, DeviceShard, chain_sweep, chain_uniform, resample_batch
 from simlib.problems.lda_table import LDAProblem
 
 
@@ -91,6 +92,78 @@ def test_fused_kernels_draw_what_the_array_step_draws(synthetic):  # pragma: no 
     assert topic_match(phi, topic_word(n_wk, n_k, 0.01))[0] >= 0.9
 
 
-def test_lda_names_that_it_has_no_lock_free_kernel(synthetic):
-    with pytest.raises(ValueError, match="kernel='hogwild'.*logistic and GloVe problems only"):
-        batched(synthetic[0], kernel="hogwild", sweeps=2)
+@pytest.mark.parametrize("warps, n_workers, protocol", [(1, 1, "async"), (8, 1, "async"), (32, 3, "bsp")])
+def test_lock_free_sweep_recovers_the_topics_and_keeps_counts_exact(synthetic, warps, n_workers, protocol):
+    # The kernel's NumPy twin on the gpu substrate: a document's `warps` tokens drawn from one read, then moved.
+    corpus, phi, _ = synthetic
+    prob = LDAProblem(corpus, 8, alpha=0.5, beta=0.01)
+    prob.device_kernel = "hogwild"
+    res = simlib.run(prob, protocol, substrate="gpu", xp="numpy", n_workers=n_workers, steps=40, batch_size=warps,
+                     eval_every=20)
+    z = prob.assignments(res)
+    _, n_wk, n_k = count_tables(corpus, z, 8)
+    assert np.array_equal(n_wk, prob.split(res.params)[0]) and np.array_equal(n_k, prob.split(res.params)[1])
+    assert topic_match(phi, topic_word(n_wk, n_k, 0.01))[0] >= 0.9
+    assert res.trace.meta["path"] == "in place"
+
+
+def test_lock_free_sweep_draws_its_first_token_from_the_exact_conditional():
+    # The first token of the longest document is drawn before any move: over many sweep seeds, p(z | rest).
+    corpus, _, _ = make_synthetic_corpus(n_docs=3, n_topics=3, n_words=6, doc_length=5, seed=1)
+    K, a, b = 40, 0.4, 0.2  # 40 topics: two of the kernel's topic slots on the first 8 lanes
+    z = np.random.default_rng(0).integers(0, K, corpus.n_tokens)
+    n_dk, n_wk, n_k = count_tables(corpus, z, K)
+    words = corpus.words.astype(np.int64)
+    t, d, w = 0, 0, int(corpus.words[0])
+    ex_dk, ex_wk, ex_k = n_dk[d].copy(), n_wk[w].copy(), n_k.copy()
+    for counts in (ex_dk, ex_wk, ex_k):
+        counts[z[t]] -= 1
+    expected = conditional(ex_dk, ex_wk, ex_k, a, b, corpus.n_words)
+    draws = np.zeros(K)
+    for seed in range(6000):
+        dev = DeviceShard(np, words, corpus.doc_of.astype(np.int64), z.astype(np.int64), n_dk.astype(np.int32).copy(),
+                          chains=(corpus.offsets.astype(np.int64), np.array([d], np.int32)))
+        wk, k = n_wk.astype(np.int32).copy(), n_k.astype(np.int32).copy()
+        chain_sweep(dev, wk, k, (a, b), seed, 1)
+        draws[dev.z[t]] += 1
+    assert np.abs(draws / draws.sum() - expected).max() < 0.025
+
+
+def test_the_twin_draws_the_kernels_uniforms():
+    # The host's hash is the kernel's: splitmix64 of seed + t * golden ratio, its top 24 bits.
+    u = chain_uniform(12345, np.arange(100_000))
+    assert u.dtype == np.float32 and 0.0 <= u.min() and u.max() < 1.0
+    assert abs(float(u.mean()) - 0.5) < 0.005 and len(np.unique(u)) > 99_000
+    x = (12345 + 7 * 0x9E3779B97F4A7C15) % 2**64  # one value by hand, in Python's integers
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    assert chain_uniform(12345, np.array([7]))[0] == np.float32(((x ^ (x >> 31)) >> 40) / 2**24)
+
+
+def test_lock_free_sweep_names_too_many_topics():
+    corpus, _, _ = make_synthetic_corpus(n_docs=2, n_topics=2, n_words=5, doc_length=3, seed=0)
+    prob = LDAProblem(corpus, MAX_CHAIN_TOPICS + 1)
+    prob.device_kernel = "hogwild"
+    with pytest.raises(ValueError, match="n_topics.*shared memory.*12,000"):
+        simlib.run(prob, "bsp", substrate="gpu", xp="numpy", n_workers=1, steps=1, batch_size=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+@pytest.mark.parametrize("K", [8, 100, 1000])
+def test_lock_free_kernel_keeps_counts_exact_and_matches_its_twin(K):  # pragma: no cover - needs a GPU
+    corpus, phi, _ = make_synthetic_corpus(n_docs=200, n_topics=8, n_words=300, doc_length=80, seed=3)
+    lls = {}
+    for xp, n_workers in (("numpy", 1), ("cupy", 1), ("cupy", 2)):
+        prob = LDAProblem(corpus, K, alpha=0.5 if K == 8 else 0.1, beta=0.01)
+        prob.device_kernel = "hogwild"
+        res = simlib.run(prob, "bsp", substrate="gpu", xp=xp, n_workers=n_workers, steps=30, batch_size=8,
+                         eval_every=10)
+        z = prob.assignments(res)
+        _, n_wk, n_k = count_tables(corpus, z, K)
+        assert np.array_equal(n_wk, prob.split(res.params)[0]) and np.array_equal(n_k, prob.split(res.params)[1])
+        lls[xp, n_workers] = prob.log_likelihood(res.params, z) / corpus.n_tokens
+        if K == 8:
+            assert topic_match(phi, topic_word(n_wk, n_k, 0.01))[0] >= 0.9
+    # the same sampler, drawn in another order: the same fit within a few parts in a thousand
+    assert abs(lls["cupy", 1] - lls["numpy", 1]) < 0.005 * abs(lls["numpy", 1]), lls

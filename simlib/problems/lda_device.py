@@ -19,14 +19,25 @@ also comes as two fused kernels (``device_kernel='fused'``, the default there): 
 walks its K topics twice (the total, then the inverse CDF) against the snapshot, and one thread per
 token moves its counts with atomic adds. :func:`resample_batch` builds a B x K table and launches a
 dozen kernels per batch; it is the NumPy path and the fused kernels' reference.
+
+``device_kernel='hogwild'`` keeps Gibbs sequential where it matters, within a document: one block of
+W warps per document (W = ``batch_size``, at most 32), its doc-topic counts in the block's shared
+memory, each warp drawing every W-th token of the document in turn from the counts as they are
+(read through L2, where the other blocks' atomic adds land), the 32 lanes splitting the K topics.
+A document has W tokens in flight, the corpus a few thousand, and a sweep is one launch. Every
+move lands by atomic adds, so the counts stay exact. :func:`chain_sweep` is its NumPy twin: the
+same uniforms (a hash of the sweep's seed and the token), the same topic order, the documents one
+after another and each document's W warps in lock step.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from simlib.backend import array_module, cuda_kernels, segment_sum, use_fused
 
@@ -41,13 +52,16 @@ class DeviceShard:
     z: Any
     n_dk: Any
     newz: Any = None  # the fused kernels' scratch buffer of new topics
+    chains: Any = None  # the lock-free sweep's (document offsets, documents longest first)
 
     @classmethod
     def of(cls, state: Any, xp: ModuleType) -> "DeviceShard":
         """The device copy of a worker's Gibbs state."""
         corpus = state.corpus
+        longest_first = np.argsort(-np.diff(corpus.offsets), kind="stable").astype(np.int32)  # the last wave is short
         return cls(xp, xp.asarray(corpus.words.astype(np.int64)), xp.asarray(corpus.doc_of.astype(np.int64)),
-                   xp.asarray(state.z.astype(np.int64)), xp.asarray(state.n_dk.astype(np.int32)))
+                   xp.asarray(state.z.astype(np.int64)), xp.asarray(state.n_dk.astype(np.int32)),
+                   chains=(xp.asarray(corpus.offsets.astype(np.int64)), xp.asarray(longest_first)))
 
 
 def resample_batch(shard: DeviceShard, idx: Any, n_wk: Any, n_k: Any, alpha: float, beta: float, u: Any) -> None:
@@ -150,6 +164,11 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
     if shard.device is None or shard.device.xp is not xp:
         shard.device = DeviceShard.of(shard.state, xp)
     dev = shard.device
+    if problem.device_kernel == "hogwild":
+        for clock in range(first, first + count):
+            shard.clock = clock
+            chain_sweep(dev, n_wk, n_k, (problem.alpha, problem.beta), shard.sweep_seed(), batch_size)
+        return
     fused = use_fused(problem.device_kernel, xp)
     resample = resample_fused if fused else resample_batch
     n = int(dev.z.shape[0])
@@ -163,3 +182,198 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
         for lo in range(0, n, batch_size):
             sl = slice(lo, min(lo + batch_size, n))
             resample(dev, order[sl], n_wk, n_k, problem.alpha, problem.beta, uniforms[sl])
+
+
+_CHAINS_SOURCE = r"""
+#define K __K__
+#define PER ((K + 31) / 32)
+
+__device__ __forceinline__ float uniform(unsigned long long seed, long long t) {
+    // splitmix64 of (seed, token): 24 bits in [0, 1); chain_uniform is the same on the host
+    unsigned long long x = seed + (unsigned long long)t * 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    x ^= x >> 31;
+    return (float)(x >> 40) * (1.0f / 16777216.0f);
+}
+
+extern "C" __global__ void lda_chains(
+    const int* __restrict__ order, const long long* __restrict__ offsets, const long long* __restrict__ words,
+    long long* __restrict__ z, int* __restrict__ n_dk, int* __restrict__ n_wk, int* __restrict__ n_k,
+    const float alpha, const float beta, const float vbeta, const unsigned long long seed)
+{
+    // A block per document, its counts in shared memory; warp j draws tokens j, j + W, ... in turn,
+    // lane l holding topics l, l + 32, ... (the order the CDF is walked in).
+    __shared__ int ndk[K];
+    volatile int* vdk = ndk;
+    const long long d = order[blockIdx.x];
+    const long long lo = offsets[d], hi = offsets[d + 1];
+    for (int k = threadIdx.x; k < K; k += blockDim.x) ndk[k] = n_dk[d * K + k];
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    long long t = lo + (threadIdx.x >> 5);
+    long long w = t < hi ? words[t] : 0;
+    int old = t < hi ? (int)z[t] : 0;
+    for (; t < hi; t += warps) {
+        long long w_next = 0;  // the warp's next token, loaded while this one is drawn (only this warp writes its z)
+        int old_next = 0;
+        if (t + warps < hi) {
+            w_next = words[t + warps];
+            old_next = (int)z[t + warps];
+        }
+        const int* row = n_wk + w * K;
+        float p[PER];
+        float own_sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int k = lane + 32 * j;
+            float v = 0.0f;
+            if (k < K) {  // the token's own count comes out of all three (it is counted until it moves)
+                const float own = (k == old) ? 1.0f : 0.0f;
+                v = ((float)vdk[k] - own + alpha) * ((float)__ldcg(row + k) - own + beta)
+                    / ((float)__ldcg(n_k + k) - own + vbeta);
+            }
+            p[j] = v;
+            own_sum += v;
+        }
+        float incl = own_sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+        }
+        const float u = uniform(seed, t) * __shfl_sync(0xffffffffu, incl, 31);
+        const unsigned hit = __ballot_sync(0xffffffffu, incl > u);
+        const int src = hit ? __ffs(hit) - 1 : 0;
+        int pick = -1, last = -1;
+        float cdf = incl - own_sum;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            cdf += p[j];
+            if (p[j] > 0.0f) last = lane + 32 * j;
+            if (pick < 0 && p[j] > 0.0f && u < cdf) pick = lane + 32 * j;
+        }
+        if (pick < 0) pick = last;  // rounding left u past the lane's sum: its last topic
+        pick = __shfl_sync(0xffffffffu, hit ? pick : old, src);
+        if (lane == 0 && pick >= 0 && pick != old) {
+            z[t] = pick;
+            atomicSub(&ndk[old], 1);
+            atomicAdd(&ndk[pick], 1);
+            atomicSub(n_wk + w * K + old, 1);
+            atomicAdd(n_wk + w * K + pick, 1);
+            atomicSub(n_k + old, 1);
+            atomicAdd(n_k + pick, 1);
+        }
+        w = w_next;
+        old = old_next;
+        __syncwarp();
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < K; k += blockDim.x) n_dk[d * K + k] = ndk[k];
+}
+"""
+
+#: The lock-free sweep keeps a document's K counts in a block's shared memory (48 KB by default).
+MAX_CHAIN_TOPICS = 12_000
+
+
+def chain_uniform(seed: int, t: np.ndarray) -> np.ndarray:
+    """The lock-free sweep's uniform for token ``t`` of a sweep seeded ``seed`` (float32; the kernel's own hash)."""
+    with np.errstate(over="ignore"):
+        x = np.uint64(seed % 2**64) + np.asarray(t, np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(40)).astype(np.float32) * np.float32(1 / 16777216)
+
+
+@functools.lru_cache(maxsize=None)
+def _chains_kernel(n_topics: int) -> Any:  # pragma: no cover - needs a GPU
+    (kernel,) = cuda_kernels(_CHAINS_SOURCE.replace("__K__", str(n_topics)), ("lda_chains",))
+    return kernel
+
+
+def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float], seed: int, warps: int) -> None:
+    """One lock-free sweep of a shard: ``warps`` tokens of each document in flight (1 to 32), the counts exact."""
+    xp = dev.xp
+    D, K = dev.n_dk.shape
+    if K > MAX_CHAIN_TOPICS:
+        raise ValueError(f"n_topics: device_kernel='hogwild' keeps a document's counts in shared memory, so at most "
+                         f"{MAX_CHAIN_TOPICS:,} topics, got {K:,}; use 'fused'")
+    offsets, order = dev.chains
+    warps = max(1, min(int(warps), 32))
+    alpha, beta = prior
+    if xp is np:
+        _chain_sweep_host(order, offsets, dev.words, (dev.z, dev.n_dk, n_wk, n_k), (alpha, beta, n_wk.shape[0] * beta),
+                          np.uint64(seed % 2**64), warps)
+        return
+    kernel = _chains_kernel(K)  # pragma: no cover - needs a GPU
+    warps = min(warps, getattr(kernel, "max_threads_per_block", 1024) // 32)  # registers bound a block  # pragma: no cover - needs a GPU
+    kernel((D,), (32 * warps,), (order, offsets, dev.words, dev.z, dev.n_dk, n_wk, n_k, np.float32(alpha),
+                                 np.float32(beta), np.float32(n_wk.shape[0] * beta), np.uint64(seed % 2**64)))  # pragma: no cover
+
+
+@njit(cache=True)
+def _uniform(seed, t):  # pragma: no cover - compiled
+    x = seed + np.uint64(t) * np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return np.float32(x >> np.uint64(40)) * np.float32(1.0 / 16777216.0)
+
+
+@njit(cache=True)
+def _chain_draw(t, counts, prior, seed):  # pragma: no cover - compiled
+    """Token t's new topic from the counts as they are: the kernel's lane-major walk in float32."""
+    words, z, n_dk_row, n_wk, n_k = counts
+    alpha, beta, vbeta = prior
+    K = n_k.shape[0]
+    w, old = words[t], z[t]
+    per = (K + 31) // 32
+    p = np.zeros((32, per), np.float32)
+    sums = np.zeros(32, np.float32)
+    for lane in range(32):
+        for j in range(per):
+            k = lane + 32 * j
+            if k < K:
+                own = np.float32(1.0) if k == old else np.float32(0.0)
+                p[lane, j] = ((np.float32(n_dk_row[k]) - own + np.float32(alpha))
+                              * (np.float32(n_wk[w, k]) - own + np.float32(beta))
+                              / (np.float32(n_k[k]) - own + np.float32(vbeta)))
+                sums[lane] += p[lane, j]
+    incl = np.cumsum(sums)
+    u = _uniform(seed, t) * incl[31]
+    for lane in range(32):
+        if incl[lane] > u:
+            cdf, last = incl[lane] - sums[lane], -1
+            for j in range(per):
+                cdf += p[lane, j]
+                if p[lane, j] > 0:
+                    last = lane + 32 * j
+                    if u < cdf:
+                        return lane + 32 * j
+            return last
+    return old
+
+
+@njit(cache=True)
+def _chain_sweep_host(order, offsets, words, state, prior, seed, warps):  # pragma: no cover - compiled
+    """The lock-free sweep on the host: documents in turn, each document's ``warps`` draws of a round from one read."""
+    z, n_dk, n_wk, n_k = state
+    picks = np.empty(warps, np.int64)
+    for d in order:
+        lo, hi = offsets[d], offsets[d + 1]
+        for first in range(lo, hi, warps):
+            last = min(first + warps, hi)
+            for t in range(first, last):
+                picks[t - first] = _chain_draw(t, (words, z, n_dk[d], n_wk, n_k), prior, seed)
+            for t in range(first, last):
+                new, old, w = picks[t - first], z[t], words[t]
+                if new >= 0 and new != old:
+                    z[t] = new
+                    n_dk[d, old] -= 1
+                    n_dk[d, new] += 1
+                    n_wk[w, old] -= 1
+                    n_wk[w, new] += 1
+                    n_k[old] -= 1
+                    n_k[new] += 1
