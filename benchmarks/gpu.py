@@ -247,7 +247,7 @@ def main() -> None:
     args.glove_batches = [1024, 8192, 65536]
     args.sweeps = 50 if big else 5
     args.lda_batches = [8, 32, 128, 512]
-    args.lda_warps = [8, 16, 32]
+    args.lda_warps = [4, 8, 16, 32]
     args.lda_topics = [int(k) for k in args.topics.split(",")]
     device = "none"
     if gpu_available():

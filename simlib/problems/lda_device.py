@@ -23,9 +23,10 @@ dozen kernels per batch; it is the NumPy path and the fused kernels' reference.
 ``device_kernel='hogwild'`` keeps Gibbs sequential where it matters, within a document: one block of
 W warps per document (W = ``batch_size``, at most 32), its doc-topic counts in the block's shared
 memory, each warp drawing every W-th token of the document in turn from the counts as they are
-(read through L2, where the other blocks' atomic adds land), the 32 lanes splitting the K topics.
-A document has W tokens in flight, the corpus a few thousand, and a sweep is one launch. Every
-move lands by atomic adds, so the counts stay exact. :func:`chain_sweep` is its NumPy twin: the
+(the word's row read through L2, where the other blocks' atomic adds land), the 32 lanes splitting
+the K topics. The topic totals n_k are the block's own copy, its moves applied at once and
+exchanged with the global totals every 8 rounds. A document has W tokens in flight, the corpus a
+few thousand, and a sweep is one launch. Every move lands, so the counts stay exact. :func:`chain_sweep` is its NumPy twin: the
 same uniforms (a hash of the sweep's seed and the token), the same topic order, the documents one
 after another and each document's W warps in lock step.
 """
@@ -187,6 +188,7 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
 _CHAINS_SOURCE = r"""
 #define K __K__
 #define PER ((K + 31) / 32)
+#define REFRESH 8
 
 __device__ __forceinline__ float uniform(unsigned long long seed, long long t) {
     // splitmix64 of (seed, token): 24 bits in [0, 1); chain_uniform is the same on the host
@@ -202,79 +204,97 @@ extern "C" __global__ void lda_chains(
     long long* __restrict__ z, int* __restrict__ n_dk, int* __restrict__ n_wk, int* __restrict__ n_k,
     const float alpha, const float beta, const float vbeta, const unsigned long long seed)
 {
-    // A block per document, its counts in shared memory; warp j draws tokens j, j + W, ... in turn,
-    // lane l holding topics l, l + 32, ... (the order the CDF is walked in).
-    __shared__ int ndk[K];
+    // A block per document: its counts n_dk, and its view of the totals n_k, in shared memory. Warp j draws
+    // tokens j, j + W, ... in rounds, lane l holding topics l, l + 32, ... (the order the CDF is walked in).
+    // n_k is the block's copy: read at the start and every REFRESH rounds, the block's own moves applied
+    // to it at once; they reach the global n_k at those refreshes (all blocks reading the same K counts
+    // from L2 for every token, and adding to them, made a few cache lines the whole sweep's bottleneck).
+    __shared__ int ndk[K], nk[K], base[K];
     volatile int* vdk = ndk;
+    volatile int* vnk = nk;
     const long long d = order[blockIdx.x];
     const long long lo = offsets[d], hi = offsets[d + 1];
-    for (int k = threadIdx.x; k < K; k += blockDim.x) ndk[k] = n_dk[d * K + k];
+    for (int k = threadIdx.x; k < K; k += blockDim.x) {
+        ndk[k] = n_dk[d * K + k];
+        nk[k] = base[k] = __ldcg(n_k + k);
+    }
     __syncthreads();
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const long long rounds = (hi - lo + warps - 1) / warps;
     long long t = lo + (threadIdx.x >> 5);
     long long w = t < hi ? words[t] : 0;
     int old = t < hi ? (int)z[t] : 0;
-    for (; t < hi; t += warps) {
+    for (long long r = 0; r < rounds; ++r, t += warps) {
         long long w_next = 0;  // the warp's next token, loaded while this one is drawn (only this warp writes its z)
         int old_next = 0;
         if (t + warps < hi) {
             w_next = words[t + warps];
             old_next = (int)z[t + warps];
         }
-        const int* row = n_wk + w * K;
-        float p[PER];
-        float own_sum = 0.0f;
+        if (t < hi) {
+            const int* row = n_wk + w * K;
+            float p[PER];
+            float own_sum = 0.0f;
 #pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            const int k = lane + 32 * j;
-            float v = 0.0f;
-            if (k < K) {  // the token's own count comes out of all three (it is counted until it moves)
-                const float own = (k == old) ? 1.0f : 0.0f;
-                v = ((float)vdk[k] - own + alpha) * ((float)__ldcg(row + k) - own + beta)
-                    / ((float)__ldcg(n_k + k) - own + vbeta);
+            for (int j = 0; j < PER; ++j) {
+                const int k = lane + 32 * j;
+                float v = 0.0f;
+                if (k < K) {  // the token's own count comes out of all three (it is counted until it moves)
+                    const float own = (k == old) ? 1.0f : 0.0f;
+                    v = __fdividef(((float)vdk[k] - own + alpha) * ((float)__ldcg(row + k) - own + beta),
+                                   (float)vnk[k] - own + vbeta);
+                }
+                p[j] = v;
+                own_sum += v;
             }
-            p[j] = v;
-            own_sum += v;
-        }
-        float incl = own_sum;
+            float incl = own_sum;
 #pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float y = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += y;
-        }
-        const float u = uniform(seed, t) * __shfl_sync(0xffffffffu, incl, 31);
-        const unsigned hit = __ballot_sync(0xffffffffu, incl > u);
-        const int src = hit ? __ffs(hit) - 1 : 0;
-        int pick = -1, last = -1;
-        float cdf = incl - own_sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const float y = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += y;
+            }
+            const float u = uniform(seed, t) * __shfl_sync(0xffffffffu, incl, 31);
+            const unsigned hit = __ballot_sync(0xffffffffu, incl > u);
+            const int src = hit ? __ffs(hit) - 1 : 0;
+            int pick = -1, last = -1;
+            float cdf = incl - own_sum;
 #pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            cdf += p[j];
-            if (p[j] > 0.0f) last = lane + 32 * j;
-            if (pick < 0 && p[j] > 0.0f && u < cdf) pick = lane + 32 * j;
-        }
-        if (pick < 0) pick = last;  // rounding left u past the lane's sum: its last topic
-        pick = __shfl_sync(0xffffffffu, hit ? pick : old, src);
-        if (lane == 0 && pick >= 0 && pick != old) {
-            z[t] = pick;
-            atomicSub(&ndk[old], 1);
-            atomicAdd(&ndk[pick], 1);
-            atomicSub(n_wk + w * K + old, 1);
-            atomicAdd(n_wk + w * K + pick, 1);
-            atomicSub(n_k + old, 1);
-            atomicAdd(n_k + pick, 1);
+            for (int j = 0; j < PER; ++j) {
+                cdf += p[j];
+                if (p[j] > 0.0f) last = lane + 32 * j;
+                if (pick < 0 && p[j] > 0.0f && u < cdf) pick = lane + 32 * j;
+            }
+            if (pick < 0) pick = last;  // rounding left u past the lane's sum: its last topic
+            pick = __shfl_sync(0xffffffffu, hit ? pick : old, src);
+            if (lane == 0 && pick >= 0 && pick != old) {
+                z[t] = pick;
+                atomicSub(&ndk[old], 1);
+                atomicAdd(&ndk[pick], 1);
+                atomicSub(&nk[old], 1);
+                atomicAdd(&nk[pick], 1);
+                atomicSub(n_wk + w * K + old, 1);
+                atomicAdd(n_wk + w * K + pick, 1);
+            }
         }
         w = w_next;
         old = old_next;
-        __syncwarp();
+        if ((r + 1) % REFRESH == 0 || r + 1 == rounds) {  // the same rounds for every warp of the block
+            __syncthreads();
+            for (int k = threadIdx.x; k < K; k += blockDim.x) {
+                const int moved = nk[k] - base[k];
+                if (moved != 0) atomicAdd(n_k + k, moved);
+            }
+            __syncthreads();
+            for (int k = threadIdx.x; k < K; k += blockDim.x) nk[k] = base[k] = __ldcg(n_k + k);
+            __syncthreads();
+        }
     }
-    __syncthreads();
     for (int k = threadIdx.x; k < K; k += blockDim.x) n_dk[d * K + k] = ndk[k];
 }
 """
 
-#: The lock-free sweep keeps a document's K counts in a block's shared memory (48 KB by default).
-MAX_CHAIN_TOPICS = 12_000
+#: The lock-free sweep keeps three rows of K counts in a block's shared memory (48 KB by default).
+MAX_CHAIN_TOPICS = 4_000
 
 
 def chain_uniform(seed: int, t: np.ndarray) -> np.ndarray:
