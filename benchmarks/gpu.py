@@ -60,11 +60,12 @@ def gpu_rows(runs: list[tuple[str, str, int]], label: Callable[[str, int], str],
 
 
 def table(title: str, unit: str, quality: str, rows: list[tuple[str, float | None, float | None]], base: str,
-          unit_bytes: float = 0.0) -> None:
+          unit_bytes: float | Callable[[str], float] = 0.0) -> None:
     """Print rows of (name, rate, quality); ratios are against the row named ``base``.
 
     CuPy rows also get their fraction of the device's memory bandwidth: rate x ``unit_bytes`` (the
-    bytes a unit of work must read and write at least) over a device-to-device copy's rate.
+    bytes a unit of work must read and write at least; a function of the row's name where kernels
+    differ) over a device-to-device copy's rate.
     """
     ref = dict((n, r) for n, r, _ in rows)[base]
     bw = copy_bandwidth()
@@ -74,7 +75,8 @@ def table(title: str, unit: str, quality: str, rows: list[tuple[str, float | Non
         if rate is None:
             print(f"{name:<46} {NO_GPU:>14}")
             continue
-        share = f"{rate * unit_bytes / bw:>12.1%}" if bw and "cupy" in name and unit_bytes else ""
+        per = unit_bytes(name) if callable(unit_bytes) else unit_bytes
+        share = f"{rate * per / bw:>12.1%}" if bw and "cupy" in name and per else ""
         print(f"{name:<46} {rate / 1e6:>14.2f} {rate / ref:>19.2f}x {q:>16.5f} {share:>13}")
 
 
@@ -223,9 +225,13 @@ def lda_rows(c: LDACorpus, K: int, args: argparse.Namespace, dense: bool) -> Non
     rows += gpu_rows(runs, lambda kernel, n: f"W={n} per doc" if kernel == "hogwild" else f"{n} batches/sweep", lda)
     problem.device_kernel = "auto"
     print(f"\nLDA: KJV chapters, {c.n_docs:,} documents, {c.n_tokens:,} tokens, K = {K}, {sweeps} sweeps")
-    # per token (dense in K): its word's and its document's count rows read, a few counts written
+    # per token (dense in K): its word's and its document's count rows read, a few counts written; hogwild keeps the
+    # document's row in shared memory (read and written once per sweep), so its word's row alone
     table("collapsed Gibbs (quality = log p(w, z) per token, higher is better; hogwild: a block per document, "
-          "W tokens of it in flight)", "M tokens/s", "log p / token", rows, "AD-LDA BSP, 1 process", unit_bytes=2 * 4 * K + 32)
+          "W tokens of it in flight)", "M tokens/s", "log p / token", rows, "AD-LDA BSP, 1 process",
+          unit_bytes=lambda name: (4 if "hogwild" in name else 8) * K + 32)
+    print(f"(the {c.n_words:,} x {K:,} word-topic table is {4 * c.n_words * K / 2**20:.1f} MiB: a cache of "
+          "tens of MiB serves most of its reads, so a share near or past 100% is the cache's bandwidth)")
 
 
 def main() -> None:
