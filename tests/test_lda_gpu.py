@@ -15,7 +15,7 @@ def synthetic():
     return make_synthetic_corpus(seed=0)
 
 
-def batched(corpus, xp="numpy", kernel="auto", n_workers=1, sweeps=60, n_batches=10, protocol="async"):
+def batched(corpus, xp="numpy", kernel="array", n_workers=1, sweeps=60, n_batches=10, protocol="async"):
     """simlib.run on the gpu substrate, each sweep in n_batches batches; (problem, result, z, n_dk, n_wk, n_k)."""
     prob = LDAProblem(corpus, 8, alpha=0.5, beta=0.01)
     prob.device_kernel = kernel
@@ -73,7 +73,7 @@ def test_cupy_path_matches_numpy(synthetic):  # pragma: no cover - needs a GPU
     *_, z_np, _, _, _ = batched(corpus, kernel="array", sweeps=1)
     *_, z_cp, _, _, _ = batched(corpus, xp="cupy", kernel="array", sweeps=1)
     assert np.mean(z_cp == z_np) > 0.999  # the same stream; float sums may round a rare draw apart
-    _, _, _, _, n_wk, n_k = batched(corpus, xp="cupy")
+    _, _, _, _, n_wk, n_k = batched(corpus, xp="cupy", kernel="fused")
     assert topic_match(phi, topic_word(n_wk, n_k, 0.01))[0] >= 0.9
 
 
@@ -105,6 +105,16 @@ def test_lock_free_sweep_recovers_the_topics_and_keeps_counts_exact(synthetic, w
     assert np.array_equal(n_wk, prob.split(res.params)[0]) and np.array_equal(n_k, prob.split(res.params)[1])
     assert topic_match(phi, topic_word(n_wk, n_k, 0.01))[0] >= 0.9
     assert res.trace.meta["path"] == "in place"
+
+
+def test_auto_is_the_lock_free_sweep(synthetic):
+    corpus = synthetic[0]
+    params = []
+    for kernel in ("auto", "hogwild", "array"):
+        prob = LDAProblem(corpus, 8, alpha=0.5, beta=0.01)
+        prob.device_kernel = kernel
+        params.append(simlib.run(prob, "bsp", substrate="gpu", xp="numpy", n_workers=2, steps=3, batch_size=8).params)
+    assert np.array_equal(params[0], params[1]) and not np.array_equal(params[0], params[2])
 
 
 def test_lock_free_sweep_draws_its_first_token_from_the_exact_conditional():

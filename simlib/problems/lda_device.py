@@ -15,12 +15,13 @@ kernels.
 
 :meth:`LDAProblem.device_steps <simlib.problems.lda_table.LDAProblem.device_steps>` is the gpu
 substrate's hook (the shm and pipes substrates keep the exact sequential sweep). On CuPy the batch
-also comes as two fused kernels (``device_kernel='fused'``, the default there): one thread per token
+also comes as two fused kernels (``device_kernel='fused'``): one thread per token
 walks its K topics twice (the total, then the inverse CDF) against the snapshot, and one thread per
 token moves its counts with atomic adds. :func:`resample_batch` builds a B x K table and launches a
 dozen kernels per batch; it is the NumPy path and the fused kernels' reference.
 
-``device_kernel='hogwild'`` keeps Gibbs sequential where it matters, within a document: one block of
+``device_kernel='hogwild'`` (and 'auto', the default, on NumPy and CuPy alike) needs no batches. It
+keeps Gibbs sequential where it matters, within a document: one block of
 W warps per document (W = ``batch_size``, at most 32), its doc-topic counts in the block's shared
 memory, each warp drawing every W-th token of the document in turn from the counts as they are
 (the word's row read through L2, where the other blocks' atomic adds land), the 32 lanes splitting
@@ -165,7 +166,7 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
     if shard.device is None or shard.device.xp is not xp:
         shard.device = DeviceShard.of(shard.state, xp)
     dev = shard.device
-    if problem.device_kernel == "hogwild":
+    if problem.device_kernel in ("hogwild", "auto"):
         for clock in range(first, first + count):
             shard.clock = clock
             chain_sweep(dev, n_wk, n_k, (problem.alpha, problem.beta), shard.sweep_seed(), batch_size)

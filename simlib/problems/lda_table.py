@@ -101,8 +101,9 @@ class LDAProblem:
     table_dtype = np.int32  # where a substrate keeps the table in place (shm): counts, exact in 32 bits
     exact_deltas = True  # every push must be applied whole, or the counts no longer match the topics
     in_place_chunk = 1  # on shm in place, a worker publishes its clock after every sweep (a step is a whole sweep)
-    # the gpu substrate's sweeps: 'auto' (fused on CuPy), 'fused' or 'array' (batches of tokens drawn at once), or
-    # 'hogwild' (a block per document, batch_size of its tokens in flight; see simlib.problems.lda_device)
+    # the gpu substrate's sweeps: 'hogwild' (a block per document, batch_size of its tokens in flight, up to 32; see
+    # simlib.problems.lda_device), which 'auto' picks on NumPy and CuPy, or batches of batch_size tokens drawn at once:
+    # 'fused' (CuPy's kernels) or 'array' (NumPy or CuPy)
     device_kernel = "auto"
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
@@ -282,9 +283,9 @@ class LDAProblem:
         return np.unique(np.concatenate([[0], cuts, [self.V]])).astype(np.int64)
 
     def device_steps(self, table: Any, shard: LDAShard, first: int, count: int, batch_size: int, lr: float) -> None:
-        """The gpu substrate's hook: sweeps first .. first+count-1 in batches of ``batch_size`` tokens, each batch
-        drawn at once against one read of the table, or (``device_kernel='hogwild'``) with ``batch_size`` tokens of
-        each document in flight (:mod:`simlib.problems.lda_device`); ``lr`` is unused."""
+        """The gpu substrate's hook: sweeps first .. first+count-1 with ``batch_size`` tokens of each document in
+        flight (``device_kernel`` 'auto' or 'hogwild'), or in batches of ``batch_size`` tokens, each drawn at once
+        against one read of the table ('fused', 'array'); see :mod:`simlib.problems.lda_device`. ``lr`` is unused."""
         from simlib.problems.lda_device import device_sweeps
 
         device_sweeps(self, table, shard, first, count, batch_size)
