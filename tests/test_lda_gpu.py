@@ -150,12 +150,18 @@ def test_the_twin_draws_the_kernels_uniforms():
     assert chain_uniform(12345, np.array([7]))[0] == np.float32(((x ^ (x >> 31)) >> 40) / 2**24)
 
 
-def test_lock_free_sweep_names_too_many_topics():
+def test_lock_free_sweep_names_too_many_topics_and_auto_draws_batches_there():
     corpus, _, _ = make_synthetic_corpus(n_docs=2, n_topics=2, n_words=5, doc_length=3, seed=0)
     prob = LDAProblem(corpus, MAX_CHAIN_TOPICS + 1)
     prob.device_kernel = "hogwild"
     with pytest.raises(ValueError, match="n_topics.*shared memory.*4,000"):
         simlib.run(prob, "bsp", substrate="gpu", xp="numpy", n_workers=1, steps=1, batch_size=4)
+    runs = {}
+    for kernel in ("auto", "array"):
+        prob.device_kernel = kernel
+        runs[kernel] = simlib.run(prob, "bsp", substrate="gpu", xp="numpy", n_workers=1, steps=2, batch_size=4).params
+    assert np.array_equal(runs["auto"], runs["array"])
+    prob.check_counts(runs["auto"])
 
 
 @pytest.mark.gpu

@@ -20,7 +20,8 @@ walks its K topics twice (the total, then the inverse CDF) against the snapshot,
 token moves its counts with atomic adds. :func:`resample_batch` builds a B x K table and launches a
 dozen kernels per batch; it is the NumPy path and the fused kernels' reference.
 
-``device_kernel='hogwild'`` (and 'auto', the default, on NumPy and CuPy alike) needs no batches. It
+``device_kernel='hogwild'`` (and 'auto', the default, on NumPy and CuPy alike, up to
+:data:`MAX_CHAIN_TOPICS` topics) needs no batches. It
 keeps Gibbs sequential where it matters, within a document: one block of
 W warps per document (W = ``batch_size``, at most 32), its doc-topic counts in the block's shared
 memory, each warp drawing every W-th token of the document in turn from the counts as they are
@@ -166,12 +167,13 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
     if shard.device is None or shard.device.xp is not xp:
         shard.device = DeviceShard.of(shard.state, xp)
     dev = shard.device
-    if problem.device_kernel in ("hogwild", "auto"):
+    K = n_k.shape[0]
+    if problem.device_kernel == "hogwild" or (problem.device_kernel == "auto" and K <= MAX_CHAIN_TOPICS):
         for clock in range(first, first + count):
             shard.clock = clock
             chain_sweep(dev, n_wk, n_k, (problem.alpha, problem.beta), shard.sweep_seed(), batch_size)
         return
-    fused = use_fused(problem.device_kernel, xp)
+    fused = use_fused(problem.device_kernel, xp)  # 'auto' past MAX_CHAIN_TOPICS: the batches, fused on CuPy
     resample = resample_fused if fused else resample_batch
     n = int(dev.z.shape[0])
     if fused and (dev.newz is None or dev.newz.shape[0] < min(batch_size, n)):  # pragma: no cover - needs a GPU

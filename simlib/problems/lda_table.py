@@ -102,8 +102,8 @@ class LDAProblem:
     exact_deltas = True  # every push must be applied whole, or the counts no longer match the topics
     in_place_chunk = 1  # on shm in place, a worker publishes its clock after every sweep (a step is a whole sweep)
     # the gpu substrate's sweeps: 'hogwild' (a block per document, batch_size of its tokens in flight, up to 32; see
-    # simlib.problems.lda_device), which 'auto' picks on NumPy and CuPy, or batches of batch_size tokens drawn at once:
-    # 'fused' (CuPy's kernels) or 'array' (NumPy or CuPy)
+    # simlib.problems.lda_device), which 'auto' picks on NumPy and CuPy up to 4,000 topics, or batches of batch_size
+    # tokens drawn at once: 'fused' (CuPy's kernels; 'auto' past 4,000 topics) or 'array' (NumPy or CuPy)
     device_kernel = "auto"
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
