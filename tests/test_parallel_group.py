@@ -28,6 +28,11 @@ def payload_bytes(worker_id: int, n_workers: int, payload: np.ndarray) -> int:
     return payload.nbytes
 
 
+def all_bytes(worker_id: int, n_workers: int, *values) -> int:
+    """How many bytes the worker was sent, its own arguments included."""
+    return sum(v.nbytes if isinstance(v, np.ndarray) else len(v) for v in values)
+
+
 def record_work(worker_id: int, n_workers: int) -> int:
     """Record two compute spans and an update in the worker's context."""
     ctx = current()
@@ -351,3 +356,35 @@ def test_a_script_that_starts_workers_unguarded_is_refused_not_hung(tmp_path, me
                        + "".join("    " + line + "\n" for line in body[1].strip().splitlines()))
     proc = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip() == "[8000000, 8000000]", proc.stderr
+
+
+_DIES_IN_WORKERS = """
+import sys
+sys.path.insert(0, {root!r})
+if __name__ == "__mp_main__":  # what a spawned worker runs: this copy of the script fails before reading its arguments
+    raise RuntimeError("this script cannot run in a worker")
+from simlib.parallel import WorkerGroup
+import numpy as np
+from tests.test_parallel_group import all_bytes
+if __name__ == "__main__":
+    with WorkerGroup(2, "spawn") as group:
+        print(group.run(all_bytes, np.zeros(1_000_000), worker_args=[(np.ones(10_000),), (b"x" * 100_000,)]))
+"""
+
+
+def test_spawned_workers_that_die_before_reading_large_arguments_are_reported_not_hung(tmp_path) -> None:
+    """spawn wrote a worker's arguments down a pipe whose reading end the parent held until the write ended: a worker
+    that died before reading 8 MB of them left the parent blocked in start(); now they follow the start."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "dies.py"
+    script.write_text(_DIES_IN_WORKERS.format(root=root))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and "WorkerDied" in proc.stderr and "exit code 1" in proc.stderr, proc.stderr[-2000:]
+    # the same script whose workers can run: every large argument arrives whole, shared and per worker alike
+    script.write_text(_DIES_IN_WORKERS.format(root=root).replace('raise RuntimeError("this script cannot run in a '
+                                                                  'worker")', "pass"))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[8080000, 8100000]", proc.stderr[-2000:]

@@ -23,12 +23,14 @@ import ctypes
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -84,8 +86,71 @@ class _Launch(NamedTuple):
     args: tuple[Any, ...]  # the arguments every worker gets, before its own
 
 
-def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tuple[Any, ...]) -> None:
-    """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...)."""
+class _Later(NamedTuple):
+    """Stands in a spawned worker's arguments for the one sent after it started (``index`` in the order sent)."""
+
+    index: int
+
+
+_LATER_BYTES = 32 * 1024  # a spawned worker's argument that pickles larger than this is sent after it starts
+
+
+class _NoHandles(ForkingPickler):
+    """Refuses connections and sockets: pickled outside a spawn they hand a file descriptor to a sharer thread
+    that waits for a process to collect it, which a value kept for spawn time never does."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (Connection, socket.socket)):
+            raise TypeError(f"{type(obj).__name__}: passed at spawn time")
+        return NotImplemented
+
+
+def _defer_large(values: tuple[Any, ...], blobs: list[bytes]) -> tuple[Any, ...]:
+    """``values`` with each one that pickles to over _LATER_BYTES replaced by a _Later, its bytes added to ``blobs``.
+
+    Why: spawn writes a new process's pickled arguments down a pipe whose reading end the parent
+    holds until the write ends, so a worker that dies before reading them (its copy of the main
+    file raising, say) left the parent blocked in start() forever once they passed the pipe's
+    64 KB. Sent after the start, from a thread, a dead worker is seen by the run's wait as usual.
+    Values that only pickle while a process is being spawned (queues, locks) stay where they were.
+    """
+    out = []
+    for value in values:
+        try:
+            blob = _NoHandles.dumps(value)
+        except Exception:  # noqa: BLE001 - inheritance-only, or unpicklable: start() raises or passes it
+            out.append(value)
+            continue
+        if len(blob) <= _LATER_BYTES:
+            out.append(value)
+            continue
+        out.append(_Later(len(blobs)))
+        blobs.append(bytes(blob))
+    return tuple(out)
+
+
+def _send_later(conn: Connection, blobs: list[bytes]) -> None:
+    """The sending thread: ``blobs`` down ``conn`` in order, then close it; a worker gone first ends it quietly."""
+    try:
+        for blob in blobs:
+            conn.send_bytes(blob)
+    except OSError:  # the worker died or was stopped: the run reports that
+        pass
+    finally:
+        conn.close()
+
+
+def _take_later(inbox: Connection, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``values`` with every _Later replaced by the value read from ``inbox`` (sent in index order)."""
+    return tuple(ForkingPickler.loads(inbox.recv_bytes()) if isinstance(v, _Later) else v for v in values)
+
+
+def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tuple[Any, ...],
+               inbox: Connection | None = None) -> None:
+    """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...).
+
+    ``inbox``: under spawn, where the large arguments come once the worker is running (see :func:`_defer_large`).
+    """
     fn, n_workers, t0, parent_pid, log_queue, verbose, args = launch
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # _exit_on_sigterm's last resort
@@ -97,6 +162,9 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
     _set_parent_death_signal()
     if os.getppid() != parent_pid:  # a forkserver's worker: its parent is the server, which outlives the group
         _exit_with(parent_pid)
+    if inbox is not None:
+        args, own_args = _take_later(inbox, args), _take_later(inbox, own_args)
+        inbox.close()
     _log.worker_setup(log_queue, verbose)
     ctx = _worker.WorkerContext(worker_id, n_workers, t0)
     _worker._install(ctx)
@@ -219,16 +287,31 @@ class WorkerGroup:
             self.t0 = time.perf_counter()
         trap = _Trap()
         readers: list[Connection] = []
-        launch = _Launch(fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose, args)
+        senders: list[threading.Thread] = []
+        shared: list[bytes] = []
+        spawn = self.start_method == "spawn"
+        launch = _Launch(fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose,
+                         _defer_large(args, shared) if spawn else args)
         try:
             for i in range(self.n_workers):
                 extra = tuple(worker_args[i]) if worker_args is not None else ()
+                blobs = list(shared)
+                extra = _defer_large(extra, blobs) if spawn else extra
                 reader, writer = self.ctx.Pipe(duplex=False)
-                proc = self.ctx.Process(target=_bootstrap, args=(launch, i, writer, extra), name=f"worker-{i}",
+                inbox, outbox = self.ctx.Pipe(duplex=False) if blobs else (None, None)
+                proc = self.ctx.Process(target=_bootstrap, args=(launch, i, writer, extra, inbox), name=f"worker-{i}",
                                         daemon=True)
-                _start_deferring_signals(proc, self._procs)
-                writer.close()  # only the child writes; closing ours lets a dead child read as EOF
+                try:
+                    _start_deferring_signals(proc, self._procs)
+                finally:
+                    writer.close()  # only the child writes; closing ours lets a dead child read as EOF
+                    if inbox is not None:
+                        inbox.close()  # and the child alone reads: a dead child breaks the sender's pipe
                 readers.append(reader)
+                if outbox is not None:
+                    senders.append(threading.Thread(target=_send_later, args=(outbox, blobs), daemon=True,
+                                                    name=f"group-send-{i}"))
+                    senders[-1].start()
             _log.logger().info("started %d workers (%s)", self.n_workers, self.start_method)
             results = self._collect(readers, monitor, monitor_every, timeout, trap)
             deadline = time.monotonic() + self.grace
@@ -244,6 +327,8 @@ class WorkerGroup:
             self._stop()
             for r in readers:
                 r.close()
+            for t in senders:  # the workers are gone, so their pipes are broken and the sends have ended
+                t.join(self.grace)
             trap.restore()
 
     def _collect(self, readers: list[Connection], monitor: Callable[[float], None] | None, monitor_every: float,
