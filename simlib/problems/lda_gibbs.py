@@ -595,13 +595,14 @@ def _token_chain(token: Run, docs: tuple, table: Table, prior: Prior, stale: tup
     tokens = (np.zeros(2, np.int64), np.full(1, d, np.int64), z, np.full(1, p, np.int64), offsets, z_doc)
     seen = np.zeros(K, np.int64)
     prop = (bufs, n0, -1 if rebuild else s_tab, _ALIAS_STEPS if alias else _MH_CYCLES)
+    work = (np.empty(K), np.empty(K), np.empty(K))  # the alias kernel's scratch; [1] = 1 / (n_k + V beta) per draw
     for _ in range(n_draws):
         if rebuild:
             n0[:] = n_k
             B = _beta_table(n0, prior[1], vbeta, bufs)
             m, S = _word_table(n_wk[w], n0, vbeta, bufs)
         if alias:
-            work = (np.empty(K), 1.0 / (n_k + vbeta), np.empty(K))
+            work[1][:] = 1.0 / (n_k + vbeta)
             _, rng = _alias_run((0, 1, w, (m, S, B)), tokens, lists, table, prior, prop, work, rng)
             z_doc[p] = z[0]
         else:
