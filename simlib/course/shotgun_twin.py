@@ -65,7 +65,7 @@ def simulate_shotgun(problem: LassoProblem, schedule: np.ndarray, cfg: SimConfig
     n, (rounds, p) = cfg.n_workers, schedule.shape
     compute = ComputeModel(cfg, np.random.SeedSequence(cfg.seed))
     owner = np.arange(p) % n  # worker owning each slot
-    pair = cfg.key_bytes + cfg.value_bytes
+    pair = cfg.entry_bytes
     apply_time = cfg.compute_per_unit * p * problem.n_rows / n
     slots = np.bincount(owner, minlength=n)
     exchange = allgather_time(n, int(slots.max()) * pair, cfg.latency, cfg.bandwidth)

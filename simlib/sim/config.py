@@ -317,6 +317,11 @@ class SimConfig(_FieldsOnly):
         return Protocol(self.protocol, self.staleness, self.backup_workers, self.timeout)
 
     @property
+    def entry_bytes(self) -> int:
+        """Bytes one (key, value) pair takes on the wire."""
+        return self.key_bytes + self.value_bytes
+
+    @property
     def cached(self) -> bool:
         """Whether workers read a cache of the table (ESSP, or SSP with ``cache=True``) instead of pulling each step."""
         return self.cache is True or self.protocol == "essp"

@@ -204,7 +204,7 @@ class _Run:
         if direct:
             inlink, outlink = self.nodes[0][0].inlink, self.nodes[0][0].outlink
             latency, bandwidth, server_time = cfg.latency, cfg.bandwidth, cfg.server_time
-            key_bytes, value_bytes, entry_bytes = cfg.key_bytes, cfg.value_bytes, cfg.key_bytes + cfg.value_bytes
+            key_bytes, value_bytes, entry_bytes = cfg.key_bytes, cfg.value_bytes, cfg.entry_bytes
         server = self.site_server[self.site_of[i]] if per_site else self.server  # per site: its site's servers
         compute, rule = self.compute.time, clocks.rule
         deadline = cfg.timeout is not None
@@ -430,7 +430,7 @@ class _Run:
         clock costs one key's bytes; alone when no key is sent)."""
         if not len(keys) and clock is None:
             return
-        nbytes = len(keys) * (self.cfg.key_bytes + self.cfg.value_bytes) + (0 if clock is None else self.cfg.key_bytes)
+        nbytes = len(keys) * self.cfg.entry_bytes + (0 if clock is None else self.cfg.key_bytes)
         for r in range(self.cfg.sites):
             if r != s:
                 if len(keys):
@@ -519,7 +519,7 @@ class _Run:
                      step: int):
         """Shard k sends an applied update to worker j's copy: it queues on the shard's out-link like a pull reply."""
         cfg, env = self.cfg, self.env
-        t0, nbytes = env.now, len(keys) * (cfg.key_bytes + cfg.value_bytes)
+        t0, nbytes = env.now, len(keys) * cfg.entry_bytes
         yield from self._to_worker(j, k, nbytes)
         cache = self.caches[j]
         cache.add(keys, deltas, stamp[0])
@@ -540,7 +540,7 @@ class _Run:
     def _encode(self, i: int, keys: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """Apply the worker's compressor; without one a sparse update costs key + value bytes per entry."""
         if self.compressors is None:
-            return keys, g, len(keys) * (self.cfg.key_bytes + self.cfg.value_bytes)
+            return keys, g, len(keys) * self.cfg.entry_bytes
         k2, g2, nbytes = self.compressors[i](keys, g)
         return np.asarray(k2), np.asarray(g2, dtype=np.float64), int(nbytes)
 

@@ -236,7 +236,7 @@ def run(state: Any) -> float:
     ucols = [np.empty(n * steps, _NUMPY[code]) for code in UpdateLog._codes]
     barriers = np.empty(steps + 1, np.float64)
     finished = np.zeros(n, np.bool_)
-    link = (float(keys * cfg.key_bytes), float(keys * cfg.value_bytes), float(keys * (cfg.key_bytes + cfg.value_bytes)),
+    link = (float(keys * cfg.key_bytes), float(keys * cfg.value_bytes), float(keys * cfg.entry_bytes),
             float(cfg.latency), float(cfg.bandwidth), float(cfg.server_time))
     compute = (float(state.compute.base(state.fixed_units)), int(st.slow_workers), float(st.slow_factor), jitter, pauses,
                float(st.pause_prob), float(st.pause_time))

@@ -89,7 +89,7 @@ def clocked_worker(run: Any, i: int):
         trace.span(i, "compute", t_comp, env.now, step=c)
         # The clock's end: what is still pending goes now, and this push alone completes the clock.
         rest_keys, rest = pending.rest()
-        nbytes = len(rest_keys) * (cfg.key_bytes + cfg.value_bytes)
+        nbytes = len(rest_keys) * cfg.entry_bytes
         t_push = env.now
         fresh.flying[i] += float(np.abs(rest).sum())
         if len(rest_keys):
@@ -122,7 +122,7 @@ def _sender(run: Any, i: int, c: int, pending: _Pending, budget: float, next_sen
             yield pending.wake
             continue
         # One early message, queued on each shard's in-link now (so the clock's push, sent later, lands after it).
-        nbytes = len(keys) * (cfg.key_bytes + cfg.value_bytes)
+        nbytes = len(keys) * cfg.entry_bytes
         t0 = arrive = env.now
         for k, sel in run._split(keys):
             part = nbytes * (sel.stop - sel.start) / len(keys)
