@@ -57,6 +57,12 @@ def probability(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
 
 
+def boolean(name: str, value: Any) -> None:
+    """Require True or False (not a truthy stand-in such as 1 or 'yes')."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
 def one_of(name: str, value: Any, allowed: Iterable[Any]) -> None:
     """Require value to be one of the allowed choices."""
     allowed = tuple(allowed)

@@ -275,8 +275,7 @@ class StepRule:
     accumulation: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.staleness_aware, bool):
-            raise ValueError(f"staleness_aware must be True or False, got {self.staleness_aware!r}")
+        check.boolean("staleness_aware", self.staleness_aware)
         if self.accumulation is not None:
             check.positive_int("accumulation", self.accumulation)
 

@@ -534,8 +534,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
     ``repeats`` (default 2 quick, 5 full) is how many times each quantity is measured; the
     Calibration keeps the median and quartiles of the repeats.
     """
-    if not isinstance(quick, bool):
-        raise ValueError(f"quick must be True or False, got {quick!r}")
+    check.boolean("quick", quick)
     if repeats is None:
         repeats = 2 if quick else 5
     check.positive_int("repeats", repeats)

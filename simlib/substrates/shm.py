@@ -89,8 +89,7 @@ class ShmOptions:
     def __post_init__(self) -> None:
         if self.chunk is not None:
             check.positive_int("chunk", self.chunk)
-        if not isinstance(self.locked, bool):
-            raise ValueError(f"locked must be True or False, got {self.locked!r}")
+        check.boolean("locked", self.locked)
         if self.start_method is not None:  # named before the warm-up compiles anything
             check.one_of("start_method", self.start_method, START_METHODS)
         if isinstance(self.hot_keys, bool) or not isinstance(self.hot_keys, (int, np.integer)) or self.hot_keys < 0:
