@@ -133,25 +133,28 @@ class InFlight:
 
 
 # A work queue for lock-free kernels, prepended to their CUDA source. q = [next item, items done,
-# sum of items missed, most items missed]; a warp takes items in order, one at a time.
+# sum of items missed, most items missed]; a warp takes ``chunk`` items in order at a time.
 QUEUE_SOURCE = r"""
-__device__ __forceinline__ long long queue_take(unsigned long long* q, long long total, long long* missed) {
-    // Lane 0 takes the next item and counts the earlier ones not done yet; every lane gets the item.
+__device__ __forceinline__ long long queue_take(unsigned long long* q, long long total, long long chunk,
+                                                long long* missed) {
+    // Lane 0 takes the next chunk and counts the earlier items not done yet; every lane gets its first item.
     long long t = 0, m = 0;
     if (threadIdx.x % 32 == 0) {
-        t = (long long)atomicAdd(&q[0], 1ULL);
+        t = (long long)atomicAdd(&q[0], (unsigned long long)chunk);
         if (t < total) m = t - (long long)(*(volatile unsigned long long*)&q[1]);
     }
     *missed = m > 0 ? m : 0;
     return __shfl_sync(0xffffffffu, t, 0);
 }
 
-__device__ __forceinline__ void queue_done(unsigned long long* q, long long missed, long long* sum, long long* most) {
-    __threadfence();  // the item's updates are visible before it counts as done
+__device__ __forceinline__ void queue_done(unsigned long long* q, long long count, long long missed, long long* sum,
+                                           long long* most) {
+    // A chunk of ``count`` items done: each missed what its first missed (the warp did the ones between).
+    __threadfence();  // the items' updates are visible before they count as done
     __syncwarp();
     if (threadIdx.x % 32 == 0) {
-        atomicAdd(&q[1], 1ULL);
-        *sum += missed;  // kept by the warp until it leaves: two counters per item, not four
+        atomicAdd(&q[1], (unsigned long long)count);
+        *sum += missed * count;  // kept by the warp until it leaves: two counters per chunk
         if (missed > *most) *most = missed;
     }
 }

@@ -31,7 +31,7 @@ from typing import Any, Callable
 import numpy as np
 
 from simlib import _validate as check
-from simlib.backend import array_module, to_numpy
+from simlib.backend import array_module, device_copies, to_numpy
 
 
 def soft_threshold(z: Any, t: Any) -> Any:
@@ -305,11 +305,20 @@ class ShotgunProblem:
 
     def step(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
         """(coords, delta): the exact coordinate minimisations from the x read, r = A x - y rebuilt from it."""
-        return batch, self.lasso.deltas(values, self.lasso.residual(values), batch)
+        xp = array_module(values)
+        lasso = self._on(xp)
+        return batch, lasso.deltas(values, lasso.residual(values), xp.asarray(batch))
 
     def quality(self, x: np.ndarray) -> float:
         """F(x) = 1/2 ||A x - y||^2 + l1 ||x||_1."""
-        return self.lasso.objective(x)
+        return self._on(array_module(x)).objective(x)
+
+    def _on(self, xp: Any) -> LassoProblem:
+        """The Lasso with its data on array module ``xp`` (the gpu substrate's table may be CuPy's): copied once."""
+        if array_module(self.lasso.At) is xp:
+            return self.lasso
+        return device_copies(self, xp, lambda m: LassoProblem(m.asarray(to_numpy(self.lasso.At)),
+                                                              m.asarray(to_numpy(self.lasso.y)), self.lasso.l1))
 
     def work(self, batch: np.ndarray) -> int:
         """n_rows per coordinate updated: the dot product A_j . r."""

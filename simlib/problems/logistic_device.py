@@ -105,7 +105,7 @@ extern "C" __global__ void sgd_hogwild(
     const double keep = exp(log_keep);
     long long missed, missed_sum = 0, missed_most = 0;
     for (;;) {
-        const long long t = queue_take(queue, total, &missed);
+        const long long t = queue_take(queue, total, 1, &missed);
         if (t >= total) break;
         const long long row = start + (first_row + t) % n_rows;
         const double s = f >= 0 ? exp(w[f] + (double)t * log_keep) : 1.0;  // l2_on='all': log s is w[f]
@@ -119,7 +119,7 @@ extern "C" __global__ void sgd_hogwild(
             if (f >= 0) atomicAdd(&w[j], -rate * coef * vals[p] / (s * keep));
             else atomicAdd(&w[j], -rate * (l2 * w[j] + coef * vals[p]));
         }
-        queue_done(queue, missed, &missed_sum, &missed_most);
+        queue_done(queue, 1, missed, &missed_sum, &missed_most);
     }
     queue_leave(queue, missed_sum, missed_most);
 }
