@@ -159,8 +159,8 @@ def resample_fused(shard: DeviceShard, idx: Any, n_wk: Any, n_k: Any, alpha: flo
 def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, batch_size: int) -> None:
     """Sweeps first .. first+count-1 of a shard on the device table (n_wk then n_k, int32), in place.
 
-    Each sweep's token order and uniforms come from the host generator seeded by the shard's sweep
-    seed, so NumPy and CuPy runs draw the same stream.
+    Lock-free (:func:`chain_sweep`), or in batches: then each sweep's token order and uniforms come
+    from the host generator seeded by the shard's sweep seed, so NumPy and CuPy runs draw the same stream.
     """
     xp = array_module(table)
     n_wk, n_k = problem.split(table)
@@ -300,16 +300,6 @@ extern "C" __global__ void lda_chains(
 MAX_CHAIN_TOPICS = 4_000
 
 
-def chain_uniform(seed: int, t: np.ndarray) -> np.ndarray:
-    """The lock-free sweep's uniform for token ``t`` of a sweep seeded ``seed`` (float32; the kernel's own hash)."""
-    with np.errstate(over="ignore"):
-        x = np.uint64(seed % 2**64) + np.asarray(t, np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return (x >> np.uint64(40)).astype(np.float32) * np.float32(1 / 16777216)
-
-
 @functools.lru_cache(maxsize=None)
 def _chains_kernel(n_topics: int) -> Any:  # pragma: no cover - needs a GPU
     (kernel,) = cuda_kernels(_CHAINS_SOURCE.replace("__K__", str(n_topics)), ("lda_chains",))
@@ -322,7 +312,7 @@ def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float
     D, K = dev.n_dk.shape
     if K > MAX_CHAIN_TOPICS:
         raise ValueError(f"n_topics: device_kernel='hogwild' keeps a document's counts in shared memory, so at most "
-                         f"{MAX_CHAIN_TOPICS:,} topics, got {K:,}; use 'fused'")
+                         f"{MAX_CHAIN_TOPICS:,} topics, got {K:,}; use 'fused' (CuPy) or 'array'")
     offsets, order = dev.chains
     warps = max(1, min(int(warps), 32))
     alpha, beta = prior
@@ -331,13 +321,14 @@ def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float
                           np.uint64(seed % 2**64), warps)
         return
     kernel = _chains_kernel(K)  # pragma: no cover - needs a GPU
-    warps = min(warps, getattr(kernel, "max_threads_per_block", 1024) // 32)  # registers bound a block  # pragma: no cover - needs a GPU
+    warps = min(warps, getattr(kernel, "max_threads_per_block", 1024) // 32)  # pragma: no cover - registers bound a block
     kernel((D,), (32 * warps,), (order, offsets, dev.words, dev.z, dev.n_dk, n_wk, n_k, np.float32(alpha),
                                  np.float32(beta), np.float32(n_wk.shape[0] * beta), np.uint64(seed % 2**64)))  # pragma: no cover
 
 
 @njit(cache=True)
-def _uniform(seed, t):  # pragma: no cover - compiled
+def chain_uniform(seed, t):  # pragma: no cover - compiled
+    """The lock-free sweep's uniform for token ``t`` of a sweep seeded ``seed`` (uint64): the kernel's hash, float32."""
     x = seed + np.uint64(t) * np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -365,7 +356,7 @@ def _chain_draw(t, counts, prior, seed):  # pragma: no cover - compiled
                               / (np.float32(n_k[k]) - own + np.float32(vbeta)))
                 sums[lane] += p[lane, j]
     incl = np.cumsum(sums)
-    u = _uniform(seed, t) * incl[31]
+    u = chain_uniform(seed, t) * incl[31]
     for lane in range(32):
         if incl[lane] > u:
             cdf, last = incl[lane] - sums[lane], -1
