@@ -388,7 +388,7 @@ def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Pri
     # helper (even inline="always") cost ~100 ns in reference counts of its 13 array arguments.
     (a, b, w, mass), (_, doc, z, order, offsets, z_doc) = run, tokens
     (n_wk, n_k), (alpha, beta) = table, prior
-    snap, n0, s_fixed, n_steps = prop[0][8], prop[1], prop[2], prop[3]
+    snap, n0, s_fixed, n_steps = prop[0][_SNAPSHOT], prop[1], prop[2], prop[3]
     V, K = n_wk.shape
     vbeta = V * beta
     for j in range(a, b):
@@ -432,6 +432,9 @@ def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Pri
         n_wk[w, s] += 1
         n_k[s] += 1
     return rng
+
+
+_SNAPSHOT = 8  # the place in _table_buffers' tuple of the snapshot of the word's row
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -487,7 +490,7 @@ def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prio
     (j, b, w, mass), (_, doc, z), (cdf, inv, phi) = run, tokens[:3], work
     dk_idx, dk_cnt, dk_len, dk_pos = lists
     (n_wk, n_k), (alpha, beta) = table, prior
-    snap, n0, s_fixed, n_steps = prop[0][8], prop[1], prop[2], prop[3]
+    snap, n0, s_fixed, n_steps = prop[0][_SNAPSHOT], prop[1], prop[2], prop[3]
     _, S, B = mass
     V, K = n_wk.shape
     vbeta = V * beta
@@ -545,7 +548,7 @@ def _alias_pq(d: int, k: int, lists: Lists, phi: np.ndarray, prior: Prior, vbeta
     i = lists[3][d, k]
     c = lists[1][d, i] if i >= 0 else 0
     alpha, beta = prior
-    return (c + alpha) * phi[k], c * phi[k] + alpha * _stale_q(k, prop[0][8], prop[1], s_tab, beta, vbeta)
+    return (c + alpha) * phi[k], c * phi[k] + alpha * _stale_q(k, prop[0][_SNAPSHOT], prop[1], s_tab, beta, vbeta)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
