@@ -287,6 +287,8 @@ class RayPSWorker:
 
     def _push(self, ray: Any, c: int, keys: np.ndarray, deltas: np.ndarray, version: int) -> tuple:
         """The coordinator decides (applied, tau); the other shards apply their part with that decision."""
+        if not self.shards:
+            return ray.get(self.coordinator.push.remote(self.i, c, keys, deltas, version))
         parts = owners(keys, self.bounds)
         decision = self.coordinator.push.remote(self.i, c, keys[parts[0]], deltas[parts[0]], version)
         adds = [s.add.remote(decision, keys[parts[k + 1]], deltas[parts[k + 1]]) for k, s in enumerate(self.shards)]
