@@ -9,8 +9,9 @@ Two paths, as on shared memory:
   are added. One worker runs whole chunks of steps between evaluations, with no host sync inside.
   On CuPy the problem must declare ``device_kernel`` (its hook takes device arrays; the logistic,
   GloVe and LDA problems do, with fused CUDA kernels). A problem whose device steps differ from its
-  CPU ones supplies ``device_steps`` with the same signature, which this substrate prefers (LDA:
-  batches of tokens drawn at once, where the CPU sweep is sequential). A hook may return a
+  CPU ones supplies ``device_steps`` with the same signature, which this substrate prefers (LDA: a
+  block per document drawing a few of its tokens at once, or batches of tokens, where the CPU sweep
+  is sequential). A hook may return a
   :class:`~simlib.backend.InFlight` (lock-free device steps, ``device_kernel='hogwild'``): the most
   rows one of its rows missed becomes the update's staleness, and the totals go to
   ``trace.meta["in_flight"]``. A problem whose ``device_reads_apart`` is true takes ``read=`` in its
@@ -60,7 +61,7 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
     mod = get_xp(xp)
     n = training.n_workers
     shards = problem.shards(n)
-    # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's batches), else local_steps
+    # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's), else local_steps
     hook = getattr(problem, "device_steps", None) or getattr(problem, "local_steps", None)
     if callable(hook) and training.rule.plain and (mod is np or getattr(problem, "device_kernel", None) is not None):
         return _run_in_place(problem, protocol, training, mod, shards, hook)
