@@ -18,6 +18,8 @@ Example::
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol as TypingProtocol, runtime_checkable
 
@@ -261,6 +263,17 @@ def new_trace(problem: Any, protocol: Protocol, training: Training, substrate: s
     trace.meta.update(protocol=protocol.spec, steps=training.steps, batch_size=training.batch_size, lr=training.lr,
                       **meta)
     return trace
+
+
+def record_start(trace: Trace, problem: Any, params: Any) -> None:
+    """The metric of the starting ``params`` as the trace's first point; a ValueError if it is not finite (nothing
+    has been trained yet, so it is the data or the initial parameters, not the step size). In-process substrates
+    (sim, gpu) call it; a server process reports the same point through :func:`record_metric`."""
+    value = float(problem.quality(params))
+    if not math.isfinite(value):
+        raise ValueError(f"the {getattr(problem, 'metric', 'loss')} of the starting parameters is {value}: the data "
+                         "or the initial parameters hold values that are not finite")
+    trace.record_quality(0.0, 0, value)
 
 
 def record_metric(trace: Trace, problem: Any, t: float, step: int, params: Any, lr: float) -> None:

@@ -84,3 +84,19 @@ def test_first_non_finite_names_the_first_bad_point():
     assert first_non_finite(trace.quality) == (4, float("inf"))
     with pytest.raises(Diverged, match="the accuracy at step 3 was nan"):
         check_finite(float("nan"), 3, "accuracy")
+
+
+class _NanStart(LogisticProblem):
+    """Logistic regression whose starting weights are not finite: bad input, not divergence."""
+
+    def init_params(self):
+        return np.full(self.n_params, np.nan)
+
+
+@pytest.mark.parametrize("substrate", ["sim", "gpu"])
+def test_a_starting_metric_that_is_not_finite_names_the_start_not_the_step_size(substrate):
+    bad = _NanStart(make_sparse_classification(200, 20, 3, seed=0), eval_rows=None)
+    with pytest.raises(ValueError, match=r"^the loss of the starting parameters is nan: the data or the initial "
+                                         r"parameters hold values that are not finite$") as info:
+        simlib.run(bad, "bsp", substrate=substrate, n_workers=2, steps=3, lr=0.1, **SUBSTRATES[substrate])
+    assert not isinstance(info.value, Diverged)  # nothing was trained: no step size to blame

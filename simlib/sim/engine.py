@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
-from simlib.contract import ParamServer, check_problem, record_metric
+from simlib.contract import ParamServer, check_problem, record_metric, record_start
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim import fastcost
 from simlib.sim.clocks import ClockTable, wake_ready
@@ -126,7 +126,7 @@ class _Run:
     def execute(self) -> Trace:
         cfg, env = self.cfg, self.env
         if not cfg.cost_only:
-            self.trace.record_quality(0.0, 0, self.problem.quality(self.w))
+            record_start(self.trace, self.problem, self.w)
         body = self._ps_worker
         if cfg.topology == "allreduce":
             self.rings: dict[int, tuple[simpy.Event, list]] = {}  # per step: its all-reduce's end, the gradients

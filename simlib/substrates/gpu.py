@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from simlib.backend import InFlight, get_xp, synchronize, to_numpy
-from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric
+from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric, record_start
 from simlib.protocol import Protocol, may_read, read_allowed
 
 
@@ -70,7 +70,7 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
     trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
                       xp=mod.__name__, path="get / step / add")
     t0 = time.perf_counter()
-    trace.record_quality(0.0, 0, float(problem.quality(server.params)))
+    record_start(trace, problem, server.params)
     for c in range(training.steps):
         start = time.perf_counter() - t0
         server.may_read(c)  # lock-step: every earlier round is complete, so the rule allows it or says why not
@@ -107,7 +107,7 @@ def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any
     snapshot = mod.empty_like(table) if n > 1 else None
     scratch = mod.empty_like(table) if n > 1 and not apart else None
     t0 = time.perf_counter()
-    trace.record_quality(0.0, 0, float(problem.quality(table)))
+    record_start(trace, problem, table)
     c = 0
     while c < steps:
         read_allowed(training.read_rule or may_read, c, c, protocol.bound)  # names a rule that would stall
