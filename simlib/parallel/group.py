@@ -86,10 +86,8 @@ class _Launch(NamedTuple):
     args: tuple[Any, ...]  # the arguments every worker gets, before its own
 
 
-class _Later(NamedTuple):
-    """Stands in a spawned worker's arguments for the one sent after it started (``index`` in the order sent)."""
-
-    index: int
+class _Later:
+    """Stands in a spawned worker's arguments for one sent after it started (they come in the order they stand)."""
 
 
 _LATER_BYTES = 32 * 1024  # a spawned worker's argument that pickles larger than this is sent after it starts
@@ -124,7 +122,7 @@ def _defer_large(values: tuple[Any, ...], blobs: list[bytes]) -> tuple[Any, ...]
         if len(blob) <= _LATER_BYTES:
             out.append(value)
             continue
-        out.append(_Later(len(blobs)))
+        out.append(_Later())
         blobs.append(bytes(blob))
     return tuple(out)
 
@@ -141,7 +139,7 @@ def _send_later(conn: Connection, blobs: list[bytes]) -> None:
 
 
 def _take_later(inbox: Connection, values: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``values`` with every _Later replaced by the value read from ``inbox`` (sent in index order)."""
+    """``values`` with every _Later replaced by the next value read from ``inbox``."""
     return tuple(ForkingPickler.loads(inbox.recv_bytes()) if isinstance(v, _Later) else v for v in values)
 
 

@@ -28,9 +28,9 @@ memory, each warp drawing every W-th token of the document in turn from the coun
 (the word's row read through L2, where the other blocks' atomic adds land), the 32 lanes splitting
 the K topics. The topic totals n_k are the block's own copy, its moves applied at once and
 exchanged with the global totals every 8 rounds. A document has W tokens in flight, the corpus a
-few thousand, and a sweep is one launch. Every move lands, so the counts stay exact. :func:`chain_sweep` is its NumPy twin: the
-same uniforms (a hash of the sweep's seed and the token), the same topic order, the documents one
-after another and each document's W warps in lock step.
+few thousand, and a sweep is one launch. Every move lands, so the counts stay exact.
+:func:`chain_sweep` is its NumPy twin: the same uniforms (a hash of the sweep's seed and the token),
+the same topic order, the documents one after another and each document's W warps in lock step.
 """
 from __future__ import annotations
 
@@ -301,9 +301,10 @@ MAX_CHAIN_TOPICS = 4_000
 
 
 @functools.lru_cache(maxsize=None)
-def _chains_kernel(n_topics: int) -> Any:  # pragma: no cover - needs a GPU
+def _chains_kernel(n_topics: int) -> tuple[Any, int]:  # pragma: no cover - needs a GPU
+    """The kernel for ``n_topics``, and the most warps a block of it may have (its registers bound that)."""
     (kernel,) = cuda_kernels(_CHAINS_SOURCE.replace("__K__", str(n_topics)), ("lda_chains",))
-    return kernel
+    return kernel, getattr(kernel, "max_threads_per_block", 1024) // 32
 
 
 def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float], seed: int, warps: int) -> None:
@@ -316,14 +317,13 @@ def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float
     offsets, order = dev.chains
     warps = max(1, min(int(warps), 32))
     alpha, beta = prior
+    vbeta, seed = n_wk.shape[0] * beta, np.uint64(seed % 2**64)
     if xp is np:
-        _chain_sweep_host(order, offsets, dev.words, (dev.z, dev.n_dk, n_wk, n_k), (alpha, beta, n_wk.shape[0] * beta),
-                          np.uint64(seed % 2**64), warps)
+        _chain_sweep_host(order, offsets, dev.words, (dev.z, dev.n_dk, n_wk, n_k), (alpha, beta, vbeta), seed, warps)
         return
-    kernel = _chains_kernel(K)  # pragma: no cover - needs a GPU
-    warps = min(warps, getattr(kernel, "max_threads_per_block", 1024) // 32)  # pragma: no cover - registers bound a block
-    kernel((D,), (32 * warps,), (order, offsets, dev.words, dev.z, dev.n_dk, n_wk, n_k, np.float32(alpha),
-                                 np.float32(beta), np.float32(n_wk.shape[0] * beta), np.uint64(seed % 2**64)))  # pragma: no cover
+    kernel, most = _chains_kernel(K)  # pragma: no cover - needs a GPU
+    kernel((D,), (32 * min(warps, most),), (order, offsets, dev.words, dev.z, dev.n_dk, n_wk, n_k,  # pragma: no cover
+                                            np.float32(alpha), np.float32(beta), np.float32(vbeta), seed))
 
 
 @njit(cache=True)
