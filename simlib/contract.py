@@ -30,6 +30,7 @@ from simlib.diverged import check_metric
 from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS, MAX_WORKERS, Accumulator, Clocks, Protocol
 from simlib.protocol import ReadRule, StepRule, check_read_rule
 from simlib.trace import Trace
+from simlib.worker import Plan, run_serial
 
 PROBLEM_METHODS = ("init_params", "shards", "batch", "keys", "step", "quality", "work")
 
@@ -206,15 +207,10 @@ class ParamServer:
 
 
 def serial_reference(problem: Any, steps: int, batch_size: int, lr: float) -> Any:
-    """Plain serial SGD on the contract: one shard, table[keys] += step(table[keys]) ``steps`` times."""
+    """Plain serial SGD on the contract: the worker program on one shard, table[keys] += step(table[keys])."""
     check_problem(problem)
     w = problem.init_params()
-    shard = problem.shards(1)[0]
-    for c in range(steps):
-        batch = problem.batch(shard, c, batch_size)
-        keys = problem.keys(batch)
-        keys, deltas = problem.step(w[keys], batch, keys, lr)
-        w[keys] += deltas
+    run_serial(problem, problem.shards(1)[0], Plan(steps, batch_size, lr), w)
     return w
 
 

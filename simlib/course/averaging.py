@@ -17,6 +17,7 @@ from typing import Any
 
 from simlib import _validate as check
 from simlib.contract import check_problem
+from simlib.worker import Plan, run_serial
 
 
 def train_on_shard(problem: Any, shard: Any, steps: int, batch_size: int, lr: float, w0: Any = None,
@@ -27,13 +28,8 @@ def train_on_shard(problem: Any, shard: Any, steps: int, batch_size: int, lr: fl
     check.positive_int("batch_size", batch_size)
     check.positive("lr", lr)
     w = problem.init_params() if w0 is None else w0.copy()
-    for c in range(first_step, first_step + steps):
-        batch = problem.batch(shard, c, batch_size)
-        keys = problem.keys(batch)
-        keys, deltas = problem.step(w[keys], batch, keys, lr)
-        w[keys] += deltas
+    run_serial(problem, shard, Plan(first_step + steps, batch_size, lr, first=first_step), w)
     return w
-
 
 def parameter_mixing(problem: Any, n_parts: int, rounds: int, steps_per_round: int, batch_size: int,
                      lr: float) -> list[Any]:

@@ -17,11 +17,11 @@ lower-order term: small steps hide it, large steps expose it. Example::
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from simlib import _validate as check
 from simlib.contract import check_problem
+from simlib.worker import Plan, run_serial
 
 
 def delayed_sgd(problem: Any, steps: int, batch_size: int, lr: float, delay: int) -> Any:
@@ -32,18 +32,8 @@ def delayed_sgd(problem: Any, steps: int, batch_size: int, lr: float, delay: int
     check.positive("lr", lr)
     check.non_negative_int("delay", delay)
     w = problem.init_params()
-    shard = problem.shards(1)[0]
-    history: deque = deque([w.copy()], maxlen=delay + 1)  # history[0] is w_{t - delay}
-    for t in range(steps):
-        batch = problem.batch(shard, t, batch_size)
-        keys = problem.keys(batch)
-        stale = history[0] if delay else w
-        keys, deltas = problem.step(stale[keys], batch, keys, lr)
-        w[keys] += deltas
-        if delay:
-            history.append(w.copy())
+    run_serial(problem, problem.shards(1)[0], Plan(steps, batch_size, lr), w, delay=delay)
     return w
-
 
 def loss_against_delay(problem: Any, delays: list[int], steps: int, batch_size: int, lr: float) -> list[float]:
     """The problem's metric after ``steps`` delayed-SGD steps, for each delay."""

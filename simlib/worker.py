@@ -1,0 +1,205 @@
+"""The one worker program: what a parameter-server worker does, written once for every substrate.
+
+A worker is a generator of *effects*; a substrate is a *transport* that performs them (SimPy events
+and links, pipes, the shared table, a serial table) and sends each result back, as SimPy resumes a
+process with an event's value. Step c of worker i:
+
+    Gate(c)                      -> (lag, k)   wait until the read rule lets step c read; k steps may run now
+    Pull(c, keys)                -> (values, version)   table[keys], as fresh as the protocol allows
+    Compute(c, batch, fn, args)  -> fn(*args)  the problem's math (the simulator charges the batch's work)
+    Early(c, pending)            -> None       between a clock's mini-batches: a chance to send part of its push
+    Push(c, keys, deltas, version, lag, nbytes) -> (applied, completed)   the server applies it through the step rule
+    InPlace(c, k)                -> None       steps c .. c+k-1 applied to a shared table in place (a compiled chunk)
+
+A dropped push (backup workers, deadlines) makes the worker rejoin at the first step not yet
+complete, as synchronous SGD with backup workers does. With ``clock_batches`` > 1 a step is a clock
+of several mini-batches: one pull, each mini-batch's update added to the worker's own copy first
+and summed, one push (Bosen's clocks; with a budget, managed communication spends the Early
+effects). A compressor (:mod:`simlib.compress`) encodes each push in the worker, whatever carries it.
+
+    >>> from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+    >>> prob = LogisticProblem(make_sparse_classification(200, 20, 4, seed=0), eval_rows=None)
+    >>> w = prob.init_params()
+    >>> run_serial(prob, prob.shards(1)[0], Plan(steps=3, batch_size=8, lr=0.5), w)
+    >>> bool(prob.quality(w) < prob.quality(prob.init_params()))
+    True
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Generator, NamedTuple
+
+import numpy as np
+
+from simlib.managed import Pending
+
+
+class Gate(NamedTuple):
+    """Wait until step ``step`` may read; the transport answers (clock lag, steps that may run now)."""
+
+    step: int
+
+
+class Pull(NamedTuple):
+    """Read table[keys]; the transport answers (values, the version they were read at)."""
+
+    step: int
+    keys: np.ndarray
+
+
+class Compute(NamedTuple):
+    """Run ``fn(*args)`` (the problem's math) for ``batch``; the simulator charges the batch's work first."""
+
+    step: int
+    batch: Any
+    fn: Callable[..., Any]
+    args: tuple
+
+
+class Early(NamedTuple):
+    """Between a clock's mini-batches: the transport may send part of ``pending`` now (managed communication)."""
+
+    step: int
+    pending: Pending
+
+
+class Push(NamedTuple):
+    """Send step ``step``'s update; the transport answers (applied, steps complete)."""
+
+    step: int
+    keys: Any
+    deltas: Any
+    version: Any
+    lag: int
+    nbytes: int
+
+
+class InPlace(NamedTuple):
+    """Apply steps ``step`` .. ``step + count - 1`` to the shared table in place (the problem's ``local_steps``)."""
+
+    step: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one worker does: its steps (from ``first``), batch size, step size, mini-batches per clock, path."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    clock_batches: int = 1
+    in_place: bool = False  # the problem's compiled local_steps on a table the transport shares
+    first: int = 0
+    entry_bytes: int = 12  # wire bytes of one uncompressed (key, delta) pair: int32 + float64 on real substrates
+
+
+Program = Generator[Any, Any, None]
+
+
+def ps_worker(problem: Any, shard: Any, plan: Plan, compressor: Any = None,
+              source: Callable[[int], tuple[Any, np.ndarray]] | None = None) -> Program:
+    """The parameter-server worker: gate, pull, compute, push, for each step (or clock) of ``plan``.
+
+    ``source(j)`` gives mini-batch j and its keys (default: the problem's batch j of ``shard``).
+    """
+    if source is None:
+        def source(j: int) -> tuple[Any, np.ndarray]:
+            batch = problem.batch(shard, j, plan.batch_size)
+            return batch, problem.keys(batch)
+    c = plan.first
+    while c < plan.steps:
+        lag, k = yield Gate(c)
+        if plan.in_place:
+            yield InPlace(c, k)
+            applied, completed = yield Push(c + k - 1, None, None, None, lag, 0)
+            c += k
+            continue
+        if plan.clock_batches == 1:
+            batch, keys = source(c)
+            values, version = yield Pull(c, keys)
+            keys, deltas = yield Compute(c, batch, problem.step, (values, batch, keys, plan.lr))
+        else:
+            keys, deltas, version = yield from _clock(problem, plan, c, source)
+        keys, deltas, nbytes = encode(compressor, keys, deltas, plan.entry_bytes)
+        applied, completed = yield Push(c, keys, deltas, version, lag, nbytes)
+        c = c + 1 if applied else max(c + 1, completed)
+
+
+def _clock(problem: Any, plan: Plan, c: int, source: Callable[[int], tuple[Any, np.ndarray]]) -> Program:
+    """Clock c of k mini-batches: one pull of their keys, each update computed on the worker's copy (its own
+    updates added first) and summed in a :class:`~simlib.managed.Pending`; returns (keys, sums, version)."""
+    k = plan.clock_batches
+    inputs = [source(c * k + j) for j in range(k)]
+    keys = np.unique(np.concatenate([bkeys for _, bkeys in inputs]))
+    values, version = yield Pull(c, keys)
+    pending = Pending(keys, np.asarray(values, dtype=np.float64))
+    local = pending.values.copy()
+    for j, (batch, bkeys) in enumerate(inputs):
+        out, d = yield Compute(c, batch, problem.step, (local[pending.index(bkeys)], batch, bkeys, plan.lr))
+        out, d = np.asarray(out), np.asarray(d, dtype=np.float64)
+        local[pending.index(out)] += d
+        pending.add(out, d)
+        if j < k - 1:
+            yield Early(c, pending)
+    rest_keys, rest = pending.rest()
+    return rest_keys, rest, version
+
+
+def encode(compressor: Any, keys: Any, deltas: Any, entry_bytes: int) -> tuple[Any, Any, int]:
+    """(keys, deltas as the server will add them, wire bytes) of a push: ``entry_bytes`` a key, or the compressor's."""
+    if compressor is None:
+        return keys, deltas, len(keys) * entry_bytes
+    k, d, nbytes = compressor(np.asarray(keys), deltas)
+    return np.asarray(k), np.asarray(d, dtype=np.float64), int(nbytes)
+
+
+def drive(program: Program, transport: Any) -> None:
+    """Run ``program`` on a transport that performs each effect at once (``transport.gate(effect)``, ...)."""
+    value = None
+    send = program.send
+    perform = {Gate: transport.gate, Pull: transport.pull, Compute: transport.compute, Push: transport.push,
+               Early: getattr(transport, "early", _ignore), InPlace: getattr(transport, "in_place", _ignore)}
+    while True:
+        try:
+            effect = send(value)
+        except StopIteration:
+            return
+        value = perform[type(effect)](effect)
+
+
+def _ignore(effect: Any) -> None:
+    """An effect a transport has nothing to do for (Early without a budget)."""
+    return None
+
+
+class Serial:
+    """The serial transport: one worker on a table in this process; reads may lag ``delay`` updates behind.
+
+    ``delay`` = d makes step t read the table as it was after step t - d (the analysed model of
+    delayed SGD behind the SSP bound: every push has tau = d)."""
+
+    def __init__(self, table: Any, delay: int = 0):
+        self.table = table
+        self.history: deque = deque([table.copy()], maxlen=delay + 1) if delay else None
+
+    def gate(self, effect: Gate) -> tuple[int, int]:
+        return 0, 1
+
+    def pull(self, effect: Pull) -> tuple[Any, int]:
+        return (self.table if self.history is None else self.history[0])[effect.keys], 0
+
+    def compute(self, effect: Compute) -> Any:
+        return effect.fn(*effect.args)
+
+    def push(self, effect: Push) -> tuple[bool, int]:
+        self.table[effect.keys] += effect.deltas
+        if self.history is not None:
+            self.history.append(self.table.copy())
+        return True, effect.step + 1
+
+
+def run_serial(problem: Any, shard: Any, plan: Plan, table: Any, delay: int = 0) -> None:
+    """The worker program on the serial transport: ``table`` trained in place."""
+    drive(ps_worker(problem, shard, plan), Serial(table, delay))
