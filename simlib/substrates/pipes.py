@@ -41,12 +41,14 @@ import numpy as np
 from simlib import _validate as check
 from simlib.contract import ParamServer, Result, Training, local_result, new_trace, real_result, record_metric
 from simlib.contract import served_trace, warm_up as contract_warm_up
-from simlib.managed import MESSAGE_ENTRIES, Pending
+from simlib.managed import MESSAGE_ENTRIES
 from simlib.managed import check as check_managed
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import check_straggler, current, record_span, straggle
 from simlib.protocol import MAX_STEPS, Protocol
+from simlib.compress import make_compressor, parse_spec
+from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, drive, ps_worker
 from simlib.trace import Trace
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
@@ -99,11 +101,14 @@ class PipesOptions:
     straggler: tuple[int, float] | None = None  # (i, s): worker i sleeps s seconds after each step, a slow machine
     clock_batches: int = 1  # mini-batches per clock (one pull, one push)
     managed_bandwidth: float | None = None  # bytes/s per worker: Bosen's managed communication (module docs)
+    compression: Any = None  # a simlib.compress spec ('topk:0.1', '1bit', ...): each push encoded by its worker
 
     def __post_init__(self) -> None:
         check.positive_int("clock_batches", self.clock_batches, most=MAX_STEPS)
         if self.managed_bandwidth is not None:
             check.positive("managed_bandwidth", self.managed_bandwidth)
+        if self.compression is not None:
+            parse_spec(self.compression)  # a ValueError naming 'compression' before anything starts
 
 
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
@@ -152,61 +157,57 @@ def _member(member: int, n_members: int, job: tuple[Any, list, Protocol, Trainin
     if member == 0:
         return _serve(problem, list(ends), protocol, training, opts.evaluate)
     i = member - 1
-    log = (_work if opts.clock_batches == 1 else _work_clocked)(i, problem, shards[i], ends, training, opts)
-    return local_result(problem, shards[i]), log
+    shard = shards[i]
+    plan = Plan(training.steps, training.batch_size, training.lr, clock_batches=opts.clock_batches)
+
+    def source(j: int) -> tuple[Any, np.ndarray]:
+        batch = problem.batch(shard, j, training.batch_size)
+        return batch, pull_keys(problem, batch)  # int32, as warm_up compiled the kernels for
+
+    transport = _PipeWorker(i, ends, opts)
+    compressor = None if opts.compression in (None, "none") else make_compressor(
+        opts.compression, problem.n_params, np.random.default_rng([training.seed, i]), key_bytes=4, value_bytes=8)
+    drive(ps_worker(problem, shard, plan, compressor, source), transport)
+    return local_result(problem, shard), transport.log
 
 
-def _work(i: int, problem: Any, shard: Any, ch: Channel, training: Training, opts: PipesOptions) -> None:
-    """One worker: pull, compute, push, ``steps`` times (the channel records send/recv spans)."""
-    for c in range(training.steps):
-        batch = problem.batch(shard, c, training.batch_size)
-        keys = pull_keys(problem, batch)
-        ch.send_array(keys)
-        values = ch.recv_array()  # the server holds this reply until the protocol allows the read
+class _PipeWorker:
+    """Worker i's end of its pipe as the worker program's transport; the server gates reads and records updates."""
+
+    def __init__(self, i: int, ch: Channel, opts: PipesOptions):
+        self.i, self.ch, self.straggler, self.budget = i, ch, opts.straggler, opts.managed_bandwidth
+        self.t0 = getattr(current(), "t0", time.perf_counter())
+        self.log: list[tuple[float, int]] = []  # early messages: (seconds since the run started, bytes sent)
+        self.next_send = 0.0  # perf_counter reading before which no early message starts
+
+    def gate(self, effect: Gate) -> tuple[int, int]:
+        return 0, 1  # the server holds the pull's reply until the protocol allows the read
+
+    def pull(self, effect: Pull) -> tuple[np.ndarray, None]:
+        self.ch.send_array(effect.keys)
+        return self.ch.recv_array(), None
+
+    def compute(self, effect: Compute) -> Any:
         s = time.perf_counter()
-        msg = push_message(problem, values, batch, keys, training.lr)
-        straggle(opts.straggler, i)
-        e = time.perf_counter()
-        ch.send_array(msg)
-        record_span("compute", s, e, step=c)
+        out = effect.fn(*effect.args)
+        straggle(self.straggler, self.i)  # a slow machine's steps take longer
+        record_span("compute", s, time.perf_counter(), step=effect.step)
+        return out
 
+    def early(self, effect: Early) -> None:
+        """At most one early message per gap, and none sooner than n / budget after one of n bytes."""
+        now = time.perf_counter()
+        if self.budget is None or now < self.next_send:
+            return
+        keys, deltas = effect.pending.take(MESSAGE_ENTRIES)
+        if len(keys):
+            n = self.ch.send_array(_records(keys, deltas), tag=EARLY)
+            self.next_send = now + n / self.budget
+            self.log.append((now - self.t0, n))
 
-def _work_clocked(i: int, problem: Any, shard: Any, ch: Channel, training: Training,
-                  opts: PipesOptions) -> list[tuple[float, int]]:
-    """One worker whose clocks span k mini-batches; with a budget, early messages between them.
-
-    Returns the early messages as (seconds since the run started, bytes the channel sent).
-    """
-    k, budget = opts.clock_batches, opts.managed_bandwidth
-    t0 = getattr(current(), "t0", time.perf_counter())
-    log: list[tuple[float, int]] = []
-    next_send = 0.0  # perf_counter reading before which no early message starts
-    for c in range(training.steps):
-        batches = [problem.batch(shard, c * k + j, training.batch_size) for j in range(k)]
-        batch_keys = [pull_keys(problem, b) for b in batches]
-        keys = np.unique(np.concatenate(batch_keys))
-        ch.send_array(keys)
-        values = ch.recv_array()
-        pending = Pending(keys, np.asarray(values, dtype=np.float64))
-        local = pending.values.copy()  # the worker's copy: its own updates are added locally first
-        s = time.perf_counter()
-        for j, (batch, bkeys) in enumerate(zip(batches, batch_keys)):
-            out_keys, d = problem.step(local[pending.index(bkeys)], batch, bkeys, training.lr)
-            out_keys, d = np.asarray(out_keys), np.asarray(d, dtype=np.float64)
-            local[pending.index(out_keys)] += d
-            pending.add(out_keys, d)
-            straggle(opts.straggler, i)
-            now = time.perf_counter()
-            if budget is not None and j < k - 1 and now >= next_send:
-                early_keys, early = pending.take(MESSAGE_ENTRIES)
-                if len(early_keys):
-                    n = ch.send_array(_records(early_keys, early), tag=EARLY)
-                    next_send = now + n / budget
-                    log.append((now - t0, n))
-        e = time.perf_counter()
-        ch.send_array(_records(*pending.rest()))
-        record_span("compute", s, e, step=c)
-    return log
+    def push(self, effect: Push) -> tuple[bool, int]:
+        self.ch.send_array(_records(effect.keys, effect.deltas))
+        return True, effect.step + 1  # the server decides what counts; the worker goes on
 
 
 def _records(keys: np.ndarray, deltas: np.ndarray) -> np.ndarray:
