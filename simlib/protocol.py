@@ -35,6 +35,8 @@ from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
+import numpy as np
+
 from simlib import _validate as check
 
 KINDS = ("bsp", "ssp", "async", "essp")
@@ -58,6 +60,12 @@ def may_read(clock: int, completed: int, bound: float) -> bool:
 
 
 ReadRule = Callable[[int, int, float], bool]
+
+
+def staleness(bound: float, version: int, read_version: int) -> int:
+    """tau of a push: updates applied between its read and now; 0 under BSP (bound 0), where a round's pushes,
+    all read from the round's table, make one update (the seeds' hard-synchronous case)."""
+    return 0 if bound == 0 else version - read_version
 
 
 def check_read_rule(read_rule: Any) -> ReadRule | None:
@@ -296,6 +304,10 @@ class StepRule:
         """deltas * scale(tau): a push as the table receives it. Every substrate's server calls this."""
         scale = self.scale(tau)
         return deltas if scale == 1.0 else deltas * scale
+
+    def land(self, table: Any, keys: Any, deltas: Any, tau: int) -> None:
+        """table[keys] += scaled(deltas, tau), in the table's own type: one push applied where it lands at once."""
+        table[keys] += np.asarray(self.scaled(deltas, tau), dtype=table.dtype)
 
 
 class Accumulator:

@@ -54,7 +54,8 @@ from simlib import _validate as check
 from simlib.contract import Result, Training, local_result, new_trace, offered, real_result, record_metric, warm_up
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
-from simlib.protocol import Protocol, may_read, read_allowed
+from simlib.protocol import Protocol, may_read, read_allowed, staleness
+from simlib.worker import Compute, Gate, InPlace, Plan, Pull, Push, drive, ps_worker
 
 _POLL = 5e-5  # seconds between looks at the clocks while the protocol holds a read back
 _SPIN = 5e-4  # seconds a worker looks again at once (yielding its core) before it sleeps between looks
@@ -178,7 +179,7 @@ class _Setup:
     chunk: int  # fast path: the most steps between two looks at the clocks
     replica: Any  # fast path: the problem's replica of its hot keys, or None
     step_locks: Any  # fast path: SharedArray of the lock words the problem's in-place steps take, or None
-    fast: bool  # the in-place path (_work_in_place), else get / step / add (_work)
+    fast: bool  # the in-place path (local_steps), else get / step / add
 
 
 def _member(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[float, Any]:
@@ -190,7 +191,9 @@ def _member(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[
     while int(ready.min()) == 0:
         os.sched_yield()
     cpu0 = time.thread_time()
-    (_work_in_place if setup.fast else _work)(i, problem, setup, version)
+    plan = Plan(setup.training.steps, setup.training.batch_size, setup.training.lr, in_place=setup.fast,
+                entry_bytes=4 + np.dtype(setup.table.array.dtype).itemsize)
+    drive(ps_worker(problem, setup.shards[i], plan), _ShmWorker(i, problem, setup, version))
     return time.thread_time() - cpu0, local_result(problem, setup.shards[i])
 
 
@@ -239,76 +242,86 @@ def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> 
     return completed, True
 
 
-def _work(i: int, problem: Any, setup: _Setup, version: Any) -> None:
-    """One worker's steps: wait for the protocol, get, step, add under the version lock, publish the clock."""
-    ctx = current()
-    training, bound, lock, shard = setup.training, setup.bound, setup.lock, setup.shards[i]
-    w, fin, ver = setup.table.array, setup.clocks.array, version.array
-    rule, read_rule = training.rule, training.read_rule or may_read
-    for c in range(training.steps):
+class _ShmWorker:
+    """Worker i's transport over the shared table: the clocks gate reads, get and add hold one short lock.
+
+    ``opts.locked``: one lock held from the read to the write (the locked baseline Hogwild! is measured against).
+    In place (the fast path): the steps the protocol allows, up to a chunk, applied to the table straight away;
+    tau per chunk is the other workers' steps completed during it per step of this one."""
+
+    def __init__(self, i: int, problem: Any, setup: _Setup, version: Any):
+        self.i, self.problem, self.setup, self.ctx = i, problem, setup, current()
+        self.training, self.bound, self.shard = setup.training, setup.bound, setup.shards[i]
+        self.w, self.fin, self.ver = setup.table.array, setup.clocks.array, version.array
+        self.read_rule = setup.training.read_rule
+        self.outer, self.inner = (setup.lock, nullcontext()) if setup.opts.locked else (nullcontext(), setup.lock)
+        self.shared = {}  # what the problem's in-place steps share besides the table
+        if setup.replica is not None:  # the replicas count their pushes in the version key, unused in place
+            self.shared["replica"] = setup.replica._replace(pushes=version.array)
+        if setup.step_locks is not None:
+            self.shared["locks"] = setup.step_locks.array
+        self.completed = self.others = 0
+        self.marks: list[float] = []
+
+    def gate(self, effect: Gate) -> tuple[int, int]:
+        c, setup = effect.step, self.setup
         t0 = time.perf_counter()
-        completed, _ = _wait_to_read(read_rule, c, fin, bound)
+        self.completed, waited = _wait_to_read(self.read_rule or may_read, c, self.fin, self.bound)
         t1 = time.perf_counter()
-        batch = problem.batch(shard, c, training.batch_size)
-        keys = problem.keys(batch)
-        # get and add always hold the lock; locked=True makes it cover the step too
-        outer, inner = (lock, nullcontext()) if setup.opts.locked else (nullcontext(), lock)
-        with outer:
-            with inner:  # a consistent (values, version) pair; the add below takes the same lock
-                values, read_version = w[keys].copy(), int(ver[0])
-            t2 = time.perf_counter()
-            keys, deltas = problem.step(values, batch, keys, training.lr)
-            straggle(setup.opts.straggler, i)  # before the push: a slow machine's steps take longer
-            t3 = time.perf_counter()
-            with inner:  # under BSP a round's pushes are one update: none of them is stale (ParamServer.push)
-                tau = 0 if bound == 0 else int(ver[0]) - read_version
-                w[keys] += np.asarray(rule.scaled(deltas, tau), dtype=w.dtype)
-                ver[0] += 1
-        fin[i] = c + 1
-        t4 = time.perf_counter()
-        ctx.span("wait", t0, t1, step=c)
-        ctx.span("recv", t1, t2, nbytes=int(values.nbytes + keys.nbytes), step=c)
-        ctx.span("compute", t2, t3, step=c)
-        ctx.span("send", t3, t4, nbytes=int(np.asarray(deltas).nbytes + keys.nbytes), step=c)
-        ctx.update(c, staleness=tau, clock_lag=c - completed)
-
-
-def _work_in_place(i: int, problem: Any, setup: _Setup, version: Any) -> None:
-    """One fast-path worker's steps: wait for the protocol, apply the steps it allows in place, publish.
-
-    With ``setup.opts.locked``, each step is applied under the lock, one at a time (the locked baseline); with a
-    replica, each chunk's steps update it and its change is added to the table at the chunk's end."""
-    ctx = current()
-    training, bound, chunk, replica, shard = setup.training, setup.bound, setup.chunk, setup.replica, setup.shards[i]
-    w, fin = setup.table.array, setup.clocks.array
-    read_rule = training.read_rule
-    shared = {}  # what the problem's in-place steps share besides the table
-    if replica is not None:
-        shared["replica"] = replica._replace(pushes=version.array)
-    if setup.step_locks is not None:
-        shared["locks"] = setup.step_locks.array
-    c = 0
-    while c < training.steps:
-        t0 = time.perf_counter()
-        completed, waited = _wait_to_read(read_rule or may_read, c, fin, bound)
+        if waited or not setup.fast:
+            self.ctx.span("wait", t0, t1, step=c)
+        self.marks = [t1]
+        if not setup.fast:
+            return c - self.completed, 1
         # Steps c .. c+k-1 may all read now: the SSP rule allows step j while j - bound <= completed.
         # A plugged-in rule is asked step by step.
-        k = min(chunk, training.steps - c, 1 if read_rule else int(min(completed + bound - c + 1, chunk)))
-        others = sum(fin.tolist()) - c
-        t1 = time.perf_counter()
-        if not setup.opts.locked:  # the replicas count their pushes in the version key, unused on this path
-            problem.local_steps(w, shard, c, k, training.batch_size, training.lr, **shared)
+        k = min(setup.chunk, self.training.steps - c,
+                1 if self.read_rule else int(min(self.completed + self.bound - c + 1, setup.chunk)))
+        self.others = sum(self.fin.tolist()) - c
+        return c - self.completed, k
+
+    def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
+        self.outer.__enter__()
+        with self.inner:  # a consistent (values, version) pair; the add takes the same lock
+            values, version = self.w[effect.keys].copy(), int(self.ver[0])
+        self.ctx.span("recv", self.marks[0], time.perf_counter(), nbytes=int(values.nbytes + effect.keys.nbytes),
+                      step=effect.step)
+        return values, version
+
+    def compute(self, effect: Compute) -> Any:
+        s = time.perf_counter()
+        out = effect.fn(*effect.args)
+        straggle(self.setup.opts.straggler, self.i)  # before the push: a slow machine's steps take longer
+        self.marks = [time.perf_counter()]
+        self.ctx.span("compute", s, self.marks[0], step=effect.step)
+        return out
+
+    def in_place(self, effect: InPlace) -> None:
+        tr, c, k = self.training, effect.step, effect.count
+        if not self.setup.opts.locked:
+            self.problem.local_steps(self.w, self.shard, c, k, tr.batch_size, tr.lr, **self.shared)
         else:
             for j in range(c, c + k):  # NOTE: one call per step, because the lock must cover each single update
-                with setup.lock:
-                    problem.local_steps(w, shard, j, 1, training.batch_size, training.lr)
-        straggle(setup.opts.straggler, i)
-        fin[i] = c + k
-        t2 = time.perf_counter()
-        if waited:  # the protocol held the read back
-            ctx.span("wait", t0, t1, step=c)
-        ctx.span("compute", t1, t2, step=c + k - 1)
-        # other workers' steps per step of this chunk; under BSP a round is one update, so 0
-        tau = 0 if bound == 0 else round((sum(fin.tolist()) - c - k - others) / k)
-        ctx.update(c + k - 1, staleness=tau, clock_lag=c + k - 1 - completed)
-        c += k
+                with self.setup.lock:
+                    self.problem.local_steps(self.w, self.shard, j, 1, tr.batch_size, tr.lr)
+        straggle(self.setup.opts.straggler, self.i)
+
+    def push(self, effect: Push) -> tuple[bool, int]:
+        c = effect.step
+        if effect.keys is None:  # in place: the chunk ending at step c is in the table; publish its clock
+            k = c + 1 - self.fin[self.i]
+            self.fin[self.i] = c + 1
+            t2 = time.perf_counter()
+            self.ctx.span("compute", self.marks[0], t2, step=c)
+            # other workers' steps per step of this chunk (under BSP a round is one update: 0)
+            tau = staleness(self.bound, round((sum(self.fin.tolist()) - c - 1 - self.others) / k), 0)
+        else:
+            with self.inner:
+                tau = staleness(self.bound, int(self.ver[0]), effect.version)
+                self.training.rule.land(self.w, effect.keys, effect.deltas, tau)
+                self.ver[0] += 1
+            self.outer.__exit__(None, None, None)
+            self.fin[self.i] = c + 1
+            self.ctx.span("send", self.marks[0], time.perf_counter(), nbytes=effect.nbytes, step=c)
+        self.ctx.update(c, staleness=tau, clock_lag=c - self.completed)
+        return True, c + 1
