@@ -4,11 +4,11 @@ A worker is a generator of *effects*; a substrate is a *transport* that performs
 and links, pipes, the shared table, a serial table) and sends each result back, as SimPy resumes a
 process with an event's value. Step c of worker i:
 
-    Gate(c)                      -> (lag, k)   wait until the read rule lets step c read; k steps may run now
+    Gate(c)                      -> k          wait until the read rule lets step c read; k steps may run now
     Pull(c, keys)                -> (values, version)   table[keys], as fresh as the protocol allows
     Compute(c, batch, fn, args)  -> fn(*args)  the problem's math (the simulator charges the batch's work)
     Early(c, pending)            -> None       between a clock's mini-batches: a chance to send part of its push
-    Push(c, keys, deltas, version, lag, nbytes) -> (applied, completed)   the server applies it through the step rule
+    Push(c, keys, deltas, version, nbytes) -> (applied, completed)   the server applies it through the step rule
     InPlace(c, k)                -> None       steps c .. c+k-1 applied to a shared table in place (a compiled chunk)
 
 A dropped push (backup workers, deadlines) makes the worker rejoin at the first step not yet
@@ -36,7 +36,7 @@ from simlib.managed import Pending
 
 
 class Gate(NamedTuple):
-    """Wait until step ``step`` may read; the transport answers (clock lag, steps that may run now)."""
+    """Wait until step ``step`` may read; the transport answers how many steps may run now (1 but in place)."""
 
     step: int
 
@@ -71,7 +71,6 @@ class Push(NamedTuple):
     keys: Any
     deltas: Any
     version: Any
-    lag: int
     nbytes: int
 
 
@@ -110,10 +109,10 @@ def ps_worker(problem: Any, shard: Any, plan: Plan, compressor: Any = None,
             return batch, problem.keys(batch)
     c = plan.first
     while c < plan.steps:
-        lag, k = yield Gate(c)
+        k = yield Gate(c)
         if plan.in_place:
             yield InPlace(c, k)
-            applied, completed = yield Push(c + k - 1, None, None, None, lag, 0)
+            yield Push(c + k - 1, None, None, None, 0)
             c += k
             continue
         if plan.clock_batches == 1:
@@ -123,7 +122,7 @@ def ps_worker(problem: Any, shard: Any, plan: Plan, compressor: Any = None,
         else:
             keys, deltas, version = yield from _clock(problem, plan, c, source)
         keys, deltas, nbytes = encode(compressor, keys, deltas, plan.entry_bytes)
-        applied, completed = yield Push(c, keys, deltas, version, lag, nbytes)
+        applied, completed = yield Push(c, keys, deltas, version, nbytes)
         c = c + 1 if applied else max(c + 1, completed)
 
 
@@ -169,6 +168,20 @@ def drive(program: Program, transport: Any) -> None:
         value = perform[type(effect)](effect)
 
 
+def drive_events(program: Program, transport: Any) -> Generator[Any, Any, None]:
+    """Run ``program`` on a transport whose methods are generators of events (a SimPy process's body)."""
+    value = None
+    send = program.send
+    perform = {Gate: transport.gate, Pull: transport.pull, Compute: transport.compute, Push: transport.push,
+               Early: transport.early}
+    while True:
+        try:
+            effect = send(value)
+        except StopIteration:
+            return
+        value = yield from perform[type(effect)](effect)
+
+
 def _ignore(effect: Any) -> None:
     """An effect a transport has nothing to do for (Early without a budget)."""
     return None
@@ -184,8 +197,8 @@ class Serial:
         self.table = table
         self.history: deque = deque([table.copy()], maxlen=delay + 1) if delay else None
 
-    def gate(self, effect: Gate) -> tuple[int, int]:
-        return 0, 1
+    def gate(self, effect: Gate) -> int:
+        return 1
 
     def pull(self, effect: Pull) -> tuple[Any, int]:
         return (self.table if self.history is None else self.history[0])[effect.keys], 0

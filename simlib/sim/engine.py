@@ -37,6 +37,7 @@ from simlib.sim.sites import Outbox, site_of
 from simlib.sim.stragglers import ComputeModel
 from simlib.sim.kernel import Environment
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, UpdateLog
+from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, drive_events, ps_worker
 
 COMPUTE, SEND, RECV, WAIT = (SPAN_KINDS.index(k) for k in ("compute", "send", "recv", "wait"))
 
@@ -131,10 +132,6 @@ class _Run:
         if cfg.topology == "allreduce":
             self.rings: dict[int, tuple[simpy.Event, list]] = {}  # per step: its all-reduce's end, the gradients
             body = functools.partial(self._steps, step=self._allreduce_step)
-        if cfg.clock_batches > 1:  # clocks of several mini-batches, Bosen's managed communication: simlib.sim.managed
-            from simlib.sim.managed import clocked_worker
-
-            body = functools.partial(clocked_worker, self)
         # NOTE: the run allocates hundreds of thousands of small records; Python's cyclic GC would
         # rescan them all repeatedly (measured: 1.7x slower at 1,000 workers; starting 100,000 worker
         # processes with it on took 16 % of a cost-only run). Nothing here needs cycle collection
@@ -188,122 +185,27 @@ class _Run:
             )
         return self.trace
 
-    # -- parameter-server worker -----------------------------------------------------------------
+    # -- parameter-server worker ---------------------------------------------------------------
     def _ps_worker(self, i: int):
-        cfg, env, trace, p, clocks = self.cfg, self.env, self.trace, self.problem, self.clocks
-        span = trace.spans.add
-        # NOTE: the three spans of every step appended column by column, not through span(): 3 % of a run.
-        sw, sk, ss, se, sn, sc = trace.spans.appenders()
-        ut, uw, uc, us, ua, ul = trace.updates.appenders()  # and the update of every step, as updates.add
-        steps, lr, cost_only = cfg.steps, cfg.lr, cfg.cost_only
-        per_site, cached = self.per_site, self.caches is not None
-        # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined (the
-        # same delays, taken in the same order, as _pull / _push, without three generators per message).
-        direct = self.n_shards == 1 and not per_site and not cached and not self._remote(i)
-        # (env._now: the kernel's clock read without the property's call, as SimPy's own code reads it.)
-        if direct:
-            inlink, outlink = self.nodes[0][0].inlink, self.nodes[0][0].outlink
-            latency, bandwidth, server_time = cfg.latency, cfg.bandwidth, cfg.server_time
-            key_bytes, value_bytes, entry_bytes = cfg.key_bytes, cfg.value_bytes, cfg.entry_bytes
-        server = self.site_server[self.site_of[i]] if per_site else self.server  # per site: its site's servers
-        compute, rule = self.compute.time, clocks.rule
-        deadline = cfg.timeout is not None
+        """Worker i: the one worker program (:func:`simlib.worker.ps_worker`) on this cluster's transport; a failure
+        retries the step it cut short once the worker is back, or ends the worker for good."""
+        cfg, p = self.cfg, self.problem
+        transport = _Worker(self, i)
+        shard = None if self.shards is None else self.shards[i]
+        comp = None if self.compressors is None else self.compressors[i]
         c = 0
-        while c < steps:
+        while c < cfg.steps:
+            plan = Plan(cfg.steps, cfg.batch_size, cfg.lr, clock_batches=cfg.clock_batches, first=c,
+                        entry_bytes=cfg.entry_bytes)
             try:
-                t0 = env._now
-                # NOTE: a closed gate wakes this process's own wake, not a new event (the same order, through the
-                # kernel's fast path): 2,000 workers x 100 BSP steps, 5.2 -> 4.6 CPU s (interleaved, loaded machine).
-                gate = clocks.gate(c, env._active_proc.wake)
-                if gate is not None:
-                    yield gate
-                    now = env._now
-                    if now > t0:  # span(i, WAIT, t0, now, 0, c)
-                        sw(i); sk(WAIT); ss(t0); se(now); sn(0); sc(c)  # noqa: E702
-                if per_site and not self._wan_ready(self.site_of[i], c):  # woken by a WAN message (_site_message)
-                    t0, arrived = env._now, env.event()
-                    self.wan_waiters[self.site_of[i]].append((c, arrived))
-                    yield arrived
-                    span(i, WAIT, t0, env._now, 0, c)
-                if deadline:  # a step's opening matters only to its deadline
-                    clocks.open(c)
-                lag = c - rule.completed  # rule.clock_lag(c), inlined
-                if lag < 0:
-                    lag = 0
-                batch, keys, units = self._step_input(i, c)
-                # Pull: request keys from each shard, the shard reads w on arrival and replies.
-                t_pull = env._now
-                if direct:
-                    n = len(keys)
-                    req_bytes, resp_bytes = n * key_bytes, n * value_bytes
-                    self.lan_bytes += req_bytes
-                    # inlink.reserve(now, req_bytes, bandwidth, server_time), inlined (as the two below)
-                    now, free = env._now, inlink.free_at
-                    done = (now if now >= free else free) + (server_time + req_bytes / bandwidth)
-                    inlink.free_at = done
-                    yield done - now + latency
-                    if cost_only:
-                        values, version = None, server.version
-                    else:
-                        values, version = server.pull(keys)
-                    now, free = env._now, outlink.free_at
-                    done = (now if now >= free else free) + resp_bytes / bandwidth
-                    outlink.free_at = done
-                    yield done - now + latency
-                    self.lan_bytes += resp_bytes
-                elif not cached:
-                    values, version, req_bytes, resp_bytes = yield from self._pull(i, keys)
-                else:  # the read's version and clock lag are what its copy holds, not the server's
-                    values, version, lag, req_bytes, resp_bytes = yield from self._read_cache(i, c, keys)
-                t_comp = env._now
-                if t_comp > t_pull:  # span(i, RECV, t_pull, t_comp, req_bytes + resp_bytes, c)
-                    sw(i); sk(RECV); ss(t_pull); se(t_comp); sn(int(req_bytes + resp_bytes)); sc(c)  # noqa: E702
-                # Compute the real gradient on the values read (cost-only: its time alone).
-                yield compute(i, units)
-                if cost_only:
-                    g = None
-                else:
-                    keys, g = p.step(values, batch, keys, lr)
-                t_push = env._now
-                if t_push > t_comp:  # span(i, COMPUTE, t_comp, t_push, 0, c)
-                    sw(i); sk(COMPUTE); ss(t_comp); se(t_push); sn(0); sc(c)  # noqa: E702
-                # Push: the update travels to each shard; it is applied when all of it has arrived.
-                if direct and self.compressors is None:
-                    nbytes = len(keys) * entry_bytes
-                    self.lan_bytes += nbytes
-                    free = inlink.free_at
-                    done = (t_push if t_push >= free else free) + (server_time + nbytes / bandwidth)
-                    inlink.free_at = done
-                    yield done - t_push + latency
-                else:
-                    keys, g, nbytes = self._encode(i, keys, g)
-                    yield from self._push(i, keys, nbytes)
-                now = env._now
-                if now > t_push:  # span(i, SEND, t_push, now, nbytes, c)
-                    sw(i); sk(SEND); ss(t_push); se(now); sn(int(nbytes)); sc(c)  # noqa: E702
-                applied, tau = server.push(c, keys, g, version)
-                if per_site and applied:
-                    self.outboxes[self.site_of[i]].add(c, keys, g)  # summed into what goes to the other sites
-                if applied and cached:
-                    self._share(i, c, keys, self.cfg.step_rule.scaled(g, tau))  # the update as the table took it
-                ut(now); uw(i); uc(c); us(tau); ua(applied); ul(lag)  # noqa: E702  update(now, i, c, tau, applied, lag)
-                self._count_step(applied)
-                # A dropped worker (backup workers, deadline) abandons the steps the others have
-                # already completed and rejoins at the current one, as in synchronous SGD with
-                # backup workers; otherwise it would keep computing gradients nobody will use.
-                if applied:
-                    c += 1
-                else:
-                    nxt = max(c + 1, clocks.completed)
-                    self.done_steps += nxt - (c + 1)
-                    c = min(nxt, steps)
-                if per_site:
-                    self._site_step(i, c)
+                yield from drive_events(ps_worker(p, shard, plan, comp, transport.source), transport)
+                c = cfg.steps
             except simpy.Interrupt:
                 if not (yield from self._down(i)):  # down for good
                     return
+                c = transport.step
         self.finished[i] = True
-        if per_site and all(self.finished):
+        if self.per_site and all(self.finished):
             self._flush()
 
     def _step_input(self, i: int, c: int) -> tuple[Any, np.ndarray, int]:
@@ -640,6 +542,152 @@ class _Run:
         if self.cfg.cost_only:  # no math ran: there is no metric to evaluate
             return
         record_metric(self.trace, self.problem, self.env.now, self.applied, self.w, self.cfg.lr)
+
+
+class _Worker:
+    """Worker i's transport on the simulated cluster: each effect of the worker program as SimPy delays and events.
+
+    Pulls and pushes cross the links to the server shards (or the worker's cache, the WAN); compute is
+    charged by the compute model before the problem's real math runs on the values read; the trace's spans,
+    tau and clock lag are recorded here, per effect.
+    """
+
+    def __init__(self, run: "_Run", i: int):
+        cfg = run.cfg
+        self.run, self.i, self.env, self.cfg = run, i, run.env, cfg
+        self.clocks, self.rule = run.clocks, run.clocks.rule
+        # NOTE: the spans and updates appended column by column, not through span(): 3 % of a run.
+        self.sw, self.sk, self.ss, self.se, self.sn, self.sc = run.trace.spans.appenders()
+        self.ut, self.uw, self.uc, self.us, self.ua, self.ul = run.trace.updates.appenders()
+        self.per_site, self.cached = run.per_site, run.caches is not None
+        # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined (the
+        # same delays, taken in the same order, as _pull / _push, without three generators per message).
+        self.direct = run.n_shards == 1 and not self.per_site and not self.cached and not run._remote(i)
+        self.inlink, self.outlink = run.nodes[0][0].inlink, run.nodes[0][0].outlink
+        self.server = run.site_server[run.site_of[i]] if self.per_site else run.server  # per site: its site's servers
+        self.step = self.lag = 0
+        self.managed = None
+        if cfg.clock_batches > 1:  # Bosen's clocks; a budget spends the Early effects (simlib.sim.managed)
+            from simlib.sim.managed import Sender
+
+            self.managed = Sender(run, i)
+
+    def source(self, j: int) -> tuple[Any, np.ndarray]:
+        """Mini-batch j and its keys (cost-only with a fixed step: no batch, the fixed keys)."""
+        return self.run._step_input(self.i, j)[:2]
+
+    def gate(self, effect: Gate):
+        env, i, c = self.env, self.i, effect.step
+        self.step = c
+        t0 = env._now
+        # NOTE: a closed gate wakes this process's own wake, not a new event (the same order, through the
+        # kernel's fast path): 2,000 workers x 100 BSP steps, 5.2 -> 4.6 CPU s (interleaved, loaded machine).
+        gate = self.clocks.gate(c, env._active_proc.wake)
+        if gate is not None:
+            yield gate
+            now = env._now
+            if now > t0:  # span(i, WAIT, t0, now, 0, c)
+                self.sw(i); self.sk(WAIT); self.ss(t0); self.se(now); self.sn(0); self.sc(c)  # noqa: E702
+        run = self.run
+        if self.per_site and not run._wan_ready(run.site_of[i], c):  # woken by a WAN message (_site_message)
+            t0, arrived = env._now, env.event()
+            run.wan_waiters[run.site_of[i]].append((c, arrived))
+            yield arrived
+            run.trace.spans.add(i, WAIT, t0, env._now, 0, c)
+        if self.cfg.timeout is not None or self.managed is not None:  # a step's opening matters to its deadline
+            self.clocks.open(c)
+        lag = c - self.rule.completed  # rule.clock_lag(c), inlined
+        self.lag = lag if lag > 0 else 0
+        return 1
+
+    def pull(self, effect: Pull):
+        env, run, cfg, keys = self.env, self.run, self.cfg, effect.keys
+        t_pull = env._now
+        if self.managed is not None:
+            self.managed.read()
+        if self.direct:
+            n = len(keys)
+            req_bytes, resp_bytes = n * cfg.key_bytes, n * cfg.value_bytes
+            run.lan_bytes += req_bytes
+            # inlink.reserve(now, req_bytes, bandwidth, server_time), inlined (as the two below)
+            inlink, outlink, latency, bandwidth = self.inlink, self.outlink, cfg.latency, cfg.bandwidth
+            now, free = env._now, inlink.free_at
+            done = (now if now >= free else free) + (cfg.server_time + req_bytes / bandwidth)
+            inlink.free_at = done
+            yield done - now + latency
+            if cfg.cost_only:
+                values, version = None, self.server.version
+            else:
+                values, version = self.server.pull(keys)
+            now, free = env._now, outlink.free_at
+            done = (now if now >= free else free) + resp_bytes / bandwidth
+            outlink.free_at = done
+            yield done - now + latency
+            run.lan_bytes += resp_bytes
+        elif not self.cached:
+            values, version, req_bytes, resp_bytes = yield from run._pull(self.i, keys)
+        else:  # the read's version and clock lag are what its copy holds, not the server's
+            values, version, self.lag, req_bytes, resp_bytes = yield from run._read_cache(self.i, effect.step, keys)
+        t_comp = env._now
+        if t_comp > t_pull:  # span(i, RECV, t_pull, t_comp, req_bytes + resp_bytes, c)
+            self.sw(self.i); self.sk(RECV); self.ss(t_pull); self.se(t_comp)  # noqa: E702
+            self.sn(int(req_bytes + resp_bytes)); self.sc(effect.step)  # noqa: E702
+        return values, version
+
+    def compute(self, effect: Compute):
+        """Charge the batch's work, then run the real math on the values read (cost-only: the time alone)."""
+        env, run, batch = self.env, self.run, effect.batch
+        t_comp = env._now
+        units = run.fixed_units if batch is None else (
+            run.problem.work(batch) if self.cfg.cost_unit == "nonzero" else len(batch))
+        yield run.compute.time(self.i, units)
+        out = (effect.args[2], None) if self.cfg.cost_only else effect.fn(*effect.args)
+        now = env._now
+        if now > t_comp:  # span(i, COMPUTE, t_comp, now, 0, c)
+            self.sw(self.i); self.sk(COMPUTE); self.ss(t_comp); self.se(now); self.sn(0); self.sc(effect.step)  # noqa: E702
+        return out
+
+    def early(self, effect: Early):
+        self.managed.early(effect.step, effect.pending)
+        return
+        yield  # a generator like the other effects, that takes no time
+
+    def push(self, effect: Push):
+        """The update travels to each shard; it is applied (through the step rule) when all of it has arrived."""
+        env, run, cfg, i, c = self.env, self.run, self.cfg, self.i, effect.step
+        keys, g, nbytes = effect.keys, effect.deltas, effect.nbytes
+        t_push = env._now
+        if self.managed is not None:
+            yield from self.managed.push(c, keys, g, nbytes)
+        elif self.direct and run.compressors is None:
+            run.lan_bytes += nbytes
+            inlink = self.inlink
+            free = inlink.free_at
+            done = (t_push if t_push >= free else free) + (cfg.server_time + nbytes / cfg.bandwidth)
+            inlink.free_at = done
+            yield done - t_push + cfg.latency
+        else:
+            yield from run._push(i, keys, nbytes)
+        now = env._now
+        if now > t_push:  # span(i, SEND, t_push, now, nbytes, c)
+            self.sw(i); self.sk(SEND); self.ss(t_push); self.se(now); self.sn(int(nbytes)); self.sc(c)  # noqa: E702
+        applied, tau = self.server.push(c, keys, g, effect.version)
+        if self.managed is not None:
+            self.managed.landed(g)
+        if self.per_site and applied:
+            run.outboxes[run.site_of[i]].add(c, keys, g)  # summed into what goes to the other sites
+        if applied and self.cached:
+            run._share(i, c, keys, cfg.step_rule.scaled(g, tau))  # the update as the table took it
+        self.ut(now); self.uw(i); self.uc(c); self.us(tau); self.ua(applied); self.ul(self.lag)  # noqa: E702
+        run._count_step(applied)
+        # A dropped worker (backup workers, deadline) abandons the steps the others have already completed and
+        # rejoins at the current one (the worker program's rule); its skipped steps count as done.
+        completed = self.clocks.completed
+        nxt = c + 1 if applied else min(max(c + 1, completed), cfg.steps)
+        run.done_steps += nxt - (c + 1)
+        if self.per_site:
+            run._site_step(i, nxt)
+        return applied, completed
 
 
 class _Cache:

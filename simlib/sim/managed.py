@@ -23,92 +23,65 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import simpy
 
 from simlib.managed import MESSAGE_ENTRIES, Pending
 
 
-class _Pending(Pending):
-    """:class:`simlib.managed.Pending` that wakes a sender waiting for something to send."""
+class Sender:
+    """Worker i's side of managed communication on the simulated cluster (the worker program's Early effects)."""
 
-    wake: simpy.Event | None = None
+    def __init__(self, run: Any, i: int):
+        cfg = run.cfg
+        self.run, self.i, self.budget = run, i, cfg.managed_bandwidth
+        self.log = run.trace.meta.setdefault("managed", {"messages": 0, "bytes": 0, "entries": 0,
+                                                         "pushed_entries": 0, "log": []}) if self.budget else None
+        self.next_send = [0.0]  # the budget's clock: no early message starts before this time
+        self.fresh = run.__dict__.setdefault("_unseen", _Unseen(cfg.n_workers, run.trace))
+        self.pending: Pending | None = None
 
-    def add(self, keys: np.ndarray, deltas: np.ndarray) -> None:
-        super().add(keys, deltas)
-        self._wake()
+    def read(self) -> None:
+        """The worker pulls: record how much of the others' computed updates the table lacks."""
+        self.fresh.read(self.i)
 
-    def rest(self) -> tuple[np.ndarray, np.ndarray]:
-        out = super().rest()
-        self._wake()
-        return out
+    def early(self, c: int, pending: Pending) -> None:
+        """A mini-batch of clock c was added to ``pending``: start the clock's sender, or wake it."""
+        self.fresh.pending[self.i] = pending
+        if self.budget is None:
+            return
+        if pending is not self.pending:
+            self.pending = pending
+            self.run.env.process(_sender(self.run, self.i, c, pending, self.budget, self.next_send, self.log,
+                                         self.fresh))
+        else:
+            _wake(pending)
 
-    def _wake(self) -> None:
-        if self.wake is not None:
-            self.wake.succeed()
-            self.wake = None
-
-
-def clocked_worker(run: Any, i: int):
-    """Worker i of a parameter-server run whose clocks span ``clock_batches`` mini-batches (a SimPy process)."""
-    cfg, env, trace, p = run.cfg, run.env, run.trace, run.problem
-    k, budget = cfg.clock_batches, cfg.managed_bandwidth
-    log = run.trace.meta.setdefault("managed", {"messages": 0, "bytes": 0, "entries": 0, "pushed_entries": 0,
-                                                "log": []}) if budget is not None else None
-    next_send = [0.0]  # the budget's clock: no early message starts before this time
-    fresh = run.__dict__.setdefault("_unseen", _Unseen(cfg.n_workers, trace))
-
-    def step(i: int, c: int):
-        """Clock c: read its rows, compute its mini-batches (sending early if managed), push the rest."""
-        t0 = env.now
-        gate = run.clocks.gate(c)
-        if gate is not None:
-            yield gate
-            trace.span(i, "wait", t0, env.now, step=c)
-        run.clocks.open(c)
-        lag = run.clocks.rule.clock_lag(c)
-        batches = [p.batch(run.shards[i], c * k + j, cfg.batch_size) for j in range(k)]
-        batch_keys = [p.keys(b) for b in batches]
-        keys = np.unique(np.concatenate(batch_keys))
-        t_pull = env.now
-        fresh.read(i)
-        values, version, req_bytes, resp_bytes = yield from run._pull(i, keys)
-        trace.span(i, "recv", t_pull, env.now, nbytes=req_bytes + resp_bytes, step=c)
-        pending = _Pending(keys, np.asarray(values, dtype=np.float64))
-        fresh.pending[i] = pending
-        local = pending.values.copy()  # the worker's copy: its own updates are added locally first
-        if budget is not None:
-            env.process(_sender(run, i, c, pending, budget, next_send, log, fresh))
-        t_comp = env.now
-        for batch, bkeys in zip(batches, batch_keys):
-            units = p.work(batch) if cfg.cost_unit == "nonzero" else len(batch)
-            yield env.timeout(run.compute.time(i, units))
-            out_keys, g = p.step(local[pending.index(bkeys)], batch, bkeys, cfg.lr)
-            g = np.asarray(g, dtype=np.float64)
-            local[pending.index(np.asarray(out_keys))] += g
-            pending.add(np.asarray(out_keys), g)
-        trace.span(i, "compute", t_comp, env.now, step=c)
-        # The clock's end: what is still pending goes now, and this push alone completes the clock.
-        rest_keys, rest = pending.rest()
-        nbytes = len(rest_keys) * cfg.entry_bytes
-        t_push = env.now
-        fresh.flying[i] += float(np.abs(rest).sum())
-        if len(rest_keys):
-            yield from run._push(i, rest_keys, nbytes)
+    def push(self, c: int, keys: np.ndarray, rest: np.ndarray, nbytes: int):
+        """The clock's end: what is still pending goes now, and this push alone completes the clock."""
+        run = self.run
+        if self.pending is not None:
+            _wake(self.pending)  # closed: its sender stops
+        self.fresh.flying[self.i] += float(np.abs(rest).sum())
+        if len(keys):
+            yield from run._push(self.i, keys, nbytes)
         else:  # everything went early: the clock's message still tells the server the clock is done
-            yield from run._to_server(i, 0, 0, cfg.server_time)
-        trace.span(i, "send", t_push, env.now, nbytes=nbytes, step=c)
-        if log is not None:
-            log["pushed_entries"] += len(rest_keys)
-        applied, tau = run.server.push(c, rest_keys, rest, version)
-        fresh.flying[i] -= float(np.abs(rest).sum())
-        trace.update(env.now, i, c, tau, applied, clock_lag=lag)
-        run._count_step(applied)
-        return c + 1
+            yield from run._to_server(self.i, 0, 0, run.cfg.server_time)
+        if self.log is not None:
+            self.log["pushed_entries"] += len(keys)
 
-    yield from run._steps(i, step)
+    def landed(self, rest: np.ndarray) -> None:
+        """The clock's push reached the table."""
+        self.fresh.flying[self.i] -= float(np.abs(rest).sum())
 
 
-def _sender(run: Any, i: int, c: int, pending: _Pending, budget: float, next_send: list[float], log: dict,
+def _wake(pending: Pending) -> None:
+    """Wake a sender waiting for something to send from ``pending``."""
+    wake = getattr(pending, "wake", None)
+    if wake is not None:
+        pending.wake = None
+        wake.succeed()
+
+
+def _sender(run: Any, i: int, c: int, pending: Pending, budget: float, next_send: list[float], log: dict,
             fresh: "_Unseen"):
     """While clock c computes: send the largest pending changes, at most ``budget`` bytes/s on average."""
     cfg, env = run.cfg, run.env

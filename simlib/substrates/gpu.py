@@ -50,7 +50,7 @@ import numpy as np
 
 from simlib.backend import InFlight, get_xp, synchronize, to_numpy
 from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric, record_start
-from simlib.protocol import Protocol, may_read, read_allowed
+from simlib.protocol import Protocol, may_read, read_allowed, staleness
 
 
 def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") -> Result:
@@ -131,7 +131,7 @@ def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any
         now = time.perf_counter() - t0
         for i in range(n):  # as on the get / step / add path: worker i's change lands on top of i others (BSP: one update)
             trace.span(i, "compute", start, now, step=c + k - 1)
-            tau = 0 if protocol.bound == 0 else i
+            tau = staleness(protocol.bound, i, 0)
             if isinstance(seen[i], InFlight):  # lock-free device steps: the most rows one of them missed
                 inflight += seen[i]
                 tau = max(tau, seen[i].missed_max)

@@ -180,8 +180,8 @@ class _PipeWorker:
         self.log: list[tuple[float, int]] = []  # early messages: (seconds since the run started, bytes sent)
         self.next_send = 0.0  # perf_counter reading before which no early message starts
 
-    def gate(self, effect: Gate) -> tuple[int, int]:
-        return 0, 1  # the server holds the pull's reply until the protocol allows the read
+    def gate(self, effect: Gate) -> int:
+        return 1  # the server holds the pull's reply until the protocol allows the read
 
     def pull(self, effect: Pull) -> tuple[np.ndarray, None]:
         self.ch.send_array(effect.keys)

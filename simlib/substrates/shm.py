@@ -263,7 +263,7 @@ class _ShmWorker:
         self.completed = self.others = 0
         self.marks: list[float] = []
 
-    def gate(self, effect: Gate) -> tuple[int, int]:
+    def gate(self, effect: Gate) -> int:
         c, setup = effect.step, self.setup
         t0 = time.perf_counter()
         self.completed, waited = _wait_to_read(self.read_rule or may_read, c, self.fin, self.bound)
@@ -272,13 +272,13 @@ class _ShmWorker:
             self.ctx.span("wait", t0, t1, step=c)
         self.marks = [t1]
         if not setup.fast:
-            return c - self.completed, 1
+            return 1
         # Steps c .. c+k-1 may all read now: the SSP rule allows step j while j - bound <= completed.
         # A plugged-in rule is asked step by step.
         k = min(setup.chunk, self.training.steps - c,
                 1 if self.read_rule else int(min(self.completed + self.bound - c + 1, setup.chunk)))
         self.others = sum(self.fin.tolist()) - c
-        return c - self.completed, k
+        return k
 
     def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
         self.outer.__enter__()
