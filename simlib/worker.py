@@ -107,22 +107,28 @@ def ps_worker(problem: Any, shard: Any, plan: Plan, compressor: Any = None,
         def source(j: int) -> tuple[Any, np.ndarray]:
             batch = problem.batch(shard, j, plan.batch_size)
             return batch, problem.keys(batch)
+    # NOTE: effects built by tuple.__new__, not through NamedTuple's Python-level __new__, and the plan read into
+    # locals: the simulator runs this loop a million times for 10^4 workers x 100 steps (0.3 us an effect).
+    new, step, lr, steps, entry_bytes = tuple.__new__, problem.step, plan.lr, plan.steps, plan.entry_bytes
     c = plan.first
-    while c < plan.steps:
-        k = yield Gate(c)
+    while c < steps:
+        k = yield new(Gate, (c,))
         if plan.in_place:
-            yield InPlace(c, k)
-            yield Push(c + k - 1, None, None, None, 0)
+            yield new(InPlace, (c, k))
+            yield new(Push, (c + k - 1, None, None, None, 0))
             c += k
             continue
         if plan.clock_batches == 1:
             batch, keys = source(c)
-            values, version = yield Pull(c, keys)
-            keys, deltas = yield Compute(c, batch, problem.step, (values, batch, keys, plan.lr))
+            values, version = yield new(Pull, (c, keys))
+            keys, deltas = yield new(Compute, (c, batch, step, (values, batch, keys, lr)))
         else:
             keys, deltas, version = yield from _clock(problem, plan, c, source)
-        keys, deltas, nbytes = encode(compressor, keys, deltas, plan.entry_bytes)
-        applied, completed = yield Push(c, keys, deltas, version, nbytes)
+        if compressor is None:
+            nbytes = len(keys) * entry_bytes
+        else:
+            keys, deltas, nbytes = encode(compressor, keys, deltas)
+        applied, completed = yield new(Push, (c, keys, deltas, version, nbytes))
         c = c + 1 if applied else max(c + 1, completed)
 
 
@@ -146,10 +152,8 @@ def _clock(problem: Any, plan: Plan, c: int, source: Callable[[int], tuple[Any, 
     return rest_keys, rest, version
 
 
-def encode(compressor: Any, keys: Any, deltas: Any, entry_bytes: int) -> tuple[Any, Any, int]:
-    """(keys, deltas as the server will add them, wire bytes) of a push: ``entry_bytes`` a key, or the compressor's."""
-    if compressor is None:
-        return keys, deltas, len(keys) * entry_bytes
+def encode(compressor: Any, keys: Any, deltas: Any) -> tuple[Any, Any, int]:
+    """(keys, deltas as the server will add them, wire bytes) of a push encoded by ``compressor``."""
     k, d, nbytes = compressor(np.asarray(keys), deltas)
     return np.asarray(k), np.asarray(d, dtype=np.float64), int(nbytes)
 
@@ -166,20 +170,6 @@ def drive(program: Program, transport: Any) -> None:
         except StopIteration:
             return
         value = perform[type(effect)](effect)
-
-
-def drive_events(program: Program, transport: Any) -> Generator[Any, Any, None]:
-    """Run ``program`` on a transport whose methods are generators of events (a SimPy process's body)."""
-    value = None
-    send = program.send
-    perform = {Gate: transport.gate, Pull: transport.pull, Compute: transport.compute, Push: transport.push,
-               Early: transport.early}
-    while True:
-        try:
-            effect = send(value)
-        except StopIteration:
-            return
-        value = yield from perform[type(effect)](effect)
 
 
 def _ignore(effect: Any) -> None:

@@ -19,9 +19,10 @@ all of them or Gaia's significant ones), optionally bounded by Gaia's mirror clo
 from __future__ import annotations
 
 import bisect
+from types import GeneratorType
 import functools
 import gc
-from collections import Counter
+from collections import Counter, deque
 from typing import Any, Callable
 
 import numpy as np
@@ -37,7 +38,7 @@ from simlib.sim.sites import Outbox, site_of
 from simlib.sim.stragglers import ComputeModel
 from simlib.sim.kernel import Environment
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, UpdateLog
-from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, drive_events, ps_worker
+from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, ps_worker
 
 COMPUTE, SEND, RECV, WAIT = (SPAN_KINDS.index(k) for k in ("compute", "send", "recv", "wait"))
 
@@ -193,17 +194,31 @@ class _Run:
         transport = _Worker(self, i)
         shard = None if self.shards is None else self.shards[i]
         comp = None if self.compressors is None else self.compressors[i]
+        perform = {Gate: transport.gate, Pull: transport.pull, Compute: transport.compute, Push: transport.push,
+                   Early: transport.early}
         c = 0
         while c < cfg.steps:
             plan = Plan(cfg.steps, cfg.batch_size, cfg.lr, clock_batches=cfg.clock_batches, first=c,
                         entry_bytes=cfg.entry_bytes)
+            send = ps_worker(p, shard, plan, comp, transport.source).send
+            value = None
             try:
-                yield from drive_events(ps_worker(p, shard, plan, comp, transport.source), transport)
+                # NOTE: the interpreter loop inlined here, not a generic driver's yield from: one generator level
+                # less on every event of every worker.
+                while True:
+                    try:
+                        effect = send(value)
+                    except StopIteration:
+                        break
+                    value = perform[type(effect)](effect)
+                    if value.__class__ is GeneratorType:  # the effect takes simulated time (a plain value: none)
+                        value = yield from value
                 c = cfg.steps
             except simpy.Interrupt:
                 if not (yield from self._down(i)):  # down for good
                     return
                 c = transport.step
+                transport.units.clear()  # the cut step's work is charged again when it is retried
         self.finished[i] = True
         if self.per_site and all(self.finished):
             self._flush()
@@ -566,6 +581,7 @@ class _Worker:
         self.inlink, self.outlink = run.nodes[0][0].inlink, run.nodes[0][0].outlink
         self.server = run.site_server[run.site_of[i]] if self.per_site else run.server  # per site: its site's servers
         self.step = self.lag = 0
+        self.units: deque[float] = deque()  # the work of each mini-batch sourced and not yet computed
         self.managed = None
         if cfg.clock_batches > 1:  # Bosen's clocks; a budget spends the Early effects (simlib.sim.managed)
             from simlib.sim.managed import Sender
@@ -573,27 +589,41 @@ class _Worker:
             self.managed = Sender(run, i)
 
     def source(self, j: int) -> tuple[Any, np.ndarray]:
-        """Mini-batch j and its keys (cost-only with a fixed step: no batch, the fixed keys)."""
-        return self.run._step_input(self.i, j)[:2]
+        """Mini-batch j and its keys (cost-only with a fixed step: no batch, the fixed keys); its units of work are
+        queued for the compute that follows."""
+        batch, keys, units = self.run._step_input(self.i, j)
+        # NOTE: the work counted here, beside keys(), where the problem's cache of the last batch answers it: at
+        # the compute, after other workers' steps, it cost a lookup of the batch's rows (2-3 us a step).
+        self.units.append(units)
+        return batch, keys
 
-    def gate(self, effect: Gate):
-        env, i, c = self.env, self.i, effect.step
+    def gate(self, effect: Gate) -> Any:
+        """1 at once where the read rule lets step c read now; else a generator that waits for it."""
+        c, env = effect.step, self.env
         self.step = c
-        t0 = env._now
         # NOTE: a closed gate wakes this process's own wake, not a new event (the same order, through the
         # kernel's fast path): 2,000 workers x 100 BSP steps, 5.2 -> 4.6 CPU s (interleaved, loaded machine).
         gate = self.clocks.gate(c, env._active_proc.wake)
+        if gate is not None or self.per_site:
+            return self._wait(c, gate, env._now)
+        return self._opened(c)
+
+    def _wait(self, c: int, gate: Any, t0: float):
+        env, i, run = self.env, self.i, self.run
         if gate is not None:
             yield gate
             now = env._now
             if now > t0:  # span(i, WAIT, t0, now, 0, c)
                 self.sw(i); self.sk(WAIT); self.ss(t0); self.se(now); self.sn(0); self.sc(c)  # noqa: E702
-        run = self.run
         if self.per_site and not run._wan_ready(run.site_of[i], c):  # woken by a WAN message (_site_message)
             t0, arrived = env._now, env.event()
             run.wan_waiters[run.site_of[i]].append((c, arrived))
             yield arrived
             run.trace.spans.add(i, WAIT, t0, env._now, 0, c)
+        return self._opened(c)
+
+    def _opened(self, c: int) -> int:
+        """Step c may read: open it (its deadline) and note the read's clock lag."""
         if self.cfg.timeout is not None or self.managed is not None:  # a step's opening matters to its deadline
             self.clocks.open(c)
         lag = c - self.rule.completed  # rule.clock_lag(c), inlined
@@ -638,19 +668,15 @@ class _Worker:
         """Charge the batch's work, then run the real math on the values read (cost-only: the time alone)."""
         env, run, batch = self.env, self.run, effect.batch
         t_comp = env._now
-        units = run.fixed_units if batch is None else (
-            run.problem.work(batch) if self.cfg.cost_unit == "nonzero" else len(batch))
-        yield run.compute.time(self.i, units)
+        yield run.compute.time(self.i, self.units.popleft())
         out = (effect.args[2], None) if self.cfg.cost_only else effect.fn(*effect.args)
         now = env._now
         if now > t_comp:  # span(i, COMPUTE, t_comp, now, 0, c)
             self.sw(self.i); self.sk(COMPUTE); self.ss(t_comp); self.se(now); self.sn(0); self.sc(effect.step)  # noqa: E702
         return out
 
-    def early(self, effect: Early):
+    def early(self, effect: Early) -> None:
         self.managed.early(effect.step, effect.pending)
-        return
-        yield  # a generator like the other effects, that takes no time
 
     def push(self, effect: Push):
         """The update travels to each shard; it is applied (through the step rule) when all of it has arrived."""

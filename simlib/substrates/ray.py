@@ -66,6 +66,7 @@ from simlib.compress import make_compressor
 from simlib.contract import ParamServer, Result, Training, new_trace, served_trace
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
+from simlib.worker import Compute, Gate, Plan, Pull, Push, drive, ps_worker
 
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
 ACTOR_SHARE = 0.001  # of a node's 'server' / 'worker' resource per actor: a label, not a quota
@@ -211,7 +212,7 @@ class RayPSShard:
         """table[keys] += rule.scaled(deltas, tau) if the coordinator applied the push (decision)."""
         applied, tau, seq, _ = decision
         if applied and len(keys):
-            self.w[keys - self.lo] += self.rule.scaled(deltas, tau)
+            self.rule.land(self.w, keys - self.lo, deltas, tau)
         self._seen.add(seq)
         while self.upto in self._seen:
             self._seen.discard(self.upto)
@@ -243,35 +244,39 @@ class RayPSWorker:
         return _whereabouts()
 
     def run(self, t0: float) -> list[tuple]:
-        """All steps; returns the spans (kind, start, end, bytes, step) in run seconds."""
+        """All steps of the worker program, this actor its transport; returns the spans (kind, start, end, bytes,
+        step) in run seconds."""
         import ray
 
-        p, tr, spans = self.problem, self.training, []
-        c = 0
-        while c < tr.steps:
-            batch = p.batch(self.shard, c, tr.batch_size)
-            keys = p.keys(batch)
-            start = time.time() - t0
-            values, (version, _, _, held) = self._pull(ray, c, keys)
-            got = time.time() - t0
-            spans.append(("wait", start, start + held, 0, c))
-            spans.append(("recv", start + held, got, (KEY_BYTES + VALUE_BYTES) * len(keys), c))
-            k, d = p.step(values, batch, keys, tr.lr)
-            k, d, nbytes = self._encode(k, d)
-            sent = time.time() - t0
-            spans.append(("compute", got, sent, 0, c))
-            applied, _, _, completed = self._push(ray, c, k, d, version)
-            spans.append(("send", sent, time.time() - t0, nbytes, c))
-            # A dropped push (backup workers, deadline) rejoins at the current step, as in the simulator.
-            c = c + 1 if applied else max(c + 1, completed)
-        return spans
+        self.ray, self.t0, self.spans, self.mark = ray, t0, [], 0.0
+        tr = self.training
+        plan = Plan(tr.steps, tr.batch_size, tr.lr, entry_bytes=KEY_BYTES + VALUE_BYTES)
+        drive(ps_worker(self.problem, self.shard, plan, self.compressor), self)
+        return self.spans
 
-    def _encode(self, keys: np.ndarray, deltas: Any) -> tuple[np.ndarray, np.ndarray, int]:
-        """The compressor's (keys, decoded deltas, wire bytes); uncompressed: 12 bytes per key."""
-        keys = np.asarray(keys)
-        plain = (keys, deltas, len(keys) * (KEY_BYTES + VALUE_BYTES))
-        k, d, nbytes = plain if self.compressor is None else self.compressor(keys, deltas)
-        return np.asarray(k), np.asarray(d, dtype=np.float64), int(nbytes)
+    def gate(self, effect: Gate) -> int:
+        return 1  # the coordinator holds the pull until the protocol lets the step read
+
+    def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
+        start = time.time() - self.t0
+        values, (version, _, _, held) = self._pull(self.ray, effect.step, effect.keys)
+        self.mark = time.time() - self.t0
+        self.spans.append(("wait", start, start + held, 0, effect.step))
+        self.spans.append(("recv", start + held, self.mark, (KEY_BYTES + VALUE_BYTES) * len(effect.keys), effect.step))
+        return values, version
+
+    def compute(self, effect: Compute) -> Any:
+        out = effect.fn(*effect.args)
+        now = time.time() - self.t0
+        self.spans.append(("compute", self.mark, now, 0, effect.step))
+        self.mark = now
+        return out
+
+    def push(self, effect: Push) -> tuple[bool, int]:
+        keys, deltas = np.asarray(effect.keys), np.asarray(effect.deltas, dtype=np.float64)
+        applied, _, _, completed = self._push(self.ray, effect.step, keys, deltas, effect.version)
+        self.spans.append(("send", self.mark, time.time() - self.t0, effect.nbytes, effect.step))
+        return applied, completed
 
     def _pull(self, ray: Any, c: int, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
         """The coordinator gates; the other shards answer once its reply (an object ref) is ready."""
