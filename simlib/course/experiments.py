@@ -62,13 +62,14 @@ def compare(
     progress: Callable[[int, float], None] | None = None,
 ) -> list[Trace]:
     """Run the same cluster under each protocol (same seed, so the same straggler draws)."""
-    from simlib.sim.engine import simulate
+    import simlib
+    from simlib.substrates.sim import run_args
 
     base = default_cluster() if base is None else base
     configs = [with_protocol(base, p) for p in protocols]  # every one validated before any run
     problem = compare_problem(base.seed) if problem is None else problem
-    return [simulate(cfg, problem, progress=None if progress is None else functools.partial(progress, i))
-            for i, cfg in enumerate(configs)]
+    each = [None if progress is None else functools.partial(progress, i) for i in range(len(configs))]
+    return [simlib.run(problem, **run_args(cfg), progress=report).trace for cfg, report in zip(configs, each)]
 
 
 def summary_rows(traces: Sequence[Trace], target: float) -> list[dict[str, Any]]:
