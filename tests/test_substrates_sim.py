@@ -51,3 +51,13 @@ def test_run_args_run_the_config_bit_for_bit(small_problem, name):
     res, state = simlib.run(small_problem, **run_args(cfg)), run_config(cfg, small_problem)
     assert res.trace == state.trace and res.trace.label == cfg.label
     assert np.array_equal(res.params, state.w) and res.trace.updates
+
+
+def test_a_server_per_site_returns_each_sites_table_and_outbox(small_problem):
+    res = simlib.run(small_problem, "ssp:1", substrate="sim", n_workers=4, steps=6, sites=2, hierarchy="per-site",
+                     significance=0.01)
+    tables, boxes = res.measured["site_tables"], res.measured["outboxes"]
+    assert len(tables) == len(boxes) == 2 and tables[0] is res.params
+    assert np.allclose(tables[0], tables[1]) and np.abs(tables[1]).sum() > 0  # the final flush reached both sites
+    flat = simlib.run(small_problem, "ssp:1", substrate="sim", n_workers=4, steps=6, sites=2)
+    assert "site_tables" not in flat.measured and "outboxes" not in flat.measured

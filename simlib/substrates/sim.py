@@ -3,7 +3,9 @@
 Options beyond the shared :class:`~simlib.contract.Training` are ``progress`` (called with the fraction
 of steps done) and :class:`~simlib.sim.SimConfig`'s cluster fields (``latency``, ``bandwidth``,
 ``stragglers``, ``topology``, ``n_servers``, ...). A whole SimConfig (the CLI's flags, the panel's
-controls) runs as ``simlib.run(problem, **run_args(cfg))``.
+controls) runs as ``simlib.run(problem, **run_args(cfg))``. ``Result.measured`` holds
+``simulated_seconds``, and with a server per site (``hierarchy='per-site'``) ``site_tables`` (each
+site's table, site 0's being ``Result.params``) and ``outboxes`` (what each site summed for the others).
 """
 from __future__ import annotations
 
@@ -60,4 +62,7 @@ def run(problem: Any, protocol: Protocol, training: Training, *,
         raise ValueError(f"{bad[0]}: not an option of substrate 'sim'{'; ' + hint if hint else ''}"
                          " (its options are progress and simlib.sim.SimConfig's fields)")
     state = run_config(config_for(protocol, training, **cluster), problem, progress)
-    return Result(state.trace, state.w, {"simulated_seconds": state.trace.makespan})
+    measured: dict[str, Any] = {"simulated_seconds": state.trace.makespan}
+    if state.outboxes is not None:  # a server per site: each site's table, and what each summed for the others
+        measured.update(site_tables=state.tables, outboxes=state.outboxes)
+    return Result(state.trace, state.w, measured)
