@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import time
 
+import simlib
 from simlib.compress import make_compressor
-from simlib.sim import SimConfig, simulate
+from simlib.sim import default_problem
 
 SPECS = ["none", "sparse", "onebit", "onebit-ef", "qsgd", "qsgd:4", "topk:0.1", "topk-noef:0.1", "topk:0.01", "budget:512"]
 QUICK = ["none", "onebit", "qsgd", "topk:0.1", "topk-noef:0.1", "budget:512"]
@@ -28,12 +29,12 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=None, help="target loss (default: uncompressed final + 0.01)")
     args = ap.parse_args()
     steps = args.steps or (60 if args.quick else 100)
-    base = SimConfig(bandwidth=args.bandwidth, steps=steps)
+    problem, base = default_problem(), dict(n_workers=8, steps=steps, bandwidth=args.bandwidth)
     specs = QUICK if args.quick else SPECS
     rows = []
     for spec in specs:
         t0 = time.perf_counter()
-        trace = simulate(base.replace(compression=None if spec == "none" else spec))
+        trace = simlib.run(problem, "bsp", substrate="sim", **base, compression=None if spec == "none" else spec).trace
         rows.append((spec, trace, time.perf_counter() - t0))
     peer = rows[0][1]
     target = args.target if args.target is not None else peer.quality[-1].value + 0.01

@@ -99,16 +99,16 @@ def peer_table(workers: int, steps: int, repeats: int) -> None:
 
 def one(workers: int, mode: str, protocol: str, steps: int) -> dict:
     """One run in this process: the default problem, ``mode`` 'real' or 'cost-only'; seconds and peak RSS."""
-    from simlib.sim import SimConfig, default_problem, simulate
+    import simlib
+    from simlib.sim import default_problem
 
     problem = default_problem()
     extra = dict(cost_only=True, step_keys=STEP_KEYS) if mode == "cost-only" else {}
-    simulate(SimConfig(n_workers=2, steps=2, **extra), problem)  # the compiled kernels loaded before timing
+    simlib.run(problem, "bsp", substrate="sim", n_workers=2, steps=2, **extra)  # the compiled kernels loaded first
     # lr: the sum of n gradients makes one BSP step, so the step shrinks with n (the run must not diverge).
-    cfg = SimConfig(n_workers=workers, steps=steps, protocol=protocol, lr=min(0.5, 10 / workers), eval_every=10,
-                    **extra)
     wall, cpu = time.perf_counter(), time.process_time()
-    trace = simulate(cfg, problem)
+    trace = simlib.run(problem, protocol, substrate="sim", n_workers=workers, steps=steps, lr=min(0.5, 10 / workers),
+                       eval_every=10, **extra).trace
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     final = trace.quality[-1].value if trace.quality else float("nan")
     return {"wall": wall, "cpu": cpu, "rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,

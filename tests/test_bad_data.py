@@ -129,10 +129,11 @@ def _simlib_run(problem, **kw):
     return lambda: simlib.run(problem, kw.pop("protocol", "bsp"), substrate=kw.pop("substrate", "pipes"), **kw)
 
 
-def _simulate(problem=None, **cfg):
-    from simlib.sim import SimConfig, simulate
+def _on_sim(problem=None, **options):
+    import simlib
+    from simlib.sim import default_problem
 
-    return lambda: simulate(SimConfig(**cfg), problem=problem)
+    return lambda: simlib.run(default_problem() if problem is None else problem, "bsp", substrate="sim", **options)
 
 
 def _lda_problem_changed_after():
@@ -221,8 +222,8 @@ CASES = {
     "simlib.run with no Problem": (_simlib_run(object()), "problem"),
     "simlib.run unknown substrate": (lambda: _simlib_run(LogisticProblem(_data()), substrate="tcp")(), "substrate"),
     "simlib.run lr 0": (lambda: _simlib_run(LogisticProblem(_data()), lr=0.0)(), "lr"),
-    "simulate with no Problem": (_simulate(object()), "problem"),
-    "simulate lr -1": (_simulate(lr=-1.0), "lr"),
+    "simlib.run sim with no Problem": (_on_sim(object()), "problem"),
+    "simlib.run sim lr -1": (_on_sim(lr=-1.0), "lr"),
     "simlib.run shm, data changed after the check": (lambda: _simlib_run(_logistic_changed_after(), substrate="shm",
                                                                         n_workers=2, steps=2)(), "indices"),
     "simlib.run pipes, corpus changed after the check": (
@@ -261,7 +262,7 @@ def test_divergence_is_reported_with_its_step():
     from simlib.diverged import Diverged
 
     with pytest.raises(Diverged, match=r"diverged: the loss at step \d+ was (nan|inf)") as info:
-        _simulate(lr=1e6)()
+        _on_sim(lr=1e6, n_workers=8, steps=100)()
     assert info.value.step > 0 and not np.isfinite(info.value.value)
     assert isinstance(info.value, ValueError)
 

@@ -124,12 +124,11 @@ def test_accumulation_factor_averages_floor_lambda_over_n_pushes():
 
 
 def test_staleness_aware_rule_keeps_async_stable_where_plain_async_fails():
-    from simlib.sim import simulate
-    from simlib.course.experiments import DEFAULT_TARGET, compare_problem, default_cluster
+    from simlib.course.experiments import DEFAULT_TARGET, cluster_options, compare_problem
 
     prob = compare_problem()
-    plain = simulate(default_cluster(protocol="async", lr=24.0), prob)
-    aware = simulate(default_cluster(protocol="async", lr=24.0, staleness_aware=True), prob)
+    plain = simlib.run(prob, "async", substrate="sim", **cluster_options(lr=24.0)).trace
+    aware = simlib.run(prob, "async", substrate="sim", **cluster_options(lr=24.0, staleness_aware=True)).trace
     assert plain.time_to(DEFAULT_TARGET) is None
     assert aware.time_to(DEFAULT_TARGET) is not None
     assert aware.summary()["mean_staleness"] == plain.summary()["mean_staleness"] > 1

@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
+import simlib
 from simlib import costs
-from simlib.sim import SimConfig, simulate
+from simlib.sim import default_problem
 
 
 def test_pipeline_bubble_is_p_minus_one_over_m_plus_p_minus_one() -> None:
@@ -33,8 +34,8 @@ def test_ring_allreduce_closed_form() -> None:
 
 
 def test_simulated_allreduce_step_matches_the_formula() -> None:
-    cfg = SimConfig(n_workers=4, steps=3, topology="allreduce", latency=1e-3, bandwidth=1e8)
-    tr = simulate(cfg)
+    tr = simlib.run(default_problem(), "bsp", substrate="sim", n_workers=4, steps=3, topology="allreduce", latency=1e-3,
+                    bandwidth=1e8).trace
     sends = [s.end - s.start for s in tr.spans if s.kind == "send"]
     expected = costs.ring_allreduce_time(4, 10_000 * 4, 1e-3, 1e8)
     assert sends and all(d == pytest.approx(expected) for d in sends)

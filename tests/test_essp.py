@@ -14,7 +14,7 @@ import simlib
 from simlib.app.scenario import PROTOCOLS, LiveSettings
 from simlib.cli import main
 from simlib.protocol import Clocks, Protocol
-from simlib.sim import SimConfig, Stragglers, simulate
+from simlib.sim import SimConfig, Stragglers
 
 STRAGGLERS = Stragglers(jitter="lognormal", jitter_sigma=0.8, slow_workers=1, slow_factor=3.0, pause_prob=0.1,
                         pause_time=0.002)
@@ -22,9 +22,12 @@ STRAGGLERS = Stragglers(jitter="lognormal", jitter_sigma=0.8, slow_workers=1, sl
 INSTANT = dict(latency=0.0, bandwidth=1e30)
 
 
-def _straggler_cluster(**changes):
-    return SimConfig(**{**dict(n_workers=6, steps=40, stragglers=STRAGGLERS, latency=2e-4, bandwidth=1.25e8, seed=1),
-                        **changes})
+CLUSTER = dict(n_workers=6, steps=40, stragglers=STRAGGLERS, latency=2e-4, bandwidth=1.25e8, seed=1)
+
+
+def _on_cluster(problem, protocol, **changes):
+    """The trace of ``problem`` under ``protocol`` on the straggler cluster, ``changes`` made to its options."""
+    return simlib.run(problem, protocol, substrate="sim", **{**CLUSTER, **changes}).trace
 
 
 def _mean_lag(trace):
@@ -106,20 +109,19 @@ def test_labels_say_which_ssp_ran():
     seed=st.integers(0, 10_000),
 )
 def test_no_cached_read_is_staler_than_the_bound(small_problem, n, s, sigma, slow, shards, eager, seed):
-    cfg = SimConfig(
-        n_workers=n, protocol=f"{'essp' if eager else 'ssp'}:{s}", cache=True, steps=12, n_servers=shards,
+    t = simlib.run(
+        small_problem, f"{'essp' if eager else 'ssp'}:{s}", substrate="sim", n_workers=n, cache=True, steps=12,
+        n_servers=shards, seed=seed,
         stragglers=Stragglers(jitter="lognormal", jitter_sigma=sigma, slow_workers=min(slow, n), slow_factor=3.0),
-        seed=seed,
-    )
-    t = simulate(cfg, small_problem)
+    ).trace
     assert len(t.updates) == n * 12
     assert all(0 <= u.clock_lag <= s and u.staleness >= 0 for u in t.updates)
 
 
 @pytest.mark.parametrize("s", [1, 2, 4, 10])
 def test_essp_reads_are_fresher_than_cached_ssp_at_the_same_bound(small_problem, s):
-    ssp = simulate(_straggler_cluster(protocol=f"ssp:{s}", cache=True), small_problem)
-    essp = simulate(_straggler_cluster(protocol=f"essp:{s}"), small_problem)
+    ssp = _on_cluster(small_problem, f"ssp:{s}", cache=True)
+    essp = _on_cluster(small_problem, f"essp:{s}")
     a, b = ssp.summary(), essp.summary()
     assert a["max_clock_lag"] <= s and b["max_clock_lag"] <= s
     assert _mean_lag(essp) <= _mean_lag(ssp)  # the rows read hold more of the complete steps
@@ -132,22 +134,22 @@ def test_essp_reads_are_fresher_than_cached_ssp_at_the_same_bound(small_problem,
 
 
 def test_a_lazy_cache_goes_stale_as_the_bound_grows_and_essp_does_not(small_problem):
-    tau = {(kind, s): simulate(_straggler_cluster(protocol=f"{kind}:{s}", cache=True), small_problem).summary()[
-        "mean_staleness"] for kind in ("ssp", "essp") for s in (1, 10)}
+    tau = {(kind, s): _on_cluster(small_problem, f"{kind}:{s}", cache=True).summary()["mean_staleness"]
+           for kind in ("ssp", "essp") for s in (1, 10)}
     assert tau["ssp", 10] > 2 * tau["ssp", 1]
     assert tau["essp", 10] < 1.5 * tau["essp", 1]
 
 
 def test_essp_sends_every_applied_update_to_every_other_worker(small_problem):
-    cfg = _straggler_cluster(protocol="essp:2")
-    essp = simulate(cfg, small_problem)
-    ssp = simulate(cfg.replace(protocol="ssp:2", cache=True), small_problem)
-    pulled = simulate(cfg.replace(protocol="ssp:2"), small_problem)
+    essp = _on_cluster(small_problem, "essp:2")
+    ssp = _on_cluster(small_problem, "ssp:2", cache=True)
+    pulled = _on_cluster(small_problem, "ssp:2")
+    others = CLUSTER["n_workers"] - 1
     applied = sum(u.applied for u in essp.updates)
     pushes = [s for s in essp.spans if s.kind == "recv" and s.nbytes and s not in ssp.spans]
-    assert essp.meta["cache"]["pushes"] == (cfg.n_workers - 1) * applied
+    assert essp.meta["cache"]["pushes"] == others * applied
     assert essp.meta["cache"]["pushed_bytes"] > 0 and "cache" not in pulled.meta
-    assert len(pushes) >= (cfg.n_workers - 1) * applied - 1  # a push may share its interval with a fetch's span
+    assert len(pushes) >= others * applied - 1  # a push may share its interval with a fetch's span
     for other in (ssp, pulled):
         assert _messages(essp) > _messages(other)
         assert _bytes(essp) > _bytes(other) + essp.meta["cache"]["pushed_bytes"] / 2
@@ -156,34 +158,33 @@ def test_essp_sends_every_applied_update_to_every_other_worker(small_problem):
 def test_on_an_instant_network_essp_reads_exactly_what_a_pull_reads(small_problem):
     # The copies receive each update the moment it is applied, so every cached read equals a pull from the server.
     for shards in (1, 3):
-        base = _straggler_cluster(n_servers=shards, **INSTANT)
-        pulled = simulate(base.replace(protocol="ssp:2"), small_problem)
-        essp = simulate(base.replace(protocol="essp:2"), small_problem)
+        pulled = _on_cluster(small_problem, "ssp:2", n_servers=shards, **INSTANT)
+        essp = _on_cluster(small_problem, "essp:2", n_servers=shards, **INSTANT)
         assert essp.updates == pulled.updates and essp.quality == pulled.quality
         assert essp.meta["cache"]["pushes"] > 0
 
 
 def test_a_cache_the_bound_refreshes_on_every_read_is_no_cache(small_problem):
     # At s = 0 every read must hold the newest complete step, so every row read is fetched, as a pull would.
-    pulled = simulate(_straggler_cluster(protocol="ssp:0"), small_problem)
-    cached = simulate(_straggler_cluster(protocol="ssp:0", cache=True), small_problem)
+    pulled = _on_cluster(small_problem, "ssp:0")
+    cached = _on_cluster(small_problem, "ssp:0", cache=True)
     assert cached.spans == pulled.spans and cached.updates == pulled.updates and cached.quality == pulled.quality
     assert cached.meta["cache"]["fetches"] == len(cached.updates)
 
 
 def test_a_lazy_cache_with_a_loose_bound_trains_on_stale_rows(small_problem):
     # SSP(100) with a cache fetches a row once and keeps it: workers mostly see their own updates.
-    fresh = simulate(_straggler_cluster(protocol="essp:100"), small_problem)
-    lazy = simulate(_straggler_cluster(protocol="ssp:100", cache=True), small_problem)
+    fresh = _on_cluster(small_problem, "essp:100")
+    lazy = _on_cluster(small_problem, "ssp:100", cache=True)
     assert lazy.summary()["mean_staleness"] > 10 * fresh.summary()["mean_staleness"]
     assert lazy.quality[-1].value > fresh.quality[-1].value
     assert lazy.meta["cache"]["fetched_keys"] < fresh.meta["cache"]["fetched_keys"] + small_problem.n_params * 6
 
 
 def test_essp_is_deterministic_for_a_seed(small_problem):
-    cfg = _straggler_cluster(protocol="essp:2", n_servers=2)
-    assert simulate(cfg, small_problem) == simulate(cfg, small_problem)
-    assert simulate(cfg.replace(seed=2), small_problem).spans != simulate(cfg, small_problem).spans
+    first = _on_cluster(small_problem, "essp:2", n_servers=2)
+    assert _on_cluster(small_problem, "essp:2", n_servers=2) == first
+    assert _on_cluster(small_problem, "essp:2", n_servers=2, seed=2).spans != first.spans
 
 
 def test_simlib_run_takes_essp_and_the_cache_on_the_simulator(small_problem):

@@ -7,13 +7,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simlib.sim import SimConfig, Stragglers, simulate
+import simlib
+from simlib.sim import Stragglers, default_problem
 from simlib.trace import Trace
 
-SLOW = SimConfig(n_workers=8, steps=60, stragglers=Stragglers(slow_workers=1, slow_factor=4.0))
-JITTER = SimConfig(
-    n_workers=8, steps=40, compute_per_unit=1e-6, stragglers=Stragglers(jitter="lognormal", jitter_sigma=0.5)
-)
+# simlib.run's options for the simulator: one worker 4x slow, or every worker jittery
+SLOW = dict(n_workers=8, steps=60, stragglers=Stragglers(slow_workers=1, slow_factor=4.0))
+JITTER = dict(n_workers=8, steps=40, compute_per_unit=1e-6, stragglers=Stragglers(jitter="lognormal", jitter_sigma=0.5))
+
+
+def bsp(**options) -> Trace:
+    """The default problem under BSP on the simulator."""
+    return simlib.run(default_problem(), "bsp", substrate="sim", **options).trace
 
 
 def applied_per_round(trace: Trace, steps: int) -> np.ndarray:
@@ -26,7 +31,7 @@ def applied_per_round(trace: Trace, steps: int) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def slow_runs() -> dict[int, Trace]:
-    return {b: simulate(SLOW.replace(backup_workers=b)) for b in (0, 1)}
+    return {b: bsp(**SLOW, backup_workers=b) for b in (0, 1)}
 
 
 def test_one_backup_worker_reaches_the_target_sooner_with_a_slow_worker(slow_runs) -> None:
@@ -41,8 +46,8 @@ def test_one_backup_worker_reaches_the_target_sooner_with_a_slow_worker(slow_run
 
 def test_backup_worker_drops_exactly_the_slow_workers_gradients(slow_runs) -> None:
     plain, backup = slow_runs[0], slow_runs[1]
-    np.testing.assert_array_equal(applied_per_round(plain, SLOW.steps), np.full(SLOW.steps, 8))
-    np.testing.assert_array_equal(applied_per_round(backup, SLOW.steps), np.full(SLOW.steps, 7))
+    np.testing.assert_array_equal(applied_per_round(plain, SLOW["steps"]), np.full(SLOW["steps"], 8))
+    np.testing.assert_array_equal(applied_per_round(backup, SLOW["steps"]), np.full(SLOW["steps"], 7))
     dropped = {u.worker for u in backup.updates if not u.applied}
     assert dropped == {0}  # worker 0 is the slow one
 
@@ -53,8 +58,8 @@ def test_effective_batch_falls_as_the_deadline_tightens() -> None:
     Measured mean applied per round (of 8): no deadline 8.0, 2 ms 7.85, 1.2 ms 6.05, 1 ms 3.2,
     0.8 ms 0.73 (a step takes 1.5 ms without a deadline)."""
     timeouts = [None, 2e-3, 1.2e-3, 1e-3, 8e-4]
-    runs = [simulate(JITTER.replace(timeout=t)) for t in timeouts]
-    effective = [applied_per_round(r, JITTER.steps).mean() for r in runs]
+    runs = [bsp(**JITTER, timeout=t) for t in timeouts]
+    effective = [applied_per_round(r, JITTER["steps"]).mean() for r in runs]
     assert effective[0] == 8.0
     assert all(a > b for a, b in zip(effective, effective[1:])), effective
     assert effective[-1] < 2.0

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simlib.sim import SimConfig, Stragglers, ring_allreduce_time, simulate
+from simlib.sim import SimConfig, Stragglers, ring_allreduce_time
+from simlib.sim.engine import run_config
 
 FAST_NET = dict(latency=0.0, bandwidth=1e18)
 
@@ -18,7 +19,7 @@ def _equal_runs(a, b):
 # -- closed forms -------------------------------------------------------------------------------
 def test_constant_compute_no_network_time_is_steps_times_compute(small_problem):
     cfg = SimConfig(n_workers=3, steps=40, compute_per_unit=0.0, compute_overhead=0.01, **FAST_NET)
-    t = simulate(cfg, small_problem)
+    t = run_config(cfg, small_problem).trace
     assert t.makespan == pytest.approx(40 * 0.01, rel=1e-9)
     assert t.summary()["wait_fraction"] == pytest.approx(0.0, abs=1e-9)
 
@@ -29,7 +30,7 @@ def test_bsp_step_with_exponential_compute_is_mean_times_harmonic_number(small_p
         n_workers=n, steps=steps, compute_per_unit=0.0, compute_overhead=mean,
         stragglers=Stragglers(jitter="exponential"), eval_every=steps, **FAST_NET,
     )
-    t = simulate(cfg, small_problem)
+    t = run_config(cfg, small_problem).trace
     harmonic = sum(1.0 / k for k in range(1, n + 1))
     # Standard error of the mean of max-of-8 exponentials over 1,500 steps is ~0.032 * mean: 4 %
     # is about 3.6 standard errors.
@@ -40,7 +41,7 @@ def test_ring_allreduce_step_matches_formula(small_problem):
     n, lat, bw, comp = 4, 1e-3, 1e6, 0.02
     cfg = SimConfig(n_workers=n, steps=3, topology="allreduce", latency=lat, bandwidth=bw,
                     compute_per_unit=0.0, compute_overhead=comp)
-    t = simulate(cfg, small_problem)
+    t = run_config(cfg, small_problem).trace
     size = small_problem.n_params * cfg.value_bytes
     ring = 2 * (n - 1) / n * size / bw + 2 * (n - 1) * lat
     assert ring_allreduce_time(n, size, lat, bw) == pytest.approx(ring)
@@ -52,15 +53,15 @@ def test_ring_allreduce_step_matches_formula(small_problem):
 def test_single_message_costs_latency_plus_size_over_bandwidth(small_problem):
     lat, bw = 2e-3, 1e5
     cfg = SimConfig(n_workers=1, steps=1, latency=lat, bandwidth=bw, compute_per_unit=0.0, compute_overhead=0.0)
-    t = simulate(cfg, small_problem)
+    t = run_config(cfg, small_problem).trace
     (push,) = [s for s in t.spans if s.kind == "send"]
     assert push.end - push.start == pytest.approx(lat + push.nbytes / bw)
 
 
 def test_k_shards_move_bytes_through_k_links_in_parallel(small_problem):
     base = dict(n_workers=8, steps=5, latency=0.0, bandwidth=1e5, compute_per_unit=0.0, compute_overhead=0.0, batch_size=64)
-    one = simulate(SimConfig(n_servers=1, **base), small_problem)
-    four = simulate(SimConfig(n_servers=4, **base), small_problem)
+    one = run_config(SimConfig(n_servers=1, **base), small_problem).trace
+    four = run_config(SimConfig(n_servers=4, **base), small_problem).trace
     # Bytes are the same; with the servers' links the bottleneck, 4 shards take about 1/4 the time
     # (keys are not split perfectly evenly, hence the band).
     assert one.summary()["bytes_sent"] == four.summary()["bytes_sent"]
@@ -70,8 +71,8 @@ def test_k_shards_move_bytes_through_k_links_in_parallel(small_problem):
 
 def test_incast_push_time_grows_with_workers(small_problem):
     base = dict(steps=2, latency=0.0, bandwidth=1e5, compute_per_unit=0.0, compute_overhead=0.0)
-    t2 = simulate(SimConfig(n_workers=2, **base), small_problem)
-    t8 = simulate(SimConfig(n_workers=8, **base), small_problem)
+    t2 = run_config(SimConfig(n_workers=2, **base), small_problem).trace
+    t8 = run_config(SimConfig(n_workers=8, **base), small_problem).trace
     assert t8.makespan > 3.0 * t2.makespan  # 8 workers queue on one in-link
 
 
@@ -79,20 +80,20 @@ def test_a_server_serves_one_request_at_a_time(small_problem):
     s = 1e-3
     base = dict(steps=3, compute_per_unit=0.0, compute_overhead=0.0, server_time=s, **FAST_NET)
     # One worker: its pull and its push each occupy the server for s.
-    assert simulate(SimConfig(n_workers=1, **base), small_problem).makespan == pytest.approx(3 * 2 * s)
+    assert run_config(SimConfig(n_workers=1, **base), small_problem).trace.makespan == pytest.approx(3 * 2 * s)
     # Two BSP workers arrive together: the second pull waits for the first, the pushes queue behind
     # the pulls, so a step takes 4 s, not 2 s.
-    two = simulate(SimConfig(n_workers=2, **base), small_problem)
+    two = run_config(SimConfig(n_workers=2, **base), small_problem).trace
     assert two.makespan == pytest.approx(3 * 4 * s)
     assert sorted(s_.end - s_.start for s_ in two.spans if s_.kind == "recv" and s_.step == 0) == pytest.approx([s, 2 * s])
     # A request split over two shards is handled by both at once: s each, in parallel, not 2 s.
-    assert simulate(SimConfig(n_workers=2, n_servers=2, **base), small_problem).makespan == pytest.approx(3 * 4 * s)
+    assert run_config(SimConfig(n_workers=2, n_servers=2, **base), small_problem).trace.makespan == pytest.approx(3 * 4 * s)
 
 
 def test_summation_nodes_add_links(small_problem):
     base = dict(n_workers=8, steps=3, latency=0.0, bandwidth=1e5, compute_per_unit=0.0, compute_overhead=0.0)
-    plain = simulate(SimConfig(n_servers=1, **base), small_problem)
-    byteps = simulate(SimConfig(n_servers=1, n_summation=3, **base), small_problem)
+    plain = run_config(SimConfig(n_servers=1, **base), small_problem).trace
+    byteps = run_config(SimConfig(n_servers=1, n_summation=3, **base), small_problem).trace
     assert byteps.makespan < 0.5 * plain.makespan
 
 
@@ -101,15 +102,15 @@ JITTERY = Stragglers(jitter="lognormal", jitter_sigma=0.6, slow_workers=1, slow_
 
 
 def test_ssp_zero_is_exactly_bsp(small_problem):
-    bsp = simulate(SimConfig(n_workers=5, steps=30, protocol="bsp", stragglers=JITTERY), small_problem)
-    ssp0 = simulate(SimConfig(n_workers=5, steps=30, protocol="ssp", staleness=0, stragglers=JITTERY), small_problem)
+    bsp = run_config(SimConfig(n_workers=5, steps=30, protocol="bsp", stragglers=JITTERY), small_problem).trace
+    ssp0 = run_config(SimConfig(n_workers=5, steps=30, protocol="ssp", staleness=0, stragglers=JITTERY), small_problem).trace
     assert _equal_runs(bsp, ssp0)
     assert bsp.summary()["max_clock_lag"] == 0
 
 
 def test_ssp_with_huge_bound_is_async(small_problem):
-    a = simulate(SimConfig(n_workers=5, steps=30, protocol="async", stragglers=JITTERY), small_problem)
-    s = simulate(SimConfig(n_workers=5, steps=30, protocol="ssp", staleness=10_000, stragglers=JITTERY), small_problem)
+    a = run_config(SimConfig(n_workers=5, steps=30, protocol="async", stragglers=JITTERY), small_problem).trace
+    s = run_config(SimConfig(n_workers=5, steps=30, protocol="ssp", staleness=10_000, stragglers=JITTERY), small_problem).trace
     assert _equal_runs(a, s)
     assert a.summary()["max_clock_lag"] > 3  # the slow worker really reads old state
 
@@ -131,7 +132,7 @@ def test_no_read_is_staler_than_the_bound(small_problem, n, s, sigma, slow, shar
         stragglers=Stragglers(jitter="lognormal", jitter_sigma=sigma, slow_workers=min(slow, n), slow_factor=3.0),
         seed=seed,
     )
-    t = simulate(cfg, small_problem)
+    t = run_config(cfg, small_problem).trace
     # Dropped workers skip ahead to the current step, so with backups some steps are never computed.
     assert (n - backup) * 12 <= len(t.updates) <= n * 12
     assert max(u.clock_lag for u in t.updates) <= s
@@ -141,25 +142,25 @@ def test_no_read_is_staler_than_the_bound(small_problem, n, s, sigma, slow, shar
 
 def test_stale_reads_give_stale_gradients(small_problem):
     # Same batches and straggler draws; only what the workers read differs, so the losses differ.
-    bsp = simulate(SimConfig(n_workers=4, steps=40, stragglers=JITTERY), small_problem)
-    asy = simulate(SimConfig(n_workers=4, steps=40, protocol="async", stragglers=JITTERY), small_problem)
+    bsp = run_config(SimConfig(n_workers=4, steps=40, stragglers=JITTERY), small_problem).trace
+    asy = run_config(SimConfig(n_workers=4, steps=40, protocol="async", stragglers=JITTERY), small_problem).trace
     assert bsp.quality[-1].value != asy.quality[-1].value
 
 
 def test_staleness_aware_changes_only_stale_updates(small_problem):
     base = SimConfig(n_workers=4, steps=30, protocol="async", stragglers=JITTERY)
-    plain, aware = simulate(base, small_problem), simulate(base.replace(staleness_aware=True), small_problem)
+    plain, aware = run_config(base, small_problem).trace, run_config(base.replace(staleness_aware=True), small_problem).trace
     assert plain.quality[0] == aware.quality[0]
     assert plain.quality[-1].value != aware.quality[-1].value
     one = SimConfig(n_workers=1, steps=20)  # one worker is never stale: identical runs
-    assert _equal_runs(simulate(one, small_problem), simulate(one.replace(staleness_aware=True), small_problem))
+    assert _equal_runs(run_config(one, small_problem).trace, run_config(one.replace(staleness_aware=True), small_problem).trace)
 
 
 # -- mitigation and failures -------------------------------------------------------------------------
 def test_backup_workers_drop_the_slowest(small_problem):
     slow = Stragglers(slow_workers=1, slow_factor=5.0)
-    plain = simulate(SimConfig(n_workers=4, steps=20, stragglers=slow), small_problem)
-    backup = simulate(SimConfig(n_workers=4, steps=20, stragglers=slow, backup_workers=1), small_problem)
+    plain = run_config(SimConfig(n_workers=4, steps=20, stragglers=slow), small_problem).trace
+    backup = run_config(SimConfig(n_workers=4, steps=20, stragglers=slow, backup_workers=1), small_problem).trace
     dropped = [u for u in backup.updates if not u.applied]
     assert dropped and all(u.worker == 0 for u in dropped)
     assert plain.summary()["updates_dropped"] == 0
@@ -173,8 +174,8 @@ def test_backup_workers_drop_the_slowest(small_problem):
 @pytest.mark.parametrize("spec", ["topk:0.01", "qsgd", "onebit"])
 def test_allreduce_with_compression_sends_fewer_bytes(small_problem, spec):
     base = SimConfig(n_workers=4, steps=5, topology="allreduce")
-    plain = simulate(base, small_problem)
-    packed = simulate(base.replace(compression=spec), small_problem)
+    plain = run_config(base, small_problem).trace
+    packed = run_config(base.replace(compression=spec), small_problem).trace
     assert 0 < packed.summary()["bytes_sent"] < plain.summary()["bytes_sent"]
     assert packed.quality[-1].value < packed.quality[0].value
 
@@ -187,25 +188,25 @@ def test_bad_compression_spec_fails_at_config_time():
 def test_timeout_drops_late_gradients(small_problem):
     slow = Stragglers(slow_workers=1, slow_factor=10.0)
     cfg = SimConfig(n_workers=3, steps=10, stragglers=slow, timeout=0.001)  # fast step ~0.45 ms, slow ~1.5 ms
-    t = simulate(cfg, small_problem)
+    t = run_config(cfg, small_problem).trace
     late = [u for u in t.updates if not u.applied]
     assert late and {u.worker for u in late} == {0}
 
 
 def test_failed_worker_stalls_bsp_but_not_backup(small_problem):
     fail = Stragglers(fail_worker=1, fail_time=0.003)
-    stalled = simulate(SimConfig(n_workers=3, steps=20, stragglers=fail), small_problem)
+    stalled = run_config(SimConfig(n_workers=3, steps=20, stragglers=fail), small_problem).trace
     assert stalled.meta["stalled"] and "backup_workers" in stalled.meta["stall_reason"]
     assert any(s.kind == "down" and s.worker == 1 for s in stalled.spans)
     assert stalled.meta["failed_workers"] == [1] and 1 not in stalled.meta["stalled"]
-    ok = simulate(SimConfig(n_workers=3, steps=20, stragglers=fail, backup_workers=1), small_problem)
+    ok = run_config(SimConfig(n_workers=3, steps=20, stragglers=fail, backup_workers=1), small_problem).trace
     assert ok.meta["stalled"] == [] and ok.meta["failed_workers"] == [1]  # the others finish
     assert sum(1 for u in ok.updates if u.worker != 1) == 2 * 20
 
 
 def test_restarted_worker_finishes(small_problem):
     fail = Stragglers(fail_worker=0, fail_time=0.002, restart_after=0.01)
-    t = simulate(SimConfig(n_workers=2, steps=10, stragglers=fail), small_problem)
+    t = run_config(SimConfig(n_workers=2, steps=10, stragglers=fail), small_problem).trace
     assert t.meta["stalled"] == []
     (down,) = [s for s in t.spans if s.kind == "down"]
     assert down.end - down.start == pytest.approx(0.01)
@@ -215,14 +216,14 @@ def test_restarted_worker_finishes(small_problem):
 def test_same_seed_same_trace_bit_for_bit(small_problem):
     cfg = SimConfig(n_workers=4, protocol="ssp", staleness=2, steps=25, n_servers=2,
                     stragglers=Stragglers(jitter="lognormal", pause_prob=0.1, pause_time=0.001), seed=7)
-    assert simulate(cfg, small_problem) == simulate(cfg, small_problem)
-    other = simulate(cfg.replace(seed=8), small_problem)
-    assert other.spans != simulate(cfg, small_problem).spans
+    assert run_config(cfg, small_problem).trace == run_config(cfg, small_problem).trace
+    other = run_config(cfg.replace(seed=8), small_problem).trace
+    assert other.spans != run_config(cfg, small_problem).trace.spans
 
 
 def test_progress_is_reported(small_problem):
     seen = []
-    simulate(SimConfig(n_workers=2, steps=10), small_problem, progress=seen.append)
+    run_config(SimConfig(n_workers=2, steps=10), small_problem, progress=seen.append).trace
     assert seen and seen[-1] == pytest.approx(1.0) and seen == sorted(seen)
 
 
@@ -257,6 +258,6 @@ def test_bad_straggler_fields_name_the_field():
 
 
 def test_bsp_timeline_has_barriers(small_problem):
-    t = simulate(SimConfig(n_workers=3, steps=5, stragglers=JITTERY), small_problem)
+    t = run_config(SimConfig(n_workers=3, steps=5, stragglers=JITTERY), small_problem).trace
     assert len(t.meta["barriers"]) == 5
     assert np.all(np.diff(t.meta["barriers"]) > 0)

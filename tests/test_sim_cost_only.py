@@ -6,7 +6,8 @@ import pytest
 
 import simlib
 from simlib.protocol import MAX_REAL_WORKERS, MAX_WORKERS
-from simlib.sim import SimConfig, Stragglers, simulate
+from simlib.sim import SimConfig, Stragglers
+from simlib.sim.engine import run_config
 
 JITTER = Stragglers(jitter="lognormal")
 
@@ -21,8 +22,8 @@ JITTER = Stragglers(jitter="lognormal")
     dict(n_workers=6, steps=10, stragglers=Stragglers(fail_worker=2, fail_time=0.002, restart_after=0.003)),
 ])
 def test_cost_only_has_the_real_runs_times_and_bytes(fields, small_problem):
-    real = simulate(SimConfig(**fields), small_problem)
-    cost = simulate(SimConfig(cost_only=True, **fields), small_problem)
+    real = run_config(SimConfig(**fields), small_problem).trace
+    cost = run_config(SimConfig(cost_only=True, **fields), small_problem).trace
     assert cost.spans == real.spans and cost.updates == real.updates  # time never depends on the values
     assert cost.quality == [] and "no gradient" in cost.meta["math"] and "math" not in real.meta
     assert cost.label.endswith("cost-only")
@@ -31,18 +32,18 @@ def test_cost_only_has_the_real_runs_times_and_bytes(fields, small_problem):
 def test_a_fixed_step_needs_no_data_and_charges_its_keys(small_problem):
     cfg = SimConfig(n_workers=4, steps=3, cost_only=True, step_keys=50, compute_per_unit=1e-6, compute_overhead=0.0,
                     latency=0.0, bandwidth=1e6)
-    t = simulate(cfg, small_problem)
+    t = run_config(cfg, small_problem).trace
     compute = [s for s in t.spans if s.kind == "compute"]
     assert compute and all(s.end - s.start == pytest.approx(50e-6) for s in compute)
     assert {s.nbytes for s in t.spans if s.kind == "send"} == {50 * 8}
     assert {s.nbytes for s in t.spans if s.kind == "recv"} == {50 * 8}
     with pytest.raises(ValueError, match="step_keys"):
-        simulate(cfg.replace(step_keys=small_problem.n_params + 1), small_problem)
+        run_config(cfg.replace(step_keys=small_problem.n_params + 1), small_problem).trace
 
 
 def test_more_workers_than_rows_run_cost_only_with_a_fixed_step(small_problem):
     n = small_problem.data.n_rows * 3
-    t = simulate(SimConfig(n_workers=n, steps=2, protocol="async", cost_only=True, step_keys=20), small_problem)
+    t = run_config(SimConfig(n_workers=n, steps=2, protocol="async", cost_only=True, step_keys=20), small_problem).trace
     assert len(t.updates) == 2 * n and not t.quality
 
 

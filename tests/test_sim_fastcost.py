@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from simlib.sim import SimConfig, Stragglers, simulate
+from simlib.sim import SimConfig, Stragglers
 from simlib.sim import fastcost
 from simlib.sim.engine import run_config
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simlib.sim import SimConfig, Stragglers, simulate
+from simlib.sim import SimConfig, Stragglers
 from simlib.sim.engine import run_config
 from simlib.managed import MESSAGE_ENTRIES, Pending, priority
 
@@ -33,7 +33,7 @@ def test_off_gives_exactly_the_traces_from_before(small_problem):
              SimConfig(n_workers=4, steps=15, protocol="ssp:1", compression="topk:0.1", stragglers=JITTER, seed=3)]
     h = hashlib.sha256()
     for cfg in cfgs:
-        d = simulate(cfg, small_problem).to_dict()
+        d = run_config(cfg, small_problem).trace.to_dict()
         d["meta"].pop("config")
         h.update(json.dumps(d, sort_keys=True).encode())
     assert h.hexdigest() == TRACES_BEFORE
@@ -43,7 +43,7 @@ def test_off_gives_exactly_the_traces_from_before(small_problem):
 @pytest.mark.parametrize("budget", [5e4, 2e5, 1e6])
 def test_early_bytes_per_time_bin_stay_within_the_budget(small_problem, budget):
     cfg = _managed(managed_bandwidth=budget)
-    t = simulate(cfg, small_problem)
+    t = run_config(cfg, small_problem).trace
     log = np.array(t.meta["managed"]["log"])  # [start, arrival, bytes, worker, clock]
     assert len(log) > 10
     one_message = MESSAGE_ENTRIES * (cfg.key_bytes + cfg.value_bytes)
@@ -55,8 +55,8 @@ def test_early_bytes_per_time_bin_stay_within_the_budget(small_problem, budget):
 
 
 def test_a_larger_budget_sends_more_early_and_reads_see_more(small_problem):
-    runs = {b: simulate(_managed(managed_bandwidth=b), small_problem) for b in (5e4, 1e6)}
-    plain = simulate(_managed(managed_bandwidth=None), small_problem)
+    runs = {b: run_config(_managed(managed_bandwidth=b), small_problem).trace for b in (5e4, 1e6)}
+    plain = run_config(_managed(managed_bandwidth=None), small_problem).trace
     early = {b: t.meta["managed"]["bytes"] for b, t in runs.items()}
     assert 0 < early[5e4] < early[1e6]
     unseen = {b: np.mean(t.meta["clocked"]["unseen"]) for b, t in runs.items()}
@@ -65,7 +65,7 @@ def test_a_larger_budget_sends_more_early_and_reads_see_more(small_problem):
 
 
 def test_link_load_counts_every_byte_sent(small_problem):
-    t = simulate(_managed(), small_problem)
+    t = run_config(_managed(), small_problem).trace
     width = 2e-3
     _, load = t.link_load(width)
     assert load.shape[0] == 4
@@ -134,7 +134,7 @@ def test_no_read_is_staler_than_the_bound(small_problem, n, s, k, shards, budget
     cfg = SimConfig(n_workers=n, protocol=f"ssp:{s}", steps=8, clock_batches=k, managed_bandwidth=budget,
                     n_servers=shards, stragglers=Stragglers(jitter="lognormal", jitter_sigma=sigma, slow_workers=1),
                     seed=seed)
-    t = simulate(cfg, small_problem)
+    t = run_config(cfg, small_problem).trace
     assert len(t.updates) == n * 8
     assert max(u.clock_lag for u in t.updates) <= s
     assert all(u.staleness >= 0 for u in t.updates)
@@ -142,8 +142,8 @@ def test_no_read_is_staler_than_the_bound(small_problem, n, s, k, shards, budget
 
 def test_same_seed_same_trace(small_problem):
     cfg = _managed(n_servers=2)
-    assert simulate(cfg, small_problem) == simulate(cfg, small_problem)
-    assert simulate(cfg.replace(seed=6), small_problem).spans != simulate(cfg, small_problem).spans
+    assert run_config(cfg, small_problem).trace == run_config(cfg, small_problem).trace
+    assert run_config(cfg.replace(seed=6), small_problem).trace.spans != run_config(cfg, small_problem).trace.spans
 
 
 # -- refused by name -------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ import hashlib
 import pytest
 
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from simlib.sim import SimConfig, Stragglers, simulate
+from simlib.sim import SimConfig, Stragglers
+from simlib.sim.engine import run_config
 
 JITTER = Stragglers(jitter="lognormal", jitter_sigma=0.5)
 
@@ -75,10 +76,10 @@ def problem():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_trace_matches_the_recorded_engine(name, problem):
     fields, expected = CASES[name]
-    assert digest(simulate(SimConfig(**fields), problem)) == expected
+    assert digest(run_config(SimConfig(**fields), problem).trace) == expected
 
 
 if __name__ == "__main__":  # print the digests of the engine as it is now
     p = _problem()
     for name, (fields, _) in CASES.items():
-        print(f"{name!r}: {digest(simulate(SimConfig(**fields), p))!r}")
+        print(f"{name!r}: {digest(run_config(SimConfig(**fields), p).trace)!r}")

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simlib.cli import main
-from simlib.sim import SimConfig, Stragglers, simulate
+from simlib.sim import SimConfig, Stragglers
 from simlib.sim.config import NETWORKS
 from simlib.sim.engine import run_config
 from simlib.sim.sites import Outbox, against, relative_changes, sent_by_frequency, site_of, wan_load
@@ -21,17 +21,17 @@ CLOSED = dict(compute_per_unit=0.0, compute_overhead=0.01, wan_latency=0.05, wan
 # -- one site, the options off: today's trace ------------------------------------------------------
 def test_one_flat_site_is_the_trace_from_before_sites(small_problem):
     # Figures of the simulator before sites existed (the same config, the same problem, seed 0).
-    t = simulate(SimConfig(n_workers=3, protocol="ssp:1", steps=10, n_servers=2), small_problem)
+    t = run_config(SimConfig(n_workers=3, protocol="ssp:1", steps=10, n_servers=2), small_problem).trace
     assert (t.makespan, t.quality[-1].value) == (0.0041430943999999975, 0.6423498125255882)
     assert (sum(u.staleness for u in t.updates), len(t.spans)) == (30, 90)
-    t = simulate(SimConfig(n_workers=4, protocol="essp:1", steps=8), small_problem)
+    t = run_config(SimConfig(n_workers=4, protocol="essp:1", steps=8), small_problem).trace
     assert (t.makespan, t.quality[-1].value) == (0.0034223279999999966, 0.6411325410719271)
     assert not {"wan_bytes", "lan_bytes", "wan"} & set(t.meta)
 
 
 def test_wan_settings_do_nothing_on_one_flat_site(small_problem):
-    a = simulate(SimConfig(n_workers=3, steps=10), small_problem)
-    b = simulate(SimConfig(n_workers=3, steps=10, wan_latency=1.0, wan_bandwidth=10.0), small_problem)
+    a = run_config(SimConfig(n_workers=3, steps=10), small_problem).trace
+    b = run_config(SimConfig(n_workers=3, steps=10, wan_latency=1.0, wan_bandwidth=10.0), small_problem).trace
     assert (a.spans, a.updates, a.quality) == (b.spans, b.updates, b.quality)
 
 
@@ -44,9 +44,9 @@ def test_workers_are_spread_evenly_in_blocks():
 def test_flat_ps_remote_worker_pays_three_wan_trips_per_step(small_problem):
     # Worker 1 is at site 1, the server at site 0: pull request, pull reply and push each cross the WAN,
     # and BSP makes everyone wait for it: a step is 3 x 50 ms + 10 ms of compute.
-    t = simulate(SimConfig(n_workers=2, sites=2, steps=6, **CLOSED), small_problem)
+    t = run_config(SimConfig(n_workers=2, sites=2, steps=6, **CLOSED), small_problem).trace
     assert t.makespan == pytest.approx(6 * (3 * 0.05 + 0.01), rel=1e-9)
-    one_site = simulate(SimConfig(n_workers=2, steps=6, **CLOSED), small_problem)
+    one_site = run_config(SimConfig(n_workers=2, steps=6, **CLOSED), small_problem).trace
     assert t.makespan - one_site.makespan >= 6 * 3 * 0.05 - 1e-9
     # The remote worker's bytes crossed the WAN, the local one's stayed on the LAN.
     sent = {w: sum(s.nbytes for s in t.spans if s.worker == w and s.kind in ("send", "recv")) for w in (0, 1)}
@@ -58,14 +58,14 @@ def test_flat_ps_wan_link_is_shared_so_traffic_queues(small_problem):
     # Workers 2 and 3 share site 1's WAN link to site 0: with no latency at all, each step still takes
     # at least the time to move both of their messages through it, one after the other.
     bw = 1e5
-    t = simulate(SimConfig(n_workers=4, sites=2, steps=5, wan_latency=0.0, wan_bandwidth=bw, compute_overhead=0.0,
-                           compute_per_unit=0.0, **FAST_LAN), small_problem)
+    t = run_config(SimConfig(n_workers=4, sites=2, steps=5, wan_latency=0.0, wan_bandwidth=bw, compute_overhead=0.0,
+                           compute_per_unit=0.0, **FAST_LAN), small_problem).trace
     remote = [s for s in t.spans if s.worker in (2, 3) and s.kind in ("send", "recv")]
     per_step_bytes = sum(s.nbytes for s in remote if s.step == 0)
     # Pull requests queue behind each other on the way in, replies on the way out, then pushes.
     assert t.makespan >= 5 * per_step_bytes / 2 / bw
-    alone = simulate(SimConfig(n_workers=4, sites=2, steps=5, wan_latency=0.0, wan_bandwidth=bw * 1e6,
-                               compute_overhead=0.0, compute_per_unit=0.0, **FAST_LAN), small_problem)
+    alone = run_config(SimConfig(n_workers=4, sites=2, steps=5, wan_latency=0.0, wan_bandwidth=bw * 1e6,
+                               compute_overhead=0.0, compute_per_unit=0.0, **FAST_LAN), small_problem).trace
     assert t.makespan > 100 * alone.makespan
 
 
@@ -73,10 +73,10 @@ def test_flat_ps_wan_link_is_shared_so_traffic_queues(small_problem):
 def test_per_site_bsp_waits_one_wan_trip_per_step_async_does_not(small_problem):
     # Each site's workers reach their servers over the instant LAN; under BSP a step's reads wait until
     # the other sites' updates of the step before have crossed the WAN: compute + 50 ms per step.
-    bsp = simulate(SimConfig(n_workers=2, sites=2, hierarchy="per-site", steps=6, **CLOSED), small_problem)
+    bsp = run_config(SimConfig(n_workers=2, sites=2, hierarchy="per-site", steps=6, **CLOSED), small_problem).trace
     assert bsp.makespan == pytest.approx(6 * (0.01 + 0.05), rel=1e-9)
-    asy = simulate(SimConfig(n_workers=2, sites=2, hierarchy="per-site", protocol="async", steps=6, **CLOSED),
-                   small_problem)
+    asy = run_config(SimConfig(n_workers=2, sites=2, hierarchy="per-site", protocol="async", steps=6, **CLOSED),
+                   small_problem).trace
     assert asy.makespan == pytest.approx(6 * 0.01 + 0.05, rel=1e-9)  # the last updates still cross the WAN
     waits = [s for s in bsp.spans if s.kind == "wait" and s.end - s.start > 1e-9]  # (the barrier's are ~0)
     assert len(waits) == 2 * 5 and all(s.end - s.start == pytest.approx(0.05) for s in waits)
@@ -97,7 +97,7 @@ def test_per_site_replication_sends_each_sites_summed_step_to_every_other_site(s
     # per step: one key + value entry per distinct key its workers touched (under BSP a step's pushes are
     # all in before any worker of the site moves on).
     cfg = SimConfig(n_workers=6, sites=3, hierarchy="per-site", steps=8)
-    t = simulate(cfg, small_problem)
+    t = run_config(cfg, small_problem).trace
     per_step = _site_step_keys(t, small_problem, 6, 3)
     assert t.meta["wan_bytes"] == 2 * sum(len(k) for k in per_step.values()) * (cfg.key_bytes + cfg.value_bytes)
     assert t.meta["wan_messages"] == 2 * 3 * 8
@@ -161,8 +161,8 @@ def test_a_site_sums_its_workers_pushes_before_the_wan():
 def test_mirror_clock_zero_makes_async_sites_wait_one_wan_trip_per_step(small_problem):
     # Gaia's mirror clock: a site starts step c once it has heard that the other sites ended step c - 1 - m.
     # With m = 0 the announcement of each step's end crosses the WAN before the next: BSP's closed form.
-    asy = simulate(SimConfig(n_workers=2, sites=2, hierarchy="per-site", protocol="async", mirror_clock=0, steps=6,
-                             **CLOSED), small_problem)
+    asy = run_config(SimConfig(n_workers=2, sites=2, hierarchy="per-site", protocol="async", mirror_clock=0, steps=6,
+                             **CLOSED), small_problem).trace
     assert asy.makespan == pytest.approx(6 * (0.01 + 0.05), rel=1e-9)
     # Every step's end is announced: one message each way per step, updates and clock together.
     assert asy.meta["wan_messages"] == 2 * 6
@@ -182,8 +182,8 @@ def test_mirror_clock_bounds_how_far_async_sites_drift_apart(small_problem, m):
         at = _pushed_at(trace)
         return max(c - max((k for (w, k), t in at.items() if w == 0 and t <= at[(1, c)]), default=-1)
                    for c in range(12))
-    assert drift(simulate(cfg.replace(mirror_clock=m), small_problem)) <= m + 1
-    assert drift(simulate(cfg, small_problem)) > m + 1  # without it the fast site runs ahead
+    assert drift(run_config(cfg.replace(mirror_clock=m), small_problem).trace) <= m + 1
+    assert drift(run_config(cfg, small_problem).trace) > m + 1  # without it the fast site runs ahead
 
 
 def test_sent_by_frequency_counts_what_the_filter_held_back():
@@ -202,7 +202,7 @@ def test_sent_by_frequency_counts_what_the_filter_held_back():
 
 def test_against_compares_bytes_time_and_loss_with_the_base(small_problem):
     cfg = SimConfig(n_workers=6, sites=3, protocol="ssp:2", steps=30)
-    flat, site = simulate(cfg, small_problem), simulate(cfg.replace(hierarchy="per-site", significance=0.1), small_problem)
+    flat, site = run_config(cfg, small_problem).trace, run_config(cfg.replace(hierarchy="per-site", significance=0.1), small_problem).trace
     target = flat.quality[-1].value * 1.05
     rows = against(flat, {"flat": flat, "filter": site}, target)
     assert rows["flat"]["fewer"] == 1.0 and rows["flat"]["sooner"] == 1.0 and rows["flat"]["change"] == 0.0
@@ -214,8 +214,8 @@ def test_against_compares_bytes_time_and_loss_with_the_base(small_problem):
 
 
 def test_tau_counts_updates_applied_at_every_site(small_problem):
-    t = simulate(SimConfig(n_workers=4, sites=2, hierarchy="per-site", protocol="async", steps=10, **CLOSED),
-                 small_problem)
+    t = run_config(SimConfig(n_workers=4, sites=2, hierarchy="per-site", protocol="async", steps=10, **CLOSED),
+                 small_problem).trace
     # Equal workers pushing in turn: between a read and its push the other 3 workers each pushed once.
     assert max(u.staleness for u in t.updates) == 3
 
@@ -280,7 +280,7 @@ def test_relative_changes_are_what_the_filter_compares(small_problem):
 def test_runs_across_sites_are_deterministic(small_problem):
     cfg = SimConfig(n_workers=6, sites=3, hierarchy="per-site", significance=0.05, protocol="ssp:2", steps=8,
                     stragglers=Stragglers(jitter="lognormal"))
-    assert simulate(cfg, small_problem) == simulate(cfg, small_problem)
+    assert run_config(cfg, small_problem).trace == run_config(cfg, small_problem).trace
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

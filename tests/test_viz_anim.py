@@ -104,12 +104,13 @@ def test_redraw_reusing_axes_renders_exactly_like_a_fresh_figure():
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from simlib.sim import SimConfig, Stragglers, simulate
+    import simlib
+    from simlib.sim import Stragglers, default_problem
     from simlib.viz.anim import draw_runs
 
     def runs(severity):
-        base = SimConfig(n_workers=4, steps=12, stragglers=Stragglers(slow_workers=1, slow_factor=severity))
-        return [simulate(base), simulate(base.replace(protocol="async"))]
+        base = dict(n_workers=4, steps=12, stragglers=Stragglers(slow_workers=1, slow_factor=severity))
+        return [simlib.run(default_problem(), p, substrate="sim", **base).trace for p in ("bsp", "async")]
 
     def render(fig):
         canvas = FigureCanvasAgg(fig)
@@ -130,11 +131,11 @@ def test_redraw_reusing_axes_renders_exactly_like_a_fresh_figure():
 
 def _jitter_runs(n_workers: int = 16, steps: int = 30):
     """BSP, SSP(20) and async runs with the live panel's default stragglers (jitter): BSP waits at every barrier."""
-    from simlib.sim import SimConfig, Stragglers, simulate
+    import simlib
+    from simlib.sim import Stragglers, default_problem
 
-    base = SimConfig(n_workers=n_workers, steps=steps, stragglers=Stragglers(jitter="lognormal", jitter_sigma=0.75))
-    return [simulate(base), simulate(base.replace(protocol="ssp", staleness=20)),
-            simulate(base.replace(protocol="async"))]
+    base = dict(n_workers=n_workers, steps=steps, stragglers=Stragglers(jitter="lognormal", jitter_sigma=0.75))
+    return [simlib.run(default_problem(), p, substrate="sim", **base).trace for p in ("bsp", "ssp:20", "async")]
 
 
 def test_the_waiting_count_says_how_many_drawn_rows_are_in_a_wait_bar_at_the_cursor():

@@ -1,7 +1,7 @@
 """Live lecture mode: sliders that re-run the simulator and redraw the runs side by side.
 
 A lecturer asks "what if one worker is three times slower?" and moves a slider: the panel
-re-simulates every chosen protocol (BSP, SSP(s), async) with :func:`simlib.sim.simulate`, then
+re-simulates every chosen protocol (BSP, SSP(s), async) with :func:`simlib.run` (substrate `'sim'`), then
 redraws their timelines side by side above loss against simulated time (:func:`simlib.viz.anim.draw_runs`).
 Play mode reveals the runs as simulated time advances; Export writes the same animation as an
 offline HTML page for slides. In a notebook::

@@ -24,7 +24,7 @@ from typing import Any
 from simlib import _validate as check
 from simlib.options import Option, check_fields, options
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from simlib.sim import TOPOLOGIES, SimConfig, Stragglers, simulate
+from simlib.sim import TOPOLOGIES, SimConfig, Stragglers
 from simlib.trace import Trace
 
 PROTOCOLS = ("bsp", "ssp", "essp", "async")  # the panel's toggles
@@ -181,14 +181,22 @@ def _init_worker(problem: Any) -> None:
     _worker_problem = problem
 
 
+def _run_trace(cfg: SimConfig, problem: Any, progress: Callable[[float], None] | None = None) -> Trace:
+    """The trace of the run ``cfg`` describes, through :func:`simlib.run`."""
+    import simlib
+    from simlib.substrates.sim import run_args
+
+    return simlib.run(problem, **run_args(cfg), progress=progress).trace
+
+
 def _simulate_in_worker(cfg: SimConfig) -> Trace:
     """One run inside a pool worker."""
-    return simulate(cfg, _worker_problem)
+    return _run_trace(cfg, _worker_problem)
 
 
 def _warm_worker(hold: float) -> None:
     """Simulate a tiny run (compiling the problem's kernels), then hold the worker so its siblings get the others."""
-    simulate(SimConfig(n_workers=2, steps=2, eval_every=1), _worker_problem)
+    _run_trace(SimConfig(n_workers=2, steps=2, eval_every=1), _worker_problem)
     time.sleep(hold)
 
 
@@ -278,7 +286,7 @@ class Runner:
                     if progress is not None:
                         progress((i + frac) / len(missing), label)
 
-                self._store(cfg, simulate(cfg, self.problem, progress=report), found)
+                self._store(cfg, _run_trace(cfg, self.problem, report), found)
         return [found[cfg] for cfg in configs]
 
     def _run_pool(self, missing: list[SimConfig], progress: Callable[[float, str], None] | None,

@@ -36,13 +36,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import simlib
 from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, Calibration, Spread, busy_note, calibrate,
                                           kernel_problem, measure_load)
 from simlib.substrates.pipes import DenseKeys
 from simlib.sim.config import SimConfig
-from simlib.sim.engine import simulate
+from simlib.substrates.sim import run_args
 from simlib.trace import Trace
 
 SUBSTRATES = ("pipe_ps", "hogwild", "bsp_shm")
@@ -185,7 +186,7 @@ def pipe_ps_residual(cal: Calibration) -> float:
         return 0.0
     quick = bool(cal.context.get("quick", False))
     cfg = _pipe_ps_config(cal, 1, lr=0.5, **NULL_PS)
-    modelled = last_span_end(simulate(cfg, kernel_problem(quick))) / NULL_PS["steps"]
+    modelled = last_span_end(simlib.run(kernel_problem(quick), **run_args(cfg)).trace) / NULL_PS["steps"]
     return max(cal.ps_step.median - modelled, 0.0)
 
 
@@ -220,7 +221,7 @@ def processes(w: Workload, n_workers: int) -> int:
 
 def predict(w: Workload, n_workers: int, cal: Calibration) -> tuple[float, Trace]:
     """(predicted wall seconds, simulated trace): process start plus the twin's last span end."""
-    trace = simulate(twin_config(w, n_workers, cal), workload_problem(w))
+    trace = simlib.run(workload_problem(w), **run_args(twin_config(w, n_workers, cal))).trace
     trace.label = f"{w.name}, {n_workers} worker{'s' if n_workers > 1 else ''} (predicted)"
     return cal.start_time(processes(w, n_workers)) + warmup(w, cal, n_workers) + last_span_end(trace), trace
 

@@ -22,21 +22,18 @@ DEFAULT_PROTOCOLS = ("bsp", "ssp:3", "async")
 COMPARE_ROWS, COMPARE_FEATURES, COMPARE_NNZ = 20_000, 500, 10
 
 
+def cluster_options(**changes: Any) -> dict[str, Any]:
+    """The default straggler cluster as :func:`simlib.run`'s options (substrate 'sim'), ``changes`` merged in:
+    8 workers, 150 steps, lr 3, a 1 Gbit/s network with 0.2 ms latency, and stragglers of every kind."""
+    return {"n_workers": 8, "steps": 150, "batch_size": 32, "lr": 3.0, "compute_per_unit": 2e-7,
+            "compute_overhead": 2e-4, "latency": 2e-4, "bandwidth": 1.25e8,
+            "stragglers": Stragglers(jitter="lognormal", jitter_sigma=1.0, slow_workers=1, slow_factor=4.0,
+                                     pause_prob=0.1, pause_time=0.01), **changes}
+
+
 def default_cluster(**changes: Any) -> SimConfig:
-    """8 workers, 150 steps, a 1 Gbit/s network with 0.2 ms latency, and stragglers of every kind."""
-    base = SimConfig(
-        n_workers=8,
-        steps=150,
-        batch_size=32,
-        lr=3.0,
-        compute_per_unit=2e-7,
-        compute_overhead=2e-4,
-        latency=2e-4,
-        bandwidth=1.25e8,
-        stragglers=Stragglers(jitter="lognormal", jitter_sigma=1.0, slow_workers=1, slow_factor=4.0,
-                              pause_prob=0.1, pause_time=0.01),
-    )
-    return base.replace(**changes) if changes else base
+    """The default straggler cluster (:func:`cluster_options`) as a SimConfig, under BSP unless ``changes`` say."""
+    return SimConfig(**cluster_options(**changes))
 
 
 @functools.lru_cache(maxsize=2)
@@ -62,13 +59,14 @@ def compare(
     progress: Callable[[int, float], None] | None = None,
 ) -> list[Trace]:
     """Run the same cluster under each protocol (same seed, so the same straggler draws)."""
-    from simlib.sim.engine import simulate
+    import simlib
+    from simlib.substrates.sim import run_args
 
     base = default_cluster() if base is None else base
     configs = [with_protocol(base, p) for p in protocols]  # every one validated before any run
     problem = compare_problem(base.seed) if problem is None else problem
-    return [simulate(cfg, problem, progress=None if progress is None else functools.partial(progress, i))
-            for i, cfg in enumerate(configs)]
+    each = [None if progress is None else functools.partial(progress, i) for i in range(len(configs))]
+    return [simlib.run(problem, **run_args(cfg), progress=report).trace for cfg, report in zip(configs, each)]
 
 
 def summary_rows(traces: Sequence[Trace], target: float) -> list[dict[str, Any]]:

@@ -95,9 +95,11 @@ class SimConfig(_FieldsOnly):
 
     Example::
 
-        >>> from simlib.sim import SimConfig, simulate
+        >>> import simlib
+        >>> from simlib.sim import SimConfig, default_problem
+        >>> from simlib.substrates.sim import run_args
         >>> cfg = SimConfig(n_workers=4, protocol="ssp", staleness=2, steps=20)
-        >>> trace = simulate(cfg)
+        >>> trace = simlib.run(default_problem(), **run_args(cfg)).trace
         >>> trace.summary()["max_clock_lag"] <= 2
         True
     """

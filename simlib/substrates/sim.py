@@ -1,17 +1,25 @@
 """The ``sim`` substrate: :func:`simlib.run` on the discrete-event cluster of :mod:`simlib.sim.engine`.
 
-Options beyond the shared :class:`~simlib.contract.Training` are :class:`~simlib.sim.SimConfig`'s
-cluster fields (``latency``, ``bandwidth``, ``stragglers``, ``topology``, ``n_servers``, ...).
+Options beyond the shared :class:`~simlib.contract.Training` are ``progress`` (called with the fraction
+of steps done) and :class:`~simlib.sim.SimConfig`'s cluster fields (``latency``, ``bandwidth``,
+``stragglers``, ``topology``, ``n_servers``, ...). A whole SimConfig (the CLI's flags, the panel's
+controls) runs as ``simlib.run(problem, **run_args(cfg))``. ``Result.measured`` holds
+``simulated_seconds``, and with a server per site (``hierarchy='per-site'``) ``site_tables`` (each
+site's table, site 0's being ``Result.params``) and ``outboxes`` (what each site summed for the others).
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields
+from typing import Any, Callable
 
 from simlib import _validate as check
 from simlib.contract import Result, Training
 from simlib.protocol import Protocol, StepRule
 from simlib.sim.config import SimConfig
 from simlib.sim.engine import run_config
+
+# SimConfig's fields that simlib.run takes as the protocol (kind, bound, backup workers, deadline).
+_PROTOCOL_FIELDS = ("protocol", "staleness", "backup_workers", "timeout")
 
 
 def config_for(protocol: Protocol, training: Training, **cluster: Any) -> SimConfig:
@@ -21,6 +29,19 @@ def config_for(protocol: Protocol, training: Training, **cluster: Any) -> SimCon
                      seed=training.seed, read_rule=training.read_rule, **_rule_fields(training.rule), **cluster)
 
 
+def run_args(cfg: SimConfig) -> dict[str, Any]:
+    """:func:`simlib.run`'s keywords for the run ``cfg`` describes (the inverse of :func:`config_for`).
+
+        >>> from simlib.sim import SimConfig
+        >>> args = run_args(SimConfig(n_workers=4, protocol="ssp:2", backup_workers=1))
+        >>> args["protocol"].label, args["substrate"], args["n_workers"]
+        ('SSP(2) b=1', 'sim', 4)
+    """
+    skip = {*_PROTOCOL_FIELDS, *(("staleness_aware", "accumulation") if cfg.rule is not None else ("rule",))}
+    return {"protocol": cfg.proto, "substrate": "sim",
+            **{f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in skip}}
+
+
 def _rule_fields(rule: StepRule) -> dict[str, Any]:
     """SimConfig's rule fields: the built-in rule's switches, or a subclass as it is."""
     if type(rule) is StepRule:
@@ -28,12 +49,20 @@ def _rule_fields(rule: StepRule) -> dict[str, Any]:
     return {"rule": rule}
 
 
-def run(problem: Any, protocol: Protocol, training: Training, **cluster: Any) -> Result:
-    """Simulate ``problem`` under ``protocol``; ``cluster`` holds SimConfig's other fields."""
+def run(problem: Any, protocol: Protocol, training: Training, *,
+        progress: Callable[[float], None] | None = None, **cluster: Any) -> Result:
+    """Simulate ``problem`` under ``protocol``; ``progress(fraction of steps done)`` if given; ``cluster`` holds
+    SimConfig's other fields."""
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress must be a callable taking the fraction of steps done, got "
+                         f"{type(progress).__name__}")
     bad = sorted(set(cluster) - set(SimConfig.__dataclass_fields__))
     if bad:
         hint = check.nearest(bad[0], SimConfig.__dataclass_fields__)
         raise ValueError(f"{bad[0]}: not an option of substrate 'sim'{'; ' + hint if hint else ''}"
-                         " (its options are simlib.sim.SimConfig's fields)")
-    state = run_config(config_for(protocol, training, **cluster), problem)
-    return Result(state.trace, state.w, {"simulated_seconds": state.trace.makespan})
+                         " (its options are progress and simlib.sim.SimConfig's fields)")
+    state = run_config(config_for(protocol, training, **cluster), problem, progress)
+    measured: dict[str, Any] = {"simulated_seconds": state.trace.makespan}
+    if state.outboxes is not None:  # a server per site: each site's table, and what each summed for the others
+        measured.update(site_tables=state.tables, outboxes=state.outboxes)
+    return Result(state.trace, state.w, measured)
