@@ -191,10 +191,6 @@ class MLPProblem:
         self.n_params = offset
         self._macs = sum(a * b for a, b in zip(self.sizes, self.sizes[1:]))
 
-    def validate(self) -> None:
-        """Check the data again (it may have changed since the problem was built)."""
-        self.data.validate()
-
     def weights(self, params: Any, layer: int) -> tuple[Any, Any]:
         """(W, b) of layer ``layer`` (0-based) as views of the flat vector."""
         sl, n_in, n_out = self.layers[layer], self.sizes[layer], self.sizes[layer + 1]
@@ -251,6 +247,13 @@ class MLPProblem:
             if layer < len(self.layers) - 1:
                 a.append(relu(z[-1]))
         return a, z
+
+    def batch_loss(self, params: Any, batch: np.ndarray) -> float:
+        """L(theta): the batch's mean cross-entropy, whose gradient :meth:`backward_layers` gives."""
+        xp = array_module(params)
+        X, y = self._on(xp)[0]
+        rows = xp.asarray(batch)
+        return float(cross_entropy(self.forward(params, X[rows])[1][-1], y[rows]))
 
     def backward_layers(self, params: Any, batch: np.ndarray) -> Iterator[tuple[slice, Any]]:
         """(layer's slice of the flat vector, dL/dtheta on it) for the last layer to the first, L the batch's
