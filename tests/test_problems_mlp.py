@@ -65,6 +65,19 @@ def test_backward_pass_matches_finite_differences_per_layer(small) -> None:
     assert seen == small.layers[::-1]  # last layer first
 
 
+def test_layer_gradients_assemble_into_the_step(small, digits) -> None:
+    for prob in (small, digits):
+        params = prob.init_params()
+        batch = prob.batch(prob.shards(2)[1], 3, 8)
+        keys, deltas = prob.step(params.copy(), batch, prob.keys(batch), 0.5)
+        parts = list(prob.backward_layers(params, batch))
+        # the slices, last to first, tile the flat vector with no gap and no overlap
+        assert [sl.stop for sl, _ in parts[1:]] == [sl.start for sl, _ in parts[:-1]] and parts[-1][0].start == 0
+        assert parts[0][0].stop == prob.n_params
+        np.testing.assert_array_equal(keys, np.arange(prob.n_params))
+        np.testing.assert_array_equal(deltas, -0.5 * np.concatenate([g for _, g in parts[::-1]]))
+
+
 def test_one_simulated_worker_is_the_serial_reference(digits) -> None:
     ref = serial_reference(digits, steps=20, batch_size=BATCH, lr=LR)
     res = simlib.run(digits, "bsp", substrate="sim", n_workers=1, steps=20, batch_size=BATCH, lr=LR)
