@@ -173,7 +173,8 @@ class MLPProblem:
         per_copy = 8.0 * self.n_params
         if per_copy * 8 > check.available_memory() / 2:  # the table, its gradient, workers' copies: a few of each
             raise ValueError(f"hidden: layers {self.sizes} make {self.n_params} parameters "
-                             f"({check.gb(per_copy)} each copy), more than this machine's memory holds; use narrower layers")
+                             f"({check.gb(per_copy)} each copy), more than this machine's memory holds; "
+                             "use narrower layers")
         order = np.random.default_rng(seed).permutation(data.n_rows)
         held, train = order[:n_eval], order[n_eval:]
         self._train = (np.ascontiguousarray(data.X[train]), data.y[train].astype(np.int64))
@@ -284,7 +285,7 @@ class MLPProblem:
     def quality(self, params: Any) -> float:
         """Mean cross-entropy of the held-out rows."""
         X, y = self._on(array_module(params))[1]
-        with np.errstate(over="ignore", invalid="ignore"):  # a diverged theta: the loss is not finite, and the run says so
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverged theta: a loss not finite, named by the run
             return float(cross_entropy(self.forward(params, X)[1][-1], y))
 
     def accuracy(self, params: Any) -> float:
