@@ -10,9 +10,10 @@ from simlib.problems.lasso import ShotgunProblem, make_lasso, random_schedule
 from simlib.problems.lda import make_synthetic_corpus
 from simlib.problems.lda_table import LDAProblem
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from simlib.problems.mlp import MLPProblem
 
-NAMES = ("logistic", "glove", "lda", "lasso")
-LR = {"logistic": 0.5, "glove": 0.05, "lda": 1.0, "lasso": 1.0}
+NAMES = ("logistic", "glove", "lda", "lasso", "mlp")
+LR = {"logistic": 0.5, "glove": 0.05, "lda": 1.0, "lasso": 1.0, "mlp": 0.3}
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,7 @@ def problems(cooc):
         "glove": GloveProblem(cooc, GloveConfig(dim=4), eval_entries=2_000),
         "lda": LDAProblem(lda_corpus, 3, alpha=0.5, beta=0.05),
         "lasso": ShotgunProblem(lasso, random_schedule(40, 4, 20, seed=0)),
+        "mlp": MLPProblem(),
     }
 
 

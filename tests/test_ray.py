@@ -27,6 +27,7 @@ from simlib.problems.glove_table import GloveProblem  # noqa: E402
 from simlib.problems.lda import make_synthetic_corpus  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
+from simlib.problems.mlp import MLPProblem  # noqa: E402
 from simlib.protocol import Protocol  # noqa: E402
 from simlib.substrates.ray import _read, _tree  # noqa: E402
 from simlib.trace import SPAN_KINDS  # noqa: E402
@@ -160,6 +161,15 @@ def test_glove_one_worker_equals_the_serial_reference_and_its_trace_is_well_form
     np.testing.assert_allclose(res.params, serial_reference(prob, 10, 16, 0.05), rtol=0, atol=1e-12)
     _assert_well_formed(res.trace, 1, 10, 0)  # includes: GloVe's cost falls
     assert res.trace.metric == "cost"
+
+
+def test_mlp_one_worker_is_the_serial_reference_and_two_async_workers_learn_digits(cluster):
+    prob = MLPProblem()  # dense: every push carries all 2,410 parameters, over two server shards
+    res = simlib.run(prob, "bsp", substrate="ray", n_workers=1, steps=10, batch_size=32, lr=0.3, n_servers=2)
+    np.testing.assert_array_equal(res.params, serial_reference(prob, 10, 32, 0.3))
+    two = simlib.run(prob, "async", substrate="ray", n_workers=2, steps=100, batch_size=32, lr=0.3, eval_every=50)
+    assert prob.accuracy(two.params) > 0.9 > 0.2 > prob.accuracy(prob.init_params())
+    assert sorted((u.worker, u.step) for u in two.trace.updates) == [(i, c) for i in range(2) for c in range(100)]
 
 
 def test_message_cost_under_two_callers_prices_a_queueing_server(cluster, tiny):

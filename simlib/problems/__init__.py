@@ -9,6 +9,7 @@ Each lesson's :class:`simlib.contract.Problem` lives beside its math:
   ``GloveSlices`` (split by dimension)
 * ``lda`` and ``lda_gibbs`` -- LDA by collapsed Gibbs sampling; ``lda_table`` -- ``LDAProblem``
 * ``lasso`` -- Lasso by (parallel) coordinate descent, for Shotgun: ``ShotgunProblem``
+* ``mlp`` -- a multi-layer perceptron on scikit-learn's digits (or a larger synthetic set): ``MLPProblem``
 
 Names below are imported on first use, so ``import simlib.problems`` stays light.
 """
@@ -25,6 +26,7 @@ _LAZY = {
     "LassoProblem": "lasso", "make_lasso": "lasso", "make_uncorrelated_lasso": "lasso",
     "make_correlated_lasso": "lasso", "CorrelationScheduler": "lasso", "random_schedule": "lasso", "shotgun": "lasso",
     "ShotgunProblem": "lasso", "GloveProblem": "glove_table", "GloveSlices": "glove_slices", "LDAProblem": "lda_table",
+    "MLPProblem": "mlp", "DenseDataset": "mlp", "digits_dataset": "mlp", "make_dense_classification": "mlp",
 }
 
 __all__ = ["LogisticProblem", "SparseDataset", "make_sparse_classification", *_LAZY]
