@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "simlib"
 # The first component under simlib/ names the group (two under simlib/substrates/: one group a
 # substrate); each group has a rank, lower ranks sit below.
 BOTTOM = {"problems", "trace", "protocol", "contract", "backend", "compress", "_validate", "data", "options", "signals",
-          "diverged", "managed"}
+          "diverged", "managed", "worker"}
 # The engines a substrate runs on: the simulator, and the process infrastructure (workers, shared
 # arrays, channels). Each substrate may import its own engine; nothing else at rank 1 crosses over.
 ENGINES = {"sim", "parallel"}

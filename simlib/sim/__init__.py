@@ -25,16 +25,13 @@ from simlib.sim.config import PROTOCOLS, TOPOLOGIES, SimConfig, Stragglers
 # reading the configuration -- e.g. for ``python -m simlib compare --help`` -- stays fast.
 _LAZY = {"default_problem": "simlib.sim.engine", "message_time": "simlib.sim.network",
          "ring_allreduce_time": "simlib.sim.network"}
-# NOTE: the engine's simulate() is internal (simlib.run trains); it resolves here, off __all__, only for
-# the example in its own docstring.
-_INTERNAL = {"simulate": "simlib.sim.engine"}
 
 __all__ = ["SimConfig", "Stragglers", *_LAZY, "PROTOCOLS", "TOPOLOGIES"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY or name in _INTERNAL:
+    if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module({**_LAZY, **_INTERNAL}[name]), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'simlib.sim' has no attribute {name!r}")

@@ -52,26 +52,10 @@ def default_problem(n_rows: int = 20_000, n_features: int = 10_000, nnz_per_row:
     return LogisticProblem(data, l2=1e-4, eval_rows=4_000, seed=seed)
 
 
-def simulate(cfg: SimConfig, problem: Any = None, progress: Progress | None = None) -> Trace:
-    """Run one simulated training job and return its trace (``substrate='sim'``).
-
-    ``problem`` is a :class:`simlib.contract.Problem`; None means :func:`default_problem`.
-    ``progress``, if given, is called with the fraction of steps done.
-
-    Example::
-
-        >>> from simlib.sim import SimConfig, simulate
-        >>> t = simulate(SimConfig(n_workers=2, steps=5))
-        >>> len(t.updates)
-        10
-    """
-    if not isinstance(cfg, SimConfig):
-        raise ValueError(f"cfg must be a SimConfig, got {type(cfg).__name__}")
-    return run_config(cfg, problem, progress).trace
-
-
 def run_config(cfg: SimConfig, problem: Any = None, progress: Progress | None = None) -> "_Run":
-    """Run a simulation and return its state (``.trace``, the final table ``.w``)."""
+    """Run a simulation and return its state (``.trace``, the final table ``.w``); ``problem`` None is
+    :func:`default_problem`, ``progress`` is called with the fraction of steps done. Internal: the simulator
+    trains through ``simlib.run(problem, protocol, substrate="sim", ...)``."""
     problem = default_problem() if problem is None else problem
     check_problem(problem)
     run = _Run(cfg, problem, progress)
