@@ -172,6 +172,32 @@ def drive(program: Program, transport: Any) -> None:
         value = perform[type(effect)](effect)
 
 
+def drive_rounds(programs: list[Program], transport: Any) -> None:
+    """Run the workers' programs in lock-step rounds (device rounds): every worker's effects up to its push, then the
+    round's pushes in worker order, then ``transport.round_end(the round's last step)``. Transport methods take
+    (worker, effect)."""
+    perform = {Gate: transport.gate, Pull: transport.pull, Compute: transport.compute,
+               InPlace: getattr(transport, "in_place", None)}
+    sends, values = [p.send for p in programs], [None] * len(programs)
+    while True:
+        pushes = []
+        for i, send in enumerate(sends):
+            while True:
+                try:
+                    effect = send(values[i])
+                except StopIteration:
+                    break
+                if type(effect) is Push:
+                    pushes.append((i, effect))
+                    break
+                values[i] = perform[type(effect)](i, effect)
+        if not pushes:
+            return
+        for i, effect in pushes:
+            values[i] = transport.push(i, effect)
+        transport.round_end(pushes[0][1].step)
+
+
 def _ignore(effect: Any) -> None:
     """An effect a transport has nothing to do for (Early without a budget)."""
     return None

@@ -51,6 +51,7 @@ import numpy as np
 from simlib.backend import InFlight, get_xp, synchronize, to_numpy
 from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric, record_start
 from simlib.protocol import Protocol, may_read, read_allowed, staleness
+from simlib.worker import Compute, Gate, InPlace, Plan, Pull, Push, drive_rounds, ps_worker
 
 
 def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") -> Result:
@@ -63,85 +64,139 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") 
     shards = problem.shards(n)
     # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's), else local_steps
     hook = getattr(problem, "device_steps", None) or getattr(problem, "local_steps", None)
-    if callable(hook) and training.rule.plain and (mod is np or getattr(problem, "device_kernel", None) is not None):
-        return _run_in_place(problem, protocol, training, mod, shards, hook)
-    # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
-    server = ParamServer(mod.asarray(problem.init_params()), n, protocol, training.rule, read_rule=training.read_rule)
-    trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
-                      xp=mod.__name__, path="get / step / add")
-    t0 = time.perf_counter()
-    record_start(trace, problem, server.params)
-    for c in range(training.steps):
-        start = time.perf_counter() - t0
-        server.may_read(c)  # lock-step: every earlier round is complete, so the rule allows it or says why not
-        version = server.version
-        batches = [problem.batch(shard, c, training.batch_size) for shard in shards]
-        keys = [problem.keys(batch) for batch in batches]
-        values = [server.params[mod.asarray(k)] for k in keys]  # every worker reads the round's table before any push
-        taus = []
-        for batch, k, v in zip(batches, keys, values):
-            out_keys, deltas = problem.step(v, batch, k, training.lr)
-            taus.append(server.push(c, mod.asarray(out_keys), deltas, version)[1])
-        synchronize(mod)
-        now = time.perf_counter() - t0
-        for i in range(n):
-            trace.span(i, "compute", start, now, step=c)
-            trace.update(now, i, c, taus[i], True, clock_lag=0)
-        if (c + 1) % training.eval_every == 0 or c + 1 == training.steps:
-            if c + 1 == training.steps:
-                server.finish()  # a partial accumulation group
-            record_metric(trace, problem, now, (c + 1) * n, server.params, training.lr)
-    return Result(trace, to_numpy(server.params), {"wall_seconds": time.perf_counter() - t0})
+    path = "in place" if callable(hook) and training.rule.plain and (
+        mod is np or getattr(problem, "device_kernel", None) is not None) else "get / step / add"
+    transport = (_InPlace if path == "in place" else _Rounds)(problem, protocol, training, mod, shards, hook)
+    plan = Plan(training.steps, training.batch_size, training.lr, in_place=path == "in place")
+    drive_rounds([ps_worker(problem, shard, plan) for shard in shards], transport)
+    return transport.result()
 
 
-def _run_in_place(problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, hook: Any) -> Result:
-    """The fast path: the problem's ``hook`` on the device table; the schedule is the get / step / add path's."""
-    n, steps, every = training.n_workers, training.steps, training.eval_every
-    table = mod.asarray(np.asarray(problem.init_params()).astype(getattr(problem, "table_dtype", np.float64)))
-    trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}", unit="batch",
-                      xp=mod.__name__, path="in place",
-                      update_unit="one step" if n > 1 else f"a chunk of up to {every} steps")
-    inflight = InFlight()
-    # a device hook that reads one table and adds to another needs no scratch copy per worker
-    apart = n > 1 and mod is not np and getattr(problem, "device_reads_apart", False)
-    snapshot = mod.empty_like(table) if n > 1 else None
-    scratch = mod.empty_like(table) if n > 1 and not apart else None
-    t0 = time.perf_counter()
-    record_start(trace, problem, table)
-    c = 0
-    while c < steps:
-        read_allowed(training.read_rule or may_read, c, c, protocol.bound)  # names a rule that would stall
-        start = time.perf_counter() - t0
-        if n == 1:  # every step up to the next evaluation in one call
-            k = min(steps, (c // every + 1) * every) - c
-            seen = [hook(table, shards[0], c, k, training.batch_size, training.lr)]
-        else:  # round c: every worker's step from the same read, the steps' changes added
-            k = 1
-            snapshot[...] = table
-            seen = []
-            for i in range(n):
-                if apart:  # the step computed from the snapshot, its change added to the table
-                    seen.append(hook(table, shards[i], c, 1, training.batch_size, training.lr, read=snapshot))
-                    continue
-                scratch[...] = snapshot
-                seen.append(hook(scratch, shards[i], c, 1, training.batch_size, training.lr))
-                table += scratch
-                table -= snapshot
-        synchronize(mod)
-        now = time.perf_counter() - t0
-        for i in range(n):  # as on the get / step / add path: worker i's change lands on top of i others (BSP: one update)
-            trace.span(i, "compute", start, now, step=c + k - 1)
-            tau = staleness(protocol.bound, i, 0)
-            if isinstance(seen[i], InFlight):  # lock-free device steps: the most rows one of them missed
-                inflight += seen[i]
-                tau = max(tau, seen[i].missed_max)
-            trace.update(now, i, c + k - 1, tau, True, clock_lag=0)
-        c += k
-        if c % every == 0 or c == steps:
-            record_metric(trace, problem, time.perf_counter() - t0, c * n, table, training.lr)
-    if inflight.items:
-        trace.meta["in_flight"] = {"items": inflight.items, "missed_mean": inflight.missed_mean,
-                                   "missed_max": inflight.missed_max}
-    train = sum(span.end - span.start for span in trace.spans if span.worker == 0)  # evaluations excluded
-    return Result(trace, to_numpy(table), {"wall_seconds": time.perf_counter() - t0, "train_seconds": train,
-                                            "local": [local_result(problem, s) for s in shards]})
+class _Rounds:
+    """The device's transport: round c, every worker reads table[keys] from the same table (the pushes wait for
+    the round's end), then the pushes go through the contract's server in worker order (worker i's on top of i
+    others: tau = i under async and SSP, 0 under BSP)."""
+
+    def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, hook: Any):
+        self.problem, self.training, self.mod, self.shards = problem, training, mod, shards
+        # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
+        self.server = ParamServer(mod.asarray(problem.init_params()), training.n_workers, protocol, training.rule,
+                                  read_rule=training.read_rule)
+        self.trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}",
+                               unit="batch", xp=mod.__name__, path="get / step / add")
+        self.t0 = time.perf_counter()
+        record_start(self.trace, problem, self.table)
+        self.start = 0.0
+        self.taus: list[int] = []
+
+    @property
+    def table(self) -> Any:
+        return self.server.params
+
+    def gate(self, i: int, effect: Gate) -> int:
+        if i == 0:  # the round starts
+            self.start, self.taus = time.perf_counter() - self.t0, []
+            self.server.may_read(effect.step)  # lock-step: the rule allows it or says why not
+        return 1
+
+    def pull(self, i: int, effect: Pull) -> tuple[Any, int]:
+        return self.table[self.mod.asarray(effect.keys)], self.server.version
+
+    def compute(self, i: int, effect: Compute) -> Any:
+        return effect.fn(*effect.args)
+
+    def push(self, i: int, effect: Push) -> tuple[bool, int]:
+        self.taus.append(self.server.push(effect.step, self.mod.asarray(effect.keys), effect.deltas,
+                                          effect.version)[1])
+        return True, effect.step + 1
+
+    def round_end(self, last: int) -> None:
+        """Steps up to ``last`` done by every worker: their spans and updates, the metric where it is due."""
+        synchronize(self.mod)
+        now = time.perf_counter() - self.t0
+        for i, tau in enumerate(self.taus):
+            self.trace.span(i, "compute", self.start, now, step=last)
+            self.trace.update(now, i, last, tau, True, clock_lag=0)
+        done, tr = last + 1, self.training
+        if done % tr.eval_every == 0 or done == tr.steps:
+            if done == tr.steps:
+                self.finish()
+            record_metric(self.trace, self.problem, time.perf_counter() - self.t0, done * tr.n_workers, self.table,
+                          tr.lr)
+
+    def finish(self) -> None:
+        """The run's end: a partial accumulation group is applied."""
+        self.server.finish()
+
+    def result(self) -> Result:
+        return Result(self.trace, to_numpy(self.table), {"wall_seconds": time.perf_counter() - self.t0})
+
+
+class _InPlace(_Rounds):
+    """The fast path: the problem's ``hook`` on the device table, on the get / step / add path's schedule (one
+    worker: every step up to the next evaluation in one call)."""
+
+    def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, hook: Any):
+        n = training.n_workers
+        self.problem, self.protocol, self.training, self.mod, self.shards, self.hook = (
+            problem, protocol, training, mod, shards, hook)
+        self.device_table = mod.asarray(np.asarray(problem.init_params()).astype(
+            getattr(problem, "table_dtype", np.float64)))
+        self.trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}",
+                               unit="batch", xp=mod.__name__, path="in place",
+                               update_unit="one step" if n > 1 else f"a chunk of up to {training.eval_every} steps")
+        self.inflight = InFlight()
+        # a device hook that reads one table and adds to another needs no scratch copy per worker
+        self.apart = n > 1 and mod is not np and getattr(problem, "device_reads_apart", False)
+        self.snapshot = mod.empty_like(self.device_table) if n > 1 else None
+        self.scratch = mod.empty_like(self.device_table) if n > 1 and not self.apart else None
+        self.t0 = time.perf_counter()
+        record_start(self.trace, problem, self.device_table)
+        self.start, self.taus = 0.0, []
+
+    @property
+    def table(self) -> Any:
+        return self.device_table
+
+    def gate(self, i: int, effect: Gate) -> int:
+        c, tr = effect.step, self.training
+        if i == 0:
+            read_allowed(tr.read_rule or may_read, c, c, self.protocol.bound)  # names a rule that would stall
+            self.start, self.taus = time.perf_counter() - self.t0, []
+            if self.snapshot is not None:  # round c: every worker's step from the same read, the changes added
+                self.snapshot[...] = self.table
+        return min(tr.steps, (c // tr.eval_every + 1) * tr.eval_every) - c if tr.n_workers == 1 else 1
+
+    def in_place(self, i: int, effect: InPlace) -> None:
+        tr, table, shard, c, k = self.training, self.table, self.shards[i], effect.step, effect.count
+        if self.snapshot is None:
+            seen = self.hook(table, shard, c, k, tr.batch_size, tr.lr)
+        elif self.apart:  # the step computed from the snapshot, its change added to the table
+            seen = self.hook(table, shard, c, 1, tr.batch_size, tr.lr, read=self.snapshot)
+        else:
+            self.scratch[...] = self.snapshot
+            seen = self.hook(self.scratch, shard, c, 1, tr.batch_size, tr.lr)
+            table += self.scratch
+            table -= self.snapshot
+        # as on the get / step / add path: worker i's change lands on top of i others (BSP: one update)
+        tau = staleness(self.protocol.bound, i, 0)
+        if isinstance(seen, InFlight):  # lock-free device steps: the most rows one of them missed
+            self.inflight += seen
+            tau = max(tau, seen.missed_max)
+        self.taus.append(tau)
+
+    def push(self, i: int, effect: Push) -> tuple[bool, int]:
+        return True, effect.step + 1
+
+    def finish(self) -> None:
+        """Nothing is held back: every step landed in the table."""
+
+    def result(self) -> Result:
+        trace, inflight = self.trace, self.inflight
+        if inflight.items:
+            trace.meta["in_flight"] = {"items": inflight.items, "missed_mean": inflight.missed_mean,
+                                       "missed_max": inflight.missed_max}
+        train = sum(span.end - span.start for span in trace.spans if span.worker == 0)  # evaluations excluded
+        return Result(trace, to_numpy(self.table), {"wall_seconds": time.perf_counter() - self.t0,
+                                                    "train_seconds": train,
+                                                    "local": [local_result(self.problem, s) for s in self.shards]})
