@@ -296,6 +296,15 @@ _KINDS: dict[str, tuple[type[Compressor], str | None]] = {
 }
 
 
+def worker_compressor(spec: str | None, n_params: int, seed: int, worker: int, key_bytes: int = 4,
+                      value_bytes: int = 8) -> Compressor | None:
+    """Worker ``worker``'s own compressor for ``spec`` on a real substrate (None: pushes go uncompressed)."""
+    if spec is None or spec == "none":
+        return None
+    return make_compressor(spec, n_params, np.random.default_rng([seed, worker]), key_bytes=key_bytes,
+                           value_bytes=value_bytes)
+
+
 def make_compressor(
     spec: str | None,
     n_params: int,

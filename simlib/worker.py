@@ -110,15 +110,16 @@ def ps_worker(problem: Any, shard: Any, plan: Plan, compressor: Any = None,
     # NOTE: effects built by tuple.__new__, not through NamedTuple's Python-level __new__, and the plan read into
     # locals: the simulator runs this loop a million times for 10^4 workers x 100 steps (0.3 us an effect).
     new, step, lr, steps, entry_bytes = tuple.__new__, problem.step, plan.lr, plan.steps, plan.entry_bytes
+    in_place, one_batch = plan.in_place, plan.clock_batches == 1
     c = plan.first
     while c < steps:
         k = yield new(Gate, (c,))
-        if plan.in_place:
+        if in_place:
             yield new(InPlace, (c, k))
             yield new(Push, (c + k - 1, None, None, None, 0))
             c += k
             continue
-        if plan.clock_batches == 1:
+        if one_batch:
             batch, keys = source(c)
             values, version = yield new(Pull, (c, keys))
             keys, deltas = yield new(Compute, (c, batch, step, (values, batch, keys, lr)))

@@ -47,7 +47,7 @@ from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import check_straggler, current, record_span, straggle
 from simlib.protocol import MAX_STEPS, Protocol
-from simlib.compress import make_compressor, parse_spec
+from simlib.compress import parse_spec, worker_compressor
 from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, drive, ps_worker
 from simlib.trace import Trace
 
@@ -165,8 +165,7 @@ def _member(member: int, n_members: int, job: tuple[Any, list, Protocol, Trainin
         return batch, pull_keys(problem, batch)  # int32, as warm_up compiled the kernels for
 
     transport = _PipeWorker(i, ends, opts)
-    compressor = None if opts.compression in (None, "none") else make_compressor(
-        opts.compression, problem.n_params, np.random.default_rng([training.seed, i]), key_bytes=4, value_bytes=8)
+    compressor = worker_compressor(opts.compression, problem.n_params, training.seed, i)
     drive(ps_worker(problem, shard, plan, compressor, source), transport)
     return local_result(problem, shard), transport.log
 

@@ -62,7 +62,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib import signals
-from simlib.compress import make_compressor
+from simlib.compress import make_compressor, worker_compressor
 from simlib.contract import ParamServer, Result, Training, new_trace, served_trace
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
@@ -229,9 +229,7 @@ class RayPSWorker:
         self.i, self.problem, self.shard = index, problem, copy.deepcopy(shard)
         self.coordinator, self.shards, self.bounds = coordinator, shards, bounds
         self.training = training
-        rng = np.random.default_rng([training.seed, index])
-        self.compressor = None if compression is None else make_compressor(
-            compression, problem.n_params, rng, key_bytes=KEY_BYTES, value_bytes=VALUE_BYTES)
+        self.compressor = worker_compressor(compression, problem.n_params, training.seed, index, KEY_BYTES, VALUE_BYTES)
 
     def ready(self) -> tuple[int, str]:
         """One step on the initial table, off the clock (compiled kernels load here); (pid, node id)."""

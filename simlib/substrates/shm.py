@@ -54,8 +54,10 @@ from simlib import _validate as check
 from simlib.contract import Result, Training, local_result, new_trace, offered, real_result, record_metric, warm_up
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
-from simlib.protocol import Protocol, may_read, read_allowed, staleness
-from simlib.worker import Compute, Gate, InPlace, Plan, Pull, Push, drive, ps_worker
+from simlib.protocol import MAX_STEPS, Protocol, may_read, read_allowed, staleness
+from simlib.worker import Compute, Early, Gate, InPlace, Plan, Pull, Push, drive, ps_worker
+from simlib.compress import parse_spec, worker_compressor
+from simlib.managed import MESSAGE_ENTRIES, check as check_managed
 
 _POLL = 5e-5  # seconds between looks at the clocks while the protocol holds a read back
 _SPIN = 5e-4  # seconds a worker looks again at once (yielding its core) before it sleeps between looks
@@ -86,8 +88,16 @@ class ShmOptions:
     locked: bool = False
     straggler: tuple[int, float] | None = None
     hot_keys: int = 0
+    compression: Any = None  # a simlib.compress spec: each push encoded by its worker (get / step / add path)
+    clock_batches: int = 1  # mini-batches per clock: one read, their updates summed, one push
+    managed_bandwidth: float | None = None  # bytes/s per worker of early writes between a clock's mini-batches
 
     def __post_init__(self) -> None:
+        check.positive_int("clock_batches", self.clock_batches, most=MAX_STEPS)
+        if self.managed_bandwidth is not None:
+            check.positive("managed_bandwidth", self.managed_bandwidth)
+        if self.compression is not None:
+            parse_spec(self.compression)  # a ValueError naming 'compression' before anything starts
         if self.chunk is not None:
             check.positive_int("chunk", self.chunk)
         check.boolean("locked", self.locked)
@@ -112,7 +122,14 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     if training.rule.group_size(training.n_workers) != 1:
         raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
     check_straggler(opts.straggler, training.n_workers)
-    fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain
+    check_managed(opts.clock_batches, opts.managed_bandwidth, protocol.bound, training.rule.plain,
+                  protocol.backup_workers)
+    # compression and clocks of several mini-batches change what a push is: the get / step / add path
+    plain_push = opts.compression in (None, "none") and opts.clock_batches == 1
+    if not plain_push and getattr(problem, "in_place_only", False):
+        raise ValueError(f"compression, clock_batches: {type(problem).__name__}'s steps exist only in place, where "
+                         "there is no push to compress or to sum over a clock")
+    fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain and plain_push
     replica = _replica(problem, opts.hot_keys, fast, opts.locked, training)
     # a problem whose one step is already a lot of work (LDA: a sweep) names its own chunk (1: publish every step)
     chunk = opts.chunk or getattr(problem, "in_place_chunk", None) or max(1, CHUNK_WORK // training.batch_size)
@@ -191,9 +208,11 @@ def _member(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[
     while int(ready.min()) == 0:
         os.sched_yield()
     cpu0 = time.thread_time()
-    plan = Plan(setup.training.steps, setup.training.batch_size, setup.training.lr, in_place=setup.fast,
+    tr, opts = setup.training, setup.opts
+    plan = Plan(tr.steps, tr.batch_size, tr.lr, clock_batches=opts.clock_batches, in_place=setup.fast,
                 entry_bytes=4 + np.dtype(setup.table.array.dtype).itemsize)
-    drive(ps_worker(problem, setup.shards[i], plan), _ShmWorker(i, problem, setup, version))
+    compressor = worker_compressor(opts.compression, problem.n_params, tr.seed, i)
+    drive(ps_worker(problem, setup.shards[i], plan, compressor), _ShmWorker(i, problem, setup, version))
     return time.thread_time() - cpu0, local_result(problem, setup.shards[i])
 
 
@@ -262,6 +281,7 @@ class _ShmWorker:
             self.shared["locks"] = setup.step_locks.array
         self.completed = self.others = 0
         self.marks: list[float] = []
+        self.budget, self.next_send = setup.opts.managed_bandwidth, 0.0  # managed: early writes' budget, its clock
 
     def gate(self, effect: Gate) -> int:
         c, setup = effect.step, self.setup
@@ -305,6 +325,20 @@ class _ShmWorker:
                 with self.setup.lock:
                     self.problem.local_steps(self.w, self.shard, j, 1, tr.batch_size, tr.lr)
         straggle(self.setup.opts.straggler, self.i)
+
+    def early(self, effect: Early) -> None:
+        """Managed communication: between a clock's mini-batches, the largest pending changes written to the table
+        as they are (not an update: the clock's push completes the clock), at most ``budget`` bytes/s on average."""
+        now = time.perf_counter()
+        if self.budget is None or now < self.next_send:
+            return
+        keys, deltas = effect.pending.take(MESSAGE_ENTRIES)
+        if len(keys):
+            with self.inner:
+                self.training.rule.land(self.w, keys, deltas, 0)
+            nbytes = len(keys) * (4 + self.w.itemsize)
+            self.next_send = now + nbytes / self.budget
+            self.ctx.span("send", now, time.perf_counter(), nbytes=nbytes, step=effect.step)
 
     def push(self, effect: Push) -> tuple[bool, int]:
         c = effect.step
