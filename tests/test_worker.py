@@ -1,0 +1,111 @@
+"""The one worker program (simlib.worker): the serial transport, and its features on every substrate."""
+import numpy as np
+import pytest
+
+import simlib
+from simlib.contract import serial_reference
+from simlib.worker import Compute, Gate, Plan, Pull, Push, Serial, drive, ps_worker, run_serial
+
+# What each substrate takes for a quick run without its metric every step.
+QUIET = {"sim": {}, "pipes": {"evaluate": False}, "shm": {"monitor_every": 10.0}}
+
+
+class _Messages:
+    """A problem without the in-place path: every step goes through get / step / add, on every substrate."""
+
+    def __init__(self, problem):
+        self.inner = problem
+
+    def __getattr__(self, name):
+        if name in ("local_steps", "inner"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class _FixedSteps(_Messages):
+    """A problem whose update ignores the values read: the final table is the sum of every update."""
+
+    def step(self, values, batch, keys, lr):
+        return keys, lr * np.sin(keys + 1.0) * len(batch) / 100
+
+
+def _all_updates(problem, fixed, n_workers, batches, batch_size, lr):
+    """The initial table plus every mini-batch's fixed update of every shard."""
+    expected = problem.init_params().astype(np.float64)
+    for shard in problem.shards(n_workers):
+        for b in range(batches):
+            batch = problem.batch(shard, b, batch_size)
+            keys, d = fixed.step(None, batch, problem.keys(batch), lr)
+            np.add.at(expected, keys, d)
+    return expected
+
+
+def test_the_program_on_the_serial_transport_is_sgd_effect_by_effect(small_problem):
+    """The effects come in the order gate, pull, compute, push, and the table is plain SGD's."""
+    seen, table = [], small_problem.init_params()
+
+    class Recording(Serial):
+        def gate(self, effect):
+            seen.append("gate")
+            return super().gate(effect)
+
+        def pull(self, effect):
+            seen.append("pull")
+            return super().pull(effect)
+
+        def compute(self, effect):
+            seen.append("compute")
+            return super().compute(effect)
+
+        def push(self, effect):
+            seen.append("push")
+            return super().push(effect)
+
+    drive(ps_worker(small_problem, small_problem.shards(1)[0], Plan(3, 16, 0.5)), Recording(table))
+    assert seen == ["gate", "pull", "compute", "push"] * 3
+    np.testing.assert_array_equal(table, serial_reference(small_problem, 3, 16, 0.5))
+
+
+def test_a_dropped_push_rejoins_at_the_first_step_not_complete(small_problem):
+    """The program's rule for backup workers: a push the server drops moves the worker to the completed step."""
+    program = ps_worker(small_problem, small_problem.shards(1)[0], Plan(10, 8, 0.5))
+    assert program.send(None) == Gate(0)
+    assert type(program.send(1)) is Pull
+    assert type(program.send((small_problem.init_params()[:0], 0))) is Compute
+    push = program.send((np.arange(0), np.zeros(0)))
+    assert type(push) is Push and push.step == 0
+    assert program.send((False, 7)) == Gate(7)  # dropped, and the others completed steps 0 .. 6
+
+
+def test_a_delayed_read_sees_the_table_delay_updates_ago(small_problem):
+    table = small_problem.init_params()
+    run_serial(small_problem, small_problem.shards(1)[0], Plan(4, 16, 0.5), table, delay=1)
+    fresh = serial_reference(small_problem, 4, 16, 0.5)
+    assert not np.array_equal(table, fresh) and np.allclose(table, fresh, atol=0.5)
+
+
+@pytest.mark.parametrize("substrate", ["sim", "pipes", "shm"])
+@pytest.mark.parametrize("budget", [None, 1e5])
+def test_clocks_of_several_batches_and_managed_communication_lose_no_update(small_problem, substrate, budget):
+    """Bosen's clocks (with and without early messages) on every substrate: every update lands exactly once."""
+    fixed, k, steps, n = _FixedSteps(small_problem), 4, 5, 3
+    res = simlib.run(fixed, "ssp:2", substrate=substrate, n_workers=n, steps=steps, batch_size=16, lr=0.5,
+                     clock_batches=k, managed_bandwidth=budget, **QUIET[substrate])
+    np.testing.assert_allclose(res.params, _all_updates(small_problem, fixed, n, steps * k, 16, 0.5),
+                               rtol=1e-10, atol=1e-12)
+    assert len(res.trace.updates) == n * steps and max(u.clock_lag for u in res.trace.updates) <= 2
+
+
+@pytest.mark.parametrize("substrate", ["sim", "pipes", "shm"])
+def test_compression_is_encoded_by_the_worker_on_every_substrate(small_problem, substrate):
+    """Top 10% of each push: the pushes carry about a tenth of the entries, and the run still trains."""
+    def pushed(res):
+        return sum(s.nbytes for s in res.trace.spans if s.kind == "send")
+
+    opts = {"n_workers": 2, "steps": 8, "batch_size": 16, "lr": 0.5, "eval_every": 8}
+    prob = _Messages(small_problem)
+    full = simlib.run(prob, "ssp:1", substrate=substrate, **opts, **QUIET[substrate])
+    top = simlib.run(prob, "ssp:1", substrate=substrate, compression="topk:0.1", **opts, **QUIET[substrate])
+    # pipes' send spans hold the pulls' keys too (4 bytes a key against a full push's 12)
+    assert pushed(top) < (0.5 if substrate == "pipes" else 0.25) * pushed(full)
+    assert top.trace.quality[-1].value < top.trace.quality[0].value
