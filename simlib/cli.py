@@ -396,7 +396,6 @@ def validate_run(args: argparse.Namespace) -> tuple[ProblemSize, dict[str, Any]]
 
     try:
         SimConfig(protocol=args.protocol, **training)  # the training fields' ranges, from their metadata
-        substrates.check_protocol(args.protocol, args.substrate)
     except ValueError as exc:
         raise CliError(_refusal(exc, "--protocol")) from None
     processes = 0 if args.substrate == "sim" else training["n_workers"] + 1

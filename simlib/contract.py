@@ -258,6 +258,9 @@ def new_trace(problem: Any, protocol: Protocol, training: Training, substrate: s
                   lower_is_better=getattr(problem, "lower_is_better", True))
     trace.meta.update(protocol=protocol.spec, steps=training.steps, batch_size=training.batch_size, lr=training.lr,
                       **meta)
+    if protocol.eager:  # ESSP: the server pushes every update to every worker's cache; here there is no cache
+        trace.meta["eager"] = ("every read is of the table itself, holding every update applied so far: as fresh "
+                               "as ESSP's eager pushes make a worker's cache, under SSP's read rule")
     return trace
 
 

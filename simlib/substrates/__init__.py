@@ -86,7 +86,6 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
 
     check_problem(problem)
     proto = Protocol.parse(protocol)
-    check_protocol(proto, substrate)
     runner = get(substrate)
     proto = _with_protocol_options(proto, options, runner)
     given = {k: options.pop(k) for k in list(options) if k in _RULE}
@@ -114,18 +113,6 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
     return runner(problem, proto, training, **options)
-
-
-def check_protocol(protocol: Protocol, substrate: str) -> None:
-    """ValueError naming the protocol where ``substrate`` cannot run it: ESSP runs on the simulator only, for now.
-
-    ESSP's server pushes every update into every worker's cache; only the simulator's workers keep a
-    cache (the real substrates pull each step, or share the table), so elsewhere it would run as SSP.
-    """
-    if protocol.eager and substrate != "sim":
-        raise ValueError(f"protocol {protocol.label}: eager SSP runs on the simulator only for now (substrate 'sim'), "
-                         f"not on substrate {substrate!r}, whose workers keep no cache for the server to push to; "
-                         f"use 'ssp:{protocol.staleness}' there")
 
 
 def _with_protocol_options(proto: Protocol, options: dict[str, Any], runner: Runner) -> Protocol:
