@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import simlib
+import simlib.sim
 from simlib.contract import serial_reference
 from simlib.worker import Compute, Gate, Plan, Pull, Push, Serial, drive, ps_worker, run_serial
 
@@ -109,3 +110,19 @@ def test_compression_is_encoded_by_the_worker_on_every_substrate(small_problem, 
     # pipes' send spans hold the pulls' keys too (4 bytes a key against a full push's 12)
     assert pushed(top) < (0.5 if substrate == "pipes" else 0.25) * pushed(full)
     assert top.trace.quality[-1].value < top.trace.quality[0].value
+
+
+@pytest.mark.parametrize("substrate", ["sim", "pipes", "shm"])
+def test_backup_workers_complete_each_step_with_the_first_n_minus_b_pushes(small_problem, substrate):
+    """As in the simulator: of n pushes per step n - b count and the rest are dropped; the bound holds, and a
+    straggler that never finishes first has pushes dropped (real substrates: worker 2 sleeps after each step)."""
+    slow = {} if substrate == "sim" else {"straggler": (2, 0.02)}
+    cluster = {"stragglers": simlib.sim.Stragglers(slow_workers=1, slow_factor=20.0)} if substrate == "sim" else {}
+    res = simlib.run(_Messages(small_problem), "bsp", substrate=substrate, n_workers=3, steps=12, batch_size=16,
+                     lr=0.5, backup_workers=1, **slow, **cluster, **QUIET[substrate])
+    ups = res.trace.updates
+    applied = [u for u in ups if u.applied]
+    by_step = {c: sum(1 for u in applied if u.step == c) for c in range(12)}
+    assert all(count <= 2 for count in by_step.values())  # never more than the quorum n - b
+    assert sum(1 for u in ups if not u.applied) > 0  # the straggler's late pushes were dropped
+    assert res.trace.quality[-1].value < res.trace.quality[0].value

@@ -10,7 +10,12 @@ table's version (updates applied). One step of worker i at clock c:
     clock  publish finished clock c + 1
 
 The get and the add each hold one short lock, so tau is exact and no read sees half an add; the
-step, where the time goes, runs unlocked.
+step, where the time goes, runs unlocked. Each worker is the one worker program
+(:func:`simlib.worker.ps_worker`) on this transport, so its features hold here too: ``compression``
+(each push encoded by its worker), ``clock_batches`` and ``managed_bandwidth`` (Bosen's clocks, early
+writes within a budget), ESSP (every read is of the table itself), and backup workers: under the
+lock the table counts each open step's pushes, a step completes with its n - b-th push, later pushes
+for it are dropped and their worker rejoins at the first step not complete.
 
 A problem with the local-step hook (``problem.local_steps(table, shard, first, count, batch_size,
 lr)``, which applies a chunk of steps to the table in place, compiled) runs on the fast path
@@ -116,16 +121,19 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     (:func:`simlib.contract.local_result`).
     """
     opts = check.options(ShmOptions, options, "substrate 'shm'")
-    if protocol.backup_workers or protocol.timeout is not None:
-        raise ValueError("backup_workers and timeout run on substrates 'sim' and 'pipes' (a server counts pushes); "
-                         "the shared-memory table has no server")
+    if protocol.timeout is not None:
+        raise ValueError("timeout: per-step deadlines run in the simulator only (substrate='sim'); "
+                         "use backup_workers on real substrates")
+    if protocol.backup_workers and training.read_rule is not None:
+        raise ValueError("read_rule: with backup_workers the shared table counts pushes only for the steps SSP's own "
+                         "rule lets open (a ring of bound + 2); use the built-in read rule")
     if training.rule.group_size(training.n_workers) != 1:
         raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
     check_straggler(opts.straggler, training.n_workers)
     check_managed(opts.clock_batches, opts.managed_bandwidth, protocol.bound, training.rule.plain,
                   protocol.backup_workers)
     # compression and clocks of several mini-batches change what a push is: the get / step / add path
-    plain_push = opts.compression in (None, "none") and opts.clock_batches == 1
+    plain_push = opts.compression in (None, "none") and opts.clock_batches == 1 and not protocol.backup_workers
     if not plain_push and getattr(problem, "in_place_only", False):
         raise ValueError(f"compression, clock_batches: {type(problem).__name__}'s steps exist only in place, where "
                          "there is no push to compress or to sum over a clock")
@@ -155,8 +163,10 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         # the in-place steps' own shared words (LDA's block locks), where the problem names how many it needs
         n_locks = offered(problem, "in_place_locks", n, default=0) if fast and n > 1 else 0
         step_locks = group.zeros(n_locks, np.int32) if n_locks else None
+        # backup workers: [steps complete, then the pushes counted for each open step, a ring of bound + 2]
+        done = group.zeros(int(protocol.bound) + 3, np.int64) if protocol.backup_workers else None
         setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, opts, chunk, replica, step_locks,
-                       fast)
+                       fast, n - protocol.backup_workers, done)
 
         def monitor(elapsed: float) -> None:
             """The metric now; Diverged (which stops the workers) if it is not finite."""
@@ -197,6 +207,8 @@ class _Setup:
     replica: Any  # fast path: the problem's replica of its hot keys, or None
     step_locks: Any  # fast path: SharedArray of the lock words the problem's in-place steps take, or None
     fast: bool  # the in-place path (local_steps), else get / step / add
+    quorum: int  # pushes that complete a step: n - backup workers
+    done: Any  # with backup workers, SharedArray [steps complete, pushes counted per open step (a ring)]; else None
 
 
 def _member(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[float, Any]:
@@ -281,12 +293,14 @@ class _ShmWorker:
             self.shared["locks"] = setup.step_locks.array
         self.completed = self.others = 0
         self.marks: list[float] = []
+        # the steps complete: every worker's finished clock, or with backup workers the count of the quorums reached
+        self.steps_done = self.fin if setup.done is None else setup.done.array[:1]
         self.budget, self.next_send = setup.opts.managed_bandwidth, 0.0  # managed: early writes' budget, its clock
 
     def gate(self, effect: Gate) -> int:
         c, setup = effect.step, self.setup
         t0 = time.perf_counter()
-        self.completed, waited = _wait_to_read(self.read_rule or may_read, c, self.fin, self.bound)
+        self.completed, waited = _wait_to_read(self.read_rule or may_read, c, self.steps_done, self.bound)
         t1 = time.perf_counter()
         if waited or not setup.fast:
             self.ctx.span("wait", t0, t1, step=c)
@@ -352,10 +366,29 @@ class _ShmWorker:
         else:
             with self.inner:
                 tau = staleness(self.bound, int(self.ver[0]), effect.version)
-                self.training.rule.land(self.w, effect.keys, effect.deltas, tau)
-                self.ver[0] += 1
+                applied = self.setup.done is None or self._count(c)
+                if applied:
+                    self.training.rule.land(self.w, effect.keys, effect.deltas, tau)
+                    self.ver[0] += 1
+                complete = int(min(self.steps_done.tolist()))
             self.outer.__exit__(None, None, None)
-            self.fin[self.i] = c + 1
+            # a dropped push (backup workers) rejoins at the first step not complete, as the worker program does
+            self.fin[self.i] = c + 1 if applied else max(c + 1, complete)
             self.ctx.span("send", self.marks[0], time.perf_counter(), nbytes=effect.nbytes, step=c)
+            self.ctx.update(c, staleness=tau, applied=applied, clock_lag=c - self.completed)
+            return applied, complete
         self.ctx.update(c, staleness=tau, clock_lag=c - self.completed)
         return True, c + 1
+
+    def _count(self, c: int) -> bool:
+        """Under the lock: count a push for step c (False: the step is complete, the push is dropped); step c
+        completes with its quorum's push, and the complete steps advance over every step that has its quorum."""
+        done = self.setup.done.array
+        ring = done[1:]
+        if c < done[0]:
+            return False
+        ring[c % len(ring)] += 1
+        while ring[done[0] % len(ring)] >= self.setup.quorum:
+            ring[done[0] % len(ring)] = 0
+            done[0] += 1
+        return True
