@@ -32,7 +32,10 @@ from typing import Any, Callable, Generator, NamedTuple
 
 import numpy as np
 
+from simlib import _validate as check
+from simlib.compress import parse_spec
 from simlib.managed import Pending
+from simlib.protocol import MAX_STEPS
 
 
 class Gate(NamedTuple):
@@ -95,6 +98,22 @@ class Plan:
 
 
 Program = Generator[Any, Any, None]
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """The worker program's own options, which every substrate whose workers send pushes takes."""
+
+    clock_batches: int = 1  # mini-batches per clock: one pull, their updates summed, one push
+    managed_bandwidth: float | None = None  # bytes/s per worker: Bosen's managed communication (simlib.managed)
+    compression: Any = None  # a simlib.compress spec ('topk:0.1', 'onebit', ...): each push encoded by its worker
+
+    def __post_init__(self) -> None:
+        check.positive_int("clock_batches", self.clock_batches, most=MAX_STEPS)
+        if self.managed_bandwidth is not None:
+            check.positive("managed_bandwidth", self.managed_bandwidth)
+        if self.compression is not None:
+            parse_spec(self.compression)  # a ValueError naming 'compression' before anything starts
 
 
 def ps_worker(problem: Any, shard: Any, plan: Plan, compressor: Any = None,

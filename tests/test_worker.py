@@ -8,7 +8,7 @@ from simlib.contract import serial_reference
 from simlib.worker import Compute, Gate, Plan, Pull, Push, Serial, drive, ps_worker, run_serial
 
 # What each substrate takes for a quick run without its metric every step.
-QUIET = {"sim": {}, "pipes": {"evaluate": False}, "shm": {"monitor_every": 10.0}}
+QUIET = {"sim": {}, "pipes": {"evaluate": False}, "shm": {"monitor_every": 10.0}, "gpu": {"xp": "numpy"}}
 
 
 class _Messages:
@@ -97,7 +97,7 @@ def test_clocks_of_several_batches_and_managed_communication_lose_no_update(smal
     assert len(res.trace.updates) == n * steps and max(u.clock_lag for u in res.trace.updates) <= 2
 
 
-@pytest.mark.parametrize("substrate", ["sim", "pipes", "shm"])
+@pytest.mark.parametrize("substrate", ["sim", "pipes", "shm", "gpu"])
 def test_compression_is_encoded_by_the_worker_on_every_substrate(small_problem, substrate):
     """Top 10% of each push: the pushes carry about a tenth of the entries, and the run still trains."""
     def pushed(res):

@@ -51,24 +51,30 @@ import numpy as np
 from simlib.backend import InFlight, get_xp, synchronize, to_numpy
 from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric, record_start
 from simlib.protocol import Protocol, may_read, read_allowed, staleness
-from simlib.worker import Compute, Gate, InPlace, Plan, Pull, Push, drive_rounds, ps_worker
+from simlib.compress import worker_compressor
+from simlib.worker import Compute, Gate, InPlace, Plan, Pull, Push, WorkerOptions, drive_rounds, ps_worker
 
 
-def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto") -> Result:
-    """The substrate entry point (``simlib.run(..., substrate="gpu", xp="numpy"|"cupy"|"auto")``)."""
+def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto", compression: Any = None) -> Result:
+    """The substrate entry point (``simlib.run(..., substrate="gpu", xp="numpy"|"cupy"|"auto")``); ``compression``
+    encodes each worker's push (the get / step / add path, on the NumPy twin: the compressors are NumPy code)."""
     if protocol.backup_workers or protocol.timeout is not None:
         raise ValueError("backup_workers and timeout need stragglers; lock-step GPU batches have none "
                          "(use substrate 'sim' or 'pipes')")
     mod = get_xp(xp)
+    WorkerOptions(compression=compression)  # a bad spec named before anything runs
+    if compression not in (None, "none") and mod is not np:
+        raise ValueError("compression: the compressors are NumPy code; use xp='numpy' with compression")
     n = training.n_workers
     shards = problem.shards(n)
     # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's), else local_steps
     hook = getattr(problem, "device_steps", None) or getattr(problem, "local_steps", None)
-    path = "in place" if callable(hook) and training.rule.plain and (
+    path = "in place" if callable(hook) and training.rule.plain and compression in (None, "none") and (
         mod is np or getattr(problem, "device_kernel", None) is not None) else "get / step / add"
     transport = (_InPlace if path == "in place" else _Rounds)(problem, protocol, training, mod, shards, hook)
     plan = Plan(training.steps, training.batch_size, training.lr, in_place=path == "in place")
-    drive_rounds([ps_worker(problem, shard, plan) for shard in shards], transport)
+    drive_rounds([ps_worker(problem, shard, plan, worker_compressor(compression, problem.n_params, training.seed, i))
+                  for i, shard in enumerate(shards)], transport)
     return transport.result()
 
 
@@ -106,8 +112,10 @@ class _Rounds:
         return effect.fn(*effect.args)
 
     def push(self, i: int, effect: Push) -> tuple[bool, int]:
+        start = time.perf_counter() - self.t0
         self.taus.append(self.server.push(effect.step, self.mod.asarray(effect.keys), effect.deltas,
                                           effect.version)[1])
+        self.trace.span(i, "send", start, time.perf_counter() - self.t0, nbytes=effect.nbytes, step=effect.step)
         return True, effect.step + 1
 
     def round_end(self, last: int) -> None:

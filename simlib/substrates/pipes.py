@@ -46,9 +46,9 @@ from simlib.managed import check as check_managed
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import check_straggler, current, record_span, straggle
-from simlib.protocol import MAX_STEPS, Protocol
-from simlib.compress import parse_spec, worker_compressor
-from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, drive, ps_worker
+from simlib.protocol import Protocol
+from simlib.compress import worker_compressor
+from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, WorkerOptions, drive, ps_worker
 from simlib.trace import Trace
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
@@ -88,7 +88,7 @@ def warm_up(problem: Any) -> None:
 
 
 @dataclass(frozen=True)
-class PipesOptions:
+class PipesOptions(WorkerOptions):
     """The substrate's own options, ``simlib.run(..., substrate="pipes", **options)``.
 
     Deadlines (``Protocol.timeout``) are simulated only: a real server would need timers, so they are
@@ -99,16 +99,6 @@ class PipesOptions:
     timeout: float | None = 120.0  # seconds for the whole run
     evaluate: bool = True  # False: the metric at the start and the end only (for timing runs)
     straggler: tuple[int, float] | None = None  # (i, s): worker i sleeps s seconds after each step, a slow machine
-    clock_batches: int = 1  # mini-batches per clock (one pull, one push)
-    managed_bandwidth: float | None = None  # bytes/s per worker: Bosen's managed communication (module docs)
-    compression: Any = None  # a simlib.compress spec ('topk:0.1', '1bit', ...): each push encoded by its worker
-
-    def __post_init__(self) -> None:
-        check.positive_int("clock_batches", self.clock_batches, most=MAX_STEPS)
-        if self.managed_bandwidth is not None:
-            check.positive("managed_bandwidth", self.managed_bandwidth)
-        if self.compression is not None:
-            parse_spec(self.compression)  # a ValueError naming 'compression' before anything starts
 
 
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:

@@ -59,9 +59,9 @@ from simlib import _validate as check
 from simlib.contract import Result, Training, local_result, new_trace, offered, real_result, record_metric, warm_up
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
-from simlib.protocol import MAX_STEPS, Protocol, may_read, read_allowed, staleness
-from simlib.worker import Compute, Early, Gate, InPlace, Plan, Pull, Push, drive, ps_worker
-from simlib.compress import parse_spec, worker_compressor
+from simlib.protocol import Protocol, may_read, read_allowed, staleness
+from simlib.worker import Compute, Early, Gate, InPlace, Plan, Pull, Push, WorkerOptions, drive, ps_worker
+from simlib.compress import worker_compressor
 from simlib.managed import MESSAGE_ENTRIES, check as check_managed
 
 _POLL = 5e-5  # seconds between looks at the clocks while the protocol holds a read back
@@ -72,7 +72,7 @@ CHUNK_WORK = 10_000  # rows (batch_size x steps) a fast-path worker applies betw
 
 
 @dataclass(frozen=True)
-class ShmOptions:
+class ShmOptions(WorkerOptions):
     """The substrate's own options, ``simlib.run(..., substrate="shm", **options)``.
 
     ``chunk``: the most steps a worker applies between two looks at the clocks on the fast path
@@ -93,16 +93,9 @@ class ShmOptions:
     locked: bool = False
     straggler: tuple[int, float] | None = None
     hot_keys: int = 0
-    compression: Any = None  # a simlib.compress spec: each push encoded by its worker (get / step / add path)
-    clock_batches: int = 1  # mini-batches per clock: one read, their updates summed, one push
-    managed_bandwidth: float | None = None  # bytes/s per worker of early writes between a clock's mini-batches
 
     def __post_init__(self) -> None:
-        check.positive_int("clock_batches", self.clock_batches, most=MAX_STEPS)
-        if self.managed_bandwidth is not None:
-            check.positive("managed_bandwidth", self.managed_bandwidth)
-        if self.compression is not None:
-            parse_spec(self.compression)  # a ValueError naming 'compression' before anything starts
+        super().__post_init__()
         if self.chunk is not None:
             check.positive_int("chunk", self.chunk)
         check.boolean("locked", self.locked)
