@@ -126,3 +126,42 @@ def test_backup_workers_complete_each_step_with_the_first_n_minus_b_pushes(small
     assert all(count <= 2 for count in by_step.values())  # never more than the quorum n - b
     assert sum(1 for u in ups if not u.applied) > 0  # the straggler's late pushes were dropped
     assert res.trace.quality[-1].value < res.trace.quality[0].value
+
+
+# One quick run of each feature; the table in simlib.substrates says where each is refused and why.
+FEATURE_RUNS = {
+    "backup_workers": ("bsp", {"backup_workers": 1}),
+    "timeout": (simlib.Protocol("bsp", timeout=0.05), {}),  # the per-step deadline (a real run's timeout= is its guard)
+    "compression": ("ssp:1", {"compression": "topk:0.5"}),
+    "clock_batches": ("ssp:1", {"clock_batches": 2, "managed_bandwidth": 1e6}),
+    "essp": ("essp:1", {}),
+    "accumulation": ("async", {"accumulation": 6}),  # 2 pushes of 3 workers averaged into one update
+    "staleness_aware": ("async", {"staleness_aware": True}),
+    "read_rule": ("ssp:1", {"read_rule": lambda clock, completed, bound: clock - bound <= completed}),
+}
+
+
+@pytest.mark.parametrize("substrate", ["sim", "pipes", "shm", "gpu"])
+@pytest.mark.parametrize("feature", list(FEATURE_RUNS))
+def test_every_feature_runs_on_every_substrate_or_is_refused_by_name_as_the_table_says(small_problem, feature,
+                                                                                       substrate):
+    from simlib.substrates import REFUSED
+
+    protocol, kwargs = FEATURE_RUNS[feature]
+    run = lambda: simlib.run(_Messages(small_problem), protocol, substrate=substrate, n_workers=3, steps=4,
+                             batch_size=16, lr=0.5, **kwargs, **QUIET[substrate])
+    if (feature, substrate) in REFUSED:
+        with pytest.raises(ValueError, match=feature):
+            run()
+    else:
+        res = run()
+        assert len(res.trace.updates) > 0 and res.trace.quality[-1].value < res.trace.quality[0].value
+
+
+def test_the_feature_table_names_every_feature_and_substrate(capsys):
+    from simlib.substrates import FEATURES, feature_table, names
+
+    rows = feature_table()
+    print("\n".join(" | ".join(row) for row in rows))
+    assert rows[0][1:] == sorted(names()) and [r[0] for r in rows[1:]] == list(FEATURES) == list(FEATURE_RUNS)
+    assert "feature | gpu | pipes | ray | shm | sim" in capsys.readouterr().out

@@ -44,6 +44,19 @@ BUILTIN = {
     "ray": "simlib.substrates.ray",
 }
 _registered: dict[str, Runner] = {}
+# The features of the worker program and the server, and where they cannot mean anything: every other
+# (feature, substrate) pair runs. tests/test_worker.py checks every cell of sim, pipes, shm and gpu.
+FEATURES = ("backup_workers", "timeout", "compression", "clock_batches", "essp", "accumulation", "staleness_aware",
+            "read_rule")
+REFUSED = {
+    ("backup_workers", "gpu"): "lock-step device rounds leave no straggler behind",
+    ("timeout", "pipes"): "per-step deadlines need the server's timers: simulated only",
+    ("timeout", "shm"): "per-step deadlines need the server's timers: simulated only",
+    ("timeout", "gpu"): "lock-step device rounds leave no straggler behind",
+    ("clock_batches", "gpu"): "a round is one mini-batch of every worker",
+    ("clock_batches", "ray"): "not yet: the actors' early adds are not written",
+    ("accumulation", "shm"): "averaging pushes needs a server; the shared table adds each push as it lands",
+}
 _RULE = {f.name for f in fields(StepRule)}
 
 
@@ -57,6 +70,12 @@ def register(name: str, runner: Runner) -> None:
 def unregister(name: str) -> None:
     """Forget a substrate added with :func:`register`."""
     _registered.pop(name, None)
+
+
+def feature_table() -> list[list[str]]:
+    """Rows of feature x substrate: 'runs', or the reason it is refused there."""
+    subs = sorted(BUILTIN)
+    return [["feature", *subs]] + [[f, *(REFUSED.get((f, s), "runs") for s in subs)] for f in FEATURES]
 
 
 def names() -> list[str]:
