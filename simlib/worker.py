@@ -9,6 +9,7 @@ process with an event's value. Step c of worker i:
     Compute(c, batch, fn, args)  -> fn(*args)  the problem's math (the simulator charges the batch's work)
     Early(c, pending)            -> None       between a clock's mini-batches: a chance to send part of its push
     Push(c, keys, deltas, version, nbytes) -> (applied, completed)   the server applies it through the step rule
+    AllReduce(c, keys, deltas)   -> None       every worker's update summed into every replica (no server)
     InPlace(c, k)                -> None       steps c .. c+k-1 applied to a shared table in place (a compiled chunk)
 
 A dropped push (backup workers, deadlines) makes the worker rejoin at the first step not yet
@@ -75,6 +76,14 @@ class Push(NamedTuple):
     deltas: Any
     version: Any
     nbytes: int
+
+
+class AllReduce(NamedTuple):
+    """Sum step ``step``'s (keys, deltas) over every worker and add the sum to every worker's replica."""
+
+    step: int
+    keys: Any
+    deltas: Any
 
 
 class InPlace(NamedTuple):
@@ -150,6 +159,21 @@ def ps_worker(problem: Any, shard: Any, plan: Plan, compressor: Any = None,
             keys, deltas, nbytes = encode(compressor, keys, deltas)
         applied, completed = yield new(Push, (c, keys, deltas, version, nbytes))
         c = c + 1 if applied else max(c + 1, completed)
+
+
+def allreduce_worker(problem: Any, shard: Any, plan: Plan,
+                     source: Callable[[int], tuple[Any, np.ndarray]] | None = None) -> Program:
+    """Synchronous data parallelism by all-reduce: each step reads the worker's replica, computes the gradient and
+    all-reduces it, so every replica takes the sum of every worker's update (no server, no staleness)."""
+    if source is None:
+        def source(j: int) -> tuple[Any, np.ndarray]:
+            batch = problem.batch(shard, j, plan.batch_size)
+            return batch, problem.keys(batch)
+    for c in range(plan.first, plan.steps):
+        batch, keys = source(c)
+        values, _ = yield Pull(c, keys)
+        keys, deltas = yield Compute(c, batch, problem.step, (values, batch, keys, plan.lr))
+        yield AllReduce(c, keys, deltas)
 
 
 def _clock(problem: Any, plan: Plan, c: int, source: Callable[[int], tuple[Any, np.ndarray]]) -> Program:

@@ -38,7 +38,7 @@ from simlib.sim.sites import Outbox, site_of
 from simlib.sim.stragglers import ComputeModel
 from simlib.sim.kernel import Environment
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, UpdateLog
-from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, ps_worker
+from simlib.worker import AllReduce, Compute, Early, Gate, Plan, Pull, Push, allreduce_worker, ps_worker
 
 COMPUTE, SEND, RECV, WAIT = (SPAN_KINDS.index(k) for k in ("compute", "send", "recv", "wait"))
 
@@ -113,10 +113,8 @@ class _Run:
         cfg, env = self.cfg, self.env
         if not cfg.cost_only:
             record_start(self.trace, self.problem, self.w)
-        body = self._ps_worker
-        if cfg.topology == "allreduce":
-            self.rings: dict[int, tuple[simpy.Event, list]] = {}  # per step: its all-reduce's end, the gradients
-            body = functools.partial(self._steps, step=self._allreduce_step)
+        body = self._worker
+        self.rings: dict[int, tuple[simpy.Event, list]] = {}  # all-reduce: per step, its end and the gradients
         # NOTE: the run allocates hundreds of thousands of small records; Python's cyclic GC would
         # rescan them all repeatedly (measured: 1.7x slower at 1,000 workers; starting 100,000 worker
         # processes with it on took 16 % of a cost-only run). Nothing here needs cycle collection
@@ -170,20 +168,23 @@ class _Run:
             )
         return self.trace
 
-    # -- parameter-server worker ---------------------------------------------------------------
-    def _ps_worker(self, i: int):
-        """Worker i: the one worker program (:func:`simlib.worker.ps_worker`) on this cluster's transport; a failure
-        retries the step it cut short once the worker is back, or ends the worker for good."""
+    # -- the worker ---------------------------------------------------------------------------
+    def _worker(self, i: int):
+        """Worker i: the worker program (:func:`simlib.worker.ps_worker`, or :func:`~simlib.worker.allreduce_worker`
+        on a ring) on this cluster's transport; a failure retries the step it cut short once the worker is back, or
+        ends the worker for good."""
         cfg, p = self.cfg, self.problem
         transport = _Worker(self, i)
         shard = None if self.shards is None else self.shards[i]
         comp = None if self.compressors is None else self.compressors[i]
-        perform = {Gate: transport.gate, Pull: transport.pull, Push: transport.push, Early: transport.early}
+        ring = cfg.topology == "allreduce"
+        perform = {Gate: transport.gate, Pull: transport.replica if ring else transport.pull, Push: transport.push,
+                   Early: transport.early, AllReduce: transport.all_reduce}
         # NOTE: on the plain path (one shard at the worker's site, no cache, compression or clocks) a pull's, a
         # compute's and a push's delays are taken right here (the same delays, in the same order, as the transport's
         # methods), without a generator per effect: 10^4 workers x 100 BSP steps cost 1.4x the hand-written loop's
         # CPU seconds through the methods alone.
-        plain = transport.direct and self.compressors is None and transport.managed is None
+        plain = transport.direct and self.compressors is None and transport.managed is None and not ring
         per_site, clocks = self.per_site, self.clocks
         env, sw, sk, ss, se, sn, sc = self.env, *self.trace.spans.appenders()
         work, queued, cost_only = self.compute.time, transport.units, cfg.cost_only
@@ -193,7 +194,8 @@ class _Run:
         while c < cfg.steps:
             plan = Plan(cfg.steps, cfg.batch_size, cfg.lr, clock_batches=cfg.clock_batches, first=c,
                         entry_bytes=cfg.entry_bytes)
-            send = ps_worker(p, shard, plan, comp, transport.source).send
+            send = (allreduce_worker(p, shard, plan, transport.source) if ring
+                    else ps_worker(p, shard, plan, comp, transport.source)).send
             value = None
             try:
                 # NOTE: the interpreter loop inlined here, not a generic driver's yield from: one generator level
@@ -504,29 +506,6 @@ class _Run:
         return np.asarray(k2), np.asarray(g2, dtype=np.float64), int(nbytes)
 
     # -- all-reduce worker -----------------------------------------------------------------------
-    def _allreduce_step(self, i: int, c: int):
-        """Worker i's step c: its gradient, then the step's ring all-reduce; returns the next step."""
-        cfg, env, trace = self.cfg, self.env, self.trace
-        batch, keys, units = self._step_input(i, c)
-        t_comp = env.now
-        yield self.compute.time(i, units)
-        g = None
-        if not cfg.cost_only:
-            keys, g = self.problem.step(self.w[keys], batch, keys, cfg.lr)
-        trace.span(i, "compute", t_comp, env.now, step=c)
-        t_arrive = env.now
-        done, grads = self.rings.setdefault(c, (env.event(), []))
-        grads.append((keys, g))
-        if len(grads) == cfg.n_workers:  # the last gradient of the step: its ring all-reduce starts
-            env.process(self._ring(c, done, grads))
-        yield done
-        t_start, nbytes = done.value
-        trace.span(i, "wait", t_arrive, t_start, step=c)
-        trace.span(i, "send", t_start, env.now, nbytes=nbytes, step=c)
-        trace.update(env.now, i, c, 0, True)
-        self._count_step(True)
-        return c + 1
-
     def _ring(self, c: int, done: simpy.Event, grads: list[tuple[np.ndarray, np.ndarray | None]]):
         """Step c's ring all-reduce of every worker's gradient, costed by the ring formula; ``done`` fires at its end.
 
@@ -555,18 +534,6 @@ class _Run:
         done.succeed((t_start, sent))
 
     # -- failures, bookkeeping -------------------------------------------------------------------
-    def _steps(self, i: int, step: Callable[[int, int], Any]):
-        """Worker i's steps, ``step(i, c)`` each (a generator returning the next step), to the last; a failure
-        retries the step it cut short once the worker is back, or ends the worker for good."""
-        c = 0
-        while c < self.cfg.steps:
-            try:
-                c = yield from step(i, c)
-            except simpy.Interrupt:
-                if not (yield from self._down(i)):  # down for good
-                    return
-        self.finished[i] = True
-
     def _failure(self, worker: int, at: float):
         yield self.env.timeout(at)
         proc = self.procs[worker]
@@ -684,6 +651,27 @@ class _Worker:
 
     def early(self, effect: Early) -> None:
         self.managed.early(effect.step, effect.pending)
+
+    def replica(self, effect: Pull) -> tuple[Any, int]:
+        """All-reduce: the worker's replica is the table (every replica is the same at a step's start)."""
+        self.step = effect.step  # a failure retries this step
+        return self.run.w[effect.keys], 0
+
+    def all_reduce(self, effect: AllReduce):
+        """Wait for every worker's gradient of the step; the step's ring all-reduce (:meth:`_Run._ring`) starts with
+        the last one and ends with the sum in the table."""
+        env, run, i, c = self.env, self.run, self.i, effect.step
+        t_arrive = env.now
+        done, grads = run.rings.setdefault(c, (env.event(), []))
+        grads.append((effect.keys, effect.deltas))
+        if len(grads) == self.cfg.n_workers:  # the last gradient of the step: its ring all-reduce starts
+            env.process(run._ring(c, done, grads))
+        yield done
+        t_start, nbytes = done.value
+        run.trace.span(i, "wait", t_arrive, t_start, step=c)
+        run.trace.span(i, "send", t_start, env.now, nbytes=nbytes, step=c)
+        run.trace.update(env.now, i, c, 0, True)
+        run._count_step(True)
 
     def push(self, effect: Push):
         """The update travels to each shard; it is applied (through the step rule) when all of it has arrived."""
