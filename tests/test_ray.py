@@ -144,6 +144,35 @@ def test_backup_workers_compression_and_placement_in_one_run(cluster, tiny):
     assert {role[node] for _, node in res.measured["actors"]["workers"]} == {"worker"}
 
 
+@pytest.mark.parametrize("n_servers", [1, 2])
+def test_managed_communication_on_ray_loses_no_update(cluster, tiny, n_servers):
+    """The worker program's clocks and early messages on actors: every update lands once, on every shard."""
+    class Fixed:  # defined here, so that Ray's workers get it by value: its update ignores the values read
+        def __init__(self, inner):
+            self.inner = inner
+
+        def step(self, values, batch, keys, lr):
+            return keys, lr * np.sin(keys + 1.0) * len(batch) / 100
+
+        def __getattr__(self, name):
+            if name == "inner":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    fixed, k, steps = Fixed(tiny), 3, 4
+    expected = tiny.init_params().astype(np.float64)
+    for shard in tiny.shards(2):
+        for b in range(steps * k):
+            batch = tiny.batch(shard, b, 8)
+            keys, d = fixed.step(None, batch, tiny.keys(batch), 0.5)
+            np.add.at(expected, keys, d)
+    res = simlib.run(fixed, "ssp:1", substrate="ray", n_workers=2, steps=steps, batch_size=8, lr=0.5,
+                     clock_batches=k, managed_bandwidth=1e6, n_servers=n_servers, evaluate=False)
+    np.testing.assert_allclose(res.params, expected, rtol=1e-10, atol=1e-12)
+    assert max(u.clock_lag for u in res.trace.updates) <= 1
+    assert sum(1 for s in res.trace.spans if s.kind == "send") > 2 * steps  # early messages beside the clocks' pushes
+
+
 def test_lda_counts_are_conserved_on_sharded_servers(cluster):
     corpus = make_synthetic_corpus(n_docs=60, n_topics=4, n_words=50, doc_length=30, seed=0)[0]
     prob = LDAProblem(corpus, n_topics=4, alpha=0.5)

@@ -54,7 +54,6 @@ REFUSED = {
     ("timeout", "shm"): "per-step deadlines need the server's timers: simulated only",
     ("timeout", "gpu"): "lock-step device rounds leave no straggler behind",
     ("clock_batches", "gpu"): "a round is one mini-batch of every worker",
-    ("clock_batches", "ray"): "not yet: the actors' early adds are not written",
     ("accumulation", "shm"): "averaging pushes needs a server; the shared table adds each push as it lands",
 }
 _RULE = {f.name for f in fields(StepRule)}

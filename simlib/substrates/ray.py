@@ -62,11 +62,12 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib import signals
-from simlib.compress import make_compressor, worker_compressor
+from simlib.compress import worker_compressor
 from simlib.contract import ParamServer, Result, Training, new_trace, served_trace
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
-from simlib.worker import Compute, Gate, Plan, Pull, Push, drive, ps_worker
+from simlib.managed import MESSAGE_ENTRIES, check as check_managed
+from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, WorkerOptions, drive, ps_worker
 
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
 ACTOR_SHARE = 0.001  # of a node's 'server' / 'worker' resource per actor: a label, not a quota
@@ -155,6 +156,10 @@ class RayPSCoordinator:
         self.lag[worker] = self.server.clocks.clock_lag(c)
         return values, (version, self.lag[worker], len(self.served.updates), held)
 
+    def add_early(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        """Part of a clock's push sent before its end (managed communication): into the table as it is."""
+        self.server.add_early(keys, deltas)
+
     def _expire(self, c: int) -> None:
         if self.server.clocks.expire(c):
             self._changed.notify()
@@ -208,6 +213,10 @@ class RayPSShard:
         await self._changed.until(lambda: self.upto >= meta[2])
         return self.w[keys - self.lo]
 
+    def add_early(self, keys: np.ndarray, deltas: np.ndarray) -> None:
+        """Part of a clock's push sent before its end: into this shard's range as it is."""
+        self.w[keys - self.lo] += deltas
+
     async def add(self, decision: tuple, keys: np.ndarray, deltas: np.ndarray) -> None:
         """table[keys] += rule.scaled(deltas, tau) if the coordinator applied the push (decision)."""
         applied, tau, seq, _ = decision
@@ -224,12 +233,15 @@ class RayPSWorker:
     """Worker i: pull, compute the problem's step on the values read, push; records its spans."""
 
     def __init__(self, index: int, problem: Any, shard: Any, coordinator: Any, shards: list, bounds: np.ndarray,
-                 training: Training, compression: str | None):
+                 training: Training, opts: WorkerOptions):
         # The shard arrives as read-only views of the object store; worker-local state must be writable.
         self.i, self.problem, self.shard = index, problem, copy.deepcopy(shard)
         self.coordinator, self.shards, self.bounds = coordinator, shards, bounds
         self.training = training
-        self.compressor = worker_compressor(compression, problem.n_params, training.seed, index, KEY_BYTES, VALUE_BYTES)
+        self.compressor = worker_compressor(opts.compression, problem.n_params, training.seed, index, KEY_BYTES,
+                                            VALUE_BYTES)
+        self.clock_batches, self.budget, self.next_send = opts.clock_batches, opts.managed_bandwidth, 0.0
+        self.early_refs: list = []  # managed communication: early adds the clock's push waits for
 
     def ready(self) -> tuple[int, str]:
         """One step on the initial table, off the clock (compiled kernels load here); (pid, node id)."""
@@ -248,7 +260,7 @@ class RayPSWorker:
 
         self.ray, self.t0, self.spans, self.mark = ray, t0, [], 0.0
         tr = self.training
-        plan = Plan(tr.steps, tr.batch_size, tr.lr, entry_bytes=KEY_BYTES + VALUE_BYTES)
+        plan = Plan(tr.steps, tr.batch_size, tr.lr, clock_batches=self.clock_batches, entry_bytes=KEY_BYTES + VALUE_BYTES)
         drive(ps_worker(self.problem, self.shard, plan, self.compressor), self)
         return self.spans
 
@@ -270,7 +282,28 @@ class RayPSWorker:
         self.mark = now
         return out
 
+    def early(self, effect: Early) -> None:
+        """Managed communication: between a clock's mini-batches, the largest pending changes go to their servers,
+        added there as they are (the clock's push completes the clock), at most ``budget`` bytes/s on average."""
+        now = time.perf_counter()
+        if self.budget is None or now < self.next_send:
+            return
+        keys, deltas = effect.pending.take(MESSAGE_ENTRIES)
+        if len(keys):
+            # not waited for here (they overlap the next mini-batch); the clock's push waits for them first, so they
+            # land before it, as on a FIFO link (an async actor may run one caller's calls out of order)
+            parts = owners(keys, self.bounds) if self.shards else [np.arange(len(keys))]
+            self.early_refs += [server.add_early.remote(keys[part], deltas[part])
+                                for server, part in zip([self.coordinator, *self.shards], parts) if len(part)]
+            nbytes = len(keys) * (KEY_BYTES + VALUE_BYTES)
+            self.next_send = now + nbytes / self.budget
+            start = time.time() - self.t0
+            self.spans.append(("send", start, start + 1e-6, nbytes, effect.step))
+
     def push(self, effect: Push) -> tuple[bool, int]:
+        if self.early_refs:
+            self.ray.get(self.early_refs)
+            self.early_refs = []
         keys, deltas = np.asarray(effect.keys), np.asarray(effect.deltas, dtype=np.float64)
         applied, _, _, completed = self._push(self.ray, effect.step, keys, deltas, effect.version)
         self.spans.append(("send", self.mark, time.time() - self.t0, effect.nbytes, effect.step))
@@ -472,18 +505,18 @@ def _resources(placement: str) -> tuple[dict, dict]:
 
 
 @dataclass(frozen=True)
-class RayOptions:
-    """The substrate's own options, ``simlib.run(..., substrate="ray", **options)``."""
+class RayOptions(WorkerOptions):
+    """The substrate's own options, ``simlib.run(..., substrate="ray", **options)``, beside the worker program's."""
 
     address: str | None = None  # a Ray cluster to join (None: a local Ray for this run)
     n_servers: int = 1  # server shards (key ranges)
     placement: str = "auto"  # 'auto' | 'resources' | 'any' (module docstring)
     timeout: float | None = 120.0  # seconds for the whole run (TimeoutError)
     evaluate: bool = True  # False: the metric at the start and the end only
-    compression: str | None = None  # a simlib.compress.make_compressor spec for pushes
     num_cpus: int | None = None  # the local Ray's CPUs (default: the machine's)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check.positive_int("n_servers", self.n_servers)
         check.one_of("placement", self.placement, PLACEMENTS)
         if self.timeout is not None:
@@ -496,8 +529,8 @@ class RayOptions:
         if self.n_servers > 1 and training.rule.group_size(training.n_workers) != 1:
             raise ValueError("accumulation: averaging pushes over several server shards is not supported; "
                              "use n_servers=1")
-        if self.compression is not None:
-            make_compressor(self.compression, problem.n_params, np.random.default_rng(0))  # names a bad spec
+        check_managed(self.clock_batches, self.managed_bandwidth, protocol.bound, training.rule.plain,
+                      protocol.backup_workers)
         protocol.check_workers(training.n_workers)
 
 
@@ -529,7 +562,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
             table[:bounds[1]], prob_ref, protocol, training, shards, opts.evaluate)
         actors.append(coord)
         worker_cls = ray.remote(RayPSWorker).options(num_cpus=0, resources=worker_res, max_restarts=0)
-        workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, opts.compression)
+        workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, opts)
                    for i in range(n)]
         actors += workers
         placing = time.perf_counter()
