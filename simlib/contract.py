@@ -64,16 +64,117 @@ class Problem(TypingProtocol):
     def work(self, batch: Any) -> float:
         """What the simulator's compute model charges for the batch (e.g. nonzeros)."""
 
-    # Optional: ``validate()`` checks again the data the problem's kernels index (ValueError naming the
-    # field); :func:`check_problem` calls it, so every run starts from data that is still valid.
-    # ``check_training(training)`` refuses run settings the math cannot take (simlib.run calls it).
-    # ``local_steps(table, shard, first, count, batch_size, lr)`` applies steps first .. first+count-1 to
-    # the table in place, each as get / step / add would: substrates sharing memory with the table call it.
-    # ``check_run(protocol, substrate)`` refuses protocols and substrates that cannot run the problem (simlib.run
-    # calls it before any process starts). ``in_place_locks(n_workers)``: how many int32 words the in-place steps
-    # of several workers share as locks (shm makes them and passes ``locks=``; LDA's blocks of rows).
-    # ``in_place_only = True``: the steps exist only as ``local_steps`` (keys and step refuse: model-parallel
-    # GloVe's two phases), so :func:`warm_up` leaves get / step / add alone.
+
+class InPlaceSteps(TypingProtocol):
+    """A problem whose steps also run straight on a shared table (shm, the gpu substrate's NumPy twin, the serial
+    reference): a compiled chunk of steps is one Compute of the worker program."""
+
+    def local_steps(self, table: Any, shard: Any, first: int, count: int, batch_size: int, lr: float,
+                    **shared: Any) -> Any:
+        """Apply steps first .. first+count-1 of ``shard`` to ``table`` in place, each as get / step / add would."""
+
+
+class DeviceSteps(TypingProtocol):
+    """A problem whose device steps differ from its CPU ones (the gpu substrate prefers ``device_steps``); with
+    ``device_kernel`` set, its hook takes CuPy arrays."""
+
+    device_kernel: str
+
+    def device_steps(self, table: Any, shard: Any, first: int, count: int, batch_size: int, lr: float) -> Any:
+        """As :meth:`InPlaceSteps.local_steps`, on the device."""
+
+
+class Guards(TypingProtocol):
+    """Refusals a problem makes before anything starts (:func:`simlib.run` calls them)."""
+
+    def validate(self) -> None:
+        """Check again the data the compiled kernels index (ValueError naming the field)."""
+
+    def check_run(self, protocol: Any, substrate: str) -> None:
+        """Refuse protocols and substrates that cannot run the problem."""
+
+    def check_training(self, training: Any) -> None:
+        """Refuse run settings the math cannot take."""
+
+
+# Every optional hook: (what it must be, its default). The hook table of the docs; capabilities() reads it.
+HOOKS: dict[str, tuple[str, Any]] = {
+    "local_steps": ("method", None),  # InPlaceSteps: shm's fast path, gpu on NumPy
+    "device_steps": ("method", None),  # DeviceSteps: the gpu substrate, preferred to local_steps
+    "device_kernel": ("str", None),  # DeviceSteps: which device kernel ('auto', 'fused', 'hogwild', ...)
+    "device_reads_apart": ("flag", False),  # the device hook takes read=: a step reads one table, adds to another
+    "validate": ("method", None),  # Guards
+    "check_run": ("method", None),  # Guards: (protocol, substrate)
+    "check_training": ("method", None),  # Guards: (training)
+    "exact_deltas": ("flag", False),  # every push applied whole (counts): no backup workers, deadlines, compression
+    "linear_step": ("flag", True),  # deltas scale with lr (gradients do; count moves and AdaGrad do not)
+    "table_dtype": ("dtype", np.float64),  # the table's type where a substrate keeps it in place (shm, gpu)
+    "init_table": ("method", None),  # the initial table in a given dtype, without a float64 copy
+    "in_place_chunk": ("count", None),  # shm: the most steps between two looks at the clocks (1: a step is a sweep)
+    "in_place_locks": ("method", None),  # shm: how many int32 lock words the in-place steps of n workers share
+    "in_place_only": ("flag", False),  # the steps exist only in place (keys and step refuse)
+    "replica": ("method", None),  # shm's hot_keys: a private replica of the hot keys
+    "miniature": ("method", None),  # the same problem on a few documents, to warm the kernels up cheaply
+    "local_result": ("method", None),  # what a worker sends back of its local state (LDA's assignments)
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The optional hooks a problem offers (:data:`HOOKS`), read and checked once by :func:`capabilities`."""
+
+    local_steps: Callable | None
+    device_steps: Callable | None
+    device_kernel: str | None
+    device_reads_apart: bool
+    validate: Callable | None
+    check_run: Callable | None
+    check_training: Callable | None
+    exact_deltas: bool
+    linear_step: bool
+    table_dtype: Any
+    init_table: Callable | None
+    in_place_chunk: int | None
+    in_place_locks: Callable | None
+    in_place_only: bool
+    replica: Callable | None
+    miniature: Callable | None
+    local_result: Callable | None
+
+    @property
+    def in_place(self) -> Callable | None:
+        """The device hook where there is one, else the in-place steps (the gpu substrate's choice)."""
+        return self.device_steps or self.local_steps
+
+
+def capabilities(problem: Any) -> Capabilities:
+    """The problem's optional hooks; ValueError naming a hook whose value is not what :data:`HOOKS` says it must be."""
+    found = {}
+    for name, (kind, default) in HOOKS.items():
+        value = getattr(problem, name, default)
+        ok = {"method": value is None or callable(value), "flag": isinstance(value, (bool, np.bool_)),
+              "str": value is None or isinstance(value, str),
+              "count": value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+                                         and value >= 1),
+              "dtype": _is_dtype(value)}[kind]
+        if not ok:
+            raise ValueError(f"{name}: {type(problem).__name__}.{name} must be a {_KINDS[kind]}, got {value!r} "
+                             "(see simlib.contract.HOOKS)")
+        found[name] = bool(value) if kind == "flag" else np.dtype(value) if kind == "dtype" else value
+    return Capabilities(**found)
+
+
+_KINDS = {"method": "method", "flag": "bool", "str": "string or None", "count": "positive integer or None",
+          "dtype": "NumPy dtype"}
+
+
+def _is_dtype(value: Any) -> bool:
+    """Whether NumPy reads ``value`` as a dtype."""
+    try:
+        np.dtype(value)
+    except TypeError:
+        return False
+    return True
 
 
 class Table(TypingProtocol):
@@ -95,18 +196,14 @@ def check_problem(problem: Any) -> None:
         raise ValueError(f"problem: a {type(problem).__name__} is not a Problem; it lacks "
                          f"{', '.join(missing)} (see simlib.contract.Problem)")
     # Data may have been changed since the problem checked it; compiled kernels index it unchecked.
-    offered(problem, "validate")
-
-
-def offered(problem: Any, hook: str, *args: Any, default: Any = None) -> Any:
-    """``problem.<hook>(*args)`` where the problem offers that optional hook (:class:`Problem`), else ``default``."""
-    method = getattr(problem, hook, None)
-    return method(*args) if callable(method) else default
+    validate = capabilities(problem).validate  # every optional hook checked here, once, before a run starts
+    if validate is not None:
+        validate()
 
 
 def linear_step(problem: Any) -> bool:
     """Whether the problem's deltas scale with lr (gradients do; LDA's count moves do not)."""
-    return bool(getattr(problem, "linear_step", True))
+    return capabilities(problem).linear_step
 
 
 @dataclass(frozen=True)
@@ -227,10 +324,11 @@ def warm_up(problem: Any, keys: Callable[[np.ndarray], np.ndarray] | None = None
     A problem whose one shard is costly to build or step (LDA's: a sweep of the whole corpus) offers
     ``miniature()``, the same problem on a few documents, whose kernels take the same types.
     """
-    if getattr(problem, "in_place_only", False):  # no get / step / add to compile; the substrate warms local_steps
+    caps = capabilities(problem)
+    if caps.in_place_only:  # no get / step / add to compile; the substrate warms local_steps
         problem.quality(np.asarray(problem.init_params(), dtype=np.float64))
         return
-    problem = offered(problem, "miniature", default=problem)
+    problem = problem if caps.miniature is None else caps.miniature()
     batch = problem.batch(problem.shards(1)[0], 0, 2)
     k = (problem.keys if keys is None else keys)(batch)
     w = np.asarray(problem.init_params(), dtype=np.float64)
@@ -245,7 +343,8 @@ def local_result(problem: Any, shard: Any) -> Any:
     Real substrates put the workers' answers in ``Result.measured['local']`` (LDA: each shard's topic
     assignments, so the full log p(w, z) and the documents' topics can be computed after a run).
     """
-    return offered(problem, "local_result", shard)
+    hook = capabilities(problem).local_result
+    return None if hook is None else hook(shard)
 
 
 def new_trace(problem: Any, protocol: Protocol, training: Training, substrate: str, where: str,
@@ -295,7 +394,7 @@ def served_trace(trace: Trace, spans: Iterable[tuple], served: Trace, problem: A
 
 def real_result(problem: Any, trace: Trace, params: Any, local: list, **measured: Any) -> Result:
     """A worker-process substrate's Result: ``measured``, and the workers' ``local`` where the problem keeps any."""
-    if callable(getattr(problem, "local_result", None)):
+    if capabilities(problem).local_result is not None:
         measured["local"] = local
     return Result(trace, params, measured)
 

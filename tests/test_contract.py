@@ -398,3 +398,32 @@ def test_a_simconfig_merges_the_protocols_backup_workers_with_its_own_field():
     assert SimConfig(protocol=Protocol("bsp"), timeout=0.5, n_workers=4).timeout == 0.5
     with pytest.raises(ValueError, match="backup_workers=2 contradicts the protocol's own backup_workers=1"):
         SimConfig(protocol=Protocol("bsp", backup_workers=1), backup_workers=2, n_workers=4)
+
+
+# -- the capability contract: the optional hooks, read and checked once -----------------------------
+def test_capabilities_read_each_hook_once_with_its_default(tiny):
+    from simlib.contract import HOOKS, capabilities
+    from simlib.problems.lda_table import LDAProblem
+
+    caps = capabilities(tiny)
+    assert caps.local_steps is not None and caps.linear_step and not caps.exact_deltas
+    assert caps.table_dtype == np.float64 and caps.in_place == caps.local_steps
+    lda = capabilities(LDAProblem.__new__(LDAProblem))  # class attributes and methods alone
+    assert lda.exact_deltas and not lda.linear_step and lda.table_dtype == np.int32 and lda.in_place_chunk == 1
+    assert lda.in_place is not None and lda.device_steps is not None  # the gpu substrate prefers the device hook
+    assert set(HOOKS) == set(type(caps).__dataclass_fields__)
+
+
+@pytest.mark.parametrize("hook, value, words", [
+    ("local_steps", 3, "local_steps: .* must be a method"),
+    ("exact_deltas", "yes", "exact_deltas: .* must be a bool"),
+    ("in_place_chunk", 0, "in_place_chunk: .* must be a positive integer"),
+    ("table_dtype", "not a type", "table_dtype: .* must be a NumPy dtype"),
+])
+def test_a_malformed_hook_is_refused_by_name_before_anything_runs(tiny, hook, value, words):
+    class Odd:
+        def __getattr__(self, name):
+            return value if name == hook else getattr(tiny, name)
+
+    with pytest.raises(ValueError, match=words):
+        simlib.run(Odd(), "bsp", substrate="sim", n_workers=2, steps=2)

@@ -100,9 +100,10 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     the substrate (e.g. the simulator's network, stragglers and ``compression``, the real substrates'
     ``start_method``).
     """
-    from simlib.contract import Training, check_problem, check_real_workers, linear_step, offered
+    from simlib.contract import Training, capabilities, check_problem, check_real_workers
 
-    check_problem(problem)
+    check_problem(problem)  # the optional hooks too, once (simlib.contract.capabilities)
+    caps = capabilities(problem)
     proto = Protocol.parse(protocol)
     runner = get(substrate)
     proto = _with_protocol_options(proto, options, runner)
@@ -114,9 +115,9 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         raise ValueError(f"rule must be a StepRule(...) instance (or a subclass's), got {type(rule).__name__}")
     elif given:
         raise ValueError(f"{sorted(given)[0]}: give it to the StepRule passed as rule=, not beside it")
-    if getattr(problem, "exact_deltas", False):
+    if caps.exact_deltas:
         _refuse_lossy(problem, proto, options.get("compression"))
-    if rule.staleness_aware and not linear_step(problem):
+    if rule.staleness_aware and not caps.linear_step:
         raise ValueError(f"staleness_aware: {type(problem).__name__}'s updates are not gradient steps, "
                          "so they cannot be scaled by 1/tau")
     shared = {f.name for f in fields(Training)} - {"rule"}
@@ -125,8 +126,10 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         check_real_workers(training.n_workers, substrate)
     proto.check_workers(training.n_workers)
     # check_run: protocols and substrates the problem cannot run on; check_training: settings its math cannot run
-    offered(problem, "check_run", proto, substrate)
-    offered(problem, "check_training", training)
+    if caps.check_run is not None:
+        caps.check_run(proto, substrate)
+    if caps.check_training is not None:
+        caps.check_training(training)
     if training.read_rule is not None:  # a rule that stalls the very first read is named before anything starts
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))

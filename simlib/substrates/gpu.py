@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from simlib.backend import InFlight, get_xp, synchronize, to_numpy
-from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric, record_start
+from simlib.contract import ParamServer, Result, capabilities, Training, local_result, new_trace, record_metric, record_start
 from simlib.protocol import Protocol, may_read, read_allowed, staleness
 from simlib.compress import worker_compressor
 from simlib.worker import Compute, Gate, InPlace, Plan, Pull, Push, WorkerOptions, drive_rounds, ps_worker
@@ -68,10 +68,11 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto", 
     n = training.n_workers
     shards = problem.shards(n)
     # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's), else local_steps
-    hook = getattr(problem, "device_steps", None) or getattr(problem, "local_steps", None)
+    caps = capabilities(problem)
+    hook = caps.in_place
     path = "in place" if callable(hook) and training.rule.plain and compression in (None, "none") and (
-        mod is np or getattr(problem, "device_kernel", None) is not None) else "get / step / add"
-    transport = (_InPlace if path == "in place" else _Rounds)(problem, protocol, training, mod, shards, hook)
+        mod is np or caps.device_kernel is not None) else "get / step / add"
+    transport = (_InPlace if path == "in place" else _Rounds)(problem, protocol, training, mod, shards, caps)
     plan = Plan(training.steps, training.batch_size, training.lr, in_place=path == "in place")
     drive_rounds([ps_worker(problem, shard, plan, worker_compressor(compression, problem.n_params, training.seed, i))
                   for i, shard in enumerate(shards)], transport)
@@ -83,7 +84,7 @@ class _Rounds:
     the round's end), then the pushes go through the contract's server in worker order (worker i's on top of i
     others: tau = i under async and SSP, 0 under BSP)."""
 
-    def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, hook: Any):
+    def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any):
         self.problem, self.training, self.mod, self.shards = problem, training, mod, shards
         # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
         self.server = ParamServer(mod.asarray(problem.init_params()), training.n_workers, protocol, training.rule,
@@ -144,18 +145,17 @@ class _InPlace(_Rounds):
     """The fast path: the problem's ``hook`` on the device table, on the get / step / add path's schedule (one
     worker: every step up to the next evaluation in one call)."""
 
-    def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, hook: Any):
+    def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any):
         n = training.n_workers
         self.problem, self.protocol, self.training, self.mod, self.shards, self.hook = (
-            problem, protocol, training, mod, shards, hook)
-        self.device_table = mod.asarray(np.asarray(problem.init_params()).astype(
-            getattr(problem, "table_dtype", np.float64)))
+            problem, protocol, training, mod, shards, caps.in_place)
+        self.device_table = mod.asarray(np.asarray(problem.init_params()).astype(caps.table_dtype))
         self.trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}",
                                unit="batch", xp=mod.__name__, path="in place",
                                update_unit="one step" if n > 1 else f"a chunk of up to {training.eval_every} steps")
         self.inflight = InFlight()
         # a device hook that reads one table and adds to another needs no scratch copy per worker
-        self.apart = n > 1 and mod is not np and getattr(problem, "device_reads_apart", False)
+        self.apart = n > 1 and mod is not np and caps.device_reads_apart
         self.snapshot = mod.empty_like(self.device_table) if n > 1 else None
         self.scratch = mod.empty_like(self.device_table) if n > 1 and not self.apart else None
         self.t0 = time.perf_counter()

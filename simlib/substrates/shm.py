@@ -56,7 +56,8 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import Result, Training, local_result, new_trace, offered, real_result, record_metric, warm_up
+from simlib.contract import Result, Training, capabilities, local_result, new_trace, real_result, record_metric
+from simlib.contract import warm_up
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol, may_read, read_allowed, staleness
@@ -127,23 +128,24 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
                   protocol.backup_workers)
     # compression and clocks of several mini-batches change what a push is: the get / step / add path
     plain_push = opts.compression in (None, "none") and opts.clock_batches == 1 and not protocol.backup_workers
-    if not plain_push and getattr(problem, "in_place_only", False):
+    caps = capabilities(problem)
+    if not plain_push and caps.in_place_only:
         raise ValueError(f"compression, clock_batches: {type(problem).__name__}'s steps exist only in place, where "
                          "there is no push to compress or to sum over a clock")
-    fast = callable(getattr(problem, "local_steps", None)) and training.rule.plain and plain_push
-    replica = _replica(problem, opts.hot_keys, fast, opts.locked, training)
+    fast = caps.local_steps is not None and training.rule.plain and plain_push
+    replica = _replica(problem, caps, opts.hot_keys, fast, opts.locked, training)
     # a problem whose one step is already a lot of work (LDA: a sweep) names its own chunk (1: publish every step)
-    chunk = opts.chunk or getattr(problem, "in_place_chunk", None) or max(1, CHUNK_WORK // training.batch_size)
+    chunk = opts.chunk or caps.in_place_chunk or max(1, CHUNK_WORK // training.batch_size)
     n = training.n_workers
     shards = problem.shards(n)
     # A problem may keep its table in a narrower type here (LDA's counts as int32, GloVe's floats as float32):
     # nothing crosses a wire, and the in-place kernels then move half the bytes.
-    dtype = np.dtype(getattr(problem, "table_dtype", np.float64))
+    dtype = caps.table_dtype
     # The problem's kernels compiled here, once, not by every forked worker at the same time.
     warm_up(problem, values=lambda v: v.astype(dtype))
     if fast:  # with the types the workers pass; two steps, as a problem's steps may take turns (GloveSlices' phases)
         # on the miniature where the problem has one: its shard is its whole state (LDA's topics), not to be stepped here
-        warm = offered(problem, "miniature", default=problem)
+        warm = problem if caps.miniature is None else caps.miniature()
         warm.local_steps(_initial_table(warm, dtype), shards[0] if warm is problem else warm.shards(1)[0], 0, 2, 1, 0.0,
                          **({} if replica is None else {"replica": replica}))
     started = time.perf_counter()
@@ -154,7 +156,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         lock = group.lock()
         ready = group.zeros(n, np.int64)
         # the in-place steps' own shared words (LDA's block locks), where the problem names how many it needs
-        n_locks = offered(problem, "in_place_locks", n, default=0) if fast and n > 1 else 0
+        n_locks = caps.in_place_locks(n) if fast and n > 1 and caps.in_place_locks is not None else 0
         step_locks = group.zeros(n_locks, np.int32) if n_locks else None
         # backup workers: [steps complete, then the pushes counted for each open step, a ring of bound + 2]
         done = group.zeros(int(protocol.bound) + 3, np.int64) if protocol.backup_workers else None
@@ -221,17 +223,17 @@ def _member(i: int, n: int, problem: Any, setup: _Setup, version: Any) -> tuple[
     return time.thread_time() - cpu0, local_result(problem, setup.shards[i])
 
 
-def _replica(problem: Any, hot_keys: int, fast: bool, locked: bool, training: Training) -> Any:
+def _replica(problem: Any, caps: Any, hot_keys: int, fast: bool, locked: bool, training: Training) -> Any:
     """The problem's private replica of its ``hot_keys`` hot keys (None for 0); ValueError where it cannot apply."""
     if not hot_keys:
         return None
-    if not fast or not callable(getattr(problem, "replica", None)):
+    if not fast or caps.replica is None:
         raise ValueError(f"hot_keys: {type(problem).__name__} keeps no replica on this path (it needs the in-place "
                          "local_steps with a replica, and the plain step rule)")
     if locked:
         raise ValueError("hot_keys: the locked baseline applies each step to the table under the lock; "
                          "use hot_keys=0 with locked=True")
-    return problem.replica(int(hot_keys), training.batch_size, training.n_workers)
+    return caps.replica(int(hot_keys), training.batch_size, training.n_workers)
 
 
 def _update_unit(fast: bool, chunk: int, hot_keys: int) -> str:
@@ -242,8 +244,8 @@ def _update_unit(fast: bool, chunk: int, hot_keys: int) -> str:
 
 def _initial_table(problem: Any, dtype: np.dtype) -> np.ndarray:
     """The table at the start, in ``dtype``: ``problem.init_table(dtype)`` where offered (no float64 copy), else cast."""
-    init = getattr(problem, "init_table", None)
-    return init(dtype) if callable(init) else np.asarray(problem.init_params()).astype(dtype)
+    init = capabilities(problem).init_table
+    return np.asarray(problem.init_params()).astype(dtype) if init is None else init(dtype)
 
 
 def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> tuple[int, bool]:
