@@ -43,7 +43,9 @@ import os
 import secrets
 import select
 import shutil
+import re
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -96,7 +98,7 @@ class Unit:
 
     name: str
     source: str
-    kind: str  # 'code' (set-up, answers, the student's own cells) or 'test'
+    kind: str  # 'code' (the master's set-up), 'answer' (what the student wrote: answers, own cells) or 'test'
 
 
 @dataclass
@@ -122,6 +124,34 @@ class Fatal(Exception):
 
 class SandboxError(RuntimeError):
     """The sandbox itself could not start (not the submission's doing)."""
+
+
+class Interrupted(Exception):
+    """Grading was stopped (Ctrl-C): the sandbox was killed, the submission's grade is not known."""
+
+
+SCRATCH = "simlib-grade-"
+_OWNER = re.compile(rf"{SCRATCH}(\d+)\.(\d+)-")
+
+
+def scratch_dir() -> Path:
+    """A fresh scratch folder named after this grader (pid and start time), so a later grader can tell it stale."""
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{os.getpid()}.{_start_time(os.getpid())}-"))
+
+
+def sweep_scratch() -> list[str]:
+    """Remove the scratch folders (this user's) of graders no longer running, e.g. killed with SIGKILL; their names."""
+    gone = []
+    with contextlib.suppress(OSError), os.scandir(tempfile.gettempdir()) as entries:
+        for entry in entries:
+            owner = _OWNER.match(entry.name)
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if owner and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() \
+                        and _start_time(int(owner[1])) != int(owner[2]):
+                    shutil.rmtree(entry.path)
+                    gone.append(entry.name)
+    return gone
 
 
 def python_roots() -> list[str]:
@@ -172,14 +202,16 @@ def bwrap_problem() -> str:
     """'' if bubblewrap runs a Python here, else why not (one phrase)."""
     if shutil.which("bwrap") is None:
         return "bwrap is not installed (apt-get install bubblewrap)"
-    with tempfile.TemporaryDirectory(prefix="simlib-grade-probe-") as tmp:
-        (Path(tmp) / "submission.ipynb").write_text("{}")
-        args = bwrap_args(Path(tmp), Path(tmp), False, Limits())
-        try:
-            res = subprocess.run(args + ["--", sys.executable, "-E", "-s", "-c", "import os; print(os.getpid())"],
-                                 capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"bwrap did not run ({exc})"
+    tmp = scratch_dir()
+    try:
+        (tmp / "submission.ipynb").write_text("{}")
+        args = bwrap_args(tmp, tmp, False, Limits())
+        res = subprocess.run(args + ["--", sys.executable, "-E", "-s", "-c", "import os; print(os.getpid())"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap did not run ({exc})"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if res.returncode != 0 or res.stdout.strip() != "2":
         return f"bwrap did not run a sandbox here ({(res.stderr.strip().splitlines() or ['no message'])[-1]})"
     return ""
@@ -210,8 +242,9 @@ class Child:
 
     watch_every = 0.02  # seconds between the watcher's looks at the process tree
 
-    def __init__(self, scratch: Path, limits: Limits, kernels: Path, warm: bool, kind: str):
-        self.limits, self.kind = limits, kind
+    def __init__(self, scratch: Path, limits: Limits, kernels: Path, warm: bool, kind: str,
+                 stop: threading.Event | None = None):
+        self.limits, self.kind, self.stop = limits, kind, stop
         r, w = os.pipe()
         os.set_inheritable(w, True)
         root = os.path.dirname(os.path.dirname(simlib.__file__))
@@ -407,6 +440,8 @@ class Child:
                         raise Fatal("the submission wrote into the grader's result channel")
                     return frame
             wait = deadline - time.monotonic()
+            if self.stop is not None and self.stop.is_set():
+                raise Interrupted("grading was interrupted")
             if self.violation:
                 raise Fatal(self.violation)
             if wait <= 0:
@@ -521,14 +556,15 @@ def _rss_bytes(pid: int) -> int:
 
 
 def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), numba_cache: Path | None = None,
-              warm: bool = False, sandbox: str = "auto") -> Report:
+              warm: bool = False, sandbox: str = "auto", stop: threading.Event | None = None) -> Report:
     """Run the units in order in sandboxed children; after a fatal error, restart and go on without it.
 
     ``numba_cache`` holds the library's compiled kernels: a submission gets a private copy (so it
     cannot plant code for the next one), and the instructor's own run (``warm=True``) fills it.
 
     A restarted child re-runs the earlier code units (not the tests) so later parts see the same
-    definitions; at most :data:`MAX_RESTARTS` restarts, then the rest is marked not run.
+    definitions; at most :data:`MAX_RESTARTS` restarts, then the rest is marked not run. Once ``stop``
+    is set, the sandbox is killed and :class:`Interrupted` raised.
     """
     kind, _ = choose(sandbox)
     report = Report([Outcome() for _ in units])
@@ -538,7 +574,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
     skip: set[int] = set()
     i, restarts = 0, 0
     while i < len(units):
-        scratch = Path(tempfile.mkdtemp(prefix="simlib-grade-"))
+        scratch = scratch_dir()
         child: Child | None = None
         current = -1
         try:
@@ -549,7 +585,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             elif numba_cache is not None and numba_cache.is_dir():
                 shutil.copytree(numba_cache, kernels)
             kernels.mkdir(parents=True, exist_ok=True)
-            child = Child(scratch, limits, kernels, warm, kind)
+            child = Child(scratch, limits, kernels, warm, kind, stop)
             try:
                 hello = child.receive(time.monotonic() + 60)
             except Fatal as exc:
@@ -559,7 +595,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             if restarts == 0:
                 report.notes.append(_describe_isolation(kind, hello, child.cgroup, limits))
             # the earlier code units replayed (all but those that stopped a child), then the rest
-            plan = [j for j in range(i) if units[j].kind == "code" and j not in skip] + list(range(i, len(units)))
+            plan = [j for j in range(i) if units[j].kind != "test" and j not in skip] + list(range(i, len(units)))
             child.send_plan([units[j] for j in plan])
             for k, j in enumerate(plan):
                 current = j
