@@ -425,9 +425,9 @@ def _leftover_cgroups() -> list[Path]:
 HOSTILE_LIMITS = Limits(cell_s=4, wall_s=60, output_mb=8, disk_mb=64)
 
 
-def _grade_hostile(tmp_path_factory, sandbox, write=None, limits=HOSTILE_LIMITS):
+def _grade_hostile(tmp_path_factory, sandbox, write=None, limits=HOSTILE_LIMITS, master=None):
     base = tmp_path_factory.mktemp(f"course-{sandbox}")
-    master = toy_master()
+    master = master or toy_master()
     master_path = base / "solutions" / "07-toy.ipynb"
     master_path.parent.mkdir()
     master_path.write_text(nbm.dump(master))
@@ -638,6 +638,84 @@ def test_hidden_tests_inside_a_readable_tree_are_refused(tmp_path):
     master = ROOT / "simlib" / "grade" / "07-toy.ipynb"  # inside the package the sandbox may read
     with pytest.raises(ValueError, match="which submissions may read"):
         check_hidden(master, tmp_path / "out", tmp_path)
+
+
+# -- hidden checks outside the student's interpreter (simlib.grade.probe) ---------------------------
+def probe_master():
+    """The toy master, its part 1 (f(x) = 2x + 1) checked by calls on inputs drawn per grading folder."""
+    master = toy_master("def f(x):\n    return 2 * x + 1")
+    master["cells"][2]["source"] = (
+        "assert f(0) == 1, 'f(0) should be 1'\n### BEGIN HIDDEN TESTS\nassert f(7) == 15, 'hidden f: PROBED-PART-SECRET'\n"
+        "def _probes(rng):\n    return [{'call': 'f', 'args': [int(x)]} for x in rng.integers(10**6, 10**7, 20)] + [\n"
+        "        {'call': 'np.asarray', 'args': [[{'call': 'f', 'args': [0.25]}]]}]\n### END HIDDEN TESTS")
+    return master
+
+
+SCAN = ("import base64, gc, marshal, types\nneedle = 'PROBED' + '-PART-SECRET'\n"
+        "def consts(c):\n    for k in c.co_consts:\n        yield from consts(k) if isinstance(k, types.CodeType) else [k]\n"
+        "codes = [o for o in gc.get_objects() if isinstance(o, types.CodeType)]\n"
+        "codes += [marshal.loads(base64.b64decode(o['code'])) for o in gc.get_objects() if isinstance(o, dict) and "
+        "isinstance(o.get('code'), str)]\n"
+        "found = [k for c in codes for k in consts(c) if isinstance(k, str) and needle in k]\n"
+        "raise RuntimeError('hidden: ' + (base64.b64encode(repr(found).encode()).decode() if found else 'none found'))")
+PROBE_CHEATS = {  # name: (code replacing part 1's answer, (t1, t2) points, text the feedback must contain)
+    "good": ("def f(x):\n    return 2 * x + 1", (2, 3), "Autograded: 5 / 5 points"),
+    "right_on_the_visible_inputs_only": ("def f(x):\n    return 2 * x + (x < 5 * 10**6)", (0, 3),
+                                         "differs from the master's on inputs drawn for this grading"),
+    "replaces_exec": ("import builtins\nbuiltins.exec = lambda *a, **k: None\ndef f(x):\n    return 1", (0, 3),
+                      "differs from the master's"),
+    "patches_the_reply": ("import simlib.grade.probe as p\np.answer = lambda call, ns: {'value': 1}\ndef f(x):\n    return 1",
+                          (0, 3), "differs from the master's"),
+    "forges_every_frame_ok": ("import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
+                              "        d = json.loads(data[4:])\n        d.update(ok=True, error='', values=[{'value': 1}] * 21)\n"
+                              "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
+                              "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake\n"
+                              "def f(x):\n    return 1", (0, 3), "differs from the master's"),
+    "smuggles_in_a_class_name": ("def f(x):\n    if x > 100:\n        raise type('LEAK' + 'Z' * 40, (Exception,), {})()\n"
+                                 "    return 2 * x + 1", (0, 3), "raised an exception"),
+    "returns_an_object": ("def f(x):\n    return 2 * x + 1 if x < 100 else object()", (0, 3), "raised TypeError"),
+    "returns_too_much": ("def f(x):\n    return 2 * x + 1 if x < 100 else [0] * 10**6", (0, 3), "more than 100000 items"),
+    "returns_over_a_megabyte": ("def f(x):\n    return 2 * x + 1 if x < 100 else 'x' * 2**20", (0, 3), "larger than 1 MB"),
+    "looks_for_the_hidden_tests": ("def f(x):\n    return 2 * x + 1\n" + SCAN, (2, 3), "hidden: none found"),
+}
+
+
+def _write_probe_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict[str, Any]:
+    for name, (code, _, _) in PROBE_CHEATS.items():
+        (subs / f"{name}.ipynb").write_text(nbm.dump(with_answer1(master, code)))
+    (subs / "blank.ipynb").write_text(nbm.dump(nbm.student_version(master, 1)))
+    return {name: (points, reason) for name, (_, points, reason) in PROBE_CHEATS.items()} | {
+        "blank": ((0, 0), "raised NameError")}
+
+
+@pytest.fixture(scope="module")
+def probe_class(tmp_path_factory):
+    if sandbox_problem():
+        pytest.skip(f"bubblewrap cannot run here: {sandbox_problem()}")
+    return _grade_hostile(tmp_path_factory, "bwrap", _write_probe_class, master=probe_master())
+
+
+@pytest.mark.parametrize("student", sorted(PROBE_CHEATS))
+def test_a_probed_part_is_scored_on_values_outside_the_sandbox(probe_class, student):
+    _check_student(probe_class, student)
+
+
+def test_the_blank_version_scores_zero_on_a_probed_part(probe_class):
+    rows = _rows(probe_class["out"])
+    assert rows[("blank", "t1")][0] == 0 and rows[("blank", "t2")][0] == 0
+    assert "call 1 of 21 (f) raised NameError" in _feedback(probe_class["out"])["blank"]
+
+
+def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(probe_class):
+    out = probe_class["out"]
+    master = json.loads(next(out.glob(".numba-cache/*/master-passed")).read_text())
+    values = [r["value"] for r in master["probes"]["t1: hidden tests"]]
+    assert len(values) == 21 and values[-1] == [1.5] and all(2 * 10**6 < v < 2 * 10**7 for v in values[:-1])
+    for student, text in _feedback(out).items():
+        assert not [v for v in values[:-1] if str(v) in text], student
+        assert "PROBED-PART" not in text and "LEAKZ" not in text and "_probes" not in text, student
+    seed = (out / ".cache" / "probe-seed").read_text()
+    assert not [p for p in probe_class["subs"].rglob("*") if seed in p.read_text(errors="replace")]
 
 
 # -- the cgroup -----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import re
+import secrets
 import shutil
 import stat
 import sys
@@ -32,7 +33,7 @@ from typing import Any, Callable, TextIO
 import simlib
 from simlib import _validate as check
 from simlib.grade import cgroup as cgroups
-from simlib.grade import export
+from simlib.grade import export, probe
 from simlib.grade import notebook as nbm
 from simlib.grade.sandbox import (Interrupted, Limits, Outcome, SandboxError, Unit, choose, exposed, run_units,
                                   sweep_scratch)
@@ -49,12 +50,14 @@ class Refused(Exception):
     """Grading cannot start: the master notebook does not score full marks in the sandbox."""
 
 
-def build_units(master: dict[str, Any], student: dict[str, Any]) -> tuple[list[Unit], dict[int, str]]:
+def build_units(master: dict[str, Any], student: dict[str, Any],
+                drawn: dict[str, list[dict[str, Any]]] | None = None) -> tuple[list[Unit], dict[int, str]]:
     """What runs: the student's cells ('answer' units), with locked and test cells taken from the master.
 
     Returns the units and, for test units, the grade_id of the part each belongs to. Test cells
-    run as two units (visible, then hidden) so feedback can say which failed. Locked cells the
-    student deleted are appended at the end.
+    run as two units (visible, then hidden) so feedback can say which failed; a part with calls in
+    ``drawn`` (see :mod:`simlib.grade.probe`) sends those calls in place of its hidden tests. Locked
+    cells the student deleted are appended at the end.
     """
     by_id = {str(nbm.meta(c)["grade_id"]): c for c in master["cells"] if nbm.meta(c).get("grade_id")}
     units: list[Unit] = []
@@ -65,10 +68,12 @@ def build_units(master: dict[str, Any], student: dict[str, Any]) -> tuple[list[U
         used.add(gid)
         if nbm.is_test(cell):
             visible, hidden = nbm.split_hidden(nbm.source(cell))
-            for label, code in (("visible tests", visible), ("hidden tests", hidden)):
+            calls = (drawn or {}).get(gid)
+            hidden_unit = (hidden, "test") if calls is None else (json.dumps(calls), "probe")
+            for label, (code, kind) in (("visible tests", (visible, "test")), ("hidden tests", hidden_unit)):
                 if code.strip():
                     part_of[len(units)] = gid
-                    units.append(Unit(f"{gid}: {label}", code, "test"))
+                    units.append(Unit(f"{gid}: {label}", code, kind))
         else:
             units.append(Unit(gid, nbm.source(cell), "code"))
 
@@ -88,7 +93,9 @@ def build_units(master: dict[str, Any], student: dict[str, Any]) -> tuple[list[U
     for gid, mcell in by_id.items():
         if gid not in used and mcell.get("cell_type") == "code" and not nbm.is_answer(mcell):
             add_master(gid, mcell)
-    return units, part_of
+    # probes last: no cell of the student's runs after one, so nothing it saw can reach the feedback
+    order = sorted(range(len(units)), key=lambda i: units[i].kind == "probe")
+    return [units[i] for i in order], {new: part_of[old] for new, old in enumerate(order) if old in part_of}
 
 
 def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], outcomes: list[Outcome]) -> list[dict[str, Any]]:
@@ -136,23 +143,34 @@ def refused(master: dict[str, Any], reason: str) -> dict[str, Any]:
 
 
 def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), numba_cache: Path | None = None,
-                     warm: bool = False, sandbox: str = "auto", stop: threading.Event | None = None) -> dict[str, Any]:
+                     warm: bool = False, sandbox: str = "auto", stop: threading.Event | None = None,
+                     drawn: dict[str, list[Any]] | None = None, expected: dict[str, Any] | None = None) -> dict[str, Any]:
     """Grade one notebook's bytes against the master: {'parts': rows, 'cell_errors': [...], 'notes': [...],
-    'flags': [...]} (flags: where the student's code names the library's reference answer, for the instructor)."""
+    'flags': [...]} (flags: where the student's code names the library's reference answer, for the instructor).
+
+    A part with calls in ``drawn`` passes only if the replies equal ``expected`` (the master's); the master's
+    own run (``expected`` None) returns its replies as 'probes'."""
     master = nbm.load(master_path)
     try:
         student = nbm.loads(data)
-        units, part_of = build_units(master, student)
+        units, part_of = build_units(master, student, drawn)
     except (nbm.NotebookError, ValueError, RecursionError, TypeError) as exc:
         return refused(master, str(exc))
     report = run_units(units, data, limits, numba_cache, warm, sandbox, stop)
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret), o.fatal) for o in report.outcomes]
-    errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind != "test" and o.ok is False]
+    replies = {}
+    for i, (unit, got) in enumerate(zip(units, report.outcomes)):
+        if unit.kind == "probe" and got.ok:
+            replies[unit.name] = got.values
+            want = got.values if expected is None else expected.get(unit.name, [])  # the master: every call answered
+            why = probe.verdict(got.values, want, json.loads(unit.source))
+            outcomes[i] = Outcome(not why, why)
+    errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind in ("code", "answer") and o.ok is False]
     if len(errors) > MAX_CELL_ERRORS:
         errors = errors[:MAX_CELL_ERRORS] + [f"... and {len(errors) - MAX_CELL_ERRORS} more"]
     return {"parts": score(master, units, part_of, outcomes), "cell_errors": errors, "notes": report.notes,
-            "flags": flags(master, units)}
+            "flags": flags(master, units)} | ({"probes": replies} if expected is None else {})
 
 
 def flags(master: dict[str, Any], units: list[Unit]) -> list[str]:
@@ -178,11 +196,11 @@ def environment() -> str:
     return h.hexdigest()
 
 
-def cache_key(master: bytes, submission: bytes, limits: Limits, sandbox: str) -> str:
+def cache_key(master: bytes, submission: bytes, limits: Limits, sandbox: str, calls: str = "{}") -> str:
     """sha256 of the grader version, the environment, the sandbox (and whether it has a cgroup), the limits,
-    the master and the submission."""
+    the probes' calls (JSON), the master and the submission."""
     h = hashlib.sha256(f"{VERSION}\0{environment()}\0{sandbox}\0{cgroups.kind()}\0"
-                       f"{json.dumps(asdict(limits), sort_keys=True)}\0".encode())
+                       f"{json.dumps(asdict(limits), sort_keys=True)}\0{calls}\0".encode())
     h.update(hashlib.sha256(master).digest() + hashlib.sha256(submission).digest())
     return h.hexdigest()
 
@@ -435,7 +453,9 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
     (out_dir / ".cache").mkdir(parents=True, exist_ok=True)
     (out_dir / "feedback").mkdir(exist_ok=True)
     master_bytes = master_path.read_bytes()
-    kernels = check_master(master_path, out_dir, limits, kind)
+    drawn = drawn_calls(master, out_dir)
+    calls = json.dumps(drawn, sort_keys=True)
+    kernels, expected = check_master(master_path, out_dir, limits, kind, drawn)
     bar = progress(len(found)) if progress is not None else None
     results: dict[str, dict[str, Any]] = {}
 
@@ -457,15 +477,15 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
         if sub.problem:
             finish(sub, refused(master, sub.problem), False)
             continue
-        hit = out_dir / ".cache" / f"{cache_key(master_bytes, sub.data, limits, kind)}.json"
+        hit = out_dir / ".cache" / f"{cache_key(master_bytes, sub.data, limits, kind, calls)}.json"
         try:
             finish(sub, json.loads(hit.read_text()), True)
         except (OSError, ValueError):
             todo.append((sub, hit))
     stop = threading.Event()
     pool = ThreadPoolExecutor(max_workers=jobs)
-    running = {pool.submit(_grade_one, master, master_path, sub.data, limits, kernels, kind, stop): (sub, hit)
-               for sub, hit in todo}
+    running = {pool.submit(_grade_one, master, master_path, sub.data, limits, kernels, kind, stop, drawn, expected):
+               (sub, hit) for sub, hit in todo}
     try:
         for done in as_completed(running):
             finish(running[done][0], done.result(), False, running[done][1])
@@ -508,30 +528,33 @@ def write_outputs(out_dir: Path, master: dict[str, Any], found: list[Submission]
 
 
 def _grade_one(master: dict[str, Any], master_path: Path, data: bytes, limits: Limits, kernels: Path,
-               kind: str, stop: threading.Event) -> dict[str, Any]:
+               kind: str, stop: threading.Event, drawn: dict[str, list[Any]], expected: dict[str, Any]) -> dict[str, Any]:
     """grade_submission, with whatever goes wrong inside the grader made this student's 0 and reason."""
     try:
-        return grade_submission(master_path, data, limits, kernels, sandbox=kind, stop=stop)
+        return grade_submission(master_path, data, limits, kernels, sandbox=kind, stop=stop, drawn=drawn,
+                                expected=expected)
     except Interrupted:
         raise
     except Exception as exc:  # noqa: BLE001 - one submission must never stop the class
         return refused(master, f"the grader could not grade this submission ({type(exc).__name__}: {exc})")
 
 
-def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str) -> Path:
+def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str,
+                 drawn: dict[str, list[Any]] | None = None) -> tuple[Path, dict[str, Any]]:
     """Run the master (trusted) in the sandbox with the class's limits; it must score every autograded
-    point with no cell raising, else :class:`Refused` with one line saying why. Its run compiles the library's kernels
-    into the folder returned, which submissions get a copy of; a pass is remembered there."""
+    point with no cell raising, else :class:`Refused` with one line saying why. Returns the folder its run
+    compiled the library's kernels into (submissions get a copy; a pass is remembered there) and its
+    replies to the ``drawn`` calls, which students' replies must equal."""
     master_bytes = master_path.read_bytes()
-    key = cache_key(master_bytes, master_bytes, limits, sandbox)[:16]
+    key = cache_key(master_bytes, master_bytes, limits, sandbox, json.dumps(drawn or {}, sort_keys=True))[:16]
     kernels = out_dir / ".numba-cache" / key
     if (kernels / "master-passed").is_file():
-        return kernels
+        return kernels, json.loads((kernels / "master-passed").read_text()).get("probes", {})
     for old in (out_dir / ".numba-cache").glob("*"):
         shutil.rmtree(old, ignore_errors=True)
     kernels.mkdir(parents=True)
     try:
-        result = grade_submission(master_path, master_bytes, limits, kernels, warm=True, sandbox=sandbox)
+        result = grade_submission(master_path, master_bytes, limits, kernels, warm=True, sandbox=sandbox, drawn=drawn)
     except SandboxError as exc:
         shutil.rmtree(kernels, ignore_errors=True)
         raise Refused(f"the master notebook {master_path.name} could not run in the sandbox: {clean(str(exc), [])} "
@@ -547,7 +570,19 @@ def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str)
                       f"check that {sys.executable} has every package the notebook imports and that --cell-timeout "
                       f"{limits.cell_s:g}, --timeout {limits.wall_s:g} and --memory-mb {limits.memory_mb} are enough")
     (kernels / "master-passed").write_text(json.dumps(result, indent=1, sort_keys=True))
-    return kernels
+    return kernels, result.get("probes", {})
+
+
+def drawn_calls(master: dict[str, Any], out_dir: Path) -> dict[str, list[Any]]:
+    """grade_id -> the calls of each part whose hidden tests define _probes, drawn with this grading folder's
+    seed (made at random the first time, kept in .cache/probe-seed; delete it to draw new inputs)."""
+    path = out_dir / ".cache" / "probe-seed"
+    if not path.is_file():
+        path.write_text(str(secrets.randbits(63)))
+    seed = int(path.read_text())
+    drawn = {str(nbm.meta(c)["grade_id"]): probe.calls(nbm.split_hidden(nbm.source(c))[1], seed)
+             for c in master["cells"] if nbm.is_test(c)}
+    return {gid: calls for gid, calls in drawn.items() if calls is not None}
 
 
 def write_feedback(path: Path, assignment: str, student: str, result: dict[str, Any]) -> None:

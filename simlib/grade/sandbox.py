@@ -28,9 +28,12 @@ other unit, in one frame before the submission's first cell runs; the child then
 channel, and each unit starts on a bare "go" byte. Replies carry a nonce per unit, so frames the
 submission writes into the result channel ahead of time are refused.
 
-**Not stopped**: code that tampers with the harness inside its own interpreter (as in nbgrader,
-where tests share the student's kernel): walking the stack or the garbage collector to the compiled
-tests or the nonces, replacing ``exec`` or the reference functions the tests call.
+**Not stopped** for a part whose hidden tests run as code: tampering with the harness inside the
+student's own interpreter (as in nbgrader, where tests share the student's kernel): walking the stack
+or the garbage collector to the compiled tests or the nonces, replacing ``exec`` or the reference
+functions the tests call. A part whose hidden tests define ``_probes`` (:mod:`simlib.grade.probe`)
+sends no test code at all: its calls come after every cell has run, the sandbox answers with plain
+values, and the grader compares them with the master's outside, so such tampering changes only values.
 """
 from __future__ import annotations
 
@@ -98,16 +101,17 @@ class Unit:
 
     name: str
     source: str
-    kind: str  # 'code' (the master's set-up), 'answer' (what the student wrote: answers, own cells) or 'test'
+    kind: str  # 'code' (the master's set-up), 'answer' (the student's cells), 'test', or 'probe' (calls as JSON)
 
 
 @dataclass
 class Outcome:
-    """What happened to a unit: ok, or not and why (None if it never ran)."""
+    """What happened to a unit: ok, or not and why (None if it never ran); a probe unit's replies to its calls."""
 
     ok: bool | None = None
     error: str = ""
     fatal: bool = False
+    values: Any = None
 
 
 @dataclass
@@ -305,6 +309,7 @@ class Child:
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
         self.nonces: list[str] = []
+        self.late: dict[int, Any] = {}
 
     # -- output and the process tree ------------------------------------------------------------
     def _read_output(self) -> None:
@@ -463,7 +468,10 @@ class Child:
     def send_plan(self, units: list[Unit]) -> None:
         """Every unit in one frame, before any of them runs: tests compiled here, never as text."""
         self.nonces = [secrets.token_hex(16) for _ in units]
-        plan = [{"name": u.name, "nonce": n, **({"code": _compiled(u)} if u.kind == "test" else {"source": u.source})}
+        # a probe's calls follow its "go" byte instead: unseen until every cell of the student's has run
+        self.late = {k: json.loads(u.source) for k, u in enumerate(units) if u.kind == "probe"}
+        plan = [{"name": u.name, "nonce": n, **({"code": _compiled(u)} if u.kind == "test" else
+                                                 {"late": True} if u.kind == "probe" else {"source": u.source})}
                 for u, n in zip(units, self.nonces)]
         self._write(frame({"units": plan}))
 
@@ -476,7 +484,7 @@ class Child:
         """Let unit ``k`` of the plan run; wait for its answer until ``deadline``."""
         self.output = 0
         before = self._processes()
-        self._write(b"g")
+        self._write(b"g" + (frame({"calls": self.late[k]}) if k in self.late else b""))
         reply = self.receive(deadline)
         if reply.get("seq") != k or reply.get("nonce") != self.nonces[k] or not isinstance(reply.get("ok"), bool):
             raise Fatal("the submission wrote into the grader's result channel")
@@ -487,7 +495,7 @@ class Child:
         self._settle(before)
         if self.violation or self._over_limit():
             raise Fatal(self.violation)
-        return Outcome(reply["ok"], str(reply.get("error", ""))[:1000])
+        return Outcome(reply["ok"], str(reply.get("error", ""))[:1000], values=reply.get("values"))
 
 
 def _reap_children(processes: set[tuple[int, int]], skip: int, patience: float = 1.0) -> None:
@@ -595,7 +603,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             if restarts == 0:
                 report.notes.append(_describe_isolation(kind, hello, child.cgroup, limits))
             # the earlier code units replayed (all but those that stopped a child), then the rest
-            plan = [j for j in range(i) if units[j].kind != "test" and j not in skip] + list(range(i, len(units)))
+            plan = [j for j in range(i) if units[j].kind in ("code", "answer") and j not in skip] + list(range(i, len(units)))
             child.send_plan([units[j] for j in plan])
             for k, j in enumerate(plan):
                 current = j
