@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import ctypes
 import io
 import json
 import os
@@ -942,6 +943,36 @@ def test_the_scratch_of_a_killed_grader_is_removed_on_the_next_start(course):
     res = _cli("07", "submitted", cwd=course, env={"TMPDIR": str(scratch)})
     assert res.returncode == 0 and "note: removed 1 scratch folder(s) of graders that were killed" in res.stderr, res.stderr
     assert list(scratch.iterdir()) == []
+
+
+def test_a_submission_holding_every_inotify_instance_leaves_the_grader_its_own(course):
+    """The sandbox runs as a user of its own: the per-user limits it exhausts are not root's (they were)."""
+    if sandbox_problem() or os.geteuid() != 0:
+        pytest.skip("needs bubblewrap and a grader running as root")
+    hog = ("import ctypes, os, time\nlibc = ctypes.CDLL(None)\nheld = []\nwhile len(held) < 4096 and libc.inotify_init1(0) >= 0:"
+           "\n    held.append(1)\ntime.sleep(3)\nraise RuntimeError(f'uid {os.getuid()} held {len(held)}')")
+    (course / "submitted" / "hog.ipynb").write_text(nbm.dump(with_answer1(toy_master(), F + "\n" + hog)))
+    libc, refused, stop = ctypes.CDLL(None, use_errno=True), [], threading.Event()
+
+    def probe_root():
+        while not stop.wait(0.05):
+            fd = libc.inotify_init1(0)
+            refused.append(fd < 0) if fd < 0 else os.close(fd)
+
+    watcher = threading.Thread(target=probe_root)
+    watcher.start()
+    try:
+        grade_class(course / "solutions" / "07-toy.ipynb", course / "submitted", course / "grades", progress=None,
+                    log=io.StringIO())
+    finally:
+        stop.set()
+        watcher.join()
+    text = _feedback(course / "grades")["hog"]
+    limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    uid, held = (int(w) for w in text.split("RuntimeError: uid ")[1].split()[::2][:2])
+    assert refused == []  # root could make an instance the whole time ...
+    assert uid != 0 and held == limit, text  # ... while the submission held every one its own user may have
+    assert _rows(course / "grades")[("hog", "t1")][0] == 2
 
 
 def test_hand_grading_export_fill_merge(course):

@@ -176,6 +176,10 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int) -> None:
 def main() -> None:
     """Confine, then serve cells (see the module docstring)."""
     cfg = json.loads(sys.argv[1])
+    if cfg["uid"]:  # a user of its own, first: its per-user limits (inotify, processes) are not root's; no capability left
+        os.setgroups([])
+        os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
+        os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])
     if cfg["kernels"]:  # the instructor's compiled kernels, copied so this submission cannot alter them
         shutil.copytree(cfg["kernels"], os.environ["NUMBA_CACHE_DIR"], dirs_exist_ok=True)
     import numpy  # noqa: F401 - imported before the limits, as every assignment needs it
@@ -191,7 +195,8 @@ def main() -> None:
     abi = landlock(read_only, cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
     sys.addaudithook(refuse_inet)
     fcntl.fcntl(cfg["result_fd"], fcntl.F_SETFD, fcntl.FD_CLOEXEC)
-    os.write(cfg["result_fd"], frame({"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm}))
+    os.write(cfg["result_fd"], frame({"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm,
+                                      "uid": os.getuid()}))
     plan = read_frame(0)
     if plan is None:
         return

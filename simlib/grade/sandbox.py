@@ -10,7 +10,10 @@ Two sandboxes, chosen once per run (:func:`choose`):
   hidden tests, other submissions and the gradebook are not mounted at all. When the namespace's
   first process dies (killed by the grader, or by the kernel when the grader dies:
   ``--die-with-parent``), the kernel kills every process in it, however it was forked
-  (``setsid``, double forks, ``clone(CLONE_PARENT)``): nothing of a submission outlives it.
+  (``setsid``, double forks, ``clone(CLONE_PARENT)``): nothing of a submission outlives it. Started
+  by root, the sandbox becomes a user id of its own (:func:`sandbox_uid`, one per submission) before
+  any submitted code runs, so the per-user limits it can exhaust (128 inotify instances, processes)
+  are its own, not root's nor another student's; it then holds no capability at all.
 * **the watcher** (fallback where ``bwrap`` cannot run): its own process session, the child a
   subreaper, and a thread here that watches the process tree and kills it at the end. A process
   that leaves the tree (``clone(CLONE_PARENT)``) can escape it; the grader says so once.
@@ -40,6 +43,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
+import itertools
 import json
 import marshal
 import os
@@ -183,12 +187,20 @@ def exposed(path: Path | str) -> str | None:
 
 
 # -- choosing the sandbox -------------------------------------------------------------------------
-def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits) -> list[str]:
-    """bwrap's options: namespaces, a cleared environment, the read-only trees, the two quota'd tmpfs."""
+def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits, uid: int = 0) -> list[str]:
+    """bwrap's options: namespaces, a cleared environment, the read-only trees, the two quota'd tmpfs; with ``uid``,
+    only the capabilities to become that user (the child does, first thing), and both tmpfs writable by it."""
     disk = str(limits.disk_mb * 1024 * 1024)
-    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
-            "--proc", "/proc", "--dev", "/dev", "--size", disk, "--tmpfs", "/dev/shm",
-            "--size", disk, "--tmpfs", INSIDE_SCRATCH]
+    caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--perms", "01777"] if uid else []
+    # --unshare-all makes a user namespace mapping root alone, where no other uid exists: the rest of it, then
+    unshare = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"] if uid else [
+        "--unshare-all"]
+    args = ["bwrap", *unshare, "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
+            "--proc", "/proc", "--dev", "/dev", *caps, "--size", disk, "--tmpfs", "/dev/shm",
+            *caps[-2:], "--size", disk, "--tmpfs", INSIDE_SCRATCH]
+    # the folders above each tree, made 0755 (bwrap makes them 0700, which a uid of its own cannot cross)
+    above = {str(a) for p in SYSTEM_READ + python_roots() + ["/run/numba-cache"] for a in Path(p).parents if str(a) != "/"}
+    args += [a for d in sorted(above, key=lambda d: d.count("/")) for a in ("--dir", d)]
     for path in SYSTEM_READ + ["/bin"]:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -221,6 +233,37 @@ def bwrap_problem() -> str:
     return ""
 
 
+DROP = "import os, sys; u = int(sys.argv[1]); os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u, u, u)"
+UID_BASE = 0x5EED0000  # uids no account uses: 256 per grader process, by its pid
+_uids = itertools.count()
+
+
+@functools.lru_cache(maxsize=None)
+def uid_problem() -> str:
+    """'' if a bubblewrap sandbox started as root can become an unprivileged user of its own here, else why not."""
+    if os.geteuid() != 0:
+        return "the grader is not root"
+    tmp = scratch_dir()
+    try:
+        (tmp / "submission.ipynb").write_text("{}")
+        code = f"{DROP}; open('/tmp/x', 'w'); open('/dev/shm/x', 'w'); print(os.getuid())"
+        res = subprocess.run(bwrap_args(tmp, tmp, False, Limits(), UID_BASE) + ["--", sys.executable, "-E", "-s", "-c",
+                             code, str(UID_BASE)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap did not run ({exc})"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return "" if res.stdout.strip() == str(UID_BASE) else (res.stderr.strip().splitlines() or ["no message"])[-1]
+
+
+def sandbox_uid(kind: str) -> int:
+    """A user id of its own for a sandbox, so the per-user limits it exhausts (inotify instances, processes) are not
+    root's nor another student's; 0 where the sandbox stays root (the watcher, or bwrap where it cannot switch)."""
+    if kind != "bwrap" or os.geteuid() != 0 or bwrap_problem() or uid_problem():
+        return 0
+    return UID_BASE + (os.getpid() % 4096) * 256 + next(_uids) % 256
+
+
 def choose(kind: str = "auto") -> tuple[str, str]:
     """('bwrap' or 'watcher', notes on each fallback used, one per line); ValueError for a kind that cannot run."""
     if kind not in ("auto", "bwrap", "watcher"):
@@ -247,7 +290,7 @@ class Child:
     watch_every = 0.02  # seconds between the watcher's looks at the process tree
 
     def __init__(self, scratch: Path, limits: Limits, kernels: Path, warm: bool, kind: str,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None, uid: int = 0):
         self.limits, self.kind, self.stop = limits, kind, stop
         r, w = os.pipe()
         os.set_inheritable(w, True)
@@ -265,13 +308,13 @@ class Child:
             "cpu_s": int(limits.wall_s) + 5, "landlock": sys.platform.startswith("linux"),
             "read_only": readable_roots() + ["/run/numba-cache"], "own_proc": kind == "bwrap",
             "read_write": [str(inside), str(SHM), str(cache)], "rw_files": [d for d in DEVICES if os.path.exists(d)],
-            "kernels": "/run/numba-cache" if kind == "bwrap" and not warm else "",
+            "kernels": "/run/numba-cache" if kind == "bwrap" and not warm else "", "uid": uid,
         }
         boot = f"import sys; sys.path.insert(0, {root!r}); from simlib.grade.child import main; main()"
         cmd = [sys.executable, "-E", "-s", "-c", boot, json.dumps(cfg)]
         fds = [w]
         if kind == "bwrap":  # options through a pipe, so the host's paths are not in the sandbox's /proc/1/cmdline
-            options = bwrap_args(scratch, kernels, warm, limits) + [a for k, v in env.items() for a in ("--setenv", k, v)]
+            options = bwrap_args(scratch, kernels, warm, limits, uid) + [a for k, v in env.items() for a in ("--setenv", k, v)]
             ar, aw = os.pipe()
             os.write(aw, b"".join(a.encode() + b"\0" for a in options[1:]))
             os.close(aw)
@@ -575,6 +618,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
     is set, the sandbox is killed and :class:`Interrupted` raised.
     """
     kind, _ = choose(sandbox)
+    uid = sandbox_uid(kind)  # one per submission, kept across restarts
     report = Report([Outcome() for _ in units])
     start = time.monotonic()
     shm_before = _shm_entries()
@@ -593,7 +637,9 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             elif numba_cache is not None and numba_cache.is_dir():
                 shutil.copytree(numba_cache, kernels)
             kernels.mkdir(parents=True, exist_ok=True)
-            child = Child(scratch, limits, kernels, warm, kind, stop)
+            if warm and uid:  # the instructor's run writes the compiled kernels as the sandbox's user
+                os.chown(kernels, uid, uid)
+            child = Child(scratch, limits, kernels, warm, kind, stop, uid)
             try:
                 hello = child.receive(time.monotonic() + 60)
             except Fatal as exc:
@@ -645,7 +691,8 @@ def _describe_isolation(kind: str, hello: dict[str, Any], cgroup: cgroups.Cgroup
     group = (f"{cgroup.layout.describe()} (pids.max {limits.max_procs}, memory {limits.memory_mb} MB)"
              if cgroup is not None else "no cgroup")
     if kind == "bwrap":
-        return f"isolation: bubblewrap (PID, mount, network, IPC namespaces; own /proc); {files}; {group}"
+        user = f"uid {hello['uid']}" if hello.get("uid") else "uid 0 (root)"
+        return f"isolation: bubblewrap (PID, mount, network, IPC namespaces; own /proc); {user}; {files}; {group}"
     return (f"isolation: process watcher; files {files}; network namespace {'yes' if hello.get('netns') else 'no'}; "
             f"private /dev/shm {'yes' if hello.get('private_shm') else 'no'}; {group}")
 
