@@ -1090,6 +1090,47 @@ def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
     assert all(r["points"] == "0" and float(r["max_points"]) > 0 for r in manual)
 
 
+def test_the_reference_answers_are_read_from_the_hidden_tests():
+    refs = nbm.references(nbm.load(SOLUTIONS / "01-ssp-rule.ipynb"))
+    assert refs == {"simlib.protocol.may_read", "staleness_aware"}
+    code = ("import simlib.protocol as p\nfrom simlib.protocol import may_read as m\nx = p.may_read\n"
+            "r = StepRule(staleness_aware=True)\ny = getattr(p, 'may_read')\ndef may_read(c, d, s):\n    return c - s <= d")
+    assert nbm.uses(code, refs) == [(2, "simlib.protocol.may_read"), (3, "simlib.protocol.may_read"),
+                                    (4, "staleness_aware"), (5, "simlib.protocol.may_read")]
+    assert nbm.uses("def may_read(c, d, s):\n    return c - s <= d", refs) == []
+
+
+# The in-interpreter cheats that scored 6/6 on assignment 01 before its hidden checks moved out of the sandbox.
+CHEATS_01 = {
+    "replaces_exec": "import builtins\n_real = builtins.exec\nbuiltins.exec = lambda c, *a, **k: _real(c, *a, **k) "
+                     "if isinstance(c, str) else None\n",
+    "patches_marshal": "import marshal\nmarshal.loads = lambda b: compile('pass', 'x', 'exec')\n",
+    "forges_ok_replies": "import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
+                         "        d = json.loads(data[4:])\n        d.update(ok=True, error='')\n"
+                         "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
+                         "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake\n",
+}
+
+
+@pytest.mark.slow
+def test_in_interpreter_cheats_get_nothing_on_assignment_01(tmp_path):
+    master = nbm.load(SOLUTIONS / "01-ssp-rule.ipynb")
+    wrong = "def may_read(clock, completed, bound):\n    return True\ndef scale(tau):\n    return 1.0\n"
+    (tmp_path / "submitted").mkdir()
+    for name, code in CHEATS_01.items():
+        nb = json.loads(json.dumps(master))
+        for cell in nb["cells"]:
+            if nbm.meta(cell).get("grade_id") in ("part1-answer", "part2-answer"):
+                cell["source"] = code + wrong if nbm.meta(cell)["grade_id"] == "part1-answer" else "pass"
+        (tmp_path / "submitted" / f"{name}.ipynb").write_text(nbm.dump(nb))
+    rows = grade_class(SOLUTIONS / "01-ssp-rule.ipynb", tmp_path / "submitted", tmp_path / "out", progress=None,
+                       log=io.StringIO())
+    assert {r["student"] for r in rows} == set(CHEATS_01)
+    assert [r for r in rows if r["points"]] == []
+    texts = _feedback(tmp_path / "out")
+    assert all("differs from the master's on inputs drawn for this grading" in t for t in texts.values()), texts
+
+
 _NBGRADER_QUICK = ["01-ssp-rule.ipynb", "05-compression.ipynb", "06-pipeline.ipynb", "07-allreduce.ipynb"]
 
 
