@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: {exc}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
-        print("interrupted before any submission was graded; nothing was written", file=sys.stderr)
+        print("interrupted before the submissions were graded; no gradebook was written", file=sys.stderr)
         return 130
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
