@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import ctypes
 import io
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -21,7 +23,8 @@ import pytest
 
 from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
-from simlib.grade.gradebook import Progress, check_hidden, clean, environment, grade_class
+from simlib.grade.export import uncell
+from simlib.grade.gradebook import Progress, check_hidden, clean, environment, grade_class, shown
 from simlib.grade.sandbox import Limits
 from simlib.grade.sandbox import bwrap_problem as sandbox_problem
 
@@ -47,7 +50,8 @@ def toy_master(answer1="def f():\n    return 1", answer2="def g():\n    return 2
         _cell("code", "import numpy as np", grade_id="setup", locked=True),
         _cell("code", f"### BEGIN SOLUTION\n{answer1}\n### END SOLUTION", grade_id="a1", solution=True),
         _cell("code", "assert f() == 1, 'f() should be 1'\n### BEGIN HIDDEN TESTS\nassert f() + 1 == 2, 'hidden f'\n"
-                      "### END HIDDEN TESTS", grade_id="t1", grade=True, locked=True, points=2),
+                      "from simlib.protocol import may_read as _reference\n### END HIDDEN TESTS", grade_id="t1", grade=True,
+              locked=True, points=2),
         _cell("code", f"### BEGIN SOLUTION\n{answer2}\n### END SOLUTION", grade_id="a2", solution=True),
         _cell("code", "assert g() == 2\n### BEGIN HIDDEN TESTS\nassert g() * 2 == 4, 'hidden g: SECRET-HIDDEN-CODE'\n"
                       "### END HIDDEN TESTS", grade_id="t2", grade=True, locked=True, points=3),
@@ -185,6 +189,8 @@ ATTACKS = {  # name: (code replacing part 1's answer, (t1, t2) points, text the 
                              ".encode()\n    os.write(fd, struct.pack('>I', len(d)) + d)\ndef f():\n    return 2",
                              (0, 3), "wrote into the grader's result channel"),
     "patches_assert_message": ("import builtins\nbuiltins.AssertionError = Exception\ndef f():\n    return 2", (0, 3), "f() should be 1"),
+    # the library's reference answer, imported: graded, and flagged to the instructor (see test_...flagged)
+    "imports_reference": ("import simlib.protocol as p\nfrom simlib.protocol import may_read" + F, (2, 3), None),
 }
 
 
@@ -281,10 +287,32 @@ def _write_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict
     (subs / "bob.ipynb").write_text(nbm.dump(master))
     (subs / "Zo\u00eb.ipynb").write_text(nbm.dump(master))
     (subs / "Zoe\u0308.ipynb").write_text(nbm.dump(master))
-    for student in ("alice.ipynb", "alice/", "Bob.ipynb", "bob.ipynb", "Zo\u00eb.ipynb", "Zoe\u0308.ipynb"):
-        expect[student] = ((0, 0), "all name the same student")
+    (subs / "dave.ipynb").write_text(nbm.dump(master))
+    (subs / "\uff44\uff41\uff56\uff45.ipynb").write_text(nbm.dump(master))  # fullwidth
+    for student in CLASHES:  # graded apart under their entries' names; the instructor gets a note
+        expect[student] = ((2, 3), "Autograded: 5 / 5 points")
+    # names that are not UTF-8, or that a spreadsheet would run as a formula: graded like any other
+    for raw in ODD_NAMES:
+        (subs / os.fsdecode(raw + b".ipynb")).write_text(nbm.dump(master))
+        expect[shown(os.fsdecode(raw))] = ((2, 3), "Autograded: 5 / 5 points")
+    (subs / ".hidden.ipynb").write_text(nbm.dump(master))  # a note, no row
+    (subs / "work.zip").write_bytes(b"PK\x05\x06" + bytes(18))
+    expect["work"] = ((0, 0), "work.zip is an archive, not a notebook")
+    (subs / "two" / "ps1").mkdir(parents=True)  # two notebooks: the assignment's is graded, the other noted
+    (subs / "two" / "ps1" / "07-toy.ipynb").write_text(nbm.dump(master))
+    (subs / "two" / "draft.ipynb").write_text("{}")
+    expect["two"] = ((2, 3), "Autograded: 5 / 5 points")
+    for k in range(10_001):  # folders count against the guard as files do
+        (subs / "many_folders" / str(k)).mkdir(parents=True)
+    (subs / "many_folders" / "07-toy.ipynb").write_text(nbm.dump(master))
+    expect["many_folders"] = ((0, 0), "more than 10000 files and folders")
     (subs / "README.txt").write_text("not a submission")
     return expect
+
+
+CLASHES = ("alice.ipynb", "alice/", "Bob.ipynb", "bob.ipynb", "Zo\u00eb.ipynb", "Zoe\u0308.ipynb", "dave.ipynb",
+           "\uff44\uff41\uff56\uff45.ipynb")
+ODD_NAMES = (b"nina\xff", b"=1+2", b"@SUM(A1)", b"+1", b"-2", b"\tx")
 
 
 def _processes_with(token: str) -> list[int]:
@@ -336,7 +364,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 def _rows(out: Path) -> dict[tuple[str, str], tuple[float, str]]:
     with open(out / "gradebook.csv", newline="", encoding="utf-8") as f:
-        return {(r["student"], r["part"]): (float(r["points"]), r["status"]) for r in csv.DictReader(f)}
+        return {(uncell(r["student"]), r["part"]): (float(r["points"]), r["status"]) for r in csv.DictReader(f)}
 
 
 def _feedback(out: Path) -> dict[str, str]:
@@ -398,9 +426,9 @@ def _leftover_cgroups() -> list[Path]:
 HOSTILE_LIMITS = Limits(cell_s=4, wall_s=60, output_mb=8, disk_mb=64)
 
 
-def _grade_hostile(tmp_path_factory, sandbox, write=None, limits=HOSTILE_LIMITS):
+def _grade_hostile(tmp_path_factory, sandbox, write=None, limits=HOSTILE_LIMITS, master=None):
     base = tmp_path_factory.mktemp(f"course-{sandbox}")
-    master = toy_master()
+    master = master or toy_master()
     master_path = base / "solutions" / "07-toy.ipynb"
     master_path.parent.mkdir()
     master_path.write_text(nbm.dump(master))
@@ -466,7 +494,7 @@ def _all_students():
     return sorted(set(ATTACKS) | set(TAMPERED) | {n.removesuffix(".ipynb") for n in MALFORMED} | {
         "flood_then_correct", "many_errors", "fifo", "link_to_master", "link_to_good", "linked_folder",
         "fifo_in_folder", "link_in_folder", "no_notebook", "L" * 255, "José", "Josи", "a b", "a_b", "new\nline",
-        "alice.ipynb", "alice/", "Bob.ipynb", "bob.ipynb", "Zo\u00eb.ipynb", "Zoe\u0308.ipynb"})
+        "work", "two", "many_folders", *CLASHES, *(shown(os.fsdecode(n)) for n in ODD_NAMES)})
 
 
 @pytest.mark.parametrize("student", _all_students(), ids=lambda s: s[:30].encode("ascii", "backslashreplace").decode())
@@ -509,7 +537,8 @@ def test_nothing_is_left_behind(graded, request):
     assert list(graded["scratch"].iterdir()) == []
     assert graded["changed"] == (False, False)  # the submissions and the master are as they were
     assert [p.name for p in graded["out"].iterdir()] and not list(graded["out"].rglob("planted*"))
-    assert sorted(p.name for p in graded["out"].iterdir()) == [".cache", ".numba-cache", "feedback", "gradebook.csv"]
+    assert sorted(p.name for p in graded["out"].iterdir()) == [".cache", ".numba-cache", "feedback", "gradebook-wide.csv",
+                                                               "gradebook.csv", "manual.csv", "notes.txt"]
     assert graded["leftover_cgroups"] == []
     assert [r for r in graded["cgroups"]["removed"] if r["left"] or any(r["exists"])] == []
     # a clone(CLONE_PARENT) child is the grader's own: killed, it must be reaped too (a zombie of the grader
@@ -536,7 +565,40 @@ def test_collisions_are_kept_apart(hostile_class):
     assert "good.txt" in names and "a_b.txt" in names
     texts = _feedback(hostile_class["out"])
     assert "feedback for José" in texts["José"] and "feedback for Josи" in texts["Josи"]
-    assert "alice/, alice.ipynb all name the same student" in texts["alice/"]
+    notes = (hostile_class["out"] / "notes.txt").read_text(encoding="utf-8")
+    for group in ("alice/, alice.ipynb", "Bob.ipynb, bob.ipynb", "dave.ipynb, \uff44\uff41\uff56\uff45.ipynb"):
+        assert f"{group} name the same student up to case, width or accents" in notes, notes
+    assert "alice.ipynb" not in texts["alice/"] and "dave" not in texts["\uff44\uff41\uff56\uff45.ipynb"]  # not told the others
+
+
+def test_every_entry_is_in_the_gradebook_or_the_notes_and_no_cell_is_a_formula(hostile_class):
+    out, subs = hostile_class["out"], hostile_class["subs"]
+    with open(out / "gradebook-wide.csv", newline="", encoding="utf-8") as f:
+        wide = list(csv.reader(f))
+    with open(out / "gradebook.csv", newline="", encoding="utf-8") as f:
+        long = list(csv.reader(f))
+    assert wide[0] == ["id", "name", "total", "t1", "t2", "q"] and len(wide) == 1 + len(hostile_class["expect"])
+    cells = [c for table in (wide, long) for row in table for c in row]
+    assert not [c for c in cells if c.startswith(("=", "+", "-", "@", "\t", "\r"))]
+    assert {"'=1+2", "'@SUM(A1)", "'+1", "'-2", "'\tx", "nina\\xff"} <= {row[0] for row in wide}
+    notes = (out / "notes.txt").read_text(encoding="utf-8")
+    entries = {uncell(row[1]) for row in wide[1:]}
+    for raw in os.listdir(os.fsencode(subs)):
+        name = shown(os.fsdecode(raw))
+        assert name in entries or name + "/" in entries or f"ignored {name!r}" in notes, name
+    assert "ignored '.hidden.ipynb': a hidden entry" in notes
+    assert "two/: graded ps1/07-toy.ipynb; not graded: draft.ipynb" in notes
+
+
+def test_a_submission_using_the_reference_answer_is_flagged_with_its_line(hostile_class):
+    notes = (hostile_class["out"] / "notes.txt").read_text(encoding="utf-8")
+    flagged = [line for line in notes.splitlines() if ": flagged: " in line]
+    assert flagged == [
+        "imports_reference: flagged: a1 line 2: from simlib.protocol import may_read (uses simlib.protocol.may_read, "
+        "the library's reference answer)"]
+    assert _rows(hostile_class["out"])[("imports_reference", "t1")] == (2, "passed; flagged (notes.txt)")
+    assert _rows(hostile_class["out"])[("good", "t1")] == (2, "passed")
+    assert "flag: imports_reference: a1 line 2" in hostile_class["log"]
 
 
 def test_regrading_is_cached_and_gives_the_same_gradebook(hostile_class):
@@ -577,6 +639,84 @@ def test_hidden_tests_inside_a_readable_tree_are_refused(tmp_path):
     master = ROOT / "simlib" / "grade" / "07-toy.ipynb"  # inside the package the sandbox may read
     with pytest.raises(ValueError, match="which submissions may read"):
         check_hidden(master, tmp_path / "out", tmp_path)
+
+
+# -- hidden checks outside the student's interpreter (simlib.grade.probe) ---------------------------
+def probe_master():
+    """The toy master, its part 1 (f(x) = 2x + 1) checked by calls on inputs drawn per grading folder."""
+    master = toy_master("def f(x):\n    return 2 * x + 1")
+    master["cells"][2]["source"] = (
+        "assert f(0) == 1, 'f(0) should be 1'\n### BEGIN HIDDEN TESTS\nassert f(7) == 15, 'hidden f: PROBED-PART-SECRET'\n"
+        "def _probes(rng):\n    return [{'call': 'f', 'args': [int(x)]} for x in rng.integers(10**6, 10**7, 20)] + [\n"
+        "        {'call': 'np.asarray', 'args': [[{'call': 'f', 'args': [0.25]}]]}]\n### END HIDDEN TESTS")
+    return master
+
+
+SCAN = ("import base64, gc, marshal, types\nneedle = 'PROBED' + '-PART-SECRET'\n"
+        "def consts(c):\n    for k in c.co_consts:\n        yield from consts(k) if isinstance(k, types.CodeType) else [k]\n"
+        "codes = [o for o in gc.get_objects() if isinstance(o, types.CodeType)]\n"
+        "codes += [marshal.loads(base64.b64decode(o['code'])) for o in gc.get_objects() if isinstance(o, dict) and "
+        "isinstance(o.get('code'), str)]\n"
+        "found = [k for c in codes for k in consts(c) if isinstance(k, str) and needle in k]\n"
+        "raise RuntimeError('hidden: ' + (base64.b64encode(repr(found).encode()).decode() if found else 'none found'))")
+PROBE_CHEATS = {  # name: (code replacing part 1's answer, (t1, t2) points, text the feedback must contain)
+    "good": ("def f(x):\n    return 2 * x + 1", (2, 3), "Autograded: 5 / 5 points"),
+    "right_on_the_visible_inputs_only": ("def f(x):\n    return 2 * x + (x < 5 * 10**6)", (0, 3),
+                                         "differs from the master's on inputs drawn for this grading"),
+    "replaces_exec": ("import builtins\nbuiltins.exec = lambda *a, **k: None\ndef f(x):\n    return 1", (0, 3),
+                      "differs from the master's"),
+    "patches_the_reply": ("import simlib.grade.probe as p\np.answer = lambda call, ns: {'value': 1}\ndef f(x):\n    return 1",
+                          (0, 3), "differs from the master's"),
+    "forges_every_frame_ok": ("import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
+                              "        d = json.loads(data[4:])\n        d.update(ok=True, error='', values=[{'value': 1}] * 21)\n"
+                              "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
+                              "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake\n"
+                              "def f(x):\n    return 1", (0, 3), "differs from the master's"),
+    "smuggles_in_a_class_name": ("def f(x):\n    if x > 100:\n        raise type('LEAK' + 'Z' * 40, (Exception,), {})()\n"
+                                 "    return 2 * x + 1", (0, 3), "raised an exception"),
+    "returns_an_object": ("def f(x):\n    return 2 * x + 1 if x < 100 else object()", (0, 3), "raised TypeError"),
+    "returns_too_much": ("def f(x):\n    return 2 * x + 1 if x < 100 else [0] * 10**6", (0, 3), "more than 100000 items"),
+    "returns_over_a_megabyte": ("def f(x):\n    return 2 * x + 1 if x < 100 else 'x' * 2**20", (0, 3), "larger than 1 MB"),
+    "looks_for_the_hidden_tests": ("def f(x):\n    return 2 * x + 1\n" + SCAN, (2, 3), "hidden: none found"),
+}
+
+
+def _write_probe_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict[str, Any]:
+    for name, (code, _, _) in PROBE_CHEATS.items():
+        (subs / f"{name}.ipynb").write_text(nbm.dump(with_answer1(master, code)))
+    (subs / "blank.ipynb").write_text(nbm.dump(nbm.student_version(master, 1)))
+    return {name: (points, reason) for name, (_, points, reason) in PROBE_CHEATS.items()} | {
+        "blank": ((0, 0), "raised NameError")}
+
+
+@pytest.fixture(scope="module")
+def probe_class(tmp_path_factory):
+    if sandbox_problem():
+        pytest.skip(f"bubblewrap cannot run here: {sandbox_problem()}")
+    return _grade_hostile(tmp_path_factory, "bwrap", _write_probe_class, master=probe_master())
+
+
+@pytest.mark.parametrize("student", sorted(PROBE_CHEATS))
+def test_a_probed_part_is_scored_on_values_outside_the_sandbox(probe_class, student):
+    _check_student(probe_class, student)
+
+
+def test_the_blank_version_scores_zero_on_a_probed_part(probe_class):
+    rows = _rows(probe_class["out"])
+    assert rows[("blank", "t1")][0] == 0 and rows[("blank", "t2")][0] == 0
+    assert "call 1 of 21 (f) raised NameError" in _feedback(probe_class["out"])["blank"]
+
+
+def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(probe_class):
+    out = probe_class["out"]
+    master = json.loads(next(out.glob(".numba-cache/*/master-passed")).read_text())
+    values = [r["value"] for r in master["probes"]["t1: hidden tests"]]
+    assert len(values) == 21 and values[-1] == [1.5] and all(2 * 10**6 < v < 2 * 10**7 for v in values[:-1])
+    for student, text in _feedback(out).items():
+        assert not [v for v in values[:-1] if str(v) in text], student
+        assert "PROBED-PART" not in text and "LEAKZ" not in text and "_probes" not in text, student
+    seed = (out / ".cache" / "probe-seed").read_text()
+    assert not [p for p in probe_class["subs"].rglob("*") if seed in p.read_text(errors="replace")]
 
 
 # -- the cgroup -----------------------------------------------------------------------------------
@@ -734,6 +874,8 @@ def course(tmp_path):
     (["07", "submitted", "--solutions", "nowhere"], "error: --solutions: nowhere is not a folder"),
     (["generate", "--check", "--solutions", "nowhere"], "error: --solutions: nowhere is not a folder"),
     (["generate", "--check", "--assignments", "nowhere"], "error: --assignments: nowhere is not a folder"),
+    (["07", "submitted", "--out", "submitted/grades"],
+     "error: --out: submitted/grades lies inside submissions-dir submitted, where the next run would take it for a student"),
 ])
 def test_cli_mistakes_get_one_line_and_exit_2(course, args, message):
     (course / "empty").mkdir()
@@ -741,6 +883,121 @@ def test_cli_mistakes_get_one_line_and_exit_2(course, args, message):
     assert res.returncode == 2, res.stderr
     assert res.stderr.startswith(message) and res.stderr.count("\n") == 1, res.stderr
     assert not (course / "grades").exists()
+
+
+def test_the_grader_runs_from_any_folder(tmp_path):
+    """Without ./solutions, the assignment is looked up in the course's own solutions/ (it was an error)."""
+    res = _cli("01", "missing", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr == "error: submissions-dir: missing does not exist\n", res.stderr
+
+
+def _slow_class(course: Path) -> None:
+    """alice (correct) and zed, whose first answer starts a process carrying TOKEN, then sleeps a minute."""
+    slow = with_answer1(toy_master(), f"import subprocess, sys, time\nsubprocess.Popen({ARGV})\ntime.sleep(60)" + F)
+    (course / "submitted" / "zed.ipynb").write_text(nbm.dump(slow))
+
+
+def _start_grading(course: Path, tmp: Path) -> subprocess.Popen:
+    """The CLI grading the slow class one at a time; returns once zed's sandbox runs (its TOKEN process is up)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([PY, "-m", "simlib.grade", "07", "submitted", "--jobs", "1"], cwd=course, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not _processes_with(TOKEN) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert _processes_with(TOKEN), "zed's sandbox never started"
+    return proc
+
+
+def test_ctrl_c_writes_the_gradebook_of_what_finished_and_names_the_rest(course):
+    _slow_class(course)
+    scratch = course / "scratch"
+    scratch.mkdir()
+    proc = _start_grading(course, scratch)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted: 1 of 2 submissions graded, written to grades/07-toy/gradebook.csv; not graded: 'zed'" in err
+    assert "Traceback" not in err
+    rows = _rows(course / "grades" / "07-toy")
+    assert rows[("alice", "t1")] == (2, "passed") and rows[("alice", "t2")] == (3, "passed")
+    assert rows[("zed", "t1")][1].startswith("not graded: grading was interrupted (Ctrl-C)")
+    assert _processes_with(TOKEN) == [] and list(scratch.iterdir()) == []
+    assert [p.name for p in (course / "grades" / "07-toy" / "feedback").iterdir()] == ["alice.txt"]
+
+
+def test_the_scratch_of_a_killed_grader_is_removed_on_the_next_start(course):
+    _slow_class(course)
+    scratch = course / "scratch"
+    scratch.mkdir()
+    proc = _start_grading(course, scratch)
+    proc.kill()
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while _processes_with(TOKEN) and time.monotonic() < deadline:  # bwrap --die-with-parent takes the sandbox down
+        time.sleep(0.1)
+    assert _processes_with(TOKEN) == []
+    left = [p.name for p in scratch.iterdir()]
+    assert len(left) == 1 and left[0].startswith(f"simlib-grade-{proc.pid}.")  # the killed grader's, with zed's notebook
+    (course / "submitted" / "zed.ipynb").unlink()
+    res = _cli("07", "submitted", cwd=course, env={"TMPDIR": str(scratch)})
+    assert res.returncode == 0 and "note: removed 1 scratch folder(s) of graders that were killed" in res.stderr, res.stderr
+    assert list(scratch.iterdir()) == []
+
+
+def test_a_submission_holding_every_inotify_instance_leaves_the_grader_its_own(course):
+    """The sandbox runs as a user of its own: the per-user limits it exhausts are not root's (they were)."""
+    if sandbox_problem() or os.geteuid() != 0:
+        pytest.skip("needs bubblewrap and a grader running as root")
+    hog = ("import ctypes, os, time\nlibc = ctypes.CDLL(None)\nheld = []\nwhile len(held) < 4096 and libc.inotify_init1(0) >= 0:"
+           "\n    held.append(1)\ntime.sleep(3)\nraise RuntimeError(f'uid {os.getuid()} held {len(held)}')")
+    (course / "submitted" / "hog.ipynb").write_text(nbm.dump(with_answer1(toy_master(), F + "\n" + hog)))
+    libc, refused, stop = ctypes.CDLL(None, use_errno=True), [], threading.Event()
+
+    def probe_root():
+        while not stop.wait(0.05):
+            fd = libc.inotify_init1(0)
+            refused.append(fd < 0) if fd < 0 else os.close(fd)
+
+    watcher = threading.Thread(target=probe_root)
+    watcher.start()
+    try:
+        grade_class(course / "solutions" / "07-toy.ipynb", course / "submitted", course / "grades", progress=None,
+                    log=io.StringIO())
+    finally:
+        stop.set()
+        watcher.join()
+    text = _feedback(course / "grades")["hog"]
+    limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    uid, held = (int(w) for w in text.split("RuntimeError: uid ")[1].split()[::2][:2])
+    assert refused == []  # root could make an instance the whole time ...
+    assert uid != 0 and held == limit, text  # ... while the submission held every one its own user may have
+    assert _rows(course / "grades")[("hog", "t1")][0] == 2
+
+
+def test_hand_grading_export_fill_merge(course):
+    """The grading run writes manual.csv; the instructor fills points; the next run merges them into both gradebooks."""
+    out = course / "grades" / "07-toy"
+    assert _cli("07", "submitted", cwd=course).returncode == 0
+    with open(out / "manual.csv", newline="", encoding="utf-8") as f:
+        sheet = list(csv.DictReader(f))
+    assert sheet == [{"student": "alice", "part": "q", "max_points": "1", "points": "",
+                      "answer": "### BEGIN SOLUTION\nBecause.\n### END SOLUTION"}]
+    assert (out / "gradebook-wide.csv").read_text() == "id,name,total,t1,t2,q\nalice,alice.ipynb,5,2,3,\n"
+    for points, ok in (("2", False), ("x", False), ("0.5", True)):
+        sheet[0]["points"] = points
+        with open(out / "manual.csv", "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=list(sheet[0]))
+            w.writeheader()
+            w.writerows(sheet)
+        res = _cli("07", "submitted", cwd=course)
+        if not ok:
+            assert res.returncode == 2 and res.stderr.startswith(
+                f"error: grades/07-toy/manual.csv line 2: points must be a number from 0 to 1, got '{points}'"), res.stderr
+    assert res.returncode == 0, res.stderr
+    assert _rows(out)[("alice", "q")] == (0.5, "graded by hand")
+    assert (out / "gradebook-wide.csv").read_text() == "id,name,total,t1,t2,q\nalice,alice.ipynb,5.5,2,3,0.5\n"
+    assert "0.5" in (out / "manual.csv").read_text()  # kept for the next run
 
 
 def test_cli_generate_check(tmp_path):
@@ -831,6 +1088,47 @@ def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
         want = r["max_points"] if r["student"] == "solution" else "0"
         assert r["points"] == want, (r, (tmp_path / "out" / "feedback" / f"{r['student']}.txt").read_text())
     assert all(r["points"] == "0" and float(r["max_points"]) > 0 for r in manual)
+
+
+def test_the_reference_answers_are_read_from_the_hidden_tests():
+    refs = nbm.references(nbm.load(SOLUTIONS / "01-ssp-rule.ipynb"))
+    assert refs == {"simlib.protocol.may_read", "staleness_aware"}
+    code = ("import simlib.protocol as p\nfrom simlib.protocol import may_read as m\nx = p.may_read\n"
+            "r = StepRule(staleness_aware=True)\ny = getattr(p, 'may_read')\ndef may_read(c, d, s):\n    return c - s <= d")
+    assert nbm.uses(code, refs) == [(2, "simlib.protocol.may_read"), (3, "simlib.protocol.may_read"),
+                                    (4, "staleness_aware"), (5, "simlib.protocol.may_read")]
+    assert nbm.uses("def may_read(c, d, s):\n    return c - s <= d", refs) == []
+
+
+# The in-interpreter cheats that scored 6/6 on assignment 01 before its hidden checks moved out of the sandbox.
+CHEATS_01 = {
+    "replaces_exec": "import builtins\n_real = builtins.exec\nbuiltins.exec = lambda c, *a, **k: _real(c, *a, **k) "
+                     "if isinstance(c, str) else None\n",
+    "patches_marshal": "import marshal\nmarshal.loads = lambda b: compile('pass', 'x', 'exec')\n",
+    "forges_ok_replies": "import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
+                         "        d = json.loads(data[4:])\n        d.update(ok=True, error='')\n"
+                         "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
+                         "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake\n",
+}
+
+
+@pytest.mark.slow
+def test_in_interpreter_cheats_get_nothing_on_assignment_01(tmp_path):
+    master = nbm.load(SOLUTIONS / "01-ssp-rule.ipynb")
+    wrong = "def may_read(clock, completed, bound):\n    return True\ndef scale(tau):\n    return 1.0\n"
+    (tmp_path / "submitted").mkdir()
+    for name, code in CHEATS_01.items():
+        nb = json.loads(json.dumps(master))
+        for cell in nb["cells"]:
+            if nbm.meta(cell).get("grade_id") in ("part1-answer", "part2-answer"):
+                cell["source"] = code + wrong if nbm.meta(cell)["grade_id"] == "part1-answer" else "pass"
+        (tmp_path / "submitted" / f"{name}.ipynb").write_text(nbm.dump(nb))
+    rows = grade_class(SOLUTIONS / "01-ssp-rule.ipynb", tmp_path / "submitted", tmp_path / "out", progress=None,
+                       log=io.StringIO())
+    assert {r["student"] for r in rows} == set(CHEATS_01)
+    assert [r for r in rows if r["points"]] == []
+    texts = _feedback(tmp_path / "out")
+    assert all("differs from the master's on inputs drawn for this grading" in t for t in texts.values()), texts
 
 
 _NBGRADER_QUICK = ["01-ssp-rule.ipynb", "05-compression.ipynb", "06-pipeline.ipynb", "07-allreduce.ipynb"]

@@ -4,9 +4,11 @@
     python -m simlib.grade ASSIGNMENT SUBMISSIONS_DIR [--out DIR] [--solutions DIR] [limits] [--jobs N]
 
 ASSIGNMENT is a master notebook's path, its name ('02-hogwild') or number ('02'), looked up in
-``--solutions``. The master is graded first, in the same sandbox with the same limits, and must
+``--solutions`` (default: ./solutions, else the course's own solutions/ beside the simlib package, so
+the grader runs from any folder). The master is graded first, in the same sandbox with the same limits, and must
 score every autograded point (else: one line saying why, exit status 1). Bad arguments, missing or
-empty folders print one line naming them and exit with status 2.
+empty folders print one line naming them and exit with status 2. Ctrl-C stops the running
+submissions, writes the gradebook of those that finished, names the others and exits with status 130.
 """
 from __future__ import annotations
 
@@ -17,9 +19,10 @@ from itertools import groupby
 from pathlib import Path
 from typing import NoReturn
 
+import simlib
 from simlib.grade import notebook as nbm
 from simlib.grade.gradebook import Refused, grade_class, part_totals
-from simlib.grade.sandbox import FLAGS, Limits
+from simlib.grade.sandbox import FLAGS, Interrupted, Limits
 
 COMMANDS = ("generate",)
 LIMIT_HELP = {  # Limits field -> (metavar, meaning); the flag is sandbox.FLAGS[field], the type its default's
@@ -63,6 +66,12 @@ def find_master(assignment: str, solutions: Path) -> Path:
     return matches[0]
 
 
+def course_folder(name: str) -> Path:
+    """./NAME if it is a folder, else the course's own NAME/ beside the simlib package (a checkout), else ./NAME."""
+    here, course = Path(name), Path(simlib.__file__).resolve().parent.parent / name
+    return course if not here.is_dir() and course.is_dir() else here
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments and run; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -76,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:
+        print(f"interrupted: {exc}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted before the submissions were graded; no gradebook was written", file=sys.stderr)
+        return 130
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -112,8 +127,9 @@ def grade(argv: list[str]) -> int:
     ap.add_argument("submissions", type=Path, metavar="submissions-dir",
                     help="folder of NAME.ipynb files or NAME/ folders (nbgrader's layout)")
     ap.add_argument("--out", type=Path, default=None, help="gradebook and feedback (default: grades/ASSIGNMENT)")
-    ap.add_argument("--solutions", type=Path, default=Path("solutions"),
-                    help="where ASSIGNMENT is looked up (default: solutions)")
+    ap.add_argument("--solutions", type=Path, default=None,
+                    help="where ASSIGNMENT is looked up (default: solutions, here if there is one, else the "
+                         "course's own beside the simlib package)")
     for name, (metavar, meaning) in LIMIT_HELP.items():
         default = getattr(Limits(), name)
         ap.add_argument(FLAGS[name], dest=name, type=type(default), default=default, metavar=metavar,
@@ -124,7 +140,7 @@ def grade(argv: list[str]) -> int:
                     help="bwrap: bubblewrap namespaces; watcher: a process-tree watcher (weaker); "
                          "auto: bwrap where it runs (default: auto)")
     a = ap.parse_args(argv)
-    master = find_master(a.assignment, a.solutions)
+    master = find_master(a.assignment, a.solutions if a.solutions is not None else course_folder("solutions"))
     out = a.out if a.out is not None else Path("grades") / master.stem
     limits = Limits(**{name: getattr(a, name) for name in LIMIT_HELP})
     rows = grade_class(master, a.submissions, out, limits, jobs=a.jobs, sandbox=a.sandbox)
@@ -132,7 +148,8 @@ def grade(argv: list[str]) -> int:
     for student, parts in groupby(rows, key=lambda r: r["student"]):
         got, of = part_totals(list(parts))
         print(f"{student!r}: {got:g} / {of:g}" if not student.isprintable() else f"{student}: {got:g} / {of:g}")
-    print(f"gradebook: {out / 'gradebook.csv'}; feedback: {out / 'feedback'}")
+    print(f"gradebook: {out / 'gradebook.csv'} (per student: {out / 'gradebook-wide.csv'}); hand grading: "
+          f"{out / 'manual.csv'}; notes: {out / 'notes.txt'}; feedback: {out / 'feedback'}")
     return 0
 
 

@@ -11,7 +11,7 @@ gradebook is written for everyone.
 """
 from __future__ import annotations
 
-import csv
+import contextlib
 import errno
 import functools
 import hashlib
@@ -19,23 +19,26 @@ import importlib.metadata
 import json
 import os
 import re
+import secrets
 import shutil
 import stat
 import sys
+import threading
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
 import simlib
 from simlib import _validate as check
 from simlib.grade import cgroup as cgroups
+from simlib.grade import export, probe
 from simlib.grade import notebook as nbm
-from simlib.grade.sandbox import Limits, Outcome, SandboxError, Unit, choose, exposed, run_units
+from simlib.grade.sandbox import (Interrupted, Limits, Outcome, SandboxError, Unit, choose, exposed, run_units,
+                                  sweep_scratch)
 
-VERSION = "2"
-COLUMNS = ("assignment", "student", "part", "points", "max_points", "status")
+VERSION = "3"
 MAX_NOTEBOOK_MB = 20
 MESSAGE_CHARS = 300  # per message in feedback
 MAX_CELL_ERRORS = 20  # errors of the student's own cells listed in feedback
@@ -47,12 +50,14 @@ class Refused(Exception):
     """Grading cannot start: the master notebook does not score full marks in the sandbox."""
 
 
-def build_units(master: dict[str, Any], student: dict[str, Any]) -> tuple[list[Unit], dict[int, str]]:
-    """What runs: the student's cells, with locked and test cells taken from the master.
+def build_units(master: dict[str, Any], student: dict[str, Any],
+                drawn: dict[str, list[dict[str, Any]]] | None = None) -> tuple[list[Unit], dict[int, str]]:
+    """What runs: the student's cells ('answer' units), with locked and test cells taken from the master.
 
     Returns the units and, for test units, the grade_id of the part each belongs to. Test cells
-    run as two units (visible, then hidden) so feedback can say which failed. Locked cells the
-    student deleted are appended at the end.
+    run as two units (visible, then hidden) so feedback can say which failed; a part with calls in
+    ``drawn`` (see :mod:`simlib.grade.probe`) sends those calls in place of its hidden tests. Locked
+    cells the student deleted are appended at the end.
     """
     by_id = {str(nbm.meta(c)["grade_id"]): c for c in master["cells"] if nbm.meta(c).get("grade_id")}
     units: list[Unit] = []
@@ -63,10 +68,12 @@ def build_units(master: dict[str, Any], student: dict[str, Any]) -> tuple[list[U
         used.add(gid)
         if nbm.is_test(cell):
             visible, hidden = nbm.split_hidden(nbm.source(cell))
-            for label, code in (("visible tests", visible), ("hidden tests", hidden)):
+            calls = (drawn or {}).get(gid)
+            hidden_unit = (hidden, "test") if calls is None else (json.dumps(calls), "probe")
+            for label, (code, kind) in (("visible tests", (visible, "test")), ("hidden tests", hidden_unit)):
                 if code.strip():
                     part_of[len(units)] = gid
-                    units.append(Unit(f"{gid}: {label}", code, "test"))
+                    units.append(Unit(f"{gid}: {label}", code, kind))
         else:
             units.append(Unit(gid, nbm.source(cell), "code"))
 
@@ -80,13 +87,15 @@ def build_units(master: dict[str, Any], student: dict[str, Any]) -> tuple[list[U
                 add_master(gid, mcell)
         elif mcell is not None and gid not in used:
             used.add(gid)
-            units.append(Unit(gid, nbm.source(cell), "code"))
+            units.append(Unit(gid, nbm.source(cell), "answer"))
         else:
-            units.append(Unit(f"cell {k + 1}", nbm.source(cell), "code"))
+            units.append(Unit(f"cell {k + 1}", nbm.source(cell), "answer"))
     for gid, mcell in by_id.items():
         if gid not in used and mcell.get("cell_type") == "code" and not nbm.is_answer(mcell):
             add_master(gid, mcell)
-    return units, part_of
+    # probes last: no cell of the student's runs after one, so nothing it saw can reach the feedback
+    order = sorted(range(len(units)), key=lambda i: units[i].kind == "probe")
+    return [units[i] for i in order], {new: part_of[old] for new, old in enumerate(order) if old in part_of}
 
 
 def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], outcomes: list[Outcome]) -> list[dict[str, Any]]:
@@ -134,21 +143,42 @@ def refused(master: dict[str, Any], reason: str) -> dict[str, Any]:
 
 
 def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), numba_cache: Path | None = None,
-                     warm: bool = False, sandbox: str = "auto") -> dict[str, Any]:
-    """Grade one notebook's bytes against the master: {'parts': rows, 'cell_errors': [...], 'notes': [...]}."""
+                     warm: bool = False, sandbox: str = "auto", stop: threading.Event | None = None,
+                     drawn: dict[str, list[Any]] | None = None, expected: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Grade one notebook's bytes against the master: {'parts': rows, 'cell_errors': [...], 'notes': [...],
+    'flags': [...]} (flags: where the student's code names the library's reference answer, for the instructor).
+
+    A part with calls in ``drawn`` passes only if the replies equal ``expected`` (the master's); the master's
+    own run (``expected`` None) returns its replies as 'probes'."""
     master = nbm.load(master_path)
     try:
         student = nbm.loads(data)
-        units, part_of = build_units(master, student)
+        units, part_of = build_units(master, student, drawn)
     except (nbm.NotebookError, ValueError, RecursionError, TypeError) as exc:
         return refused(master, str(exc))
-    report = run_units(units, data, limits, numba_cache, warm, sandbox)
+    report = run_units(units, data, limits, numba_cache, warm, sandbox, stop)
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret), o.fatal) for o in report.outcomes]
-    errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind == "code" and o.ok is False]
+    replies = {}
+    for i, (unit, got) in enumerate(zip(units, report.outcomes)):
+        if unit.kind == "probe" and got.ok:
+            replies[unit.name] = got.values
+            want = got.values if expected is None else expected.get(unit.name, [])  # the master: every call answered
+            why = probe.verdict(got.values, want, json.loads(unit.source))
+            outcomes[i] = Outcome(not why, why)
+    errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind in ("code", "answer") and o.ok is False]
     if len(errors) > MAX_CELL_ERRORS:
         errors = errors[:MAX_CELL_ERRORS] + [f"... and {len(errors) - MAX_CELL_ERRORS} more"]
-    return {"parts": score(master, units, part_of, outcomes), "cell_errors": errors, "notes": report.notes}
+    return {"parts": score(master, units, part_of, outcomes), "cell_errors": errors, "notes": report.notes,
+            "flags": flags(master, units)} | ({"probes": replies} if expected is None else {})
+
+
+def flags(master: dict[str, Any], units: list[Unit]) -> list[str]:
+    """Each line of the student's own code that names the library's reference answer (see nbm.references)."""
+    refs = nbm.references(master)
+    return [f"{u.name[:80]} line {line}: {clean(u.source.splitlines()[line - 1].strip(), [])[:200]} (uses {ref}, "
+            "the library's reference answer)"
+            for u in units if u.kind == "answer" for line, ref in nbm.uses(u.source, refs)][:MAX_CELL_ERRORS]
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,23 +196,34 @@ def environment() -> str:
     return h.hexdigest()
 
 
-def cache_key(master: bytes, submission: bytes, limits: Limits, sandbox: str) -> str:
+def cache_key(master: bytes, submission: bytes, limits: Limits, sandbox: str, calls: str = "{}") -> str:
     """sha256 of the grader version, the environment, the sandbox (and whether it has a cgroup), the limits,
-    the master and the submission."""
+    the probes' calls (JSON), the master and the submission."""
     h = hashlib.sha256(f"{VERSION}\0{environment()}\0{sandbox}\0{cgroups.kind()}\0"
-                       f"{json.dumps(asdict(limits), sort_keys=True)}\0".encode())
+                       f"{json.dumps(asdict(limits), sort_keys=True)}\0{calls}\0".encode())
     h.update(hashlib.sha256(master).digest() + hashlib.sha256(submission).digest())
     return h.hexdigest()
 
 
 @dataclass
 class Submission:
-    """One student's entry: the name shown in the gradebook, its notebook's bytes, or why it is refused."""
+    """One student's entry: the name shown in the gradebook, its notebook's bytes, or why it is refused, and notes
+    for the instructor (never for the student: they may name other students' entries)."""
 
     student: str
     entry: str
     data: bytes = b""
     problem: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+ARCHIVES = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz", ".gz", ".7z", ".rar")
+MAX_FILES = 10_000  # files and folders in one student's folder
+
+
+def shown(name: str) -> str:
+    """A file name as text: bytes that are not UTF-8 (decoded by the OS as surrogates) shown as \\xNN."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def _kind(mode: int) -> str:
@@ -216,20 +257,21 @@ def read_notebook(path: Path) -> tuple[bytes, str]:
         os.close(fd)
 
 
-def _notebook_in(folder: Path, assignment: str) -> tuple[Path | None, str]:
-    """The notebook in a student's folder (ASSIGNMENT.ipynb first, else the first *.ipynb), or why none."""
+def _notebooks_in(folder: Path, assignment: str) -> tuple[list[Path], str]:
+    """The notebooks in a student's folder, the one to grade first (ASSIGNMENT.ipynb, else the first by path),
+    or why none; files and folders are counted against MAX_FILES."""
     found: list[tuple[bool, str, Path]] = []
     seen = 0
     for here, dirs, files in os.walk(folder, followlinks=False):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        seen += len(files)
+        seen += len(files) + len(dirs)
         found += [(name != f"{assignment}.ipynb", os.path.join(here, name), Path(here) / name)
                   for name in files if name.endswith(".ipynb") and not name.startswith(".")]
-        if seen > 10_000:
-            return None, "the folder holds more than 10000 files"
+        if seen > MAX_FILES:
+            return [], f"the folder holds more than {MAX_FILES} files and folders"
     if not found:
-        return None, "no notebook found in the submission"
-    return min(found)[2], ""
+        return [], "no notebook found in the submission"
+    return [path for *_, path in sorted(found)], ""
 
 
 def _unique(names: list[str]) -> list[str]:
@@ -244,41 +286,56 @@ def _unique(names: list[str]) -> list[str]:
     return list(taken)
 
 
+def _entry(entry: os.DirEntry, assignment: str) -> tuple[Submission | None, str]:
+    """One entry of the class folder: its submission, or a note saying why it is not one."""
+    name = shown(entry.name)
+    if name.startswith("."):
+        return None, f"ignored {name!r}: a hidden entry (its name starts with '.'); rename it to grade it"
+    try:
+        mode = entry.stat(follow_symlinks=False).st_mode
+    except OSError as exc:
+        return Submission(name, name, problem=f"{name} cannot be read ({exc.strerror})"), ""
+    if stat.S_ISDIR(mode):
+        paths, problem = _notebooks_in(Path(entry.path), assignment)
+        sub = Submission(name, name + "/", problem=problem)
+        if paths:
+            sub.data, sub.problem = read_notebook(paths[0])
+            rel = [shown(str(p.relative_to(entry.path))) for p in paths]
+            if len(rel) > 1:
+                sub.notes.append(f"{name}/: graded {rel[0]}; not graded: {', '.join(rel[1:6])}"
+                                 + (f" and {len(rel) - 6} more" if len(rel) > 6 else ""))
+        return sub, ""
+    archive = next((a for a in ARCHIVES if name.lower().endswith(a)), "")
+    if archive and stat.S_ISREG(mode):
+        stem = name[: -len(archive)] or name
+        return Submission(stem, name, problem=f"{name} is an archive, not a notebook: unpack it into {stem}/ "
+                                              "and grade again"), ""
+    if name.endswith(".ipynb") or not stat.S_ISREG(mode):  # links and special files are refused by name
+        sub = Submission(name.removesuffix(".ipynb") or name, name)
+        if stat.S_ISREG(mode):
+            sub.data, sub.problem = read_notebook(Path(entry.path))
+        else:
+            sub.problem = f"{name} is {_kind(mode)}, not a notebook or a folder"
+        return sub, ""
+    return None, f"ignored {name!r}: {_kind(mode)}, neither a notebook nor a folder"
+
+
 def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], list[str]]:
     """Every submission in ``folder`` ('NAME.ipynb' files, or 'NAME/' folders holding the notebook, as
-    nbgrader lays them out), and notes on entries ignored. Names that clash (``alice.ipynb`` beside
-    ``alice/``, or equal after Unicode normalisation and case folding) are all refused, each under its
-    entry's name; symbolic links and special files are refused; nothing is dropped silently."""
+    nbgrader lays them out), and notes on entries ignored. A name is any byte string. Names that clash
+    (``alice.ipynb`` beside ``alice/``, or equal after Unicode normalisation and case folding) are each
+    graded under its entry's name, with a note; symbolic links and special files are refused; archives
+    get a row saying to unpack them; nothing is dropped silently."""
     if not folder.exists():
         raise ValueError(f"submissions-dir: {folder} does not exist")
     if not folder.is_dir():
         raise ValueError(f"submissions-dir: {folder} is not a folder")
     subs: list[Submission] = []
     notes: list[str] = []
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        name = entry.name
-        if name.startswith("."):
-            continue
-        try:
-            mode = entry.stat(follow_symlinks=False).st_mode
-        except OSError as exc:
-            subs.append(Submission(name, name, problem=f"{name} cannot be read ({exc.strerror})"))
-            continue
-        if stat.S_ISDIR(mode):
-            path, problem = _notebook_in(Path(entry.path), assignment)
-            sub = Submission(name, name + "/", problem=problem)
-            if path is not None:
-                sub.data, sub.problem = read_notebook(path)
-            subs.append(sub)
-        elif name.endswith(".ipynb") or not stat.S_ISREG(mode):  # links and special files are refused by name
-            sub = Submission(name.removesuffix(".ipynb") or name, name)
-            if stat.S_ISREG(mode):
-                sub.data, sub.problem = read_notebook(Path(entry.path))
-            else:
-                sub.problem = f"{name} is {_kind(mode)}, not a notebook or a folder"
-            subs.append(sub)
-        else:
-            notes.append(f"ignored {name!r}: {_kind(mode)}, neither a notebook nor a folder")
+    for entry in sorted(os.scandir(folder), key=lambda e: os.fsencode(e.name)):
+        sub, note = _entry(entry, assignment)
+        subs += [sub] if sub is not None else []
+        notes += [note] if note else []
     if not subs:
         raise ValueError(f"submissions-dir: {folder} holds no submissions (NAME.ipynb files or NAME/ folders)")
     clash: dict[str, list[Submission]] = {}
@@ -289,7 +346,8 @@ def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], l
             entries = ", ".join(s.entry for s in group)
             for sub in group:
                 sub.student = sub.entry
-                sub.data, sub.problem = b"", f"{entries} all name the same student; keep one and grade again"
+                sub.notes.append(f"{entries} name the same student up to case, width or accents: each is graded "
+                                 "under its entry's name; check which is whose")
     for sub, name in zip(subs, _unique([s.student for s in subs])):
         sub.student = name
     return subs, notes
@@ -319,11 +377,16 @@ def part_totals(parts: list[dict[str, Any]]) -> tuple[float, float]:
 
 
 def check_hidden(master_path: Path, out_dir: Path, submissions: Path) -> None:
-    """ValueError if the sandbox could read the master (hidden tests), the gradebook or other submissions."""
+    """ValueError if the sandbox could read the master (hidden tests), the gradebook or other submissions, or if
+    --out lies in the class folder (the next run would grade the gradebook as a student)."""
     for what, path in (("the master notebook", master_path), ("--out", out_dir), ("submissions-dir", submissions)):
         root = exposed(path)
         if root is not None:
             raise ValueError(f"{what}: {path} lies inside {root}, which submissions may read; move it elsewhere")
+    out, subs = os.path.realpath(out_dir), os.path.realpath(submissions)
+    if out == subs or out.startswith(subs.rstrip("/") + "/"):
+        raise ValueError(f"--out: {out_dir} lies inside submissions-dir {submissions}, where the next run would "
+                         "take it for a student; put it elsewhere")
 
 
 class Progress:
@@ -349,14 +412,20 @@ class Progress:
         self.stream.flush()
 
 
+INTERRUPTED = "grading was interrupted (Ctrl-C) before this submission was graded; grade again to finish"
+
+
 def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Limits = Limits(),
                 progress: Callable[[int], Progress] | None = Progress, jobs: int | None = None,
                 sandbox: str = "auto", log: TextIO | None = None) -> list[dict[str, Any]]:
-    """Grade every submission (cached ones are not re-run); write gradebook.csv and feedback/; return the rows.
+    """Grade every submission (cached ones are not re-run); write the gradebooks, manual.csv, notes.txt and
+    feedback/ (see :mod:`simlib.grade.export`); return the rows of the long gradebook.
 
     ``jobs`` submissions run side by side (default 2, each in its own sandbox). ``sandbox``: 'auto'
     (bubblewrap where it runs, else the watcher, said once on ``log``), 'bwrap' or 'watcher'.
-    ValueError for bad arguments, :class:`Refused` if the master does not score full marks.
+    ValueError for bad arguments, :class:`Refused` if the master does not score full marks. On Ctrl-C,
+    the running sandboxes are killed, everything is written for what finished (the rest: 'not graded'),
+    then :class:`Interrupted` says what did not finish.
 
     >>> grade_class("solutions/01-ssp-rule.ipynb", "submitted", "grades/01")  # doctest: +SKIP
     """
@@ -370,25 +439,36 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
     if jobs > 1 and kind != "bwrap" and os.getuid() != 0:
         raise ValueError("--jobs: submissions run side by side only in bubblewrap or as root "
                          "(each needs a private /dev/shm); use 1")
-    found, ignored = find_submissions(submissions, master_path.stem)
+    found, notes = find_submissions(submissions, master_path.stem)
+    hand = {p.grade_id: p.points for p in nbm.parts(master) if p.kind == "manual"}
+    filled = export.read_manual(out_dir / "manual.csv", hand)
     if note:  # after every check of the arguments, so a bad one is still answered in one line
         print(note, file=log)
-    for line in ignored:
+    stale = sweep_scratch()
+    notes += [n for sub in found for n in sub.notes]
+    notes += [f"removed {len(stale)} scratch folder(s) of graders that were killed"] if stale else []
+    for line in notes:
         print(f"note: {clean(line, [])}", file=log)
     names = feedback_names([s.student for s in found])
     (out_dir / ".cache").mkdir(parents=True, exist_ok=True)
     (out_dir / "feedback").mkdir(exist_ok=True)
     master_bytes = master_path.read_bytes()
-    kernels = check_master(master_path, out_dir, limits, kind)
+    drawn = drawn_calls(master, out_dir)
+    calls = json.dumps(drawn, sort_keys=True)
+    kernels, expected = check_master(master_path, out_dir, limits, kind, drawn)
     bar = progress(len(found)) if progress is not None else None
     results: dict[str, dict[str, Any]] = {}
 
-    def finish(sub: Submission, result: dict[str, Any], cached: bool) -> None:
+    def finish(sub: Submission, result: dict[str, Any], cached: bool, hit: Path | None = None) -> None:
+        if hit is not None and not result.get("refused", "").startswith("the grader"):
+            hit.write_text(json.dumps(result, indent=1, sort_keys=True))
         results[sub.student] = result
         try:
             write_feedback(out_dir / "feedback" / names[sub.student], master_path.stem, sub.student, result)
         except OSError as exc:
             print(f"note: feedback for {clean(sub.student, [])} not written ({exc.strerror})", file=log)
+        for flag in result.get("flags", []):
+            print(f"flag: {clean(sub.student, [])}: {flag}", file=log)
         if bar is not None:
             bar.step(sub.student, *part_totals(result["parts"]), cached)
 
@@ -397,49 +477,84 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
         if sub.problem:
             finish(sub, refused(master, sub.problem), False)
             continue
-        hit = out_dir / ".cache" / f"{cache_key(master_bytes, sub.data, limits, kind)}.json"
+        hit = out_dir / ".cache" / f"{cache_key(master_bytes, sub.data, limits, kind, calls)}.json"
         try:
             finish(sub, json.loads(hit.read_text()), True)
         except (OSError, ValueError):
             todo.append((sub, hit))
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        running = {pool.submit(_grade_one, master, master_path, sub.data, limits, kernels, kind): (sub, hit)
-                   for sub, hit in todo}
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    running = {pool.submit(_grade_one, master, master_path, sub.data, limits, kernels, kind, stop, drawn, expected):
+               (sub, hit) for sub, hit in todo}
+    try:
         for done in as_completed(running):
-            sub, hit = running[done]
-            result = done.result()
-            if "refused" not in result or not result["refused"].startswith("the grader"):
-                hit.write_text(json.dumps(result, indent=1, sort_keys=True))
-            finish(sub, result, False)
-    rows = [{"assignment": master_path.stem, "student": sub.student} | {k: row[k] for k in COLUMNS[2:]}
+            finish(running[done][0], done.result(), False, running[done][1])
+    except KeyboardInterrupt:
+        stop.set()  # each running sandbox is killed within 0.1 s
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    for done, (sub, hit) in running.items():  # those that finished while the others were stopped
+        if sub.student not in results and not done.cancelled() and done.exception() is None:
+            finish(sub, done.result(), False, hit)
+    missing = [sub.student for sub in found if sub.student not in results]
+    results.update({student: refused(master, INTERRUPTED) for student in missing})  # not cached, no feedback
+    rows = [{"assignment": master_path.stem, "student": sub.student} | {k: row[k] for k in export.COLUMNS[2:]}
             for sub in found for row in results[sub.student]["parts"]]
-    write_gradebook(out_dir / "gradebook.csv", rows)
+    notes += [f"{sub.student}: flagged: {flag}" for sub in found for flag in results[sub.student].get("flags", [])]
+    rows = [r | {"status": "passed; flagged (notes.txt)"} if r["status"] == "passed" and results[r["student"]].get("flags")
+            else r for r in rows]
+    write_outputs(out_dir, master, found, rows, filled, notes + [f"{s}: {INTERRUPTED}" for s in missing])
+    if missing:
+        raise Interrupted(f"{len(found) - len(missing)} of {len(found)} submissions graded, written to "
+                          f"{out_dir / 'gradebook.csv'}; not graded: {', '.join(map(repr, missing[:20]))}"
+                          + (f" and {len(missing) - 20} more" if len(missing) > 20 else ""))
     return rows
 
 
+def write_outputs(out_dir: Path, master: dict[str, Any], found: list[Submission], rows: list[dict[str, Any]],
+                  filled: dict[tuple[str, str], float], notes: list[str]) -> None:
+    """The long and wide gradebooks (hand-graded points merged), the hand-grading sheet and the notes."""
+    hand = {p.grade_id for p in nbm.parts(master) if p.kind == "manual"}
+    answers = {}
+    for sub in found:
+        with contextlib.suppress(nbm.NotebookError, RecursionError, TypeError, AttributeError):
+            answers.update({(sub.student, gid): text for gid, text in nbm.answers(nbm.loads(sub.data), hand).items()}
+                           if sub.data and not sub.problem else {})
+    export.write_manual(out_dir / "manual.csv", rows, answers, filled)
+    rows = export.merge_manual(rows, filled)
+    export.write_gradebook(out_dir / "gradebook.csv", rows)
+    export.write_wide(out_dir / "gradebook-wide.csv", rows, {sub.student: sub.entry for sub in found})
+    (out_dir / "notes.txt").write_text("".join(f"{clean(n, [])}\n" for n in notes), encoding="utf-8")
+
+
 def _grade_one(master: dict[str, Any], master_path: Path, data: bytes, limits: Limits, kernels: Path,
-               kind: str) -> dict[str, Any]:
+               kind: str, stop: threading.Event, drawn: dict[str, list[Any]], expected: dict[str, Any]) -> dict[str, Any]:
     """grade_submission, with whatever goes wrong inside the grader made this student's 0 and reason."""
     try:
-        return grade_submission(master_path, data, limits, kernels, sandbox=kind)
+        return grade_submission(master_path, data, limits, kernels, sandbox=kind, stop=stop, drawn=drawn,
+                                expected=expected)
+    except Interrupted:
+        raise
     except Exception as exc:  # noqa: BLE001 - one submission must never stop the class
         return refused(master, f"the grader could not grade this submission ({type(exc).__name__}: {exc})")
 
 
-def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str) -> Path:
+def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str,
+                 drawn: dict[str, list[Any]] | None = None) -> tuple[Path, dict[str, Any]]:
     """Run the master (trusted) in the sandbox with the class's limits; it must score every autograded
-    point with no cell raising, else :class:`Refused` with one line saying why. Its run compiles the library's kernels
-    into the folder returned, which submissions get a copy of; a pass is remembered there."""
+    point with no cell raising, else :class:`Refused` with one line saying why. Returns the folder its run
+    compiled the library's kernels into (submissions get a copy; a pass is remembered there) and its
+    replies to the ``drawn`` calls, which students' replies must equal."""
     master_bytes = master_path.read_bytes()
-    key = cache_key(master_bytes, master_bytes, limits, sandbox)[:16]
+    key = cache_key(master_bytes, master_bytes, limits, sandbox, json.dumps(drawn or {}, sort_keys=True))[:16]
     kernels = out_dir / ".numba-cache" / key
     if (kernels / "master-passed").is_file():
-        return kernels
+        return kernels, json.loads((kernels / "master-passed").read_text()).get("probes", {})
     for old in (out_dir / ".numba-cache").glob("*"):
         shutil.rmtree(old, ignore_errors=True)
     kernels.mkdir(parents=True)
     try:
-        result = grade_submission(master_path, master_bytes, limits, kernels, warm=True, sandbox=sandbox)
+        result = grade_submission(master_path, master_bytes, limits, kernels, warm=True, sandbox=sandbox, drawn=drawn)
     except SandboxError as exc:
         shutil.rmtree(kernels, ignore_errors=True)
         raise Refused(f"the master notebook {master_path.name} could not run in the sandbox: {clean(str(exc), [])} "
@@ -455,17 +570,19 @@ def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str)
                       f"check that {sys.executable} has every package the notebook imports and that --cell-timeout "
                       f"{limits.cell_s:g}, --timeout {limits.wall_s:g} and --memory-mb {limits.memory_mb} are enough")
     (kernels / "master-passed").write_text(json.dumps(result, indent=1, sort_keys=True))
-    return kernels
+    return kernels, result.get("probes", {})
 
 
-def write_gradebook(path: Path, rows: list[dict[str, Any]]) -> None:
-    """The gradebook: one row per student and part (written whole, then moved into place)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-        w.writeheader()
-        w.writerows({**row, "points": f"{row['points']:g}", "max_points": f"{row['max_points']:g}"} for row in rows)
-    os.replace(tmp, path)
+def drawn_calls(master: dict[str, Any], out_dir: Path) -> dict[str, list[Any]]:
+    """grade_id -> the calls of each part whose hidden tests define _probes, drawn with this grading folder's
+    seed (made at random the first time, kept in .cache/probe-seed; delete it to draw new inputs)."""
+    path = out_dir / ".cache" / "probe-seed"
+    if not path.is_file():
+        path.write_text(str(secrets.randbits(63)))
+    seed = int(path.read_text())
+    drawn = {str(nbm.meta(c)["grade_id"]): probe.calls(nbm.split_hidden(nbm.source(c))[1], seed)
+             for c in master["cells"] if nbm.is_test(c)}
+    return {gid: calls for gid, calls in drawn.items() if calls is not None}
 
 
 def write_feedback(path: Path, assignment: str, student: str, result: dict[str, Any]) -> None:

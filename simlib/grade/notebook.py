@@ -14,6 +14,7 @@ A master notebook (``solutions/NN-name.ipynb``) marks cells with nbgrader's meta
 """
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
@@ -123,6 +124,65 @@ def parts(nb: dict[str, Any]) -> list[Part]:
     """The graded parts, in notebook order."""
     return [Part(str(meta(c)["grade_id"]), float(meta(c).get("points", 0)), "manual" if is_manual(c) else "tests")
             for c in nb["cells"] if meta(c).get("grade")]
+
+
+def _trees(sources: list[str]) -> list[ast.AST]:
+    """Each source parsed (those that do not parse, e.g. with IPython magics, left out)."""
+    out = []
+    for text in sources:
+        try:
+            out.append(ast.parse(text))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            pass
+    return out
+
+
+def _root(node: ast.AST) -> str:
+    """The name a call's target starts from ('simlib' for simlib.protocol.run)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def references(master: dict[str, Any]) -> set[str]:
+    """What the hidden tests take from the library as the answer: the names they import from simlib
+    ('simlib.protocol.may_read'), and the keywords they pass to simlib's calls that no other cell passes
+    ('staleness_aware')."""
+    code = [c for c in master["cells"] if c.get("cell_type") == "code"]
+    hidden = _trees([split_hidden(source(c))[1] for c in code if is_test(c)])
+    shown = _trees([split_hidden(source(c))[0] if is_test(c) else source(c) for c in code])
+    found: set[str] = set()
+    for node in (n for tree in hidden for n in ast.walk(tree)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "simlib":
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Call) and _root(node.func) == "simlib":
+            found.update(k.arg for k in node.keywords if k.arg)
+    passed = {n.arg for tree in shown for n in ast.walk(tree) if isinstance(n, ast.keyword)}
+    return {r for r in found if "." in r or r not in passed}
+
+
+def uses(text: str, refs: set[str]) -> list[tuple[int, str]]:
+    """(line, reference) for each place the code names one of ``refs`` (see :func:`references`): an import of it,
+    an attribute or keyword of its name, or its name as a string (getattr); a static look, so a name built
+    at run time is not seen."""
+    last = {r.rsplit(".", 1)[-1]: r for r in refs}
+    hits: set[tuple[int, str]] = set()
+    if not refs:
+        return []
+    for node in (n for tree in _trees([text]) for n in ast.walk(tree)):
+        if isinstance(node, ast.ImportFrom):
+            hits.update((node.lineno, f"{node.module}.{a.name}") for a in node.names if f"{node.module}.{a.name}" in refs)
+            continue
+        name = (node.attr if isinstance(node, ast.Attribute) else node.arg if isinstance(node, ast.keyword)
+                else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None)
+        if name in last and hasattr(node, "lineno"):
+            hits.add((node.lineno, last[name]))
+    return sorted(hits)
+
+
+def answers(nb: dict[str, Any], grade_ids: set[str]) -> dict[str, str]:
+    """grade_id -> the text of the notebook's cell with that id, for the ids asked for."""
+    return {str(meta(c)["grade_id"]): source(c) for c in nb["cells"] if meta(c).get("grade_id") in grade_ids}
 
 
 def assignment_number(path: Path | str) -> int:

@@ -10,7 +10,10 @@ Two sandboxes, chosen once per run (:func:`choose`):
   hidden tests, other submissions and the gradebook are not mounted at all. When the namespace's
   first process dies (killed by the grader, or by the kernel when the grader dies:
   ``--die-with-parent``), the kernel kills every process in it, however it was forked
-  (``setsid``, double forks, ``clone(CLONE_PARENT)``): nothing of a submission outlives it.
+  (``setsid``, double forks, ``clone(CLONE_PARENT)``): nothing of a submission outlives it. Started
+  by root, the sandbox becomes a user id of its own (:func:`sandbox_uid`, one per submission) before
+  any submitted code runs, so the per-user limits it can exhaust (128 inotify instances, processes)
+  are its own, not root's nor another student's; it then holds no capability at all.
 * **the watcher** (fallback where ``bwrap`` cannot run): its own process session, the child a
   subreaper, and a thread here that watches the process tree and kills it at the end. A process
   that leaves the tree (``clone(CLONE_PARENT)``) can escape it; the grader says so once.
@@ -28,22 +31,28 @@ other unit, in one frame before the submission's first cell runs; the child then
 channel, and each unit starts on a bare "go" byte. Replies carry a nonce per unit, so frames the
 submission writes into the result channel ahead of time are refused.
 
-**Not stopped**: code that tampers with the harness inside its own interpreter (as in nbgrader,
-where tests share the student's kernel): walking the stack or the garbage collector to the compiled
-tests or the nonces, replacing ``exec`` or the reference functions the tests call.
+**Not stopped** for a part whose hidden tests run as code: tampering with the harness inside the
+student's own interpreter (as in nbgrader, where tests share the student's kernel): walking the stack
+or the garbage collector to the compiled tests or the nonces, replacing ``exec`` or the reference
+functions the tests call. A part whose hidden tests define ``_probes`` (:mod:`simlib.grade.probe`)
+sends no test code at all: its calls come after every cell has run, the sandbox answers with plain
+values, and the grader compares them with the master's outside, so such tampering changes only values.
 """
 from __future__ import annotations
 
 import base64
 import contextlib
 import functools
+import itertools
 import json
 import marshal
 import os
 import secrets
 import select
 import shutil
+import re
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -96,16 +105,17 @@ class Unit:
 
     name: str
     source: str
-    kind: str  # 'code' (set-up, answers, the student's own cells) or 'test'
+    kind: str  # 'code' (the master's set-up), 'answer' (the student's cells), 'test', or 'probe' (calls as JSON)
 
 
 @dataclass
 class Outcome:
-    """What happened to a unit: ok, or not and why (None if it never ran)."""
+    """What happened to a unit: ok, or not and why (None if it never ran); a probe unit's replies to its calls."""
 
     ok: bool | None = None
     error: str = ""
     fatal: bool = False
+    values: Any = None
 
 
 @dataclass
@@ -122,6 +132,34 @@ class Fatal(Exception):
 
 class SandboxError(RuntimeError):
     """The sandbox itself could not start (not the submission's doing)."""
+
+
+class Interrupted(Exception):
+    """Grading was stopped (Ctrl-C): the sandbox was killed, the submission's grade is not known."""
+
+
+SCRATCH = "simlib-grade-"
+_OWNER = re.compile(rf"{SCRATCH}(\d+)\.(\d+)-")
+
+
+def scratch_dir() -> Path:
+    """A fresh scratch folder named after this grader (pid and start time), so a later grader can tell it stale."""
+    return Path(tempfile.mkdtemp(prefix=f"{SCRATCH}{os.getpid()}.{_start_time(os.getpid())}-"))
+
+
+def sweep_scratch() -> list[str]:
+    """Remove the scratch folders (this user's) of graders no longer running, e.g. killed with SIGKILL; their names."""
+    gone = []
+    with contextlib.suppress(OSError), os.scandir(tempfile.gettempdir()) as entries:
+        for entry in entries:
+            owner = _OWNER.match(entry.name)
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if owner and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() \
+                        and _start_time(int(owner[1])) != int(owner[2]):
+                    shutil.rmtree(entry.path)
+                    gone.append(entry.name)
+    return gone
 
 
 def python_roots() -> list[str]:
@@ -149,12 +187,20 @@ def exposed(path: Path | str) -> str | None:
 
 
 # -- choosing the sandbox -------------------------------------------------------------------------
-def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits) -> list[str]:
-    """bwrap's options: namespaces, a cleared environment, the read-only trees, the two quota'd tmpfs."""
+def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits, uid: int = 0) -> list[str]:
+    """bwrap's options: namespaces, a cleared environment, the read-only trees, the two quota'd tmpfs; with ``uid``,
+    only the capabilities to become that user (the child does, first thing), and both tmpfs writable by it."""
     disk = str(limits.disk_mb * 1024 * 1024)
-    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
-            "--proc", "/proc", "--dev", "/dev", "--size", disk, "--tmpfs", "/dev/shm",
-            "--size", disk, "--tmpfs", INSIDE_SCRATCH]
+    caps = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--perms", "01777"] if uid else []
+    # --unshare-all makes a user namespace mapping root alone, where no other uid exists: the rest of it, then
+    unshare = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"] if uid else [
+        "--unshare-all"]
+    args = ["bwrap", *unshare, "--die-with-parent", "--new-session", "--clearenv", "--cap-drop", "ALL",
+            "--proc", "/proc", "--dev", "/dev", *caps, "--size", disk, "--tmpfs", "/dev/shm",
+            *caps[-2:], "--size", disk, "--tmpfs", INSIDE_SCRATCH]
+    # the folders above each tree, made 0755 (bwrap makes them 0700, which a uid of its own cannot cross)
+    above = {str(a) for p in SYSTEM_READ + python_roots() + ["/run/numba-cache"] for a in Path(p).parents if str(a) != "/"}
+    args += [a for d in sorted(above, key=lambda d: d.count("/")) for a in ("--dir", d)]
     for path in SYSTEM_READ + ["/bin"]:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
@@ -172,17 +218,50 @@ def bwrap_problem() -> str:
     """'' if bubblewrap runs a Python here, else why not (one phrase)."""
     if shutil.which("bwrap") is None:
         return "bwrap is not installed (apt-get install bubblewrap)"
-    with tempfile.TemporaryDirectory(prefix="simlib-grade-probe-") as tmp:
-        (Path(tmp) / "submission.ipynb").write_text("{}")
-        args = bwrap_args(Path(tmp), Path(tmp), False, Limits())
-        try:
-            res = subprocess.run(args + ["--", sys.executable, "-E", "-s", "-c", "import os; print(os.getpid())"],
-                                 capture_output=True, text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"bwrap did not run ({exc})"
+    tmp = scratch_dir()
+    try:
+        (tmp / "submission.ipynb").write_text("{}")
+        args = bwrap_args(tmp, tmp, False, Limits())
+        res = subprocess.run(args + ["--", sys.executable, "-E", "-s", "-c", "import os; print(os.getpid())"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap did not run ({exc})"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if res.returncode != 0 or res.stdout.strip() != "2":
         return f"bwrap did not run a sandbox here ({(res.stderr.strip().splitlines() or ['no message'])[-1]})"
     return ""
+
+
+DROP = "import os, sys; u = int(sys.argv[1]); os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u, u, u)"
+UID_BASE = 0x5EED0000  # uids no account uses: 256 per grader process, by its pid
+_uids = itertools.count()
+
+
+@functools.lru_cache(maxsize=None)
+def uid_problem() -> str:
+    """'' if a bubblewrap sandbox started as root can become an unprivileged user of its own here, else why not."""
+    if os.geteuid() != 0:
+        return "the grader is not root"
+    tmp = scratch_dir()
+    try:
+        (tmp / "submission.ipynb").write_text("{}")
+        code = f"{DROP}; open('/tmp/x', 'w'); open('/dev/shm/x', 'w'); print(os.getuid())"
+        res = subprocess.run(bwrap_args(tmp, tmp, False, Limits(), UID_BASE) + ["--", sys.executable, "-E", "-s", "-c",
+                             code, str(UID_BASE)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap did not run ({exc})"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return "" if res.stdout.strip() == str(UID_BASE) else (res.stderr.strip().splitlines() or ["no message"])[-1]
+
+
+def sandbox_uid(kind: str) -> int:
+    """A user id of its own for a sandbox, so the per-user limits it exhausts (inotify instances, processes) are not
+    root's nor another student's; 0 where the sandbox stays root (the watcher, or bwrap where it cannot switch)."""
+    if kind != "bwrap" or os.geteuid() != 0 or bwrap_problem() or uid_problem():
+        return 0
+    return UID_BASE + (os.getpid() % 4096) * 256 + next(_uids) % 256
 
 
 def choose(kind: str = "auto") -> tuple[str, str]:
@@ -210,8 +289,9 @@ class Child:
 
     watch_every = 0.02  # seconds between the watcher's looks at the process tree
 
-    def __init__(self, scratch: Path, limits: Limits, kernels: Path, warm: bool, kind: str):
-        self.limits, self.kind = limits, kind
+    def __init__(self, scratch: Path, limits: Limits, kernels: Path, warm: bool, kind: str,
+                 stop: threading.Event | None = None, uid: int = 0):
+        self.limits, self.kind, self.stop = limits, kind, stop
         r, w = os.pipe()
         os.set_inheritable(w, True)
         root = os.path.dirname(os.path.dirname(simlib.__file__))
@@ -228,13 +308,13 @@ class Child:
             "cpu_s": int(limits.wall_s) + 5, "landlock": sys.platform.startswith("linux"),
             "read_only": readable_roots() + ["/run/numba-cache"], "own_proc": kind == "bwrap",
             "read_write": [str(inside), str(SHM), str(cache)], "rw_files": [d for d in DEVICES if os.path.exists(d)],
-            "kernels": "/run/numba-cache" if kind == "bwrap" and not warm else "",
+            "kernels": "/run/numba-cache" if kind == "bwrap" and not warm else "", "uid": uid,
         }
         boot = f"import sys; sys.path.insert(0, {root!r}); from simlib.grade.child import main; main()"
         cmd = [sys.executable, "-E", "-s", "-c", boot, json.dumps(cfg)]
         fds = [w]
         if kind == "bwrap":  # options through a pipe, so the host's paths are not in the sandbox's /proc/1/cmdline
-            options = bwrap_args(scratch, kernels, warm, limits) + [a for k, v in env.items() for a in ("--setenv", k, v)]
+            options = bwrap_args(scratch, kernels, warm, limits, uid) + [a for k, v in env.items() for a in ("--setenv", k, v)]
             ar, aw = os.pipe()
             os.write(aw, b"".join(a.encode() + b"\0" for a in options[1:]))
             os.close(aw)
@@ -272,6 +352,7 @@ class Child:
         self._watcher = threading.Thread(target=self._watch, daemon=True)
         self._watcher.start()
         self.nonces: list[str] = []
+        self.late: dict[int, Any] = {}
 
     # -- output and the process tree ------------------------------------------------------------
     def _read_output(self) -> None:
@@ -407,6 +488,8 @@ class Child:
                         raise Fatal("the submission wrote into the grader's result channel")
                     return frame
             wait = deadline - time.monotonic()
+            if self.stop is not None and self.stop.is_set():
+                raise Interrupted("grading was interrupted")
             if self.violation:
                 raise Fatal(self.violation)
             if wait <= 0:
@@ -428,7 +511,10 @@ class Child:
     def send_plan(self, units: list[Unit]) -> None:
         """Every unit in one frame, before any of them runs: tests compiled here, never as text."""
         self.nonces = [secrets.token_hex(16) for _ in units]
-        plan = [{"name": u.name, "nonce": n, **({"code": _compiled(u)} if u.kind == "test" else {"source": u.source})}
+        # a probe's calls follow its "go" byte instead: unseen until every cell of the student's has run
+        self.late = {k: json.loads(u.source) for k, u in enumerate(units) if u.kind == "probe"}
+        plan = [{"name": u.name, "nonce": n, **({"code": _compiled(u)} if u.kind == "test" else
+                                                 {"late": True} if u.kind == "probe" else {"source": u.source})}
                 for u, n in zip(units, self.nonces)]
         self._write(frame({"units": plan}))
 
@@ -441,7 +527,7 @@ class Child:
         """Let unit ``k`` of the plan run; wait for its answer until ``deadline``."""
         self.output = 0
         before = self._processes()
-        self._write(b"g")
+        self._write(b"g" + (frame({"calls": self.late[k]}) if k in self.late else b""))
         reply = self.receive(deadline)
         if reply.get("seq") != k or reply.get("nonce") != self.nonces[k] or not isinstance(reply.get("ok"), bool):
             raise Fatal("the submission wrote into the grader's result channel")
@@ -452,7 +538,7 @@ class Child:
         self._settle(before)
         if self.violation or self._over_limit():
             raise Fatal(self.violation)
-        return Outcome(reply["ok"], str(reply.get("error", ""))[:1000])
+        return Outcome(reply["ok"], str(reply.get("error", ""))[:1000], values=reply.get("values"))
 
 
 def _reap_children(processes: set[tuple[int, int]], skip: int, patience: float = 1.0) -> None:
@@ -521,16 +607,18 @@ def _rss_bytes(pid: int) -> int:
 
 
 def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), numba_cache: Path | None = None,
-              warm: bool = False, sandbox: str = "auto") -> Report:
+              warm: bool = False, sandbox: str = "auto", stop: threading.Event | None = None) -> Report:
     """Run the units in order in sandboxed children; after a fatal error, restart and go on without it.
 
     ``numba_cache`` holds the library's compiled kernels: a submission gets a private copy (so it
     cannot plant code for the next one), and the instructor's own run (``warm=True``) fills it.
 
     A restarted child re-runs the earlier code units (not the tests) so later parts see the same
-    definitions; at most :data:`MAX_RESTARTS` restarts, then the rest is marked not run.
+    definitions; at most :data:`MAX_RESTARTS` restarts, then the rest is marked not run. Once ``stop``
+    is set, the sandbox is killed and :class:`Interrupted` raised.
     """
     kind, _ = choose(sandbox)
+    uid = sandbox_uid(kind)  # one per submission, kept across restarts
     report = Report([Outcome() for _ in units])
     start = time.monotonic()
     shm_before = _shm_entries()
@@ -538,7 +626,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
     skip: set[int] = set()
     i, restarts = 0, 0
     while i < len(units):
-        scratch = Path(tempfile.mkdtemp(prefix="simlib-grade-"))
+        scratch = scratch_dir()
         child: Child | None = None
         current = -1
         try:
@@ -549,7 +637,9 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             elif numba_cache is not None and numba_cache.is_dir():
                 shutil.copytree(numba_cache, kernels)
             kernels.mkdir(parents=True, exist_ok=True)
-            child = Child(scratch, limits, kernels, warm, kind)
+            if warm and uid:  # the instructor's run writes the compiled kernels as the sandbox's user
+                os.chown(kernels, uid, uid)
+            child = Child(scratch, limits, kernels, warm, kind, stop, uid)
             try:
                 hello = child.receive(time.monotonic() + 60)
             except Fatal as exc:
@@ -559,7 +649,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             if restarts == 0:
                 report.notes.append(_describe_isolation(kind, hello, child.cgroup, limits))
             # the earlier code units replayed (all but those that stopped a child), then the rest
-            plan = [j for j in range(i) if units[j].kind == "code" and j not in skip] + list(range(i, len(units)))
+            plan = [j for j in range(i) if units[j].kind in ("code", "answer") and j not in skip] + list(range(i, len(units)))
             child.send_plan([units[j] for j in plan])
             for k, j in enumerate(plan):
                 current = j
@@ -601,7 +691,8 @@ def _describe_isolation(kind: str, hello: dict[str, Any], cgroup: cgroups.Cgroup
     group = (f"{cgroup.layout.describe()} (pids.max {limits.max_procs}, memory {limits.memory_mb} MB)"
              if cgroup is not None else "no cgroup")
     if kind == "bwrap":
-        return f"isolation: bubblewrap (PID, mount, network, IPC namespaces; own /proc); {files}; {group}"
+        user = f"uid {hello['uid']}" if hello.get("uid") else "uid 0 (root)"
+        return f"isolation: bubblewrap (PID, mount, network, IPC namespaces; own /proc); {user}; {files}; {group}"
     return (f"isolation: process watcher; files {files}; network namespace {'yes' if hello.get('netns') else 'no'}; "
             f"private /dev/shm {'yes' if hello.get('private_shm') else 'no'}; {group}")
 
