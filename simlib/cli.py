@@ -425,6 +425,11 @@ def validate_run(args: argparse.Namespace) -> tuple[ProblemSize, dict[str, Any]]
 
 def run_one(args: argparse.Namespace) -> int:
     """``simlib run``: one problem, one protocol, one substrate; the summary as a table."""
+    if args.substrate == "ray":
+        # Ray turns token authentication on by default and warns that it did unless the mode is chosen;
+        # choosing the same mode explicitly keeps the protection and drops the warning. Set before Ray or
+        # any process that starts it is loaded, so they all read it.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     size, training = validate_run(args)
     import simlib
     from simlib.backend import gpu_available
@@ -434,10 +439,6 @@ def run_one(args: argparse.Namespace) -> int:
         print(f"{_prog()} run: no CUDA device (or no CuPy) here, so the 'gpu' substrate runs its NumPy twin on the "
               "CPU: the same array code, not GPU timings", file=sys.stderr, flush=True)
 
-    if args.substrate == "ray":
-        # Ray turns token authentication on by default and warns that it did unless the mode is chosen;
-        # choosing the same mode explicitly keeps the protection and drops the warning.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
     seed = training["seed"]
     data = make_sparse_classification(size.rows, size.features, size.nnz, label_noise=0.05, seed=seed)
     problem = LogisticProblem(data, l2=1e-4, eval_rows=min(4_000, size.rows), seed=seed)
