@@ -17,6 +17,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -278,16 +279,29 @@ def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
 
 
 class _Progress:
-    """Progress over the runs on stderr: a tqdm bar once a job has taken two seconds, on a terminal only."""
+    """Progress over the runs on stderr: a tqdm bar once a job has taken two seconds, on a terminal only.
 
-    def __init__(self, labels: Sequence[str], file: Any = None, disable: bool | None = None):
+    A thread redraws the bar every second, so its clock moves during a run that reports nothing as it goes
+    (a cost-only run of 100,000 workers is a minute in compiled code).
+    """
+
+    def __init__(self, labels: Sequence[str], file: Any = None, disable: bool | None = None, tick: float = 1.0):
         from tqdm import tqdm
 
         self.labels = list(labels)
         # disable=None: tqdm stays silent when the stream is not a terminal (a log, a pipe, a test)
-        self.bar = tqdm(total=len(self.labels), unit="run", delay=2.0, disable=disable, leave=False,
+        self.bar = tqdm(total=len(self.labels), desc=self.labels[0], unit="run", delay=2.0, disable=disable, leave=False,
                         file=sys.stderr if file is None else file, bar_format="{l_bar}{bar}| {n:.2f}/{total} runs "
                         "[{elapsed}<{remaining}]")
+        self._stop = threading.Event()
+        self._ticker = None if self.bar.disable else threading.Thread(target=self._tick, args=(tick,), daemon=True)
+        if self._ticker is not None:
+            self._ticker.start()
+
+    def _tick(self, every: float) -> None:
+        while not self._stop.wait(every):
+            if time.time() - self.bar.start_t >= self.bar.delay:
+                self.bar.refresh()
 
     def __call__(self, run: int, fraction: float) -> None:
         check_interrupt()
@@ -295,6 +309,9 @@ class _Progress:
         self.bar.update(run + fraction - self.bar.n)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
         self.bar.close()
 
 
@@ -443,11 +460,15 @@ def run_one(args: argparse.Namespace) -> int:
     data = make_sparse_classification(size.rows, size.features, size.nnz, label_noise=0.05, seed=seed)
     problem = LogisticProblem(data, l2=1e-4, eval_rows=min(4_000, size.rows), seed=seed)
     check_interrupt()
+    # the bar's clock runs while the substrate starts (Ray's cluster, worker processes, the first compile)
+    progress = _Progress([f"{args.protocol.label} on {args.substrate!r}"])
     try:
         with _quiet_numerics():
             result = simlib.run(problem, args.protocol, substrate=args.substrate, **training)
     except ValueError as exc:
         raise CliError(_refusal(exc, "--substrate")) from None
+    finally:
+        progress.close()
     t = result.trace
     s = t.summary()
     kind = "simulated time" if args.substrate == "sim" else "wall-clock time"

@@ -122,6 +122,26 @@ def test_progress_is_a_bar_on_a_terminal_once_two_seconds_have_passed():
     slow.close()
 
 
+def test_progress_moves_during_a_run_that_reports_nothing():
+    import time
+
+    from simlib.cli import _Progress
+
+    out = _Terminal()
+    p = _Progress(["bsp cost-only"], file=out, tick=0.05)
+    p.bar.start_t -= 3.0  # past the two seconds, and then silence: no call as the run goes
+    time.sleep(0.5)
+    p.close()
+    assert "0.00/1 runs [00:03<" in out.getvalue(), out.getvalue()
+
+
+def test_compare_reports_each_run_at_its_start_and_end_even_cost_only():
+    calls = []
+    compare(["bsp", "async"], default_cluster(n_workers=3, steps=4, cost_only=True, step_keys=20),
+            progress=lambda run, fraction: calls.append((run, fraction)))
+    assert calls == [(0, 0.0), (0, 1.0), (1, 0.0), (1, 1.0)]
+
+
 def test_progress_is_quiet_off_a_terminal():
     from simlib.cli import _Progress
 

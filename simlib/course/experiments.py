@@ -61,14 +61,25 @@ def compare(
     problem: Any = None,
     progress: Callable[[int, float], None] | None = None,
 ) -> list[Trace]:
-    """Run the same cluster under each protocol (same seed, so the same straggler draws)."""
+    """Run the same cluster under each protocol (same seed, so the same straggler draws).
+
+    ``progress(i, fraction)`` hears of run i at its start (0.0), as it goes where the engine reports it (a
+    cost-only run does not), and at its end (1.0).
+    """
     from simlib.sim.engine import simulate
 
     base = default_cluster() if base is None else base
     configs = [with_protocol(base, p) for p in protocols]  # every one validated before any run
     problem = compare_problem(base.seed) if problem is None else problem
-    return [simulate(cfg, problem, progress=None if progress is None else functools.partial(progress, i))
-            for i, cfg in enumerate(configs)]
+    traces = []
+    for i, cfg in enumerate(configs):
+        report = None if progress is None else functools.partial(progress, i)
+        if report is not None:
+            report(0.0)
+        traces.append(simulate(cfg, problem, progress=report))
+        if report is not None:
+            report(1.0)
+    return traces
 
 
 def summary_rows(traces: Sequence[Trace], target: float) -> list[dict[str, Any]]:
