@@ -62,4 +62,4 @@ def test_the_readme_table_and_the_results_page_are_the_records():
 def test_every_benchmark_with_a_peer_writes_a_record():
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py") if "record(__file__" in p.read_text()}
     assert scripts >= {"sim_speed", "hogwild", "glove", "lda", "specialised", "compression", "grade", "live_redraw",
-                       "ray_ps", "lessons", "cli_errors"}
+                       "ray_ps", "lessons", "cli_errors", "gpu"}
