@@ -372,9 +372,11 @@ def run_compare(args: argparse.Namespace) -> int:
     check_interrupt()
 
     progress = _Progress([c.label for c in configs])
-    with _quiet_numerics():
-        traces = compare([p.spec for p in args.protocols], configs[0], progress=progress)
-    progress.close()
+    try:  # the bar is cleared however the runs end (Ctrl-C included), before any line is printed
+        with _quiet_numerics():
+            traces = compare([p.spec for p in args.protocols], configs[0], progress=progress)
+    finally:
+        progress.close()
     base = configs[0]
     print(f"{base.n_workers} workers x {base.steps} steps, stragglers: {base.stragglers.describe()}, "
           f"latency {base.latency * 1e3:.4g} ms, bandwidth {base.bandwidth / 1e6:.4g} MB/s (simulated time)")
