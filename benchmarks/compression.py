@@ -15,6 +15,7 @@ import time
 import simlib
 from simlib.compress import make_compressor
 from simlib.sim import default_problem
+from record import record
 
 SPECS = ["none", "sparse", "onebit", "onebit-ef", "qsgd", "qsgd:4", "topk:0.1", "topk-noef:0.1", "topk:0.01", "budget:512"]
 QUICK = ["none", "onebit", "qsgd", "topk:0.1", "topk-noef:0.1", "budget:512"]
@@ -49,6 +50,9 @@ def main() -> None:
         tt = trace.time_to(target)
         fmt = make_compressor(spec, n_params, None).wire_format  # type: ignore[arg-type]
         speed = f"{peer_time / tt:.2f}x" if tt and peer_time else "-"
+        if tt and peer_time and spec != "none":
+            record(__file__, f"compression {spec}, {args.bandwidth / 1e6:g} MB/s links", "no compression",
+                   peer_time / tt, "time to target", headline=spec == "topk:0.1")
         print(
             f"{spec:<14} {fmt:<66} {per:7.0f} {peer_bytes / per:6.1f} "
             f"{(f'{tt:.4f}' if tt else 'never'):>11} {speed:>8} {s['final_loss']:10.4f} {wall:6.2f}"

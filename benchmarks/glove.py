@@ -30,8 +30,10 @@ from simlib.parallel.glove_count import count_parallel  # noqa: E402
 from simlib.problems.glove import Cooccurrence, GloveConfig, count_cooccurrences  # noqa: E402
 from simlib.problems.glove_slices import GloveSlices  # noqa: E402
 from simlib.problems.glove_table import GloveProblem  # noqa: E402
+from record import record  # noqa: E402
 
 NOT_MEASURED = "not measured (set GLOVE_REF_DIR)"
+MODE_NAMES = {"hogwild": "Hogwild", "model": "model-parallel", "bsp": "BSP"}
 
 
 def load_docs(args: argparse.Namespace) -> tuple[str, list[list[str]]]:
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = GloveConfig(dim=dim, epochs=epochs)
 
     name, docs = load_docs(args)
+    corpus = "KJV" if name.startswith("KJV") else name  # as the records name it
     vocab = Vocabulary.build(docs, min_count=args.min_count)
     ids, offsets = vocab.encode_docs(docs)
     print(f"corpus: {name}: {len(docs):,} documents, {len(ids):,} tokens in vocabulary, "
@@ -150,6 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     for label, speed in [("simlib, 1 process", count1), ("simlib, 2 processes (map-reduce)", count2)]:
         ratio = f"{speed / c_count:.2f}x" if c_count else "-"
         print(f"{label:<34}{fmt(speed):>14}{ratio:>16}")
+        if c_count:
+            record(__file__, f"co-occurrence counting, {label.removeprefix('simlib, ')}, {corpus}",
+                   "stanfordnlp/GloVe cooccur (C)", speed / c_count, "tokens/s")
     print(f"{'stanfordnlp/GloVe cooccur':<34}{(fmt(c_count) if c_count else NOT_MEASURED):>14}")
 
     print("\ntraining (AdaGrad; cost = mean 0.5 f diff^2 of each pass, as the C program prints it; every mode "
@@ -161,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     for (mode, n), (speed, per_cpu, per_epoch) in runs.items():
         ratio = f"{speed / c1:.2f}x" if c1 else "-"
         costs = " ".join(f"{c:.5f}" for c in per_epoch)
+        if c1:
+            record(__file__, f"GloVe {MODE_NAMES.get(mode, mode)}, {n} process{'es' if n > 1 else ''}, {corpus}",
+                   "stanfordnlp/GloVe (C), 1 thread", speed / c1, "updates/s", headline=(mode, n) == ("hogwild", 2))
         print(f"{f'simlib {mode}, {n} process' + ('es' if n > 1 else ''):<34}{fmt(speed):>12}{ratio:>16}"
               f"{fmt(per_cpu):>12}   {costs}")
     for n in (1, 2):

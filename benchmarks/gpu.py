@@ -32,6 +32,7 @@ from simlib.problems.glove_table import GloveProblem  # noqa: E402
 from simlib.problems.lda import LDACorpus, kjv_corpus  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
+from benchmarks.record import record  # noqa: E402
 
 NO_GPU = "(no CUDA device)"
 SKIP: set[str] = set()  # array modules whose gpu-substrate rows --skip leaves out
@@ -78,9 +79,12 @@ def table(title: str, unit: str, quality: str, rows: list[tuple[str, float | Non
         per = unit_bytes(name) if callable(unit_bytes) else unit_bytes
         share = f"{rate * per / bw:>12.1%}" if bw and "cupy" in name and per else ""
         print(f"{name:<46} {rate / 1e6:>14.2f} {rate / ref:>19.2f}x {q:>16.5f} {share:>13}")
+        if "cupy" in name and ref:
+            record(__file__, f"{title.split(':')[0]}, {name}", base, rate / ref, unit, machine=_DEVICE[0])
 
 
 _BANDWIDTH: list[float] = []
+_DEVICE = ["no CUDA device"]  # the records' machine: the device's name, once main has asked for it
 
 
 def copy_bandwidth() -> float:
@@ -260,6 +264,7 @@ def main() -> None:
         import cupy
 
         device = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        _DEVICE[0] = device
     print(f"CUDA device: {device}")
     for section in args.only.split(","):
         {"hogwild": hogwild_section, "glove": glove_section, "lda": lda_section}[section](args)

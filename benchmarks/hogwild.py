@@ -33,6 +33,7 @@ import simlib
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import SharedArray
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+from record import record
 
 
 HOT_KEYS = 1_000  # the most frequent features (Zipf 1.0: 55 % of the nonzeros) each process keeps a replica of
@@ -242,6 +243,8 @@ def main() -> None:
         print(f"{name}, 2 procs / scikit-learn : {h2 / sk:.2f}x   (goal >= 0.9x)")
         print(f"{name}, 2 procs / 1 proc       : {h2 / h1:.2f}x   (stretch goal >= 1.5x)")
         print(f"{name}, 2 procs loss vs sklearn: {gap:.2f}%  (goal <= 0.5%)")
+        record(__file__, f"Hogwild!, 2 processes{name.removeprefix('hogwild')}", "scikit-learn SGDClassifier(log_loss)",
+               h2 / sk, "nonzeros/s", headline=name == "hogwild, hot-key replicas")
         print(
             f"  on two whole cores ({ideal / 1e6:.0f} M nnz/s = 2 x its rate per CPU second): "
             f"{ideal / (nnz / sk_cpu):.2f}x scikit-learn's rate per CPU second, "

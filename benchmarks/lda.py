@@ -4,7 +4,7 @@
     python benchmarks/lda.py --quick    # 400 chapters, 20 sweeps
     python benchmarks/lda.py --kernels sparse,mh,alias --topics 100,1000 --sweeps 10   # this project's samplers
     python benchmarks/lda.py --kernels sparse,mh --topics 1000 --sweeps 30 --workers 1,2 --bare   # AD-LDA's scaling
-    python benchmarks/lda.py --corpus FILE ...   # any text file, one document per line (see the README's
+    python benchmarks/lda.py --corpus FILE ...   # any text file, one document per line (see docs/benchmarks.md,
                                                  # "A larger corpus" for the 5 M-token dictionary)
 
 Peers, measured in the same run on the same documents, alpha = 0.1, beta = 0.01:
@@ -43,11 +43,13 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
 import simlib  # noqa: E402
+from benchmarks.record import record  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelihood, text_corpus  # noqa: E402
 from simlib.problems.lda_gibbs import KERNELS, GibbsState  # noqa: E402
 
 ALPHA, BETA = 0.1, 0.01
+KERNEL_NAMES = {"mh": "Metropolis-Hastings", "alias": "AliasLDA"}  # the others are named as they are
 
 
 def run_lda_package(c: LDACorpus, K: int, sweeps: int) -> tuple[float, float]:
@@ -147,6 +149,10 @@ def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps:
             vs_tomo = f"{speed / tomo[0]:.2f}x" if tomo and k != "tomotopy" else ""
             vs_one = f"{speed / one[0]:.2f}x" if one and w != 1 and k != "tomotopy" else ""
             ll_one = f"{(ll - one[1]) / abs(one[1]):+.2%}" if one and w != 1 and k != "tomotopy" else ""
+            if tomo and k != "tomotopy":
+                record(__file__, f"LDA K = {K:,}, {KERNEL_NAMES.get(k, k)}, {w} process{'es' if w > 1 else ''}",
+                       f"tomotopy, {max(w, 1)} worker{'s' if w > 1 else ''}", speed / tomo[0], "tokens/s",
+                       headline=(K, k, w) == (1000, "mh", 1))
             print(f"{K:>5} {k:<8} {w:>7} {speed / 1e6:>11.2f} {cpu * 1e9:>10.0f} {vs_tomo:>11} {vs_one:>9} "
                   f"{ll / c.n_tokens:>17.4f} {ll_one:>9}")
     print(f"Load average (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores. "
@@ -220,6 +226,10 @@ def main() -> None:
             print(f"{K:>4} {name:<26} {w:>7} {speed / 1e6:>11.2f} {ll:>14,.0f} {ratio:>12} {(ll - peer_ll) / abs(peer_ll):>+10.2%}")
         ours = {w: max(r[2] for r in rows if r[0].startswith("simlib") and r[1] == w) for w in (1, 2)}
         worst_ll = max(abs(r[3] - peer_ll) / abs(peer_ll) for r in rows if r[0].startswith("simlib"))
+        for w in (1, 2):
+            record(__file__, f"LDA K = {K}, {w} worker{'s' if w > 1 else ''}" + (f" ({name})" if args.corpus else ""),
+                   f"tomotopy, {w} worker{'s' if w > 1 else ''}", ours[w] / tomo[w], "tokens/s",
+                   headline=K == 100 and not args.corpus)
         print(f"     goals at K={K}: speed vs tomotopy 1 worker {ours[1] / tomo[1]:.2f}x, 2 workers "
               f"{ours[2] / tomo[2]:.2f}x (goal >= 1); largest log-likelihood gap to lda {worst_ll:.2%} (goal < 1%)")
     print("Measured on a shared, busy machine: compare rows of one run, not across runs.")

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from record import record
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
 GOAL_S = 60.0
@@ -165,6 +167,9 @@ def _run(args: argparse.Namespace, paths: list[pathlib.Path]) -> int:
         print(f"{path.stem:34s} {cold_s:>9s} {warm:9.1f}  {verdict:10s} [{slow[0]}] {slow[1]:.1f} s"
               + (f"  {err}" if err else ""), flush=True)
         details.append((path.stem, cells))
+        if not err and not args.warm_only and not args.quick:
+            record(__file__, f"lesson {path.stem}, cold" + (f", {args.load} busy loops beside it" if args.load else ""),
+                   f"the {GOAL_S:g} s goal per lesson", GOAL_S / cold, "time")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.cells:
         for stem, cells in details:

@@ -25,6 +25,7 @@ import os
 import time
 
 import simlib
+from record import record
 from simlib.calibration.ray_cost import ray_message_cost, sim_options, step_cost
 from simlib.substrates.ray import connect
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
@@ -103,6 +104,8 @@ def main() -> None:
     for n in (1, 2):
         print(f"{n} worker{'s' if n > 1 else ''}: pipes {by['pipes', n] / by['ray', n]:.1f}x, "
               f"shm {by['shm', n] / by['ray', n]:.1f}x the updates/s of ray")
+        record(__file__, f"the Ray substrate, logistic parameter server, {n} worker{'s' if n > 1 else ''}",
+               "the pipe parameter server, same job", by["ray", n] / by["pipes", n], "updates/s", headline=n == 2)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
     print("predicted: the simulator calibrated before the run, after it, and their mean; error of the mean")
     print(f"{'workers':>8}{'before s':>10}{'after s':>9}{'predicted s':>13}{'measured s':>12}{'error':>8}")

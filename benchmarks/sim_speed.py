@@ -29,6 +29,7 @@ import time
 
 import numpy as np
 import simpy
+from record import record
 
 STEPS = 100
 STEP_KEYS = 500
@@ -95,6 +96,8 @@ def peer_table(workers: int, steps: int, repeats: int) -> None:
     print(f"{'run':34s} {'CPU s':>7s} {'events/s':>10s} {'vs SimPy':>9s}")
     print(f"{'bare SimPy: timeouts':34s} {bare_s:7.2f} {events / bare_s:10.0f} {1.0:8.2f}x")
     print(f"{'simlib BSP, null math':34s} {sim_s:7.2f} {events / sim_s:10.0f} {bare_s / sim_s:8.2f}x")
+    record(__file__, f"simulator machinery, null math ({workers:,} workers)", "bare SimPy, the same timeouts",
+           bare_s / sim_s, "events per CPU second", headline=True)
 
 
 def one(workers: int, mode: str, protocol: str, steps: int) -> dict:

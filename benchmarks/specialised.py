@@ -1,7 +1,7 @@
 """What the local-step hook buys: the same problem on the same substrate, in place against get / step / add.
 
 Every hand-written training loop that stood beside ``simlib.run`` was moved onto it and deleted, each
-after this script had run the loop and the contract side by side on the same problem (the README
+after this script had run the loop and the contract side by side on the same problem (docs/benchmarks.md
 records those last runs). What is left to show is the one switch inside the contract: a problem's
 compiled ``local_steps`` applied to the shared table in place, against the generic path where each
 step is a Python-level get (a locked copy), step and add (``rule=`` a StepRule subclass that scales by
@@ -21,6 +21,7 @@ import time
 import simlib
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.protocol import StepRule
+from record import record
 
 WORKERS = 2
 
@@ -62,6 +63,10 @@ def main() -> None:
     print(f"{'batch':<7} {'how':<24} {'rows/s':>12} {'loss':>8} {'ratio':>7}")
     for i, (batch, how, speed, quality) in enumerate(rows):
         ratio = f"{speed / rows[i + 1][2]:.1f}x" if i % 2 == 0 else "1.0x"
+        if i % 2 == 0:
+            record(__file__, "the in-place local-step hook, " + ("one row per step" if batch == 1 else
+                   f"mini-batches of {batch}"), "the generic get / step / add path", speed / rows[i + 1][2], "rows/s",
+                   headline=batch == 1)
         print(f"{batch:<7} {how:<24} {speed:>12,.0f} {quality:>8.4f} {ratio:>7}")
 
 

@@ -31,8 +31,12 @@ from simlib.course.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_RO
 
 FIGURE_TYPES = (".png", ".svg", ".pdf")
 # Memory one worker-step keeps in a trace (spans, update, quality point): about 0.7 kB measured,
-# counted as 2 kB so that the estimate errs on the safe side.
-TRACE_BYTES_PER_STEP = 2_000
+# counted as 2 kB so that the estimate errs on the safe side. A cost-only run keeps its spans and updates
+# as columns: about 150 bytes a worker-step measured (3 runs of 100,000 workers: 1.13 GB peak at 5 steps,
+# 1.80 GB at 20), counted as 300.
+TRACE_BYTES_PER_STEP, COST_ONLY_TRACE_BYTES_PER_STEP = 2_000, 300
+# compare's fix for more workers than its data set has rows: the cost model alone, no data read
+COST_ONLY_FLAGS = "--cost-only --step-keys 500"
 # A mini-batch's arrays per row and per nonzero (row ids, offsets, gathered indices/values, keys).
 BATCH_BYTES_PER_ROW, BATCH_BYTES_PER_NNZ = 64, 32
 # Building a synthetic data set: about 50 bytes per nonzero at its peak (draws, ids, values).
@@ -50,7 +54,11 @@ class CliError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but an error is one line (no usage block) raised as CliError."""
+    """argparse, but an error is one line (no usage block) raised as CliError, and a flag is spelt in full."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)  # '--worker 4' is a typo, not '--workers 4'
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         hint = f" ({self.prog} --help lists them)" if "arguments" in message else ""
@@ -90,13 +98,25 @@ def _refusal(exc: ValueError, default_flag: str) -> str:
 # -- checks made before any work ------------------------------------------------------------------
 
 
-def check_sizes(size: ProblemSize, n_workers: int, steps: int, batch_size: int, runs: int = 1, processes: int = 0,
+@dataclass(frozen=True)
+class Footprint:
+    """What one command keeps in memory beside its data: runs of traces, worker processes, and the fixes it offers."""
+
+    runs: int = 1
+    processes: int = 0
+    trace_bytes: int = TRACE_BYTES_PER_STEP  # per worker-step
+    more_workers: str = "raise --rows"  # how to get more workers than rows
+    more_steps: str = "fewer --workers"  # how to keep more steps
+
+
+def check_sizes(size: ProblemSize, n_workers: int, steps: int, batch_size: int, footprint: Footprint = Footprint(),
                 budget: float | None = None) -> None:
     """Raise CliError naming the flag if the run cannot hold its data, batches and traces in half the free memory."""
     budget = available_memory() / 2 if budget is None else budget
-    rows, nnz = size.rows, size.nnz
+    rows, nnz, runs, processes = size.rows, size.nnz, footprint.runs, footprint.processes
     if n_workers > rows:
-        raise CliError(f"--workers: {n_workers} workers need at least one row each; the problem has {rows} rows")
+        raise CliError(f"--workers: {n_workers} workers need at least one row each; the problem has {rows} rows; "
+                       f"use at most {rows} workers, or {footprint.more_workers}")
     shard = rows // n_workers
     if batch_size > shard:
         raise CliError(f"--batch-size: a batch of {batch_size} rows is larger than a worker's shard ({shard} rows of "
@@ -106,11 +126,11 @@ def check_sizes(size: ProblemSize, n_workers: int, steps: int, batch_size: int, 
     if batch_size * per_row > budget:
         raise CliError(f"--batch-size: a batch of {batch_size} rows needs about {_gb(batch_size * per_row)}, {half}; "
                        f"use at most {int(budget // per_row)}")
-    per_step = runs * n_workers * TRACE_BYTES_PER_STEP
+    per_step = runs * n_workers * footprint.trace_bytes
     if steps * per_step > budget:
         raise CliError(f"--steps: {runs} run(s) of {n_workers} workers x {steps} steps keep about "
-                       f"{_gb(steps * per_step)} of trace, {half}; use at most {int(budget // per_step)} steps or "
-                       "fewer --workers")
+                       f"{_gb(steps * per_step)} of trace, {half}; use at most {int(budget // per_step)} steps, "
+                       f"or {footprint.more_steps}")
     if processes * PROCESS_BYTES > budget:
         raise CliError(f"--workers: {processes} processes need about {_gb(processes * PROCESS_BYTES)}, {half}; "
                        f"use at most {int(budget // PROCESS_BYTES)}")
@@ -133,6 +153,10 @@ def check_output(path: str) -> None:
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):
         raise CliError(f"--out: {ancestor} is not a directory, so {path!r} cannot be created")
+    if ancestor not in (parent, os.path.dirname(parent)):  # one new folder (simlib_out/), like mkdir, never a tree
+        missing = os.path.join(ancestor, os.path.relpath(parent, ancestor).split(os.sep)[0])
+        raise CliError(f"--out: the folder {missing} does not exist (only the figure's own folder is made); "
+                       f"create it first, or write to a folder that exists")
     try:  # a real probe: permissions alone say nothing for root or for /proc
         if ancestor == parent:
             with tempfile.TemporaryFile(dir=parent):
@@ -243,46 +267,52 @@ def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
                        f"use at most {COMPARE_FEATURES}")
     # A fixed cost-only step reads no data: the rows need not cover the workers (a trace is all it keeps).
     rows = max(COMPARE_ROWS, cfg.n_workers * cfg.batch_size) if cfg.step_keys is not None else COMPARE_ROWS
-    check_sizes(ProblemSize(rows=rows), cfg.n_workers, cfg.steps, cfg.batch_size, runs=len(configs))
+    cost_only = cfg.cost_only and cfg.step_keys is not None
+    more = "fewer --workers" if cost_only else f"fewer --workers, or {COST_ONLY_FLAGS} (columns of spans, no math)"
+    footprint = Footprint(runs=len(configs), more_steps=more, more_workers=f"{COST_ONLY_FLAGS} (the cost model alone, "
+                          "no data read)", trace_bytes=COST_ONLY_TRACE_BYTES_PER_STEP if cost_only else
+                          TRACE_BYTES_PER_STEP)
+    check_sizes(ProblemSize(rows=rows), cfg.n_workers, cfg.steps, cfg.batch_size, footprint)
     if not args.no_plot:
         check_output(args.out)
     return configs
 
 
 class _Progress:
-    """Progress on stderr once a job has taken two seconds: a bar on a terminal, a line per finished run otherwise."""
+    """Progress over the runs on stderr: a tqdm bar once a job has taken two seconds, on a terminal only.
 
-    def __init__(self, labels: Sequence[str], tty: bool | None = None):
+    A thread redraws the bar every second, so its clock moves during a run that reports nothing as it goes
+    (a cost-only run of 100,000 workers is a minute in compiled code).
+    """
+
+    def __init__(self, labels: Sequence[str], file: Any = None, disable: bool | None = None, tick: float = 1.0):
+        from tqdm import tqdm
+
         self.labels = list(labels)
-        self.tty = sys.stderr.isatty() if tty is None else tty
-        self.t0 = time.monotonic()
-        self.shown = False
-        self.finished = 0
+        # disable=None: tqdm stays silent when the stream is not a terminal (a log, a pipe, a test)
+        self.bar = tqdm(total=len(self.labels), desc=self.labels[0], unit="run", delay=2.0, disable=disable, leave=False,
+                        file=sys.stderr if file is None else file, bar_format="{l_bar}{bar}| {n:.2f}/{total} runs "
+                        "[{elapsed}<{remaining}]")
+        self._stop = threading.Event()
+        self._ticker = None if self.bar.disable else threading.Thread(target=self._tick, args=(tick,), daemon=True)
+        if self._ticker is not None:
+            self._ticker.start()
+
+    def _tick(self, every: float) -> None:
+        while not self._stop.wait(every):
+            if time.time() - self.bar.start_t >= self.bar.delay:
+                self.bar.refresh()
 
     def __call__(self, run: int, fraction: float) -> None:
         check_interrupt()
-        if time.monotonic() - self.t0 < 2.0:
-            return
-        if not self.tty:
-            self._finish_up_to(run)
-            return
-        self.shown = True
-        done = (run + fraction) / len(self.labels)
-        bar = "#" * int(30 * done)
-        print(f"\r[{bar:<30}] {100 * done:5.1f}%  {self.labels[run]}", end="", file=sys.stderr, flush=True)
-
-    def _finish_up_to(self, run: int) -> None:
-        while self.finished < run:
-            elapsed = time.monotonic() - self.t0
-            print(f"{self.labels[self.finished]} done ({self.finished + 1}/{len(self.labels)}, {elapsed:.0f} s)",
-                  file=sys.stderr, flush=True)
-            self.finished += 1
+        self.bar.set_description(self.labels[run], refresh=False)
+        self.bar.update(run + fraction - self.bar.n)
 
     def close(self) -> None:
-        if self.tty and self.shown:
-            print(file=sys.stderr)
-        elif not self.tty and time.monotonic() - self.t0 >= 2.0:
-            self._finish_up_to(len(self.labels))
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        self.bar.close()
 
 
 _SCALES = {"ms": 1e3, "s": 1.0, "MB": 1e-6}  # a table unit -> the factor its values are shown with
@@ -342,9 +372,11 @@ def run_compare(args: argparse.Namespace) -> int:
     check_interrupt()
 
     progress = _Progress([c.label for c in configs])
-    with _quiet_numerics():
-        traces = compare([p.spec for p in args.protocols], configs[0], progress=progress)
-    progress.close()
+    try:  # the bar is cleared however the runs end (Ctrl-C included), before any line is printed
+        with _quiet_numerics():
+            traces = compare([p.spec for p in args.protocols], configs[0], progress=progress)
+    finally:
+        progress.close()
     base = configs[0]
     print(f"{base.n_workers} workers x {base.steps} steps, stragglers: {base.stragglers.describe()}, "
           f"latency {base.latency * 1e3:.4g} ms, bandwidth {base.bandwidth / 1e6:.4g} MB/s (simulated time)")
@@ -399,8 +431,8 @@ def validate_run(args: argparse.Namespace) -> tuple[ProblemSize, dict[str, Any]]
     except ValueError as exc:
         raise CliError(_refusal(exc, "--protocol")) from None
     processes = 0 if args.substrate == "sim" else training["n_workers"] + 1
-    check_sizes(size, training["n_workers"], training["steps"], training["batch_size"], processes=processes,
-                budget=budget - data)
+    check_sizes(size, training["n_workers"], training["steps"], training["batch_size"],
+                Footprint(processes=processes), budget=budget - data)
     try:
         substrates.get(args.substrate)
     except Exception as exc:  # a substrate that cannot load is a one-line answer, whatever the cause
@@ -411,6 +443,11 @@ def validate_run(args: argparse.Namespace) -> tuple[ProblemSize, dict[str, Any]]
 
 def run_one(args: argparse.Namespace) -> int:
     """``simlib run``: one problem, one protocol, one substrate; the summary as a table."""
+    if args.substrate == "ray":
+        # Ray turns token authentication on by default and warns that it did unless the mode is chosen;
+        # choosing the same mode explicitly keeps the protection and drops the warning. Set before Ray or
+        # any process that starts it is loaded, so they all read it.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     size, training = validate_run(args)
     import simlib
     from simlib.backend import gpu_available
@@ -424,11 +461,15 @@ def run_one(args: argparse.Namespace) -> int:
     data = make_sparse_classification(size.rows, size.features, size.nnz, label_noise=0.05, seed=seed)
     problem = LogisticProblem(data, l2=1e-4, eval_rows=min(4_000, size.rows), seed=seed)
     check_interrupt()
+    # the bar's clock runs while the substrate starts (Ray's cluster, worker processes, the first compile)
+    progress = _Progress([f"{args.protocol.label} on {args.substrate!r}"])
     try:
         with _quiet_numerics():
             result = simlib.run(problem, args.protocol, substrate=args.substrate, **training)
     except ValueError as exc:
         raise CliError(_refusal(exc, "--substrate")) from None
+    finally:
+        progress.close()
     t = result.trace
     s = t.summary()
     kind = "simulated time" if args.substrate == "sim" else "wall-clock time"
@@ -445,7 +486,19 @@ def run_one(args: argparse.Namespace) -> int:
     print(_table([("run", "run", ""), ("time (s)", "time", "s"), ("updates", "updates", ""),
                   ("dropped", "dropped", ""), ("MB moved", "bytes", "MB"), ("mean tau", "tau", ""),
                   (f"final {t.metric}", "final", "loss" if t.metric == "loss" else "")], [row]))
+    for note in run_notes(args.substrate, t.meta):
+        print(note)
     return 0
+
+
+def run_notes(substrate: str, meta: dict[str, Any]) -> list[str]:
+    """What the table of ``simlib run`` cannot say by itself: what an update is, and why protocols look alike."""
+    unit = meta.get("update_unit", "one worker's step (its push)")
+    notes = [f"updates: pushes applied to the table; one update here is {unit}"]
+    if substrate == "sim":
+        notes.append("the simulated cluster of 'simlib run' has equal workers and no stragglers, so no worker waits "
+                     "and bsp, ssp and async take the same time; 'simlib compare' simulates stragglers")
+    return notes
 
 
 # -- the top level ------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
 """The main job, ``python -m simlib compare``: the seeds' results, the table, the figure, clean errors."""
+import io
 import os
 import subprocess
 import sys
@@ -100,19 +101,57 @@ def test_run_command_prints_the_summary(capsys):
     assert "SSP(1)" in out and "mean tau" in out and "final loss" in out and "30" in out
 
 
-def test_progress_shows_only_after_two_seconds(capsys):
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_once_two_seconds_have_passed():
     from simlib.cli import _Progress
 
-    quick = _Progress(["bsp", "async"], tty=True)
+    out = _Terminal()
+    quick = _Progress(["bsp", "async"], file=out)
     quick(0, 0.5)
     quick.close()
-    assert capsys.readouterr().err == ""  # a run under two seconds prints nothing
-    slow = _Progress(["bsp", "async"], tty=True)
-    slow.t0 -= 3.0  # as if it had been running for three seconds
+    assert out.getvalue() == ""  # a job under two seconds prints nothing
+    slow = _Progress(["bsp", "async"], file=out)
+    slow.bar.start_t -= 3.0  # as if it had been running for three seconds
+    slow.bar.last_print_t -= 3.0
     slow(1, 0.5)
+    assert "75%" in out.getvalue() and "async" in out.getvalue() and "1.50/2 runs" in out.getvalue()
     slow.close()
-    err = capsys.readouterr().err
-    assert "75.0%" in err and "async" in err and err.endswith("\n")
+
+
+def test_progress_moves_during_a_run_that_reports_nothing():
+    import time
+
+    from simlib.cli import _Progress
+
+    out = _Terminal()
+    p = _Progress(["bsp cost-only"], file=out, tick=0.05)
+    p.bar.start_t -= 3.0  # past the two seconds, and then silence: no call as the run goes
+    time.sleep(0.5)
+    p.close()
+    assert "0.00/1 runs [00:03<" in out.getvalue(), out.getvalue()
+
+
+def test_compare_reports_each_run_at_its_start_and_end_even_cost_only():
+    calls = []
+    compare(["bsp", "async"], default_cluster(n_workers=3, steps=4, cost_only=True, step_keys=20),
+            progress=lambda run, fraction: calls.append((run, fraction)))
+    assert calls == [(0, 0.0), (0, 1.0), (1, 0.0), (1, 1.0)]
+
+
+def test_progress_is_quiet_off_a_terminal():
+    from simlib.cli import _Progress
+
+    out = io.StringIO()  # not a terminal: a log, a pipe
+    p = _Progress(["bsp", "async"], file=out)
+    assert p.bar.disable
+    p(0, 0.5)
+    p(1, 0.1)
+    p.close()
+    assert out.getvalue() == ""
 
 
 def test_cli_says_which_runs_stalled_and_why(capsys):
@@ -124,18 +163,6 @@ def test_cli_says_which_runs_stalled_and_why(capsys):
     assert "Async stalled" not in out
 
 
-def test_progress_off_a_terminal_is_a_line_per_finished_run(capsys):
-    from simlib.cli import _Progress
-
-    p = _Progress(["bsp", "async"], tty=False)
-    p.t0 -= 3.0
-    p(0, 0.5)
-    p(1, 0.1)
-    p.close()
-    err = capsys.readouterr().err
-    assert "\r" not in err and err.splitlines()[0].startswith("bsp done (1/2") and len(err.splitlines()) == 2
-
-
 def test_run_on_gpu_without_a_device_says_it_runs_the_numpy_twin():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no device, on any machine
     proc = subprocess.run([sys.executable, "-m", "simlib", "run", "--substrate", "gpu", "--workers", "2", "--steps", "3",
@@ -144,3 +171,68 @@ def test_run_on_gpu_without_a_device_says_it_runs_the_numpy_twin():
     header = proc.stdout.splitlines()[0]
     assert "on the NumPy twin of 'gpu' (no CUDA device; wall-clock time)" in header, header
     assert "NumPy twin" in proc.stderr and "no CUDA device" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("protocol", ["bsp", "async"])
+def test_run_on_the_simulator_says_there_are_no_stragglers_and_what_an_update_is(protocol, capsys):
+    rc = main(["run", "--workers", "2", "--steps", "5", "--protocol", protocol, "--rows", "2000", "--features", "100"])
+    lines = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    assert lines[3].split()[2] == "10"  # 2 workers x 5 steps: 10 updates
+    assert lines[4] == "updates: pushes applied to the table; one update here is one worker's step (its push)"
+    assert "no stragglers" in lines[5] and "simlib compare" in lines[5]
+
+
+def test_run_on_shared_memory_says_an_update_is_a_chunk_of_steps(capsys):
+    rc = main(["run", "--substrate", "shm", "--protocol", "async", "--workers", "2", "--steps", "50", "--rows", "2000",
+               "--features", "100"])
+    lines = capsys.readouterr().out.splitlines()
+    assert rc == 0
+    updates = int(lines[3].split()[2])
+    assert updates < 100  # fewer than 2 x 50 steps: the in-place path records one update per chunk
+    assert lines[4].startswith("updates: pushes applied to the table; one update here is a chunk of up to ")
+    assert not any("stragglers" in line for line in lines)
+
+
+def test_the_figure_folder_is_made_when_its_parent_exists(tmp_path, capsys):
+    out = tmp_path / "new" / "cmp.png"
+    assert main(["compare", "--workers", "2", "--steps", "5", "--protocols", "bsp", "--out", str(out)]) == 0
+    assert out.stat().st_size > 0
+    capsys.readouterr()
+    deeper = tmp_path / "absent" / "new" / "cmp.png"
+    assert main(["compare", "--workers", "2", "--steps", "5", "--protocols", "bsp", "--out", str(deeper)]) == 2
+    assert f"--out: the folder {tmp_path / 'absent'} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "absent").exists()
+
+
+def test_a_cost_only_trace_keeps_less_than_the_cli_counts_per_worker_step():
+    """The refusal of --steps counts COST_ONLY_TRACE_BYTES_PER_STEP per worker-step of a cost-only run."""
+    import tracemalloc
+
+    from simlib.cli import COST_ONLY_TRACE_BYTES_PER_STEP
+    from simlib.sim.engine import simulate
+
+    def kept(n_workers: int, steps: int) -> int:
+        cfg = with_protocol(default_cluster(n_workers=n_workers, steps=steps, cost_only=True, step_keys=500), "ssp:3")
+        tracemalloc.start()
+        trace = simulate(cfg)
+        size = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        assert len(trace.updates) == n_workers * steps
+        return size
+
+    kept(50, 2)  # compiled once, outside the measurement
+    n_workers, steps = 5_000, 10
+    assert kept(n_workers, steps) / (n_workers * steps) < COST_ONLY_TRACE_BYTES_PER_STEP
+
+
+@pytest.mark.slow
+def test_run_on_ray_prints_no_token_warning(tmp_path):
+    pytest.importorskip("ray")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    proc = subprocess.run([sys.executable, "-m", "simlib", "run", "--substrate", "ray", "--workers", "2", "--steps", "3",
+                           "--rows", "2000", "--features", "100"], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "SSP(3)" in proc.stdout
+    assert "Token authentication" not in proc.stderr, proc.stderr

@@ -42,6 +42,11 @@ BAD: list[tuple[list[str], str]] = [
     (["compare", "--out", ""], "--out"),
     (["compare", "--out", "."], "--out"),
     (["compare", "--out", "noextension"], "--out"),
+    (["compare", "--out", "/nonexistent/dir/x.png"], "--out: the folder /nonexistent does not exist"),
+    # a flag is spelt in full: argparse's abbreviations are refused
+    (["compare", "--worker", "4"], "unrecognized arguments: --worker 4"),
+    (["compare", "--no-plo"], "unrecognized arguments: --no-plo"),
+    (["run", "--worker", "4"], "unrecognized arguments: --worker 4"),
     # targets
     (["compare", "--target", "nan"], "--target"),
     (["compare", "--target", "-5"], "--target"),
@@ -130,6 +135,27 @@ def test_bad_value_is_one_line_naming_the_flag_before_any_work(args, flag, tmp_p
 def test_a_refusal_says_how_to_make_it_work(tmp_path):
     proc, _ = _run(["compare", "--backup-workers", "1"], tmp_path)
     assert proc.stderr.strip().endswith("use --protocols bsp,ssp:3"), proc.stderr
+
+
+def test_too_many_workers_for_the_data_says_how_to_have_them(tmp_path):
+    proc, _ = _run(["compare", "--workers", "100000"], tmp_path)
+    assert proc.stderr.strip().endswith("use at most 20000 workers, or --cost-only --step-keys 500 (the cost model "
+                                        "alone, no data read)"), proc.stderr
+    proc, _ = _run(["run", "--workers", "5000", "--rows", "2000"], tmp_path)
+    assert proc.stderr.strip().endswith("use at most 2000 workers, or raise --rows"), proc.stderr
+
+
+def test_a_cost_only_run_of_100000_workers_is_counted_by_its_columns(tmp_path):
+    """100,000 workers x 100 steps once cost 2 kB a worker-step (about 60 GB for compare's three runs)."""
+    from simlib.cli import COST_ONLY_TRACE_BYTES_PER_STEP, CliError, Footprint, ProblemSize, check_sizes
+
+    need = 3 * 100_000 * 100 * COST_ONLY_TRACE_BYTES_PER_STEP
+    assert need < 10e9
+    check_sizes(ProblemSize(rows=100_000), 100_000, 100, 1, Footprint(runs=3, trace_bytes=COST_ONLY_TRACE_BYTES_PER_STEP),
+                budget=need)  # accepted within its estimate
+    with pytest.raises(CliError, match=r"--steps: .* use at most 50 steps, or fewer --workers"):
+        check_sizes(ProblemSize(rows=100_000), 100_000, 100, 1, Footprint(runs=3, trace_bytes=COST_ONLY_TRACE_BYTES_PER_STEP,
+                                                                         more_steps="fewer --workers"), budget=need / 2)
 
 
 def test_help_imports_no_simulator_and_no_plotting(tmp_path):

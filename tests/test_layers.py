@@ -154,7 +154,7 @@ def test_imports_are_found_inside_functions_and_from_packages():
                      (7, "simlib.problems.lda"), (8, "simlib.sim.engine")]
 
 
-# -- settings that travel together are one object (README, "how it is built") ----------------------
+# -- settings that travel together are one object (docs/architecture.md) ------------------------------
 MAX_PARAMETERS = 8
 
 

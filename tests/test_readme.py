@@ -29,3 +29,29 @@ def test_what_you_will_see_is_what_the_main_command_prints(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == shown.splitlines(), out.stdout
     assert (tmp_path / "simlib_out" / "compare.png").stat().st_size > 0
+
+
+def test_the_readme_is_read_in_two_minutes():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, len(lines)
+    assert "python -m pytest -q" in _section("\n".join(lines) + "\n", "Two commands")
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")  # a Markdown link's target, without its anchor
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_finds_its_file():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = [(page.name, target) for page in pages for target in LINK.findall(page.read_text())
+              if "://" not in target and not (page.parent / target).exists()]
+    assert broken == []
+
+
+def test_the_material_moved_out_of_the_readme_is_in_the_docs():
+    """The long sections live on their own pages, which the README links."""
+    readme = (ROOT / "README.md").read_text()
+    for page, words in {"students.md": "Coverage of the course's topics", "instructors.md": "Threat model",
+                        "lecturers.md": "Projector mode", "architecture.md": "One staleness",
+                        "benchmarks.md": "A larger corpus", "tests.md": "fault matrix", "ray.md": "Placement"}.items():
+        assert words in (ROOT / "docs" / page).read_text(), page
+        assert f"(docs/{page})" in readme, page

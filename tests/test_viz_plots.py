@@ -123,6 +123,43 @@ def test_axis_units_follow_the_substrate(substrate, unit):
     assert unit in plot_timeline(tr).get_xlabel()
     assert unit in plot_loss([tr], x="time").get_xlabel()
     assert "steps" in plot_loss([tr], x="steps").get_xlabel()
+    assert "rounds" in plot_loss([tr], x="rounds").get_xlabel()
+
+
+def _luminance(color: str) -> float:
+    """Relative luminance (WCAG): what a grey print keeps of a colour."""
+    from matplotlib.colors import to_rgb
+
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in to_rgb(color)]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def test_push_pull_compute_and_wait_differ_in_grey_print_and_for_colour_blind_readers():
+    from simlib.viz.style import KIND_STYLES, OKABE_ITO
+
+    kinds = ("compute", "send", "recv", "wait")
+    assert all(KIND_COLORS[k] in OKABE_ITO.values() for k in kinds)  # the palette made for colour-vision deficiencies
+    for i, a in enumerate(kinds):
+        for b in kinds[i + 1:]:
+            hatched = bool(KIND_STYLES[a].get("hatch")) != bool(KIND_STYLES[b].get("hatch"))
+            assert hatched or abs(_luminance(KIND_COLORS[a]) - _luminance(KIND_COLORS[b])) > 0.1, (a, b)
+    assert _luminance(KIND_COLORS["send"]) - _luminance(KIND_COLORS["recv"]) > 0.3  # push light, pull mid
+    ax = plot_timeline(bsp_trace(n_workers=3, steps=4, slow=2.0))
+    assert _spans_drawn(ax, "wait").get_hatch() == "///"
+    legend = {t.get_text(): h for t, h in zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles)}
+    assert legend["wait"].get_hatch() == "///" and legend["send (push)"].get_hatch() is None
+
+
+def test_the_figure_counts_rounds_as_the_table_does():
+    from simlib.course.experiments import compare, default_cluster, summary_rows
+
+    runs = compare(["bsp", "async"], default_cluster(n_workers=4, steps=30))
+    target = 0.6
+    rows = {r["run"]: r["rounds_to_target"] for r in summary_rows(runs, target)}
+    ax = plot_loss(runs, x="rounds", target=target)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    for run, rounds in rows.items():
+        assert rounds is not None and f"{run} (at round {rounds:.4g})" in labels, (rows, labels)
 
 
 def test_timeline_title_states_the_waiting_fraction():
@@ -195,7 +232,7 @@ def test_compare_figure_has_a_timeline_per_run_and_states_the_finding():
     assert fig.get_suptitle() == f"SSP(3) reaches loss 0.1 {expected:.1f}x sooner than BSP"
     timelines = [ax for ax in fig.axes if timeline_artists(ax, "span:")]
     assert len(timelines) == 2
-    assert any(ax.get_xlabel() == "steps (updates applied)" for ax in fig.axes)
+    assert any(ax.get_xlabel() == "rounds (one step of every worker)" for ax in fig.axes)
     fig.canvas.draw()  # the whole figure renders
 
 

@@ -58,15 +58,26 @@ def compare(
     problem: Any = None,
     progress: Callable[[int, float], None] | None = None,
 ) -> list[Trace]:
-    """Run the same cluster under each protocol (same seed, so the same straggler draws)."""
+    """Run the same cluster under each protocol (same seed, so the same straggler draws).
+
+    ``progress(i, fraction)`` hears of run i at its start (0.0), as it goes where the engine reports it (a
+    cost-only run does not), and at its end (1.0).
+    """
     import simlib
     from simlib.substrates.sim import run_args
 
     base = default_cluster() if base is None else base
     configs = [with_protocol(base, p) for p in protocols]  # every one validated before any run
     problem = compare_problem(base.seed) if problem is None else problem
-    each = [None if progress is None else functools.partial(progress, i) for i in range(len(configs))]
-    return [simlib.run(problem, **run_args(cfg), progress=report).trace for cfg, report in zip(configs, each)]
+    traces = []
+    for i, cfg in enumerate(configs):
+        report = None if progress is None else functools.partial(progress, i)
+        if report is not None:
+            report(0.0)
+        traces.append(simlib.run(problem, **run_args(cfg), progress=report).trace)
+        if report is not None:
+            report(1.0)
+    return traces
 
 
 def summary_rows(traces: Sequence[Trace], target: float) -> list[dict[str, Any]]:

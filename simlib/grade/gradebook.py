@@ -390,26 +390,26 @@ def check_hidden(master_path: Path, out_dir: Path, submissions: Path) -> None:
 
 
 class Progress:
-    """A progress bar over students on a terminal; one plain line per student otherwise."""
+    """Progress over students: a tqdm bar on a terminal; one plain line per student otherwise (a log to keep)."""
 
     def __init__(self, total: int, stream: TextIO = sys.stderr):
+        from tqdm import tqdm
+
         self.total, self.stream, self.done = total, stream, 0
-        self.tty = stream.isatty()
+        self.bar = tqdm(total=total, unit="student", file=stream, disable=not stream.isatty())
 
     def step(self, student: str, points: float, max_points: float, cached: bool) -> None:
         """Count one student done."""
         self.done += 1
-        student = clean(student, [])
-        note = " (cached)" if cached else ""
-        if self.tty:
-            width = 30
-            fill = int(width * self.done / max(self.total, 1))
-            self.stream.write(f"\r[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {student[:20]:<20}")
-            if self.done == self.total:
-                self.stream.write("\n")
-        else:
+        student, note = clean(student, []), " (cached)" if cached else ""
+        if self.bar.disable:
             self.stream.write(f"graded {self.done}/{self.total}: {student} {points:g}/{max_points:g}{note}\n")
-        self.stream.flush()
+            self.stream.flush()
+            return
+        self.bar.set_postfix_str(student[:20], refresh=False)
+        self.bar.update(1)
+        if self.done == self.total:
+            self.bar.close()
 
 
 INTERRUPTED = "grading was interrupted (Ctrl-C) before this submission was graded; grade again to finish"

@@ -31,7 +31,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from simlib._validate import one_of, positive, positive_int
 from simlib.trace import Trace
 from simlib.viz.plots import MAX_ARROWS, _as_list, default_target, finding, plot_loss, plot_timeline, timeline_artists
-from simlib.viz.style import KIND_COLORS, KIND_LABELS, OKABE_ITO, run_label, style
+from simlib.viz.style import KIND_COLORS, KIND_LABELS, KIND_STYLES, OKABE_ITO, run_label, style
 
 # Artists of a timeline that appear as time passes; labels and axes stay.
 _REVEALED_GIDS = ("span:", "messages", "message-heads", "barriers")
@@ -189,7 +189,7 @@ def draw_runs(
         kinds = sorted((g[5:] for g in gids if g.startswith("span:")), key=list(KIND_COLORS).index)
         # Projector: short names and tight spacing keep the legend to one row across the figure's width.
         names = {**KIND_LABELS, **(_SHORT_KIND_LABELS if projector else {})}
-        handles: list[Artist] = [Patch(facecolor=KIND_COLORS[kd], label=names[kd]) for kd in kinds]
+        handles: list[Artist] = [Patch(label=names[kd], **KIND_STYLES[kd]) for kd in kinds]
         handles += [Line2D([], [], color=OKABE_ITO["black"], **kw) for gid, kw in _LINE_HANDLES.items() if gid in gids]
         fig_h = fig.get_figheight() * 72
         place = dict(bbox_to_anchor=(0.5, 1 - PROJECTOR_MARGINS_PT["legend"] / fig_h), borderaxespad=0,

@@ -33,7 +33,7 @@ from matplotlib.path import Path
 
 from simlib._validate import one_of, positive_int
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, _columns
-from simlib.viz.style import KIND_COLORS, KIND_LABELS, OKABE_ITO, RUN_COLORS, run_label, style, time_label
+from simlib.viz.style import KIND_COLORS, KIND_LABELS, KIND_STYLES, OKABE_ITO, RUN_COLORS, run_label, style, time_label
 
 SpeedupInput = Union[Mapping[str, Mapping[int, float]], Mapping[str, Sequence[Trace]], Sequence[Trace]]
 
@@ -166,9 +166,8 @@ def plot_timeline(
                 continue
             # add_artist clips the bars to the axes, and leaves them out of autoscaling (the limits are set below).
             ax.add_artist(PathPatch(_bars_path(cols["start"][mask], cols["end"][mask], cols["worker"][mask]),
-                                    facecolor=KIND_COLORS[kind], edgecolor="none", linewidth=0, gid=f"span:{kind}",
-                                    label=KIND_LABELS[kind]))
-            handles.append(Patch(facecolor=KIND_COLORS[kind], label=KIND_LABELS[kind]))
+                                    gid=f"span:{kind}", label=KIND_LABELS[kind], **KIND_STYLES[kind]))
+            handles.append(Patch(label=KIND_LABELS[kind], **KIND_STYLES[kind]))
 
         server_y = -1.0 - BAR_HEIGHT / 2
         segs = _message_segments(trace, cols, n_shown, server_y)
@@ -217,9 +216,25 @@ def plot_timeline(
 # -- loss -----------------------------------------------------------------------------------
 
 
+X_AXES = ("time", "steps", "rounds")  # what loss is drawn against; a round is one step of every worker
+
+
 def _fmt_at(reached: float, x: str) -> str:
-    """When a run reached its target: seconds with three significant figures (x='time'), else the step."""
-    return f"{reached:.3g} s" if x == "time" else f"step {reached}"
+    """When a run reached its target: seconds with three significant figures (x='time'), else the step or round."""
+    return f"{reached:.3g} s" if x == "time" else f"{x[:-1]} {reached:.4g}"
+
+
+def _reached(tr: Trace, target: float, x: str) -> float | None:
+    """Time, steps (updates applied) or rounds (steps / workers) until ``tr`` first reaches ``target``."""
+    if x == "time":
+        return tr.time_to(target)
+    steps = tr.steps_to(target)
+    return steps / tr.n_workers if steps is not None and x == "rounds" else steps
+
+
+def _x_label(runs: list[Trace], x: str) -> str:
+    return {"time": _time_axis_label(runs), "steps": "steps (updates applied)",
+            "rounds": "rounds (one step of every worker)"}[x]
 
 
 def metric_name(metric: str) -> str:
@@ -235,22 +250,24 @@ def plot_loss(
     title: str | None = None,
     t_max: float | None = None,
 ) -> Axes:
-    """The metric of each run against time (``x='time'``) or applied updates (``x='steps'``).
+    """The metric of each run against time (``x='time'``), applied updates (``x='steps'``) or rounds of every
+    worker (``x='rounds'``, steps / workers: the table's rounds).
 
     With ``target`` a dashed horizontal line is drawn and each run's first crossing is marked,
     its time (or step) quoted in the legend. ``t_max`` cuts the curves there (animations).
     """
-    one_of("x", x, ("time", "steps"))
+    one_of("x", x, X_AXES)
     runs = _as_list(traces)
     with style():
         ax = new_axes(ax, (9, 5.5))
         for color, tr in zip(cycle(RUN_COLORS), runs):
             pts = [q for q in tr.quality if t_max is None or q.time <= t_max]
-            xs = [q.time if x == "time" else q.step for q in pts]
+            per = tr.n_workers if x == "rounds" else 1
+            xs = [q.time if x == "time" else q.step / per for q in pts]
             ys = [q.value for q in pts]
             label = run_label(tr)
             if target is not None:
-                reached = tr.time_to(target) if x == "time" else tr.steps_to(target)
+                reached = _reached(tr, target, x)
                 if reached is None or (t_max is not None and x == "time" and reached > t_max):
                     label += " (not reached)"
                 else:
@@ -266,8 +283,7 @@ def plot_loss(
             ax.set_xlim(0.0, t_max)
         if title is None:
             title = finding(runs, target, x=x) if target is not None else f"{metric_name(runs[0].metric)} against {x}"
-        ax.set(xlabel=_time_axis_label(runs) if x == "time" else "steps (updates applied)",
-               ylabel=metric_name(runs[0].metric), title=title)
+        ax.set(xlabel=_x_label(runs, x), ylabel=metric_name(runs[0].metric), title=title)
         ax.legend(loc="upper right")
     return ax
 
@@ -374,27 +390,27 @@ def finding(traces: Trace | Iterable[Trace], target: float | None = None, x: str
     """One sentence computed from the runs, e.g. 'SSP(3) reaches loss 0.45 1.4x sooner than BSP'.
 
     Compares the first run to reach ``target`` (default :func:`default_target`) with BSP (or
-    with the runner-up when BSP is first), by time or by steps.
+    with the runner-up when BSP is first), by time, steps or rounds.
     """
-    one_of("x", x, ("time", "steps"))
+    one_of("x", x, X_AXES)
     runs = _as_list(traces)
     if target is None:
         target = default_target(runs)
-    cost = {run_label(t): (t.time_to(target) if x == "time" else t.steps_to(target)) for t in runs}
+    cost = {run_label(t): _reached(t, target, x) for t in runs}
     reached = {k: v for k, v in cost.items() if v is not None}
     goal = f"{metric_name(runs[0].metric)} {target:.3g}"
     if not reached:
         return f"No run reaches {goal}"
     winner = min(reached, key=lambda k: reached[k])
     ref = next((run_label(t) for t in runs if _is_reference(t)), run_label(runs[0]))
-    sooner = "sooner" if x == "time" else "fewer steps"
+    sooner = "sooner" if x == "time" else f"fewer {x}"
     if len(runs) == 1:
         return f"{winner} reaches {goal} at {_fmt_at(reached[winner], x)}"
     # Runs within 0.5% of the first are a tie: "1.00x sooner" would overstate a difference of noise.
     tied = [k for k in reached if reached[k] <= reached[winner] * 1.005]
     if len(tied) > 1 and (ref in tied or len(tied) == len(runs)):
         names = ", ".join(tied[:-1]) + f" and {tied[-1]}"
-        return f"{names} reach {goal} {'at the same time' if x == 'time' else 'in the same number of steps'}"
+        return f"{names} reach {goal} {'at the same time' if x == 'time' else f'in the same number of {x}'}"
     if winner == ref:
         others = {k: v for k, v in reached.items() if k != ref}
         if not others:
@@ -414,7 +430,7 @@ def compare_figure(
     max_workers: int = 16,
     figsize: tuple[float, float] | None = None,
 ) -> Figure:
-    """The comparison figure: each run's timeline (shared time axis) beside loss against time and steps.
+    """The comparison figure: each run's timeline (shared time axis) beside loss against time and rounds.
 
     The title is :func:`finding`, computed from the runs, so the figure states its result.
     """
@@ -438,7 +454,7 @@ def compare_figure(
             ax_t = fig.add_subplot(gs[0:k, 1])
             ax_s = fig.add_subplot(gs[k : 2 * k, 1])
             plot_loss(runs, x="time", ax=ax_t, target=target, title=f"{metric_name(runs[0].metric)} against time")
-            plot_loss(runs, x="steps", ax=ax_s, target=target, title=finding(runs, target, x="steps"))
+            plot_loss(runs, x="rounds", ax=ax_s, target=target, title=finding(runs, target, x="rounds"))
             fig.suptitle(finding(runs, target))
         else:
             fig.suptitle("Timelines of " + ", ".join(run_label(t) for t in runs))

@@ -34,16 +34,24 @@ RUN_COLORS: tuple[str, ...] = tuple(
     OKABE_ITO[k] for k in ("blue", "orange", "green", "vermillion", "purple", "sky", "black", "yellow")
 )
 
-# Waiting is the cost the lessons are about, so it gets the loudest hue; a failed worker is black.
-# Sending is sky blue, not orange: orange next to vermilion merges into one colour on a washed-out projector.
+# Each kind of span differs from the others in lightness as well as hue, so the timeline reads in grey print
+# and for every common colour-vision deficiency: compute dark blue, pull mid sky blue, push light yellow (a rim
+# would darken it: most pushes are slivers beside a dark compute bar, which is what they are read against), wait
+# vermilion crossed by white hatching (its lightness is compute's; the hatching tells them apart in grey), a
+# failed worker black. Waiting is the cost the lessons are about, so it gets the loudest hue.
 KIND_COLORS: dict[str, str] = {
     "compute": OKABE_ITO["blue"],
-    "send": OKABE_ITO["sky"],
-    "recv": OKABE_ITO["green"],
+    "send": OKABE_ITO["yellow"],
+    "recv": OKABE_ITO["sky"],
     "wait": OKABE_ITO["vermillion"],
     "down": OKABE_ITO["black"],
 }
 assert set(KIND_COLORS) == set(SPAN_KINDS)
+_PLAIN: dict[str, Any] = {"edgecolor": "none", "linewidth": 0}
+# Patch keyword arguments of each kind (bars and legend alike); a hatch is drawn in the edge colour.
+KIND_STYLES: dict[str, dict[str, Any]] = {
+    kind: {"facecolor": color, **_PLAIN} for kind, color in KIND_COLORS.items()
+} | {"wait": {"facecolor": KIND_COLORS["wait"], "edgecolor": "#FFFFFF", "linewidth": 0, "hatch": "///"}}
 
 KIND_LABELS: dict[str, str] = {
     "compute": "compute",
