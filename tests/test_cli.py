@@ -210,12 +210,12 @@ def test_a_cost_only_trace_keeps_less_than_the_cli_counts_per_worker_step():
     import tracemalloc
 
     from simlib.cli import COST_ONLY_TRACE_BYTES_PER_STEP
-    from simlib.sim.engine import simulate
+    from simlib.sim.engine import run_config
 
     def kept(n_workers: int, steps: int) -> int:
         cfg = with_protocol(default_cluster(n_workers=n_workers, steps=steps, cost_only=True, step_keys=500), "ssp:3")
         tracemalloc.start()
-        trace = simulate(cfg)
+        trace = run_config(cfg).trace
         size = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
         assert len(trace.updates) == n_workers * steps

@@ -142,14 +142,24 @@ def refused(master: dict[str, Any], reason: str) -> dict[str, Any]:
     return {"parts": rows, "cell_errors": [], "notes": [reason], "refused": reason}
 
 
+@dataclass(frozen=True)
+class Probes:
+    """The calls drawn for the parts checked outside the sandbox, and the master's replies to them (None: this is
+    the master's own run, which returns its replies)."""
+
+    drawn: dict[str, list[Any]]
+    expected: dict[str, Any] | None = None
+
+
 def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), numba_cache: Path | None = None,
                      warm: bool = False, sandbox: str = "auto", stop: threading.Event | None = None,
-                     drawn: dict[str, list[Any]] | None = None, expected: dict[str, Any] | None = None) -> dict[str, Any]:
+                     probes: Probes | None = None) -> dict[str, Any]:
     """Grade one notebook's bytes against the master: {'parts': rows, 'cell_errors': [...], 'notes': [...],
     'flags': [...]} (flags: where the student's code names the library's reference answer, for the instructor).
 
-    A part with calls in ``drawn`` passes only if the replies equal ``expected`` (the master's); the master's
-    own run (``expected`` None) returns its replies as 'probes'."""
+    A part with calls in ``probes.drawn`` passes only if the replies equal ``probes.expected`` (the master's); the
+    master's own run (``expected`` None) returns its replies as 'probes'."""
+    drawn, expected = (None, None) if probes is None else (probes.drawn, probes.expected)
     master = nbm.load(master_path)
     try:
         student = nbm.loads(data)
@@ -484,7 +494,8 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
             todo.append((sub, hit))
     stop = threading.Event()
     pool = ThreadPoolExecutor(max_workers=jobs)
-    running = {pool.submit(_grade_one, master, master_path, sub.data, limits, kernels, kind, stop, drawn, expected):
+    running = {pool.submit(_grade_one, master, master_path, sub.data, limits, kernels, kind, stop,
+                           Probes(drawn, expected)):
                (sub, hit) for sub, hit in todo}
     try:
         for done in as_completed(running):
@@ -528,11 +539,10 @@ def write_outputs(out_dir: Path, master: dict[str, Any], found: list[Submission]
 
 
 def _grade_one(master: dict[str, Any], master_path: Path, data: bytes, limits: Limits, kernels: Path,
-               kind: str, stop: threading.Event, drawn: dict[str, list[Any]], expected: dict[str, Any]) -> dict[str, Any]:
+               kind: str, stop: threading.Event, probes: Probes) -> dict[str, Any]:
     """grade_submission, with whatever goes wrong inside the grader made this student's 0 and reason."""
     try:
-        return grade_submission(master_path, data, limits, kernels, sandbox=kind, stop=stop, drawn=drawn,
-                                expected=expected)
+        return grade_submission(master_path, data, limits, kernels, sandbox=kind, stop=stop, probes=probes)
     except Interrupted:
         raise
     except Exception as exc:  # noqa: BLE001 - one submission must never stop the class
@@ -554,7 +564,8 @@ def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str,
         shutil.rmtree(old, ignore_errors=True)
     kernels.mkdir(parents=True)
     try:
-        result = grade_submission(master_path, master_bytes, limits, kernels, warm=True, sandbox=sandbox, drawn=drawn)
+        result = grade_submission(master_path, master_bytes, limits, kernels, warm=True, sandbox=sandbox,
+                                  probes=Probes(drawn or {}))
     except SandboxError as exc:
         shutil.rmtree(kernels, ignore_errors=True)
         raise Refused(f"the master notebook {master_path.name} could not run in the sandbox: {clean(str(exc), [])} "
