@@ -22,7 +22,7 @@ import bisect
 from types import GeneratorType
 import functools
 import gc
-from collections import Counter, deque
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -115,6 +115,7 @@ class _Run:
             record_start(self.trace, self.problem, self.w)
         body = self._worker
         self.rings: dict[int, tuple[simpy.Event, list]] = {}  # all-reduce: per step, its end and the gradients
+        self.span_columns, self.update_columns = self.trace.spans.appenders(), self.trace.updates.appenders()
         # NOTE: the run allocates hundreds of thousands of small records; Python's cyclic GC would
         # rescan them all repeatedly (measured: 1.7x slower at 1,000 workers; starting 100,000 worker
         # processes with it on took 16 % of a cost-only run). Nothing here needs cycle collection
@@ -178,15 +179,16 @@ class _Run:
         shard = None if self.shards is None else self.shards[i]
         comp = None if self.compressors is None else self.compressors[i]
         ring = cfg.topology == "allreduce"
-        perform = {Gate: transport.gate, Pull: transport.replica if ring else transport.pull, Push: transport.push,
-                   Early: transport.early, AllReduce: transport.all_reduce}
+        perform = _RING_EFFECTS if ring else _PS_EFFECTS  # effect -> the transport's method (unbound: no per-worker dict)
         # NOTE: on the plain path (one shard at the worker's site, no cache, compression or clocks) a pull's, a
         # compute's and a push's delays are taken right here (the same delays, in the same order, as the transport's
         # methods), without a generator per effect: 10^4 workers x 100 BSP steps cost 1.4x the hand-written loop's
         # CPU seconds through the methods alone.
         plain = transport.direct and self.compressors is None and transport.managed is None and not ring
-        per_site, clocks = self.per_site, self.clocks
-        env, sw, sk, ss, se, sn, sc = self.env, *self.trace.spans.appenders()
+        per_site, clocks, rule, steps = self.per_site, self.clocks, self.clocks.rule, cfg.steps
+        ut, uw, uc, us, ua, ul = self.update_columns
+        deadline = cfg.timeout is not None or transport.managed is not None
+        env, (sw, sk, ss, se, sn, sc) = self.env, self.span_columns
         work, queued, cost_only = self.compute.time, transport.units, cfg.cost_only
         inlink, outlink, latency, bandwidth = transport.inlink, transport.outlink, cfg.latency, cfg.bandwidth
         server_time, key_bytes, value_bytes, server = cfg.server_time, cfg.key_bytes, cfg.value_bytes, transport.server
@@ -217,11 +219,16 @@ class _Run:
                             now = env._now
                             if now > t0:  # span(i, WAIT, t0, now, 0, c)
                                 sw(i); sk(WAIT); ss(t0); se(now); sn(0); sc(c)  # noqa: E702
-                        value = transport.opened(c)
+                        # transport.opened(c), inlined
+                        if deadline:
+                            clocks.open(c)
+                        lag = c - rule.completed
+                        transport.lag = lag if lag > 0 else 0
+                        value = 1
                         continue
                     if kind is Compute:  # charge the batch's work, then the real math on the values read
                         t0 = env._now
-                        yield work(i, queued.popleft())
+                        yield work(i, queued.pop(0))
                         value = (effect[3][2], None) if cost_only else effect[2](*effect[3])
                         now = env._now
                         if now > t0:  # span(i, COMPUTE, t0, now, 0, c)
@@ -252,9 +259,19 @@ class _Run:
                         done = (t0 if t0 >= free else free) + (server_time + nbytes / bandwidth)
                         inlink.free_at = done
                         yield done - t0 + latency
-                        value = transport.landed(effect, t0)
+                        # transport.landed(effect, t0), inlined for this path (no sites, cache or clocks)
+                        now, c = env._now, effect[0]
+                        if now > t0:  # span(i, SEND, t0, now, nbytes, c)
+                            sw(i); sk(SEND); ss(t0); se(now); sn(nbytes); sc(c)  # noqa: E702
+                        applied, tau = server.push(c, effect[1], effect[2], effect[3])
+                        ut(now); uw(i); uc(c); us(tau); ua(applied); ul(transport.lag)  # noqa: E702
+                        self._count_step(applied)
+                        completed = clocks.rule.completed
+                        if not applied:  # its skipped steps count as done (see landed)
+                            self.done_steps += min(max(c + 1, completed), steps) - (c + 1)
+                        value = applied, completed
                         continue
-                    value = perform[kind](effect)
+                    value = perform[kind](transport, effect)
                     if value.__class__ is GeneratorType:  # the effect takes simulated time (a plain value: none)
                         value = yield from value
                 c = cfg.steps
@@ -576,13 +593,19 @@ class _Worker:
     tau and clock lag are recorded here, per effect.
     """
 
+    # NOTE: slots, and the trace's column appenders shared by every worker (run.span_columns): 10^4 workers each
+    # holding a dict and twelve bound methods of their own made every step reach colder memory.
+    __slots__ = ("run", "i", "env", "cfg", "clocks", "rule", "sw", "sk", "ss", "se", "sn", "sc", "ut", "uw", "uc", "us",
+                 "ua", "ul", "per_site", "cached", "direct", "inlink", "outlink", "server", "step", "lag", "units",
+                 "managed")
+
     def __init__(self, run: "_Run", i: int):
         cfg = run.cfg
         self.run, self.i, self.env, self.cfg = run, i, run.env, cfg
         self.clocks, self.rule = run.clocks, run.clocks.rule
         # NOTE: the spans and updates appended column by column, not through span(): 3 % of a run.
-        self.sw, self.sk, self.ss, self.se, self.sn, self.sc = run.trace.spans.appenders()
-        self.ut, self.uw, self.uc, self.us, self.ua, self.ul = run.trace.updates.appenders()
+        self.sw, self.sk, self.ss, self.se, self.sn, self.sc = run.span_columns
+        self.ut, self.uw, self.uc, self.us, self.ua, self.ul = run.update_columns
         self.per_site, self.cached = run.per_site, run.caches is not None
         # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined (the
         # same delays, taken in the same order, as _pull / _push, without three generators per message).
@@ -590,7 +613,7 @@ class _Worker:
         self.inlink, self.outlink = run.nodes[0][0].inlink, run.nodes[0][0].outlink
         self.server = run.site_server[run.site_of[i]] if self.per_site else run.server  # per site: its site's servers
         self.step = self.lag = 0
-        self.units: deque[float] = deque()  # the work of each mini-batch sourced and not yet computed
+        self.units: list[float] = []  # the work of each mini-batch sourced and not yet computed
         self.managed = None
         if cfg.clock_batches > 1:  # Bosen's clocks; a budget spends the Early effects (simlib.sim.managed)
             from simlib.sim.managed import Sender
@@ -706,6 +729,10 @@ class _Worker:
         if self.per_site:
             run._site_step(i, nxt)
         return applied, completed
+
+
+_PS_EFFECTS = {Gate: _Worker.gate, Pull: _Worker.pull, Push: _Worker.push, Early: _Worker.early}
+_RING_EFFECTS = {Pull: _Worker.replica, AllReduce: _Worker.all_reduce}
 
 
 class _Cache:
