@@ -87,12 +87,6 @@ class Cooccurrence:
         """Number of stored (nonzero) entries."""
         return int(self.values.shape[0])
 
-    def to_csr(self):  # -> scipy.sparse.csr_matrix; scipy is imported only when asked for
-        """The same matrix as a SciPy CSR matrix (n_words x n_words)."""
-        from scipy.sparse import coo_matrix
-
-        return coo_matrix((self.values, (self.rows, self.cols)), shape=(self.n_words, self.n_words)).tocsr()
-
     def to_dense(self) -> np.ndarray:
         """The matrix as a dense float64 array (for small vocabularies and tests)."""
         dense = np.zeros((self.n_words, self.n_words))
@@ -411,20 +405,6 @@ class GloveParams:
 def entry_terms(values: np.ndarray, config: GloveConfig) -> tuple[np.ndarray, np.ndarray]:
     """Per-entry (log X_ij, f(X_ij)) as float32, computed once so each update needs no log or pow."""
     return np.log(values).astype(np.float32), weight(values, config.x_max, config.alpha).astype(np.float32)
-
-
-def entry_loss(w: np.ndarray, c: np.ndarray, bw: float, bc: float, x: float, config: GloveConfig) -> float:
-    """One term of J: f(x) (w . c + bw + bc - log x)^2."""
-    diff = float(np.dot(w, c)) + bw + bc - np.log(x)
-    return float(weight(x, config.x_max, config.alpha) * diff * diff)
-
-
-def entry_gradient(w: np.ndarray, c: np.ndarray, bw: float, bc: float, x: float,
-                   config: GloveConfig) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """Gradient of one term of J: 2 f diff (c, w, 1, 1) for (w, c, bw, bc)."""
-    diff = float(np.dot(w, c)) + bw + bc - np.log(x)
-    g = 2.0 * float(weight(x, config.x_max, config.alpha)) * diff
-    return g * c, g * w, g, g
 
 
 @njit(nogil=True, cache=True, fastmath=True, inline="always", error_model="numpy")
