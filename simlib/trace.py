@@ -213,22 +213,6 @@ def _columns(records: Any, log: type[_Log]) -> list[Any]:
             for c in records._cols]
 
 
-def binned_load(messages: Any, makespan: float, bins: int) -> tuple[Any, Any]:
-    """(bin start times, bytes per second in each of ``bins`` bins from 0 to ``makespan``): each message
-    (start, end, bytes) spread evenly over the bins it overlaps."""
-    import numpy as np
-
-    if not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"bins must be a positive integer, got {bins!r}")
-    width = makespan / bins if makespan > 0 else 1.0
-    load = np.zeros(bins)
-    for start, end, nbytes in messages:
-        a = min(int(start / width), bins - 1)
-        b = max(a + 1, min(-int(-end // width), bins))  # the bins [a, b) the message overlaps
-        load[a:b] += nbytes / (b - a)
-    return np.arange(bins) * width, load / width
-
-
 def _busy(spans: list[Any], kind: str) -> float:
     """Total length of the spans of ``kind``, from :func:`_columns`, summed left to right as ``sum`` does."""
     import numpy as np
@@ -338,9 +322,20 @@ class Trace:
 
     def network_load(self, bins: int = 1000) -> tuple[Any, Any]:
         """(bin start times, bytes per second on the wire in each bin): every send and recv span's bytes
-        spread evenly over its duration, summed over workers. Zero bins are an idle network."""
-        return binned_load(((s.start, s.end, s.nbytes) for s in self.spans if s.kind in ("send", "recv") and s.nbytes),
-                           self.makespan, bins)
+        spread evenly over the bins it overlaps, summed over workers. Zero bins are an idle network."""
+        import numpy as np
+
+        if not isinstance(bins, int) or bins < 1:
+            raise ValueError(f"bins must be a positive integer, got {bins!r}")
+        makespan = self.makespan
+        width = makespan / bins if makespan > 0 else 1.0
+        load = np.zeros(bins)
+        for s in self.spans:
+            if s.kind in ("send", "recv") and s.nbytes:
+                a = min(int(s.start / width), bins - 1)
+                b = max(a + 1, min(-int(-s.end // width), bins))  # the bins [a, b) the message overlaps
+                load[a:b] += s.nbytes / (b - a)
+        return np.arange(bins) * width, load / width
 
     def link_load(self, width: float, kinds: tuple[str, ...] = ("send",)) -> tuple[Any, Any]:
         """(bin start times, bytes/s on each worker's link per bin, shape (n_workers, bins)): each span of ``kinds``
