@@ -71,6 +71,17 @@ def one_of(name: str, value: Any, allowed: Iterable[Any]) -> None:
         raise ValueError(f"{name} must be one of {choices}; got {value!r}")
 
 
+def even_ranges(n_workers: Any, total: int, what: str) -> list[tuple[int, int]]:
+    """Contiguous near-equal ranges [start, stop) of ``total`` items, one per worker (each worker gets at least one)."""
+    positive_int("n_workers", n_workers)
+    if n_workers > total:
+        raise ValueError(f"n_workers ({n_workers}) must be <= the number of {what} ({total})")
+    import numpy as np
+
+    bounds = np.linspace(0, total, n_workers + 1).astype(int).tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def available_memory() -> float:
     """Bytes of memory available to a new allocation (MemAvailable; physical pages as a fallback)."""
     with contextlib.suppress(OSError), open("/proc/meminfo") as f:

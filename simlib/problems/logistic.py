@@ -243,11 +243,7 @@ class LogisticProblem:
 
     def shards(self, n_workers: int) -> list[tuple[int, int]]:
         """Row ranges [start, stop) giving each worker a contiguous, near-equal part of the data."""
-        check.positive_int("n_workers", n_workers)
-        if n_workers > self.data.n_rows:
-            raise ValueError(f"n_workers ({n_workers}) must be <= the number of rows ({self.data.n_rows})")
-        bounds = np.linspace(0, self.data.n_rows, n_workers + 1).astype(int)
-        return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n_workers)]
+        return check.even_ranges(n_workers, self.data.n_rows, "rows")
 
     def epoch_steps(self, n_workers: int, batch_size: int) -> int:
         """Steps per worker for one pass over the data: ceil(largest shard / batch_size)."""
