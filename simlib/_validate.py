@@ -29,13 +29,17 @@ def nearest(name: str, known: Iterable[str]) -> str:
     return f"did you mean {near[0]!r}?" if near else ""
 
 
-def options(cls: type[T], given: Mapping[str, Any], where: str) -> T:
-    """``cls(**given)`` for a dataclass of keyword options, refusing a name that is not one of its fields."""
-    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+def known_names(given: Iterable[str], known: list[str], where: str) -> None:
+    """Refuse a name in ``given`` that is not one of ``known``, naming it, the nearest known one and all of them."""
     for key in given:
         if key not in known:
             hint = (nearest(key, known) + " ").lstrip()
             raise ValueError(f"{key}: not an option of {where}; {hint}its options: {', '.join(known)}")
+
+
+def options(cls: type[T], given: Mapping[str, Any], where: str) -> T:
+    """``cls(**given)`` for a dataclass of keyword options, refusing a name that is not one of its fields."""
+    known_names(given, [f.name for f in dataclasses.fields(cls)], where)  # type: ignore[arg-type]
     return cls(**given)
 
 
