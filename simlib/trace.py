@@ -138,19 +138,14 @@ class _Log:
         return log
 
     def appenders(self) -> tuple:
-        """The columns' ``append`` methods, in field order: a hot loop's way to record without a call of ``add``
-        (it must do what ``add`` does: pass each field's type; a span log skips empty spans)."""
+        """The columns' ``append`` methods, in field order: a hot loop's way to record without a call per record
+        (it passes each field of its type; a span log skips empty spans, as :meth:`SpanLog.add` does)."""
         return tuple(c.append for c in self._cols)
 
     def append(self, row: Any) -> None:
         """Add one record (a NamedTuple or a tuple of its fields)."""
         for col, value in zip(self._cols, self._encode(row)):
             col.append(value)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory the columns hold."""
-        return sum(c.itemsize * len(c) for c in self._cols)
 
 
 class SpanLog(_Log):
@@ -194,11 +189,6 @@ class UpdateLog(_Log):
     def _encode(row: Any) -> tuple:
         u = Update(*row)
         return float(u.time), int(u.worker), int(u.step), int(u.staleness), bool(u.applied), int(u.clock_lag)
-
-    def add(self, time: float, worker: int, step: int, staleness: int, applied: bool, clock_lag: int) -> None:
-        """Record one push, its fields already of their types (the simulator records them by :meth:`appenders`)."""
-        for col, value in zip(self._cols, (time, worker, step, staleness, applied, clock_lag)):
-            col.append(value)
 
 
 def _columns(records: Any, log: type[_Log]) -> list[Any]:
