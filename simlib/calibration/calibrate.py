@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+import simlib
 from simlib import _validate as check
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
@@ -582,8 +583,6 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             locks.extend(group.run(_lock_member, group.lock(), 1000 if quick else 2000))
 
     # The real pipe PS on a null workload: one worker, one-row batches, on its own problem.
-    import simlib
-
     null_steps, warmups = [], []
     for _ in range(repeats):
         run = simlib.run(prob, "bsp", substrate="pipes", **NULL_PS, start_method=start_method, evaluate=False)
@@ -635,8 +634,6 @@ def null_shm_run(n_workers: int = 1, start_method: str | None = None) -> tuple[f
     worker has published its clock. A step starts when its first worker starts computing it; the
     typical step is the mean time between step starts over the middle 80% of the run.
     """
-    import simlib
-
     check.positive_int("n_workers", n_workers)
     data = make_sparse_classification(NULL_SHM["rows"], NULL_SHM["features"], 1, seed=3)
     null = LogisticProblem(data, l2=1e-4, eval_rows=10, l2_on="all")
