@@ -34,7 +34,7 @@ substrate); the tests keep a single-process trainer of their own as the independ
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -372,7 +372,6 @@ class GloveParams:
     gC: np.ndarray
     gbw: np.ndarray
     gbc: np.ndarray
-    extra: dict = field(default_factory=dict)
 
     ARRAYS = ("W", "C", "bw", "bc", "gW", "gC", "gbw", "gbc")
 
