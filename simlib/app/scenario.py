@@ -111,14 +111,11 @@ class LiveSettings:
             raise ValueError(f"severity must be a number in [1, 100], got {self.severity!r}")
         check_fields(self)  # the other fields' metadata: n_workers, steps and n_servers >= 1, latency >= 0, ...
 
-    def step_estimate(self, nnz_per_row: float = 20.0) -> float:
-        """Seconds one step takes without stragglers: compute overhead + batch nonzeros x cost + a round trip."""
-        base = SimConfig()
-        return base.compute_overhead + base.batch_size * nnz_per_row * base.compute_per_unit + 2 * self.latency
-
     def stragglers(self, nnz_per_row: float = 20.0) -> Stragglers:
-        """The straggler model the kind and severity stand for."""
-        s, step = self.severity, self.step_estimate(nnz_per_row)
+        """The straggler model the kind and severity stand for, in units of a step's time without stragglers
+        (compute overhead + batch nonzeros x cost + a round trip)."""
+        base, s = SimConfig(), self.severity
+        step = base.compute_overhead + base.batch_size * nnz_per_row * base.compute_per_unit + 2 * self.latency
         kinds: dict[str, dict[str, Any]] = {
             "none": {},
             "slow worker": dict(slow_workers=1, slow_factor=s),
