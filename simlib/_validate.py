@@ -86,6 +86,16 @@ def even_ranges(n_workers: Any, total: int, what: str) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def array(name: str, a: Any, kinds: str = "") -> None:
+    """Require a 1-D NumPy array, of a dtype kind in ``kinds`` if given ('iu': integers, 'f': floating point)."""
+    import numpy as np
+
+    if not isinstance(a, np.ndarray) or a.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D NumPy array, got {type(a).__name__}")
+    if kinds and a.dtype.kind not in kinds:
+        raise ValueError(f"{name} must hold {'integers' if kinds == 'iu' else 'floats'}, got dtype {a.dtype}")
+
+
 def available_memory() -> float:
     """Bytes of memory available to a new allocation (MemAvailable; physical pages as a fallback)."""
     with contextlib.suppress(OSError), open("/proc/meminfo") as f:

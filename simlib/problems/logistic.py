@@ -67,12 +67,7 @@ class SparseDataset:
         """Check shapes, ranges and finiteness; raise ValueError naming the field."""
         check.positive_int("n_features", self.n_features)
         for name in ("indptr", "indices", "values", "y"):
-            a = getattr(self, name)
-            if not isinstance(a, np.ndarray) or a.ndim != 1:
-                raise ValueError(f"{name} must be a 1-D NumPy array, got {type(a).__name__}")
-        for name in ("indptr", "indices"):
-            if getattr(self, name).dtype.kind not in "iu":
-                raise ValueError(f"{name} must hold integers, got dtype {getattr(self, name).dtype}")
+            check.array(name, getattr(self, name), "iu" if name in ("indptr", "indices") else "")
         if len(self.indptr) < 2:  # 1-D: checked above
             raise ValueError("indptr must be a 1-D array of length n_rows + 1 >= 2")
         if self.indptr[0] != 0 or np.any(np.diff(self.indptr) < 0):
