@@ -95,7 +95,7 @@ def test_pipe_ps_residual_is_what_the_model_leaves_unexplained(cal):
     import dataclasses
     import math
 
-    from simlib.calibration.calibrate import Calibration, Spread
+    from simlib.calibration.calibrate import Spread
     from simlib.calibration.validate import pipe_ps_residual
 
     assert cal.ps_step.n > 0 and cal.ps_step.median > 0  # calibration measured the null run
@@ -132,7 +132,7 @@ def test_shared_memory_prediction_adds_the_first_touch_of_one_shard(cal):
     import dataclasses
     import math
 
-    from simlib.calibration.calibrate import Calibration, Spread
+    from simlib.calibration.calibrate import Spread
     from simlib.calibration.validate import shm_bytes_per_worker, warmup, workload_problem
 
     assert cal.shm_first_touch.n > 0 and 0 < cal.shm_first_touch.median < 1e-6  # well under 1 us per byte
