@@ -29,13 +29,17 @@ def nearest(name: str, known: Iterable[str]) -> str:
     return f"did you mean {near[0]!r}?" if near else ""
 
 
-def options(cls: type[T], given: Mapping[str, Any], where: str) -> T:
-    """``cls(**given)`` for a dataclass of keyword options, refusing a name that is not one of its fields."""
-    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+def known_names(given: Iterable[str], known: list[str], where: str) -> None:
+    """Refuse a name in ``given`` that is not one of ``known``, naming it, the nearest known one and all of them."""
     for key in given:
         if key not in known:
             hint = (nearest(key, known) + " ").lstrip()
             raise ValueError(f"{key}: not an option of {where}; {hint}its options: {', '.join(known)}")
+
+
+def options(cls: type[T], given: Mapping[str, Any], where: str) -> T:
+    """``cls(**given)`` for a dataclass of keyword options, refusing a name that is not one of its fields."""
+    known_names(given, [f.name for f in dataclasses.fields(cls)], where)  # type: ignore[arg-type]
     return cls(**given)
 
 
@@ -69,6 +73,27 @@ def one_of(name: str, value: Any, allowed: Iterable[Any]) -> None:
     if value not in allowed:
         choices = ", ".join(repr(a) for a in allowed)
         raise ValueError(f"{name} must be one of {choices}; got {value!r}")
+
+
+def even_ranges(n_workers: Any, total: int, what: str) -> list[tuple[int, int]]:
+    """Contiguous near-equal ranges [start, stop) of ``total`` items, one per worker (each worker gets at least one)."""
+    positive_int("n_workers", n_workers)
+    if n_workers > total:
+        raise ValueError(f"n_workers ({n_workers}) must be <= the number of {what} ({total})")
+    import numpy as np
+
+    bounds = np.linspace(0, total, n_workers + 1).astype(int).tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def array(name: str, a: Any, kinds: str = "") -> None:
+    """Require a 1-D NumPy array, of a dtype kind in ``kinds`` if given ('iu': integers, 'f': floating point)."""
+    import numpy as np
+
+    if not isinstance(a, np.ndarray) or a.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D NumPy array, got {type(a).__name__}")
+    if kinds and a.dtype.kind not in kinds:
+        raise ValueError(f"{name} must hold {'integers' if kinds == 'iu' else 'floats'}, got dtype {a.dtype}")
 
 
 def available_memory() -> float:

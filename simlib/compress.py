@@ -283,10 +283,6 @@ class ErrorFeedback(Compressor):
         r[keys_out] -= values_out
         return keys_out, values_out, nbytes
 
-    def residual_sum(self) -> float:
-        """Sum of the mass not yet sent (0 before the first message)."""
-        return 0.0 if self.residual is None else float(self.residual.sum())
-
 
 # The compressor class of each spec name (its '-ef' / '-noef' suffix removed) and its argument's keyword.
 _KINDS: dict[str, tuple[type[Compressor], str | None]] = {

@@ -5,7 +5,7 @@ the simulator can be checked against them. A message costs latency + bytes / ban
 :mod:`simlib.sim.network`; compute costs work / speed.
 
 * data vs model parallelism: bytes each moves per step (:func:`data_parallel_bytes`,
-  :func:`model_parallel_bytes`) and the step times they give;
+  :func:`model_parallel_bytes`);
 * parameter server vs MapReduce: one PS step against one MapReduce iteration;
 * pipeline parallelism: the bubble (p - 1) / (m + p - 1) and the schedule that makes it;
 * tensor parallelism: an all-reduce of the activations per layer;
@@ -31,7 +31,7 @@ from simlib.sim.network import message_time, ring_allreduce_time
 
 __all__ = [
     "message_time", "ring_allreduce_time", "data_parallel_bytes", "model_parallel_bytes",
-    "data_parallel_step", "model_parallel_step", "ps_step_time", "mapreduce_iteration_time",
+    "ps_step_time", "mapreduce_iteration_time",
     "pipeline_bubble", "pipeline_time", "pipeline_schedule", "tensor_parallel_step",
     "Op", "Placement", "place", "hyperparameter_search", "crossover",
 ]
@@ -65,20 +65,6 @@ def model_parallel_bytes(batch: float, values_per_example: float = 1, value_byte
     check.non_negative("batch", batch)
     check.non_negative("values_per_example", values_per_example)
     return float(batch) * values_per_example * value_bytes
-
-
-def data_parallel_step(work: float, n_workers: int, sync_bytes: float, latency: float, bandwidth: float,
-                       speed: float) -> float:
-    """work / (N speed) + ring all-reduce of the touched gradient."""
-    check.positive_int("n_workers", n_workers)
-    check.positive("speed", speed)
-    return work / (n_workers * speed) + ring_allreduce_time(n_workers, sync_bytes, latency, bandwidth)
-
-
-def model_parallel_step(work: float, n_workers: int, exchange_bytes: float, latency: float, bandwidth: float,
-                        speed: float) -> float:
-    """work / (N speed) + ring all-reduce of the partial results (the parameters never move)."""
-    return data_parallel_step(work, n_workers, exchange_bytes, latency, bandwidth, speed)
 
 
 # -- parameter server against MapReduce ---------------------------------------------------------

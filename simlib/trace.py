@@ -138,19 +138,14 @@ class _Log:
         return log
 
     def appenders(self) -> tuple:
-        """The columns' ``append`` methods, in field order: a hot loop's way to record without a call of ``add``
-        (it must do what ``add`` does: pass each field's type; a span log skips empty spans)."""
+        """The columns' ``append`` methods, in field order: a hot loop's way to record without a call per record
+        (it passes each field of its type; a span log skips empty spans, as :meth:`SpanLog.add` does)."""
         return tuple(c.append for c in self._cols)
 
     def append(self, row: Any) -> None:
         """Add one record (a NamedTuple or a tuple of its fields)."""
         for col, value in zip(self._cols, self._encode(row)):
             col.append(value)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory the columns hold."""
-        return sum(c.itemsize * len(c) for c in self._cols)
 
 
 class SpanLog(_Log):
@@ -195,11 +190,6 @@ class UpdateLog(_Log):
         u = Update(*row)
         return float(u.time), int(u.worker), int(u.step), int(u.staleness), bool(u.applied), int(u.clock_lag)
 
-    def add(self, time: float, worker: int, step: int, staleness: int, applied: bool, clock_lag: int) -> None:
-        """Record one push, its fields already of their types (the simulator records them by :meth:`appenders`)."""
-        for col, value in zip(self._cols, (time, worker, step, staleness, applied, clock_lag)):
-            col.append(value)
-
 
 def _columns(records: Any, log: type[_Log]) -> list[Any]:
     """The fields of spans or updates as NumPy arrays (a span's kind as its code): views of a log's columns (no
@@ -211,22 +201,6 @@ def _columns(records: Any, log: type[_Log]) -> list[Any]:
         records = log(records)
     return [np.frombuffer(c, dtype=_NUMPY[c.typecode]) if len(c) else np.zeros(0, _NUMPY[c.typecode])
             for c in records._cols]
-
-
-def binned_load(messages: Any, makespan: float, bins: int) -> tuple[Any, Any]:
-    """(bin start times, bytes per second in each of ``bins`` bins from 0 to ``makespan``): each message
-    (start, end, bytes) spread evenly over the bins it overlaps."""
-    import numpy as np
-
-    if not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"bins must be a positive integer, got {bins!r}")
-    width = makespan / bins if makespan > 0 else 1.0
-    load = np.zeros(bins)
-    for start, end, nbytes in messages:
-        a = min(int(start / width), bins - 1)
-        b = max(a + 1, min(-int(-end // width), bins))  # the bins [a, b) the message overlaps
-        load[a:b] += nbytes / (b - a)
-    return np.arange(bins) * width, load / width
 
 
 def _busy(spans: list[Any], kind: str) -> float:
@@ -338,9 +312,20 @@ class Trace:
 
     def network_load(self, bins: int = 1000) -> tuple[Any, Any]:
         """(bin start times, bytes per second on the wire in each bin): every send and recv span's bytes
-        spread evenly over its duration, summed over workers. Zero bins are an idle network."""
-        return binned_load(((s.start, s.end, s.nbytes) for s in self.spans if s.kind in ("send", "recv") and s.nbytes),
-                           self.makespan, bins)
+        spread evenly over the bins it overlaps, summed over workers. Zero bins are an idle network."""
+        import numpy as np
+
+        if not isinstance(bins, int) or bins < 1:
+            raise ValueError(f"bins must be a positive integer, got {bins!r}")
+        makespan = self.makespan
+        width = makespan / bins if makespan > 0 else 1.0
+        load = np.zeros(bins)
+        for s in self.spans:
+            if s.kind in ("send", "recv") and s.nbytes:
+                a = min(int(s.start / width), bins - 1)
+                b = max(a + 1, min(-int(-s.end // width), bins))  # the bins [a, b) the message overlaps
+                load[a:b] += s.nbytes / (b - a)
+        return np.arange(bins) * width, load / width
 
     def link_load(self, width: float, kinds: tuple[str, ...] = ("send",)) -> tuple[Any, Any]:
         """(bin start times, bytes/s on each worker's link per bin, shape (n_workers, bins)): each span of ``kinds``

@@ -1,5 +1,4 @@
 """Calibration: real measurements (quick mode) with spreads, a pipe fit that reproduces them, clean failures."""
-import json
 import math
 import os
 
@@ -89,10 +88,7 @@ def test_sim_config_is_priced_by_the_calibration(cal):
     assert two.compute_per_unit == pytest.approx(k.per_unit.median * k.contention.median / cal.share(2))
 
 
-def test_json_round_trip_and_table(cal):
-    back = Calibration.from_json(cal.to_json())
-    assert back == cal
-    json.loads(cal.to_json())
+def test_table(cal):
     text = str(cal)
     assert "pipe latency" in text and "IQR" in text and "hogwild_sgd" in text
 

@@ -6,7 +6,6 @@ import matplotlib
 matplotlib.use("Agg")
 import numpy as np
 import pytest
-from scipy.stats import spearmanr
 
 from simlib.data import Vocabulary
 from simlib.problems.embedding_eval import (
@@ -20,7 +19,6 @@ from simlib.problems.embedding_eval import (
     pca_2d,
     plot_projection,
     similarity_score,
-    spearman,
 )
 
 WORDS = ["king", "queen", "man", "woman", "apple"]
@@ -61,12 +59,6 @@ def test_bad_analogy_line_is_reported_with_its_number(tmp_path: Path):
     p.write_text(": s\na b c\n")
     with pytest.raises(ValueError, match="line 2"):
         load_analogies(p)
-
-
-def test_spearman_matches_scipy_with_ties():
-    rng = np.random.default_rng(0)
-    x, y = rng.integers(0, 5, 40), rng.normal(size=40)
-    assert spearman(x, y) == pytest.approx(spearmanr(x, y).statistic, abs=1e-12)
 
 
 def test_similarity_score_rewards_agreeing_vectors(vocab):

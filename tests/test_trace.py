@@ -108,9 +108,9 @@ def test_a_log_still_grows_after_its_summary_and_the_summary_counts_the_new_reco
     t = Trace("x", "sim", 1)
     t.spans, t.updates = SpanLog(), UpdateLog()
     t.spans.add(0, 0, 0.0, 1.0)
-    t.updates.add(1.0, 0, 0, 0, True, 0)
+    t.updates.append((1.0, 0, 0, 0, True, 0))
     assert t.summary()["compute_fraction"] == 1.0
     t.spans.add(0, 3, 1.0, 3.0)  # a wait: would raise BufferError if a view of the column were still alive
-    t.updates.add(3.0, 0, 1, 2, True, 0)
+    t.updates.append((3.0, 0, 1, 2, True, 0))
     s = t.summary()
     assert s["wait_fraction"] == 2.0 / 3.0 and s["mean_staleness"] == 1.0 and s["makespan"] == 3.0

@@ -89,7 +89,7 @@ class LiveSettings:
     # waiting for it (about 30% each), while jitter lets SSP(1) absorb most of the noise BSP waits for.
     staleness: int = field(default=1, metadata={"min": 0})
     straggler: str = field(default="jitter", metadata={"choices": STRAGGLERS})
-    severity: float = field(default=3.0, metadata=_OWN_CHECK)
+    severity: float = field(default=3.0, metadata={"min": 1, "max": 100})
     latency: float = field(default=1e-4, metadata={"min": 0})
     bandwidth: float = field(default=1.25e9, metadata={"min": 0, "min_open": True})
     topology: str = field(default="ps", metadata={"choices": TOPOLOGIES})
@@ -107,18 +107,13 @@ class LiveSettings:
             raise ValueError("protocols must name at least one of 'bsp', 'ssp', 'essp', 'async'")
         for p in self.protocols:
             check.one_of("protocols", p, PROTOCOLS)
-        if not (isinstance(self.severity, (int, float)) and 1.0 <= self.severity <= 100.0):
-            raise ValueError(f"severity must be a number in [1, 100], got {self.severity!r}")
-        check_fields(self)  # the other fields' metadata: n_workers, steps and n_servers >= 1, latency >= 0, ...
-
-    def step_estimate(self, nnz_per_row: float = 20.0) -> float:
-        """Seconds one step takes without stragglers: compute overhead + batch nonzeros x cost + a round trip."""
-        base = SimConfig()
-        return base.compute_overhead + base.batch_size * nnz_per_row * base.compute_per_unit + 2 * self.latency
+        check_fields(self)  # the other fields' metadata: n_workers, steps and n_servers >= 1, severity in [1, 100], ...
 
     def stragglers(self, nnz_per_row: float = 20.0) -> Stragglers:
-        """The straggler model the kind and severity stand for."""
-        s, step = self.severity, self.step_estimate(nnz_per_row)
+        """The straggler model the kind and severity stand for, in units of a step's time without stragglers
+        (compute overhead + batch nonzeros x cost + a round trip)."""
+        base, s = SimConfig(), self.severity
+        step = base.compute_overhead + base.batch_size * nnz_per_row * base.compute_per_unit + 2 * self.latency
         kinds: dict[str, dict[str, Any]] = {
             "none": {},
             "slow worker": dict(slow_workers=1, slow_factor=s),

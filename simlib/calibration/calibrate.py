@@ -36,15 +36,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+import simlib
 from simlib import _validate as check
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
@@ -72,8 +72,6 @@ KERNELS = tuple(KERNEL_UNITS)
 # Below this CPU share per process (1.0 = a whole core) the machine counts as busy: measurements and
 # forecasts then move with what the other programs do, from one second to the next.
 BUSY_SHARE = 0.9
-# Calibration's fields keyed by a count (processes, parties): JSON keeps those keys as strings.
-_BY_COUNT = ("process_start", "cpu_share", "bsp_step")
 
 
 # -- a measured quantity ---------------------------------------------------------------------
@@ -238,39 +236,7 @@ class Calibration:
             value_bytes=8,
         ) | overrides))
 
-    # -- persistence and display -------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (integer keys become strings)."""
-        d = asdict(self)
-        for key in _BY_COUNT:
-            d[key] = {str(n): v for n, v in d[key].items()}
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Calibration":
-        """Inverse of :meth:`to_dict`."""
-        sp = lambda v: Spread(**v)  # noqa: E731
-        return cls(
-            kernels={name: KernelCost(k["unit"], sp(k["per_unit"]), sp(k["overhead"]), sp(k["contention"]))
-                     for name, k in d["kernels"].items()},
-            pipe_sizes=tuple(int(s) for s in d["pipe_sizes"]),
-            pipe_times=tuple(float(t) for t in d["pipe_times"]),
-            pipe_share=float(d["pipe_share"]),
-            context=dict(d.get("context", {})),
-            **{k: {int(n): sp(v) for n, v in d[k].items()} for k in _BY_COUNT if k in d},
-            **{k: sp(d[k]) for k in ("pipe_latency", "pipe_bandwidth", "shm_copy_bandwidth", "lock_cost")},
-            **{k: sp(d[k]) for k in ("ps_step", "ps_warmup", "shm_first_touch", "shm_setup") if k in d},
-        )
-
-    def to_json(self) -> str:
-        """The calibration as a JSON string."""
-        return json.dumps(self.to_dict(), indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "Calibration":
-        """Inverse of :meth:`to_json`."""
-        return cls.from_dict(json.loads(text))
-
+    # -- display -----------------------------------------------------------------------------
     def rows(self) -> list[tuple[str, Spread, str]]:
         """(quantity, spread, unit) for every measured figure, in display units."""
         out: list[tuple[str, Spread, str]] = []
@@ -622,8 +588,6 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             locks.extend(group.run(_lock_member, group.lock(), 1000 if quick else 2000))
 
     # The real pipe PS on a null workload: one worker, one-row batches, on its own problem.
-    import simlib
-
     null_steps, warmups = [], []
     for _ in range(repeats):
         run = simlib.run(prob, "bsp", substrate="pipes", **NULL_PS, start_method=start_method, evaluate=False)
@@ -675,8 +639,6 @@ def null_shm_run(n_workers: int = 1, start_method: str | None = None) -> tuple[f
     worker has published its clock. A step starts when its first worker starts computing it; the
     typical step is the mean time between step starts over the middle 80% of the run.
     """
-    import simlib
-
     check.positive_int("n_workers", n_workers)
     data = make_sparse_classification(NULL_SHM["rows"], NULL_SHM["features"], 1, seed=3)
     null = LogisticProblem(data, l2=1e-4, eval_rows=10, l2_on="all")

@@ -236,8 +236,6 @@ def measure(w: Workload, n_workers: int) -> tuple[float, Trace]:
     """(measured wall seconds, real trace) of one real run of ``w`` on ``n_workers`` processes."""
     check.positive_int("n_workers", n_workers)
     prob = workload_problem(w)
-    import simlib
-
     if w.substrate == "pipe_ps":
         trace = simlib.run(prob, "bsp", substrate="pipes", n_workers=n_workers, steps=w.steps,
                            batch_size=w.batch_size(n_workers), lr=w.lr, evaluate=False).trace

@@ -111,31 +111,17 @@ def load_similarity(path: str | Path) -> list[tuple[str, str, float]]:
     return pairs
 
 
-def rank(x: np.ndarray) -> np.ndarray:
-    """Ranks 1..n with ties given their average rank."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(1, len(x) + 1)
-    for value in np.unique(x):
-        tied = x == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rho: the Pearson correlation of the ranks of x and y."""
-    return float(np.corrcoef(rank(x), rank(y))[0, 1])
-
-
 def similarity_score(vectors: np.ndarray, vocab: Vocabulary, pairs: list[tuple[str, str, float]]) -> dict[str, float]:
-    """Spearman rho between cos(v_a, v_b) and the judged scores, over pairs with both words known."""
+    """Spearman rho (the Pearson correlation of the ranks, ties at their mean rank) between cos(v_a, v_b) and the
+    judged scores, over pairs with both words known."""
+    from scipy.stats import spearmanr
+
     unit = normalize(vectors)
     known = [(a, b, s) for a, b, s in pairs if a in vocab and b in vocab]
     if len(known) < 2:
         return {"spearman": float("nan"), "pairs": len(known)}
     cos = [float(unit[vocab.id(a)] @ unit[vocab.id(b)]) for a, b, _ in known]
-    return {"spearman": spearman(cos, [s for _, _, s in known]), "pairs": len(known)}
+    return {"spearman": float(spearmanr(cos, [s for _, _, s in known]).statistic), "pairs": len(known)}
 
 
 def pca_2d(vectors: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ substrate); the tests keep a single-process trainer of their own as the independ
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
@@ -86,12 +86,6 @@ class Cooccurrence:
     def nnz(self) -> int:
         """Number of stored (nonzero) entries."""
         return int(self.values.shape[0])
-
-    def to_csr(self):  # -> scipy.sparse.csr_matrix; scipy is imported only when asked for
-        """The same matrix as a SciPy CSR matrix (n_words x n_words)."""
-        from scipy.sparse import coo_matrix
-
-        return coo_matrix((self.values, (self.rows, self.cols)), shape=(self.n_words, self.n_words)).tocsr()
 
     def to_dense(self) -> np.ndarray:
         """The matrix as a dense float64 array (for small vocabularies and tests)."""
@@ -329,12 +323,9 @@ def validate_counting(ids: np.ndarray, offsets: np.ndarray, n_words: int, window
     check.positive_int("n_words", n_words)
     if n_words < 2:
         raise ValueError(f"n_words (the vocabulary size) must be >= 2 for co-occurrences, got {n_words}")
-    for name, a in (("ids", ids), ("offsets", offsets)):
-        if not isinstance(a, np.ndarray):
-            raise ValueError(f"{name} must be a NumPy array, got {type(a).__name__}")
-    if offsets.dtype.kind not in "iu":
-        raise ValueError(f"offsets must hold integers, got dtype {offsets.dtype}")
-    if offsets.ndim != 1 or offsets.shape[0] < 2 or offsets[0] != 0 or offsets[-1] != ids.shape[0]:
+    check.array("ids", ids)
+    check.array("offsets", offsets, "iu")
+    if offsets.shape[0] < 2 or offsets[0] != 0 or offsets[-1] != ids.shape[0]:
         raise ValueError("offsets must start at 0 and end at len(ids), one more entry than documents")
     lengths = np.diff(offsets)
     if np.any(lengths < 0):  # the kernel walks [offsets[d], offsets[d + 1]) and would read outside ids
@@ -378,7 +369,6 @@ class GloveParams:
     gC: np.ndarray
     gbw: np.ndarray
     gbc: np.ndarray
-    extra: dict = field(default_factory=dict)
 
     ARRAYS = ("W", "C", "bw", "bc", "gW", "gC", "gbw", "gbc")
 
@@ -411,20 +401,6 @@ class GloveParams:
 def entry_terms(values: np.ndarray, config: GloveConfig) -> tuple[np.ndarray, np.ndarray]:
     """Per-entry (log X_ij, f(X_ij)) as float32, computed once so each update needs no log or pow."""
     return np.log(values).astype(np.float32), weight(values, config.x_max, config.alpha).astype(np.float32)
-
-
-def entry_loss(w: np.ndarray, c: np.ndarray, bw: float, bc: float, x: float, config: GloveConfig) -> float:
-    """One term of J: f(x) (w . c + bw + bc - log x)^2."""
-    diff = float(np.dot(w, c)) + bw + bc - np.log(x)
-    return float(weight(x, config.x_max, config.alpha) * diff * diff)
-
-
-def entry_gradient(w: np.ndarray, c: np.ndarray, bw: float, bc: float, x: float,
-                   config: GloveConfig) -> tuple[np.ndarray, np.ndarray, float, float]:
-    """Gradient of one term of J: 2 f diff (c, w, 1, 1) for (w, c, bw, bc)."""
-    diff = float(np.dot(w, c)) + bw + bc - np.log(x)
-    g = 2.0 * float(weight(x, config.x_max, config.alpha)) * diff
-    return g * c, g * w, g, g
 
 
 @njit(nogil=True, cache=True, fastmath=True, inline="always", error_model="numpy")
@@ -498,9 +474,7 @@ def validate_training(cooc: Cooccurrence, config: GloveConfig) -> None:
         raise ValueError(f"n_words (the vocabulary size) must be >= 2, got {cooc.n_words}")
     # NOTE: the kernels do no bounds checks; an id out of range wrote outside shared memory (signal 11).
     for name in ("rows", "cols", "values"):
-        a = getattr(cooc, name)
-        if not isinstance(a, np.ndarray) or a.ndim != 1:
-            raise ValueError(f"cooc.{name} must be a 1-D NumPy array, got {type(a).__name__}")
+        check.array(f"cooc.{name}", getattr(cooc, name), "f" if name == "values" else "iu")
     if not (cooc.rows.shape == cooc.cols.shape == cooc.values.shape):
         raise ValueError(f"cooc.rows, cooc.cols and cooc.values must have the same length, got "
                          f"{cooc.rows.shape[0]}, {cooc.cols.shape[0]} and {cooc.values.shape[0]}")
@@ -508,13 +482,9 @@ def validate_training(cooc: Cooccurrence, config: GloveConfig) -> None:
         raise ValueError("cooc (the co-occurrence matrix) has no entries: the corpus is empty or too short")
     for name in ("rows", "cols"):
         a = getattr(cooc, name)
-        if a.dtype.kind not in "iu":
-            raise ValueError(f"cooc.{name} must hold integer word ids, got dtype {a.dtype}")
         lo, hi = int(a.min()), int(a.max())
         if lo < 0 or hi >= cooc.n_words:
             raise ValueError(f"cooc.{name} must lie in [0, n_words={cooc.n_words}), got ids from {lo} to {hi}")
-    if cooc.values.dtype.kind != "f":
-        raise ValueError(f"cooc.values must be floating point, got dtype {cooc.values.dtype}")
     bad = ~(np.isfinite(cooc.values) & (cooc.values > 0))
     if bad.any():  # the loss takes log X_ij, and f(X_ij) divides by x_max only for X_ij > 0
         raise ValueError(f"cooc.values must be finite and > 0 (log X is taken), got {cooc.values[bad][0]!r} "

@@ -113,11 +113,7 @@ class GloveProblem(PassRecords):
 
     def shards(self, n_workers: int) -> list[tuple[int, int]]:
         """Contiguous ranges of the shuffled entry order, one per worker."""
-        check.positive_int("n_workers", n_workers)
-        if n_workers > self.cooc.nnz:
-            raise ValueError(f"n_workers ({n_workers}) must be <= the number of entries ({self.cooc.nnz})")
-        bounds = np.linspace(0, self.cooc.nnz, n_workers + 1).astype(int)
-        return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n_workers)]
+        return check.even_ranges(n_workers, self.cooc.nnz, "entries")
 
     def epoch_steps(self, n_workers: int, batch_size: int) -> int:
         """Steps per worker for one pass over the entries: ceil(largest shard / batch_size)."""

@@ -85,11 +85,6 @@ class LassoProblem:
         xj = x[coords]
         return soft_threshold(xj - (self.At[coords] @ r) / b, self.l1 / b) - xj
 
-    def l1_max(self) -> float:
-        """max_j |A_j . y|: the smallest l1 for which x = 0 is optimal."""
-        xp = array_module(self.At)
-        return float(xp.max(xp.abs(self.At @ self.y)))
-
     def correlation(self) -> np.ndarray:
         """|A_i . A_j| / (||A_i|| ||A_j||), the interference between two coordinates (d x d)."""
         At = to_numpy(self.At)
@@ -127,7 +122,8 @@ def make_lasso(n_rows: int = 1_000, n_features: int = 512, n_nonzero: int = 20, 
     support = rng.choice(n_features, n_nonzero, replace=False)
     x_true[support] = rng.choice([-1.0, 1.0], n_nonzero) * rng.uniform(1.0, 3.0, n_nonzero)
     y = x_true @ At + noise * rng.standard_normal(n_rows)
-    return LassoProblem(At, y, l1_ratio * float(np.max(np.abs(At @ y))), x_true=x_true)  # l1_ratio * l1_max
+    # l1_max = max_j |A_j . y| is the smallest l1 for which x = 0 is optimal
+    return LassoProblem(At, y, l1_ratio * float(np.max(np.abs(At @ y))), x_true=x_true)
 
 
 def make_uncorrelated_lasso(n_features: int = 512, seed: int = 0, **kw: Any) -> LassoProblem:

@@ -67,12 +67,7 @@ class SparseDataset:
         """Check shapes, ranges and finiteness; raise ValueError naming the field."""
         check.positive_int("n_features", self.n_features)
         for name in ("indptr", "indices", "values", "y"):
-            a = getattr(self, name)
-            if not isinstance(a, np.ndarray) or a.ndim != 1:
-                raise ValueError(f"{name} must be a 1-D NumPy array, got {type(a).__name__}")
-        for name in ("indptr", "indices"):
-            if getattr(self, name).dtype.kind not in "iu":
-                raise ValueError(f"{name} must hold integers, got dtype {getattr(self, name).dtype}")
+            check.array(name, getattr(self, name), "iu" if name in ("indptr", "indices") else "")
         if len(self.indptr) < 2:  # 1-D: checked above
             raise ValueError("indptr must be a 1-D array of length n_rows + 1 >= 2")
         if self.indptr[0] != 0 or np.any(np.diff(self.indptr) < 0):
@@ -243,11 +238,7 @@ class LogisticProblem:
 
     def shards(self, n_workers: int) -> list[tuple[int, int]]:
         """Row ranges [start, stop) giving each worker a contiguous, near-equal part of the data."""
-        check.positive_int("n_workers", n_workers)
-        if n_workers > self.data.n_rows:
-            raise ValueError(f"n_workers ({n_workers}) must be <= the number of rows ({self.data.n_rows})")
-        bounds = np.linspace(0, self.data.n_rows, n_workers + 1).astype(int)
-        return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n_workers)]
+        return check.even_ranges(n_workers, self.data.n_rows, "rows")
 
     def epoch_steps(self, n_workers: int, batch_size: int) -> int:
         """Steps per worker for one pass over the data: ceil(largest shard / batch_size)."""

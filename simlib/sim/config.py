@@ -37,11 +37,7 @@ class _FieldsOnly:
     """Config dataclass base: an unknown keyword is a ValueError naming it (a dataclass raises a bare TypeError)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        known = cls.__dataclass_fields__  # type: ignore[attr-defined]
-        for key in kwargs:
-            if key not in known:
-                hint = check.nearest(key, known) or f"fields: {', '.join(sorted(known))}"
-                raise ValueError(f"{key}: not a field of {cls.__name__}; {hint}")
+        check.known_names(kwargs, list(cls.__dataclass_fields__), cls.__name__)  # type: ignore[attr-defined]
         return super().__new__(cls)
 
 

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from simlib.sim.config import HIERARCHIES, NETWORKS  # noqa: F401  (re-exported: the presets live with the fields)
-from simlib.trace import binned_load
 
 
 def site_of(n_workers: int, sites: int) -> list[int]:
@@ -149,16 +148,6 @@ def against(base: Any, traces: dict[str, Any], target: float) -> dict[str, dict[
         rows[name] = {"wan_mb": w / 1e6, "fewer": fw / w if w else float("inf"), "time": t,
                       "sooner": None if t is None or ft is None else ft / t, "final": q, "change": q / fq - 1}
     return rows
-
-
-def wan_load(trace: Any, bins: int = 200) -> tuple[np.ndarray, np.ndarray]:
-    """(bin start times, WAN bytes per second in each bin), from ``trace.meta['wan']`` ([start, end, bytes, from, to]).
-
-    A message's bytes are spread evenly over the time it held its link and travelled; a trace without
-    WAN traffic gives zeros.
-    """
-    return binned_load(((start, end, nbytes) for start, end, nbytes, *_ in trace.meta.get("wan", [])),
-                       trace.makespan, bins)
 
 
 def relative_changes(problem: Any, table: np.ndarray, batch_size: int, lr: float, steps: int = 20) -> np.ndarray:
