@@ -165,3 +165,14 @@ def test_the_feature_table_names_every_feature_and_substrate(capsys):
     print("\n".join(" | ".join(row) for row in rows))
     assert rows[0][1:] == sorted(names()) and [r[0] for r in rows[1:]] == list(FEATURES) == list(FEATURE_RUNS)
     assert "feature | gpu | pipes | ray | shm | sim" in capsys.readouterr().out
+
+
+def test_the_architecture_page_shows_the_feature_table_as_it_is():
+    from pathlib import Path
+
+    from simlib.substrates import feature_table
+
+    rows = feature_table()
+    table = "| " + " | ".join(rows[0]) + " |\n|" + "---|" * len(rows[0]) + "\n" + "\n".join(
+        "| " + " | ".join(r) + " |" for r in rows[1:])
+    assert table in (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
