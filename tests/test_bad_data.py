@@ -20,6 +20,7 @@ from fault_driver import children
 from simlib.problems.glove import Cooccurrence, GloveConfig
 from simlib.problems.lda import make_synthetic_corpus
 from simlib.problems.logistic import LogisticProblem, SparseDataset, make_sparse_classification
+from simlib.protocol import StepRule
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -211,6 +212,12 @@ CASES = {
                                                           "word ids"),
     "LDAProblem, word id changed": (lambda: __import__("simlib.problems.lda_table", fromlist=["x"]).LDAProblem(
         _changed_corpus(), 4), "word ids"),
+    **{f"lda accumulation on {sub}": (_lda(accumulation=4, substrate=sub), "accumulation")
+       for sub in ("sim", "shm", "pipes", "gpu", "ray")},
+    "lda rule= of its own": (_lda(rule=type("Halved", (StepRule,), {"scale": lambda self, tau: 0.5})()), "rule"),
+    **{f"lda kernel {k} beta below its floor": (lambda k=k: __import__("simlib.problems.lda_table", fromlist=["x"])
+                                                .LDAProblem(_corpus(), 4, beta=1e-101, kernel=k), "beta must be >= 1e-100")
+       for k in ("mh", "alias")},
     # Shotgun (Lasso)
     "shotgun schedule id >= n_features": (_shotgun([[0, 25]]), "schedule"),
     "shotgun schedule id < -1": (_shotgun([[0, -3]]), "schedule"),

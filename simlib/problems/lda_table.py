@@ -19,8 +19,8 @@ worker process holds its own copy. One clock is one sweep of the worker's docume
 The sweep's seed is derived from (seed, worker, clock), so a simulated run is deterministic.
 Each push moves tokens between topics, so the table always holds exactly the corpus's tokens:
 ``n_wk`` sums to N and ``n_k`` equals its column sums (:meth:`LDAProblem.check_counts`) -- as long
-as every push is applied whole; backup workers, deadlines and lossy compression drop or bend
-pushes, so :attr:`LDAProblem.exact_deltas` tells a substrate to refuse them.
+as every push is applied whole; backup workers, deadlines, lossy compression and step rules (accumulation
+averages pushes) drop or bend pushes, so :attr:`LDAProblem.exact_deltas` tells ``simlib.run`` to refuse them.
 
 Example::
 
@@ -329,9 +329,10 @@ class LDAProblem:
         return word_log_likelihood(n_wk, n_k, self.beta)
 
     def check_counts(self, params: np.ndarray) -> None:
-        """Raise AssertionError unless the table holds the corpus: n_wk >= 0 summing to N, n_k its column sums."""
+        """Raise AssertionError unless the table holds the corpus: whole n_wk >= 0 summing to N, n_k its column sums."""
         n_wk, n_k = self.split(params)
         assert n_wk.min() >= 0, "a word-topic count went negative"
+        assert np.array_equal(n_wk, np.round(n_wk)), "a word-topic count is not a whole number"
         assert n_wk.sum() == self.corpus.n_tokens, f"n_wk sums to {n_wk.sum()}, not N = {self.corpus.n_tokens}"
         assert np.array_equal(n_k, n_wk.sum(axis=0)), "n_k differs from the column sums of n_wk"
 

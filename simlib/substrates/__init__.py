@@ -98,7 +98,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     elif given:
         raise ValueError(f"{sorted(given)[0]}: give it to the StepRule passed as rule=, not beside it")
     if getattr(problem, "exact_deltas", False):
-        _refuse_lossy(problem, proto, options.get("compression"))
+        _refuse_lossy(problem, proto, options.get("compression"), rule)
     if rule.staleness_aware and not linear_step(problem):
         raise ValueError(f"staleness_aware: {type(problem).__name__}'s updates are not gradient steps, "
                          "so they cannot be scaled by 1/tau")
@@ -170,10 +170,12 @@ def _check_options(substrate: str, runner: Runner, options: dict[str, Any], shar
                              f"{', '.join(own) or 'none'}; shared by every substrate: {', '.join(shared)}")
 
 
-def _refuse_lossy(problem: Any, protocol: Protocol, compression: Any) -> None:
+def _refuse_lossy(problem: Any, protocol: Protocol, compression: Any, rule: StepRule) -> None:
     """ValueError naming the setting that drops or bends pushes, for a problem whose deltas must all land."""
     for name, value in (("backup_workers", protocol.backup_workers), ("timeout", protocol.timeout),
-                        ("compression", compression not in (None, "none") and compression)):
+                        ("compression", compression not in (None, "none") and compression),
+                        ("accumulation", rule.accumulation is not None), ("rule", type(rule) is not StepRule)):
         if value:
             raise ValueError(f"{name}: {type(problem).__name__} needs every push applied whole (its counts must "
-                             "match its assignments), so it runs without backup workers, deadlines or compression")
+                             "match its assignments), so it runs without backup workers, deadlines, compression "
+                             "or a step rule that averages or scales pushes (accumulation, rule=)")
