@@ -66,6 +66,8 @@ class Problem(TypingProtocol):
     # Optional: ``validate()`` checks again the data the problem's kernels index (ValueError naming the
     # field); :func:`check_problem` calls it, so every run starts from data that is still valid.
     # ``check_training(training)`` refuses run settings the math cannot take (simlib.run calls it).
+    # ``lr``: the problem's own step size (GloVe's ``config.lr``): simlib.run trains with it where ``lr=`` is left
+    # out, and refuses an ``lr=`` that differs (one run, one step size, set in one place).
     # ``local_steps(table, shard, first, count, batch_size, lr)`` applies steps first .. first+count-1 to
     # the table in place, each as get / step / add would: substrates sharing memory with the table call it.
     # ``check_run(protocol, substrate)`` refuses protocols and substrates that cannot run the problem (simlib.run

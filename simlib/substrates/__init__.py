@@ -76,8 +76,9 @@ def get(name: str) -> Runner:
 def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", **options: Any) -> "Result":
     """Train ``problem`` under ``protocol`` on ``substrate``; every substrate returns the same Result.
 
-    Options shared by all substrates: ``n_workers``, ``steps`` (per worker), ``batch_size``, ``lr``,
-    ``eval_every``, ``seed``, ``staleness_aware``, ``accumulation`` (or ``rule``: a StepRule, or a
+    Options shared by all substrates: ``n_workers``, ``steps`` (per worker), ``batch_size``, ``lr`` (default
+    0.5, or the problem's own ``lr`` where it has one, as GloVe's ``GloveConfig(lr=...)``: an ``lr=`` that
+    differs from the problem's own is refused, naming both), ``eval_every``, ``seed``, ``staleness_aware``, ``accumulation`` (or ``rule``: a StepRule, or a
     subclass with its own ``scale(tau)``), ``read_rule`` (replacing the SSP read rule); the rest go to
     the substrate (e.g. the simulator's network, stragglers and ``compression``, the real substrates'
     ``start_method``).
@@ -85,6 +86,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     from simlib.contract import Training, check_problem, check_real_workers, linear_step, offered
 
     check_problem(problem)
+    _own_lr(problem, options)
     proto = Protocol.parse(protocol)
     check_protocol(proto, substrate)
     runner = get(substrate)
@@ -114,6 +116,17 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
     return runner(problem, proto, training, **options)
+
+
+def _own_lr(problem: Any, options: dict[str, Any]) -> None:
+    """Set ``options['lr']`` to the problem's own ``lr`` where it has one; ValueError naming lr if the two differ."""
+    own = getattr(problem, "lr", None)
+    if own is None:
+        return
+    given = options.setdefault("lr", own)
+    if given != own:
+        raise ValueError(f"lr: simlib.run was given lr={given!r}, but {type(problem).__name__} has its own lr={own!r} "
+                         "(its configuration's, e.g. GloveConfig(lr=...)); leave lr= out, or make the two agree")
 
 
 def check_protocol(protocol: Protocol, substrate: str) -> None:
