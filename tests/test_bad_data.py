@@ -238,6 +238,11 @@ CASES = {
                                    "n_servers"),
     "simlib.run ray unknown placement": (lambda: _simlib_run(LogisticProblem(_data()), substrate="ray",
                                                              placement="far")(), "placement"),
+    **{f"simlib.run ray num_cpus {v!r}": (lambda v=v: _simlib_run(LogisticProblem(_data()), substrate="ray",
+                                                                  num_cpus=v)(), "num_cpus must be an integer >= 1")
+       for v in (-1, 0, "2", 1.5)},
+    "simlib.run ray address not a string": (lambda: _simlib_run(LogisticProblem(_data()), substrate="ray",
+                                                                address=6379)(), "address must be"),
     "hogwild data changed after the check": (_hogwild(data=_changed_data()), "indices"),
     "pipe PS with no Problem": (lambda: __import__("simlib").run(object(), "bsp", substrate="pipes"), "problem"),
 }

@@ -485,6 +485,11 @@ class RayOptions:
         check.one_of("placement", self.placement, PLACEMENTS)
         if self.timeout is not None:
             check.positive("timeout", self.timeout)
+        if self.address is not None and not isinstance(self.address, str):
+            raise ValueError(f"address must be 'host:port' of a Ray head node or 'auto', got {self.address!r}")
+        check.boolean("evaluate", self.evaluate)
+        if self.num_cpus is not None:  # Ray took -1 and "2" and failed three starts later, blaming the machine's load
+            check.positive_int("num_cpus", self.num_cpus)
 
     def check_run(self, problem: Any, protocol: Protocol, training: Training) -> None:
         """ValueError naming the option that cannot run this problem under this protocol and training."""
