@@ -243,6 +243,10 @@ CASES = {
        for v in (-1, 0, "2", 1.5)},
     "simlib.run ray address not a string": (lambda: _simlib_run(LogisticProblem(_data()), substrate="ray",
                                                                 address=6379)(), "address must be"),
+    **{f"simlib.run {sub} clock_batches a million": (
+        lambda sub=sub: _simlib_run(LogisticProblem(_data()), substrate=sub, protocol="ssp:1", steps=50,
+                                    clock_batches=1_000_000)(), "clock_batches: steps x clock_batches = 50 x 1,000,000")
+       for sub in ("sim", "pipes")},
     "hogwild data changed after the check": (_hogwild(data=_changed_data()), "indices"),
     "pipe PS with no Problem": (lambda: __import__("simlib").run(object(), "bsp", substrate="pipes"), "problem"),
 }

@@ -285,6 +285,9 @@ class SimConfig(_FieldsOnly):
     def _validate_managed(self) -> None:
         """clock_batches and managed_bandwidth: what :mod:`simlib.sim.managed` models."""
         if self.clock_batches > 1:
+            from simlib.managed import check_clocks  # NumPy: only once clocks of several mini-batches are asked for
+
+            check_clocks(self.steps, self.clock_batches)
             cache = "protocol 'essp:S'" if self.protocol == "essp" else "cache=True"
             for bad, why in ((self.topology != "ps", f"with topology 'ps' only, not {self.topology!r}"),
                              (self.cached, f"without worker caches, and {cache} keeps one per worker; use 'ssp:S' or "

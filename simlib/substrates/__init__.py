@@ -108,6 +108,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
     if substrate != "sim":
         check_real_workers(training.n_workers, substrate)
+
     proto.check_workers(training.n_workers)
     # check_run: protocols and substrates the problem cannot run on; check_training: settings its math cannot run
     offered(problem, "check_run", proto, substrate)
@@ -115,6 +116,11 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     if training.read_rule is not None:  # a rule that stalls the very first read is named before anything starts
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
+    if "clock_batches" in options:  # the work a run's clocks imply (sim, pipes), refused before anything starts
+        from simlib.managed import check_clocks
+
+        check.positive_int("clock_batches", options["clock_batches"])
+        check_clocks(training.steps, options["clock_batches"])
     return runner(problem, proto, training, **options)
 
 
