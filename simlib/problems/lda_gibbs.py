@@ -120,7 +120,11 @@ _ALIAS_STEPS = 2
 # NOTE: rejection tries of a stale word draw before the exact O(K) one. A try fails only when it draws the token's
 # own topic s_tab and the thinning rejects it, with probability about 1 - (snap - 1 + b) / (snap + b): near 1 - b for
 # a word whose only token of s_tab is this one, so at b = 1e-9 the unbounded loop needed ~1e9 tries per token and
-# never finished. 16 failed tries in a row cost as much as a scan over K = 16-32 topics, and are rare at b >= 0.01.
+# never finished. After 16 failed tries the mh kernel's word proposal stays put and the alias kernel draws exactly in
+# O(K) (its mixture's word part must be q_j). NOTE: the O(K) draw sits at the alias kernel's call, not inside
+# _word_draw: inlined into the mh kernel's four cycles it doubled its CPU per token (KJV, K = 100: 365-450 against
+# 166-178 ns); as it is, both kernels cost what they did before (mh 175 and 225 ns at K = 100 and 1,000, alias 175
+# and 333 ns; paired runs on a busy machine).
 _WORD_TRIES = 16
 # The smallest alpha and beta the MH kernels take. Their acceptance tests multiply a target and a proposal value,
 # each as small as alpha beta / (N + V beta) for N tokens: below ~1e-150 the products underflow to 0, no move is
@@ -367,8 +371,8 @@ def _word_draw(rng: np.uint64, prop: Proposal, mass: Mass, s_tab: int, beta: flo
 
     The table (sparse part of mass S over wtopic[:m], b-part of mass B over all K) counts the
     token under s_tab; a draw of s_tab is kept with probability q_j(s_tab) / q_table(s_tab). After
-    _WORD_TRIES rejections the draw is exact in O(K) instead (:func:`_word_draw_exact`): each try that
-    ends is already a draw of q_j, so the mixture is q_j, and the cost per draw stays bounded.
+    _WORD_TRIES rejections it gives up and returns t = -1, which costs at most that many tries a draw; a try
+    that ends is already a draw of q_j, so a draw that does not give up is one of q_j.
     """
     (_, dprob, wprob, dalias, walias, wtopic, _, _, snap), n0 = prop[:2]
     m, S, B = mass
@@ -389,7 +393,7 @@ def _word_draw(rng: np.uint64, prop: Proposal, mass: Mass, s_tab: int, beta: flo
         rng, u = _uniform(rng)
         if u * (snap[t] + beta) * (n0[t] - 1 + vbeta) < (snap[t] - 1 + beta) * (n0[t] + vbeta):
             return rng, t
-    return _word_draw_exact(rng, snap, n0, s_tab, beta, vbeta)
+    return rng, -1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -462,7 +466,9 @@ def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Pri
         for _ in range(n_steps):
             # Word proposal: sparse part (mass S) or b-part (mass B), alias draws from one uniform each.
             rng, t = _word_draw(rng, prop, mass, s_tab, beta, vbeta)
-            if t != s:
+            # A draw that gave up (t < 0) leaves the token where it is: how often that happens depends on the table
+            # and s_tab alone, not on s, so the step is "stay, or an MH step from q_j": both keep p invariant.
+            if t != s and t >= 0:
                 pt = (n_dk[d, t] + alpha) * (n_wk[w, t] + beta) / (n_k[t] + vbeta)
                 qs = _stale_q(s, snap, n0, s_tab, beta, vbeta)
                 qt = _stale_q(t, snap, n0, s_tab, beta, vbeta)
@@ -579,6 +585,8 @@ def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prio
                 t = dk_idx[d, min(np.searchsorted(cdf[:L], x, side="right"), L - 1)]
             else:
                 rng, t = _word_draw(rng, prop, mass, s_tab, beta, vbeta)
+                if t < 0:  # the mixture's word part must be q_j itself, so here the draw is exact (O(K), rare)
+                    rng, t = _word_draw_exact(rng, snap, n0, s_tab, beta, vbeta)
                 drawn += 1
             if t != s:
                 pt, qt = _alias_pq(d, t, lists, phi, prior, vbeta, prop, s_tab)
