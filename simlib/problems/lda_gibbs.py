@@ -36,6 +36,8 @@ Four compiled sweeps share one state (:class:`GibbsState`):
   token's own topic, which would otherwise sharpen the chain toward its current topic. What
   remains stale is the other tokens' moves since the sweep (n_k) or the word's run (n_wk)
   began, as in LightLDA; the tests check the per-token step against the exact conditional.
+  That rejection gives up after 16 tries (the token stays for that cycle): at a tiny beta a word
+  whose only token is this one needed ~1/beta tries, and the sweep never ended.
 
 * ``alias``: AliasLDA (Li, Ahmed, Ravi, Smola, KDD 2014). The same split as ``sparse``, but the
   word part is drawn in O(1) from a stale alias table and a Metropolis-Hastings test corrects
