@@ -119,7 +119,7 @@ _MH_CYCLES = 4
 # K = 1,000 -9.671, -9.593, -9.590 (sparse: -9.569) for 325, 343, 493 ns. One step trails at K = 1,000, four cost
 # 40% more for nothing.
 _ALIAS_STEPS = 2
-# NOTE: rejection tries of a stale word draw before the exact O(K) one. A try fails only when it draws the token's
+# NOTE: rejection tries of a stale word draw before it gives up. A try fails only when it draws the token's
 # own topic s_tab and the thinning rejects it, with probability about 1 - (snap - 1 + b) / (snap + b): near 1 - b for
 # a word whose only token of s_tab is this one, so at b = 1e-9 the unbounded loop needed ~1e9 tries per token and
 # never finished. After 16 failed tries the mh kernel's word proposal stays put and the alias kernel draws exactly in
@@ -420,9 +420,9 @@ def _word_draw_exact(rng: np.uint64, snap: np.ndarray, n0: np.ndarray, s_tab: in
 def _word_mass(prop: Proposal, mass: Mass, s_tab: int, beta: float, vbeta: float) -> float:
     """sum_k q_j(k): the stale table's S + B with the token's entry at s_tab replaced by q_j(s_tab)."""
     # NOTE: each part less its own share of s_tab, and not fastmath (which may reassociate the sum): at beta < 1e-16
-    # B is below S's rounding, so (S + B) - (snap + b) / (n0 + V b) kept S's rounding error (~1e-17) for a mass of
-    # ~beta, and the alias kernel's proposal was off by 1.5% in total variation. For a word whose tokens are all under
-    # s_tab, S less its one entry is exactly 0 this way (the same division as in _word_table).
+    # B is below S's rounding, so (S + B) - (snap + b) / (n0 + V b) keeps S's rounding error (~1e-17) for a mass of
+    # order beta. For a word whose tokens are all under s_tab, S less its one entry is exactly 0 this way (the same
+    # division as in _word_table).
     snap, n0 = prop[0][_SNAPSHOT], prop[1]
     _, S, B = mass
     den = n0[s_tab] + vbeta
