@@ -115,7 +115,8 @@ def _options(cls: type, prefix: str) -> tuple[Option, ...]:
             out.extend(_options(base, prefix + f.name + "."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
-        given = {k: meta[k] for k in ("min", "max", "min_open", "choices", "unit", "callable_ok", "most_field") if k in meta}
+        keys = ("min", "max", "min_open", "choices", "unit", "callable_ok", "most_field")
+        given = {k: meta[k] for k in keys if k in meta}
         out.append(Option(name=prefix + f.name, flag=meta.get("flag", "--" + f.name.replace("_", "-")), type=base,
                           default=default, help=meta.get("help", ""), optional=optional,
                           aliases=tuple(meta.get("aliases", ())), **given))  # the rest: Option's own defaults

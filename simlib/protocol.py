@@ -73,8 +73,9 @@ def check_read_rule(read_rule: Any) -> ReadRule | None:
         try:
             signature.bind(0, 0, 0.0)
         except TypeError as e:
-            raise ValueError(f"read_rule must take three arguments (clock, completed, bound); "
-                             f"{getattr(read_rule, '__name__', type(read_rule).__name__)}{signature} does not: {e}") from None
+            name = getattr(read_rule, "__name__", type(read_rule).__name__)
+            raise ValueError(f"read_rule must take three arguments (clock, completed, bound); {name}{signature} "
+                             f"does not: {e}") from None
     return read_rule
 
 

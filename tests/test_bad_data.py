@@ -89,6 +89,12 @@ def _lda(corpus=None, **kw):
     return call
 
 
+def _lda_problem(*args, **kw):
+    from simlib.problems.lda_table import LDAProblem
+
+    return LDAProblem(*args, **kw)
+
+
 def _corpus(**change):
     return replace(make_synthetic_corpus(n_docs=10, n_words=20, doc_length=10, seed=0)[0], **change)
 
@@ -215,8 +221,8 @@ CASES = {
     **{f"lda accumulation on {sub}": (_lda(accumulation=4, substrate=sub), "accumulation")
        for sub in ("sim", "shm", "pipes", "gpu", "ray")},
     "lda rule= of its own": (_lda(rule=type("Halved", (StepRule,), {"scale": lambda self, tau: 0.5})()), "rule"),
-    **{f"lda kernel {k} beta below its floor": (lambda k=k: __import__("simlib.problems.lda_table", fromlist=["x"])
-                                                .LDAProblem(_corpus(), 4, beta=1e-101, kernel=k), "beta must be >= 1e-100")
+    **{f"lda kernel {k} beta below its floor": (lambda k=k: _lda_problem(_corpus(), 4, beta=1e-101, kernel=k),
+                                                "beta must be >= 1e-100")
        for k in ("mh", "alias")},
     # Shotgun (Lasso)
     "shotgun schedule id >= n_features": (_shotgun([[0, 25]]), "schedule"),

@@ -183,7 +183,7 @@ def _sweep_dense(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w
 
 
 def check_prior(kernel: str, n_topics: int, alpha: float, beta: float) -> None:
-    """ValueError naming the field: K >= 2, alpha, beta > 0, a known kernel; alpha, beta >= MIN_MH_PRIOR for mh, alias."""
+    """ValueError naming the field: K >= 2, alpha, beta > 0 (>= MIN_MH_PRIOR for mh and alias), a known kernel."""
     check_hyper(n_topics, alpha, beta)
     check.one_of("kernel", kernel, KERNELS)
     if kernel in ("mh", "alias"):

@@ -78,10 +78,10 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
 
     Options shared by all substrates: ``n_workers``, ``steps`` (per worker), ``batch_size``, ``lr`` (default
     0.5, or the problem's own ``lr`` where it has one, as GloVe's ``GloveConfig(lr=...)``: an ``lr=`` that
-    differs from the problem's own is refused, naming both), ``eval_every``, ``seed``, ``staleness_aware``, ``accumulation`` (or ``rule``: a StepRule, or a
-    subclass with its own ``scale(tau)``), ``read_rule`` (replacing the SSP read rule); the rest go to
-    the substrate (e.g. the simulator's network, stragglers and ``compression``, the real substrates'
-    ``start_method``).
+    differs from the problem's own is refused, naming both), ``eval_every``, ``seed``, ``staleness_aware``,
+    ``accumulation`` (or ``rule``: a StepRule, or a subclass with its own ``scale(tau)``), ``read_rule``
+    (replacing the SSP read rule); the rest go to the substrate (e.g. the simulator's network, stragglers
+    and ``compression``, the real substrates' ``start_method``).
     """
     from simlib.contract import Training, check_problem, check_real_workers, linear_step, offered
 
@@ -108,7 +108,6 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
     if substrate != "sim":
         check_real_workers(training.n_workers, substrate)
-
     proto.check_workers(training.n_workers)
     # check_run: protocols and substrates the problem cannot run on; check_training: settings its math cannot run
     offered(problem, "check_run", proto, substrate)
