@@ -116,6 +116,7 @@ HOOKS: dict[str, tuple[str, Any]] = {
     "replica": ("method", None),  # shm's hot_keys: a private replica of the hot keys
     "miniature": ("method", None),  # the same problem on a few documents, to warm the kernels up cheaply
     "local_result": ("method", None),  # what a worker sends back of its local state (LDA's assignments)
+    "lr": ("rate", None),  # the problem's own step size (GloVe's config.lr): simlib.run's lr unless it differs
 }
 
 
@@ -140,6 +141,7 @@ class Capabilities:
     replica: Callable | None
     miniature: Callable | None
     local_result: Callable | None
+    lr: float | None
 
     @property
     def in_place(self) -> Callable | None:
@@ -156,7 +158,9 @@ def capabilities(problem: Any) -> Capabilities:
               "str": value is None or isinstance(value, str),
               "count": value is None or (isinstance(value, (int, np.integer)) and not isinstance(value, bool)
                                          and value >= 1),
-              "dtype": _is_dtype(value)}[kind]
+              "dtype": _is_dtype(value),
+              "rate": value is None or (isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+                                        and math.isfinite(value) and value > 0)}[kind]
         if not ok:
             raise ValueError(f"{name}: {type(problem).__name__}.{name} must be a {_KINDS[kind]}, got {value!r} "
                              "(see simlib.contract.HOOKS)")
@@ -165,7 +169,7 @@ def capabilities(problem: Any) -> Capabilities:
 
 
 _KINDS = {"method": "method", "flag": "bool", "str": "string or None", "count": "positive integer or None",
-          "dtype": "NumPy dtype"}
+          "dtype": "NumPy dtype", "rate": "positive finite number or None"}
 
 
 def _is_dtype(value: Any) -> bool:

@@ -8,7 +8,9 @@ as the clock's push, which alone completes the clock: the staleness bound is che
 The server adds early messages as they arrive (:meth:`simlib.contract.ParamServer.add_early`).
 
 The simulator's workers are :mod:`simlib.sim.managed`; the pipe substrate's are in
-:mod:`simlib.substrates.pipes`. :func:`check` is the one set of refusals both apply.
+:mod:`simlib.substrates.pipes`. :func:`check` is the one set of refusals both apply;
+:func:`check_clocks` bounds the work a run's clocks imply: at most ``MAX_STEPS`` (1,000,000)
+mini-batches per worker, as many as a run of one mini-batch per step takes.
 
     >>> pend = Pending(np.array([1, 2, 3]), np.array([10.0, 0.1, 1.0]))
     >>> pend.add(np.array([1, 2, 3]), np.array([5.0, 0.2, -0.1]))   # relative: 0.5, 2, 0.1
@@ -18,6 +20,8 @@ The simulator's workers are :mod:`simlib.sim.managed`; the pipe substrate's are 
 from __future__ import annotations
 
 import numpy as np
+
+from simlib.protocol import MAX_STEPS
 
 # Entries per early message (8 bytes each with the simulator's 4-byte keys and values, 12 on pipes): small
 # enough that a budget of a few hundred kB/s sends several messages per clock, large enough that latency
@@ -30,6 +34,15 @@ EPS = 1e-6
 def priority(delta: np.ndarray, value: np.ndarray, eps: float = EPS) -> np.ndarray:
     """Bosen's relative magnitude: |delta| / (|value| + eps)."""
     return np.abs(delta) / (np.abs(value) + eps)
+
+
+def check_clocks(steps: int, clock_batches: int) -> None:
+    """ValueError naming clock_batches unless steps x clock_batches, the mini-batches per worker, is <= MAX_STEPS."""
+    total = steps * clock_batches
+    if total > MAX_STEPS:
+        raise ValueError(f"clock_batches: steps x clock_batches = {steps:,} x {clock_batches:,} = {total:,} "
+                         f"mini-batches per worker, more than the {MAX_STEPS:,} a run takes; use fewer steps or a "
+                         "smaller clock_batches")
 
 
 def check(clock_batches: int, managed_bandwidth: float | None, bound: float, plain_rule: bool,

@@ -46,16 +46,21 @@ class Option:
     aliases: tuple[str, ...] = ()
     unit: str = ""
     callable_ok: bool = False  # code may pass a function instead (an extension point), the CLI a string
+    most_field: str | None = None  # another field this one may not exceed (the config's validate checks it)
 
     def range_text(self) -> str:
         """'in [1, 10000]', '> 0', 'one of ...' -- the allowed values in words."""
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         if self.min is not None and self.max is not None:
-            return f"in {'(' if self.min_open else '['}{_show(self.min)}, {_show(self.max)}]"
-        if self.min is not None:
-            return f"{'>' if self.min_open else '>='} {_show(self.min)}"
-        return "" if self.max is None else f"<= {_show(self.max)}"
+            text = f"in {'(' if self.min_open else '['}{_show(self.min)}, {_show(self.max)}]"
+        elif self.min is not None:
+            text = f"{'>' if self.min_open else '>='} {_show(self.min)}"
+        else:
+            text = "" if self.max is None else f"<= {_show(self.max)}"
+        if self.most_field is not None:
+            text += f"{' and ' if text else ''}<= {self.most_field}"
+        return text
 
     def check(self, value: Any) -> None:
         """Raise ValueError naming the field unless min <= value <= max (of the right type)."""
@@ -110,7 +115,8 @@ def _options(cls: type, prefix: str) -> tuple[Option, ...]:
             out.extend(_options(base, prefix + f.name + "."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
-        given = {k: meta[k] for k in ("min", "max", "min_open", "choices", "unit", "callable_ok") if k in meta}
+        keys = ("min", "max", "min_open", "choices", "unit", "callable_ok", "most_field")
+        given = {k: meta[k] for k in keys if k in meta}
         out.append(Option(name=prefix + f.name, flag=meta.get("flag", "--" + f.name.replace("_", "-")), type=base,
                           default=default, help=meta.get("help", ""), optional=optional,
                           aliases=tuple(meta.get("aliases", ())), **given))  # the rest: Option's own defaults

@@ -29,6 +29,7 @@ Example::
 """
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections import defaultdict
@@ -72,6 +73,17 @@ def check_read_rule(read_rule: Any) -> ReadRule | None:
     """``read_rule`` itself where it is a function or None; ValueError naming it otherwise."""
     if read_rule is not None and not callable(read_rule):
         raise ValueError(f"read_rule must be a function (clock, completed, bound) -> bool, got {read_rule!r}")
+    try:
+        signature = inspect.signature(read_rule) if read_rule is not None else None
+    except (TypeError, ValueError):  # a callable without a signature (some builtins): its first call answers
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(0, 0, 0.0)
+        except TypeError as e:
+            name = getattr(read_rule, "__name__", type(read_rule).__name__)
+            raise ValueError(f"read_rule must take three arguments (clock, completed, bound); {name}{signature} "
+                             f"does not: {e}") from None
     return read_rule
 
 

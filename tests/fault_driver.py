@@ -138,6 +138,15 @@ def build(algorithm: str) -> Callable[..., Any]:
         return lambda n, *_: simlib.run(problem, "async", substrate="shm", n_workers=2, batch_size=1, chunk=500,
                                         steps=min(n * problem.epoch_steps(2, 1), 10**9), monitor_every=0.05,
                                         timeout=TIMEOUT)
+    if algorithm in ("lda-shm-mh", "lda-shm-alias"):  # the Metropolis-Hastings samplers, under the block locks
+        import simlib
+        from simlib.problems.lda import make_synthetic_corpus
+        from simlib.problems.lda_table import LDAProblem
+
+        corpus, _, _ = make_synthetic_corpus(n_docs=100, n_words=2_000, doc_length=50, seed=0)
+        problem = LDAProblem(corpus, 32, kernel=algorithm.rsplit("-", 1)[1])
+        return lambda n, *_: simlib.run(problem, "ssp:1", substrate="shm", n_workers=2, steps=n, timeout=TIMEOUT,
+                                        monitor_every=0.05)
     if algorithm in ("lda-shm", "lda-pipe"):
         from simlib.problems.lda import make_synthetic_corpus
 
@@ -201,8 +210,11 @@ def build(algorithm: str) -> Callable[..., Any]:
                 return simlib.run(problem, "ssp:1", substrate="ray", n_workers=2, steps=n, batch_size=16,
                                   eval_every=50, timeout=TIMEOUT, num_cpus=2)
             return on_ray
-        return lambda n, *_: simlib.run(problem, "ssp:1", substrate=substrate, n_workers=2, steps=n,
-                                               batch_size=16, eval_every=50, timeout=TIMEOUT)
+        managed = {"clock_batches": 4, "managed_bandwidth": 1e5} if substrate == "pipes-managed" else {}
+        per_step = managed.get("clock_batches", 1)  # mini-batches per step: LONG of them in all
+        return lambda n, *_: simlib.run(problem, "ssp:1", substrate=substrate.split("-")[0], n_workers=2,
+                                        steps=max(1, n // per_step), batch_size=16, eval_every=50, timeout=TIMEOUT,
+                                        **managed)
     raise SystemExit(f"unknown algorithm {algorithm!r}")
 
 

@@ -20,6 +20,7 @@ from fault_driver import children
 from simlib.problems.glove import Cooccurrence, GloveConfig
 from simlib.problems.lda import make_synthetic_corpus
 from simlib.problems.logistic import LogisticProblem, SparseDataset, make_sparse_classification
+from simlib.protocol import StepRule
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +87,12 @@ def _lda(corpus=None, **kw):
         problem = LDAProblem(data, kw.pop("n_topics", 4))
         return simlib.run(problem, kw.pop("protocol", "bsp"), **({"substrate": "shm", "n_workers": 2, "steps": 1} | kw))
     return call
+
+
+def _lda_problem(*args, **kw):
+    from simlib.problems.lda_table import LDAProblem
+
+    return LDAProblem(*args, **kw)
 
 
 def _corpus(**change):
@@ -212,6 +219,12 @@ CASES = {
                                                           "word ids"),
     "LDAProblem, word id changed": (lambda: __import__("simlib.problems.lda_table", fromlist=["x"]).LDAProblem(
         _changed_corpus(), 4), "word ids"),
+    **{f"lda accumulation on {sub}": (_lda(accumulation=4, substrate=sub), "accumulation")
+       for sub in ("sim", "shm", "pipes", "gpu", "ray")},
+    "lda rule= of its own": (_lda(rule=type("Halved", (StepRule,), {"scale": lambda self, tau: 0.5})()), "rule"),
+    **{f"lda kernel {k} beta below its floor": (lambda k=k: _lda_problem(_corpus(), 4, beta=1e-101, kernel=k),
+                                                "beta must be >= 1e-100")
+       for k in ("mh", "alias")},
     # Shotgun (Lasso)
     "shotgun schedule id >= n_features": (_shotgun([[0, 25]]), "schedule"),
     "shotgun schedule id < -1": (_shotgun([[0, -3]]), "schedule"),
@@ -232,6 +245,15 @@ CASES = {
                                    "n_servers"),
     "simlib.run ray unknown placement": (lambda: _simlib_run(LogisticProblem(_data()), substrate="ray",
                                                              placement="far")(), "placement"),
+    **{f"simlib.run ray num_cpus {v!r}": (lambda v=v: _simlib_run(LogisticProblem(_data()), substrate="ray",
+                                                                  num_cpus=v)(), "num_cpus must be an integer >= 1")
+       for v in (-1, 0, "2", 1.5)},
+    "simlib.run ray address not a string": (lambda: _simlib_run(LogisticProblem(_data()), substrate="ray",
+                                                                address=6379)(), "address must be"),
+    **{f"simlib.run {sub} clock_batches a million": (
+        lambda sub=sub: _simlib_run(LogisticProblem(_data()), substrate=sub, protocol="ssp:1", steps=50,
+                                    clock_batches=1_000_000)(), "clock_batches: steps x clock_batches = 50 x 1,000,000")
+       for sub in ("sim", "pipes")},
     "hogwild data changed after the check": (_hogwild(data=_changed_data()), "indices"),
     "pipe PS with no Problem": (lambda: __import__("simlib").run(object(), "bsp", substrate="pipes"), "problem"),
 }

@@ -43,6 +43,17 @@ def test_iter_text_file_reads_gzip_and_cuts_long_lines(tmp_path: Path):
     assert list(iter_text_file(p, max_doc_tokens=2)) == [["a", "b"], ["c", "d"], ["e"], ["f"]]
 
 
+def test_a_gz_file_that_is_not_gzip_or_is_cut_short_is_refused_naming_its_path(tmp_path: Path):
+    plain = tmp_path / "plain.txt.gz"
+    plain.write_text("a b c\n")
+    with pytest.raises(ValueError, match=r"^path: '.*plain\.txt\.gz' ends in .gz but is not gzip"):
+        list(iter_text_file(plain))
+    cut = tmp_path / "cut.txt.gz"
+    cut.write_bytes(gzip.compress(b"a b c\n" * 1000)[:40])
+    with pytest.raises(ValueError, match=r"^path: '.*cut\.txt\.gz' is a damaged gzip file"):
+        list(iter_text_file(cut))
+
+
 def test_iter_text8_splits_one_long_line(tmp_path: Path):
     p = tmp_path / "text8"
     words = [f"w{chr(97 + i % 26)}" for i in range(25)]

@@ -33,7 +33,13 @@ ALGORITHMS = [
     "run-shm",  # simlib.run(..., substrate="shm"), where that substrate exists
     "glove-count",  # simlib.parallel.glove_count.count_parallel: co-occurrence counting, map-reduce
     "run-ray",  # simlib.run(..., substrate="ray"): actors on a local Ray
+    "lda-shm-mh",  # LDAProblem(kernel="mh") on shm: LightLDA's sampler under the block locks
+    "lda-shm-alias",  # LDAProblem(kernel="alias") on shm: AliasLDA's sampler under the block locks
+    "run-pipes-managed",  # the pipe server with clocks of 4 mini-batches and Bosen's managed communication
 ]
+# Repetitions per fault where not 10: each run of these starts actors (Ray, seconds each), or repeats a path
+# the ten-times algorithms above already cover (the block locks, the pipe server) with another kernel or worker.
+REPS = {"run-ray": 1, "lda-shm-mh": 3, "lda-shm-alias": 3, "run-pipes-managed": 3}
 # Ray's parent faults take turns over (mode, wait for the workers, window in s); see the docstring.
 # SIGTERM ends the driver (Ray cannot start again in its process), so it comes last on the driver's Ray.
 RAY_TURNS = {
@@ -41,10 +47,9 @@ RAY_TURNS = {
     "int-group": [("owned", True, 1.0), ("owned", False, 3.0), ("attached", True, 1.0)],
     "term-parent": [("attached", True, 1.0), ("owned", False, 3.0), ("owned", True, 1.0)],
 }
-# Ray's repetitions per fault in the default run (every run starts actors: seconds each). With one, the three
+# Ray's repetitions per fault in the default run (REPS; every run starts actors: seconds each). With one, the three
 # parent faults take the first of their turns, which between them cover all three: a Ray the run starts, hit
 # early and late, and the driver's own Ray.
-RAY_REPS = 1
 
 
 def _available(algorithm: str) -> bool:
@@ -88,9 +93,9 @@ def _assert_all_clean(outcomes: list[faultkit.Outcome], algorithm: str) -> None:
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_fault_ten_times_ends_the_run_promptly_and_cleanly(algorithm):
-    """Ten repetitions of each fault on every algorithm; Ray's ten (minutes: every run starts actors,
-    and a third of them a whole Ray) are the ``heavy`` test below, and here it runs RAY_REPS."""
-    reps = RAY_REPS if algorithm == "run-ray" else 10
+    """Ten repetitions of each fault on every algorithm but those of REPS; Ray's ten (minutes: every run starts
+    actors, and a third of them a whole Ray) are the ``heavy`` test below."""
+    reps = REPS.get(algorithm, 10)
     _assert_all_clean(_inject_all(algorithm, reps=reps, seed=19), algorithm)
 
 

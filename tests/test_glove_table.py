@@ -98,6 +98,19 @@ def test_simulated_run_lowers_the_cost(cooc):
     assert trace.summary()["bytes_sent"] > 0
 
 
+@pytest.mark.parametrize("substrate", ["sim", "shm"])
+def test_the_problems_own_lr_is_the_runs_unless_another_is_given(cooc, substrate):
+    """GloveConfig(lr=...) was ignored: lr=1e6 and lr=0.05 gave the same parameters, trained at simlib.run's 0.5."""
+    run = dict(substrate=substrate, n_workers=1, steps=4, batch_size=16)
+    own = simlib.run(GloveProblem(cooc, GloveConfig(dim=4, lr=0.01)), "bsp", **run).params
+    given = simlib.run(GloveProblem(cooc, GloveConfig(dim=4, lr=0.3)), "bsp", **run).params
+    assert not np.array_equal(own, given)
+    np.testing.assert_array_equal(own, simlib.run(GloveProblem(cooc, GloveConfig(dim=4, lr=0.01)), "bsp", lr=0.01,
+                                                  **run).params)
+    with pytest.raises(ValueError, match=r"^lr: simlib.run was given lr=0.5, but GloveProblem has its own lr=0.01"):
+        simlib.run(GloveProblem(cooc, GloveConfig(dim=4, lr=0.01)), "bsp", lr=0.5, **run)
+
+
 def test_prediction_two_workers_faster_when_compute_bound(cooc):
     pred = predict_speedup(cooc, GloveConfig(dim=8), updates_per_second=1e6, workers=(1, 2), batch_size=256, epochs=0.5)
     assert 1.6 < pred[2]["speedup"] <= 2.05

@@ -6,7 +6,7 @@ import pytest
 import simlib
 from simlib.problems.lda import (LDACorpus, conditional, count_tables, kjv_corpus, make_synthetic_corpus,
                                 topic_match, topic_word)
-from simlib.problems.lda_gibbs import GibbsState, fit, mh_token_draws
+from simlib.problems.lda_gibbs import MIN_MH_PRIOR, GibbsState, fit, mh_token_draws
 from simlib.problems.lda_table import LDAProblem
 
 TINY = LDACorpus.from_docs([[0, 1, 1, 2, 3], [1, 4, 5, 5], [2, 3, 0, 4, 1, 5]], n_words=6)
@@ -16,9 +16,9 @@ MH_KERNELS = ("mh", "alias")
 
 def _counts_without(state: GibbsState, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The token's document row of n_dk, its word row of n_wk, and n_k, all without the token itself."""
-    z = state.z
-    d, w, s = TINY.doc_of[position], TINY.words[position], z[position]
-    n_dk, n_wk, n_k = count_tables(TINY, z, K)
+    z, corpus = state.z, state.corpus
+    d, w, s = corpus.doc_of[position], corpus.words[position], z[position]
+    n_dk, n_wk, n_k = count_tables(corpus, z, state.n_topics)
     n_dk[d, s] -= 1
     n_wk[w, s] -= 1
     n_k[s] -= 1
@@ -78,6 +78,34 @@ def test_one_token_resampled_many_times_follows_the_exact_conditional(position, 
     seen = mh_token_draws(state, position, 200_000, seed=1)
     assert _tv(seen, exact) < 0.006  # 0.0002-0.0012 measured; sampling noise alone ~0.002
     state.check_counts()
+
+
+@pytest.mark.parametrize("kernel", MH_KERNELS)
+@pytest.mark.parametrize("beta", [1e-9, 1e-18, MIN_MH_PRIOR])
+def test_at_a_tiny_beta_each_draw_ends_and_follows_the_exact_conditional(beta, kernel):
+    """A word used once at beta -> 0: its stale table holds the token alone, a draw of the token's own topic is
+    kept with probability ~beta, so the unbounded rejection loop never ended; the draw now falls back to an exact
+    one. Below 1e-16 the alias kernel's proposal lost its b-part to rounding (1.5% off the conditional)."""
+    corpus = LDACorpus.from_docs([[0, 1, 1, 2, 3], [1, 4, 5, 5, 6], [2, 3, 0, 4, 1, 5]], n_words=7)
+    state = GibbsState.init(corpus, K, ALPHA, beta, seed=4, kernel=kernel)
+    position = 9  # word 6, its only token
+    exact = conditional(*_counts_without(state, position), ALPHA, beta, corpus.n_words)
+    seen = mh_token_draws(state, position, 50_000, seed=1)
+    assert _tv(seen, exact) < 0.012  # sampling noise alone ~0.004
+    for s in range(3):
+        state.sweep(seed=s)
+        state.check_counts()
+
+
+@pytest.mark.parametrize("kernel", MH_KERNELS)
+@pytest.mark.parametrize("field", ["alpha", "beta"])
+def test_a_prior_below_the_mh_kernels_floor_is_refused_by_name(field, kernel):
+    prior = {"alpha": ALPHA, "beta": BETA} | {field: MIN_MH_PRIOR / 10}
+    with pytest.raises(ValueError, match=f"^{field} must be >= 1e-100 with kernel '{kernel}'"):
+        LDAProblem(TINY, K, **prior, kernel=kernel)
+    with pytest.raises(ValueError, match=f"^{field} must be >= 1e-100"):
+        fit(TINY, K, **prior, n_sweeps=1, kernel=kernel)
+    fit(TINY, K, **prior, n_sweeps=1, kernel="sparse")  # the exact kernel takes it
 
 
 def _alias_proposal(state: GibbsState, position: int, wk_old: np.ndarray, k_old: np.ndarray, s_old: int) -> np.ndarray:

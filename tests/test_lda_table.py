@@ -62,6 +62,7 @@ def test_ssp_beats_bsp_in_time_on_a_jittery_cluster():
     (Protocol.parse("bsp", timeout=1.0), {}, "timeout"),
     ("bsp", dict(compression="topk:0.1"), "compression"),
     ("bsp", dict(n_workers=1000), "n_workers"),
+    ("bsp", dict(accumulation=4), "accumulation"),  # it averaged pushes: fractional counts, check_counts passed
 ])
 def test_configs_that_would_lose_counts_are_refused(synthetic, protocol, kw, field):
     with pytest.raises(ValueError, match=field):
@@ -75,6 +76,15 @@ def test_the_real_servers_refuse_backup_workers_too(synthetic, substrate):
     with pytest.raises(ValueError, match="backup_workers: LDAProblem needs every push applied whole"):
         simlib.run(synthetic, Protocol("bsp", backup_workers=1), substrate=substrate,
                    n_workers=3, steps=2)
+
+
+def test_check_counts_finds_a_count_that_is_not_whole(synthetic):
+    table = synthetic.init_params().astype(np.float64)
+    synthetic.check_counts(table)
+    assert table[[1, 8]].min() >= 1
+    table[[0, 1, 8, 9]] += [0.5, -0.5, -0.5, 0.5]  # words 0 and 1, topics 0 and 1: every row and column sum kept
+    with pytest.raises(AssertionError, match="not a whole number"):
+        synthetic.check_counts(table)
 
 
 def test_bad_hyperparameters_name_the_field(synthetic):

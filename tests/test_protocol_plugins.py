@@ -35,6 +35,14 @@ def test_read_rule_must_be_callable():
         simlib.run(_problem(), "bsp", n_workers=2, steps=2, read_rule="ssp")
 
 
+@pytest.mark.parametrize("rule", [lambda clock, completed: True, lambda clock, completed, bound, extra: True])
+def test_a_read_rule_of_the_wrong_arity_is_refused_naming_read_rule(rule):
+    """It failed inside the run with the lambda's own TypeError."""
+    with pytest.raises(ValueError, match=r"^read_rule must take three arguments \(clock, completed, bound\); <lambda>"):
+        simlib.run(_problem(), "bsp", n_workers=2, steps=2, read_rule=rule)
+    assert simlib.run(_problem(), "bsp", n_workers=2, steps=2, read_rule=lambda *args: True).trace.updates
+
+
 def test_the_library_rule_plugged_in_gives_the_same_trace():
     prob = _problem()
     a = simlib.run(prob, "ssp:2", n_workers=3, steps=8, stragglers=_slow())

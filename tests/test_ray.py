@@ -29,7 +29,7 @@ from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
 from simlib.problems.mlp import MLPProblem  # noqa: E402
 from simlib.protocol import Protocol  # noqa: E402
-from simlib.substrates.ray import _read, _tree  # noqa: E402
+from simlib.substrates.ray import _read, _started, _tree  # noqa: E402
 from simlib.trace import SPAN_KINDS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -335,6 +335,51 @@ def test_a_killed_server_fails_the_run_with_a_clear_error(cluster, tiny):
         simlib.run(tiny, "async", substrate="ray", n_workers=2, steps=100_000, batch_size=8, timeout=90)
     killer.join()
     assert _wait_gone() == []
+
+
+def test_an_actor_that_never_gets_ready_ends_the_run_at_its_timeout(cluster, tiny):
+    """The wait for the actors' start was a fixed 120 s, whatever the run's timeout= (3 of 3 runs waited 60-110 s)."""
+    driver = os.getpid()
+
+    class NeverReady(type(tiny)):
+        def batch(self, shard, step, batch_size):
+            if os.getpid() != driver:  # in the worker actor: its warm-up step never ends
+                time.sleep(3600)
+            return super().batch(shard, step, batch_size)
+
+    stuck = NeverReady(tiny.data, l2=1e-4, eval_rows=None)
+    with pytest.raises(TimeoutError, match=r"^ray: .*worker 1 not placed and started within timeout=4 s"):
+        simlib.run(stuck, "bsp", substrate="ray", n_workers=2, steps=2, batch_size=8, timeout=4)
+    assert _wait_gone() == []
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_driver_that_started_its_own_ray_leaves_none_of_its_processes():
+    """Its raylet's agents (ray::DashboardAgent, ray::RuntimeEnvAgent), orphaned, outlived it by 60-66 s; the
+    run's watchdog now kills them once the driver has gone."""
+    driver = textwrap.dedent("""
+        import simlib
+        from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+        prob = LogisticProblem(make_sparse_classification(600, 60, 5, seed=1), eval_rows=None)
+        simlib.run(prob, "bsp", substrate="ray", n_workers=2, steps=10**6, batch_size=8, num_cpus=2, timeout=300)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", driver], env=env, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 150
+        while not any(b"ray::RayPSWorker.run" in _read(f"/proc/{p}/cmdline") for p in _tree(proc.pid)):
+            assert time.monotonic() < deadline and proc.poll() is None, "the run's workers never started"
+            time.sleep(0.1)
+        ray_processes = {p: _started(p) for p in _tree(proc.pid)[1:]}
+        assert any(b"ray::DashboardAgent" in _read(f"/proc/{p}/cmdline") for p in ray_processes)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10.0  # a kill -9 of shm's or pipes' parent leaves nothing after 1 s
+        while (left := [p for p, t in ray_processes.items() if t and _started(p) == t]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+    assert left == [], [_read(f"/proc/{p}/cmdline") for p in left]
 
 
 def test_ctrl_c_stops_the_run_and_leaves_no_actors(cluster):

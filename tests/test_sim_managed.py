@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from simlib.sim import SimConfig, Stragglers
 from simlib.sim.engine import run_config
 from simlib.managed import MESSAGE_ENTRIES, Pending, priority
+from simlib.options import options
 
 JITTER = Stragglers(jitter="lognormal", slow_workers=1, pause_prob=0.1, pause_time=0.001)
 
@@ -160,14 +161,25 @@ def test_same_seed_same_trace(small_problem):
     (dict(protocol="ssp:2", clock_batches=2, managed_bandwidth=1e5,
           stragglers=Stragglers(fail_worker=0, fail_time=1.0)), "managed_bandwidth: stragglers.fail_worker"),
     (dict(clock_batches=0), "clock_batches must be an integer"),
-    (dict(protocol="essp:2", clock_batches=2), "clock_batches > 1"),
-    (dict(protocol="ssp:2", cache=True, clock_batches=2), "clock_batches > 1"),
-    (dict(topology="allreduce", clock_batches=2), "clock_batches > 1"),
-    (dict(protocol="ssp:2", clock_batches=2, compression="topk:0.1"), "clock_batches > 1"),
+    (dict(steps=100, clock_batches=10_001), "clock_batches: steps x clock_batches = 100 x 10,001 = 1,000,100 mini"),
+    (dict(protocol="essp:2", clock_batches=2), "clock_batches > 1 is modelled without worker caches, and protocol "
+                                               "'essp:S' keeps one per worker; use 'ssp:S' or 'async' without cache"),
+    (dict(protocol="ssp:2", cache=True, clock_batches=2), "clock_batches > 1 is modelled without worker caches, and "
+                                                          "cache=True keeps one per worker"),
+    (dict(topology="allreduce", clock_batches=2), "clock_batches > 1 is modelled with topology 'ps' only, not 'allr"),
+    (dict(protocol="ssp:2", clock_batches=2, compression="topk:0.1"), "clock_batches > 1 is modelled without compr"),
 ])
 def test_bad_values_are_refused_by_name(kwargs, words):
     with pytest.raises(ValueError, match=words.replace("|", r"\|").replace("(", r"\(")):
         SimConfig(**kwargs)
+
+
+def test_managed_bandwidths_documented_range_names_the_bound_it_is_refused_by():
+    """It was documented as (0, 1e+30] while anything above bandwidth was refused."""
+    doc = next(o for o in options(SimConfig) if o.name == "managed_bandwidth").range_text()
+    assert doc == "in (0, 1e+30] and <= bandwidth"
+    with pytest.raises(ValueError, match="must be <= bandwidth"):
+        SimConfig(protocol="ssp:2", clock_batches=2, managed_bandwidth=2e9, bandwidth=1e9)
 
 
 def test_labels_say_clock_size_and_budget():

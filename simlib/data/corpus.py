@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import io
 import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -64,8 +65,21 @@ def _open_text(path: str | Path) -> IO[str]:
     if not path.is_file():
         raise ValueError(f"path must be an existing file, got {str(path)!r}")
     if path.suffix == ".gz":
+        with open(path, "rb") as f:
+            head = f.read(2)
+        if head != b"\x1f\x8b":  # gzip's magic number
+            raise ValueError(f"path: {str(path)!r} ends in .gz but is not gzip (it starts with {head!r}); "
+                             "compress it with gzip, or drop the .gz suffix")
         return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
     return open(path, encoding="utf-8", errors="replace")
+
+
+def _read(f: IO[str], n: int, path: str | Path) -> str:
+    """Up to n characters of f; a damaged gzip stream is a ValueError naming the path."""
+    try:
+        return f.read(n)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise ValueError(f"path: {str(path)!r} is a damaged gzip file ({type(e).__name__}: {e})") from None
 
 
 def iter_text_file(path: str | Path, max_doc_tokens: int = 100_000, chunk_chars: int = 1 << 20) -> Iterator[list[str]]:
@@ -81,7 +95,7 @@ def iter_text_file(path: str | Path, max_doc_tokens: int = 100_000, chunk_chars:
     carry = ""
     with _open_text(path) as f:
         while True:
-            chunk = f.read(chunk_chars)
+            chunk = _read(f, chunk_chars, path)
             text = carry + chunk
             if chunk:
                 # Hold back a trailing partial word: it may continue in the next chunk.

@@ -180,16 +180,28 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
     conn.close()
 
 
+def watch(pid: int) -> Callable[[float | None], bool]:
+    """``ended(timeout)``: whether process ``pid`` has ended, waiting up to ``timeout`` s (None: until it has).
+
+    A pidfd reads as ready once its process has ended (a zombie included), so no polling of /proc is needed; a
+    process already gone when watched has ended. The watchdogs of shm workers and of a local Ray use it.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return lambda timeout=None: True
+    return lambda timeout=None: bool(wait([fd], timeout))
+
+
 def _exit_with(pid: int) -> None:
     """End this worker when process ``pid`` ends (at once if it has): the parent-death signal covers only a
     worker's own parent, and a forkserver worker's parent is the server, not the group's process."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:  # it died before the worker got here
+    ended = watch(pid)
+    if ended(0):  # it died before the worker got here
         os._exit(1)
 
     def wait_for_it() -> None:
-        wait([fd])  # a process's pidfd reads as ready once it has ended
+        ended(None)
         os._exit(1)
 
     threading.Thread(target=wait_for_it, name="group-watch", daemon=True).start()

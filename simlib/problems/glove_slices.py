@@ -85,6 +85,11 @@ class GloveSlices(PassRecords):
         self.n_params = self.glove.n_params + max_workers * max_batch
         self._passes: dict[DimSlice, dict[int, list[float]]] = {}  # worker 0's slice -> pass -> [cost sum, entries]
 
+    @property
+    def lr(self) -> float:
+        """Its own step size, ``config.lr``, as :attr:`GloveProblem.lr`."""
+        return self.config.lr
+
     def validate(self) -> None:
         """Check the co-occurrences again (they may have changed since): the kernels index them unchecked."""
         self.glove.validate()

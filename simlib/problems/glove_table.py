@@ -82,6 +82,11 @@ class GloveProblem(PassRecords):
     # B in flight on CuPy; on NumPy entries are applied one after another in every case).
     device_kernel = "auto"
 
+    @property
+    def lr(self) -> float:
+        """Its own step size, ``config.lr``: simlib.run trains with it where lr= is left out, and refuses another."""
+        return self.config.lr
+
     def __init__(self, cooc: Cooccurrence, config: GloveConfig, eval_entries: int = 20_000):
         validate_training(cooc, config)
         check.positive_int("eval_entries", eval_entries)

@@ -36,6 +36,8 @@ Four compiled sweeps share one state (:class:`GibbsState`):
   token's own topic, which would otherwise sharpen the chain toward its current topic. What
   remains stale is the other tokens' moves since the sweep (n_k) or the word's run (n_wk)
   began, as in LightLDA; the tests check the per-token step against the exact conditional.
+  That rejection gives up after 16 tries (the token stays for that cycle): at a tiny beta a word
+  whose only token is this one needed ~1/beta tries, and the sweep never ended.
 
 * ``alias``: AliasLDA (Li, Ahmed, Ravi, Smola, KDD 2014). The same split as ``sparse``, but the
   word part is drawn in O(1) from a stale alias table and a Metropolis-Hastings test corrects
@@ -117,6 +119,20 @@ _MH_CYCLES = 4
 # K = 1,000 -9.671, -9.593, -9.590 (sparse: -9.569) for 325, 343, 493 ns. One step trails at K = 1,000, four cost
 # 40% more for nothing.
 _ALIAS_STEPS = 2
+# NOTE: rejection tries of a stale word draw before it gives up. A try fails only when it draws the token's
+# own topic s_tab and the thinning rejects it, with probability about 1 - (snap - 1 + b) / (snap + b): near 1 - b for
+# a word whose only token of s_tab is this one, so at b = 1e-9 the unbounded loop needed ~1e9 tries per token and
+# never finished. After 16 failed tries the mh kernel's word proposal stays put and the alias kernel draws exactly in
+# O(K) (its mixture's word part must be q_j). NOTE: the O(K) draw sits at the alias kernel's call, not inside
+# _word_draw: inlined into the mh kernel's four cycles it doubled its CPU per token (KJV, K = 100: 365-450 against
+# 166-178 ns); as it is, both kernels cost what they did before (mh 175 and 225 ns at K = 100 and 1,000, alias 175
+# and 333 ns; paired runs on a busy machine).
+_WORD_TRIES = 16
+# The smallest alpha and beta the MH kernels take. Their acceptance tests multiply a target and a proposal value,
+# each as small as alpha beta / (N + V beta) for N tokens: below ~1e-150 the products underflow to 0, no move is
+# ever accepted and the chain stops (alias at beta = 1e-300: one topic in 50,000 draws). At 1e-100 they stay above
+# 1e-216 for corpora of up to 1e10 tokens; the exact kernels (sparse, dense) take any positive prior.
+MIN_MH_PRIOR = 1e-100
 # NOTE: every kernel here compiles with error_model="numpy": a float division then carries no test for a zero
 # divisor (numba's default raises ZeroDivisionError, a branch on every division; the divisors here are counts
 # + V b or sums of positive weights, never 0). Same draws, same chains; KJV, K = 1,000, CPU per token, best of 10
@@ -164,6 +180,18 @@ def _sweep_dense(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w
             n_wk[w, k] += 1
             n_k[k] += 1
     return rng
+
+
+def check_prior(kernel: str, n_topics: int, alpha: float, beta: float) -> None:
+    """ValueError naming the field: K >= 2, alpha, beta > 0 (>= MIN_MH_PRIOR for mh and alias), a known kernel."""
+    check_hyper(n_topics, alpha, beta)
+    check.one_of("kernel", kernel, KERNELS)
+    if kernel in ("mh", "alias"):
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            if value < MIN_MH_PRIOR:
+                raise ValueError(f"{name} must be >= {MIN_MH_PRIOR:g} with kernel {kernel!r}, got {value:g}: its "
+                                 "Metropolis-Hastings test multiplies probabilities of that order, which underflow "
+                                 "below; kernel 'sparse' (exact) takes any positive value")
 
 
 def _rng_state(seed: int) -> np.uint64:
@@ -344,12 +372,14 @@ def _word_draw(rng: np.uint64, prop: Proposal, mass: Mass, s_tab: int, beta: flo
     """A draw from the stale word table without the token: q_j(k) ∝ (snap_k - [k=s_tab] + b) / (n0_k - [k=s_tab] + V b).
 
     The table (sparse part of mass S over wtopic[:m], b-part of mass B over all K) counts the
-    token under s_tab; a draw of s_tab is kept with probability q_j(s_tab) / q_table(s_tab).
+    token under s_tab; a draw of s_tab is kept with probability q_j(s_tab) / q_table(s_tab). After
+    _WORD_TRIES rejections it gives up and returns t = -1, which costs at most that many tries a draw; a try
+    that ends is already a draw of q_j, so a draw that does not give up is one of q_j.
     """
     (_, dprob, wprob, dalias, walias, wtopic, _, _, snap), n0 = prop[:2]
     m, S, B = mass
     K = n0.shape[0]
-    while True:
+    for _ in range(_WORD_TRIES):
         rng, u = _uniform(rng)
         x = u * (S + B)
         if x < S:
@@ -365,6 +395,38 @@ def _word_draw(rng: np.uint64, prop: Proposal, mass: Mass, s_tab: int, beta: flo
         rng, u = _uniform(rng)
         if u * (snap[t] + beta) * (n0[t] - 1 + vbeta) < (snap[t] - 1 + beta) * (n0[t] + vbeta):
             return rng, t
+    return rng, -1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _word_draw_exact(rng: np.uint64, snap: np.ndarray, n0: np.ndarray, s_tab: int, beta: float,
+                     vbeta: float) -> tuple[np.uint64, int]:
+    """An O(K) draw from q_j(k) ∝ (snap_k - [k=s_tab] + b) / (n0_k - [k=s_tab] + V b), by its cumulative sum."""
+    K = n0.shape[0]
+    total = 0.0
+    for k in range(K):
+        total += _stale_q(k, snap, n0, s_tab, beta, vbeta)
+    rng, u = _uniform(rng)
+    x = u * total
+    k = 0
+    acc = _stale_q(0, snap, n0, s_tab, beta, vbeta)
+    while k < K - 1 and acc <= x:
+        k += 1
+        acc += _stale_q(k, snap, n0, s_tab, beta, vbeta)
+    return rng, k
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _word_mass(prop: Proposal, mass: Mass, s_tab: int, beta: float, vbeta: float) -> float:
+    """sum_k q_j(k): the stale table's S + B with the token's entry at s_tab replaced by q_j(s_tab)."""
+    # NOTE: each part less its own share of s_tab, and not fastmath (which may reassociate the sum): at beta < 1e-16
+    # B is below S's rounding, so (S + B) - (snap + b) / (n0 + V b) keeps S's rounding error (~1e-17) for a mass of
+    # order beta. For a word whose tokens are all under s_tab, S less its one entry is exactly 0 this way (the same
+    # division as in _word_table).
+    snap, n0 = prop[0][_SNAPSHOT], prop[1]
+    _, S, B = mass
+    den = n0[s_tab] + vbeta
+    return (S - snap[s_tab] / den) + (B - beta / den) + _stale_q(s_tab, snap, n0, s_tab, beta, vbeta)
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -406,7 +468,9 @@ def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Pri
         for _ in range(n_steps):
             # Word proposal: sparse part (mass S) or b-part (mass B), alias draws from one uniform each.
             rng, t = _word_draw(rng, prop, mass, s_tab, beta, vbeta)
-            if t != s:
+            # A draw that gave up (t < 0) leaves the token where it is: how often that happens depends on the table
+            # and s_tab alone, not on s, so the step is "stay, or an MH step from q_j": both keep p invariant.
+            if t != s and t >= 0:
                 pt = (n_dk[d, t] + alpha) * (n_wk[w, t] + beta) / (n_k[t] + vbeta)
                 qs = _stale_q(s, snap, n0, s_tab, beta, vbeta)
                 qt = _stale_q(t, snap, n0, s_tab, beta, vbeta)
@@ -475,7 +539,10 @@ def _doc_order(z: np.ndarray, order: np.ndarray, z_doc: np.ndarray) -> None:
         z_doc[order[j]] = z[j]
 
 
-@njit(cache=True, nogil=True, fastmath=True, error_model="numpy")
+# NOTE: fast math without reassociation: with it, LLVM regrouped the stale word proposal's sums and at beta < 1e-16 the
+# proposal lost its b-part (1.5% total variation from the exact conditional); same CPU per token either way (KJV,
+# K = 100 and 1,000, three runs each, busy machine).
+@njit(cache=True, nogil=True, fastmath={"nnan", "ninf", "nsz", "arcp", "contract", "afn"}, error_model="numpy")
 def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prior, prop: Proposal, work: Work,
                rng: np.uint64) -> tuple[int, np.uint64]:
     """AliasLDA on tokens j, j+1, .. of word w until b or until its table has served K draws; run = (j, b, w, mass).
@@ -511,8 +578,7 @@ def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prio
         for i in range(L):
             P += dk_cnt[d, i] * phi[dk_idx[d, i]]
             cdf[i] = P
-        # The word part's mass: the table's S + B with the token's own entry at s_tab taken out.
-        Q = alpha * (S + B - (snap[s_tab] + beta) / (n0[s_tab] + vbeta) + _stale_q(s_tab, snap, n0, s_tab, beta, vbeta))
+        Q = alpha * _word_mass(prop, mass, s_tab, beta, vbeta)  # the word part's mass
         ps, qs = _alias_pq(d, s, lists, phi, prior, vbeta, prop, s_tab)
         for _ in range(n_steps):
             rng, u = _uniform(rng)
@@ -521,6 +587,8 @@ def _alias_run(run: Run, tokens: Tokens, lists: Lists, table: Table, prior: Prio
                 t = dk_idx[d, min(np.searchsorted(cdf[:L], x, side="right"), L - 1)]
             else:
                 rng, t = _word_draw(rng, prop, mass, s_tab, beta, vbeta)
+                if t < 0:  # the mixture's word part must be q_j itself, so here the draw is exact (O(K), rare)
+                    rng, t = _word_draw_exact(rng, snap, n0, s_tab, beta, vbeta)
                 drawn += 1
             if t != s:
                 pt, qt = _alias_pq(d, t, lists, phi, prior, vbeta, prop, s_tab)
@@ -653,8 +721,7 @@ class GibbsState:
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float, beta: float, z: np.ndarray,
                  n_wk: np.ndarray | None = None, n_k: np.ndarray | None = None, kernel: str = "sparse") -> None:
         """Take assignments z (corpus order); n_wk, n_k default to the counts of z (pass a cache to share)."""
-        check_hyper(n_topics, alpha, beta)
-        check.one_of("kernel", kernel, KERNELS)
+        check_prior(kernel, n_topics, alpha, beta)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
         self.n_dk = doc_topic_counts(corpus, z, n_topics)
         # a worker's copy of the table is used as given: its own V x K counts would be built only to be dropped
@@ -799,4 +866,4 @@ def fit(corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01
     return state, lls
 
 
-__all__ = ["GibbsState", "fit", "cpu_per_token", "mh_token_draws", "KERNELS"]
+__all__ = ["GibbsState", "fit", "cpu_per_token", "mh_token_draws", "check_prior", "KERNELS", "MIN_MH_PRIOR"]

@@ -19,8 +19,8 @@ worker process holds its own copy. One clock is one sweep of the worker's docume
 The sweep's seed is derived from (seed, worker, clock), so a simulated run is deterministic.
 Each push moves tokens between topics, so the table always holds exactly the corpus's tokens:
 ``n_wk`` sums to N and ``n_k`` equals its column sums (:meth:`LDAProblem.check_counts`) -- as long
-as every push is applied whole; backup workers, deadlines and lossy compression drop or bend
-pushes, so :attr:`LDAProblem.exact_deltas` tells a substrate to refuse them.
+as every push is applied whole; backup workers, deadlines, lossy compression and step rules (accumulation
+averages pushes) drop or bend pushes, so :attr:`LDAProblem.exact_deltas` tells ``simlib.run`` to refuse them.
 
 Example::
 
@@ -46,9 +46,9 @@ from numba import njit
 from simlib import _validate as check
 from simlib.backend import to_numpy
 from simlib.problems.atomic import atomic_add, compare_swap
-from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, check_hyper, deal_documents, doc_topic_counts,
+from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, deal_documents, doc_topic_counts,
                                 log_likelihood, random_assignments, word_log_likelihood)
-from simlib.problems.lda_gibbs import KERNELS, GibbsState, _rng_state
+from simlib.problems.lda_gibbs import GibbsState, _rng_state, check_prior
 
 _SEED_STRIDE = (1_000_003, 10_007)
 #: In place with several workers: each worker's tokens per block, between two syncs of n_k (see LDAProblem.local_steps).
@@ -109,8 +109,7 @@ class LDAProblem:
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
                  seed: int = 0, kernel: str = "sparse", sync_every: int | None = None):
         check_corpus(corpus)
-        check_hyper(n_topics, alpha, beta)
-        check.one_of("kernel", kernel, KERNELS)
+        check_prior(kernel, n_topics, alpha, beta)
         sync_every = default_sync_every(n_topics) if sync_every is None else sync_every
         check.positive_int("sync_every", sync_every)
         self.corpus, self.K, self.alpha, self.beta = corpus, int(n_topics), float(alpha), float(beta)
@@ -330,9 +329,10 @@ class LDAProblem:
         return word_log_likelihood(n_wk, n_k, self.beta)
 
     def check_counts(self, params: np.ndarray) -> None:
-        """Raise AssertionError unless the table holds the corpus: n_wk >= 0 summing to N, n_k its column sums."""
+        """Raise AssertionError unless the table holds the corpus: whole n_wk >= 0 summing to N, n_k its column sums."""
         n_wk, n_k = self.split(params)
         assert n_wk.min() >= 0, "a word-topic count went negative"
+        assert np.array_equal(n_wk, np.round(n_wk)), "a word-topic count is not a whole number"
         assert n_wk.sum() == self.corpus.n_tokens, f"n_wk sums to {n_wk.sum()}, not N = {self.corpus.n_tokens}"
         assert np.array_equal(n_k, n_wk.sum(axis=0)), "n_k differs from the column sums of n_wk"
 

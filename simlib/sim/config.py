@@ -141,7 +141,8 @@ class SimConfig(_FieldsOnly):
     managed_bandwidth: float | None = _f(None, "Bosen's managed communication: between clocks each worker sends its "
                                                "pending updates, largest |delta| / |value| first, at most this many "
                                                "bytes per second; the rest goes at the clock's end (needs "
-                                               "clock_batches >= 2)", unit="B/s", min=0, min_open=True, max=1e30)
+                                               "clock_batches >= 2)", unit="B/s", min=0, min_open=True, max=1e30,
+                                         most_field="bandwidth")
     compute_per_unit: float = _f(5e-8, "time per nonzero (or sample)", unit="s", min=0, max=10)
     compute_overhead: float = _f(1e-4, "fixed time per step", unit="s", min=0, max=3600)
     cost_unit: str = _f("nonzero", "what compute is charged per", choices=COST_UNITS)
@@ -282,11 +283,17 @@ class SimConfig(_FieldsOnly):
     def _validate_managed(self) -> None:
         """clock_batches and managed_bandwidth: what :mod:`simlib.sim.managed` models."""
         if self.clock_batches > 1:
-            for bad, why in ((self.topology != "ps", "topology 'ps'"), (self.cached, "no worker cache (cache, ESSP)"),
-                             (self.hierarchy != "flat", "hierarchy 'flat'"),
-                             (self.compression not in (None, "none"), "no compression")):
+            from simlib.managed import check_clocks  # NumPy: only once clocks of several mini-batches are asked for
+
+            check_clocks(self.steps, self.clock_batches)
+            cache = "protocol 'essp:S'" if self.protocol == "essp" else "cache=True"
+            for bad, why in ((self.topology != "ps", f"with topology 'ps' only, not {self.topology!r}"),
+                             (self.cached, f"without worker caches, and {cache} keeps one per worker; use 'ssp:S' or "
+                                           "'async' without cache"),
+                             (self.hierarchy != "flat", f"with hierarchy 'flat' only, not {self.hierarchy!r}"),
+                             (self.compression not in (None, "none"), "without compression; drop compression")):
                 if bad:
-                    raise ValueError(f"clock_batches > 1 is modelled with {why} only")
+                    raise ValueError(f"clock_batches > 1 is modelled {why}")
         if self.managed_bandwidth is None:
             return
         from simlib.managed import check as check_managed  # NumPy: only once managed communication is asked for

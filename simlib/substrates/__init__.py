@@ -94,16 +94,18 @@ def get(name: str) -> Runner:
 def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", **options: Any) -> "Result":
     """Train ``problem`` under ``protocol`` on ``substrate``; every substrate returns the same Result.
 
-    Options shared by all substrates: ``n_workers``, ``steps`` (per worker), ``batch_size``, ``lr``,
-    ``eval_every``, ``seed``, ``staleness_aware``, ``accumulation`` (or ``rule``: a StepRule, or a
-    subclass with its own ``scale(tau)``), ``read_rule`` (replacing the SSP read rule); the rest go to
-    the substrate (e.g. the simulator's network, stragglers and ``compression``, the real substrates'
-    ``start_method``).
+    Options shared by all substrates: ``n_workers``, ``steps`` (per worker), ``batch_size``, ``lr`` (default
+    0.5, or the problem's own ``lr`` where it has one, as GloVe's ``GloveConfig(lr=...)``: an ``lr=`` that
+    differs from the problem's own is refused, naming both), ``eval_every``, ``seed``, ``staleness_aware``,
+    ``accumulation`` (or ``rule``: a StepRule, or a subclass with its own ``scale(tau)``), ``read_rule``
+    (replacing the SSP read rule); the rest go to the substrate (e.g. the simulator's network, stragglers
+    and ``compression``, the real substrates' ``start_method``).
     """
     from simlib.contract import Training, capabilities, check_problem, check_real_workers
 
     check_problem(problem)  # the optional hooks too, once (simlib.contract.capabilities)
     caps = capabilities(problem)
+    _own_lr(problem, caps.lr, options)
     proto = Protocol.parse(protocol)
     runner = get(substrate)
     proto = _with_protocol_options(proto, options, runner)
@@ -116,7 +118,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     elif given:
         raise ValueError(f"{sorted(given)[0]}: give it to the StepRule passed as rule=, not beside it")
     if caps.exact_deltas:
-        _refuse_lossy(problem, proto, options.get("compression"))
+        _refuse_lossy(problem, proto, options.get("compression"), rule)
     if rule.staleness_aware and not caps.linear_step:
         raise ValueError(f"staleness_aware: {type(problem).__name__}'s updates are not gradient steps, "
                          "so they cannot be scaled by 1/tau")
@@ -133,7 +135,22 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     if training.read_rule is not None:  # a rule that stalls the very first read is named before anything starts
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
+    if "clock_batches" in options:  # the work a run's clocks imply (sim, pipes), refused before anything starts
+        from simlib.managed import check_clocks
+
+        check.positive_int("clock_batches", options["clock_batches"])
+        check_clocks(training.steps, options["clock_batches"])
     return runner(problem, proto, training, **options)
+
+
+def _own_lr(problem: Any, own: float | None, options: dict[str, Any]) -> None:
+    """Set ``options['lr']`` to the problem's ``own`` lr where it has one; ValueError naming lr if the two differ."""
+    if own is None:
+        return
+    given = options.setdefault("lr", own)
+    if given != own:
+        raise ValueError(f"lr: simlib.run was given lr={given!r}, but {type(problem).__name__} has its own lr={own!r} "
+                         "(its configuration's, e.g. GloveConfig(lr=...)); leave lr= out, or make the two agree")
 
 
 def _with_protocol_options(proto: Protocol, options: dict[str, Any], runner: Runner) -> Protocol:
@@ -178,10 +195,12 @@ def _check_options(substrate: str, runner: Runner, options: dict[str, Any], shar
                              f"{', '.join(own) or 'none'}; shared by every substrate: {', '.join(shared)}")
 
 
-def _refuse_lossy(problem: Any, protocol: Protocol, compression: Any) -> None:
+def _refuse_lossy(problem: Any, protocol: Protocol, compression: Any, rule: StepRule) -> None:
     """ValueError naming the setting that drops or bends pushes, for a problem whose deltas must all land."""
     for name, value in (("backup_workers", protocol.backup_workers), ("timeout", protocol.timeout),
-                        ("compression", compression not in (None, "none") and compression)):
+                        ("compression", compression not in (None, "none") and compression),
+                        ("accumulation", rule.accumulation is not None), ("rule", type(rule) is not StepRule)):
         if value:
             raise ValueError(f"{name}: {type(problem).__name__} needs every push applied whole (its counts must "
-                             "match its assignments), so it runs without backup workers, deadlines or compression")
+                             "match its assignments), so it runs without backup workers, deadlines, compression "
+                             "or a step rule that averages or scales pushes (accumulation, rule=)")

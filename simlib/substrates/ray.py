@@ -30,7 +30,9 @@ reservation, so N workers fit on any cluster. Every node must be able to ``impor
 Faults: a worker actor that dies mid-run fails the run at once with a RuntimeError naming the
 worker (no restart: its step would have to be replayed from a table that already moved on);
 a server shard that dies fails it with a RuntimeError naming the shard (the table is lost);
-Ctrl-C or ``timeout`` kills every actor of the run before the exception leaves :func:`run`.
+Ctrl-C or ``timeout`` (which counts from the actors' start) kills every actor of the run before the
+exception leaves :func:`run`. A run that starts its own Ray also starts a watchdog of the driver's pid
+(:func:`watch_driver`): if the driver is killed outright, the Ray processes it started go within a second.
 Times in the trace are wall seconds since the start, read on each actor's machine (``time.time``),
 so across machines they are as good as the nodes' clock synchronisation.
 
@@ -53,6 +55,8 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -77,6 +81,7 @@ READY_TIMEOUT = 120.0  # a busy 2-core laptop starts one actor process (Python, 
 # NOTE: a raylet gives its metrics agent a fixed 15 s to start and exits otherwise; on a busy
 # 2-core machine that happens to about one start in three, so a local start is tried again.
 START_ATTEMPTS = 3  # local starts tried before the run is refused
+WATCHDOG_EVERY = 0.25  # seconds between the watchdog's looks at the Ray processes of the driver (see watch_driver)
 COORDINATOR = "server shard 0 (the coordinator)"  # as errors name shard 0
 
 
@@ -489,6 +494,50 @@ def _stop_local(before: set[int]) -> None:
                 time.sleep(0.01)
 
 
+def _started(pid: int) -> bytes:
+    """Process ``pid``'s start time (clock ticks since boot, /proc/<pid>/stat field 22); empty once it is gone."""
+    fields = _read(f"/proc/{pid}/stat").rsplit(b")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else b""
+
+
+def _watchdog() -> subprocess.Popen:
+    """A process that kills the Ray processes this driver starts if the driver dies without stopping them (kill -9).
+
+    Its own session, so a terminal's Ctrl-C leaves it to the driver, which stops it after stopping its Ray.
+    """
+    import ray
+
+    import simlib
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(simlib.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    code = "import sys; from simlib.substrates.ray import watch_driver; watch_driver(int(sys.argv[1]), sys.argv[2])"
+    return subprocess.Popen([sys.executable, "-c", code, str(os.getpid()), os.path.dirname(ray.__file__)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def watch_driver(driver: int, home: str, every: float = WATCHDOG_EVERY) -> None:
+    """The watchdog (its own process): note every ``every`` s the Ray processes ``driver`` started (its children
+    running code under Ray's ``home``, and all their descendants); once the driver has ended, kill those still running.
+
+    NOTE: the GCS and the raylet end with the driver, but the raylet's agents (ray::DashboardAgent,
+    ray::RuntimeEnvAgent), orphaned, outlived a driver killed with SIGKILL by 60-66 s. They are noted while the
+    driver lives because once it (and the raylet) has died they are no longer anyone's descendants here.
+    """
+    from simlib.parallel.group import watch
+
+    ended, me, seen = watch(driver), os.getpid(), {}
+    while not ended(every):
+        for child in _children(driver) - {me}:
+            if home.encode() in _read(f"/proc/{child}/cmdline"):
+                seen.update({p: _started(p) for p in _tree(child) if p not in seen})
+    for pid, start in seen.items():
+        if start and _started(pid) == start:  # the same process, not a later one given its pid
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def _resources(placement: str) -> tuple[dict, dict]:
     """Custom resources for server and worker actors under ``placement``."""
     import ray
@@ -511,7 +560,7 @@ class RayOptions(WorkerOptions):
     address: str | None = None  # a Ray cluster to join (None: a local Ray for this run)
     n_servers: int = 1  # server shards (key ranges)
     placement: str = "auto"  # 'auto' | 'resources' | 'any' (module docstring)
-    timeout: float | None = 120.0  # seconds for the whole run (TimeoutError)
+    timeout: float | None = 120.0  # seconds for the whole run, its actors' start included (TimeoutError)
     evaluate: bool = True  # False: the metric at the start and the end only
     num_cpus: int | None = None  # the local Ray's CPUs (default: the machine's)
 
@@ -521,6 +570,11 @@ class RayOptions(WorkerOptions):
         check.one_of("placement", self.placement, PLACEMENTS)
         if self.timeout is not None:
             check.positive("timeout", self.timeout)
+        if self.address is not None and not isinstance(self.address, str):
+            raise ValueError(f"address must be 'host:port' of a Ray head node or 'auto', got {self.address!r}")
+        check.boolean("evaluate", self.evaluate)
+        if self.num_cpus is not None:  # Ray took -1 and "2" and failed three starts later, blaming the machine's load
+            check.positive_int("num_cpus", self.num_cpus)
 
     def check_run(self, problem: Any, protocol: Protocol, training: Training) -> None:
         """ValueError naming the option that cannot run this problem under this protocol and training."""
@@ -545,6 +599,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     # Decided before connecting: a Ctrl-C that lands just after a local Ray came up still shuts it down.
     started_here = opts.address is None and not ray.is_initialized()
     before = _children()
+    watchdog = _watchdog() if started_here else None
     actors: list = []
     global _terminated
     _terminated = False
@@ -565,14 +620,14 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, opts)
                    for i in range(n)]
         actors += workers
-        placing = time.perf_counter()
-        pids, local = _ready(ray, coord, shards, workers)
+        placing = time.perf_counter()  # timeout= bounds the run from here: its actors' start included
+        pids, local = _ready(ray, coord, shards, workers, opts.timeout)
         setup = time.perf_counter() - placing
         _call(ray, coord.evaluate_start.remote(), COORDINATOR)
         t0, started = time.time(), time.perf_counter()
         _call(ray, coord.start.remote(t0), COORDINATOR)
         runs = [w.run.remote(t0) for w in workers]
-        spans = _await_workers(ray, runs, [coord, *shards], started, opts.timeout, local)
+        spans = _await_workers(ray, runs, [coord, *shards], placing, opts.timeout, local)
         params, served = _call(ray, coord.finish.remote(), COORDINATOR)
         wall = time.perf_counter() - started
     except BaseException:
@@ -583,6 +638,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         _kill(ray, actors)
         if started_here:
             _stop_local(before)
+            watchdog.kill()
+            watchdog.wait()
     trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=opts.n_servers, wall_seconds=wall,
                       substrate_detail="Ray actors: parameter-server shards and workers")
     # a diverged run fails as on every substrate, at its first non-finite quality point
@@ -602,19 +659,23 @@ def _kill(ray: Any, actors: list) -> None:
             ray.kill(a, no_restart=True)
 
 
-def _ready(ray: Any, coord: Any, shards: list, workers: list) -> tuple[dict[str, list], dict[int, str]]:
-    """Wait for every actor to be placed and warmed up: their (pid, node id) by role, and the actors on this
-    machine (the driver's node) as pid -> the name an error gives it."""
+def _ready(ray: Any, coord: Any, shards: list, workers: list,
+           timeout: float | None) -> tuple[dict[str, list], dict[int, str]]:
+    """Wait, up to ``timeout`` s (None: READY_TIMEOUT), for every actor to be placed and warmed up: their (pid,
+    node id) by role, and the actors on this machine (the driver's node) as pid -> the name an error gives it."""
     refs = [coord.ping.remote(), *[s.ping.remote() for s in shards], *[w.ready.remote() for w in workers]]
     names = [COORDINATOR, *[f"server shard {k + 1}" for k in range(len(shards))],
              *[f"worker {i}" for i in range(len(workers))]]
     got: dict[Any, tuple[int, str]] = {}
-    pending, deadline = list(refs), time.monotonic() + READY_TIMEOUT
+    limit = READY_TIMEOUT if timeout is None else timeout
+    pending, deadline = list(refs), time.monotonic() + limit
     while pending:  # one at a time: an actor that died while the others still load fails the run at once
         done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
         if not done:
-            raise TimeoutError(f"ray: the run's actors were not placed within {READY_TIMEOUT:g} s; does the "
-                               "cluster have the resources placement asks for? (ray.cluster_resources())")
+            late = ", ".join(names[refs.index(r)] for r in pending)
+            within = f"{READY_TIMEOUT:g} s" if timeout is None else f"timeout={timeout:g} s"
+            raise TimeoutError(f"ray: {late} not placed and started within {within}; does the cluster have the "
+                               "resources placement asks for? (ray.cluster_resources())")
         got[done[0]] = _call(ray, done[0], names[refs.index(done[0])])
     pids = [got[r] for r in refs]
     here = ray.get_runtime_context().get_node_id()
