@@ -28,7 +28,8 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from multiprocessing.connection import wait
+from typing import Any, Callable, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 noted: list[tuple[int, int]] = []  # (pid, signal) noted inside a held block; a forked child notes its own too
@@ -159,3 +160,16 @@ def forked() -> None:
 def noted_here(signum: int) -> bool:
     """Whether this process noted ``signum`` in a held block (a forked child checks this at start)."""
     return (os.getpid(), signum) in noted
+
+
+def watch(pid: int) -> Callable[[float | None], bool]:
+    """``ended(timeout)``: whether process ``pid`` has ended, waiting up to ``timeout`` s (None: until it has).
+
+    A pidfd reads as ready once its process has ended (a zombie included), so no polling of /proc is needed; a
+    process already gone when watched has ended. The watchdogs of shm workers and of a local Ray use it.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return lambda timeout=None: True
+    return lambda timeout=None: bool(wait([fd], timeout))

@@ -39,6 +39,7 @@ from simlib import _validate as check
 from simlib.diverged import Diverged
 from simlib.parallel import log as _log
 from simlib import signals as _signals
+from simlib.signals import watch
 from simlib.parallel import worker as _worker
 from simlib.parallel.channel import Channel, channel_pair
 from simlib.parallel.shm import SharedArray
@@ -178,19 +179,6 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
     except Exception as exc:  # the result could not be pickled
         conn.send(("error", f"could not send the result back: {type(exc).__name__}: {exc}", traceback.format_exc()))
     conn.close()
-
-
-def watch(pid: int) -> Callable[[float | None], bool]:
-    """``ended(timeout)``: whether process ``pid`` has ended, waiting up to ``timeout`` s (None: until it has).
-
-    A pidfd reads as ready once its process has ended (a zombie included), so no polling of /proc is needed; a
-    process already gone when watched has ended. The watchdogs of shm workers and of a local Ray use it.
-    """
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return lambda timeout=None: True
-    return lambda timeout=None: bool(wait([fd], timeout))
 
 
 def _exit_with(pid: int) -> None:

@@ -507,9 +507,7 @@ def _watchdog() -> subprocess.Popen:
     """
     import ray
 
-    import simlib
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(simlib.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout, above simlib/
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     code = "import sys; from simlib.substrates.ray import watch_driver; watch_driver(int(sys.argv[1]), sys.argv[2])"
     return subprocess.Popen([sys.executable, "-c", code, str(os.getpid()), os.path.dirname(ray.__file__)], env=env,
@@ -525,7 +523,7 @@ def watch_driver(driver: int, home: str, every: float = WATCHDOG_EVERY) -> None:
     ray::RuntimeEnvAgent), orphaned, outlived a driver killed with SIGKILL by 60-66 s. They are noted while the
     driver lives because once it (and the raylet) has died they are no longer anyone's descendants here.
     """
-    from simlib.parallel.group import watch
+    from simlib.signals import watch
 
     ended, me, seen = watch(driver), os.getpid(), {}
     while not ended(every):
