@@ -159,13 +159,10 @@ def test_managed_communication_on_ray_loses_no_update(cluster, tiny, n_servers):
                 raise AttributeError(name)
             return getattr(self.inner, name)
 
+    from tests.test_worker import _all_updates
+
     fixed, k, steps = Fixed(tiny), 3, 4
-    expected = tiny.init_params().astype(np.float64)
-    for shard in tiny.shards(2):
-        for b in range(steps * k):
-            batch = tiny.batch(shard, b, 8)
-            keys, d = fixed.step(None, batch, tiny.keys(batch), 0.5)
-            np.add.at(expected, keys, d)
+    expected = _all_updates(tiny, fixed, 2, steps * k, 8, 0.5)
     res = simlib.run(fixed, "ssp:1", substrate="ray", n_workers=2, steps=steps, batch_size=8, lr=0.5,
                      clock_batches=k, managed_bandwidth=1e6, n_servers=n_servers, evaluate=False)
     np.testing.assert_allclose(res.params, expected, rtol=1e-10, atol=1e-12)
