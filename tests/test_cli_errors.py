@@ -179,30 +179,24 @@ def test_console_script_names_itself_simlib(tmp_path):
                           "(python -m simlib compare --help lists them)\n"
 
 
-@pytest.mark.parametrize("moment", [0.15, 0.4, 1.0, 2.0, "after the first run"])
+@pytest.mark.parametrize("moment", [0.15, 0.4, 1.0, 2.0, 4.0])
 def test_ctrl_c_at_any_moment_is_one_line_and_status_130(moment, tmp_path):
-    """Ctrl-C while importing, checking or simulating: a delay, or once the command says its first run is done.
+    """Ctrl-C while importing, checking or simulating, at a delay the command cannot outrun.
 
-    The command cannot end first: 3 runs of 2 workers x 50,000 steps take about 15 s on a fast quiet machine (the
-    last delay was once 3.5 s into a command of 5,000 steps, which such a machine finished in 3 s), and the late
-    moment is the command's own word, with two runs still to go.
+    3 runs of 2 workers x 50,000 steps take about 15 s on a fast quiet machine (the last delay was once 3.5 s into
+    a command of 5,000 steps, which such a machine finished in 3 s). Off a terminal the command prints nothing
+    until its table (its progress bar is for terminals only), so the moments are delays, not its word.
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "simlib", "compare", "--no-plot", "--workers", "2",
                              "--steps", "50000"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        if isinstance(moment, str):
-            said = [proc.stderr.readline()]  # "BSP done (1/3, 5 s)"; an empty line: it ended without saying so
-            assert said[0].startswith("BSP done (1/3"), said[0]
-        else:
-            said = []
-            time.sleep(moment)
+        time.sleep(moment)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    err = "".join(said) + err
     frames = re.findall(r'File "([^"]+)"', err)
     ours = str(ROOT / "simlib") + os.sep
     if "init_import_site" in err or (frames and not any(f.startswith(ours) for f in frames)):

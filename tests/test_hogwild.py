@@ -67,7 +67,10 @@ def test_two_workers_reach_the_serial_loss(data, protocol: str, method: str, loc
     assert ("locked" in trace.label) == locked
     assert {s.worker for s in trace.spans} == {0, 1}
     assert trace.quality[0].value == pytest.approx(math.log(2)) and trace.quality[-1].value < 0.6
-    assert res.seconds > 0 and 0 < res.measured["cpu_seconds"] and 0 < res.cores_used <= 2.2
+    # two workers' CPU seconds fit in two cores for the run's whole time (its training window alone is a few ms
+    # here, shorter than the CPU window each worker is timed over, so cores_used may pass 2 on such a short run)
+    assert res.seconds > 0 and 0 < res.measured["cpu_seconds"] <= 2.2 * res.measured["wall_seconds"]
+    assert res.cores_used > 0
 
 
 def test_bsp_waits_for_the_slower_worker_and_learns(data) -> None:
