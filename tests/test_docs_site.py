@@ -1,7 +1,8 @@
 """The course site: built from the repository by ``docs/build.py``, every page opened in headless Chromium.
 
-The build executes every lesson (quick mode, as the notebook tests do), so this module is slow; it is
-skipped, with the reason, where Chromium, Playwright or the Sphinx packages are missing.
+The build executes every lesson (quick mode, as the notebook tests do, which run in every suite), about 4
+minutes from a fresh clone, so this module is marked heavy: ``python -m pytest --heavy tests/test_docs_site.py``.
+It is skipped, with the reason, where Chromium, Playwright or the Sphinx packages are missing.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.notebook]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.notebook, pytest.mark.heavy]
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted(p.stem for p in (ROOT / "lessons").glob("[0-9]*.ipynb"))
