@@ -131,10 +131,7 @@ def ps_worker(problem: Any, shard: Any, plan: Plan, compressor: Any = None,
 
     ``source(j)`` gives mini-batch j and its keys (default: the problem's batch j of ``shard``).
     """
-    if source is None:
-        def source(j: int) -> tuple[Any, np.ndarray]:
-            batch = problem.batch(shard, j, plan.batch_size)
-            return batch, problem.keys(batch)
+    source = source or _batches(problem, shard, plan.batch_size)
     # NOTE: effects built by tuple.__new__, not through NamedTuple's Python-level __new__, and the plan read into
     # locals: the simulator runs this loop a million times for 10^4 workers x 100 steps (0.3 us an effect).
     new, step, lr, steps, entry_bytes = tuple.__new__, problem.step, plan.lr, plan.steps, plan.entry_bytes
@@ -165,15 +162,20 @@ def allreduce_worker(problem: Any, shard: Any, plan: Plan,
                      source: Callable[[int], tuple[Any, np.ndarray]] | None = None) -> Program:
     """Synchronous data parallelism by all-reduce: each step reads the worker's replica, computes the gradient and
     all-reduces it, so every replica takes the sum of every worker's update (no server, no staleness)."""
-    if source is None:
-        def source(j: int) -> tuple[Any, np.ndarray]:
-            batch = problem.batch(shard, j, plan.batch_size)
-            return batch, problem.keys(batch)
+    source = source or _batches(problem, shard, plan.batch_size)
     for c in range(plan.first, plan.steps):
         batch, keys = source(c)
         values, _ = yield Pull(c, keys)
         keys, deltas = yield Compute(c, batch, problem.step, (values, batch, keys, plan.lr))
         yield AllReduce(c, keys, deltas)
+
+
+def _batches(problem: Any, shard: Any, batch_size: int) -> Callable[[int], tuple[Any, np.ndarray]]:
+    """The default source: mini-batch j of ``shard`` and the keys it touches."""
+    def source(j: int) -> tuple[Any, np.ndarray]:
+        batch = problem.batch(shard, j, batch_size)
+        return batch, problem.keys(batch)
+    return source
 
 
 def _clock(problem: Any, plan: Plan, c: int, source: Callable[[int], tuple[Any, np.ndarray]]) -> Program:
