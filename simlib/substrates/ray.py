@@ -53,6 +53,7 @@ import copy
 import glob
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -81,6 +82,7 @@ READY_TIMEOUT = 120.0  # a busy 2-core laptop starts one actor process (Python, 
 # NOTE: a raylet gives its metrics agent a fixed 15 s to start and exits otherwise; on a busy
 # 2-core machine that happens to about one start in three, so a local start is tried again.
 START_ATTEMPTS = 3  # local starts tried before the run is refused
+_SESSION = re.compile(rb"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+")  # a Ray start's session name
 WATCHDOG_EVERY = 0.25  # seconds between the watchdog's looks at the Ray processes of the driver (see watch_driver)
 COORDINATOR = "server shard 0 (the coordinator)"  # as errors name shard 0
 
@@ -525,11 +527,19 @@ def watch_driver(driver: int, home: str, every: float = WATCHDOG_EVERY) -> None:
     """
     from simlib.signals import watch
 
-    ended, me, seen = watch(driver), os.getpid(), {}
+    ended, me, seen, sessions = watch(driver), os.getpid(), {}, set()
     while not ended(every):
         for child in _children(driver) - {me}:
             if home.encode() in _read(f"/proc/{child}/cmdline"):
-                seen.update({p: _started(p) for p in _tree(child) if p not in seen})
+                for p in _tree(child):
+                    if p not in seen:
+                        seen[p] = _started(p)
+                        sessions.update(_SESSION.findall(_read(f"/proc/{p}/cmdline")))
+    # NOTE: an agent the raylet started within the last look was never seen; every Ray process of this start names
+    # its session (its logs' folder) in its command line, and no other start's does, so those are swept up too.
+    for pid in (int(d) for d in os.listdir("/proc") if d.isdigit()):
+        if pid not in seen and pid != me and any(name in _read(f"/proc/{pid}/cmdline") for name in sessions):
+            seen[pid] = _started(pid)
     for pid, start in seen.items():
         if start and _started(pid) == start:  # the same process, not a later one given its pid
             with contextlib.suppress(OSError):
