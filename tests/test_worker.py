@@ -46,21 +46,14 @@ def test_the_program_on_the_serial_transport_is_sgd_effect_by_effect(small_probl
     seen, table = [], small_problem.init_params()
 
     class Recording(Serial):
-        def gate(self, effect):
-            seen.append("gate")
-            return super().gate(effect)
+        """The serial transport, noting the name of each effect it performs."""
 
-        def pull(self, effect):
-            seen.append("pull")
-            return super().pull(effect)
+    for name in ("gate", "pull", "compute", "push"):
+        def perform(self, effect, name=name):
+            seen.append(name)
+            return getattr(Serial, name)(self, effect)
 
-        def compute(self, effect):
-            seen.append("compute")
-            return super().compute(effect)
-
-        def push(self, effect):
-            seen.append("push")
-            return super().push(effect)
+        setattr(Recording, name, perform)
 
     drive(ps_worker(small_problem, small_problem.shards(1)[0], Plan(3, 16, 0.5)), Recording(table))
     assert seen == ["gate", "pull", "compute", "push"] * 3

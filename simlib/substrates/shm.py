@@ -287,7 +287,7 @@ class _ShmWorker:
         if setup.step_locks is not None:
             self.shared["locks"] = setup.step_locks.array
         self.completed = self.others = 0
-        self.marks: list[float] = []
+        self.mark = 0.0  # perf_counter at the end of the last effect: the next span starts here
         # the steps complete: every worker's finished clock, or with backup workers the count of the quorums reached
         self.steps_done = self.fin if setup.done is None else setup.done.array[:1]
         self.budget, self.next_send = setup.opts.managed_bandwidth, 0.0  # managed: early writes' budget, its clock
@@ -299,7 +299,7 @@ class _ShmWorker:
         t1 = time.perf_counter()
         if waited or not setup.fast:
             self.ctx.span("wait", t0, t1, step=c)
-        self.marks = [t1]
+        self.mark = t1
         if not setup.fast:
             return 1
         # Steps c .. c+k-1 may all read now: the SSP rule allows step j while j - bound <= completed.
@@ -313,7 +313,7 @@ class _ShmWorker:
         self.outer.__enter__()
         with self.inner:  # a consistent (values, version) pair; the add takes the same lock
             values, version = self.w[effect.keys].copy(), int(self.ver[0])
-        self.ctx.span("recv", self.marks[0], time.perf_counter(), nbytes=int(values.nbytes + effect.keys.nbytes),
+        self.ctx.span("recv", self.mark, time.perf_counter(), nbytes=int(values.nbytes + effect.keys.nbytes),
                       step=effect.step)
         return values, version
 
@@ -321,8 +321,8 @@ class _ShmWorker:
         s = time.perf_counter()
         out = effect.fn(*effect.args)
         straggle(self.setup.opts.straggler, self.i)  # before the push: a slow machine's steps take longer
-        self.marks = [time.perf_counter()]
-        self.ctx.span("compute", s, self.marks[0], step=effect.step)
+        self.mark = time.perf_counter()
+        self.ctx.span("compute", s, self.mark, step=effect.step)
         return out
 
     def in_place(self, effect: InPlace) -> None:
@@ -355,7 +355,7 @@ class _ShmWorker:
             k = c + 1 - self.fin[self.i]
             self.fin[self.i] = c + 1
             t2 = time.perf_counter()
-            self.ctx.span("compute", self.marks[0], t2, step=c)
+            self.ctx.span("compute", self.mark, t2, step=c)
             # other workers' steps per step of this chunk (under BSP a round is one update: 0)
             tau = staleness(self.bound, round((sum(self.fin.tolist()) - c - 1 - self.others) / k), 0)
         else:
@@ -369,7 +369,7 @@ class _ShmWorker:
             self.outer.__exit__(None, None, None)
             # a dropped push (backup workers) rejoins at the first step not complete, as the worker program does
             self.fin[self.i] = c + 1 if applied else max(c + 1, complete)
-            self.ctx.span("send", self.marks[0], time.perf_counter(), nbytes=effect.nbytes, step=c)
+            self.ctx.span("send", self.mark, time.perf_counter(), nbytes=effect.nbytes, step=c)
             self.ctx.update(c, staleness=tau, applied=applied, clock_lag=c - self.completed)
             return applied, complete
         self.ctx.update(c, staleness=tau, clock_lag=c - self.completed)
