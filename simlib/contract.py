@@ -259,7 +259,7 @@ class ParamServer:
         self.clocks = Clocks(n_workers, protocol, read_rule) if clocks is None else clocks
         self.acc = Accumulator(rule, n_workers)
         self._plain = rule.plain  # every push applied as is: the simulator's hot path
-        self._rounds = Protocol.parse(protocol).bound == 0  # BSP: a round's pushes are one update
+        self._rounds = Protocol.parse(protocol).rounds
 
     @property
     def version(self) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simlib.protocol import MAX_STEPS
+from simlib.protocol import MAX_STEPS, Protocol
 
 # Entries per early message (8 bytes each with the simulator's 4-byte keys and values, 12 on pipes): small
 # enough that a budget of a few hundred kB/s sends several messages per clock, large enough that latency
@@ -45,22 +45,22 @@ def check_clocks(steps: int, clock_batches: int) -> None:
                          "smaller clock_batches")
 
 
-def check(clock_batches: int, managed_bandwidth: float | None, bound: float, plain_rule: bool,
-          backup_workers: int, bandwidth: float | None = None) -> None:
+def check(protocol: "Protocol", clock_batches: int, managed_bandwidth: float | None, plain_rule: bool,
+          bandwidth: float | None = None) -> None:
     """Raise ValueError naming the field where managed communication is meaningless or not modelled."""
     if managed_bandwidth is None:
         return
     if clock_batches < 2:
         raise ValueError("managed_bandwidth needs clock_batches >= 2 (--clock-batches): with one mini-batch per "
                          "clock nothing is pending between clocks, so there is nothing to send early")
-    if bound == 0:
+    if protocol.rounds:
         raise ValueError("managed_bandwidth needs a stale protocol ('ssp:S' or 'async'): under BSP an early update "
                          "would reach reads of the round it belongs to")
     if bandwidth is not None and managed_bandwidth > bandwidth:
         raise ValueError(f"managed_bandwidth ({managed_bandwidth:g} B/s) must be <= bandwidth ({bandwidth:g} B/s): "
                          "the budget is spent on the same link")
     for bad, name in ((not plain_rule, "staleness_aware, accumulation and rule="),
-                      (backup_workers, "backup_workers and timeout")):
+                      (protocol.backup_workers or protocol.timeout is not None, "backup_workers and timeout")):
         if bad:
             raise ValueError(f"managed_bandwidth: {name} are not modelled with managed communication (early "
                              "updates land as they are, once)")

@@ -171,6 +171,11 @@ class Protocol:
         return math.inf if self.kind == "async" else self.staleness
 
     @property
+    def rounds(self) -> bool:
+        """True when every read waits for the whole previous step (BSP, or a bound of 0): a round is one update."""
+        return self.bound == 0
+
+    @property
     def eager(self) -> bool:
         """True for ESSP: the server pushes every applied update to every worker's cache (SSP's read rule)."""
         return self.kind == "essp"

@@ -96,7 +96,7 @@ class GloveSlices(PassRecords):
 
     def check_run(self, protocol: Any, substrate: str) -> None:
         """Refuse a protocol without the step barrier, and substrates that do not run the steps in shared memory."""
-        if protocol.bound != 0:
+        if not protocol.rounds:
             raise ValueError(f"protocol: GloveSlices runs under 'bsp' only (a worker may sum the partial dots only "
                              f"once every worker has written them: the step barrier); got {protocol.spec!r}")
         if substrate != "shm":

@@ -298,8 +298,7 @@ class SimConfig(_FieldsOnly):
             return
         from simlib.managed import check as check_managed  # NumPy: only once managed communication is asked for
 
-        check_managed(self.clock_batches, self.managed_bandwidth, self.bound, self.step_rule.plain,
-                      self.backup_workers or self.timeout is not None, self.bandwidth)
+        check_managed(self.proto, self.clock_batches, self.managed_bandwidth, self.step_rule.plain, self.bandwidth)
         for bad, name in ((self.sites > 1, "sites > 1"),
                           (self.stragglers.fail_worker is not None, "stragglers.fail_worker")):
             if bad:

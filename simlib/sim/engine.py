@@ -152,7 +152,7 @@ class _Run:
             config=cfg.to_dict(),
             protocol_label=cfg.label,
             stragglers=cfg.stragglers.describe(),
-            barriers=list(self.clocks.barriers) if cfg.bound == 0 else [],
+            barriers=list(self.clocks.barriers) if cfg.proto.rounds else [],
             stalled=stalled,
             failed_workers=sorted(self.down_since),
         )
@@ -164,7 +164,7 @@ class _Run:
         if stalled:
             self.trace.meta["stall_reason"] = (
                 f"workers {stalled} never finished: failed worker {sorted(self.down_since)} blocks the "
-                f"{'barrier' if cfg.bound == 0 else 'staleness bound'} "
+                f"{'barrier' if cfg.proto.rounds else 'staleness bound'} "
                 "(add backup workers: backup_workers, --backup-workers; or a deadline: timeout, --timeout)"
             )
         return self.trace
@@ -470,7 +470,7 @@ class _Run:
             held = cache.held(keys, self.shard_of)
         updates, version, complete = (int(x) for x in held.min(axis=1))
         # Under BSP the version counts rounds, not updates, and every read is a fresh fetch: nothing to add.
-        own = 0 if self.cfg.bound == 0 else len(cache.own) - bisect.bisect_right(cache.own, updates)
+        own = 0 if self.cfg.proto.rounds else len(cache.own) - bisect.bisect_right(cache.own, updates)
         return cache.values[keys], version + own, max(c - complete, 0), req_bytes, resp_bytes
 
     def _share(self, i: int, c: int, keys: np.ndarray, deltas: np.ndarray) -> None:

@@ -241,7 +241,7 @@ def run(state: Any) -> float:
     compute = (float(state.compute.base(state.fixed_units)), int(st.slow_workers), float(st.slow_factor), jitter, pauses,
                float(st.pause_prob), float(st.pause_time))
     n_spans, n_updates, n_barriers, applied, skipped, end = _simulate(
-        (n, steps, needs, cfg.bound == 0, n - cfg.backup_workers), link, compute, tuple(cols), tuple(ucols), barriers,
+        (n, steps, needs, cfg.proto.rounds, n - cfg.backup_workers), link, compute, tuple(cols), tuple(ucols), barriers,
         finished)
     # NOTE: copied one column at a time, each freed once copied (100,000 x 100 BSP: peak 3.1 GB -> 2.2 GB).
     state.trace.spans = SpanLog.from_columns([c[:n_spans] for c in _drain(cols)])

@@ -109,8 +109,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
                          "use backup_workers on real substrates")
     n_workers = training.n_workers
     check_straggler(opts.straggler, n_workers)
-    check_managed(opts.clock_batches, opts.managed_bandwidth, protocol.bound, training.rule.plain,
-                  protocol.backup_workers)
+    check_managed(protocol, opts.clock_batches, opts.managed_bandwidth, training.rule.plain)
     shards = problem.shards(n_workers)  # raises ValueError naming n_workers if too many
     warm_up(problem)
     started = time.perf_counter()

@@ -591,8 +591,7 @@ class RayOptions(WorkerOptions):
         if self.n_servers > 1 and training.rule.group_size(training.n_workers) != 1:
             raise ValueError("accumulation: averaging pushes over several server shards is not supported; "
                              "use n_servers=1")
-        check_managed(self.clock_batches, self.managed_bandwidth, protocol.bound, training.rule.plain,
-                      protocol.backup_workers)
+        check_managed(protocol, self.clock_batches, self.managed_bandwidth, training.rule.plain)
         protocol.check_workers(training.n_workers)
 
 

@@ -124,8 +124,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     if training.rule.group_size(training.n_workers) != 1:
         raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
     check_straggler(opts.straggler, training.n_workers)
-    check_managed(opts.clock_batches, opts.managed_bandwidth, protocol.bound, training.rule.plain,
-                  protocol.backup_workers)
+    check_managed(protocol, opts.clock_batches, opts.managed_bandwidth, training.rule.plain)
     # compression and clocks of several mini-batches change what a push is: the get / step / add path
     plain_push = opts.compression in (None, "none") and opts.clock_batches == 1 and not protocol.backup_workers
     caps = capabilities(problem)
