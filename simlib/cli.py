@@ -25,16 +25,11 @@ from typing import Any, Iterator, Sequence
 from simlib import options as opts
 from simlib._validate import available_memory, gb as _gb
 from simlib.protocol import Protocol
-from simlib.sim.config import SimConfig, Stragglers
+from simlib.sim.config import COST_ONLY_TRACE_BYTES_PER_STEP, TRACE_BYTES_PER_STEP, SimConfig, Stragglers
 from simlib.course.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_ROWS, DEFAULT_PROTOCOLS, DEFAULT_TARGET,
                                     default_cluster, with_protocol)
 
 FIGURE_TYPES = (".png", ".svg", ".pdf")
-# Memory one worker-step keeps in a trace (spans, update, quality point): about 0.7 kB measured,
-# counted as 2 kB so that the estimate errs on the safe side. A cost-only run keeps its spans and updates
-# as columns: about 150 bytes a worker-step measured (3 runs of 100,000 workers: 1.13 GB peak at 5 steps,
-# 1.80 GB at 20), counted as 300.
-TRACE_BYTES_PER_STEP, COST_ONLY_TRACE_BYTES_PER_STEP = 2_000, 300
 # compare's fix for more workers than its data set has rows: the cost model alone, no data read
 COST_ONLY_FLAGS = "--cost-only --step-keys 500"
 # A mini-batch's arrays per row and per nonzero (row ids, offsets, gathered indices/values, keys).

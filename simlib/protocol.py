@@ -45,10 +45,11 @@ BOUNDED = ("ssp", "essp")  # the kinds that take a staleness bound s
 KIND_LABELS = {"bsp": "BSP", "ssp": "SSP({s})", "essp": "ESSP({s})", "async": "Async"}
 MAX_BOUND = 1_000_000  # larger bounds never bind in any run this library can hold: say async
 # A run's sizes on every substrate (the simulator's SimConfig and the contract's Training): beyond them a
-# run only exhausts memory or never ends. MAX_WORKERS is the simulator's (100,000 simulated workers fit in a
-# few GB, cost-only: see SimConfig.cost_only); a real substrate starts a process or an actor per worker and
+# run only exhausts memory or never ends. MAX_WORKERS is the simulator's (a million simulated workers x 10 steps
+# took 2.0 GB, cost-only: see SimConfig.cost_only; SimConfig checks a run's trace against memory); a real substrate starts a process or an actor per worker and
 # takes at most MAX_REAL_WORKERS (simlib.contract.check_real_workers).
-MAX_WORKERS, MAX_STEPS, MAX_BATCH = 100_000, 1_000_000, 10_000_000
+MAX_WORKERS = MAX_STEPS = 1_000_000
+MAX_BATCH = 10_000_000
 MAX_REAL_WORKERS = 10_000
 # Real substrates take more steps: Hogwild! is one step per row, and a step applied in place costs a microsecond.
 MAX_REAL_STEPS = 1_000_000_000

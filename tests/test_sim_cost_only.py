@@ -73,8 +73,8 @@ def test_the_cli_takes_cost_only_and_refuses_a_target_with_it():
     assert main(["compare", "--workers", "8", "--steps", "2", "--cost-only", "--no-plot"]) == 0
 
 
-def test_the_simulator_takes_100000_workers_and_real_substrates_keep_their_limit(small_problem):
-    assert MAX_WORKERS == 100_000 and MAX_REAL_WORKERS < MAX_WORKERS
+def test_the_simulator_takes_a_million_workers_and_real_substrates_keep_their_limit(small_problem):
+    assert MAX_WORKERS == 1_000_000 and MAX_REAL_WORKERS < MAX_WORKERS
     SimConfig(n_workers=MAX_WORKERS)
     with pytest.raises(ValueError, match="n_workers"):
         SimConfig(n_workers=MAX_WORKERS + 1)
@@ -82,3 +82,12 @@ def test_the_simulator_takes_100000_workers_and_real_substrates_keep_their_limit
         simlib.run(small_problem, "bsp", substrate="shm", n_workers=MAX_REAL_WORKERS + 1, steps=1)
     res = simlib.run(small_problem, "async", substrate="sim", n_workers=10, steps=2, cost_only=True, step_keys=5)
     assert len(res.trace.updates) == 20 and np.all(res.params == 0)  # nothing was applied
+
+
+def test_a_trace_too_large_for_memory_is_refused_naming_steps_before_any_work(small_problem, monkeypatch):
+    import simlib._validate
+
+    monkeypatch.setattr(simlib._validate, "available_memory", lambda: 2e9)  # a 2 GB machine: 1 GB for the trace
+    with pytest.raises(ValueError, match=r"steps: steps = 1000 needs about 300 GB .* use at most 3\b"):
+        simlib.run(small_problem, "bsp", substrate="sim", n_workers=1_000_000, steps=1000, cost_only=True,
+                   step_keys=5)

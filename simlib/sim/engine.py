@@ -58,6 +58,7 @@ def run_config(cfg: SimConfig, problem: Any = None, progress: Progress | None = 
     trains through ``simlib.run(problem, protocol, substrate="sim", ...)``."""
     problem = default_problem() if problem is None else problem
     check_problem(problem)
+    cfg.check_trace_memory()
     run = _Run(cfg, problem, progress)
     run.execute()
     return run
