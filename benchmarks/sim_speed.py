@@ -125,7 +125,7 @@ def scaling_table(max_workers: int, steps: int, min_workers: int = 0, modes: tup
              + [(MILLION, "cost-only", MILLION_STEPS)])
     sizes = [size for size in sizes if min_workers <= size[0] <= max_workers and size[1] in modes]
     rows = []
-    print(f"\nscaling: default logistic problem (10^4 features); each run a fresh process")
+    print("\nscaling: default logistic problem (10^4 features); each run a fresh process")
     print(f"{'workers':>9s} {'mode':10s} {'steps':>6s} {'protocol':9s} {'wall s':>8s} {'CPU s':>8s} {'peak GB':>8s} "
           f"{'updates':>10s} {'final loss':>10s}")
     for n, mode, n_steps in sizes:
