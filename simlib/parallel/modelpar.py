@@ -140,7 +140,8 @@ class _Sender:
 
 @dataclass(frozen=True)
 class StageReport:
-    """One stage in the median step: its layers, busy seconds, idle share, median op times, peak stash."""
+    """One stage, averaged over the measured steps: its layers, busy seconds per step, idle share, seconds of one
+    forward and one backward, and its peak stash (micro-batches, bytes)."""
 
     layers: tuple[int, ...]
     busy: float
@@ -286,7 +287,7 @@ def _stage_worker(s: int, p: int, job: _PipeJob, left: Channel | None, right: Ch
 def run_pipeline(problem: MLPProblem, batch: Any, params: Any = None, *, stages: int = 2, microbatches: int = 4,
                  schedule: str | list = "1f1b", steps: int = 3, timeout: float = 120.0) -> PipelineRun:
     """One training step's loss and gradient of ``batch`` on ``stages`` processes, run ``steps`` times (the first
-    a warm-up when steps > 1); the report is of the median step. ``schedule``: "gpipe", "1f1b" or orders."""
+    a warm-up when steps > 1, left out of the times reported). ``schedule``: "gpipe", "1f1b" or orders."""
     rows = _check_batch(problem, batch)
     theta = _check_params(problem, params)
     layers = split_layers(problem, stages)
@@ -318,21 +319,20 @@ def _orders(schedule: str | list, stages: int, microbatches: int) -> list[list[t
 
 
 def _report(problem: MLPProblem, orders: list, layers: list[range], results: list[dict]) -> PipelineRun:
-    """Stage reports of the median step (by makespan; the warm-up step left out) and the priced prediction."""
+    """Stage reports averaged over the measured steps (all but a warm-up) and the step priced by the cost model."""
     n_steps = len(results[0]["steps"])
     measured = range(1, n_steps) if n_steps > 1 else range(n_steps)
-    span = {j: max(r["steps"][j][1] for r in results) - min(r["steps"][j][0] for r in results) for j in measured}
-    median = sorted(span, key=span.get)[len(span) // 2]
+    step = np.mean([max(r["steps"][j][1] for r in results) - min(r["steps"][j][0] for r in results) for j in measured])
     reports = []
     for s, r in enumerate(results):
         times = {kind: [t for j in measured for op, t in r["steps"][j][2] if op == kind] for kind in "FB"}
-        busy = sum(t for _, t in r["steps"][median][2])
-        reports.append(StageReport(tuple(layers[s]), busy, 1 - busy / span[median], float(np.median(times["F"])),
-                                   float(np.median(times["B"])), *r["peak"]))
+        busy = (sum(times["F"]) + sum(times["B"])) / len(measured)
+        reports.append(StageReport(tuple(layers[s]), busy, 1 - busy / step, float(np.mean(times["F"])),
+                                   float(np.mean(times["B"])), *r["peak"]))
     comm = float(np.mean([r["comm"] for r in results[:-1]])) if len(results) > 1 else 0.0
     predicted = costs.schedule_timeline(orders, [s.t_fwd for s in reports], [s.t_bwd for s in reports], comm).makespan
     gradient = np.concatenate([g for r in results for g in r["grads"]])
-    return PipelineRun(orders, results[-1]["loss"], gradient, reports, span[median], predicted, comm)
+    return PipelineRun(orders, results[-1]["loss"], gradient, reports, float(step), predicted, comm)
 
 
 # -- tensor parallelism ----------------------------------------------------------------------------
