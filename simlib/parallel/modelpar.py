@@ -83,6 +83,13 @@ def split_layers(problem: MLPProblem, stages: int) -> list[range]:
     return [range(i, j) for i, j in zip((0, *best), (*best, n))]
 
 
+def balanced_mlp(width: int) -> MLPProblem:
+    """Digits through hidden layers (w1, width, width), w1 = width (3 width + 30) / (3 width + 128): two stages of
+    equal multiply-adds (stage 0: 2 * 64 w1 + 3 w1 width; stage 1: 3 width^2 + 3 * 10 width)."""
+    check.positive_int("width", width)
+    return MLPProblem(hidden=(width * (3 * width + 30) // (3 * width + 128), width, width))
+
+
 def _check_batch(problem: MLPProblem, batch: Any) -> np.ndarray:
     """The batch as row ids; ValueError naming 'batch' unless non-empty integers in [0, training rows)."""
     rows = np.asarray(batch)
@@ -155,7 +162,8 @@ class StageReport:
 @dataclass(frozen=True)
 class PipelineRun:
     """A pipeline step on processes: loss and gradient of the whole batch, each stage's report, measured and
-    predicted step time (seconds), and ``comm`` (one transfer between stages, seconds, by ping-pong)."""
+    predicted step time (seconds), ``comm`` (one transfer between stages, seconds, by ping-pong), and the
+    operations' timelines, measured and predicted."""
 
     orders: list[list[tuple[str, int]]]
     loss: float
@@ -164,6 +172,12 @@ class PipelineRun:
     step_time: float
     predicted: float
     comm: float
+    timelines: dict[str, dict[str, list[tuple[float, float, str]]]]  # "measured" (the last step), "predicted"
+
+    def rows(self, which: str = "measured", scale: float = 1e3) -> dict[str, list[tuple[float, float, str]]]:
+        """Per stage, (start, end, 'F3') of each operation (times x ``scale``: ms) for :func:`simlib.viz.plot_gantt`."""
+        check.one_of("which", which, tuple(self.timelines))
+        return {stage: [(a * scale, b * scale, op) for a, b, op in ops] for stage, ops in self.timelines[which].items()}
 
     @property
     def idle_share(self) -> float:
@@ -243,8 +257,8 @@ def _echo(channel: Channel, sender: _Sender) -> None:
 
 
 def _run_order(stage: _Stage, order: list, left: Channel | None, right: Channel | None,
-               sender: _Sender) -> tuple[float, float, list[tuple[str, float]]]:
-    """One step of ``order``: (start, end, [(kind, compute seconds) per operation]); waits are not compute."""
+               sender: _Sender) -> tuple[float, float, list[tuple[str, float, float, int]]]:
+    """One step of ``order``: (start, end, [(kind, compute seconds, started, k) per operation]); waits are not compute."""
     stage.zero()
     ops, start = [], time.perf_counter()
     for kind, k in order:
@@ -259,7 +273,7 @@ def _run_order(stage: _Stage, order: list, left: Channel | None, right: Channel 
             da = stage.backward(k, data)
             if left is not None:
                 sender.send(left, da)
-        ops.append((kind, time.perf_counter() - t))
+        ops.append((kind, time.perf_counter() - t, t, k))
     end = time.perf_counter()
     sender.flush()
     return start, end, ops
@@ -325,14 +339,20 @@ def _report(problem: MLPProblem, orders: list, layers: list[range], results: lis
     step = np.mean([max(r["steps"][j][1] for r in results) - min(r["steps"][j][0] for r in results) for j in measured])
     reports = []
     for s, r in enumerate(results):
-        times = {kind: [t for j in measured for op, t in r["steps"][j][2] if op == kind] for kind in "FB"}
+        times = {kind: [t for j in measured for op, t, *_ in r["steps"][j][2] if op == kind] for kind in "FB"}
         busy = (sum(times["F"]) + sum(times["B"])) / len(measured)
         reports.append(StageReport(tuple(layers[s]), busy, 1 - busy / step, float(np.mean(times["F"])),
                                    float(np.mean(times["B"])), *r["peak"]))
     comm = float(np.mean([r["comm"] for r in results[:-1]])) if len(results) > 1 else 0.0
-    predicted = costs.schedule_timeline(orders, [s.t_fwd for s in reports], [s.t_bwd for s in reports], comm).makespan
+    model = costs.schedule_timeline(orders, [s.t_fwd for s in reports], [s.t_bwd for s in reports], comm)
+    origin = min(r["steps"][-1][0] for r in results)
+    measured_rows = {f"stage {s}": [(t0 - origin, t0 - origin + t, f"{kind}{k}") for kind, t, t0, k in r["steps"][-1][2]]
+                     for s, r in enumerate(results)}
+    predicted_rows = {f"stage {s}": [(model.start[n], model.end[n], n.split("@")[0]) for n in model.start
+                                     if model.device[n] == s] for s in range(len(results))}
     gradient = np.concatenate([g for r in results for g in r["grads"]])
-    return PipelineRun(orders, results[-1]["loss"], gradient, reports, float(step), predicted, comm)
+    return PipelineRun(orders, results[-1]["loss"], gradient, reports, float(step), model.makespan, comm,
+                       {"measured": measured_rows, "predicted": predicted_rows})
 
 
 # -- tensor parallelism ----------------------------------------------------------------------------
