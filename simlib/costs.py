@@ -132,7 +132,8 @@ Orders = list[list[tuple[str, int]]]  # orders[s]: stage s's operations in turn,
 
 def pipeline_orders(schedule: str, stages: int, microbatches: int) -> Orders:
     """Each stage's forwards ("F", k) and backwards ("B", k) in turn. GPipe: all m forwards, then all m backwards.
-    1F1B: stage s runs w = min(p - 1 - s, m) forwards, then one forward and the oldest backward in turn, then the rest."""
+    1F1B: stage s runs w = min(p - 1 - s, m) forwards, then one forward and the oldest backward in turn, then the
+    rest."""
     check.one_of("schedule", schedule, SCHEDULES)
     p, m = stages, microbatches
     _pipeline_slots(p, m)

@@ -61,7 +61,7 @@ def test_pipeline_reports_times_that_add_up(prob):
     for s in run.stages:
         assert 0 < s.busy < run.step_time and s.idle_share == pytest.approx(1 - s.busy / run.step_time)
         assert s.t_fwd > 0 and s.t_bwd > 0
-    assert run.comm > 0 and run.predicted >= 4 * (run.stages[0].t_fwd + run.stages[0].t_bwd)
+    assert run.comm >= 0 and run.predicted >= 4 * (run.stages[0].t_fwd + run.stages[0].t_bwd)  # stage 0 runs 4 F, 4 B
 
 
 def test_a_students_orders_run_and_deadlocking_orders_are_refused(prob, reference):

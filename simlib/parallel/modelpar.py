@@ -43,13 +43,12 @@ from simlib.problems.mlp import (MLPProblem, cross_entropy, cross_entropy_backwa
                                  relu, relu_backward)
 
 Weights = list[tuple[np.ndarray, np.ndarray]]
-_PINGS = 5  # round trips that price one transfer between neighbouring stages
 
 
 # -- layer math shared by stages and tensor-parallel ranks ----------------------------------------
 
 
-def forward_layers(weights: Weights, a: np.ndarray, relu_out: bool) -> tuple[list, list, np.ndarray]:
+def layers_forward(weights: Weights, a: np.ndarray, relu_out: bool) -> tuple[list, list, np.ndarray]:
     """(inputs, z, out): z_i = inputs_i W_i + b_i, inputs_{i+1} = relu(z_i); out = relu(z_last) if ``relu_out``."""
     inputs, zs = [], []
     for i, (W, b) in enumerate(weights):
@@ -59,7 +58,7 @@ def forward_layers(weights: Weights, a: np.ndarray, relu_out: bool) -> tuple[lis
     return inputs, zs, a
 
 
-def backward_layers(weights: Weights, inputs: list, zs: list, d_out: np.ndarray, relu_out: bool,
+def layers_backward(weights: Weights, inputs: list, zs: list, d_out: np.ndarray, relu_out: bool,
                     input_grad: bool) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray | None]:
     """([(dW_i, db_i)], d inputs_0) from dL/d out, through each layer's dense and relu backward."""
     dz = relu_backward(zs[-1], d_out) if relu_out else d_out
@@ -120,15 +119,15 @@ class _Sender:
     def _loop(self) -> None:
         while (item := self.queue.get()) is not None:
             try:
-                item[0].send_array(item[1])
+                item[0].send_array(item[1], tag=item[2])
             except BaseException as exc:  # noqa: BLE001 - raised in the stage's own thread by flush()
                 self.error = exc
             finally:
                 self.queue.task_done()
 
     def send(self, channel: Channel, a: np.ndarray) -> None:
-        """Queue ``a`` for ``channel``."""
-        self.queue.put((channel, a))
+        """Queue ``a`` for ``channel``, tagged with the time it was handed over (the receiver prices the transfer)."""
+        self.queue.put((channel, a, repr(time.perf_counter())))
 
     def flush(self) -> None:
         """Wait until everything queued has been sent; re-raise a failed send."""
@@ -139,7 +138,7 @@ class _Sender:
     def close(self) -> None:
         """End the thread (after what is queued)."""
         self.queue.put(None)
-        self.thread.join(5.0)
+        self.thread.join(1.0)
 
 
 # -- pipeline parallelism --------------------------------------------------------------------------
@@ -162,8 +161,8 @@ class StageReport:
 @dataclass(frozen=True)
 class PipelineRun:
     """A pipeline step on processes: loss and gradient of the whole batch, each stage's report, measured and
-    predicted step time (seconds), ``comm`` (one transfer between stages, seconds, by ping-pong), and the
-    operations' timelines, measured and predicted."""
+    predicted step time (seconds), ``comm`` (one transfer between stages, seconds: the median of those a
+    stage waited for), and the operations' timelines, measured and predicted."""
 
     orders: list[list[tuple[str, int]]]
     loss: float
@@ -216,7 +215,7 @@ class _Stage:
 
     def forward(self, k: int, a: np.ndarray) -> np.ndarray:
         """Run micro-batch k through the stage, stash its inputs and z; the output (the last stage: logits)."""
-        inputs, zs, out = forward_layers(self.weights, a, relu_out=not self.last)
+        inputs, zs, out = layers_forward(self.weights, a, relu_out=not self.last)
         if self.last:
             y = self.job.problem.rows(self.job.micro[k])[1]
             self.loss += float(cross_entropy(out, y)) * len(y) / self.job.rows
@@ -232,39 +231,26 @@ class _Stage:
         if self.last:
             y = self.job.problem.rows(self.job.micro[k])[1]
             d_out = cross_entropy_backward(zs[-1], y) * (len(y) / self.job.rows)
-        grads, da = backward_layers(self.weights, inputs, zs, d_out, not self.last, input_grad=not self.first)
+        grads, da = layers_backward(self.weights, inputs, zs, d_out, not self.last, input_grad=not self.first)
         for (gW, gb), (dW, db) in zip(self.grads, grads):
             gW += dW
             gb += db
         return da
 
 
-def _ping(channel: Channel, sender: _Sender, a: np.ndarray) -> float:
-    """One-way seconds of sending ``a`` to a neighbour that echoes it: the median round trip over 2."""
-    trips = []
-    for _ in range(_PINGS):
-        start = time.perf_counter()
-        sender.send(channel, a)
-        channel.recv_array()
-        trips.append(time.perf_counter() - start)
-    return float(np.median(trips)) / 2
-
-
-def _echo(channel: Channel, sender: _Sender) -> None:
-    """Send back each of the neighbour's pings."""
-    for _ in range(_PINGS):
-        sender.send(channel, channel.recv_array())
-
-
 def _run_order(stage: _Stage, order: list, left: Channel | None, right: Channel | None,
-               sender: _Sender) -> tuple[float, float, list[tuple[str, float, float, int]]]:
-    """One step of ``order``: (start, end, [(kind, compute seconds, started, k) per operation]); waits are not compute."""
+               sender: _Sender) -> tuple[float, float, list[tuple[str, float, float, int]], list[float]]:
+    """One step of ``order``: (start, end, [(kind, compute seconds, started, k) per op], transfers); waits are not
+    compute. A transfer is timed from its hand-over to its arrival where the receiver was already waiting for it."""
     stage.zero()
-    ops, start = [], time.perf_counter()
+    ops, transfers, start = [], [], time.perf_counter()
     for kind, k in order:
         inbound = left if kind == "F" else right
+        called = time.perf_counter()
         data = inbound.recv_array() if inbound is not None else None
         t = time.perf_counter()
+        if inbound is not None and called < float(inbound.tag):
+            transfers.append(t - float(inbound.tag))
         if kind == "F":
             out = stage.forward(k, data if data is not None else stage.job.problem.rows(stage.job.micro[k])[0])
             if right is not None:
@@ -276,25 +262,21 @@ def _run_order(stage: _Stage, order: list, left: Channel | None, right: Channel 
         ops.append((kind, time.perf_counter() - t, t, k))
     end = time.perf_counter()
     sender.flush()
-    return start, end, ops
+    return start, end, ops, transfers
 
 
 def _stage_worker(s: int, p: int, job: _PipeJob, left: Channel | None, right: Channel | None) -> dict[str, Any]:
-    """A stage's process: price a transfer, then ``steps`` steps of its order, each started at a barrier."""
+    """A stage's process: ``steps`` steps of its order, each started at a barrier."""
     with threadpool_limits(1):  # one core per stage: BLAS threads of two stages would fight over the same cores
         stage, sender = _Stage(job, s), _Sender()
         try:
-            if left is not None:
-                _echo(left, sender)
-            width = stage.weights[-1][0].shape[1]  # the ping is an activation this stage sends
-            comm = _ping(right, sender, np.zeros((len(job.micro[0]), width))) if right else 0.0
             steps = []
             for _ in range(job.steps):
                 job.barrier.wait()
                 steps.append(_run_order(stage, job.orders[s], left, right, sender))
         finally:
             sender.close()
-    return {"comm": comm, "steps": steps, "loss": stage.loss, "peak": (stage.peak, stage.peak_bytes),
+    return {"steps": steps, "loss": stage.loss, "peak": (stage.peak, stage.peak_bytes),
             "grads": [np.concatenate([W.ravel(), b]) for W, b in stage.grads]}
 
 
@@ -343,11 +325,12 @@ def _report(problem: MLPProblem, orders: list, layers: list[range], results: lis
         busy = (sum(times["F"]) + sum(times["B"])) / len(measured)
         reports.append(StageReport(tuple(layers[s]), busy, 1 - busy / step, float(np.mean(times["F"])),
                                    float(np.mean(times["B"])), *r["peak"]))
-    comm = float(np.mean([r["comm"] for r in results[:-1]])) if len(results) > 1 else 0.0
+    waited = [d for r in results for j in measured for d in r["steps"][j][3]]
+    comm = float(np.median(waited)) if waited else 0.0  # no stage ever waited: transfers were off the critical path
     model = costs.schedule_timeline(orders, [s.t_fwd for s in reports], [s.t_bwd for s in reports], comm)
     origin = min(r["steps"][-1][0] for r in results)
-    measured_rows = {f"stage {s}": [(t0 - origin, t0 - origin + t, f"{kind}{k}") for kind, t, t0, k in r["steps"][-1][2]]
-                     for s, r in enumerate(results)}
+    measured_rows = {f"stage {s}": [(t0 - origin, t0 - origin + t, f"{kind}{k}") for kind, t, t0, k in
+                                    r["steps"][-1][2]] for s, r in enumerate(results)}
     predicted_rows = {f"stage {s}": [(model.start[n], model.end[n], n.split("@")[0]) for n in model.start
                                      if model.device[n] == s] for s in range(len(results))}
     gradient = np.concatenate([g for r in results for g in r["grads"]])
@@ -373,8 +356,8 @@ class TensorParallelRun:
 
 def ring_allreduce(x: np.ndarray, rank: int, t: int, inbox: Channel | None, outbox: Channel | None,
                    sender: _Sender) -> tuple[np.ndarray, int]:
-    """(sum of ``x`` over t ranks, payload bytes this rank sent): reduce-scatter then all-gather of t chunks,
-    2 (t - 1) / t of x's bytes each way."""
+    """(sum of ``x`` over t ranks, payload bytes this rank sent): reduce-scatter then all-gather of t chunks, each
+    rank sending 2 (t - 1) chunks, 2 (t - 1) / t of x's bytes."""
     if t == 1:
         return x, 0
     chunks = [c.copy() for c in np.array_split(x.ravel(), t)]
@@ -409,21 +392,21 @@ def _tensor_worker(rank: int, t: int, job: _TensorJob, inbox: Channel | None, ou
     W1, b1, W2, b2 = w[blk][0][:, cols], w[blk][1][cols], w[blk + 1][0][cols], w[blk + 1][1]
     sender, sent = _Sender(), 0
     try:
-        pre_in, pre_z, a = forward_layers(pre, X, relu_out=True)
+        pre_in, pre_z, a = layers_forward(pre, X, relu_out=True)
         z1 = dense_forward(a, W1, b1)
         h = relu(z1)
         partial, n = ring_allreduce(h @ W2, rank, t, inbox, outbox, sender)
         z2, sent = partial + b2, sent + n
-        post_in, post_z, logits = forward_layers(post, relu(z2), relu_out=False) if post else ([], [], z2)
+        post_in, post_z, logits = layers_forward(post, relu(z2), relu_out=False) if post else ([], [], z2)
         d = cross_entropy_backward(logits, y)
-        post_g, d = backward_layers(post, post_in, post_z, d, False, True) if post else ([], d)
+        post_g, d = layers_backward(post, post_in, post_z, d, False, True) if post else ([], d)
         dz2 = relu_backward(z2, d) if post else d
         dW2, db2, dh = dense_backward(h, W2, dz2)
         dW1, db1, da = dense_backward(a, W1, relu_backward(z1, dh), inputs=blk > 0)
         pre_g = []
         if blk > 0:
             da, n = ring_allreduce(da, rank, t, inbox, outbox, sender)
-            pre_g, sent = backward_layers(pre, pre_in, pre_z, da, True, False)[0], sent + n
+            pre_g, sent = layers_backward(pre, pre_in, pre_z, da, True, False)[0], sent + n
     finally:
         sender.close()
     return {"loss": float(cross_entropy(logits, y)), "cols": cols, "block": (dW1, db1, dW2, db2),
@@ -455,7 +438,8 @@ def run_tensor_parallel(problem: MLPProblem, batch: Any, params: Any = None, *, 
         finally:
             for channel in itertools.chain.from_iterable(links):
                 channel.close()
-    predicted = costs.tensor_parallel_bytes(len(rows), problem.sizes[block], problem.sizes[block + 2], n_devices, 8, input_grad=block > 0)
+    predicted = costs.tensor_parallel_bytes(len(rows), problem.sizes[block], problem.sizes[block + 2], n_devices,
+                                            input_grad=block > 0)
     return TensorParallelRun(results[0]["loss"], _assemble(problem, block, results), block, n_devices,
                              [r["bytes"] for r in results], predicted)
 
