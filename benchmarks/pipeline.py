@@ -1,7 +1,7 @@
 """Pipeline parallelism on 2 processes against its formula and its cost model, m = 1 .. 16 micro-batches.
 
 For each m and schedule (GPipe, 1F1B) one training step of an MLP on digits is run on two stage processes
-(``simlib.parallel.modelpar.run_pipeline``); the table gives the measured idle share beside the bubble formula
+(``simlib.modelpar.run_pipeline``); the table gives the measured idle share beside the bubble formula
 (p - 1) / (m + p - 1), and the measured step time beside the cost model's (``simlib.costs.schedule_timeline``,
 priced with the forward, backward and transfer times measured in the same run). Exits 1 if an idle share is off
 the formula by more than ``--idle-bound`` (share points) or a prediction off by more than ``--bound`` (relative).
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import record  # noqa: E402
 
 from simlib import costs  # noqa: E402
-from simlib.parallel.modelpar import balanced_mlp, run_pipeline, split_layers  # noqa: E402
+from simlib.modelpar import balanced_mlp, run_pipeline, split_layers  # noqa: E402
 from simlib.problems.mlp import MLPProblem  # noqa: E402
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from simlib import costs
 from simlib.parallel import WorkerDied, WorkerError, current
-from simlib.parallel.modelpar import run_pipeline, run_tensor_parallel, split_layers
+from simlib.modelpar import run_pipeline, run_tensor_parallel, split_layers
 from simlib.problems.mlp import MLPProblem
 
 
