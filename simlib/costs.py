@@ -34,8 +34,8 @@ from simlib.sim.network import message_time, ring_allreduce_time
 __all__ = [
     "message_time", "ring_allreduce_time", "data_parallel_bytes", "model_parallel_bytes",
     "ps_step_time", "mapreduce_iteration_time",
-    "pipeline_bubble", "pipeline_time", "pipeline_schedule", "SCHEDULES", "pipeline_orders", "stash_peaks",
-    "schedule_timeline", "tensor_parallel_step", "tensor_parallel_bytes",
+    "pipeline_bubble", "pipeline_time", "pipeline_schedule", "SCHEDULES", "pipeline_orders", "check_orders",
+    "stash_peaks", "schedule_timeline", "tensor_parallel_step", "tensor_parallel_bytes",
     "Op", "Placement", "place", "hyperparameter_search", "crossover",
 ]
 
@@ -152,10 +152,15 @@ def check_orders(orders: Orders) -> int:
     if not isinstance(orders, (list, tuple)) or not orders:
         raise ValueError(f"orders must be a non-empty list of stages' orders, got {orders!r}")
     m = len(orders[0]) // 2
+    if m < 1:
+        raise ValueError(f"orders: each stage must run a forward and a backward of each micro-batch, got {orders!r}")
     want = sorted((kind, k) for kind in "FB" for k in range(m))
     for s, order in enumerate(orders):
-        ops = [(str(kind), int(k)) for kind, k in order]
-        if m < 1 or sorted(ops) != want:
+        try:
+            ops = [(str(kind), int(k)) for kind, k in order]
+        except (TypeError, ValueError):
+            raise ValueError(f"orders: stage {s} must be a list of (\"F\" or \"B\", micro-batch) pairs") from None
+        if sorted(ops) != want:
             raise ValueError(f"orders: stage {s} must run F0..F{m - 1} and B0..B{m - 1} once each, got {ops}")
         if any(ops.index(("B", k)) < ops.index(("F", k)) for k in range(m)):
             raise ValueError(f"orders: stage {s} runs a backward before its forward, got {ops}")
@@ -180,8 +185,10 @@ def schedule_timeline(orders: Orders, t_fwd: Sequence[float], t_bwd: Sequence[fl
     for s, order in enumerate(orders):
         for i, (kind, k) in enumerate(order):
             name = f"{kind}{k}@{s}"
-            reads = [f"F{k}@{s - 1}"] if kind == "F" and s else [f"F{k}@{s}"] if kind == "B" else []
-            inputs[name] = tuple(reads + ([f"B{k}@{s + 1}"] if kind == "B" and s < p - 1 else []))
+            if kind == "F":  # the activation from the stage before
+                inputs[name] = (f"F{k}@{s - 1}",) if s else ()
+            else:  # its own forward's stash, and the gradient from the stage after
+                inputs[name] = (f"F{k}@{s}",) + ((f"B{k}@{s + 1}",) if s < p - 1 else ())
             after[name] = set(inputs[name]) | ({f"{order[i - 1][0]}{order[i - 1][1]}@{s}"} if i else set())
     try:
         ordered = list(graphlib.TopologicalSorter(after).static_order())
