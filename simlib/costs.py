@@ -7,8 +7,9 @@ the simulator can be checked against them. A message costs latency + bytes / ban
 * data vs model parallelism: bytes each moves per step (:func:`data_parallel_bytes`,
   :func:`model_parallel_bytes`);
 * parameter server vs MapReduce: one PS step against one MapReduce iteration;
-* pipeline parallelism: the bubble (p - 1) / (m + p - 1) and the schedule that makes it;
-* tensor parallelism: an all-reduce of the activations per layer;
+* pipeline parallelism: the bubble (p - 1) / (m + p - 1), the schedule that makes it, the GPipe and 1F1B
+  orders of forwards and backwards with what each stage stashes and how long a step takes;
+* tensor parallelism: an all-reduce of the activations per layer, and the bytes of a Megatron MLP block;
 * a dataflow graph placed on devices: list scheduling with transfers between devices;
 * hyper-parameter search: independent trials packed on workers.
 
@@ -21,6 +22,7 @@ Example::
 """
 from __future__ import annotations
 
+import graphlib
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -32,7 +34,8 @@ from simlib.sim.network import message_time, ring_allreduce_time
 __all__ = [
     "message_time", "ring_allreduce_time", "data_parallel_bytes", "model_parallel_bytes",
     "ps_step_time", "mapreduce_iteration_time",
-    "pipeline_bubble", "pipeline_time", "pipeline_schedule", "tensor_parallel_step",
+    "pipeline_bubble", "pipeline_time", "pipeline_schedule", "SCHEDULES", "pipeline_orders", "check_orders",
+    "stash_peaks", "schedule_timeline", "tensor_parallel_step", "tensor_parallel_bytes",
     "Op", "Placement", "place", "hyperparameter_search", "crossover",
 ]
 
@@ -123,6 +126,79 @@ def pipeline_schedule(stages: int, microbatches: int) -> np.ndarray:
     return grid
 
 
+SCHEDULES = ("gpipe", "1f1b")
+Orders = list[list[tuple[str, int]]]  # orders[s]: stage s's operations in turn, ("F", k) or ("B", k)
+
+
+def pipeline_orders(schedule: str, stages: int, microbatches: int) -> Orders:
+    """Each stage's forwards ("F", k) and backwards ("B", k) in turn. GPipe: all m forwards, then all m backwards.
+    1F1B: stage s runs w = min(p - 1 - s, m) forwards, then one forward and the oldest backward in turn, then the
+    rest."""
+    check.one_of("schedule", schedule, SCHEDULES)
+    p, m = stages, microbatches
+    _pipeline_slots(p, m)
+    if schedule == "gpipe":
+        return [[("F", k) for k in range(m)] + [("B", k) for k in range(m)] for _ in range(p)]
+    orders = []
+    for s in range(p):
+        w = min(p - 1 - s, m)
+        steady = [op for k in range(w, m) for op in (("F", k), ("B", k - w))]
+        orders.append([("F", k) for k in range(w)] + steady + [("B", k) for k in range(m - w, m)])
+    return orders
+
+
+def check_orders(orders: Orders) -> int:
+    """The number of micro-batches m; ValueError naming 'orders' unless every stage runs F k then B k once each."""
+    if not isinstance(orders, (list, tuple)) or not orders:
+        raise ValueError(f"orders must be a non-empty list of stages' orders, got {orders!r}")
+    m = len(orders[0]) // 2
+    if m < 1:
+        raise ValueError(f"orders: each stage must run a forward and a backward of each micro-batch, got {orders!r}")
+    want = sorted((kind, k) for kind in "FB" for k in range(m))
+    for s, order in enumerate(orders):
+        try:
+            ops = [(str(kind), int(k)) for kind, k in order]
+        except (TypeError, ValueError):
+            raise ValueError(f"orders: stage {s} must be a list of (\"F\" or \"B\", micro-batch) pairs") from None
+        if sorted(ops) != want:
+            raise ValueError(f"orders: stage {s} must run F0..F{m - 1} and B0..B{m - 1} once each, got {ops}")
+        if any(ops.index(("B", k)) < ops.index(("F", k)) for k in range(m)):
+            raise ValueError(f"orders: stage {s} runs a backward before its forward, got {ops}")
+    return m
+
+
+def stash_peaks(orders: Orders) -> list[int]:
+    """Per stage: the most micro-batches held at once, max over its order of (forwards run) - (backwards run)."""
+    check_orders(orders)
+    return [int(np.max(np.cumsum([1 if kind == "F" else -1 for kind, _ in order]))) for order in orders]
+
+
+def schedule_timeline(orders: Orders, t_fwd: Sequence[float], t_bwd: Sequence[float], comm: float) -> Placement:
+    """The schedule run by :func:`place`: F k on stage s reads F k on s - 1; B k reads F k on s and B k on s + 1;
+    each transfer between stages costs ``comm`` seconds; a stage runs its operations in its order."""
+    check_orders(orders)
+    p = len(orders)
+    if len(t_fwd) != p or len(t_bwd) != p:
+        raise ValueError(f"t_fwd and t_bwd must give one time per stage ({p}), got {len(t_fwd)} and {len(t_bwd)}")
+    check.non_negative("comm", comm)
+    inputs, after = {}, {}
+    for s, order in enumerate(orders):
+        for i, (kind, k) in enumerate(order):
+            name = f"{kind}{k}@{s}"
+            if kind == "F":  # the activation from the stage before
+                inputs[name] = (f"F{k}@{s - 1}",) if s else ()
+            else:  # its own forward's stash, and the gradient from the stage after
+                inputs[name] = (f"F{k}@{s}",) + ((f"B{k}@{s + 1}",) if s < p - 1 else ())
+            after[name] = set(inputs[name]) | ({f"{order[i - 1][0]}{order[i - 1][1]}@{s}"} if i else set())
+    try:
+        ordered = list(graphlib.TopologicalSorter(after).static_order())
+    except graphlib.CycleError as exc:
+        raise ValueError(f"orders: the stages wait on each other for ever ({' -> '.join(exc.args[1])})") from None
+    stage = {name: int(name.split("@")[1]) for name in ordered}
+    graph = [Op(n, (t_fwd if n[0] == "F" else t_bwd)[stage[n]], inputs[n]) for n in ordered]
+    return place(graph, stage, [1.0] * p, float(comm), 1.0)
+
+
 def tensor_parallel_step(layers: int, flops_per_layer: float, n_devices: int, activation_bytes: float,
                          latency: float, bandwidth: float, speed: float, allreduces_per_layer: int = 4) -> float:
     """One training step: each layer's flops (forward and backward) split over t devices, plus its all-reduces.
@@ -137,6 +213,17 @@ def tensor_parallel_step(layers: int, flops_per_layer: float, n_devices: int, ac
     check.non_negative_int("allreduces_per_layer", allreduces_per_layer)
     comm = allreduces_per_layer * ring_allreduce_time(n_devices, activation_bytes, latency, bandwidth)
     return layers * (flops_per_layer / (n_devices * speed) + comm)
+
+
+def tensor_parallel_bytes(rows: int, width_in: int, width_out: int, n_devices: int, value_bytes: int = 8,
+                          input_grad: bool = True) -> float:
+    """Bytes each of t devices sends in one training step of a Megatron MLP block by ring all-reduce:
+    2 (t - 1) / t * rows * (width_out + width_in) * value_bytes: the block's output summed in the forward pass,
+    its input gradient in the backward (none where the block's input is the data: ``input_grad`` False)."""
+    for name, value in (("rows", rows), ("width_in", width_in), ("width_out", width_out), ("n_devices", n_devices)):
+        check.positive_int(name, value)
+    values = rows * (width_out + (width_in if input_grad else 0))
+    return 2 * (n_devices - 1) / n_devices * values * value_bytes
 
 
 # -- a dataflow graph placed on devices --------------------------------------------------------------

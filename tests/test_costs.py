@@ -101,3 +101,27 @@ def test_bad_arguments_name_the_field() -> None:
     with pytest.raises(ValueError, match="microbatches"):
         costs.pipeline_schedule(2, 0)
     assert math.isfinite(costs.pipeline_bubble(3, 1))
+
+
+def test_pipeline_orders_and_their_stash() -> None:
+    one = [" ".join(f"{kind}{k}" for kind, k in order) for order in costs.pipeline_orders("1f1b", 3, 4)]
+    assert one == ["F0 F1 F2 B0 F3 B1 B2 B3", "F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"]
+    assert costs.pipeline_orders("gpipe", 2, 2) == [[("F", 0), ("F", 1), ("B", 0), ("B", 1)]] * 2
+    assert costs.stash_peaks(costs.pipeline_orders("gpipe", 3, 4)) == [4, 4, 4]
+    assert costs.stash_peaks(costs.pipeline_orders("1f1b", 3, 4)) == [3, 2, 1]
+    with pytest.raises(ValueError, match="schedule"):
+        costs.pipeline_orders("zero-bubble", 2, 2)
+    with pytest.raises(ValueError, match="orders: stage 0 runs a backward before its forward"):
+        costs.stash_peaks([[("B", 0), ("F", 0)]])
+
+
+def test_schedule_timeline_by_hand_and_in_unit_slots() -> None:
+    """Two stages, two micro-batches, backward twice a forward, transfers of 0.5 (1F1B): worked out by hand."""
+    t = costs.schedule_timeline(costs.pipeline_orders("1f1b", 2, 2), [1, 1], [2, 2], 0.5)
+    assert (t.start["F1@1"], t.start["B0@0"], t.start["B1@0"], t.makespan) == (4.5, 5.0, 8.0, 10.0)
+    for name in costs.SCHEDULES:
+        unit = costs.schedule_timeline(costs.pipeline_orders(name, 4, 8), [1] * 4, [1] * 4, 0.0)
+        assert unit.makespan == costs.pipeline_time(4, 8, 2)
+    crossed = [[("F", 0), ("B", 0), ("F", 1), ("B", 1)], [("F", 1), ("B", 1), ("F", 0), ("B", 0)]]
+    with pytest.raises(ValueError, match="orders: the stages wait on each other for ever"):
+        costs.schedule_timeline(crossed, [1, 1], [1, 1], 0.0)

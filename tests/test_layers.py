@@ -23,8 +23,9 @@ ENGINE_OF = {"substrates.sim": {"sim"}, "substrates.shm": {"parallel"}, "substra
              "substrates.gpu": set(), "substrates.ray": set()}
 SUBSTRATES = set(ENGINE_OF)
 # The registry (simlib.substrates) finds substrates by name (importlib), and the package root reaches
-# them through it; the lessons' helpers (course) may run any substrate.
-ABOVE_SUBSTRATES = {"calibration", "viz", "substrates", "simlib", "costs", "course"}
+# them through it; the lessons' helpers (course) may run any substrate; model parallelism (modelpar) runs
+# the cost model's schedules on the process engine.
+ABOVE_SUBSTRATES = {"calibration", "viz", "substrates", "simlib", "costs", "course", "modelpar"}
 TOP = {"app", "cli", "__main__", "grade"}
 RANK = {**{g: 0 for g in BOTTOM}, **{g: 1 for g in ENGINES | SUBSTRATES}, **{g: 2 for g in ABOVE_SUBSTRATES},
         **{g: 3 for g in TOP}}

@@ -42,8 +42,8 @@ Logging (``simlib.parallel.log``)
     WARNING and above by default, INFO with ``verbose=True``.
 
 Built on it: the contract's ``shm`` and ``pipes`` substrates (``simlib.run(..., substrate="shm")`` runs
-Hogwild!, GloVe, AD-LDA, Shotgun and model-parallel GloVe), and co-occurrence counting
-(``simlib.parallel.glove_count``, a map-reduce).
+Hogwild!, GloVe, AD-LDA, Shotgun and model-parallel GloVe), co-occurrence counting
+(``simlib.parallel.glove_count``, a map-reduce), and pipeline and tensor parallelism (``simlib.modelpar``).
 
 Example (``fill`` must be defined at a module's top level so that spawn can import it)::
 

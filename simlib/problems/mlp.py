@@ -240,6 +240,11 @@ class MLPProblem:
         return device_copies(self, xp, lambda m: tuple((m.asarray(X), m.asarray(y)) for X, y in (self._train,
                                                                                                  self._eval)))
 
+    def rows(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(X, y) of training rows ``batch`` (NumPy): what a pipeline's first stage reads and its last stage scores."""
+        X, y = self._train
+        return X[batch], y[batch]
+
     def forward(self, params: Any, X: Any) -> tuple[list[Any], list[Any]]:
         """(a, z): a[0] = X, z[l] = a[l] W_l + b_l, a[l + 1] = relu(z[l]); z[-1] is the output's logits."""
         a, z = [X], []

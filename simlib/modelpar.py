@@ -1,0 +1,458 @@
+"""Model parallelism on real processes: an MLP's layers as pipeline stages, and Megatron's split of an MLP block.
+
+Pipeline (:func:`run_pipeline`): the layers of an :class:`~simlib.problems.mlp.MLPProblem` are cut into p
+contiguous stages of near-equal work, one process each. A batch is split into m micro-batches; each stage runs
+its forwards ("F", k) and backwards ("B", k) in the order a schedule gives (:func:`simlib.costs.pipeline_orders`:
+GPipe or 1F1B, or any valid orders), receiving activations from the stage before and gradients from the stage
+after by channels. A micro-batch's activations are stashed from its forward to its backward and freed there.
+Measured per stage: busy seconds, the idle share of the step, the peak stash (micro-batches and bytes); the same
+orders priced by :func:`simlib.costs.schedule_timeline` with the forward, backward and transfer times measured in
+the run give the predicted step time. The gradient is the full batch's, as one process computes it.
+
+Tensor (:func:`run_tensor_parallel`): layers ``block`` and ``block + 1`` are split over t processes, the first
+weight by columns and the second by rows, so each process computes relu(a W1[:, c]) W2[c, :] and one ring
+all-reduce sums the block's output; in the backward pass one all-reduce sums the block's input gradient.
+The bytes each process sends are counted. Example::
+
+    >>> from simlib.problems.mlp import MLPProblem
+    >>> prob = MLPProblem(hidden=(32, 32)); batch = np.arange(64)
+    >>> run = run_pipeline(prob, batch, stages=2, microbatches=4, schedule="1f1b")
+    >>> [s.peak_stash for s in run.stages], bool(np.allclose(run.gradient, prob.gradient(prob.init_params(), batch)))
+    ([2, 1], True)
+    >>> tp = run_tensor_parallel(prob, batch, n_devices=2)
+    >>> tp.bytes_sent == [int(tp.predicted_bytes)] * 2
+    True
+"""
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from simlib import _validate as check
+from simlib import costs
+from simlib.parallel.channel import Channel
+from simlib.parallel.group import WorkerGroup
+from simlib.problems.mlp import (MLPProblem, cross_entropy, cross_entropy_backward, dense_backward, dense_forward,
+                                 relu, relu_backward)
+
+Weights = list[tuple[np.ndarray, np.ndarray]]
+
+
+# -- layer math shared by stages and tensor-parallel ranks ----------------------------------------
+
+
+def layers_forward(weights: Weights, a: np.ndarray, relu_out: bool) -> tuple[list, list, np.ndarray]:
+    """(inputs, z, out): z_i = inputs_i W_i + b_i, inputs_{i+1} = relu(z_i); out = relu(z_last) if ``relu_out``."""
+    inputs, zs = [], []
+    for i, (W, b) in enumerate(weights):
+        inputs.append(a)
+        zs.append(dense_forward(a, W, b))
+        a = relu(zs[-1]) if relu_out or i < len(weights) - 1 else zs[-1]
+    return inputs, zs, a
+
+
+def layers_backward(weights: Weights, inputs: list, zs: list, d_out: np.ndarray, relu_out: bool,
+                    input_grad: bool) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray | None]:
+    """([(dW_i, db_i)], d inputs_0) from dL/d out, through each layer's dense and relu backward."""
+    dz = relu_backward(zs[-1], d_out) if relu_out else d_out
+    grads: list[Any] = [None] * len(weights)
+    da = None
+    for i in reversed(range(len(weights))):
+        dW, db, da = dense_backward(inputs[i], weights[i][0], dz, inputs=i > 0 or input_grad)
+        grads[i] = (dW, db)
+        if i:
+            dz = relu_backward(zs[i - 1], da)
+    return grads, da
+
+
+def split_layers(problem: MLPProblem, stages: int) -> list[range]:
+    """Contiguous layer ranges, one per stage, minimising the largest stage's multiply-adds (forward + backward)."""
+    n = len(problem.layers)
+    check.positive_int("stages", stages, most=n)
+    work = [a * b * (2 if l == 0 else 3) for l, (a, b) in enumerate(zip(problem.sizes, problem.sizes[1:]))]
+    best = min(itertools.combinations(range(1, n), stages - 1),
+               key=lambda cut: max(sum(work[i:j]) for i, j in zip((0, *cut), (*cut, n))))
+    return [range(i, j) for i, j in zip((0, *best), (*best, n))]
+
+
+def balanced_mlp(width: int) -> MLPProblem:
+    """Digits through hidden layers (w1, width, width), w1 = width (3 width + 30) / (3 width + 128): two stages of
+    equal multiply-adds (stage 0: 2 * 64 w1 + 3 w1 width; stage 1: 3 width^2 + 3 * 10 width)."""
+    check.positive_int("width", width)
+    return MLPProblem(hidden=(width * (3 * width + 30) // (3 * width + 128), width, width))
+
+
+def _check_batch(problem: MLPProblem, batch: Any) -> np.ndarray:
+    """The batch as row ids; ValueError naming 'batch' unless non-empty integers in [0, training rows)."""
+    rows = np.asarray(batch)
+    n = problem.shards(1)[0][1]
+    if rows.ndim != 1 or rows.size == 0 or rows.dtype.kind not in "iu" or rows.min() < 0 or rows.max() >= n:
+        raise ValueError(f"batch must be a non-empty 1-D array of training-row ids in [0, {n}), got {batch!r}")
+    return rows
+
+
+def _check_params(problem: MLPProblem, params: Any) -> np.ndarray:
+    """The flat parameters (``init_params()`` for None); ValueError naming 'params' unless n_params floats."""
+    theta = problem.init_params() if params is None else np.asarray(params, dtype=np.float64)
+    if theta.shape != (problem.n_params,):
+        raise ValueError(f"params must be a flat vector of {problem.n_params} values, got shape {theta.shape}")
+    return theta
+
+
+class _Sender:
+    """Sends from a thread: a stage computes while its message is on the wire, and two neighbours sending to each
+    other at once cannot block each other on full pipes (which deadlocked 1F1B once messages outgrew them)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._loop, name="stage-send", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while (item := self.queue.get()) is not None:
+            try:
+                item[0].send_array(item[1], tag=item[2])
+            except BaseException as exc:  # noqa: BLE001 - raised in the stage's own thread by flush()
+                self.error = exc
+            finally:
+                self.queue.task_done()
+
+    def send(self, channel: Channel, a: np.ndarray) -> None:
+        """Queue ``a`` for ``channel``, tagged with the time it was handed over (the receiver prices the transfer)."""
+        self.queue.put((channel, a, repr(time.perf_counter())))
+
+    def flush(self) -> None:
+        """Wait until everything queued has been sent; re-raise a failed send."""
+        self.queue.join()
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """End the thread (after what is queued)."""
+        self.queue.put(None)
+        self.thread.join(1.0)
+
+
+# -- pipeline parallelism --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageReport:
+    """One stage, averaged over the measured steps: its layers, busy seconds per step, idle share, seconds of one
+    forward and one backward, and its peak stash (micro-batches, bytes)."""
+
+    layers: tuple[int, ...]
+    busy: float
+    idle_share: float
+    t_fwd: float
+    t_bwd: float
+    peak_stash: int
+    peak_stash_bytes: int
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """A pipeline step on processes: loss and gradient of the whole batch, each stage's report, measured and
+    predicted step time (seconds), ``comm`` (one transfer between stages, seconds: the median of those a
+    stage waited for), and the operations' timelines, measured and predicted."""
+
+    orders: list[list[tuple[str, int]]]
+    loss: float
+    gradient: np.ndarray
+    stages: list[StageReport]
+    step_time: float
+    predicted: float
+    comm: float
+    timelines: dict[str, dict[str, list[tuple[float, float, str]]]]  # "measured" (the last step), "predicted"
+
+    def rows(self, which: str = "measured", scale: float = 1e3) -> dict[str, list[tuple[float, float, str]]]:
+        """Per stage, (start, end, 'F3') of each operation (times x ``scale``: ms) for :func:`simlib.viz.plot_gantt`."""
+        check.one_of("which", which, tuple(self.timelines))
+        return {stage: [(a * scale, b * scale, op) for a, b, op in ops] for stage, ops in self.timelines[which].items()}
+
+    @property
+    def idle_share(self) -> float:
+        """Mean over stages of the share of the step each sat idle."""
+        return float(np.mean([s.idle_share for s in self.stages]))
+
+
+@dataclass
+class _PipeJob:
+    """What every stage is started with."""
+
+    problem: MLPProblem
+    params: np.ndarray
+    micro: list[np.ndarray]  # row ids of each micro-batch
+    rows: int  # |B|: each micro-batch's loss is weighted |micro| / |B|
+    layers: list[range]
+    orders: list[list[tuple[str, int]]]
+    steps: int
+    barrier: Any
+
+
+class _Stage:
+    """One stage's layers, gradient accumulators and stash (micro-batch k -> what its backward reads)."""
+
+    def __init__(self, job: _PipeJob, s: int):
+        self.job, self.first, self.last = job, s == 0, s == len(job.layers) - 1
+        self.layers = job.layers[s]
+        self.weights = [job.problem.weights(job.params, layer) for layer in self.layers]
+        self.zero()
+
+    def zero(self) -> None:
+        """Start a step: no gradient, no loss, nothing stashed."""
+        self.grads = [(np.zeros_like(W), np.zeros_like(b)) for W, b in self.weights]
+        self.stash = {}
+        self.loss, self.held, self.peak, self.peak_bytes = 0.0, 0, 0, 0
+
+    def forward(self, k: int, a: np.ndarray) -> np.ndarray:
+        """Run micro-batch k through the stage, stash its inputs and z; the output (the last stage: logits)."""
+        inputs, zs, out = layers_forward(self.weights, a, relu_out=not self.last)
+        if self.last:
+            y = self.job.problem.rows(self.job.micro[k])[1]
+            self.loss += float(cross_entropy(out, y)) * len(y) / self.job.rows
+        self.stash[k] = (inputs, zs)
+        self.held += sum(x.nbytes for x in inputs + zs)
+        self.peak, self.peak_bytes = max(self.peak, len(self.stash)), max(self.peak_bytes, self.held)
+        return out
+
+    def backward(self, k: int, d_out: np.ndarray | None) -> np.ndarray | None:
+        """Backward of micro-batch k from dL/d output (None on the last stage: the loss's), freeing its stash."""
+        inputs, zs = self.stash.pop(k)
+        self.held -= sum(x.nbytes for x in inputs + zs)
+        if self.last:
+            y = self.job.problem.rows(self.job.micro[k])[1]
+            d_out = cross_entropy_backward(zs[-1], y) * (len(y) / self.job.rows)
+        grads, da = layers_backward(self.weights, inputs, zs, d_out, not self.last, input_grad=not self.first)
+        for (gW, gb), (dW, db) in zip(self.grads, grads):
+            gW += dW
+            gb += db
+        return da
+
+
+def _run_order(stage: _Stage, order: list, left: Channel | None, right: Channel | None,
+               sender: _Sender) -> tuple[float, float, list[tuple[str, float, float, int]], list[float]]:
+    """One step of ``order``: (start, end, [(kind, compute seconds, started, k) per op], transfers); waits are not
+    compute. A transfer is timed from its hand-over to its arrival where the receiver was already waiting for it."""
+    stage.zero()
+    ops, transfers, start = [], [], time.perf_counter()
+    for kind, k in order:
+        inbound = left if kind == "F" else right
+        called = time.perf_counter()
+        data = inbound.recv_array() if inbound is not None else None
+        t = time.perf_counter()
+        if inbound is not None and called < float(inbound.tag):
+            transfers.append(t - float(inbound.tag))
+        if kind == "F":
+            out = stage.forward(k, data if data is not None else stage.job.problem.rows(stage.job.micro[k])[0])
+            if right is not None:
+                sender.send(right, out)
+        else:
+            da = stage.backward(k, data)
+            if left is not None:
+                sender.send(left, da)
+        ops.append((kind, time.perf_counter() - t, t, k))
+    end = time.perf_counter()
+    sender.flush()
+    return start, end, ops, transfers
+
+
+def _stage_worker(s: int, p: int, job: _PipeJob, left: Channel | None, right: Channel | None) -> dict[str, Any]:
+    """A stage's process: ``steps`` steps of its order, each started at a barrier."""
+    with threadpool_limits(1):  # one core per stage: BLAS threads of two stages would fight over the same cores
+        stage, sender = _Stage(job, s), _Sender()
+        try:
+            steps = []
+            for _ in range(job.steps):
+                job.barrier.wait()
+                steps.append(_run_order(stage, job.orders[s], left, right, sender))
+        finally:
+            sender.close()
+    return {"steps": steps, "loss": stage.loss, "peak": (stage.peak, stage.peak_bytes),
+            "grads": [np.concatenate([W.ravel(), b]) for W, b in stage.grads]}
+
+
+def run_pipeline(problem: MLPProblem, batch: Any, params: Any = None, *, stages: int = 2, microbatches: int = 4,
+                 schedule: str | list = "1f1b", steps: int = 3, timeout: float = 120.0) -> PipelineRun:
+    """One training step's loss and gradient of ``batch`` on ``stages`` processes, run ``steps`` times (the first
+    a warm-up when steps > 1, left out of the times reported). ``schedule``: "gpipe", "1f1b" or orders."""
+    rows = _check_batch(problem, batch)
+    theta = _check_params(problem, params)
+    layers = split_layers(problem, stages)
+    check.positive_int("microbatches", microbatches, most=len(rows))
+    check.positive_int("steps", steps)
+    check.positive("timeout", timeout)
+    orders = _orders(schedule, stages, microbatches)
+    with WorkerGroup(stages, roles=[f"stage {s}" for s in range(stages)], label="pipeline") as group:
+        pairs = [group.channel_pair() for _ in range(stages - 1)]
+        job = _PipeJob(problem, theta, np.array_split(rows, microbatches), len(rows), layers, orders, steps,
+                       group.barrier())
+        ends = [(None if s == 0 else pairs[s - 1][1], pairs[s][0] if s < stages - 1 else None) for s in range(stages)]
+        try:
+            results = group.run(_stage_worker, job, worker_args=ends, timeout=timeout)
+        finally:
+            for channel in itertools.chain.from_iterable(pairs):
+                channel.close()
+    return _report(problem, orders, layers, results)
+
+
+def _orders(schedule: str | list, stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
+    """Orders named or given; ValueError naming 'schedule' when they do not fit the stages and micro-batches."""
+    if isinstance(schedule, str):
+        return costs.pipeline_orders(schedule, stages, microbatches)
+    if len(schedule) != stages or costs.check_orders(schedule) != microbatches:
+        raise ValueError(f"schedule: orders must have {stages} stages of {microbatches} micro-batches each")
+    costs.schedule_timeline(schedule, [1.0] * stages, [1.0] * stages, 0.0)  # ValueError where stages would deadlock
+    return [[(str(kind), int(k)) for kind, k in order] for order in schedule]
+
+
+def _report(problem: MLPProblem, orders: list, layers: list[range], results: list[dict]) -> PipelineRun:
+    """Stage reports averaged over the measured steps (all but a warm-up) and the step priced by the cost model."""
+    n_steps = len(results[0]["steps"])
+    measured = range(1, n_steps) if n_steps > 1 else range(n_steps)
+    step = np.mean([max(r["steps"][j][1] for r in results) - min(r["steps"][j][0] for r in results) for j in measured])
+    reports = []
+    for s, r in enumerate(results):
+        times = {kind: [t for j in measured for op, t, *_ in r["steps"][j][2] if op == kind] for kind in "FB"}
+        busy = (sum(times["F"]) + sum(times["B"])) / len(measured)
+        reports.append(StageReport(tuple(layers[s]), busy, 1 - busy / step, float(np.mean(times["F"])),
+                                   float(np.mean(times["B"])), *r["peak"]))
+    waited = [d for r in results for j in measured for d in r["steps"][j][3]]
+    comm = float(np.median(waited)) if waited else 0.0  # no stage ever waited: transfers were off the critical path
+    model = costs.schedule_timeline(orders, [s.t_fwd for s in reports], [s.t_bwd for s in reports], comm)
+    origin = min(r["steps"][-1][0] for r in results)
+    measured_rows = {f"stage {s}": [(t0 - origin, t0 - origin + t, f"{kind}{k}") for kind, t, t0, k in
+                                    r["steps"][-1][2]] for s, r in enumerate(results)}
+    predicted_rows = {f"stage {s}": [(model.start[n], model.end[n], n.split("@")[0]) for n in model.start
+                                     if model.device[n] == s] for s in range(len(results))}
+    gradient = np.concatenate([g for r in results for g in r["grads"]])
+    return PipelineRun(orders, results[-1]["loss"], gradient, reports, float(step), model.makespan, comm,
+                       {"measured": measured_rows, "predicted": predicted_rows})
+
+
+# -- tensor parallelism ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorParallelRun:
+    """A Megatron-split step: loss, gradient, the split layers, and the all-reduce payload bytes each rank sent
+    (``predicted_bytes``: :func:`simlib.costs.tensor_parallel_bytes`, per rank)."""
+
+    loss: float
+    gradient: np.ndarray
+    block: int
+    n_devices: int
+    bytes_sent: list[int]
+    predicted_bytes: float
+
+
+def ring_allreduce(x: np.ndarray, rank: int, t: int, inbox: Channel | None, outbox: Channel | None,
+                   sender: _Sender) -> tuple[np.ndarray, int]:
+    """(sum of ``x`` over t ranks, payload bytes this rank sent): reduce-scatter then all-gather of t chunks, each
+    rank sending 2 (t - 1) chunks, 2 (t - 1) / t of x's bytes."""
+    if t == 1:
+        return x, 0
+    chunks = [c.copy() for c in np.array_split(x.ravel(), t)]
+    sent = 0
+    for k in range(2 * (t - 1)):
+        out, into = (rank - k) % t, (rank - k - 1) % t
+        sender.send(outbox, chunks[out])
+        sent += chunks[out].nbytes
+        got = inbox.recv_array()
+        chunks[into] = chunks[into] + got if k < t - 1 else got
+    sender.flush()
+    return np.concatenate(chunks).reshape(x.shape), sent
+
+
+@dataclass
+class _TensorJob:
+    """What every rank is started with."""
+
+    problem: MLPProblem
+    params: np.ndarray
+    batch: np.ndarray
+    block: int
+
+
+def _tensor_worker(rank: int, t: int, job: _TensorJob, inbox: Channel | None, outbox: Channel | None) -> dict:
+    """One rank: layers before and after the block replicated, the block's columns / rows of this rank."""
+    prob, blk = job.problem, job.block
+    w = [prob.weights(job.params, layer) for layer in range(len(prob.layers))]
+    pre, post = w[:blk], w[blk + 2:]
+    X, y = prob.rows(job.batch)
+    cols = np.array_split(np.arange(w[blk][0].shape[1]), t)[rank]
+    W1, b1, W2, b2 = w[blk][0][:, cols], w[blk][1][cols], w[blk + 1][0][cols], w[blk + 1][1]
+    sender, sent = _Sender(), 0
+    try:
+        pre_in, pre_z, a = layers_forward(pre, X, relu_out=True)
+        z1 = dense_forward(a, W1, b1)
+        h = relu(z1)
+        partial, n = ring_allreduce(h @ W2, rank, t, inbox, outbox, sender)
+        z2, sent = partial + b2, sent + n
+        post_in, post_z, logits = layers_forward(post, relu(z2), relu_out=False) if post else ([], [], z2)
+        d = cross_entropy_backward(logits, y)
+        post_g, d = layers_backward(post, post_in, post_z, d, False, True) if post else ([], d)
+        dz2 = relu_backward(z2, d) if post else d
+        dW2, db2, dh = dense_backward(h, W2, dz2)
+        dW1, db1, da = dense_backward(a, W1, relu_backward(z1, dh), inputs=blk > 0)
+        pre_g = []
+        if blk > 0:
+            da, n = ring_allreduce(da, rank, t, inbox, outbox, sender)
+            pre_g, sent = layers_backward(pre, pre_in, pre_z, da, True, False)[0], sent + n
+    finally:
+        sender.close()
+    return {"loss": float(cross_entropy(logits, y)), "cols": cols, "block": (dW1, db1, dW2, db2),
+            "replicated": pre_g + post_g, "bytes": sent}
+
+
+def run_tensor_parallel(problem: MLPProblem, batch: Any, params: Any = None, *, n_devices: int = 2,
+                        block: int | None = None, timeout: float = 60.0) -> TensorParallelRun:
+    """Loss and gradient of ``batch`` with layers ``block`` and ``block + 1`` (default: the last two) split over
+    ``n_devices`` processes, Megatron's way: one all-reduce forward, one backward (none when block = 0)."""
+    rows = _check_batch(problem, batch)
+    theta = _check_params(problem, params)
+    n_layers = len(problem.layers)
+    if n_layers < 2:
+        raise ValueError("problem: tensor parallelism splits two layers, and this MLP has one (give it hidden layers)")
+    block = n_layers - 2 if block is None else block
+    check.non_negative_int("block", block)
+    if block > n_layers - 2:
+        raise ValueError(f"block must be in [0, {n_layers - 2}] (it and the next layer are split), got {block}")
+    check.positive_int("n_devices", n_devices, most=problem.sizes[block + 1])
+    check.positive("timeout", timeout)
+    with WorkerGroup(n_devices, roles=[f"rank {r}" for r in range(n_devices)], label="tensor") as group:
+        links = [group.channel_pair(duplex=False) for _ in range(n_devices)]  # link r: rank r -> rank r + 1
+        ends = [(links[(r - 1) % n_devices][0], links[r][1]) if n_devices > 1 else (None, None)
+                for r in range(n_devices)]
+        try:
+            results = group.run(_tensor_worker, _TensorJob(problem, theta, rows, block), worker_args=ends,
+                                timeout=timeout)
+        finally:
+            for channel in itertools.chain.from_iterable(links):
+                channel.close()
+    predicted = costs.tensor_parallel_bytes(len(rows), problem.sizes[block], problem.sizes[block + 2], n_devices,
+                                            input_grad=block > 0)
+    return TensorParallelRun(results[0]["loss"], _assemble(problem, block, results), block, n_devices,
+                             [r["bytes"] for r in results], predicted)
+
+
+def _assemble(problem: MLPProblem, block: int, results: Sequence[dict]) -> np.ndarray:
+    """The flat gradient: replicated layers from rank 0, the block's columns and rows from each rank."""
+    g = np.zeros(problem.n_params)
+    replicated = [layer for layer in range(len(problem.layers)) if layer not in (block, block + 1)]
+    for layer, (dW, db) in zip(replicated, results[0]["replicated"]):
+        W, b = problem.weights(g, layer)
+        W[:], b[:] = dW, db
+    for r in results:
+        (W1, b1), (W2, b2) = problem.weights(g, block), problem.weights(g, block + 1)
+        dW1, db1, dW2, db2 = r["block"]
+        W1[:, r["cols"]], b1[r["cols"]], W2[r["cols"]], b2[:] = dW1, db1, dW2, db2
+    return g
