@@ -38,7 +38,7 @@ from simlib.sim.sites import Outbox, site_of
 from simlib.sim.stragglers import ComputeModel
 from simlib.sim.kernel import Environment
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, UpdateLog
-from simlib.worker import AllReduce, Compute, Early, Gate, Plan, Pull, Push, allreduce_worker, ps_worker
+from simlib.worker import AllReduce, Bucket, Compute, Early, Gate, Plan, Pull, Push, Reduced, allreduce_worker, ps_worker
 
 COMPUTE, SEND, RECV, WAIT = (SPAN_KINDS.index(k) for k in ("compute", "send", "recv", "wait"))
 
@@ -114,7 +114,8 @@ class _Run:
         if not cfg.cost_only:
             record_start(self.trace, self.problem, self.w)
         body = self._worker
-        self.rings: dict[int, tuple[simpy.Event, list]] = {}  # all-reduce: per step, its end and the gradients
+        # all-reduce: per step (or per (step, bucket)), its ring's end and the gradients
+        self.rings: dict[Any, tuple[simpy.Event, list]] = {}
         self.span_columns, self.update_columns = self.trace.spans.appenders(), self.trace.updates.appenders()
         # NOTE: the run allocates hundreds of thousands of small records; Python's cyclic GC would
         # rescan them all repeatedly (measured: 1.7x slower at 1,000 workers; starting 100,000 worker
@@ -196,7 +197,7 @@ class _Run:
         while c < cfg.steps:
             plan = Plan(cfg.steps, cfg.batch_size, cfg.lr, clock_batches=cfg.clock_batches, first=c,
                         entry_bytes=cfg.entry_bytes)
-            send = (allreduce_worker(p, shard, plan, transport.source) if ring
+            send = (allreduce_worker(p, shard, plan, transport.source, cfg.bucket_bytes) if ring
                     else ps_worker(p, shard, plan, comp, transport.source)).send
             value = None
             try:
@@ -228,7 +229,8 @@ class _Run:
                         continue
                     if kind is Compute:  # charge the batch's work, then the real math on the values read
                         t0 = env._now
-                        yield work(i, queued.pop(0))
+                        if queued:  # a bucketed backward's later layers: charged with its first (all-reduce only)
+                            yield work(i, queued.pop(0))
                         value = (effect[3][2], None) if cost_only else effect[2](*effect[3])
                         now = env._now
                         if now > t0:  # span(i, COMPUTE, t0, now, 0, c)
@@ -523,8 +525,9 @@ class _Run:
         return np.asarray(k2), np.asarray(g2, dtype=np.float64), int(nbytes)
 
     # -- all-reduce worker -----------------------------------------------------------------------
-    def _ring(self, c: int, done: simpy.Event, grads: list[tuple[np.ndarray, np.ndarray | None]]):
-        """Step c's ring all-reduce of every worker's gradient, costed by the ring formula; ``done`` fires at its end.
+    def _ring(self, key: Any, done: simpy.Event, grads: list[tuple[Any, np.ndarray | None]], span: slice = slice(None)):
+        """A ring all-reduce of every worker's gradient on ``self.w[span]`` (the whole table, or one bucket), costed by
+        the ring formula; ``done`` fires at its end with (its start, bytes each worker sent).
 
         With a compressor, the summed gradient is compressed once (worker 0's compressor) and its
         encoded size is what travels the ring: a model of compressed all-reduce, not of per-worker
@@ -532,10 +535,11 @@ class _Run:
         """
         cfg, env = self.cfg, self.env
         t_start = env.now
-        size = self.w.size * cfg.value_bytes
+        part = self.w[span]
+        size = part.size * cfg.value_bytes
         dense = None
         if not cfg.cost_only:
-            dense = np.zeros_like(self.w)
+            dense = np.zeros_like(part)
             for keys, g in grads:
                 dense[keys] += g
         if self.compressors is not None:
@@ -544,10 +548,11 @@ class _Run:
             dense[np.asarray(k_dec)] = np.asarray(v_dec, dtype=np.float64)  # a sparse compressor keeps a subset
         yield env.timeout(ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth))
         if dense is not None:
-            self.w += dense
-        self.clocks.barriers.append(t_start)
+            part += dense
+        if not isinstance(key, tuple) or key[1] == 0:  # one barrier per step: its first ring
+            self.clocks.barriers.append(t_start)
         sent = int(round(2 * (cfg.n_workers - 1) / cfg.n_workers * size)) if cfg.n_workers > 1 else 0
-        del self.rings[c]
+        del self.rings[key]
         done.succeed((t_start, sent))
 
     # -- failures, bookkeeping -------------------------------------------------------------------
@@ -683,18 +688,30 @@ class _Worker:
     def all_reduce(self, effect: AllReduce):
         """Wait for every worker's gradient of the step; the step's ring all-reduce (:meth:`_Run._ring`) starts with
         the last one and ends with the sum in the table."""
-        env, run, i, c = self.env, self.run, self.i, effect.step
+        yield from self._join(effect.step, effect.step, (effect.keys, effect.deltas), slice(None))
+
+    def bucket(self, effect: Bucket):
+        """Bucket k of the step: its own ring over its keys, started with the last worker's bucket (the simulator
+        waits for it here: the overlap of a bucket with the rest of the backward pass is not modelled)."""
+        yield from self._join((effect.step, effect.index), effect.step, (slice(None), effect.deltas), effect.keys)
+
+    def _join(self, key: Any, c: int, grad: tuple, span: slice):
+        """Add this worker's gradient to the ring ``key``; wait for its end; record the wait and the ring's span."""
+        env, run, i = self.env, self.run, self.i
         t_arrive = env.now
-        done, grads = run.rings.setdefault(c, (env.event(), []))
-        grads.append((effect.keys, effect.deltas))
-        if len(grads) == self.cfg.n_workers:  # the last gradient of the step: its ring all-reduce starts
-            env.process(run._ring(c, done, grads))
+        done, grads = run.rings.setdefault(key, (env.event(), []))
+        grads.append(grad)
+        if len(grads) == self.cfg.n_workers:  # the last gradient: the ring starts
+            env.process(run._ring(key, done, grads, span))
         yield done
         t_start, nbytes = done.value
         run.trace.span(i, "wait", t_arrive, t_start, step=c)
         run.trace.span(i, "send", t_start, env.now, nbytes=nbytes, step=c)
-        run.trace.update(env.now, i, c, 0, True)
-        run._count_step(True)
+
+    def reduced(self, effect: Reduced) -> None:
+        """The step's all-reduces are in the table (each waited for above): one update per worker and step."""
+        self.run.trace.update(self.env.now, self.i, effect.step, 0, True)
+        self.run._count_step(True)
 
     def push(self, effect: Push):
         """The update travels to each shard; it is applied (through the step rule) when all of it has arrived."""
@@ -732,7 +749,7 @@ class _Worker:
 
 
 _PS_EFFECTS = {Gate: _Worker.gate, Pull: _Worker.pull, Push: _Worker.push, Early: _Worker.early}
-_RING_EFFECTS = {Pull: _Worker.replica, AllReduce: _Worker.all_reduce}
+_RING_EFFECTS = {Pull: _Worker.replica, AllReduce: _Worker.all_reduce, Bucket: _Worker.bucket, Reduced: _Worker.reduced}
 
 
 class _Cache:
