@@ -260,7 +260,7 @@ def drive(program: Program, transport: Any) -> None:
     """Run ``program`` on a transport that performs each effect at once (``transport.gate(effect)``, ...)."""
     value = None
     send = program.send
-    perform = {Gate: transport.gate, Pull: transport.pull, Compute: transport.compute,
+    perform = {Gate: getattr(transport, "gate", None), Pull: transport.pull, Compute: transport.compute,
                Push: getattr(transport, "push", None), Early: getattr(transport, "early", _ignore),
                InPlace: getattr(transport, "in_place", _ignore), AllReduce: getattr(transport, "all_reduce", None),
                Bucket: getattr(transport, "bucket", None), Reduced: getattr(transport, "reduced", None)}

@@ -58,6 +58,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.contract import Result, Training, capabilities, local_result, new_trace, real_result, record_metric
 from simlib.contract import warm_up
+from simlib.parallel.allreduce import ShmAllReduce, run_replicas
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol, may_read, read_allowed, staleness
@@ -115,6 +116,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     (:func:`simlib.contract.local_result`).
     """
     opts = check.options(ShmOptions, options, "substrate 'shm'")
+    if protocol.kind == "allreduce":  # every worker a replica; each bucket summed through shared segments
+        return run_replicas(problem, protocol, training, opts, "shm", "on shared memory",
+                            lambda group, n: ShmAllReduce(group, n, problem.n_params).ranks())
     if protocol.timeout is not None:
         raise ValueError("timeout: per-step deadlines run in the simulator only (substrate='sim'); "
                          "use backup_workers on real substrates")
