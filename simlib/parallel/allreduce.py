@@ -62,9 +62,9 @@ class ShmAllReduce:
             me.rank = i
         return out
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """sum over processes of x."""
-        out = np.empty(len(x))
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """sum over processes of x (into ``out`` where given)."""
+        out = np.empty(len(x)) if out is None else out
         cap = self.total.array.size
         for lo in range(0, len(x), cap):
             self._once(x[lo:lo + cap], out[lo:lo + cap])
