@@ -1,5 +1,7 @@
 """Protocol 'allreduce' (simlib.parallel.allreduce and each substrate's transport): the math of one process on the
 global batch, one span per bucket, the collectives themselves, and what it refuses."""
+import time
+
 import numpy as np
 import pytest
 
@@ -147,3 +149,30 @@ def test_bad_or_misplaced_bucket_options_are_named(mlp):
         simlib.run(mlp, "allreduce", substrate="pipes", n_workers=2, steps=2, compression="topk:0.5")
     with pytest.raises(ValueError, match="only SSP takes a bound"):
         simlib.Protocol.parse("allreduce:2")
+
+
+class _FailsOnWorkerOne:
+    """The MLP, except that worker 1's backward pass raises at its second step."""
+
+    def __init__(self, problem):
+        self.inner = problem
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def backward_layers(self, params, batch):
+        if batch[0] == self.inner.shards(2)[1][0] + BATCH:
+            raise RuntimeError("a broken backward pass")
+        return self.inner.backward_layers(params, batch)
+
+
+@pytest.mark.parametrize("substrate", ["pipes", "shm"])
+def test_a_worker_that_fails_mid_step_fails_the_run_at_once_naming_it(mlp, substrate):
+    """Its peer waits at a barrier (or a pipe) for a bucket that never comes: the run still ends within seconds."""
+    from simlib.parallel.group import WorkerError
+
+    t = time.perf_counter()
+    with pytest.raises(WorkerError, match="worker 1 failed: RuntimeError: a broken backward pass"):
+        simlib.run(_FailsOnWorkerOne(mlp), "allreduce", substrate=substrate, n_workers=2, steps=STEPS,
+                   batch_size=BATCH, lr=LR, bucket_bytes=2000, timeout=60)
+    assert time.perf_counter() - t < 30 and live_segments() == []

@@ -178,8 +178,10 @@ class ReplicaWorker:
         self.ctx.update(effect.step, 0, True, 0)
 
     def close(self) -> None:
+        """Stop the helper thread without waiting: after a failure it may be held at a barrier no peer will reach
+        (the group then stops this process; the failure must reach the group first)."""
         if self.pool is not None:
-            self.pool.shutdown()
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def run_replicas(problem: Any, protocol: Protocol, training: Training, opts: Any, substrate: str, where: str,
