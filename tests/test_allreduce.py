@@ -75,6 +75,18 @@ def test_without_buckets_or_overlap_the_math_is_the_same(mlp, substrate):
     assert live_segments() == []
 
 
+@pytest.mark.parametrize("substrate", ["pipes", "shm", "gpu"])
+def test_a_sparse_problem_is_summed_as_the_simulator_sums_it(small_problem, substrate):
+    """Logistic regression's updates touch a batch's keys only: each all-reduced as a dense vector, as in the ring."""
+    opts = {"n_workers": 3, "steps": 4, "batch_size": 16, "lr": 0.5}
+    ring = simlib.run(small_problem, "allreduce", substrate="sim", **opts)
+    res = simlib.run(small_problem, "allreduce", substrate=substrate, **opts, **QUIET[substrate])
+    np.testing.assert_allclose(res.params, ring.params, rtol=1e-9, atol=1e-12)
+    assert not np.allclose(res.params, small_problem.init_params())
+    with pytest.raises(ValueError, match="bucket_bytes: .* has no backward_layers"):
+        simlib.run(small_problem, "allreduce", substrate=substrate, bucket_bytes=1000, **opts, **QUIET[substrate])
+
+
 @pytest.mark.slow  # a local Ray's start: 20-40 s on a busy 2-core machine, the run itself under a second
 def test_ray_replicas_take_one_process_step(mlp):
     pytest.importorskip("ray")

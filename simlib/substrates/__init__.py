@@ -178,6 +178,9 @@ def _check_allreduce(problem: Any, proto: Protocol, training: Any, substrate: st
     if caps.in_place_only:
         raise ValueError(f"protocol: {type(problem).__name__}'s steps exist only in place, with no gradient to "
                          "all-reduce; use a parameter-server protocol")
+    if options.get("bucket_bytes") is not None and caps.backward_layers is None:
+        raise ValueError(f"bucket_bytes: {type(problem).__name__} has no backward_layers (its gradient layer by layer),"
+                         " so its gradient goes as one all-reduce; leave bucket_bytes out")
 
 
 def _own_lr(problem: Any, own: float | None, options: dict[str, Any]) -> None:

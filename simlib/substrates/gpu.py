@@ -173,10 +173,7 @@ class _AllReduceRounds(_Rounds):
 
     def bucket(self, i: int, effect: Bucket) -> None:
         start = time.perf_counter() - self.t0
-        if isinstance(effect.keys, slice):
-            self.total[effect.keys] += effect.deltas
-        else:  # a sparse update: its keys may repeat
-            self.mod.add.at(self.total, effect.keys, effect.deltas)
+        self.total[effect.keys] += effect.deltas  # a push's keys are distinct, as the server's add takes them
         self.trace.span(i, "send", start, time.perf_counter() - self.t0, nbytes=int(effect.deltas.nbytes),
                         step=effect.step)
 
