@@ -64,6 +64,22 @@ def test_every_replica_takes_one_process_step_on_the_global_batch_and_each_bucke
         assert res.measured["replica_spread"] == 0.0  # every replica added the very same sums
 
 
+def test_the_simulator_rings_each_bucket_and_overlap_hides_all_but_the_last_ring(mlp):
+    """No jitter: a step is its compute T plus each bucket's ring in turn, or with overlap T plus the last ring
+    (the first ring, 698 values, ends before the first layer's backward does)."""
+    from simlib.sim import SimConfig, ring_allreduce_time
+
+    cluster = {"bandwidth": 2e6, "latency": 1e-4}
+    runs = {ov: simlib.run(mlp, "allreduce", substrate="sim", n_workers=N, steps=3, batch_size=BATCH, lr=LR,
+                           bucket_bytes=2000, overlap=ov, **cluster) for ov in (False, True)}
+    cfg = SimConfig()
+    T = cfg.compute_overhead + cfg.compute_per_unit * mlp.work(mlp.batch(mlp.shards(N)[0], 0, BATCH))
+    rings = [ring_allreduce_time(N, k * cfg.value_bytes, **cluster) for k in bucket_sizes(mlp, 2000)]
+    assert runs[False].trace.makespan == pytest.approx(3 * (T + sum(rings)))
+    assert runs[True].trace.makespan == pytest.approx(3 * (T + rings[-1]))
+    np.testing.assert_array_equal(runs[True].params, runs[False].params)
+
+
 @pytest.mark.parametrize("substrate", ["pipes", "shm"])
 def test_without_buckets_or_overlap_the_math_is_the_same(mlp, substrate):
     expected = one_process(mlp)

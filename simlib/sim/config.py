@@ -117,6 +117,8 @@ class SimConfig(_FieldsOnly):
     bucket_bytes: int | None = _f(None, "ring all-reduce of a layered problem (backward_layers): the gradient goes "
                                         "in buckets of about this many bytes, each its own ring; off: one ring",
                                   min=1, max=1 << 40)
+    overlap: bool = _f(True, "with bucket_bytes: each bucket's ring starts while the backward pass goes on (the step's "
+                             "compute a third forward, the rest per layer by its parameters); off: each ring waited for")
     n_servers: int = _f(1, "parameter-server shards", flag="--servers", min=1, max=1_000_000)
     n_summation: int = _f(0, "BytePS-style extra summation nodes", flag="--summation-nodes", min=0, max=1_000_000)
     latency: float = _f(1e-4, "time per message", unit="s", min=0, max=3600)
@@ -213,6 +215,8 @@ class SimConfig(_FieldsOnly):
                              "a worker would never fetch; use 'ssp:S' or 'essp:S' (under BSP every read fetches)")
         if self.bucket_bytes is not None and self.topology != "allreduce":
             raise ValueError("bucket_bytes applies to the ring all-reduce only (protocol 'allreduce')")
+        if self.bucket_bytes is not None and self.cost_only:
+            raise ValueError("bucket_bytes: a cost-only run has no backward pass to cut into buckets")
         if self.topology == "allreduce" and self.protocol not in ("bsp", "allreduce"):
             raise ValueError("topology 'allreduce' runs only with protocol 'bsp' (a ring all-reduce is a barrier)")
         if self.topology == "allreduce" and (self.n_servers != 1 or self.n_summation):

@@ -116,6 +116,7 @@ class _Run:
         body = self._worker
         # all-reduce: per step (or per (step, bucket)), its ring's end and the gradients
         self.rings: dict[Any, tuple[simpy.Event, list]] = {}
+        self.ring_free = 0.0  # when the links are free of the last ring started: rings take turns
         self.span_columns, self.update_columns = self.trace.spans.appenders(), self.trace.updates.appenders()
         # NOTE: the run allocates hundreds of thousands of small records; Python's cyclic GC would
         # rescan them all repeatedly (measured: 1.7x slower at 1,000 workers; starting 100,000 worker
@@ -186,6 +187,8 @@ class _Run:
         # methods), without a generator per effect: 10^4 workers x 100 BSP steps cost 1.4x the hand-written loop's
         # CPU seconds through the methods alone.
         plain = transport.direct and self.compressors is None and transport.managed is None and not ring
+        # a bucketed backward pass: its Computes charged layer by layer (_Worker.layer), not at the first
+        layered = ring and cfg.bucket_bytes is not None and callable(getattr(p, "backward_layers", None))
         per_site, clocks, rule, steps = self.per_site, self.clocks, self.clocks.rule, cfg.steps
         ut, uw, uc, us, ua, ul = self.update_columns
         deadline = cfg.timeout is not None or transport.managed is not None
@@ -227,10 +230,9 @@ class _Run:
                         transport.lag = lag if lag > 0 else 0
                         value = 1
                         continue
-                    if kind is Compute:  # charge the batch's work, then the real math on the values read
+                    if kind is Compute and not layered:  # charge the batch's work, then the real math on the values read
                         t0 = env._now
-                        if queued:  # a bucketed backward's later layers: charged with its first (all-reduce only)
-                            yield work(i, queued.pop(0))
+                        yield work(i, queued.pop(0))
                         value = (effect[3][2], None) if cost_only else effect[2](*effect[3])
                         now = env._now
                         if now > t0:  # span(i, COMPUTE, t0, now, 0, c)
@@ -546,7 +548,9 @@ class _Run:
             k_dec, v_dec, size = self.compressors[0](np.arange(self.w.size), dense)
             dense = np.zeros_like(self.w)
             dense[np.asarray(k_dec)] = np.asarray(v_dec, dtype=np.float64)  # a sparse compressor keeps a subset
-        yield env.timeout(ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth))
+        t_start = max(t_start, self.ring_free)
+        self.ring_free = t_start + ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth)
+        yield env.timeout(self.ring_free - env.now)
         if dense is not None:
             part += dense
         if not isinstance(key, tuple) or key[1] == 0:  # one barrier per step: its first ring
@@ -602,7 +606,7 @@ class _Worker:
     # holding a dict and twelve bound methods of their own made every step reach colder memory.
     __slots__ = ("run", "i", "env", "cfg", "clocks", "rule", "sw", "sk", "ss", "se", "sn", "sc", "ut", "uw", "uc", "us",
                  "ua", "ul", "per_site", "cached", "direct", "inlink", "outlink", "server", "step", "lag", "units",
-                 "managed")
+                 "managed", "pending", "step_time")
 
     def __init__(self, run: "_Run", i: int):
         cfg = run.cfg
@@ -619,6 +623,8 @@ class _Worker:
         self.server = run.site_server[run.site_of[i]] if self.per_site else run.server  # per site: its site's servers
         self.step = self.lag = 0
         self.units: list[float] = []  # the work of each mini-batch sourced and not yet computed
+        self.pending: list = []  # all-reduce with overlap: the step's rings still running
+        self.step_time = 0.0  # a bucketed backward pass: the step's compute time, drawn at its first layer
         self.managed = None
         if cfg.clock_batches > 1:  # Bosen's clocks; a budget spends the Early effects (simlib.sim.managed)
             from simlib.sim.managed import Sender
@@ -691,12 +697,34 @@ class _Worker:
         yield from self._join(effect.step, effect.step, (effect.keys, effect.deltas), slice(None))
 
     def bucket(self, effect: Bucket):
-        """Bucket k of the step: its own ring over its keys, started with the last worker's bucket (the simulator
-        waits for it here: the overlap of a bucket with the rest of the backward pass is not modelled)."""
-        yield from self._join((effect.step, effect.index), effect.step, (slice(None), effect.deltas), effect.keys)
+        """Bucket k of the step: its own ring over its keys, started with the last worker's bucket once the links are
+        free; with ``overlap`` the worker goes on with its backward pass meanwhile, else it waits for the ring."""
+        join = self._join((effect.step, effect.index), effect.step, (slice(None), effect.deltas), effect.keys,
+                          not self.cfg.overlap)
+        if self.cfg.overlap:
+            self.pending.append(self.env.process(join))
+        else:
+            yield from join
 
-    def _join(self, key: Any, c: int, grad: tuple, span: slice):
-        """Add this worker's gradient to the ring ``key``; wait for its end; record the wait and the ring's span."""
+    def layer(self, effect: Compute):
+        """One Compute of a bucketed backward pass: at the step's first, its compute time T is drawn; the forward pass
+        is charged T / 3 there, and each layer 2T / 3 times its share of the parameters, after its real math."""
+        env, i, c = self.env, self.i, effect.step
+        t0 = env._now
+        forward = 0.0
+        if self.units:
+            self.step_time = self.run.compute.time(i, self.units.pop(0))
+            forward = self.step_time / 3
+        out = effect.fn(*effect.args)
+        share = 0.0 if out is None else (out[0].stop - out[0].start) / self.run.w.size
+        if forward + share > 0:
+            yield env.timeout(forward + 2 * self.step_time / 3 * share)
+            self.run.trace.span(i, "compute", t0, env._now, step=c)
+        return out
+
+    def _join(self, key: Any, c: int, grad: tuple, span: slice, waits: bool = True):
+        """Add this worker's gradient to the ring ``key``; wait for its end; record the ring's span (and the wait for
+        its start, where the worker waits: ``waits``)."""
         env, run, i = self.env, self.run, self.i
         t_arrive = env.now
         done, grads = run.rings.setdefault(key, (env.event(), []))
@@ -705,11 +733,18 @@ class _Worker:
             env.process(run._ring(key, done, grads, span))
         yield done
         t_start, nbytes = done.value
-        run.trace.span(i, "wait", t_arrive, t_start, step=c)
+        if waits:
+            run.trace.span(i, "wait", t_arrive, t_start, step=c)
         run.trace.span(i, "send", t_start, env.now, nbytes=nbytes, step=c)
 
-    def reduced(self, effect: Reduced) -> None:
-        """The step's all-reduces are in the table (each waited for above): one update per worker and step."""
+    def reduced(self, effect: Reduced):
+        """Wait for the step's rings still running (overlap); then one update per worker and step."""
+        if self.pending:
+            t0 = self.env.now
+            yield self.env.all_of(self.pending)
+            self.pending = []
+            if self.env.now > t0:
+                self.run.trace.span(self.i, "wait", t0, self.env.now, step=effect.step)
         self.run.trace.update(self.env.now, self.i, effect.step, 0, True)
         self.run._count_step(True)
 
@@ -749,7 +784,8 @@ class _Worker:
 
 
 _PS_EFFECTS = {Gate: _Worker.gate, Pull: _Worker.pull, Push: _Worker.push, Early: _Worker.early}
-_RING_EFFECTS = {Pull: _Worker.replica, AllReduce: _Worker.all_reduce, Bucket: _Worker.bucket, Reduced: _Worker.reduced}
+_RING_EFFECTS = {Pull: _Worker.replica, AllReduce: _Worker.all_reduce, Bucket: _Worker.bucket, Reduced: _Worker.reduced,
+                 Compute: _Worker.layer}
 
 
 class _Cache:

@@ -162,8 +162,10 @@ def _check_allreduce(problem: Any, proto: Protocol, training: Any, substrate: st
     """ValueError naming the setting that cannot mean anything under protocol 'allreduce' (WITH_ALLREDUCE), or the
     all-reduce's own options given to another protocol."""
     if proto.kind != "allreduce":
-        for name in ("bucket_bytes", "overlap"):
-            if options.get(name) is not None:
+        # (overlap=True, the default, passes: a SimConfig's fields all travel to simlib.run)
+        for name, given in (("bucket_bytes", options.get("bucket_bytes") is not None),
+                            ("overlap", options.get("overlap", True) is not True)):
+            if given:
                 raise ValueError(f"{name} applies to protocol 'allreduce' only, not {proto.spec!r}")
         return
     rule = training.rule
