@@ -22,6 +22,9 @@ Two paths, as on shared memory:
   i's push lands on top of i others: tau = i. No worker gets ahead of another, a valid schedule under
   BSP, SSP(s) and async alike.
 
+* **All-reduce** (protocol ``'allreduce'``): every replica is the one device table; round c adds the
+  sum of every worker's gradient (bucket by bucket with ``bucket_bytes``) to it once.
+
 Each problem's device steps live beside its math (:mod:`simlib.problems.logistic_device`,
 :mod:`~simlib.problems.glove_device`, :mod:`~simlib.problems.lda_device`); fused CUDA kernels are chosen
 by :func:`simlib.backend.use_fused` and compiled once by :func:`simlib.backend.cuda_kernels`.

@@ -12,6 +12,10 @@ The server is :class:`simlib.contract.ParamServer`: it holds a pull for step c u
 allows the read (BSP, SSP(s), async, backup workers), applies pushes through the step rule and
 measures each push's tau. Byte counts are the simulator's with ``key_bytes=4, value_bytes=8``.
 
+Under protocol ``'allreduce'`` there is no server: the N workers form a ring of pipes, each keeps a replica,
+and each bucket of its gradient goes around the ring (:class:`simlib.parallel.allreduce.Ring`: reduce-scatter
+then all-gather), on a helper thread while the backward pass goes on (``bucket_bytes``, ``overlap``).
+
 With ``clock_batches=k`` a step is a clock of k mini-batches: one pull of the keys they touch, k
 updates computed on the worker's copy (its own added locally first) and summed, one push at the
 end. With ``managed_bandwidth=B`` too (Bosen's managed communication, :mod:`simlib.managed`),

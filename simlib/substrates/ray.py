@@ -16,6 +16,11 @@ Actors (all asynchronous servers, synchronous workers):
   timed by the coordinator), ``recv`` (the pull, keys 4 B + values 8 B per key), ``compute``,
   ``send`` (the push, 12 B per key, or the compressor's wire size with ``compression=``).
 
+Under protocol ``'allreduce'`` a :class:`RayReducer` actor takes the servers' place: each worker keeps a
+replica and sends each bucket of its gradient as the backward pass makes it; the reducer returns every
+worker the bucket's sum once all have sent theirs (through the object store), and keeps a replica of its
+own whose quality it records.
+
 Cluster: with no ``address`` the run starts a local Ray (``ray.init``, no dashboard, quiet logs)
 and shuts it down at the end; ``address="host:port"`` (or ``"auto"``) joins a cluster started with
 ``ray start --head`` / ``ray start --address=host:port`` and leaves it running. An already

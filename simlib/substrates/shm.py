@@ -17,6 +17,11 @@ writes within a budget), ESSP (every read is of the table itself), and backup wo
 lock the table counts each open step's pushes, a step completes with its n - b-th push, later pushes
 for it are dropped and their worker rejoins at the first step not complete.
 
+Under protocol ``'allreduce'`` every worker keeps a replica of the table instead, and each bucket of its
+gradient is summed with the others' through shared segments (:class:`simlib.parallel.allreduce.ShmAllReduce`:
+reduce-scatter then all-gather, two barriers), on a helper thread while the backward pass goes on
+(``bucket_bytes``, ``overlap``); the metric is recorded at the start and the end.
+
 A problem with the local-step hook (``problem.local_steps(table, shard, first, count, batch_size,
 lr)``, which applies a chunk of steps to the table in place, compiled) runs on the fast path
 instead whenever every push lands as it is (the plain step rule): each worker reads the clocks,
