@@ -204,3 +204,16 @@ def test_a_worker_that_fails_mid_step_fails_the_run_at_once_naming_it(mlp, subst
         simlib.run(_FailsOnWorkerOne(mlp), "allreduce", substrate=substrate, n_workers=2, steps=STEPS,
                    batch_size=BATCH, lr=LR, bucket_bytes=2000, timeout=60)
     assert time.perf_counter() - t < 30 and live_segments() == []
+
+
+def test_a_straggler_holds_every_replica_back(mlp):
+    """Worker 1 sleeps 50 ms after each step's backward pass: worker 0 waits for its buckets in every step."""
+    res = simlib.run(mlp, "allreduce", substrate="shm", n_workers=N, steps=3, batch_size=BATCH, lr=LR,
+                     bucket_bytes=2000, overlap=False, straggler=(1, 0.05))
+    np.testing.assert_allclose(res.params, one_process(mlp, steps=3), rtol=1e-6)
+    for c in range(1, 3):  # worker 1 sleeps after its part of step c - 1's last bucket, before its step c
+        last = max(s.start for s in sends(res, 0, c - 1))
+        first = min(s.end for s in sends(res, 0, c))
+        assert first - last >= 0.05
+    with pytest.raises(ValueError, match="hot_keys"):
+        simlib.run(mlp, "allreduce", substrate="shm", n_workers=N, steps=2, hot_keys=10)

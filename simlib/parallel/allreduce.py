@@ -27,7 +27,7 @@ import numpy as np
 
 from simlib.contract import Result, Training, new_trace, record_start
 from simlib.parallel.group import WorkerGroup
-from simlib.parallel.worker import current
+from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol
 from simlib.worker import AllReduce, Bucket, Compute, Plan, Pull, Reduced, allreduce_worker, drive
 
@@ -140,8 +140,9 @@ class ReplicaWorker:
     """Worker i's transport under all-reduce: pulls read its replica, each bucket is summed by ``reduce`` (on a
     helper thread with ``overlap``), and the sums are added to the replica at :class:`Reduced`."""
 
-    def __init__(self, replica: np.ndarray, reduce: Callable[[np.ndarray], np.ndarray], overlap: bool):
-        self.w, self.reduce, self.ctx = replica, reduce, current()
+    def __init__(self, i: int, replica: np.ndarray, reduce: Callable[[np.ndarray], np.ndarray], overlap: bool,
+                 straggler: tuple[int, float] | None = None):
+        self.i, self.w, self.reduce, self.ctx, self.straggler = i, replica, reduce, current(), straggler
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="all-reduce") if overlap else None
         self.pending: list[tuple[Any, Any]] = []  # (keys, the sum or its Future)
 
@@ -172,6 +173,7 @@ class ReplicaWorker:
         return out
 
     def reduced(self, effect: Reduced) -> None:
+        straggle(self.straggler, self.i)  # a slow machine's steps take longer: every replica waits for its buckets
         for keys, total in self.pending:
             self.w[keys] += total.result() if isinstance(total, Future) else total
         self.pending = []
@@ -188,8 +190,9 @@ def run_replicas(problem: Any, protocol: Protocol, training: Training, opts: Any
                  links: Callable[[WorkerGroup, int], list[Any]]) -> Result:
     """N workers, each with a replica, on the collective ``links(group, n)`` gives (one callable per worker, which
     sums a vector over the workers); ``opts``: the substrate's WorkerOptions (bucket_bytes, overlap, start_method,
-    timeout). Result.params is worker 0's replica; ``measured['replica_spread']`` the largest |w_i - w_0|."""
+    timeout, straggler: that worker sleeps so long after each step's backward pass). Result.params is worker 0's replica; ``measured['replica_spread']`` the largest |w_i - w_0|."""
     n = training.n_workers
+    check_straggler(getattr(opts, "straggler", None), n)
     shards = problem.shards(n)
     w0 = np.asarray(problem.init_params(), dtype=np.float64)
     trace = new_trace(problem, protocol, training, substrate, where, bucket_bytes=opts.bucket_bytes,
@@ -213,7 +216,7 @@ def run_replicas(problem: Any, protocol: Protocol, training: Training, opts: Any
 def _member(i: int, n: int, problem: Any, shards: list, training: Training, opts: Any, w0: np.ndarray,
             reduce: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """Worker i: the all-reduce worker program on its own replica; returns the replica at the end."""
-    transport = ReplicaWorker(w0.copy(), reduce, opts.overlap)
+    transport = ReplicaWorker(i, w0.copy(), reduce, opts.overlap, getattr(opts, "straggler", None))
     plan = Plan(training.steps, training.batch_size, training.lr)
     try:
         drive(allreduce_worker(problem, shards[i], plan, bucket_bytes=opts.bucket_bytes), transport)

@@ -122,6 +122,10 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     """
     opts = check.options(ShmOptions, options, "substrate 'shm'")
     if protocol.kind == "allreduce":  # every worker a replica; each bucket summed through shared segments
+        for name, value in (("locked", opts.locked), ("hot_keys", opts.hot_keys)):
+            if value:
+                raise ValueError(f"{name}: the shared table's option; under protocol 'allreduce' every worker has a "
+                                 "replica of its own")
         return run_replicas(problem, protocol, training, opts, "shm", "on shared memory",
                             lambda group, n: ShmAllReduce(group, n, problem.n_params).ranks())
     if protocol.timeout is not None:
