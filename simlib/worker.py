@@ -10,7 +10,7 @@ process with an event's value. Step c of worker i:
     Early(c, pending)            -> None       between a clock's mini-batches: a chance to send part of its push
     Push(c, keys, deltas, version, nbytes) -> (applied, completed)   the server applies it through the step rule
     AllReduce(c, keys, deltas)   -> None       every worker's update summed into every replica (no server)
-    Bucket(c, k, keys, deltas)   -> None       start the all-reduce of bucket k of step c (keys: a slice; may overlap)
+    Bucket(c, k, keys, deltas)   -> None       start bucket k of step c's all-reduce (may return before its end)
     Reduced(c)                   -> None       wait until every all-reduce of step c is in the replica
     InPlace(c, k)                -> None       steps c .. c+k-1 applied to a shared table in place (a compiled chunk)
 
@@ -209,8 +209,7 @@ def _buckets(problem: Any, c: int, batch: Any, values: Any, lr: float, bucket_by
     held: list[tuple[slice, Any]] = []
     index = 0
     while True:
-        # only the first carries the batch: the simulator charges the step's whole work there
-        out = yield Compute(c, batch if index == 0 and not held else None, next, (layers, None))
+        out = yield Compute(c, batch, next, (layers, None))  # the first runs the forward pass too
         if out is not None:
             held.append(out)
         if held and (out is None or sum(g.nbytes for _, g in held) >= bucket_bytes):
