@@ -5,7 +5,8 @@ many calls), bandwidth = vector bytes / seconds, for simlib's :class:`~simlib.pa
 (2 processes of a WorkerGroup) and for ``comm.Allreduce(a, b)`` under ``mpiexec -n 2`` (OpenMPI's own
 shared-memory transport), run back to back. The bound is memory's: a copy's bandwidth measured in this run
 (``np.copyto`` of 64 MB), divided by the copies' worth of memory one process moves per byte reduced
-(:func:`~simlib.parallel.allreduce.copies_per_byte`: its vector in, its half summed, the sum out: 2.75).
+(:func:`~simlib.parallel.allreduce.copies_per_byte`: with 2 processes its vector in, then both slots read and
+the sum written: 2.5).
 
 The overlap row: an MLP on 2 shm processes whose all-reduce is a large share of a step (small batches,
 wide layers), its step time with the gradient sent in buckets as the backward pass makes them (a helper
@@ -154,9 +155,10 @@ def main() -> None:
     copy = max(copy, copy_bandwidth())  # measured again after: the faster of the two
     from simlib.parallel.allreduce import copies_per_byte
 
-    bound = copy / copies_per_byte(2)
+    per_byte = copies_per_byte(2, 64 * MB)
+    bound = copy / per_byte
     print(f"\n2 processes, {os.cpu_count()} cores; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at "
-          f"the end; memory copy {copy / 1e9:.1f} GB/s, bound {bound / 1e9:.2f} GB/s (copy / {copies_per_byte(2)})")
+          f"the end; memory copy {copy / 1e9:.1f} GB/s, bound {bound / 1e9:.2f} GB/s (copy / {per_byte})")
     print(f"{'size':>8}{'shm':>11}{'shm GB/s':>10}{'MPI':>11}{'MPI GB/s':>10}{'shm/MPI':>9}{'of bound':>10}")
     for size in sizes:
         label = f"{size // MB} MB" if size >= MB else f"{size // KB} KB"
@@ -168,7 +170,7 @@ def main() -> None:
             record(__file__, f"all-reduce of {label}, 2 processes", "OpenMPI MPI_Allreduce (mpi4py, shared memory)",
                    mpi[size] / shm[size], "bandwidth (vector bytes / s)")
     if not args.quick:
-        record(__file__, "all-reduce of 64 MB, 2 processes, against memory", "memory-copy bound (copy / 2.75)",
+        record(__file__, "all-reduce of 64 MB, 2 processes, against memory", f"memory-copy bound (copy / {per_byte})",
                64 * MB / shm[64 * MB] / bound, "bandwidth (vector bytes / s)")
     models = [((256, 256, 256), 8, 256 * KB, 60)] if args.quick else [
         ((256, 256, 256), 8, 256 * KB, 100), ((512, 512, 512, 512), 4, 1 * MB, 60)]

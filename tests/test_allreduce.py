@@ -132,7 +132,8 @@ def test_a_bucket_goes_out_before_the_backward_pass_reaches_the_first_layer(mlp)
 
 
 def _sum_three(i, n, x, reduce):
-    return reduce(x * (i + 1))
+    """A long vector, then a short one and the long one again (shm: reduce-scatter, direct, reduce-scatter)."""
+    return reduce(x * (i + 1)), reduce(x[:100] * (i + 1)), reduce(x * (i + 1))
 
 
 @pytest.mark.parametrize("collective", ["shm", "ring"])
@@ -145,8 +146,10 @@ def test_three_processes_sum_a_vector_longer_than_a_pipe_and_the_shared_segment(
             pairs = [group.channel_pair() for _ in range(3)]
             ranks = [Ring(i, 3, pairs[i - 1][1], pairs[i][0]) for i in range(3)]
         out = group.run(_sum_three, x, worker_args=[(r,) for r in ranks], timeout=60)
-    for got in out:
-        np.testing.assert_array_equal(got, 6 * x)
+    for long, short, again in out:
+        np.testing.assert_array_equal(long, 6 * x)
+        np.testing.assert_array_equal(short, 6 * x[:100])
+        np.testing.assert_array_equal(again, 6 * x)
 
 
 @pytest.mark.parametrize("feature, kwargs", [

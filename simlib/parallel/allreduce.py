@@ -2,10 +2,10 @@
 
 Two ways to sum one float64 vector per process, every process getting the sum:
 
-* :class:`ShmAllReduce` -- reduce-scatter then all-gather through shared segments: process i copies its
-  vector into its slot, sums part i of every slot into the shared total, and copies the whole total out,
-  with a barrier after the copy in and one after the sums. Per byte reduced a process moves
-  1 + (n + 1) / (2n) + 1 copies' worth of memory (:func:`copies_per_byte`).
+* :class:`ShmAllReduce` -- through shared segments: each process copies its vector into its slot; then, direct
+  (2 processes, or small vectors), each sums every slot itself after one barrier; else reduce-scatter then
+  all-gather, process i summing part i of every slot into a shared total and, after a second barrier, copying
+  the whole total out (:func:`copies_per_byte`: the memory each moves per byte reduced).
 * :class:`Ring` -- the ring over channels: n - 1 steps of reduce-scatter (send part i - s to the right,
   add part i - s - 1 from the left) and n - 1 of all-gather, each message len / n values.
 
@@ -38,19 +38,34 @@ _POLL = 5e-5
 _TSO = platform.machine().lower() in ("x86_64", "amd64")
 
 
-def copies_per_byte(n: int) -> float:
-    """Copies' worth of memory one process moves per byte of :class:`ShmAllReduce`: 1 in + (n + 1) / (2n) + 1 out
-    (its part: n reads and one write of len / n, a copy being a read and a write)."""
-    return 2.0 + (n + 1) / (2.0 * n)
+DIRECT_BYTES = 64 << 10  # below this (or with 2 processes) every process sums every slot itself: one barrier
+
+
+def copies_per_byte(n: int, nbytes: int) -> float:
+    """Copies' worth of memory one process moves per byte of :class:`ShmAllReduce` (a copy reads and writes a byte):
+    direct, 1 in + (n + 1) / 2 (n reads and a write); else 1 in + (n + 1) / (2n) (its part) + 1 out."""
+    return 1.0 + (n + 1) / 2.0 if _direct(n, nbytes) else 2.0 + (n + 1) / (2.0 * n)
+
+
+def _direct(n: int, nbytes: int) -> bool:
+    """Whether an all-reduce of ``nbytes`` over n processes goes direct: with 2 it moves less memory (2.5 copies
+    against 2.75) and waits at one barrier, not two; with more, only where the barrier costs more than the bytes."""
+    return n == 2 or nbytes <= DIRECT_BYTES
 
 
 class ShmAllReduce:
-    """Sum over n processes of one float64 vector each (at most ``capacity`` long per call chunk), through shared
-    segments made by ``group``; process i calls ``ranks()[i]`` with vectors of the same lengths, in the same order."""
+    """Sum over n processes of one float64 vector each (``capacity`` values at a time), through shared segments made
+    by ``group``; process i calls ``ranks()[i]`` with vectors of the same lengths, in the same order.
+
+    Direct (2 processes, or small vectors): each copies its vector into its slot, and after a barrier sums every
+    slot into its own result; the slots alternate between two sets, so that the next call's copy cannot overwrite a
+    slot a slower process still reads (it passed this call's barrier only once that process had finished the last
+    call). Else reduce-scatter then all-gather: after the barrier process i sums part i of every slot into the shared
+    total, and after a second barrier copies the whole total out."""
 
     def __init__(self, group: WorkerGroup, n: int, capacity: int):
-        self.n, self.rank, self.gen = n, 0, 0
-        self.slots = group.zeros((n, max(capacity, 1)))
+        self.n, self.rank, self.gen, self.calls = n, 0, 0, 0
+        self.slots = group.zeros((2, n, max(capacity, 1)))
         self.total = group.zeros(max(capacity, 1))
         self.flags = group.zeros((n, 8), np.int64)  # a cache line per process: raising one moves no other's line
         self.barrier = None if _TSO else group.barrier(n)
@@ -71,21 +86,25 @@ class ShmAllReduce:
         return out
 
     def _once(self, x: np.ndarray, out: np.ndarray) -> None:
-        """out = sum of every process's x: copy in, barrier, sum part rank of every slot, barrier, copy out."""
-        n, m, slots, total = self.n, len(x), self.slots.array, self.total.array
+        """out = the sum of every process's x (the class docstring says how)."""
+        n, m, total = self.n, len(x), self.total.array
         if n == 1:
             out[:] = x
             return
+        slots = self.slots.array[self.calls % 2]
+        self.calls += 1
         slots[self.rank, :m] = x
         self._wait()
-        lo, hi = self.rank * m // n, (self.rank + 1) * m // n
-        np.add(slots[0, lo:hi], slots[1, lo:hi], out=total[lo:hi])
+        direct = _direct(n, 8 * m)
+        lo, hi = (0, m) if direct else (self.rank * m // n, (self.rank + 1) * m // n)
+        part = out if direct else total[lo:hi]
+        np.add(slots[0, lo:hi], slots[1, lo:hi], out=part)
         for k in range(2, n):
-            total[lo:hi] += slots[k, lo:hi]
-        self._wait()
-        # the next call writes the slots and the total only after its first barrier, which every process
-        # reaches after this copy: two barriers a call suffice
-        out[:] = total[:m]
+            part += slots[k, lo:hi]
+        if not direct:
+            self._wait()
+            # the total is written again only after the next call's barrier, which every process reaches after this
+            out[:] = total[:m]
 
     def _wait(self) -> None:
         """Every process has reached this barrier: its flag raised to the call's generation, the others' awaited."""
