@@ -117,6 +117,7 @@ HOOKS: dict[str, tuple[str, Any]] = {
     "miniature": ("method", None),  # the same problem on a few documents, to warm the kernels up cheaply
     "local_result": ("method", None),  # what a worker sends back of its local state (LDA's assignments)
     "lr": ("rate", None),  # the problem's own step size (GloVe's config.lr): simlib.run's lr unless it differs
+    "backward_layers": ("method", None),  # (params, batch) -> each layer's (slice, gradient), last first: buckets
 }
 
 
@@ -142,6 +143,7 @@ class Capabilities:
     miniature: Callable | None
     local_result: Callable | None
     lr: float | None
+    backward_layers: Callable | None
 
     @property
     def in_place(self) -> Callable | None:

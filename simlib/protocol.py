@@ -40,9 +40,9 @@ import numpy as np
 
 from simlib import _validate as check
 
-KINDS = ("bsp", "ssp", "async", "essp")
+KINDS = ("bsp", "ssp", "async", "essp", "allreduce")
 BOUNDED = ("ssp", "essp")  # the kinds that take a staleness bound s
-KIND_LABELS = {"bsp": "BSP", "ssp": "SSP({s})", "essp": "ESSP({s})", "async": "Async"}
+KIND_LABELS = {"bsp": "BSP", "ssp": "SSP({s})", "essp": "ESSP({s})", "async": "Async", "allreduce": "AllReduce"}
 MAX_BOUND = 1_000_000  # larger bounds never bind in any run this library can hold: say async
 # A run's sizes on every substrate (the simulator's SimConfig and the contract's Training): beyond them a
 # run only exhausts memory or never ends. MAX_WORKERS is the simulator's (a million simulated workers x 10 steps
@@ -53,7 +53,7 @@ MAX_BATCH = 10_000_000
 MAX_REAL_WORKERS = 10_000
 # Real substrates take more steps: Hogwild! is one step per row, and a step applied in place costs a microsecond.
 MAX_REAL_STEPS = 1_000_000_000
-_SPEC = re.compile(r"^\s*(bsp|async|essp|ssp)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*$", re.IGNORECASE)
+_SPEC = re.compile(r"^\s*(bsp|async|essp|ssp|allreduce)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*$", re.IGNORECASE)
 
 
 def may_read(clock: int, completed: int, bound: float) -> bool:
@@ -106,9 +106,10 @@ def read_allowed(read_rule: ReadRule, clock: int, completed: int, bound: float) 
 
 @dataclass(frozen=True)
 class Protocol:
-    """BSP, SSP(s), ESSP(s) or async, with backup workers and a per-step deadline.
+    """BSP, SSP(s), ESSP(s) or async, with backup workers and a per-step deadline; or 'allreduce' (synchronous data
+    parallelism without a server: every worker's gradient summed into every worker's replica, bound 0).
 
-    ``Protocol.parse`` accepts 'bsp', 'async', 'ssp:3', 'SSP(3)', 'essp:3', 'ESSP(3)' (any case).
+    ``Protocol.parse`` accepts 'bsp', 'async', 'ssp:3', 'SSP(3)', 'essp:3', 'ESSP(3)', 'allreduce' (any case).
     Bad values raise a ValueError naming the field.
     """
 
@@ -131,6 +132,9 @@ class Protocol:
             check.positive("timeout", self.timeout)
         if self.kind == "async" and (self.backup_workers or self.timeout is not None):
             raise ValueError("backup_workers and timeout need a clocked protocol: use 'bsp' or 'ssp:S', not 'async'")
+        if self.kind == "allreduce" and (self.backup_workers or self.timeout is not None):
+            raise ValueError("backup_workers and timeout: an all-reduce sums every worker's gradient into every "
+                             "replica, so it cannot drop the slowest; use 'bsp' with backup workers")
 
     @classmethod
     def parse(cls, spec: "str | Protocol", **extra: Any) -> "Protocol":
@@ -139,8 +143,8 @@ class Protocol:
             return replace(spec, **extra) if extra else spec
         m = _SPEC.match(spec) if isinstance(spec, str) else None
         if m is None:  # not a string, or not a protocol's spelling
-            raise ValueError(f"protocol: unknown protocol {spec!r}; use 'bsp', 'ssp:S' (e.g. 'ssp:3'), 'essp:S' "
-                             "or 'async'")
+            raise ValueError(f"protocol: unknown protocol {spec!r}; use 'bsp', 'ssp:S' (e.g. 'ssp:3'), 'essp:S', "
+                             "'async' or 'allreduce'")
         kind, bound = m.group(1).lower(), m.group(2)
         if kind in BOUNDED and bound is None:
             raise ValueError(f"protocol: {kind.upper()} needs a staleness bound such as '{kind}:3', got {spec!r}")

@@ -10,6 +10,8 @@ process with an event's value. Step c of worker i:
     Early(c, pending)            -> None       between a clock's mini-batches: a chance to send part of its push
     Push(c, keys, deltas, version, nbytes) -> (applied, completed)   the server applies it through the step rule
     AllReduce(c, keys, deltas)   -> None       every worker's update summed into every replica (no server)
+    Bucket(c, k, keys, deltas)   -> None       start bucket k of step c's all-reduce (may return before its end)
+    Reduced(c)                   -> None       wait until every all-reduce of step c is in the replica
     InPlace(c, k)                -> None       steps c .. c+k-1 applied to a shared table in place (a compiled chunk)
 
 A dropped push (backup workers, deadlines) makes the worker rejoin at the first step not yet
@@ -86,6 +88,22 @@ class AllReduce(NamedTuple):
     deltas: Any
 
 
+class Bucket(NamedTuple):
+    """Start the all-reduce of bucket ``index`` of step ``step``'s update: ``deltas`` on the contiguous ``keys``
+    (a slice), summed over every worker; the transport may return before it ends (overlap with the backward pass)."""
+
+    step: int
+    index: int
+    keys: slice
+    deltas: Any
+
+
+class Reduced(NamedTuple):
+    """Wait until every all-reduce of step ``step`` has been added to the worker's replica."""
+
+    step: int
+
+
 class InPlace(NamedTuple):
     """Apply steps ``step`` .. ``step + count - 1`` to the shared table in place (the problem's ``local_steps``)."""
 
@@ -116,9 +134,14 @@ class WorkerOptions:
     clock_batches: int = 1  # mini-batches per clock: one pull, their updates summed, one push
     managed_bandwidth: float | None = None  # bytes/s per worker: Bosen's managed communication (simlib.managed)
     compression: Any = None  # a simlib.compress spec ('topk:0.1', 'onebit', ...): each push encoded by its worker
+    bucket_bytes: int | None = None  # protocol 'allreduce': gradients all-reduced in buckets of about this many bytes
+    overlap: bool = True  # protocol 'allreduce' with buckets: each bucket's all-reduce overlaps the rest of the backward
 
     def __post_init__(self) -> None:
         check.positive_int("clock_batches", self.clock_batches, most=MAX_STEPS)
+        if self.bucket_bytes is not None:
+            check.positive_int("bucket_bytes", self.bucket_bytes)
+        check.boolean("overlap", self.overlap)
         if self.managed_bandwidth is not None:
             check.positive("managed_bandwidth", self.managed_bandwidth)
         if self.compression is not None:
@@ -159,15 +182,43 @@ def ps_worker(problem: Any, shard: Any, plan: Plan, compressor: Any = None,
 
 
 def allreduce_worker(problem: Any, shard: Any, plan: Plan,
-                     source: Callable[[int], tuple[Any, np.ndarray]] | None = None) -> Program:
+                     source: Callable[[int], tuple[Any, np.ndarray]] | None = None,
+                     bucket_bytes: int | None = None) -> Program:
     """Synchronous data parallelism by all-reduce: each step reads the worker's replica, computes the gradient and
-    all-reduces it, so every replica takes the sum of every worker's update (no server, no staleness)."""
+    all-reduces it, so every replica takes the sum of every worker's update (no server, no staleness).
+
+    With ``bucket_bytes`` (a problem with ``backward_layers``), the backward pass runs layer by layer, last layer
+    first, and each bucket of about ``bucket_bytes`` of gradient goes out as soon as its layers are done."""
     source = source or _batches(problem, shard, plan.batch_size)
+    layered = bucket_bytes is not None and callable(getattr(problem, "backward_layers", None))
     for c in range(plan.first, plan.steps):
         batch, keys = source(c)
         values, _ = yield Pull(c, keys)
-        keys, deltas = yield Compute(c, batch, problem.step, (values, batch, keys, plan.lr))
-        yield AllReduce(c, keys, deltas)
+        if layered:
+            yield from _buckets(problem, c, batch, values, plan.lr, bucket_bytes)
+        else:
+            keys, deltas = yield Compute(c, batch, problem.step, (values, batch, keys, plan.lr))
+            yield AllReduce(c, keys, deltas)
+        yield Reduced(c)
+
+
+def _buckets(problem: Any, c: int, batch: Any, values: Any, lr: float, bucket_bytes: int) -> Program:
+    """Step c's backward pass layer by layer (one Compute each; the first runs the forward too), each bucket of
+    consecutive layers' -lr * gradient sent once it holds ``bucket_bytes`` (and the rest at the end)."""
+    layers = problem.backward_layers(values, batch)
+    held: list[tuple[slice, Any]] = []
+    index = 0
+    while True:
+        out = yield Compute(c, batch, next, (layers, None))  # the first runs the forward pass too
+        if out is not None:
+            held.append(out)
+        if held and (out is None or sum(g.nbytes for _, g in held) >= bucket_bytes):
+            # layers come last first, so the bucket's keys run from the last layer's start to the first one's stop
+            keys = slice(held[-1][0].start, held[0][0].stop)
+            yield Bucket(c, index, keys, -lr * np.concatenate([g for _, g in reversed(held)]))  # CuPy's own on CuPy
+            held, index = [], index + 1
+        if out is None:
+            return
 
 
 def _batches(problem: Any, shard: Any, batch_size: int) -> Callable[[int], tuple[Any, np.ndarray]]:
@@ -208,8 +259,10 @@ def drive(program: Program, transport: Any) -> None:
     """Run ``program`` on a transport that performs each effect at once (``transport.gate(effect)``, ...)."""
     value = None
     send = program.send
-    perform = {Gate: transport.gate, Pull: transport.pull, Compute: transport.compute, Push: transport.push,
-               Early: getattr(transport, "early", _ignore), InPlace: getattr(transport, "in_place", _ignore)}
+    perform = {Gate: getattr(transport, "gate", None), Pull: transport.pull, Compute: transport.compute,
+               Push: getattr(transport, "push", None), Early: getattr(transport, "early", _ignore),
+               InPlace: getattr(transport, "in_place", _ignore), AllReduce: getattr(transport, "all_reduce", None),
+               Bucket: getattr(transport, "bucket", None), Reduced: getattr(transport, "reduced", None)}
     while True:
         try:
             effect = send(value)
@@ -219,11 +272,13 @@ def drive(program: Program, transport: Any) -> None:
 
 
 def drive_rounds(programs: list[Program], transport: Any) -> None:
-    """Run the workers' programs in lock-step rounds (device rounds): every worker's effects up to its push, then the
-    round's pushes in worker order, then ``transport.round_end(the round's last step)``. Transport methods take
-    (worker, effect)."""
-    perform = {Gate: transport.gate, Pull: transport.pull, Compute: transport.compute,
-               InPlace: getattr(transport, "in_place", None)}
+    """Run the workers' programs in lock-step rounds (device rounds): every worker's effects up to its push (or, under
+    all-reduce, up to its Reduced), then the round's ends in worker order, then ``transport.round_end(the round's last
+    step)``. Transport methods take (worker, effect)."""
+    perform = {Gate: getattr(transport, "gate", None), Pull: transport.pull, Compute: transport.compute,
+               InPlace: getattr(transport, "in_place", None), AllReduce: getattr(transport, "all_reduce", None),
+               Bucket: getattr(transport, "bucket", None)}
+    ends = {Push: getattr(transport, "push", None), Reduced: getattr(transport, "reduced", None)}
     sends, values = [p.send for p in programs], [None] * len(programs)
     while True:
         pushes = []
@@ -233,14 +288,14 @@ def drive_rounds(programs: list[Program], transport: Any) -> None:
                     effect = send(values[i])
                 except StopIteration:
                     break
-                if type(effect) is Push:
+                if type(effect) in ends:
                     pushes.append((i, effect))
                     break
                 values[i] = perform[type(effect)](i, effect)
         if not pushes:
             return
         for i, effect in pushes:
-            values[i] = transport.push(i, effect)
+            values[i] = ends[type(effect)](i, effect)
         transport.round_end(pushes[0][1].step)
 
 

@@ -323,7 +323,8 @@ def test_bad_problem_protocol_and_substrate_are_refused_by_name(tiny):
 @pytest.mark.parametrize("substrate, option, message", [
     ("sim", {"latncy": 1e-3}, "latncy: not an option of substrate 'sim'; did you mean 'latency'?"),
     ("pipes", {"hot_keys": 8}, "hot_keys: not an option of substrate 'pipes'; its own options: "
-                               "clock_batches, managed_bandwidth, compression, start_method, timeout"),
+                               "clock_batches, managed_bandwidth, compression, bucket_bytes, overlap, start_method, "
+                               "timeout"),
     ("shm", {"start_metod": "spawn"}, "start_metod: not an option of substrate 'shm'; did you mean 'start_method'?"),
     ("gpu", {"n_worker": 2}, "n_worker: not an option of substrate 'gpu'; did you mean 'n_workers'?"),
     ("ray", {"n_server": 2}, "n_server: not an option of substrate 'ray'; did you mean 'n_servers'?"),

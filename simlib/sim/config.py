@@ -117,7 +117,13 @@ class SimConfig(_FieldsOnly):
                                aliases=("--staleness-aware-lr",))
     accumulation: int | None = _f(None, "lambda: the server averages floor(lambda / workers) pushes per update",
                                   min=1, max=1_000_000)
-    topology: str = _f("ps", "parameter server or ring all-reduce (BSP only)", choices=TOPOLOGIES)
+    topology: str = _f("ps", "parameter server or ring all-reduce (BSP only; protocol 'allreduce' sets it)",
+                       choices=TOPOLOGIES)
+    bucket_bytes: int | None = _f(None, "ring all-reduce of a layered problem (backward_layers): the gradient goes "
+                                        "in buckets of about this many bytes, each its own ring; off: one ring",
+                                  min=1, max=1 << 40)
+    overlap: bool = _f(True, "with bucket_bytes: each bucket's ring starts while the backward pass goes on (the step's "
+                             "compute a third forward, the rest per layer by its parameters); off: each ring waited for")
     n_servers: int = _f(1, "parameter-server shards", flag="--servers", min=1, max=1_000_000)
     n_summation: int = _f(0, "BytePS-style extra summation nodes", flag="--summation-nodes", min=0, max=1_000_000)
     latency: float = _f(1e-4, "time per message", unit="s", min=0, max=3600)
@@ -196,6 +202,8 @@ class SimConfig(_FieldsOnly):
                     raise ValueError(f"protocol: {self.protocol.upper()} needs a staleness bound: "
                                      f"protocol='{self.protocol}:3', or protocol='{self.protocol}' with staleness=3")
                 object.__setattr__(self, "staleness", 0)
+        if self.protocol == "allreduce":  # the protocol is the ring's barrier: the topology follows
+            object.__setattr__(self, "topology", "allreduce")
         self.validate()
 
     def validate(self) -> None:
@@ -210,7 +218,11 @@ class SimConfig(_FieldsOnly):
         if self.cache is True and self.protocol == "async":
             raise ValueError("cache needs a staleness bound (a row is fetched when the bound forces it): under 'async' "
                              "a worker would never fetch; use 'ssp:S' or 'essp:S' (under BSP every read fetches)")
-        if self.topology == "allreduce" and self.protocol != "bsp":
+        if self.bucket_bytes is not None and self.topology != "allreduce":
+            raise ValueError("bucket_bytes applies to the ring all-reduce only (protocol 'allreduce')")
+        if self.bucket_bytes is not None and self.cost_only:
+            raise ValueError("bucket_bytes: a cost-only run has no backward pass to cut into buckets")
+        if self.topology == "allreduce" and self.protocol not in ("bsp", "allreduce"):
             raise ValueError("topology 'allreduce' runs only with protocol 'bsp' (a ring all-reduce is a barrier)")
         if self.topology == "allreduce" and (self.n_servers != 1 or self.n_summation):
             raise ValueError("n_servers and n_summation apply to topology 'ps' only")
@@ -358,7 +370,7 @@ class SimConfig(_FieldsOnly):
         base = KIND_LABELS[self.protocol].format(s=self.staleness)
         if self.cache is True and self.protocol != "essp":
             base += " cache"
-        if self.topology == "allreduce":
+        if self.topology == "allreduce" and self.protocol != "allreduce":
             base += " all-reduce"
         if self.sites > 1:
             base += f" {self.sites} sites"

@@ -38,7 +38,7 @@ from simlib.sim.sites import Outbox, site_of
 from simlib.sim.stragglers import ComputeModel
 from simlib.sim.kernel import Environment
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, UpdateLog
-from simlib.worker import AllReduce, Compute, Early, Gate, Plan, Pull, Push, allreduce_worker, ps_worker
+from simlib.worker import AllReduce, Bucket, Compute, Early, Gate, Plan, Pull, Push, Reduced, allreduce_worker, ps_worker
 
 COMPUTE, SEND, RECV, WAIT = (SPAN_KINDS.index(k) for k in ("compute", "send", "recv", "wait"))
 
@@ -115,7 +115,9 @@ class _Run:
         if not cfg.cost_only:
             record_start(self.trace, self.problem, self.w)
         body = self._worker
-        self.rings: dict[int, tuple[simpy.Event, list]] = {}  # all-reduce: per step, its end and the gradients
+        # all-reduce: per step (or per (step, bucket)), its ring's end and the gradients
+        self.rings: dict[Any, tuple[simpy.Event, list]] = {}
+        self.ring_free = 0.0  # when the links are free of the last ring started: rings take turns
         self.span_columns, self.update_columns = self.trace.spans.appenders(), self.trace.updates.appenders()
         # NOTE: the run allocates hundreds of thousands of small records; Python's cyclic GC would
         # rescan them all repeatedly (measured: 1.7x slower at 1,000 workers; starting 100,000 worker
@@ -186,6 +188,8 @@ class _Run:
         # methods), without a generator per effect: 10^4 workers x 100 BSP steps cost 1.4x the hand-written loop's
         # CPU seconds through the methods alone.
         plain = transport.direct and self.compressors is None and transport.managed is None and not ring
+        # a bucketed backward pass: its Computes charged layer by layer (_Worker.layer), not at the first
+        layered = ring and cfg.bucket_bytes is not None and callable(getattr(p, "backward_layers", None))
         per_site, clocks, rule, steps = self.per_site, self.clocks, self.clocks.rule, cfg.steps
         ut, uw, uc, us, ua, ul = self.update_columns
         deadline = cfg.timeout is not None or transport.managed is not None
@@ -197,7 +201,7 @@ class _Run:
         while c < cfg.steps:
             plan = Plan(cfg.steps, cfg.batch_size, cfg.lr, clock_batches=cfg.clock_batches, first=c,
                         entry_bytes=cfg.entry_bytes)
-            send = (allreduce_worker(p, shard, plan, transport.source) if ring
+            send = (allreduce_worker(p, shard, plan, transport.source, cfg.bucket_bytes) if ring
                     else ps_worker(p, shard, plan, comp, transport.source)).send
             value = None
             try:
@@ -227,7 +231,7 @@ class _Run:
                         transport.lag = lag if lag > 0 else 0
                         value = 1
                         continue
-                    if kind is Compute:  # charge the batch's work, then the real math on the values read
+                    if kind is Compute and not layered:  # charge the batch's work, then the real math on the values read
                         t0 = env._now
                         yield work(i, queued.pop(0))
                         value = (effect[3][2], None) if cost_only else effect[2](*effect[3])
@@ -524,8 +528,9 @@ class _Run:
         return np.asarray(k2), np.asarray(g2, dtype=np.float64), int(nbytes)
 
     # -- all-reduce worker -----------------------------------------------------------------------
-    def _ring(self, c: int, done: simpy.Event, grads: list[tuple[np.ndarray, np.ndarray | None]]):
-        """Step c's ring all-reduce of every worker's gradient, costed by the ring formula; ``done`` fires at its end.
+    def _ring(self, key: Any, done: simpy.Event, grads: list[tuple[Any, np.ndarray | None]], span: slice = slice(None)):
+        """A ring all-reduce of every worker's gradient on ``self.w[span]`` (the whole table, or one bucket), costed by
+        the ring formula; ``done`` fires at its end with (its start, bytes each worker sent).
 
         With a compressor, the summed gradient is compressed once (worker 0's compressor) and its
         encoded size is what travels the ring: a model of compressed all-reduce, not of per-worker
@@ -533,22 +538,26 @@ class _Run:
         """
         cfg, env = self.cfg, self.env
         t_start = env.now
-        size = self.w.size * cfg.value_bytes
+        part = self.w[span]
+        size = part.size * cfg.value_bytes
         dense = None
         if not cfg.cost_only:
-            dense = np.zeros_like(self.w)
+            dense = np.zeros_like(part)
             for keys, g in grads:
                 dense[keys] += g
         if self.compressors is not None:
             k_dec, v_dec, size = self.compressors[0](np.arange(self.w.size), dense)
             dense = np.zeros_like(self.w)
             dense[np.asarray(k_dec)] = np.asarray(v_dec, dtype=np.float64)  # a sparse compressor keeps a subset
-        yield env.timeout(ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth))
+        t_start = max(t_start, self.ring_free)
+        self.ring_free = t_start + ring_allreduce_time(cfg.n_workers, size, cfg.latency, cfg.bandwidth)
+        yield env.timeout(self.ring_free - env.now)
         if dense is not None:
-            self.w += dense
-        self.clocks.barriers.append(t_start)
+            part += dense
+        if not isinstance(key, tuple) or key[1] == 0:  # one barrier per step: its first ring
+            self.clocks.barriers.append(t_start)
         sent = int(round(2 * (cfg.n_workers - 1) / cfg.n_workers * size)) if cfg.n_workers > 1 else 0
-        del self.rings[c]
+        del self.rings[key]
         done.succeed((t_start, sent))
 
     # -- failures, bookkeeping -------------------------------------------------------------------
@@ -598,7 +607,7 @@ class _Worker:
     # holding a dict and twelve bound methods of their own made every step reach colder memory.
     __slots__ = ("run", "i", "env", "cfg", "clocks", "rule", "sw", "sk", "ss", "se", "sn", "sc", "ut", "uw", "uc", "us",
                  "ua", "ul", "per_site", "cached", "direct", "inlink", "outlink", "server", "step", "lag", "units",
-                 "managed")
+                 "managed", "pending", "step_time")
 
     def __init__(self, run: "_Run", i: int):
         cfg = run.cfg
@@ -615,6 +624,8 @@ class _Worker:
         self.server = run.site_server[run.site_of[i]] if self.per_site else run.server  # per site: its site's servers
         self.step = self.lag = 0
         self.units: list[float] = []  # the work of each mini-batch sourced and not yet computed
+        self.pending: list = []  # all-reduce with overlap: the step's rings still running
+        self.step_time = 0.0  # a bucketed backward pass: the step's compute time, drawn at its first layer
         self.managed = None
         if cfg.clock_batches > 1:  # Bosen's clocks; a budget spends the Early effects (simlib.sim.managed)
             from simlib.sim.managed import Sender
@@ -684,18 +695,59 @@ class _Worker:
     def all_reduce(self, effect: AllReduce):
         """Wait for every worker's gradient of the step; the step's ring all-reduce (:meth:`_Run._ring`) starts with
         the last one and ends with the sum in the table."""
-        env, run, i, c = self.env, self.run, self.i, effect.step
+        yield from self._join(effect.step, effect.step, (effect.keys, effect.deltas), slice(None))
+
+    def bucket(self, effect: Bucket):
+        """Bucket k of the step: its own ring over its keys, started with the last worker's bucket once the links are
+        free; with ``overlap`` the worker goes on with its backward pass meanwhile, else it waits for the ring."""
+        join = self._join((effect.step, effect.index), effect.step, (slice(None), effect.deltas), effect.keys,
+                          not self.cfg.overlap)
+        if self.cfg.overlap:
+            self.pending.append(self.env.process(join))
+        else:
+            yield from join
+
+    def layer(self, effect: Compute):
+        """One Compute of a bucketed backward pass: at the step's first, its compute time T is drawn; the forward pass
+        is charged T / 3 there, and each layer 2T / 3 times its share of the parameters, after its real math."""
+        env, i, c = self.env, self.i, effect.step
+        t0 = env._now
+        forward = 0.0
+        if self.units:
+            self.step_time = self.run.compute.time(i, self.units.pop(0))
+            forward = self.step_time / 3
+        out = effect.fn(*effect.args)
+        share = 0.0 if out is None else (out[0].stop - out[0].start) / self.run.w.size
+        if forward + share > 0:
+            yield env.timeout(forward + 2 * self.step_time / 3 * share)
+            self.run.trace.span(i, "compute", t0, env._now, step=c)
+        return out
+
+    def _join(self, key: Any, c: int, grad: tuple, span: slice, waits: bool = True):
+        """Add this worker's gradient to the ring ``key``; wait for its end; record the ring's span (and the wait for
+        its start, where the worker waits: ``waits``)."""
+        env, run, i = self.env, self.run, self.i
         t_arrive = env.now
-        done, grads = run.rings.setdefault(c, (env.event(), []))
-        grads.append((effect.keys, effect.deltas))
-        if len(grads) == self.cfg.n_workers:  # the last gradient of the step: its ring all-reduce starts
-            env.process(run._ring(c, done, grads))
+        done, grads = run.rings.setdefault(key, (env.event(), []))
+        grads.append(grad)
+        if len(grads) == self.cfg.n_workers:  # the last gradient: the ring starts
+            env.process(run._ring(key, done, grads, span))
         yield done
         t_start, nbytes = done.value
-        run.trace.span(i, "wait", t_arrive, t_start, step=c)
+        if waits:
+            run.trace.span(i, "wait", t_arrive, t_start, step=c)
         run.trace.span(i, "send", t_start, env.now, nbytes=nbytes, step=c)
-        run.trace.update(env.now, i, c, 0, True)
-        run._count_step(True)
+
+    def reduced(self, effect: Reduced):
+        """Wait for the step's rings still running (overlap); then one update per worker and step."""
+        if self.pending:
+            t0 = self.env.now
+            yield self.env.all_of(self.pending)
+            self.pending = []
+            if self.env.now > t0:
+                self.run.trace.span(self.i, "wait", t0, self.env.now, step=effect.step)
+        self.run.trace.update(self.env.now, self.i, effect.step, 0, True)
+        self.run._count_step(True)
 
     def push(self, effect: Push):
         """The update travels to each shard; it is applied (through the step rule) when all of it has arrived."""
@@ -733,7 +785,8 @@ class _Worker:
 
 
 _PS_EFFECTS = {Gate: _Worker.gate, Pull: _Worker.pull, Push: _Worker.push, Early: _Worker.early}
-_RING_EFFECTS = {Pull: _Worker.replica, AllReduce: _Worker.all_reduce}
+_RING_EFFECTS = {Pull: _Worker.replica, AllReduce: _Worker.all_reduce, Bucket: _Worker.bucket, Reduced: _Worker.reduced,
+                 Compute: _Worker.layer}
 
 
 class _Cache:

@@ -47,7 +47,7 @@ _registered: dict[str, Runner] = {}
 # The features of the worker program and the server, and where they cannot mean anything: every other
 # (feature, substrate) pair runs. tests/test_worker.py checks every cell of sim, pipes, shm and gpu.
 FEATURES = ("backup_workers", "timeout", "compression", "clock_batches", "essp", "accumulation", "staleness_aware",
-            "read_rule")
+            "read_rule", "allreduce")
 REFUSED = {
     ("backup_workers", "gpu"): "lock-step device rounds leave no straggler behind",
     ("timeout", "pipes"): "per-step deadlines need the server's timers: simulated only",
@@ -55,6 +55,18 @@ REFUSED = {
     ("timeout", "gpu"): "lock-step device rounds leave no straggler behind",
     ("clock_batches", "gpu"): "a round is one mini-batch of every worker",
     ("accumulation", "shm"): "averaging pushes needs a server; the shared table adds each push as it lands",
+}
+# What cannot mean anything under protocol 'allreduce' (every worker's gradient summed into every replica each
+# step, no server), on every substrate; the last column of the feature table.
+WITH_ALLREDUCE = {
+    "backup_workers": "every replica must add the same sum: none can be dropped",
+    "timeout": "every replica must add the same sum: none can be dropped",
+    "compression": "modelled by the simulator without buckets; the real all-reduces sum dense float64 buckets",
+    "clock_batches": "a step is one mini-batch per worker, all-reduced at once",
+    "essp": "a protocol of its own: all-reduce has no cache to push to",
+    "accumulation": "no server to average pushes: each step's sum lands whole",
+    "staleness_aware": "tau is 0 for every step: nothing to scale",
+    "read_rule": "no reads to gate: every replica holds every step before the next",
 }
 _RULE = {f.name for f in fields(StepRule)}
 
@@ -72,9 +84,10 @@ def unregister(name: str) -> None:
 
 
 def feature_table() -> list[list[str]]:
-    """Rows of feature x substrate: 'runs', or the reason it is refused there."""
+    """Rows of feature x substrate: 'runs', or the reason it is refused there; the last column, under 'allreduce'."""
     subs = sorted(BUILTIN)
-    return [["feature", *subs]] + [[f, *(REFUSED.get((f, s), "runs") for s in subs)] for f in FEATURES]
+    return [["feature", *subs, "with allreduce"]] + [
+        [f, *(REFUSED.get((f, s), "runs") for s in subs), WITH_ALLREDUCE.get(f, "runs")] for f in FEATURES]
 
 
 def names() -> list[str]:
@@ -132,6 +145,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         caps.check_run(proto, substrate)
     if caps.check_training is not None:
         caps.check_training(training)
+    _check_allreduce(problem, proto, training, substrate, options, caps)
     if training.read_rule is not None:  # a rule that stalls the very first read is named before anything starts
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
@@ -141,6 +155,34 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         check.positive_int("clock_batches", options["clock_batches"])
         check_clocks(training.steps, options["clock_batches"])
     return runner(problem, proto, training, **options)
+
+
+def _check_allreduce(problem: Any, proto: Protocol, training: Any, substrate: str, options: dict[str, Any],
+                     caps: Any) -> None:
+    """ValueError naming the setting that cannot mean anything under protocol 'allreduce' (WITH_ALLREDUCE), or the
+    all-reduce's own options given to another protocol."""
+    if proto.kind != "allreduce":
+        # (overlap=True, the default, passes: a SimConfig's fields all travel to simlib.run)
+        for name, given in (("bucket_bytes", options.get("bucket_bytes") is not None),
+                            ("overlap", options.get("overlap", True) is not True)):
+            if given:
+                raise ValueError(f"{name} applies to protocol 'allreduce' only, not {proto.spec!r}")
+        return
+    rule = training.rule
+    given = {"accumulation": rule.accumulation is not None or type(rule) is not StepRule,
+             "staleness_aware": rule.staleness_aware, "read_rule": training.read_rule is not None,
+             "clock_batches": options.get("clock_batches", 1) != 1 or options.get("managed_bandwidth") is not None,
+             "compression": options.get("compression") not in (None, "none") and (
+                 substrate != "sim" or options.get("bucket_bytes") is not None)}
+    for name, on in given.items():
+        if on:
+            raise ValueError(f"{name}: not with protocol 'allreduce' ({WITH_ALLREDUCE[name]})")
+    if caps.in_place_only:
+        raise ValueError(f"protocol: {type(problem).__name__}'s steps exist only in place, with no gradient to "
+                         "all-reduce; use a parameter-server protocol")
+    if options.get("bucket_bytes") is not None and caps.backward_layers is None:
+        raise ValueError(f"bucket_bytes: {type(problem).__name__} has no backward_layers (its gradient layer by layer),"
+                         " so its gradient goes as one all-reduce; leave bucket_bytes out")
 
 
 def _own_lr(problem: Any, own: float | None, options: dict[str, Any]) -> None:

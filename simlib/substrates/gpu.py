@@ -22,6 +22,9 @@ Two paths, as on shared memory:
   i's push lands on top of i others: tau = i. No worker gets ahead of another, a valid schedule under
   BSP, SSP(s) and async alike.
 
+* **All-reduce** (protocol ``'allreduce'``): every replica is the one device table; round c adds the
+  sum of every worker's gradient (bucket by bucket with ``bucket_bytes``) to it once.
+
 Each problem's device steps live beside its math (:mod:`simlib.problems.logistic_device`,
 :mod:`~simlib.problems.glove_device`, :mod:`~simlib.problems.lda_device`); fused CUDA kernels are chosen
 by :func:`simlib.backend.use_fused` and compiled once by :func:`simlib.backend.cuda_kernels`.
@@ -52,12 +55,25 @@ from simlib.backend import InFlight, get_xp, synchronize, to_numpy
 from simlib.contract import ParamServer, Result, capabilities, Training, local_result, new_trace, record_metric, record_start
 from simlib.protocol import Protocol, may_read, read_allowed, staleness
 from simlib.compress import worker_compressor
-from simlib.worker import Compute, Gate, InPlace, Plan, Pull, Push, WorkerOptions, drive_rounds, ps_worker
+from simlib.worker import AllReduce, Bucket, Compute, Gate, InPlace, Plan, Pull, Push, Reduced, WorkerOptions
+from simlib.worker import allreduce_worker, drive_rounds, ps_worker
 
 
-def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto", compression: Any = None) -> Result:
+def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto", compression: Any = None,
+        bucket_bytes: int | None = None) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="gpu", xp="numpy"|"cupy"|"auto")``); ``compression``
-    encodes each worker's push (the get / step / add path, on the NumPy twin: the compressors are NumPy code)."""
+    encodes each worker's push (the get / step / add path, on the NumPy twin: the compressors are NumPy code);
+    ``bucket_bytes``: protocol 'allreduce' sums each worker's gradient in buckets of about this many bytes."""
+    WorkerOptions(bucket_bytes=bucket_bytes)  # a bad size named before anything runs
+    if protocol.kind == "allreduce":
+        mod, shards = get_xp(xp), problem.shards(training.n_workers)
+        transport = _AllReduceRounds(problem, protocol, training, mod, shards, capabilities(problem))
+        plan = Plan(training.steps, training.batch_size, training.lr)
+        drive_rounds([allreduce_worker(problem, shard, plan, bucket_bytes=bucket_bytes) for shard in shards],
+                     transport)
+        return transport.result()
+    if bucket_bytes is not None:
+        raise ValueError("bucket_bytes applies to protocol 'allreduce' only")
     if protocol.backup_workers or protocol.timeout is not None:
         raise ValueError("backup_workers and timeout need stragglers; lock-step GPU batches have none "
                          "(use substrate 'sim' or 'pipes')")
@@ -139,6 +155,36 @@ class _Rounds:
 
     def result(self) -> Result:
         return Result(self.trace, to_numpy(self.table), {"wall_seconds": time.perf_counter() - self.t0})
+
+
+class _AllReduceRounds(_Rounds):
+    """All-reduce in device rounds: every worker's replica is the one device table (they are equal at every step's
+    start); round c sums every worker's gradient (bucket by bucket) and adds the sum to it once."""
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.total = self.mod.zeros_like(self.table)
+        self.trace.meta["path"] = "all-reduce"
+
+    def pull(self, i: int, effect: Pull) -> tuple[Any, int]:
+        if i == 0:  # the round starts
+            self.start = time.perf_counter() - self.t0
+        return self.table[self.mod.asarray(effect.keys)], 0
+
+    def all_reduce(self, i: int, effect: AllReduce) -> None:
+        self.bucket(i, Bucket(effect.step, 0, self.mod.asarray(effect.keys), effect.deltas))
+
+    def bucket(self, i: int, effect: Bucket) -> None:
+        start = time.perf_counter() - self.t0
+        self.total[effect.keys] += effect.deltas  # a push's keys are distinct, as the server's add takes them
+        self.trace.span(i, "send", start, time.perf_counter() - self.t0, nbytes=int(effect.deltas.nbytes),
+                        step=effect.step)
+
+    def reduced(self, i: int, effect: Reduced) -> None:
+        if i == self.training.n_workers - 1:  # every worker's gradient is in: the sum lands once
+            self.table[...] += self.total
+            self.total[...] = 0
+            self.taus = [0] * self.training.n_workers
 
 
 class _InPlace(_Rounds):

@@ -12,6 +12,10 @@ The server is :class:`simlib.contract.ParamServer`: it holds a pull for step c u
 allows the read (BSP, SSP(s), async, backup workers), applies pushes through the step rule and
 measures each push's tau. Byte counts are the simulator's with ``key_bytes=4, value_bytes=8``.
 
+Under protocol ``'allreduce'`` there is no server: the N workers form a ring of pipes, each keeps a replica,
+and each bucket of its gradient goes around the ring (:class:`simlib.parallel.allreduce.Ring`: reduce-scatter
+then all-gather), on a helper thread while the backward pass goes on (``bucket_bytes``, ``overlap``).
+
 With ``clock_batches=k`` a step is a clock of k mini-batches: one pull of the keys they touch, k
 updates computed on the worker's copy (its own added locally first) and summed, one push at the
 end. With ``managed_bandwidth=B`` too (Bosen's managed communication, :mod:`simlib.managed`),
@@ -43,6 +47,7 @@ from simlib.contract import ParamServer, Result, Training, local_result, new_tra
 from simlib.contract import served_trace, warm_up as contract_warm_up
 from simlib.managed import MESSAGE_ENTRIES
 from simlib.managed import check as check_managed
+from simlib.parallel.allreduce import Ring, run_replicas
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import check_straggler, current, record_span, straggle
@@ -104,6 +109,8 @@ class PipesOptions(WorkerOptions):
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="pipes")``); ``options``: :class:`PipesOptions`."""
     opts = check.options(PipesOptions, options, "substrate 'pipes'")
+    if protocol.kind == "allreduce":  # every worker a replica; each bucket summed around a ring of pipes
+        return run_replicas(problem, protocol, training, opts, "pipes", "over a ring of pipes", _ring)
     if protocol.timeout is not None:
         raise ValueError("timeout: per-step deadlines run in the simulator only (substrate='sim'); "
                          "use backup_workers on real substrates")
@@ -196,6 +203,12 @@ class _PipeWorker:
     def push(self, effect: Push) -> tuple[bool, int]:
         self.ch.send_array(_records(effect.keys, effect.deltas))
         return True, effect.step + 1  # the server decides what counts; the worker goes on
+
+
+def _ring(group: WorkerGroup, n: int) -> list[Ring]:
+    """A ring of n workers: pipe i joins worker i (its right) to worker i + 1 (its left)."""
+    pairs = [group.channel_pair() for _ in range(n)]
+    return [Ring(i, n, pairs[i - 1][1], pairs[i][0]) for i in range(n)]
 
 
 def _records(keys: np.ndarray, deltas: np.ndarray) -> np.ndarray:

@@ -16,6 +16,11 @@ Actors (all asynchronous servers, synchronous workers):
   timed by the coordinator), ``recv`` (the pull, keys 4 B + values 8 B per key), ``compute``,
   ``send`` (the push, 12 B per key, or the compressor's wire size with ``compression=``).
 
+Under protocol ``'allreduce'`` a :class:`RayReducer` actor takes the servers' place: each worker keeps a
+replica and sends each bucket of its gradient as the backward pass makes it; the reducer returns every
+worker the bucket's sum once all have sent theirs (through the object store), and keeps a replica of its
+own whose quality it records.
+
 Cluster: with no ``address`` the run starts a local Ray (``ray.init``, no dashboard, quiet logs)
 and shuts it down at the end; ``address="host:port"`` (or ``"auto"``) joins a cluster started with
 ``ray start --head`` / ``ray start --address=host:port`` and leaves it running. An already
@@ -72,7 +77,8 @@ from simlib.contract import ParamServer, Result, Training, new_trace, served_tra
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
 from simlib.managed import MESSAGE_ENTRIES, check as check_managed
-from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, WorkerOptions, drive, ps_worker
+from simlib.worker import AllReduce, Bucket, Compute, Early, Gate, Plan, Pull, Push, Reduced, WorkerOptions
+from simlib.worker import allreduce_worker, drive, ps_worker
 
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
 ACTOR_SHARE = 0.001  # of a node's 'server' / 'worker' resource per actor: a label, not a quota
@@ -248,6 +254,7 @@ class RayPSWorker:
         self.compressor = worker_compressor(opts.compression, problem.n_params, training.seed, index, KEY_BYTES,
                                             VALUE_BYTES)
         self.clock_batches, self.budget, self.next_send = opts.clock_batches, opts.managed_bandwidth, 0.0
+        self.opts = opts
         self.early_refs: list = []  # managed communication: early adds the clock's push waits for
 
     def ready(self) -> tuple[int, str]:
@@ -336,6 +343,102 @@ class RayPSWorker:
         decision = self.coordinator.push.remote(self.i, c, keys[parts[0]], deltas[parts[0]], version)
         adds = [s.add.remote(decision, keys[parts[k + 1]], deltas[parts[k + 1]]) for k, s in enumerate(self.shards)]
         return ray.get([decision, *adds])[0]
+
+
+class RayReducer:
+    """Protocol 'allreduce': where the workers meet. Bucket k of step c is summed over the n workers and every one
+    gets the sum back (a direct all-reduce through the object store); the sum is added to this actor's replica,
+    whose quality it records."""
+
+    def __init__(self, params: np.ndarray, problem: Any, training: Training, evaluate: bool):
+        self.w, self.problem, self.n = np.array(params), problem, training.n_workers
+        self.evaluate_every = training.eval_every * self.n if evaluate else 0
+        self.total = self.n * training.steps
+        self.sums: dict[tuple[int, int], list] = {}  # (step, bucket) -> [sum, contributions, takers, summed event]
+        self.served = Trace("ray reducer", "ray", self.n)
+        self.t0 = 0.0
+
+    ping = _whereabouts
+    evaluate_start = RayPSCoordinator.evaluate_start
+    start = RayPSCoordinator.start
+
+    async def reduce(self, c: int, k: int, keys: Any, x: np.ndarray) -> np.ndarray:
+        """The sum of bucket k of step c over every worker, once all n have sent theirs."""
+        entry = self.sums.get((c, k))
+        if entry is None:
+            entry = self.sums[(c, k)] = [np.array(x), 1, 0, asyncio.Event()]
+        else:
+            entry[0] += x
+            entry[1] += 1
+        if entry[1] == self.n:
+            self.w[keys] += entry[0]
+            entry[3].set()
+        await entry[3].wait()
+        entry[2] += 1
+        if entry[2] == self.n:
+            del self.sums[(c, k)]
+        return entry[0]
+
+    async def done(self, worker: int, c: int) -> None:
+        """Worker ``worker`` has step c's sums in its replica: one update (tau 0), the quality where it is due."""
+        self.served.update(time.time() - self.t0, worker, c, 0, True, 0)
+        n = len(self.served.updates)
+        if self.evaluate_every and n % self.evaluate_every == 0 and n < self.total:
+            await self._evaluate(n)
+
+    async def _evaluate(self, n_updates: int, at: float | None = None) -> None:
+        """Record the quality of the replica at run time ``at`` (default: now)."""
+        self.served.record_quality(time.time() - self.t0 if at is None else at, n_updates, self.problem.quality(self.w))
+
+    async def finish(self) -> tuple[np.ndarray, Trace]:
+        """(the replica, a trace of the updates and the quality points)."""
+        await self._evaluate(len(self.served.updates))
+        return self.w, self.served
+
+
+class RayReplicaWorker(RayPSWorker):
+    """Worker i under all-reduce: its own replica; each bucket goes to the reducer as soon as the backward pass has
+    it (with ``overlap`` the pass goes on meanwhile), and the sums are added to the replica at the step's end."""
+
+    def run(self, t0: float) -> list[tuple]:
+        """All steps of the all-reduce worker program; returns the spans (kind, start, end, bytes, step)."""
+        import ray
+
+        self.ray, self.t0, self.spans, self.mark, self.pending, self.done = ray, t0, [], 0.0, [], []
+        self.w = np.array(self.problem.init_params(), dtype=np.float64)
+        tr = self.training
+        drive(allreduce_worker(self.problem, self.shard, Plan(tr.steps, tr.batch_size, tr.lr),
+                               bucket_bytes=self.opts.bucket_bytes), self)
+        ray.get(self.done)  # every update recorded before the driver asks for the trace
+        return self.spans
+
+    def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
+        self.mark = time.time() - self.t0
+        return self.w[effect.keys], 0
+
+    def all_reduce(self, effect: AllReduce) -> None:
+        dense = np.zeros(len(self.w))
+        np.add.at(dense, effect.keys, effect.deltas)  # a sparse update's keys may repeat
+        self.bucket(Bucket(effect.step, 0, slice(None), dense))
+
+    def bucket(self, effect: Bucket) -> None:
+        x = np.asarray(effect.deltas, dtype=np.float64)
+        start = time.time() - self.t0
+        self.pending.append((effect, self.coordinator.reduce.remote(effect.step, effect.index, effect.keys, x), start))
+        if not self.opts.overlap:
+            self._land()
+
+    def reduced(self, effect: Reduced) -> None:
+        self._land()
+        self.done.append(self.coordinator.done.remote(self.i, effect.step))
+
+    def _land(self) -> None:
+        """Each pending bucket's sum, in order, into the replica; its all-reduce recorded as one send span."""
+        for bucket, ref, start in self.pending:
+            self.w[bucket.keys] += self.ray.get(ref)
+            self.mark = time.time() - self.t0
+            self.spans.append(("send", start, self.mark, int(bucket.deltas.nbytes), bucket.step))
+        self.pending = []
 
 
 def connect(address: str | None, num_cpus: int | None) -> bool:
@@ -599,6 +702,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     """The substrate entry point (``simlib.run(..., substrate="ray")``); ``options``: :class:`RayOptions`."""
     opts = check.options(RayOptions, options, "substrate 'ray'")
     opts.check_run(problem, protocol, training)
+    ring = protocol.kind == "allreduce"  # a reducer actor and replica workers instead of server shards
+    if ring and opts.n_servers > 1:
+        raise ValueError("n_servers: protocol 'allreduce' has no server shards (one reducer actor); use n_servers=1")
     n = training.n_workers
     data_shards = problem.shards(n)  # raises ValueError naming n_workers if too many
     import ray
@@ -620,10 +726,13 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         shards = [shard_cls.remote(table[bounds[k]:bounds[k + 1]], int(bounds[k]), training.rule)
                   for k in range(1, opts.n_servers)]
         actors += shards
-        coord = ray.remote(RayPSCoordinator).options(num_cpus=0, resources=server_res, max_restarts=0).remote(
-            table[:bounds[1]], prob_ref, protocol, training, shards, opts.evaluate)
+        server = ray.remote(RayReducer if ring else RayPSCoordinator).options(num_cpus=0, resources=server_res,
+                                                                             max_restarts=0)
+        coord = (server.remote(table, prob_ref, training, opts.evaluate) if ring else
+                 server.remote(table[:bounds[1]], prob_ref, protocol, training, shards, opts.evaluate))
         actors.append(coord)
-        worker_cls = ray.remote(RayPSWorker).options(num_cpus=0, resources=worker_res, max_restarts=0)
+        worker_cls = ray.remote(RayReplicaWorker if ring else RayPSWorker).options(num_cpus=0, resources=worker_res,
+                                                                                   max_restarts=0)
         workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, opts)
                    for i in range(n)]
         actors += workers

@@ -17,6 +17,11 @@ writes within a budget), ESSP (every read is of the table itself), and backup wo
 lock the table counts each open step's pushes, a step completes with its n - b-th push, later pushes
 for it are dropped and their worker rejoins at the first step not complete.
 
+Under protocol ``'allreduce'`` every worker keeps a replica of the table instead, and each bucket of its
+gradient is summed with the others' through shared segments (:class:`simlib.parallel.allreduce.ShmAllReduce`:
+reduce-scatter then all-gather, two barriers), on a helper thread while the backward pass goes on
+(``bucket_bytes``, ``overlap``); the metric is recorded at the start and the end.
+
 A problem with the local-step hook (``problem.local_steps(table, shard, first, count, batch_size,
 lr)``, which applies a chunk of steps to the table in place, compiled) runs on the fast path
 instead whenever every push lands as it is (the plain step rule): each worker reads the clocks,
@@ -58,6 +63,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.contract import Result, Training, capabilities, local_result, new_trace, real_result, record_metric
 from simlib.contract import warm_up
+from simlib.parallel.allreduce import ShmAllReduce, run_replicas
 from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol, may_read, read_allowed, staleness
@@ -115,6 +121,13 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     (:func:`simlib.contract.local_result`).
     """
     opts = check.options(ShmOptions, options, "substrate 'shm'")
+    if protocol.kind == "allreduce":  # every worker a replica; each bucket summed through shared segments
+        for name, value in (("locked", opts.locked), ("hot_keys", opts.hot_keys)):
+            if value:
+                raise ValueError(f"{name}: the shared table's option; under protocol 'allreduce' every worker has a "
+                                 "replica of its own")
+        return run_replicas(problem, protocol, training, opts, "shm", "on shared memory",
+                            lambda group, n: ShmAllReduce(group, n, problem.n_params).ranks())
     if protocol.timeout is not None:
         raise ValueError("timeout: per-step deadlines run in the simulator only (substrate='sim'); "
                          "use backup_workers on real substrates")

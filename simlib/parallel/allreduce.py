@@ -1,0 +1,244 @@
+"""All-reduce among the processes of a :class:`~simlib.parallel.WorkerGroup`, and the worker that uses it.
+
+Two ways to sum one float64 vector per process, every process getting the sum:
+
+* :class:`ShmAllReduce` -- through shared segments: each process copies its vector into its slot; then, direct
+  (2 processes, or small vectors), each sums every slot itself after one barrier; else reduce-scatter then
+  all-gather, process i summing part i of every slot into a shared total and, after a second barrier, copying
+  the whole total out (:func:`copies_per_byte`: the memory each moves per byte reduced).
+* :class:`Ring` -- the ring over channels: n - 1 steps of reduce-scatter (send part i - s to the right,
+  add part i - s - 1 from the left) and n - 1 of all-gather, each message len / n values.
+
+:class:`ReplicaWorker` is the worker program's transport for protocol 'allreduce' on both: its own
+replica, each bucket's sum from the collective (on a helper thread with ``overlap``, so that bucket k
+is summed while the backward pass makes bucket k + 1), added to the replica at the step's end.
+:func:`run_replicas` runs N such workers; the ``shm`` and ``pipes`` substrates differ only in the collective.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import platform
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy as np
+
+from simlib.contract import Result, Training, new_trace, record_start
+from simlib.parallel.group import WorkerGroup
+from simlib.parallel.worker import check_straggler, current, straggle
+from simlib.protocol import Protocol
+from simlib.worker import AllReduce, Bucket, Compute, Plan, Pull, Reduced, allreduce_worker, drive
+
+_SPIN = 1e-3  # seconds a barrier looks again at once (yielding the core) before it sleeps between looks
+_POLL = 5e-5
+# NOTE: the spinning barrier relies on x86-64's store order (a flag raised after the data is seen after it);
+# elsewhere the group's semaphore barrier, which orders memory, is used instead.
+_TSO = platform.machine().lower() in ("x86_64", "amd64")
+
+
+DIRECT_BYTES = 64 << 10  # below this (or with 2 processes) every process sums every slot itself: one barrier
+
+
+def copies_per_byte(n: int, nbytes: int) -> float:
+    """Copies' worth of memory one process moves per byte of :class:`ShmAllReduce` (a copy reads and writes a byte):
+    direct, 1 in + (n + 1) / 2 (n reads and a write); else 1 in + (n + 1) / (2n) (its part) + 1 out."""
+    return 1.0 + (n + 1) / 2.0 if _direct(n, nbytes) else 2.0 + (n + 1) / (2.0 * n)
+
+
+def _direct(n: int, nbytes: int) -> bool:
+    """Whether an all-reduce of ``nbytes`` over n processes goes direct: with 2 it moves less memory (2.5 copies
+    against 2.75) and waits at one barrier, not two; with more, only where the barrier costs more than the bytes."""
+    return n == 2 or nbytes <= DIRECT_BYTES
+
+
+class ShmAllReduce:
+    """Sum over n processes of one float64 vector each (``capacity`` values at a time), through shared segments made
+    by ``group``; process i calls ``ranks()[i]`` with vectors of the same lengths, in the same order.
+
+    Direct (2 processes, or small vectors): each copies its vector into its slot, and after a barrier sums every
+    slot into its own result; the slots alternate between two sets, so that the next call's copy cannot overwrite a
+    slot a slower process still reads (it passed this call's barrier only once that process had finished the last
+    call). Else reduce-scatter then all-gather: after the barrier process i sums part i of every slot into the shared
+    total, and after a second barrier copies the whole total out."""
+
+    def __init__(self, group: WorkerGroup, n: int, capacity: int):
+        self.n, self.rank, self.gen, self.calls = n, 0, 0, 0
+        self.slots = group.zeros((2, n, max(capacity, 1)))
+        self.total = group.zeros(max(capacity, 1))
+        self.flags = group.zeros((n, 8), np.int64)  # a cache line per process: raising one moves no other's line
+        self.barrier = None if _TSO else group.barrier(n)
+
+    def ranks(self) -> list["ShmAllReduce"]:
+        """This collective as each process calls it (process i: the i-th)."""
+        out = [copy.copy(self) for _ in range(self.n)]
+        for i, me in enumerate(out):
+            me.rank = i
+        return out
+
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """sum over processes of x (into ``out`` where given)."""
+        out = np.empty(len(x)) if out is None else out
+        cap = self.total.array.size
+        for lo in range(0, len(x), cap):
+            self._once(x[lo:lo + cap], out[lo:lo + cap])
+        return out
+
+    def _once(self, x: np.ndarray, out: np.ndarray) -> None:
+        """out = the sum of every process's x (the class docstring says how)."""
+        n, m, total = self.n, len(x), self.total.array
+        if n == 1:
+            out[:] = x
+            return
+        slots = self.slots.array[self.calls % 2]
+        self.calls += 1
+        slots[self.rank, :m] = x
+        self._wait()
+        direct = _direct(n, 8 * m)
+        lo, hi = (0, m) if direct else (self.rank * m // n, (self.rank + 1) * m // n)
+        part = out if direct else total[lo:hi]
+        np.add(slots[0, lo:hi], slots[1, lo:hi], out=part)
+        for k in range(2, n):
+            part += slots[k, lo:hi]
+        if not direct:
+            self._wait()
+            # the total is written again only after the next call's barrier, which every process reaches after this
+            out[:] = total[:m]
+
+    def _wait(self) -> None:
+        """Every process has reached this barrier: its flag raised to the call's generation, the others' awaited."""
+        if self.barrier is not None:
+            self.barrier.wait()
+            return
+        self.gen += 1
+        flags = self.flags.array[:, 0]
+        flags[self.rank] = self.gen
+        spin = time.perf_counter() + _SPIN
+        while min(flags.tolist()) < self.gen:
+            if time.perf_counter() < spin:
+                os.sched_yield()
+            else:
+                time.sleep(_POLL)
+
+
+class Ring:
+    """Process ``rank`` of a ring of n over channels: it sends to ``right`` and receives from ``left``."""
+
+    def __init__(self, rank: int, n: int, left: Any, right: Any):
+        self.rank, self.n, self.left, self.right = rank, n, left, right
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        """sum over processes of x: ring reduce-scatter, then all-gather."""
+        out, n, i = np.array(x, dtype=np.float64), self.n, self.rank
+        if n == 1:
+            return out
+        bounds = np.linspace(0, len(out), n + 1).astype(int)
+        part = [out[bounds[k]:bounds[k + 1]] for k in range(n)]
+        buf = np.empty(int(np.diff(bounds).max()))
+        for s in range(n - 1):  # part (i + 1) mod n ends as the full sum here
+            got = self._exchange(part[(i - s) % n], buf[:len(part[(i - s - 1) % n])])
+            part[(i - s - 1) % n] += got
+        for s in range(n - 1):
+            self._exchange(part[(i + 1 - s) % n], part[(i - s) % n])
+        return out
+
+    def _exchange(self, send: np.ndarray, into: np.ndarray) -> np.ndarray:
+        """Send ``send`` right and receive ``into`` from the left; process 0 receives first, so that a message
+        larger than a pipe's buffer never has every process blocked in its send."""
+        if self.rank == 0:
+            self.left.conn.recv_bytes_into(into)
+            self.right.conn.send_bytes(send)
+        else:
+            self.right.conn.send_bytes(send)
+            self.left.conn.recv_bytes_into(into)
+        return into
+
+
+class ReplicaWorker:
+    """Worker i's transport under all-reduce: pulls read its replica, each bucket is summed by ``reduce`` (on a
+    helper thread with ``overlap``), and the sums are added to the replica at :class:`Reduced`."""
+
+    def __init__(self, i: int, replica: np.ndarray, reduce: Callable[[np.ndarray], np.ndarray], overlap: bool,
+                 straggler: tuple[int, float] | None = None):
+        self.i, self.w, self.reduce, self.ctx, self.straggler = i, replica, reduce, current(), straggler
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="all-reduce") if overlap else None
+        self.pending: list[tuple[Any, Any]] = []  # (keys, the sum or its Future)
+
+    def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
+        return self.w[effect.keys], 0
+
+    def compute(self, effect: Compute) -> Any:
+        s = time.perf_counter()
+        out = effect.fn(*effect.args)
+        self.ctx.span("compute", s, time.perf_counter(), step=effect.step)
+        return out
+
+    def all_reduce(self, effect: AllReduce) -> None:
+        dense = np.zeros(len(self.w))
+        np.add.at(dense, effect.keys, effect.deltas)  # a sparse update's keys may repeat
+        self.bucket(Bucket(effect.step, 0, slice(None), dense))
+
+    def bucket(self, effect: Bucket) -> None:
+        x = np.asarray(effect.deltas, dtype=np.float64)
+        total = self._summed(effect.step, x) if self.pool is None else self.pool.submit(self._summed, effect.step, x)
+        self.pending.append((effect.keys, total))
+
+    def _summed(self, c: int, x: np.ndarray) -> np.ndarray:
+        """The bucket's sum over every worker, its all-reduce recorded as one send span."""
+        s = time.perf_counter()
+        out = self.reduce(x)
+        self.ctx.span("send", s, time.perf_counter(), nbytes=x.nbytes, step=c)
+        return out
+
+    def reduced(self, effect: Reduced) -> None:
+        straggle(self.straggler, self.i)  # a slow machine's steps take longer: every replica waits for its buckets
+        for keys, total in self.pending:
+            self.w[keys] += total.result() if isinstance(total, Future) else total
+        self.pending = []
+        self.ctx.update(effect.step, 0, True, 0)
+
+    def close(self) -> None:
+        """Stop the helper thread without waiting: after a failure it may be held at a barrier no peer will reach
+        (the group then stops this process; the failure must reach the group first)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_replicas(problem: Any, protocol: Protocol, training: Training, opts: Any, substrate: str, where: str,
+                 links: Callable[[WorkerGroup, int], list[Any]]) -> Result:
+    """N workers, each with a replica, on the collective ``links(group, n)`` gives (one callable per worker, which
+    sums a vector over the workers); ``opts``: the substrate's WorkerOptions (bucket_bytes, overlap, start_method,
+    timeout, straggler: that worker sleeps so long after each step's backward pass). Result.params is worker 0's replica; ``measured['replica_spread']`` the largest |w_i - w_0|."""
+    n = training.n_workers
+    check_straggler(getattr(opts, "straggler", None), n)
+    shards = problem.shards(n)
+    w0 = np.asarray(problem.init_params(), dtype=np.float64)
+    trace = new_trace(problem, protocol, training, substrate, where, bucket_bytes=opts.bucket_bytes,
+                      overlap=bool(opts.overlap and opts.bucket_bytes), path="all-reduce")
+    record_start(trace, problem, w0)
+    started = time.perf_counter()
+    with WorkerGroup(n, opts.start_method, label=f"{substrate} all-reduce") as group:
+        reducers = links(group, n)
+        out = group.run(_member, problem, shards, training, opts, w0, worker_args=[(r,) for r in reducers],
+                        timeout=opts.timeout)
+    wall = time.perf_counter() - started
+    trace.spans, trace.updates = group.trace.spans, group.trace.updates
+    params = out[0]
+    trace.record_quality(wall, n * training.steps, float(problem.quality(params)))
+    compute = [s for s in trace.spans if s.kind == "compute"]
+    train = max(s.end for s in trace.spans) - min(s.start for s in compute) if compute else 0.0
+    spread = max(float(np.max(np.abs(w - params))) for w in out)
+    return Result(trace, params, {"wall_seconds": wall, "train_seconds": train, "replica_spread": spread})
+
+
+def _member(i: int, n: int, problem: Any, shards: list, training: Training, opts: Any, w0: np.ndarray,
+            reduce: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Worker i: the all-reduce worker program on its own replica; returns the replica at the end."""
+    transport = ReplicaWorker(i, w0.copy(), reduce, opts.overlap, getattr(opts, "straggler", None))
+    plan = Plan(training.steps, training.batch_size, training.lr)
+    try:
+        drive(allreduce_worker(problem, shards[i], plan, bucket_bytes=opts.bucket_bytes), transport)
+    finally:
+        transport.close()
+    return transport.w

@@ -1,0 +1,222 @@
+"""Protocol 'allreduce' (simlib.parallel.allreduce and each substrate's transport): the math of one process on the
+global batch, one span per bucket, the collectives themselves, and what it refuses."""
+import time
+
+import numpy as np
+import pytest
+
+import simlib
+from simlib.parallel.allreduce import Ring, ShmAllReduce
+from simlib.parallel.group import WorkerGroup
+from simlib.parallel.shm import live_segments
+from simlib.problems.mlp import MLPProblem
+from simlib.worker import Bucket, Compute, Plan, Pull, Reduced, allreduce_worker
+
+STEPS, BATCH, LR, N = 4, 16, 0.2, 2
+QUIET = {"sim": {}, "pipes": {}, "shm": {}, "gpu": {"xp": "numpy"}, "ray": {"num_cpus": 2}}
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return MLPProblem(hidden=(32, 16))  # layers of 2080, 528 and 170 parameters
+
+
+def one_process(prob, steps=STEPS, n=N):
+    """One process on the global batch (every worker's mini-batch): theta -= n lr grad of the mean loss over it,
+    which is the sum of the workers' -lr grad (an all-reduce sums, as BSP's pushes do)."""
+    w = prob.init_params()
+    for c in range(steps):
+        rows = np.concatenate([prob.batch(s, c, BATCH) for s in prob.shards(n)])
+        w = w - n * LR * prob.gradient(w, rows)
+    return w
+
+
+def bucket_sizes(prob, bucket_bytes):
+    """Parameters per bucket: layers last first, a bucket closed once it holds bucket_bytes."""
+    sizes, held = [], 0
+    for sl in reversed(prob.layers):
+        held += sl.stop - sl.start
+        if held * 8 >= bucket_bytes:
+            sizes, held = sizes + [held], 0
+    return sizes + ([held] if held else [])
+
+
+def sends(res, worker, step):
+    return [s for s in res.trace.spans if s.kind == "send" and s.worker == worker and s.step == step]
+
+
+@pytest.mark.parametrize("substrate", ["sim", "pipes", "shm", "gpu"])
+def test_every_replica_takes_one_process_step_on_the_global_batch_and_each_bucket_is_its_own_span(mlp, substrate):
+    res = simlib.run(mlp, "allreduce", substrate=substrate, n_workers=N, steps=STEPS, batch_size=BATCH, lr=LR,
+                     bucket_bytes=2000, **QUIET[substrate])
+    expected = one_process(mlp)
+    np.testing.assert_allclose(res.params, expected, rtol=1e-6, atol=1e-9 * np.abs(expected).max())
+    sizes = bucket_sizes(mlp, 2000)
+    assert sizes == [698, 2080]  # the last two layers fill the first bucket, the first layer the second
+    for i in range(N):
+        for c in range(STEPS):
+            spans = sends(res, i, c)
+            assert len(spans) == len(sizes)
+            if substrate != "sim":  # the simulator counts a ring's bytes on the wire: 2 (n - 1) / n x 4 B a value
+                assert sorted(s.nbytes for s in spans) == [8 * k for k in sizes]
+    assert len(res.trace.updates) == N * STEPS and {u.staleness for u in res.trace.updates} == {0}
+    if substrate in ("pipes", "shm"):
+        assert res.measured["replica_spread"] == 0.0  # every replica added the very same sums
+
+
+def test_the_simulator_rings_each_bucket_and_overlap_hides_all_but_the_last_ring(mlp):
+    """No jitter: a step is its compute T plus each bucket's ring in turn, or with overlap T plus the last ring
+    (the first ring, 698 values, ends before the first layer's backward does)."""
+    from simlib.sim import SimConfig, ring_allreduce_time
+
+    cluster = {"bandwidth": 2e6, "latency": 1e-4}
+    runs = {ov: simlib.run(mlp, "allreduce", substrate="sim", n_workers=N, steps=3, batch_size=BATCH, lr=LR,
+                           bucket_bytes=2000, overlap=ov, **cluster) for ov in (False, True)}
+    cfg = SimConfig()
+    T = cfg.compute_overhead + cfg.compute_per_unit * mlp.work(mlp.batch(mlp.shards(N)[0], 0, BATCH))
+    rings = [ring_allreduce_time(N, k * cfg.value_bytes, **cluster) for k in bucket_sizes(mlp, 2000)]
+    assert runs[False].trace.makespan == pytest.approx(3 * (T + sum(rings)))
+    assert runs[True].trace.makespan == pytest.approx(3 * (T + rings[-1]))
+    np.testing.assert_array_equal(runs[True].params, runs[False].params)
+
+
+@pytest.mark.parametrize("substrate", ["pipes", "shm"])
+def test_without_buckets_or_overlap_the_math_is_the_same(mlp, substrate):
+    expected = one_process(mlp)
+    for extra in ({}, {"bucket_bytes": 1, "overlap": False}):
+        res = simlib.run(mlp, "allreduce", substrate=substrate, n_workers=N, steps=STEPS, batch_size=BATCH, lr=LR,
+                         **extra)
+        np.testing.assert_allclose(res.params, expected, rtol=1e-6, atol=1e-9 * np.abs(expected).max())
+        assert len(sends(res, 0, 1)) == (1 if not extra else len(mlp.layers))  # 1 byte: a bucket a layer
+    assert live_segments() == []
+
+
+@pytest.mark.parametrize("substrate", ["pipes", "shm", "gpu"])
+def test_a_sparse_problem_is_summed_as_the_simulator_sums_it(small_problem, substrate):
+    """Logistic regression's updates touch a batch's keys only: each all-reduced as a dense vector, as in the ring."""
+    opts = {"n_workers": 3, "steps": 4, "batch_size": 16, "lr": 0.5}
+    ring = simlib.run(small_problem, "allreduce", substrate="sim", **opts)
+    res = simlib.run(small_problem, "allreduce", substrate=substrate, **opts, **QUIET[substrate])
+    np.testing.assert_allclose(res.params, ring.params, rtol=1e-9, atol=1e-12)
+    assert not np.allclose(res.params, small_problem.init_params())
+    with pytest.raises(ValueError, match="bucket_bytes: .* has no backward_layers"):
+        simlib.run(small_problem, "allreduce", substrate=substrate, bucket_bytes=1000, **opts, **QUIET[substrate])
+
+
+@pytest.mark.slow  # a local Ray's start: 20-40 s on a busy 2-core machine, the run itself under a second
+def test_ray_replicas_take_one_process_step(mlp):
+    pytest.importorskip("ray")
+    res = simlib.run(mlp, "allreduce", substrate="ray", n_workers=N, steps=2, batch_size=BATCH, lr=LR,
+                     bucket_bytes=2000, **QUIET["ray"])
+    expected = one_process(mlp, steps=2)
+    np.testing.assert_allclose(res.params, expected, rtol=1e-6, atol=1e-9 * np.abs(expected).max())
+    assert [len(sends(res, i, c)) for i in range(N) for c in range(2)] == [2] * 4
+    assert len(res.trace.updates) == N * 2
+
+
+def test_a_bucket_goes_out_before_the_backward_pass_reaches_the_first_layer(mlp):
+    """The program's order: the forward and the last layers' backward, their bucket, then the first layer and its
+    bucket (the last Compute finds the backward pass over)."""
+    program = allreduce_worker(mlp, mlp.shards(1)[0], Plan(1, BATCH, LR), bucket_bytes=2000)
+    kinds, value = [], None
+    while True:
+        try:
+            effect = program.send(value)
+        except StopIteration:
+            break
+        kinds.append(type(effect).__name__ if type(effect) is not Bucket else f"Bucket{effect.index}")
+        value = ((mlp.init_params(), 0) if type(effect) is Pull else
+                 effect.fn(*effect.args) if type(effect) is Compute else None)
+    assert kinds == ["Pull", "Compute", "Compute", "Bucket0", "Compute", "Bucket1", "Compute", "Reduced"]
+    assert type(effect) is Reduced
+
+
+def _sum_three(i, n, x, reduce):
+    """A long vector, then a short one and the long one again (shm: reduce-scatter, direct, reduce-scatter)."""
+    return reduce(x * (i + 1)), reduce(x[:100] * (i + 1)), reduce(x * (i + 1))
+
+
+@pytest.mark.parametrize("collective", ["shm", "ring"])
+def test_three_processes_sum_a_vector_longer_than_a_pipe_and_the_shared_segment(collective):
+    x = np.arange(100_003, dtype=np.float64)  # 800 KB: more than a pipe holds; three parts of unequal length
+    with WorkerGroup(3) as group:
+        if collective == "shm":
+            ranks = ShmAllReduce(group, 3, 40_000).ranks()  # the vector goes in three chunks
+        else:
+            pairs = [group.channel_pair() for _ in range(3)]
+            ranks = [Ring(i, 3, pairs[i - 1][1], pairs[i][0]) for i in range(3)]
+        out = group.run(_sum_three, x, worker_args=[(r,) for r in ranks], timeout=60)
+    for long, short, again in out:
+        np.testing.assert_array_equal(long, 6 * x)
+        np.testing.assert_array_equal(short, 6 * x[:100])
+        np.testing.assert_array_equal(again, 6 * x)
+
+
+@pytest.mark.parametrize("feature, kwargs", [
+    ("backup_workers", {"backup_workers": 1}),
+    ("staleness_aware", {"staleness_aware": True}),
+    ("accumulation", {"accumulation": 4}),
+    ("read_rule", {"read_rule": lambda clock, completed, bound: True}),
+    ("clock_batches", {"clock_batches": 2}),
+    ("compression", {"compression": "topk:0.5", "bucket_bytes": 2000}),
+])
+def test_what_cannot_mean_anything_under_allreduce_is_refused_by_name(mlp, feature, kwargs):
+    from simlib.substrates import WITH_ALLREDUCE
+
+    with pytest.raises(ValueError, match=feature) as err:
+        simlib.run(mlp, "allreduce", substrate="sim", n_workers=3, steps=2, **kwargs)
+    assert feature == "backup_workers" or WITH_ALLREDUCE[feature] in str(err.value)
+
+
+def test_bad_or_misplaced_bucket_options_are_named(mlp):
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        simlib.run(mlp, "bsp", substrate="shm", n_workers=2, steps=2, bucket_bytes=1000)
+    with pytest.raises(ValueError, match="overlap"):
+        simlib.run(mlp, "ssp:1", substrate="pipes", n_workers=2, steps=2, overlap=False)
+    for bad in (0, -5, 2.5):
+        with pytest.raises(ValueError, match="bucket_bytes"):
+            simlib.run(mlp, "allreduce", substrate="shm", n_workers=2, steps=2, bucket_bytes=bad)
+    with pytest.raises(ValueError, match="compression"):  # the simulator models it without buckets only
+        simlib.run(mlp, "allreduce", substrate="pipes", n_workers=2, steps=2, compression="topk:0.5")
+    with pytest.raises(ValueError, match="only SSP takes a bound"):
+        simlib.Protocol.parse("allreduce:2")
+
+
+class _FailsOnWorkerOne:
+    """The MLP, except that worker 1's backward pass raises at its second step."""
+
+    def __init__(self, problem):
+        self.inner = problem
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def backward_layers(self, params, batch):
+        if batch[0] == self.inner.shards(2)[1][0] + BATCH:
+            raise RuntimeError("a broken backward pass")
+        return self.inner.backward_layers(params, batch)
+
+
+@pytest.mark.parametrize("substrate", ["pipes", "shm"])
+def test_a_worker_that_fails_mid_step_fails_the_run_at_once_naming_it(mlp, substrate):
+    """Its peer waits at a barrier (or a pipe) for a bucket that never comes: the run still ends within seconds."""
+    from simlib.parallel.group import WorkerError
+
+    t = time.perf_counter()
+    with pytest.raises(WorkerError, match="worker 1 failed: RuntimeError: a broken backward pass"):
+        simlib.run(_FailsOnWorkerOne(mlp), "allreduce", substrate=substrate, n_workers=2, steps=STEPS,
+                   batch_size=BATCH, lr=LR, bucket_bytes=2000, timeout=60)
+    assert time.perf_counter() - t < 30 and live_segments() == []
+
+
+def test_a_straggler_holds_every_replica_back(mlp):
+    """Worker 1 sleeps 50 ms after each step's backward pass: worker 0 waits for its buckets in every step."""
+    res = simlib.run(mlp, "allreduce", substrate="shm", n_workers=N, steps=3, batch_size=BATCH, lr=LR,
+                     bucket_bytes=2000, overlap=False, straggler=(1, 0.05))
+    np.testing.assert_allclose(res.params, one_process(mlp, steps=3), rtol=1e-6)
+    for c in range(1, 3):  # worker 1 sleeps after its part of step c - 1's last bucket, before its step c
+        last = max(s.start for s in sends(res, 0, c - 1))
+        first = min(s.end for s in sends(res, 0, c))
+        assert first - last >= 0.05
+    with pytest.raises(ValueError, match="hot_keys"):
+        simlib.run(mlp, "allreduce", substrate="shm", n_workers=N, steps=2, hot_keys=10)
