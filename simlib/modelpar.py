@@ -37,6 +37,7 @@ from threadpoolctl import threadpool_limits
 
 from simlib import _validate as check
 from simlib import costs
+from simlib.parallel.allreduce import Ring
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.problems.mlp import (MLPProblem, cross_entropy, cross_entropy_backward, dense_backward, dense_forward,
@@ -354,24 +355,6 @@ class TensorParallelRun:
     predicted_bytes: float
 
 
-def ring_allreduce(x: np.ndarray, rank: int, t: int, inbox: Channel | None, outbox: Channel | None,
-                   sender: _Sender) -> tuple[np.ndarray, int]:
-    """(sum of ``x`` over t ranks, payload bytes this rank sent): reduce-scatter then all-gather of t chunks, each
-    rank sending 2 (t - 1) chunks, 2 (t - 1) / t of x's bytes."""
-    if t == 1:
-        return x, 0
-    chunks = [c.copy() for c in np.array_split(x.ravel(), t)]
-    sent = 0
-    for k in range(2 * (t - 1)):
-        out, into = (rank - k) % t, (rank - k - 1) % t
-        sender.send(outbox, chunks[out])
-        sent += chunks[out].nbytes
-        got = inbox.recv_array()
-        chunks[into] = chunks[into] + got if k < t - 1 else got
-    sender.flush()
-    return np.concatenate(chunks).reshape(x.shape), sent
-
-
 @dataclass
 class _TensorJob:
     """What every rank is started with."""
@@ -390,27 +373,24 @@ def _tensor_worker(rank: int, t: int, job: _TensorJob, inbox: Channel | None, ou
     X, y = prob.rows(job.batch)
     cols = np.array_split(np.arange(w[blk][0].shape[1]), t)[rank]
     W1, b1, W2, b2 = w[blk][0][:, cols], w[blk][1][cols], w[blk + 1][0][cols], w[blk + 1][1]
-    sender, sent = _Sender(), 0
-    try:
-        pre_in, pre_z, a = layers_forward(pre, X, relu_out=True)
-        z1 = dense_forward(a, W1, b1)
-        h = relu(z1)
-        partial, n = ring_allreduce(h @ W2, rank, t, inbox, outbox, sender)
-        z2, sent = partial + b2, sent + n
-        post_in, post_z, logits = layers_forward(post, relu(z2), relu_out=False) if post else ([], [], z2)
-        d = cross_entropy_backward(logits, y)
-        post_g, d = layers_backward(post, post_in, post_z, d, False, True) if post else ([], d)
-        dz2 = relu_backward(z2, d) if post else d
-        dW2, db2, dh = dense_backward(h, W2, dz2)
-        dW1, db1, da = dense_backward(a, W1, relu_backward(z1, dh), inputs=blk > 0)
-        pre_g = []
-        if blk > 0:
-            da, n = ring_allreduce(da, rank, t, inbox, outbox, sender)
-            pre_g, sent = layers_backward(pre, pre_in, pre_z, da, True, False)[0], sent + n
-    finally:
-        sender.close()
+    ring = Ring(rank, t, inbox, outbox)  # sums over the t ranks: reduce-scatter then all-gather
+
+    def summed(x: np.ndarray) -> np.ndarray:
+        return ring(x.ravel()).reshape(x.shape)
+
+    pre_in, pre_z, a = layers_forward(pre, X, relu_out=True)
+    z1 = dense_forward(a, W1, b1)
+    h = relu(z1)
+    z2 = summed(h @ W2) + b2
+    post_in, post_z, logits = layers_forward(post, relu(z2), relu_out=False) if post else ([], [], z2)
+    d = cross_entropy_backward(logits, y)
+    post_g, d = layers_backward(post, post_in, post_z, d, False, True) if post else ([], d)
+    dz2 = relu_backward(z2, d) if post else d
+    dW2, db2, dh = dense_backward(h, W2, dz2)
+    dW1, db1, da = dense_backward(a, W1, relu_backward(z1, dh), inputs=blk > 0)
+    pre_g = layers_backward(pre, pre_in, pre_z, summed(da), True, False)[0] if blk > 0 else []
     return {"loss": float(cross_entropy(logits, y)), "cols": cols, "block": (dW1, db1, dW2, db2),
-            "replicated": pre_g + post_g, "bytes": sent}
+            "replicated": pre_g + post_g, "bytes": ring.sent}
 
 
 def run_tensor_parallel(problem: MLPProblem, batch: Any, params: Any = None, *, n_devices: int = 2,
