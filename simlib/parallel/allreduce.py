@@ -106,6 +106,29 @@ class ShmAllReduce:
             # the total is written again only after the next call's barrier, which every process reaches after this
             out[:] = total[:m]
 
+    def part(self, m: int) -> slice:
+        """This process's part of a vector of ``m`` values in :meth:`reduce_scatter` and :meth:`all_gather`."""
+        return slice(self.rank * m // self.n, (self.rank + 1) * m // self.n)
+
+    def reduce_scatter(self, x: np.ndarray) -> np.ndarray:
+        """This process's :meth:`part` of the sum over processes of x (a copy): the first half of an all-reduce."""
+        m, sl = len(x), self.part(len(x))
+        if m > self.total.array.size:
+            raise ValueError(f"reduce_scatter: {m} values, more than the collective's capacity "
+                             f"{self.total.array.size}")
+        slots = self.slots.array[self.calls % 2]
+        self.calls += 1
+        slots[self.rank, :m] = x
+        self._wait()
+        return slots[:self.n, sl].sum(axis=0)
+
+    def all_gather(self, part: np.ndarray, m: int) -> np.ndarray:
+        """The vector of ``m`` values whose :meth:`part` each process gives: the second half of an all-reduce."""
+        total = self.total.array
+        total[self.part(m)] = part  # no other process reads this part before the barrier below
+        self._wait()
+        return total[:m].copy()  # the total is written again only after the next call's barrier
+
     def _wait(self) -> None:
         """Every process has reached this barrier: its flag raised to the call's generation, the others' awaited."""
         if self.barrier is not None:
