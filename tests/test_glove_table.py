@@ -52,7 +52,20 @@ def test_each_pass_takes_its_epoch_order(cooc):
     np.testing.assert_array_equal(batch[50:], epoch_order(cooc.nnz, 0, 2)[10:110])
 
 
-def test_one_worker_on_shared_memory_trains_as_the_single_process_trainer(cooc):
+@pytest.fixture(scope="module")
+def few_chapters():
+    """Co-occurrences of the first 15 KJV chapters (about 22,000 entries): the serial reference steps one entry at a
+    time through the worker program, 3 epochs of the 60-chapter set took 28 s of the suite."""
+    from simlib.data import Vocabulary, load_kjv
+    from simlib.problems.glove import count_cooccurrences
+
+    docs = load_kjv().docs[:15]
+    vocab = Vocabulary.build(docs, min_count=3)
+    return count_cooccurrences(*vocab.encode_docs(docs), len(vocab), window=5)
+
+
+def test_one_worker_on_shared_memory_trains_as_the_single_process_trainer(few_chapters):
+    cooc = few_chapters
     cfg = GloveConfig(dim=16, epochs=3)
     prob = GloveProblem(cooc, cfg)
     res = simlib.run(prob, "async", substrate="shm", n_workers=1, steps=3 * prob.epoch_steps(1, 1), batch_size=1,
