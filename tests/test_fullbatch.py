@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from simlib.course.fullbatch import (Objective, gradient_descent, lbfgs, minibatch_sgd, newton_cg, rounds_to)
+from simlib.course.fullbatch import (Objective, gradient_descent, lbfgs, minibatch_sgd, newton, newton_cg,
+                                      rounds_to)
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 
 DATA = make_sparse_classification(1_500, 40, 6, label_noise=0.05, seed=3)
@@ -71,3 +72,14 @@ def test_rounds_are_counted_per_reduce():
 def test_bad_input_names_the_field(call, field):
     with pytest.raises(ValueError, match=field):
         call()
+
+
+def test_explicit_hessian_matches_hessian_vector_products_and_costs_d_squared():
+    obj, rng = objective(), np.random.default_rng(2)
+    w, v = rng.normal(size=obj.d) * 0.2, rng.normal(size=obj.d)
+    np.testing.assert_allclose(obj.hessian(w) @ v, obj.hess_vec(w, v), rtol=1e-10, atol=1e-12)
+    assert obj.rounds == 2
+    obj = objective()
+    hist = newton(obj, 4)
+    assert obj.rounds == 1 + 2 * 4 and [r for r, _ in hist] == [1, 3, 5, 7, 9]
+    assert hist[-1][1] == pytest.approx(lbfgs(objective(), 60)[-1][1], abs=1e-8)
