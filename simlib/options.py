@@ -13,7 +13,7 @@ command's ``--help`` stays fast.
     >>> opt.parse("0")
     Traceback (most recent call last):
     ...
-    ValueError: n_workers must be an integer in [1, 100000], got 0
+    ValueError: n_workers must be an integer in [1, 1000000], got 0
 """
 from __future__ import annotations
 
