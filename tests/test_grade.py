@@ -665,7 +665,7 @@ PROBE_CHEATS = {  # name: (code replacing part 1's answer, (t1, t2) points, text
                                          "differs from the master's on inputs drawn for this grading"),
     "replaces_exec": ("import builtins\nbuiltins.exec = lambda *a, **k: None\ndef f(x):\n    return 1", (0, 3),
                       "differs from the master's"),
-    "patches_the_reply": ("import simlib.grade.probe as p\np.answer = lambda call, ns: {'value': 1}\ndef f(x):\n    return 1",
+    "patches_the_reply": ("import simlib.grade.probe as p\np.answer = lambda *a: {'value': 1}\ndef f(x):\n    return 1",
                           (0, 3), "differs from the master's"),
     "forges_every_frame_ok": ("import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
                               "        d = json.loads(data[4:])\n        d.update(ok=True, error='', values=[{'value': 1}] * 21)\n"

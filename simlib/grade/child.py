@@ -155,7 +155,9 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int) -> None:
         code = None
         try:
             if unit.get("late"):  # the grader's calls (see simlib.grade.probe): values back, no code of the tests
-                values = [probe.answer(call, namespace) for call in (read_frame(control) or {}).get("calls", [])]
+                kept: dict[str, Any] = {}  # the values this part's calls keep ('as'), for its later calls
+                values = [probe.answer(call, namespace, kept) for call in (read_frame(control) or {}).get("calls", [])]
+                del kept
                 reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": "", "values": values}
             else:
                 code = (marshal.loads(base64.b64decode(unit.pop("code"))) if "code" in unit

@@ -69,7 +69,7 @@ def build_units(master: dict[str, Any], student: dict[str, Any],
         if nbm.is_test(cell):
             visible, hidden = nbm.split_hidden(nbm.source(cell))
             calls = (drawn or {}).get(gid)
-            hidden_unit = (hidden, "test") if calls is None else (json.dumps(calls), "probe")
+            hidden_unit = (hidden, "test") if calls is None else (json.dumps(probe.sent(calls)), "probe")
             for label, (code, kind) in (("visible tests", (visible, "test")), ("hidden tests", hidden_unit)):
                 if code.strip():
                     part_of[len(units)] = gid
@@ -170,11 +170,12 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret), o.fatal) for o in report.outcomes]
     replies = {}
+    checks = {gid: probe.functions(hidden) for gid, hidden in hidden_blocks(master).items() if gid in (drawn or {})}
     for i, (unit, got) in enumerate(zip(units, report.outcomes)):
         if unit.kind == "probe" and got.ok:
             replies[unit.name] = got.values
             want = got.values if expected is None else expected.get(unit.name, [])  # the master: every call answered
-            why = probe.verdict(got.values, want, json.loads(unit.source))
+            why = probe.verdict(got.values, want, drawn[part_of[i]], checks[part_of[i]])
             outcomes[i] = Outcome(not why, why)
     errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind in ("code", "answer") and o.ok is False]
     if len(errors) > MAX_CELL_ERRORS:
@@ -591,9 +592,13 @@ def drawn_calls(master: dict[str, Any], out_dir: Path) -> dict[str, list[Any]]:
     if not path.is_file():
         path.write_text(str(secrets.randbits(63)))
     seed = int(path.read_text())
-    drawn = {str(nbm.meta(c)["grade_id"]): probe.calls(nbm.split_hidden(nbm.source(c))[1], seed)
-             for c in master["cells"] if nbm.is_test(c)}
+    drawn = {gid: probe.calls(hidden, seed) for gid, hidden in hidden_blocks(master).items()}
     return {gid: calls for gid, calls in drawn.items() if calls is not None}
+
+
+def hidden_blocks(master: dict[str, Any]) -> dict[str, str]:
+    """grade_id -> the hidden-test code of each test cell."""
+    return {str(nbm.meta(c)["grade_id"]): nbm.split_hidden(nbm.source(c))[1] for c in master["cells"] if nbm.is_test(c)}
 
 
 def write_feedback(path: Path, assignment: str, student: str, result: dict[str, Any]) -> None:
