@@ -191,6 +191,10 @@ ATTACKS = {  # name: (code replacing part 1's answer, (t1, t2) points, text the 
     "patches_assert_message": ("import builtins\nbuiltins.AssertionError = Exception\ndef f():\n    return 2", (0, 3), "f() should be 1"),
     # the library's reference answer, imported: graded, and flagged to the instructor (see test_...flagged)
     "imports_reference": ("import simlib.protocol as p\nfrom simlib.protocol import may_read" + F, (2, 3), None),
+    "builds_the_reference_name": ("import importlib, operator\nname = 'simlib.' + 'protocol'\n"
+                                  "ref = getattr(importlib.import_module(name), 'may_' + 'read')\n"
+                                  "via = operator.attrgetter('may_' + 'read')(__import__(name, fromlist=['']))" + F,
+                                  (2, 3), None),
 }
 
 
@@ -593,10 +597,14 @@ def test_every_entry_is_in_the_gradebook_or_the_notes_and_no_cell_is_a_formula(h
 def test_a_submission_using_the_reference_answer_is_flagged_with_its_line(hostile_class):
     notes = (hostile_class["out"] / "notes.txt").read_text(encoding="utf-8")
     flagged = [line for line in notes.splitlines() if ": flagged: " in line]
-    assert flagged == [
-        "imports_reference: flagged: a1 line 2: from simlib.protocol import may_read (uses simlib.protocol.may_read, "
-        "the library's reference answer)"]
+    uses = "(uses simlib.protocol.may_read, the library's reference answer)"
+    assert flagged == [  # the literal import, and the names built at run time (noted in the sandbox as they are read)
+        f"builds_the_reference_name: flagged: a1 line 3: ref = getattr(importlib.import_module(name), 'may_' + 'read') {uses}",
+        "builds_the_reference_name: flagged: a1 line 4: via = operator.attrgetter('may_' + 'read')(__import__(name, "
+        f"fromlist=[''])) {uses}",
+        f"imports_reference: flagged: a1 line 2: from simlib.protocol import may_read {uses}"]
     assert _rows(hostile_class["out"])[("imports_reference", "t1")] == (2, "passed; flagged (notes.txt)")
+    assert _rows(hostile_class["out"])[("builds_the_reference_name", "t1")] == (2, "passed; flagged (notes.txt)")
     assert _rows(hostile_class["out"])[("good", "t1")] == (2, "passed")
     assert "flag: imports_reference: a1 line 2" in hostile_class["log"]
 
@@ -1069,21 +1077,61 @@ def test_the_fallback_is_announced_once(course):
 
 
 # -- the real assignments -------------------------------------------------------------------------
+# In-interpreter cheats on the student version (every answer a stub), put before the first answer's stub. Each scored
+# full marks on every assignment while the hidden tests ran in the sandbox's interpreter; as probes they score 0.
+CHEATS = {
+    "replaces_exec": "import builtins\n_real = builtins.exec\nbuiltins.exec = lambda c, *a, **k: _real(c, *a, **k) "
+                     "if isinstance(c, str) else None\n",
+    "forges_ok_replies": "import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
+                         "        d = json.loads(data[4:])\n        d.update(ok=True, error='')\n"
+                         "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
+                         "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake\n",
+    "prewrites_ok_replies_and_exits": (
+        "import json, os, struct, sys\nfd = json.loads(sys.argv[-1])['result_fd']\nserve = sys._getframe(0).f_back.f_locals\n"
+        "mine = [(serve['seq'], serve['unit']['nonce'])] + [(k, u['nonce']) for k, u in enumerate(serve['plan']) if u]\n"
+        "for seq, nonce in mine:\n    d = json.dumps({'seq': seq, 'nonce': nonce, 'ok': True, 'error': ''}).encode()\n"
+        "    os.write(fd, struct.pack('>I', len(d)) + d)\nos._exit(0)\n"),
+}
+# Cheats that need a wrong answer of their own: grade_id -> its code.
+OWN_CHEATS = {"02-hogwild.ipynb": {"patches_assert_allclose": {
+    # the assertions patched, serial SGD that never updates, and Hogwild! that copies scikit-learn's weights
+    "part1-answer": "import numpy as np\nnp.testing.assert_allclose = lambda *a, **k: None\n"
+                    "def sgd_rows(indptr, indices, values, y, w, last, t, start, stop, lr, l2):\n    return t + stop - start",
+    "part2-answer": "def catch_up(w, last, t, lr, l2):\n    last[:] = t",
+    "part3-answer": "def hogwild_worker(worker_id, n_workers, data, w, epochs, lr, l2):\n    w.array[:] = reference\n"
+                    "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
+}}}
+
+
+def cheat_notebook(master: str, cheat: str) -> dict[str, Any]:
+    """The student version of ``master`` with ``cheat`` (a key of CHEATS or OWN_CHEATS[master]) in its answers."""
+    nb = nbm.load(ASSIGNMENTS / master)
+    answers = [c for c in nb["cells"] if c["cell_type"] == "code" and nbm.is_answer(c)]
+    own = OWN_CHEATS.get(master, {}).get(cheat)
+    for cell in answers if own else answers[:1]:
+        cell["source"] = own[nbm.meta(cell)["grade_id"]] if own else CHEATS[cheat] + nbm.source(cell)
+    return nb
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("master", sorted(p.name for p in SOLUTIONS.glob("[0-9]*.ipynb")))
 def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
+    """The master gets every point; the student version, and every in-interpreter cheat on it, gets none (one run)."""
     subs = tmp_path / "submitted"
     subs.mkdir()
     shutil.copy(SOLUTIONS / master, subs / "solution.ipynb")
     shutil.copy(ASSIGNMENTS / master, subs / "blank.ipynb")
+    for cheat in [*CHEATS, *OWN_CHEATS.get(master, {})]:
+        (subs / f"{cheat}.ipynb").write_text(nbm.dump(cheat_notebook(master, cheat)))
     course = tmp_path / "solutions"
     course.mkdir()
     shutil.copy(SOLUTIONS / master, course / master)
-    grade_class(course / master, subs, tmp_path / "out", progress=None)
+    grade_class(course / master, subs, tmp_path / "out", progress=None, log=io.StringIO())
     rows = list(csv.DictReader(open(tmp_path / "out" / "gradebook.csv")))
     auto = [r for r in rows if r["status"] != "needs manual grading"]
     manual = [r for r in rows if r["status"] == "needs manual grading"]
     assert auto and manual
+    assert {r["student"] for r in rows} == {"solution", "blank", *CHEATS, *OWN_CHEATS.get(master, {})}
     for r in auto:
         want = r["max_points"] if r["student"] == "solution" else "0"
         assert r["points"] == want, (r, (tmp_path / "out" / "feedback" / f"{r['student']}.txt").read_text())

@@ -166,7 +166,8 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
         units, part_of = build_units(master, student, drawn)
     except (nbm.NotebookError, ValueError, RecursionError, TypeError) as exc:
         return refused(master, str(exc))
-    report = run_units(units, data, limits, numba_cache, warm, sandbox, stop)
+    refs = nbm.references(master)
+    report = run_units(units, data, limits, numba_cache, warm, sandbox, stop, sorted(r for r in refs if "." in r))
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret), o.fatal) for o in report.outcomes]
     replies = {}
@@ -181,15 +182,24 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     if len(errors) > MAX_CELL_ERRORS:
         errors = errors[:MAX_CELL_ERRORS] + [f"... and {len(errors) - MAX_CELL_ERRORS} more"]
     return {"parts": score(master, units, part_of, outcomes), "cell_errors": errors, "notes": report.notes,
-            "flags": flags(master, units)} | ({"probes": replies} if expected is None else {})
+            "flags": flags(refs, units, report.outcomes)} | ({"probes": replies} if expected is None else {})
 
 
-def flags(master: dict[str, Any], units: list[Unit]) -> list[str]:
-    """Each line of the student's own code that names the library's reference answer (see nbm.references)."""
-    refs = nbm.references(master)
-    return [f"{u.name[:80]} line {line}: {clean(u.source.splitlines()[line - 1].strip(), [])[:200]} (uses {ref}, "
-            "the library's reference answer)"
-            for u in units if u.kind == "answer" for line, ref in nbm.uses(u.source, refs)][:MAX_CELL_ERRORS]
+def flags(refs: set[str], units: list[Unit], outcomes: list[Outcome]) -> list[str]:
+    """Each line of the student's own code that names the library's reference answer (see nbm.references), or
+    that read it at run time, however the name was built (the child's ``used``)."""
+    mine = {f"<{u.name}>": u for u in units if u.kind == "answer"}
+    found = {(f"<{u.name}>", line, ref) for u in mine.values() for line, ref in nbm.uses(u.source, refs)}
+    found.update(used for outcome in outcomes for used in outcome.used)
+    order = {name: k for k, name in enumerate(mine)}
+    out = []
+    for name, line, ref in sorted(found, key=lambda f: (order.get(f[0], len(order)), f[0], f[1], f[2])):
+        lines = mine[name].source.splitlines() if name in mine else []
+        text = lines[line - 1].strip() if 0 < line <= len(lines) else "(code the submission built at run time)"
+        where = mine[name].name if name in mine else f"code named {name}"
+        out.append(f"{clean(where, [])[:80]} line {line}: {clean(text, [])[:200]} (uses {clean(ref, [])}, "
+                   "the library's reference answer)")
+    return out[:MAX_CELL_ERRORS]
 
 
 @functools.lru_cache(maxsize=None)
