@@ -727,6 +727,46 @@ def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(pr
     assert not [p for p in probe_class["subs"].rglob("*") if seed in p.read_text(errors="replace")]
 
 
+def test_probe_calls_keep_values_index_and_are_judged_by_tolerance_raises_or_check():
+    """The probe language in one process (the sandbox's side and the grader's): kept values called again, takes by
+    index and as lists, per-call tolerances, an expected exception, and a check of the master's (trusted) code."""
+    from simlib.grade import probe
+
+    hidden = ("def _probes(rng):\n    return [\n"
+              "        {'call': 'Counter', 'as': '$c'},\n"
+              "        {'call': '$c.update', 'args': [['a', 'b', 'a']]},\n"
+              "        {'call': 'sorted', 'args': [{'call': 'dict.items', 'args': [{'name': '$c'}]}]},\n"
+              "        {'call': 'divmod', 'args': [7, 2], 'take': ['0', '1']},\n"
+              "        {'call': 'f', 'args': [1.0], 'rtol': 1e-3},\n"
+              "        {'call': 'int', 'args': ['x'], 'raises': 'ValueError'},\n"
+              "        {'call': 'f', 'args': [2.0], 'check': ['_near', 0.5]}]\n"
+              "def _near(got, want, call):\n    return abs(got - want) <= call['check'][1]\n")
+    drawn = probe.calls(hidden, seed=0)
+    checks = probe.functions(hidden)
+    assert [c for c in probe.sent(drawn) if set(c) & set(probe.GRADER_KEYS)] == []
+
+    def replies(f):
+        from collections import Counter
+
+        kept: dict[str, Any] = {}
+        return [probe.answer(c, {"Counter": Counter, "f": f}, kept) for c in probe.sent(drawn)]
+
+    master = replies(lambda x: x / 3)
+    assert master[:4] == [{"value": None}, {"value": None}, {"value": [["a", 2], ["b", 1]]}, {"value": [3, 1]}]
+    assert master[5] == {"error": "ValueError"}
+    assert probe.verdict(master, master, drawn, checks) == ""
+    assert probe.verdict(replies(lambda x: x / 3 * (1 + 1e-4)), master, drawn, checks) == ""  # within rtol, within 0.5
+    assert "call 5 of 7 (f) gave a value that differs" in probe.verdict(replies(lambda x: x / 3 + 0.01), master, drawn,
+                                                                         checks)
+    near = replies(lambda x: x / 3 if x < 2 else 1.0)  # 1.0 against 0.667: within the check's 0.5
+    assert probe.verdict(near, master, drawn, checks) == ""
+    far = replies(lambda x: x / 3 if x < 2 else 2.0)
+    assert probe.verdict(far, master, drawn, checks) == ("call 7 of 7 (f) gave a value that fails this part's check "
+                                                         "on inputs drawn for this grading")
+    no_raise = [*master[:5], {"value": 0}, master[6]]
+    assert probe.verdict(no_raise, master, drawn, checks) == "call 6 of 7 (int) did not raise ValueError"
+
+
 # -- the cgroup -----------------------------------------------------------------------------------
 # One grading run (per sandbox kind) of the attacks that only a cgroup stops in full, beside the
 # control student and the two escapes; each test fails if no cgroup was applied.

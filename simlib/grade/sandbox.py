@@ -34,9 +34,10 @@ submission writes into the result channel ahead of time are refused.
 **Not stopped** for a part whose hidden tests run as code: tampering with the harness inside the
 student's own interpreter (as in nbgrader, where tests share the student's kernel): walking the stack
 or the garbage collector to the compiled tests or the nonces, replacing ``exec`` or the reference
-functions the tests call. A part whose hidden tests define ``_probes`` (:mod:`simlib.grade.probe`)
-sends no test code at all: its calls come after every cell has run, the sandbox answers with plain
-values, and the grader compares them with the master's outside, so such tampering changes only values.
+functions the tests call. A part whose hidden tests define ``_probes`` (:mod:`simlib.grade.probe`; every
+part of the course's assignments) sends no test code at all: its calls come after every cell has run,
+the sandbox answers with plain values, and the grader compares them with the master's outside, so such
+tampering changes only values.
 """
 from __future__ import annotations
 
