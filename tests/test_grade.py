@@ -1122,6 +1122,7 @@ def test_the_fallback_is_announced_once(course):
 CHEATS = {
     "replaces_exec": "import builtins\n_real = builtins.exec\nbuiltins.exec = lambda c, *a, **k: _real(c, *a, **k) "
                      "if isinstance(c, str) else None\n",
+    "patches_marshal": "import marshal\nmarshal.loads = lambda b: compile('pass', 'x', 'exec')\n",
     "forges_ok_replies": "import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
                          "        d = json.loads(data[4:])\n        d.update(ok=True, error='')\n"
                          "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
@@ -1132,15 +1133,48 @@ CHEATS = {
         "for seq, nonce in mine:\n    d = json.dumps({'seq': seq, 'nonce': nonce, 'ok': True, 'error': ''}).encode()\n"
         "    os.write(fd, struct.pack('>I', len(d)) + d)\nos._exit(0)\n"),
 }
-# Cheats that need a wrong answer of their own: grade_id -> its code.
-OWN_CHEATS = {"02-hogwild.ipynb": {"patches_assert_allclose": {
-    # the assertions patched, serial SGD that never updates, and Hogwild! that copies scikit-learn's weights
-    "part1-answer": "import numpy as np\nnp.testing.assert_allclose = lambda *a, **k: None\n"
-                    "def sgd_rows(indptr, indices, values, y, w, last, t, start, stop, lr, l2):\n    return t + stop - start",
-    "part2-answer": "def catch_up(w, last, t, lr, l2):\n    last[:] = t",
-    "part3-answer": "def hogwild_worker(worker_id, n_workers, data, w, epochs, lr, l2):\n    w.array[:] = reference\n"
-                    "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
-}}}
+def _solution(master: str, grade_id: str) -> str:
+    """The master's answer of one cell, its solution markers dropped."""
+    cell = next(c for c in nbm.load(SOLUTIONS / master)["cells"] if nbm.meta(c).get("grade_id") == grade_id)
+    return "".join(ln for ln in nbm.source(cell).splitlines(keepends=True)
+                   if ln.strip() not in (nbm.BEGIN_SOLUTION, nbm.END_SOLUTION))
+
+
+def _uniform_stages() -> str:
+    """Assignment 06's timeline, wrong where stages differ (every stage takes stage 0's times)."""
+    code = _solution("06-pipeline.ipynb", "part2-answer")
+    assert "(t_fwd[s] if kind == \"F\" else t_bwd[s])" in code
+    return code.replace("(t_fwd[s] if kind == \"F\" else t_bwd[s])", "(t_fwd[0] if kind == \"F\" else t_bwd[0])")
+
+
+def _capped_map_document() -> str:
+    """Assignment 03's map_document, wrong past a window of 2, and the library's counts (which the hidden tests take
+    as the reference) replaced by it."""
+    code = _solution("03-glove.ipynb", "part1-answer")
+    assert "min(n, p + window + 1)" in code
+    return ("from simlib.problems.glove import Cooccurrence\n\n"
+            + code.replace("min(n, p + window + 1)", "min(n, p + min(window, 2) + 1)")
+            + "\n\ndef count_cooccurrences(ids, offsets, n_words, window=5):\n    c = map_document(ids, window)\n"
+            "    keys = sorted(c)\n    return Cooccurrence(rows=np.array([k[0] for k in keys], dtype=np.int32), "
+            "cols=np.array([k[1] for k in keys], dtype=np.int32),\n"
+            "                        values=np.array([c[k] for k in keys], dtype=np.float32), n_words=n_words)\n")
+
+
+# Cheats with wrong answers of their own (grade_id -> code; the other answers stay stubs). Each scored every point of
+# the parts it answers while the hidden tests ran in the sandbox's interpreter.
+OWN_CHEATS = {
+    "02-hogwild.ipynb": {"patches_assert_allclose": {  # 8 of 8 before
+        # the assertions patched, serial SGD that never updates, and Hogwild! that copies scikit-learn's weights
+        "part1-answer": "import numpy as np\nnp.testing.assert_allclose = lambda *a, **k: None\n"
+                        "def sgd_rows(indptr, indices, values, y, w, last, t, start, stop, lr, l2):\n    return t + stop - start",
+        "part2-answer": "def catch_up(w, last, t, lr, l2):\n    last[:] = t",
+        "part3-answer": "def hogwild_worker(worker_id, n_workers, data, w, epochs, lr, l2):\n    w.array[:] = reference\n"
+                        "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
+    }},
+    "03-glove.ipynb": {"poisons_the_reference": {"part1-answer": _capped_map_document()}},  # part 1: 3 of 3 before
+    "06-pipeline.ipynb": {"patches_abs": {  # part 2: 3 of 3 before
+        "part2-answer": "import builtins\nbuiltins.abs = lambda x: 0\n" + _uniform_stages()}},
+}
 
 
 def cheat_notebook(master: str, cheat: str) -> dict[str, Any]:
@@ -1148,8 +1182,10 @@ def cheat_notebook(master: str, cheat: str) -> dict[str, Any]:
     nb = nbm.load(ASSIGNMENTS / master)
     answers = [c for c in nb["cells"] if c["cell_type"] == "code" and nbm.is_answer(c)]
     own = OWN_CHEATS.get(master, {}).get(cheat)
-    for cell in answers if own else answers[:1]:
-        cell["source"] = own[nbm.meta(cell)["grade_id"]] if own else CHEATS[cheat] + nbm.source(cell)
+    if own is None:
+        answers[0]["source"] = CHEATS[cheat] + nbm.source(answers[0])
+    for cell in answers if own else []:
+        cell["source"] = own.get(nbm.meta(cell)["grade_id"], nbm.source(cell))
     return nb
 
 
@@ -1186,37 +1222,6 @@ def test_the_reference_answers_are_read_from_the_hidden_tests():
     assert nbm.uses(code, refs) == [(2, "simlib.protocol.may_read"), (3, "simlib.protocol.may_read"),
                                     (4, "staleness_aware"), (5, "simlib.protocol.may_read")]
     assert nbm.uses("def may_read(c, d, s):\n    return c - s <= d", refs) == []
-
-
-# The in-interpreter cheats that scored 6/6 on assignment 01 before its hidden checks moved out of the sandbox.
-CHEATS_01 = {
-    "replaces_exec": "import builtins\n_real = builtins.exec\nbuiltins.exec = lambda c, *a, **k: _real(c, *a, **k) "
-                     "if isinstance(c, str) else None\n",
-    "patches_marshal": "import marshal\nmarshal.loads = lambda b: compile('pass', 'x', 'exec')\n",
-    "forges_ok_replies": "import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
-                         "        d = json.loads(data[4:])\n        d.update(ok=True, error='')\n"
-                         "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
-                         "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake\n",
-}
-
-
-@pytest.mark.slow
-def test_in_interpreter_cheats_get_nothing_on_assignment_01(tmp_path):
-    master = nbm.load(SOLUTIONS / "01-ssp-rule.ipynb")
-    wrong = "def may_read(clock, completed, bound):\n    return True\ndef scale(tau):\n    return 1.0\n"
-    (tmp_path / "submitted").mkdir()
-    for name, code in CHEATS_01.items():
-        nb = json.loads(json.dumps(master))
-        for cell in nb["cells"]:
-            if nbm.meta(cell).get("grade_id") in ("part1-answer", "part2-answer"):
-                cell["source"] = code + wrong if nbm.meta(cell)["grade_id"] == "part1-answer" else "pass"
-        (tmp_path / "submitted" / f"{name}.ipynb").write_text(nbm.dump(nb))
-    rows = grade_class(SOLUTIONS / "01-ssp-rule.ipynb", tmp_path / "submitted", tmp_path / "out", progress=None,
-                       log=io.StringIO())
-    assert {r["student"] for r in rows} == set(CHEATS_01)
-    assert [r for r in rows if r["points"]] == []
-    texts = _feedback(tmp_path / "out")
-    assert all("differs from the master's on inputs drawn for this grading" in t for t in texts.values()), texts
 
 
 _NBGRADER_QUICK = ["01-ssp-rule.ipynb", "05-compression.ipynb", "06-pipeline.ipynb", "07-allreduce.ipynb"]
