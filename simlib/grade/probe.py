@@ -167,7 +167,8 @@ def same(got: Any, want: Any, rtol: float = 1e-9, atol: float = 1e-12) -> bool:
 def _innermost(call: dict[str, Any]) -> str:
     """The name of the call, or of the first call a builtin wraps ('may_read' in bool(may_read(...)))."""
     name = str(call.get("call", call.get("name")))
-    inner = [a for a in call.get("args", []) if isinstance(a, dict) and "call" in a]
+    args = [b for a in call.get("args", []) for b in (a if isinstance(a, list) else [a])]  # list([f(1), f(2)]): f
+    inner = [a for a in args if isinstance(a, dict) and "call" in a]
     return _innermost(inner[0]) if inner and hasattr(builtins, name.split(".")[0]) else name
 
 
