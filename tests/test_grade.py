@@ -1222,6 +1222,16 @@ def test_the_reference_answers_are_read_from_the_hidden_tests():
     assert nbm.uses(code, refs) == [(2, "simlib.protocol.may_read"), (3, "simlib.protocol.may_read"),
                                     (4, "staleness_aware"), (5, "simlib.protocol.may_read")]
     assert nbm.uses("def may_read(c, d, s):\n    return c - s <= d", refs) == []
+    lda = nbm.load(SOLUTIONS / "04-lda.ipynb")  # declared in its hidden tests: _REFERENCES
+    refs, declared = nbm.references(lda), nbm.declared(lda)
+    assert refs == declared == {"simlib.problems.lda.conditional"}
+    assert nbm.uses("def f(a):\n    return conditional(a, a, a, 0.1, 0.1, 5)", refs, declared) == [
+        (2, "simlib.problems.lda.conditional")]  # the bare name the set-up's import could bind
+    assert nbm.uses("def f(a):\n    conditional = a + 1\n    return conditional", refs, declared) == []  # the student's
+    assert {r for p in SOLUTIONS.glob("[0-9]*.ipynb") for r in nbm.references(nbm.load(p))} == {
+        "simlib.protocol.may_read", "staleness_aware", "simlib.problems.glove.adagrad_kernel",
+        "simlib.problems.glove.count_cooccurrences", "simlib.problems.lda.conditional", "simlib.compress.make_compressor",
+        "simlib.costs.place", "simlib.sim.network.ring_allreduce_time"}  # the grader's checks' own imports are not
 
 
 _NBGRADER_QUICK = ["01-ssp-rule.ipynb", "05-compression.ipynb", "06-pipeline.ipynb", "07-allreduce.ipynb"]

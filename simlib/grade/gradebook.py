@@ -182,14 +182,15 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     if len(errors) > MAX_CELL_ERRORS:
         errors = errors[:MAX_CELL_ERRORS] + [f"... and {len(errors) - MAX_CELL_ERRORS} more"]
     return {"parts": score(master, units, part_of, outcomes), "cell_errors": errors, "notes": report.notes,
-            "flags": flags(refs, units, report.outcomes)} | ({"probes": replies} if expected is None else {})
+            "flags": flags(refs, units, report.outcomes, nbm.declared(master))} | (
+                {"probes": replies} if expected is None else {})
 
 
-def flags(refs: set[str], units: list[Unit], outcomes: list[Outcome]) -> list[str]:
+def flags(refs: set[str], units: list[Unit], outcomes: list[Outcome], declared: set[str] = frozenset()) -> list[str]:
     """Each line of the student's own code that names the library's reference answer (see nbm.references), or
     that read it at run time, however the name was built (the child's ``used``)."""
     mine = {f"<{u.name}>": u for u in units if u.kind == "answer"}
-    found = {(f"<{u.name}>", line, ref) for u in mine.values() for line, ref in nbm.uses(u.source, refs)}
+    found = {(f"<{u.name}>", line, ref) for u in mine.values() for line, ref in nbm.uses(u.source, refs, declared)}
     found.update(used for outcome in outcomes for used in outcome.used)
     order = {name: k for k, name in enumerate(mine)}
     out = []
