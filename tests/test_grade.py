@@ -191,6 +191,10 @@ ATTACKS = {  # name: (code replacing part 1's answer, (t1, t2) points, text the 
     "patches_assert_message": ("import builtins\nbuiltins.AssertionError = Exception\ndef f():\n    return 2", (0, 3), "f() should be 1"),
     # the library's reference answer, imported: graded, and flagged to the instructor (see test_...flagged)
     "imports_reference": ("import simlib.protocol as p\nfrom simlib.protocol import may_read" + F, (2, 3), None),
+    "builds_the_reference_name": ("import importlib, operator\nname = 'simlib.' + 'protocol'\n"
+                                  "ref = getattr(importlib.import_module(name), 'may_' + 'read')\n"
+                                  "via = operator.attrgetter('may_' + 'read')(__import__(name, fromlist=['']))" + F,
+                                  (2, 3), None),
 }
 
 
@@ -593,10 +597,14 @@ def test_every_entry_is_in_the_gradebook_or_the_notes_and_no_cell_is_a_formula(h
 def test_a_submission_using_the_reference_answer_is_flagged_with_its_line(hostile_class):
     notes = (hostile_class["out"] / "notes.txt").read_text(encoding="utf-8")
     flagged = [line for line in notes.splitlines() if ": flagged: " in line]
-    assert flagged == [
-        "imports_reference: flagged: a1 line 2: from simlib.protocol import may_read (uses simlib.protocol.may_read, "
-        "the library's reference answer)"]
+    uses = "(uses simlib.protocol.may_read, the library's reference answer)"
+    assert flagged == [  # the literal import, and the names built at run time (noted in the sandbox as they are read)
+        f"builds_the_reference_name: flagged: a1 line 3: ref = getattr(importlib.import_module(name), 'may_' + 'read') {uses}",
+        "builds_the_reference_name: flagged: a1 line 4: via = operator.attrgetter('may_' + 'read')(__import__(name, "
+        f"fromlist=[''])) {uses}",
+        f"imports_reference: flagged: a1 line 2: from simlib.protocol import may_read {uses}"]
     assert _rows(hostile_class["out"])[("imports_reference", "t1")] == (2, "passed; flagged (notes.txt)")
+    assert _rows(hostile_class["out"])[("builds_the_reference_name", "t1")] == (2, "passed; flagged (notes.txt)")
     assert _rows(hostile_class["out"])[("good", "t1")] == (2, "passed")
     assert "flag: imports_reference: a1 line 2" in hostile_class["log"]
 
@@ -665,7 +673,7 @@ PROBE_CHEATS = {  # name: (code replacing part 1's answer, (t1, t2) points, text
                                          "differs from the master's on inputs drawn for this grading"),
     "replaces_exec": ("import builtins\nbuiltins.exec = lambda *a, **k: None\ndef f(x):\n    return 1", (0, 3),
                       "differs from the master's"),
-    "patches_the_reply": ("import simlib.grade.probe as p\np.answer = lambda call, ns: {'value': 1}\ndef f(x):\n    return 1",
+    "patches_the_reply": ("import simlib.grade.probe as p\np.answer = lambda *a: {'value': 1}\ndef f(x):\n    return 1",
                           (0, 3), "differs from the master's"),
     "forges_every_frame_ok": ("import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
                               "        d = json.loads(data[4:])\n        d.update(ok=True, error='', values=[{'value': 1}] * 21)\n"
@@ -717,6 +725,46 @@ def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(pr
         assert "PROBED-PART" not in text and "LEAKZ" not in text and "_probes" not in text, student
     seed = (out / ".cache" / "probe-seed").read_text()
     assert not [p for p in probe_class["subs"].rglob("*") if seed in p.read_text(errors="replace")]
+
+
+def test_probe_calls_keep_values_index_and_are_judged_by_tolerance_raises_or_check():
+    """The probe language in one process (the sandbox's side and the grader's): kept values called again, takes by
+    index and as lists, per-call tolerances, an expected exception, and a check of the master's (trusted) code."""
+    from simlib.grade import probe
+
+    hidden = ("def _probes(rng):\n    return [\n"
+              "        {'call': 'Counter', 'as': '$c'},\n"
+              "        {'call': '$c.update', 'args': [['a', 'b', 'a']]},\n"
+              "        {'call': 'sorted', 'args': [{'call': 'dict.items', 'args': [{'name': '$c'}]}]},\n"
+              "        {'call': 'divmod', 'args': [7, 2], 'take': ['0', '1']},\n"
+              "        {'call': 'f', 'args': [1.0], 'rtol': 1e-3},\n"
+              "        {'call': 'int', 'args': ['x'], 'raises': 'ValueError'},\n"
+              "        {'call': 'f', 'args': [2.0], 'check': ['_near', 0.5]}]\n"
+              "def _near(got, want, call):\n    return abs(got - want) <= call['check'][1]\n")
+    drawn = probe.calls(hidden, seed=0)
+    checks = probe.functions(hidden)
+    assert [c for c in probe.sent(drawn) if set(c) & set(probe.GRADER_KEYS)] == []
+
+    def replies(f):
+        from collections import Counter
+
+        kept: dict[str, Any] = {}
+        return [probe.answer(c, {"Counter": Counter, "f": f}, kept) for c in probe.sent(drawn)]
+
+    master = replies(lambda x: x / 3)
+    assert master[:4] == [{"value": None}, {"value": None}, {"value": [["a", 2], ["b", 1]]}, {"value": [3, 1]}]
+    assert master[5] == {"error": "ValueError"}
+    assert probe.verdict(master, master, drawn, checks) == ""
+    assert probe.verdict(replies(lambda x: x / 3 * (1 + 1e-4)), master, drawn, checks) == ""  # within rtol, within 0.5
+    assert "call 5 of 7 (f) gave a value that differs" in probe.verdict(replies(lambda x: x / 3 + 0.01), master, drawn,
+                                                                         checks)
+    near = replies(lambda x: x / 3 if x < 2 else 1.0)  # 1.0 against 0.667: within the check's 0.5
+    assert probe.verdict(near, master, drawn, checks) == ""
+    far = replies(lambda x: x / 3 if x < 2 else 2.0)
+    assert probe.verdict(far, master, drawn, checks) == ("call 7 of 7 (f) gave a value that fails this part's check "
+                                                         "on inputs drawn for this grading")
+    no_raise = [*master[:5], {"value": 0}, master[6]]
+    assert probe.verdict(no_raise, master, drawn, checks) == "call 6 of 7 (int) did not raise ValueError"
 
 
 # -- the cgroup -----------------------------------------------------------------------------------
@@ -1069,21 +1117,97 @@ def test_the_fallback_is_announced_once(course):
 
 
 # -- the real assignments -------------------------------------------------------------------------
+# In-interpreter cheats on the student version (every answer a stub), put before the first answer's stub. Each scored
+# full marks on every assignment while the hidden tests ran in the sandbox's interpreter; as probes they score 0.
+CHEATS = {
+    "replaces_exec": "import builtins\n_real = builtins.exec\nbuiltins.exec = lambda c, *a, **k: _real(c, *a, **k) "
+                     "if isinstance(c, str) else None\n",
+    "patches_marshal": "import marshal\nmarshal.loads = lambda b: compile('pass', 'x', 'exec')\n",
+    "forges_ok_replies": "import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
+                         "        d = json.loads(data[4:])\n        d.update(ok=True, error='')\n"
+                         "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
+                         "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake\n",
+    "prewrites_ok_replies_and_exits": (
+        "import json, os, struct, sys\nfd = json.loads(sys.argv[-1])['result_fd']\nserve = sys._getframe(0).f_back.f_locals\n"
+        "mine = [(serve['seq'], serve['unit']['nonce'])] + [(k, u['nonce']) for k, u in enumerate(serve['plan']) if u]\n"
+        "for seq, nonce in mine:\n    d = json.dumps({'seq': seq, 'nonce': nonce, 'ok': True, 'error': ''}).encode()\n"
+        "    os.write(fd, struct.pack('>I', len(d)) + d)\nos._exit(0)\n"),
+}
+def _solution(master: str, grade_id: str) -> str:
+    """The master's answer of one cell, its solution markers dropped."""
+    cell = next(c for c in nbm.load(SOLUTIONS / master)["cells"] if nbm.meta(c).get("grade_id") == grade_id)
+    return "".join(ln for ln in nbm.source(cell).splitlines(keepends=True)
+                   if ln.strip() not in (nbm.BEGIN_SOLUTION, nbm.END_SOLUTION))
+
+
+def _uniform_stages() -> str:
+    """Assignment 06's timeline, wrong where stages differ (every stage takes stage 0's times)."""
+    code = _solution("06-pipeline.ipynb", "part2-answer")
+    assert "(t_fwd[s] if kind == \"F\" else t_bwd[s])" in code
+    return code.replace("(t_fwd[s] if kind == \"F\" else t_bwd[s])", "(t_fwd[0] if kind == \"F\" else t_bwd[0])")
+
+
+def _capped_map_document() -> str:
+    """Assignment 03's map_document, wrong past a window of 2, and the library's counts (which the hidden tests take
+    as the reference) replaced by it."""
+    code = _solution("03-glove.ipynb", "part1-answer")
+    assert "min(n, p + window + 1)" in code
+    return ("from simlib.problems.glove import Cooccurrence\n\n"
+            + code.replace("min(n, p + window + 1)", "min(n, p + min(window, 2) + 1)")
+            + "\n\ndef count_cooccurrences(ids, offsets, n_words, window=5):\n    c = map_document(ids, window)\n"
+            "    keys = sorted(c)\n    return Cooccurrence(rows=np.array([k[0] for k in keys], dtype=np.int32), "
+            "cols=np.array([k[1] for k in keys], dtype=np.int32),\n"
+            "                        values=np.array([c[k] for k in keys], dtype=np.float32), n_words=n_words)\n")
+
+
+# Cheats with wrong answers of their own (grade_id -> code; the other answers stay stubs). Each scored every point of
+# the parts it answers while the hidden tests ran in the sandbox's interpreter.
+OWN_CHEATS = {
+    "02-hogwild.ipynb": {"patches_assert_allclose": {  # 8 of 8 before
+        # the assertions patched, serial SGD that never updates, and Hogwild! that copies scikit-learn's weights
+        "part1-answer": "import numpy as np\nnp.testing.assert_allclose = lambda *a, **k: None\n"
+                        "def sgd_rows(indptr, indices, values, y, w, last, t, start, stop, lr, l2):\n    return t + stop - start",
+        "part2-answer": "def catch_up(w, last, t, lr, l2):\n    last[:] = t",
+        "part3-answer": "def hogwild_worker(worker_id, n_workers, data, w, epochs, lr, l2):\n    w.array[:] = reference\n"
+                        "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
+    }},
+    "03-glove.ipynb": {"poisons_the_reference": {"part1-answer": _capped_map_document()}},  # part 1: 3 of 3 before
+    "06-pipeline.ipynb": {"patches_abs": {  # part 2: 3 of 3 before
+        "part2-answer": "import builtins\nbuiltins.abs = lambda x: 0\n" + _uniform_stages()}},
+}
+
+
+def cheat_notebook(master: str, cheat: str) -> dict[str, Any]:
+    """The student version of ``master`` with ``cheat`` (a key of CHEATS or OWN_CHEATS[master]) in its answers."""
+    nb = nbm.load(ASSIGNMENTS / master)
+    answers = [c for c in nb["cells"] if c["cell_type"] == "code" and nbm.is_answer(c)]
+    own = OWN_CHEATS.get(master, {}).get(cheat)
+    if own is None:
+        answers[0]["source"] = CHEATS[cheat] + nbm.source(answers[0])
+    for cell in answers if own else []:
+        cell["source"] = own.get(nbm.meta(cell)["grade_id"], nbm.source(cell))
+    return nb
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("master", sorted(p.name for p in SOLUTIONS.glob("[0-9]*.ipynb")))
 def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
+    """The master gets every point; the student version, and every in-interpreter cheat on it, gets none (one run)."""
     subs = tmp_path / "submitted"
     subs.mkdir()
     shutil.copy(SOLUTIONS / master, subs / "solution.ipynb")
     shutil.copy(ASSIGNMENTS / master, subs / "blank.ipynb")
+    for cheat in [*CHEATS, *OWN_CHEATS.get(master, {})]:
+        (subs / f"{cheat}.ipynb").write_text(nbm.dump(cheat_notebook(master, cheat)))
     course = tmp_path / "solutions"
     course.mkdir()
     shutil.copy(SOLUTIONS / master, course / master)
-    grade_class(course / master, subs, tmp_path / "out", progress=None)
+    grade_class(course / master, subs, tmp_path / "out", progress=None, log=io.StringIO())
     rows = list(csv.DictReader(open(tmp_path / "out" / "gradebook.csv")))
     auto = [r for r in rows if r["status"] != "needs manual grading"]
     manual = [r for r in rows if r["status"] == "needs manual grading"]
     assert auto and manual
+    assert {r["student"] for r in rows} == {"solution", "blank", *CHEATS, *OWN_CHEATS.get(master, {})}
     for r in auto:
         want = r["max_points"] if r["student"] == "solution" else "0"
         assert r["points"] == want, (r, (tmp_path / "out" / "feedback" / f"{r['student']}.txt").read_text())
@@ -1098,37 +1222,16 @@ def test_the_reference_answers_are_read_from_the_hidden_tests():
     assert nbm.uses(code, refs) == [(2, "simlib.protocol.may_read"), (3, "simlib.protocol.may_read"),
                                     (4, "staleness_aware"), (5, "simlib.protocol.may_read")]
     assert nbm.uses("def may_read(c, d, s):\n    return c - s <= d", refs) == []
-
-
-# The in-interpreter cheats that scored 6/6 on assignment 01 before its hidden checks moved out of the sandbox.
-CHEATS_01 = {
-    "replaces_exec": "import builtins\n_real = builtins.exec\nbuiltins.exec = lambda c, *a, **k: _real(c, *a, **k) "
-                     "if isinstance(c, str) else None\n",
-    "patches_marshal": "import marshal\nmarshal.loads = lambda b: compile('pass', 'x', 'exec')\n",
-    "forges_ok_replies": "import json, os, struct\nreal = os.write\ndef fake(fd, data):\n    try:\n"
-                         "        d = json.loads(data[4:])\n        d.update(ok=True, error='')\n"
-                         "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
-                         "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake\n",
-}
-
-
-@pytest.mark.slow
-def test_in_interpreter_cheats_get_nothing_on_assignment_01(tmp_path):
-    master = nbm.load(SOLUTIONS / "01-ssp-rule.ipynb")
-    wrong = "def may_read(clock, completed, bound):\n    return True\ndef scale(tau):\n    return 1.0\n"
-    (tmp_path / "submitted").mkdir()
-    for name, code in CHEATS_01.items():
-        nb = json.loads(json.dumps(master))
-        for cell in nb["cells"]:
-            if nbm.meta(cell).get("grade_id") in ("part1-answer", "part2-answer"):
-                cell["source"] = code + wrong if nbm.meta(cell)["grade_id"] == "part1-answer" else "pass"
-        (tmp_path / "submitted" / f"{name}.ipynb").write_text(nbm.dump(nb))
-    rows = grade_class(SOLUTIONS / "01-ssp-rule.ipynb", tmp_path / "submitted", tmp_path / "out", progress=None,
-                       log=io.StringIO())
-    assert {r["student"] for r in rows} == set(CHEATS_01)
-    assert [r for r in rows if r["points"]] == []
-    texts = _feedback(tmp_path / "out")
-    assert all("differs from the master's on inputs drawn for this grading" in t for t in texts.values()), texts
+    lda = nbm.load(SOLUTIONS / "04-lda.ipynb")  # declared in its hidden tests: _REFERENCES
+    refs, declared = nbm.references(lda), nbm.declared(lda)
+    assert refs == declared == {"simlib.problems.lda.conditional"}
+    assert nbm.uses("def f(a):\n    return conditional(a, a, a, 0.1, 0.1, 5)", refs, declared) == [
+        (2, "simlib.problems.lda.conditional")]  # the bare name the set-up's import could bind
+    assert nbm.uses("def f(a):\n    conditional = a + 1\n    return conditional", refs, declared) == []  # the student's
+    assert {r for p in SOLUTIONS.glob("[0-9]*.ipynb") for r in nbm.references(nbm.load(p))} == {
+        "simlib.protocol.may_read", "staleness_aware", "simlib.problems.glove.adagrad_kernel",
+        "simlib.problems.glove.count_cooccurrences", "simlib.problems.lda.conditional", "simlib.compress.make_compressor",
+        "simlib.costs.place", "simlib.sim.network.ring_allreduce_time"}  # the grader's checks' own imports are not
 
 
 _NBGRADER_QUICK = ["01-ssp-rule.ipynb", "05-compression.ipynb", "06-pipeline.ipynb", "07-allreduce.ipynb"]

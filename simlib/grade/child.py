@@ -9,7 +9,9 @@ libraries; read-write: the scratch directory and /dev/shm). Then it reads the wh
 unit, tests as compiled code) in one frame, moves the control pipe off stdin (which becomes
 /dev/null), and runs unit after unit, each on a "go" byte, answering each on the result pipe with
 ok or the error's type and message and the unit's nonce. A probe unit's calls (:mod:`simlib.grade.probe`)
-come after its "go" byte, once every cell has run; its answer carries their plain values.
+come after its "go" byte, once every cell has run; its answer carries their plain values. Each answer also
+says where the student's code read one of the library's reference answers (:func:`watch`), however its
+name was built (``importlib.import_module("simlib." + "protocol")``, ``__import__``, ``getattr`` chains).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import contextlib
 import builtins
 import ctypes
 import fcntl
+import importlib
 import json
 import marshal
 import os
@@ -26,6 +29,8 @@ import resource
 import socket
 import struct
 import sys
+import sysconfig
+import types
 from typing import Any
 
 from simlib.grade import probe
@@ -145,17 +150,77 @@ def private_control(fd: int) -> int:
     return moved
 
 
-def serve(plan: list[dict[str, Any]], control: int, result_fd: int) -> None:
+class Watched(types.ModuleType):
+    """A library module whose reads of the reference answers (:func:`watch`) by the student's code are noted."""
+
+    def __getattribute__(self, name: str) -> Any:
+        value = types.ModuleType.__getattribute__(self, name)
+        ref = WATCHED.get(id(self), {}).get(name)
+        if ref is not None:
+            _note(ref)
+        return value
+
+
+WATCHED: dict[int, dict[str, str]] = {}  # id(module) -> {name there: the reference it holds ('simlib.protocol.may_read')}
+NOTED: dict[tuple[str, int, str], None] = {}  # (file, line, reference) of the student's reads, in order, until sent
+MASTER_FILES: set[str] = set()  # the code names of the master's units ('<setup>'), whose reads are not noted
+MAX_NOTED = 20
+_STDLIB = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
+
+
+def _note(ref: str) -> None:
+    """Note a read of ``ref`` when the code that asked for it (the standard library passed over: getattr chains
+    through importlib, operator, inspect) is the student's: not a file, not a unit of the master's."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith("<frozen ") or (
+            frame.f_code.co_filename.startswith(_STDLIB) and "-packages" not in frame.f_code.co_filename)):
+        frame = frame.f_back
+    name = "" if frame is None else frame.f_code.co_filename
+    if name and not name.startswith("/") and name not in MASTER_FILES and len(NOTED) < MAX_NOTED:
+        NOTED[(name, frame.f_lineno, ref)] = None
+
+
+def watch(refs: list[str]) -> None:
+    """Watch every library module that holds one of ``refs`` (dotted: 'simlib.protocol.may_read'), under any name,
+    modules loaded since the last call included; the library's reference answers, read at run time by name."""
+    targets = {}
+    for ref in refs:
+        module, _, attr = ref.rpartition(".")
+        with contextlib.suppress(Exception):  # a reference the library no longer has is nothing to watch
+            targets[id(getattr(importlib.import_module(module), attr))] = ref
+    for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "simlib"]:
+        with contextlib.suppress(Exception):  # an entry the submission put there need not be a module
+            found = {k: targets[id(v)] for k, v in list(vars(module).items()) if id(v) in targets}
+            if found and type(module) in (types.ModuleType, Watched):
+                WATCHED[id(module)] = found
+                module.__class__ = Watched
+
+
+def noted() -> list[list[Any]]:
+    """The reads noted since the last call, as [file, line, reference]."""
+    out = [list(k) for k in NOTED]
+    NOTED.clear()
+    return out
+
+
+def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[str] = ()) -> None:
     """Run each unit of the plan in one namespace, like a kernel, when the grader says go."""
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
+    MASTER_FILES.update(f"<{u['name']}>" for u in plan if not u.get("student"))
+    loaded = 0
     for seq in range(len(plan)):
         if os.read(control, 1) != b"g":
             return
         unit, plan[seq] = plan[seq], {}
         code = None
+        if refs and len(sys.modules) != loaded:  # a module loaded since may hold a reference too
+            watch(refs)
+            loaded = len(sys.modules)
         try:
             if unit.get("late"):  # the grader's calls (see simlib.grade.probe): values back, no code of the tests
-                values = [probe.answer(call, namespace) for call in (read_frame(control) or {}).get("calls", [])]
+                kept: dict[str, Any] = {}  # the values this part's calls keep ('as'), for its later calls
+                values = [probe.answer(call, namespace, kept) for call in (read_frame(control) or {}).get("calls", [])]
+                del kept
                 reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": "", "values": values}
             else:
                 code = (marshal.loads(base64.b64decode(unit.pop("code"))) if "code" in unit
@@ -167,6 +232,7 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int) -> None:
         del code, unit
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()
+        reply["used"] = noted()
         data = frame(reply)
         if len(data) > MAX_FRAME:
             data = frame({**reply, "values": [], "ok": False, "error": "the values are larger than 1 MB"})
@@ -201,7 +267,7 @@ def main() -> None:
     if plan is None:
         return
     control = private_control(0)
-    serve(plan["units"], control, cfg["result_fd"])
+    serve(plan["units"], control, cfg["result_fd"], plan.get("watch", []))
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def build_units(master: dict[str, Any], student: dict[str, Any],
         if nbm.is_test(cell):
             visible, hidden = nbm.split_hidden(nbm.source(cell))
             calls = (drawn or {}).get(gid)
-            hidden_unit = (hidden, "test") if calls is None else (json.dumps(calls), "probe")
+            hidden_unit = (hidden, "test") if calls is None else (json.dumps(probe.sent(calls)), "probe")
             for label, (code, kind) in (("visible tests", (visible, "test")), ("hidden tests", hidden_unit)):
                 if code.strip():
                     part_of[len(units)] = gid
@@ -166,29 +166,41 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
         units, part_of = build_units(master, student, drawn)
     except (nbm.NotebookError, ValueError, RecursionError, TypeError) as exc:
         return refused(master, str(exc))
-    report = run_units(units, data, limits, numba_cache, warm, sandbox, stop)
+    refs = nbm.references(master)
+    report = run_units(units, data, limits, numba_cache, warm, sandbox, stop, sorted(r for r in refs if "." in r))
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret), o.fatal) for o in report.outcomes]
     replies = {}
+    checks = {gid: probe.functions(hidden) for gid, hidden in hidden_blocks(master).items() if gid in (drawn or {})}
     for i, (unit, got) in enumerate(zip(units, report.outcomes)):
         if unit.kind == "probe" and got.ok:
             replies[unit.name] = got.values
             want = got.values if expected is None else expected.get(unit.name, [])  # the master: every call answered
-            why = probe.verdict(got.values, want, json.loads(unit.source))
+            why = probe.verdict(got.values, want, drawn[part_of[i]], checks[part_of[i]])
             outcomes[i] = Outcome(not why, why)
     errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind in ("code", "answer") and o.ok is False]
     if len(errors) > MAX_CELL_ERRORS:
         errors = errors[:MAX_CELL_ERRORS] + [f"... and {len(errors) - MAX_CELL_ERRORS} more"]
     return {"parts": score(master, units, part_of, outcomes), "cell_errors": errors, "notes": report.notes,
-            "flags": flags(master, units)} | ({"probes": replies} if expected is None else {})
+            "flags": flags(refs, units, report.outcomes, nbm.declared(master))} | (
+                {"probes": replies} if expected is None else {})
 
 
-def flags(master: dict[str, Any], units: list[Unit]) -> list[str]:
-    """Each line of the student's own code that names the library's reference answer (see nbm.references)."""
-    refs = nbm.references(master)
-    return [f"{u.name[:80]} line {line}: {clean(u.source.splitlines()[line - 1].strip(), [])[:200]} (uses {ref}, "
-            "the library's reference answer)"
-            for u in units if u.kind == "answer" for line, ref in nbm.uses(u.source, refs)][:MAX_CELL_ERRORS]
+def flags(refs: set[str], units: list[Unit], outcomes: list[Outcome], declared: set[str] = frozenset()) -> list[str]:
+    """Each line of the student's own code that names the library's reference answer (see nbm.references), or
+    that read it at run time, however the name was built (the child's ``used``)."""
+    mine = {f"<{u.name}>": u for u in units if u.kind == "answer"}
+    found = {(f"<{u.name}>", line, ref) for u in mine.values() for line, ref in nbm.uses(u.source, refs, declared)}
+    found.update(used for outcome in outcomes for used in outcome.used)
+    order = {name: k for k, name in enumerate(mine)}
+    out = []
+    for name, line, ref in sorted(found, key=lambda f: (order.get(f[0], len(order)), f[0], f[1], f[2])):
+        lines = mine[name].source.splitlines() if name in mine else []
+        text = lines[line - 1].strip() if 0 < line <= len(lines) else "(code the submission built at run time)"
+        where = mine[name].name if name in mine else f"code named {name}"
+        out.append(f"{clean(where, [])[:80]} line {line}: {clean(text, [])[:200]} (uses {clean(ref, [])}, "
+                   "the library's reference answer)")
+    return out[:MAX_CELL_ERRORS]
 
 
 @functools.lru_cache(maxsize=None)
@@ -591,9 +603,13 @@ def drawn_calls(master: dict[str, Any], out_dir: Path) -> dict[str, list[Any]]:
     if not path.is_file():
         path.write_text(str(secrets.randbits(63)))
     seed = int(path.read_text())
-    drawn = {str(nbm.meta(c)["grade_id"]): probe.calls(nbm.split_hidden(nbm.source(c))[1], seed)
-             for c in master["cells"] if nbm.is_test(c)}
+    drawn = {gid: probe.calls(hidden, seed) for gid, hidden in hidden_blocks(master).items()}
     return {gid: calls for gid, calls in drawn.items() if calls is not None}
+
+
+def hidden_blocks(master: dict[str, Any]) -> dict[str, str]:
+    """grade_id -> the hidden-test code of each test cell."""
+    return {str(nbm.meta(c)["grade_id"]): nbm.split_hidden(nbm.source(c))[1] for c in master["cells"] if nbm.is_test(c)}
 
 
 def write_feedback(path: Path, assignment: str, student: str, result: dict[str, Any]) -> None:

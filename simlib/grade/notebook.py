@@ -144,15 +144,28 @@ def _root(node: ast.AST) -> str:
     return node.id if isinstance(node, ast.Name) else ""
 
 
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+REFERENCES = "_REFERENCES"  # in a hidden-test block: the library's names that answer the part ('simlib.costs.place')
+
+
+def declared(master: dict[str, Any]) -> set[str]:
+    """The library's names the hidden tests declare answers: ``_REFERENCES = ["simlib.compress.make_compressor"]``."""
+    hidden = _trees([split_hidden(source(c))[1] for c in master["cells"] if c.get("cell_type") == "code"
+                     and is_test(c)])
+    return {ref for tree in hidden for node in tree.body if isinstance(node, ast.Assign)
+            and [getattr(t, "id", "") for t in node.targets] == [REFERENCES] for ref in ast.literal_eval(node.value)}
+
+
 def references(master: dict[str, Any]) -> set[str]:
     """What the hidden tests take from the library as the answer: the names they import from simlib
-    ('simlib.protocol.may_read'), and the keywords they pass to simlib's calls that no other cell passes
-    ('staleness_aware')."""
+    ('simlib.protocol.may_read') or declare (:func:`declared`), and the keywords they pass to simlib's calls
+    that no other cell passes ('staleness_aware')."""
     code = [c for c in master["cells"] if c.get("cell_type") == "code"]
     hidden = _trees([split_hidden(source(c))[1] for c in code if is_test(c)])
     shown = _trees([split_hidden(source(c))[0] if is_test(c) else source(c) for c in code])
-    found: set[str] = set()
-    for node in (n for tree in hidden for n in ast.walk(tree)):
+    found: set[str] = set(declared(master))
+    # the functions a hidden block defines (the grader's checks: simlib.grade.probe) are not the tests' answer
+    for node in (n for tree in hidden for top in tree.body if not isinstance(top, _DEFS) for n in ast.walk(top)):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "simlib":
             found.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Call) and _root(node.func) == "simlib":
@@ -161,20 +174,26 @@ def references(master: dict[str, Any]) -> set[str]:
     return {r for r in found if "." in r or r not in passed}
 
 
-def uses(text: str, refs: set[str]) -> list[tuple[int, str]]:
+def uses(text: str, refs: set[str], names: set[str] = frozenset()) -> list[tuple[int, str]]:
     """(line, reference) for each place the code names one of ``refs`` (see :func:`references`): an import of it,
-    an attribute or keyword of its name, or its name as a string (getattr); a static look, so a name built
-    at run time is not seen."""
+    an attribute or keyword of its name, or its name as a string (getattr); for those in ``names`` (declared:
+    never the student's own function's name), its bare name too (taken from the set-up's import). A static
+    look: a name built at run time is seen by the sandbox (:func:`simlib.grade.child.watch`)."""
     last = {r.rsplit(".", 1)[-1]: r for r in refs}
     hits: set[tuple[int, str]] = set()
     if not refs:
         return []
-    for node in (n for tree in _trees([text]) for n in ast.walk(tree)):
+    nodes = [n for tree in _trees([text]) for n in ast.walk(tree)]
+    own = {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | {
+        n.arg for n in nodes if isinstance(n, ast.arg)} | {n.name for n in nodes if isinstance(n, _DEFS)}
+    names = set(names) - {last[n] for n in own if n in last}  # a variable of the student's own of that name
+    for node in nodes:
         if isinstance(node, ast.ImportFrom):
             hits.update((node.lineno, f"{node.module}.{a.name}") for a in node.names if f"{node.module}.{a.name}" in refs)
             continue
         name = (node.attr if isinstance(node, ast.Attribute) else node.arg if isinstance(node, ast.keyword)
-                else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None)
+                else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                else node.id if isinstance(node, ast.Name) and last.get(node.id) in names else None)
         if name in last and hasattr(node, "lineno"):
             hits.add((node.lineno, last[name]))
     return sorted(hits)

@@ -11,10 +11,17 @@ Tampering inside the sandbox can then change only the values sent, and only code
 right values on unseen inputs gets the points. nbgrader ignores ``_probes`` and runs the hidden
 asserts as before.
 
-A call is ``{"call": "name", "args": [...], "kwargs": {...}, "take": "a.b.c"}``: ``name`` (dotted)
-is looked up in the notebook's namespace, then in builtins; an argument that is a dict is itself a
-call, or ``{"name": "x"}`` for a value of the namespace (``problem``, the student's ``may_read``);
-``take`` reads attributes off the result, from each item of a sequence (``trace.updates.time``).
+A call is ``{"call": "name", "args": [...], "kwargs": {...}, "take": "a.b.c", "as": "$x"}``, or
+``{"name": "x", ...}`` for a value without calling it: ``name`` (dotted) is looked up in the notebook's
+namespace, then in builtins, or for ``$x`` among the values an earlier call of the same part kept
+with ``"as": "$x"`` (a state to call again: a compressor, GloVe's parameters, a worker group; its
+reply is None unless it has a ``take``). An argument that is a dict is itself such a call.
+``take`` reads attributes off the result, from each item of a sequence (``trace.updates.time``);
+a number indexes (``0.dtype``), and a list of paths gives a list. Keys the grader alone reads are
+never sent: ``rtol`` and ``atol`` (the tolerance of this call's comparison), ``raises`` (the
+exception's type name both must raise) and ``check``: the name of a function of the hidden-test
+block (``[name, data...]`` to give it data), run by the grader (trusted) as ``check(student's value,
+master's value, call)`` where equal values are not the test (a sampler's draws, Hogwild!'s races): true passes.
 
     >>> same({"t": [1.0, 2.0]}, {"t": [1.0, 2.0 + 1e-13]})
     True
@@ -38,49 +45,79 @@ class TooLarge(Exception):
     """A reply with more than MAX_ITEMS items in one list."""
 
 
-def calls(hidden: str, seed: int) -> list[dict[str, Any]] | None:
-    """The calls a hidden-test block's ``_probes`` draws with ``seed`` (None if it defines none); trusted code only."""
-    tree = ast.parse(hidden)
-    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == PROBES]
-    if not defs:
-        return None
+GRADER_KEYS = ("rtol", "atol", "raises", "check")
+
+
+def functions(hidden: str) -> dict[str, Any]:
+    """The functions a hidden-test block defines at its top level (``_probes``, checks), made here: trusted code only."""
+    defs = [n for n in ast.parse(hidden).body if isinstance(n, ast.FunctionDef)]
     namespace: dict[str, Any] = {"math": math, "np": np}
     exec(compile(ast.Module(body=defs, type_ignores=[]), f"<{PROBES}>", "exec"), namespace)  # the master's code
-    drawn = namespace[PROBES](np.random.default_rng(seed))
-    if not isinstance(drawn, list) or not all(isinstance(c, dict) and "call" in c for c in drawn):
+    return {n.name: namespace[n.name] for n in defs}
+
+
+def calls(hidden: str, seed: int) -> list[dict[str, Any]] | None:
+    """The calls a hidden-test block's ``_probes`` draws with ``seed`` (None if it defines none); trusted code only."""
+    made = functions(hidden)
+    if PROBES not in made:
+        return None
+    drawn = made[PROBES](np.random.default_rng(seed))
+    if not isinstance(drawn, list) or not all(isinstance(c, dict) and ("call" in c or "name" in c) for c in drawn):
         raise ValueError(f"{PROBES} must return a list of calls ({{'call': name, ...}}), got {type(drawn).__name__}")
+    missing = {check_name(c) for c in drawn if "check" in c} - set(made)
+    if missing:
+        raise ValueError(f"{PROBES}: the hidden tests define no check named {', '.join(sorted(missing))}")
     return json.loads(json.dumps(drawn))  # plain JSON, as the sandbox will read it
 
 
+def check_name(call: dict[str, Any]) -> str:
+    """The name of a call's check: ``"check": name``, or ``[name, data for it...]``."""
+    check = call["check"]
+    return str(check[0] if isinstance(check, list) else check)
+
+
+def sent(drawn: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calls as the sandbox gets them: without the keys only the grader reads."""
+    return [{k: v for k, v in call.items() if k not in GRADER_KEYS} for call in drawn]
+
+
 # -- the sandbox's side ---------------------------------------------------------------------------
-def _lookup(name: str, namespace: dict[str, Any]) -> Any:
-    """A dotted name from the notebook's namespace (else builtins)."""
+def _lookup(name: str, namespace: dict[str, Any], kept: dict[str, Any]) -> Any:
+    """A dotted name from the values kept ('$x'), else the notebook's namespace, else builtins."""
     head, *rest = name.split(".")
-    if head not in namespace and not hasattr(builtins, head):
+    scope = kept if head.startswith("$") else namespace
+    if head not in scope and (scope is kept or not hasattr(builtins, head)):
         raise NameError(f"name {head!r} is not defined")
-    value = namespace[head] if head in namespace else getattr(builtins, head)
+    value = scope[head] if head in scope else getattr(builtins, head)
     for attr in rest:
         value = getattr(value, attr)
     return value
 
 
-def _take(value: Any, path: str) -> Any:
-    """value.a.b for path 'a.b'; where the value has no such attribute, it is taken from each of its items."""
+def _take(value: Any, path: str | list[str]) -> Any:
+    """value.a.b for path 'a.b' (value[0] for '0'); where the value has no such attribute, it is taken from each
+    of its items; a list of paths gives the list of what each takes."""
+    if isinstance(path, list):
+        return [_take(value, p) for p in path]
     for attr in filter(None, path.split(".")):
-        value = getattr(value, attr) if hasattr(value, attr) else [getattr(v, attr) for v in value]
+        if attr.isdigit():
+            value = value[int(attr)]
+        else:
+            value = getattr(value, attr) if hasattr(value, attr) else [getattr(v, attr) for v in value]
     return value
 
 
-def evaluate(arg: Any, namespace: dict[str, Any]) -> Any:
-    """An argument: a call or a name when it is a dict, else the JSON value itself."""
+def evaluate(arg: Any, namespace: dict[str, Any], kept: dict[str, Any]) -> Any:
+    """An argument: a call or a name when it is a dict (kept as its 'as' says), else the JSON value itself."""
     if isinstance(arg, dict):
-        if "name" in arg:
-            return _lookup(arg["name"], namespace)
-        fn = _lookup(arg["call"], namespace)
-        args = [evaluate(a, namespace) for a in arg.get("args", [])]
-        kwargs = {k: evaluate(v, namespace) for k, v in arg.get("kwargs", {}).items()}
-        return _take(fn(*args, **kwargs), arg.get("take", ""))
-    return [evaluate(a, namespace) for a in arg] if isinstance(arg, list) else arg
+        value = _lookup(arg["name"] if "name" in arg else arg["call"], namespace, kept)
+        if "name" not in arg:
+            value = value(*[evaluate(a, namespace, kept) for a in arg.get("args", [])],
+                          **{k: evaluate(v, namespace, kept) for k, v in arg.get("kwargs", {}).items()})
+        if str(arg.get("as", "")).startswith("$"):
+            kept[arg["as"]] = value
+        return _take(value, arg.get("take", ""))
+    return [evaluate(a, namespace, kept) for a in arg] if isinstance(arg, list) else arg
 
 
 def plain(value: Any, depth: int = 0) -> Any:
@@ -102,10 +139,12 @@ def plain(value: Any, depth: int = 0) -> Any:
     raise TypeError(f"returned a {type(value).__name__}, not a plain value")
 
 
-def answer(call: dict[str, Any], namespace: dict[str, Any]) -> dict[str, Any]:
-    """{'value': plain value} of one call in the notebook's namespace, or {'error': the exception's type}."""
+def answer(call: dict[str, Any], namespace: dict[str, Any], kept: dict[str, Any]) -> dict[str, Any]:
+    """{'value': plain value} of one call in the notebook's namespace (None for a value kept with no take),
+    or {'error': the exception's type}."""
     try:
-        return {"value": plain(evaluate(call, namespace))}
+        value = evaluate(call, namespace, kept)
+        return {"value": None if "as" in call and "take" not in call else plain(value)}
     except BaseException as exc:  # noqa: BLE001 - the student's code may raise anything, SystemExit included
         return {"error": type(exc).__name__}
 
@@ -126,23 +165,44 @@ def same(got: Any, want: Any, rtol: float = 1e-9, atol: float = 1e-12) -> bool:
 
 
 def _innermost(call: dict[str, Any]) -> str:
-    """The name of the call a call wraps first ('may_read' in bool(may_read(...)))."""
-    inner = [a for a in call.get("args", []) if isinstance(a, dict) and "call" in a]
-    return _innermost(inner[0]) if inner else str(call.get("call"))
+    """The name of the call, or of the first call a builtin wraps ('may_read' in bool(may_read(...)))."""
+    name = str(call.get("call", call.get("name")))
+    args = [b for a in call.get("args", []) for b in (a if isinstance(a, list) else [a])]  # list([f(1), f(2)]): f
+    inner = [a for a in args if isinstance(a, dict) and "call" in a]
+    return _innermost(inner[0]) if inner and hasattr(builtins, name.split(".")[0]) else name
 
 
-def verdict(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[str, Any]]) -> str:
-    """'' if every reply has the master's value, else which call differed (by name only: no value is shown)."""
+def _passes(got: dict[str, Any], want: dict[str, Any], call: dict[str, Any], checks: dict[str, Any]) -> bool:
+    """Whether a reply passes: the error the call says both raise, the master's value within the call's tolerance,
+    or its check (trusted code of the master's) saying so; a check that fails on the student's value says no."""
+    if "raises" in call:
+        return got.get("error") == call["raises"] == want.get("error")
+    if "check" not in call:
+        return same(got["value"], want.get("value"), call.get("rtol", 1e-9), call.get("atol", 1e-12))
+    try:
+        return bool(checks[check_name(call)](got["value"], want.get("value"), call))
+    except Exception:  # noqa: BLE001 - a value of the wrong shape fails the check
+        return False
+
+
+def verdict(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[str, Any]],
+            checks: dict[str, Any] | None = None) -> str:
+    """'' if every reply passes (see :func:`_passes`), else which call did not (by name only: no value is shown)."""
     if not isinstance(replies, list) or len(replies) != len(expected):
         return "the sandbox did not answer every call"
     for k, (got, want, call) in enumerate(zip(replies, expected, drawn), 1):
         where = f"call {k} of {len(drawn)} ({_innermost(call)[:40]})"
+        if isinstance(got, dict) and "raises" in call:
+            if _passes(got, want, call, checks or {}):
+                continue
+            return f"{where} did not raise {call['raises']}"
         if not isinstance(got, dict) or "value" not in got:
             name = str(got.get("error", "")) if isinstance(got, dict) else ""
             if name == TooLarge.__name__:
                 return f"{where} returned more than {MAX_ITEMS} items in one list"
             known = isinstance(getattr(builtins, name, None), type) and issubclass(getattr(builtins, name), BaseException)
             return f"{where} raised {name if known else 'an exception'}"  # a class's name could carry anything
-        if not same(got["value"], want.get("value")):
-            return f"{where} gave a value that differs from the master's on inputs drawn for this grading"
+        if not _passes(got, want, call, checks or {}):
+            what = "fails this part's check" if "check" in call else "differs from the master's"
+            return f"{where} gave a value that {what} on inputs drawn for this grading"
     return ""

@@ -34,9 +34,10 @@ submission writes into the result channel ahead of time are refused.
 **Not stopped** for a part whose hidden tests run as code: tampering with the harness inside the
 student's own interpreter (as in nbgrader, where tests share the student's kernel): walking the stack
 or the garbage collector to the compiled tests or the nonces, replacing ``exec`` or the reference
-functions the tests call. A part whose hidden tests define ``_probes`` (:mod:`simlib.grade.probe`)
-sends no test code at all: its calls come after every cell has run, the sandbox answers with plain
-values, and the grader compares them with the master's outside, so such tampering changes only values.
+functions the tests call. A part whose hidden tests define ``_probes`` (:mod:`simlib.grade.probe`; every
+part of the course's assignments) sends no test code at all: its calls come after every cell has run,
+the sandbox answers with plain values, and the grader compares them with the master's outside, so such
+tampering changes only values.
 """
 from __future__ import annotations
 
@@ -116,6 +117,7 @@ class Outcome:
     error: str = ""
     fatal: bool = False
     values: Any = None
+    used: list[tuple[str, int, str]] = field(default_factory=list)  # (code name, line, reference) read at run time
 
 
 @dataclass
@@ -508,15 +510,17 @@ class Child:
                     raise Fatal(f"the grading process {how} (did the submission call exit, or run out of CPU time?)")
                 self.buffer += chunk
 
-    def send_plan(self, units: list[Unit]) -> None:
-        """Every unit in one frame, before any of them runs: tests compiled here, never as text."""
+    def send_plan(self, units: list[Unit], watch: list[str] = ()) -> None:
+        """Every unit in one frame, before any of them runs: tests compiled here, never as text; ``watch``: the
+        library's reference answers whose reads by the student's code the child notes."""
         self.nonces = [secrets.token_hex(16) for _ in units]
         # a probe's calls follow its "go" byte instead: unseen until every cell of the student's has run
         self.late = {k: json.loads(u.source) for k, u in enumerate(units) if u.kind == "probe"}
         plan = [{"name": u.name, "nonce": n, **({"code": _compiled(u)} if u.kind == "test" else
-                                                 {"late": True} if u.kind == "probe" else {"source": u.source})}
+                                                 {"late": True} if u.kind == "probe" else {"source": u.source}),
+                 **({"student": True} if u.kind == "answer" else {})}
                 for u, n in zip(units, self.nonces)]
-        self._write(frame({"units": plan}))
+        self._write(frame({"units": plan, "watch": list(watch)}))
 
     def _write(self, data: bytes) -> None:
         with contextlib.suppress(BrokenPipeError, OSError, ValueError):  # the child is gone; receive() says how
@@ -538,7 +542,14 @@ class Child:
         self._settle(before)
         if self.violation or self._over_limit():
             raise Fatal(self.violation)
-        return Outcome(reply["ok"], str(reply.get("error", ""))[:1000], values=reply.get("values"))
+        return Outcome(reply["ok"], str(reply.get("error", ""))[:1000], values=reply.get("values"), used=_used(reply))
+
+
+def _used(reply: dict[str, Any]) -> list[tuple[str, int, str]]:
+    """The reads of reference answers a reply reports, those of the right types (the submission may write anything)."""
+    used = reply.get("used")
+    return [(str(u[0])[:200], u[1], str(u[2])[:200]) for u in (used if isinstance(used, list) else [])[:20]
+            if isinstance(u, list) and len(u) == 3 and type(u[1]) is int and all(isinstance(x, str) for x in u[::2])]
 
 
 def _reap_children(processes: set[tuple[int, int]], skip: int, patience: float = 1.0) -> None:
@@ -607,7 +618,8 @@ def _rss_bytes(pid: int) -> int:
 
 
 def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), numba_cache: Path | None = None,
-              warm: bool = False, sandbox: str = "auto", stop: threading.Event | None = None) -> Report:
+              warm: bool = False, sandbox: str = "auto", stop: threading.Event | None = None,
+              watch: list[str] = ()) -> Report:
     """Run the units in order in sandboxed children; after a fatal error, restart and go on without it.
 
     ``numba_cache`` holds the library's compiled kernels: a submission gets a private copy (so it
@@ -615,7 +627,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
 
     A restarted child re-runs the earlier code units (not the tests) so later parts see the same
     definitions; at most :data:`MAX_RESTARTS` restarts, then the rest is marked not run. Once ``stop``
-    is set, the sandbox is killed and :class:`Interrupted` raised.
+    is set, the sandbox is killed and :class:`Interrupted` raised. ``watch``: see :meth:`Child.send_plan`.
     """
     kind, _ = choose(sandbox)
     uid = sandbox_uid(kind)  # one per submission, kept across restarts
@@ -650,7 +662,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
                 report.notes.append(_describe_isolation(kind, hello, child.cgroup, limits))
             # the earlier code units replayed (all but those that stopped a child), then the rest
             plan = [j for j in range(i) if units[j].kind in ("code", "answer") and j not in skip] + list(range(i, len(units)))
-            child.send_plan([units[j] for j in plan])
+            child.send_plan([units[j] for j in plan], watch)
             for k, j in enumerate(plan):
                 current = j
                 outcome = child.run(k, min(time.monotonic() + limits.cell_s, start + limits.wall_s))
