@@ -98,6 +98,13 @@ class Bucket(NamedTuple):
     deltas: Any
 
 
+def dense_bucket(effect: AllReduce, n_params: int) -> Bucket:
+    """An :class:`AllReduce` of a sparse update as one bucket of every key (the update's keys may repeat)."""
+    dense = np.zeros(n_params)
+    np.add.at(dense, effect.keys, effect.deltas)
+    return Bucket(effect.step, 0, slice(None), dense)
+
+
 class Reduced(NamedTuple):
     """Wait until every all-reduce of step ``step`` has been added to the worker's replica."""
 

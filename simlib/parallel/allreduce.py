@@ -29,7 +29,7 @@ from simlib.contract import Result, Training, new_trace, record_start
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol
-from simlib.worker import AllReduce, Bucket, Compute, Plan, Pull, Reduced, allreduce_worker, drive
+from simlib.worker import AllReduce, Bucket, Compute, Plan, Pull, Reduced, allreduce_worker, dense_bucket, drive
 
 _SPIN = 1e-3  # seconds a barrier looks again at once (yielding the core) before it sleeps between looks
 _POLL = 5e-5
@@ -201,9 +201,7 @@ class ReplicaWorker:
         return out
 
     def all_reduce(self, effect: AllReduce) -> None:
-        dense = np.zeros(len(self.w))
-        np.add.at(dense, effect.keys, effect.deltas)  # a sparse update's keys may repeat
-        self.bucket(Bucket(effect.step, 0, slice(None), dense))
+        self.bucket(dense_bucket(effect, len(self.w)))
 
     def bucket(self, effect: Bucket) -> None:
         x = np.asarray(effect.deltas, dtype=np.float64)

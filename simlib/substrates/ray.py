@@ -78,7 +78,7 @@ from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
 from simlib.managed import MESSAGE_ENTRIES, check as check_managed
 from simlib.worker import AllReduce, Bucket, Compute, Early, Gate, Plan, Pull, Push, Reduced, WorkerOptions
-from simlib.worker import allreduce_worker, drive, ps_worker
+from simlib.worker import allreduce_worker, dense_bucket, drive, ps_worker
 
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
 ACTOR_SHARE = 0.001  # of a node's 'server' / 'worker' resource per actor: a label, not a quota
@@ -417,9 +417,7 @@ class RayReplicaWorker(RayPSWorker):
         return self.w[effect.keys], 0
 
     def all_reduce(self, effect: AllReduce) -> None:
-        dense = np.zeros(len(self.w))
-        np.add.at(dense, effect.keys, effect.deltas)  # a sparse update's keys may repeat
-        self.bucket(Bucket(effect.step, 0, slice(None), dense))
+        self.bucket(dense_bucket(effect, len(self.w)))
 
     def bucket(self, effect: Bucket) -> None:
         x = np.asarray(effect.deltas, dtype=np.float64)
