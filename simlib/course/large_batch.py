@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -76,24 +76,34 @@ class Run:
     curve: list[tuple[float, float]] = field(default_factory=list)  # (epoch, held-out accuracy)
 
 
-def _lamb(state: dict, theta: Any, sl: slice, g: Any, lr: float, rule: Rule, t: int) -> None:
-    """One LAMB step on the layer ``sl`` of ``theta``: Adam's bias-corrected direction times its trust ratio."""
-    b1, b2 = rule.betas
-    m, v = state.setdefault(sl.start, (np.zeros_like(g), np.zeros_like(g)))
+def lamb_step(theta: Any, g: Any, m: Any, v: Any, t: int, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+              eps: float = 1e-6) -> float:
+    """theta -= lr (||theta|| / ||r||) r, r = m_hat / (sqrt(v_hat) + eps) (Adam's bias-corrected direction), in place
+    with the moments m and v (t counts from 1); returns the trust ratio ||theta|| / ||r|| (1 where either is 0)."""
+    b1, b2 = betas
     m *= b1
     m += (1 - b1) * g
     v *= b2
     v += (1 - b2) * g * g
-    r = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + rule.eps)
-    w_norm, r_norm = float(np.linalg.norm(theta[sl])), float(np.linalg.norm(r))
+    r = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    w_norm, r_norm = float(np.linalg.norm(theta)), float(np.linalg.norm(r))
     trust = w_norm / r_norm if w_norm > 0 and r_norm > 0 else 1.0
-    theta[sl] -= lr * trust * r
+    theta -= lr * trust * r
+    return trust
+
+
+def _lamb(state: dict, theta: Any, sl: slice, g: Any, lr: float, rule: Rule, t: int,
+          step: Callable[..., Any] = lamb_step) -> None:
+    """One LAMB ``step`` on the layer ``sl`` of ``theta`` (a view: updated in place), with the layer's moments."""
+    m, v = state.setdefault(sl.start, (np.zeros_like(g), np.zeros_like(g)))
+    step(theta[sl], g, m, v, t, lr, rule.betas, rule.eps)
 
 
 def epochs_to(problem: Any, batch: int, rule: Rule, target: float, max_epochs: float = 30,
-              evals_per_epoch: int = 4, seed: int = 0) -> Run:
+              evals_per_epoch: int = 4, seed: int = 0, layer_step: Callable[..., Any] = lamb_step) -> Run:
     """Train ``problem`` (an MLPProblem) by ``rule`` on shuffled global batches of ``batch`` rows until the held-out
-    accuracy reaches ``target``, evaluating ``evals_per_epoch`` times an epoch."""
+    accuracy reaches ``target``, evaluating ``evals_per_epoch`` times an epoch; under LAMB each layer is stepped by
+    ``layer_step`` (one with :func:`lamb_step`'s signature: a student's own, say)."""
     check.positive_int("batch", batch)
     check.probability("target", target)
     check.positive("max_epochs", max_epochs)
@@ -111,7 +121,7 @@ def epochs_to(problem: Any, batch: int, rule: Rule, target: float, max_epochs: f
         lr = rule.rate(batch, (t - 1) / steps_per_epoch)
         for sl, g in problem.backward_layers(theta, rows):
             if rule.optimizer == "lamb":
-                _lamb(state, theta, sl, g, lr, rule, t)
+                _lamb(state, theta, sl, g, lr, rule, t, layer_step)
             else:
                 theta[sl] -= lr * g
         if t % every == 0:
