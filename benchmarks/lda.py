@@ -44,7 +44,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -298,7 +298,9 @@ def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, bud
         vs_one = f"{one / seconds:.2f}x" if w > 1 and one else ""
         mark = " " if ll >= target else "*"  # a run of several processes may end below where its search run ended
         print(f"{spec:<10} {w:>7} {n:>6} {seconds:>8.2f} {ll:>11.4f}{mark} {tomo / seconds:>10.2f}x {vs_one:>9}")
-        name = f"LDA K = {K:,}, time to tomotopy's {peer_sweeps}-sweep log p, {KERNEL_NAMES.get(spec, spec)}"
+        kernel, cycles = _kernel_spec(spec)
+        label = KERNEL_NAMES.get(kernel, kernel) + (f" ({cycles} cycles)" if ":" in spec else "")
+        name = f"LDA K = {K:,}, time to tomotopy's {peer_sweeps}-sweep log p, {label}"
         record(__file__, f"{name}, {w} process{'es' if w > 1 else ''}", "tomotopy, 1 worker", tomo / seconds,
                "time to log-likelihood", sweeps=n, reached=ll >= target)
         if vs_one:
