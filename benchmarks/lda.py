@@ -118,7 +118,8 @@ def run_tomotopy(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float
 
 def run_simlib(c: LDACorpus, K: int, sweeps: int, kernel: str = "sparse") -> tuple[float, float, float]:
     """(tokens/s, log-likelihood, CPU seconds per token) of the bare serial loop of one kernel (no simlib.run)."""
-    state = GibbsState.init(c, K, ALPHA, BETA, seed=0, kernel=kernel)
+    kernel, steps = _kernel_spec(kernel)
+    state = GibbsState.init(c, K, ALPHA, BETA, seed=0, kernel=kernel, mh_steps=steps)
     t, cpu = time.perf_counter(), time.process_time()
     for s in range(sweeps):
         state.sweep(seed=s)
@@ -129,7 +130,8 @@ def run_simlib(c: LDACorpus, K: int, sweeps: int, kernel: str = "sparse") -> tup
 def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int, kernel: str = "sparse",
                         sync_every: int | None = None) -> tuple[float, float, float]:
     """(tokens/s, log-likelihood, CPU seconds per token) of AD-LDA with BSP on ``workers`` processes (shared memory)."""
-    problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel, sync_every=sync_every)
+    kernel, steps = _kernel_spec(kernel)
+    problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel, sync_every=sync_every, mh_steps=steps)
     res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0)
     return (c.n_tokens * sweeps / res.seconds, problem.log_likelihood(res.params, problem.assignments(res)),
             res.measured["cpu_seconds"] / (c.n_tokens * sweeps))
@@ -145,7 +147,7 @@ def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps:
     serial loop outside simlib.run too (workers shown as 0), the same chain as simlib.run's 1-process run.
     """
     for k in kernels:
-        GibbsState.init(c.subset(np.arange(2)), 2, kernel=k).sweep(0)  # load the compiled kernels before timing
+        GibbsState.init(c.subset(np.arange(2)), 2, kernel=_kernel_spec(k)[0]).sweep(0)  # compile before timing
     try:
         import tomotopy  # noqa: F401
         peers = {("tomotopy", w): (lambda K, w=w: run_tomotopy(c, K, sweeps, w)) for w in workers}
@@ -175,7 +177,7 @@ def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps:
             vs_one = f"{speed / one[0]:.2f}x" if one and w != 1 and k != "tomotopy" else ""
             ll_one = f"{(ll - one[1]) / abs(one[1]):+.2%}" if one and w != 1 and k != "tomotopy" else ""
             if tomo and k != "tomotopy":
-                record(__file__, f"LDA K = {K:,}, {KERNEL_NAMES.get(k, k)}, {w} process{'es' if w > 1 else ''}",
+                record(__file__, f"LDA K = {K:,}, {_label(k)}, {w} process{'es' if w > 1 else ''}",
                        f"tomotopy, {max(w, 1)} worker{'s' if w > 1 else ''}", speed / tomo[0], "tokens/s",
                        headline=(K, k, w) == (1000, "mh", 1))
             print(f"{K:>5} {k:<8} {w:>7} {speed / 1e6:>11.2f} {cpu * 1e9:>10.0f} {vs_tomo:>11} {vs_one:>9} "
@@ -188,6 +190,18 @@ def _kernel_spec(spec: str) -> tuple[str, int]:
     """'mh:2' -> ('mh', 2): a kernel of lda_gibbs.KERNELS and its MH cycles per token (the default elsewhere)."""
     name, _, steps = spec.partition(":")
     return name, int(steps) if steps else MH_STEPS
+
+
+def _bad_spec(spec: str) -> bool:
+    """True unless ``spec`` is a kernel of lda_gibbs.KERNELS, or one followed by ':N' with N >= 1."""
+    name, colon, steps = spec.partition(":")
+    return name not in KERNELS or bool(colon) and not (steps.isdigit() and int(steps) >= 1)
+
+
+def _label(spec: str) -> str:
+    """A kernel's name in the records: 'Metropolis-Hastings (2 cycles)' for 'mh:2'."""
+    kernel, cycles = _kernel_spec(spec)
+    return KERNEL_NAMES.get(kernel, kernel) + (f" ({cycles} cycles)" if ":" in spec else "")
 
 
 def tomotopy_to_target(c: LDACorpus, K: int, sweeps: int) -> tuple[float, int, float]:
@@ -298,9 +312,7 @@ def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, bud
         vs_one = f"{one / seconds:.2f}x" if w > 1 and one else ""
         mark = " " if ll >= target else "*"  # a run of several processes may end below where its search run ended
         print(f"{spec:<10} {w:>7} {n:>6} {seconds:>8.2f} {ll:>11.4f}{mark} {tomo / seconds:>10.2f}x {vs_one:>9}")
-        kernel, cycles = _kernel_spec(spec)
-        label = KERNEL_NAMES.get(kernel, kernel) + (f" ({cycles} cycles)" if ":" in spec else "")
-        name = f"LDA K = {K:,}, time to tomotopy's {peer_sweeps}-sweep log p, {label}"
+        name = f"LDA K = {K:,}, time to tomotopy's {peer_sweeps}-sweep log p, {_label(spec)}"
         record(__file__, f"{name}, {w} process{'es' if w > 1 else ''}", "tomotopy, 1 worker", tomo / seconds,
                "time to log-likelihood", sweeps=n, reached=ll >= target)
         if vs_one:
@@ -339,12 +351,10 @@ def main() -> None:
     repeat = args.repeat or (1 if args.quick else 3)
     if args.kernels:
         kernels = args.kernels.split(",")
-        specs, kernels = kernels, [_kernel_spec(k)[0] for k in kernels]
         topics = [int(k) for k in args.topics.split(",") if k.strip().isdigit()]
         workers = [int(w) for w in args.workers.split(",") if w.strip().isdigit()]
-        if (any(k not in KERNELS for k in kernels) or not topics or min(topics) < 1 or not workers or min(workers) < 1
+        if (any(_bad_spec(k) for k in kernels) or not topics or min(topics) < 1 or not workers or min(workers) < 1
                 or (args.sync_every is not None and args.sync_every < 1)
-                or any(not s.partition(":")[2].isdigit() or int(s.partition(":")[2]) < 1 for s in specs if ":" in s)
                 or (args.time_to_target is not None and (args.time_to_target < 1 or len(topics) != 1))
                 or (args.budget is not None and args.budget < 1)):
             ap.error(f"--kernels must name kernels of {KERNELS} (mh:N with N >= 1 MH cycles); --topics, --workers, "
@@ -355,7 +365,7 @@ def main() -> None:
     if args.kernels and args.time_to_target:
         print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; K = {topics[0]}; "
               f"alpha={ALPHA}, beta={BETA}; simlib through simlib.run (shm, BSP)")
-        time_to_target(c, topics[0], specs, args.time_to_target, args.budget or 4 * args.time_to_target, repeat)
+        time_to_target(c, topics[0], kernels, args.time_to_target, args.budget or 4 * args.time_to_target, repeat)
         return
     if args.kernels:
         print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; {sweeps} sweeps; "
