@@ -113,6 +113,9 @@ Work = tuple  # the alias kernel's K-long work arrays: (cdf, 1 / (n_k + V b), ph
 # sampler's cost (KJV, K = 1,000, 30 sweeps, log p per token against sparse's -9.094 at 339 ns CPU per token:
 # 4 cycles -9.221 at 226 ns, 8 -9.140 at 386 ns); fresher word tables (rebuilt with n_k
 # after every K tokens of a word, as the alias kernel does) did not help (-9.241 with 4 cycles, -9.154 with 6).
+# Timed to a log-likelihood (tomotopy's after 30 sweeps, KJV, K = 1,000; benchmarks/lda.py --time-to-target) the
+# cycles trade sweeps for cost per sweep: 2, 3, 4 and 8 cycles reached it at sweeps 56, 47, 39 and 33, in about 2.8,
+# 3.0, 3.5 and 4.4 CPU s (1 cycle: not by sweep 80). The default stays 4; GibbsState and LDAProblem take ``mh_steps``.
 MH_STEPS = 4
 # NOTE: MH steps per token of the alias kernel. On the KJV from a random start, log p per token after 10 sweeps
 # with 1, 2 and 4 steps: -8.576, -8.569, -8.601 at K = 100 (sparse: -8.598) for 115, 141, 204 ns per token; at
