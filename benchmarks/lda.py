@@ -4,6 +4,7 @@
     python benchmarks/lda.py --quick    # 400 chapters, 20 sweeps
     python benchmarks/lda.py --kernels sparse,mh,alias --topics 100,1000 --sweeps 10   # this project's samplers
     python benchmarks/lda.py --kernels sparse,mh --topics 1000 --sweeps 30 --workers 1,2 --bare   # AD-LDA's scaling
+    python benchmarks/lda.py --kernels sparse,alias,mh,mh:2 --topics 1000 --time-to-target 30   # equal quality
     python benchmarks/lda.py --corpus FILE ...   # any text file, one document per line (see docs/benchmarks.md,
                                                  # "A larger corpus" for the 5 M-token dictionary)
 
@@ -20,8 +21,17 @@ LightLDA's Metropolis-Hastings sampler ``mh``, AliasLDA's ``alias``, the dense o
 same documents from the same random start, in one table with each kernel's speed relative to the
 first; tomotopy with as many workers is the one peer kept there (when it is installed).
 
+With ``--time-to-target SWEEPS`` the race is to a log-likelihood, not a number of sweeps: tomotopy (1 worker)
+runs SWEEPS sweeps one at a time, and its log p(w, z) per token after the last is the target; each kernel's
+serial chain (the chain of ``simlib.run`` on 1 process) finds the first sweep that reaches it, the fastest kernel's
+2-process runs the fewest sweeps that do, and runs of exactly those sweeps are timed against tomotopy's, interleaved.
+A kernel that needs more than ``--budget`` sweeps says so. ``mh:N`` names the mh kernel with N MH cycles per token.
+
 Every row's log-likelihood is the joint log p(w, z) computed by ``simlib.problems.lda`` from that
-sampler's final assignments, so the numbers compare like for like. Sampling time excludes
+sampler's final assignments, so the numbers compare like for like. tomotopy's own ``ll_per_word`` is the same
+quantity (its document part plus its topic-word part, over the words it keeps): on the KJV, where every word of the
+vocabulary occurs, it agrees with this formula on its topics to 1e-4 per token (printed by ``--time-to-target``); on
+a subset that leaves words unused it does not, as tomotopy then counts V over the words used. Sampling time excludes
 model construction and the random initialisation. Goals (from the issue): tokens/s >= tomotopy's
 with the same number of workers at K = 100; log-likelihood within 1% of the `lda` package's.
 """
@@ -34,6 +44,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +57,7 @@ import simlib  # noqa: E402
 from benchmarks.record import record  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelihood, text_corpus  # noqa: E402
-from simlib.problems.lda_gibbs import KERNELS, GibbsState  # noqa: E402
+from simlib.problems.lda_gibbs import KERNELS, MH_STEPS, GibbsState  # noqa: E402
 
 ALPHA, BETA = 0.1, 0.01
 KERNEL_NAMES = {"mh": "Metropolis-Hastings", "alias": "AliasLDA"}  # the others are named as they are
@@ -67,33 +78,48 @@ def run_lda_package(c: LDACorpus, K: int, sweeps: int) -> tuple[float, float]:
     return c.n_tokens * sweeps / dt, ll
 
 
-def run_tomotopy(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float, float, float]:
-    """(tokens/s, log-likelihood, CPU seconds per token) of tomotopy with ``workers`` threads."""
+def _tomotopy_model(c: LDACorpus, K: int, workers: int) -> Any:
+    """tomotopy's LDA on the corpus's documents, initialised (no sweep yet), hyper-parameter optimisation off."""
     import tomotopy as tp
 
     model = tp.LDAModel(k=K, alpha=ALPHA, eta=BETA, seed=0)
     model.optim_interval = 0  # keep alpha fixed: the same model as the other rows
     for d in range(c.n_docs):
         model.add_doc([c.vocab[w] for w in c.doc(d)])
+    _tomotopy_train(model, 0, workers)
+    return model
+
+
+def _tomotopy_train(model: Any, sweeps: int, workers: int) -> None:
+    """``sweeps`` sweeps of tomotopy's model."""
     with warnings.catch_warnings():  # tomotopy warns that runs with several workers are not reproducible
         warnings.simplefilter("ignore", RuntimeWarning)
-        model.train(0, workers=workers)
-        t, cpu = time.perf_counter(), time.process_time()
         model.train(sweeps, workers=workers)
-    dt, cpu = time.perf_counter() - t, time.process_time() - cpu
+
+
+def _tomotopy_log_p(model: Any, c: LDACorpus, K: int) -> float:
+    """log p(w, z) of tomotopy's assignments, by simlib.problems.lda.log_likelihood (as every simlib row)."""
     index = {w: i for i, w in enumerate(c.vocab)}
     vocab = list(model.used_vocabs)
     words = np.concatenate([[index[vocab[w]] for w in doc.words] for doc in model.docs]).astype(np.int32)
     z = np.concatenate([np.asarray(doc.topics) for doc in model.docs]).astype(np.int32)
-    lengths = [len(doc.words) for doc in model.docs]
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    ll = log_likelihood(*count_tables(LDACorpus(words, offsets, c.n_words), z, K), ALPHA, BETA)
-    return c.n_tokens * sweeps / dt, ll, cpu / (c.n_tokens * sweeps)
+    offsets = np.concatenate([[0], np.cumsum([len(doc.words) for doc in model.docs])])
+    return log_likelihood(*count_tables(LDACorpus(words, offsets, c.n_words), z, K), ALPHA, BETA)
+
+
+def run_tomotopy(c: LDACorpus, K: int, sweeps: int, workers: int) -> tuple[float, float, float]:
+    """(tokens/s, log-likelihood, CPU seconds per token) of tomotopy with ``workers`` threads."""
+    model = _tomotopy_model(c, K, workers)
+    t, cpu = time.perf_counter(), time.process_time()
+    _tomotopy_train(model, sweeps, workers)
+    dt, cpu = time.perf_counter() - t, time.process_time() - cpu
+    return c.n_tokens * sweeps / dt, _tomotopy_log_p(model, c, K), cpu / (c.n_tokens * sweeps)
 
 
 def run_simlib(c: LDACorpus, K: int, sweeps: int, kernel: str = "sparse") -> tuple[float, float, float]:
     """(tokens/s, log-likelihood, CPU seconds per token) of the bare serial loop of one kernel (no simlib.run)."""
-    state = GibbsState.init(c, K, ALPHA, BETA, seed=0, kernel=kernel)
+    kernel, steps = _kernel_spec(kernel)
+    state = GibbsState.init(c, K, ALPHA, BETA, seed=0, kernel=kernel, mh_steps=steps)
     t, cpu = time.perf_counter(), time.process_time()
     for s in range(sweeps):
         state.sweep(seed=s)
@@ -104,7 +130,8 @@ def run_simlib(c: LDACorpus, K: int, sweeps: int, kernel: str = "sparse") -> tup
 def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int, kernel: str = "sparse",
                         sync_every: int | None = None) -> tuple[float, float, float]:
     """(tokens/s, log-likelihood, CPU seconds per token) of AD-LDA with BSP on ``workers`` processes (shared memory)."""
-    problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel, sync_every=sync_every)
+    kernel, steps = _kernel_spec(kernel)
+    problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel, sync_every=sync_every, mh_steps=steps)
     res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0)
     return (c.n_tokens * sweeps / res.seconds, problem.log_likelihood(res.params, problem.assignments(res)),
             res.measured["cpu_seconds"] / (c.n_tokens * sweeps))
@@ -120,7 +147,7 @@ def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps:
     serial loop outside simlib.run too (workers shown as 0), the same chain as simlib.run's 1-process run.
     """
     for k in kernels:
-        GibbsState.init(c.subset(np.arange(2)), 2, kernel=k).sweep(0)  # load the compiled kernels before timing
+        GibbsState.init(c.subset(np.arange(2)), 2, kernel=_kernel_spec(k)[0]).sweep(0)  # compile before timing
     try:
         import tomotopy  # noqa: F401
         peers = {("tomotopy", w): (lambda K, w=w: run_tomotopy(c, K, sweeps, w)) for w in workers}
@@ -150,13 +177,149 @@ def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps:
             vs_one = f"{speed / one[0]:.2f}x" if one and w != 1 and k != "tomotopy" else ""
             ll_one = f"{(ll - one[1]) / abs(one[1]):+.2%}" if one and w != 1 and k != "tomotopy" else ""
             if tomo and k != "tomotopy":
-                record(__file__, f"LDA K = {K:,}, {KERNEL_NAMES.get(k, k)}, {w} process{'es' if w > 1 else ''}",
+                record(__file__, f"LDA K = {K:,}, {_label(k)}, {w} process{'es' if w > 1 else ''}",
                        f"tomotopy, {max(w, 1)} worker{'s' if w > 1 else ''}", speed / tomo[0], "tokens/s",
                        headline=(K, k, w) == (1000, "mh", 1))
             print(f"{K:>5} {k:<8} {w:>7} {speed / 1e6:>11.2f} {cpu * 1e9:>10.0f} {vs_tomo:>11} {vs_one:>9} "
                   f"{ll / c.n_tokens:>17.4f} {ll_one:>9}")
     print(f"Load average (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} cores. "
           "Wall-clock speeds of one run compare with each other only; CPU per token is less sensitive to the load.")
+
+
+def _kernel_spec(spec: str) -> tuple[str, int]:
+    """'mh:2' -> ('mh', 2): a kernel of lda_gibbs.KERNELS and its MH cycles per token (the default elsewhere)."""
+    name, _, steps = spec.partition(":")
+    return name, int(steps) if steps else MH_STEPS
+
+
+def _bad_spec(spec: str) -> bool:
+    """True unless ``spec`` is a kernel of lda_gibbs.KERNELS, or one followed by ':N' with N >= 1."""
+    name, colon, steps = spec.partition(":")
+    return name not in KERNELS or bool(colon) and not (steps.isdigit() and int(steps) >= 1)
+
+
+def _label(spec: str) -> str:
+    """A kernel's name in the records: 'Metropolis-Hastings (2 cycles)' for 'mh:2'."""
+    kernel, cycles = _kernel_spec(spec)
+    return KERNEL_NAMES.get(kernel, kernel) + (f" ({cycles} cycles)" if ":" in spec else "")
+
+
+def tomotopy_to_target(c: LDACorpus, K: int, sweeps: int) -> tuple[float, int, float]:
+    """tomotopy on 1 worker, sweep by sweep: (its log p per token after ``sweeps``, the first sweep that reaches it,
+    the wall seconds of that many sweeps); log p is computed between the timed sweeps, by simlib's function."""
+    model, seconds, lls = _tomotopy_model(c, K, 1), [], []
+    for _ in range(sweeps):
+        t = time.perf_counter()
+        _tomotopy_train(model, 1, 1)
+        seconds.append(time.perf_counter() - t)
+        lls.append(_tomotopy_log_p(model, c, K) / c.n_tokens)
+    own = model.ll_per_word  # tomotopy's own log p(w, z) per word: the same quantity (printed beside ours)
+    n = next(i for i, ll in enumerate(lls, 1) if ll >= lls[-1])
+    print(f"tomotopy's own log p(w, z) per token after {sweeps} sweeps {own:.5f}, simlib's formula on its "
+          f"topics {lls[-1]:.5f}")
+    return lls[-1], n, float(sum(seconds[:n]))
+
+
+def sweeps_to_target(c: LDACorpus, K: int, spec: str, target: float, budget: int) -> int | None:
+    """The first sweep at which a kernel's serial chain (simlib.run's 1-process chain) reaches ``target`` per token."""
+    kernel, steps = _kernel_spec(spec)
+    state = GibbsState.init(c, K, ALPHA, BETA, seed=0, kernel=kernel, mh_steps=steps)
+    for s in range(budget):
+        state.sweep(seed=s)
+        if state.log_likelihood() / c.n_tokens >= target:
+            return s + 1
+    return None
+
+
+def run_to(c: LDACorpus, K: int, spec: str, workers: int, sweeps: int) -> tuple[float, float]:
+    """(wall training seconds, log p per token) of ``sweeps`` sweeps through simlib.run on shm with BSP."""
+    kernel, steps = _kernel_spec(spec)
+    problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel, mh_steps=steps)
+    res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0)
+    return res.seconds, problem.log_likelihood(res.params, problem.assignments(res)) / c.n_tokens
+
+
+def parallel_sweeps_to_target(c: LDACorpus, K: int, spec: str, workers: int, target: float, start: int,
+                              budget: int) -> int | None:
+    """The fewest sweeps whose run on ``workers`` processes ends at ``target`` or above, searched from ``start``."""
+    n = start
+    if run_to(c, K, spec, workers, n)[1] >= target:
+        while n > 1 and run_to(c, K, spec, workers, n - 1)[1] >= target:
+            n -= 1
+        return n
+    while n < budget:
+        n += 1
+        if run_to(c, K, spec, workers, n)[1] >= target:
+            return n
+    return None
+
+
+def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, budget: int, repeat: int) -> None:
+    """Time to tomotopy's ``peer_sweeps``-sweep log p(w, z): each kernel on 1 process, the fastest on 2.
+
+    Sweeps to the target come from each chain's trajectory (1 process: the serial chain, which is simlib.run's;
+    2 processes: the fewest sweeps whose run reaches it); then runs of exactly that many sweeps, interleaved with
+    tomotopy's, are timed ``repeat`` times and the best kept. A kernel that does not reach it in ``budget`` sweeps
+    says so.
+    """
+    for spec in specs:
+        GibbsState.init(c.subset(np.arange(2)), 2, kernel=_kernel_spec(spec)[0]).sweep(0)  # compile before timing
+    target, n_tomo, _ = tomotopy_to_target(c, K, peer_sweeps)
+    print(f"target: log p(w, z) per token {target:.4f} (tomotopy, 1 worker, {peer_sweeps} sweeps; first reached "
+          f"at sweep {n_tomo}); budget {budget} sweeps")
+    reach = {(spec, 1): sweeps_to_target(c, K, spec, target, budget) for spec in specs}
+    loads, best = [os.getloadavg()[0]], {}
+
+    def timed(key: Any, n: int) -> tuple[float, float]:
+        """(wall seconds, log p per token) of n sweeps: tomotopy's or a simlib.run's."""
+        if key != "tomotopy":
+            return run_to(c, K, key[0], key[1], n)
+        model = _tomotopy_model(c, K, 1)
+        t = time.perf_counter()
+        _tomotopy_train(model, n, 1)
+        return time.perf_counter() - t, _tomotopy_log_p(model, c, K) / c.n_tokens
+
+    def time_all(keys: list[Any]) -> None:
+        """Time each of ``keys`` at its sweeps to the target, ``repeat`` times interleaved, the best kept."""
+        for _ in range(repeat):
+            for key in keys:
+                seconds, ll = timed(key, reach[key])
+                loads.append(os.getloadavg()[0])
+                if key not in best or seconds < best[key][0]:
+                    best[key] = (seconds, ll)
+
+    reach["tomotopy"] = n_tomo
+    time_all([k for k, n in reach.items() if n is not None])
+    fastest = min((k for k in reach if k != "tomotopy" and reach[k] is not None), key=lambda k: best[k][0], default=None)
+    if fastest is not None:  # the fastest on 2 processes, timed back to back with its 1-process run
+        two = (fastest[0], 2)
+        reach[two] = parallel_sweeps_to_target(c, K, fastest[0], 2, target, reach[fastest], budget)
+        time_all([fastest, two] if reach[two] is not None else [])
+    tomo = best["tomotopy"][0]
+    header = f"{'sampler':<10} {'workers':>7} {'sweeps':>6} {'seconds':>8} {'log p/token':>12} {'vs tomotopy':>11} {'vs 1 proc':>9}"
+    print(header)
+    print("-" * len(header))
+    print(f"{'tomotopy':<10} {1:>7} {n_tomo:>6} {tomo:>8.2f} {best['tomotopy'][1]:>12.4f}")
+    for key, n in reach.items():
+        if key == "tomotopy":
+            continue
+        spec, w = key
+        if n is None:
+            print(f"{spec:<10} {w:>7}   not reached in {budget} sweeps")
+            continue
+        seconds, ll = best[key]
+        one = best.get((spec, 1), (None,))[0]
+        vs_one = f"{one / seconds:.2f}x" if w > 1 and one else ""
+        mark = " " if ll >= target else "*"  # a run of several processes may end below where its search run ended
+        print(f"{spec:<10} {w:>7} {n:>6} {seconds:>8.2f} {ll:>11.4f}{mark} {tomo / seconds:>10.2f}x {vs_one:>9}")
+        name = f"LDA K = {K:,}, time to tomotopy's {peer_sweeps}-sweep log p, {_label(spec)}"
+        record(__file__, f"{name}, {w} process{'es' if w > 1 else ''}", "tomotopy, 1 worker", tomo / seconds,
+               "time to log-likelihood", sweeps=n, reached=ll >= target)
+        if vs_one:
+            record(__file__, f"{name}, 2 processes against 1", f"simlib {spec}, 1 process", one / seconds,
+                   "time to log-likelihood", sweeps=n, reached=ll >= target)
+    print(f"* the timed run ended below the target. Load average (1 min) during the runs: {min(loads):.1f}-"
+          f"{max(loads):.1f} on {os.cpu_count()} cores; best of {repeat} interleaved timed runs each.")
 
 
 def main() -> None:
@@ -175,6 +338,11 @@ def main() -> None:
                          "LDAProblem's: max(1024, 2^20 / K); a number above the corpus's tokens syncs once per sweep)")
     ap.add_argument("--bare", action="store_true",
                     help="with --kernels: also each kernel's serial loop outside simlib.run (workers shown as 0)")
+    ap.add_argument("--time-to-target", type=int, default=None, metavar="SWEEPS",
+                    help="with --kernels (one K in --topics): time to reach tomotopy's log p(w, z) after SWEEPS sweeps on "
+                         "1 worker, each kernel on 1 process and the fastest on 2; a kernel may be named with its MH "
+                         "cycles per token, e.g. mh:2")
+    ap.add_argument("--budget", type=int, default=None, help="with --time-to-target: sweeps allowed (default 4 x SWEEPS)")
     ap.add_argument("--corpus", default=None,
                     help="a plain or gzipped text file, one document per line, instead of the KJV chapters "
                          "(the same stop-word rule: simlib.problems.lda.text_corpus)")
@@ -185,12 +353,20 @@ def main() -> None:
         kernels = args.kernels.split(",")
         topics = [int(k) for k in args.topics.split(",") if k.strip().isdigit()]
         workers = [int(w) for w in args.workers.split(",") if w.strip().isdigit()]
-        if (any(k not in KERNELS for k in kernels) or not topics or min(topics) < 1 or not workers or min(workers) < 1
-                or (args.sync_every is not None and args.sync_every < 1)):
-            ap.error(f"--kernels must name kernels of {KERNELS}; --topics, --workers and --sync-every positive integers")
+        if (any(_bad_spec(k) for k in kernels) or not topics or min(topics) < 1 or not workers or min(workers) < 1
+                or (args.sync_every is not None and args.sync_every < 1)
+                or (args.time_to_target is not None and (args.time_to_target < 1 or len(topics) != 1))
+                or (args.budget is not None and args.budget < 1)):
+            ap.error(f"--kernels must name kernels of {KERNELS} (mh:N with N >= 1 MH cycles); --topics, --workers, "
+                     "--sync-every, --time-to-target and --budget positive integers, one K with --time-to-target")
     max_docs = 400 if args.quick else None
     c = text_corpus(args.corpus, max_docs=max_docs) if args.corpus else kjv_corpus(max_docs=max_docs)
     name = Path(args.corpus).name if args.corpus else "KJV chapters"
+    if args.kernels and args.time_to_target:
+        print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; K = {topics[0]}; "
+              f"alpha={ALPHA}, beta={BETA}; simlib through simlib.run (shm, BSP)")
+        time_to_target(c, topics[0], kernels, args.time_to_target, args.budget or 4 * args.time_to_target, repeat)
+        return
     if args.kernels:
         print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; {sweeps} sweeps; "
               f"alpha={ALPHA}, beta={BETA}; AD-LDA BSP through simlib.run, best of {repeat} interleaved runs")

@@ -80,6 +80,25 @@ def test_one_token_resampled_many_times_follows_the_exact_conditional(position, 
     state.check_counts()
 
 
+@pytest.mark.parametrize("mh_steps", [1, 2])
+def test_the_mh_kernel_with_fewer_cycles_per_token_still_follows_the_exact_conditional(mh_steps):
+    state = GibbsState.init(TINY, K, ALPHA, BETA, seed=4, kernel="mh", mh_steps=mh_steps)
+    exact = _exact(state, 12)
+    seen = mh_token_draws(state, 12, 200_000, seed=1)
+    assert _tv(seen, exact) < 0.006
+    for s in range(3):
+        state.sweep(seed=s)
+        state.check_counts()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_mh_steps_outside_the_positive_integers_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="mh_steps"):
+        GibbsState.init(TINY, K, kernel="mh", mh_steps=bad)
+    with pytest.raises(ValueError, match="mh_steps"):
+        LDAProblem(TINY, K, kernel="mh", mh_steps=bad)
+
+
 @pytest.mark.parametrize("kernel", MH_KERNELS)
 @pytest.mark.parametrize("beta", [1e-9, 1e-18, MIN_MH_PRIOR])
 def test_at_a_tiny_beta_each_draw_ends_and_follows_the_exact_conditional(beta, kernel):
@@ -140,7 +159,7 @@ def test_a_stale_word_table_is_corrected_by_the_acceptance_test(position, kernel
 def test_a_long_chain_recovers_the_planted_topics_like_the_sparse_sampler(kernel):
     # The MH chain mixes more slowly per sweep than exact Gibbs: with 2 cycles per token (LightLDA's
     # default) 2 of 6 random starts on the default 8-topic corpus still had two true topics merged
-    # after 100 sweeps (one escaped by sweep 1,350); the kernel runs 4 (lda_gibbs._MH_CYCLES).
+    # after 100 sweeps (one escaped by sweep 1,350); the kernel runs 4 (lda_gibbs.MH_STEPS).
     corpus, phi, _ = make_synthetic_corpus(n_docs=300, n_topics=6, n_words=150, doc_length=80, seed=3)
     _, ll_sparse = fit(corpus, 6, alpha=0.5, beta=0.01, n_sweeps=100, seed=0, kernel="sparse", record_every=100)
     state, ll_mh = fit(corpus, 6, alpha=0.5, beta=0.01, n_sweeps=100, seed=0, kernel=kernel, record_every=25)

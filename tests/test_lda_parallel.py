@@ -214,14 +214,17 @@ def test_ctrl_c_over_pipes_ends_promptly_and_cleanly():
     assert all(o.error == "KeyboardInterrupt" and o.seconds_after_fault < faultkit.PROMPT for o in outcomes)
 
 
-def test_one_worker_in_place_is_the_serial_sampler(synthetic):
-    """On shm, one worker samples on the shared table itself: the run is the serial sweep loop, token for token."""
+@pytest.mark.parametrize("kernel, mh_steps", [("sparse", 4), ("mh", 2)])
+def test_one_worker_in_place_is_the_serial_sampler(synthetic, kernel, mh_steps):
+    """On shm, one worker samples on the shared table itself: the run is the serial sweep loop, token for token
+    (benchmarks/lda.py --time-to-target counts a 1-process run's sweeps to a log-likelihood on the serial chain)."""
     from simlib.problems.lda_gibbs import GibbsState
 
     corpus, _, _ = synthetic
-    problem, res = lda(corpus, "bsp", n_workers=1, steps=5)
+    problem = LDAProblem(corpus, 8, alpha=0.5, beta=0.01, kernel=kernel, mh_steps=mh_steps)
+    res = simlib.run(problem, "bsp", substrate="shm", n_workers=1, steps=5, timeout=60)
     assert res.trace.meta["path"] == "in place"
-    state = GibbsState(corpus, 8, 0.5, 0.01, problem.z0)
+    state = GibbsState(corpus, 8, 0.5, 0.01, problem.z0, kernel=kernel, mh_steps=mh_steps)
     for c in range(5):
         state.sweep(seed=c)  # the sweep seed of worker 0 at clock c, with seed 0
     np.testing.assert_array_equal(problem.assignments(res), state.z)

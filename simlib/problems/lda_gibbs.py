@@ -113,7 +113,10 @@ Work = tuple  # the alias kernel's K-long work arrays: (cdf, 1 / (n_k + V b), ph
 # sampler's cost (KJV, K = 1,000, 30 sweeps, log p per token against sparse's -9.094 at 339 ns CPU per token:
 # 4 cycles -9.221 at 226 ns, 8 -9.140 at 386 ns); fresher word tables (rebuilt with n_k
 # after every K tokens of a word, as the alias kernel does) did not help (-9.241 with 4 cycles, -9.154 with 6).
-_MH_CYCLES = 4
+# Timed to a log-likelihood (tomotopy's after 30 sweeps, KJV, K = 1,000; benchmarks/lda.py --time-to-target) the
+# cycles trade sweeps for cost per sweep: 2, 3, 4 and 8 cycles reached it at sweeps 56, 47, 39 and 33, in about 2.8,
+# 3.0, 3.5 and 4.4 CPU s (1 cycle: not by sweep 80). The default stays 4; GibbsState and LDAProblem take ``mh_steps``.
+MH_STEPS = 4
 # NOTE: MH steps per token of the alias kernel. On the KJV from a random start, log p per token after 10 sweeps
 # with 1, 2 and 4 steps: -8.576, -8.569, -8.601 at K = 100 (sparse: -8.598) for 115, 141, 204 ns per token; at
 # K = 1,000 -9.671, -9.593, -9.590 (sparse: -9.569) for 325, 343, 493 ns. One step trails at K = 1,000, four cost
@@ -463,7 +466,7 @@ def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Pri
         p, lo = order[j], offsets[d]
         n_other = offsets[d + 1] - lo - 1  # the other tokens of document d
         ps = (n_dk[d, s] + alpha) * (n_wk[w, s] + beta) / (n_k[s] + vbeta)
-        # NOTE: n_steps is a run-time value: with the constant _MH_CYCLES here, numba unrolled the loop and the
+        # NOTE: n_steps is a run-time value: with the constant MH_STEPS here, numba unrolled the loop and the
         # kernel ran 3% slower (KJV, K = 1,000: 209 against 202 ns per token, paired runs).
         for _ in range(n_steps):
             # Word proposal: sparse part (mass S) or b-part (mass B), alias draws from one uniform each.
@@ -513,7 +516,7 @@ def _table_buffers(n_wk: np.ndarray) -> tuple[np.ndarray, ...]:
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sweep_mh(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo: int, w_hi: int,
-              rng: np.uint64) -> np.uint64:
+              rng: np.uint64, n_steps: int) -> np.uint64:
     """Words w_lo..w_hi-1 of a LightLDA sweep: per word an alias table of the counts at its run's start, then MH per token.
 
     ``tokens`` ends with ``z_doc``, the topics in document order (:func:`_doc_order`), for the doc proposal."""
@@ -522,7 +525,7 @@ def _sweep_mh(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo
     n0 = table[1].copy()  # the topic totals the tables of this call are built with
     bufs = _table_buffers(n_wk)
     B = _beta_table(n0, beta, vbeta, bufs)
-    prop = (bufs, n0, -1, _MH_CYCLES)
+    prop = (bufs, n0, -1, n_steps)
     for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
@@ -645,7 +648,7 @@ def _sweep_alias(tokens: Tokens, lists: Lists, table: Table, prior: Prior, w_lo:
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _token_chain(token: Run, docs: tuple, table: Table, prior: Prior, stale: tuple, n_draws: int, alias: bool,
-                 rng: np.uint64) -> np.ndarray:
+                 rng: np.uint64, mh_steps: int) -> np.ndarray:
     """Resample the token at corpus position p n_draws times, the others fixed; the count of each topic it took.
 
     ``token`` = (p, its document d, its word w); ``docs`` = (offsets, z_doc, n_dk, d's topic lists).
@@ -665,7 +668,7 @@ def _token_chain(token: Run, docs: tuple, table: Table, prior: Prior, stale: tup
     z = np.full(1, z_doc[p], np.int32)
     tokens = (np.zeros(2, np.int64), np.full(1, d, np.int64), z, np.full(1, p, np.int64), offsets, z_doc)
     seen = np.zeros(K, np.int64)
-    prop = (bufs, n0, -1 if rebuild else s_tab, _ALIAS_STEPS if alias else _MH_CYCLES)
+    prop = (bufs, n0, -1 if rebuild else s_tab, _ALIAS_STEPS if alias else mh_steps)
     work = (np.empty(K), np.empty(K), np.empty(K))  # the alias kernel's scratch; [1] = 1 / (n_k + V beta) per draw
     for _ in range(n_draws):
         if rebuild:
@@ -719,9 +722,13 @@ class GibbsState:
     """
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float, beta: float, z: np.ndarray,
-                 n_wk: np.ndarray | None = None, n_k: np.ndarray | None = None, kernel: str = "sparse") -> None:
-        """Take assignments z (corpus order); n_wk, n_k default to the counts of z (pass a cache to share)."""
+                 n_wk: np.ndarray | None = None, n_k: np.ndarray | None = None, kernel: str = "sparse",
+                 mh_steps: int = MH_STEPS) -> None:
+        """Take assignments z (corpus order); n_wk, n_k default to the counts of z (pass a cache to share).
+
+        ``mh_steps``: the mh kernel's word-then-doc cycles per token (LightLDA's MH steps; ignored by the others)."""
         check_prior(kernel, n_topics, alpha, beta)
+        check.positive_int("mh_steps", mh_steps)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
         self.n_dk = doc_topic_counts(corpus, z, n_topics)
         # a worker's copy of the table is used as given: its own V x K counts would be built only to be dropped
@@ -735,12 +742,14 @@ class GibbsState:
             self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos = _doc_lists(self.n_dk)
             self._cdf = np.empty(n_topics)
         self._z_doc = np.empty_like(self.z_wm)  # the mh kernel's topics in corpus order (filled by each sweep)
+        self.mh_steps = int(mh_steps)
 
     @classmethod
     def init(cls, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01, seed: int = 0,
-             kernel: str = "sparse") -> "GibbsState":
+             kernel: str = "sparse", mh_steps: int = MH_STEPS) -> "GibbsState":
         """Random initial topics and the counts that go with them (the constructor checks the hyperparameters)."""
-        return cls(corpus, n_topics, alpha, beta, random_assignments(corpus, n_topics, seed), kernel=kernel)
+        return cls(corpus, n_topics, alpha, beta, random_assignments(corpus, n_topics, seed), kernel=kernel,
+                   mh_steps=mh_steps)
 
     @property
     def z(self) -> np.ndarray:
@@ -767,7 +776,7 @@ class GibbsState:
             rng = _sweep_dense(tokens, self.n_dk, table, prior, w_lo, w_hi, rng)
         elif self.kernel == "mh":
             tokens += (self.order, self.corpus.offsets, self._z_doc)
-            rng = _sweep_mh(tokens, self.n_dk, table, prior, w_lo, w_hi, rng)
+            rng = _sweep_mh(tokens, self.n_dk, table, prior, w_lo, w_hi, rng, self.mh_steps)
         else:
             sweep = _sweep_alias if self.kernel == "alias" else _sweep_sparse
             lists = (self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos)
@@ -825,7 +834,7 @@ def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0
     stale = (np.asarray(tab_wk, state.n_wk.dtype).reshape(K), np.asarray(tab_k, state.n_k.dtype).reshape(K), int(s_tab),
              table is None)
     seen = _token_chain((position, d, w), (c.offsets, z_doc, state.n_dk, lists), (state.n_wk, state.n_k),
-                        (state.alpha, state.beta), stale, n_draws, alias, _rng_state(seed))
+                        (state.alpha, state.beta), stale, n_draws, alias, _rng_state(seed), state.mh_steps)
     state.z_wm[:] = z_doc[state.order]
     if alias:
         _lists_to_dense(state.dk_idx, state.dk_cnt, state.dk_len, state.n_dk)
@@ -866,4 +875,4 @@ def fit(corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01
     return state, lls
 
 
-__all__ = ["GibbsState", "fit", "cpu_per_token", "mh_token_draws", "check_prior", "KERNELS", "MIN_MH_PRIOR"]
+__all__ = ["GibbsState", "fit", "cpu_per_token", "mh_token_draws", "check_prior", "KERNELS", "MIN_MH_PRIOR", "MH_STEPS"]

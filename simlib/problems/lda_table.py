@@ -48,7 +48,7 @@ from simlib.backend import to_numpy
 from simlib.problems.atomic import atomic_add, compare_swap
 from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, deal_documents, doc_topic_counts,
                                 log_likelihood, random_assignments, word_log_likelihood)
-from simlib.problems.lda_gibbs import GibbsState, _rng_state, check_prior
+from simlib.problems.lda_gibbs import MH_STEPS, GibbsState, _rng_state, check_prior
 
 _SEED_STRIDE = (1_000_003, 10_007)
 #: In place with several workers: each worker's tokens per block, between two syncs of n_k (see LDAProblem.local_steps).
@@ -107,13 +107,14 @@ class LDAProblem:
     device_kernel = "auto"
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
-                 seed: int = 0, kernel: str = "sparse", sync_every: int | None = None):
+                 seed: int = 0, kernel: str = "sparse", sync_every: int | None = None, mh_steps: int = MH_STEPS):
         check_corpus(corpus)
+        check.positive_int("mh_steps", mh_steps)
         check_prior(kernel, n_topics, alpha, beta)
         sync_every = default_sync_every(n_topics) if sync_every is None else sync_every
         check.positive_int("sync_every", sync_every)
         self.corpus, self.K, self.alpha, self.beta = corpus, int(n_topics), float(alpha), float(beta)
-        self.seed, self.kernel, self.sync_every = int(seed), kernel, int(sync_every)
+        self.seed, self.kernel, self.sync_every, self.mh_steps = int(seed), kernel, int(sync_every), int(mh_steps)
         self.V = corpus.n_words
         per_topic = _TABLE_BYTES_PER_ROW * (self.V + 1) + _COUNT_BYTES_PER_ROW * (corpus.n_docs + self.V)
         check.fits_memory("n_topics", self.K, self.K * per_topic, per_topic,
@@ -133,7 +134,7 @@ class LDAProblem:
         words = c.words[: c.offsets[min(2, c.n_docs)]]
         used, ids = np.unique(words, return_inverse=True)
         mini = LDACorpus(ids.astype(np.int32), c.offsets[: min(2, c.n_docs) + 1].copy(), len(used))
-        return LDAProblem(mini, self.K, self.alpha, self.beta, self.seed, self.kernel, self.sync_every)
+        return LDAProblem(mini, self.K, self.alpha, self.beta, self.seed, self.kernel, self.sync_every, self.mh_steps)
 
     def init_params(self) -> np.ndarray:
         """The counts of the random start z0: n_wk flattened, then n_k (float64)."""
@@ -164,7 +165,8 @@ class LDAProblem:
             # words before a sweep uses them, and in place (shm) a worker samples on the table itself. Untouched,
             # the zeros take no memory (at K = 10,000 on the KJV a full copy per worker was 209 MB).
             state = GibbsState(docs, self.K, self.alpha, self.beta, self.z0[tokens],
-                               n_wk=np.zeros((self.V, self.K), np.int32), n_k=n_k.copy(), kernel=self.kernel)
+                               n_wk=np.zeros((self.V, self.K), np.int32), n_k=n_k.copy(), kernel=self.kernel,
+                               mh_steps=self.mh_steps)
             # NOTE: the tokens' word indices are computed once per shard; a searchsorted over every token per
             # step cost more than the Gibbs sweep itself (84 ms against 66 ms for 10 steps of 150 k tokens).
             words, local = (a.astype(np.int64) for a in np.unique(docs.words, return_inverse=True))
