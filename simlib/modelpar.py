@@ -40,6 +40,7 @@ from simlib import costs
 from simlib.parallel.allreduce import Ring
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
+from simlib.protocol import MAX_REAL_STEPS
 from simlib.problems.mlp import (MLPProblem, cross_entropy, cross_entropy_backward, dense_backward, dense_forward,
                                  relu, relu_backward)
 
@@ -91,7 +92,10 @@ def balanced_mlp(width: int) -> MLPProblem:
 
 
 def _check_batch(problem: MLPProblem, batch: Any) -> np.ndarray:
-    """The batch as row ids; ValueError naming 'batch' unless non-empty integers in [0, training rows)."""
+    """The batch as row ids; ValueError naming 'problem' unless an MLPProblem, 'batch' unless non-empty integers in
+    [0, training rows)."""
+    if not isinstance(problem, MLPProblem):
+        raise ValueError(f"problem must be an MLPProblem (its layers are what is split), got {type(problem).__name__}")
     rows = np.asarray(batch)
     n = problem.shards(1)[0][1]
     if rows.ndim != 1 or rows.size == 0 or rows.dtype.kind not in "iu" or rows.min() < 0 or rows.max() >= n:
@@ -100,10 +104,13 @@ def _check_batch(problem: MLPProblem, batch: Any) -> np.ndarray:
 
 
 def _check_params(problem: MLPProblem, params: Any) -> np.ndarray:
-    """The flat parameters (``init_params()`` for None); ValueError naming 'params' unless n_params floats."""
-    theta = problem.init_params() if params is None else np.asarray(params, dtype=np.float64)
-    if theta.shape != (problem.n_params,):
-        raise ValueError(f"params must be a flat vector of {problem.n_params} values, got shape {theta.shape}")
+    """The flat parameters (``init_params()`` for None); ValueError naming 'params' unless n_params finite floats."""
+    try:
+        theta = problem.init_params() if params is None else np.asarray(params, dtype=np.float64)
+    except (TypeError, ValueError):
+        theta = np.empty(0)  # not numbers: refused below, by name
+    if theta.shape != (problem.n_params,) or not np.isfinite(theta).all():
+        raise ValueError(f"params must be a flat vector of {problem.n_params} finite values, got {params!r:.80}")
     return theta
 
 
@@ -289,7 +296,7 @@ def run_pipeline(problem: MLPProblem, batch: Any, params: Any = None, *, stages:
     theta = _check_params(problem, params)
     layers = split_layers(problem, stages)
     check.positive_int("microbatches", microbatches, most=len(rows))
-    check.positive_int("steps", steps)
+    check.positive_int("steps", steps, most=MAX_REAL_STEPS)
     check.positive("timeout", timeout)
     orders = _orders(schedule, stages, microbatches)
     with WorkerGroup(stages, roles=[f"stage {s}" for s in range(stages)], label="pipeline") as group:
@@ -309,9 +316,13 @@ def _orders(schedule: str | list, stages: int, microbatches: int) -> list[list[t
     """Orders named or given; ValueError naming 'schedule' when they do not fit the stages and micro-batches."""
     if isinstance(schedule, str):
         return costs.pipeline_orders(schedule, stages, microbatches)
-    if len(schedule) != stages or costs.check_orders(schedule) != microbatches:
-        raise ValueError(f"schedule: orders must have {stages} stages of {microbatches} micro-batches each")
-    costs.schedule_timeline(schedule, [1.0] * stages, [1.0] * stages, 0.0)  # ValueError where stages would deadlock
+    try:
+        if not isinstance(schedule, (list, tuple)) or len(schedule) != stages \
+                or costs.check_orders(schedule) != microbatches:
+            raise ValueError(f"orders must have {stages} stages of {microbatches} micro-batches each")
+        costs.schedule_timeline(schedule, [1.0] * stages, [1.0] * stages, 0.0)  # ValueError where stages would deadlock
+    except ValueError as exc:
+        raise ValueError(f"schedule: {exc}") from None
     return [[(str(kind), int(k)) for kind, k in order] for order in schedule]
 
 

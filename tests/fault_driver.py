@@ -1,6 +1,6 @@
 """A child process that runs one algorithm on real processes again and again, for fault tests.
 
-Started by :mod:`faultkit` as ``python fault_driver.py ALGORITHM MARKER`` (the marker, in the command
+Started by :mod:`faultkit` as ``python fault_driver.py ALGORITHM MARKER [TIMEOUT]`` (the marker, in the command
 line and in the environment, makes this process and every process it starts -- forked workers, Ray's
 raylet and actors -- easy to find in /proc). It builds a small problem, does one short run to load
 the compiled kernels, prints ``{"event": "ready", ...}``, then for every ``go [MODE]`` line on stdin
@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 LONG = 10**6  # sweeps / epochs / steps: the run lasts until a fault (or the timeout) ends it
-TIMEOUT = 60.0
+TIMEOUT = 60.0  # the runs' timeout= (main takes another from its command line: a stopped worker meets it)
 
 
 class InjectedFault(RuntimeError):
@@ -198,6 +198,19 @@ def build(algorithm: str) -> Callable[..., Any]:
         return lambda n, *_: simlib.run(problem, protocol, substrate="shm", n_workers=2, batch_size=batch,
                                         steps=min(n * problem.epoch_steps(2, batch), 10**9), monitor_every=0.05,
                                         timeout=TIMEOUT)
+    if algorithm.startswith("allreduce-"):  # replicas summing buckets: shm's spinning barrier or the ring of pipes
+        import simlib
+        from simlib.problems.mlp import MLPProblem
+
+        problem = MLPProblem(hidden=(32, 32))
+        return lambda n, *_: simlib.run(problem, "allreduce", substrate=algorithm.split("-")[1], n_workers=2,
+                                        steps=n, batch_size=16, bucket_bytes=4_096, overlap=True, timeout=TIMEOUT)
+    if algorithm == "pipeline":  # model parallelism: an MLP's layers as two stages, 1F1B over channels
+        from simlib.modelpar import run_pipeline
+        from simlib.problems.mlp import MLPProblem
+
+        problem = MLPProblem(hidden=(32, 32))
+        return lambda n, *_: run_pipeline(problem, np.arange(64), stages=2, microbatches=4, steps=n, timeout=TIMEOUT)
     if algorithm.startswith("run-"):
         import simlib
         from simlib.problems.logistic import LogisticProblem, make_sparse_classification
@@ -243,7 +256,9 @@ def main() -> None:
     import faulthandler
 
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # the test asks for stacks when a run hangs
+    global TIMEOUT
     algorithm = sys.argv[1]
+    TIMEOUT = float(sys.argv[3]) if len(sys.argv) > 3 else TIMEOUT
     run = build(algorithm)
     if algorithm == "run-ray":
         import ray  # noqa: F401 - each run starts its actors (and an owned run its Ray): nothing more to warm up

@@ -40,6 +40,7 @@ EXPECTED = {
     "int-parent": {"KeyboardInterrupt"},
     "term-parent": {"SystemExit", "killed by SIGTERM"},
     "int-group": {"KeyboardInterrupt"},
+    "stop-worker": {"TimeoutError"},  # SIGSTOP for good: only the run's timeout= can end it (not in FAULTS)
 }
 PROMPT = 5.0  # seconds a run may take to end after its fault
 MARKER_ENV = "SIMLIB_FAULT_MARKER"
@@ -95,8 +96,8 @@ class Outcome:
 class Driver:
     """One ``fault_driver.py`` process running ``algorithm``; restarted if a fault kills it."""
 
-    def __init__(self, algorithm: str):
-        self.algorithm = algorithm
+    def __init__(self, algorithm: str, timeout: float | None = None):
+        self.algorithm, self.timeout = algorithm, timeout  # the runs' timeout= (the driver's default: 60 s)
         self.proc: subprocess.Popen | None = None
         self.restarts = -1
 
@@ -107,7 +108,9 @@ class Driver:
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                    **{MARKER_ENV: self.marker})
         self.stderr = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([sys.executable, str(DRIVER), self.algorithm, self.marker], cwd=ROOT, env=env,
+        argv = [sys.executable, str(DRIVER), self.algorithm, self.marker]
+        argv += [str(self.timeout)] if self.timeout else []
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                      start_new_session=True)
         self.lines: queue.Queue = queue.Queue()
@@ -271,7 +274,8 @@ class Driver:
             faulted = time.monotonic()
             os.kill(pid, signal.SIGTERM if fault == "term-parent" else signal.SIGINT)
             return faulted
-        sig = {"kill9-worker": signal.SIGKILL, "term-worker": signal.SIGTERM, "exception-worker": signal.SIGUSR1}[fault]
+        sig = {"kill9-worker": signal.SIGKILL, "term-worker": signal.SIGTERM, "exception-worker": signal.SIGUSR1,
+               "stop-worker": signal.SIGSTOP}[fault]
         deadline = time.monotonic() + 20.0
         while time.monotonic() < deadline:
             # An injected exception goes to a worker past its start-up (see started); a kill or a

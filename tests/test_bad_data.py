@@ -143,6 +143,26 @@ def _on_sim(problem=None, **options):
     return lambda: simlib.run(default_problem() if problem is None else problem, "bsp", substrate="sim", **options)
 
 
+def _allreduce(substrate, **kw):
+    """Protocol 'allreduce' (replicas summing buckets of the gradient) on ``substrate``."""
+    import simlib
+    from simlib.problems.mlp import MLPProblem
+
+    own = {"xp": "numpy"} if substrate == "gpu" else {}
+    return lambda: simlib.run(MLPProblem(hidden=(8,)), "allreduce", substrate=substrate,
+                              **({"n_workers": 2, "steps": 2} | own | kw))
+
+
+ALLREDUCE_BAD = [  # (what, options, the name the error must give)
+    ("bucket_bytes 0", {"bucket_bytes": 0}, "bucket_bytes"),
+    ("bucket_bytes '4k'", {"bucket_bytes": "4k"}, "bucket_bytes"),
+    ("bucket_bytes nan", {"bucket_bytes": float("nan")}, "bucket_bytes"),
+    ("overlap 'yes'", {"overlap": "yes"}, "overlap"),
+    ("n_workers 0", {"n_workers": 0}, "n_workers"), ("n_workers 20,000", {"n_workers": 20_000}, "n_workers"),
+    ("steps 10**12", {"steps": 10**12}, "steps"), ("accumulation 4", {"accumulation": 4}, "accumulation"),
+]
+
+
 def _lda_problem_changed_after():
     from simlib.problems.lda_table import LDAProblem
 
@@ -256,6 +276,8 @@ CASES = {
        for sub in ("sim", "pipes")},
     "hogwild data changed after the check": (_hogwild(data=_changed_data()), "indices"),
     "pipe PS with no Problem": (lambda: __import__("simlib").run(object(), "bsp", substrate="pipes"), "problem"),
+    **{f"allreduce on {sub}, {what}": (_allreduce(sub, **kw), name)
+       for sub in ("sim", "shm", "pipes", "gpu", "ray") for what, kw, name in ALLREDUCE_BAD},
 }
 
 

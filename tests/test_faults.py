@@ -36,11 +36,16 @@ ALGORITHMS = [
     "lda-shm-mh",  # LDAProblem(kernel="mh") on shm: LightLDA's sampler under the block locks
     "lda-shm-alias",  # LDAProblem(kernel="alias") on shm: AliasLDA's sampler under the block locks
     "run-pipes-managed",  # the pipe server with clocks of 4 mini-batches and Bosen's managed communication
+    "allreduce-shm",  # simlib.run(MLPProblem, "allreduce", substrate="shm", overlap=True): the spinning barrier
+    "allreduce-pipes",  # the same over a ring of pipes, each bucket summed on the helper thread
+    "pipeline",  # simlib.modelpar.run_pipeline: an MLP's layers as two stage processes, 1F1B over channels
 ]
 # Repetitions per fault where not 10: each run of these starts actors (Ray, seconds each), or repeats a path
 # the ten-times algorithms above already cover (the block locks, the pipe server) with another kernel or worker;
-# glove-count's map-reduce runs on the same process group the ten-times ones stop (71 s of the suite at 10).
-REPS = {"run-ray": 1, "lda-shm-mh": 3, "lda-shm-alias": 3, "run-pipes-managed": 3, "glove-count": 3}
+# glove-count's map-reduce and the all-reduce and pipeline runs stop on the same process group the
+# ten-times ones stop (glove-count: 71 s of the suite at 10).
+REPS = {"run-ray": 1, "lda-shm-mh": 3, "lda-shm-alias": 3, "run-pipes-managed": 3, "glove-count": 3,
+        "allreduce-shm": 3, "allreduce-pipes": 3, "pipeline": 3}
 # Ray's parent faults take turns over (mode, wait for the workers, window in s); see the docstring.
 # SIGTERM ends the driver (Ray cannot start again in its process), so it comes last on the driver's Ray.
 RAY_TURNS = {
@@ -73,13 +78,14 @@ def _plan(algorithm: str, reps: int) -> list[tuple[str, dict]]:
     return sorted(plan, key=lambda item: (item[1]["mode"] == "owned", item[0] == "term-parent"))
 
 
-def _inject_all(algorithm: str, reps: int, seed: int) -> list[faultkit.Outcome]:
+def _inject_all(algorithm: str, reps: int, seed: int, plan: list[tuple[str, dict]] | None = None,
+                timeout: float | None = None) -> list[faultkit.Outcome]:
     if not _available(algorithm):
         pytest.skip("ray is not installed")
     rng = random.Random(seed)
-    driver = faultkit.Driver(algorithm)
+    driver = faultkit.Driver(algorithm, timeout)
     try:
-        outcomes = [driver.inject(fault, rng, **how) for fault, how in _plan(algorithm, reps)]
+        outcomes = [driver.inject(fault, rng, **how) for fault, how in plan or _plan(algorithm, reps)]
     finally:
         left = driver.close()
     assert left == [], f"{algorithm}: the driver left processes behind when it closed: {left}"
@@ -103,3 +109,11 @@ def test_every_fault_ten_times_ends_the_run_promptly_and_cleanly(algorithm):
 @pytest.mark.heavy
 def test_every_fault_ten_times_on_ray():
     _assert_all_clean(_inject_all("run-ray", reps=10, seed=1919), "run-ray")
+
+
+def test_a_stopped_worker_ends_a_spinning_all_reduce_at_its_timeout():
+    """SIGSTOP for good of one worker: its peer's helper thread spins at the shared-memory barrier for a partner
+    that never comes; the run's timeout= (2 s) ends it with TimeoutError, nothing left (twice: seconds each)."""
+    outcomes = _inject_all("allreduce-shm", 0, seed=23, plan=[("stop-worker", {})] * 2, timeout=2.0)
+    assert [p for o in outcomes for p in faultkit.check(o, "allreduce-shm")] == []
+    assert [o.error for o in outcomes] == ["TimeoutError"] * 2

@@ -140,3 +140,48 @@ def test_bad_rate_is_rejected(cooc):
 def test_vectors_larger_than_memory_are_refused_naming_dim(cooc):
     with pytest.raises(ValueError, match=r"dim: .* more than half the memory available .* use at most \d+"):
         GloveProblem(cooc, GloveConfig(dim=10**9))
+
+
+def _pass_problem(n_tokens: int) -> tuple[GloveProblem, int]:
+    """GloVe on random text (V = 5,000, window 10) and one pass's length in entries."""
+    from simlib.problems.glove import GloveConfig, count_cooccurrences
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 5_000, n_tokens).astype(np.int32)
+    cooc = count_cooccurrences(ids, np.arange(0, n_tokens + 1, 1_000, dtype=np.int64), 5_000, window=10)
+    return GloveProblem(cooc, GloveConfig(dim=50)), cooc.nnz
+
+
+def test_a_pass_in_blocks_is_the_pass_in_one_call(monkeypatch):
+    """local_steps cuts a pass into compiled calls of BLOCK entries: the parameters are the same to the bit."""
+    import simlib.problems.glove_table as table
+
+    problem, nnz = _pass_problem(20_000)
+    one, blocks = problem.init_params(), problem.init_params()
+    problem.local_steps(one, (0, nnz), 0, 1, nnz, 0.05)
+    monkeypatch.setattr(table, "BLOCK", 1_000)
+    problem.local_steps(blocks, (0, nnz), 0, 1, nnz, 0.05)
+    assert nnz > 10 * 1_000
+    np.testing.assert_array_equal(one, blocks)
+
+
+def test_ctrl_c_stops_a_pass_between_blocks():
+    """SIGINT 20 ms into a pass of millions of entries (a second or more): KeyboardInterrupt before the pass ends,
+    so the AdaGrad accumulators (which only grow) have grown less than a whole pass grows them."""
+    import signal
+
+    problem, nnz = _pass_problem(300_000)
+    g = slice(problem.offsets[4], None)  # gW, gC, gbw, gbc
+    whole = problem.init_params()
+    problem.local_steps(whole, (0, nnz), 0, 1, nnz, 0.05)
+    stopped = problem.init_params()
+    signal.setitimer(signal.ITIMER_REAL, 0.02)
+    previous = signal.signal(signal.SIGALRM, signal.default_int_handler)  # the alarm stands for Ctrl-C
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            problem.local_steps(stopped, (0, nnz), 0, 1, nnz, 0.05)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    start = problem.init_params()[g].sum()
+    assert nnz > 8 * (1 << 18) and start < stopped[g].sum() < whole[g].sum()

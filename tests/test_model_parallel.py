@@ -81,14 +81,21 @@ def test_a_students_orders_run_and_deadlocking_orders_are_refused(prob, referenc
     (dict(schedule="interleaved"), "schedule"),
     (dict(schedule=[[("F", 0), ("B", 0)]]), "schedule: orders must have 2 stages"),
     (dict(steps=0), "steps"),
+    (dict(problem=object()), "problem must be an MLPProblem"),
     (dict(params=np.zeros(3)), "params must be a flat vector"),
     (dict(batch=np.array([], dtype=int)), "batch"),
     (dict(batch=np.array([0, 10_000])), "batch"),
+    (dict(steps=10**12), "steps must be an integer in \\[1, 1000000000\\]"),
+    (dict(params="x"), "params must be a flat vector"),
+    (dict(params=np.full(3, np.nan)), "params must be a flat vector"),
+    (dict(schedule=3), "schedule"),
+    (dict(stages=2, microbatches=1, schedule=[[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]]), "schedule: orders"),
+    (dict(timeout=0), "timeout"),
 ])
 def test_pipeline_refuses_bad_input_by_name(prob, kwargs, field):
     args = dict(batch=BATCH) | kwargs
     with pytest.raises(ValueError, match=field):
-        run_pipeline(prob, args.pop("batch"), **args)
+        run_pipeline(args.pop("problem", prob), args.pop("batch"), **args)
     assert multiprocessing.active_children() == []
 
 
@@ -118,10 +125,12 @@ def test_tensor_parallel_bytes_formula():
     (dict(block=-1), "block"),
     (dict(n_devices=0), "n_devices"),
     (dict(block=2, n_devices=17), "n_devices must be an integer in \\[1, 16\\]"),
+    (dict(params=None, problem=object()), "problem must be an MLPProblem"),
+    (dict(params=np.full(3, np.inf)), "params must be a flat vector"),
 ])
 def test_tensor_parallel_refuses_bad_input_by_name(prob, kwargs, field):
     with pytest.raises(ValueError, match=field):
-        run_tensor_parallel(prob, BATCH, **kwargs)
+        run_tensor_parallel(kwargs.pop("problem", prob), BATCH, **kwargs)
 
 
 def test_tensor_parallel_needs_two_layers():

@@ -65,11 +65,22 @@ def test_reduce_scatter_gives_each_process_its_part_of_the_sum_and_all_gather_jo
         np.testing.assert_array_equal(gathered, 60 * x)
 
 
-@pytest.mark.parametrize("bad, match", [(dict(n_workers=0), "n_workers"), (dict(steps=0), "steps"),
-                                        (dict(batch_size=-1), "batch_size"), (dict(shard_state="yes"), "shard_state")])
+@pytest.mark.parametrize("bad, match", [
+    (dict(n_workers=0), "n_workers"), (dict(n_workers=10**6), "n_workers must be an integer in \\[1, 10000\\]"),
+    (dict(steps=0), "steps"), (dict(steps=10**12), "steps must be an integer in \\[1, 1000000000\\]"),
+    (dict(batch_size=-1), "batch_size"), (dict(batch_size=10**9), "batch_size must be an integer in \\[1, 10000000\\]"),
+    (dict(shard_state="yes"), "shard_state"), (dict(timeout=0), "timeout"), (dict(adam={"lr": 1e-3}), "adam"),
+])
 def test_bad_options_are_refused_by_name(mlp, bad, match):
     with pytest.raises(ValueError, match=match):
         train_adam(mlp, **bad)
+
+
+@pytest.mark.parametrize("field, value", [("lr", -1.0), ("lr", float("nan")), ("beta1", 1.0), ("beta2", 2.0),
+                                          ("eps", 0.0)])
+def test_adams_constants_are_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        Adam(**{field: value})
 
 
 def test_a_problem_without_a_gradient_is_refused_by_name():

@@ -29,6 +29,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.parallel.allreduce import ShmAllReduce
 from simlib.parallel.group import WorkerGroup
+from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,13 @@ class Adam:
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        check.positive("lr", self.lr)
+        for name in ("beta1", "beta2"):  # a decay of 1 never forgets (and m_hat divides by 1 - 1 = 0)
+            if not check._is_number(getattr(self, name)) or not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1), got {getattr(self, name)!r}")
+        check.positive("eps", self.eps)
 
     def step(self, theta: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, t: int) -> None:
         """theta -= lr m_hat / (sqrt(v_hat) + eps), m and v updated in place (t counts from 1)."""
@@ -85,12 +93,17 @@ def train_adam(problem: Any, n_workers: int = 2, steps: int = 50, batch_size: in
                shard_state: bool = True, timeout: float = 120.0) -> AdamRun:
     """``steps`` synchronous Adam steps of ``problem`` (one with a ``gradient(theta, batch)`` of the mean loss) on
     ``n_workers`` processes, the global batch being every worker's ``batch_size`` rows; ``shard_state``: ZeRO-1."""
-    check.positive_int("n_workers", n_workers)
-    check.positive_int("steps", steps)
-    check.positive_int("batch_size", batch_size)
+    check.positive_int("n_workers", n_workers, most=MAX_REAL_WORKERS)  # a process each
+    check.positive_int("steps", steps, most=MAX_REAL_STEPS)
+    check.positive_int("batch_size", batch_size, most=MAX_BATCH)
     check.boolean("shard_state", shard_state)
+    check.positive("timeout", timeout)
+    if not isinstance(adam, Adam):
+        raise ValueError(f"adam must be an Adam(...), got {type(adam).__name__}")
     if not callable(getattr(problem, "gradient", None)):
         raise ValueError(f"problem: {type(problem).__name__} has no gradient(theta, batch) for Adam to step on")
+    check.fits_memory("n_workers", n_workers, 16.0 * n_workers * problem.n_params, 16.0 * problem.n_params,
+                      "the collective's slots (two of n_params float64 per worker)")
     with WorkerGroup(n_workers, label="adam") as group:
         ranks = ShmAllReduce(group, n_workers, problem.n_params).ranks()
         out = group.run(_worker, problem, steps, batch_size, adam, shard_state, worker_args=[(r,) for r in ranks],

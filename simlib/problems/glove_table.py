@@ -46,6 +46,7 @@ from simlib.problems.glove_prefetch import AHEAD
 
 # float32 arrays as the reference program builds them, then the float64 table they are copied into
 _BYTES_PER_VECTOR_ENTRY = 4 + 8
+BLOCK = 1 << 18  # entries per compiled AdaGrad call on a NumPy table: about 0.1 s at d = 50
 
 
 class PassRecords:
@@ -194,8 +195,10 @@ class GloveProblem(PassRecords):
         counts = []  # lock-free device steps: each launch's queue counts (what their entries missed)
         for t, p, lo, hi in self._segments(shard, first * batch_size, (first + count) * batch_size):  # a call per pass
             if isinstance(w, np.ndarray):
-                terms = (self.cooc.rows, self.cooc.cols, self.logx, self.fx)
-                cost = adagrad_kernel(terms, self._order(p)[lo:hi], views, eta, clip, AHEAD)
+                terms, order = (self.cooc.rows, self.cooc.cols, self.logx, self.fx), self._order(p)
+                # a compiled call per block, not per pass: Ctrl-C (and the run's timeout) is answered between them
+                cost = sum(adagrad_kernel(terms, order[a:min(a + BLOCK, hi)], views, eta, clip, AHEAD)
+                           for a in range(lo, hi, BLOCK))
             else:  # a device table (the gpu substrate on CuPy): glove_device's steps, no wait between passes
                 from simlib.problems.glove_device import device_order, device_pass
 
