@@ -647,17 +647,17 @@ def _sweep_alias(tokens: Tokens, lists: Lists, table: Table, prior: Prior, w_lo:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _token_chain(token: Run, docs: tuple, table: Table, prior: Prior, stale: tuple, n_draws: int, alias: bool,
-                 rng: np.uint64, mh_steps: int) -> np.ndarray:
+def _token_chain(token: Run, docs: tuple, table: Table, prior: Prior, stale: tuple, n_draws: int, sampler: tuple,
+                 rng: np.uint64) -> np.ndarray:
     """Resample the token at corpus position p n_draws times, the others fixed; the count of each topic it took.
 
     ``token`` = (p, its document d, its word w); ``docs`` = (offsets, z_doc, n_dk, d's topic lists).
-    One draw is one token's step of the mh kernel (n_dk, z_doc) or, with ``alias``, of the alias
-    kernel (the topic lists). ``stale`` = (tab_wk, tab_k, s_tab, rebuild): with ``rebuild`` the tables
+    ``sampler`` = (alias, steps): one draw is one token's step of the mh kernel (n_dk, z_doc) or, with ``alias``,
+    of the alias kernel (the topic lists), each of ``steps`` proposal cycles. ``stale`` = (tab_wk, tab_k, s_tab, rebuild): with ``rebuild`` the tables
     are rebuilt before every draw from the counts with the token in (as a sweep does); otherwise they
     are built once from (tab_wk, tab_k), which count it under s_tab.
     """
-    (p, d, w), (offsets, z_doc, n_dk, lists), (n_wk, n_k) = token, docs, table
+    (p, d, w), (offsets, z_doc, n_dk, lists), (n_wk, n_k), (alias, steps) = token, docs, table, sampler
     tab_wk, tab_k, s_tab, rebuild = stale
     V, K = n_wk.shape
     vbeta = V * prior[1]
@@ -668,7 +668,7 @@ def _token_chain(token: Run, docs: tuple, table: Table, prior: Prior, stale: tup
     z = np.full(1, z_doc[p], np.int32)
     tokens = (np.zeros(2, np.int64), np.full(1, d, np.int64), z, np.full(1, p, np.int64), offsets, z_doc)
     seen = np.zeros(K, np.int64)
-    prop = (bufs, n0, -1 if rebuild else s_tab, _ALIAS_STEPS if alias else mh_steps)
+    prop = (bufs, n0, -1 if rebuild else s_tab, steps)
     work = (np.empty(K), np.empty(K), np.empty(K))  # the alias kernel's scratch; [1] = 1 / (n_k + V beta) per draw
     for _ in range(n_draws):
         if rebuild:
@@ -722,9 +722,10 @@ class GibbsState:
     """
 
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float, beta: float, z: np.ndarray,
-                 n_wk: np.ndarray | None = None, n_k: np.ndarray | None = None, kernel: str = "sparse",
+                 counts: tuple[np.ndarray, np.ndarray] | None = None, kernel: str = "sparse",
                  mh_steps: int = MH_STEPS) -> None:
-        """Take assignments z (corpus order); n_wk, n_k default to the counts of z (pass a cache to share).
+        """Take assignments z (corpus order); ``counts`` = (n_wk, n_k), the word-topic table and its column sums,
+        defaults to the counts of z (pass a worker's copy of the table to share it).
 
         ``mh_steps``: the mh kernel's word-then-doc cycles per token (LightLDA's MH steps; ignored by the others)."""
         check_prior(kernel, n_topics, alpha, beta)
@@ -732,8 +733,10 @@ class GibbsState:
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
         self.n_dk = doc_topic_counts(corpus, z, n_topics)
         # a worker's copy of the table is used as given: its own V x K counts would be built only to be dropped
-        self.n_wk = _count_pairs(corpus.words, z, corpus.n_words, n_topics) if n_wk is None else n_wk
-        self.n_k = np.bincount(z, minlength=n_topics).astype(np.int32) if n_k is None else n_k
+        if counts is None:
+            counts = (_count_pairs(corpus.words, z, corpus.n_words, n_topics),
+                      np.bincount(z, minlength=n_topics).astype(np.int32))
+        self.n_wk, self.n_k = counts
         self.order = np.argsort(corpus.words, kind="stable").astype(np.int64)
         self.word_ptr = np.concatenate([[0], np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words))])
         self.doc_wm = corpus.doc_of[self.order]
@@ -834,7 +837,8 @@ def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0
     stale = (np.asarray(tab_wk, state.n_wk.dtype).reshape(K), np.asarray(tab_k, state.n_k.dtype).reshape(K), int(s_tab),
              table is None)
     seen = _token_chain((position, d, w), (c.offsets, z_doc, state.n_dk, lists), (state.n_wk, state.n_k),
-                        (state.alpha, state.beta), stale, n_draws, alias, _rng_state(seed), state.mh_steps)
+                        (state.alpha, state.beta), stale, n_draws, (alias, _ALIAS_STEPS if alias else state.mh_steps),
+                        _rng_state(seed))
     state.z_wm[:] = z_doc[state.order]
     if alias:
         _lists_to_dense(state.dk_idx, state.dk_cnt, state.dk_len, state.n_dk)

@@ -165,7 +165,7 @@ class LDAProblem:
             # words before a sweep uses them, and in place (shm) a worker samples on the table itself. Untouched,
             # the zeros take no memory (at K = 10,000 on the KJV a full copy per worker was 209 MB).
             state = GibbsState(docs, self.K, self.alpha, self.beta, self.z0[tokens],
-                               n_wk=np.zeros((self.V, self.K), np.int32), n_k=n_k.copy(), kernel=self.kernel,
+                               counts=(np.zeros((self.V, self.K), np.int32), n_k.copy()), kernel=self.kernel,
                                mh_steps=self.mh_steps)
             # NOTE: the tokens' word indices are computed once per shard; a searchsorted over every token per
             # step cost more than the Gibbs sweep itself (84 ms against 66 ms for 10 steps of 150 k tokens).
