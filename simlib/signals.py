@@ -38,6 +38,7 @@ _real: dict[int, Any] = {}  # each signal's handler outside every held block
 _guards = 0  # guard_forks blocks open in this process
 _forking = 0  # fork hooks running in this process (between its 'before' and 'after' hooks)
 _hooked = False  # guard_forks's fork hooks registered
+_kept: dict[int, Any] = {}  # handlers installed (install) inside guard_forks: in place once the guard ends
 
 
 def _note(signum: int, frame: Any) -> None:
@@ -147,7 +148,16 @@ def guard_forks() -> Iterator[None]:
         _guards -= 1
         for s, h in previous.items():
             if signal.getsignal(s) is _note:
-                signal.signal(s, h)
+                signal.signal(s, _kept.pop(s, h))
+
+
+def install(signum: int, h: Callable[[int, Any], Any]) -> None:
+    """Make ``h`` ``signum``'s handler. Inside :func:`guard_forks` it is put behind the guard (a signal that lands
+    in a fork hook still waits for the fork to end) and stays in place when the guard ends."""
+    if _guards > 0 and signal.getsignal(signum) is _note:
+        _real[signum] = _kept[signum] = h
+    else:
+        signal.signal(signum, h)
 
 
 def forked() -> None:

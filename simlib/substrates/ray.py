@@ -536,7 +536,9 @@ def _interruptible_start() -> Iterator[None]:
             return make(*args, **kwargs)
 
     worker.connect = connect_held
-    utils.set_sigterm_handler = lambda handler: signal.signal(signal.SIGTERM, _on_sigterm)  # instead of Ray's
+    # instead of Ray's, and behind the fork guard: raised inside a fork hook (logging's lock release runs there) the
+    # exit was dropped and the run went on (1 start in 4 took a SIGTERM that way, and ran until killed)
+    utils.set_sigterm_handler = lambda handler: signals.install(signal.SIGTERM, _on_sigterm)
     try:
         with signals.guard_forks():
             yield
