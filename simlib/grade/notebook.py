@@ -18,6 +18,7 @@ import ast
 import copy
 import json
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -126,12 +127,19 @@ def parts(nb: dict[str, Any]) -> list[Part]:
             for c in nb["cells"] if meta(c).get("grade")]
 
 
+# NOTE: CPython 3.11's conversions between source, AST objects and code keep their recursion depth in state shared by
+# threads: two grading threads parsing at once raised "SystemError: AST constructor recursion depth mismatch" and
+# graded a master 0 (one fresh-clone CI run). Every ast.parse, literal_eval and compile of an AST here takes this lock.
+AST_LOCK = threading.Lock()
+
+
 def _trees(sources: list[str]) -> list[ast.AST]:
     """Each source parsed (those that do not parse, e.g. with IPython magics, left out)."""
     out = []
     for text in sources:
         try:
-            out.append(ast.parse(text))
+            with AST_LOCK:
+                out.append(ast.parse(text))
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             pass
     return out
@@ -152,8 +160,9 @@ def declared(master: dict[str, Any]) -> set[str]:
     """The library's names the hidden tests declare answers: ``_REFERENCES = ["simlib.compress.make_compressor"]``."""
     hidden = _trees([split_hidden(source(c))[1] for c in master["cells"] if c.get("cell_type") == "code"
                      and is_test(c)])
-    return {ref for tree in hidden for node in tree.body if isinstance(node, ast.Assign)
-            and [getattr(t, "id", "") for t in node.targets] == [REFERENCES] for ref in ast.literal_eval(node.value)}
+    with AST_LOCK:
+        return {ref for tree in hidden for node in tree.body if isinstance(node, ast.Assign)
+                and [getattr(t, "id", "") for t in node.targets] == [REFERENCES] for ref in ast.literal_eval(node.value)}
 
 
 def references(master: dict[str, Any]) -> set[str]:

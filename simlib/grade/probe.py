@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from simlib.grade.notebook import AST_LOCK
+
 PROBES = "_probes"
 MAX_DEPTH = 20
 MAX_ITEMS = 100_000  # per list or array in a reply (a reply's frame is capped at 1 MB besides)
@@ -50,9 +52,11 @@ GRADER_KEYS = ("rtol", "atol", "raises", "check")
 
 def functions(hidden: str) -> dict[str, Any]:
     """The functions a hidden-test block defines at its top level (``_probes``, checks), made here: trusted code only."""
-    defs = [n for n in ast.parse(hidden).body if isinstance(n, ast.FunctionDef)]
+    with AST_LOCK:
+        defs = [n for n in ast.parse(hidden).body if isinstance(n, ast.FunctionDef)]
+        code = compile(ast.Module(body=defs, type_ignores=[]), f"<{PROBES}>", "exec")
     namespace: dict[str, Any] = {"math": math, "np": np}
-    exec(compile(ast.Module(body=defs, type_ignores=[]), f"<{PROBES}>", "exec"), namespace)  # the master's code
+    exec(code, namespace)  # the master's code
     return {n.name: namespace[n.name] for n in defs}
 
 
