@@ -76,16 +76,21 @@ class Run:
     curve: list[tuple[float, float]] = field(default_factory=list)  # (epoch, held-out accuracy)
 
 
-def lamb_step(theta: Any, g: Any, m: Any, v: Any, t: int, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-              eps: float = 1e-6) -> float:
-    """theta -= lr (||theta|| / ||r||) r, r = m_hat / (sqrt(v_hat) + eps) (Adam's bias-corrected direction), in place
-    with the moments m and v (t counts from 1); returns the trust ratio ||theta|| / ||r|| (1 where either is 0)."""
+def adam_direction(g: Any, m: Any, v: Any, t: int, betas: tuple[float, float], eps: float) -> Any:
+    """Adam's step direction r = m_hat / (sqrt(v_hat) + eps), the moments m and v updated in place (t counts from 1)."""
     b1, b2 = betas
     m *= b1
     m += (1 - b1) * g
     v *= b2
     v += (1 - b2) * g * g
-    r = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    return (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+
+
+def lamb_step(theta: Any, g: Any, m: Any, v: Any, t: int, lr: float, betas: tuple[float, float] = (0.9, 0.999),
+              eps: float = 1e-6) -> float:
+    """theta -= lr (||theta|| / ||r||) r, r Adam's direction (:func:`adam_direction`), in place with the moments m
+    and v; returns the trust ratio ||theta|| / ||r|| (1 where either is 0)."""
+    r = adam_direction(g, m, v, t, betas, eps)
     w_norm, r_norm = float(np.linalg.norm(theta)), float(np.linalg.norm(r))
     trust = w_norm / r_norm if w_norm > 0 and r_norm > 0 else 1.0
     theta -= lr * trust * r

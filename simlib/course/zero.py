@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
+from simlib.course.large_batch import adam_direction
 from simlib.parallel.allreduce import ShmAllReduce
 from simlib.parallel.group import WorkerGroup
 from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS
@@ -50,11 +51,7 @@ class Adam:
 
     def step(self, theta: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, t: int) -> None:
         """theta -= lr m_hat / (sqrt(v_hat) + eps), m and v updated in place (t counts from 1)."""
-        m *= self.beta1
-        m += (1 - self.beta1) * g
-        v *= self.beta2
-        v += (1 - self.beta2) * g * g
-        theta -= self.lr * (m / (1 - self.beta1 ** t)) / (np.sqrt(v / (1 - self.beta2 ** t)) + self.eps)
+        theta -= self.lr * adam_direction(g, m, v, t, (self.beta1, self.beta2), self.eps)
 
 
 @dataclass
