@@ -98,15 +98,18 @@ def test_pipe_ps_residual_is_what_the_model_leaves_unexplained(cal):
     from simlib.calibration.calibrate import Spread
     from simlib.calibration.validate import pipe_ps_residual
 
-    assert cal.ps_step.n > 0 and cal.ps_step.median > 0  # calibration measured the null run
-    unmeasured = dataclasses.replace(cal, ps_step=Spread.unmeasured())
-    assert pipe_ps_residual(unmeasured) == 0.0
+    assert set(cal.ps_step) == {1, 2}  # calibration measured the null run on 1 and 2 workers
+    assert all(s.n > 0 and s.median > 0 for s in cal.ps_step.values())
+    unmeasured = dataclasses.replace(cal, ps_step={})
+    assert pipe_ps_residual(unmeasured) == 0.0 == pipe_ps_residual(unmeasured, 2)
     # A null step far slower than the model (1 s, whatever the machine's load): the residual is the
     # difference, to the second.
-    slow = dataclasses.replace(cal, ps_step=Spread(1.0, 0.0, 0.0, 1))
-    slower = dataclasses.replace(cal, ps_step=Spread(1.0001, 0.0, 0.0, 1))
-    assert 0 < pipe_ps_residual(slow) < 1.0
+    slow = dataclasses.replace(cal, ps_step={1: Spread(1.0, 0.0, 0.0, 1), 2: Spread(2.0, 0.0, 0.0, 1)})
+    slower = dataclasses.replace(cal, ps_step={1: Spread(1.0001, 0.0, 0.0, 1), 2: Spread(2.0, 0.0, 0.0, 1)})
+    assert 0 < pipe_ps_residual(slow) < 1.0 < pipe_ps_residual(slow, 2) < 2.0
     assert pipe_ps_residual(slower) - pipe_ps_residual(slow) == pytest.approx(1e-4, rel=1e-9)
+    # Each worker count takes its own null run's residual (3 workers take 2's).
+    assert pipe_ps_residual(slower, 3) == pipe_ps_residual(slow, 2)
     # The twin charges the residual to every step.
     w = WORKLOADS["ps latency-bound"]
     assert twin_config(w, 1, slower).compute_overhead == pytest.approx(twin_config(w, 1, unmeasured).compute_overhead + pipe_ps_residual(slower))

@@ -55,7 +55,7 @@ from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim.config import SimConfig
 
 # The null pipe-PS run whose step time calibration measures (its rows are the kernels' problem).
-NULL_PS = {"n_workers": 1, "steps": 200, "batch_size": 1}
+NULL_PS = {"steps": 200, "batch_size": 1}  # on 1 and on 2 workers
 # The null shared-memory run: BSP on substrate 'shm', one-row batches over a few features.
 NULL_SHM = {"rows": 400, "features": 64}
 
@@ -138,10 +138,11 @@ class Calibration:
     cpu_share: dict[int, Spread]  # our busy processes -> CPU seconds each gets per wall second
     pipe_share: float  # CPU share of one busy process while the pipes were measured
     context: dict[str, Any] = field(default_factory=dict)  # cores, load average, seconds taken
-    # The real pipe PS on a null workload (1 worker, 1-row batches; see NULL_PS): its typical
-    # step (median time between updates), and its warm-up: how much longer the whole run took
-    # than that many typical steps (first touches of pages and caches, lazy set-up in the children).
-    ps_step: Spread = field(default_factory=Spread.unmeasured)
+    # The real pipe PS on a null workload (1-row batches; see NULL_PS): its typical step (median
+    # time between the ends of consecutive rounds) by number of workers, and its warm-up on 1
+    # worker: how much longer the whole run took than that many typical steps (first touches of
+    # pages and caches, lazy set-up in the children).
+    ps_step: dict[int, Spread] = field(default_factory=dict)
     ps_warmup: Spread = field(default_factory=Spread.unmeasured)
     shm_first_touch: Spread = field(default_factory=Spread.unmeasured)  # s/byte
     # BSP on substrate 'shm' on NULL_SHM: seconds from process start to its first step (1 worker),
@@ -258,8 +259,9 @@ class Calibration:
             out.append((f"shm BSP step, null, {n} worker{'s' if n > 1 else ''}", _scaled(s, 1e6), "us"))
         for n, s in sorted(self.cpu_share.items()):
             out.append((f"CPU share, {n} busy process{'es' if n > 1 else ''}", s, "cores each"))
-        if self.ps_step.n:
-            out.append(("pipe PS step, null workload", _scaled(self.ps_step, 1e6), "us"))
+        for n, s in sorted(self.ps_step.items()):
+            out.append((f"pipe PS step, null, {n} worker{'s' if n > 1 else ''}", _scaled(s, 1e6), "us"))
+        if self.ps_warmup.n:
             out.append(("pipe PS warm-up per run", _scaled(self.ps_warmup, 1e3), "ms"))
         return out
 
@@ -587,17 +589,25 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         for _ in range(repeats):
             locks.extend(group.run(_lock_member, group.lock(), 1000 if quick else 2000))
 
-    # The real pipe PS on a null workload: one worker, one-row batches, on its own problem.
-    null_steps, warmups = [], []
+    # The real pipe PS on a null workload: 1-row batches on 1 and on 2 workers, on its own problem.
+    null_steps: dict[int, list[float]] = {1: [], 2: []}
+    warmups: list[float] = []
     for _ in range(repeats):
-        run = simlib.run(prob, "bsp", substrate="pipes", **NULL_PS, start_method=start_method, evaluate=False)
-        # The median time between consecutive updates: a typical step, not skewed by one stall
-        # (a page-fault storm or a descheduled process can double a short run's total).
-        times = sorted(u.time for u in run.trace.updates)
-        step = float(np.median(np.diff(times)))
-        first = min(sp.start for sp in run.trace.spans)
-        null_steps.append(step)
-        warmups.append(max(times[-1] - first - NULL_PS["steps"] * step, 0.0))
+        for n in null_steps:
+            run = simlib.run(prob, "bsp", substrate="pipes", n_workers=n, **NULL_PS, start_method=start_method,
+                             evaluate=False)
+            # A round ends with its last update. The median time between round ends is a typical
+            # step, not skewed by one stall (a page-fault storm or a descheduled process can
+            # double a short run's total).
+            ends: dict[int, float] = {}
+            for u in run.trace.updates:
+                ends[u.step] = max(ends.get(u.step, 0.0), u.time)
+            times = [ends[k] for k in sorted(ends)]
+            step = float(np.median(np.diff(times)))
+            null_steps[n].append(step)
+            if n == 1:
+                first = min(sp.start for sp in run.trace.spans)
+                warmups.append(max(times[-1] - first - NULL_PS["steps"] * step, 0.0))
 
     process_start = {n: Spread.of(v[1:]) for n, v in starts.items()}  # the first group warms imports
     setups: list[float] = []
@@ -623,7 +633,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         pipe_share=pipe_share,
         context=dict(cpu_count=os.cpu_count(), load_before=load_before, load_after=_loadavg(),
                      seconds=time.perf_counter() - t_start, quick=quick, repeats=repeats),
-        ps_step=Spread.of(null_steps),
+        ps_step={n: Spread.of(v) for n, v in null_steps.items()},
         ps_warmup=Spread.of(warmups),
         shm_first_touch=Spread.of(touch),
         shm_setup=Spread.of(setups),
