@@ -1,6 +1,7 @@
 """Every lesson runs from a fresh kernel without errors, and is committed without outputs."""
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -20,6 +21,29 @@ def test_committed_without_outputs(path):
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
             assert not cell.get("outputs") and cell.get("execution_count") is None, f"{path.name} has outputs"
+
+
+LESSONS = [p for p in NOTEBOOKS if p.parent.name == "lessons" and p.name[:2].isdigit()]
+
+
+def _numbered(text):
+    return [int(n) for n in re.findall(r"^(\d+)\. ", text, re.M)]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=_ids(LESSONS))
+def test_every_exercise_has_a_worked_answer_in_the_instructors_guide(path):
+    """Each lesson's '## Exercises' items 1..k have answers 1..k under the lesson's number in solutions/INSTRUCTORS.md."""
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    found = re.search(r"^#+ Exercises\s*\n(.*?)(?=^#|\Z)", text, re.S | re.M)
+    assert found, f"{path.name} has no Exercises section"
+    exercises = _numbered(found.group(1))
+    assert exercises == list(range(1, len(exercises) + 1)) and exercises, f"{path.name}: exercises {exercises}"
+    guide = (ROOT / "solutions" / "INSTRUCTORS.md").read_text(encoding="utf-8")
+    section = re.search(rf"^## {path.name[:2]} · .*?\n(.*?)(?=^## |\Z)", guide, re.S | re.M)
+    assert section, f"INSTRUCTORS.md has no section '## {path.name[:2]} · ...'"
+    assert _numbered(section.group(1)) == exercises, f"INSTRUCTORS.md answers lesson {path.name[:2]}'s exercises " \
+                                                      f"{_numbered(section.group(1))}, the lesson has {exercises}"
 
 
 @pytest.fixture
