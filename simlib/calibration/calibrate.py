@@ -334,8 +334,9 @@ def _time_calls(fn: Callable[[], Any], calls: int) -> float:
     return (time.thread_time() - s) / calls
 
 
-def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> tuple[float, float]:
-    """(overhead, per_unit) of kernel ``kind`` from median times at several sizes, fitted by fit_line."""
+def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> tuple[float, float, float]:
+    """(overhead, per_unit, seconds) of kernel ``kind``: a line fitted by fit_line to its times at several sizes,
+    and the sum of those times (what the two-process slowdown compares)."""
     prob: LogisticProblem = cache["problem"]
     d = prob.data
     base = worker * (d.n_rows // 2)  # each worker has its own rows, as in a data-parallel run
@@ -391,8 +392,9 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
             timed.append((p.data.n_features, lambda p=p, tw=tw: p.local_steps(tw, (0, p.data.n_rows), 0, 1, 2, 1e-3)))
     else:  # pragma: no cover - guarded by KERNELS
         raise ValueError(f"kernel must be one of {KERNELS}, got {kind!r}")
-    a, b = fit_line([u for u, _ in timed], [_time_calls(f, calls) for _, f in timed])
-    return max(a, 0.0), b
+    times = [_time_calls(f, calls) for _, f in timed]
+    a, b = fit_line([u for u, _ in timed], times)
+    return max(a, 0.0), b, sum(times)
 
 
 def _kernels_member(worker: int, n: int, cache: dict[str, Any], repeats: int, calls: int, barrier: Any) -> dict:
@@ -539,9 +541,13 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
     kernels = {}
     for kind, unit in KERNEL_UNITS.items():
         alone = raw[0][kind]["alone"]
-        per_alone = [b for _, b in alone]
-        ratio = [b / float(np.median(per_alone)) for r in raw for _, b in r[kind]["together"]]
-        kernels[kind] = KernelCost(unit, Spread.of(per_alone), Spread.of([a for a, _ in alone]), Spread.of(ratio))
+        # The slowdown compares the time of the same calls alone and together, not the fitted
+        # slopes: a slope from a few sizes carries the noise of each (2-process Hogwild's slope
+        # ratio ranged over 0.9-4x within one calibration; its time ratio does not).
+        alone_seconds = float(np.median([t for _, _, t in alone]))
+        ratio = [t / alone_seconds for r in raw for _, _, t in r[kind]["together"]]
+        kernels[kind] = KernelCost(unit, Spread.of([b for _, b, _ in alone]), Spread.of([a for a, _, _ in alone]),
+                                   Spread.of(ratio))
 
     # Pipes: half a ping-pong between two workers, by size.
     # Dense above 1 MiB: here a pipe message's cost jumps several-fold between 1 and 2 MiB, and a
