@@ -16,6 +16,8 @@ import base64
 import html
 import io
 import os
+import string
+from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Sequence
 
@@ -265,31 +267,8 @@ def _wipe(ax: Axes) -> None:
     ax.set_autoscale_on(True)
 
 
-# A page with no fonts, icons or scripts from elsewhere: frames are PNG data URIs, the player is
-# plain text buttons and a range input, it plays on load and the image fits the window it opens in.
-_PLAYER = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{title}</title>
-<style>
-body {{ margin: 0; font-family: sans-serif; background: #fff; }}
-img {{ display: block; margin: 0 auto; max-width: 100vw; max-height: calc(100vh - 3.2em); }}
-.bar {{ display: flex; gap: 1em; align-items: center; justify-content: center; height: 3em; font-size: 1.1em; }}
-button {{ font-size: 1em; min-width: 5em; }} input {{ width: 50vw; }}
-</style></head><body>
-<img id="frame" alt="{title}">
-<div class="bar"><button id="play">Pause</button><input id="time" type="range" min="0" max="{last}" value="0">
-<span id="label"></span></div>
-<script>
-const frames = [{frames}];
-const [img, play, time, label] = ["frame", "play", "time", "label"].map((id) => document.getElementById(id));
-let i = 0, playing = true;
-function show(k) {{ i = k; img.src = frames[k]; time.value = k; label.textContent = (k + 1) + " / " + frames.length; }}
-function toggle(on) {{ playing = on; play.textContent = on ? "Pause" : "Play"; }}
-setInterval(() => {{ if (playing) show((i + 1) % frames.length); }}, {interval});
-play.onclick = () => toggle(!playing);
-time.oninput = () => {{ toggle(false); show(Number(time.value)); }};
-show(0);
-</script></body></html>
-"""
+# The page export_animation writes: no fonts, icons or scripts from elsewhere (player.html).
+_PLAYER = string.Template(Path(__file__).with_name("player.html").read_text(encoding="utf-8"))
 
 
 def _small_png(fig: Figure) -> bytes:
@@ -336,7 +315,7 @@ def export_animation(traces: Sequence[Trace], path: str, frames: int = 30, fps: 
             uris.append('"data:image/png;base64,' + base64.b64encode(_small_png(fig)).decode("ascii") + '"')
             done(k, frames)
     title = html.escape(fig.get_suptitle() or "simlib animation")
-    page = _PLAYER.format(title=title, last=frames - 1, frames=",\n".join(uris), interval=max(10, int(1000 / fps)))
+    page = _PLAYER.substitute(title=title, last=frames - 1, frames=",\n".join(uris), interval=max(10, int(1000 / fps)))
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)
     return path
