@@ -35,17 +35,8 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from simlib import _validate as check
-from simlib.app.scenario import (
-    COMPRESSIONS,
-    PROTOCOLS,
-    STRAGGLERS,
-    LiveSettings,
-    Runner,
-    Superseded,
-    extra_options,
-    live_problem,
-    shutdown_pool,
-)
+from simlib.app.scenario import (COMPRESSIONS, PROTOCOLS, STRAGGLERS, LiveSettings, Runner, Superseded, extra_options,
+                                 live_problem, shutdown_pool)
 from simlib.options import Option
 from simlib.trace import Trace
 from simlib.viz.anim import Reveal, draw_runs, export_animation

@@ -18,16 +18,9 @@ from simlib.substrates.sim import run
 SHARED_MEMORY = {"latency": 2e-6, "bandwidth": 4e9}  # a "message" between processes on one machine is a copy
 
 
-def predict_speedup(
-    cooc: Cooccurrence,
-    config: GloveConfig,
-    updates_per_second: float,
-    workers: Sequence[int] = (1, 2),
-    batch_size: int = 8192,
-    epochs: float = 1.0,
-    protocol: str = "async",
-    **cluster: Any,
-) -> dict[int, dict[str, Any]]:
+def predict_speedup(cooc: Cooccurrence, config: GloveConfig, updates_per_second: float, workers: Sequence[int] = (1, 2),
+                    batch_size: int = 8192, epochs: float = 1.0, protocol: str = "async",
+                    **cluster: Any) -> dict[int, dict[str, Any]]:
     """Predict updates/s for each worker count from one process's measured rate.
 
     Each entry costs ``1 / updates_per_second`` seconds of compute; every batch pulls and pushes

@@ -116,15 +116,8 @@ def messages_before(trace: Trace, t: float, n_workers: int) -> int:
     return sum(1 for s in trace.spans if s.kind in ("send", "recv") and s.start < t and s.worker < n_workers)
 
 
-def draw_runs(
-    fig: Figure,
-    traces: Sequence[Trace],
-    target: float | None = None,
-    max_workers: int = 16,
-    title: str | None = None,
-    window: float | None = None,
-    projector: bool = False,
-) -> Reveal:
+def draw_runs(fig: Figure, traces: Sequence[Trace], target: float | None = None, max_workers: int = 16,
+              title: str | None = None, window: float | None = None, projector: bool = False) -> Reveal:
     """Draw each run's timeline side by side above loss against time of all runs; title = :func:`finding`.
 
     ``window`` (seconds) zooms the timelines to [0, window] so single messages stay visible;

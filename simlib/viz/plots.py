@@ -134,16 +134,9 @@ def _message_segments(trace: Trace, cols: dict[str, np.ndarray], n_shown: int, s
     return np.concatenate(segs)
 
 
-def plot_timeline(
-    trace: Trace,
-    ax: Axes | None = None,
-    max_workers: int = 32,
-    t_max: float | None = None,
-    arrows: bool | None = None,
-    barriers: bool = True,
-    legend: bool = True,
-    title: str | None = None,
-) -> Axes:
+def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t_max: float | None = None,
+                  arrows: bool | None = None, barriers: bool = True, legend: bool = True,
+                  title: str | None = None) -> Axes:
     """Gantt chart of each worker's spans over [0, t_max]: colour = kind, dashed lines = barriers.
 
     Shows the first ``max_workers`` workers. Message arrows (push to the server row, pull back,
@@ -242,14 +235,8 @@ def metric_name(metric: str) -> str:
     return metric.replace("_", " ")
 
 
-def plot_loss(
-    traces: Trace | Iterable[Trace],
-    x: str = "time",
-    ax: Axes | None = None,
-    target: float | None = None,
-    title: str | None = None,
-    t_max: float | None = None,
-) -> Axes:
+def plot_loss(traces: Trace | Iterable[Trace], x: str = "time", ax: Axes | None = None, target: float | None = None,
+              title: str | None = None, t_max: float | None = None) -> Axes:
     """The metric of each run against time (``x='time'``), applied updates (``x='steps'``) or rounds of every
     worker (``x='rounds'``, steps / workers: the table's rounds).
 
@@ -424,12 +411,8 @@ def finding(traces: Trace | Iterable[Trace], target: float | None = None, x: str
     return f"{winner} reaches {goal} {_fmt_ratio(ratio)} {sooner} than {ref}"
 
 
-def compare_figure(
-    traces: Trace | Iterable[Trace],
-    target: float | None = None,
-    max_workers: int = 16,
-    figsize: tuple[float, float] | None = None,
-) -> Figure:
+def compare_figure(traces: Trace | Iterable[Trace], target: float | None = None, max_workers: int = 16,
+                   figsize: tuple[float, float] | None = None) -> Figure:
     """The comparison figure: each run's timeline (shared time axis) beside loss against time and rounds.
 
     The title is :func:`finding`, computed from the runs, so the figure states its result.
