@@ -88,11 +88,18 @@ def gradient_descent(obj: Objective, lr: float, iters: int) -> History:
     """w <- w - lr * grad L(w): one round per iteration (the lectures' Spark loop)."""
     check.positive("lr", lr)
     check.positive_int("iters", iters)
-    w, out = np.zeros(obj.d), []
-    for _ in range(iters + 1):
+    return _descend(obj, iters, lambda w, g: lr * g)
+
+
+def _descend(obj: Objective, iters: int, step: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> History:
+    """From w = 0, ``iters`` times w <- w - step(w, grad L(w)), the loss and gradient one round each."""
+    w = np.zeros(obj.d)
+    loss, g = obj.loss_grad(w)
+    out = [(obj.rounds, loss)]
+    for _ in range(iters):
+        w = w - step(w, g)
         loss, g = obj.loss_grad(w)
         out.append((obj.rounds, loss))
-        w = w - lr * g
     return out
 
 
@@ -133,28 +140,14 @@ def _conjugate_gradient(hv: Callable[[np.ndarray], np.ndarray], b: np.ndarray, i
 def newton(obj: Objective, iters: int) -> History:
     """w <- w - H^-1 g with the explicit Hessian: two rounds per iteration, one of them d x d floats."""
     check.positive_int("iters", iters)
-    w = np.zeros(obj.d)
-    loss, g = obj.loss_grad(w)
-    out = [(obj.rounds, loss)]
-    for _ in range(iters):
-        w = w - np.linalg.solve(obj.hessian(w), g)
-        loss, g = obj.loss_grad(w)
-        out.append((obj.rounds, loss))
-    return out
+    return _descend(obj, iters, lambda w, g: np.linalg.solve(obj.hessian(w), g))
 
 
 def newton_cg(obj: Objective, iters: int, cg_iters: int = 10, tol: float = 0.1) -> History:
     """w <- w - H^-1 g, H^-1 g by at most ``cg_iters`` Hessian-vector rounds (no d x d matrix is moved)."""
     check.positive_int("iters", iters)
     check.positive_int("cg_iters", cg_iters)
-    w = np.zeros(obj.d)
-    loss, g = obj.loss_grad(w)
-    out = [(obj.rounds, loss)]
-    for _ in range(iters):
-        w = w - _conjugate_gradient(lambda v: obj.hess_vec(w, v), g, cg_iters, tol)
-        loss, g = obj.loss_grad(w)
-        out.append((obj.rounds, loss))
-    return out
+    return _descend(obj, iters, lambda w, g: _conjugate_gradient(lambda v: obj.hess_vec(w, v), g, cg_iters, tol))
 
 
 def lbfgs(obj: Objective, iters: int, memory: int = 10) -> History:
