@@ -110,11 +110,6 @@ def _bars_path(start: np.ndarray, end: np.ndarray, y: np.ndarray) -> Path:
 _BAR_CODES = (Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY)
 
 
-def bar_count(artist: PathPatch) -> int:
-    """Number of bars in a span artist drawn by :func:`plot_timeline`."""
-    return int(np.count_nonzero(artist.get_path().codes == Path.MOVETO))
-
-
 def timeline_artists(ax: Axes, prefix: str = "") -> dict[str, Artist]:
     """The artists :func:`plot_timeline` tagged on ``ax``, by gid (``span:<kind>``, ``messages``, ``barriers``, ...)."""
     return {a.get_gid(): a for a in ax.get_children() if (a.get_gid() or "").startswith(prefix) and a.get_gid()}
