@@ -79,10 +79,6 @@ class Objective:
         loss = sum(float(np.logaddexp(0.0, -y * (X @ w)).sum()) for X, y in self.parts)
         return loss / self.n + 0.5 * self.l2 * float(w @ w)
 
-    def hessian_bytes(self, value_bytes: int = 8) -> int:
-        """What one round of an explicit Newton step moves per worker: the d x d Hessian."""
-        return self.d * self.d * value_bytes
-
 
 def gradient_descent(obj: Objective, lr: float, iters: int) -> History:
     """w <- w - lr * grad L(w): one round per iteration (the lectures' Spark loop)."""
