@@ -49,8 +49,7 @@ class Objective:
         check.positive("l2", l2)
         X = data.to_scipy().astype(np.float64)
         y = np.asarray(data.y, dtype=np.float64)
-        edges = np.linspace(0, data.n_rows, n_parts + 1).astype(int)
-        self.parts = [(X[a:b], y[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+        self.parts = [(X[a:b], y[a:b]) for a, b in check.even_ranges(n_parts, data.n_rows, "rows")]
         self.n, self.d, self.l2, self.rounds = data.n_rows, data.n_features, float(l2), 0
 
     def loss_grad(self, w: np.ndarray) -> tuple[float, np.ndarray]:
