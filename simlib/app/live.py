@@ -38,13 +38,13 @@ from simlib import _validate as check
 from simlib.app.scenario import (COMPRESSIONS, PROTOCOLS, STRAGGLERS, LiveSettings, Runner, Superseded, extra_options,
                                  live_problem, shutdown_pool)
 from simlib.options import Option
+from simlib.protocol import KIND_LABELS
 from simlib.trace import Trace
 from simlib.viz.anim import Reveal, draw_runs, export_animation
 from simlib.viz.style import style
 
 __all__ = ["LivePanel", "live_panel", "LiveSettings", "Runner", "live_problem", "shutdown_pool"]
 
-PROTOCOL_NAMES = {"bsp": "BSP", "ssp": "SSP(s)", "essp": "ESSP(s)", "async": "Async"}
 TOPOLOGY_NAMES = {"ps": "PS shards", "allreduce": "ring all-reduce"}
 PLAY_FRAMES = 100
 FIGSIZE = (13.5, 8.0)  # inches at laptop size
@@ -144,8 +144,7 @@ class LivePanel:
             self._fields[field] = control = widget(description=description, **kw)
             setattr(self, attr, control)
         # Four toggles of 5.75em (and their 2 px margins) fill the 25em controls column.
-        self.c_protocols = {p: W.ToggleButton(description=PROTOCOL_NAMES[p], layout=W.Layout(width="5.75em"))
-                            for p in PROTOCOLS}
+        self.c_protocols = {p: W.ToggleButton(layout=W.Layout(width="5.75em")) for p in PROTOCOLS}
         for b in self.c_protocols.values():
             # A chosen protocol is drawn in the accent colour: the default grey pressed state is hard to see projected.
             b.observe(lambda ch: setattr(ch["owner"], "button_style", "primary" if ch["new"] else ""), names="value")
@@ -201,9 +200,9 @@ class LivePanel:
                              layout=W.Layout(width="100%")).add_class("simlib-live")
 
     def _name_bounded(self, s: int) -> None:
-        """The SSP and ESSP toggles show the bound: 'SSP(3)', 'ESSP(3)'."""
-        self.c_protocols["ssp"].description = f"SSP({s})"
-        self.c_protocols["essp"].description = f"ESSP({s})"
+        """The toggles show the protocols' labels, the bound included: 'BSP', 'SSP(3)', 'ESSP(3)', 'Async'."""
+        for p, button in self.c_protocols.items():
+            button.description = KIND_LABELS[p].format(s=s)
 
     def _read_controls(self) -> LiveSettings:
         """The settings the controls show now."""
