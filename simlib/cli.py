@@ -28,7 +28,7 @@ from simlib.app import serve
 from simlib.protocol import Protocol
 from simlib.sim.config import COST_ONLY_TRACE_BYTES_PER_STEP, TRACE_BYTES_PER_STEP, SimConfig, Stragglers
 from simlib.course.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_ROWS, DEFAULT_PROTOCOLS, DEFAULT_TARGET,
-                                    default_cluster, with_protocol)
+                                    default_cluster)
 
 FIGURE_TYPES = (".png", ".svg", ".pdf")
 # compare's fix for more workers than its data set has rows: the cost model alone, no data read
@@ -211,30 +211,17 @@ def _compare_flags(p: argparse.ArgumentParser) -> None:
                        base)
 
 
-def _config_from(args: argparse.Namespace) -> SimConfig:
-    """The base SimConfig of the parsed flags (protocol BSP, or the first requested protocol the flags allow:
-    --managed-bandwidth refuses BSP); CliError naming the flag if no protocol allows them."""
+def compare_configs(args: argparse.Namespace) -> list[SimConfig]:
+    """One validated config per protocol, from the parsed flags; a refusal says which protocols would work."""
     values = opts.values(args, opts.options(SimConfig))  # the flags compare did not add are skipped
     try:
         values["stragglers"] = Stragglers(**values.pop("stragglers"))
     except ValueError as exc:
         raise CliError(_refusal(exc, "--protocols")) from None
-    refused = None
-    for spec in ["bsp", *(p.spec for p in getattr(args, "protocols", None) or ())]:
-        try:
-            return SimConfig(**values, protocol=spec)
-        except ValueError as exc:
-            refused = refused or exc
-    raise CliError(_refusal(refused, "--protocols")) from None
-
-
-def compare_configs(args: argparse.Namespace) -> list[SimConfig]:
-    """One validated config per protocol; a refusal says which protocols would work."""
-    base = _config_from(args)
     made, refused = [], None  # (spec, config) of each protocol the flags allow
     for p in args.protocols:
         try:
-            made.append((p.spec, with_protocol(base, p.spec)))  # the spec: the read rule, the flags keep the rest
+            made.append((p.spec, SimConfig(**values, protocol=p.spec)))  # the spec: the read rule, the flags the rest
         except ValueError as exc:
             refused = refused or exc
     if refused is not None:
