@@ -574,17 +574,13 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             np.copyto(dst.array, src)
             copy_bw.append(nbytes / (time.perf_counter() - s))
 
-    # First touch: a worker reads one value per page of a segment its parent filled.
+    # First touch (a worker reads one value per page of a segment its parent filled) and a lock.
     touch: list[float] = []
-    with WorkerGroup(1, start_method, label="calibrate first touch") as group:
+    locks: list[float] = []
+    with WorkerGroup(1, start_method, label="calibrate first touch and lock") as group:
         for _ in range(repeats):
             with SharedArray.copy_of(np.ones((8 if quick else 32) * 2**20 // 8)) as seg:
                 touch.extend(group.run(_touch_member, seg))
-
-    # A lock.
-    locks: list[float] = []
-    with WorkerGroup(1, start_method, label="calibrate lock") as group:
-        for _ in range(repeats):
             locks.extend(group.run(_lock_member, group.lock(), 1000 if quick else 2000))
 
     # The real pipe PS on a null workload: 1-row batches on 1 and on 2 workers, on its own problem.
