@@ -25,15 +25,14 @@ import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 from matplotlib.transforms import Bbox, TransformedBbox
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from simlib._validate import one_of, positive, positive_int
 from simlib.trace import Trace
-from simlib.viz.plots import MAX_ARROWS, _as_list, default_target, finding, plot_loss, plot_timeline, timeline_artists
-from simlib.viz.style import KIND_COLORS, KIND_LABELS, KIND_STYLES, OKABE_ITO, run_label, style
+from simlib.viz.plots import (MAX_ARROWS, _as_list, default_target, finding, legend_handles, plot_loss, plot_timeline,
+                              timeline_artists)
+from simlib.viz.style import KIND_LABELS, OKABE_ITO, run_label, style
 
 # Artists of a timeline that appear as time passes; labels and axes stay.
 _REVEALED_GIDS = ("span:", "messages", "message-heads", "barriers")
@@ -180,12 +179,8 @@ def draw_runs(fig: Figure, traces: Sequence[Trace], target: float | None = None,
         if projector:
             _clear_server_row(timelines[0])  # the timelines share their y ticks
         # The span colours are explained once, in a row under the title, so the plots keep the full width.
-        gids = {g for a in timelines for g in timeline_artists(a)}
-        kinds = sorted((g[5:] for g in gids if g.startswith("span:")), key=list(KIND_COLORS).index)
         # Projector: short names and tight spacing keep the legend to one row across the figure's width.
-        names = {**KIND_LABELS, **(_SHORT_KIND_LABELS if projector else {})}
-        handles: list[Artist] = [Patch(label=names[kd], **KIND_STYLES[kd]) for kd in kinds]
-        handles += [Line2D([], [], color=OKABE_ITO["black"], **kw) for gid, kw in _LINE_HANDLES.items() if gid in gids]
+        handles = legend_handles(timelines, {**KIND_LABELS, **(_SHORT_KIND_LABELS if projector else {})})
         fig_h = fig.get_figheight() * 72
         place = dict(bbox_to_anchor=(0.5, 1 - PROJECTOR_MARGINS_PT["legend"] / fig_h), borderaxespad=0,
                      columnspacing=1.0, **_TIGHT_LEGEND) if projector else dict(bbox_to_anchor=(0.5, 0.935))
@@ -216,9 +211,6 @@ PROJECTOR_MARGINS_PT = {"pad": 3.0, "legend": 31.0, "top": 95.0, "left": 92.0, "
 PROJECTOR_RUN_TITLE_PT = 15
 _SHORT_KIND_LABELS = {"send": "send", "recv": "receive", "down": "down"}
 _TIGHT_LEGEND = dict(borderpad=0, handlelength=1.4, handletextpad=0.4)
-# The legend's lines after the span colours, each shown when the timelines have an artist of its gid.
-_LINE_HANDLES = {"barriers": dict(linestyle="--", linewidth=1.2, label="barrier"),
-                 "messages": dict(linewidth=0.8, marker=".", label="message")}
 
 
 def _clear_server_row(ax: Axes) -> None:

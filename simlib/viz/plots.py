@@ -28,12 +28,13 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.artist import Artist
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path
 
 from simlib._validate import one_of, positive_int
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, _columns
-from simlib.viz.style import KIND_COLORS, KIND_LABELS, KIND_STYLES, OKABE_ITO, RUN_COLORS, run_label, style, time_label
+from simlib.viz.style import KIND_LABELS, KIND_STYLES, OKABE_ITO, RUN_COLORS, run_label, style, time_label
 
 SpeedupInput = Union[Mapping[str, Mapping[int, float]], Mapping[str, Sequence[Trace]], Sequence[Trace]]
 
@@ -115,6 +116,19 @@ def timeline_artists(ax: Axes, prefix: str = "") -> dict[str, Artist]:
     return {a.get_gid(): a for a in ax.get_children() if (a.get_gid() or "").startswith(prefix) and a.get_gid()}
 
 
+# The legend's lines after the span colours, each shown where the timelines have an artist of its gid.
+LINE_HANDLES = {"barriers": dict(linestyle="--", linewidth=1.2, label="barrier"),
+                "messages": dict(linewidth=0.8, marker=".", label="message")}
+
+
+def legend_handles(axes: Sequence[Axes], labels: Mapping[str, str] = KIND_LABELS) -> list[Artist]:
+    """Legend entries for what timelines drawn by :func:`plot_timeline` on ``axes`` show: each kind of span
+    (named by ``labels``), then barriers and messages."""
+    gids = {gid for ax in axes for gid in timeline_artists(ax)}
+    return [*(Patch(label=labels[k], **KIND_STYLES[k]) for k in SPAN_KINDS if f"span:{k}" in gids),
+            *(Line2D([], [], color=OKABE_ITO["black"], **kw) for gid, kw in LINE_HANDLES.items() if gid in gids)]
+
+
 def _message_segments(trace: Trace, cols: dict[str, np.ndarray], n_shown: int, server_y: float) -> np.ndarray:
     """Message paths as (n, 2, 2) segments: push worker -> server (or ring neighbour), pull server -> worker."""
     topology = str(trace.meta.get("config", {}).get("topology", trace.meta.get("topology", "ps")))
@@ -147,7 +161,6 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t
         ax = new_axes(ax, (12, 1.5 + 0.35 * n_shown))
         t_end = math.inf if t_max is None else t_max
         cols = _span_columns(trace, n_shown, t_end)
-        handles = []
         for kind in SPAN_KINDS:
             mask = cols["kind"] == kind
             if not mask.any():
@@ -155,7 +168,6 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t
             # add_artist clips the bars to the axes, and leaves them out of autoscaling (the limits are set below).
             ax.add_artist(PathPatch(_bars_path(cols["start"][mask], cols["end"][mask], cols["worker"][mask]),
                                     gid=f"span:{kind}", label=KIND_LABELS[kind], **KIND_STYLES[kind]))
-            handles.append(Patch(label=KIND_LABELS[kind], **KIND_STYLES[kind]))
 
         server_y = -1.0 - BAR_HEIGHT / 2
         segs = _message_segments(trace, cols, n_shown, server_y)
@@ -170,14 +182,12 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t
             # A dot at each arrival gives the direction without one FancyArrow per message.
             ax.plot(segs[:, 1, 0], segs[:, 1, 1], linestyle="none", marker=".", markersize=4, alpha=0.6,
                     color=OKABE_ITO["black"], gid="message-heads", scalex=False, scaley=False, zorder=3)
-            handles.append(Patch(facecolor="none", edgecolor=OKABE_ITO["black"], label="message"))
 
         bt = barrier_times(trace, n_shown) if barriers else np.empty(0)
         bt = bt[bt <= t_end]
         if bt.size:
             ax.vlines(bt, -0.5 - (1.0 if has_server_row else 0.0), n_shown - 0.5,
                       colors=OKABE_ITO["black"], linestyles="--", linewidths=1.2, zorder=4, gid="barriers")
-            handles.append(Patch(facecolor="none", edgecolor=OKABE_ITO["black"], linestyle="--", label="barrier"))
 
         ax.set_xlim(0.0, t_max if t_max is not None else (trace.makespan or 1.0))
         ax.set_ylim(n_shown - 0.5, -0.5 - (1.2 if has_server_row else 0.0))  # worker 0 on top
@@ -196,7 +206,8 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t
         if title is None:
             title = f"{run_label(trace)}: workers wait {trace.summary()['wait_fraction']:.0%} of the time"
         ax.set(xlabel=time_label(trace), ylabel="worker" + shown, title=title)
-        if legend and handles:
+        handles = legend_handles([ax]) if legend else []
+        if handles:
             ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return ax
 
