@@ -74,9 +74,7 @@ class ProblemSize:
 
 
 def _flag_of(field_name: str) -> str | None:
-    """The flag of a configuration field named at the start of an error message."""
-    if field_name in ("protocol", "staleness"):
-        return None
+    """The flag of a configuration field named at the start of an error message (None for protocol and staleness)."""
     return next((o.flag for o in opts.options(SimConfig) + opts.options(ProblemSize) if o.name == field_name), None)
 
 
