@@ -24,10 +24,11 @@ from typing import Any, Iterator, Sequence
 
 from simlib import options as opts
 from simlib._validate import available_memory, gb as _gb
+from simlib.app import serve
 from simlib.protocol import Protocol
 from simlib.sim.config import COST_ONLY_TRACE_BYTES_PER_STEP, TRACE_BYTES_PER_STEP, SimConfig, Stragglers
 from simlib.course.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_ROWS, DEFAULT_PROTOCOLS, DEFAULT_TARGET,
-                                    default_cluster, with_protocol)
+                                    default_cluster)
 
 FIGURE_TYPES = (".png", ".svg", ".pdf")
 # compare's fix for more workers than its data set has rows: the cost model alone, no data read
@@ -38,10 +39,6 @@ BATCH_BYTES_PER_ROW, BATCH_BYTES_PER_NNZ = 64, 32
 DATA_BYTES_PER_NNZ = 64
 PROCESS_BYTES = 150e6  # one worker process of a real substrate (interpreter, NumPy, its shard)
 TRAINING_FIELDS = ("n_workers", "steps", "batch_size", "lr", "staleness_aware", "accumulation", "seed")
-LIVE_HELP = "serve the live lecture panel (sliders, timelines, play mode) on 127.0.0.1"
-# Each command's one-line help, in the top-level listing and atop the command's own --help.
-_HELP = {"compare": "simulate BSP, SSP and async on one cluster; print a table and write a figure",
-         "run": "train one problem under one protocol on one substrate; print its summary", "live": LIVE_HELP}
 
 
 class CliError(Exception):
@@ -77,9 +74,7 @@ class ProblemSize:
 
 
 def _flag_of(field_name: str) -> str | None:
-    """The flag of a configuration field named at the start of an error message."""
-    if field_name in ("protocol", "staleness"):
-        return None
+    """The flag of a configuration field named at the start of an error message (None for protocol and staleness)."""
     return next((o.flag for o in opts.options(SimConfig) + opts.options(ProblemSize) if o.name == field_name), None)
 
 
@@ -214,30 +209,17 @@ def _compare_flags(p: argparse.ArgumentParser) -> None:
                        base)
 
 
-def _config_from(args: argparse.Namespace) -> SimConfig:
-    """The base SimConfig of the parsed flags (protocol BSP, or the first requested protocol the flags allow:
-    --managed-bandwidth refuses BSP); CliError naming the flag if no protocol allows them."""
+def compare_configs(args: argparse.Namespace) -> list[SimConfig]:
+    """One validated config per protocol, from the parsed flags; a refusal says which protocols would work."""
     values = opts.values(args, opts.options(SimConfig))  # the flags compare did not add are skipped
     try:
         values["stragglers"] = Stragglers(**values.pop("stragglers"))
     except ValueError as exc:
         raise CliError(_refusal(exc, "--protocols")) from None
-    refused = None
-    for spec in ["bsp", *(p.spec for p in getattr(args, "protocols", None) or ())]:
-        try:
-            return SimConfig(**values, protocol=spec)
-        except ValueError as exc:
-            refused = refused or exc
-    raise CliError(_refusal(refused, "--protocols")) from None
-
-
-def compare_configs(args: argparse.Namespace) -> list[SimConfig]:
-    """One validated config per protocol; a refusal says which protocols would work."""
-    base = _config_from(args)
     made, refused = [], None  # (spec, config) of each protocol the flags allow
     for p in args.protocols:
         try:
-            made.append((p.spec, with_protocol(base, p.spec)))  # the spec: the read rule, the flags keep the rest
+            made.append((p.spec, SimConfig(**values, protocol=p.spec)))  # the spec: the read rule, the flags the rest
         except ValueError as exc:
             refused = refused or exc
     if refused is not None:
@@ -499,13 +481,18 @@ def run_notes(substrate: str, meta: dict[str, Any]) -> list[str]:
 # -- the top level ------------------------------------------------------------------------------------
 
 
-# compare's and run's --help description (live's is its module's: simlib.app.serve), flags and job.
+# Each command: its one-line help (in the top-level listing and atop its own --help), its --help description,
+# flags and job.
 _COMMANDS = {
-    "compare": ("Simulate the same training job under several protocols on one cluster (same seed, so the same "
+    "compare": ("simulate BSP, SSP and async on one cluster; print a table and write a figure",
+                "Simulate the same training job under several protocols on one cluster (same seed, so the same "
                 "straggler draws), print time to a target loss, time per step, waiting and bytes, and write the "
                 "timelines and loss curves to a figure.", _compare_flags, run_compare),
-    "run": ("Train a problem with simlib.run on a substrate (the simulator or real processes) and print time, "
+    "run": ("train one problem under one protocol on one substrate; print its summary",
+            "Train a problem with simlib.run on a substrate (the simulator or real processes) and print time, "
             "updates, bytes, mean staleness tau and the final metric.", _run_flags, run_one),
+    "live": ("serve the live lecture panel (sliders, timelines, play mode) on 127.0.0.1", serve.__doc__.splitlines()[0],
+             serve.add_arguments, serve.run),
 }
 
 
@@ -519,24 +506,16 @@ def _dispatch(argv: list[str], prog: str) -> int:
     command = argv[0] if argv else None
     top = _Parser(prog=prog, description="simlib: distributed ML you can run and measure")
     sub = top.add_subparsers(dest="command", required=True, metavar="{compare,run,live}")
-    if command not in _HELP:  # --help, or a one-line error for a missing or unknown command
-        for name, text in _HELP.items():
+    if command not in _COMMANDS:  # --help, or a one-line error for a missing or unknown command
+        for name, (text, *_) in _COMMANDS.items():
             sub.add_parser(name, help=text, add_help=False)
         top.parse_args(argv)
         return 2
-    if command == "live":
-        try:
-            from simlib.app import serve
-        except ImportError as exc:
-            raise CliError(f"{prog} live: the live panel cannot start ({' '.join(str(exc).split())})") from None
-        parser, job = serve.add_parser(sub), serve.run
-        args = top.parse_args(argv)
-    else:
-        description, add_flags, job = _COMMANDS[command]
-        parser = sub.add_parser(command, help=_HELP[command], description=description,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-        add_flags(parser)
-        args = parser.parse_args(argv[1:])
+    text, description, add_flags, job = _COMMANDS[command]
+    parser = sub.add_parser(command, help=text, description=description,
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_flags(parser)
+    args = parser.parse_args(argv[1:])
     try:
         return job(args)
     except ValueError as exc:  # a check that only the run itself could make

@@ -40,7 +40,3 @@ def check_metric(value: Any, step: int, problem: Any, lr: float) -> None:
     """:func:`check_finite` for ``problem``'s metric after ``step`` updates at step size ``lr`` (every substrate)."""
     check_finite(value, step, getattr(problem, "metric", "loss"), f"lr={lr:g}")
 
-
-def first_non_finite(points: Any) -> tuple[int, float] | None:
-    """(step, value) of the first quality point whose value is not finite, or None."""
-    return next(((p.step, p.value) for p in points if not math.isfinite(p.value)), None)

@@ -14,9 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="simlib")
-    serve.add_parser(parser.add_subparsers(dest="command"))
-    return parser.parse_args(["live", *argv])
+    parser = argparse.ArgumentParser(prog="simlib live")
+    serve.add_arguments(parser)
+    return parser.parse_args(argv)
 
 
 def test_lab_command_serves_the_live_notebook_on_loopback():
@@ -49,8 +49,12 @@ def test_dry_run_prints_the_command(capsys):
     assert "jupyter lab" in out and "live.ipynb" in out
 
 
-def test_committed_notebook_is_the_one_served_without_outputs():
-    committed = json.loads((REPO / "lessons" / "live.ipynb").read_text(encoding="utf-8"))
-    assert committed["cells"] == serve.live_notebook_json()["cells"]
-    for cell in committed["cells"]:
+def test_committed_notebook_is_the_one_served_without_outputs(monkeypatch, tmp_path):
+    committed = (REPO / "lessons" / "live.ipynb").read_bytes()
+    assert serve.PACKAGED_NOTEBOOK.read_bytes() == committed
+    for cell in json.loads(committed)["cells"]:
         assert not cell.get("outputs") and cell.get("execution_count") is None
+    # an installed package (no lessons/ beside it) serves a copy of the packaged notebook
+    monkeypatch.setattr(serve, "__file__", str(tmp_path / "simlib" / "app" / "serve.py"))
+    monkeypatch.setattr(serve.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
+    assert serve.default_notebook().read_bytes() == committed

@@ -15,7 +15,7 @@ import pytest
 
 import simlib
 from fault_driver import children
-from simlib.diverged import Diverged, check_finite, first_non_finite
+from simlib.diverged import Diverged, check_finite
 from simlib.parallel.shm import PREFIX
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 
@@ -75,13 +75,8 @@ def test_every_substrate_reports_divergence_with_its_step_and_value(problem, sim
     assert set(children()) <= before  # no worker, server or Ray process outlives the run
 
 
-def test_first_non_finite_names_the_first_bad_point():
-    from simlib.trace import Trace
-
-    trace = Trace(label="t", substrate="sim", n_workers=1)
-    for step, value in [(0, 1.0), (2, 5.0), (4, float("inf")), (6, float("nan"))]:
-        trace.record_quality(float(step), step, value)
-    assert first_non_finite(trace.quality) == (4, float("inf"))
+def test_check_finite_names_the_metric_and_step():
+    check_finite(1.0, 3, "accuracy")
     with pytest.raises(Diverged, match="the accuracy at step 3 was nan"):
         check_finite(float("nan"), 3, "accuracy")
 

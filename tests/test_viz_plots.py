@@ -12,7 +12,7 @@ import pytest
 from matplotlib.colors import to_hex
 
 from simlib.trace import Trace
-from simlib.viz.plots import bar_count, timeline_artists
+from simlib.viz.plots import timeline_artists
 from simlib.viz import (
     KIND_COLORS,
     barrier_times,
@@ -25,6 +25,13 @@ from simlib.viz import (
     speedups,
     style,
 )
+
+
+def bar_count(artist) -> int:
+    """Number of bars in a span artist drawn by plot_timeline (one MOVETO per bar of its compound path)."""
+    from matplotlib.path import Path
+
+    return int(np.count_nonzero(artist.get_path().codes == Path.MOVETO))
 
 
 def bsp_trace(n_workers: int = 4, steps: int = 5, slow: float = 2.0, label: str = "BSP",

@@ -35,25 +35,16 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from simlib import _validate as check
-from simlib.app.scenario import (
-    COMPRESSIONS,
-    PROTOCOLS,
-    STRAGGLERS,
-    LiveSettings,
-    Runner,
-    Superseded,
-    extra_options,
-    live_problem,
-    shutdown_pool,
-)
+from simlib.app.scenario import (COMPRESSIONS, PROTOCOLS, STRAGGLERS, LiveSettings, Runner, Superseded, extra_options,
+                                 live_problem, shutdown_pool)
 from simlib.options import Option
+from simlib.protocol import KIND_LABELS
 from simlib.trace import Trace
 from simlib.viz.anim import Reveal, draw_runs, export_animation
 from simlib.viz.style import style
 
 __all__ = ["LivePanel", "live_panel", "LiveSettings", "Runner", "live_problem", "shutdown_pool"]
 
-PROTOCOL_NAMES = {"bsp": "BSP", "ssp": "SSP(s)", "essp": "ESSP(s)", "async": "Async"}
 TOPOLOGY_NAMES = {"ps": "PS shards", "allreduce": "ring all-reduce"}
 PLAY_FRAMES = 100
 FIGSIZE = (13.5, 8.0)  # inches at laptop size
@@ -83,52 +74,8 @@ CONTROLS: dict[str, tuple[str, Any, str, dict[str, Any]]] = {
     "compression": ("c_compression", W.Dropdown, "compression", dict(options=COMPRESSIONS, **_WIDE)),
 }
 
-# The panel's own style sheet. The figure is an image scaled to the width it gets and never taller
-# than the window minus the heading and the play row, so figure, controls, Play and Export stay on
-# screen from a 1280x720 laptop to a 1920x1080 projector. Projector mode gives the figure most of
-# the screen, as the back row reads the figure: the heading goes (the figure has its own), the
-# controls are compact with the per-run summary under them (both are the lecturer's), and the
-# figure takes the rest of the window; from 1000 px high there is room for 24 px controls as
-# well (ipywidgets reads its sizes from these CSS variables).
-PANEL_CSS = """
-.simlib-live { --jp-widgets-font-size: 15px; --jp-widgets-inline-height: 28px; font-size: 15px; }
-.simlib-live.simlib-projector { --jp-widgets-font-size: 13px; --jp-widgets-inline-height: 22px; font-size: 13px; }
-.simlib-live.simlib-projector h2 { display: none; }
-.simlib-live.simlib-projector :is(.widget-inline-hbox, .widget-html) { margin-top: 1px; margin-bottom: 1px; }
-.simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 7.2em); }
-.simlib-live.simlib-projector .simlib-live-status { line-height: 1.25; margin-top: 0.6em; }
-.simlib-live :is(.widget-label, .widget-readout, .widget-button, .widget-toggle-button, select, .widget-html-content,
-  .widget-label-basic) { font-size: inherit !important; }
-.simlib-live .widget-readout { min-width: 4.5em; }
-.simlib-live h2 { font-size: 1.35em; margin: 0.1em 0 0.2em 0; }
-.simlib-live .simlib-controls { flex: 0 0 25em; width: 25em; }
-.simlib-live .simlib-controls .widget-slider, .simlib-live .simlib-controls .widget-dropdown { width: 100%; }
-.simlib-live .simlib-main { flex: 1 1 auto; min-width: 0; }
-.simlib-live .simlib-figure { width: 100%; height: auto; max-height: calc(100vh - 5.5em); object-fit: contain;
-  object-position: left top; }
-.simlib-live .simlib-playrow { flex-wrap: wrap; }
-.simlib-live button.widget-button, .simlib-live button.widget-toggle-button { width: auto; padding: 0 0.6em; }
-.simlib-live .simlib-controls .widget-toggle-buttons .widget-toggle-button { width: auto; min-width: 5em; }
-.simlib-live .simlib-controls .widget-toggle-buttons { display: flex; align-items: center; }
-.simlib-live .simlib-controls .widget-toggle-buttons > .widget-label { display: block; flex: none; text-align: right;
-  margin-right: 8px; }
-.simlib-live .simlib-controls .widget-toggle-buttons > div { display: flex; flex-wrap: nowrap; }
-.simlib-live .simlib-playrow .widget-slider { width: 18em; }
-.simlib-live .simlib-more :is(.jupyter-widget-Collapse-header, .p-Collapse-header, .lm-Collapse-header) {
-  padding: 0.1em 0.5em; }
-.simlib-live .simlib-more :is(.jupyter-widget-Collapse-contents, .p-Collapse-contents, .lm-Collapse-contents) {
-  padding: 0.3em; }
-/* Projector mode: the collapsed "more settings" row kept small, so the controls column fits the window. */
-.simlib-live.simlib-projector .simlib-more { margin-top: 0; margin-bottom: 0; }
-.simlib-live.simlib-projector .simlib-more :is(.jupyter-widget-Collapse-header, .p-Collapse-header,
-  .lm-Collapse-header) { padding: 0 0.4em; line-height: 1.2; }
-@media (min-height: 1000px) {
-  .simlib-live.simlib-projector { --jp-widgets-font-size: 24px; --jp-widgets-inline-height: 38px; font-size: 24px; }
-  .simlib-live.simlib-projector .simlib-figure { max-height: calc(100vh - 5em); }
-  .simlib-live.simlib-projector .simlib-more :is(.jupyter-widget-Collapse-header, .p-Collapse-header,
-    .lm-Collapse-header) { font-size: 0.7em; }
-}
-"""
+# The panel's own style sheet (live.css): the figure fits the window, projector mode gives it most of the screen.
+PANEL_CSS = Path(__file__).with_name("live.css").read_text(encoding="utf-8")
 
 
 class LivePanel:
@@ -197,8 +144,7 @@ class LivePanel:
             self._fields[field] = control = widget(description=description, **kw)
             setattr(self, attr, control)
         # Four toggles of 5.75em (and their 2 px margins) fill the 25em controls column.
-        self.c_protocols = {p: W.ToggleButton(description=PROTOCOL_NAMES[p], layout=W.Layout(width="5.75em"))
-                            for p in PROTOCOLS}
+        self.c_protocols = {p: W.ToggleButton(layout=W.Layout(width="5.75em")) for p in PROTOCOLS}
         for b in self.c_protocols.values():
             # A chosen protocol is drawn in the accent colour: the default grey pressed state is hard to see projected.
             b.observe(lambda ch: setattr(ch["owner"], "button_style", "primary" if ch["new"] else ""), names="value")
@@ -254,9 +200,9 @@ class LivePanel:
                              layout=W.Layout(width="100%")).add_class("simlib-live")
 
     def _name_bounded(self, s: int) -> None:
-        """The SSP and ESSP toggles show the bound: 'SSP(3)', 'ESSP(3)'."""
-        self.c_protocols["ssp"].description = f"SSP({s})"
-        self.c_protocols["essp"].description = f"ESSP({s})"
+        """The toggles show the protocols' labels, the bound included: 'BSP', 'SSP(3)', 'ESSP(3)', 'Async'."""
+        for p, button in self.c_protocols.items():
+            button.description = KIND_LABELS[p].format(s=s)
 
     def _read_controls(self) -> LiveSettings:
         """The settings the controls show now."""

@@ -24,7 +24,7 @@ from typing import Any
 from simlib import _validate as check
 from simlib.options import Option, check_fields, options
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from simlib.sim import TOPOLOGIES, SimConfig, Stragglers
+from simlib.sim import SimConfig, Stragglers
 from simlib.trace import Trace
 
 PROTOCOLS = ("bsp", "ssp", "essp", "async")  # the panel's toggles
@@ -38,6 +38,11 @@ PANEL_FIELDS = ("n_workers", "steps", "protocol", "staleness", "topology", "n_se
 # Options the panel does not offer: it draws loss curves, and a cost-only run computes no loss.
 NOT_OFFERED = ("cost_only", "step_keys")
 _OWN_CHECK = {"option": False}  # a LiveSettings field __post_init__ checks itself (or SimConfig does)
+
+
+def _as_in_sim(name: str, default: Any) -> Any:
+    """A setting that is SimConfig's field ``name``: checked by that field's metadata (its range or choices)."""
+    return field(default=default, metadata=SimConfig.__dataclass_fields__[name].metadata)
 
 
 @functools.lru_cache(maxsize=1)
@@ -82,20 +87,20 @@ class LiveSettings:
     after 5 x ``severity`` step times.
     """
 
-    n_workers: int = field(default=16, metadata={"min": 1})
-    steps: int = field(default=100, metadata={"min": 1})
+    n_workers: int = _as_in_sim("n_workers", 16)
+    steps: int = _as_in_sim("steps", 100)
     protocols: tuple[str, ...] = field(default=DEFAULT_PROTOCOLS, metadata=_OWN_CHECK)
     # Per-step jitter, not one slow worker: with a persistently slow worker SSP and BSP both end up
     # waiting for it (about 30% each), while jitter lets SSP(1) absorb most of the noise BSP waits for.
-    staleness: int = field(default=1, metadata={"min": 0})
+    staleness: int = _as_in_sim("staleness", 1)
     straggler: str = field(default="jitter", metadata={"choices": STRAGGLERS})
     severity: float = field(default=3.0, metadata={"min": 1, "max": 100})
-    latency: float = field(default=1e-4, metadata={"min": 0})
-    bandwidth: float = field(default=1.25e9, metadata={"min": 0, "min_open": True})
-    topology: str = field(default="ps", metadata={"choices": TOPOLOGIES})
-    n_servers: int = field(default=1, metadata={"min": 1})
+    latency: float = _as_in_sim("latency", 1e-4)
+    bandwidth: float = _as_in_sim("bandwidth", 1.25e9)
+    topology: str = _as_in_sim("topology", "ps")
+    n_servers: int = _as_in_sim("n_servers", 1)
     compression: str = field(default="none", metadata=_OWN_CHECK)
-    seed: int = field(default=0, metadata={"min": 0})
+    seed: int = _as_in_sim("seed", 0)
     # Any other SimConfig option (extra_options: sites, server_time, backup_workers, ...), as sorted
     # (name, value) pairs; a mapping is accepted. Options left out keep SimConfig's defaults.
     extra: tuple[tuple[str, Any], ...] = field(default=(), metadata=_OWN_CHECK)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,58 +26,31 @@ TEMPLATE = "simlib-live"
 CULL_IDLE_S = 20
 CULL_INTERVAL_S = 5
 
-# The notebook the panel lives in; lessons/live.ipynb holds exactly this cell (a test checks it).
-# One code cell and no markdown: Voilà shows outputs only, so the page is the panel and its own title.
-LIVE_NOTEBOOK_SOURCE = [  # its lines, as nbformat stores them
-    "# Live: BSP, SSP and async on a simulated cluster. Run this cell, then move a slider: every change\n",
-    "# re-simulates the chosen protocols and redraws their timelines and loss against simulated time.\n",
-    "# Play replays the runs; Export HTML writes that animation to a file that opens offline.\n",
-    "# On a projector: `python -m simlib live` serves the panel alone; press 'projector mode'.\n",
-    "from simlib.app.live import LivePanel\n",
-    "\n",
-    "panel = LivePanel()\n",
-    "panel",
-]
-
-
-def live_notebook_json() -> dict:
-    """The live notebook as nbformat-4 JSON, without outputs."""
-    return {
-        "cells": [{"cell_type": "code", "id": "live-0", "metadata": {}, "source": list(LIVE_NOTEBOOK_SOURCE),
-                   "execution_count": None, "outputs": []}],
-        "metadata": {
-            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-            "language_info": {"name": "python"},
-        },
-        "nbformat": 4,
-        "nbformat_minor": 5,
-    }
+# The notebook the panel lives in, shipped with the package (live.ipynb); lessons/live.ipynb is the same file
+# (a test checks it). One code cell and no markdown: Voilà shows outputs only, so the page is the panel and its title.
+PACKAGED_NOTEBOOK = Path(__file__).with_name("live.ipynb")
 
 
 def default_notebook() -> Path:
-    """``lessons/live.ipynb`` of a source checkout, or a copy written to a temporary folder for an installed package."""
+    """``lessons/live.ipynb`` of a source checkout, or a copy of the packaged one in a temporary folder (the server
+    writes beside the notebook it serves, and an installed package's folder may not be writable)."""
     here = Path(__file__).resolve().parents[2] / "lessons" / "live.ipynb"
     if here.is_file():
         return here
     path = Path(tempfile.mkdtemp(prefix="simlib-live-")) / "live.ipynb"
-    path.write_text(json.dumps(live_notebook_json(), indent=1), encoding="utf-8")
+    shutil.copyfile(PACKAGED_NOTEBOOK, path)
     return path
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register the ``live`` subcommand on a ``simlib`` command line."""
-    p = subparsers.add_parser(
-        "live",
-        help="serve the live lecture panel (sliders, timelines, play mode) on 127.0.0.1",
-        description=__doc__.splitlines()[0],
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``live`` subcommand's flags, on its parser of a ``simlib`` command line (their help says their defaults)."""
+    p.formatter_class = argparse.HelpFormatter
     p.add_argument("--port", type=int, default=8866, help="port on 127.0.0.1 (default 8866)")
     p.add_argument("--server", choices=("auto", "voila", "lab"), default="auto",
                    help="voila: the panel alone; lab: JupyterLab; auto: Voilà if installed, else JupyterLab")
     p.add_argument("--notebook", default=None, help="notebook to serve (default: lessons/live.ipynb)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser window")
     p.add_argument("--dry-run", action="store_true", help="print the server command and exit")
-    return p
 
 
 def has_voila() -> bool:

@@ -242,27 +242,14 @@ class Calibration:
         """(quantity, spread, unit) for every measured figure, in display units."""
         out: list[tuple[str, Spread, str]] = []
         for name, k in self.kernels.items():
-            out.append((f"{name}: per {k.unit}", _scaled(k.per_unit, 1e9), "ns"))
-            out.append((f"{name}: overhead per call", _scaled(k.overhead, 1e6), "us"))
-            out.append((f"{name}: 2-process slowdown", k.contention, "x"))
-        out.append(("pipe latency (fit)", _scaled(self.pipe_latency, 1e6), "us"))
-        out.append(("pipe bandwidth (fit)", _scaled(self.pipe_bandwidth, 1 / 2**20), "MiB/s"))
-        for n, s in sorted(self.process_start.items()):
-            out.append((f"process start, {n} process{'es' if n > 1 else ''}", _scaled(s, 1e3), "ms"))
-        out.append(("shared-memory copy", _scaled(self.shm_copy_bandwidth, 1 / 2**30), "GiB/s"))
-        out.append(("lock acquire + release", _scaled(self.lock_cost, 1e6), "us"))
-        if self.shm_first_touch.n:
-            out.append(("shared-memory first touch", _scaled(self.shm_first_touch, 1e6 * 2**20), "us/MiB"))
-        if self.shm_setup.n:
-            out.append(("shm set-up, null workload", _scaled(self.shm_setup, 1e3), "ms"))
-        for n, s in sorted(self.bsp_step.items()):
-            out.append((f"shm BSP step, null, {n} worker{'s' if n > 1 else ''}", _scaled(s, 1e6), "us"))
-        for n, s in sorted(self.cpu_share.items()):
-            out.append((f"CPU share, {n} busy process{'es' if n > 1 else ''}", s, "cores each"))
-        for n, s in sorted(self.ps_step.items()):
-            out.append((f"pipe PS step, null, {n} worker{'s' if n > 1 else ''}", _scaled(s, 1e6), "us"))
-        if self.ps_warmup.n:
-            out.append(("pipe PS warm-up per run", _scaled(self.ps_warmup, 1e3), "ms"))
+            out += [(f"{name}: per {k.unit}", _scaled(k.per_unit, 1e9), "ns"),
+                    (f"{name}: overhead per call", _scaled(k.overhead, 1e6), "us"),
+                    (f"{name}: 2-process slowdown", k.contention, "x")]
+        for label, name, scale, unit in _ROWS:
+            value = getattr(self, name)  # a Spread, or one per count of processes or workers
+            for n, s in sorted(value.items()) if isinstance(value, dict) else [(1, value)]:
+                if s.n:
+                    out.append((label.format(n=n, s="s" * (n > 1), es="es" * (n > 1)), _scaled(s, scale), unit))
         return out
 
     def __str__(self) -> str:
@@ -275,6 +262,17 @@ class Calibration:
         lines.append("pipe one-way time by size: " + ", ".join(
             f"{_fmt_bytes(n)} {t * 1e6:.0f} us" for n, t in zip(self.pipe_sizes, self.pipe_times)))
         return "\n".join(lines)
+
+
+# Calibration.rows after the kernels: (quantity, field, scale to the unit, unit); {n} is the count of a figure
+# measured per count of processes or workers.
+_ROWS = (("pipe latency (fit)", "pipe_latency", 1e6, "us"), ("pipe bandwidth (fit)", "pipe_bandwidth", 2**-20, "MiB/s"),
+         ("process start, {n} process{es}", "process_start", 1e3, "ms"),
+         ("shared-memory copy", "shm_copy_bandwidth", 2**-30, "GiB/s"), ("lock acquire + release", "lock_cost", 1e6, "us"),
+         ("shared-memory first touch", "shm_first_touch", 1e6 * 2**20, "us/MiB"),
+         ("shm set-up, null workload", "shm_setup", 1e3, "ms"), ("shm BSP step, null, {n} worker{s}", "bsp_step", 1e6, "us"),
+         ("CPU share, {n} busy process{es}", "cpu_share", 1.0, "cores each"),
+         ("pipe PS step, null, {n} worker{s}", "ps_step", 1e6, "us"), ("pipe PS warm-up per run", "ps_warmup", 1e3, "ms"))
 
 
 def plot_pipe_fit(cal: Calibration, ax: Any = None) -> Any:
@@ -582,17 +580,13 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             np.copyto(dst.array, src)
             copy_bw.append(nbytes / (time.perf_counter() - s))
 
-    # First touch: a worker reads one value per page of a segment its parent filled.
+    # First touch (a worker reads one value per page of a segment its parent filled) and a lock.
     touch: list[float] = []
-    with WorkerGroup(1, start_method, label="calibrate first touch") as group:
+    locks: list[float] = []
+    with WorkerGroup(1, start_method, label="calibrate first touch and lock") as group:
         for _ in range(repeats):
             with SharedArray.copy_of(np.ones((8 if quick else 32) * 2**20 // 8)) as seg:
                 touch.extend(group.run(_touch_member, seg))
-
-    # A lock.
-    locks: list[float] = []
-    with WorkerGroup(1, start_method, label="calibrate lock") as group:
-        for _ in range(repeats):
             locks.extend(group.run(_lock_member, group.lock(), 1000 if quick else 2000))
 
     # The real pipe PS on a null workload: 1-row batches on 1 and on 2 workers, on its own problem.

@@ -316,14 +316,8 @@ class Comparison:
         return "\n".join(lines)
 
 
-def compare(
-    workloads: Sequence[Workload] | None = None,
-    workers: Sequence[int] = (1, 2),
-    repeats: int = 3,
-    cal: Calibration | None = None,
-    quick_calibration: bool = False,
-    load_seconds: float = 0.1,
-) -> Comparison:
+def compare(workloads: Sequence[Workload] | None = None, workers: Sequence[int] = (1, 2), repeats: int = 3,
+            cal: Calibration | None = None, quick_calibration: bool = False, load_seconds: float = 0.1) -> Comparison:
     """Calibrate (unless ``cal`` is given), then predict and measure each workload on each worker count.
 
     Real runs of one workload alternate between worker counts (1, 2, 1, 2, ...) so that a change

@@ -21,14 +21,16 @@ from simlib.worker import Plan, run_serial
 
 
 def train_on_shard(problem: Any, shard: Any, steps: int, batch_size: int, lr: float, w0: Any = None,
-                   first_step: int = 0) -> Any:
-    """Serial SGD on one shard from ``w0`` (default: the initial table); batches first_step, first_step + 1, ..."""
+                   first_step: int = 0, delay: int = 0) -> Any:
+    """Serial SGD on one shard from ``w0`` (default: the initial table); batches first_step, first_step + 1, ...;
+    each step reads the table as it was ``delay`` updates before (:func:`simlib.course.delayed.delayed_sgd`)."""
     check_problem(problem)
     check.positive_int("steps", steps)
     check.positive_int("batch_size", batch_size)
     check.positive("lr", lr)
+    check.non_negative_int("delay", delay)
     w = problem.init_params() if w0 is None else w0.copy()
-    run_serial(problem, shard, Plan(first_step + steps, batch_size, lr, first=first_step), w)
+    run_serial(problem, shard, Plan(first_step + steps, batch_size, lr, first=first_step), w, delay=delay)
     return w
 
 def parameter_mixing(problem: Any, n_parts: int, rounds: int, steps_per_round: int, batch_size: int,

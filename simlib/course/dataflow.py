@@ -16,7 +16,7 @@ placer of ``simlib.costs``. Example::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,6 @@ class Node:
     name: str
     inputs: tuple["Node", ...] = ()
     value: Any = None
-    consumers: list["Node"] = field(default_factory=list)
 
 
 def _one_thread() -> Any:
@@ -68,11 +67,8 @@ class Graph:
         self.nodes: list[Node] = []
 
     def _add(self, kind: str, name: str, inputs: tuple[Node, ...] = (), value: Any = None) -> Node:
-        node = Node(kind, name or f"{kind}_{len(self.nodes)}", inputs, value)
-        for i in inputs:
-            i.consumers.append(node)
-        self.nodes.append(node)
-        return node
+        self.nodes.append(Node(kind, name or f"{kind}_{len(self.nodes)}", inputs, value))
+        return self.nodes[-1]
 
     def placeholder(self, name: str) -> Node:
         """A tensor fed at run time (the data)."""

@@ -19,21 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from simlib import _validate as check
 from simlib.contract import check_problem
-from simlib.worker import Plan, run_serial
+from simlib.course.averaging import train_on_shard
 
 
 def delayed_sgd(problem: Any, steps: int, batch_size: int, lr: float, delay: int) -> Any:
     """Serial SGD whose step t reads the table as it was after step t - delay (delay 0: plain SGD)."""
-    check_problem(problem)
-    check.positive_int("steps", steps)
-    check.positive_int("batch_size", batch_size)
-    check.positive("lr", lr)
-    check.non_negative_int("delay", delay)
-    w = problem.init_params()
-    run_serial(problem, problem.shards(1)[0], Plan(steps, batch_size, lr), w, delay=delay)
-    return w
+    check_problem(problem)  # before its shards are asked for
+    return train_on_shard(problem, problem.shards(1)[0], steps, batch_size, lr, delay=delay)
+
 
 def loss_against_delay(problem: Any, delays: list[int], steps: int, batch_size: int, lr: float) -> list[float]:
     """The problem's metric after ``steps`` delayed-SGD steps, for each delay."""

@@ -52,12 +52,8 @@ def with_protocol(base: SimConfig, protocol: "str | Protocol") -> SimConfig:
     return base.replace(protocol=p if isinstance(protocol, Protocol) else p.kind, staleness=p.staleness)
 
 
-def compare(
-    protocols: Sequence["str | Protocol"] = DEFAULT_PROTOCOLS,
-    base: SimConfig | None = None,
-    problem: Any = None,
-    progress: Callable[[int, float], None] | None = None,
-) -> list[Trace]:
+def compare(protocols: Sequence["str | Protocol"] = DEFAULT_PROTOCOLS, base: SimConfig | None = None,
+            problem: Any = None, progress: Callable[[int, float], None] | None = None) -> list[Trace]:
     """Run the same cluster under each protocol (same seed, so the same straggler draws).
 
     ``progress(i, fraction)`` hears of run i at its start (0.0), as it goes where the engine reports it (a

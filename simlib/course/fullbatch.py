@@ -49,8 +49,7 @@ class Objective:
         check.positive("l2", l2)
         X = data.to_scipy().astype(np.float64)
         y = np.asarray(data.y, dtype=np.float64)
-        edges = np.linspace(0, data.n_rows, n_parts + 1).astype(int)
-        self.parts = [(X[a:b], y[a:b]) for a, b in zip(edges[:-1], edges[1:])]
+        self.parts = [(X[a:b], y[a:b]) for a, b in check.even_ranges(n_parts, data.n_rows, "rows")]
         self.n, self.d, self.l2, self.rounds = data.n_rows, data.n_features, float(l2), 0
 
     def loss_grad(self, w: np.ndarray) -> tuple[float, np.ndarray]:
@@ -79,20 +78,23 @@ class Objective:
         loss = sum(float(np.logaddexp(0.0, -y * (X @ w)).sum()) for X, y in self.parts)
         return loss / self.n + 0.5 * self.l2 * float(w @ w)
 
-    def hessian_bytes(self, value_bytes: int = 8) -> int:
-        """What one round of an explicit Newton step moves per worker: the d x d Hessian."""
-        return self.d * self.d * value_bytes
-
 
 def gradient_descent(obj: Objective, lr: float, iters: int) -> History:
     """w <- w - lr * grad L(w): one round per iteration (the lectures' Spark loop)."""
     check.positive("lr", lr)
     check.positive_int("iters", iters)
-    w, out = np.zeros(obj.d), []
-    for _ in range(iters + 1):
+    return _descend(obj, iters, lambda w, g: lr * g)
+
+
+def _descend(obj: Objective, iters: int, step: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> History:
+    """From w = 0, ``iters`` times w <- w - step(w, grad L(w)), the loss and gradient one round each."""
+    w = np.zeros(obj.d)
+    loss, g = obj.loss_grad(w)
+    out = [(obj.rounds, loss)]
+    for _ in range(iters):
+        w = w - step(w, g)
         loss, g = obj.loss_grad(w)
         out.append((obj.rounds, loss))
-        w = w - lr * g
     return out
 
 
@@ -133,28 +135,14 @@ def _conjugate_gradient(hv: Callable[[np.ndarray], np.ndarray], b: np.ndarray, i
 def newton(obj: Objective, iters: int) -> History:
     """w <- w - H^-1 g with the explicit Hessian: two rounds per iteration, one of them d x d floats."""
     check.positive_int("iters", iters)
-    w = np.zeros(obj.d)
-    loss, g = obj.loss_grad(w)
-    out = [(obj.rounds, loss)]
-    for _ in range(iters):
-        w = w - np.linalg.solve(obj.hessian(w), g)
-        loss, g = obj.loss_grad(w)
-        out.append((obj.rounds, loss))
-    return out
+    return _descend(obj, iters, lambda w, g: np.linalg.solve(obj.hessian(w), g))
 
 
 def newton_cg(obj: Objective, iters: int, cg_iters: int = 10, tol: float = 0.1) -> History:
     """w <- w - H^-1 g, H^-1 g by at most ``cg_iters`` Hessian-vector rounds (no d x d matrix is moved)."""
     check.positive_int("iters", iters)
     check.positive_int("cg_iters", cg_iters)
-    w = np.zeros(obj.d)
-    loss, g = obj.loss_grad(w)
-    out = [(obj.rounds, loss)]
-    for _ in range(iters):
-        w = w - _conjugate_gradient(lambda v: obj.hess_vec(w, v), g, cg_iters, tol)
-        loss, g = obj.loss_grad(w)
-        out.append((obj.rounds, loss))
-    return out
+    return _descend(obj, iters, lambda w, g: _conjugate_gradient(lambda v: obj.hess_vec(w, v), g, cg_iters, tol))
 
 
 def lbfgs(obj: Objective, iters: int, memory: int = 10) -> History:

@@ -8,26 +8,17 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import simlib
 from simlib import _validate as check
 from simlib.problems.glove import Cooccurrence, GloveConfig
 from simlib.problems.glove_table import GloveProblem
-from simlib.contract import Training
-from simlib.protocol import Protocol
-from simlib.substrates.sim import run
 
 SHARED_MEMORY = {"latency": 2e-6, "bandwidth": 4e9}  # a "message" between processes on one machine is a copy
 
 
-def predict_speedup(
-    cooc: Cooccurrence,
-    config: GloveConfig,
-    updates_per_second: float,
-    workers: Sequence[int] = (1, 2),
-    batch_size: int = 8192,
-    epochs: float = 1.0,
-    protocol: str = "async",
-    **cluster: Any,
-) -> dict[int, dict[str, Any]]:
+def predict_speedup(cooc: Cooccurrence, config: GloveConfig, updates_per_second: float, workers: Sequence[int] = (1, 2),
+                    batch_size: int = 8192, epochs: float = 1.0, protocol: str = "async",
+                    **cluster: Any) -> dict[int, dict[str, Any]]:
     """Predict updates/s for each worker count from one process's measured rate.
 
     Each entry costs ``1 / updates_per_second`` seconds of compute; every batch pulls and pushes
@@ -42,10 +33,10 @@ def predict_speedup(
     for n in workers:
         check.positive_int("workers", n)
         steps = max(1, int(round(epochs * cooc.nnz / (n * batch_size))))
-        training = Training(n_workers=n, steps=steps, batch_size=batch_size, lr=config.lr,
-                            eval_every=max(1, steps // 10))
-        trace = run(problem, Protocol.parse(protocol), training, **{**SHARED_MEMORY, **cluster},
-                    compute_per_unit=1.0 / updates_per_second, compute_overhead=0.0, value_bytes=4, key_bytes=4).trace
+        trace = simlib.run(problem, protocol, n_workers=n, steps=steps, batch_size=batch_size,
+                           eval_every=max(1, steps // 10), **{**SHARED_MEMORY, **cluster},
+                           compute_per_unit=1.0 / updates_per_second, compute_overhead=0.0, value_bytes=4,
+                           key_bytes=4).trace
         out[n] = {"updates_per_s": steps * n * batch_size / trace.makespan, "trace": trace}
     base = out[workers[0]]["updates_per_s"]
     for n in workers:

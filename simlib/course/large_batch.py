@@ -50,8 +50,7 @@ class Rule:
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        check.one_of("optimizer", self.optimizer, OPTIMIZERS)
         check.positive("lr", self.lr)
         check.positive_int("base_batch", self.base_batch)
         check.one_of("scale", self.scale, SCALES)

@@ -78,8 +78,8 @@ def write_text_partitions(data: Any, folder: str, n_parts: int) -> list[str]:
     from sklearn.datasets import dump_svmlight_file
 
     check.positive_int("n_parts", n_parts, most=data.n_rows)
-    X, edges, paths = data.to_scipy(), np.linspace(0, data.n_rows, n_parts + 1).astype(int), []
-    for p, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+    X, paths = data.to_scipy(), []
+    for p, (a, b) in enumerate(check.even_ranges(n_parts, data.n_rows, "rows")):
         paths.append(os.path.join(folder, f"part-{p:05d}.txt"))
         dump_svmlight_file(X[a:b], data.y[a:b], paths[-1], zero_based=True)
     return paths

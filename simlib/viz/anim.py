@@ -16,6 +16,8 @@ import base64
 import html
 import io
 import os
+import string
+from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Sequence
 
@@ -23,15 +25,14 @@ import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 from matplotlib.transforms import Bbox, TransformedBbox
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from simlib._validate import one_of, positive, positive_int
 from simlib.trace import Trace
-from simlib.viz.plots import MAX_ARROWS, _as_list, default_target, finding, plot_loss, plot_timeline, timeline_artists
-from simlib.viz.style import KIND_COLORS, KIND_LABELS, KIND_STYLES, OKABE_ITO, run_label, style
+from simlib.viz.plots import (MAX_ARROWS, _as_list, default_target, finding, legend_handles, plot_loss, plot_timeline,
+                              timeline_artists)
+from simlib.viz.style import KIND_LABELS, OKABE_ITO, run_label, style
 
 # Artists of a timeline that appear as time passes; labels and axes stay.
 _REVEALED_GIDS = ("span:", "messages", "message-heads", "barriers")
@@ -114,15 +115,8 @@ def messages_before(trace: Trace, t: float, n_workers: int) -> int:
     return sum(1 for s in trace.spans if s.kind in ("send", "recv") and s.start < t and s.worker < n_workers)
 
 
-def draw_runs(
-    fig: Figure,
-    traces: Sequence[Trace],
-    target: float | None = None,
-    max_workers: int = 16,
-    title: str | None = None,
-    window: float | None = None,
-    projector: bool = False,
-) -> Reveal:
+def draw_runs(fig: Figure, traces: Sequence[Trace], target: float | None = None, max_workers: int = 16,
+              title: str | None = None, window: float | None = None, projector: bool = False) -> Reveal:
     """Draw each run's timeline side by side above loss against time of all runs; title = :func:`finding`.
 
     ``window`` (seconds) zooms the timelines to [0, window] so single messages stay visible;
@@ -185,12 +179,8 @@ def draw_runs(
         if projector:
             _clear_server_row(timelines[0])  # the timelines share their y ticks
         # The span colours are explained once, in a row under the title, so the plots keep the full width.
-        gids = {g for a in timelines for g in timeline_artists(a)}
-        kinds = sorted((g[5:] for g in gids if g.startswith("span:")), key=list(KIND_COLORS).index)
         # Projector: short names and tight spacing keep the legend to one row across the figure's width.
-        names = {**KIND_LABELS, **(_SHORT_KIND_LABELS if projector else {})}
-        handles: list[Artist] = [Patch(label=names[kd], **KIND_STYLES[kd]) for kd in kinds]
-        handles += [Line2D([], [], color=OKABE_ITO["black"], **kw) for gid, kw in _LINE_HANDLES.items() if gid in gids]
+        handles = legend_handles(timelines, {**KIND_LABELS, **(_SHORT_KIND_LABELS if projector else {})})
         fig_h = fig.get_figheight() * 72
         place = dict(bbox_to_anchor=(0.5, 1 - PROJECTOR_MARGINS_PT["legend"] / fig_h), borderaxespad=0,
                      columnspacing=1.0, **_TIGHT_LEGEND) if projector else dict(bbox_to_anchor=(0.5, 0.935))
@@ -221,9 +211,6 @@ PROJECTOR_MARGINS_PT = {"pad": 3.0, "legend": 31.0, "top": 95.0, "left": 92.0, "
 PROJECTOR_RUN_TITLE_PT = 15
 _SHORT_KIND_LABELS = {"send": "send", "recv": "receive", "down": "down"}
 _TIGHT_LEGEND = dict(borderpad=0, handlelength=1.4, handletextpad=0.4)
-# The legend's lines after the span colours, each shown when the timelines have an artist of its gid.
-_LINE_HANDLES = {"barriers": dict(linestyle="--", linewidth=1.2, label="barrier"),
-                 "messages": dict(linewidth=0.8, marker=".", label="message")}
 
 
 def _clear_server_row(ax: Axes) -> None:
@@ -265,31 +252,8 @@ def _wipe(ax: Axes) -> None:
     ax.set_autoscale_on(True)
 
 
-# A page with no fonts, icons or scripts from elsewhere: frames are PNG data URIs, the player is
-# plain text buttons and a range input, it plays on load and the image fits the window it opens in.
-_PLAYER = """<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{title}</title>
-<style>
-body {{ margin: 0; font-family: sans-serif; background: #fff; }}
-img {{ display: block; margin: 0 auto; max-width: 100vw; max-height: calc(100vh - 3.2em); }}
-.bar {{ display: flex; gap: 1em; align-items: center; justify-content: center; height: 3em; font-size: 1.1em; }}
-button {{ font-size: 1em; min-width: 5em; }} input {{ width: 50vw; }}
-</style></head><body>
-<img id="frame" alt="{title}">
-<div class="bar"><button id="play">Pause</button><input id="time" type="range" min="0" max="{last}" value="0">
-<span id="label"></span></div>
-<script>
-const frames = [{frames}];
-const [img, play, time, label] = ["frame", "play", "time", "label"].map((id) => document.getElementById(id));
-let i = 0, playing = true;
-function show(k) {{ i = k; img.src = frames[k]; time.value = k; label.textContent = (k + 1) + " / " + frames.length; }}
-function toggle(on) {{ playing = on; play.textContent = on ? "Pause" : "Play"; }}
-setInterval(() => {{ if (playing) show((i + 1) % frames.length); }}, {interval});
-play.onclick = () => toggle(!playing);
-time.oninput = () => {{ toggle(false); show(Number(time.value)); }};
-show(0);
-</script></body></html>
-"""
+# The page export_animation writes: no fonts, icons or scripts from elsewhere (player.html).
+_PLAYER = string.Template(Path(__file__).with_name("player.html").read_text(encoding="utf-8"))
 
 
 def _small_png(fig: Figure) -> bytes:
@@ -336,7 +300,7 @@ def export_animation(traces: Sequence[Trace], path: str, frames: int = 30, fps: 
             uris.append('"data:image/png;base64,' + base64.b64encode(_small_png(fig)).decode("ascii") + '"')
             done(k, frames)
     title = html.escape(fig.get_suptitle() or "simlib animation")
-    page = _PLAYER.format(title=title, last=frames - 1, frames=",\n".join(uris), interval=max(10, int(1000 / fps)))
+    page = _PLAYER.substitute(title=title, last=frames - 1, frames=",\n".join(uris), interval=max(10, int(1000 / fps)))
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)
     return path

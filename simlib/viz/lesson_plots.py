@@ -130,8 +130,7 @@ STALENESS_LABELS = {"staleness": "tau: updates applied between a read and its pu
 def plot_staleness(traces: Sequence[Trace], title: str, field: str = "staleness", ax: Axes | None = None) -> Axes:
     """Each run's read staleness: the share of its pushes at each tau (or clock lag), its mean dashed."""
     _need_title(title)
-    if field not in STALENESS_LABELS:
-        raise ValueError(f"field must be one of {', '.join(repr(f) for f in STALENESS_LABELS)}, got {field!r}")
+    check.one_of("field", field, STALENESS_LABELS)
     if not traces or any(not t.updates for t in traces):
         raise ValueError("traces must be runs with at least one update each")
     values = [np.array([getattr(u, field) for u in t.updates]) for t in traces]

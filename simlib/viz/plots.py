@@ -28,12 +28,13 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.artist import Artist
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path
 
 from simlib._validate import one_of, positive_int
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, _columns
-from simlib.viz.style import KIND_COLORS, KIND_LABELS, KIND_STYLES, OKABE_ITO, RUN_COLORS, run_label, style, time_label
+from simlib.viz.style import KIND_LABELS, KIND_STYLES, OKABE_ITO, RUN_COLORS, run_label, style, time_label
 
 SpeedupInput = Union[Mapping[str, Mapping[int, float]], Mapping[str, Sequence[Trace]], Sequence[Trace]]
 
@@ -110,14 +111,22 @@ def _bars_path(start: np.ndarray, end: np.ndarray, y: np.ndarray) -> Path:
 _BAR_CODES = (Path.MOVETO, Path.LINETO, Path.LINETO, Path.LINETO, Path.CLOSEPOLY)
 
 
-def bar_count(artist: PathPatch) -> int:
-    """Number of bars in a span artist drawn by :func:`plot_timeline`."""
-    return int(np.count_nonzero(artist.get_path().codes == Path.MOVETO))
-
-
 def timeline_artists(ax: Axes, prefix: str = "") -> dict[str, Artist]:
     """The artists :func:`plot_timeline` tagged on ``ax``, by gid (``span:<kind>``, ``messages``, ``barriers``, ...)."""
     return {a.get_gid(): a for a in ax.get_children() if (a.get_gid() or "").startswith(prefix) and a.get_gid()}
+
+
+# The legend's lines after the span colours, each shown where the timelines have an artist of its gid.
+LINE_HANDLES = {"barriers": dict(linestyle="--", linewidth=1.2, label="barrier"),
+                "messages": dict(linewidth=0.8, marker=".", label="message")}
+
+
+def legend_handles(axes: Sequence[Axes], labels: Mapping[str, str] = KIND_LABELS) -> list[Artist]:
+    """Legend entries for what timelines drawn by :func:`plot_timeline` on ``axes`` show: each kind of span
+    (named by ``labels``), then barriers and messages."""
+    gids = {gid for ax in axes for gid in timeline_artists(ax)}
+    return [*(Patch(label=labels[k], **KIND_STYLES[k]) for k in SPAN_KINDS if f"span:{k}" in gids),
+            *(Line2D([], [], color=OKABE_ITO["black"], **kw) for gid, kw in LINE_HANDLES.items() if gid in gids)]
 
 
 def _message_segments(trace: Trace, cols: dict[str, np.ndarray], n_shown: int, server_y: float) -> np.ndarray:
@@ -134,16 +143,9 @@ def _message_segments(trace: Trace, cols: dict[str, np.ndarray], n_shown: int, s
     return np.concatenate(segs)
 
 
-def plot_timeline(
-    trace: Trace,
-    ax: Axes | None = None,
-    max_workers: int = 32,
-    t_max: float | None = None,
-    arrows: bool | None = None,
-    barriers: bool = True,
-    legend: bool = True,
-    title: str | None = None,
-) -> Axes:
+def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t_max: float | None = None,
+                  arrows: bool | None = None, barriers: bool = True, legend: bool = True,
+                  title: str | None = None) -> Axes:
     """Gantt chart of each worker's spans over [0, t_max]: colour = kind, dashed lines = barriers.
 
     Shows the first ``max_workers`` workers. Message arrows (push to the server row, pull back,
@@ -159,7 +161,6 @@ def plot_timeline(
         ax = new_axes(ax, (12, 1.5 + 0.35 * n_shown))
         t_end = math.inf if t_max is None else t_max
         cols = _span_columns(trace, n_shown, t_end)
-        handles = []
         for kind in SPAN_KINDS:
             mask = cols["kind"] == kind
             if not mask.any():
@@ -167,7 +168,6 @@ def plot_timeline(
             # add_artist clips the bars to the axes, and leaves them out of autoscaling (the limits are set below).
             ax.add_artist(PathPatch(_bars_path(cols["start"][mask], cols["end"][mask], cols["worker"][mask]),
                                     gid=f"span:{kind}", label=KIND_LABELS[kind], **KIND_STYLES[kind]))
-            handles.append(Patch(label=KIND_LABELS[kind], **KIND_STYLES[kind]))
 
         server_y = -1.0 - BAR_HEIGHT / 2
         segs = _message_segments(trace, cols, n_shown, server_y)
@@ -182,14 +182,12 @@ def plot_timeline(
             # A dot at each arrival gives the direction without one FancyArrow per message.
             ax.plot(segs[:, 1, 0], segs[:, 1, 1], linestyle="none", marker=".", markersize=4, alpha=0.6,
                     color=OKABE_ITO["black"], gid="message-heads", scalex=False, scaley=False, zorder=3)
-            handles.append(Patch(facecolor="none", edgecolor=OKABE_ITO["black"], label="message"))
 
         bt = barrier_times(trace, n_shown) if barriers else np.empty(0)
         bt = bt[bt <= t_end]
         if bt.size:
             ax.vlines(bt, -0.5 - (1.0 if has_server_row else 0.0), n_shown - 0.5,
                       colors=OKABE_ITO["black"], linestyles="--", linewidths=1.2, zorder=4, gid="barriers")
-            handles.append(Patch(facecolor="none", edgecolor=OKABE_ITO["black"], linestyle="--", label="barrier"))
 
         ax.set_xlim(0.0, t_max if t_max is not None else (trace.makespan or 1.0))
         ax.set_ylim(n_shown - 0.5, -0.5 - (1.2 if has_server_row else 0.0))  # worker 0 on top
@@ -208,7 +206,8 @@ def plot_timeline(
         if title is None:
             title = f"{run_label(trace)}: workers wait {trace.summary()['wait_fraction']:.0%} of the time"
         ax.set(xlabel=time_label(trace), ylabel="worker" + shown, title=title)
-        if legend and handles:
+        handles = legend_handles([ax]) if legend else []
+        if handles:
             ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return ax
 
@@ -242,14 +241,8 @@ def metric_name(metric: str) -> str:
     return metric.replace("_", " ")
 
 
-def plot_loss(
-    traces: Trace | Iterable[Trace],
-    x: str = "time",
-    ax: Axes | None = None,
-    target: float | None = None,
-    title: str | None = None,
-    t_max: float | None = None,
-) -> Axes:
+def plot_loss(traces: Trace | Iterable[Trace], x: str = "time", ax: Axes | None = None, target: float | None = None,
+              title: str | None = None, t_max: float | None = None) -> Axes:
     """The metric of each run against time (``x='time'``), applied updates (``x='steps'``) or rounds of every
     worker (``x='rounds'``, steps / workers: the table's rounds).
 
@@ -424,12 +417,8 @@ def finding(traces: Trace | Iterable[Trace], target: float | None = None, x: str
     return f"{winner} reaches {goal} {_fmt_ratio(ratio)} {sooner} than {ref}"
 
 
-def compare_figure(
-    traces: Trace | Iterable[Trace],
-    target: float | None = None,
-    max_workers: int = 16,
-    figsize: tuple[float, float] | None = None,
-) -> Figure:
+def compare_figure(traces: Trace | Iterable[Trace], target: float | None = None, max_workers: int = 16,
+                   figsize: tuple[float, float] | None = None) -> Figure:
     """The comparison figure: each run's timeline (shared time axis) beside loss against time and rounds.
 
     The title is :func:`finding`, computed from the runs, so the figure states its result.

@@ -18,48 +18,28 @@ from cycler import cycler
 from simlib.trace import SPAN_KINDS, Trace
 
 # Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour-vision deficiencies.
-OKABE_ITO: dict[str, str] = {
-    "blue": "#0072B2",
-    "orange": "#E69F00",
-    "green": "#009E73",
-    "vermillion": "#D55E00",
-    "purple": "#CC79A7",
-    "sky": "#56B4E9",
-    "yellow": "#F0E442",
-    "black": "#000000",
-}
+OKABE_ITO: dict[str, str] = {"blue": "#0072B2", "orange": "#E69F00", "green": "#009E73", "vermillion": "#D55E00",
+                             "purple": "#CC79A7", "sky": "#56B4E9", "yellow": "#F0E442", "black": "#000000"}
 
 # Order for runs drawn side by side: the darkest, most distinct hues first (yellow is weak on white).
-RUN_COLORS: tuple[str, ...] = tuple(
-    OKABE_ITO[k] for k in ("blue", "orange", "green", "vermillion", "purple", "sky", "black", "yellow")
-)
+RUN_COLORS: tuple[str, ...] = tuple(OKABE_ITO[k] for k in ("blue", "orange", "green", "vermillion", "purple", "sky",
+                                                             "black", "yellow"))
 
 # Each kind of span differs from the others in lightness as well as hue, so the timeline reads in grey print
 # and for every common colour-vision deficiency: compute dark blue, pull mid sky blue, push light yellow (a rim
 # would darken it: most pushes are slivers beside a dark compute bar, which is what they are read against), wait
 # vermilion crossed by white hatching (its lightness is compute's; the hatching tells them apart in grey), a
 # failed worker black. Waiting is the cost the lessons are about, so it gets the loudest hue.
-KIND_COLORS: dict[str, str] = {
-    "compute": OKABE_ITO["blue"],
-    "send": OKABE_ITO["yellow"],
-    "recv": OKABE_ITO["sky"],
-    "wait": OKABE_ITO["vermillion"],
-    "down": OKABE_ITO["black"],
-}
+KIND_COLORS: dict[str, str] = {"compute": OKABE_ITO["blue"], "send": OKABE_ITO["yellow"], "recv": OKABE_ITO["sky"],
+                               "wait": OKABE_ITO["vermillion"], "down": OKABE_ITO["black"]}
 assert set(KIND_COLORS) == set(SPAN_KINDS)
-_PLAIN: dict[str, Any] = {"edgecolor": "none", "linewidth": 0}
 # Patch keyword arguments of each kind (bars and legend alike); a hatch is drawn in the edge colour.
-KIND_STYLES: dict[str, dict[str, Any]] = {
-    kind: {"facecolor": color, **_PLAIN} for kind, color in KIND_COLORS.items()
-} | {"wait": {"facecolor": KIND_COLORS["wait"], "edgecolor": "#FFFFFF", "linewidth": 0, "hatch": "///"}}
+KIND_STYLES: dict[str, dict[str, Any]] = {kind: {"facecolor": color, "edgecolor": "none", "linewidth": 0}
+                                          for kind, color in KIND_COLORS.items()}
+KIND_STYLES["wait"].update(edgecolor="#FFFFFF", hatch="///")
 
-KIND_LABELS: dict[str, str] = {
-    "compute": "compute",
-    "send": "send (push)",
-    "recv": "receive (pull)",
-    "wait": "wait",
-    "down": "down (failed)",
-}
+KIND_LABELS: dict[str, str] = {"compute": "compute", "send": "send (push)", "recv": "receive (pull)", "wait": "wait",
+                               "down": "down (failed)"}
 
 MIN_FONT_PT = 14
 
