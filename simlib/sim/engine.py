@@ -520,13 +520,6 @@ class _Run:
         cuts = np.searchsorted(keys, self.key_bounds)
         return [(k, slice(int(cuts[k]), int(cuts[k + 1]))) for k in range(self.n_shards) if cuts[k + 1] > cuts[k]]
 
-    def _encode(self, i: int, keys: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """Apply the worker's compressor; without one a sparse update costs key + value bytes per entry."""
-        if self.compressors is None:
-            return keys, g, len(keys) * self.cfg.entry_bytes
-        k2, g2, nbytes = self.compressors[i](keys, g)
-        return np.asarray(k2), np.asarray(g2, dtype=np.float64), int(nbytes)
-
     # -- all-reduce worker -----------------------------------------------------------------------
     def _ring(self, key: Any, done: simpy.Event, grads: list[tuple[Any, np.ndarray | None]], span: slice = slice(None)):
         """A ring all-reduce of every worker's gradient on ``self.w[span]`` (the whole table, or one bucket), costed by

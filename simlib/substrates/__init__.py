@@ -44,8 +44,9 @@ BUILTIN = {
     "ray": "simlib.substrates.ray",
 }
 _registered: dict[str, Runner] = {}
-# The features of the worker program and the server, and where they cannot mean anything: every other
-# (feature, substrate) pair runs. tests/test_worker.py checks every cell of sim, pipes, shm and gpu.
+# The features of the worker program and the server, and where they cannot mean anything (run refuses them there,
+# naming the feature and the reason): every other (feature, substrate) pair runs. tests/test_worker.py checks every
+# cell of sim, pipes, shm and gpu.
 FEATURES = ("backup_workers", "timeout", "compression", "clock_batches", "essp", "accumulation", "staleness_aware",
             "read_rule", "allreduce")
 REFUSED = {
@@ -140,6 +141,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     if substrate != "sim":
         check_real_workers(training.n_workers, substrate)
     proto.check_workers(training.n_workers)
+    _refuse(substrate, proto, training, options)
     # check_run: protocols and substrates the problem cannot run on; check_training: settings its math cannot run
     if caps.check_run is not None:
         caps.check_run(proto, substrate)
@@ -183,6 +185,16 @@ def _check_allreduce(problem: Any, proto: Protocol, training: Any, substrate: st
     if options.get("bucket_bytes") is not None and caps.backward_layers is None:
         raise ValueError(f"bucket_bytes: {type(problem).__name__} has no backward_layers (its gradient layer by layer),"
                          " so its gradient goes as one all-reduce; leave bucket_bytes out")
+
+
+def _refuse(substrate: str, proto: Protocol, training: Any, options: dict[str, Any]) -> None:
+    """ValueError naming a feature given that cannot mean anything on ``substrate`` (:data:`REFUSED`), and why."""
+    given = {"backup_workers": proto.backup_workers, "timeout": proto.timeout is not None,
+             "clock_batches": options.get("clock_batches", 1) != 1,
+             "accumulation": training.rule.group_size(training.n_workers) != 1}
+    for name, on in given.items():
+        if on and (name, substrate) in REFUSED:
+            raise ValueError(f"{name}: not on substrate {substrate!r} ({REFUSED[name, substrate]})")
 
 
 def _own_lr(problem: Any, own: float | None, options: dict[str, Any]) -> None:

@@ -111,9 +111,6 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     opts = check.options(PipesOptions, options, "substrate 'pipes'")
     if protocol.kind == "allreduce":  # every worker a replica; each bucket summed around a ring of pipes
         return run_replicas(problem, protocol, training, opts, "pipes", "over a ring of pipes", _ring)
-    if protocol.timeout is not None:
-        raise ValueError("timeout: per-step deadlines run in the simulator only (substrate='sim'); "
-                         "use backup_workers on real substrates")
     n_workers = training.n_workers
     check_straggler(opts.straggler, n_workers)
     check_managed(protocol, opts.clock_batches, opts.managed_bandwidth, training.rule.plain)

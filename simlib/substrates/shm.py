@@ -128,14 +128,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
                                  "replica of its own")
         return run_replicas(problem, protocol, training, opts, "shm", "on shared memory",
                             lambda group, n: ShmAllReduce(group, n, problem.n_params).ranks())
-    if protocol.timeout is not None:
-        raise ValueError("timeout: per-step deadlines run in the simulator only (substrate='sim'); "
-                         "use backup_workers on real substrates")
     if protocol.backup_workers and training.read_rule is not None:
         raise ValueError("read_rule: with backup_workers the shared table counts pushes only for the steps SSP's own "
                          "rule lets open (a ring of bound + 2); use the built-in read rule")
-    if training.rule.group_size(training.n_workers) != 1:
-        raise ValueError("accumulation: averaging pushes needs a server; use substrate 'sim' or 'pipes'")
     check_straggler(opts.straggler, training.n_workers)
     check_managed(protocol, opts.clock_batches, opts.managed_bandwidth, training.rule.plain)
     # compression and clocks of several mini-batches change what a push is: the get / step / add path
