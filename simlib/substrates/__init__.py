@@ -125,19 +125,18 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     proto = _with_protocol_options(proto, options, runner)
     given = {k: options.pop(k) for k in list(options) if k in _RULE}
     rule = options.pop("rule", None)
-    if rule is None:
-        rule = StepRule(**given)
-    elif not isinstance(rule, StepRule):
-        raise ValueError(f"rule must be a StepRule(...) instance (or a subclass's), got {type(rule).__name__}")
-    elif given:
+    if rule is not None and given:
         raise ValueError(f"{sorted(given)[0]}: give it to the StepRule passed as rule=, not beside it")
+    shared = {f.name for f in fields(Training)} - {"rule"}
+    # Training refuses a rule that is not a StepRule (or a subclass's instance)
+    training = Training(rule=StepRule(**given) if rule is None else rule,
+                        **{k: options.pop(k) for k in list(options) if k in shared})
+    rule = training.rule
     if caps.exact_deltas:
         _refuse_lossy(problem, proto, options.get("compression"), rule)
     if rule.staleness_aware and not caps.linear_step:
         raise ValueError(f"staleness_aware: {type(problem).__name__}'s updates are not gradient steps, "
                          "so they cannot be scaled by 1/tau")
-    shared = {f.name for f in fields(Training)} - {"rule"}
-    training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
     if substrate != "sim":
         check_real_workers(training.n_workers, substrate)
     proto.check_workers(training.n_workers)
@@ -151,11 +150,13 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     if training.read_rule is not None:  # a rule that stalls the very first read is named before anything starts
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
-    if "clock_batches" in options:  # the work a run's clocks imply (sim, pipes), refused before anything starts
-        from simlib.managed import check_clocks
+    if "clock_batches" in options or "managed_bandwidth" in options:  # refused before anything starts
+        from simlib.managed import check as check_managed, check_clocks
 
-        check.positive_int("clock_batches", options["clock_batches"])
-        check_clocks(training.steps, options["clock_batches"])
+        clocks = options.get("clock_batches", 1)
+        check.positive_int("clock_batches", clocks)
+        check_clocks(training.steps, clocks)  # the work a run's clocks imply
+        check_managed(proto, clocks, options.get("managed_bandwidth"), rule.plain)
     return runner(problem, proto, training, **options)
 
 

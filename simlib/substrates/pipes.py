@@ -46,7 +46,6 @@ from simlib import _validate as check
 from simlib.contract import ParamServer, Result, Training, local_result, new_trace, real_result, record_metric
 from simlib.contract import served_trace, warm_up as contract_warm_up
 from simlib.managed import MESSAGE_ENTRIES
-from simlib.managed import check as check_managed
 from simlib.parallel.allreduce import Ring, run_replicas
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
@@ -113,7 +112,6 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         return run_replicas(problem, protocol, training, opts, "pipes", "over a ring of pipes", _ring)
     n_workers = training.n_workers
     check_straggler(opts.straggler, n_workers)
-    check_managed(protocol, opts.clock_batches, opts.managed_bandwidth, training.rule.plain)
     shards = problem.shards(n_workers)  # raises ValueError naming n_workers if too many
     warm_up(problem)
     started = time.perf_counter()

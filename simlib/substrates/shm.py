@@ -69,7 +69,7 @@ from simlib.parallel.worker import check_straggler, current, straggle
 from simlib.protocol import Protocol, may_read, read_allowed, staleness
 from simlib.worker import Compute, Early, Gate, InPlace, Plan, Pull, Push, WorkerOptions, drive, ps_worker
 from simlib.compress import worker_compressor
-from simlib.managed import MESSAGE_ENTRIES, check as check_managed
+from simlib.managed import MESSAGE_ENTRIES
 
 _POLL = 5e-5  # seconds between looks at the clocks while the protocol holds a read back
 _SPIN = 5e-4  # seconds a worker looks again at once (yielding its core) before it sleeps between looks
@@ -108,8 +108,7 @@ class ShmOptions(WorkerOptions):
         check.boolean("locked", self.locked)
         if self.start_method is not None:  # named before the warm-up compiles anything
             check.one_of("start_method", self.start_method, START_METHODS)
-        if isinstance(self.hot_keys, bool) or not isinstance(self.hot_keys, (int, np.integer)) or self.hot_keys < 0:
-            raise ValueError(f"hot_keys must be an integer >= 0 (0: no replica), got {self.hot_keys!r}")
+        check.non_negative_int("hot_keys", self.hot_keys)  # 0: no replica
 
 
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
@@ -132,7 +131,6 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         raise ValueError("read_rule: with backup_workers the shared table counts pushes only for the steps SSP's own "
                          "rule lets open (a ring of bound + 2); use the built-in read rule")
     check_straggler(opts.straggler, training.n_workers)
-    check_managed(protocol, opts.clock_batches, opts.managed_bandwidth, training.rule.plain)
     # compression and clocks of several mini-batches change what a push is: the get / step / add path
     plain_push = opts.compression in (None, "none") and opts.clock_batches == 1 and not protocol.backup_workers
     caps = capabilities(problem)
