@@ -65,27 +65,23 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto", 
     encodes each worker's push (the get / step / add path, on the NumPy twin: the compressors are NumPy code);
     ``bucket_bytes``: protocol 'allreduce' sums each worker's gradient in buckets of about this many bytes."""
     WorkerOptions(bucket_bytes=bucket_bytes, compression=compression)  # a bad size or spec named before anything runs
-    if protocol.kind == "allreduce":
-        mod, shards = get_xp(xp), problem.shards(training.n_workers)
-        transport = _AllReduceRounds(problem, protocol, training, mod, shards, capabilities(problem))
-        plan = Plan(training.steps, training.batch_size, training.lr)
-        drive_rounds([allreduce_worker(problem, shard, plan, bucket_bytes=bucket_bytes) for shard in shards],
-                     transport)
-        return transport.result()
     mod = get_xp(xp)
     if compression not in (None, "none") and mod is not np:
         raise ValueError("compression: the compressors are NumPy code; use xp='numpy' with compression")
-    n = training.n_workers
-    shards = problem.shards(n)
-    # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's), else local_steps
-    caps = capabilities(problem)
-    hook = caps.in_place
-    path = "in place" if callable(hook) and training.rule.plain and compression in (None, "none") and (
-        mod is np or caps.device_kernel is not None) else "get / step / add"
-    transport = (_InPlace if path == "in place" else _Rounds)(problem, protocol, training, mod, shards, caps)
-    plan = Plan(training.steps, training.batch_size, training.lr, in_place=path == "in place")
-    drive_rounds([ps_worker(problem, shard, plan, worker_compressor(compression, problem.n_params, training.seed, i))
-                  for i, shard in enumerate(shards)], transport)
+    shards, caps = problem.shards(training.n_workers), capabilities(problem)
+    if protocol.kind == "allreduce":
+        transport = _AllReduceRounds(problem, protocol, training, mod, shards, caps)
+        plan = Plan(training.steps, training.batch_size, training.lr)
+        programs = [allreduce_worker(problem, shard, plan, bucket_bytes=bucket_bytes) for shard in shards]
+    else:
+        # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's), else local_steps
+        in_place = callable(caps.in_place) and training.rule.plain and compression in (None, "none") and (
+            mod is np or caps.device_kernel is not None)
+        transport = (_InPlace if in_place else _Rounds)(problem, protocol, training, mod, shards, caps)
+        plan = Plan(training.steps, training.batch_size, training.lr, in_place=in_place)
+        programs = [ps_worker(problem, shard, plan, worker_compressor(compression, problem.n_params, training.seed, i))
+                    for i, shard in enumerate(shards)]
+    drive_rounds(programs, transport)
     return transport.result()
 
 
