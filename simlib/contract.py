@@ -127,7 +127,8 @@ def _in_place(caps: Any) -> Callable | None:
 
 
 # The optional hooks a problem offers, one field per entry of HOOKS, read and checked once by capabilities().
-Capabilities = make_dataclass("Capabilities", list(HOOKS), frozen=True, namespace={"in_place": property(_in_place)})
+Capabilities = make_dataclass("Capabilities", list(HOOKS), frozen=True,
+                              namespace={"__module__": __name__, "in_place": property(_in_place)})
 
 
 def capabilities(problem: Any) -> Capabilities:
