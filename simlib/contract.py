@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Callable, Iterable, Protocol as TypingProtocol, runtime_checkable
 
 import numpy as np
@@ -121,34 +121,14 @@ HOOKS: dict[str, tuple[str, Any]] = {
 }
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    """The optional hooks a problem offers (:data:`HOOKS`), read and checked once by :func:`capabilities`."""
+def _in_place(caps: Any) -> Callable | None:
+    """The device hook where there is one, else the in-place steps (the gpu substrate's choice)."""
+    return caps.device_steps or caps.local_steps
 
-    local_steps: Callable | None
-    device_steps: Callable | None
-    device_kernel: str | None
-    device_reads_apart: bool
-    validate: Callable | None
-    check_run: Callable | None
-    check_training: Callable | None
-    exact_deltas: bool
-    linear_step: bool
-    table_dtype: Any
-    init_table: Callable | None
-    in_place_chunk: int | None
-    in_place_locks: Callable | None
-    in_place_only: bool
-    replica: Callable | None
-    miniature: Callable | None
-    local_result: Callable | None
-    lr: float | None
-    backward_layers: Callable | None
 
-    @property
-    def in_place(self) -> Callable | None:
-        """The device hook where there is one, else the in-place steps (the gpu substrate's choice)."""
-        return self.device_steps or self.local_steps
+# The optional hooks a problem offers, one field per entry of HOOKS, read and checked once by capabilities().
+Capabilities = make_dataclass("Capabilities", list(HOOKS), frozen=True,
+                              namespace={"__module__": __name__, "in_place": property(_in_place)})
 
 
 def capabilities(problem: Any) -> Capabilities:
@@ -205,11 +185,6 @@ def check_problem(problem: Any) -> None:
     validate = capabilities(problem).validate  # every optional hook checked here, once, before a run starts
     if validate is not None:
         validate()
-
-
-def linear_step(problem: Any) -> bool:
-    """Whether the problem's deltas scale with lr (gradients do; LDA's count moves do not)."""
-    return capabilities(problem).linear_step
 
 
 @dataclass(frozen=True)

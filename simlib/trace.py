@@ -312,24 +312,17 @@ class Trace:
 
     def network_load(self, bins: int = 1000) -> tuple[Any, Any]:
         """(bin start times, bytes per second on the wire in each bin): every send and recv span's bytes
-        spread evenly over the bins it overlaps, summed over workers. Zero bins are an idle network."""
-        import numpy as np
-
+        spread evenly over its time (:meth:`link_load`), summed over workers. Zero bins are an idle network."""
         if not isinstance(bins, int) or bins < 1:
             raise ValueError(f"bins must be a positive integer, got {bins!r}")
         makespan = self.makespan
-        width = makespan / bins if makespan > 0 else 1.0
-        load = np.zeros(bins)
-        for s in self.spans:
-            if s.kind in ("send", "recv") and s.nbytes:
-                a = min(int(s.start / width), bins - 1)
-                b = max(a + 1, min(-int(-s.end // width), bins))  # the bins [a, b) the message overlaps
-                load[a:b] += s.nbytes / (b - a)
-        return np.arange(bins) * width, load / width
+        starts, load = self.link_load(makespan / bins if makespan > 0 else 1.0, ("send", "recv"), bins)
+        return starts, load.sum(axis=0)
 
-    def link_load(self, width: float, kinds: tuple[str, ...] = ("send",)) -> tuple[Any, Any]:
+    def link_load(self, width: float, kinds: tuple[str, ...] = ("send",), bins: int | None = None) -> tuple[Any, Any]:
         """(bin start times, bytes/s on each worker's link per bin, shape (n_workers, bins)): each span of ``kinds``
-        spreads its bytes evenly over its duration, bins of ``width`` seconds from 0 to the makespan.
+        spreads its bytes evenly over its duration, bins of ``width`` seconds from 0 to the makespan (or ``bins`` of
+        them).
 
             >>> t = Trace("x", "sim", 1)
             >>> t.span(0, "send", 0.0, 2.0, nbytes=100)
@@ -340,7 +333,7 @@ class Trace:
 
         if not (isinstance(width, (int, float)) and width > 0):
             raise ValueError(f"width must be a positive number of seconds, got {width!r}")
-        bins = max(1, int(np.ceil(self.makespan / width)))
+        bins = bins or max(1, int(np.ceil(self.makespan / width)))
         load = np.zeros((self.n_workers, bins))
         edges = np.arange(bins + 1) * width
         for s in self.spans:

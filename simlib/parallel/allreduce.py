@@ -17,7 +17,6 @@ is summed while the backward pass makes bucket k + 1), added to the replica at t
 from __future__ import annotations
 
 import copy
-import os
 import platform
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,12 +26,11 @@ import numpy as np
 
 from simlib.contract import Result, Training, new_trace, record_start
 from simlib.parallel.group import WorkerGroup
-from simlib.parallel.worker import check_straggler, current, straggle
+from simlib.parallel.worker import check_straggler, current, spin_until, straggle
 from simlib.protocol import Protocol
 from simlib.worker import AllReduce, Bucket, Compute, Plan, Pull, Reduced, allreduce_worker, dense_bucket, drive
 
 _SPIN = 1e-3  # seconds a barrier looks again at once (yielding the core) before it sleeps between looks
-_POLL = 5e-5
 # NOTE: the spinning barrier relies on x86-64's store order (a flag raised after the data is seen after it);
 # elsewhere the group's semaphore barrier, which orders memory, is used instead.
 _TSO = platform.machine().lower() in ("x86_64", "amd64")
@@ -137,12 +135,7 @@ class ShmAllReduce:
         self.gen += 1
         flags = self.flags.array[:, 0]
         flags[self.rank] = self.gen
-        spin = time.perf_counter() + _SPIN
-        while min(flags.tolist()) < self.gen:
-            if time.perf_counter() < spin:
-                os.sched_yield()
-            else:
-                time.sleep(_POLL)
+        spin_until(lambda: min(flags.tolist()) >= self.gen, _SPIN)
 
 
 class Ring:

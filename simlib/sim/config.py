@@ -209,12 +209,8 @@ class SimConfig(_FieldsOnly):
     def validate(self) -> None:
         """Raise ValueError naming the first field out of its allowed range (ranges: the fields' metadata)."""
         check_fields(self)
-        check.one_of("protocol", self.protocol, PROTOCOLS)
-        if self.protocol == "bsp" and self.staleness != 0:
-            raise ValueError("staleness must be 0 for protocol 'bsp' (use protocol 'ssp' for a bound s > 0)")
-        if self.protocol not in BOUNDED and self.staleness:
-            raise ValueError(f"staleness applies to protocol 'ssp' only (and 'essp'); "
-                             f"use protocol='ssp:{self.staleness}'")
+        # the protocol's own checks (kind, bound, backup workers and deadline), and backup_workers < n_workers
+        self.proto.check_workers(self.n_workers)
         if self.cache is True and self.protocol == "async":
             raise ValueError("cache needs a staleness bound (a row is fetched when the bound forces it): under 'async' "
                              "a worker would never fetch; use 'ssp:S' or 'essp:S' (under BSP every read fetches)")
@@ -236,10 +232,6 @@ class SimConfig(_FieldsOnly):
                              f"({self.n_workers})")
         if self.stragglers.fail_worker is not None and self.stragglers.fail_worker >= self.n_workers:
             raise ValueError(f"stragglers.fail_worker must be < n_workers ({self.n_workers})")
-        for name, on in (("backup_workers", self.backup_workers), ("timeout", self.timeout is not None)):
-            if on and self.protocol == "async":
-                raise ValueError(f"{name} needs a clocked protocol ('bsp' or 'ssp'), not 'async'")
-        self.proto.check_workers(self.n_workers)  # backup_workers < n_workers, as every substrate checks it
         # A callable is a factory (n_params, rng, key_bytes=, value_bytes=) -> compressor, called once per worker.
         if self.compression is not None and not callable(self.compression):
             from simlib.compress import parse_spec  # raises ValueError naming 'compression'

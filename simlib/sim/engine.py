@@ -213,7 +213,7 @@ class _Run:
                     except StopIteration:
                         break
                     kind = effect.__class__
-                    if kind is Gate and not per_site:
+                    if kind is Gate:  # wait until the read rule lets step c read (across sites: and the WAN)
                         c = transport.step = effect[0]
                         # NOTE: a closed gate wakes this process's own wake, not a new event (the same order, through
                         # the kernel's fast path): 2,000 workers x 100 BSP steps, 5.2 -> 4.6 CPU s.
@@ -224,8 +224,12 @@ class _Run:
                             now = env._now
                             if now > t0:  # span(i, WAIT, t0, now, 0, c)
                                 sw(i); sk(WAIT); ss(t0); se(now); sn(0); sc(c)  # noqa: E702
-                        # transport.opened(c), inlined
-                        if deadline:
+                        if per_site and not self._wan_ready(self.site_of[i], c):  # woken by _site_message
+                            t0, arrived = env._now, env.event()
+                            self.wan_waiters[self.site_of[i]].append((c, arrived))
+                            yield arrived
+                            self.trace.spans.add(i, WAIT, t0, env._now, 0, c)
+                        if deadline:  # the step's opening arms its deadline
                             clocks.open(c)
                         lag = c - rule.completed
                         transport.lag = lag if lag > 0 else 0
@@ -520,13 +524,6 @@ class _Run:
         cuts = np.searchsorted(keys, self.key_bounds)
         return [(k, slice(int(cuts[k]), int(cuts[k + 1]))) for k in range(self.n_shards) if cuts[k + 1] > cuts[k]]
 
-    def _encode(self, i: int, keys: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """Apply the worker's compressor; without one a sparse update costs key + value bytes per entry."""
-        if self.compressors is None:
-            return keys, g, len(keys) * self.cfg.entry_bytes
-        k2, g2, nbytes = self.compressors[i](keys, g)
-        return np.asarray(k2), np.asarray(g2, dtype=np.float64), int(nbytes)
-
     # -- all-reduce worker -----------------------------------------------------------------------
     def _ring(self, key: Any, done: simpy.Event, grads: list[tuple[Any, np.ndarray | None]], span: slice = slice(None)):
         """A ring all-reduce of every worker's gradient on ``self.w[span]`` (the whole table, or one bucket), costed by
@@ -605,14 +602,14 @@ class _Worker:
 
     # NOTE: slots, and the trace's column appenders shared by every worker (run.span_columns): 10^4 workers each
     # holding a dict and twelve bound methods of their own made every step reach colder memory.
-    __slots__ = ("run", "i", "env", "cfg", "clocks", "rule", "sw", "sk", "ss", "se", "sn", "sc", "ut", "uw", "uc", "us",
+    __slots__ = ("run", "i", "env", "cfg", "clocks", "sw", "sk", "ss", "se", "sn", "sc", "ut", "uw", "uc", "us",
                  "ua", "ul", "per_site", "cached", "direct", "inlink", "outlink", "server", "step", "lag", "units",
                  "managed", "pending", "step_time")
 
     def __init__(self, run: "_Run", i: int):
         cfg = run.cfg
         self.run, self.i, self.env, self.cfg = run, i, run.env, cfg
-        self.clocks, self.rule = run.clocks, run.clocks.rule
+        self.clocks = run.clocks
         # NOTE: the spans and updates appended column by column, not through span(): 3 % of a run.
         self.sw, self.sk, self.ss, self.se, self.sn, self.sc = run.span_columns
         self.ut, self.uw, self.uc, self.us, self.ua, self.ul = run.update_columns
@@ -641,35 +638,9 @@ class _Worker:
         self.units.append(units)
         return batch, keys
 
-    def gate(self, effect: Gate):
-        """Wait until the read rule lets step c read and, across sites, the WAN has brought what the bound requires
-        (the gate of one flat site is inlined in :meth:`_Run._ps_worker`)."""
-        env, i, run, c = self.env, self.i, self.run, effect.step
-        self.step, t0 = c, env._now
-        gate = self.clocks.gate(c, env._active_proc.wake)
-        if gate is not None:
-            yield gate
-            now = env._now
-            if now > t0:  # span(i, WAIT, t0, now, 0, c)
-                self.sw(i); self.sk(WAIT); self.ss(t0); self.se(now); self.sn(0); self.sc(c)  # noqa: E702
-        if self.per_site and not run._wan_ready(run.site_of[i], c):  # woken by a WAN message (_site_message)
-            t0, arrived = env._now, env.event()
-            run.wan_waiters[run.site_of[i]].append((c, arrived))
-            yield arrived
-            run.trace.spans.add(i, WAIT, t0, env._now, 0, c)
-        return self.opened(c)
-
-    def opened(self, c: int) -> int:
-        """Step c may read: open it (its deadline) and note the read's clock lag."""
-        if self.cfg.timeout is not None or self.managed is not None:  # a step's opening matters to its deadline
-            self.clocks.open(c)
-        lag = c - self.rule.completed  # rule.clock_lag(c), inlined
-        self.lag = lag if lag > 0 else 0
-        return 1
-
     def pull(self, effect: Pull):
         """Request the keys from each shard (or the worker's copy); each shard reads the table on arrival and replies
-        (the plain path's pull is inlined in :meth:`_Run._ps_worker`)."""
+        (the plain path's pull is inlined in :meth:`_Run._worker`)."""
         env, run, keys = self.env, self.run, effect.keys
         t_pull = env._now
         if self.managed is not None:
@@ -784,7 +755,7 @@ class _Worker:
         return applied, completed
 
 
-_PS_EFFECTS = {Gate: _Worker.gate, Pull: _Worker.pull, Push: _Worker.push, Early: _Worker.early}
+_PS_EFFECTS = {Pull: _Worker.pull, Push: _Worker.push, Early: _Worker.early}
 _RING_EFFECTS = {Pull: _Worker.replica, AllReduce: _Worker.all_reduce, Bucket: _Worker.bucket, Reduced: _Worker.reduced,
                  Compute: _Worker.layer}
 

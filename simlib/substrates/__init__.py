@@ -44,8 +44,9 @@ BUILTIN = {
     "ray": "simlib.substrates.ray",
 }
 _registered: dict[str, Runner] = {}
-# The features of the worker program and the server, and where they cannot mean anything: every other
-# (feature, substrate) pair runs. tests/test_worker.py checks every cell of sim, pipes, shm and gpu.
+# The features of the worker program and the server, and where they cannot mean anything (run refuses them there,
+# naming the feature and the reason): every other (feature, substrate) pair runs. tests/test_worker.py checks every
+# cell of sim, pipes, shm and gpu.
 FEATURES = ("backup_workers", "timeout", "compression", "clock_batches", "essp", "accumulation", "staleness_aware",
             "read_rule", "allreduce")
 REFUSED = {
@@ -124,22 +125,22 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     proto = _with_protocol_options(proto, options, runner)
     given = {k: options.pop(k) for k in list(options) if k in _RULE}
     rule = options.pop("rule", None)
-    if rule is None:
-        rule = StepRule(**given)
-    elif not isinstance(rule, StepRule):
-        raise ValueError(f"rule must be a StepRule(...) instance (or a subclass's), got {type(rule).__name__}")
-    elif given:
+    if rule is not None and given:
         raise ValueError(f"{sorted(given)[0]}: give it to the StepRule passed as rule=, not beside it")
+    shared = {f.name for f in fields(Training)} - {"rule"}
+    # Training refuses a rule that is not a StepRule (or a subclass's instance)
+    training = Training(rule=StepRule(**given) if rule is None else rule,
+                        **{k: options.pop(k) for k in list(options) if k in shared})
+    rule = training.rule
     if caps.exact_deltas:
         _refuse_lossy(problem, proto, options.get("compression"), rule)
     if rule.staleness_aware and not caps.linear_step:
         raise ValueError(f"staleness_aware: {type(problem).__name__}'s updates are not gradient steps, "
                          "so they cannot be scaled by 1/tau")
-    shared = {f.name for f in fields(Training)} - {"rule"}
-    training = Training(rule=rule, **{k: options.pop(k) for k in list(options) if k in shared})
     if substrate != "sim":
         check_real_workers(training.n_workers, substrate)
     proto.check_workers(training.n_workers)
+    _refuse(substrate, proto, training, options)
     # check_run: protocols and substrates the problem cannot run on; check_training: settings its math cannot run
     if caps.check_run is not None:
         caps.check_run(proto, substrate)
@@ -149,11 +150,13 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     if training.read_rule is not None:  # a rule that stalls the very first read is named before anything starts
         read_allowed(training.read_rule, 0, 0, proto.bound)
     _check_options(substrate, runner, options, sorted(shared | _RULE | {"rule"}))
-    if "clock_batches" in options:  # the work a run's clocks imply (sim, pipes), refused before anything starts
-        from simlib.managed import check_clocks
+    if "clock_batches" in options or "managed_bandwidth" in options:  # refused before anything starts
+        from simlib.managed import check as check_managed, check_clocks
 
-        check.positive_int("clock_batches", options["clock_batches"])
-        check_clocks(training.steps, options["clock_batches"])
+        clocks = options.get("clock_batches", 1)
+        check.positive_int("clock_batches", clocks)
+        check_clocks(training.steps, clocks)  # the work a run's clocks imply
+        check_managed(proto, clocks, options.get("managed_bandwidth"), rule.plain)
     return runner(problem, proto, training, **options)
 
 
@@ -183,6 +186,16 @@ def _check_allreduce(problem: Any, proto: Protocol, training: Any, substrate: st
     if options.get("bucket_bytes") is not None and caps.backward_layers is None:
         raise ValueError(f"bucket_bytes: {type(problem).__name__} has no backward_layers (its gradient layer by layer),"
                          " so its gradient goes as one all-reduce; leave bucket_bytes out")
+
+
+def _refuse(substrate: str, proto: Protocol, training: Any, options: dict[str, Any]) -> None:
+    """ValueError naming a feature given that cannot mean anything on ``substrate`` (:data:`REFUSED`), and why."""
+    given = {"backup_workers": proto.backup_workers, "timeout": proto.timeout is not None,
+             "clock_batches": options.get("clock_batches", 1) != 1,
+             "accumulation": training.rule.group_size(training.n_workers) != 1}
+    for name, on in given.items():
+        if on and (name, substrate) in REFUSED:
+            raise ValueError(f"{name}: not on substrate {substrate!r} ({REFUSED[name, substrate]})")
 
 
 def _own_lr(problem: Any, own: float | None, options: dict[str, Any]) -> None:

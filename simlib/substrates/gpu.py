@@ -64,34 +64,24 @@ def run(problem: Any, protocol: Protocol, training: Training, xp: str = "auto", 
     """The substrate entry point (``simlib.run(..., substrate="gpu", xp="numpy"|"cupy"|"auto")``); ``compression``
     encodes each worker's push (the get / step / add path, on the NumPy twin: the compressors are NumPy code);
     ``bucket_bytes``: protocol 'allreduce' sums each worker's gradient in buckets of about this many bytes."""
-    WorkerOptions(bucket_bytes=bucket_bytes)  # a bad size named before anything runs
-    if protocol.kind == "allreduce":
-        mod, shards = get_xp(xp), problem.shards(training.n_workers)
-        transport = _AllReduceRounds(problem, protocol, training, mod, shards, capabilities(problem))
-        plan = Plan(training.steps, training.batch_size, training.lr)
-        drive_rounds([allreduce_worker(problem, shard, plan, bucket_bytes=bucket_bytes) for shard in shards],
-                     transport)
-        return transport.result()
-    if bucket_bytes is not None:
-        raise ValueError("bucket_bytes applies to protocol 'allreduce' only")
-    if protocol.backup_workers or protocol.timeout is not None:
-        raise ValueError("backup_workers and timeout need stragglers; lock-step GPU batches have none "
-                         "(use substrate 'sim' or 'pipes')")
+    WorkerOptions(bucket_bytes=bucket_bytes, compression=compression)  # a bad size or spec named before anything runs
     mod = get_xp(xp)
-    WorkerOptions(compression=compression)  # a bad spec named before anything runs
     if compression not in (None, "none") and mod is not np:
         raise ValueError("compression: the compressors are NumPy code; use xp='numpy' with compression")
-    n = training.n_workers
-    shards = problem.shards(n)
-    # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's), else local_steps
-    caps = capabilities(problem)
-    hook = caps.in_place
-    path = "in place" if callable(hook) and training.rule.plain and compression in (None, "none") and (
-        mod is np or caps.device_kernel is not None) else "get / step / add"
-    transport = (_InPlace if path == "in place" else _Rounds)(problem, protocol, training, mod, shards, caps)
-    plan = Plan(training.steps, training.batch_size, training.lr, in_place=path == "in place")
-    drive_rounds([ps_worker(problem, shard, plan, worker_compressor(compression, problem.n_params, training.seed, i))
-                  for i, shard in enumerate(shards)], transport)
+    shards, caps = problem.shards(training.n_workers), capabilities(problem)
+    if protocol.kind == "allreduce":
+        transport = _AllReduceRounds(problem, protocol, training, mod, shards, caps)
+        plan = Plan(training.steps, training.batch_size, training.lr)
+        programs = [allreduce_worker(problem, shard, plan, bucket_bytes=bucket_bytes) for shard in shards]
+    else:
+        # the hook: ``device_steps`` where a problem's device steps differ from its CPU ones (LDA's), else local_steps
+        in_place = callable(caps.in_place) and training.rule.plain and compression in (None, "none") and (
+            mod is np or caps.device_kernel is not None)
+        transport = (_InPlace if in_place else _Rounds)(problem, protocol, training, mod, shards, caps)
+        plan = Plan(training.steps, training.batch_size, training.lr, in_place=in_place)
+        programs = [ps_worker(problem, shard, plan, worker_compressor(compression, problem.n_params, training.seed, i))
+                    for i, shard in enumerate(shards)]
+    drive_rounds(programs, transport)
     return transport.result()
 
 
@@ -101,12 +91,16 @@ class _Rounds:
     others: tau = i under async and SSP, 0 under BSP)."""
 
     def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any):
-        self.problem, self.training, self.mod, self.shards = problem, training, mod, shards
         # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
         self.server = ParamServer(mod.asarray(problem.init_params()), training.n_workers, protocol, training.rule,
                                   read_rule=training.read_rule)
+        self._begin(problem, protocol, training, mod, shards, path="get / step / add")
+
+    def _begin(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, **meta: Any) -> None:
+        """What every round transport starts with once its table exists: the trace, its first metric, the clock."""
+        self.problem, self.protocol, self.training, self.mod, self.shards = problem, protocol, training, mod, shards
         self.trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}",
-                               unit="batch", xp=mod.__name__, path="get / step / add")
+                               unit="batch", xp=mod.__name__, **meta)
         self.t0 = time.perf_counter()
         record_start(self.trace, problem, self.table)
         self.start = 0.0
@@ -192,21 +186,15 @@ class _InPlace(_Rounds):
     worker: every step up to the next evaluation in one call)."""
 
     def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any):
-        n = training.n_workers
-        self.problem, self.protocol, self.training, self.mod, self.shards, self.hook = (
-            problem, protocol, training, mod, shards, caps.in_place)
+        n, self.hook = training.n_workers, caps.in_place
         self.device_table = mod.asarray(np.asarray(problem.init_params()).astype(caps.table_dtype))
-        self.trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}",
-                               unit="batch", xp=mod.__name__, path="in place",
-                               update_unit="one step" if n > 1 else f"a chunk of up to {training.eval_every} steps")
         self.inflight = InFlight()
         # a device hook that reads one table and adds to another needs no scratch copy per worker
         self.apart = n > 1 and mod is not np and caps.device_reads_apart
         self.snapshot = mod.empty_like(self.device_table) if n > 1 else None
         self.scratch = mod.empty_like(self.device_table) if n > 1 and not self.apart else None
-        self.t0 = time.perf_counter()
-        record_start(self.trace, problem, self.device_table)
-        self.start, self.taus = 0.0, []
+        self._begin(problem, protocol, training, mod, shards, path="in place",
+                    update_unit="one step" if n > 1 else f"a chunk of up to {training.eval_every} steps")
 
     @property
     def table(self) -> Any:

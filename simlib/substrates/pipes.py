@@ -46,7 +46,6 @@ from simlib import _validate as check
 from simlib.contract import ParamServer, Result, Training, local_result, new_trace, real_result, record_metric
 from simlib.contract import served_trace, warm_up as contract_warm_up
 from simlib.managed import MESSAGE_ENTRIES
-from simlib.managed import check as check_managed
 from simlib.parallel.allreduce import Ring, run_replicas
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
@@ -111,12 +110,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     opts = check.options(PipesOptions, options, "substrate 'pipes'")
     if protocol.kind == "allreduce":  # every worker a replica; each bucket summed around a ring of pipes
         return run_replicas(problem, protocol, training, opts, "pipes", "over a ring of pipes", _ring)
-    if protocol.timeout is not None:
-        raise ValueError("timeout: per-step deadlines run in the simulator only (substrate='sim'); "
-                         "use backup_workers on real substrates")
     n_workers = training.n_workers
     check_straggler(opts.straggler, n_workers)
-    check_managed(protocol, opts.clock_batches, opts.managed_bandwidth, training.rule.plain)
     shards = problem.shards(n_workers)  # raises ValueError naming n_workers if too many
     warm_up(problem)
     started = time.perf_counter()

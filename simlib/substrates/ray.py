@@ -76,7 +76,7 @@ from simlib.compress import worker_compressor
 from simlib.contract import ParamServer, Result, Training, new_trace, served_trace
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
-from simlib.managed import MESSAGE_ENTRIES, check as check_managed
+from simlib.managed import MESSAGE_ENTRIES
 from simlib.worker import AllReduce, Bucket, Compute, Early, Gate, Plan, Pull, Push, Reduced, WorkerOptions
 from simlib.worker import allreduce_worker, dense_bucket, drive, ps_worker
 
@@ -128,22 +128,16 @@ class _Changed:
             await self._event.wait()
 
 
-class RayPSCoordinator:
-    """Shard 0: a ParamServer over keys [0, b1) plus the run's clocks, version and records."""
+class _Recorder:
+    """The actor that records the run (the coordinator, or the reducer): one update per push (its index is its
+    sequence number), and the quality of the whole table (:meth:`_table`) every ``eval_every`` updates per worker."""
 
-    def __init__(self, params: np.ndarray, problem: Any, protocol: Protocol, training: Training, others: list,
-                 evaluate: bool):
+    def __init__(self, problem: Any, training: Training, evaluate: bool, label: str):
         n = training.n_workers
-        # Arrays arrive as read-only views of Ray's object store: the table needs its own copy.
-        self.server = ParamServer(np.array(params), n, protocol, training.rule, read_rule=training.read_rule)
-        self.problem, self.others = problem, others
-        self.evaluate_every, self.total = training.eval_every * n if evaluate else 0, n * training.steps
-        self.lag = [0] * n
-        # one update per push decided (applied or dropped): its index is its sequence number; the quality points
-        self.served = Trace("ray coordinator", "ray", n)
+        self.problem, self.total = problem, n * training.steps
+        self.evaluate_every = training.eval_every * n if evaluate else 0
+        self.served = Trace(label, "ray", n)
         self.t0 = 0.0
-        # NOTE: an asyncio.Event binds to the loop that first waits on it (Python >= 3.10), so it can be made here.
-        self._changed = _Changed()
 
     ping = _whereabouts
 
@@ -154,6 +148,36 @@ class RayPSCoordinator:
     def start(self, t0: float) -> None:
         """The run's clock starts at wall time ``t0``."""
         self.t0 = t0
+
+    async def _record(self, worker: int, c: int, tau: int, applied: bool, lag: int) -> int:
+        """One update now, and the quality where it is due; returns the update's sequence number."""
+        seq = len(self.served.updates)
+        self.served.update(time.time() - self.t0, worker, c, tau, applied, lag)
+        if self.evaluate_every and (seq + 1) % self.evaluate_every == 0 and seq + 1 < self.total:
+            await self._evaluate(seq + 1)
+        return seq
+
+    async def _evaluate(self, n_updates: int, at: float | None = None) -> None:
+        """Record the quality of the whole table at run time ``at`` (default: now)."""
+        w = await self._table()
+        self.served.record_quality(time.time() - self.t0 if at is None else at, n_updates, self.problem.quality(w))
+
+    async def _table(self) -> np.ndarray:
+        raise NotImplementedError
+
+
+class RayPSCoordinator(_Recorder):
+    """Shard 0: a ParamServer over keys [0, b1) plus the run's clocks, version and records."""
+
+    def __init__(self, params: np.ndarray, problem: Any, protocol: Protocol, training: Training, others: list,
+                 evaluate: bool):
+        super().__init__(problem, training, evaluate, "ray coordinator")
+        n = training.n_workers
+        # Arrays arrive as read-only views of Ray's object store: the table needs its own copy.
+        self.server = ParamServer(np.array(params), n, protocol, training.rule, read_rule=training.read_rule)
+        self.others, self.lag = others, [0] * n
+        # NOTE: an asyncio.Event binds to the loop that first waits on it (Python >= 3.10), so it can be made here.
+        self._changed = _Changed()
 
     async def pull(self, worker: int, c: int, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
         """Held until the protocol lets step ``c`` read; (values, (version, lag, decided, held s))."""
@@ -181,23 +205,14 @@ class RayPSCoordinator:
                    read_version: int) -> tuple[bool, int, int, int]:
         """Apply (or drop) a push: (applied, tau, its sequence number, complete steps)."""
         applied, tau = self.server.push(c, keys, deltas, read_version)
-        seq = len(self.served.updates)
-        self.served.update(time.time() - self.t0, worker, c, tau, applied, self.lag[worker])
         self._changed.notify()
-        n = seq + 1
-        if self.evaluate_every and n % self.evaluate_every == 0 and n < self.total:
-            await self._evaluate(n)
+        seq = await self._record(worker, c, tau, applied, self.lag[worker])
         return applied, tau, seq, self.server.clocks.completed
 
     async def _table(self) -> np.ndarray:
         """The whole table: this shard's range followed by the others'."""
         parts = await asyncio.gather(*[s.values.remote() for s in self.others])
         return np.concatenate([self.server.params, *parts])
-
-    async def _evaluate(self, n_updates: int, at: float | None = None) -> None:
-        """Record the quality of the whole table at run time ``at`` (default: now)."""
-        w = await self._table()
-        self.served.record_quality(time.time() - self.t0 if at is None else at, n_updates, self.problem.quality(w))
 
     async def finish(self) -> tuple[np.ndarray, Trace]:
         """Apply what the step rule still holds; (the table, a trace of the updates and the quality points)."""
@@ -345,22 +360,15 @@ class RayPSWorker:
         return ray.get([decision, *adds])[0]
 
 
-class RayReducer:
+class RayReducer(_Recorder):
     """Protocol 'allreduce': where the workers meet. Bucket k of step c is summed over the n workers and every one
     gets the sum back (a direct all-reduce through the object store); the sum is added to this actor's replica,
     whose quality it records."""
 
     def __init__(self, params: np.ndarray, problem: Any, training: Training, evaluate: bool):
-        self.w, self.problem, self.n = np.array(params), problem, training.n_workers
-        self.evaluate_every = training.eval_every * self.n if evaluate else 0
-        self.total = self.n * training.steps
+        super().__init__(problem, training, evaluate, "ray reducer")
+        self.w, self.n = np.array(params), training.n_workers
         self.sums: dict[tuple[int, int], list] = {}  # (step, bucket) -> [sum, contributions, takers, summed event]
-        self.served = Trace("ray reducer", "ray", self.n)
-        self.t0 = 0.0
-
-    ping = _whereabouts
-    evaluate_start = RayPSCoordinator.evaluate_start
-    start = RayPSCoordinator.start
 
     async def reduce(self, c: int, k: int, keys: Any, x: np.ndarray) -> np.ndarray:
         """The sum of bucket k of step c over every worker, once all n have sent theirs."""
@@ -381,14 +389,11 @@ class RayReducer:
 
     async def done(self, worker: int, c: int) -> None:
         """Worker ``worker`` has step c's sums in its replica: one update (tau 0), the quality where it is due."""
-        self.served.update(time.time() - self.t0, worker, c, 0, True, 0)
-        n = len(self.served.updates)
-        if self.evaluate_every and n % self.evaluate_every == 0 and n < self.total:
-            await self._evaluate(n)
+        await self._record(worker, c, 0, True, 0)
 
-    async def _evaluate(self, n_updates: int, at: float | None = None) -> None:
-        """Record the quality of the replica at run time ``at`` (default: now)."""
-        self.served.record_quality(time.time() - self.t0 if at is None else at, n_updates, self.problem.quality(self.w))
+    async def _table(self) -> np.ndarray:
+        """The replica."""
+        return self.w
 
     async def finish(self) -> tuple[np.ndarray, Trace]:
         """(the replica, a trace of the updates and the quality points)."""
@@ -694,8 +699,8 @@ class RayOptions(WorkerOptions):
         if self.n_servers > 1 and training.rule.group_size(training.n_workers) != 1:
             raise ValueError("accumulation: averaging pushes over several server shards is not supported; "
                              "use n_servers=1")
-        check_managed(protocol, self.clock_batches, self.managed_bandwidth, training.rule.plain)
-        protocol.check_workers(training.n_workers)
+        if protocol.kind == "allreduce" and self.n_servers > 1:
+            raise ValueError("n_servers: protocol 'allreduce' has no server shards (one reducer actor); use n_servers=1")
 
 
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
@@ -703,8 +708,6 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     opts = check.options(RayOptions, options, "substrate 'ray'")
     opts.check_run(problem, protocol, training)
     ring = protocol.kind == "allreduce"  # a reducer actor and replica workers instead of server shards
-    if ring and opts.n_servers > 1:
-        raise ValueError("n_servers: protocol 'allreduce' has no server shards (one reducer actor); use n_servers=1")
     n = training.n_workers
     data_shards = problem.shards(n)  # raises ValueError naming n_workers if too many
     import ray
