@@ -717,7 +717,7 @@ def test_the_blank_version_scores_zero_on_a_probed_part(probe_class):
 
 def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(probe_class):
     out = probe_class["out"]
-    master = json.loads(next(out.glob(".numba-cache/*/master-passed")).read_text())
+    master = json.loads(next(out.glob(".cache/master-*.json")).read_text())
     values = [r["value"] for r in master["probes"]["t1: hidden tests"]]
     assert len(values) == 21 and values[-1] == [1.5] and all(2 * 10**6 < v < 2 * 10**7 for v in values[:-1])
     for student, text in _feedback(out).items():
@@ -725,6 +725,90 @@ def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(pr
         assert "PROBED-PART" not in text and "LEAKZ" not in text and "_probes" not in text, student
     seed = (out / ".cache" / "probe-seed").read_text()
     assert not [p for p in probe_class["subs"].rglob("*") if seed in p.read_text(errors="replace")]
+
+
+# -- the library's reference, reached at run time --------------------------------------------------
+# Part 2 of this master is the SSP read rule, g(clock, completed, bound), whose answer the library holds
+# (simlib.protocol.may_read). Each submission reaches it by a name or a path built at run time; the grader must
+# flag where (the probe values alone cannot tell: they are right).
+REF = "(vars(sys.modules['simlib.' + 'protocol'])['may' + '_read'])"
+REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
+    "vars_module": (f"import sys, simlib.protocol\ng = {REF}", "the name 'g' the grader calls"),
+    "globals_dict": ("import simlib.protocol as p\nglobals()['g'] = p.__dict__['may' + '_read']",
+                     "the name 'g' the grader calls"),
+    "dunder_import": ("m = __import__('simlib.' + 'protocol', fromlist=['x'])\ndef g(c, d, s):\n"
+                      "    return vars(m)['may' + '_read'](c, d, s)", "a2 line 3: return vars(m)['may' + '_read'](c, d, s)"),
+    "sys_modules_dict": ("import importlib, sys\nimportlib.import_module('simlib.' + 'protocol')\n"
+                         "ref = sys.modules['simlib.' + 'protocol'].__dict__.get('may' + '_read')\n"
+                         "def g(c, d, s):\n    return ref(c, d, s)", "a2 line 5: return ref(c, d, s)"),
+    "garbage_collector": ("import gc, types\nref = next(o for o in gc.get_objects() if isinstance(o, types.FunctionType) "
+                          "and o.__name__ == 'may' + '_read' and o.__module__ == 'simlib.' + 'protocol')\n"
+                          "def g(c, d, s):\n    return ref(c, d, s)", "a2 line 4: return ref(c, d, s)"),
+    "through_the_library": ("import math\nfrom simlib.protocol import Clocks\ndef g(c, d, s):\n"
+                            "    k = Clocks(1, 'async' if s == math.inf else 'bsp' if s == 0 else f'ssp:{s}')\n"
+                            "    k.completed = d\n    return getattr(k, 'may_' + 'read')(c)",
+                            "a2 line 6: return getattr(k, 'may_' + 'read')(c)"),
+    "clones_its_code": (f"import sys, types, simlib.protocol\ng = types.FunctionType({REF}.__code__, {{}})",
+                        "(uses simlib.protocol.may_read"),
+    "copies_its_source": (f"import inspect, sys, simlib.protocol\nexec(inspect.getsource({REF}).replace(' -> bool', '')"
+                          ".replace(': int', '').replace(': float', '').replace('may' + '_read', 'g'))",
+                          "code named <string> line 1"),
+    "removes_the_watch": (f"import sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n    sys.setprofile(None)\n"
+                          "    return ref(c, d, s)", "a2 line 4: sys.setprofile(None) (replaces or removes the grader's call watch"),
+}
+
+
+def reference_master():
+    """The probe master, its part 2 the SSP read rule that simlib.protocol.may_read answers, checked by probes."""
+    master = probe_master()
+    master["cells"][3]["source"] = "### BEGIN SOLUTION\ndef g(clock, completed, bound):\n    return clock - bound <= completed\n" \
+                                   "### END SOLUTION"
+    master["cells"][4]["source"] = (
+        "assert g(0, 0, 0)\n### BEGIN HIDDEN TESTS\n_REFERENCES = ['simlib.protocol.may_read']\ndef _probes(rng):\n"
+        "    return [{'call': 'bool', 'args': [{'call': 'g', 'args': [int(c), int(d), int(s)]}]}\n"
+        "            for c, d, s in zip(rng.integers(0, 9, 30), rng.integers(0, 9, 30), rng.integers(0, 4, 30))]\n"
+        "### END HIDDEN TESTS")
+    return master
+
+
+LEAKS = ("import json, os\nseen = []\ndef f(x):\n    for root in (os.environ.get('NUMBA_CACHE_DIR', ''), '/run/numba-cache'):\n"
+         "        path = os.path.join(root, 'master-passed')\n        if os.path.exists(path):\n"
+         "            values = [r['value'] for r in json.load(open(path))['probes']['t1: hidden tests']]\n"
+         "            seen.append(x)\n            return values[len(seen) - 1]\n    return 1")
+
+
+def _write_reference_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict[str, Any]:
+    (subs / "good.ipynb").write_text(nbm.dump(master))
+    for name, (code, _) in REACHES.items():
+        nb = json.loads(json.dumps(master))
+        nb["cells"][3]["source"] = code
+        (subs / f"{name}.ipynb").write_text(nbm.dump(nb))
+    (subs / "reads_the_masters_replies.ipynb").write_text(nbm.dump(with_answer1(master, LEAKS)))
+    return {}
+
+
+@pytest.fixture(scope="module")
+def reference_class(tmp_path_factory):
+    """Graded in whichever sandbox runs here (bubblewrap, else the watcher)."""
+    return _grade_hostile(tmp_path_factory, "auto", _write_reference_class, master=reference_master())
+
+
+@pytest.mark.parametrize("student", sorted(REACHES))
+def test_a_reference_reached_at_run_time_is_flagged_with_its_line(reference_class, student):
+    notes = (reference_class["out"] / "notes.txt").read_text(encoding="utf-8")
+    flagged = [line for line in notes.splitlines() if line.startswith(f"{student}: flagged: ")]
+    assert [line for line in flagged if REACHES[student][1] in line], notes
+    assert _rows(reference_class["out"])[(student, "t2")] == (3, "passed; flagged (notes.txt)")
+    assert _rows(reference_class["out"])[("good", "t2")] == (3, "passed")
+    assert "good: flagged" not in notes
+
+
+def test_the_masters_replies_are_out_of_the_sandboxs_reach(reference_class):
+    """The master's pass (its replies to every probe) once lay beside the kernels every submission reads."""
+    out = reference_class["out"]
+    assert _rows(out)[("reads_the_masters_replies", "t1")][0] == 0
+    assert "differs from the master's" in _feedback(out)["reads_the_masters_replies"]
+    assert not list(out.glob(".numba-cache/*/master-passed")) and list(out.glob(".cache/master-*.json"))
 
 
 def test_probe_calls_keep_values_index_and_are_judged_by_tolerance_raises_or_check():
