@@ -125,7 +125,7 @@ def read_exact(fd: int, n: int) -> bytes | None:
     """Exactly n bytes from a pipe, or None if it closes first."""
     data = bytearray()
     while len(data) < n:
-        chunk = os.read(fd, n - len(data))
+        chunk = _READ(fd, n - len(data))
         if not chunk:
             return None
         data += chunk
@@ -190,8 +190,10 @@ def _note(ref: str) -> None:
         NOTED[(frame.f_code.co_filename, frame.f_lineno, ref)] = None
 
 
-# The hook's own functions, taken before any submitted code runs (a submission may replace sys.setprofile).
+# The hook's own functions and the channel's, taken before any submitted code runs (a submission may replace
+# sys.setprofile, or os.write to strip what a reply says it used).
 _SETPROFILE, _GETPROFILE, _THREAD_SETPROFILE = sys.setprofile, sys.getprofile, threading.setprofile
+_READ, _WRITE = os.read, os.write
 REF_CODES: dict[int, tuple[types.CodeType, str]] = {}  # id(code object) -> (it, the reference whose code it is, or
 # the reference keyword it takes)
 REF_OBJECTS: dict[int, tuple[Any, str]] = {}  # id(reference) -> (it, its dotted name)
@@ -362,7 +364,7 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
     MASTER_FILES.update(f"<{u['name']}>" for u in plan if not u.get("student"))
     loaded = 0
     for seq in range(len(plan)):
-        if os.read(control, 1) != b"g":
+        if _READ(control, 1) != b"g":
             return
         unit, plan[seq] = plan[seq], {}
         code = None
@@ -397,7 +399,7 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
         data = frame(reply)
         if len(data) > MAX_FRAME:
             data = frame({**reply, "values": [], "ok": False, "error": "the values are larger than 1 MB"})
-        os.write(result_fd, data)
+        _WRITE(result_fd, data)
 
 
 def _answer(call: dict[str, Any], namespace: dict[str, Any], kept: dict[str, Any]) -> dict[str, Any]:
