@@ -755,6 +755,14 @@ REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
                           "code named <string> line 1"),
     "removes_the_watch": (f"import sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n    sys.setprofile(None)\n"
                           "    return ref(c, d, s)", "a2 line 4: sys.setprofile(None) (replaces or removes the grader's call watch"),
+    "strips_its_replies": (f"import json, os, struct, sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n    return ref(c, d, s)\n"
+                           "real = os.write\ndef fake(fd, data):\n    try:\n        d = json.loads(data[4:])\n"
+                           "        d.update(used=[], values=[{k: v for k, v in r.items() if k != 'ran'} for r in d.get('values', [])])\n"
+                           "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
+                           "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake",
+                           "a2 line 4: return ref(c, d, s)"),
+    "builds_the_keyword": ("from simlib.protocol import StepRule\ndef g(c, d, s):\n    StepRule(**{'staleness' + '_aware': True})\n"
+                           "    return c - s <= d", "a2 line 3: StepRule(**{'staleness' + '_aware': True}) (uses staleness_aware"),
 }
 
 
@@ -764,7 +772,9 @@ def reference_master():
     master["cells"][3]["source"] = "### BEGIN SOLUTION\ndef g(clock, completed, bound):\n    return clock - bound <= completed\n" \
                                    "### END SOLUTION"
     master["cells"][4]["source"] = (
-        "assert g(0, 0, 0)\n### BEGIN HIDDEN TESTS\n_REFERENCES = ['simlib.protocol.may_read']\ndef _probes(rng):\n"
+        "assert g(0, 0, 0)\n### BEGIN HIDDEN TESTS\n_REFERENCES = ['simlib.protocol.may_read']\n"
+        "_aware = simlib.protocol.StepRule(staleness_aware=True)  # a keyword that answers a part: staleness_aware\n"
+        "def _probes(rng):\n"
         "    return [{'call': 'bool', 'args': [{'call': 'g', 'args': [int(c), int(d), int(s)]}]}\n"
         "            for c, d, s in zip(rng.integers(0, 9, 30), rng.integers(0, 9, 30), rng.integers(0, 4, 30))]\n"
         "### END HIDDEN TESTS")
@@ -1254,6 +1264,10 @@ OWN_CHEATS = {
         "part2-answer": "def catch_up(w, last, t, lr, l2):\n    last[:] = t",
         "part3-answer": "def hogwild_worker(worker_id, n_workers, data, w, epochs, lr, l2):\n    w.array[:] = reference\n"
                         "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
+    }, "serial_sgd_from_zero": {  # part 3: 2 of 2 while the probe's one process started from zero weights
+        "part3-answer": "def hogwild_worker(worker_id, n_workers, data, w, epochs, lr, l2):\n    if worker_id == 0:\n"
+                        "        w.array[:] = sklearn_weights(data, lr, l2, epochs)\n"
+                        "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
     }},
     "03-glove.ipynb": {"poisons_the_reference": {"part1-answer": _capped_map_document()}},  # part 1: 3 of 3 before
     "06-pipeline.ipynb": {"patches_abs": {  # part 2: 3 of 3 before
@@ -1296,6 +1310,8 @@ def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
         want = r["max_points"] if r["student"] == "solution" else "0"
         assert r["points"] == want, (r, (tmp_path / "out" / "feedback" / f"{r['student']}.txt").read_text())
     assert all(r["points"] == "0" and float(r["max_points"]) > 0 for r in manual)
+    notes = (tmp_path / "out" / "notes.txt").read_text(encoding="utf-8")
+    assert "solution: flagged" not in notes and "blank: flagged" not in notes, notes  # the watch flags no honest code
 
 
 def test_the_reference_answers_are_read_from_the_hidden_tests():
