@@ -717,7 +717,7 @@ def test_the_blank_version_scores_zero_on_a_probed_part(probe_class):
 
 def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(probe_class):
     out = probe_class["out"]
-    master = json.loads(next(out.glob(".cache/master-*.json")).read_text())
+    master = json.loads(next(out.glob(".cache/master-*.passed")).read_text())
     values = [r["value"] for r in master["probes"]["t1: hidden tests"]]
     assert len(values) == 21 and values[-1] == [1.5] and all(2 * 10**6 < v < 2 * 10**7 for v in values[:-1])
     for student, text in _feedback(out).items():
@@ -818,7 +818,7 @@ def test_the_masters_replies_are_out_of_the_sandboxs_reach(reference_class):
     out = reference_class["out"]
     assert _rows(out)[("reads_the_masters_replies", "t1")][0] == 0
     assert "differs from the master's" in _feedback(out)["reads_the_masters_replies"]
-    assert not list(out.glob(".numba-cache/*/master-passed")) and list(out.glob(".cache/master-*.json"))
+    assert not list(out.glob(".numba-cache/*/master-passed")) and list(out.glob(".cache/master-*.passed"))
 
 
 def test_probe_calls_keep_values_index_and_are_judged_by_tolerance_raises_or_check():

@@ -576,12 +576,12 @@ def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str,
     kernels = out_dir / ".numba-cache" / key
     # NOTE: the pass is kept in .cache, never beside the kernels: submissions read that folder (a copy, or
     # /run/numba-cache), and the master's replies there answered every probe of 02 (8 of 8 points, unsolved).
-    passed = out_dir / ".cache" / f"master-{key}.json"
+    passed = out_dir / ".cache" / f"master-{key}.passed"
     if passed.is_file() and kernels.is_dir():
         return kernels, json.loads(passed.read_text()).get("probes", {})
     for old in (out_dir / ".numba-cache").glob("*"):
         shutil.rmtree(old, ignore_errors=True)
-    for old in (out_dir / ".cache").glob("master-*.json"):
+    for old in (out_dir / ".cache").glob("master-*.passed"):
         old.unlink()
     kernels.mkdir(parents=True)
     try:
