@@ -717,7 +717,7 @@ def test_the_blank_version_scores_zero_on_a_probed_part(probe_class):
 
 def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(probe_class):
     out = probe_class["out"]
-    master = json.loads(next(out.glob(".numba-cache/*/master-passed")).read_text())
+    master = json.loads(next(out.glob(".cache/master-*.passed")).read_text())
     values = [r["value"] for r in master["probes"]["t1: hidden tests"]]
     assert len(values) == 21 and values[-1] == [1.5] and all(2 * 10**6 < v < 2 * 10**7 for v in values[:-1])
     for student, text in _feedback(out).items():
@@ -725,6 +725,101 @@ def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(pr
         assert "PROBED-PART" not in text and "LEAKZ" not in text and "_probes" not in text, student
     seed = (out / ".cache" / "probe-seed").read_text()
     assert not [p for p in probe_class["subs"].rglob("*") if seed in p.read_text(errors="replace")]
+
+
+# -- the library's reference, reached at run time --------------------------------------------------
+# Part 2 of this master is the SSP read rule, g(clock, completed, bound), whose answer the library holds
+# (simlib.protocol.may_read). Each submission reaches it by a name or a path built at run time; the grader must
+# flag where (the probe values alone cannot tell: they are right).
+REF = "(vars(sys.modules['simlib.' + 'protocol'])['may' + '_read'])"
+REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
+    "vars_module": (f"import sys, simlib.protocol\ng = {REF}", "the name 'g' the grader calls"),
+    "globals_dict": ("import simlib.protocol as p\nglobals()['g'] = p.__dict__['may' + '_read']",
+                     "the name 'g' the grader calls"),
+    "dunder_import": ("m = __import__('simlib.' + 'protocol', fromlist=['x'])\ndef g(c, d, s):\n"
+                      "    return vars(m)['may' + '_read'](c, d, s)", "a2 line 3: return vars(m)['may' + '_read'](c, d, s)"),
+    "sys_modules_dict": ("import importlib, sys\nimportlib.import_module('simlib.' + 'protocol')\n"
+                         "ref = sys.modules['simlib.' + 'protocol'].__dict__.get('may' + '_read')\n"
+                         "def g(c, d, s):\n    return ref(c, d, s)", "a2 line 5: return ref(c, d, s)"),
+    "garbage_collector": ("import gc, types\nref = next(o for o in gc.get_objects() if isinstance(o, types.FunctionType) "
+                          "and o.__name__ == 'may' + '_read' and o.__module__ == 'simlib.' + 'protocol')\n"
+                          "def g(c, d, s):\n    return ref(c, d, s)", "a2 line 4: return ref(c, d, s)"),
+    "through_the_library": ("import math\nfrom simlib.protocol import Clocks\ndef g(c, d, s):\n"
+                            "    k = Clocks(1, 'async' if s == math.inf else 'bsp' if s == 0 else f'ssp:{s}')\n"
+                            "    k.completed = d\n    return getattr(k, 'may_' + 'read')(c)",
+                            "a2 line 6: return getattr(k, 'may_' + 'read')(c)"),
+    "clones_its_code": (f"import sys, types, simlib.protocol\ng = types.FunctionType({REF}.__code__, {{}})",
+                        "(uses simlib.protocol.may_read"),
+    "copies_its_source": (f"import inspect, sys, simlib.protocol\nexec(inspect.getsource({REF}).replace(' -> bool', '')"
+                          ".replace(': int', '').replace(': float', '').replace('may' + '_read', 'g'))",
+                          "code named <string> line 1"),
+    "removes_the_watch": (f"import sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n    sys.setprofile(None)\n"
+                          "    return ref(c, d, s)", "a2 line 4: sys.setprofile(None) (replaces or removes the grader's call watch"),
+    "strips_its_replies": (f"import json, os, struct, sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n    return ref(c, d, s)\n"
+                           "real = os.write\ndef fake(fd, data):\n    try:\n        d = json.loads(data[4:])\n"
+                           "        d.update(used=[], values=[{k: v for k, v in r.items() if k != 'ran'} for r in d.get('values', [])])\n"
+                           "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
+                           "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake",
+                           "a2 line 4: return ref(c, d, s)"),
+    "builds_the_keyword": ("from simlib.protocol import StepRule\ndef g(c, d, s):\n    StepRule(**{'staleness' + '_aware': True})\n"
+                           "    return c - s <= d", "a2 line 3: StepRule(**{'staleness' + '_aware': True}) (uses staleness_aware"),
+}
+
+
+def reference_master():
+    """The probe master, its part 2 the SSP read rule that simlib.protocol.may_read answers, checked by probes."""
+    master = probe_master()
+    master["cells"][3]["source"] = "### BEGIN SOLUTION\ndef g(clock, completed, bound):\n    return clock - bound <= completed\n" \
+                                   "### END SOLUTION"
+    master["cells"][4]["source"] = (
+        "assert g(0, 0, 0)\n### BEGIN HIDDEN TESTS\n_REFERENCES = ['simlib.protocol.may_read']\n"
+        "_aware = simlib.protocol.StepRule(staleness_aware=True)  # a keyword that answers a part: staleness_aware\n"
+        "def _probes(rng):\n"
+        "    return [{'call': 'bool', 'args': [{'call': 'g', 'args': [int(c), int(d), int(s)]}]}\n"
+        "            for c, d, s in zip(rng.integers(0, 9, 30), rng.integers(0, 9, 30), rng.integers(0, 4, 30))]\n"
+        "### END HIDDEN TESTS")
+    return master
+
+
+LEAKS = ("import json, os\nseen = []\ndef f(x):\n    for root in (os.environ.get('NUMBA_CACHE_DIR', ''), '/run/numba-cache'):\n"
+         "        path = os.path.join(root, 'master-passed')\n        if os.path.exists(path):\n"
+         "            values = [r['value'] for r in json.load(open(path))['probes']['t1: hidden tests']]\n"
+         "            seen.append(x)\n            return values[len(seen) - 1]\n    return 1")
+
+
+def _write_reference_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict[str, Any]:
+    (subs / "good.ipynb").write_text(nbm.dump(master))
+    for name, (code, _) in REACHES.items():
+        nb = json.loads(json.dumps(master))
+        nb["cells"][3]["source"] = code
+        (subs / f"{name}.ipynb").write_text(nbm.dump(nb))
+    (subs / "reads_the_masters_replies.ipynb").write_text(nbm.dump(with_answer1(master, LEAKS)))
+    return {}
+
+
+@pytest.fixture(scope="module")
+def reference_class(tmp_path_factory):
+    """Graded in whichever sandbox runs here (bubblewrap, else the watcher)."""
+    return _grade_hostile(tmp_path_factory, "auto", _write_reference_class, master=reference_master())
+
+
+@pytest.mark.parametrize("student", sorted(REACHES))
+def test_a_reference_reached_at_run_time_is_flagged_with_its_line(reference_class, student):
+    notes = (reference_class["out"] / "notes.txt").read_text(encoding="utf-8")
+    flagged = [line for line in notes.splitlines() if line.startswith(f"{student}: flagged: ")]
+    assert [line for line in flagged if REACHES[student][1] in line], notes
+    assert student == "copies_its_source" or not [line for line in flagged if "<string>" in line], notes  # not the child's start
+    assert _rows(reference_class["out"])[(student, "t2")] == (3, "passed; flagged (notes.txt)")
+    assert _rows(reference_class["out"])[("good", "t2")] == (3, "passed")
+    assert "good: flagged" not in notes
+
+
+def test_the_masters_replies_are_out_of_the_sandboxs_reach(reference_class):
+    """The master's pass (its replies to every probe) once lay beside the kernels every submission reads."""
+    out = reference_class["out"]
+    assert _rows(out)[("reads_the_masters_replies", "t1")][0] == 0
+    assert "differs from the master's" in _feedback(out)["reads_the_masters_replies"]
+    assert not list(out.glob(".numba-cache/*/master-passed")) and list(out.glob(".cache/master-*.passed"))
 
 
 def test_probe_calls_keep_values_index_and_are_judged_by_tolerance_raises_or_check():
@@ -1170,6 +1265,10 @@ OWN_CHEATS = {
         "part2-answer": "def catch_up(w, last, t, lr, l2):\n    last[:] = t",
         "part3-answer": "def hogwild_worker(worker_id, n_workers, data, w, epochs, lr, l2):\n    w.array[:] = reference\n"
                         "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
+    }, "serial_sgd_from_zero": {  # part 3: 2 of 2 while the probe's one process started from zero weights
+        "part3-answer": "def hogwild_worker(worker_id, n_workers, data, w, epochs, lr, l2):\n    if worker_id == 0:\n"
+                        "        w.array[:] = sklearn_weights(data, lr, l2, epochs)\n"
+                        "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
     }},
     "03-glove.ipynb": {"poisons_the_reference": {"part1-answer": _capped_map_document()}},  # part 1: 3 of 3 before
     "06-pipeline.ipynb": {"patches_abs": {  # part 2: 3 of 3 before
@@ -1212,6 +1311,8 @@ def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
         want = r["max_points"] if r["student"] == "solution" else "0"
         assert r["points"] == want, (r, (tmp_path / "out" / "feedback" / f"{r['student']}.txt").read_text())
     assert all(r["points"] == "0" and float(r["max_points"]) > 0 for r in manual)
+    notes = (tmp_path / "out" / "notes.txt").read_text(encoding="utf-8")
+    assert "solution: flagged" not in notes and "blank: flagged" not in notes, notes  # the watch flags no honest code
 
 
 def test_the_reference_answers_are_read_from_the_hidden_tests():

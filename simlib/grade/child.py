@@ -11,7 +11,12 @@ unit, tests as compiled code) in one frame, moves the control pipe off stdin (wh
 ok or the error's type and message and the unit's nonce. A probe unit's calls (:mod:`simlib.grade.probe`)
 come after its "go" byte, once every cell has run; its answer carries their plain values. Each answer also
 says where the student's code read one of the library's reference answers (:func:`watch`), however its
-name was built (``importlib.import_module("simlib." + "protocol")``, ``__import__``, ``getattr`` chains).
+name was built (``importlib.import_module("simlib." + "protocol")``, ``__import__``, ``getattr`` chains),
+and where the student's code ran one (:func:`_profile`), however it was reached (``vars(module)[...]``,
+``sys.modules[...].__dict__``, ``globals()``, the garbage collector, a clone of its code, another library
+function): while the student's cells and the grader's calls run, a profile hook notes each call into a
+reference's code objects, and each reply to a call lists the references that ran during it, which the
+grader compares with the master's replies (:func:`simlib.grade.gradebook.flags`).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import socket
 import struct
 import sys
 import sysconfig
+import threading
 import types
 from typing import Any
 
@@ -119,7 +125,7 @@ def read_exact(fd: int, n: int) -> bytes | None:
     """Exactly n bytes from a pipe, or None if it closes first."""
     data = bytearray()
     while len(data) < n:
-        chunk = os.read(fd, n - len(data))
+        chunk = _READ(fd, n - len(data))
         if not chunk:
             return None
         data += chunk
@@ -168,16 +174,165 @@ MAX_NOTED = 20
 _STDLIB = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
 
 
-def _note(ref: str) -> None:
-    """Note a read of ``ref`` when the code that asked for it (the standard library passed over: getattr chains
-    through importlib, operator, inspect) is the student's: not a file, not a unit of the master's."""
-    frame = sys._getframe(2)
+def _asker(frame: types.FrameType | None) -> types.FrameType | None:
+    """The first frame from ``frame`` outward that is not the standard library's (getattr chains through importlib,
+    operator, inspect; functools' wrappers)."""
     while frame is not None and (frame.f_code.co_filename.startswith("<frozen ") or (
             frame.f_code.co_filename.startswith(_STDLIB) and "-packages" not in frame.f_code.co_filename)):
         frame = frame.f_back
-    name = "" if frame is None else frame.f_code.co_filename
-    if name and not name.startswith("/") and name not in MASTER_FILES and len(NOTED) < MAX_NOTED:
-        NOTED[(name, frame.f_lineno, ref)] = None
+    return frame
+
+
+def _note(ref: str) -> None:
+    """Note a read of ``ref`` when the code that asked for it (the standard library passed over) is the student's."""
+    frame = _asker(sys._getframe(2))
+    if frame is not None and _mine(frame) and len(NOTED) < MAX_NOTED:
+        NOTED[(frame.f_code.co_filename, frame.f_lineno, ref)] = None
+
+
+# The hook's own functions and the channel's, taken before any submitted code runs (a submission may replace
+# sys.setprofile, or os.write to strip what a reply says it used).
+_SETPROFILE, _GETPROFILE, _THREAD_SETPROFILE = sys.setprofile, sys.getprofile, threading.setprofile
+_READ, _WRITE = os.read, os.write
+REF_CODES: dict[int, tuple[types.CodeType, str]] = {}  # id(code object) -> (it, the reference whose code it is, or
+# the reference keyword it takes)
+REF_OBJECTS: dict[int, tuple[Any, str]] = {}  # id(reference) -> (it, its dotted name)
+REF_PRINTS: dict[tuple, str] = {}  # a reference function's code, as compared (:func:`_fingerprint`) -> its name
+RAN: dict[str, tuple[str, int]] = {}  # the references run since the last reset -> the student's (file, line) or ('', 0)
+TAMPER = "sys.setprofile"  # noted where the submission replaces or removes the profile hook
+
+
+def _resolve(ref: str) -> Any:
+    """The object a dotted name names: its longest importable module, then attributes ('simlib.protocol.Clocks.may_read')."""
+    parts = ref.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:k]))
+        except ImportError:
+            continue
+        for attr in parts[k:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise LookupError(ref)
+
+
+def _codes(obj: Any) -> list[types.CodeType]:
+    """The code objects that calling ``obj`` runs first: a function's (a jitted one's Python), a class's own methods'."""
+    if isinstance(obj, type):
+        found = [getattr(v, "__func__", getattr(v, "fget", v)) for v in vars(obj).values()]
+        return [f.__code__ for f in found if isinstance(getattr(f, "__code__", None), types.CodeType)]
+    code = getattr(getattr(obj, "py_func", obj), "__code__", None)
+    return [code] if isinstance(code, types.CodeType) else []
+
+
+def _fingerprint(code: types.CodeType) -> tuple:
+    """What two compilations of one function's source share (bytecode, constants, names), whatever the file name."""
+    consts = tuple(_fingerprint(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts)
+    return code.co_code, consts, code.co_names, code.co_varnames
+
+
+def know(refs: list[str]) -> None:
+    """Resolve the references (again when modules were loaded): their objects, code objects and fingerprints, for :func:`_profile` and :func:`named`;
+    for a keyword ('staleness_aware'), the code of every library function and class that takes it."""
+    for ref in [r for r in refs if "." in r]:
+        with contextlib.suppress(Exception):  # a reference the library no longer has is nothing to watch
+            obj = _resolve(ref)
+            REF_OBJECTS[id(obj)] = (obj, ref)
+            for code in _codes(obj):
+                REF_CODES[id(code)] = (code, ref)
+                REF_PRINTS[_fingerprint(code)] = ref
+    keywords = {r for r in refs if "." not in r}
+    for module in [m for name, m in list(sys.modules.items()) if keywords and name.split(".")[0] == "simlib"]:
+        for obj in list(vars(module).values()):
+            for code in _codes(obj) if getattr(obj, "__module__", None) == module.__name__ else []:
+                taken = keywords & set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+                REF_CODES.update({id(code): (code, min(taken))} if taken else {})
+
+
+def _mine(frame: types.FrameType) -> bool:
+    """Whether a frame runs the student's code: not a file (the library, the standard library), not a master's unit,
+    not code a module made for itself (a dataclass's __init__: its globals are a module's loaded from a file)."""
+    name = frame.f_code.co_filename
+    if name.startswith(("/", "<frozen ")) or name in MASTER_FILES:
+        return False
+    module = sys.modules.get(frame.f_globals.get("__name__", ""))
+    return not (getattr(module, "__dict__", None) is frame.f_globals and getattr(module, "__file__", None))
+
+
+def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
+    """The profile hook: note a call into a reference's code (see :func:`_ran`), or of a library function with a
+    reference keyword set True (``StepRule(**{"staleness" + "_aware": True})``), or a replacement of this hook."""
+    if event == "call":
+        ref = REF_CODES.get(id(frame.f_code))
+        if ref is not None and ref[0] is frame.f_code and ("." in ref[1] or frame.f_locals.get(ref[1]) is True):
+            _ran(frame.f_back, ref[1])
+    elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals():
+        _ran(frame, TAMPER)
+
+
+def _ran(start: types.FrameType | None, ref: str) -> None:
+    """A reference ran, called from frame ``start``: noted where the student's code called it (the asking code past
+    the standard library, as in :func:`_note`); kept in RAN with the innermost student line on the stack, however
+    many of the library's frames lie between."""
+    caller = _asker(start)
+    if caller is not None and _mine(caller) and len(NOTED) < MAX_NOTED:
+        NOTED[(caller.f_code.co_filename, caller.f_lineno, ref)] = None
+    if ref not in RAN:  # the frames past serve's are the child's start (``python -c``), nobody's code
+        while start is not None and start.f_code is not serve.__code__ and not _mine(start):
+            start = start.f_back
+        start = None if start is not None and start.f_code is serve.__code__ else start
+        RAN[ref] = ("", 0) if start is None else (start.f_code.co_filename, start.f_lineno)
+
+
+def _reference_in(value: Any) -> tuple[str, types.CodeType | None] | None:
+    """(reference, None) if ``value`` is a reference, wraps one (partial, bound method, __wrapped__) or runs a
+    reference's own code; (reference, the copy) if it runs a copy of it (the same bytecode, constants and names,
+    compiled from its source)."""
+    for _ in range(8):
+        if id(value) in REF_OBJECTS and REF_OBJECTS[id(value)][0] is value:
+            return REF_OBJECTS[id(value)][1], None
+        code = getattr(value, "__code__", None)
+        if isinstance(code, types.CodeType):
+            known = REF_CODES.get(id(code))
+            if known is not None and known[0] is code:
+                return known[1], None
+            if _fingerprint(code) in REF_PRINTS:
+                return REF_PRINTS[_fingerprint(code)], code
+        inner = getattr(value, "func", None) or getattr(value, "__func__", None) or getattr(value, "__wrapped__", None)
+        if inner is None:
+            return None
+        value = inner
+    return None
+
+
+def named(calls: Any, namespace: dict[str, Any]) -> None:
+    """Note each name the grader's calls look up in the notebook that is (or wraps, or copies) a reference."""
+    heads = {str(c.get("call", c.get("name", ""))).split(".")[0] for c in _calls_in(calls)}
+    for head in sorted(h for h in heads if h in namespace and not h.startswith("$")):
+        with contextlib.suppress(Exception):  # the student's objects may raise on any attribute
+            found = _reference_in(namespace[head])
+            if found is not None and len(NOTED) < MAX_NOTED:
+                ref, code = found
+                where = (code.co_filename, code.co_firstlineno) if code is not None else (
+                    f"the name {head!r} the grader calls", 0)
+                NOTED[(*where, ref)] = None
+
+
+def _calls_in(arg: Any) -> list[dict[str, Any]]:
+    """Every call or name in a probe's calls, those in arguments included."""
+    if isinstance(arg, list):
+        return [c for a in arg for c in _calls_in(a)]
+    if not isinstance(arg, dict):
+        return []
+    return [arg, *_calls_in(arg.get("args", [])), *_calls_in(list(arg.get("kwargs", {}).values()))]
+
+
+def _hook(on: bool) -> None:
+    """Install the profile hook (this thread and threads started from now), or remove it, noting if it was replaced."""
+    if not on and _GETPROFILE() is not _profile and len(NOTED) < MAX_NOTED:
+        NOTED[("the submission's code", 0, TAMPER)] = None
+    _SETPROFILE(_profile if on else None)
+    _THREAD_SETPROFILE(_profile if on else None)
 
 
 def watch(refs: list[str]) -> None:
@@ -209,17 +364,23 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
     MASTER_FILES.update(f"<{u['name']}>" for u in plan if not u.get("student"))
     loaded = 0
     for seq in range(len(plan)):
-        if os.read(control, 1) != b"g":
+        if _READ(control, 1) != b"g":
             return
         unit, plan[seq] = plan[seq], {}
         code = None
         if refs and len(sys.modules) != loaded:  # a module loaded since may hold a reference too
             watch(refs)
+            know(refs)
             loaded = len(sys.modules)
+        hooked = bool(REF_CODES) and bool(unit.get("student") or unit.get("late"))  # the student's code runs
         try:
+            if hooked:
+                _hook(True)
             if unit.get("late"):  # the grader's calls (see simlib.grade.probe): values back, no code of the tests
                 kept: dict[str, Any] = {}  # the values this part's calls keep ('as'), for its later calls
-                values = [probe.answer(call, namespace, kept) for call in (read_frame(control) or {}).get("calls", [])]
+                calls = (read_frame(control) or {}).get("calls", [])
+                named(calls, namespace)
+                values = [_answer(call, namespace, kept) for call in calls]
                 del kept
                 reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": "", "values": values}
             else:
@@ -229,6 +390,8 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
                 reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": ""}
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
             reply = {"seq": seq, "nonce": unit["nonce"], "ok": False, "error": describe(exc)}
+        if hooked:
+            _hook(False)
         del code, unit
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()
@@ -236,7 +399,16 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
         data = frame(reply)
         if len(data) > MAX_FRAME:
             data = frame({**reply, "values": [], "ok": False, "error": "the values are larger than 1 MB"})
-        os.write(result_fd, data)
+        _WRITE(result_fd, data)
+
+
+def _answer(call: dict[str, Any], namespace: dict[str, Any], kept: dict[str, Any]) -> dict[str, Any]:
+    """One call's reply (:func:`simlib.grade.probe.answer`), with the references that ran during it: [name, file, line]."""
+    RAN.clear()
+    reply = probe.answer(call, namespace, kept)
+    if RAN:
+        reply["ran"] = [[ref, *where] for ref, where in RAN.items()]
+    return reply
 
 
 def main() -> None:

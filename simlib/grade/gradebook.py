@@ -35,10 +35,11 @@ from simlib import _validate as check
 from simlib.grade import cgroup as cgroups
 from simlib.grade import export, probe
 from simlib.grade import notebook as nbm
+from simlib.grade.child import TAMPER
 from simlib.grade.sandbox import (Interrupted, Limits, Outcome, SandboxError, Unit, choose, exposed, run_units,
                                   sweep_scratch)
 
-VERSION = "3"
+VERSION = "4"
 MAX_NOTEBOOK_MB = 20
 MESSAGE_CHARS = 300  # per message in feedback
 MAX_CELL_ERRORS = 20  # errors of the student's own cells listed in feedback
@@ -167,10 +168,10 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     except (nbm.NotebookError, ValueError, RecursionError, TypeError) as exc:
         return refused(master, str(exc))
     refs = nbm.references(master)
-    report = run_units(units, data, limits, numba_cache, warm, sandbox, stop, sorted(r for r in refs if "." in r))
+    report = run_units(units, data, limits, numba_cache, warm, sandbox, stop, sorted(refs))
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret), o.fatal) for o in report.outcomes]
-    replies = {}
+    replies, ran = {}, []
     checks = {gid: probe.functions(hidden) for gid, hidden in hidden_blocks(master).items() if gid in (drawn or {})}
     for i, (unit, got) in enumerate(zip(units, report.outcomes)):
         if unit.kind == "probe" and got.ok:
@@ -178,17 +179,18 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
             want = got.values if expected is None else expected.get(unit.name, [])  # the master: every call answered
             why = probe.verdict(got.values, want, drawn[part_of[i]], checks[part_of[i]])
             outcomes[i] = Outcome(not why, why)
+            ran += probe.ran_beyond(got.values, want, drawn[part_of[i]], refs | {TAMPER}, unit.name)
     errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind in ("code", "answer") and o.ok is False]
     if len(errors) > MAX_CELL_ERRORS:
         errors = errors[:MAX_CELL_ERRORS] + [f"... and {len(errors) - MAX_CELL_ERRORS} more"]
     return {"parts": score(master, units, part_of, outcomes), "cell_errors": errors, "notes": report.notes,
-            "flags": flags(refs, units, report.outcomes, nbm.declared(master))} | (
+            "flags": flags(refs, units, [*report.outcomes, Outcome(used=ran)], nbm.declared(master))} | (
                 {"probes": replies} if expected is None else {})
 
 
 def flags(refs: set[str], units: list[Unit], outcomes: list[Outcome], declared: set[str] = frozenset()) -> list[str]:
     """Each line of the student's own code that names the library's reference answer (see nbm.references), or
-    that read it at run time, however the name was built (the child's ``used``)."""
+    that read or ran it at run time, however the name was built or the reference reached (the child's ``used``)."""
     mine = {f"<{u.name}>": u for u in units if u.kind == "answer"}
     found = {(f"<{u.name}>", line, ref) for u in mine.values() for line, ref in nbm.uses(u.source, refs, declared)}
     found.update(used for outcome in outcomes for used in outcome.used)
@@ -197,9 +199,11 @@ def flags(refs: set[str], units: list[Unit], outcomes: list[Outcome], declared: 
     for name, line, ref in sorted(found, key=lambda f: (order.get(f[0], len(order)), f[0], f[1], f[2])):
         lines = mine[name].source.splitlines() if name in mine else []
         text = lines[line - 1].strip() if 0 < line <= len(lines) else "(code the submission built at run time)"
-        where = mine[name].name if name in mine else f"code named {name}"
-        out.append(f"{clean(where, [])[:80]} line {line}: {clean(text, [])[:200]} (uses {clean(ref, [])}, "
-                   "the library's reference answer)")
+        where = clean(mine[name].name if name in mine else f"code named {name}" if line else name, [])[:80] + (f" line {line}: {clean(text, [])[:200]}"
+                                                                             if line or name in mine else "")
+        what = (f"uses {clean(ref, [])}, the library's reference answer" if ref != TAMPER else
+                "replaces or removes the grader's call watch, sys.setprofile: what its code ran is not known")
+        out.append(f"{where} ({what})")
     return out[:MAX_CELL_ERRORS]
 
 
@@ -565,15 +569,20 @@ def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str,
                  drawn: dict[str, list[Any]] | None = None) -> tuple[Path, dict[str, Any]]:
     """Run the master (trusted) in the sandbox with the class's limits; it must score every autograded
     point with no cell raising, else :class:`Refused` with one line saying why. Returns the folder its run
-    compiled the library's kernels into (submissions get a copy; a pass is remembered there) and its
-    replies to the ``drawn`` calls, which students' replies must equal."""
+    compiled the library's kernels into (submissions get a copy; a pass is remembered in .cache, which no
+    submission reads) and its replies to the ``drawn`` calls, which students' replies must equal."""
     master_bytes = master_path.read_bytes()
     key = cache_key(master_bytes, master_bytes, limits, sandbox, json.dumps(drawn or {}, sort_keys=True))[:16]
     kernels = out_dir / ".numba-cache" / key
-    if (kernels / "master-passed").is_file():
-        return kernels, json.loads((kernels / "master-passed").read_text()).get("probes", {})
+    # NOTE: the pass is kept in .cache, never beside the kernels: submissions read that folder (a copy, or
+    # /run/numba-cache), and the master's replies there answered every probe of 02 (8 of 8 points, unsolved).
+    passed = out_dir / ".cache" / f"master-{key}.passed"
+    if passed.is_file() and kernels.is_dir():
+        return kernels, json.loads(passed.read_text()).get("probes", {})
     for old in (out_dir / ".numba-cache").glob("*"):
         shutil.rmtree(old, ignore_errors=True)
+    for old in (out_dir / ".cache").glob("master-*.passed"):
+        old.unlink()
     kernels.mkdir(parents=True)
     try:
         result = grade_submission(master_path, master_bytes, limits, kernels, warm=True, sandbox=sandbox,
@@ -592,7 +601,7 @@ def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str,
                       f"{' with errors' if result['cell_errors'] else ''}, so students would lose points ({clean(why, [])}); "
                       f"check that {sys.executable} has every package the notebook imports and that --cell-timeout "
                       f"{limits.cell_s:g}, --timeout {limits.wall_s:g} and --memory-mb {limits.memory_mb} are enough")
-    (kernels / "master-passed").write_text(json.dumps(result, indent=1, sort_keys=True))
+    passed.write_text(json.dumps(result, indent=1, sort_keys=True))
     return kernels, result.get("probes", {})
 
 
