@@ -33,7 +33,7 @@ from simlib.worker import AllReduce, Bucket, Compute, Plan, Pull, Reduced, allre
 _SPIN = 1e-3  # seconds a barrier looks again at once (yielding the core) before it sleeps between looks
 # NOTE: the spinning barrier relies on x86-64's store order (a flag raised after the data is seen after it);
 # elsewhere the group's semaphore barrier, which orders memory, is used instead.
-_TSO = platform.machine().lower() in ("x86_64", "amd64")
+TSO = platform.machine().lower() in ("x86_64", "amd64")
 
 
 DIRECT_BYTES = 64 << 10  # below this (or with 2 processes) every process sums every slot itself: one barrier
@@ -66,7 +66,7 @@ class ShmAllReduce:
         self.slots = group.zeros((2, n, max(capacity, 1)))
         self.total = group.zeros(max(capacity, 1))
         self.flags = group.zeros((n, 8), np.int64)  # a cache line per process: raising one moves no other's line
-        self.barrier = None if _TSO else group.barrier(n)
+        self.barrier = None if TSO else group.barrier(n)
 
     def ranks(self) -> list["ShmAllReduce"]:
         """This collective as each process calls it (process i: the i-th)."""
