@@ -7,7 +7,7 @@ priced with the forward, backward and transfer times measured in the same run). 
 the formula by more than ``--idle-bound`` (share points) or a prediction off by more than ``--bound`` (relative).
 
     python benchmarks/pipeline.py                  # 2 stages, m = 1 .. 16, hidden width 512, batch 1024
-    python benchmarks/pipeline.py --quick          # m = 1, 2, 4, 8, 16
+    python benchmarks/pipeline.py --quick          # m = 1, 2, 4, 8, 16, recording nothing
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=512, help="hidden width (layers are about width x width)")
     ap.add_argument("--batch", type=int, default=1024, help="rows per training step (digits has 1437)")
     ap.add_argument("--steps", type=int, default=4, help="steps per run; the first is a warm-up")
-    ap.add_argument("--quick", action="store_true", help="m = 1, 2, 4, 8, 16 only")
+    ap.add_argument("--quick", action="store_true", help="m = 1, 2, 4, 8, 16 only, recording nothing")
     ap.add_argument("--bound", type=float, default=0.25, help="largest allowed |predicted / measured - 1|")
     ap.add_argument("--idle-bound", type=float, default=0.10, help="largest allowed |idle - formula| (share)")
     args = ap.parse_args(argv)
@@ -59,9 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for name, (gap, miss, ratios) in worst.items():
         print(f"{name}: idle share within {gap:.3f} of the formula, prediction within {miss:.1%} of the measured step")
-        record(__file__, f"pipeline, 2 processes, {name}, m = {ms[0]}..{ms[-1]}, step time",
-               "cost model (simlib.costs.schedule_timeline, same run's costs)", float(np.median(ratios)),
-               "predicted / measured step time (median over m)", idle_gap=round(gap, 3), worst_error=round(miss, 3))
+        if not args.quick:
+            record(__file__, f"pipeline, 2 processes, {name}, m = {ms[0]}..{ms[-1]}, step time",
+                   "cost model (simlib.costs.schedule_timeline, same run's costs)", float(np.median(ratios)),
+                   "predicted / measured step time (median over m)", idle_gap=round(gap, 3), worst_error=round(miss, 3))
         ok &= gap <= args.idle_bound and miss <= args.bound
     return 0 if ok else 1
 

@@ -4,7 +4,8 @@ Pipeline (:func:`run_pipeline`): the layers of an :class:`~simlib.problems.mlp.M
 contiguous stages of near-equal work, one process each. A batch is split into m micro-batches; each stage runs
 its forwards ("F", k) and backwards ("B", k) in the order a schedule gives (:func:`simlib.costs.pipeline_orders`:
 GPipe or 1F1B, or any valid orders), receiving activations from the stage before and gradients from the stage
-after by channels. A micro-batch's activations are stashed from its forward to its backward and freed there.
+after through shared memory (a transfer is a copy into the micro-batch's slot and a raised flag). A micro-batch's
+activations are stashed from its forward to its backward and freed there.
 Measured per stage: busy seconds, the idle share of the step, the peak stash (micro-batches and bytes); the same
 orders priced by :func:`simlib.costs.schedule_timeline` with the forward, backward and transfer times measured in
 the run give the predicted step time. The gradient is the full batch's, as one process computes it.
@@ -25,9 +26,8 @@ The bytes each process sends are counted. Example::
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
-import queue
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -37,7 +37,7 @@ from threadpoolctl import threadpool_limits
 
 from simlib import _validate as check
 from simlib import costs
-from simlib.parallel.allreduce import Ring
+from simlib.parallel.allreduce import TSO, Ring
 from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup
 from simlib.protocol import MAX_REAL_STEPS
@@ -114,39 +114,47 @@ def _check_params(problem: MLPProblem, params: Any) -> np.ndarray:
     return theta
 
 
-class _Sender:
-    """Sends from a thread: a stage computes while its message is on the wire, and two neighbours sending to each
-    other at once cannot block each other on full pipes (which deadlocked 1F1B once messages outgrew them)."""
+class _Link:
+    """The boundary between stages s and s + 1 in shared memory: the batch's activations there (way 0, forwards) and
+    their gradients (way 1, backwards), micro-batch k in rows ``bounds[k]:bounds[k + 1]``. A transfer is a copy into
+    those rows, a flag raised to the step's number, and a semaphore released for a receiver asleep on it; the receiver
+    reads the rows in place. Each slot is written once a step and read within it, and steps start at a barrier, so
+    no slot is written while it is read."""
 
-    def __init__(self) -> None:
-        self.queue: queue.Queue = queue.Queue()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._loop, name="stage-send", daemon=True)
-        self.thread.start()
+    # NOTE: replaces a pickled header and the raw rows down a pipe, written by a sender thread. On 2 loaded cores a
+    # stage waited 1-4 ms per micro-batch after its neighbour had finished it (the thread's turn for the interpreter,
+    # the pipe's 64 KB at a time), which put the idle share 0.2-0.35 above the bubble formula at m = 16. A waiting
+    # stage sleeps on the semaphore: spinning on the flag measured no faster, and sleeping leaves the core to others.
 
-    def _loop(self) -> None:
-        while (item := self.queue.get()) is not None:
-            try:
-                item[0].send_array(item[1], tag=item[2])
-            except BaseException as exc:  # noqa: BLE001 - raised in the stage's own thread by flush()
-                self.error = exc
-            finally:
-                self.queue.task_done()
+    def __init__(self, group: WorkerGroup, bounds: Sequence[int], width: int):
+        self.bounds = [int(b) for b in bounds]
+        self.rows = group.zeros((2, self.bounds[-1], width))
+        self.flags = group.zeros((2, len(self.bounds) - 1), np.int64)  # the step whose data the slot holds
+        self.sent = group.zeros((2, len(self.bounds) - 1))  # when it was written (perf_counter): the receiver times it
+        self.notices = [group.ctx.Semaphore(0), group.ctx.Semaphore(0)]  # one release per slot written, each way
+        # x86-64 keeps the copy's stores before the flag's; elsewhere a lock orders them
+        self.fence = contextlib.nullcontext() if TSO else group.lock()
 
-    def send(self, channel: Channel, a: np.ndarray) -> None:
-        """Queue ``a`` for ``channel``, tagged with the time it was handed over (the receiver prices the transfer)."""
-        self.queue.put((channel, a, repr(time.perf_counter())))
+    def send(self, way: int, k: int, a: np.ndarray, step: int) -> None:
+        """Copy ``a`` into micro-batch k's slot of ``way``, raise its flag to ``step``, wake the receiver."""
+        self.rows.array[way, self.bounds[k]:self.bounds[k + 1]] = a
+        self.sent.array[way, k] = time.perf_counter()
+        with self.fence:
+            self.flags.array[way, k] = step
+        self.notices[way].release()
 
-    def flush(self) -> None:
-        """Wait until everything queued has been sent; re-raise a failed send."""
-        self.queue.join()
-        if self.error is not None:
-            raise self.error
+    def recv(self, way: int, k: int, step: int) -> tuple[np.ndarray, float]:
+        """Micro-batch k's slot of ``way`` once its flag shows ``step`` (a view), and when it was written."""
+        flags, notices = self.flags.array[way], self.notices[way]
 
-    def close(self) -> None:
-        """End the thread (after what is queued)."""
-        self.queue.put(None)
-        self.thread.join(1.0)
+        def ready() -> bool:
+            with self.fence:
+                return bool(flags[k] == step)
+
+        while not ready():  # a release may be another slot's (orders need not send in the order read): look again
+            notices.acquire()
+        notices.acquire(False)  # one release taken per slot: those of slots found ready at once do not pile up
+        return self.rows.array[way, self.bounds[k]:self.bounds[k + 1]], float(self.sent.array[way, k])
 
 
 # -- pipeline parallelism --------------------------------------------------------------------------
@@ -246,44 +254,40 @@ class _Stage:
         return da
 
 
-def _run_order(stage: _Stage, order: list, left: Channel | None, right: Channel | None,
-               sender: _Sender) -> tuple[float, float, list[tuple[str, float, float, int]], list[float]]:
-    """One step of ``order``: (start, end, [(kind, compute seconds, started, k) per op], transfers); waits are not
-    compute. A transfer is timed from its hand-over to its arrival where the receiver was already waiting for it."""
+def _run_order(stage: _Stage, order: list, left: _Link | None, right: _Link | None,
+               step: int) -> tuple[float, float, list[tuple[str, float, float, int]], list[float]]:
+    """Step ``step`` of ``order``: (start, end, [(kind, compute seconds, started, k) per op], transfers); waits are
+    not compute, the copy into the next stage's slot is. A transfer is timed from the copy's end to the arrival,
+    where the receiver was already waiting for it."""
     stage.zero()
     ops, transfers, start = [], [], time.perf_counter()
     for kind, k in order:
-        inbound = left if kind == "F" else right
+        inbound, way = (left, 0) if kind == "F" else (right, 1)
         called = time.perf_counter()
-        data = inbound.recv_array() if inbound is not None else None
+        data, sent = inbound.recv(way, k, step) if inbound is not None else (None, called)
         t = time.perf_counter()
-        if inbound is not None and called < float(inbound.tag):
-            transfers.append(t - float(inbound.tag))
+        if called < sent:
+            transfers.append(t - sent)
         if kind == "F":
             out = stage.forward(k, data if data is not None else stage.job.problem.rows(stage.job.micro[k])[0])
             if right is not None:
-                sender.send(right, out)
+                right.send(0, k, out, step)
         else:
             da = stage.backward(k, data)
             if left is not None:
-                sender.send(left, da)
+                left.send(1, k, da, step)
         ops.append((kind, time.perf_counter() - t, t, k))
-    end = time.perf_counter()
-    sender.flush()
-    return start, end, ops, transfers
+    return start, time.perf_counter(), ops, transfers
 
 
-def _stage_worker(s: int, p: int, job: _PipeJob, left: Channel | None, right: Channel | None) -> dict[str, Any]:
+def _stage_worker(s: int, p: int, job: _PipeJob, left: _Link | None, right: _Link | None) -> dict[str, Any]:
     """A stage's process: ``steps`` steps of its order, each started at a barrier."""
     with threadpool_limits(1):  # one core per stage: BLAS threads of two stages would fight over the same cores
-        stage, sender = _Stage(job, s), _Sender()
-        try:
-            steps = []
-            for _ in range(job.steps):
-                job.barrier.wait()
-                steps.append(_run_order(stage, job.orders[s], left, right, sender))
-        finally:
-            sender.close()
+        stage = _Stage(job, s)
+        steps = []
+        for j in range(1, job.steps + 1):
+            job.barrier.wait()
+            steps.append(_run_order(stage, job.orders[s], left, right, j))
     return {"steps": steps, "loss": stage.loss, "peak": (stage.peak, stage.peak_bytes),
             "grads": [np.concatenate([W.ravel(), b]) for W, b in stage.grads]}
 
@@ -299,16 +303,13 @@ def run_pipeline(problem: MLPProblem, batch: Any, params: Any = None, *, stages:
     check.positive_int("steps", steps, most=MAX_REAL_STEPS)
     check.positive("timeout", timeout)
     orders = _orders(schedule, stages, microbatches)
+    micro = np.array_split(rows, microbatches)
+    bounds = np.cumsum([0] + [len(k) for k in micro])
     with WorkerGroup(stages, roles=[f"stage {s}" for s in range(stages)], label="pipeline") as group:
-        pairs = [group.channel_pair() for _ in range(stages - 1)]
-        job = _PipeJob(problem, theta, np.array_split(rows, microbatches), len(rows), layers, orders, steps,
-                       group.barrier())
-        ends = [(None if s == 0 else pairs[s - 1][1], pairs[s][0] if s < stages - 1 else None) for s in range(stages)]
-        try:
-            results = group.run(_stage_worker, job, worker_args=ends, timeout=timeout)
-        finally:
-            for channel in itertools.chain.from_iterable(pairs):
-                channel.close()
+        links = [_Link(group, bounds, problem.sizes[layers[s][-1] + 1]) for s in range(stages - 1)]
+        job = _PipeJob(problem, theta, micro, len(rows), layers, orders, steps, group.barrier())
+        ends = [(links[s - 1] if s else None, links[s] if s < stages - 1 else None) for s in range(stages)]
+        results = group.run(_stage_worker, job, worker_args=ends, timeout=timeout)
     return _report(problem, orders, layers, results)
 
 

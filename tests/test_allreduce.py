@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import simlib
-from simlib.parallel.allreduce import Ring, ShmAllReduce
+from simlib.parallel.allreduce import ONE_SET_BYTES, Ring, ShmAllReduce
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import live_segments
 from simlib.problems.mlp import MLPProblem
@@ -150,6 +150,23 @@ def test_three_processes_sum_a_vector_longer_than_a_pipe_and_the_shared_segment(
         np.testing.assert_array_equal(long, 6 * x)
         np.testing.assert_array_equal(short, 6 * x[:100])
         np.testing.assert_array_equal(again, 6 * x)
+
+
+def _sum_in_turn(i, n, lengths, reduce):
+    """Vectors of each length in turn, each call's values its own (a slot read late would show another call's)."""
+    return [reduce(np.random.default_rng([c, i]).standard_normal(m)) for c, m in enumerate(lengths)]
+
+
+def test_two_processes_sum_long_and_short_vectors_in_turn_bit_for_bit():
+    """Above ONE_SET_BYTES a call keeps to one set of slots, below it the sets alternate: every mix is exact."""
+    long = ONE_SET_BYTES // 8 + 1_001
+    lengths = [long] * 4 + [50, long, 3_000, 70] + [long] * 6
+    with WorkerGroup(2) as group:
+        out = group.run(_sum_in_turn, lengths, worker_args=[(r,) for r in ShmAllReduce(group, 2, long).ranks()],
+                        timeout=60)
+    for c, m in enumerate(lengths):
+        want = np.random.default_rng([c, 0]).standard_normal(m) + np.random.default_rng([c, 1]).standard_normal(m)
+        assert np.array_equal(out[0][c], want) and np.array_equal(out[1][c], want)
 
 
 @pytest.mark.parametrize("feature, kwargs", [

@@ -73,6 +73,15 @@ def test_a_students_orders_run_and_deadlocking_orders_are_refused(prob, referenc
         run_pipeline(prob, BATCH, stages=2, microbatches=2, schedule=crossed)
 
 
+def test_a_stage_reads_the_micro_batch_it_asks_for_whatever_order_its_neighbour_sent_in(prob, reference):
+    """Stage 0 runs F2, F0, F1 and stage 1 reads F0, F1, F2 (then the backwards the other way round): each reads
+    its micro-batch's own activations and gradients, so the gradient is still the batch's."""
+    sender = [("F", 2), ("F", 0), ("F", 1), ("B", 0), ("B", 1), ("B", 2)]
+    reader = [("F", 0), ("F", 1), ("F", 2), ("B", 2), ("B", 1), ("B", 0)]
+    run = run_pipeline(prob, BATCH, stages=2, microbatches=3, schedule=[sender, reader], steps=2)
+    assert abs(run.loss - reference[0]) <= 1e-6 * abs(reference[0]) and _close(run.gradient, reference[1])
+
+
 @pytest.mark.parametrize("kwargs,field", [
     (dict(stages=5), "stages must be an integer in \\[1, 4\\]"),
     (dict(stages=0), "stages"),

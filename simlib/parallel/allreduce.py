@@ -33,10 +33,11 @@ from simlib.worker import AllReduce, Bucket, Compute, Plan, Pull, Reduced, allre
 _SPIN = 1e-3  # seconds a barrier looks again at once (yielding the core) before it sleeps between looks
 # NOTE: the spinning barrier relies on x86-64's store order (a flag raised after the data is seen after it);
 # elsewhere the group's semaphore barrier, which orders memory, is used instead.
-_TSO = platform.machine().lower() in ("x86_64", "amd64")
+TSO = platform.machine().lower() in ("x86_64", "amd64")
 
 
 DIRECT_BYTES = 64 << 10  # below this (or with 2 processes) every process sums every slot itself: one barrier
+ONE_SET_BYTES = 1 << 20  # above this a direct all-reduce keeps to one set of slots (see ShmAllReduce)
 
 
 def copies_per_byte(n: int, nbytes: int) -> float:
@@ -58,15 +59,22 @@ class ShmAllReduce:
     Direct (2 processes, or small vectors): each copies its vector into its slot, and after a barrier sums every
     slot into its own result; the slots alternate between two sets, so that the next call's copy cannot overwrite a
     slot a slower process still reads (it passed this call's barrier only once that process had finished the last
-    call). Else reduce-scatter then all-gather: after the barrier process i sums part i of every slot into the shared
-    total, and after a second barrier copies the whole total out."""
+    call). Above ONE_SET_BYTES a direct call keeps to one set: each process, done summing, says so (a barrier's
+    arrival), and the next call waits for the others' word before it copies. Else reduce-scatter then all-gather:
+    after the barrier process i sums part i of every slot into the shared total, and after a second barrier (which
+    also frees every slot) copies the whole total out."""
+
+    # NOTE: one set above 1 MB, not two: 2 processes' vectors and sums and two sets of slots of 4 MB each make
+    # 32 MB, the whole L3 of the 2-core machine measured. The same copies and sums run in one process went 1.2-1.5x
+    # as fast at 2-6 MB with one set (no faster at 16 MB); the later wait costs nothing where processes keep step.
 
     def __init__(self, group: WorkerGroup, n: int, capacity: int):
-        self.n, self.rank, self.gen, self.calls = n, 0, 0, 0
+        self.n, self.rank, self.gen = n, 0, 0
+        self.set, self.pending, self.free = 1, False, True  # the set last written; an arrival to await; all sets free
         self.slots = group.zeros((2, n, max(capacity, 1)))
         self.total = group.zeros(max(capacity, 1))
         self.flags = group.zeros((n, 8), np.int64)  # a cache line per process: raising one moves no other's line
-        self.barrier = None if _TSO else group.barrier(n)
+        self.barrier = None if TSO else group.barrier(n)
 
     def ranks(self) -> list["ShmAllReduce"]:
         """This collective as each process calls it (process i: the i-th)."""
@@ -89,8 +97,7 @@ class ShmAllReduce:
         if n == 1:
             out[:] = x
             return
-        slots = self.slots.array[self.calls % 2]
-        self.calls += 1
+        slots = self._slots()
         slots[self.rank, :m] = x
         self._wait()
         direct = _direct(n, 8 * m)
@@ -99,10 +106,23 @@ class ShmAllReduce:
         np.add(slots[0, lo:hi], slots[1, lo:hi], out=part)
         for k in range(2, n):
             part += slots[k, lo:hi]
-        if not direct:
+        if direct and 8 * m > ONE_SET_BYTES:
+            self._arrive()
+            self.pending = self.free = True
+        elif not direct:
             self._wait()
+            self.free = True
             # the total is written again only after the next call's barrier, which every process reaches after this
             out[:] = total[:m]
+
+    def _slots(self) -> np.ndarray:
+        """The set of slots this call writes: set 0 where every process is done reading (once the arrivals a call
+        left are in), else the set the last call did not write (that call's barrier saw everyone done with it)."""
+        if self.pending:
+            self._await()
+        self.set = 0 if self.free else 1 - self.set
+        self.pending = self.free = False
+        return self.slots.array[self.set]
 
     def part(self, m: int) -> slice:
         """This process's part of a vector of ``m`` values in :meth:`reduce_scatter` and :meth:`all_gather`."""
@@ -114,8 +134,7 @@ class ShmAllReduce:
         if m > self.total.array.size:
             raise ValueError(f"reduce_scatter: {m} values, more than the collective's capacity "
                              f"{self.total.array.size}")
-        slots = self.slots.array[self.calls % 2]
-        self.calls += 1
+        slots = self._slots()
         slots[self.rank, :m] = x
         self._wait()
         return slots[:self.n, sl].sum(axis=0)
@@ -129,12 +148,21 @@ class ShmAllReduce:
 
     def _wait(self) -> None:
         """Every process has reached this barrier: its flag raised to the call's generation, the others' awaited."""
+        self._arrive()
+        self._await()
+
+    def _arrive(self) -> None:
+        """Reach the next barrier without waiting at it (the semaphore barrier waits in :meth:`_await` alone)."""
+        if self.barrier is None:
+            self.gen += 1
+            self.flags.array[self.rank, 0] = self.gen
+
+    def _await(self) -> None:
+        """Wait until every process has reached the barrier this one last reached."""
         if self.barrier is not None:
             self.barrier.wait()
             return
-        self.gen += 1
         flags = self.flags.array[:, 0]
-        flags[self.rank] = self.gen
         spin_until(lambda: min(flags.tolist()) >= self.gen, _SPIN)
 
 
