@@ -540,8 +540,10 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
     for kind, unit in KERNEL_UNITS.items():
         alone = raw[0][kind]["alone"]
         # The slowdown compares the time of the same calls alone and together, not the fitted
-        # slopes: a slope from a few sizes carries the noise of each (2-process Hogwild's slope
-        # ratio ranged over 0.9-4x within one calibration; its time ratio does not).
+        # slopes: a slope from a few sizes carries the noise of each. NOTE: Hogwild's still
+        # varies on a quiet machine (median 1.7-4.9x, IQR up to 3.6 across calibrations, where a
+        # real 2-worker run costs about 2.2x per row): its calls write one shared table, and how
+        # much of their cache-line traffic overlaps depends on how the two processes line up.
         alone_seconds = float(np.median([t for _, _, t in alone]))
         ratio = [t / alone_seconds for r in raw for _, _, t in r[kind]["together"]]
         kernels[kind] = KernelCost(unit, Spread.of([b for _, b, _ in alone]), Spread.of([a for a, _, _ in alone]),
