@@ -182,6 +182,27 @@ def test_bad_or_misplaced_bucket_options_are_named(mlp):
         simlib.Protocol.parse("allreduce:2")
 
 
+@pytest.mark.parametrize("substrate", ["sim", "pipes", "shm", "gpu", "ray"])
+def test_one_bound_on_bucket_bytes_on_every_substrate(mlp, substrate):
+    """Up to MAX_BUCKET_BYTES a bucket as large as the gradient is one all-reduce; past it every substrate refuses,
+    by the same words, before anything starts (the simulator refused and the others ran)."""
+    from simlib.protocol import MAX_BUCKET_BYTES
+
+    if substrate == "ray":  # its options are the worker program's and its own, checked before Ray starts
+        from simlib.substrates.ray import RayOptions
+
+        RayOptions(bucket_bytes=MAX_BUCKET_BYTES)
+        with pytest.raises(ValueError, match=rf"bucket_bytes must be an integer in \[1, {MAX_BUCKET_BYTES}\]"):
+            RayOptions(bucket_bytes=MAX_BUCKET_BYTES + 1)
+        return
+    opts = dict(n_workers=2, steps=1, batch_size=BATCH, lr=LR, **QUIET[substrate])
+    res = simlib.run(mlp, "allreduce", substrate=substrate, bucket_bytes=MAX_BUCKET_BYTES, **opts)
+    assert len(sends(res, 0, 0)) == 1
+    for bad in (MAX_BUCKET_BYTES + 1, 2**64):
+        with pytest.raises(ValueError, match=rf"bucket_bytes must be an integer in \[1, {MAX_BUCKET_BYTES}\], got {bad}"):
+            simlib.run(mlp, "allreduce", substrate=substrate, bucket_bytes=bad, **opts)
+
+
 class _FailsOnWorkerOne:
     """The MLP, except that worker 1's backward pass raises at its second step."""
 
