@@ -241,3 +241,19 @@ def test_a_straggler_holds_every_replica_back(mlp):
         assert first - last >= 0.05
     with pytest.raises(ValueError, match="hot_keys"):
         simlib.run(mlp, "allreduce", substrate="shm", n_workers=N, steps=2, hot_keys=10)
+
+
+@pytest.mark.parametrize("substrate", ["pipes", "gpu"])
+def test_lda_under_allreduce_returns_the_topics_its_counts_count(substrate):
+    """Every replica adds the sum of every worker's moves, so the counts are those of all the workers' topics; the
+    topics come back in Result.measured['local'] as on the parameter-server paths (they were dropped, and
+    LDAProblem.assignments asked for a real substrate)."""
+    from simlib.problems.lda import count_tables, make_synthetic_corpus
+    from simlib.problems.lda_table import LDAProblem
+
+    corpus = make_synthetic_corpus(n_docs=40, n_topics=3, n_words=30, doc_length=20, seed=0)[0]
+    prob = LDAProblem(corpus, 3)
+    res = simlib.run(prob, "allreduce", substrate=substrate, n_workers=2, steps=3, **QUIET[substrate])
+    _, n_wk, n_k = count_tables(corpus, prob.assignments(res), 3)
+    np.testing.assert_array_equal(prob.split(res.params)[0], n_wk)
+    np.testing.assert_array_equal(prob.split(res.params)[1], n_k)
