@@ -199,12 +199,12 @@ def _exit_with(pid: int) -> None:
     threading.Thread(target=wait_for_it, name="group-watch", daemon=True).start()
 
 
-def check_processes(n: int, who: str) -> None:
-    """ValueError naming n_workers where ``who`` (a substrate, a group) would start ``n`` processes, more than
+def check_processes(n: int, who: str, name: str = "n_workers") -> None:
+    """ValueError naming ``name`` where ``who`` (a substrate, a group) would start ``n`` processes, more than
     PROCESSES_PER_CPU per CPU of this machine."""
     cpus = os.cpu_count() or 1
     if n > PROCESSES_PER_CPU * cpus:
-        raise ValueError(f"n_workers: {who} would start {n} processes, more than {PROCESSES_PER_CPU * cpus} "
+        raise ValueError(f"{name}: {who} would start {n} processes, more than {PROCESSES_PER_CPU * cpus} "
                          f"({PROCESSES_PER_CPU} per CPU, {cpus} CPUs here), which only queue for the CPUs; "
                          "the simulator (substrate 'sim') takes up to 1,000,000 workers")
 

@@ -117,6 +117,9 @@ Work = tuple  # the alias kernel's K-long work arrays: (cdf, 1 / (n_k + V b), ph
 # cycles trade sweeps for cost per sweep: 2, 3, 4 and 8 cycles reached it at sweeps 56, 47, 39 and 33, in about 2.8,
 # 3.0, 3.5 and 4.4 CPU s (1 cycle: not by sweep 80). The default stays 4; GibbsState and LDAProblem take ``mh_steps``.
 MH_STEPS = 4
+# The most cycles a token may take. At 8 the chain is within 0.5% of exact Gibbs (above); past 64 a sweep costs many
+# exact ones ('sparse'), and mh_steps=10**9 made one token's step last minutes, out of Ctrl-C's and timeout='s reach.
+MAX_MH_STEPS = 64
 # NOTE: MH steps per token of the alias kernel. On the KJV from a random start, log p per token after 10 sweeps
 # with 1, 2 and 4 steps: -8.576, -8.569, -8.601 at K = 100 (sparse: -8.598) for 115, 141, 204 ns per token; at
 # K = 1,000 -9.671, -9.593, -9.590 (sparse: -9.569) for 325, 343, 493 ns. One step trails at K = 1,000, four cost
@@ -189,11 +192,19 @@ def _sweep_dense(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w
     return rng
 
 
-def blocks(ptr: np.ndarray, lo: int, hi: int) -> list[int]:
+def blocks(ptr: np.ndarray, lo: int, hi: int, size: int | None = None) -> list[int]:
     """Boundaries lo = b_0 < b_1 < ... = hi cutting items lo..hi-1 (item i holds tokens ptr[i]..ptr[i+1]-1) into runs
-    of about BLOCK tokens, each a compiled call (an item longer than BLOCK is a run of its own)."""
-    cuts = np.searchsorted(ptr, np.arange(ptr[lo] + BLOCK, ptr[hi], BLOCK)).tolist()
+    of about ``size`` (default BLOCK) tokens, each a compiled call (an item longer than that is a run of its own)."""
+    size = max(1, BLOCK if size is None else size)
+    cuts = np.searchsorted(ptr, np.arange(ptr[lo] + size, ptr[hi], size)).tolist()
     return [lo, *sorted({c for c in cuts if lo < c < hi}), hi]
+
+
+def check_mh_steps(mh_steps: int) -> None:
+    """ValueError naming mh_steps unless an integer in [1, MAX_MH_STEPS]."""
+    if not check._is_int(mh_steps) or not 1 <= mh_steps <= MAX_MH_STEPS:
+        raise ValueError(f"mh_steps must be an integer in [1, {MAX_MH_STEPS}] (the mh kernel's cycles per token; "
+                         f"past {MAX_MH_STEPS} use kernel 'sparse', exact Gibbs), got {mh_steps!r}")
 
 
 def check_prior(kernel: str, n_topics: int, alpha: float, beta: float) -> None:
@@ -740,7 +751,7 @@ class GibbsState:
 
         ``mh_steps``: the mh kernel's word-then-doc cycles per token (LightLDA's MH steps; ignored by the others)."""
         check_prior(kernel, n_topics, alpha, beta)
-        check.positive_int("mh_steps", mh_steps)
+        check_mh_steps(mh_steps)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
         self.n_dk = doc_topic_counts(corpus, z, n_topics)
         # a worker's copy of the table is used as given: its own V x K counts would be built only to be dropped
@@ -796,7 +807,8 @@ class GibbsState:
         if kernel == "mh":
             tokens += (self.order, self.corpus.offsets, self._z_doc)
         lists = (self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos) if kernel in ("sparse", "alias") else None
-        bounds = blocks(self.word_ptr, w_lo, w_hi)
+        # a block of mh costs its cycles per token: as many tokens as cost what BLOCK tokens cost at MH_STEPS
+        bounds = blocks(self.word_ptr, w_lo, w_hi, BLOCK * MH_STEPS // self.mh_steps if kernel == "mh" else BLOCK)
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             if kernel == "dense":
                 rng = _sweep_dense(tokens, self.n_dk, table, prior, lo, hi, rng)
