@@ -53,6 +53,9 @@ MAX_BATCH = 10_000_000
 MAX_REAL_WORKERS = 10_000
 # Real substrates take more steps: Hogwild! is one step per row, and a step applied in place costs a microsecond.
 MAX_REAL_STEPS = 1_000_000_000
+# Protocol 'allreduce''s buckets, on every substrate (the simulator's SimConfig and the worker program's WorkerOptions):
+# a bucket as large as the whole gradient is one all-reduce, and no gradient a run holds comes near 1 TiB.
+MAX_BUCKET_BYTES = 1 << 40
 _SPEC = re.compile(r"^\s*(bsp|async|essp|ssp|allreduce)\s*(?:[:(]\s*(\d+)\s*\)?)?\s*$", re.IGNORECASE)
 
 

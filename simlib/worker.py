@@ -38,7 +38,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib.compress import parse_spec
 from simlib.managed import Pending
-from simlib.protocol import MAX_STEPS
+from simlib.protocol import MAX_BUCKET_BYTES, MAX_STEPS
 
 
 class Gate(NamedTuple):
@@ -147,7 +147,7 @@ class WorkerOptions:
     def __post_init__(self) -> None:
         check.positive_int("clock_batches", self.clock_batches, most=MAX_STEPS)
         if self.bucket_bytes is not None:
-            check.positive_int("bucket_bytes", self.bucket_bytes)
+            check.positive_int("bucket_bytes", self.bucket_bytes, most=MAX_BUCKET_BYTES)
         check.boolean("overlap", self.overlap)
         if self.managed_bandwidth is not None:
             check.positive("managed_bandwidth", self.managed_bandwidth)

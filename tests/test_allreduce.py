@@ -199,6 +199,27 @@ def test_bad_or_misplaced_bucket_options_are_named(mlp):
         simlib.Protocol.parse("allreduce:2")
 
 
+@pytest.mark.parametrize("substrate", ["sim", "pipes", "shm", "gpu", "ray"])
+def test_one_bound_on_bucket_bytes_on_every_substrate(mlp, substrate):
+    """Up to MAX_BUCKET_BYTES a bucket as large as the gradient is one all-reduce; past it every substrate refuses,
+    by the same words, before anything starts (the simulator refused and the others ran)."""
+    from simlib.protocol import MAX_BUCKET_BYTES
+
+    if substrate == "ray":  # its options are the worker program's and its own, checked before Ray starts
+        from simlib.substrates.ray import RayOptions
+
+        RayOptions(bucket_bytes=MAX_BUCKET_BYTES)
+        with pytest.raises(ValueError, match=rf"bucket_bytes must be an integer in \[1, {MAX_BUCKET_BYTES}\]"):
+            RayOptions(bucket_bytes=MAX_BUCKET_BYTES + 1)
+        return
+    opts = dict(n_workers=2, steps=1, batch_size=BATCH, lr=LR, **QUIET[substrate])
+    res = simlib.run(mlp, "allreduce", substrate=substrate, bucket_bytes=MAX_BUCKET_BYTES, **opts)
+    assert len(sends(res, 0, 0)) == 1
+    for bad in (MAX_BUCKET_BYTES + 1, 2**64):
+        with pytest.raises(ValueError, match=rf"bucket_bytes must be an integer in \[1, {MAX_BUCKET_BYTES}\], got {bad}"):
+            simlib.run(mlp, "allreduce", substrate=substrate, bucket_bytes=bad, **opts)
+
+
 class _FailsOnWorkerOne:
     """The MLP, except that worker 1's backward pass raises at its second step."""
 
@@ -237,3 +258,19 @@ def test_a_straggler_holds_every_replica_back(mlp):
         assert first - last >= 0.05
     with pytest.raises(ValueError, match="hot_keys"):
         simlib.run(mlp, "allreduce", substrate="shm", n_workers=N, steps=2, hot_keys=10)
+
+
+@pytest.mark.parametrize("substrate", ["pipes", "gpu"])
+def test_lda_under_allreduce_returns_the_topics_its_counts_count(substrate):
+    """Every replica adds the sum of every worker's moves, so the counts are those of all the workers' topics; the
+    topics come back in Result.measured['local'] as on the parameter-server paths (they were dropped, and
+    LDAProblem.assignments asked for a real substrate)."""
+    from simlib.problems.lda import count_tables, make_synthetic_corpus
+    from simlib.problems.lda_table import LDAProblem
+
+    corpus = make_synthetic_corpus(n_docs=40, n_topics=3, n_words=30, doc_length=20, seed=0)[0]
+    prob = LDAProblem(corpus, 3)
+    res = simlib.run(prob, "allreduce", substrate=substrate, n_workers=2, steps=3, **QUIET[substrate])
+    _, n_wk, n_k = count_tables(corpus, prob.assignments(res), 3)
+    np.testing.assert_array_equal(prob.split(res.params)[0], n_wk)
+    np.testing.assert_array_equal(prob.split(res.params)[1], n_k)

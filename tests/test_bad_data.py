@@ -157,6 +157,7 @@ ALLREDUCE_BAD = [  # (what, options, the name the error must give)
     ("bucket_bytes 0", {"bucket_bytes": 0}, "bucket_bytes"),
     ("bucket_bytes '4k'", {"bucket_bytes": "4k"}, "bucket_bytes"),
     ("bucket_bytes nan", {"bucket_bytes": float("nan")}, "bucket_bytes"),
+    ("bucket_bytes 2**40 + 1", {"bucket_bytes": 2**40 + 1}, "bucket_bytes"),
     ("overlap 'yes'", {"overlap": "yes"}, "overlap"),
     ("n_workers 0", {"n_workers": 0}, "n_workers"), ("n_workers 20,000", {"n_workers": 20_000}, "n_workers"),
     ("steps 10**12", {"steps": 10**12}, "steps"), ("accumulation 4", {"accumulation": 4}, "accumulation"),

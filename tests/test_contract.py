@@ -339,6 +339,22 @@ def test_an_option_a_substrate_does_not_take_or_out_of_range_is_named(tiny, subs
         simlib.run(tiny, "bsp", substrate=substrate, **{"n_workers": 2, "steps": 2, **option})
 
 
+@pytest.mark.parametrize("substrate, protocol, server", [("shm", "bsp", 0), ("pipes", "bsp", 1), ("shm", "allreduce", 0),
+                                                         ("pipes", "allreduce", 0)])
+def test_more_processes_than_a_few_per_cpu_are_refused_up_front(tiny, substrate, protocol, server):
+    """A process per worker (and the pipe server's): past PROCESSES_PER_CPU per CPU the run is refused, naming
+    n_workers and the simulator, before anything starts (1,000 workers on 2 cores ran 3 steps for over 25 s)."""
+    import os
+
+    from simlib.parallel.group import PROCESSES_PER_CPU
+
+    most = PROCESSES_PER_CPU * os.cpu_count()
+    for n in (most - server + 1, 1_000 + most):
+        with pytest.raises(ValueError, match=rf"^n_workers: substrate '{substrate}' .* would start {n + server} processes, "
+                                             rf"more than {most} .*substrate 'sim'"):
+            simlib.run(tiny, protocol, substrate=substrate, n_workers=n, steps=3)
+
+
 def test_registry_lists_the_built_in_substrates():
     assert {"sim", "pipes", "shm", "gpu"} <= set(substrates.names())
 

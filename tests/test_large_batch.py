@@ -14,7 +14,9 @@ def problem():
 
 @pytest.mark.parametrize("bad, name", [(dict(optimizer="adam"), "optimizer"), (dict(lr=0), "lr"),
                                        (dict(scale="square"), "scale"), (dict(warmup=-1), "warmup"),
-                                       (dict(base_batch=0), "base_batch")])
+                                       (dict(base_batch=0), "base_batch"),
+                                       (dict(optimizer="lamb", betas=(1.0, 2.0)), r"betas\[0\] must be a number in \[0, 1\)"),
+                                       (dict(betas=(0.9,)), "betas must be a pair"), (dict(eps=0.0), "eps")])
 def test_a_bad_rule_is_refused_by_name(bad, name):
     with pytest.raises(ValueError, match=name):
         Rule(**bad)
@@ -58,6 +60,23 @@ def test_a_step_size_too_long_for_the_batch_never_reaches_the_target(problem):
 def test_a_batch_larger_than_the_data_is_refused(problem):
     with pytest.raises(ValueError, match="batch"):
         epochs_to(problem, 10_000, Rule(), 0.9)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(evals_per_epoch=0), "evals_per_epoch"),  # was a ZeroDivisionError
+    (dict(max_epochs=1e9), r"max_epochs: 1e\+09 epochs of .* steps exceed 1,000,000,000 steps; use at most"),  # ran on
+])
+def test_bad_epochs_are_refused_by_name_before_training(problem, bad, message):
+    with pytest.raises(ValueError, match=message):
+        epochs_to(problem, 32, Rule(), 1.0, **bad)
+
+
+@pytest.mark.parametrize("bad", [dict(repeats=0), dict(bandwidth=0.0), dict(latency=-1.0), dict(batch=0)])
+def test_bad_step_costs_are_refused_by_name(problem, bad):
+    """repeats=0 returned an infinite compute time, bandwidth=0 raised ZeroDivisionError."""
+    args = dict(batch=256, n_workers=8) | bad
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        step_seconds(problem, args.pop("batch"), args.pop("n_workers"), **args)
 
 
 def test_a_step_costs_the_measured_backward_pass_and_the_ring_formula(problem):

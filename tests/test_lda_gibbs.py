@@ -116,3 +116,55 @@ def test_bad_kernel_names_the_field():
         GibbsState.init(corpus, 2, kernel="fast")
     with pytest.raises(ValueError, match="n_sweeps"):
         fit(corpus, 2, n_sweeps=0)
+
+
+def _swept(corpus: LDACorpus, kernel: str, sweeps: int = 3) -> GibbsState:
+    state = GibbsState.init(corpus, 6, 0.1, 0.01, seed=0, kernel=kernel)
+    for s in range(sweeps):
+        state.sweep(seed=s)
+    return state
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_sweep_in_blocks_is_the_sweep_in_one_call(monkeypatch, kernel):
+    """sweep_words hands its kernel about BLOCK tokens (whole words) a call: the same chain to the bit, the mh and
+    alias kernels' stale tables carried from block to block as one call carries them from word to word."""
+    import simlib.problems.lda_gibbs as gibbs
+
+    corpus, _, _ = make_synthetic_corpus(n_docs=200, n_topics=6, n_words=150, doc_length=40, seed=3)
+    one = _swept(corpus, kernel)
+    monkeypatch.setattr(gibbs, "BLOCK", 60)
+    assert corpus.n_tokens > 50 * gibbs.BLOCK
+    blocks = _swept(corpus, kernel)
+    blocks.check_counts()
+    for name in ("z", "n_dk", "n_wk", "n_k"):
+        assert np.array_equal(getattr(one, name), getattr(blocks, name)), name
+
+
+def test_ctrl_c_during_a_sweep_is_answered_when_its_block_ends(monkeypatch):
+    """A Ctrl-C that arrives while the sweep's first compiled call runs raises KeyboardInterrupt when that call
+    returns: the tokens of the words after its block keep their topics (one call per sweep swept them all first)."""
+    import signal
+
+    import simlib.problems.lda_gibbs as gibbs
+
+    corpus, _, _ = make_synthetic_corpus(n_docs=200, n_topics=6, n_words=150, doc_length=40, seed=3)
+    monkeypatch.setattr(gibbs, "BLOCK", 500)
+    kernel, blocks = gibbs._sweep_sparse, []
+
+    def first_block_then_ctrl_c(*args):
+        blocks.append(args[4:6])  # the words w_lo, w_hi of this call
+        rng = kernel(*args)
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C, arriving while the block ran
+        return rng
+
+    monkeypatch.setattr(gibbs, "_sweep_sparse", first_block_then_ctrl_c)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    state = GibbsState.init(corpus, 6, 0.1, 0.01, seed=0)
+    before = state.z_wm.copy()
+    with pytest.raises(KeyboardInterrupt):
+        state.sweep(seed=1)
+    ((lo, hi),) = blocks
+    done = state.word_ptr[hi]
+    assert 0 < done < corpus.n_tokens // 10  # a block is a small part of the sweep
+    assert np.array_equal(state.z_wm[done:], before[done:]) and not np.array_equal(state.z_wm[:done], before[:done])

@@ -183,3 +183,19 @@ def test_lock_free_kernel_keeps_counts_exact_and_matches_its_twin(synthetic, K):
             assert topic_match(phi, topic_word(n_wk, n_k, 0.01))[0] >= 0.9, (xp, n_workers)
     if K == 8:  # converged: the same fit as the twin, which draws one document at a time
         assert abs(lls["cupy", 1] - lls["numpy", 1]) < 0.01 * abs(lls["numpy", 1]), lls
+
+
+def test_lock_free_twin_in_blocks_of_documents_is_the_sweep_in_one_call(synthetic, monkeypatch):
+    """The NumPy twin hands its compiled sweep about lda_gibbs.BLOCK tokens of documents a call (Ctrl-C is answered
+    between them: on the gpu substrate it runs in the caller's process): the same run to the bit."""
+    import simlib.problems.lda_gibbs as gibbs
+
+    def run():
+        prob = LDAProblem(synthetic[0], 8, alpha=0.5, beta=0.01)
+        prob.device_kernel = "hogwild"
+        return simlib.run(prob, "async", substrate="gpu", xp="numpy", n_workers=1, steps=3, batch_size=4).params
+
+    one = run()
+    monkeypatch.setattr(gibbs, "BLOCK", 300)
+    assert synthetic[0].n_tokens > 20 * gibbs.BLOCK
+    np.testing.assert_array_equal(run(), one)

@@ -91,8 +91,9 @@ def test_the_mh_kernel_with_fewer_cycles_per_token_still_follows_the_exact_condi
         state.check_counts()
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True, 65, 10**9])
 def test_mh_steps_outside_the_positive_integers_is_refused_by_name(bad):
+    """Up to MAX_MH_STEPS (64) cycles a token: mh_steps=10**9 passed and one token's step ran for minutes."""
     with pytest.raises(ValueError, match="mh_steps"):
         GibbsState.init(TINY, K, kernel="mh", mh_steps=bad)
     with pytest.raises(ValueError, match="mh_steps"):

@@ -142,6 +142,41 @@ def test_tensor_parallel_refuses_bad_input_by_name(prob, kwargs, field):
         run_tensor_parallel(kwargs.pop("problem", prob), BATCH, **kwargs)
 
 
+def test_more_devices_or_stages_than_processes_a_cpu_can_run_are_refused_by_their_own_names():
+    """A process per device or stage (16 per CPU at most): n_devices=1000 was refused naming n_workers, a name the
+    call does not take."""
+    import os
+
+    from simlib.parallel.group import PROCESSES_PER_CPU
+
+    most = PROCESSES_PER_CPU * os.cpu_count()
+    wide = MLPProblem(hidden=(most + 1, most + 1))
+    with pytest.raises(ValueError, match=rf"^n_devices: run_tensor_parallel .* {most + 1} processes, more than {most}"):
+        run_tensor_parallel(wide, BATCH, n_devices=most + 1)
+    deep = MLPProblem(hidden=(2,) * (most + 1))
+    with pytest.raises(ValueError, match=rf"^stages: run_pipeline .* {most + 1} processes, more than {most}"):
+        run_pipeline(deep, BATCH, stages=most + 1)
+    assert multiprocessing.active_children() == []
+
+
+def test_layers_are_split_by_least_largest_stage_in_polynomial_time():
+    """The first of the splits whose largest stage is least (as trying every cut chose it); 41 layers into 20
+    stages (C(40, 19) = 1e11 cuts to try) never finished."""
+    import itertools
+
+    from simlib.modelpar import _least_largest
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 9))
+        parts, work = int(rng.integers(1, n + 1)), [int(w) for w in rng.choice([0, 1, 2, 3, 5, 8, 100], n)]
+        cut = min(itertools.combinations(range(1, n), parts - 1),
+                  key=lambda c: max(sum(work[i:j]) for i, j in zip((0, *c), (*c, n))))
+        assert _least_largest(work, parts) == [range(i, j) for i, j in zip((0, *cut), (*cut, n))], (work, parts)
+    layers = split_layers(MLPProblem(hidden=(4,) * 40), 20)
+    assert len(layers) == 20 and layers[0].start == 0 and layers[-1].stop == 41
+
+
 def test_tensor_parallel_needs_two_layers():
     one_layer = MLPProblem(hidden=())
     with pytest.raises(ValueError, match="problem: tensor parallelism splits two layers"):

@@ -207,3 +207,58 @@ def test_a_batchs_keys_are_kept_read_only_and_recomputed_after_the_data_changes(
     data.indices[data.indptr[batch[0]]] = absent  # the data change; validate() forgets what it kept
     prob.validate()
     assert absent in prob.keys(batch)
+
+
+CHUNKS = {"touched, 8 rows a step": ({}, 8, 0), "all, 1 row a step": ({"l2_on": "all", "l2": 1e-3}, 1, 0),
+          "all, 8 rows a step": ({"l2_on": "all", "l2": 1e-3}, 8, 0), "hot keys": ({"l2_on": "all", "l2": 1e-3}, 1, 40)}
+
+
+def _chunk(kwargs: dict, batch_size: int, hot: int, steps: int = 600) -> np.ndarray:
+    """Three in-place chunks of ``steps`` steps from the initial weights (a replica of the ``hot`` keys if any)."""
+    prob = LogisticProblem(make_sparse_classification(2_000, 300, 8, seed=5), eval_rows=None, **kwargs)
+    w = prob.init_params()
+    for c in range(0, 3 * steps, steps):
+        prob.local_steps(w, (0, 2_000), c, steps, batch_size, 0.1,
+                         **({"replica": prob.replica(hot, batch_size)} if hot else {}))
+    return w
+
+
+@pytest.mark.parametrize("case", CHUNKS)
+def test_a_chunk_in_blocks_is_the_chunk_in_one_call(monkeypatch, case):
+    """local_steps hands its kernel about BLOCK rows (whole steps) a call: the same weights to the bit, the decay of
+    log s (l2_on='all') and the hot keys' replica carried from block to block and landing once, at the chunk's end."""
+    import simlib.problems.logistic as logistic
+
+    one = _chunk(*CHUNKS[case])
+    monkeypatch.setattr(logistic, "BLOCK", 56)
+    np.testing.assert_array_equal(_chunk(*CHUNKS[case]), one)
+
+
+def test_ctrl_c_during_a_chunk_is_answered_when_its_block_ends(monkeypatch):
+    """A Ctrl-C that arrives while a chunk's first compiled call runs raises KeyboardInterrupt when that call returns,
+    the steps taken landed whole (their decay of log s included): the weights of that block's steps alone (the gpu
+    substrate hands one worker every step up to the next evaluation as one chunk: eval_every=10**8 kept Ctrl-C
+    waiting 5 s)."""
+    import signal
+
+    import simlib.problems.logistic as logistic
+
+    monkeypatch.setattr(logistic, "BLOCK", 80)  # 10 steps of 8 rows
+    kernel, calls = logistic._local_sgd, []
+
+    def first_block_then_ctrl_c(*args):
+        calls.append(args[2])
+        pending = kernel(*args)
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C, arriving while the block ran
+        return pending
+
+    prob = LogisticProblem(make_sparse_classification(2_000, 300, 8, seed=5), eval_rows=None, l2_on="all", l2=1e-3)
+    ten = prob.init_params()
+    prob.local_steps(ten, (0, 2_000), 0, 10, 8, 0.1)
+    monkeypatch.setattr(logistic, "_local_sgd", first_block_then_ctrl_c)
+    w = prob.init_params()
+    with pytest.raises(KeyboardInterrupt):
+        prob.local_steps(w, (0, 2_000), 0, 1_000, 8, 0.1)
+    assert calls == [(0, 2_000, 0, 10, 8)]
+    np.testing.assert_array_equal(w, ten)
+    assert w[-1] == pytest.approx(10 * np.log(1 - 0.1 * 1e-3), rel=1e-12)

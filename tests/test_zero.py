@@ -69,6 +69,7 @@ def test_reduce_scatter_gives_each_process_its_part_of_the_sum_and_all_gather_jo
     (dict(n_workers=0), "n_workers"), (dict(n_workers=10**6), "n_workers must be an integer in \\[1, 10000\\]"),
     (dict(steps=0), "steps"), (dict(steps=10**12), "steps must be an integer in \\[1, 1000000000\\]"),
     (dict(batch_size=-1), "batch_size"), (dict(batch_size=10**9), "batch_size must be an integer in \\[1, 10000000\\]"),
+    (dict(n_workers=1_000), r"^n_workers: train_adam \(a process per worker\) would start 1000 processes"),
     (dict(shard_state="yes"), "shard_state"), (dict(timeout=0), "timeout"), (dict(adam={"lr": 1e-3}), "adam"),
 ])
 def test_bad_options_are_refused_by_name(mlp, bad, match):

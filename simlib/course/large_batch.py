@@ -30,10 +30,18 @@ from typing import Any, Callable
 import numpy as np
 
 from simlib import _validate as check
+from simlib.protocol import MAX_REAL_STEPS
 from simlib.sim.network import ring_allreduce_time
 
 OPTIMIZERS = ("sgd", "lamb")
 SCALES = {"none": 0.0, "sqrt": 0.5, "linear": 1.0}  # eta grows as (B / B_0) ** power
+
+
+def check_decay(name: str, value: Any) -> None:
+    """ValueError naming ``name`` unless a number in [0, 1): a moment's decay (1 never forgets, and the bias
+    correction m / (1 - beta^t) divides by 0; above 1 the moments grow without bound)."""
+    if not check._is_number(value) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,11 @@ class Rule:
         check.positive_int("base_batch", self.base_batch)
         check.one_of("scale", self.scale, SCALES)
         check.non_negative("warmup", self.warmup)
+        if not isinstance(self.betas, (tuple, list)) or len(self.betas) != 2:
+            raise ValueError(f"betas must be a pair (beta1, beta2), got {self.betas!r}")
+        for name, value in zip(("betas[0]", "betas[1]"), self.betas):
+            check_decay(name, value)
+        check.positive("eps", self.eps)
 
     def rate(self, batch: int, epoch: float) -> float:
         """eta at fractional ``epoch`` of a run at global batch ``batch``."""
@@ -111,10 +124,14 @@ def epochs_to(problem: Any, batch: int, rule: Rule, target: float, max_epochs: f
     check.positive_int("batch", batch)
     check.probability("target", target)
     check.positive("max_epochs", max_epochs)
+    check.positive_int("evals_per_epoch", evals_per_epoch)
     n_rows = problem.shards(1)[0][1]
     if batch > n_rows:
         raise ValueError(f"batch ({batch}) must be <= the training rows ({n_rows})")
     steps_per_epoch = n_rows / batch
+    if max_epochs * steps_per_epoch > MAX_REAL_STEPS:  # a run that long is a typo (simlib.run's bound on steps)
+        raise ValueError(f"max_epochs: {max_epochs:g} epochs of {steps_per_epoch:g} steps exceed {MAX_REAL_STEPS:,} "
+                         f"steps; use at most {MAX_REAL_STEPS / steps_per_epoch:g}")
     every = max(1, int(steps_per_epoch / evals_per_epoch))
     theta, state = problem.init_params(), {}
     rng, order, acc, curve = np.random.default_rng(seed), np.empty(0, np.int64), 0.0, []
@@ -141,7 +158,11 @@ def step_seconds(problem: Any, batch: int, n_workers: int, latency: float = 5e-5
     """(compute, all-reduce) seconds of one synchronous step of global batch ``batch`` on ``n_workers``: the
     backward pass of batch / n rows, best of ``repeats`` measured here, and a ring all-reduce of the 8-byte
     gradient priced by the network model (default 10 Gb/s, 50 us)."""
+    check.positive_int("batch", batch)
     check.positive_int("n_workers", n_workers)
+    check.non_negative("latency", latency)
+    check.positive("bandwidth", bandwidth)
+    check.positive_int("repeats", repeats)
     theta, rows = problem.init_params(), np.arange(max(1, batch // n_workers))
     best = np.inf
     for _ in range(repeats):

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.course.large_batch import adam_direction
+from simlib.course.large_batch import adam_direction, check_decay
 from simlib.parallel.allreduce import ShmAllReduce
-from simlib.parallel.group import WorkerGroup
+from simlib.parallel.group import WorkerGroup, check_processes
 from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS
 
 
@@ -44,9 +44,8 @@ class Adam:
 
     def __post_init__(self) -> None:
         check.positive("lr", self.lr)
-        for name in ("beta1", "beta2"):  # a decay of 1 never forgets (and m_hat divides by 1 - 1 = 0)
-            if not check._is_number(getattr(self, name)) or not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be a number in [0, 1), got {getattr(self, name)!r}")
+        for name in ("beta1", "beta2"):
+            check_decay(name, getattr(self, name))
         check.positive("eps", self.eps)
 
     def step(self, theta: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, t: int) -> None:
@@ -90,7 +89,8 @@ def train_adam(problem: Any, n_workers: int = 2, steps: int = 50, batch_size: in
                shard_state: bool = True, timeout: float = 120.0) -> AdamRun:
     """``steps`` synchronous Adam steps of ``problem`` (one with a ``gradient(theta, batch)`` of the mean loss) on
     ``n_workers`` processes, the global batch being every worker's ``batch_size`` rows; ``shard_state``: ZeRO-1."""
-    check.positive_int("n_workers", n_workers, most=MAX_REAL_WORKERS)  # a process each
+    check.positive_int("n_workers", n_workers, most=MAX_REAL_WORKERS)
+    check_processes(n_workers, "train_adam (a process per worker)")
     check.positive_int("steps", steps, most=MAX_REAL_STEPS)
     check.positive_int("batch_size", batch_size, most=MAX_BATCH)
     check.boolean("shard_state", shard_state)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from simlib.contract import Result, Training, new_trace, record_start
+from simlib.contract import Result, Training, local_result, new_trace, record_start
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import check_straggler, current, spin_until, straggle
 from simlib.protocol import Protocol
@@ -269,21 +269,23 @@ def run_replicas(problem: Any, protocol: Protocol, training: Training, opts: Any
                         timeout=opts.timeout)
     wall = time.perf_counter() - started
     trace.spans, trace.updates = group.trace.spans, group.trace.updates
-    params = out[0]
+    params = out[0][0]
     trace.record_quality(wall, n * training.steps, float(problem.quality(params)))
     compute = [s for s in trace.spans if s.kind == "compute"]
     train = max(s.end for s in trace.spans) - min(s.start for s in compute) if compute else 0.0
-    spread = max(float(np.max(np.abs(w - params))) for w in out)
-    return Result(trace, params, {"wall_seconds": wall, "train_seconds": train, "replica_spread": spread})
+    spread = max(float(np.max(np.abs(w - params))) for w, _ in out)
+    return Result(trace, params, {"wall_seconds": wall, "train_seconds": train, "replica_spread": spread,
+                                  "local": [local for _, local in out]})
 
 
 def _member(i: int, n: int, problem: Any, shards: list, training: Training, opts: Any, w0: np.ndarray,
-            reduce: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """Worker i: the all-reduce worker program on its own replica; returns the replica at the end."""
+            reduce: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, Any]:
+    """Worker i: the all-reduce worker program on its own replica; returns the replica at the end and the worker's
+    local state (:func:`simlib.contract.local_result`: LDA's topics, which its counts are the counts of)."""
     transport = ReplicaWorker(i, w0.copy(), reduce, opts.overlap, getattr(opts, "straggler", None))
     plan = Plan(training.steps, training.batch_size, training.lr)
     try:
         drive(allreduce_worker(problem, shards[i], plan, bucket_bytes=opts.bucket_bytes), transport)
     finally:
         transport.close()
-    return transport.w
+    return transport.w, local_result(problem, shards[i])

@@ -318,8 +318,14 @@ def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float
     warps = max(1, min(int(warps), 32))
     alpha, beta = prior
     vbeta, seed = n_wk.shape[0] * beta, np.uint64(seed % 2**64)
-    if xp is np:
-        _chain_sweep_host(order, offsets, dev.words, (dev.z, dev.n_dk, n_wk, n_k), (alpha, beta, vbeta), seed, warps)
+    if xp is np:  # a compiled call per block of documents (lda_gibbs.BLOCK tokens): Ctrl-C is answered between them
+        from simlib.problems.lda_gibbs import blocks
+
+        ptr = np.concatenate([[0], np.cumsum(offsets[order + 1] - offsets[order])])
+        cuts = blocks(ptr, 0, len(order))
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            _chain_sweep_host(order[a:b], offsets, dev.words, (dev.z, dev.n_dk, n_wk, n_k), (alpha, beta, vbeta), seed,
+                              warps)
         return
     kernel, most = _chains_kernel(K)  # pragma: no cover - needs a GPU
     kernel((D,), (32 * min(warps, most),), (order, offsets, dev.words, dev.z, dev.n_dk, n_wk, n_k,  # pragma: no cover

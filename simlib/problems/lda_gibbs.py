@@ -117,6 +117,9 @@ Work = tuple  # the alias kernel's K-long work arrays: (cdf, 1 / (n_k + V b), ph
 # cycles trade sweeps for cost per sweep: 2, 3, 4 and 8 cycles reached it at sweeps 56, 47, 39 and 33, in about 2.8,
 # 3.0, 3.5 and 4.4 CPU s (1 cycle: not by sweep 80). The default stays 4; GibbsState and LDAProblem take ``mh_steps``.
 MH_STEPS = 4
+# The most cycles a token may take. At 8 the chain is within 0.5% of exact Gibbs (above); past 64 a sweep costs many
+# exact ones ('sparse'), and mh_steps=10**9 made one token's step last minutes, out of Ctrl-C's and timeout='s reach.
+MAX_MH_STEPS = 64
 # NOTE: MH steps per token of the alias kernel. On the KJV from a random start, log p per token after 10 sweeps
 # with 1, 2 and 4 steps: -8.576, -8.569, -8.601 at K = 100 (sparse: -8.598) for 115, 141, 204 ns per token; at
 # K = 1,000 -9.671, -9.593, -9.590 (sparse: -9.569) for 325, 343, 493 ns. One step trails at K = 1,000, four cost
@@ -136,6 +139,11 @@ _WORD_TRIES = 16
 # ever accepted and the chain stops (alias at beta = 1e-300: one topic in 50,000 draws). At 1e-100 they stay above
 # 1e-216 for corpora of up to 1e10 tokens; the exact kernels (sparse, dense) take any positive prior.
 MIN_MH_PRIOR = 1e-100
+# NOTE: tokens per compiled sweep call (GibbsState.sweep_words), whole words: a signal handler (Ctrl-C, a worker's
+# SIGTERM at the run's timeout) runs only between compiled calls, and one call per sweep kept it waiting a whole sweep
+# (4 M tokens, K = 20, mh: 3.8-4.2 s on a busy 2-core machine; now 0.07-0.17 s, sparse 0.005-0.034 s). Same chain to
+# the bit, same CPU per token (paired runs, 1.2 M tokens, K = 100: within the runs' +-15% noise).
+BLOCK = 1 << 18
 # NOTE: every kernel here compiles with error_model="numpy": a float division then carries no test for a zero
 # divisor (numba's default raises ZeroDivisionError, a branch on every division; the divisors here are counts
 # + V b or sums of positive weights, never 0). Same draws, same chains; KJV, K = 1,000, CPU per token, best of 10
@@ -183,6 +191,21 @@ def _sweep_dense(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w
             n_wk[w, k] += 1
             n_k[k] += 1
     return rng
+
+
+def blocks(ptr: np.ndarray, lo: int, hi: int, size: int | None = None) -> list[int]:
+    """Boundaries lo = b_0 < b_1 < ... = hi cutting items lo..hi-1 (item i holds tokens ptr[i]..ptr[i+1]-1) into runs
+    of about ``size`` (default BLOCK) tokens, each a compiled call (an item longer than that is a run of its own)."""
+    size = max(1, BLOCK if size is None else size)
+    cuts = np.searchsorted(ptr, np.arange(ptr[lo] + size, ptr[hi], size)).tolist()
+    return [lo, *sorted({c for c in cuts if lo < c < hi}), hi]
+
+
+def check_mh_steps(mh_steps: int) -> None:
+    """ValueError naming mh_steps unless an integer in [1, MAX_MH_STEPS]."""
+    if not check._is_int(mh_steps) or not 1 <= mh_steps <= MAX_MH_STEPS:
+        raise ValueError(f"mh_steps must be an integer in [1, {MAX_MH_STEPS}] (the mh kernel's cycles per token; "
+                         f"past {MAX_MH_STEPS} use kernel 'sparse', exact Gibbs), got {mh_steps!r}")
 
 
 def check_prior(kernel: str, n_topics: int, alpha: float, beta: float) -> None:
@@ -516,16 +539,19 @@ def _table_buffers(n_wk: np.ndarray) -> tuple[np.ndarray, ...]:
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sweep_mh(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo: int, w_hi: int,
-              rng: np.uint64, n_steps: int) -> np.uint64:
+              rng: np.uint64, prop: Proposal) -> np.uint64:
     """Words w_lo..w_hi-1 of a LightLDA sweep: per word an alias table of the counts at its run's start, then MH per token.
 
-    ``tokens`` ends with ``z_doc``, the topics in document order (:func:`_doc_order`), for the doc proposal."""
+    ``tokens`` ends with ``z_doc``, the topics in document order (:func:`_doc_order`), for the doc proposal;
+    ``prop``'s n0 holds the topic totals the tables are built with (:meth:`GibbsState.sweep_words`)."""
     word_ptr, n_wk, beta = tokens[0], table[0], prior[1]
     vbeta = n_wk.shape[0] * beta
-    n0 = table[1].copy()  # the topic totals the tables of this call are built with
-    bufs = _table_buffers(n_wk)
+    bufs, n0 = prop[0], prop[1]
     B = _beta_table(n0, beta, vbeta, bufs)
-    prop = (bufs, n0, -1, n_steps)
+    # NOTE: the tuple made again here with s_fixed = -1 written out, not read from the caller's: numba then folds the
+    # per-token test s_fixed < 0 away. With the caller's tuple the kernel cost 15-25% more CPU (4 M tokens, K = 20,
+    # three paired runs on a busy machine: 2.10-2.42 against 1.67-1.82 s a sweep).
+    prop = (bufs, n0, -1, prop[3])
     for w in range(w_lo, w_hi):
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
@@ -624,14 +650,16 @@ def _alias_pq(d: int, k: int, lists: Lists, phi: np.ndarray, prior: Prior, vbeta
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sweep_alias(tokens: Tokens, lists: Lists, table: Table, prior: Prior, w_lo: int, w_hi: int, rng: np.uint64,
-                 cdf: np.ndarray) -> np.uint64:
-    """Words w_lo..w_hi-1 of an AliasLDA sweep: a word's table is built at the start of its run and again after K draws."""
+                 prop: Proposal) -> np.uint64:
+    """Words w_lo..w_hi-1 of an AliasLDA sweep: a word's table is built at the start of its run and again after K draws.
+
+    ``prop``'s n0 holds the topic totals the tables are built with, updated here at each rebuild."""
     word_ptr, (n_wk, n_k), beta = tokens[0], table, prior[1]
     vbeta = n_wk.shape[0] * beta
-    n0 = n_k.copy()  # the topic totals the tables are built with
-    bufs = _table_buffers(n_wk)
+    bufs, n0 = prop[0], prop[1]
     B = _beta_table(n0, beta, vbeta, bufs)
-    work, prop = (cdf, 1.0 / (n_k + vbeta), np.empty(n_wk.shape[1])), (bufs, n0, -1, _ALIAS_STEPS)
+    prop = (bufs, n0, -1, _ALIAS_STEPS)  # see _sweep_mh's NOTE
+    work = (np.empty(n_wk.shape[1]), 1.0 / (n_k + vbeta), np.empty(n_wk.shape[1]))
     for w in range(w_lo, w_hi):
         j, b = word_ptr[w], word_ptr[w + 1]
         while j < b:  # O(K) to build, O(1) per draw: rebuilt after K draws keeps the building O(1) per draw
@@ -729,7 +757,7 @@ class GibbsState:
 
         ``mh_steps``: the mh kernel's word-then-doc cycles per token (LightLDA's MH steps; ignored by the others)."""
         check_prior(kernel, n_topics, alpha, beta)
-        check.positive_int("mh_steps", mh_steps)
+        check_mh_steps(mh_steps)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
         self.n_dk = doc_topic_counts(corpus, z, n_topics)
         # a worker's copy of the table is used as given: its own V x K counts would be built only to be dropped
@@ -773,18 +801,31 @@ class GibbsState:
             _doc_order(self.z_wm, self.order, self._z_doc)
 
     def sweep_words(self, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
-        """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after."""
+        """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after.
+
+        The mh and alias kernels build their stale tables with the topic totals n_k of this call's start. The words
+        go to the kernel in blocks of about BLOCK tokens (whole words), the same chain as one call."""
         tokens, table, prior = (self.word_ptr, self.doc_wm, self.z_wm), (self.n_wk, self.n_k), (self.alpha, self.beta)
-        if self.kernel == "dense":
-            rng = _sweep_dense(tokens, self.n_dk, table, prior, w_lo, w_hi, rng)
-        elif self.kernel == "mh":
+        kernel = self.kernel
+        if kernel in ("mh", "alias"):
+            # the stale tables' state, carried from block to block as one call carried it from word to word
+            prop = (_table_buffers(self.n_wk), self.n_k.copy(), -1, self.mh_steps if kernel == "mh" else _ALIAS_STEPS)
+        if kernel == "mh":
             tokens += (self.order, self.corpus.offsets, self._z_doc)
-            rng = _sweep_mh(tokens, self.n_dk, table, prior, w_lo, w_hi, rng, self.mh_steps)
-        else:
-            sweep = _sweep_alias if self.kernel == "alias" else _sweep_sparse
-            lists = (self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos)
-            rng = sweep(tokens, lists, table, prior, w_lo, w_hi, rng, self._cdf)
-        return np.uint64(rng)  # numba hands a uint64 back as a Python int, which it would then read as int64
+        lists = (self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos) if kernel in ("sparse", "alias") else None
+        # a block of mh costs its cycles per token: as many tokens as cost what BLOCK tokens cost at MH_STEPS
+        bounds = blocks(self.word_ptr, w_lo, w_hi, BLOCK * MH_STEPS // self.mh_steps if kernel == "mh" else BLOCK)
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            if kernel == "dense":
+                rng = _sweep_dense(tokens, self.n_dk, table, prior, lo, hi, rng)
+            elif kernel == "mh":
+                rng = _sweep_mh(tokens, self.n_dk, table, prior, lo, hi, rng, prop)
+            elif kernel == "alias":
+                rng = _sweep_alias(tokens, lists, table, prior, lo, hi, rng, prop)
+            else:
+                rng = _sweep_sparse(tokens, lists, table, prior, lo, hi, rng, self._cdf)
+            rng = np.uint64(rng)  # numba hands a uint64 back as a Python int, which it would then read as int64
+        return np.uint64(rng)
 
     def end_sweep(self) -> None:
         """After a sweep's last :meth:`sweep_words`: n_dk from the sparse and alias kernels' topic lists."""

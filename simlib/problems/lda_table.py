@@ -48,7 +48,7 @@ from simlib.backend import to_numpy
 from simlib.problems.atomic import atomic_add, compare_swap
 from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, deal_documents, doc_topic_counts,
                                 log_likelihood, random_assignments, word_log_likelihood)
-from simlib.problems.lda_gibbs import MH_STEPS, GibbsState, _rng_state, check_prior
+from simlib.problems.lda_gibbs import MH_STEPS, GibbsState, _rng_state, check_mh_steps, check_prior
 
 _SEED_STRIDE = (1_000_003, 10_007)
 #: In place with several workers: each worker's tokens per block, between two syncs of n_k (see LDAProblem.local_steps).
@@ -109,7 +109,7 @@ class LDAProblem:
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
                  seed: int = 0, kernel: str = "sparse", sync_every: int | None = None, mh_steps: int = MH_STEPS):
         check_corpus(corpus)
-        check.positive_int("mh_steps", mh_steps)
+        check_mh_steps(mh_steps)
         check_prior(kernel, n_topics, alpha, beta)
         sync_every = default_sync_every(n_topics) if sync_every is None else sync_every
         check.positive_int("sync_every", sync_every)

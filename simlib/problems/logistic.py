@@ -31,6 +31,10 @@ from simlib import _validate as check
 from simlib.backend import array_module
 from simlib.problems.atomic import atomic_add
 
+# NOTE: rows per compiled call of LogisticProblem.local_steps on a NumPy table (whole steps): a signal handler runs only
+# between compiled calls, and the gpu substrate (in the caller's process) hands one worker every step up to the next
+# evaluation in one chunk: at eval_every=10**8 that kept Ctrl-C waiting 5 s. Same steps to the bit.
+BLOCK = 1 << 18
 _DTYPES = {"indptr": np.int64, "indices": np.int32, "values": np.float32, "y": np.float32}
 
 
@@ -388,9 +392,15 @@ class LogisticProblem:
             raise ValueError(f"hot_keys: replicas take one row per step (batch_size=1), got batch_size={batch_size}")
         if self.l2_on == "all":
             self._scale(float(w[-1]) + count * math.log(self._keep(lr)))
-        d = self.data
-        _local_sgd((d.indptr, d.indices, d.values, d.y), w, (shard[0], shard[1], first, count, batch_size),
-                   (float(lr), self.l2, self.l2_on == "all"), self._rows() if replica is None else replica)
+        d, rows, end = self.data, self._rows() if replica is None else replica, first + count
+        hyper, per = (float(lr), self.l2, self.l2_on == "all"), max(1, BLOCK // batch_size)
+        seen, decay = _read_replica(w, rows), np.zeros(1)
+        try:  # a compiled call per block of steps, not per chunk: Ctrl-C (and the run's timeout) is answered between
+            for c in range(first, end, per):
+                _local_sgd((d.indptr, d.indices, d.values, d.y), w, (shard[0], shard[1], c, min(per, end - c),
+                                                                    batch_size), hyper, rows, decay)
+        finally:  # the steps taken land whole: their decay of log s, the replica's change
+            _end_chunk(w, rows, seen, decay[0])
 
     def replica(self, n_keys: int, batch_size: int, n_workers: int = 1) -> "Replica":
         """A private replica of the ``n_keys`` most frequent features (ties: lower id first), for :meth:`local_steps`.
@@ -572,13 +582,15 @@ def _gradient_into(data, w, where, scale, l2, g, seen, touched):  # pragma: no c
 
 
 @njit(cache=True, nogil=True)
-def _local_sgd(data, w, chunk, hyper, rep):  # pragma: no cover - compiled
+def _local_sgd(data, w, chunk, hyper, rep, decay):  # pragma: no cover - compiled
     """Mini-batches first .. first+count-1 of rows [start, stop) applied to ``w`` in place, one after the other.
 
     data = (indptr, indices, values, y); chunk = (start, stop, first, count, batch_size); hyper = (lr, l2,
     scaled): with ``scaled`` (l2_on='all') w[:-1] is v and w[-1] is log s, the weights s * v. Each batch is
     w[k] += -lr * g_k, g as in :func:`_batch_step`; the rounding is the serial get / step / add's exactly.
     One row per step reads its nonzeros through ``rep`` (a :class:`Replica`; with no hot keys, the data).
+    ``decay[0]``: the decay of log s of the chunk's steps so far (l2_on='all'), not yet in w[-1]; grown by these
+    steps' (:func:`_end_chunk` adds it; kept in an array, so a KeyboardInterrupt after any call finds it whole).
     """
     # NOTE: replaces get / step / add per mini-batch (a key sort, a gather into a copy, a 20,000-long
     # index map and a scatter per step) with one compiled pass over the chunk. A worker's own decay of log s
@@ -587,13 +599,13 @@ def _local_sgd(data, w, chunk, hyper, rep):  # pragma: no cover - compiled
     indptr, indices, values, y = data
     start, stop, first, count, batch_size = chunk
     lr, l2, scaled = hyper
+    pending = decay[0]
     if batch_size == 1:
-        _rows_sgd(indptr, y, w, chunk, hyper, rep)
+        decay[0] = _rows_sgd(indptr, y, w, chunk, hyper, rep, pending)
         return
     n_rows, f = stop - start, w.shape[0] - 1
     keep = 1.0 - lr * l2
     log_keep = np.log(keep)
-    pending = 0.0
     n = f if scaled else w.shape[0]
     g = np.empty(n)
     seen = np.full(n, -1, dtype=np.int64)
@@ -607,8 +619,26 @@ def _local_sgd(data, w, chunk, hyper, rep):  # pragma: no cover - compiled
             j = touched[q]
             w[j] += -lr * g[j] / div
         pending += log_keep
-    if scaled:
-        atomic_add(w, f, pending)  # other workers add theirs meanwhile: a plain += lost one now and then
+    decay[0] = pending if scaled else 0.0
+
+
+@njit(cache=True, nogil=True)
+def _read_replica(w, rep):  # pragma: no cover - compiled
+    """A chunk's start: the replica's values and base read from w[hot]; the replicas' pushes so far."""
+    for q in range(rep.hot.shape[0]):
+        rep.values[q] = w[rep.hot[q]]
+        rep.base[q] = rep.values[q]
+    return rep.pushes[0]
+
+
+@njit(cache=True, nogil=True)
+def _end_chunk(w, rep, seen, pending):  # pragma: no cover - compiled
+    """A chunk's end: its decay ``pending`` added to log s (w[-1], l2_on='all' only: else 0), the replica's change
+    to w[hot] (:func:`_push_replica`)."""
+    if pending != 0.0:
+        atomic_add(w, w.shape[0] - 1, pending)  # other workers add theirs meanwhile: a plain += lost one now and then
+    if rep.hot.shape[0]:
+        _push_replica(w, rep.hot, rep.values, rep.base, rep.least, rep.pushes, seen)
 
 
 @njit(cache=True, nogil=True)
@@ -636,29 +666,24 @@ def _split_hot(indptr, indices, values, slot):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _rows_sgd(indptr, y, w, chunk, hyper, rep):  # pragma: no cover - compiled
-    """One-row steps of :func:`_local_sgd`, the hot keys (if any) in the replica ``rep``.
+def _rows_sgd(indptr, y, w, chunk, hyper, rep, pending):  # pragma: no cover - compiled
+    """One-row steps of :func:`_local_sgd`, the hot keys (if any) in the replica ``rep``; the decay ``pending`` grown.
 
-    rep.values = rep.base = w[hot] at the start; a row's hot nonzeros (first, see :func:`_split_hot`) read
-    and write rep.values, the others w; at the end w[hot] += share * (values - base), share = max(1 / (1 + m),
-    least), where m is the other replicas' pushes since the read (and log s += this chunk's decay). One worker
-    (m = 0) computes what it computes without a replica, up to the order of each margin's sum and the
-    rounding of base + (values - base).
+    rep.values = rep.base = w[hot] at the chunk's start (:func:`_read_replica`); a row's hot nonzeros (first, see
+    :func:`_split_hot`) read and write rep.values, the others w; at its end (:func:`_end_chunk`) w[hot] +=
+    share * (values - base), share = max(1 / (1 + m), least), where m is the other replicas' pushes since the
+    read (and log s += the chunk's decay). One worker (m = 0) computes what it computes without a replica, up
+    to the order of each margin's sum and the rounding of base + (values - base).
     """
     # NOTE: a branch per nonzero (hot or not) cost 3x the time per nonzero (mispredicted half the time);
     # rows split hot first once per run make both loops branch-free.
     start, stop, first, count, _ = chunk
     lr, l2, scaled = hyper
-    hot, rep_w, base, split, ids, vals = rep.hot, rep.values, rep.base, rep.split, rep.ids, rep.vals
+    rep_w, split, ids, vals = rep.values, rep.split, rep.ids, rep.vals
     n_rows, f = stop - start, w.shape[0] - 1
-    seen = rep.pushes[0]
-    for q in range(hot.shape[0]):
-        rep_w[q] = w[hot[q]]
-        base[q] = rep_w[q]
     keep = 1.0 - lr * l2
     log_keep = np.log(keep)
-    pending = 0.0
-    log_s = w[f]  # log s is a replicated key too: read once, this chunk's decay added at its end
+    log_s = w[f]  # log s is a replicated key too: this chunk's decay is added at its end
     for c in range(first, first + count):
         r = start + c % n_rows
         lo, mid, hi = indptr[r], split[r], indptr[r + 1]
@@ -685,10 +710,7 @@ def _rows_sgd(indptr, y, w, chunk, hyper, rep):  # pragma: no cover - compiled
                 rep_w[ids[p]] += -lr * (l2 * rep_w[ids[p]] + coef * vals[p])
             for p in range(mid, hi):
                 w[ids[p]] += -lr * (l2 * w[ids[p]] + coef * vals[p])
-    if scaled:
-        atomic_add(w, f, pending)  # other workers add theirs meanwhile: a plain += lost one now and then
-    if hot.shape[0]:
-        _push_replica(w, hot, rep_w, base, rep.least, rep.pushes, seen)
+    return pending
 
 
 @njit(cache=True, nogil=True, inline="always")

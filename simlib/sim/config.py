@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 from simlib import _validate as check
 from simlib.options import check_fields
-from simlib.protocol import BOUNDED, KIND_LABELS, MAX_BATCH, MAX_STEPS, MAX_WORKERS, Protocol, StepRule
+from simlib.protocol import BOUNDED, KIND_LABELS, MAX_BATCH, MAX_BUCKET_BYTES, MAX_STEPS, MAX_WORKERS, Protocol
+from simlib.protocol import StepRule
 from simlib.protocol import KINDS as PROTOCOLS, check_read_rule
 
 TOPOLOGIES = ("ps", "allreduce")
@@ -121,7 +122,7 @@ class SimConfig(_FieldsOnly):
                        choices=TOPOLOGIES)
     bucket_bytes: int | None = _f(None, "ring all-reduce of a layered problem (backward_layers): the gradient goes "
                                         "in buckets of about this many bytes, each its own ring; off: one ring",
-                                  min=1, max=1 << 40)
+                                  min=1, max=MAX_BUCKET_BYTES)
     overlap: bool = _f(True, "with bucket_bytes: each bucket's ring starts while the backward pass goes on (the step's "
                              "compute a third forward, the rest per layer by its parameters); off: each ring waited for")
     n_servers: int = _f(1, "parameter-server shards", flag="--servers", min=1, max=1_000_000)

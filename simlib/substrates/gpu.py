@@ -180,6 +180,11 @@ class _AllReduceRounds(_Rounds):
             self.total[...] = 0
             self.taus = [0] * self.training.n_workers
 
+    def result(self) -> Result:
+        res = super().result()
+        res.measured["local"] = [local_result(self.problem, s) for s in self.shards]
+        return res
+
 
 class _InPlace(_Rounds):
     """The fast path: the problem's ``hook`` on the device table, on the get / step / add path's schedule (one

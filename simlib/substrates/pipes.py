@@ -48,7 +48,7 @@ from simlib.contract import served_trace, warm_up as contract_warm_up
 from simlib.managed import MESSAGE_ENTRIES
 from simlib.parallel.allreduce import Ring, run_replicas
 from simlib.parallel.channel import Channel
-from simlib.parallel.group import WorkerGroup
+from simlib.parallel.group import WorkerGroup, check_processes
 from simlib.parallel.worker import check_straggler, current, record_span, straggle
 from simlib.protocol import Protocol
 from simlib.compress import worker_compressor
@@ -108,6 +108,8 @@ class PipesOptions(WorkerOptions):
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="pipes")``); ``options``: :class:`PipesOptions`."""
     opts = check.options(PipesOptions, options, "substrate 'pipes'")
+    server = protocol.kind != "allreduce"
+    check_processes(training.n_workers + server, f"substrate 'pipes' (a process per worker{' and its server' * server})")
     if protocol.kind == "allreduce":  # every worker a replica; each bucket summed around a ring of pipes
         return run_replicas(problem, protocol, training, opts, "pipes", "over a ring of pipes", _ring)
     n_workers = training.n_workers

@@ -64,7 +64,7 @@ from simlib import _validate as check
 from simlib.contract import Result, Training, capabilities, local_result, new_trace, real_result, record_metric
 from simlib.contract import warm_up
 from simlib.parallel.allreduce import ShmAllReduce, run_replicas
-from simlib.parallel.group import START_METHODS, WorkerGroup
+from simlib.parallel.group import START_METHODS, WorkerGroup, check_processes
 from simlib.parallel.worker import check_straggler, current, spin_until, straggle
 from simlib.protocol import Protocol, may_read, read_allowed, staleness
 from simlib.worker import Compute, Early, Gate, InPlace, Plan, Pull, Push, WorkerOptions, drive, ps_worker
@@ -119,6 +119,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     (:func:`simlib.contract.local_result`).
     """
     opts = check.options(ShmOptions, options, "substrate 'shm'")
+    check_processes(training.n_workers, "substrate 'shm' (a process per worker)")
     if protocol.kind == "allreduce":  # every worker a replica; each bucket summed through shared segments
         for name, value in (("locked", opts.locked), ("hot_keys", opts.hot_keys)):
             if value:
