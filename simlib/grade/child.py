@@ -328,8 +328,12 @@ def _calls_in(arg: Any) -> list[dict[str, Any]]:
 
 
 def _hook(on: bool) -> None:
-    """Install the profile hook (this thread and threads started from now), or remove it, noting if it was replaced."""
-    if not on and _GETPROFILE() is not _profile and len(NOTED) < MAX_NOTED:
+    """Install the profile hook (this thread and threads started from now), or remove it, noting if it was replaced.
+
+    A hook found gone (None) is not noted: CPython removes a profile hook that raises, as the call into it does at
+    the recursion limit (an honest RecursionError in a cell), and a removal through ``sys.setprofile`` is noted as
+    the call happens (:func:`_profile`)."""
+    if not on and _GETPROFILE() not in (None, _profile) and len(NOTED) < MAX_NOTED:
         NOTED[("the submission's code", 0, TAMPER)] = None
     _SETPROFILE(_profile if on else None)
     _THREAD_SETPROFILE(_profile if on else None)
