@@ -226,7 +226,7 @@ def test_a_cost_only_trace_keeps_less_than_the_cli_counts_per_worker_step():
     assert kept(n_workers, steps) / (n_workers * steps) < COST_ONLY_TRACE_BYTES_PER_STEP
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a whole Ray start for one warning (15 s of a quiet CI run); tests/test_ray.py runs Ray itself
 def test_run_on_ray_prints_no_token_warning(tmp_path):
     pytest.importorskip("ray")
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
