@@ -296,8 +296,9 @@ def _reference_in(value: Any) -> tuple[str, types.CodeType | None] | None:
             known = REF_CODES.get(id(code))
             if known is not None and known[0] is code:
                 return known[1], None
-            if _fingerprint(code) in REF_PRINTS:
-                return REF_PRINTS[_fingerprint(code)], code
+            cloned = REF_PRINTS.get(_fingerprint(code))
+            if cloned is not None:
+                return cloned, code
         inner = getattr(value, "func", None) or getattr(value, "__func__", None) or getattr(value, "__wrapped__", None)
         if inner is None:
             return None
