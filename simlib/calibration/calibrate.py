@@ -208,6 +208,11 @@ class Calibration:
         """The same costs on a machine whose free CPU is now ``cpu_share`` (see :func:`measure_load`)."""
         return dataclasses.replace(self, cpu_share=dict(cpu_share))
 
+    def with_contention(self, slowdowns: dict[str, Spread]) -> "Calibration":
+        """The same costs with the two-process slowdowns of the kernels named in ``slowdowns`` measured again."""
+        kernels = {k: dataclasses.replace(c, contention=slowdowns.get(k, c.contention)) for k, c in self.kernels.items()}
+        return dataclasses.replace(self, kernels=kernels)
+
     def busy_note(self, threshold: float = BUSY_SHARE) -> str:
         """'' if the CPU share measured during calibration was at least ``threshold``, else why the machine was busy."""
         return busy_note(self.cpu_share, threshold)
@@ -332,9 +337,8 @@ def _time_calls(fn: Callable[[], Any], calls: int) -> float:
     return (time.thread_time() - s) / calls
 
 
-def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> tuple[float, float, float]:
-    """(overhead, per_unit, seconds) of kernel ``kind``: a line fitted by fit_line to its times at several sizes,
-    and the sum of those times (what the two-process slowdown compares)."""
+def _kernel_calls(kind: str, cache: dict[str, Any], worker: int, calls: int) -> list[tuple[float, Callable[[], Any]]]:
+    """Kernel ``kind`` at several sizes: (units of work, one call to time) each, for this worker's rows."""
     prob: LogisticProblem = cache["problem"]
     d = prob.data
     base = worker * (d.n_rows // 2)  # each worker has its own rows, as in a data-parallel run
@@ -375,7 +379,7 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
             # shard (the same rows again and again sit in cache: measured 17 us against 22 us
             # for 400 rows, which left a BSP step 8% short).
             # Window k is the shard's rows local.batch(shard, k, rows), at one row per step or as one step.
-            nxt = iter(list(range(calls + 1)) * 2)
+            nxt = itertools.cycle(range(calls + 1))
             # Call k: hogwild_sgd runs one-row steps k*rows .. k*rows+rows-1; bsp_step runs step k, a batch of rows.
             stride, steps, batch = (rows, rows, 1) if kind == "hogwild_sgd" else (1, 1, rows)
 
@@ -385,27 +389,102 @@ def _kernel_fits(kind: str, cache: dict[str, Any], worker: int, calls: int) -> t
             timed.append((float(np.mean([local.work(local.batch(shard, k, rows)) for k in range(calls + 1)])), f))
     elif kind == "bsp_call":
         # Per feature of the table, not per nonzero: a batch step clears a scratch gradient as long
-        # as the table (the call's cost at 2 rows: about 2 us at 1 k features, 11 us at 80 k).
-        for p, tw in cache["call_problems"]:
-            timed.append((p.data.n_features, lambda p=p, tw=tw: p.local_steps(tw, (0, p.data.n_rows), 0, 1, 2, 1e-3)))
+        # as the table (the call's cost at 2 rows: about 2 us at 1 k features, 11 us at 80 k). The table is
+        # shared by both workers, as the shm substrate's: under l2_on='all' each step writes every weight,
+        # and with two processes those lines move between the cores on every step.
+        for p, seg in cache["call_problems"]:
+            timed.append((p.data.n_features,
+                          lambda p=p, tw=seg.array: p.local_steps(tw, (0, p.data.n_rows), 0, 1, 2, 1e-3)))
     else:  # pragma: no cover - guarded by KERNELS
         raise ValueError(f"kernel must be one of {KERNELS}, got {kind!r}")
-    times = [_time_calls(f, calls) for _, f in timed]
-    a, b = fit_line([u for u, _ in timed], times)
-    return max(a, 0.0), b, sum(times)
+    return timed
 
 
-def _kernels_member(worker: int, n: int, cache: dict[str, Any], repeats: int, calls: int, barrier: Any) -> dict:
-    """Time every kernel alone (worker 0, the other waits) and then both workers at once."""
-    out: dict[str, dict[str, list]] = {k: {"alone": [], "together": []} for k in KERNELS}
+def _kernel_fit(timed: list[tuple[float, Callable[[], Any]]], calls: int) -> tuple[float, float]:
+    """(overhead, per_unit): a line fitted by fit_line to the calls' times at their sizes."""
+    a, b = fit_line([u for u, _ in timed], [_time_calls(f, calls) for _, f in timed])
+    return max(a, 0.0), b
+
+
+def _kernel_window(timed: list[tuple[float, Callable[[], Any]]], seconds: float) -> float:
+    """CPU seconds per unit of work, calling every size in turn until ``seconds`` of wall time have passed."""
+    # A fixed window, not a fixed number of calls: the two processes' windows then overlap for all
+    # but the barrier's wake-up skew (tens of microseconds against 0.1 s), where a few milliseconds
+    # of short calls each could run mostly apart and miss the other's cache-line traffic.
+    units, cpu, end = 0.0, 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for u, f in timed:
+            s = time.thread_time()
+            f()
+            cpu += time.thread_time() - s
+            units += u
+    return cpu / units
+
+
+def _kernels_member(worker: int, n: int, cache: dict[str, Any], kinds: tuple[str, ...], repeats: int, calls: int,
+                    window: float, fit: bool) -> dict:
+    """Fit each kernel's line alone (worker 0, the other waits; with ``fit``), then time a window of it alone and
+    one with both workers at once: the cost per unit together over alone is the two-process slowdown."""
+    out: dict[str, dict[str, list]] = {k: {"fit": [], "alone": [], "together": []} for k in kinds}
+    barrier = cache["barrier"]
     for _ in range(repeats):
-        for kind in KERNELS:
+        for kind in kinds:
+            timed = _kernel_calls(kind, cache, worker, calls)
             barrier.wait()
             if worker == 0:
-                out[kind]["alone"].append(_kernel_fits(kind, cache, worker, calls))
+                if fit:
+                    out[kind]["fit"].append(_kernel_fit(timed, calls))
+                out[kind]["alone"].append(_kernel_window(timed, window))
             barrier.wait()
-            out[kind]["together"].append(_kernel_fits(kind, cache, worker, calls))
+            out[kind]["together"].append(_kernel_window(timed, window))
     return out
+
+
+def _slowdowns(raw: list[dict], kind: str) -> list[float]:
+    """Each worker's cost per unit in each window together over worker 0's median alone."""
+    alone = float(np.median(raw[0][kind]["alone"]))
+    return [t / alone for r in raw for t in r[kind]["together"]]
+
+
+def _kernel_cache(group: WorkerGroup, prob: LogisticProblem, quick: bool) -> dict[str, Any]:
+    """What the kernels run on: ``prob`` (the kernel problem), its l2_on='all' twin with a table shared by the
+    group, the call problems (shared tables too), the dense problems and the group's barrier. Every numba kernel
+    is compiled here, before the workers fork."""
+    # The shm workloads' objective (l2_on='all'), on the same rows: what their local step computes.
+    local = LogisticProblem(prob.data, l2=prob.l2, eval_rows=None, l2_on="all")
+    n_dense = 100_000 if quick else 200_000
+    warm_up(prob)
+    call_problems = [_call_problem(n) for n in (1_000, 5_000, 20_000, 80_000)]
+    for p, tw in [(local, np.zeros(local.n_params))] + call_problems:
+        p.local_steps(tw, (0, p.data.n_rows), 0, 1, 1, 1e-3)
+        p.local_steps(tw, (0, p.data.n_rows), 0, 1, 2, 1e-3)
+    return {
+        "problem": prob,
+        "local_problem": local,
+        "call_problems": [(p, group.zeros(p.n_params)) for p, _ in call_problems],
+        "dense_problems": [_dense_problem(n_dense // k) for k in (8, 2, 1)],
+        "w_apply": np.zeros(n_dense),
+        "shared_w": group.zeros(local.n_params),
+        "barrier": group.barrier(),
+    }
+
+
+def measure_contention(kinds: Sequence[str], repeats: int = 2, window: float = 0.05, quick: bool = False,
+                       start_method: str | None = None) -> dict[str, list[float]]:
+    """Two-process slowdowns of ``kinds`` measured now (``repeats`` windows each), as :func:`calibrate` does.
+
+    What two cores pay for sharing cache lines changes from minute to minute on a virtual machine (it depends
+    on where the host places the two virtual CPUs), so a check of predictions measures it between its real
+    runs too (:func:`simlib.calibration.validate.compare`).
+    """
+    for kind in kinds:
+        check.one_of("kernel", kind, KERNELS)
+    check.positive_int("repeats", repeats)
+    check.positive("window", window)
+    with WorkerGroup(2, start_method, label="contention") as group:
+        raw = group.run(_kernels_member, _kernel_cache(group, kernel_problem(quick), quick), tuple(kinds), repeats,
+                        3, window, False)
+    return {kind: _slowdowns(raw, kind) for kind in kinds}
 
 
 def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, calls: int,
@@ -517,37 +596,20 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
 
     # Kernels: a 20 k x 20 k problem (20 nonzeros per row) is the parameter servers' default size.
     prob = kernel_problem(quick)
-    # The shm workloads' objective (l2_on='all'), on the same rows: what their local step computes.
-    local = LogisticProblem(prob.data, l2=prob.l2, eval_rows=None, l2_on="all")
-    n_dense = 100_000 if quick else 200_000
-    warm_up(prob)
-    call_problems = [_call_problem(n) for n in (1_000, 5_000, 20_000, 80_000)]
-    for p, tw in [(local, np.zeros(local.n_params))] + call_problems:  # compiled here, before the workers fork
-        p.local_steps(tw, (0, p.data.n_rows), 0, 1, 1, 1e-3)
-        p.local_steps(tw, (0, p.data.n_rows), 0, 1, 2, 1e-3)
-        tw[:] = 0.0
     with WorkerGroup(2, start_method, label="calibrate") as group:
-        cache = {
-            "problem": prob,
-            "local_problem": local,
-            "call_problems": call_problems,
-            "dense_problems": [_dense_problem(n_dense // k) for k in (8, 2, 1)],
-            "w_apply": np.zeros(n_dense),
-            "shared_w": group.zeros(local.n_params),
-        }
-        raw = group.run(_kernels_member, cache, repeats, calls, group.barrier())
+        raw = group.run(_kernels_member, _kernel_cache(group, prob, quick), KERNELS, repeats, calls,
+                        0.03 if quick else 0.1, True)
+    # The slowdown compares the cost per unit of the same calls alone and together over fixed windows, not
+    # the fitted slopes: a slope from a few sizes carries the noise of each. NOTE: Hogwild's varies from
+    # minute to minute on one quiet machine (1.1x to 5.9x in calibrations a few minutes apart, the real
+    # 2-worker run's cost per row moving with it): its calls write one shared table, and what a cache line
+    # costs to pass between the two virtual CPUs depends on where the host runs them. compare() therefore
+    # measures it again between its real runs (measure_contention).
     kernels = {}
     for kind, unit in KERNEL_UNITS.items():
-        alone = raw[0][kind]["alone"]
-        # The slowdown compares the time of the same calls alone and together, not the fitted
-        # slopes: a slope from a few sizes carries the noise of each. NOTE: Hogwild's still
-        # varies on a quiet machine (median 1.7-4.9x, IQR up to 3.6 across calibrations, where a
-        # real 2-worker run costs about 2.2x per row): its calls write one shared table, and how
-        # much of their cache-line traffic overlaps depends on how the two processes line up.
-        alone_seconds = float(np.median([t for _, _, t in alone]))
-        ratio = [t / alone_seconds for r in raw for _, _, t in r[kind]["together"]]
-        kernels[kind] = KernelCost(unit, Spread.of([b for _, b, _ in alone]), Spread.of([a for a, _, _ in alone]),
-                                   Spread.of(ratio))
+        fits = raw[0][kind]["fit"]
+        kernels[kind] = KernelCost(unit, Spread.of([b for _, b in fits]), Spread.of([a for a, _ in fits]),
+                                   Spread.of(_slowdowns(raw, kind)))
 
     # Pipes: half a ping-pong between two workers, by size.
     # Dense above 1 MiB: here a pipe message's cost jumps several-fold between 1 and 2 MiB, and a

@@ -40,13 +40,16 @@ import simlib
 from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, Calibration, Spread, busy_note, calibrate,
-                                          kernel_problem, measure_load)
+                                          kernel_problem, measure_contention, measure_load)
 from simlib.substrates.pipes import DenseKeys
 from simlib.sim.config import SimConfig
 from simlib.substrates.sim import run_args
 from simlib.trace import Trace
 
 SUBSTRATES = ("pipe_ps", "hogwild", "bsp_shm")
+# The calibrated kernels that price each substrate's compute (their two-process slowdowns are measured again
+# between a comparison's real runs).
+WORKLOAD_KERNELS = {"pipe_ps": ("ps_step", "ps_apply"), "hogwild": ("hogwild_sgd",), "bsp_shm": ("bsp_step", "bsp_call")}
 FREE_BANDWIDTH = 1e18  # bytes/s for messages that do not exist (shared memory)
 
 
@@ -337,14 +340,20 @@ def compare(workloads: Sequence[Workload] | None = None, workers: Sequence[int] 
     for w in workloads:
         workload_problem(w)  # build the data outside every timed region
         times: dict[int, list[tuple[float, Trace]]] = {n: [] for n in workers}
+        slow: dict[str, list[float]] = {k: [] for k in WORKLOAD_KERNELS[w.substrate] + ("ps_dense",) * w.dense}
         before = measure_load(load_seconds)
         for _ in range(repeats):
+            if max(workers) > 1:
+                for kind, ratios in measure_contention(slow, quick=quick_calibration).items():
+                    slow[kind] += ratios
             for n in workers:
                 times[n].append(measure(w, n))
         after = measure_load(load_seconds)
-        # The machine's free CPU is measured right before and after this workload's runs, so a
-        # neighbour's burst is priced in (other costs come from the one calibration).
+        # The machine's free CPU is measured right before and after this workload's runs, and its kernels'
+        # two-process slowdowns before each repeat, so a neighbour's burst and the cost of sharing cache
+        # lines at the time are priced in (other costs come from the one calibration).
         cal_w = cal.with_load({n: Spread.of([before[n].median, after[n].median]) for n in before})
+        cal_w = cal_w.with_contention({kind: Spread.of(r) for kind, r in slow.items() if r})
         out.loads[w.name] = cal_w.cpu_share
         for n in workers:
             pred, ptrace = predict(w, n, cal_w)
