@@ -178,6 +178,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--start-method", default="fork", choices=["fork", "spawn"])
     ap.add_argument("--hot-keys", type=int, default=HOT_KEYS, help="features each process keeps a replica of")
+    ap.add_argument("--headline", action="store_true",
+                    help="only scikit-learn, serial and the two 2-process Hogwild rows (for long runs: --epochs 80)")
     args = ap.parse_args()
     if args.quick:
         args.rows, args.features, args.repeats = 20_000, 10_000, 1
@@ -187,7 +189,7 @@ def main() -> None:
     print(
         f"{data.n_rows:,} rows x {data.n_features:,} features, {data.nnz / data.n_rows:.1f} nonzeros/row, "
         f"{args.epochs} epochs, lr={args.lr}, l2={args.l2}, start method {args.start_method}, "
-        f"best of {args.repeats}"
+        f"best of {args.repeats}" + (" (headline rows only)" if args.headline else "")
     )
 
     sm = args.start_method
@@ -204,6 +206,8 @@ def main() -> None:
         ("bsp, batch 256/worker", 2, lambda: on_shm(data, "bsp", 2, batch_size=256, **common)),
         ("gpu substrate (NumPy), B=256", 1, lambda: batched(data, args.lr, args.l2, args.epochs, 256)),
     ]
+    if args.headline:
+        methods = [m for m in methods if m[0] in ("serial (in place)", "hogwild", "hogwild, hot-key replicas")]
     fits: list[tuple[np.ndarray, float, float]] = []
     runs: list[list[tuple]] = [[] for _ in methods]
     for _ in range(args.repeats):  # take turns, so a busy spell hurts every method alike
@@ -231,6 +235,19 @@ def main() -> None:
             f"{r / (nnz / sk_s):8.2f}x {nnz / cpu_s / 1e6:11.1f} {loss:10.5f} {100 * (loss - sk_loss) / sk_loss:+9.2f}%"
         )
     sk = nnz / sk_s
+    print("\nper round (scikit-learn and each method take turns): its rate over scikit-learn's in the same round")
+    for (name, workers, _), done in zip(methods, runs):
+        ratios = sorted(fit[1] / r[1] for fit, r in zip(fits, done))
+        print(f"  {name:<30} {workers} procs: median {np.median(ratios):.2f}x, worst {ratios[0]:.2f}x, "
+              f"best {ratios[-1]:.2f}x over {len(ratios)} rounds (train s {min(r[1] for r in done):.2f}"
+              f"-{max(r[1] for r in done):.2f})")
+        if args.headline and workers == 2:
+            record(__file__, f"Hogwild!, 2 processes{name.removeprefix('hogwild')}, median of {len(ratios)} rounds",
+                   "scikit-learn SGDClassifier(log_loss)", float(np.median(ratios)), "nonzeros/s",
+                   worst=round(ratios[0], 3), best=round(ratios[-1], 3),
+                   train_seconds=round(float(np.median([r[1] for r in done])), 2), epochs=args.epochs)
+    if args.headline:
+        return
     loss_of = {(name, workers): loss for name, workers, *_, loss in rows}
     for name, serial in (("hogwild", "serial (in place)"), ("hogwild, hot-key replicas", "serial (in place)"),
                          ("hogwild, touched, hot keys", "hogwild, touched L2")):
