@@ -24,7 +24,7 @@ import pytest
 from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
 from simlib.grade.export import uncell
-from simlib.grade.gradebook import Progress, check_hidden, clean, environment, grade_class, shown
+from simlib.grade.gradebook import Progress, check_hidden, clean, environment, find_submissions, grade_class, shown
 from simlib.grade.sandbox import Limits
 from simlib.grade.sandbox import bwrap_problem as sandbox_problem
 
@@ -1404,3 +1404,21 @@ def test_the_cache_key_does_not_depend_on_the_working_directory(tmp_path):
                            env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout for cwd in (ROOT, tmp_path)}
     assert len(keys) == 1, keys
 
+
+
+def test_a_folder_nested_too_deep_is_noted_not_a_crash(tmp_path):
+    """os.walk recurses: a folder 1,200 deep raised RecursionError and stopped the whole class."""
+    paths = [str(tmp_path / "deep")]
+    paths += [os.path.join(paths[0], *["d"] * k) for k in range(1, 1201)]  # os.makedirs recurses too
+    for path in paths:
+        os.mkdir(path)
+    try:
+        Path(paths[-1], "07-toy.ipynb").write_text("{}")
+        (tmp_path / "good.ipynb").write_text("{}")
+        subs, _ = find_submissions(tmp_path, "07-toy")
+        assert [(s.student, s.problem) for s in subs] == [
+            ("deep", "the folder holds folders nested more than 64 deep"), ("good", "")]
+    finally:  # shutil.rmtree recurses as well: removed from the bottom up
+        os.unlink(Path(paths[-1], "07-toy.ipynb"))
+        for path in reversed(paths):
+            os.rmdir(path)

@@ -245,6 +245,7 @@ class Submission:
 
 ARCHIVES = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz", ".gz", ".7z", ".rar")
 MAX_FILES = 10_000  # files and folders in one student's folder
+MAX_DEPTH = 64  # folders nested in one student's folder (os.walk recurses: far deeper would raise RecursionError)
 
 
 def shown(name: str) -> str:
@@ -289,6 +290,8 @@ def _notebooks_in(folder: Path, assignment: str) -> tuple[list[Path], str]:
     found: list[tuple[bool, str, Path]] = []
     seen = 0
     for here, dirs, files in os.walk(folder, followlinks=False):
+        if os.path.relpath(here, folder).count(os.sep) >= MAX_DEPTH:
+            return [], f"the folder holds folders nested more than {MAX_DEPTH} deep"
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         seen += len(files) + len(dirs)
         found += [(name != f"{assignment}.ipynb", os.path.join(here, name), Path(here) / name)
