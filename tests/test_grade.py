@@ -1422,3 +1422,26 @@ def test_a_folder_nested_too_deep_is_noted_not_a_crash(tmp_path):
         os.unlink(Path(paths[-1], "07-toy.ipynb"))
         for path in reversed(paths):
             os.rmdir(path)
+
+
+def test_a_child_that_stops_reading_its_control_pipe_cannot_hold_the_grader():
+    """The submission shrinks the grader's control pipe and reads an empty one in its place: the grader's write of
+    the calls (over 4 KB) times out with the cell's limit, and a stop (Ctrl-C) ends it at once."""
+    from simlib.grade.sandbox import Interrupted, Unit, run_units
+
+    shrink = ("import fcntl, os\nfor fd in range(200, 300):\n    try:\n        target = os.readlink(f'/proc/self/fd/{fd}')\n"
+              "    except OSError:\n        continue\n    if target.startswith('pipe:') and "
+              "fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:\n        break\n"
+              "keep = os.dup(fd)\nfcntl.fcntl(fd, 1031, 4096)\nr, w = os.pipe()\nos.dup2(r, fd)")
+    units = [Unit("a1", shrink, "answer"),
+             Unit("t1", json.dumps([{"call": "abs", "args": [k]} for k in range(2000)]), "probe")]
+    t0 = time.monotonic()
+    report = run_units(units, b"{}", Limits(cell_s=3, wall_s=60))
+    assert report.outcomes[0].ok is True and report.outcomes[1].fatal, report
+    assert "3 s per cell exceeded" in report.outcomes[1].error and time.monotonic() - t0 < 30
+    stop = threading.Event()
+    threading.Timer(4, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(Interrupted):
+        run_units(units, b"{}", Limits(cell_s=60, wall_s=120), stop=stop)
+    assert time.monotonic() - t0 < 15
