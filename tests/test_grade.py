@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from simlib.grade import export
+
 from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
 from simlib.grade.export import uncell
@@ -1445,3 +1447,16 @@ def test_a_child_that_stops_reading_its_control_pipe_cannot_hold_the_grader():
     with pytest.raises(Interrupted):
         run_units(units, b"{}", Limits(cell_s=60, wall_s=120), stop=stop)
     assert time.monotonic() - t0 < 15
+
+
+def test_an_unencodable_answer_is_written_escaped_and_no_tmp_is_left(tmp_path):
+    rows = [{"student": "s44", "part": "q", "max_points": 1.0, "status": "needs manual grading"}]
+    export.write_manual(tmp_path / "manual.csv", rows, {("s44", "q"): "lone \ud800 surrogate"}, {})
+    assert "lone \\ud800 surrogate" in (tmp_path / "manual.csv").read_text(encoding="utf-8")
+
+    def broken():
+        yield ["x"]
+        raise OSError("disk full")
+    with pytest.raises(OSError):
+        export._write(tmp_path / "other.csv", ["a"], broken())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manual.csv"]

@@ -39,11 +39,14 @@ def uncell(text: str) -> str:
 def _write(path: Path, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> None:
     """A CSV written whole, then moved into place (a reader never sees half of it); text cells escaped."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow([cell(c) for c in columns])
-        w.writerows([cell(v) if isinstance(v, str) else f"{v:g}" for v in row] for row in rows)
-    os.replace(tmp, path)
+    try:  # a lone surrogate in a student's answer is written escaped: one student's text never fails the class
+        with open(tmp, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow([cell(c) for c in columns])
+            w.writerows([cell(v) if isinstance(v, str) else f"{v:g}" for v in row] for row in rows)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_gradebook(path: Path, rows: list[dict[str, Any]]) -> None:
