@@ -1460,3 +1460,15 @@ def test_an_unencodable_answer_is_written_escaped_and_no_tmp_is_left(tmp_path):
     with pytest.raises(OSError):
         export._write(tmp_path / "other.csv", ["a"], broken())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manual.csv"]
+
+
+def test_escaped_names_stay_apart_and_hand_graded_points_go_back_to_their_student(tmp_path):
+    names = ["=s46", "'=s46", "''=s46", "'s46", "s46", "-1", "'"]
+    assert len({export.cell(n) for n in names}) == len(names)
+    assert [export.uncell(export.cell(n)) for n in names] == names
+    rows = [{"student": n, "part": "q", "max_points": 2.0, "status": "needs manual grading"} for n in names[:2]]
+    export.write_manual(tmp_path / "manual.csv", rows, {}, {})
+    lines = (tmp_path / "manual.csv").read_text(encoding="utf-8").splitlines()
+    assert lines[1:] == ["'=s46,q,2,,", "''=s46,q,2,,"]
+    (tmp_path / "manual.csv").write_text("\n".join([lines[0], lines[1], "''=s46,q,2,1.5,"]) + "\n", encoding="utf-8")
+    assert export.read_manual(tmp_path / "manual.csv", {"q": 2.0}) == {("'=s46", "q"): 1.5}

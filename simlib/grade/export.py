@@ -9,7 +9,8 @@
 * ``notes.txt``: what the instructor should know (entries not graded, clashing names, flagged submissions).
 
 Every text cell is escaped against spreadsheet formulas (OWASP's rule: a leading ``=``, ``+``, ``-``,
-``@``, tab or carriage return gets a ``'`` in front), so a student named ``=HYPERLINK(...)`` stays text.
+``@``, tab or carriage return gets a ``'`` in front), so a student named ``=HYPERLINK(...)`` stays text; a leading
+``'`` gets one too, so two texts never escape alike (``=x`` and ``'=x``).
 """
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ from typing import Any, Iterable
 COLUMNS = ("assignment", "student", "part", "points", "max_points", "status")
 MANUAL = ("student", "part", "max_points", "points", "answer")
 HAND = "graded by hand"
-_FORMULA = tuple("=+-@\t\r")
+_FORMULA = tuple("=+-@\t\r'")  # a leading ' too: the escape stays reversible
 MAX_ANSWER_CHARS = 5000
 
 
 def cell(text: str) -> str:
-    """A CSV text cell a spreadsheet never evaluates: ``'`` before a leading = + - @ tab or CR."""
+    """A CSV text cell a spreadsheet never evaluates: ``'`` before a leading = + - @ tab, CR or '."""
     return "'" + text if text.startswith(_FORMULA) else text
 
 
