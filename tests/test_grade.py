@@ -1472,3 +1472,12 @@ def test_escaped_names_stay_apart_and_hand_graded_points_go_back_to_their_studen
     assert lines[1:] == ["'=s46,q,2,,", "''=s46,q,2,,"]
     (tmp_path / "manual.csv").write_text("\n".join([lines[0], lines[1], "''=s46,q,2,1.5,"]) + "\n", encoding="utf-8")
     assert export.read_manual(tmp_path / "manual.csv", {"q": 2.0}) == {("'=s46", "q"): 1.5}
+
+
+def test_names_equal_but_for_invisible_characters_clash_and_show_them(tmp_path):
+    for name in ("s02", "s02\u200b", "s03\u202egnp"):
+        (tmp_path / f"{name}.ipynb").write_text("{}")
+    subs, _ = find_submissions(tmp_path, "07-toy")
+    assert sorted(s.student for s in subs) == ["s02.ipynb", "s02\u200b.ipynb", "s03\u202egnp"]
+    assert all("(or invisible characters)" in " ".join(s.notes) for s in subs if s.student.startswith("s02"))
+    assert clean("s02\u200b", []) == "s02\\u200b" and clean("s03\u202egnp", []) == "s03\\u202egnp"

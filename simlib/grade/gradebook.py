@@ -125,8 +125,9 @@ def hidden_lines(master: dict[str, Any]) -> list[str]:
 
 
 def clean(text: str, secret: list[str]) -> str:
-    """A message fit for feedback: one printable line, at most MESSAGE_CHARS, never quoting hidden tests."""
-    text = "".join(ch if ch.isprintable() else " " for ch in str(text))
+    """A message fit for feedback: one printable line, at most MESSAGE_CHARS, never quoting hidden tests; invisible
+    characters shown escaped ('s02\\u200b'), so a name never looks like another."""
+    text = "".join(ch if ch.isprintable() else " " if ch.isspace() else ascii(ch)[1:-1] for ch in str(text))
     if any(line in text for line in secret) or any(line in " ".join(text.split()) for line in secret):
         return "(message withheld: it quotes the hidden tests)"
     text = " ".join(text.split())
@@ -352,7 +353,8 @@ def _entry(entry: os.DirEntry, assignment: str) -> tuple[Submission | None, str]
 def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], list[str]]:
     """Every submission in ``folder`` ('NAME.ipynb' files, or 'NAME/' folders holding the notebook, as
     nbgrader lays them out), and notes on entries ignored. A name is any byte string. Names that clash
-    (``alice.ipynb`` beside ``alice/``, or equal after Unicode normalisation and case folding) are each
+    (``alice.ipynb`` beside ``alice/``, or equal after Unicode normalisation, case folding and the removal of
+    invisible characters) are each
     graded under its entry's name, with a note; symbolic links and special files are refused; archives
     get a row saying to unpack them; nothing is dropped silently."""
     if not folder.exists():
@@ -369,13 +371,15 @@ def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], l
         raise ValueError(f"submissions-dir: {folder} holds no submissions (NAME.ipynb files or NAME/ folders)")
     clash: dict[str, list[Submission]] = {}
     for sub in subs:
-        clash.setdefault(unicodedata.normalize("NFKC", sub.student).casefold(), []).append(sub)
+        visible = "".join(ch for ch in sub.student if unicodedata.category(ch) != "Cf")  # no zero-width characters
+        clash.setdefault(unicodedata.normalize("NFKC", visible).casefold(), []).append(sub)
     for group in clash.values():
         if len(group) > 1:
             entries = ", ".join(s.entry for s in group)
             for sub in group:
                 sub.student = sub.entry
-                sub.notes.append(f"{entries} name the same student up to case, width or accents: each is graded "
+                sub.notes.append(f"{entries} name the same student up to case, width or accents (or invisible "
+                                 "characters): each is graded "
                                  "under its entry's name; check which is whose")
     for sub, name in zip(subs, _unique([s.student for s in subs])):
         sub.student = name
