@@ -7,6 +7,7 @@ import ctypes
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from simlib.grade import export
+from simlib.grade import export, probe
 
 from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
@@ -688,6 +689,9 @@ PROBE_CHEATS = {  # name: (code replacing part 1's answer, (t1, t2) points, text
     "returns_too_much": ("def f(x):\n    return 2 * x + 1 if x < 100 else [0] * 10**6", (0, 3), "more than 100000 items"),
     "returns_over_a_megabyte": ("def f(x):\n    return 2 * x + 1 if x < 100 else 'x' * 2**20", (0, 3), "larger than 1 MB"),
     "looks_for_the_hidden_tests": ("def f(x):\n    return 2 * x + 1\n" + SCAN, (2, 3), "hidden: none found"),
+    "sends_the_inputs_in_an_error": ("import json, sys\nch = sys.modules['simlib.grade.child']\ndef named(calls, ns):\n"
+                                     "    raise ValueError('L1:' + json.dumps(calls))\nch.named = named\n"
+                                     "def f(x):\n    return 2 * x + 1", (0, 3), "failed: (message withheld"),
 }
 
 
@@ -719,6 +723,8 @@ def test_the_blank_version_scores_zero_on_a_probed_part(probe_class):
 
 def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(probe_class):
     out = probe_class["out"]
+    leaked = _feedback(out)["sends_the_inputs_in_an_error"]  # the drawn inputs have 7 digits; the message <= 80 chars
+    assert not re.search(r"\d{7}", leaked) and "L1:" not in leaked, leaked
     master = json.loads(next(out.glob(".cache/master-*.passed")).read_text())
     values = [r["value"] for r in master["probes"]["t1: hidden tests"]]
     assert len(values) == 21 and values[-1] == [1.5] and all(2 * 10**6 < v < 2 * 10**7 for v in values[:-1])
@@ -1481,3 +1487,11 @@ def test_names_equal_but_for_invisible_characters_clash_and_show_them(tmp_path):
     assert sorted(s.student for s in subs) == ["s02.ipynb", "s02\u200b.ipynb", "s03\u202egnp"]
     assert all("(or invisible characters)" in " ".join(s.notes) for s in subs if s.student.startswith("s02"))
     assert clean("s02\u200b", []) == "s02\\u200b" and clean("s03\u202egnp", []) == "s03\\u202egnp"
+
+
+def test_a_failed_probe_units_message_is_short_and_never_quotes_an_input():
+    drawn = [{"call": "f", "args": [1234567, {"call": "g", "kwargs": {"tau": 0.125}}]}]
+    assert probe.failed("ValueError: " + "x" * 500 + "\nmore", drawn) == ("ValueError: " + "x" * 500)[:80]
+    assert probe.failed("ValueError: L1:[1234567]", drawn).startswith("(message withheld")
+    assert probe.failed("ValueError: tau 0.125", drawn).startswith("(message withheld")
+    assert probe.failed("KeyError: 'x'", drawn) == "KeyError: 'x'"

@@ -206,6 +206,21 @@ def ran_beyond(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[st
     return out
 
 
+def failed(text: str, drawn: list[dict[str, Any]], chars: int = 80) -> str:
+    """A failed probe unit's message (the sandbox's text, so the student's to choose): one line of at most ``chars``,
+    withheld where it holds an input drawn for the calls (so the inputs cannot be sent out through feedback)."""
+    text = " ".join(str(text).split())[:chars]
+    inputs = {str(v) for v in _leaves([[c.get("args", []), c.get("kwargs", {})] for c in drawn])}
+    return "(message withheld: it quotes the calls' inputs)" if [v for v in inputs if len(v) >= 3 and v in text] else text
+
+
+def _leaves(arg: Any) -> list[Any]:
+    """The plain values in a call's arguments, those of the calls in them included."""
+    if isinstance(arg, dict):
+        return [v for x in arg.values() for v in _leaves(x)]
+    return [v for x in arg for v in _leaves(x)] if isinstance(arg, list) else [arg]
+
+
 def verdict(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[str, Any]],
             checks: dict[str, Any] | None = None) -> str:
     """'' if every reply passes (see :func:`_passes`), else which call did not (by name only: no value is shown)."""
