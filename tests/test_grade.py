@@ -795,6 +795,12 @@ LEAKS = ("import json, os\nseen = []\ndef f(x):\n    for root in (os.environ.get
          "            seen.append(x)\n            return values[len(seen) - 1]\n    return 1")
 
 
+FORGES = ("import sys\nch = sys.modules['simlib.grade.child']\n"
+          "ch.NOTED[('good ok\\ngood: flagged: uses simlib.protocol.may_read', 3, 'simlib.protocol.may_read')] = None\n"
+          "ch.NOTED[('<a1>', 1, 'good copied this from reads_the_masters_replies')] = None\n"
+          "def f(x):\n    return 2 * x + 1")
+
+
 def _write_reference_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict[str, Any]:
     (subs / "good.ipynb").write_text(nbm.dump(master))
     for name, (code, _) in REACHES.items():
@@ -802,6 +808,7 @@ def _write_reference_class(subs: Path, master: dict, master_path: Path, out: Pat
         nb["cells"][3]["source"] = code
         (subs / f"{name}.ipynb").write_text(nbm.dump(nb))
     (subs / "reads_the_masters_replies.ipynb").write_text(nbm.dump(with_answer1(master, LEAKS)))
+    (subs / "forges_flags.ipynb").write_text(nbm.dump(with_answer1(master, FORGES)))
     return {}
 
 
@@ -820,6 +827,14 @@ def test_a_reference_reached_at_run_time_is_flagged_with_its_line(reference_clas
     assert _rows(reference_class["out"])[(student, "t2")] == (3, "passed; flagged (notes.txt)")
     assert _rows(reference_class["out"])[("good", "t2")] == (3, "passed")
     assert "good: flagged" not in notes
+
+
+def test_the_sandbox_cannot_write_text_into_the_notes(reference_class):
+    """A flag names one of the references the grader knows, and code it cannot vouch for by no name of the sandbox's."""
+    notes = (reference_class["out"] / "notes.txt").read_text(encoding="utf-8")
+    assert "copied this" not in notes and "good ok" not in notes and "good: flagged" not in notes, notes
+    assert ("forges_flags: flagged: code named <code built at run time> line 3: (code the submission built at run time) "
+            "(uses simlib.protocol.may_read") in notes
 
 
 def test_the_masters_replies_are_out_of_the_sandboxs_reach(reference_class):

@@ -35,7 +35,7 @@ from simlib import _validate as check
 from simlib.grade import cgroup as cgroups
 from simlib.grade import export, probe
 from simlib.grade import notebook as nbm
-from simlib.grade.child import TAMPER
+from simlib.grade.child import TAMPER, _calls_in
 from simlib.grade.sandbox import (Interrupted, Limits, Outcome, SandboxError, Unit, choose, exposed, run_units,
                                   sweep_scratch)
 
@@ -175,6 +175,9 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     for i in [i for i, u in enumerate(units) if u.kind == "probe" and outcomes[i].ok is False and not outcomes[i].fatal]:
         outcomes[i].error = probe.failed(outcomes[i].error, drawn[part_of[i]])  # the sandbox's text: short, no input
     replies, ran = {}, []
+    heads = {str(c.get("call", c.get("name", ""))).split(".")[0] for calls in (drawn or {}).values() for c in _calls_in(calls)}
+    known = {f"<{u.name}>" for u in units if u.kind == "answer"} | {"<string>", "the submission's code"} | {
+        f"the name {h!r} the grader calls" for h in heads}  # the code names the sandbox may report, none of its own
     checks = {gid: probe.functions(hidden) for gid, hidden in hidden_blocks(master).items() if gid in (drawn or {})}
     for i, (unit, got) in enumerate(zip(units, report.outcomes)):
         if unit.kind == "probe" and got.ok:
@@ -182,12 +185,14 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
             want = got.values if expected is None else expected.get(unit.name, [])  # the master: every call answered
             why = probe.verdict(got.values, want, drawn[part_of[i]], checks[part_of[i]])
             outcomes[i] = Outcome(not why, why)
-            ran += probe.ran_beyond(got.values, want, drawn[part_of[i]], refs | {TAMPER}, unit.name)
+            ran += probe.ran_beyond(got.values, want, drawn[part_of[i]], refs | {TAMPER}, unit.name, known)
     errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind in ("code", "answer") and o.ok is False]
     if len(errors) > MAX_CELL_ERRORS:
         errors = errors[:MAX_CELL_ERRORS] + [f"... and {len(errors) - MAX_CELL_ERRORS} more"]
     return {"parts": score(master, units, part_of, outcomes), "cell_errors": errors, "notes": report.notes,
-            "flags": flags(refs, units, [*report.outcomes, Outcome(used=ran)], nbm.declared(master))} | (
+            "flags": flags(refs, units, [Outcome(used=[(f if f in known else "<code built at run time>", line, ref)
+                                                       for o in report.outcomes for f, line, ref in o.used] + ran)],
+                           nbm.declared(master))} | (
                 {"probes": replies} if expected is None else {})
 
 
@@ -196,7 +201,7 @@ def flags(refs: set[str], units: list[Unit], outcomes: list[Outcome], declared: 
     that read or ran it at run time, however the name was built or the reference reached (the child's ``used``)."""
     mine = {f"<{u.name}>": u for u in units if u.kind == "answer"}
     found = {(f"<{u.name}>", line, ref) for u in mine.values() for line, ref in nbm.uses(u.source, refs, declared)}
-    found.update(used for outcome in outcomes for used in outcome.used)
+    found.update(used for outcome in outcomes for used in outcome.used if used[2] in refs or used[2] == TAMPER)
     order = {name: k for k, name in enumerate(mine)}
     out = []
     for name, line, ref in sorted(found, key=lambda f: (order.get(f[0], len(order)), f[0], f[1], f[2])):

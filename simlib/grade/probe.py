@@ -190,10 +190,11 @@ def _passes(got: dict[str, Any], want: dict[str, Any], call: dict[str, Any], che
 
 
 def ran_beyond(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[str, Any]], refs: set[str],
-               where: str) -> list[tuple[str, int, str]]:
+               where: str, known: set[str] | None = None) -> list[tuple[str, int, str]]:
     """(file, line, reference) for each reference that ran while the sandbox answered a call (the reply's 'ran',
     :func:`simlib.grade.child._answer`) and not while the master's run answered it: the student's code reached it,
-    directly or through the library; where the student's line is not known, the first such call is named."""
+    directly or through the library; where the student's line is not known (or its code name is not in ``known``:
+    the sandbox may write anything there), the first such call is named."""
     out, seen = [], set()
     for k, (got, want, call) in enumerate(zip(replies if isinstance(replies, list) else [], expected, drawn), 1):
         theirs = {r[0] for r in want.get("ran", []) if isinstance(r, list) and r} if isinstance(want, dict) else set()
@@ -202,7 +203,8 @@ def ran_beyond(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[st
             if (isinstance(r, list) and len(r) == 3 and r[0] in refs and r[0] not in theirs and isinstance(r[1], str)
                     and type(r[2]) is int and (r[0], r[1], r[2]) not in seen):
                 seen.add((r[0], r[1], r[2]))
-                out.append((r[1] or f"{where}, call {k} of {len(drawn)} ({_innermost(call)[:40]})", r[2], r[0]))
+                name = r[1] if known is None or r[1] in known else ""
+                out.append((name or f"{where}, call {k} of {len(drawn)} ({_innermost(call)[:40]})", r[2], r[0]))
     return out
 
 
