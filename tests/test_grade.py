@@ -769,6 +769,10 @@ REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
                            "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
                            "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake",
                            "a2 line 4: return ref(c, d, s)"),
+    "compiles_under_a_library_name": ("exec(compile('import sys, simlib.protocol\\nref = ' + " + repr(REF) + " + '\\n"
+                                      "T = {(c, d, s): ref(c, d, s) for c in range(9) for d in range(9) for s in range(4)}', "
+                                      "'/usr/lib/python3/dist-packages/_helpers.py', 'exec'), globals())\n"
+                                      "def g(c, d, s):\n    return T[(c, d, s)]", "code named <code built at run time> line 3"),
     "builds_the_keyword": ("from simlib.protocol import StepRule\ndef g(c, d, s):\n    StepRule(**{'staleness' + '_aware': True})\n"
                            "    return c - s <= d", "a2 line 3: StepRule(**{'staleness' + '_aware': True}) (uses staleness_aware"),
 }
