@@ -172,8 +172,6 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     report = run_units(units, data, limits, numba_cache, warm, sandbox, stop, sorted(refs))
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret), o.fatal) for o in report.outcomes]
-    for i in [i for i, u in enumerate(units) if u.kind == "probe" and outcomes[i].ok is False and not outcomes[i].fatal]:
-        outcomes[i].error = probe.failed(outcomes[i].error, drawn[part_of[i]])  # the sandbox's text: short, no input
     replies, ran = {}, []
     heads = {str(c.get("call", c.get("name", ""))).split(".")[0] for calls in (drawn or {}).values() for c in _calls_in(calls)}
     known = {f"<{u.name}>" for u in units if u.kind == "answer"} | {"<string>", "the submission's code"} | {
