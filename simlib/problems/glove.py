@@ -131,10 +131,7 @@ def count_pairs_kernel(corpus, table, at, end_doc, limit):
                 return d, p, used
             a = ids[p]
             if a >= 0:
-                q0 = p - window
-                if q0 < lo:
-                    q0 = lo
-                for q in range(q0, p):
+                for q in range(max(p - window, lo), p):
                     b = ids[q]
                     if b < 0:
                         continue
