@@ -620,14 +620,11 @@ def _read_replica(w, rep):  # pragma: no cover - compiled
 @njit(cache=True, nogil=True)
 def _end_chunk(w, rep, seen, pending):  # pragma: no cover - compiled
     """A chunk's end: its decay ``pending`` added to log s (w[-1], l2_on='all' only: else 0), the replica's change
-    to w[hot]."""
+    to w[hot] (:func:`_push_replica`)."""
     if pending != 0.0:
         atomic_add(w, w.shape[0] - 1, pending)  # other workers add theirs meanwhile: a plain += lost one now and then
-    if rep.hot.shape[0]:  # w[hot] += share * (values - base), share = max(1 / (1 + m), least), m other pushes since
-        share = max(1.0 / (1.0 + (rep.pushes[0] - seen)), rep.least)
-        for q in range(rep.hot.shape[0]):
-            w[rep.hot[q]] += (rep.values[q] - rep.base[q]) * share
-        rep.pushes[0] += 1  # unlocked, like every write here: two pushes at once may count as one
+    if rep.hot.shape[0]:
+        _push_replica(w, rep.hot, rep.values, rep.base, rep.least, rep.pushes, seen)
 
 
 @njit(cache=True, nogil=True)
@@ -700,6 +697,15 @@ def _rows_sgd(indptr, y, w, chunk, hyper, rep, pending):  # pragma: no cover - c
             for p in range(mid, hi):
                 w[ids[p]] += -lr * (l2 * w[ids[p]] + coef * vals[p])
     return pending
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _push_replica(w, hot, rep, base, least, pushes, seen):  # pragma: no cover - compiled
+    """w[hot] += share * (rep - base), share = max(1 / (1 + m), least), m = pushes[0] - seen other pushes since the read."""
+    share = max(1.0 / (1.0 + (pushes[0] - seen)), least)
+    for q in range(hot.shape[0]):
+        w[hot[q]] += (rep[q] - base[q]) * share
+    pushes[0] += 1  # unlocked, like every write here: two pushes at once may count as one
 
 
 @njit(cache=True, nogil=True)
