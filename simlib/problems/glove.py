@@ -155,8 +155,10 @@ def count_pairs_kernel(corpus, table, at, end_doc, limit):
 
 
 @njit(nogil=True, cache=True)
-def drain_kernel(keys, vals, out_keys, out_vals) -> int:
-    """Move the used slots of the table into ``out_*`` (unsorted) and empty the table; returns the count."""
+def drain_kernel(keys, vals, used):
+    """The table's ``used`` filled slots as (keys, values), unsorted; the table is left empty."""
+    out_keys = np.empty(used, dtype=np.int64)
+    out_vals = np.empty(used, dtype=np.float64)
     n = 0
     for h in range(keys.shape[0]):
         if keys[h] != _EMPTY:
@@ -165,7 +167,7 @@ def drain_kernel(keys, vals, out_keys, out_vals) -> int:
             keys[h] = _EMPTY
             vals[h] = 0.0
             n += 1
-    return n
+    return out_keys, out_vals
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -233,10 +235,7 @@ def count_runs(ids: np.ndarray, offsets: np.ndarray, n_words: int, window: int, 
     doc, pos, used = doc_lo, 0, 0
     while True:
         doc, pos, used = count_pairs_kernel((ids, offsets, n_words, window), (keys, vals), (doc, pos, 0), doc_hi, limit)
-        out_k = np.empty(used, dtype=np.int64)
-        out_v = np.empty(used, dtype=np.float64)
-        drain_kernel(keys, vals, out_k, out_v)
-        run = sort_run(out_k, out_v)
+        run = sort_run(*drain_kernel(keys, vals, used))
         merged = run if merged[0].shape[0] == 0 else merge_runs(merged, run)
         if doc >= doc_hi:
             return merged

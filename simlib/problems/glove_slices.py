@@ -182,9 +182,8 @@ class GloveSlices(PassRecords):
         if not parts or not parts[0]:
             raise ValueError("result: it holds no costs per pass; pass the result of simlib.run(GloveSlices(...), "
                              "'bsp', substrate='shm', ...) with at least one batch's update")
-        record, done = parts[0], 0
-        while done in record and record[done][1] == self.cooc.nnz:
-            done += 1
+        record = parts[0]  # passes complete in order
+        done = sum(m == self.cooc.nnz for _, m in record.values())
         return [record[p][0] / self.cooc.nnz for p in range(done)]
 
     def quality(self, w: np.ndarray) -> float:
