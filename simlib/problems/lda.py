@@ -190,9 +190,12 @@ def random_assignments(corpus: LDACorpus, n_topics: int, seed: int = 0) -> np.nd
 
 def count_tables(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(n_dk, n_wk, n_k) recomputed from the assignments z, as int32 tables."""
-    n_dk = doc_topic_counts(corpus, z, n_topics)
-    return n_dk, _count_pairs(corpus.words, z, corpus.n_words, n_topics), \
-        np.bincount(z, minlength=n_topics).astype(np.int32)
+    return doc_topic_counts(corpus, z, n_topics), *word_counts(corpus.words, z, corpus.n_words, n_topics)
+
+
+def word_counts(ids: np.ndarray, z: np.ndarray, n: int, n_topics: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n_wk, n_k) of tokens with words ``ids`` in [0, n) and topics z, as int32 tables (n, K) and (K,)."""
+    return _count_pairs(ids, z, np.zeros((n, n_topics), np.int32)), np.bincount(z, minlength=n_topics).astype(np.int32)
 
 
 def doc_topic_counts(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> np.ndarray:
@@ -202,16 +205,15 @@ def doc_topic_counts(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> np.ndar
         raise ValueError(f"z must have one topic per token ({corpus.n_tokens}), got shape {z.shape}")
     if z.size and (z.min() < 0 or z.max() >= n_topics):
         raise ValueError(f"z must lie in [0, n_topics={n_topics})")
-    return _count_pairs(corpus.doc_of, z, corpus.n_docs, n_topics)
+    return _count_pairs(corpus.doc_of, z, np.zeros((corpus.n_docs, n_topics), np.int32))
 
 
 @njit(cache=True, nogil=True)
-def _count_pairs(ids: np.ndarray, z: np.ndarray, n: int, K: int) -> np.ndarray:
-    """out[i, k] = the number of tokens with id i and topic k, as int32 (n, K)."""
+def _count_pairs(ids: np.ndarray, z: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[i, k] += the number of tokens with id i and topic k; returns out."""
     # NOTE: replaces np.bincount(ids * K + z, minlength=n * K).reshape(n, K).astype(np.int32), whose int64
     # counts and int32 copy (12 bytes per entry at once) set the peak memory at K = 10,000 on the KJV (1.44 GB);
-    # the zeroed table here is 4 bytes per entry, and pages no token writes are not touched.
-    out = np.zeros((n, K), np.int32)
+    # a zeroed int32 table is 4 bytes per entry, and pages no token writes are not touched.
     for i in range(ids.shape[0]):
         out[ids[i], z[i]] += 1
     return out
@@ -430,6 +432,6 @@ def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: floa
 
 
 __all__ = ["LDACorpus", "shard_documents", "deal_documents", "check_hyper", "random_assignments", "count_tables",
-           "doc_topic_counts", "conditional",
+           "word_counts", "doc_topic_counts", "conditional",
            "word_log_likelihood", "doc_log_likelihood", "log_likelihood", "topic_word", "top_words", "topic_match",
            "make_synthetic_corpus", "kjv_corpus", "perplexity", "KJV_N_STOP", "KJV_MIN_COUNT"]

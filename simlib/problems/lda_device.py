@@ -73,14 +73,9 @@ def resample_batch(shard: DeviceShard, idx: Any, n_wk: Any, n_k: Any, alpha: flo
     D, K = n_dk.shape
     V = n_wk.shape[0]
     w, d, old = words[idx], docs[idx], z[idx]
-    rows = xp.arange(idx.shape[0])
-    # Gather the snapshot and take each token out of its own rows (the other tokens stay in).
-    ndk = n_dk[d].astype(xp.float32)
-    nwk = n_wk[w].astype(xp.float32)
-    nk = xp.broadcast_to(n_k.astype(xp.float32), ndk.shape).copy()
-    ndk[rows, old] -= 1
-    nwk[rows, old] -= 1
-    nk[rows, old] -= 1
+    # Gather the snapshot in float32 and take each token out of its own rows (the other tokens stay in).
+    own = xp.arange(K) == old[:, None]
+    ndk, nwk, nk = (a.astype(xp.float32) - own for a in (n_dk[d], n_wk[w], n_k))
     p = (ndk + alpha) * (nwk + beta) / (nk + V * beta)
     cdf = xp.cumsum(p, axis=1)
     # NOTE: inverse CDF with one uniform per token (count of cdf entries below u * total);
@@ -167,19 +162,18 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
     if shard.device is None or shard.device.xp is not xp:
         shard.device = DeviceShard.of(shard.state, xp)
     dev = shard.device
-    K = n_k.shape[0]
-    if problem.device_kernel == "hogwild" or (problem.device_kernel == "auto" and K <= MAX_CHAIN_TOPICS):
-        for clock in range(first, first + count):
-            shard.clock = clock
-            chain_sweep(dev, n_wk, n_k, (problem.alpha, problem.beta), shard.sweep_seed(), batch_size)
-        return
-    fused = use_fused(problem.device_kernel, xp)  # 'auto' past MAX_CHAIN_TOPICS: the batches, fused on CuPy
-    resample = resample_fused if fused else resample_batch
     n = int(dev.z.shape[0])
+    kernel = problem.device_kernel
+    chains = kernel == "hogwild" or (kernel == "auto" and n_k.shape[0] <= MAX_CHAIN_TOPICS)
+    fused = not chains and use_fused(kernel, xp)  # 'auto' past MAX_CHAIN_TOPICS: the batches, fused on CuPy
+    resample = resample_fused if fused else resample_batch
     if fused and (dev.newz is None or dev.newz.shape[0] < min(batch_size, n)):  # pragma: no cover - needs a GPU
         dev.newz = xp.empty(min(batch_size, n), dtype=np.int64)
     for clock in range(first, first + count):
         shard.clock = clock
+        if chains:
+            chain_sweep(dev, n_wk, n_k, (problem.alpha, problem.beta), shard.sweep_seed(), batch_size)
+            continue
         rng = np.random.default_rng(shard.sweep_seed())
         order = xp.asarray(rng.permutation(n))
         uniforms = xp.asarray(rng.random(n, dtype=np.float32))

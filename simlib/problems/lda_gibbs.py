@@ -88,8 +88,8 @@ import numpy as np
 from numba import njit
 
 from simlib import _validate as check
-from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, check_hyper, count_tables, doc_topic_counts,
-                                log_likelihood, random_assignments)
+from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, doc_topic_counts, log_likelihood,
+                                random_assignments, word_counts)
 
 KERNELS = ("sparse", "dense", "mh", "alias")
 # The kernels' arguments travel in tuples (numba unpacks them at no cost), grouped by what they describe:
@@ -163,8 +163,10 @@ def _uniform(state: np.uint64) -> tuple[np.uint64, float]:
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sweep_dense(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo: int, w_hi: int,
-                 rng: np.uint64) -> np.uint64:
-    """Words w_lo..w_hi-1 of one O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b), invert it."""
+                 rng: np.uint64, carry: None = None) -> np.uint64:
+    """Words w_lo..w_hi-1 of one O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b), invert it.
+
+    ``carry`` is unused: the other sweeps' state carried between calls (GibbsState.sweep_words calls them alike)."""
     word_ptr, doc, z = tokens[:3]
     (n_wk, n_k), (alpha, beta) = table, prior
     V, K = n_wk.shape
@@ -201,15 +203,9 @@ def blocks(ptr: np.ndarray, lo: int, hi: int, size: int | None = None) -> list[i
     return [lo, *sorted({c for c in cuts if lo < c < hi}), hi]
 
 
-def check_mh_steps(mh_steps: int) -> None:
-    """ValueError naming mh_steps unless an integer in [1, MAX_MH_STEPS]."""
-    if not check._is_int(mh_steps) or not 1 <= mh_steps <= MAX_MH_STEPS:
-        raise ValueError(f"mh_steps must be an integer in [1, {MAX_MH_STEPS}] (the mh kernel's cycles per token; "
-                         f"past {MAX_MH_STEPS} use kernel 'sparse', exact Gibbs), got {mh_steps!r}")
-
-
-def check_prior(kernel: str, n_topics: int, alpha: float, beta: float) -> None:
-    """ValueError naming the field: K >= 2, alpha, beta > 0 (>= MIN_MH_PRIOR for mh and alias), a known kernel."""
+def check_prior(kernel: str, n_topics: int, alpha: float, beta: float, mh_steps: int = MH_STEPS) -> None:
+    """ValueError naming the field: K >= 2, alpha, beta > 0 (>= MIN_MH_PRIOR for mh and alias), a known kernel,
+    mh_steps an integer in [1, MAX_MH_STEPS]."""
     check_hyper(n_topics, alpha, beta)
     check.one_of("kernel", kernel, KERNELS)
     if kernel in ("mh", "alias"):
@@ -218,6 +214,9 @@ def check_prior(kernel: str, n_topics: int, alpha: float, beta: float) -> None:
                 raise ValueError(f"{name} must be >= {MIN_MH_PRIOR:g} with kernel {kernel!r}, got {value:g}: its "
                                  "Metropolis-Hastings test multiplies probabilities of that order, which underflow "
                                  "below; kernel 'sparse' (exact) takes any positive value")
+    if not check._is_int(mh_steps) or not 1 <= mh_steps <= MAX_MH_STEPS:
+        raise ValueError(f"mh_steps must be an integer in [1, {MAX_MH_STEPS}] (the mh kernel's cycles per token; "
+                         f"past {MAX_MH_STEPS} use kernel 'sparse', exact Gibbs), got {mh_steps!r}")
 
 
 def _rng_state(seed: int) -> np.uint64:
@@ -756,15 +755,11 @@ class GibbsState:
         defaults to the counts of z (pass a worker's copy of the table to share it).
 
         ``mh_steps``: the mh kernel's word-then-doc cycles per token (LightLDA's MH steps; ignored by the others)."""
-        check_prior(kernel, n_topics, alpha, beta)
-        check_mh_steps(mh_steps)
+        check_prior(kernel, n_topics, alpha, beta, mh_steps)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
         self.n_dk = doc_topic_counts(corpus, z, n_topics)
         # a worker's copy of the table is used as given: its own V x K counts would be built only to be dropped
-        if counts is None:
-            counts = (_count_pairs(corpus.words, z, corpus.n_words, n_topics),
-                      np.bincount(z, minlength=n_topics).astype(np.int32))
-        self.n_wk, self.n_k = counts
+        self.n_wk, self.n_k = word_counts(corpus.words, z, corpus.n_words, n_topics) if counts is None else counts
         self.order = np.argsort(corpus.words, kind="stable").astype(np.int64)
         self.word_ptr = np.concatenate([[0], np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words))])
         self.doc_wm = corpus.doc_of[self.order]
@@ -807,25 +802,20 @@ class GibbsState:
         go to the kernel in blocks of about BLOCK tokens (whole words), the same chain as one call."""
         tokens, table, prior = (self.word_ptr, self.doc_wm, self.z_wm), (self.n_wk, self.n_k), (self.alpha, self.beta)
         kernel = self.kernel
+        docs = (self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos) if kernel in ("sparse", "alias") else self.n_dk
+        carry = self._cdf if kernel == "sparse" else None  # sparse's scratch cdf; dense carries nothing
         if kernel in ("mh", "alias"):
             # the stale tables' state, carried from block to block as one call carried it from word to word
-            prop = (_table_buffers(self.n_wk), self.n_k.copy(), -1, self.mh_steps if kernel == "mh" else _ALIAS_STEPS)
+            carry = (_table_buffers(self.n_wk), self.n_k.copy(), -1, self.mh_steps if kernel == "mh" else _ALIAS_STEPS)
         if kernel == "mh":
             tokens += (self.order, self.corpus.offsets, self._z_doc)
-        lists = (self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos) if kernel in ("sparse", "alias") else None
+        sweep = globals()["_sweep_" + kernel]  # _sweep_sparse, _sweep_dense, _sweep_mh or _sweep_alias
         # a block of mh costs its cycles per token: as many tokens as cost what BLOCK tokens cost at MH_STEPS
         bounds = blocks(self.word_ptr, w_lo, w_hi, BLOCK * MH_STEPS // self.mh_steps if kernel == "mh" else BLOCK)
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            if kernel == "dense":
-                rng = _sweep_dense(tokens, self.n_dk, table, prior, lo, hi, rng)
-            elif kernel == "mh":
-                rng = _sweep_mh(tokens, self.n_dk, table, prior, lo, hi, rng, prop)
-            elif kernel == "alias":
-                rng = _sweep_alias(tokens, lists, table, prior, lo, hi, rng, prop)
-            else:
-                rng = _sweep_sparse(tokens, lists, table, prior, lo, hi, rng, self._cdf)
-            rng = np.uint64(rng)  # numba hands a uint64 back as a Python int, which it would then read as int64
-        return np.uint64(rng)
+            # numba hands a uint64 back as a Python int, which it would then read as int64
+            rng = np.uint64(sweep(tokens, docs, table, prior, lo, hi, rng, carry))
+        return rng
 
     def end_sweep(self) -> None:
         """After a sweep's last :meth:`sweep_words`: n_dk from the sparse and alias kernels' topic lists."""
