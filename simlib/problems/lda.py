@@ -92,10 +92,8 @@ class LDACorpus:
             if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
                 raise ValueError(f"docs must be 1-D integer word-id arrays; document {i} is not")
         offsets = np.concatenate([[0], np.cumsum([p.size for p in parts], dtype=np.int64)])
-        words = np.concatenate([p.astype(np.int64) for p in parts]) if offsets[-1] else np.zeros(0, np.int64)
-        check.positive_int("n_words", n_words)
-        _check_word_ids(words, offsets, n_words)
-        return cls(words.astype(np.int32), offsets, n_words, vocab, titles)
+        words = np.concatenate([p.astype(np.int64) for p in parts])  # to int32 and checked by the constructor
+        return cls(words, offsets, n_words, vocab, titles)
 
     @property
     def n_docs(self) -> int:
@@ -148,9 +146,7 @@ def check_corpus(corpus: Any) -> LDACorpus:
 
 def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:
     """Document boundaries (n_workers + 1) giving each worker a contiguous block with about N / n_workers tokens."""
-    check.positive_int("n_workers", n_workers)
-    if n_workers > corpus.n_docs:
-        raise ValueError(f"n_workers must be <= the number of documents ({corpus.n_docs}), got {n_workers}")
+    check.positive_int("n_workers", n_workers, corpus.n_docs)  # at most one worker per document
     targets = corpus.n_tokens * np.arange(1, n_workers) / n_workers
     cuts = np.searchsorted(corpus.offsets, targets)
     bounds = np.concatenate([[0], cuts, [corpus.n_docs]]).astype(np.int64)

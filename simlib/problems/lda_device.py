@@ -43,6 +43,7 @@ import numpy as np
 from numba import njit
 
 from simlib.backend import array_module, cuda_kernels, segment_sum, use_fused
+from simlib.problems.lda_gibbs import blocks
 
 
 @dataclass
@@ -313,8 +314,6 @@ def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float
     alpha, beta = prior
     vbeta, seed = n_wk.shape[0] * beta, np.uint64(seed % 2**64)
     if xp is np:  # a compiled call per block of documents (lda_gibbs.BLOCK tokens): Ctrl-C is answered between them
-        from simlib.problems.lda_gibbs import blocks
-
         ptr = np.concatenate([[0], np.cumsum(offsets[order + 1] - offsets[order])])
         cuts = blocks(ptr, 0, len(order))
         for a, b in zip(cuts[:-1], cuts[1:]):

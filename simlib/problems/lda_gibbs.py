@@ -541,7 +541,7 @@ def _sweep_mh(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo
               rng: np.uint64, prop: Proposal) -> np.uint64:
     """Words w_lo..w_hi-1 of a LightLDA sweep: per word an alias table of the counts at its run's start, then MH per token.
 
-    ``tokens`` ends with ``z_doc``, the topics in document order (:func:`_doc_order`), for the doc proposal;
+    ``tokens`` ends with ``z_doc``, the topics in document order (:meth:`GibbsState.begin_sweep`), for the doc proposal;
     ``prop``'s n0 holds the topic totals the tables are built with (:meth:`GibbsState.sweep_words`)."""
     word_ptr, n_wk, beta = tokens[0], table[0], prior[1]
     vbeta = n_wk.shape[0] * beta
@@ -558,13 +558,6 @@ def _sweep_mh(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo
         m, S = _word_table(n_wk[w], n0, vbeta, bufs)
         rng = _mh_run((a, b, w, (m, S, B)), tokens, n_dk, table, prior, prop, rng)
     return rng
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _doc_order(z: np.ndarray, order: np.ndarray, z_doc: np.ndarray) -> None:
-    """z_doc[order[j]] = z[j]: the topics in document order, for the mh kernel's doc proposal."""
-    for j in range(z.shape[0]):
-        z_doc[order[j]] = z[j]
 
 
 # NOTE: fast math without reassociation: with it, LLVM regrouped the stale word proposal's sums and at beta < 1e-16 the
@@ -793,7 +786,7 @@ class GibbsState:
     def begin_sweep(self) -> None:
         """Before a sweep's first :meth:`sweep_words`: the mh kernel's topics in document order."""
         if self.kernel == "mh":
-            _doc_order(self.z_wm, self.order, self._z_doc)
+            self._z_doc[self.order] = self.z_wm
 
     def sweep_words(self, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
         """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after.
