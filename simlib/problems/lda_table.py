@@ -121,10 +121,9 @@ class LDAProblem:
         """The same problem on its first two documents, their words renumbered (same topics): what a warm-up compiles on."""
         # NOTE: the kernels compile per argument type, not shape; the two documents' own vocabulary keeps the
         # warm-up's tables small (at K = 10,000 on the KJV the full vocabulary's float64 table was 418 MB).
-        c = self.corpus
-        words = c.words[: c.offsets[min(2, c.n_docs)]]
-        used, ids = np.unique(words, return_inverse=True)
-        mini = LDACorpus(ids.astype(np.int32), c.offsets[: min(2, c.n_docs) + 1].copy(), len(used))
+        two = self.corpus.subset(range(min(2, self.corpus.n_docs)))
+        used, ids = np.unique(two.words, return_inverse=True)
+        mini = LDACorpus(ids, two.offsets, len(used))
         return LDAProblem(mini, self.K, self.alpha, self.beta, self.seed, self.kernel, self.sync_every, self.mh_steps)
 
     def init_params(self) -> np.ndarray:
@@ -296,11 +295,8 @@ class LDAProblem:
 
     def _tokens(self, dealt: list[np.ndarray]) -> list[np.ndarray]:
         """The corpus positions of each worker's tokens, in its shard's order (``dealt``: each worker's documents)."""
-        out, off = [], self.corpus.offsets
-        for own in dealt:
-            lengths = off[own + 1] - off[own]  # document i's tokens: its start - the tokens before it here + 0, 1, ...
-            out.append(np.repeat(off[own] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum()))
-        return out
+        off = self.corpus.offsets
+        return [np.concatenate([np.arange(off[d], off[d + 1]) for d in own]) for own in dealt]
 
     def log_likelihood(self, params: np.ndarray, z: np.ndarray) -> float:
         """The full log p(w, z): the table's word part plus the doc part of the assignments ``z``."""
