@@ -380,7 +380,6 @@ def _fold_in(words: np.ndarray, offsets: np.ndarray, phi: np.ndarray, alpha: flo
             k = np.random.randint(K)
             z[i - a] = k
             n[k] += 1
-        kept = 0
         for it in range(n_iter):
             for i in range(a, b):
                 n[z[i - a]] -= 1
@@ -395,11 +394,9 @@ def _fold_in(words: np.ndarray, offsets: np.ndarray, phi: np.ndarray, alpha: flo
                 z[i - a] = k
                 n[k] += 1
             if it >= n_iter // 2:
-                kept += 1
                 for k in range(K):
                     theta[d, k] += (n[k] + alpha) / (b - a + K * alpha)
-        for k in range(K):
-            theta[d, k] /= kept
+        theta[d] /= n_iter - n_iter // 2  # the sweeps kept
     return theta
 
 

@@ -146,10 +146,10 @@ def resample_fused(shard: DeviceShard, idx: Any, n_wk: Any, n_k: Any, alpha: flo
     draw, move = cuda_kernels(_FUSED_SOURCE, ("lda_draw", "lda_move"))
     K = np.int32(n_dk.shape[1])
     n = np.int64(idx.shape[0])
-    blocks = (-(-int(n) // 256),)
-    draw(blocks, (256,), (idx, n, words, docs, z, n_dk, n_wk, n_k, K, np.float32(alpha), np.float32(beta),
+    grid = (-(-int(n) // 256),)
+    draw(grid, (256,), (idx, n, words, docs, z, n_dk, n_wk, n_k, K, np.float32(alpha), np.float32(beta),
                           np.float32(n_wk.shape[0] * beta), u, newz))
-    move(blocks, (256,), (idx, n, words, docs, z, newz, n_dk, n_wk, n_k, K))
+    move(grid, (256,), (idx, n, words, docs, z, newz, n_dk, n_wk, n_k, K))
 
 
 def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, batch_size: int) -> None:

@@ -325,8 +325,9 @@ def _sweep_sparse(tokens: Tokens, lists: Lists, table: Table, prior: Prior, w_lo
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _alias_build(weight: np.ndarray, n: int, prob: np.ndarray, alias: np.ndarray, small: np.ndarray,
-                 large: np.ndarray) -> None:
-    """Vose's alias table for weight[:n]: slot i keeps i with probability prob[i], else gives alias[i]."""
+                 large: np.ndarray) -> float:
+    """Vose's alias table for weight[:n]: slot i keeps i with probability prob[i], else gives alias[i]; returns
+    the weights' sum."""
     total = 0.0
     for i in range(n):
         total += weight[i]
@@ -355,18 +356,16 @@ def _alias_build(weight: np.ndarray, n: int, prob: np.ndarray, alias: np.ndarray
         prob[large[i]] = 1.0
     for i in range(ns):  # rounding leftovers
         prob[small[i]] = 1.0
+    return total
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _beta_table(n0: np.ndarray, beta: float, vbeta: float, bufs: Buffers) -> float:
     """The b-part of q_w, shared by every word: alias table over K with weights b / (n0_k + V b); returns their sum."""
     weight, prob, _, alias, _, _, small, large, _ = bufs
-    total = 0.0
     for k in range(n0.shape[0]):
         weight[k] = beta / (n0[k] + vbeta)
-        total += weight[k]
-    _alias_build(weight, n0.shape[0], prob, alias, small, large)
-    return total
+    return _alias_build(weight, n0.shape[0], prob, alias, small, large)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -377,18 +376,14 @@ def _word_table(row: np.ndarray, n0: np.ndarray, vbeta: float, bufs: Buffers) ->
     """
     weight, _, prob, _, alias, topic, small, large, snap = bufs
     m = 0
-    total = 0.0
     for k in range(row.shape[0]):
         c = row[k]
         snap[k] = c
         if c > 0:
             topic[m] = k
             weight[m] = c / (n0[k] + vbeta)
-            total += weight[m]
             m += 1
-    if m > 0:
-        _alias_build(weight, m, prob, alias, small, large)
-    return m, total
+    return m, _alias_build(weight, m, prob, alias, small, large) if m > 0 else 0.0
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -673,28 +668,27 @@ def _token_chain(token: Run, docs: tuple, table: Table, prior: Prior, stale: tup
 
     ``token`` = (p, its document d, its word w); ``docs`` = (offsets, z_doc, n_dk, d's topic lists).
     ``sampler`` = (alias, steps): one draw is one token's step of the mh kernel (n_dk, z_doc) or, with ``alias``,
-    of the alias kernel (the topic lists), each of ``steps`` proposal cycles. ``stale`` = (tab_wk, tab_k, s_tab, rebuild): with ``rebuild`` the tables
-    are rebuilt before every draw from the counts with the token in (as a sweep does); otherwise they
-    are built once from (tab_wk, tab_k), which count it under s_tab.
+    of the alias kernel (the topic lists), each of ``steps`` proposal cycles. ``stale`` = (tab_wk, tab_k, s_tab,
+    rebuild): the tables are built from (tab_wk, tab_k), which count the token under s_tab, before the first draw;
+    with ``rebuild`` they are views of the counts (n_wk's row of w, n_k) and the tables are rebuilt before every
+    draw, from the counts with the token in (as a sweep does).
     """
     (p, d, w), (offsets, z_doc, n_dk, lists), (n_wk, n_k), (alias, steps) = token, docs, table, sampler
     tab_wk, tab_k, s_tab, rebuild = stale
     V, K = n_wk.shape
     vbeta = V * prior[1]
     bufs = _table_buffers(n_wk)
-    n0 = tab_k.copy()
-    B = _beta_table(n0, prior[1], vbeta, bufs)
-    m, S = _word_table(tab_wk, n0, vbeta, bufs)
+    n0 = np.empty_like(tab_k)
     z = np.full(1, z_doc[p], np.int32)
     tokens = (np.zeros(2, np.int64), np.full(1, d, np.int64), z, np.full(1, p, np.int64), offsets, z_doc)
     seen = np.zeros(K, np.int64)
     prop = (bufs, n0, -1 if rebuild else s_tab, steps)
     work = (np.empty(K), np.empty(K), np.empty(K))  # the alias kernel's scratch; [1] = 1 / (n_k + V beta) per draw
-    for _ in range(n_draws):
-        if rebuild:
-            n0[:] = n_k
+    for i in range(n_draws):
+        if rebuild or i == 0:
+            n0[:] = tab_k
             B = _beta_table(n0, prior[1], vbeta, bufs)
-            m, S = _word_table(n_wk[w], n0, vbeta, bufs)
+            m, S = _word_table(tab_wk, n0, vbeta, bufs)
         if alias:
             work[1][:] = 1.0 / (n_k + vbeta)
             _, rng = _alias_run((0, 1, w, (m, S, B)), tokens, lists, table, prior, prop, work, rng)
