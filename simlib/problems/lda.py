@@ -350,8 +350,7 @@ def _stopped_corpus(docs: list, titles: list, n_stop: int, min_count: int, max_d
     """Documents of tokens as an LDACorpus: the ``n_stop`` most frequent words and the rare ones dropped."""
     from simlib.data import Vocabulary
 
-    check.non_negative_int("n_stop", n_stop)
-    check.positive_int("min_count", min_count)
+    check.non_negative_int("n_stop", n_stop)  # min_count: checked by Vocabulary.build
     if max_docs is not None:
         check.positive_int("max_docs", max_docs)
     full = Vocabulary.build(docs, min_count=min_count)  # over every document, also past max_docs

@@ -304,7 +304,6 @@ def _chains_kernel(n_topics: int) -> tuple[Any, int]:  # pragma: no cover - need
 
 def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float], seed: int, warps: int) -> None:
     """One lock-free sweep of a shard: ``warps`` tokens of each document in flight (1 to 32), the counts exact."""
-    xp = dev.xp
     D, K = dev.n_dk.shape
     if K > MAX_CHAIN_TOPICS:
         raise ValueError(f"n_topics: device_kernel='hogwild' keeps a document's counts in shared memory, so at most "
@@ -313,7 +312,7 @@ def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float
     warps = max(1, min(int(warps), 32))
     alpha, beta = prior
     vbeta, seed = n_wk.shape[0] * beta, np.uint64(seed % 2**64)
-    if xp is np:  # a compiled call per block of documents (lda_gibbs.BLOCK tokens): Ctrl-C is answered between them
+    if dev.xp is np:  # a compiled call per block of documents (lda_gibbs.BLOCK tokens): Ctrl-C is answered between them
         ptr = np.concatenate([[0], np.cumsum(offsets[order + 1] - offsets[order])])
         cuts = blocks(ptr, 0, len(order))
         for a, b in zip(cuts[:-1], cuts[1:]):

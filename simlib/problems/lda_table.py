@@ -195,10 +195,7 @@ class LDAProblem:
         before = np.empty(len(keys), np.int32)
         _load_counts(values, batch.own_wk, batch.own_k, batch.words, st.n_wk, st.n_k, before)
         st.sweep(seed=batch.sweep_seed())
-        out_keys = np.empty(len(keys), np.int64)
-        deltas = np.empty(len(keys), np.float64)
-        m = _moved_counts((st.n_wk, st.n_k), batch.words, before, keys, (batch.own_wk, batch.own_k), out_keys, deltas)
-        return out_keys[:m], deltas[:m]
+        return _moved_counts((st.n_wk, st.n_k), batch.words, before, keys, (batch.own_wk, batch.own_k))
 
     def local_steps(self, table: np.ndarray, shard: LDAShard, first: int, count: int, batch_size: int,
                     lr: float, locks: np.ndarray | None = None) -> None:
@@ -354,13 +351,15 @@ def _load_counts(values, own_wk, own_k, words, n_wk, n_k, before):  # pragma: no
 
 
 @njit(cache=True, nogil=True)
-def _moved_counts(table, words, before, keys, own, out_keys, deltas):  # pragma: no cover - compiled
-    """The sweep's moves: (keys, count deltas) where the tables changed, also added to the own counts; returns how many.
+def _moved_counts(table, words, before, keys, own):  # pragma: no cover - compiled
+    """The sweep's moves: (keys, count deltas) where the tables changed, also added to the own counts.
 
     ``table`` = (n_wk, n_k) after the sweep, ``own`` = the worker's own (rows, n_k), updated here.
     """
     (n_wk, n_k), (own_wk, own_k) = table, own
     n, K = own_wk.shape
+    out_keys = np.empty(len(keys), np.int64)
+    deltas = np.empty(len(keys), np.float64)
     m = 0
     for i in range(n + 1):  # the rows of the shard's words, then n_k
         row, mine = (n_wk[words[i]], own_wk[i]) if i < n else (n_k, own_k)
@@ -371,7 +370,7 @@ def _moved_counts(table, words, before, keys, own, out_keys, deltas):  # pragma:
                 out_keys[m] = keys[i * K + k]
                 deltas[m] = d
                 m += 1
-    return m
+    return out_keys[:m], deltas[:m]
 
 
 __all__ = ["LDAProblem", "LDAShard"]
