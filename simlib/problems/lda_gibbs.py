@@ -796,7 +796,7 @@ class GibbsState:
             carry = (_table_buffers(self.n_wk), self.n_k.copy(), -1, self.mh_steps if kernel == "mh" else _ALIAS_STEPS)
         if kernel == "mh":
             tokens += (self.order, self.corpus.offsets, self._z_doc)
-        sweep = globals()["_sweep_" + kernel]  # _sweep_sparse, _sweep_dense, _sweep_mh or _sweep_alias
+        sweep = {"sparse": _sweep_sparse, "dense": _sweep_dense, "mh": _sweep_mh, "alias": _sweep_alias}[kernel]
         # a block of mh costs its cycles per token: as many tokens as cost what BLOCK tokens cost at MH_STEPS
         bounds = blocks(self.word_ptr, w_lo, w_hi, BLOCK * MH_STEPS // self.mh_steps if kernel == "mh" else BLOCK)
         for lo, hi in zip(bounds[:-1], bounds[1:]):
