@@ -10,7 +10,7 @@ unit, tests as compiled code) in one frame, moves the control pipe off stdin (wh
 /dev/null), and runs unit after unit, each on a "go" byte, answering each on the result pipe with
 ok or the error's type and message and the unit's nonce. A probe unit's calls (:mod:`simlib.grade.probe`)
 come after its "go" byte, once every cell has run; its answer carries their plain values. Each answer also
-says where the student's code read one of the library's reference answers (:func:`watch`), however its
+says where the student's code read one of the library's reference answers (:func:`know`), however its
 name was built (``importlib.import_module("simlib." + "protocol")``, ``__import__``, ``getattr`` chains),
 and where the student's code ran one (:func:`_profile`), however it was reached (``vars(module)[...]``,
 ``sys.modules[...].__dict__``, ``globals()``, the garbage collector, a clone of its code, another library
@@ -114,10 +114,7 @@ def refuse_inet(event: str, args: tuple) -> None:
 def read_frame(fd: int) -> Any:
     """One length-prefixed JSON frame, or None at end of input."""
     head = read_exact(fd, 4)
-    if head is None:
-        return None
-    (n,) = struct.unpack(">I", head)
-    body = read_exact(fd, n)
+    body = None if head is None else read_exact(fd, int.from_bytes(head, "big"))
     return None if body is None else json.loads(body.decode("utf-8"))
 
 
@@ -157,13 +154,13 @@ def private_control(fd: int) -> int:
 
 
 class Watched(types.ModuleType):
-    """A library module whose reads of the reference answers (:func:`watch`) by the student's code are noted."""
+    """A library module whose reads of the reference answers (:func:`know`) by the student's code are noted."""
 
     def __getattribute__(self, name: str) -> Any:
         value = types.ModuleType.__getattribute__(self, name)
         ref = WATCHED.get(id(self), {}).get(name)
         if ref is not None:
-            _note(ref)
+            _note(sys._getframe(1), ref)
         return value
 
 
@@ -183,9 +180,10 @@ def _asker(frame: types.FrameType | None) -> types.FrameType | None:
     return frame
 
 
-def _note(ref: str) -> None:
-    """Note a read of ``ref`` when the code that asked for it (the standard library passed over) is the student's."""
-    frame = _asker(sys._getframe(2))
+def _note(start: types.FrameType | None, ref: str) -> None:
+    """Note a read or a run of ``ref`` when the code that asked for it, from frame ``start`` outward (the standard
+    library passed over), is the student's."""
+    frame = _asker(start)
     if frame is not None and _mine(frame) and len(NOTED) < MAX_NOTED:
         NOTED[(frame.f_code.co_filename, frame.f_lineno, ref)] = None
 
@@ -232,8 +230,10 @@ def _fingerprint(code: types.CodeType) -> tuple:
 
 
 def know(refs: list[str]) -> None:
-    """Resolve the references (again when modules were loaded): their objects, code objects and fingerprints, for :func:`_profile` and :func:`named`;
-    for a keyword ('staleness_aware'), the code of every library function and class that takes it."""
+    """Resolve the references (again when modules were loaded): their objects, code objects and fingerprints, for
+    :func:`_profile` and :func:`named`; for a keyword ('staleness_aware'), the code of every library function and class
+    that takes it. Then watch every library module that holds one of the objects, under any name (:class:`Watched`):
+    the library's reference answers, read at run time by name."""
     for ref in [r for r in refs if "." in r]:
         with contextlib.suppress(Exception):  # a reference the library no longer has is nothing to watch
             obj = _resolve(ref)
@@ -241,6 +241,12 @@ def know(refs: list[str]) -> None:
             for code in _codes(obj):
                 REF_CODES[id(code)] = (code, ref)
                 REF_PRINTS[_fingerprint(code)] = ref
+    for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "simlib"]:
+        with contextlib.suppress(Exception):  # an entry the submission put there need not be a module
+            found = {k: REF_OBJECTS[id(v)][1] for k, v in list(vars(module).items()) if id(v) in REF_OBJECTS}
+            if found and type(module) in (types.ModuleType, Watched):
+                WATCHED[id(module)] = found
+                module.__class__ = Watched
     keywords = {r for r in refs if "." not in r}
     for module in [m for name, m in list(sys.modules.items()) if keywords and name.split(".")[0] == "simlib"]:
         for obj in list(vars(module).values()):
@@ -271,12 +277,9 @@ def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
 
 
 def _ran(start: types.FrameType | None, ref: str) -> None:
-    """A reference ran, called from frame ``start``: noted where the student's code called it (the asking code past
-    the standard library, as in :func:`_note`); kept in RAN with the innermost student line on the stack, however
-    many of the library's frames lie between."""
-    caller = _asker(start)
-    if caller is not None and _mine(caller) and len(NOTED) < MAX_NOTED:
-        NOTED[(caller.f_code.co_filename, caller.f_lineno, ref)] = None
+    """A reference ran, called from frame ``start``: noted where the student's code called it (:func:`_note`); kept
+    in RAN with the innermost student line on the stack, however many of the library's frames lie between."""
+    _note(start, ref)
     if ref not in RAN:  # the frames past serve's are the child's start (``python -c``), nobody's code
         while start is not None and start.f_code is not serve.__code__ and not _mine(start):
             start = start.f_back
@@ -340,22 +343,6 @@ def _hook(on: bool) -> None:
     _THREAD_SETPROFILE(_profile if on else None)
 
 
-def watch(refs: list[str]) -> None:
-    """Watch every library module that holds one of ``refs`` (dotted: 'simlib.protocol.may_read'), under any name,
-    modules loaded since the last call included; the library's reference answers, read at run time by name."""
-    targets = {}
-    for ref in refs:
-        module, _, attr = ref.rpartition(".")
-        with contextlib.suppress(Exception):  # a reference the library no longer has is nothing to watch
-            targets[id(getattr(importlib.import_module(module), attr))] = ref
-    for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "simlib"]:
-        with contextlib.suppress(Exception):  # an entry the submission put there need not be a module
-            found = {k: targets[id(v)] for k, v in list(vars(module).items()) if id(v) in targets}
-            if found and type(module) in (types.ModuleType, Watched):
-                WATCHED[id(module)] = found
-                module.__class__ = Watched
-
-
 def noted() -> list[list[Any]]:
     """The reads noted since the last call, as [file, line, reference]."""
     out = [list(k) for k in NOTED]
@@ -372,9 +359,8 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
         if _READ(control, 1) != b"g":
             return
         unit, plan[seq] = plan[seq], {}
-        code = None
+        code = values = None
         if refs and len(sys.modules) != loaded:  # a module loaded since may hold a reference too
-            watch(refs)
             know(refs)
             loaded = len(sys.modules)
         hooked = bool(REF_CODES) and bool(unit.get("student") or unit.get("late"))  # the student's code runs
@@ -387,16 +373,16 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
                 named(calls, namespace)
                 values = [_answer(call, namespace, kept) for call in calls]
                 del kept
-                reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": "", "values": values}
             else:
                 code = (marshal.loads(base64.b64decode(unit.pop("code"))) if "code" in unit
                         else compile(unit.pop("source"), f"<{unit['name']}>", "exec"))
                 exec(code, namespace)
-                reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": ""}
+            ok, error = True, ""
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
-            reply = {"seq": seq, "nonce": unit["nonce"], "ok": False, "error": describe(exc)}
+            ok, error = False, describe(exc)
         if hooked:
             _hook(False)
+        reply = {"seq": seq, "nonce": unit["nonce"], "ok": ok, "error": error, "values": values}
         del code, unit
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()

@@ -170,7 +170,7 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     refs = nbm.references(master)
     report = run_units(units, data, limits, numba_cache, warm, sandbox, stop, sorted(refs))
     secret = hidden_lines(master)
-    outcomes = [Outcome(o.ok, clean(o.error, secret), o.fatal) for o in report.outcomes]
+    outcomes = [Outcome(o.ok, clean(o.error, secret)) for o in report.outcomes]
     replies, ran = {}, []
     checks = {gid: probe.functions(hidden) for gid, hidden in hidden_blocks(master).items() if gid in (drawn or {})}
     for i, (unit, got) in enumerate(zip(units, report.outcomes)):
@@ -409,8 +409,8 @@ def check_hidden(master_path: Path, out_dir: Path, submissions: Path) -> None:
         root = exposed(path)
         if root is not None:
             raise ValueError(f"{what}: {path} lies inside {root}, which submissions may read; move it elsewhere")
-    out, subs = os.path.realpath(out_dir), os.path.realpath(submissions)
-    if out == subs or out.startswith(subs.rstrip("/") + "/"):
+    subs = os.path.realpath(submissions)
+    if os.path.commonpath([os.path.realpath(out_dir), subs]) == subs:
         raise ValueError(f"--out: {out_dir} lies inside submissions-dir {submissions}, where the next run would "
                          "take it for a student; put it elsewhere")
 

@@ -187,7 +187,7 @@ def uses(text: str, refs: set[str], names: set[str] = frozenset()) -> list[tuple
     """(line, reference) for each place the code names one of ``refs`` (see :func:`references`): an import of it,
     an attribute or keyword of its name, or its name as a string (getattr); for those in ``names`` (declared:
     never the student's own function's name), its bare name too (taken from the set-up's import). A static
-    look: a name built at run time is seen by the sandbox (:func:`simlib.grade.child.watch`)."""
+    look: a name built at run time is seen by the sandbox (:func:`simlib.grade.child.know`)."""
     last = {r.rsplit(".", 1)[-1]: r for r in refs}
     hits: set[tuple[int, str]] = set()
     if not refs:
