@@ -120,8 +120,8 @@ def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], ou
 
 def hidden_lines(master: dict[str, Any]) -> list[str]:
     """The hidden tests' lines worth looking for in a message (long enough not to match by chance)."""
-    return [ln.strip() for cell in master["cells"] if nbm.is_test(cell)
-            for ln in nbm.split_hidden(nbm.source(cell))[1].splitlines() if len(ln.strip()) >= 10]
+    return [ln.strip() for hidden in nbm.hidden_tests(master).values() for ln in hidden.splitlines()
+            if len(ln.strip()) >= 10]
 
 
 def clean(text: str, secret: list[str]) -> str:
@@ -172,7 +172,7 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret)) for o in report.outcomes]
     replies, ran = {}, []
-    checks = {gid: probe.functions(hidden) for gid, hidden in hidden_blocks(master).items() if gid in (drawn or {})}
+    checks = {gid: probe.functions(hidden) for gid, hidden in nbm.hidden_tests(master).items() if gid in (drawn or {})}
     for i, (unit, got) in enumerate(zip(units, report.outcomes)):
         if unit.kind == "probe" and got.ok:
             replies[unit.name] = got.values
@@ -252,35 +252,33 @@ def shown(name: str) -> str:
     return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder",
+          stat.S_IFREG: "a regular file"}
+
+
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return name
-    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+    return _KINDS.get(stat.S_IFMT(mode), "a special file")
+
+
+def _no_follow(path: str, flags: int) -> int:
+    """open(2) that fails on a link (ELOOP) and never waits (on a FIFO)."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
 
 
 def read_notebook(path: Path) -> tuple[bytes, str]:
     """(bytes, '') of a regular file of at most MAX_NOTEBOOK_MB, else (b'', why not); never follows links."""
+    cap = MAX_NOTEBOOK_MB * 1024 * 1024
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(path, "rb", opener=_no_follow) as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                return b"", f"the notebook is {_kind(mode)}, not a regular file"
+            data = f.read(cap + 1)
     except OSError as exc:
         link = exc.errno == errno.ELOOP
         return b"", "the notebook is a symbolic link" if link else f"the notebook cannot be read ({exc.strerror})"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return b"", f"the notebook is {_kind(st.st_mode)}, not a regular file"
-        cap = MAX_NOTEBOOK_MB * 1024 * 1024
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(cap + 1)
-        if len(data) > cap:
-            return b"", f"the notebook is larger than {MAX_NOTEBOOK_MB} MB"
-        return data, ""
-    except OSError as exc:
-        return b"", f"the notebook cannot be read ({exc.strerror})"
-    finally:
-        os.close(fd)
+    return (b"", f"the notebook is larger than {MAX_NOTEBOOK_MB} MB") if len(data) > cap else (data, "")
 
 
 def _notebooks_in(folder: Path, assignment: str) -> tuple[list[Path], str]:
@@ -300,16 +298,14 @@ def _notebooks_in(folder: Path, assignment: str) -> tuple[list[Path], str]:
     return [path for *_, path in sorted(found)], ""
 
 
-def _unique(names: list[str]) -> list[str]:
-    """The names, later repeats suffixed ' (2)', ' (3)', ... (an entry and a clash's entry name may meet)."""
-    taken: dict[str, None] = {}  # a dict: the names in order
-    for name in names:
-        candidate, k = name, 1
-        while candidate in taken:
-            k += 1
-            candidate = f"{name} ({k})"
-        taken[candidate] = None
-    return list(taken)
+def _fresh(name: str, taken: set[str], suffix: str, key: Callable[[str], str] = str) -> str:
+    """``name``, else the first of ``name + suffix.format(2)``, ``(3)``, ... whose key is not yet taken; now taken."""
+    candidate, k = name, 1
+    while key(candidate) in taken:
+        k += 1
+        candidate = name + suffix.format(k)
+    taken.add(key(candidate))
+    return candidate
 
 
 def _entry(entry: os.DirEntry, assignment: str) -> tuple[Submission | None, str]:
@@ -323,26 +319,23 @@ def _entry(entry: os.DirEntry, assignment: str) -> tuple[Submission | None, str]
         return Submission(name, name, problem=f"{name} cannot be read ({exc.strerror})"), ""
     if stat.S_ISDIR(mode):
         paths, problem = _notebooks_in(Path(entry.path), assignment)
-        sub = Submission(name, name + "/", problem=problem)
-        if paths:
-            sub.data, sub.problem = read_notebook(paths[0])
-            rel = [shown(str(p.relative_to(entry.path))) for p in paths]
-            if len(rel) > 1:
-                sub.notes.append(f"{name}/: graded {rel[0]}; not graded: {', '.join(rel[1:6])}"
-                                 + (f" and {len(rel) - 6} more" if len(rel) > 6 else ""))
+        data, problem = read_notebook(paths[0]) if paths else (b"", problem)
+        sub = Submission(name, name + "/", data, problem)
+        rel = [shown(str(p.relative_to(entry.path))) for p in paths]
+        if len(rel) > 1:
+            sub.notes.append(f"{name}/: graded {rel[0]}; not graded: {', '.join(rel[1:6])}"
+                             + (f" and {len(rel) - 6} more" if len(rel) > 6 else ""))
         return sub, ""
     archive = next((a for a in ARCHIVES if name.lower().endswith(a)), "")
     if archive and stat.S_ISREG(mode):
         stem = name[: -len(archive)] or name
         return Submission(stem, name, problem=f"{name} is an archive, not a notebook: unpack it into {stem}/ "
                                               "and grade again"), ""
-    if name.endswith(".ipynb") or not stat.S_ISREG(mode):  # links and special files are refused by name
-        sub = Submission(name.removesuffix(".ipynb") or name, name)
-        if stat.S_ISREG(mode):
-            sub.data, sub.problem = read_notebook(Path(entry.path))
-        else:
-            sub.problem = f"{name} is {_kind(mode)}, not a notebook or a folder"
-        return sub, ""
+    if not stat.S_ISREG(mode):  # links and special files are refused by name
+        return Submission(name.removesuffix(".ipynb") or name, name, problem=f"{name} is {_kind(mode)}, not a notebook "
+                                                                             "or a folder"), ""
+    if name.endswith(".ipynb"):
+        return Submission(name.removesuffix(".ipynb") or name, name, *read_notebook(Path(entry.path))), ""
     return None, f"ignored {name!r}: {_kind(mode)}, neither a notebook nor a folder"
 
 
@@ -374,8 +367,9 @@ def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], l
                 sub.student = sub.entry
                 sub.notes.append(f"{entries} name the same student up to case, width or accents: each is graded "
                                  "under its entry's name; check which is whose")
-    for sub, name in zip(subs, _unique([s.student for s in subs])):
-        sub.student = name
+    taken: set[str] = set()
+    for sub in subs:  # later repeats suffixed ' (2)', ' (3)', ... (an entry and a clash's entry name may meet)
+        sub.student = _fresh(sub.student, taken, " ({})")
     return subs, notes
 
 
@@ -387,12 +381,7 @@ def feedback_names(students: list[str]) -> dict[str, str]:
     for student in students:
         stem = student if _PLAIN.fullmatch(student) else (
             f"{_SAFE.sub('_', student)[:60].strip('._-') or 'student'}-{hashlib.sha256(student.encode()).hexdigest()[:10]}")
-        k = 1
-        while f"{stem}.txt".casefold() in taken:
-            k += 1
-            stem = f"{stem}-{k}"
-        taken.add(f"{stem}.txt".casefold())
-        out[student] = f"{stem}.txt"
+        out[student] = _fresh(stem, taken, "-{}", str.casefold) + ".txt"
     return out
 
 
@@ -612,13 +601,8 @@ def drawn_calls(master: dict[str, Any], out_dir: Path) -> dict[str, list[Any]]:
     if not path.is_file():
         path.write_text(str(secrets.randbits(63)))
     seed = int(path.read_text())
-    drawn = {gid: probe.calls(hidden, seed) for gid, hidden in hidden_blocks(master).items()}
+    drawn = {gid: probe.calls(hidden, seed) for gid, hidden in nbm.hidden_tests(master).items()}
     return {gid: calls for gid, calls in drawn.items() if calls is not None}
-
-
-def hidden_blocks(master: dict[str, Any]) -> dict[str, str]:
-    """grade_id -> the hidden-test code of each test cell."""
-    return {str(nbm.meta(c)["grade_id"]): nbm.split_hidden(nbm.source(c))[1] for c in master["cells"] if nbm.is_test(c)}
 
 
 def write_feedback(path: Path, assignment: str, student: str, result: dict[str, Any]) -> None:

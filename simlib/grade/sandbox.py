@@ -214,7 +214,7 @@ def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits, uid: in
 
 
 def _bwrap_problem(code: str, uid: int, want: str) -> str:
-    """'' if ``code`` prints ``want`` in a bubblewrap sandbox (become ``uid`` where not 0), else why not (one phrase)."""
+    """'' if ``code`` prints ``want`` in a bubblewrap sandbox (as ``uid`` where not 0), else why not (one phrase)."""
     tmp = scratch_dir()
     try:
         (tmp / "submission.ipynb").write_text("{}")
