@@ -48,25 +48,24 @@ SYS_LANDLOCK = {"create": 444, "add": 445, "restrict": 446}
 # Landlock filesystem rights (ABI 1..5), network rights (ABI 4) and scopes (ABI 6).
 FS_FILE = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # execute, write, read, truncate, ioctl
 FS_READ = (1 << 0) | (1 << 2) | (1 << 3)  # execute, read file, read dir
-FS_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
-FS_ALL_LATEST = (1 << 16) - 1
+FS_BITS = {1: 13, 2: 14, 3: 15, 4: 15}  # ABI -> how many filesystem rights it has (16 from ABI 5 on)
 NET_TCP = 1 | 2  # bind, connect
 SCOPES = 1 | 2  # abstract unix sockets, signals to processes outside the sandbox
 MESSAGE_CHARS = 600
 MAX_FRAME = 1 << 20  # the grader refuses larger replies
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.syscall.restype = ctypes.c_long
 
 
 def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -> int:
     """Confine this process (and its children) to the given paths; returns the ABI used (0 = unavailable)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    abi = libc.syscall(SYS_LANDLOCK["create"], None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    abi = LIBC.syscall(SYS_LANDLOCK["create"], None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     if abi < 1:
         return 0
-    fs = FS_ABI.get(abi, FS_ALL_LATEST)
-    fields = [fs, NET_TCP if abi >= 4 else 0, SCOPES if abi >= 6 else 0][: 1 if abi < 4 else (2 if abi < 6 else 3)]
+    fs = (1 << FS_BITS.get(abi, 16)) - 1
+    fields = [fs, NET_TCP, SCOPES][:1 + (abi >= 4) + (abi >= 6)]
     attr = struct.pack(f"{len(fields)}Q", *fields)
-    ruleset = libc.syscall(SYS_LANDLOCK["create"], ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    ruleset = LIBC.syscall(SYS_LANDLOCK["create"], ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
     if ruleset < 0:
         return 0
     rules = [(path, FS_READ if os.path.isdir(path) else FS_READ & FS_FILE) for path in read_only]
@@ -76,10 +75,10 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
         except OSError:
             continue
         rule = struct.pack("=Qi", access & fs, fd)
-        libc.syscall(SYS_LANDLOCK["add"], ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0))
+        LIBC.syscall(SYS_LANDLOCK["add"], ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0))
         os.close(fd)
-    confined = (libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-                and libc.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) == 0)
+    confined = (LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                and LIBC.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) == 0)
     os.close(ruleset)  # on either outcome: the submission's code must not find it open
     return int(abi) if confined else 0
 
@@ -93,16 +92,10 @@ def limit_resources(cfg: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def cut_network() -> bool:
-    """A new, empty network namespace (loopback down) when permitted; True if that worked."""
-    return ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) == 0
-
-
 def private_shm() -> bool:
     """A fresh tmpfs on /dev/shm in a new mount namespace (root only): segments vanish with the sandbox."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    return (libc.unshare(CLONE_NEWNS) == 0 and libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
-            and libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0)
+    return (LIBC.unshare(CLONE_NEWNS) == 0 and LIBC.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+            and LIBC.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0)
 
 
 def refuse_inet(event: str, args: tuple) -> None:
@@ -415,9 +408,10 @@ def main() -> None:
 
     import simlib  # noqa: F401
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.realpath(cfg["root"])]
-    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    netns = cut_network() if os.getuid() == 0 else False
-    shm = private_shm() if os.getuid() == 0 else False
+    LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    as_root = os.getuid() == 0  # then a new, empty network namespace (loopback down) and a private /dev/shm
+    netns = as_root and LIBC.unshare(CLONE_NEWNET) == 0
+    shm = as_root and private_shm()
     limit_resources(cfg)
     proc = ["/proc"] if cfg["own_proc"] else [f"/proc/{os.getpid()}", "/proc/stat", "/proc/cpuinfo", "/proc/meminfo"]
     read_only = cfg["read_only"] + proc + ["/sys/devices/system/cpu"]

@@ -75,8 +75,16 @@ DEVICES = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full"]
 MAX_RESTARTS = 3
 SETTLE_S = 1.0  # how long a unit's end waits for the processes it left behind to stop multiplying
 INSIDE_SCRATCH = "/tmp"
-FLAGS = {"cell_s": "--cell-timeout", "wall_s": "--timeout", "memory_mb": "--memory-mb", "max_procs": "--max-procs",
-         "output_mb": "--output-mb", "disk_mb": "--disk-mb"}
+FLAGS = {  # Limits field -> its command-line flag, metavar and meaning (the flag's type is its default's)
+    "cell_s": ("--cell-timeout", "S", "seconds one cell may run"),
+    "wall_s": ("--timeout", "S", "seconds a whole submission may run"),
+    "memory_mb": ("--memory-mb", "MB", "memory of all a submission's processes together where a cgroup can be made "
+                                       "(as root), else twice this resident; address space per process"),
+    "max_procs": ("--max-procs", "N", "processes a submission may run at once; with a cgroup, its pids.max, which "
+                                      "counts threads and the sandbox's own 2 or 3"),
+    "output_mb": ("--output-mb", "MB", "output one cell may print"),
+    "disk_mb": ("--disk-mb", "MB", "scratch space, and /dev/shm space, of a submission"),
+}
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,7 @@ class Limits:
     disk_mb: int = 512
 
     def __post_init__(self) -> None:
-        for name, flag in FLAGS.items():
+        for name, (flag, _, _) in FLAGS.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{flag} ({name}) must be a number > 0, got {value!r}")
