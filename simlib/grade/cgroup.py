@@ -201,18 +201,15 @@ class Cgroup:
         self.pids = self.dirs.get("pids", self.dirs.get("unified"))
         self.memory = self.dirs.get("memory", self.dirs.get("unified"))
         v2, limit = found.version == 2, str(memory_mb * 1024 * 1024)
-        made = []
         try:
             for folder in self.dirs.values():
                 folder.mkdir()
-                made.append(folder)
             (self.pids / "pids.max").write_text(str(max_procs))
             (self.memory / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(limit)
             # no swap beyond the limit (v1: where swap is accounted)
             _write(self.memory / ("memory.swap.max" if v2 else "memory.memsw.limit_in_bytes"), "0" if v2 else limit)
         except OSError:
-            for folder in made:
-                until(lambda: _rmdir(folder), FREEZE_S, 0.01)
+            self.remove()  # those made (the others are gone already)
             raise
 
     def launcher(self, cmd: list[str]) -> list[str]:

@@ -52,17 +52,16 @@ class Refused(Exception):
 
 
 def build_units(master: dict[str, Any], student: dict[str, Any],
-                drawn: dict[str, list[dict[str, Any]]] | None = None) -> tuple[list[Unit], dict[int, str]]:
+                drawn: dict[str, list[dict[str, Any]]] | None = None) -> list[Unit]:
     """What runs: the student's cells ('answer' units), with locked and test cells taken from the master.
 
-    Returns the units and, for test units, the grade_id of the part each belongs to. Test cells
-    run as two units (visible, then hidden) so feedback can say which failed; a part with calls in
-    ``drawn`` (see :mod:`simlib.grade.probe`) sends those calls in place of its hidden tests. Locked
-    cells the student deleted are appended at the end.
+    A test unit names the part (grade_id) it belongs to. Test cells run as two units (visible, then
+    hidden) so feedback can say which failed; a part with calls in ``drawn`` (see
+    :mod:`simlib.grade.probe`) sends those calls in place of its hidden tests. Locked cells the
+    student deleted are appended at the end.
     """
     by_id = {str(nbm.meta(c)["grade_id"]): c for c in master["cells"] if nbm.meta(c).get("grade_id")}
     units: list[Unit] = []
-    part_of: dict[int, str] = {}
     used: set[str] = set()
 
     def add_master(gid: str, cell: dict[str, Any]) -> None:
@@ -73,8 +72,7 @@ def build_units(master: dict[str, Any], student: dict[str, Any],
             hidden_unit = (hidden, "test") if calls is None else (json.dumps(probe.sent(calls)), "probe")
             for label, (code, kind) in (("visible tests", (visible, "test")), ("hidden tests", hidden_unit)):
                 if code.strip():
-                    part_of[len(units)] = gid
-                    units.append(Unit(f"{gid}: {label}", code, kind))
+                    units.append(Unit(f"{gid}: {label}", code, kind, gid))
         else:
             units.append(Unit(gid, nbm.source(cell), "code"))
 
@@ -95,11 +93,10 @@ def build_units(master: dict[str, Any], student: dict[str, Any],
         if gid not in used and mcell.get("cell_type") == "code" and not nbm.is_answer(mcell):
             add_master(gid, mcell)
     # probes last: no cell of the student's runs after one, so nothing it saw can reach the feedback
-    order = sorted(range(len(units)), key=lambda i: units[i].kind == "probe")
-    return [units[i] for i in order], {new: part_of[old] for new, old in enumerate(order) if old in part_of}
+    return sorted(units, key=lambda u: u.kind == "probe")
 
 
-def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], outcomes: list[Outcome]) -> list[dict[str, Any]]:
+def score(master: dict[str, Any], units: list[Unit], outcomes: list[Outcome]) -> list[dict[str, Any]]:
     """One row per part: full points if every test unit of the part passed, else 0 and the messages."""
     rows = []
     for part in nbm.parts(master):
@@ -107,7 +104,7 @@ def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], ou
         if part.kind == "manual":
             row["status"] = "needs manual grading"
         else:
-            mine = [i for i, gid in part_of.items() if gid == part.grade_id]
+            mine = [i for i, unit in enumerate(units) if unit.part == part.grade_id]
             failed = [i for i in mine if not outcomes[i].ok]
             if mine and not failed:
                 row.update(points=part.points, status="passed")
@@ -124,19 +121,19 @@ def hidden_lines(master: dict[str, Any]) -> list[str]:
             if len(ln.strip()) >= 10]
 
 
-def clean(text: str, secret: list[str]) -> str:
+def clean(text: str, secret: list[str] = ()) -> str:
     """A message fit for feedback: one printable line, at most MESSAGE_CHARS, never quoting hidden tests."""
-    text = "".join(ch if ch.isprintable() else " " for ch in str(text))
-    if any(line in text for line in secret) or any(line in " ".join(text.split()) for line in secret):
+    printable = "".join(ch if ch.isprintable() else " " for ch in str(text))
+    text = " ".join(printable.split())
+    if any(line in printable or line in text for line in secret):
         return "(message withheld: it quotes the hidden tests)"
-    text = " ".join(text.split())
     return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " ..."
 
 
 def refused(master: dict[str, Any], reason: str) -> dict[str, Any]:
     """The result of a submission that was not run: 0 for every autograded part, with the reason."""
-    reason = clean(reason, [])
-    rows = score(master, [], {}, [])
+    reason = clean(reason)
+    rows = score(master, [], [])
     for row in rows:
         if row["status"] != "needs manual grading":
             row.update(status=f"not graded: {reason}", messages=[])
@@ -164,7 +161,7 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     master = nbm.load(master_path)
     try:
         student = nbm.loads(data)
-        units, part_of = build_units(master, student, drawn)
+        units = build_units(master, student, drawn)
     except (nbm.NotebookError, ValueError, RecursionError, TypeError) as exc:
         return refused(master, str(exc))
     refs = nbm.references(master)
@@ -177,13 +174,13 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
         if unit.kind == "probe" and got.ok:
             replies[unit.name] = got.values
             want = got.values if expected is None else expected.get(unit.name, [])  # the master: every call answered
-            why = probe.verdict(got.values, want, drawn[part_of[i]], checks[part_of[i]])
+            why = probe.verdict(got.values, want, drawn[unit.part], checks[unit.part])
             outcomes[i] = Outcome(not why, why)
-            ran += probe.ran_beyond(got.values, want, drawn[part_of[i]], refs | {TAMPER}, unit.name)
+            ran += probe.ran_beyond(got.values, want, drawn[unit.part], refs | {TAMPER}, unit.name)
     errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind in ("code", "answer") and o.ok is False]
     if len(errors) > MAX_CELL_ERRORS:
         errors = errors[:MAX_CELL_ERRORS] + [f"... and {len(errors) - MAX_CELL_ERRORS} more"]
-    return {"parts": score(master, units, part_of, outcomes), "cell_errors": errors, "notes": report.notes,
+    return {"parts": score(master, units, outcomes), "cell_errors": errors, "notes": report.notes,
             "flags": flags(refs, units, [*report.outcomes, Outcome(used=ran)], nbm.declared(master))} | (
                 {"probes": replies} if expected is None else {})
 
@@ -199,9 +196,9 @@ def flags(refs: set[str], units: list[Unit], outcomes: list[Outcome], declared: 
     for name, line, ref in sorted(found, key=lambda f: (order.get(f[0], len(order)), f[0], f[1], f[2])):
         lines = mine[name].source.splitlines() if name in mine else []
         text = lines[line - 1].strip() if 0 < line <= len(lines) else "(code the submission built at run time)"
-        where = clean(mine[name].name if name in mine else f"code named {name}" if line else name, [])[:80] + (f" line {line}: {clean(text, [])[:200]}"
-                                                                             if line or name in mine else "")
-        what = (f"uses {clean(ref, [])}, the library's reference answer" if ref != TAMPER else
+        where = clean(mine[name].name if name in mine else f"code named {name}" if line else name)[:80]
+        where += f" line {line}: {clean(text)[:200]}" if line or name in mine else ""
+        what = (f"uses {clean(ref)}, the library's reference answer" if ref != TAMPER else
                 "replaces or removes the grader's call watch, sys.setprofile: what its code ran is not known")
         out.append(f"{where} ({what})")
     return out[:MAX_CELL_ERRORS]
@@ -416,7 +413,7 @@ class Progress:
     def step(self, student: str, points: float, max_points: float, cached: bool) -> None:
         """Count one student done."""
         self.done += 1
-        student, note = clean(student, []), " (cached)" if cached else ""
+        student, note = clean(student), " (cached)" if cached else ""
         if self.bar.disable:
             self.stream.write(f"graded {self.done}/{self.total}: {student} {points:g}/{max_points:g}{note}\n")
             self.stream.flush()
@@ -463,7 +460,7 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
     notes += [n for sub in found for n in sub.notes]
     notes += [f"removed {len(stale)} scratch folder(s) of graders that were killed"] if stale else []
     for line in notes:
-        print(f"note: {clean(line, [])}", file=log)
+        print(f"note: {clean(line)}", file=log)
     names = feedback_names([s.student for s in found])
     (out_dir / ".cache").mkdir(parents=True, exist_ok=True)
     (out_dir / "feedback").mkdir(exist_ok=True)
@@ -481,9 +478,9 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
         try:
             write_feedback(out_dir / "feedback" / names[sub.student], master_path.stem, sub.student, result)
         except OSError as exc:
-            print(f"note: feedback for {clean(sub.student, [])} not written ({exc.strerror})", file=log)
+            print(f"note: feedback for {clean(sub.student)} not written ({exc.strerror})", file=log)
         for flag in result.get("flags", []):
-            print(f"flag: {clean(sub.student, [])}: {flag}", file=log)
+            print(f"flag: {clean(sub.student)}: {flag}", file=log)
         if bar is not None:
             bar.step(sub.student, *part_totals(result["parts"]), cached)
 
@@ -514,11 +511,11 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
             finish(sub, done.result(), False, hit)
     missing = [sub.student for sub in found if sub.student not in results]
     results.update({student: refused(master, INTERRUPTED) for student in missing})  # not cached, no feedback
+    flagged = {"status": "passed; flagged (notes.txt)"}
     rows = [{"assignment": master_path.stem, "student": sub.student} | {k: row[k] for k in export.COLUMNS[2:]}
+            | (flagged if row["status"] == "passed" and results[sub.student].get("flags") else {})
             for sub in found for row in results[sub.student]["parts"]]
     notes += [f"{sub.student}: flagged: {flag}" for sub in found for flag in results[sub.student].get("flags", [])]
-    rows = [r | {"status": "passed; flagged (notes.txt)"} if r["status"] == "passed" and results[r["student"]].get("flags")
-            else r for r in rows]
     write_outputs(out_dir, master, found, rows, filled, notes + [f"{s}: {INTERRUPTED}" for s in missing])
     if missing:
         raise Interrupted(f"{len(found) - len(missing)} of {len(found)} submissions graded, written to "
@@ -540,7 +537,7 @@ def write_outputs(out_dir: Path, master: dict[str, Any], found: list[Submission]
     rows = export.merge_manual(rows, filled)
     export.write_gradebook(out_dir / "gradebook.csv", rows)
     export.write_wide(out_dir / "gradebook-wide.csv", rows, {sub.student: sub.entry for sub in found})
-    (out_dir / "notes.txt").write_text("".join(f"{clean(n, [])}\n" for n in notes), encoding="utf-8")
+    (out_dir / "notes.txt").write_text("".join(f"{clean(n)}\n" for n in notes), encoding="utf-8")
 
 
 def _grade_one(master: dict[str, Any], master_path: Path, data: bytes, limits: Limits, kernels: Path,
@@ -578,7 +575,7 @@ def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str,
                                   probes=Probes(drawn or {}))
     except SandboxError as exc:
         shutil.rmtree(kernels, ignore_errors=True)
-        raise Refused(f"the master notebook {master_path.name} could not run in the sandbox: {clean(str(exc), [])} "
+        raise Refused(f"the master notebook {master_path.name} could not run in the sandbox: {clean(str(exc))} "
                       f"(is --memory-mb {limits.memory_mb} too low?)") from None
     short = [r for r in result["parts"] if r["status"] not in ("passed", "needs manual grading")]
     if short or result["cell_errors"]:
@@ -587,7 +584,7 @@ def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str,
         why = result["cell_errors"][0] if result["cell_errors"] else (
             f"{short[0]['part']}: {(short[0]['messages'] or [short[0]['status']])[0]}")
         raise Refused(f"the master notebook {master_path.name} scores {got:g}/{of:g} in the sandbox"
-                      f"{' with errors' if result['cell_errors'] else ''}, so students would lose points ({clean(why, [])}); "
+                      f"{' with errors' if result['cell_errors'] else ''}, so students would lose points ({clean(why)}); "
                       f"check that {sys.executable} has every package the notebook imports and that --cell-timeout "
                       f"{limits.cell_s:g}, --timeout {limits.wall_s:g} and --memory-mb {limits.memory_mb} are enough")
     passed.write_text(json.dumps(result, indent=1, sort_keys=True))
@@ -610,7 +607,7 @@ def write_feedback(path: Path, assignment: str, student: str, result: dict[str, 
     errors raised by the student's own cells; bounded (see MESSAGE_CHARS, MAX_CELL_ERRORS)."""
     total, auto_max = part_totals(result["parts"])
     manual = sum(r["max_points"] for r in result["parts"] if r["status"] == "needs manual grading")
-    lines = [f"{assignment}: feedback for {clean(student, [])}", "",
+    lines = [f"{assignment}: feedback for {clean(student)}", "",
              f"Autograded: {total:g} / {auto_max:g} points" + (f"; {manual:g} more points are graded by hand." if manual else ""), ""]
     if result.get("refused"):
         lines += [f"Your submission was not graded: {result['refused']}", ""]

@@ -108,11 +108,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class Unit:
-    """One piece of code to run: a cell, or the visible or hidden half of a test cell."""
+    """One piece of code to run: a cell, or the visible or hidden half of a test cell (of the part ``part``)."""
 
     name: str
     source: str
     kind: str  # 'code' (the master's set-up), 'answer' (the student's cells), 'test', or 'probe' (calls as JSON)
+    part: str = ""
 
 
 @dataclass
@@ -214,8 +215,7 @@ def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits, uid: in
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    for root in python_roots():
-        args += ["--ro-bind", root, root]
+    args += [a for root in python_roots() for a in ("--ro-bind", root, root)]
     args += ["--ro-bind", os.path.abspath(scratch / "submission.ipynb"), f"{INSIDE_SCRATCH}/submission.ipynb"]
     bind, at = ("--bind", f"{INSIDE_SCRATCH}/numba-cache") if warm else ("--ro-bind", "/run/numba-cache")
     return args + [bind, os.path.abspath(kernels), at, "--chdir", INSIDE_SCRATCH]
@@ -336,11 +336,11 @@ class Child:
         except BaseException:  # no child: its pipes go too, or each failed start would leak descriptors
             if self.cgroup is not None:
                 self.cgroup.remove()
-            for fd in (r, *fds):
-                os.close(fd)
+            os.close(r)
             raise
-        for fd in fds:
-            os.close(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
         self.results = r
         self.buffer = b""
         self.seen: dict[int, int] = {}  # pid -> start time, every process of the tree ever seen
