@@ -25,6 +25,7 @@ import contextlib
 import builtins
 import ctypes
 import fcntl
+import functools
 import importlib
 import json
 import marshal
@@ -198,12 +199,10 @@ def _resolve(ref: str) -> Any:
     parts = ref.split(".")
     for k in range(len(parts) - 1, 0, -1):
         try:
-            obj = importlib.import_module(".".join(parts[:k]))
+            module = importlib.import_module(".".join(parts[:k]))
         except ImportError:
             continue
-        for attr in parts[k:]:
-            obj = getattr(obj, attr)
-        return obj
+        return functools.reduce(getattr, parts[k:], module)
     raise LookupError(ref)
 
 
