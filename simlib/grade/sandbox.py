@@ -361,18 +361,13 @@ class Child:
     def _read_output(self) -> None:
         """Drain stdout/stderr; past ``output_mb`` in one unit, stop the sandbox."""
         cap = self.limits.output_mb * 1024 * 1024
-        while True:
-            try:
-                chunk = self.proc.stdout.read1(65536)
-            except (OSError, ValueError):
-                return
-            if not chunk:
-                return
-            self.output += len(chunk)
-            self.tail = (self.tail + chunk)[-4096:]
-            if self.output > cap and not self.violation:
-                self.violation = f"the cell printed more than {self.limits.output_mb} MB"
-                self.kill()
+        with contextlib.suppress(OSError, ValueError):  # the pipe closed under the read
+            for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
+                self.output += len(chunk)
+                self.tail = (self.tail + chunk)[-4096:]
+                if self.output > cap and not self.violation:
+                    self.violation = f"the cell printed more than {self.limits.output_mb} MB"
+                    self.kill()
 
     def _watch(self) -> None:
         while not self._stop.wait(self.watch_every):
