@@ -28,7 +28,7 @@ from typing import Any, Callable
 PREFIX = "simlib-grade-"
 FREEZE_S = 2.0  # how long to wait for a freeze, then for the cgroup to empty
 _serial = itertools.count()
-# per cgroup version: the freezer's state file, its frozen and thawed values, the file that shows it frozen, and how
+# per cgroup version: the freezer's state file, its frozen and thawed values, the file that shows it frozen and the text
 FREEZER = {2: ("cgroup.freeze", "1", "0", "cgroup.events", "frozen 1"),
            1: ("freezer.state", "FROZEN", "THAWED", "freezer.state", "FROZEN")}
 
