@@ -305,15 +305,15 @@ def _fresh(name: str, taken: set[str], suffix: str, key: Callable[[str], str] = 
     return candidate
 
 
-def _entry(entry: os.DirEntry, assignment: str) -> tuple[Submission | None, str]:
+def _entry(entry: os.DirEntry, assignment: str) -> Submission | str:
     """One entry of the class folder: its submission, or a note saying why it is not one."""
     name = shown(entry.name)
     if name.startswith("."):
-        return None, f"ignored {name!r}: a hidden entry (its name starts with '.'); rename it to grade it"
+        return f"ignored {name!r}: a hidden entry (its name starts with '.'); rename it to grade it"
     try:
         mode = entry.stat(follow_symlinks=False).st_mode
     except OSError as exc:
-        return Submission(name, name, problem=f"{name} cannot be read ({exc.strerror})"), ""
+        return Submission(name, name, problem=f"{name} cannot be read ({exc.strerror})")
     if stat.S_ISDIR(mode):
         paths, problem = _notebooks_in(Path(entry.path), assignment)
         data, problem = read_notebook(paths[0]) if paths else (b"", problem)
@@ -322,18 +322,18 @@ def _entry(entry: os.DirEntry, assignment: str) -> tuple[Submission | None, str]
         if len(rel) > 1:
             sub.notes.append(f"{name}/: graded {rel[0]}; not graded: {', '.join(rel[1:6])}"
                              + (f" and {len(rel) - 6} more" if len(rel) > 6 else ""))
-        return sub, ""
+        return sub
     archive = next((a for a in ARCHIVES if name.lower().endswith(a)), "")
     if archive and stat.S_ISREG(mode):
         stem = name[: -len(archive)] or name
         return Submission(stem, name, problem=f"{name} is an archive, not a notebook: unpack it into {stem}/ "
-                                              "and grade again"), ""
+                                              "and grade again")
     if not stat.S_ISREG(mode):  # links and special files are refused by name
-        return Submission(name.removesuffix(".ipynb") or name, name, problem=f"{name} is {_kind(mode)}, not a notebook "
-                                                                             "or a folder"), ""
+        return Submission(name.removesuffix(".ipynb") or name, name,
+                          problem=f"{name} is {_kind(mode)}, not a notebook or a folder")
     if name.endswith(".ipynb"):
-        return Submission(name.removesuffix(".ipynb") or name, name, *read_notebook(Path(entry.path))), ""
-    return None, f"ignored {name!r}: {_kind(mode)}, neither a notebook nor a folder"
+        return Submission(name.removesuffix(".ipynb") or name, name, *read_notebook(Path(entry.path)))
+    return f"ignored {name!r}: {_kind(mode)}, neither a notebook nor a folder"
 
 
 def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], list[str]]:
@@ -346,12 +346,9 @@ def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], l
         raise ValueError(f"submissions-dir: {folder} does not exist")
     if not folder.is_dir():
         raise ValueError(f"submissions-dir: {folder} is not a folder")
-    subs: list[Submission] = []
-    notes: list[str] = []
-    for entry in sorted(os.scandir(folder), key=lambda e: os.fsencode(e.name)):
-        sub, note = _entry(entry, assignment)
-        subs += [sub] if sub is not None else []
-        notes += [note] if note else []
+    entries = [_entry(entry, assignment) for entry in sorted(os.scandir(folder), key=lambda e: os.fsencode(e.name))]
+    subs = [e for e in entries if isinstance(e, Submission)]
+    notes = [e for e in entries if isinstance(e, str)]
     if not subs:
         raise ValueError(f"submissions-dir: {folder} holds no submissions (NAME.ipynb files or NAME/ folders)")
     clash: dict[str, list[Submission]] = {}
@@ -415,8 +412,8 @@ class Progress:
         self.done += 1
         student, note = clean(student), " (cached)" if cached else ""
         if self.bar.disable:
-            self.stream.write(f"graded {self.done}/{self.total}: {student} {points:g}/{max_points:g}{note}\n")
-            self.stream.flush()
+            print(f"graded {self.done}/{self.total}: {student} {points:g}/{max_points:g}{note}", file=self.stream,
+                  flush=True)
             return
         self.bar.set_postfix_str(student[:20], refresh=False)
         self.bar.update(1)
