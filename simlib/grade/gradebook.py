@@ -272,9 +272,9 @@ def read_notebook(path: Path) -> tuple[bytes, str]:
             if not stat.S_ISREG(mode):
                 return b"", f"the notebook is {_kind(mode)}, not a regular file"
             data = f.read(cap + 1)
-    except OSError as exc:
-        link = exc.errno == errno.ELOOP
-        return b"", "the notebook is a symbolic link" if link else f"the notebook cannot be read ({exc.strerror})"
+    except OSError as exc:  # open() refuses a folder itself
+        why = {errno.ELOOP: "is a symbolic link", errno.EISDIR: "is a folder, not a regular file"}
+        return b"", f"the notebook {why.get(exc.errno, f'cannot be read ({exc.strerror})')}"
     return (b"", f"the notebook is larger than {MAX_NOTEBOOK_MB} MB") if len(data) > cap else (data, "")
 
 
