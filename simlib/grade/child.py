@@ -233,15 +233,14 @@ def know(refs: list[str]) -> None:
             for code in _codes(obj):
                 REF_CODES[id(code)] = (code, ref)
                 REF_PRINTS[_fingerprint(code)] = ref
+    keywords = {r for r in refs if "." not in r}
     for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "simlib"]:
         with contextlib.suppress(Exception):  # an entry the submission put there need not be a module
             found = {k: REF_OBJECTS[id(v)][1] for k, v in list(vars(module).items()) if id(v) in REF_OBJECTS}
             if found and type(module) in (types.ModuleType, Watched):
                 WATCHED[id(module)] = found
                 module.__class__ = Watched
-    keywords = {r for r in refs if "." not in r}
-    for module in [m for name, m in list(sys.modules.items()) if keywords and name.split(".")[0] == "simlib"]:
-        for obj in list(vars(module).values()):
+        for obj in list(vars(module).values()) if keywords else []:
             for code in _codes(obj) if getattr(obj, "__module__", None) == module.__name__ else []:
                 taken = keywords & set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
                 REF_CODES.update({id(code): (code, min(taken))} if taken else {})
