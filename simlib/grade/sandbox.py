@@ -671,9 +671,8 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             if not own_shm:
                 _unlink_new_shm(shm_before)
         if restarts > MAX_RESTARTS or time.monotonic() - start >= limits.wall_s:
-            for k in range(i, len(units)):
-                report.outcomes[k] = Outcome(False, "not run: the submission stopped the grader too often "
-                                                    "(time, memory, processes or exit)")
+            report.outcomes[i:] = [Outcome(False, "not run: the submission stopped the grader too often "
+                                                  "(time, memory, processes or exit)") for _ in units[i:]]
             break
     return report
 
