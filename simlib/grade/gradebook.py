@@ -117,8 +117,7 @@ def score(master: dict[str, Any], units: list[Unit], outcomes: list[Outcome]) ->
 
 def hidden_lines(master: dict[str, Any]) -> list[str]:
     """The hidden tests' lines worth looking for in a message (long enough not to match by chance)."""
-    return [ln.strip() for hidden in nbm.hidden_tests(master).values() for ln in hidden.splitlines()
-            if len(ln.strip()) >= 10]
+    return [ln.strip() for _, hidden in nbm.hidden_tests(master) for ln in hidden.splitlines() if len(ln.strip()) >= 10]
 
 
 def clean(text: str, secret: list[str] = ()) -> str:
@@ -169,7 +168,7 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret)) for o in report.outcomes]
     replies, ran = {}, []
-    checks = {gid: probe.functions(hidden) for gid, hidden in nbm.hidden_tests(master).items() if gid in (drawn or {})}
+    checks = {gid: probe.functions(hidden) for gid, hidden in nbm.hidden_tests(master) if gid in (drawn or {})}
     for i, (unit, got) in enumerate(zip(units, report.outcomes)):
         if unit.kind == "probe" and got.ok:
             replies[unit.name] = got.values
@@ -595,7 +594,7 @@ def drawn_calls(master: dict[str, Any], out_dir: Path) -> dict[str, list[Any]]:
     if not path.is_file():
         path.write_text(str(secrets.randbits(63)))
     seed = int(path.read_text())
-    drawn = {gid: probe.calls(hidden, seed) for gid, hidden in nbm.hidden_tests(master).items()}
+    drawn = {gid: probe.calls(hidden, seed) for gid, hidden in nbm.hidden_tests(master)}
     return {gid: calls for gid, calls in drawn.items() if calls is not None}
 
 

@@ -151,14 +151,14 @@ _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 REFERENCES = "_REFERENCES"  # in a hidden-test block: the library's names that answer the part ('simlib.costs.place')
 
 
-def hidden_tests(master: dict[str, Any]) -> dict[str, str]:
-    """grade_id -> the hidden-test code of each test cell."""
-    return {str(meta(c)["grade_id"]): split_hidden(source(c))[1] for c in master["cells"] if is_test(c)}
+def hidden_tests(master: dict[str, Any]) -> list[tuple[str, str]]:
+    """(grade_id, the hidden-test code) of each test cell."""
+    return [(str(meta(c)["grade_id"]), split_hidden(source(c))[1]) for c in master["cells"] if is_test(c)]
 
 
 def declared(master: dict[str, Any]) -> set[str]:
     """The library's names the hidden tests declare answers: ``_REFERENCES = ["simlib.compress.make_compressor"]``."""
-    hidden = _trees(list(hidden_tests(master).values()))
+    hidden = _trees([code for _, code in hidden_tests(master)])
     with AST_LOCK:
         return {ref for tree in hidden for node in tree.body if isinstance(node, ast.Assign)
                 and [getattr(t, "id", "") for t in node.targets] == [REFERENCES] for ref in ast.literal_eval(node.value)}
@@ -168,7 +168,7 @@ def references(master: dict[str, Any]) -> set[str]:
     """What the hidden tests take from the library as the answer: the names they import from simlib
     ('simlib.protocol.may_read') or declare (:func:`declared`), and the keywords they pass to simlib's calls
     that no other cell passes ('staleness_aware')."""
-    hidden = _trees(list(hidden_tests(master).values()))
+    hidden = _trees([code for _, code in hidden_tests(master)])
     shown = _trees([split_hidden(source(c))[0] if is_test(c) else source(c) for c in master["cells"]
                     if c.get("cell_type") == "code"])
     found: set[str] = set(declared(master))
