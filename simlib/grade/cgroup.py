@@ -61,11 +61,8 @@ def _mounts(text: str) -> dict[str, tuple[str, str]]:
         if len(fields) < 5 or len(tail) < 3:
             continue
         root, point = fields[3], fields[4].replace("\\040", " ")
-        if tail[0] == "cgroup2":
-            out.setdefault("unified", (point, root))
-        elif tail[0] == "cgroup":
-            for opt in tail[2].split(","):
-                out.setdefault(opt, (point, root))
+        for name in ["unified"] if tail[0] == "cgroup2" else tail[2].split(",") if tail[0] == "cgroup" else []:
+            out.setdefault(name, (point, root))
     return out
 
 

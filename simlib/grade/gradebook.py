@@ -280,18 +280,17 @@ def read_notebook(path: Path) -> tuple[bytes, str]:
 def _notebooks_in(folder: Path, assignment: str) -> tuple[list[Path], str]:
     """The notebooks in a student's folder, the one to grade first (ASSIGNMENT.ipynb, else the first by path),
     or why none; files and folders are counted against MAX_FILES."""
-    found: list[tuple[bool, str, Path]] = []
+    found: list[Path] = []
     seen = 0
     for here, dirs, files in os.walk(folder, followlinks=False):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         seen += len(files) + len(dirs)
-        found += [(name != f"{assignment}.ipynb", os.path.join(here, name), Path(here) / name)
-                  for name in files if name.endswith(".ipynb") and not name.startswith(".")]
+        found += [Path(here) / name for name in files if name.endswith(".ipynb") and not name.startswith(".")]
         if seen > MAX_FILES:
             return [], f"the folder holds more than {MAX_FILES} files and folders"
     if not found:
         return [], "no notebook found in the submission"
-    return [path for *_, path in sorted(found)], ""
+    return sorted(found, key=lambda path: (path.name != f"{assignment}.ipynb", str(path))), ""
 
 
 def _fresh(name: str, taken: set[str], suffix: str, key: Callable[[str], str] = str) -> str:
