@@ -88,20 +88,15 @@ def _least_largest(work: list[int], parts: int) -> list[range]:
     (cuts as early as they can be). O(n^2 parts); trying every cut was C(n - 1, parts - 1) (41 layers in 20
     stages: 1e11, it never ended)."""
     n, total = len(work), [0, *itertools.accumulate(work)]
-    least = total  # least[j]: the least largest sum of k runs over work[:j], for k = 1, 2, .., parts
-    for k in range(2, parts + 1):
-        least = [min((max(least[i], total[j] - total[i]) for i in range(k - 1, j)), default=math.inf)
-                 for j in range(n + 1)]
-    bound, cuts = least[n], [0]
-
-    def fits(start: int, runs: int) -> bool:  # work[start:] in `runs` non-empty runs of at most `bound` each
-        need, held = 1, 0
-        for w in work[start:]:
-            need, held = (need + 1, w) if held + w > bound else (need, held + w)
-        return need <= runs <= n - start
-
-    for k in range(parts - 1, 0, -1):  # each cut as early as the rest still fits
-        cuts.append(next(c for c in range(cuts[-1] + 1, n) if total[c] - total[cuts[-1]] <= bound and fits(c, k)))
+    # least[k][i]: the least largest sum of k + 1 non-empty runs over work[i:]
+    least = [[total[n] - total[i] if i < n else math.inf for i in range(n + 1)]]
+    for k in range(1, parts):
+        least.append([min((max(total[c] - total[i], least[k - 1][c]) for c in range(i + 1, n)), default=math.inf)
+                      for i in range(n + 1)])
+    cuts = [0]
+    for k in range(parts - 2, -1, -1):  # each cut as early as the runs after it still fit under the least largest
+        i = cuts[-1]
+        cuts.append(next(c for c in range(i + 1, n) if max(total[c] - total[i], least[k][c]) <= least[-1][0]))
     return [range(i, j) for i, j in zip(cuts, (*cuts[1:], n))]
 
 
@@ -112,27 +107,22 @@ def balanced_mlp(width: int) -> MLPProblem:
     return MLPProblem(hidden=(width * (3 * width + 30) // (3 * width + 128), width, width))
 
 
-def _check_batch(problem: MLPProblem, batch: Any) -> np.ndarray:
-    """The batch as row ids; ValueError naming 'problem' unless an MLPProblem, 'batch' unless non-empty integers in
-    [0, training rows)."""
+def _check_inputs(problem: MLPProblem, batch: Any, params: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(batch as row ids, flat parameters: ``init_params()`` for None); ValueError naming 'problem' unless an
+    MLPProblem, 'batch' unless non-empty integers in [0, training rows), 'params' unless n_params finite floats."""
     if not isinstance(problem, MLPProblem):
         raise ValueError(f"problem must be an MLPProblem (its layers are what is split), got {type(problem).__name__}")
     rows = np.asarray(batch)
     n = problem.shards(1)[0][1]
     if rows.ndim != 1 or rows.size == 0 or rows.dtype.kind not in "iu" or rows.min() < 0 or rows.max() >= n:
         raise ValueError(f"batch must be a non-empty 1-D array of training-row ids in [0, {n}), got {batch!r}")
-    return rows
-
-
-def _check_params(problem: MLPProblem, params: Any) -> np.ndarray:
-    """The flat parameters (``init_params()`` for None); ValueError naming 'params' unless n_params finite floats."""
     try:
         theta = problem.init_params() if params is None else np.asarray(params, dtype=np.float64)
     except (TypeError, ValueError):
         theta = np.empty(0)  # not numbers: refused below, by name
     if theta.shape != (problem.n_params,) or not np.isfinite(theta).all():
         raise ValueError(f"params must be a flat vector of {problem.n_params} finite values, got {params!r:.80}")
-    return theta
+    return rows, theta
 
 
 class _Link:
@@ -317,8 +307,7 @@ def run_pipeline(problem: MLPProblem, batch: Any, params: Any = None, *, stages:
                  schedule: str | list = "1f1b", steps: int = 3, timeout: float = 120.0) -> PipelineRun:
     """One training step's loss and gradient of ``batch`` on ``stages`` processes, run ``steps`` times (the first
     a warm-up when steps > 1, left out of the times reported). ``schedule``: "gpipe", "1f1b" or orders."""
-    rows = _check_batch(problem, batch)
-    theta = _check_params(problem, params)
+    rows, theta = _check_inputs(problem, batch, params)
     check.positive_int("stages", stages, most=len(problem.layers))
     check_processes(stages, "run_pipeline (a process per stage)", "stages")
     layers = split_layers(problem, stages)
@@ -390,29 +379,15 @@ class TensorParallelRun:
     predicted_bytes: float
 
 
-@dataclass
-class _TensorJob:
-    """What every rank is started with."""
-
-    problem: MLPProblem
-    params: np.ndarray
-    batch: np.ndarray
-    block: int
-
-
-def _tensor_worker(rank: int, t: int, job: _TensorJob, inbox: Channel | None, outbox: Channel | None) -> dict:
-    """One rank: layers before and after the block replicated, the block's columns / rows of this rank."""
-    prob, blk = job.problem, job.block
-    w = [prob.weights(job.params, layer) for layer in range(len(prob.layers))]
+def _tensor_worker(rank: int, t: int, prob: MLPProblem, params: np.ndarray, batch: np.ndarray, blk: int,
+                   inbox: Channel, outbox: Channel) -> dict:
+    """One rank: layers before and after the block ``blk`` replicated, the block's columns / rows of this rank."""
+    w = [prob.weights(params, layer) for layer in range(len(prob.layers))]
     pre, post = w[:blk], w[blk + 2:]
-    X, y = prob.rows(job.batch)
+    X, y = prob.rows(batch)
     cols = np.array_split(np.arange(w[blk][0].shape[1]), t)[rank]
     W1, b1, W2, b2 = w[blk][0][:, cols], w[blk][1][cols], w[blk + 1][0][cols], w[blk + 1][1]
-    ring = Ring(rank, t, inbox, outbox)  # sums over the t ranks: reduce-scatter then all-gather
-
-    def summed(x: np.ndarray) -> np.ndarray:
-        return ring(x.ravel()).reshape(x.shape)
-
+    summed = Ring(rank, t, inbox, outbox)  # sums over the t ranks: reduce-scatter then all-gather
     pre_in, pre_z, a = layers_forward(pre, X, relu_out=True)
     z1 = dense_forward(a, W1, b1)
     h = relu(z1)
@@ -425,15 +400,14 @@ def _tensor_worker(rank: int, t: int, job: _TensorJob, inbox: Channel | None, ou
     dW1, db1, da = dense_backward(a, W1, relu_backward(z1, dh), inputs=blk > 0)
     pre_g = layers_backward(pre, pre_in, pre_z, summed(da), True, False)[0] if blk > 0 else []
     return {"loss": float(cross_entropy(logits, y)), "cols": cols, "block": (dW1, db1, dW2, db2),
-            "replicated": pre_g + post_g, "bytes": ring.sent}
+            "replicated": pre_g + post_g, "bytes": summed.sent}
 
 
 def run_tensor_parallel(problem: MLPProblem, batch: Any, params: Any = None, *, n_devices: int = 2,
                         block: int | None = None, timeout: float = 60.0) -> TensorParallelRun:
     """Loss and gradient of ``batch`` with layers ``block`` and ``block + 1`` (default: the last two) split over
     ``n_devices`` processes, Megatron's way: one all-reduce forward, one backward (none when block = 0)."""
-    rows = _check_batch(problem, batch)
-    theta = _check_params(problem, params)
+    rows, theta = _check_inputs(problem, batch, params)
     n_layers = len(problem.layers)
     if n_layers < 2:
         raise ValueError("problem: tensor parallelism splits two layers, and this MLP has one (give it hidden layers)")
@@ -446,11 +420,9 @@ def run_tensor_parallel(problem: MLPProblem, batch: Any, params: Any = None, *, 
     check.positive("timeout", timeout)
     with WorkerGroup(n_devices, roles=[f"rank {r}" for r in range(n_devices)], label="tensor") as group:
         links = [group.channel_pair(duplex=False) for _ in range(n_devices)]  # link r: rank r -> rank r + 1
-        ends = [(links[(r - 1) % n_devices][0], links[r][1]) if n_devices > 1 else (None, None)
-                for r in range(n_devices)]
+        ends = [(links[(r - 1) % n_devices][0], links[r][1]) for r in range(n_devices)]
         try:
-            results = group.run(_tensor_worker, _TensorJob(problem, theta, rows, block), worker_args=ends,
-                                timeout=timeout)
+            results = group.run(_tensor_worker, problem, theta, rows, block, worker_args=ends, timeout=timeout)
         finally:
             for channel in itertools.chain.from_iterable(links):
                 channel.close()

@@ -175,12 +175,13 @@ class Ring:
         self.sent = 0
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """sum over processes of x: ring reduce-scatter, then all-gather."""
+        """sum over processes of x (any shape): ring reduce-scatter, then all-gather."""
         out, n, i = np.array(x, dtype=np.float64), self.n, self.rank
         if n == 1:
             return out
-        bounds = np.linspace(0, len(out), n + 1).astype(int)
-        part = [out[bounds[k]:bounds[k + 1]] for k in range(n)]
+        flat = out.reshape(-1)  # a view: the copy above is contiguous
+        bounds = np.linspace(0, len(flat), n + 1).astype(int)
+        part = [flat[bounds[k]:bounds[k + 1]] for k in range(n)]
         buf = np.empty(int(np.diff(bounds).max()))
         for s in range(n - 1):  # part (i + 1) mod n ends as the full sum here
             got = self._exchange(part[(i - s) % n], buf[:len(part[(i - s - 1) % n])])
