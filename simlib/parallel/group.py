@@ -95,9 +95,6 @@ class _Later:
     """Stands in a spawned worker's arguments for one sent after it started (they come in the order they stand)."""
 
 
-_LATER_BYTES = 32 * 1024  # a spawned worker's argument that pickles larger than this is sent after it starts
-
-
 class _NoHandles(ForkingPickler):
     """Refuses connections and sockets: pickled outside a spawn they hand a file descriptor to a sharer thread
     that waits for a process to collect it, which a value kept for spawn time never does."""
@@ -108,8 +105,8 @@ class _NoHandles(ForkingPickler):
         return NotImplemented
 
 
-def _defer_large(values: tuple[Any, ...], blobs: list[bytes]) -> tuple[Any, ...]:
-    """``values`` with each one that pickles to over _LATER_BYTES replaced by a _Later, its bytes added to ``blobs``.
+def _defer(values: tuple[Any, ...], blobs: list[bytes]) -> tuple[Any, ...]:
+    """``values`` with each one that pickles here replaced by a _Later, its bytes added to ``blobs``.
 
     Why: spawn writes a new process's pickled arguments down a pipe whose reading end the parent
     holds until the write ends, so a worker that dies before reading them (its copy of the main
@@ -120,15 +117,11 @@ def _defer_large(values: tuple[Any, ...], blobs: list[bytes]) -> tuple[Any, ...]
     out = []
     for value in values:
         try:
-            blob = _NoHandles.dumps(value)
+            blobs.append(bytes(_NoHandles.dumps(value)))
+            value = _Later()
         except Exception:  # noqa: BLE001 - inheritance-only, or unpicklable: start() raises or passes it
-            out.append(value)
-            continue
-        if len(blob) <= _LATER_BYTES:
-            out.append(value)
-            continue
-        out.append(_Later())
-        blobs.append(bytes(blob))
+            pass
+        out.append(value)
     return tuple(out)
 
 
@@ -152,15 +145,13 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
                inbox: Connection | None = None) -> None:
     """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...).
 
-    ``inbox``: under spawn, where the large arguments come once the worker is running (see :func:`_defer_large`).
+    ``inbox``: under spawn, where the arguments that pickle come once the worker is running (see :func:`_defer`).
     """
     fn, n_workers, t0, parent_pid, log_queue, verbose, args = launch
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # _exit_on_sigterm's last resort
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # not the parent's handlers, inherited under fork
-    _sigmask(signal.SIG_UNBLOCK, _CHILD_SIGNALS)  # blocked by the parent around the fork: one sent since arrives now
-    if _signals.noted_here(signal.SIGTERM):  # terminated while it was being forked
-        raise SystemExit(128 + signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_SIGNALS)  # blocked around the fork: one sent since arrives now
     _signals.forked()
     _set_parent_death_signal()
     if os.getppid() != parent_pid:  # a forkserver's worker: its parent is the server, which outlives the group
@@ -304,12 +295,12 @@ class WorkerGroup:
         shared: list[bytes] = []
         spawn = self.start_method == "spawn"
         launch = _Launch(fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose,
-                         _defer_large(args, shared) if spawn else args)
+                         _defer(args, shared) if spawn else args)
         try:
             for i in range(self.n_workers):
                 extra = tuple(worker_args[i]) if worker_args is not None else ()
                 blobs = list(shared)
-                extra = _defer_large(extra, blobs) if spawn else extra
+                extra = _defer(extra, blobs) if spawn else extra
                 reader, writer = self.ctx.Pipe(duplex=False)
                 inbox, outbox = self.ctx.Pipe(duplex=False) if blobs else (None, None)
                 proc = self.ctx.Process(target=_bootstrap, args=(launch, i, writer, extra, inbox), name=f"worker-{i}",
@@ -401,16 +392,14 @@ class WorkerGroup:
         """Terminate, then kill, then join every process this group started."""
         procs, self._procs = self._procs, []
         for p in procs:
-            if p.is_alive():
-                p.terminate()
+            p.terminate()  # a no-op for one already reaped
         deadline = time.monotonic() + self.grace
         for p in procs:
-            p.join(min(_RESEND, max(0.0, deadline - time.monotonic())))
             while p.is_alive() and time.monotonic() < deadline:
+                p.join(min(_RESEND, max(0.0, deadline - time.monotonic())))
                 # NOTE: a child that got SIGTERM before it had run since fork() loses it (Python
                 # clears signals caught at that point), so the signal is sent again until it sticks.
                 p.terminate()
-                p.join(min(_RESEND, max(0.0, deadline - time.monotonic())))
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -478,23 +467,16 @@ def _start_deferring_signals(proc: BaseProcess, started: list[BaseProcess]) -> N
     # this thread while it forks; the child inherits the mask, and its _bootstrap unblocks them
     # once its own handlers are in place, when a signal sent meanwhile (kept pending) arrives.
     with _signals.held():
-        old = _sigmask(signal.SIG_BLOCK, _CHILD_SIGNALS)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _CHILD_SIGNALS)
         try:
             proc.start()
         finally:
-            _sigmask(signal.SIG_SETMASK, old)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         started.append(proc)
 
 
 _EXIT_GRACE = 2.0  # seconds a worker told to stop has to report before SIGALRM's default action ends it
 _CHILD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-def _sigmask(how: int, signals: Any) -> Any:
-    """``signal.pthread_sigmask`` for this thread; the previous mask (a no-op where there is none)."""
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows
-        return set()
-    return signal.pthread_sigmask(how, signals)
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
