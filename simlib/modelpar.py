@@ -240,8 +240,11 @@ class _Stage:
         self.stash = {}
         self.loss, self.held, self.peak, self.peak_bytes = 0.0, 0, 0, 0
 
-    def forward(self, k: int, a: np.ndarray) -> np.ndarray:
-        """Run micro-batch k through the stage, stash its inputs and z; the output (the last stage: logits)."""
+    def forward(self, k: int, a: np.ndarray | None) -> np.ndarray:
+        """Run micro-batch k (the first stage, ``a`` None: its rows) through the stage, stash its inputs and z; the
+        output (the last stage: logits)."""
+        if a is None:
+            a = self.job.problem.rows(self.job.micro[k])[0]
         inputs, zs, out = layers_forward(self.weights, a, relu_out=not self.last)
         if self.last:
             y = self.job.problem.rows(self.job.micro[k])[1]
@@ -272,21 +275,16 @@ def _run_order(stage: _Stage, order: list, left: _Link | None, right: _Link | No
     where the receiver was already waiting for it."""
     stage.zero()
     ops, transfers, start = [], [], time.perf_counter()
-    for kind, k in order:
-        inbound, way = (left, 0) if kind == "F" else (right, 1)
+    for kind, k in order:  # a forward comes from the left and goes right (way 0), a backward the other way (way 1)
+        inbound, outbound, way = (left, right, 0) if kind == "F" else (right, left, 1)
         called = time.perf_counter()
         data, sent = inbound.recv(way, k, step) if inbound is not None else (None, called)
         t = time.perf_counter()
         if called < sent:
             transfers.append(t - sent)
-        if kind == "F":
-            out = stage.forward(k, data if data is not None else stage.job.problem.rows(stage.job.micro[k])[0])
-            if right is not None:
-                right.send(0, k, out, step)
-        else:
-            da = stage.backward(k, data)
-            if left is not None:
-                left.send(1, k, da, step)
+        out = stage.forward(k, data) if kind == "F" else stage.backward(k, data)
+        if outbound is not None:
+            outbound.send(way, k, out, step)
         ops.append((kind, time.perf_counter() - t, t, k))
     return start, time.perf_counter(), ops, transfers
 
@@ -308,9 +306,8 @@ def run_pipeline(problem: MLPProblem, batch: Any, params: Any = None, *, stages:
     """One training step's loss and gradient of ``batch`` on ``stages`` processes, run ``steps`` times (the first
     a warm-up when steps > 1, left out of the times reported). ``schedule``: "gpipe", "1f1b" or orders."""
     rows, theta = _check_inputs(problem, batch, params)
-    check.positive_int("stages", stages, most=len(problem.layers))
-    check_processes(stages, "run_pipeline (a process per stage)", "stages")
     layers = split_layers(problem, stages)
+    check_processes(stages, "run_pipeline (a process per stage)", "stages")
     check.positive_int("microbatches", microbatches, most=len(rows))
     check.positive_int("steps", steps, most=MAX_REAL_STEPS)
     check.positive("timeout", timeout)
@@ -342,7 +339,7 @@ def _orders(schedule: str | list, stages: int, microbatches: int) -> list[list[t
 def _report(problem: MLPProblem, orders: list, layers: list[range], results: list[dict]) -> PipelineRun:
     """Stage reports averaged over the measured steps (all but a warm-up) and the step priced by the cost model."""
     n_steps = len(results[0]["steps"])
-    measured = range(1, n_steps) if n_steps > 1 else range(n_steps)
+    measured = range(min(1, n_steps - 1), n_steps)
     step = np.mean([max(r["steps"][j][1] for r in results) - min(r["steps"][j][0] for r in results) for j in measured])
     reports = []
     for s, r in enumerate(results):

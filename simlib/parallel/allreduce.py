@@ -217,10 +217,8 @@ class ReplicaWorker:
         return self.w[effect.keys], 0
 
     def compute(self, effect: Compute) -> Any:
-        s = time.perf_counter()
-        out = effect.fn(*effect.args)
-        self.ctx.span("compute", s, time.perf_counter(), step=effect.step)
-        return out
+        with self.ctx.timed("compute", effect.step):
+            return effect.fn(*effect.args)
 
     def all_reduce(self, effect: AllReduce) -> None:
         self.bucket(dense_bucket(effect, len(self.w)))
@@ -232,10 +230,8 @@ class ReplicaWorker:
 
     def _summed(self, c: int, x: np.ndarray) -> np.ndarray:
         """The bucket's sum over every worker, its all-reduce recorded as one send span."""
-        s = time.perf_counter()
-        out = self.reduce(x)
-        self.ctx.span("send", s, time.perf_counter(), nbytes=x.nbytes, step=c)
-        return out
+        with self.ctx.timed("send", c, x.nbytes):
+            return self.reduce(x)
 
     def reduced(self, effect: Reduced) -> None:
         straggle(self.straggler, self.i)  # a slow machine's steps take longer: every replica waits for its buckets

@@ -180,8 +180,6 @@ def _exit_with(pid: int) -> None:
     """End this worker when process ``pid`` ends (at once if it has): the parent-death signal covers only a
     worker's own parent, and a forkserver worker's parent is the server, not the group's process."""
     ended = watch(pid)
-    if ended(0):  # it died before the worker got here
-        os._exit(1)
 
     def wait_for_it() -> None:
         ended(None)
@@ -240,17 +238,14 @@ class WorkerGroup:
     def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float64) -> SharedArray:
         """A zero-filled shared array that this group unlinks when it closes or fails."""
         with _signals.held():  # no Ctrl-C between making the segment and owning it
-            return self.adopt(SharedArray.zeros(shape, dtype))
+            self._arrays.append(SharedArray.zeros(shape, dtype))
+        return self._arrays[-1]
 
     def copy_of(self, a: np.ndarray) -> SharedArray:
         """A shared copy of ``a`` that this group unlinks when it closes or fails."""
         with _signals.held():
-            return self.adopt(SharedArray.copy_of(a))
-
-    def adopt(self, a: SharedArray) -> SharedArray:
-        """Make the group responsible for unlinking ``a``."""
-        self._arrays.append(a)
-        return a
+            self._arrays.append(SharedArray.copy_of(a))
+        return self._arrays[-1]
 
     def lock(self) -> Any:
         """A process lock from this group's start-method context."""
@@ -407,7 +402,7 @@ class WorkerGroup:
 
     # -- lifecycle -------------------------------------------------------------------------
     def unlink_all(self) -> None:
-        """Unlink every shared array this group made or adopted."""
+        """Unlink every shared array this group made."""
         with _signals.held():  # a Ctrl-C midway would leave the rest of the list to no one
             arrays, self._arrays = self._arrays, []
             for a in arrays:
