@@ -211,28 +211,14 @@ class PipelineRun:
         return float(np.mean([s.idle_share for s in self.stages]))
 
 
-@dataclass
-class _PipeJob:
-    """What every stage is started with."""
-
-    problem: MLPProblem
-    params: np.ndarray
-    micro: list[np.ndarray]  # row ids of each micro-batch
-    rows: int  # |B|: each micro-batch's loss is weighted |micro| / |B|
-    layers: list[range]
-    orders: list[list[tuple[str, int]]]
-    steps: int
-    barrier: Any
-
-
 class _Stage:
-    """One stage's layers, gradient accumulators and stash (micro-batch k -> what its backward reads)."""
+    """Stage s of p: the weights of its ``layers``, gradient accumulators and stash (micro-batch k -> what its
+    backward reads). ``micro``: the row ids of each micro-batch, whose loss is weighted |micro| / |B|."""
 
-    def __init__(self, job: _PipeJob, s: int):
-        self.job, self.first, self.last = job, s == 0, s == len(job.layers) - 1
-        self.layers = job.layers[s]
-        self.weights = [job.problem.weights(job.params, layer) for layer in self.layers]
-        self.zero()
+    def __init__(self, problem: MLPProblem, params: np.ndarray, micro: list[np.ndarray], layers: range, s: int, p: int):
+        self.problem, self.micro, self.rows = problem, micro, sum(len(m) for m in micro)
+        self.first, self.last = s == 0, s == p - 1
+        self.weights = [problem.weights(params, layer) for layer in layers]
 
     def zero(self) -> None:
         """Start a step: no gradient, no loss, nothing stashed."""
@@ -244,11 +230,11 @@ class _Stage:
         """Run micro-batch k (the first stage, ``a`` None: its rows) through the stage, stash its inputs and z; the
         output (the last stage: logits)."""
         if a is None:
-            a = self.job.problem.rows(self.job.micro[k])[0]
+            a = self.problem.rows(self.micro[k])[0]
         inputs, zs, out = layers_forward(self.weights, a, relu_out=not self.last)
         if self.last:
-            y = self.job.problem.rows(self.job.micro[k])[1]
-            self.loss += float(cross_entropy(out, y)) * len(y) / self.job.rows
+            y = self.problem.rows(self.micro[k])[1]
+            self.loss += float(cross_entropy(out, y)) * len(y) / self.rows
         self.stash[k] = (inputs, zs)
         self.held += sum(x.nbytes for x in inputs + zs)
         self.peak, self.peak_bytes = max(self.peak, len(self.stash)), max(self.peak_bytes, self.held)
@@ -259,8 +245,8 @@ class _Stage:
         inputs, zs = self.stash.pop(k)
         self.held -= sum(x.nbytes for x in inputs + zs)
         if self.last:
-            y = self.job.problem.rows(self.job.micro[k])[1]
-            d_out = cross_entropy_backward(zs[-1], y) * (len(y) / self.job.rows)
+            y = self.problem.rows(self.micro[k])[1]
+            d_out = cross_entropy_backward(zs[-1], y) * (len(y) / self.rows)
         grads, da = layers_backward(self.weights, inputs, zs, d_out, not self.last, input_grad=not self.first)
         for (gW, gb), (dW, db) in zip(self.grads, grads):
             gW += dW
@@ -270,9 +256,9 @@ class _Stage:
 
 def _run_order(stage: _Stage, order: list, left: _Link | None, right: _Link | None,
                step: int) -> tuple[float, float, list[tuple[str, float, float, int]], list[float]]:
-    """Step ``step`` of ``order``: (start, end, [(kind, compute seconds, started, k) per op], transfers); waits are
-    not compute, the copy into the next stage's slot is. A transfer is timed from the copy's end to the arrival,
-    where the receiver was already waiting for it."""
+    """Step ``step`` of ``order``, the stage's sums zeroed first: (start, end, [(kind, compute seconds, started, k)
+    per op], transfers); waits are not compute, the copy into the next stage's slot is. A transfer is timed from
+    the copy's end to the arrival, where the receiver was already waiting for it."""
     stage.zero()
     ops, transfers, start = [], [], time.perf_counter()
     for kind, k in order:  # a forward comes from the left and goes right (way 0), a backward the other way (way 1)
@@ -289,15 +275,15 @@ def _run_order(stage: _Stage, order: list, left: _Link | None, right: _Link | No
     return start, time.perf_counter(), ops, transfers
 
 
-def _stage_worker(s: int, p: int, job: _PipeJob, left: _Link | None, right: _Link | None) -> dict[str, Any]:
+def _stage_worker(s: int, p: int, steps: int, barrier: Any, stage: _Stage, order: list, left: _Link | None,
+                  right: _Link | None) -> dict[str, Any]:
     """A stage's process: ``steps`` steps of its order, each started at a barrier."""
     with threadpool_limits(1):  # one core per stage: BLAS threads of two stages would fight over the same cores
-        stage = _Stage(job, s)
-        steps = []
-        for j in range(1, job.steps + 1):
-            job.barrier.wait()
-            steps.append(_run_order(stage, job.orders[s], left, right, j))
-    return {"steps": steps, "loss": stage.loss, "peak": (stage.peak, stage.peak_bytes),
+        runs = []
+        for j in range(1, steps + 1):
+            barrier.wait()
+            runs.append(_run_order(stage, order, left, right, j))
+    return {"steps": runs, "loss": stage.loss, "peak": (stage.peak, stage.peak_bytes),
             "grads": [np.concatenate([W.ravel(), b]) for W, b in stage.grads]}
 
 
@@ -316,9 +302,9 @@ def run_pipeline(problem: MLPProblem, batch: Any, params: Any = None, *, stages:
     bounds = np.cumsum([0] + [len(k) for k in micro])
     with WorkerGroup(stages, roles=[f"stage {s}" for s in range(stages)], label="pipeline") as group:
         links = [_Link(group, bounds, problem.sizes[layers[s][-1] + 1]) for s in range(stages - 1)]
-        job = _PipeJob(problem, theta, micro, len(rows), layers, orders, steps, group.barrier())
-        ends = [(links[s - 1] if s else None, links[s] if s < stages - 1 else None) for s in range(stages)]
-        results = group.run(_stage_worker, job, worker_args=ends, timeout=timeout)
+        each = [(_Stage(problem, theta, micro, layers[s], s, stages), orders[s], links[s - 1] if s else None,
+                 links[s] if s < stages - 1 else None) for s in range(stages)]
+        results = group.run(_stage_worker, steps, group.barrier(), worker_args=each, timeout=timeout)
     return _report(problem, orders, layers, results)
 
 

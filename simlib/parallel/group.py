@@ -127,13 +127,9 @@ def _defer(values: tuple[Any, ...], blobs: list[bytes]) -> tuple[Any, ...]:
 
 def _send_later(conn: Connection, blobs: list[bytes]) -> None:
     """The sending thread: ``blobs`` down ``conn`` in order, then close it; a worker gone first ends it quietly."""
-    try:
+    with conn, contextlib.suppress(OSError):  # OSError: the worker died or was stopped, which the run reports
         for blob in blobs:
             conn.send_bytes(blob)
-    except OSError:  # the worker died or was stopped: the run reports that
-        pass
-    finally:
-        conn.close()
 
 
 def _take_later(inbox: Connection, values: tuple[Any, ...]) -> tuple[Any, ...]:
