@@ -72,9 +72,7 @@ class WorkerDied(WorkerError):
 
 def _set_parent_death_signal() -> None:
     """Linux: have the kernel SIGKILL this process when its parent dies (no orphans)."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # an exotic libc
+    with contextlib.suppress(OSError, AttributeError):  # no prctl (not Linux), or an exotic libc
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
