@@ -39,7 +39,6 @@ from simlib import _validate as check
 from simlib.diverged import Diverged
 from simlib.parallel import log as _log
 from simlib import signals as _signals
-from simlib.signals import watch
 from simlib.parallel import worker as _worker
 from simlib.parallel.channel import Channel, channel_pair
 from simlib.parallel.shm import SharedArray
@@ -173,7 +172,7 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
 def _exit_with(pid: int) -> None:
     """End this worker when process ``pid`` ends (at once if it has): the parent-death signal covers only a
     worker's own parent, and a forkserver worker's parent is the server, not the group's process."""
-    ended = watch(pid)
+    ended = _signals.watch(pid)
 
     def wait_for_it() -> None:
         ended(None)
