@@ -221,8 +221,7 @@ class WorkerGroup:
         self.verbose = bool(verbose)
         self.poll_interval = float(poll_interval)
         self.grace = float(grace)
-        self.trace = Trace(label=label, substrate="parallel", n_workers=self.n_workers)
-        self.trace.meta["start_method"] = self.start_method
+        self.trace = Trace(label, "parallel", self.n_workers, meta={"start_method": self.start_method})
         self.t0: float | None = None
         self._arrays: list[SharedArray] = []
         self._procs: list[BaseProcess] = []
