@@ -223,11 +223,11 @@ class SimConfig(_FieldsOnly):
             raise ValueError("topology 'allreduce' runs only with protocol 'bsp' (a ring all-reduce is a barrier)")
         if self.topology == "allreduce" and (self.n_servers != 1 or self.n_summation):
             raise ValueError("n_servers and n_summation apply to topology 'ps' only")
+        if not isinstance(self.stragglers, Stragglers):  # before the checks below read its fields
+            raise ValueError(f"stragglers must be a Stragglers(...) instance, got {type(self.stragglers).__name__}")
         self._validate_sites()
         self._validate_cost_only()
         self._validate_managed()
-        if not isinstance(self.stragglers, Stragglers):
-            raise ValueError(f"stragglers must be a Stragglers(...) instance, got {type(self.stragglers).__name__}")
         if self.stragglers.slow_workers > self.n_workers:
             raise ValueError(f"stragglers.slow_workers ({self.stragglers.slow_workers}) must be <= n_workers "
                              f"({self.n_workers})")
