@@ -150,7 +150,7 @@ def add_arguments(group: Any, opts: Iterable[Option], defaults: Any = None) -> N
         if opt.optional and default is None:
             help_text += "; off unless given"
         metavar = "{" + ",".join(map(str, opt.choices)) + "}" if opt.choices else opt.flag.lstrip("-").upper().replace("-", "_")
-        group.add_argument(*flags, dest=dest(opt), type=_argparse_type(opt), default=default, help=help_text,
+        group.add_argument(*flags, dest=dest(opt), type=argparse_type(opt), default=default, help=help_text,
                            metavar=metavar)
 
 
@@ -164,7 +164,9 @@ def values(args: argparse.Namespace, opts: Iterable[Option]) -> dict[str, Any]:
     return out
 
 
-def _argparse_type(opt: Option) -> Any:
+def argparse_type(opt: Option) -> Any:
+    """An argparse ``type=`` for ``opt``: :meth:`Option.parse`, its error worded for argparse."""
+
     def parse(text: str) -> Any:
         try:
             return opt.parse(text)

@@ -195,5 +195,3 @@ class Vocabulary:
             pairs = [line.split() for line in f]
         return cls([w for w, _ in pairs], np.array([int(c) for _, c in pairs], dtype=np.int64))
 
-
-__all__ = ["Corpus", "Vocabulary", "load_kjv", "iter_text_file", "iter_text8", "tokenize", "KJV_PATH"]
