@@ -146,14 +146,6 @@ def check_output(path: str) -> None:
         raise CliError(f"--out: cannot write {path!r} ({exc.strerror or exc} in {ancestor})") from None
 
 
-class _Given(argparse.Action):
-    """Store the value and note that the flag was given (``<dest>_given``): a default and a choice differ."""
-
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
-        setattr(namespace, self.dest, values)
-        setattr(namespace, self.dest + "_given", True)
-
-
 def _protocol(text: str) -> Protocol:
     try:
         return Protocol.parse(text)
@@ -176,8 +168,9 @@ def _compare_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocols", type=_protocol_list, default=",".join(DEFAULT_PROTOCOLS),
                    help="comma-separated runs: bsp, ssp:S (staleness bound S), essp:S (eager SSP), async")
     target = opts.Option("target", "--target", float, DEFAULT_TARGET, "", min=0, min_open=True)  # a log-loss: > 0
-    p.add_argument("--target", type=opts.argparse_type(target), default=DEFAULT_TARGET, action=_Given,
-                   help="target loss for 'time to target' (none with --cost-only)")
+    # SUPPRESS: no attribute unless the flag is given (a cost-only run refuses a target, not the default)
+    p.add_argument("--target", type=opts.argparse_type(target), default=argparse.SUPPRESS,
+                   help=f"target loss for 'time to target' (default: {DEFAULT_TARGET:g}; none with --cost-only)")
     p.add_argument("--out", default=os.path.join("simlib_out", "compare.png"),
                    help="figure path (" + ", ".join(t[1:].upper() for t in FIGURE_TYPES) + ")")
     p.add_argument("--no-plot", action="store_true", help="skip the figure")
@@ -216,7 +209,7 @@ def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
         if n > COMPARE_FEATURES:
             raise CliError(f"{flag}: {n} {what}, but the model has {COMPARE_FEATURES} parameters; "
                            f"use at most {COMPARE_FEATURES}")
-    if cfg.cost_only and getattr(args, "target_given", False):
+    if cfg.cost_only and hasattr(args, "target"):
         raise CliError("--target: a cost-only run (--cost-only) computes no loss, so it has no target; drop --target "
                        "or --cost-only")
     # A fixed cost-only step reads no data: the rows need not cover the workers (a trace is all it keeps).
@@ -334,7 +327,7 @@ def run_compare(args: argparse.Namespace) -> int:
     base = configs[0]
     print(f"{base.n_workers} workers x {base.steps} steps, stragglers: {base.stragglers.describe()}, "
           f"latency {base.latency * 1e3:.4g} ms, bandwidth {base.bandwidth / 1e6:.4g} MB/s (simulated time)")
-    target = args.target
+    target = getattr(args, "target", DEFAULT_TARGET)
     rows = summary_rows(traces, target)
     if base.cost_only:  # no math ran: no loss, no time to a target
         for row in rows:

@@ -134,15 +134,11 @@ class LiveSettings:
 
     def configs(self, nnz_per_row: float = 20.0) -> list[SimConfig]:
         """One validated SimConfig per runnable protocol."""
-        common = dict(
-            n_workers=self.n_workers, steps=self.steps, topology=self.topology, latency=self.latency,
-            bandwidth=self.bandwidth, stragglers=self.stragglers(nnz_per_row), seed=self.seed,
-            n_servers=self.n_servers if self.topology == "ps" else 1,
-            compression=None if self.compression == "none" else self.compression,
-            # One loss point per two rounds keeps evaluation cheap; curves stay smooth at 100 steps.
-            eval_every=max(1, self.steps // 50),
-        )
-        common.update(self.extra)
+        common = {f: getattr(self, f) for f in ("n_workers", "steps", "topology", "latency", "bandwidth", "seed")}
+        # One loss point per two rounds keeps evaluation cheap; curves stay smooth at 100 steps.
+        common.update(stragglers=self.stragglers(nnz_per_row), n_servers=self.n_servers if self.topology == "ps" else 1,
+                      compression=None if self.compression == "none" else self.compression,
+                      eval_every=max(1, self.steps // 50), **dict(self.extra))
         return [SimConfig(protocol=p, staleness=self.staleness if p in ("ssp", "essp") else 0, **common)
                 for p in self.runnable()]
 

@@ -121,9 +121,8 @@ def legend_handles(axes: Sequence[Axes], labels: Mapping[str, str] = KIND_LABELS
             *(Line2D([], [], color=OKABE_ITO["black"], **kw) for gid, kw in LINE_HANDLES.items() if gid in gids)]
 
 
-def _message_segments(trace: Trace, cols: dict[str, np.ndarray], n_shown: int, server_y: float) -> np.ndarray:
+def _message_segments(topology: str, cols: dict[str, np.ndarray], n_shown: int, server_y: float) -> np.ndarray:
     """Message paths as (n, 2, 2) segments: push worker -> server (or ring neighbour), pull server -> worker."""
-    topology = str(trace.meta.get("config", {}).get("topology", trace.meta.get("topology", "ps")))
     segs = []
     # A ring has no pull: each worker sends to its neighbour.
     for kind in ("send", "recv") if topology != "allreduce" else ("send",):
@@ -162,7 +161,8 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t
                                     gid=f"span:{kind}", label=KIND_LABELS[kind], **KIND_STYLES[kind]))
 
         server_y = -1.0 - BAR_HEIGHT / 2
-        segs = _message_segments(trace, cols, n_shown, server_y)
+        topology = str(trace.meta.get("config", {}).get("topology", trace.meta.get("topology", "ps")))
+        segs = _message_segments(topology, cols, n_shown, server_y)
         draw_arrows = (len(segs) <= MAX_ARROWS) if arrows is None else arrows
         has_server_row = draw_arrows and len(segs) > 0 and server_y in set(segs[:, :, 1].ravel())
         if draw_arrows and len(segs):
@@ -190,8 +190,7 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t
         ticks = list(range(0, n_shown, stride))
         labels = [str(w) for w in ticks]
         if has_server_row:
-            topo = trace.meta.get("config", {}).get("topology", "ps")
-            ticks, labels = [server_y] + ticks, ["servers" if topo == "ps" else "network"] + labels
+            ticks, labels = [server_y] + ticks, ["servers" if topology == "ps" else "network"] + labels
         ax.set_yticks(ticks, labels)
         ax.grid(False)
         shown = f" (first {n_shown} of {trace.n_workers})" if n_shown < trace.n_workers else ""
