@@ -54,7 +54,7 @@ def extra_options() -> tuple[Option, ...]:
 def _extra(given: Any) -> tuple[tuple[str, Any], ...]:
     """Extra settings (a mapping or (name, value) pairs) checked by name against their options; as sorted pairs,
     the ones at their default left out."""
-    pairs = dict(given.items() if isinstance(given, Mapping) else given)
+    pairs = dict(given)
     known = {o.name: o for o in extra_options()}
     for name, value in pairs.items():
         if name not in known:
@@ -153,9 +153,8 @@ class LiveSettings:
         unknown name is refused by name)."""
         own = {f.name for f in fields(cls)}
         given = {k: v for k, v in settings.items() if k in own}
-        extra = dict(_extra(given.pop("extra", ())))
-        extra.update({k: v for k, v in settings.items() if k not in own})
-        return cls(**given, extra=extra)
+        extra = {**dict(given.pop("extra", ())), **{k: v for k, v in settings.items() if k not in own}}
+        return cls(**given, extra=extra)  # __post_init__ checks the extra settings by name
 
 
 class Superseded(Exception):
