@@ -26,7 +26,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from simlib._validate import _is_int, _is_number
+from simlib._validate import _is_int, _is_number, one_of
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,7 @@ class Option:
         if (value is None and self.optional) or (self.callable_ok and callable(value)):
             return
         if self.choices is not None:
-            if value not in self.choices:
-                raise ValueError(f"{self.name} must be {self.range_text()}; got {value!r}")
+            one_of(self.name, value, self.choices)
             return
         if self.type in (bool, str):
             if not isinstance(value, self.type):

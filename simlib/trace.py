@@ -75,8 +75,7 @@ _NUMPY = {"i": "int32", "b": "int8", "d": "float64", "q": "int64"}  # array.arra
 
 def _kind_code(kind: str) -> int:
     """The code of a span kind (its place in SPAN_KINDS); ValueError naming the kinds otherwise."""
-    if kind not in SPAN_KINDS:
-        raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
+    check.one_of("span kind", kind, SPAN_KINDS)
     return _KIND_CODE[kind]
 
 
