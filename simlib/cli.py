@@ -108,7 +108,8 @@ def check_sizes(size: ProblemSize, n_workers: int, steps: int, batch_size: int, 
             ("--batch-size", batch_size, BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz,
              f"a batch of {batch_size} rows needs", ""),
             ("--steps", steps, runs * n_workers * footprint.trace_bytes,
-             f"{runs} run(s) of {n_workers} workers x {steps} steps keep a trace of", f" steps, or {footprint.more_steps}"),
+             f"{runs} run(s) of {n_workers} workers x {steps} steps keep a trace of",
+             f" steps, or {footprint.more_steps}"),
             ("--workers", processes, PROCESS_BYTES, f"{processes} processes need", "")):
         if n * per_unit > budget:
             raise CliError(f"{flag}: {what} about {_gb(n * per_unit)}, more than half the memory available "
