@@ -484,22 +484,18 @@ def _dispatch(argv: list[str], prog: str) -> int:
     args = parser.parse_args(argv[1:])
     try:
         return job(args)
-    except ValueError as exc:  # a check that only the run itself could make
-        raise CliError(f"{parser.prog}: error: {' '.join(str(exc).split())}") from None
+    except (CliError, ValueError) as exc:  # a check before any work, or one that only the run itself could make
+        raise CliError(f"{parser.prog}: error: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``simlib`` and ``python -m simlib``: returns the exit status (0, 2 bad input, 130 Ctrl-C)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    prog = _prog()
     try:
         with _ctrl_c():
-            return _dispatch(argv, prog)
-    except CliError as exc:
-        msg = str(exc)
-        if not msg.startswith(prog):
-            msg = f"{prog} {argv[0]}: error: {msg}" if argv else f"{prog}: error: {msg}"
-        print(" ".join(msg.split()), file=sys.stderr)
+            return _dispatch(argv, _prog())
+    except CliError as exc:  # the message names the command: 'simlib compare: error: --workers: ...'
+        print(" ".join(str(exc).split()), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return interrupted()
