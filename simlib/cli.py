@@ -302,13 +302,18 @@ def format_table(rows: list[dict[str, Any]], target: float) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_numerics() -> Iterator[None]:
-    """Overflow in a diverging run is reported as 'diverged' in the table, not as NumPy warnings."""
+def _running(labels: Sequence[str]) -> Iterator[_Progress]:
+    """The runs' progress bar, cleared however they end (Ctrl-C included) before any line is printed; overflow in
+    a diverging run is reported as 'diverged' in the table, not as NumPy warnings."""
     import numpy as np
 
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
+    progress = _Progress(labels)
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            yield progress
+    finally:
+        progress.close()
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -319,12 +324,8 @@ def run_compare(args: argparse.Namespace) -> int:
     compare_problem(configs[0].seed)  # built (and its kernels compiled) here, so Ctrl-C is checked after it
     check_interrupt()
 
-    progress = _Progress([c.label for c in configs])
-    try:  # the bar is cleared however the runs end (Ctrl-C included), before any line is printed
-        with _quiet_numerics():
-            traces = compare([p.spec for p in args.protocols], configs[0], progress=progress)
-    finally:
-        progress.close()
+    with _running([c.label for c in configs]) as progress:
+        traces = compare([p.spec for p in args.protocols], configs[0], progress=progress)
     base = configs[0]
     print(f"{base.n_workers} workers x {base.steps} steps, stragglers: {base.stragglers.describe()}, "
           f"latency {base.latency * 1e3:.4g} ms, bandwidth {base.bandwidth / 1e6:.4g} MB/s (simulated time)")
@@ -410,14 +411,11 @@ def run_one(args: argparse.Namespace) -> int:
     problem = LogisticProblem(data, l2=1e-4, eval_rows=min(4_000, size.rows), seed=seed)
     check_interrupt()
     # the bar's clock runs while the substrate starts (Ray's cluster, worker processes, the first compile)
-    progress = _Progress([f"{args.protocol.label} on {args.substrate!r}"])
     try:
-        with _quiet_numerics():
+        with _running([f"{args.protocol.label} on {args.substrate!r}"]):
             result = simlib.run(problem, args.protocol, substrate=args.substrate, **training)
     except ValueError as exc:
         raise CliError(_refusal(exc, "--substrate")) from None
-    finally:
-        progress.close()
     t = result.trace
     s = t.summary()
     kind = "simulated time" if args.substrate == "sim" else "wall-clock time"
