@@ -27,7 +27,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.diverged import check_metric
-from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS, MAX_WORKERS, Accumulator, Clocks, Protocol
+from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_WORKERS, Accumulator, Clocks, Protocol
 from simlib.protocol import ReadRule, StepRule, check_read_rule
 from simlib.trace import Trace
 from simlib.worker import Plan, run_serial
@@ -213,13 +213,6 @@ class Training:
         check.positive_int("eval_every", self.eval_every)
         check.non_negative_int("seed", self.seed)
         check_read_rule(self.read_rule)
-
-
-def check_real_workers(n_workers: int, substrate: str) -> None:
-    """Refuse, naming n_workers, more workers than a real substrate starts: one process or actor each."""
-    if n_workers > MAX_REAL_WORKERS:
-        raise ValueError(f"n_workers must be <= {MAX_REAL_WORKERS} on substrate {substrate!r} (a process or actor per "
-                         f"worker), got {n_workers}; the simulator (substrate 'sim') takes up to {MAX_WORKERS}")
 
 
 class ParamServer:

@@ -29,6 +29,7 @@ effects). A compressor (:mod:`simlib.compress`) encodes each push in the worker,
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, NamedTuple
@@ -37,7 +38,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.compress import parse_spec
-from simlib.managed import Pending
+from simlib.managed import MESSAGE_ENTRIES, Pending
 from simlib.protocol import MAX_BUCKET_BYTES, MAX_STEPS
 
 
@@ -304,6 +305,42 @@ def drive_rounds(programs: list[Program], transport: Any) -> None:
         for i, effect in pushes:
             values[i] = ends[type(effect)](i, effect)
         transport.round_end(pushes[0][1].step)
+
+
+class Timed:
+    """What every real transport shares: the problem's math timed as a 'compute' span (worker ``straggler[0]``
+    sleeps ``straggler[1]`` s after it: a slow machine), and managed communication's pacing (at most one early
+    message per gap between mini-batches, and none sooner than n / ``budget`` s after one of n bytes).
+
+    A subclass gives ``span(kind, start, end, nbytes, step)``, times as ``clock()`` reads them, and
+    ``send_early(step, keys, deltas, now)``, which sends an early message and returns its bytes."""
+
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, i: int, straggler: tuple[int, float] | None = None, budget: float | None = None):
+        self.i, self.straggler, self.budget = i, straggler, budget
+        self.mark = self.next_send = 0.0  # the end of the last effect; the earliest start of the next early message
+
+    def compute(self, effect: Compute) -> Any:
+        start = self.clock()
+        out = effect.fn(*effect.args)
+        self.straggle()  # before the push: a slow machine's steps take longer
+        self.mark = self.clock()
+        self.span("compute", start, self.mark, 0, effect.step)
+        return out
+
+    def straggle(self) -> None:
+        """Sleep ``straggler[1]`` seconds if this is the straggling worker."""
+        if self.straggler is not None and self.straggler[0] == self.i:
+            time.sleep(self.straggler[1])
+
+    def early(self, effect: Early) -> None:
+        now = self.clock()
+        if self.budget is None or now < self.next_send:
+            return
+        keys, deltas = effect.pending.take(MESSAGE_ENTRIES)
+        if len(keys):
+            self.next_send = now + self.send_early(effect.step, keys, deltas, now) / self.budget
 
 
 def _ignore(effect: Any) -> None:

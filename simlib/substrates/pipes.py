@@ -45,14 +45,13 @@ import numpy as np
 from simlib import _validate as check
 from simlib.contract import ParamServer, Result, Training, local_result, new_trace, real_result, record_metric
 from simlib.contract import served_trace, warm_up as contract_warm_up
-from simlib.managed import MESSAGE_ENTRIES
 from simlib.parallel.allreduce import Ring, run_replicas
 from simlib.parallel.channel import Channel
-from simlib.parallel.group import WorkerGroup, check_processes
-from simlib.parallel.worker import check_straggler, current, record_span, straggle
+from simlib.parallel.group import WorkerGroup
+from simlib.parallel.worker import check_straggler, current
 from simlib.protocol import Protocol
 from simlib.compress import worker_compressor
-from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, WorkerOptions, drive, ps_worker
+from simlib.worker import Gate, Plan, Pull, Push, Timed, WorkerOptions, drive, ps_worker
 from simlib.trace import Trace
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
@@ -108,8 +107,6 @@ class PipesOptions(WorkerOptions):
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="pipes")``); ``options``: :class:`PipesOptions`."""
     opts = check.options(PipesOptions, options, "substrate 'pipes'")
-    server = protocol.kind != "allreduce"
-    check_processes(training.n_workers + server, f"substrate 'pipes' (a process per worker{' and its server' * server})")
     if protocol.kind == "allreduce":  # every worker a replica; each bucket summed around a ring of pipes
         return run_replicas(problem, protocol, training, opts, "pipes", "over a ring of pipes", _ring)
     n_workers = training.n_workers
@@ -163,14 +160,14 @@ def _member(member: int, n_members: int, job: tuple[Any, list, Protocol, Trainin
     return local_result(problem, shard), transport.log
 
 
-class _PipeWorker:
+class _PipeWorker(Timed):
     """Worker i's end of its pipe as the worker program's transport; the server gates reads and records updates."""
 
     def __init__(self, i: int, ch: Channel, opts: PipesOptions):
-        self.i, self.ch, self.straggler, self.budget = i, ch, opts.straggler, opts.managed_bandwidth
-        self.t0 = getattr(current(), "t0", time.perf_counter())
+        super().__init__(i, opts.straggler, opts.managed_bandwidth)
+        self.ch, self.ctx = ch, current()
+        self.span = self.ctx.span
         self.log: list[tuple[float, int]] = []  # early messages: (seconds since the run started, bytes sent)
-        self.next_send = 0.0  # perf_counter reading before which no early message starts
 
     def gate(self, effect: Gate) -> int:
         return 1  # the server holds the pull's reply until the protocol allows the read
@@ -179,23 +176,10 @@ class _PipeWorker:
         self.ch.send_array(effect.keys)
         return self.ch.recv_array(), None
 
-    def compute(self, effect: Compute) -> Any:
-        s = time.perf_counter()
-        out = effect.fn(*effect.args)
-        straggle(self.straggler, self.i)  # a slow machine's steps take longer
-        record_span("compute", s, time.perf_counter(), step=effect.step)
-        return out
-
-    def early(self, effect: Early) -> None:
-        """At most one early message per gap, and none sooner than n / budget after one of n bytes."""
-        now = time.perf_counter()
-        if self.budget is None or now < self.next_send:
-            return
-        keys, deltas = effect.pending.take(MESSAGE_ENTRIES)
-        if len(keys):
-            n = self.ch.send_array(_records(keys, deltas), tag=EARLY)
-            self.next_send = now + n / self.budget
-            self.log.append((now - self.t0, n))
+    def send_early(self, step: int, keys: np.ndarray, deltas: np.ndarray, now: float) -> int:
+        n = self.ch.send_array(_records(keys, deltas), tag=EARLY)
+        self.log.append((now - self.ctx.t0, n))
+        return n
 
     def push(self, effect: Push) -> tuple[bool, int]:
         self.ch.send_array(_records(effect.keys, effect.deltas))

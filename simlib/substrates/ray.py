@@ -76,8 +76,7 @@ from simlib.compress import worker_compressor
 from simlib.contract import ParamServer, Result, Training, new_trace, served_trace
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
-from simlib.managed import MESSAGE_ENTRIES
-from simlib.worker import AllReduce, Bucket, Compute, Early, Gate, Plan, Pull, Push, Reduced, WorkerOptions
+from simlib.worker import AllReduce, Bucket, Gate, Plan, Pull, Push, Reduced, Timed, WorkerOptions
 from simlib.worker import allreduce_worker, dense_bucket, drive, ps_worker
 
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
@@ -257,19 +256,19 @@ class RayPSShard:
         self._changed.notify()
 
 
-class RayPSWorker:
+class RayPSWorker(Timed):
     """Worker i: pull, compute the problem's step on the values read, push; records its spans."""
+
+    clock = staticmethod(time.time)  # read on each actor's machine: as good as the nodes' clock synchronisation
 
     def __init__(self, index: int, problem: Any, shard: Any, coordinator: Any, shards: list, bounds: np.ndarray,
                  training: Training, opts: WorkerOptions):
+        super().__init__(index, budget=opts.managed_bandwidth)
         # The shard arrives as read-only views of the object store; worker-local state must be writable.
-        self.i, self.problem, self.shard = index, problem, copy.deepcopy(shard)
-        self.coordinator, self.shards, self.bounds = coordinator, shards, bounds
-        self.training = training
+        self.problem, self.shard, self.training, self.opts = problem, copy.deepcopy(shard), training, opts
+        self.coordinator, self.servers, self.bounds = coordinator, [coordinator, *shards], bounds
         self.compressor = worker_compressor(opts.compression, problem.n_params, training.seed, index, KEY_BYTES,
                                             VALUE_BYTES)
-        self.clock_batches, self.budget, self.next_send = opts.clock_batches, opts.managed_bandwidth, 0.0
-        self.opts = opts
         self.early_refs: list = []  # managed communication: early adds the clock's push waits for
 
     def ready(self) -> tuple[int, str]:
@@ -285,79 +284,64 @@ class RayPSWorker:
     def run(self, t0: float) -> list[tuple]:
         """All steps of the worker program, this actor its transport; returns the spans (kind, start, end, bytes,
         step) in run seconds."""
-        import ray
-
-        self.ray, self.t0, self.spans, self.mark = ray, t0, [], 0.0
+        self._start(t0)
         tr = self.training
-        plan = Plan(tr.steps, tr.batch_size, tr.lr, clock_batches=self.clock_batches, entry_bytes=KEY_BYTES + VALUE_BYTES)
+        plan = Plan(tr.steps, tr.batch_size, tr.lr, clock_batches=self.opts.clock_batches,
+                    entry_bytes=KEY_BYTES + VALUE_BYTES)
         drive(ps_worker(self.problem, self.shard, plan, self.compressor), self)
         return self.spans
+
+    def _start(self, t0: float) -> None:
+        """The run starts at wall time ``t0``: no spans yet."""
+        import ray
+
+        self.ray, self.t0, self.spans = ray, t0, []
+
+    def span(self, kind: str, start: float, end: float, nbytes: int, step: int) -> None:
+        self.spans.append((kind, start - self.t0, end - self.t0, nbytes, step))
 
     def gate(self, effect: Gate) -> int:
         return 1  # the coordinator holds the pull until the protocol lets the step read
 
     def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
-        start = time.time() - self.t0
-        values, (version, _, _, held) = self._pull(self.ray, effect.step, effect.keys)
-        self.mark = time.time() - self.t0
-        self.spans.append(("wait", start, start + held, 0, effect.step))
-        self.spans.append(("recv", start + held, self.mark, (KEY_BYTES + VALUE_BYTES) * len(effect.keys), effect.step))
+        """The coordinator gates; the other shards answer once its reply (an object ref) is ready."""
+        start, keys, parts = self.clock(), effect.keys, owners(effect.keys, self.bounds)
+        coord, *shards = self.servers
+        values_ref, meta_ref = coord.pull.options(num_returns=2).remote(self.i, effect.step, keys[parts[0]])
+        refs = [s.pull.remote(keys[part], meta_ref) for s, part in zip(shards, parts[1:])]
+        got = self.ray.get([values_ref, meta_ref, *refs])
+        values = np.empty(len(keys))
+        values[np.concatenate(parts)] = np.concatenate([got[0], *got[2:]])  # the coordinator's range, then each shard's
+        version, _, _, held = got[1]
+        self.mark = self.clock()
+        self.span("wait", start, start + held, 0, effect.step)
+        self.span("recv", start + held, self.mark, (KEY_BYTES + VALUE_BYTES) * len(keys), effect.step)
         return values, version
 
-    def compute(self, effect: Compute) -> Any:
-        out = effect.fn(*effect.args)
-        now = time.time() - self.t0
-        self.spans.append(("compute", self.mark, now, 0, effect.step))
-        self.mark = now
-        return out
-
-    def early(self, effect: Early) -> None:
-        """Managed communication: between a clock's mini-batches, the largest pending changes go to their servers,
-        added there as they are (the clock's push completes the clock), at most ``budget`` bytes/s on average."""
-        now = time.perf_counter()
-        if self.budget is None or now < self.next_send:
-            return
-        keys, deltas = effect.pending.take(MESSAGE_ENTRIES)
-        if len(keys):
-            # not waited for here (they overlap the next mini-batch); the clock's push waits for them first, so they
-            # land before it, as on a FIFO link (an async actor may run one caller's calls out of order)
-            parts = owners(keys, self.bounds) if self.shards else [np.arange(len(keys))]
-            self.early_refs += [server.add_early.remote(keys[part], deltas[part])
-                                for server, part in zip([self.coordinator, *self.shards], parts) if len(part)]
-            nbytes = len(keys) * (KEY_BYTES + VALUE_BYTES)
-            self.next_send = now + nbytes / self.budget
-            start = time.time() - self.t0
-            self.spans.append(("send", start, start + 1e-6, nbytes, effect.step))
+    def send_early(self, step: int, keys: np.ndarray, deltas: np.ndarray, now: float) -> int:
+        """Managed communication: the largest pending changes go to their servers, added there as they are (the
+        clock's push completes the clock)."""
+        # not waited for here (they overlap the next mini-batch); the clock's push waits for them first, so they
+        # land before it, as on a FIFO link (an async actor may run one caller's calls out of order)
+        self.early_refs += [server.add_early.remote(keys[part], deltas[part])
+                            for server, part in zip(self.servers, owners(keys, self.bounds)) if len(part)]
+        nbytes = len(keys) * (KEY_BYTES + VALUE_BYTES)
+        self.span("send", now, now + 1e-6, nbytes, step)
+        return nbytes
 
     def push(self, effect: Push) -> tuple[bool, int]:
+        """The coordinator decides (applied, tau); the other shards apply their part with that decision."""
         if self.early_refs:
             self.ray.get(self.early_refs)
             self.early_refs = []
         keys, deltas = np.asarray(effect.keys), np.asarray(effect.deltas, dtype=np.float64)
-        applied, _, _, completed = self._push(self.ray, effect.step, keys, deltas, effect.version)
-        self.spans.append(("send", self.mark, time.time() - self.t0, effect.nbytes, effect.step))
+        parts = owners(keys, self.bounds)
+        coord, *shards = self.servers
+        decision = coord.push.remote(self.i, effect.step, keys[parts[0]], deltas[parts[0]], effect.version)
+        adds = [s.add.remote(decision, keys[part], deltas[part]) for s, part in zip(shards, parts[1:])]
+        applied, _, _, completed = self.ray.get([decision, *adds])[0]
+        self.span("send", self.mark, self.clock(), effect.nbytes, effect.step)
         return applied, completed
-
-    def _pull(self, ray: Any, c: int, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
-        """The coordinator gates; the other shards answer once its reply (an object ref) is ready."""
-        if not self.shards:
-            return ray.get(self.coordinator.pull.remote(self.i, c, keys))
-        parts = owners(keys, self.bounds)
-        values_ref, meta_ref = self.coordinator.pull.options(num_returns=2).remote(self.i, c, keys[parts[0]])
-        refs = [s.pull.remote(keys[parts[k + 1]], meta_ref) for k, s in enumerate(self.shards)]
-        got = ray.get([values_ref, meta_ref, *refs])
-        values = np.empty(len(keys))
-        values[np.concatenate(parts)] = np.concatenate([got[0], *got[2:]])  # the coordinator's range, then each shard's
-        return values, got[1]
-
-    def _push(self, ray: Any, c: int, keys: np.ndarray, deltas: np.ndarray, version: int) -> tuple:
-        """The coordinator decides (applied, tau); the other shards apply their part with that decision."""
-        if not self.shards:
-            return ray.get(self.coordinator.push.remote(self.i, c, keys, deltas, version))
-        parts = owners(keys, self.bounds)
-        decision = self.coordinator.push.remote(self.i, c, keys[parts[0]], deltas[parts[0]], version)
-        adds = [s.add.remote(decision, keys[parts[k + 1]], deltas[parts[k + 1]]) for k, s in enumerate(self.shards)]
-        return ray.get([decision, *adds])[0]
 
 
 class RayReducer(_Recorder):
@@ -407,18 +391,16 @@ class RayReplicaWorker(RayPSWorker):
 
     def run(self, t0: float) -> list[tuple]:
         """All steps of the all-reduce worker program; returns the spans (kind, start, end, bytes, step)."""
-        import ray
-
-        self.ray, self.t0, self.spans, self.mark, self.pending, self.done = ray, t0, [], 0.0, [], []
+        self._start(t0)
+        self.pending, self.done = [], []
         self.w = np.array(self.problem.init_params(), dtype=np.float64)
         tr = self.training
         drive(allreduce_worker(self.problem, self.shard, Plan(tr.steps, tr.batch_size, tr.lr),
                                bucket_bytes=self.opts.bucket_bytes), self)
-        ray.get(self.done)  # every update recorded before the driver asks for the trace
+        self.ray.get(self.done)  # every update recorded before the driver asks for the trace
         return self.spans
 
     def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
-        self.mark = time.time() - self.t0
         return self.w[effect.keys], 0
 
     def all_reduce(self, effect: AllReduce) -> None:
@@ -426,8 +408,8 @@ class RayReplicaWorker(RayPSWorker):
 
     def bucket(self, effect: Bucket) -> None:
         x = np.asarray(effect.deltas, dtype=np.float64)
-        start = time.time() - self.t0
-        self.pending.append((effect, self.coordinator.reduce.remote(effect.step, effect.index, effect.keys, x), start))
+        self.pending.append((effect, self.coordinator.reduce.remote(effect.step, effect.index, effect.keys, x),
+                             self.clock()))
         if not self.opts.overlap:
             self._land()
 
@@ -439,8 +421,7 @@ class RayReplicaWorker(RayPSWorker):
         """Each pending bucket's sum, in order, into the replica; its all-reduce recorded as one send span."""
         for bucket, ref, start in self.pending:
             self.w[bucket.keys] += self.ray.get(ref)
-            self.mark = time.time() - self.t0
-            self.spans.append(("send", start, self.mark, int(bucket.deltas.nbytes), bucket.step))
+            self.span("send", start, self.clock(), int(bucket.deltas.nbytes), bucket.step)
         self.pending = []
 
 
