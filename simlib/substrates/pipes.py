@@ -51,7 +51,7 @@ from simlib.parallel.group import WorkerGroup
 from simlib.parallel.worker import check_straggler, current
 from simlib.protocol import Protocol
 from simlib.compress import worker_compressor
-from simlib.worker import Gate, Plan, Pull, Push, Timed, WorkerOptions, drive, ps_worker
+from simlib.worker import Plan, Pull, Push, Timed, WorkerOptions, drive, ps_worker
 from simlib.trace import Trace
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
@@ -168,9 +168,6 @@ class _PipeWorker(Timed):
         self.ch, self.ctx = ch, current()
         self.span = self.ctx.span
         self.log: list[tuple[float, int]] = []  # early messages: (seconds since the run started, bytes sent)
-
-    def gate(self, effect: Gate) -> int:
-        return 1  # the server holds the pull's reply until the protocol allows the read
 
     def pull(self, effect: Pull) -> tuple[np.ndarray, None]:
         self.ch.send_array(effect.keys)

@@ -76,7 +76,7 @@ from simlib.compress import worker_compressor
 from simlib.contract import ParamServer, Result, Training, new_trace, served_trace
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
-from simlib.worker import AllReduce, Bucket, Gate, Plan, Pull, Push, Reduced, Timed, WorkerOptions
+from simlib.worker import AllReduce, Bucket, Plan, Pull, Push, Reduced, Timed, WorkerOptions
 from simlib.worker import allreduce_worker, dense_bucket, drive, ps_worker
 
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
@@ -140,13 +140,12 @@ class _Recorder:
 
     ping = _whereabouts
 
-    async def evaluate_start(self) -> None:
-        """The initial quality, off the clock (the first call loads compiled kernels); recorded at time 0."""
+    async def start(self) -> float:
+        """The initial quality, off the clock (the first call loads compiled kernels) and recorded at time 0; then
+        the run's clock starts: its wall time t0, returned."""
         await self._evaluate(0, at=0.0)
-
-    def start(self, t0: float) -> None:
-        """The run's clock starts at wall time ``t0``."""
-        self.t0 = t0
+        self.t0 = time.time()
+        return self.t0
 
     async def _record(self, worker: int, c: int, tau: int, applied: bool, lag: int) -> int:
         """One update now, and the quality where it is due; returns the update's sequence number."""
@@ -299,9 +298,6 @@ class RayPSWorker(Timed):
 
     def span(self, kind: str, start: float, end: float, nbytes: int, step: int) -> None:
         self.spans.append((kind, start - self.t0, end - self.t0, nbytes, step))
-
-    def gate(self, effect: Gate) -> int:
-        return 1  # the coordinator holds the pull until the protocol lets the step read
 
     def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
         """The coordinator gates; the other shards answer once its reply (an object ref) is ready."""
@@ -706,30 +702,33 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         bounds = key_bounds(problem.n_params, opts.n_servers)
         table = np.asarray(problem.init_params(), dtype=np.float64)
         prob_ref = ray.put(problem)
-        shard_cls = ray.remote(RayPSShard).options(num_cpus=0, resources=server_res, max_restarts=0)
+
+        def actor(cls: type, resources: dict) -> Any:  # no CPU reservation, no restart (module docstring)
+            return ray.remote(cls).options(num_cpus=0, resources=resources, max_restarts=0)
+
+        shard_cls = actor(RayPSShard, server_res)
         shards = [shard_cls.remote(table[bounds[k]:bounds[k + 1]], int(bounds[k]), training.rule)
                   for k in range(1, opts.n_servers)]
         actors += shards
-        server = ray.remote(RayReducer if ring else RayPSCoordinator).options(num_cpus=0, resources=server_res,
-                                                                             max_restarts=0)
-        coord = (server.remote(table, prob_ref, training, opts.evaluate) if ring else
-                 server.remote(table[:bounds[1]], prob_ref, protocol, training, shards, opts.evaluate))
+        coord = (actor(RayReducer, server_res).remote(table, prob_ref, training, opts.evaluate) if ring else
+                 actor(RayPSCoordinator, server_res).remote(table[:bounds[1]], prob_ref, protocol, training, shards,
+                                                            opts.evaluate))
         actors.append(coord)
-        worker_cls = ray.remote(RayReplicaWorker if ring else RayPSWorker).options(num_cpus=0, resources=worker_res,
-                                                                                   max_restarts=0)
+        worker_cls = actor(RayReplicaWorker if ring else RayPSWorker, worker_res)
         workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, opts)
                    for i in range(n)]
         actors += workers
-        placing = time.perf_counter()  # timeout= bounds the run from here: its actors' start included
-        pids, local = _ready(ray, coord, shards, workers, opts.timeout)
-        setup = time.perf_counter() - placing
-        _call(ray, coord.evaluate_start.remote(), COORDINATOR)
-        t0, started = time.time(), time.perf_counter()
-        _call(ray, coord.start.remote(t0), COORDINATOR)
-        runs = [w.run.remote(t0) for w in workers]
-        spans = _await_workers(ray, runs, [coord, *shards], placing, opts.timeout, local)
+        servers, names = [coord, *shards], [COORDINATOR, *(f"server shard {k}" for k in range(1, opts.n_servers))]
+        placing = time.monotonic()  # timeout= bounds the run from here: its actors' start included
+        pids, local = _ready(ray, servers, names, workers, placing, opts.timeout)
+        setup = time.monotonic() - placing
+        t0 = _call(ray, coord.start.remote(), COORDINATOR)
+        started = time.monotonic()
+        spans = _wait(ray, [w.run.remote(t0) for w in workers], [f"worker {i}" for i in range(n)],
+                      None if opts.timeout is None else placing + opts.timeout, servers, local,
+                      f"did not finish within timeout={opts.timeout} s")
         params, served = _call(ray, coord.finish.remote(), COORDINATOR)
-        wall = time.perf_counter() - started
+        wall = time.monotonic() - started
     except BaseException:
         if _terminated:
             raise SystemExit(128 + signal.SIGTERM) from None
@@ -759,28 +758,20 @@ def _kill(ray: Any, actors: list) -> None:
             ray.kill(a, no_restart=True)
 
 
-def _ready(ray: Any, coord: Any, shards: list, workers: list,
+def _ready(ray: Any, servers: list, names: list[str], workers: list, placing: float,
            timeout: float | None) -> tuple[dict[str, list], dict[int, str]]:
-    """Wait, up to ``timeout`` s (None: READY_TIMEOUT), for every actor to be placed and warmed up: their (pid,
-    node id) by role, and the actors on this machine (the driver's node) as pid -> the name an error gives it."""
-    refs = [coord.ping.remote(), *[s.ping.remote() for s in shards], *[w.ready.remote() for w in workers]]
-    names = [COORDINATOR, *[f"server shard {k + 1}" for k in range(len(shards))],
-             *[f"worker {i}" for i in range(len(workers))]]
-    got: dict[Any, tuple[int, str]] = {}
-    limit = READY_TIMEOUT if timeout is None else timeout
-    pending, deadline = list(refs), time.monotonic() + limit
-    while pending:  # one at a time: an actor that died while the others still load fails the run at once
-        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-        if not done:
-            late = ", ".join(names[refs.index(r)] for r in pending)
-            within = f"{READY_TIMEOUT:g} s" if timeout is None else f"timeout={timeout:g} s"
-            raise TimeoutError(f"ray: {late} not placed and started within {within}; does the cluster have the "
-                               "resources placement asks for? (ray.cluster_resources())")
-        got[done[0]] = _call(ray, done[0], names[refs.index(done[0])])
-    pids = [got[r] for r in refs]
+    """Wait, up to ``timeout`` s from ``placing`` (None: READY_TIMEOUT), for every actor to be placed and warmed up:
+    their (pid, node id) by role, and the actors on this machine (the driver's node) as pid -> the name an error
+    gives it."""
+    names = [*names, *(f"worker {i}" for i in range(len(workers)))]
+    within = f"{READY_TIMEOUT:g} s" if timeout is None else f"timeout={timeout:g} s"
+    pids = _wait(ray, [s.ping.remote() for s in servers] + [w.ready.remote() for w in workers], names,
+                 placing + (READY_TIMEOUT if timeout is None else timeout), [], {},
+                 f"not placed and started within {within}; does the cluster have the resources placement asks for? "
+                 "(ray.cluster_resources())")
     here = ray.get_runtime_context().get_node_id()
     local = {pid: name for name, (pid, node) in zip(["server shard 0", *names[1:]], pids) if node == here}
-    return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}, local
+    return {"servers": pids[:len(servers)], "workers": pids[len(servers):]}, local
 
 
 def _gone(pid: int) -> bool:
@@ -789,30 +780,31 @@ def _gone(pid: int) -> bool:
     return state in ([], [b"Z"])
 
 
-def _await_workers(ray: Any, runs: list, servers: list, started: float,
-                   timeout: float | None, local: dict[int, str] | None = None) -> list[list[tuple]]:
-    """The workers' spans; fails fast naming the first worker or server shard that died.
+def _wait(ray: Any, refs: list, names: list[str], deadline: float | None, servers: list, local: dict[int, str],
+          late: str) -> list:
+    """The answers to ``refs`` (``names[k]`` answers the k-th), looked at one at a time, so that the first actor
+    that died or raised fails the run at once, naming it; past ``deadline`` (time.monotonic(); None: none) a
+    TimeoutError naming those not done, ``late``.
 
-    The servers are pinged every WATCH_S seconds as well: a worker blocked on a dead server learns of
+    The ``servers`` are pinged every WATCH_S seconds as well: a worker blocked on a dead server learns of
     the death only as fast as Ray tells it (seconds on a busy machine), and the run should not wait.
     The actor processes on this machine (``local``: pid -> name) are looked at as often: on a loaded
     machine Ray took up to 15 s to report an actor killed by a signal, a look at /proc takes none.
     """
-    spans: dict[Any, list[tuple]] = {}  # each finished run's spans
+    got: dict[Any, Any] = {}
     pings: dict[Any, int] = {}  # an unanswered ping -> the server shard it went to
     due = [0.0] * len(servers)  # when each shard is pinged next
-    pending = list(runs)
+    pending = list(refs)
     while pending:
         now = time.monotonic()
         for k, s in enumerate(servers):
             if due[k] <= now and k not in pings.values():
                 pings[s.ping.remote()] = k
                 due[k] = now + WATCH_S
-        left = float("inf") if timeout is None else timeout - (time.perf_counter() - started)
+        left = float("inf") if deadline is None else deadline - now
         if left <= 0:
-            raise TimeoutError(f"ray: workers {sorted(runs.index(r) for r in pending)} did not finish within "
-                               f"timeout={timeout:g} s")
-        for pid, name in (local or {}).items():
+            raise TimeoutError(f"ray: {', '.join(names[refs.index(r)] for r in pending)} {late}")
+        for pid, name in local.items():
             if _gone(pid):
                 raise _died(name, f" (its actor process {pid} ended)")
         done, _ = ray.wait(pending + list(pings), num_returns=1, timeout=min(left, WATCH_S))
@@ -827,23 +819,8 @@ def _await_workers(ray: Any, runs: list, servers: list, started: float,
                     raise _died(f"server shard {k}") from e
             else:
                 pending.remove(ref)
-                spans[ref] = _worker_result(ray, ref, runs.index(ref), servers)
-    return [spans[r] for r in runs]
-
-
-def _worker_result(ray: Any, ref: Any, i: int, servers: list) -> list[tuple]:
-    """ray.get of worker i's run, turning a death into an error that names who died."""
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as e:  # the worker ran and raised: a server died, or the problem failed
-        for k, s in enumerate(servers):
-            try:
-                ray.get(s.ping.remote(), timeout=10)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                raise _died(f"server shard {k}") from e
-        raise RuntimeError(f"ray: worker {i} failed: {_cause(e)}\n{e}") from e
-    except ray.exceptions.RayActorError as e:
-        raise _died(f"worker {i}", " (its actor process ended)") from e
+                got[ref] = _call(ray, ref, names[refs.index(ref)], servers)
+    return [got[r] for r in refs]
 
 
 def _died(name: str, how: str = "") -> RuntimeError:
@@ -853,13 +830,19 @@ def _died(name: str, how: str = "") -> RuntimeError:
     return RuntimeError(f"ray: {name} died mid-run{how}; {why}")
 
 
-def _call(ray: Any, ref: Any, who: str) -> Any:
-    """ray.get that names ``who`` if its actor died or raised."""
+def _call(ray: Any, ref: Any, who: str, servers: list = ()) -> Any:
+    """ray.get that names ``who`` if its actor died or raised; where it raised, a dead one of ``servers`` (called by
+    a worker) is named instead."""
     try:
         return ray.get(ref)
     except ray.exceptions.RayActorError as e:
-        raise RuntimeError(f"ray: {who} died mid-run; the run cannot continue") from e
-    except ray.exceptions.RayTaskError as e:
+        raise _died(who, " (its actor process ended)") from e
+    except ray.exceptions.RayTaskError as e:  # the actor ran and raised: a server it called died, or the problem failed
+        for k, s in enumerate(servers):
+            try:
+                ray.get(s.ping.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                raise _died(f"server shard {k}") from e
         raise RuntimeError(f"ray: {who} failed: {_cause(e)}\n{e}") from e
 
 
