@@ -90,17 +90,14 @@ class _Rounds:
     the round's end), then the pushes go through the contract's server in worker order (worker i's on top of i
     others: tau = i under async and SSP, 0 under BSP)."""
 
-    def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any):
+    def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any,
+                 table: Any = None, path: str = "get / step / add", **meta: Any):
         # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
-        self.server = ParamServer(mod.asarray(problem.init_params()), training.n_workers, protocol, training.rule,
-                                  read_rule=training.read_rule)
-        self._begin(problem, protocol, training, mod, shards, path="get / step / add")
-
-    def _begin(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, **meta: Any) -> None:
-        """What every round transport starts with once its table exists: the trace, its first metric, the clock."""
+        self.server = ParamServer(mod.asarray(problem.init_params()) if table is None else table, training.n_workers,
+                                  protocol, training.rule, read_rule=training.read_rule)
         self.problem, self.protocol, self.training, self.mod, self.shards = problem, protocol, training, mod, shards
         self.trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}",
-                               unit="batch", xp=mod.__name__, **meta)
+                               unit="batch", xp=mod.__name__, path=path, **meta)
         self.t0 = time.perf_counter()
         record_start(self.trace, problem, self.table)
         self.start = 0.0
@@ -156,9 +153,8 @@ class _AllReduceRounds(_Rounds):
     start); round c sums every worker's gradient (bucket by bucket) and adds the sum to it once."""
 
     def __init__(self, *args: Any):
-        super().__init__(*args)
+        super().__init__(*args, path="all-reduce")
         self.total = self.mod.zeros_like(self.table)
-        self.trace.meta["path"] = "all-reduce"
 
     def pull(self, i: int, effect: Pull) -> tuple[Any, int]:
         if i == 0:  # the round starts
@@ -192,18 +188,14 @@ class _InPlace(_Rounds):
 
     def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any):
         n, self.hook = training.n_workers, caps.in_place
-        self.device_table = mod.asarray(np.asarray(problem.init_params()).astype(caps.table_dtype))
+        super().__init__(problem, protocol, training, mod, shards, caps,
+                         mod.asarray(np.asarray(problem.init_params()).astype(caps.table_dtype)), path="in place",
+                         update_unit="one step" if n > 1 else f"a chunk of up to {training.eval_every} steps")
         self.inflight = InFlight()
         # a device hook that reads one table and adds to another needs no scratch copy per worker
         self.apart = n > 1 and mod is not np and caps.device_reads_apart
-        self.snapshot = mod.empty_like(self.device_table) if n > 1 else None
-        self.scratch = mod.empty_like(self.device_table) if n > 1 and not self.apart else None
-        self._begin(problem, protocol, training, mod, shards, path="in place",
-                    update_unit="one step" if n > 1 else f"a chunk of up to {training.eval_every} steps")
-
-    @property
-    def table(self) -> Any:
-        return self.device_table
+        self.snapshot = mod.empty_like(self.table) if n > 1 else None
+        self.scratch = mod.empty_like(self.table) if n > 1 and not self.apart else None
 
     def gate(self, i: int, effect: Gate) -> int:
         c, tr = effect.step, self.training

@@ -204,11 +204,9 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     Returns the table, a trace of its updates and metric points, and its counts of early messages."""
     n, steps = len(chans), training.steps
     server = ParamServer(problem.init_params(), n, protocol, training.rule, read_rule=training.read_rule)
-    clock = [0] * n  # the step each worker's next pull belongs to
-    read_version = [0] * n
-    lag = [0] * n
-    expecting_push = [False] * n
-    deferred: list[tuple[int, np.ndarray]] = []  # (worker, keys) pulls the protocol holds back
+    clock = [-1] * n  # the step of each worker's last pull
+    read_version, lag = [0] * n, [0] * n
+    held: list[tuple[int, np.ndarray]] = []  # (worker, keys): pulls the protocol holds back
     now = getattr(current(), "now", time.perf_counter)
     served = Trace("pipe parameter server", "pipes", n)  # updates with the pushing worker's id, metric points
     record_metric(served, problem, now(), 0, server.params, training.lr)
@@ -216,25 +214,27 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     done = 0
     early = {"messages": 0, "entries": 0}
 
-    def answer(j: int, keys: np.ndarray) -> None:
-        values, read_version[j] = server.pull(keys)
-        lag[j] = server.clocks.clock_lag(clock[j] - 1)
-        chans[j].send_array(values)
+    def answer(pulls: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
+        """Answer the pulls the protocol allows now; the rest, held back."""
+        later = []
+        for j, keys in pulls:
+            if not server.may_read(clock[j]):
+                later.append((j, keys))
+                continue
+            values, read_version[j] = server.pull(keys)
+            lag[j] = server.clocks.clock_lag(clock[j])
+            chans[j].send_array(values)
+        return later
 
     while done < n:
         for ch in wait(chans):
             i = chans.index(ch)  # type: ignore[arg-type]
             msg = ch.recv_array()
-            if not expecting_push[i]:
+            if msg.dtype.kind != "V":  # a pull's int32 keys; a push's (key, delta) records travel as raw 'V12' bytes
                 clock[i] += 1
-                expecting_push[i] = True
-                if server.may_read(clock[i] - 1):
-                    answer(i, msg)
-                else:
-                    deferred.append((i, msg))
+                held += answer([(i, msg)])
                 continue
-            c = clock[i] - 1
-            rec = msg.view(PUSH_DTYPE)  # a record dtype travels as raw 'V12' bytes
+            c, rec = clock[i], msg.view(PUSH_DTYPE)
             if ch.tag == EARLY:  # part of clock c's push, before its end: into the table, no update yet
                 server.add_early(rec["key"], rec["grad"])
                 early["messages"] += 1
@@ -242,14 +242,10 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
                 continue
             applied, tau = server.push(c, rec["key"], rec["grad"], read_version[i])
             served.update(now(), i, c, tau, applied, lag[i])
-            expecting_push[i] = False
             done += c == steps - 1
             if evaluate and len(served.updates) % period == 0 and len(served.updates) < n * steps:
                 record_metric(served, problem, now(), len(served.updates), server.params, training.lr)
-            ready = [(j, k) for j, k in deferred if server.may_read(clock[j] - 1)]
-            deferred = [(j, k) for j, k in deferred if not server.may_read(clock[j] - 1)]
-            for j, k in ready:
-                answer(j, k)
+            held = answer(held)
     server.finish()
     record_metric(served, problem, now(), n * steps, server.params, training.lr)
     return server.params, served, early

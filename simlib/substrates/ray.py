@@ -163,6 +163,11 @@ class _Recorder:
     async def _table(self) -> np.ndarray:
         raise NotImplementedError
 
+    async def finish(self) -> tuple[np.ndarray, Trace]:
+        """(the whole table, a trace of the updates and the quality points)."""
+        await self._evaluate(len(self.served.updates))
+        return await self._table(), self.served
+
 
 class RayPSCoordinator(_Recorder):
     """Shard 0: a ParamServer over keys [0, b1) plus the run's clocks, version and records."""
@@ -215,8 +220,7 @@ class RayPSCoordinator(_Recorder):
     async def finish(self) -> tuple[np.ndarray, Trace]:
         """Apply what the step rule still holds; (the table, a trace of the updates and the quality points)."""
         self.server.finish()
-        await self._evaluate(len(self.served.updates))
-        return await self._table(), self.served
+        return await super().finish()
 
 
 class RayPSShard:
@@ -375,11 +379,6 @@ class RayReducer(_Recorder):
         """The replica."""
         return self.w
 
-    async def finish(self) -> tuple[np.ndarray, Trace]:
-        """(the replica, a trace of the updates and the quality points)."""
-        await self._evaluate(len(self.served.updates))
-        return self.w, self.served
-
 
 class RayReplicaWorker(RayPSWorker):
     """Worker i under all-reduce: its own replica; each bucket goes to the reducer as soon as the backward pass has
@@ -425,11 +424,8 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     """Connect to Ray; True if this call started a local instance (to be shut down after the run)."""
     import ray
 
-    named = address is not None and address != "auto" and "://" not in address
-    host, sep, port = (address or "").rpartition(":")
-    if named and not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
-                         f"got {address!r}")
+    named = address is not None and address != "auto" and "://" not in address  # RayOptions checked its form
+    host, _, port = (address or "").rpartition(":")
     if ray.is_initialized():
         here = ray.get_runtime_context().gcs_address
         if named and not _same_endpoint(here, address, {ray.util.get_node_ip_address()}):
@@ -663,8 +659,12 @@ class RayOptions(WorkerOptions):
         check.one_of("placement", self.placement, PLACEMENTS)
         if self.timeout is not None:
             check.positive("timeout", self.timeout)
-        if self.address is not None and not isinstance(self.address, str):
-            raise ValueError(f"address must be 'host:port' of a Ray head node or 'auto', got {self.address!r}")
+        host, sep, port = str(self.address).rpartition(":")
+        if self.address is not None and not (isinstance(self.address, str) and (
+                self.address == "auto" or "://" in self.address or sep and host and port.isdigit()
+                and 0 < int(port) < 65536)):
+            raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
+                             f"got {self.address!r}")
         check.boolean("evaluate", self.evaluate)
         if self.num_cpus is not None:  # Ray took -1 and "2" and failed three starts later, blaming the machine's load
             check.positive_int("num_cpus", self.num_cpus)
