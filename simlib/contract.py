@@ -366,13 +366,6 @@ def served_trace(trace: Trace, spans: Iterable[tuple], served: Trace, problem: A
     return max((s.end for s in trace.spans), default=0.0)
 
 
-def real_result(problem: Any, trace: Trace, params: Any, local: list, **measured: Any) -> Result:
-    """A worker-process substrate's Result: ``measured``, and the workers' ``local`` where the problem keeps any."""
-    if capabilities(problem).local_result is not None:
-        measured["local"] = local
-    return Result(trace, params, measured)
-
-
 @dataclass
 class Result:
     """What :func:`simlib.run` returns from every substrate: the trace, the final table, measurements."""

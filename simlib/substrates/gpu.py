@@ -145,7 +145,8 @@ class _Rounds:
         self.server.finish()
 
     def result(self) -> Result:
-        return Result(self.trace, to_numpy(self.table), {"wall_seconds": time.perf_counter() - self.t0})
+        return Result(self.trace, to_numpy(self.table), {"wall_seconds": time.perf_counter() - self.t0,
+                                                         "local": [local_result(self.problem, s) for s in self.shards]})
 
 
 class _AllReduceRounds(_Rounds):
@@ -175,11 +176,6 @@ class _AllReduceRounds(_Rounds):
             self.table[...] += self.total
             self.total[...] = 0
             self.taus = [0] * self.training.n_workers
-
-    def result(self) -> Result:
-        res = super().result()
-        res.measured["local"] = [local_result(self.problem, s) for s in self.shards]
-        return res
 
 
 class _InPlace(_Rounds):
@@ -231,11 +227,10 @@ class _InPlace(_Rounds):
         """Nothing is held back: every step landed in the table."""
 
     def result(self) -> Result:
-        trace, inflight = self.trace, self.inflight
+        res, inflight = super().result(), self.inflight
         if inflight.items:
-            trace.meta["in_flight"] = {"items": inflight.items, "missed_mean": inflight.missed_mean,
-                                       "missed_max": inflight.missed_max}
-        train = sum(span.end - span.start for span in trace.spans if span.worker == 0)  # evaluations excluded
-        return Result(trace, to_numpy(self.table), {"wall_seconds": time.perf_counter() - self.t0,
-                                                    "train_seconds": train,
-                                                    "local": [local_result(self.problem, s) for s in self.shards]})
+            res.trace.meta["in_flight"] = {"items": inflight.items, "missed_mean": inflight.missed_mean,
+                                           "missed_max": inflight.missed_max}
+        # evaluations excluded
+        res.measured["train_seconds"] = sum(span.end - span.start for span in res.trace.spans if span.worker == 0)
+        return res

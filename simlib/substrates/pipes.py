@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training, local_result, new_trace, real_result, record_metric
+from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric
 from simlib.contract import served_trace, warm_up as contract_warm_up
 from simlib.parallel.allreduce import Ring, run_replicas
 from simlib.parallel.channel import Channel
@@ -132,8 +132,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     if opts.managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
         trace.meta["managed"] = {"budget": opts.managed_bandwidth, **early,
                                  "log": [[t, n, i] for i, (_, log) in enumerate(out[1:]) for t, n in log]}
-    return real_result(problem, trace, w, [local for local, _ in out[1:]], wall_seconds=wall,
-                       worker_seconds=worker_seconds)
+    return Result(trace, w, {"wall_seconds": wall, "worker_seconds": worker_seconds,
+                             "local": [local for local, _ in out[1:]]})
 
 
 run.options = PipesOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields

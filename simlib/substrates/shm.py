@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import Result, Training, capabilities, local_result, new_trace, real_result, record_metric
+from simlib.contract import Result, Training, capabilities, local_result, new_trace, record_metric
 from simlib.contract import warm_up
 from simlib.parallel.allreduce import ShmAllReduce, run_replicas
 from simlib.parallel.group import START_METHODS, WorkerGroup
@@ -114,8 +114,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
 
     Records the metric every ``monitor_every`` s. ``measured`` holds ``wall_seconds``, ``train_seconds``
     (first compute span's start to the last's end), ``cpu_seconds`` (the CPU time the workers' loops got,
-    summed), and ``local`` where the problem keeps part of a worker's state
-    (:func:`simlib.contract.local_result`).
+    summed), and ``local``, each worker's :func:`simlib.contract.local_result` (None where the problem keeps no
+    part of a worker's state).
     """
     opts = check.options(ShmOptions, options, "substrate 'shm'")
     if protocol.kind == "allreduce":  # every worker a replica; each bucket summed through shared segments
@@ -182,8 +182,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     trace.spans, trace.updates, trace.quality = group.trace.spans, group.trace.updates, group.trace.quality
     compute = [s for s in trace.spans if s.kind == "compute"]
     train = max(s.end for s in compute) - min(s.start for s in compute) if compute else 0.0
-    return real_result(problem, trace, params, [local for _, local in out], wall_seconds=wall, train_seconds=train,
-                       cpu_seconds=float(sum(cpu for cpu, _ in out)))
+    return Result(trace, params, {"wall_seconds": wall, "train_seconds": train,
+                                  "cpu_seconds": float(sum(cpu for cpu, _ in out)),
+                                  "local": [local for _, local in out]})
 
 
 run.options = ShmOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
