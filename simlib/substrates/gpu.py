@@ -90,14 +90,16 @@ class _Rounds:
     the round's end), then the pushes go through the contract's server in worker order (worker i's on top of i
     others: tau = i under async and SSP, 0 under BSP)."""
 
+    path = "get / step / add"  # the trace's meta['path']
+
     def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any,
-                 table: Any = None, path: str = "get / step / add", **meta: Any):
+                 table: Any = None, **meta: Any):
         # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
         self.server = ParamServer(mod.asarray(problem.init_params()) if table is None else table, training.n_workers,
                                   protocol, training.rule, read_rule=training.read_rule)
         self.problem, self.protocol, self.training, self.mod, self.shards = problem, protocol, training, mod, shards
         self.trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}",
-                               unit="batch", xp=mod.__name__, path=path, **meta)
+                               unit="batch", xp=mod.__name__, path=self.path, **meta)
         self.t0 = time.perf_counter()
         record_start(self.trace, problem, self.table)
         self.start = 0.0
@@ -153,8 +155,10 @@ class _AllReduceRounds(_Rounds):
     """All-reduce in device rounds: every worker's replica is the one device table (they are equal at every step's
     start); round c sums every worker's gradient (bucket by bucket) and adds the sum to it once."""
 
+    path = "all-reduce"
+
     def __init__(self, *args: Any):
-        super().__init__(*args, path="all-reduce")
+        super().__init__(*args)
         self.total = self.mod.zeros_like(self.table)
 
     def pull(self, i: int, effect: Pull) -> tuple[Any, int]:
@@ -182,10 +186,12 @@ class _InPlace(_Rounds):
     """The fast path: the problem's ``hook`` on the device table, on the get / step / add path's schedule (one
     worker: every step up to the next evaluation in one call)."""
 
+    path = "in place"
+
     def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any):
         n, self.hook = training.n_workers, caps.in_place
         super().__init__(problem, protocol, training, mod, shards, caps,
-                         mod.asarray(np.asarray(problem.init_params()).astype(caps.table_dtype)), path="in place",
+                         mod.asarray(np.asarray(problem.init_params()).astype(caps.table_dtype)),
                          update_unit="one step" if n > 1 else f"a chunk of up to {training.eval_every} steps")
         self.inflight = InFlight()
         # a device hook that reads one table and adds to another needs no scratch copy per worker
