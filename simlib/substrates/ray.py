@@ -722,12 +722,12 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         placing = time.monotonic()  # timeout= bounds the run from here: its actors' start included
         pids, local = _ready(ray, servers, names, workers, placing, opts.timeout)
         setup = time.monotonic() - placing
-        t0 = _call(ray, coord.start.remote(), COORDINATOR)
+        t0 = _call(ray, coord.start.remote(), COORDINATOR, servers)
         started = time.monotonic()
         spans = _wait(ray, [w.run.remote(t0) for w in workers], [f"worker {i}" for i in range(n)],
                       None if opts.timeout is None else placing + opts.timeout, servers, local,
                       f"did not finish within timeout={opts.timeout} s")
-        params, served = _call(ray, coord.finish.remote(), COORDINATOR)
+        params, served = _call(ray, coord.finish.remote(), COORDINATOR, servers)
         wall = time.monotonic() - started
     except BaseException:
         if _terminated:
@@ -835,8 +835,8 @@ def _call(ray: Any, ref: Any, who: str, servers: list = ()) -> Any:
     a worker) is named instead."""
     try:
         return ray.get(ref)
-    except ray.exceptions.RayActorError as e:
-        raise _died(who, " (its actor process ended)") from e
+    # NOTE: first, as Ray raises an actor's error as a subclass of both RayTaskError and its cause: a worker whose
+    # server died raised an ActorDiedError, a RayActorError too, and was named as the one that died
     except ray.exceptions.RayTaskError as e:  # the actor ran and raised: a server it called died, or the problem failed
         for k, s in enumerate(servers):
             try:
@@ -844,6 +844,8 @@ def _call(ray: Any, ref: Any, who: str, servers: list = ()) -> Any:
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 raise _died(f"server shard {k}") from e
         raise RuntimeError(f"ray: {who} failed: {_cause(e)}\n{e}") from e
+    except ray.exceptions.RayActorError as e:
+        raise _died(who, " (its actor process ended)") from e
 
 
 def _cause(error: Any) -> str:
