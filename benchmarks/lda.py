@@ -32,7 +32,7 @@ sampler's final assignments, so the numbers compare like for like. tomotopy's ow
 quantity (its document part plus its topic-word part, over the words it keeps): on the KJV, where every word of the
 vocabulary occurs, it agrees with this formula on its topics to 1e-4 per token (printed by ``--time-to-target``); on
 a subset that leaves words unused it does not, as tomotopy then counts V over the words used. Sampling time excludes
-model construction and the random initialisation. Goals (from the issue): tokens/s >= tomotopy's
+model construction and the random initialisation. Goals: tokens/s >= tomotopy's
 with the same number of workers at K = 100; log-likelihood within 1% of the `lda` package's.
 """
 from __future__ import annotations

@@ -55,16 +55,10 @@ def synchronize(xp: ModuleType) -> None:
 def scatter_add(target: Any, index: Any, values: Any) -> None:
     """``target[index] += values`` with repeated indices accumulating, on NumPy or CuPy.
 
-    NumPy uses ``np.add.at``; CuPy its atomic ``add.at`` (``cupyx.scatter_add`` on CuPy
-    versions before it). Neither waits for the device, so a loop of them stays queued.
+    NumPy uses ``np.add.at``; CuPy (12 and later; the ``gpu`` extra asks for 13) its atomic ``add.at``.
+    Neither waits for the device, so a loop of them stays queued.
     """
-    xp = array_module(target)
-    if hasattr(xp.add, "at"):
-        xp.add.at(target, index, values)
-    else:  # pragma: no cover - CuPy before add.at
-        import cupyx
-
-        cupyx.scatter_add(target, index, values)
+    array_module(target).add.at(target, index, values)
 
 
 def segment_sum(index: Any, weights: Any, n: int) -> Any:

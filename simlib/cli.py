@@ -46,11 +46,7 @@ class CliError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but an error is one line (no usage block) raised as CliError, and a flag is spelt in full."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        kwargs.setdefault("allow_abbrev", False)  # '--worker 4' is a typo, not '--workers 4'
-        super().__init__(*args, **kwargs)
+    """argparse, but an error is one line (no usage block) raised as CliError."""
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         hint = f" ({self.prog} --help lists them)" if "arguments" in message else ""
@@ -73,16 +69,12 @@ class ProblemSize:
     nnz: int = _size_field(COMPARE_NNZ, "nonzeros per row", 10_000)
 
 
-def _flag_of(field_name: str) -> str | None:
-    """The flag of a configuration field named at the start of an error message (None for protocol and staleness)."""
-    return next((o.flag for o in opts.options(SimConfig) + opts.options(ProblemSize) if o.name == field_name), None)
-
-
 def _refusal(exc: ValueError, default_flag: str) -> str:
-    """'--flag: message' for a configuration error (the flag found from the field it names)."""
+    """'--flag: message' for a configuration error (the flag of the field it names first, else ``default_flag``)."""
     msg = " ".join(str(exc).split())
-    flag = _flag_of(msg.split(" ", 1)[0].rstrip(":,")) or default_flag
-    return f"{flag}: {msg}"
+    name = msg.split(" ", 1)[0].rstrip(":,")
+    flag = next((o.flag for o in opts.options(SimConfig) + opts.options(ProblemSize) if o.name == name), None)
+    return f"{flag or default_flag}: {msg}"
 
 
 # -- checks made before any work ------------------------------------------------------------------
@@ -111,19 +103,17 @@ def check_sizes(size: ProblemSize, n_workers: int, steps: int, batch_size: int, 
     if batch_size > shard:
         raise CliError(f"--batch-size: a batch of {batch_size} rows is larger than a worker's shard ({shard} rows of "
                        f"{rows}, over {n_workers} workers) and would repeat rows; use at most {shard}")
-    half = f"more than half the memory available ({_gb(2 * budget)})"
-    per_row = BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz
-    if batch_size * per_row > budget:
-        raise CliError(f"--batch-size: a batch of {batch_size} rows needs about {_gb(batch_size * per_row)}, {half}; "
-                       f"use at most {int(budget // per_row)}")
-    per_step = runs * n_workers * footprint.trace_bytes
-    if steps * per_step > budget:
-        raise CliError(f"--steps: {runs} run(s) of {n_workers} workers x {steps} steps keep about "
-                       f"{_gb(steps * per_step)} of trace, {half}; use at most {int(budget // per_step)} steps, "
-                       f"or {footprint.more_steps}")
-    if processes * PROCESS_BYTES > budget:
-        raise CliError(f"--workers: {processes} processes need about {_gb(processes * PROCESS_BYTES)}, {half}; "
-                       f"use at most {int(budget // PROCESS_BYTES)}")
+    # (flag, its value, bytes per unit of it, what they hold, the fix after 'use at most N')
+    for flag, n, per_unit, what, fix in (
+            ("--batch-size", batch_size, BATCH_BYTES_PER_ROW + BATCH_BYTES_PER_NNZ * nnz,
+             f"a batch of {batch_size} rows needs", ""),
+            ("--steps", steps, runs * n_workers * footprint.trace_bytes,
+             f"{runs} run(s) of {n_workers} workers x {steps} steps keep a trace of",
+             f" steps, or {footprint.more_steps}"),
+            ("--workers", processes, PROCESS_BYTES, f"{processes} processes need", "")):
+        if n * per_unit > budget:
+            raise CliError(f"{flag}: {what} about {_gb(n * per_unit)}, more than half the memory available "
+                           f"({_gb(2 * budget)}); use at most {int(budget // per_unit)}{fix}")
 
 
 def check_output(path: str) -> None:
@@ -157,25 +147,6 @@ def check_output(path: str) -> None:
         raise CliError(f"--out: cannot write {path!r} ({exc.strerror or exc} in {ancestor})") from None
 
 
-def _target(text: str) -> float:
-    """--target: a finite loss > 0 (the log-loss is positive)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite loss > 0 (the log-loss is positive), got {text!r}")
-    return value
-
-
-class _Given(argparse.Action):
-    """Store the value and note that the flag was given (``<dest>_given``): a default and a choice differ."""
-
-    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
-        setattr(namespace, self.dest, values)
-        setattr(namespace, self.dest + "_given", True)
-
-
 def _protocol(text: str) -> Protocol:
     try:
         return Protocol.parse(text)
@@ -197,8 +168,10 @@ def _protocol_list(text: str) -> list[Protocol]:
 def _compare_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocols", type=_protocol_list, default=",".join(DEFAULT_PROTOCOLS),
                    help="comma-separated runs: bsp, ssp:S (staleness bound S), essp:S (eager SSP), async")
-    p.add_argument("--target", type=_target, default=DEFAULT_TARGET, action=_Given,
-                   help="target loss for 'time to target' (none with --cost-only)")
+    target = opts.Option("target", "--target", float, DEFAULT_TARGET, "", min=0, min_open=True)  # a log-loss: > 0
+    # SUPPRESS: no attribute unless the flag is given (a cost-only run refuses a target, not the default)
+    p.add_argument("--target", type=opts.argparse_type(target), default=argparse.SUPPRESS,
+                   help=f"target loss for 'time to target' (default: {DEFAULT_TARGET:g}; none with --cost-only)")
     p.add_argument("--out", default=os.path.join("simlib_out", "compare.png"),
                    help="figure path (" + ", ".join(t[1:].upper() for t in FIGURE_TYPES) + ")")
     p.add_argument("--no-plot", action="store_true", help="skip the figure")
@@ -232,16 +205,14 @@ def validate_compare(args: argparse.Namespace) -> list[SimConfig]:
     """Every check of ``compare`` that can fail, before any work: configs, sizes, the figure's path."""
     configs = compare_configs(args)
     cfg = configs[0]
-    for flag, n in (("--servers", cfg.n_servers), ("--summation-nodes", cfg.n_summation)):
+    for flag, n, what in (("--servers", cfg.n_servers, "nodes"), ("--summation-nodes", cfg.n_summation, "nodes"),
+                          ("--step-keys", cfg.step_keys or 0, "keys per step")):
         if n > COMPARE_FEATURES:
-            raise CliError(f"{flag}: {n} nodes for {COMPARE_FEATURES} parameters would leave most of them empty; "
+            raise CliError(f"{flag}: {n} {what}, but the model has {COMPARE_FEATURES} parameters; "
                            f"use at most {COMPARE_FEATURES}")
-    if cfg.cost_only and getattr(args, "target_given", False):
+    if cfg.cost_only and hasattr(args, "target"):
         raise CliError("--target: a cost-only run (--cost-only) computes no loss, so it has no target; drop --target "
                        "or --cost-only")
-    if cfg.step_keys is not None and cfg.step_keys > COMPARE_FEATURES:
-        raise CliError(f"--step-keys: {cfg.step_keys} keys per step, but the model has {COMPARE_FEATURES} parameters; "
-                       f"use at most {COMPARE_FEATURES}")
     # A fixed cost-only step reads no data: the rows need not cover the workers (a trace is all it keeps).
     rows = max(COMPARE_ROWS, cfg.n_workers * cfg.batch_size) if cfg.step_keys is not None else COMPARE_ROWS
     cost_only = cfg.cost_only and cfg.step_keys is not None
@@ -331,13 +302,18 @@ def format_table(rows: list[dict[str, Any]], target: float) -> str:
 
 
 @contextlib.contextmanager
-def _quiet_numerics() -> Iterator[None]:
-    """Overflow in a diverging run is reported as 'diverged' in the table, not as NumPy warnings."""
+def _running(labels: Sequence[str]) -> Iterator[_Progress]:
+    """The runs' progress bar, cleared however they end (Ctrl-C included) before any line is printed; overflow in
+    a diverging run is reported as 'diverged' in the table, not as NumPy warnings."""
     import numpy as np
 
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
+    progress = _Progress(labels)
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            yield progress
+    finally:
+        progress.close()
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -348,16 +324,12 @@ def run_compare(args: argparse.Namespace) -> int:
     compare_problem(configs[0].seed)  # built (and its kernels compiled) here, so Ctrl-C is checked after it
     check_interrupt()
 
-    progress = _Progress([c.label for c in configs])
-    try:  # the bar is cleared however the runs end (Ctrl-C included), before any line is printed
-        with _quiet_numerics():
-            traces = compare([p.spec for p in args.protocols], configs[0], progress=progress)
-    finally:
-        progress.close()
+    with _running([c.label for c in configs]) as progress:
+        traces = compare([p.spec for p in args.protocols], configs[0], progress=progress)
     base = configs[0]
     print(f"{base.n_workers} workers x {base.steps} steps, stragglers: {base.stragglers.describe()}, "
           f"latency {base.latency * 1e3:.4g} ms, bandwidth {base.bandwidth / 1e6:.4g} MB/s (simulated time)")
-    target = args.target
+    target = getattr(args, "target", DEFAULT_TARGET)
     rows = summary_rows(traces, target)
     if base.cost_only:  # no math ran: no loss, no time to a target
         for row in rows:
@@ -439,14 +411,11 @@ def run_one(args: argparse.Namespace) -> int:
     problem = LogisticProblem(data, l2=1e-4, eval_rows=min(4_000, size.rows), seed=seed)
     check_interrupt()
     # the bar's clock runs while the substrate starts (Ray's cluster, worker processes, the first compile)
-    progress = _Progress([f"{args.protocol.label} on {args.substrate!r}"])
     try:
-        with _quiet_numerics():
+        with _running([f"{args.protocol.label} on {args.substrate!r}"]):
             result = simlib.run(problem, args.protocol, substrate=args.substrate, **training)
     except ValueError as exc:
         raise CliError(_refusal(exc, "--substrate")) from None
-    finally:
-        progress.close()
     t = result.trace
     s = t.summary()
     kind = "simulated time" if args.substrate == "sim" else "wall-clock time"
@@ -463,19 +432,13 @@ def run_one(args: argparse.Namespace) -> int:
     print(_table([("run", "run", ""), ("time (s)", "time", "s"), ("updates", "updates", ""),
                   ("dropped", "dropped", ""), ("MB moved", "bytes", "MB"), ("mean tau", "tau", ""),
                   (f"final {t.metric}", "final", "loss" if t.metric == "loss" else "")], [row]))
-    for note in run_notes(args.substrate, t.meta):
-        print(note)
+    # What the table cannot say by itself: what an update is, and why protocols look alike.
+    unit = t.meta.get("update_unit", "one worker's step (its push)")
+    print(f"updates: pushes applied to the table; one update here is {unit}")
+    if args.substrate == "sim":
+        print("the simulated cluster of 'simlib run' has equal workers and no stragglers, so no worker waits "
+              "and bsp, ssp and async take the same time; 'simlib compare' simulates stragglers")
     return 0
-
-
-def run_notes(substrate: str, meta: dict[str, Any]) -> list[str]:
-    """What the table of ``simlib run`` cannot say by itself: what an update is, and why protocols look alike."""
-    unit = meta.get("update_unit", "one worker's step (its push)")
-    notes = [f"updates: pushes applied to the table; one update here is {unit}"]
-    if substrate == "sim":
-        notes.append("the simulated cluster of 'simlib run' has equal workers and no stragglers, so no worker waits "
-                     "and bsp, ssp and async take the same time; 'simlib compare' simulates stragglers")
-    return notes
 
 
 # -- the top level ------------------------------------------------------------------------------------
@@ -504,7 +467,7 @@ def _prog() -> str:
 
 def _dispatch(argv: list[str], prog: str) -> int:
     command = argv[0] if argv else None
-    top = _Parser(prog=prog, description="simlib: distributed ML you can run and measure")
+    top = _Parser(prog=prog, description="simlib: distributed ML you can run and measure", allow_abbrev=False)
     sub = top.add_subparsers(dest="command", required=True, metavar="{compare,run,live}")
     if command not in _COMMANDS:  # --help, or a one-line error for a missing or unknown command
         for name, (text, *_) in _COMMANDS.items():
@@ -512,28 +475,25 @@ def _dispatch(argv: list[str], prog: str) -> int:
         top.parse_args(argv)
         return 2
     text, description, add_flags, job = _COMMANDS[command]
-    parser = sub.add_parser(command, help=text, description=description,
+    # allow_abbrev=False: a flag is spelt in full ('--worker 4' is a typo, not '--workers 4')
+    parser = sub.add_parser(command, help=text, description=description, allow_abbrev=False,
                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_flags(parser)
     args = parser.parse_args(argv[1:])
     try:
         return job(args)
-    except ValueError as exc:  # a check that only the run itself could make
-        raise CliError(f"{parser.prog}: error: {' '.join(str(exc).split())}") from None
+    except (CliError, ValueError) as exc:  # a check before any work, or one that only the run itself could make
+        raise CliError(f"{parser.prog}: error: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``simlib`` and ``python -m simlib``: returns the exit status (0, 2 bad input, 130 Ctrl-C)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    prog = _prog()
     try:
         with _ctrl_c():
-            return _dispatch(argv, prog)
-    except CliError as exc:
-        msg = str(exc)
-        if not msg.startswith(prog):
-            msg = f"{prog} {argv[0]}: error: {msg}" if argv else f"{prog}: error: {msg}"
-        print(" ".join(msg.split()), file=sys.stderr)
+            return _dispatch(argv, _prog())
+    except CliError as exc:  # the message names the command: 'simlib compare: error: --workers: ...'
+        print(" ".join(str(exc).split()), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return interrupted()

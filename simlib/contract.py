@@ -27,7 +27,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.diverged import check_metric
-from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_REAL_WORKERS, MAX_WORKERS, Accumulator, Clocks, Protocol
+from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_WORKERS, Accumulator, Clocks, Protocol
 from simlib.protocol import ReadRule, StepRule, check_read_rule
 from simlib.trace import Trace
 from simlib.worker import Plan, run_serial
@@ -215,13 +215,6 @@ class Training:
         check_read_rule(self.read_rule)
 
 
-def check_real_workers(n_workers: int, substrate: str) -> None:
-    """Refuse, naming n_workers, more workers than a real substrate starts: one process or actor each."""
-    if n_workers > MAX_REAL_WORKERS:
-        raise ValueError(f"n_workers must be <= {MAX_REAL_WORKERS} on substrate {substrate!r} (a process or actor per "
-                         f"worker), got {n_workers}; the simulator (substrate 'sim') takes up to {MAX_WORKERS}")
-
-
 class ParamServer:
     """The server's logic over a table held in ``params``: gate reads, apply pushes, measure tau.
 
@@ -371,13 +364,6 @@ def served_trace(trace: Trace, spans: Iterable[tuple], served: Trace, problem: A
         check_metric(point.value, point.step, problem, lr)
     trace.updates, trace.quality = served.updates, served.quality
     return max((s.end for s in trace.spans), default=0.0)
-
-
-def real_result(problem: Any, trace: Trace, params: Any, local: list, **measured: Any) -> Result:
-    """A worker-process substrate's Result: ``measured``, and the workers' ``local`` where the problem keeps any."""
-    if capabilities(problem).local_result is not None:
-        measured["local"] = local
-    return Result(trace, params, measured)
 
 
 @dataclass

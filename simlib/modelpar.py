@@ -88,20 +88,15 @@ def _least_largest(work: list[int], parts: int) -> list[range]:
     (cuts as early as they can be). O(n^2 parts); trying every cut was C(n - 1, parts - 1) (41 layers in 20
     stages: 1e11, it never ended)."""
     n, total = len(work), [0, *itertools.accumulate(work)]
-    least = total  # least[j]: the least largest sum of k runs over work[:j], for k = 1, 2, .., parts
-    for k in range(2, parts + 1):
-        least = [min((max(least[i], total[j] - total[i]) for i in range(k - 1, j)), default=math.inf)
-                 for j in range(n + 1)]
-    bound, cuts = least[n], [0]
-
-    def fits(start: int, runs: int) -> bool:  # work[start:] in `runs` non-empty runs of at most `bound` each
-        need, held = 1, 0
-        for w in work[start:]:
-            need, held = (need + 1, w) if held + w > bound else (need, held + w)
-        return need <= runs <= n - start
-
-    for k in range(parts - 1, 0, -1):  # each cut as early as the rest still fits
-        cuts.append(next(c for c in range(cuts[-1] + 1, n) if total[c] - total[cuts[-1]] <= bound and fits(c, k)))
+    # least[k][i]: the least largest sum of k + 1 non-empty runs over work[i:]
+    least = [[total[n] - total[i] if i < n else math.inf for i in range(n + 1)]]
+    for k in range(1, parts):
+        least.append([min((max(total[c] - total[i], least[k - 1][c]) for c in range(i + 1, n)), default=math.inf)
+                      for i in range(n + 1)])
+    cuts = [0]
+    for k in range(parts - 2, -1, -1):  # each cut as early as the runs after it still fit under the least largest
+        i = cuts[-1]
+        cuts.append(next(c for c in range(i + 1, n) if max(total[c] - total[i], least[k][c]) <= least[-1][0]))
     return [range(i, j) for i, j in zip(cuts, (*cuts[1:], n))]
 
 
@@ -112,27 +107,22 @@ def balanced_mlp(width: int) -> MLPProblem:
     return MLPProblem(hidden=(width * (3 * width + 30) // (3 * width + 128), width, width))
 
 
-def _check_batch(problem: MLPProblem, batch: Any) -> np.ndarray:
-    """The batch as row ids; ValueError naming 'problem' unless an MLPProblem, 'batch' unless non-empty integers in
-    [0, training rows)."""
+def _check_inputs(problem: MLPProblem, batch: Any, params: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(batch as row ids, flat parameters: ``init_params()`` for None); ValueError naming 'problem' unless an
+    MLPProblem, 'batch' unless non-empty integers in [0, training rows), 'params' unless n_params finite floats."""
     if not isinstance(problem, MLPProblem):
         raise ValueError(f"problem must be an MLPProblem (its layers are what is split), got {type(problem).__name__}")
     rows = np.asarray(batch)
     n = problem.shards(1)[0][1]
     if rows.ndim != 1 or rows.size == 0 or rows.dtype.kind not in "iu" or rows.min() < 0 or rows.max() >= n:
         raise ValueError(f"batch must be a non-empty 1-D array of training-row ids in [0, {n}), got {batch!r}")
-    return rows
-
-
-def _check_params(problem: MLPProblem, params: Any) -> np.ndarray:
-    """The flat parameters (``init_params()`` for None); ValueError naming 'params' unless n_params finite floats."""
     try:
         theta = problem.init_params() if params is None else np.asarray(params, dtype=np.float64)
     except (TypeError, ValueError):
         theta = np.empty(0)  # not numbers: refused below, by name
     if theta.shape != (problem.n_params,) or not np.isfinite(theta).all():
         raise ValueError(f"params must be a flat vector of {problem.n_params} finite values, got {params!r:.80}")
-    return theta
+    return rows, theta
 
 
 class _Link:
@@ -221,28 +211,14 @@ class PipelineRun:
         return float(np.mean([s.idle_share for s in self.stages]))
 
 
-@dataclass
-class _PipeJob:
-    """What every stage is started with."""
-
-    problem: MLPProblem
-    params: np.ndarray
-    micro: list[np.ndarray]  # row ids of each micro-batch
-    rows: int  # |B|: each micro-batch's loss is weighted |micro| / |B|
-    layers: list[range]
-    orders: list[list[tuple[str, int]]]
-    steps: int
-    barrier: Any
-
-
 class _Stage:
-    """One stage's layers, gradient accumulators and stash (micro-batch k -> what its backward reads)."""
+    """Stage s of p: the weights of its ``layers``, gradient accumulators and stash (micro-batch k -> what its
+    backward reads). ``micro``: the row ids of each micro-batch, whose loss is weighted |micro| / |B|."""
 
-    def __init__(self, job: _PipeJob, s: int):
-        self.job, self.first, self.last = job, s == 0, s == len(job.layers) - 1
-        self.layers = job.layers[s]
-        self.weights = [job.problem.weights(job.params, layer) for layer in self.layers]
-        self.zero()
+    def __init__(self, problem: MLPProblem, params: np.ndarray, micro: list[np.ndarray], layers: range, s: int, p: int):
+        self.problem, self.micro, self.rows = problem, micro, sum(len(m) for m in micro)
+        self.first, self.last = s == 0, s == p - 1
+        self.weights = [problem.weights(params, layer) for layer in layers]
 
     def zero(self) -> None:
         """Start a step: no gradient, no loss, nothing stashed."""
@@ -250,12 +226,15 @@ class _Stage:
         self.stash = {}
         self.loss, self.held, self.peak, self.peak_bytes = 0.0, 0, 0, 0
 
-    def forward(self, k: int, a: np.ndarray) -> np.ndarray:
-        """Run micro-batch k through the stage, stash its inputs and z; the output (the last stage: logits)."""
+    def forward(self, k: int, a: np.ndarray | None) -> np.ndarray:
+        """Run micro-batch k (the first stage, ``a`` None: its rows) through the stage, stash its inputs and z; the
+        output (the last stage: logits)."""
+        if a is None:
+            a = self.problem.rows(self.micro[k])[0]
         inputs, zs, out = layers_forward(self.weights, a, relu_out=not self.last)
         if self.last:
-            y = self.job.problem.rows(self.job.micro[k])[1]
-            self.loss += float(cross_entropy(out, y)) * len(y) / self.job.rows
+            y = self.problem.rows(self.micro[k])[1]
+            self.loss += float(cross_entropy(out, y)) * len(y) / self.rows
         self.stash[k] = (inputs, zs)
         self.held += sum(x.nbytes for x in inputs + zs)
         self.peak, self.peak_bytes = max(self.peak, len(self.stash)), max(self.peak_bytes, self.held)
@@ -266,8 +245,8 @@ class _Stage:
         inputs, zs = self.stash.pop(k)
         self.held -= sum(x.nbytes for x in inputs + zs)
         if self.last:
-            y = self.job.problem.rows(self.job.micro[k])[1]
-            d_out = cross_entropy_backward(zs[-1], y) * (len(y) / self.job.rows)
+            y = self.problem.rows(self.micro[k])[1]
+            d_out = cross_entropy_backward(zs[-1], y) * (len(y) / self.rows)
         grads, da = layers_backward(self.weights, inputs, zs, d_out, not self.last, input_grad=not self.first)
         for (gW, gb), (dW, db) in zip(self.grads, grads):
             gW += dW
@@ -277,39 +256,34 @@ class _Stage:
 
 def _run_order(stage: _Stage, order: list, left: _Link | None, right: _Link | None,
                step: int) -> tuple[float, float, list[tuple[str, float, float, int]], list[float]]:
-    """Step ``step`` of ``order``: (start, end, [(kind, compute seconds, started, k) per op], transfers); waits are
-    not compute, the copy into the next stage's slot is. A transfer is timed from the copy's end to the arrival,
-    where the receiver was already waiting for it."""
+    """Step ``step`` of ``order``, the stage's sums zeroed first: (start, end, [(kind, compute seconds, started, k)
+    per op], transfers); waits are not compute, the copy into the next stage's slot is. A transfer is timed from
+    the copy's end to the arrival, where the receiver was already waiting for it."""
     stage.zero()
     ops, transfers, start = [], [], time.perf_counter()
-    for kind, k in order:
-        inbound, way = (left, 0) if kind == "F" else (right, 1)
+    for kind, k in order:  # a forward comes from the left and goes right (way 0), a backward the other way (way 1)
+        inbound, outbound, way = (left, right, 0) if kind == "F" else (right, left, 1)
         called = time.perf_counter()
         data, sent = inbound.recv(way, k, step) if inbound is not None else (None, called)
         t = time.perf_counter()
         if called < sent:
             transfers.append(t - sent)
-        if kind == "F":
-            out = stage.forward(k, data if data is not None else stage.job.problem.rows(stage.job.micro[k])[0])
-            if right is not None:
-                right.send(0, k, out, step)
-        else:
-            da = stage.backward(k, data)
-            if left is not None:
-                left.send(1, k, da, step)
+        out = stage.forward(k, data) if kind == "F" else stage.backward(k, data)
+        if outbound is not None:
+            outbound.send(way, k, out, step)
         ops.append((kind, time.perf_counter() - t, t, k))
     return start, time.perf_counter(), ops, transfers
 
 
-def _stage_worker(s: int, p: int, job: _PipeJob, left: _Link | None, right: _Link | None) -> dict[str, Any]:
+def _stage_worker(s: int, p: int, steps: int, barrier: Any, stage: _Stage, order: list, left: _Link | None,
+                  right: _Link | None) -> dict[str, Any]:
     """A stage's process: ``steps`` steps of its order, each started at a barrier."""
     with threadpool_limits(1):  # one core per stage: BLAS threads of two stages would fight over the same cores
-        stage = _Stage(job, s)
-        steps = []
-        for j in range(1, job.steps + 1):
-            job.barrier.wait()
-            steps.append(_run_order(stage, job.orders[s], left, right, j))
-    return {"steps": steps, "loss": stage.loss, "peak": (stage.peak, stage.peak_bytes),
+        runs = []
+        for j in range(1, steps + 1):
+            barrier.wait()
+            runs.append(_run_order(stage, order, left, right, j))
+    return {"steps": runs, "loss": stage.loss, "peak": (stage.peak, stage.peak_bytes),
             "grads": [np.concatenate([W.ravel(), b]) for W, b in stage.grads]}
 
 
@@ -317,11 +291,9 @@ def run_pipeline(problem: MLPProblem, batch: Any, params: Any = None, *, stages:
                  schedule: str | list = "1f1b", steps: int = 3, timeout: float = 120.0) -> PipelineRun:
     """One training step's loss and gradient of ``batch`` on ``stages`` processes, run ``steps`` times (the first
     a warm-up when steps > 1, left out of the times reported). ``schedule``: "gpipe", "1f1b" or orders."""
-    rows = _check_batch(problem, batch)
-    theta = _check_params(problem, params)
-    check.positive_int("stages", stages, most=len(problem.layers))
-    check_processes(stages, "run_pipeline (a process per stage)", "stages")
+    rows, theta = _check_inputs(problem, batch, params)
     layers = split_layers(problem, stages)
+    check_processes(stages, "run_pipeline (a process per stage)", "stages")
     check.positive_int("microbatches", microbatches, most=len(rows))
     check.positive_int("steps", steps, most=MAX_REAL_STEPS)
     check.positive("timeout", timeout)
@@ -330,9 +302,9 @@ def run_pipeline(problem: MLPProblem, batch: Any, params: Any = None, *, stages:
     bounds = np.cumsum([0] + [len(k) for k in micro])
     with WorkerGroup(stages, roles=[f"stage {s}" for s in range(stages)], label="pipeline") as group:
         links = [_Link(group, bounds, problem.sizes[layers[s][-1] + 1]) for s in range(stages - 1)]
-        job = _PipeJob(problem, theta, micro, len(rows), layers, orders, steps, group.barrier())
-        ends = [(links[s - 1] if s else None, links[s] if s < stages - 1 else None) for s in range(stages)]
-        results = group.run(_stage_worker, job, worker_args=ends, timeout=timeout)
+        each = [(_Stage(problem, theta, micro, layers[s], s, stages), orders[s], links[s - 1] if s else None,
+                 links[s] if s < stages - 1 else None) for s in range(stages)]
+        results = group.run(_stage_worker, steps, group.barrier(), worker_args=each, timeout=timeout)
     return _report(problem, orders, layers, results)
 
 
@@ -353,7 +325,7 @@ def _orders(schedule: str | list, stages: int, microbatches: int) -> list[list[t
 def _report(problem: MLPProblem, orders: list, layers: list[range], results: list[dict]) -> PipelineRun:
     """Stage reports averaged over the measured steps (all but a warm-up) and the step priced by the cost model."""
     n_steps = len(results[0]["steps"])
-    measured = range(1, n_steps) if n_steps > 1 else range(n_steps)
+    measured = range(min(1, n_steps - 1), n_steps)
     step = np.mean([max(r["steps"][j][1] for r in results) - min(r["steps"][j][0] for r in results) for j in measured])
     reports = []
     for s, r in enumerate(results):
@@ -390,29 +362,15 @@ class TensorParallelRun:
     predicted_bytes: float
 
 
-@dataclass
-class _TensorJob:
-    """What every rank is started with."""
-
-    problem: MLPProblem
-    params: np.ndarray
-    batch: np.ndarray
-    block: int
-
-
-def _tensor_worker(rank: int, t: int, job: _TensorJob, inbox: Channel | None, outbox: Channel | None) -> dict:
-    """One rank: layers before and after the block replicated, the block's columns / rows of this rank."""
-    prob, blk = job.problem, job.block
-    w = [prob.weights(job.params, layer) for layer in range(len(prob.layers))]
+def _tensor_worker(rank: int, t: int, prob: MLPProblem, params: np.ndarray, batch: np.ndarray, blk: int,
+                   inbox: Channel, outbox: Channel) -> dict:
+    """One rank: layers before and after the block ``blk`` replicated, the block's columns / rows of this rank."""
+    w = [prob.weights(params, layer) for layer in range(len(prob.layers))]
     pre, post = w[:blk], w[blk + 2:]
-    X, y = prob.rows(job.batch)
+    X, y = prob.rows(batch)
     cols = np.array_split(np.arange(w[blk][0].shape[1]), t)[rank]
     W1, b1, W2, b2 = w[blk][0][:, cols], w[blk][1][cols], w[blk + 1][0][cols], w[blk + 1][1]
-    ring = Ring(rank, t, inbox, outbox)  # sums over the t ranks: reduce-scatter then all-gather
-
-    def summed(x: np.ndarray) -> np.ndarray:
-        return ring(x.ravel()).reshape(x.shape)
-
+    summed = Ring(rank, t, inbox, outbox)  # sums over the t ranks: reduce-scatter then all-gather
     pre_in, pre_z, a = layers_forward(pre, X, relu_out=True)
     z1 = dense_forward(a, W1, b1)
     h = relu(z1)
@@ -425,15 +383,14 @@ def _tensor_worker(rank: int, t: int, job: _TensorJob, inbox: Channel | None, ou
     dW1, db1, da = dense_backward(a, W1, relu_backward(z1, dh), inputs=blk > 0)
     pre_g = layers_backward(pre, pre_in, pre_z, summed(da), True, False)[0] if blk > 0 else []
     return {"loss": float(cross_entropy(logits, y)), "cols": cols, "block": (dW1, db1, dW2, db2),
-            "replicated": pre_g + post_g, "bytes": ring.sent}
+            "replicated": pre_g + post_g, "bytes": summed.sent}
 
 
 def run_tensor_parallel(problem: MLPProblem, batch: Any, params: Any = None, *, n_devices: int = 2,
                         block: int | None = None, timeout: float = 60.0) -> TensorParallelRun:
     """Loss and gradient of ``batch`` with layers ``block`` and ``block + 1`` (default: the last two) split over
     ``n_devices`` processes, Megatron's way: one all-reduce forward, one backward (none when block = 0)."""
-    rows = _check_batch(problem, batch)
-    theta = _check_params(problem, params)
+    rows, theta = _check_inputs(problem, batch, params)
     n_layers = len(problem.layers)
     if n_layers < 2:
         raise ValueError("problem: tensor parallelism splits two layers, and this MLP has one (give it hidden layers)")
@@ -446,11 +403,9 @@ def run_tensor_parallel(problem: MLPProblem, batch: Any, params: Any = None, *, 
     check.positive("timeout", timeout)
     with WorkerGroup(n_devices, roles=[f"rank {r}" for r in range(n_devices)], label="tensor") as group:
         links = [group.channel_pair(duplex=False) for _ in range(n_devices)]  # link r: rank r -> rank r + 1
-        ends = [(links[(r - 1) % n_devices][0], links[r][1]) if n_devices > 1 else (None, None)
-                for r in range(n_devices)]
+        ends = [(links[(r - 1) % n_devices][0], links[r][1]) for r in range(n_devices)]
         try:
-            results = group.run(_tensor_worker, _TensorJob(problem, theta, rows, block), worker_args=ends,
-                                timeout=timeout)
+            results = group.run(_tensor_worker, problem, theta, rows, block, worker_args=ends, timeout=timeout)
         finally:
             for channel in itertools.chain.from_iterable(links):
                 channel.close()

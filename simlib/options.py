@@ -26,7 +26,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from simlib._validate import _is_int, _is_number
+from simlib._validate import _is_int, _is_number, one_of
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,7 @@ class Option:
         if (value is None and self.optional) or (self.callable_ok and callable(value)):
             return
         if self.choices is not None:
-            if value not in self.choices:
-                raise ValueError(f"{self.name} must be {self.range_text()}; got {value!r}")
+            one_of(self.name, value, self.choices)
             return
         if self.type in (bool, str):
             if not isinstance(value, self.type):
@@ -150,7 +149,7 @@ def add_arguments(group: Any, opts: Iterable[Option], defaults: Any = None) -> N
         if opt.optional and default is None:
             help_text += "; off unless given"
         metavar = "{" + ",".join(map(str, opt.choices)) + "}" if opt.choices else opt.flag.lstrip("-").upper().replace("-", "_")
-        group.add_argument(*flags, dest=dest(opt), type=_argparse_type(opt), default=default, help=help_text,
+        group.add_argument(*flags, dest=dest(opt), type=argparse_type(opt), default=default, help=help_text,
                            metavar=metavar)
 
 
@@ -164,7 +163,9 @@ def values(args: argparse.Namespace, opts: Iterable[Option]) -> dict[str, Any]:
     return out
 
 
-def _argparse_type(opt: Option) -> Any:
+def argparse_type(opt: Option) -> Any:
+    """An argparse ``type=`` for ``opt``: :meth:`Option.parse`, its error worded for argparse."""
+
     def parse(text: str) -> Any:
         try:
             return opt.parse(text)

@@ -47,7 +47,7 @@ MAX_BOUND = 1_000_000  # larger bounds never bind in any run this library can ho
 # A run's sizes on every substrate (the simulator's SimConfig and the contract's Training): beyond them a
 # run only exhausts memory or never ends. MAX_WORKERS is the simulator's (a million simulated workers x 10 steps
 # took 2.0 GB, cost-only: see SimConfig.cost_only; SimConfig checks a run's trace against memory); a real substrate starts a process or an actor per worker and
-# takes at most MAX_REAL_WORKERS (simlib.contract.check_real_workers).
+# takes at most MAX_REAL_WORKERS (checked by simlib.run).
 MAX_WORKERS = MAX_STEPS = 1_000_000
 MAX_BATCH = 10_000_000
 MAX_REAL_WORKERS = 10_000

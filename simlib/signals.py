@@ -167,11 +167,6 @@ def forked() -> None:
     _real.clear()
 
 
-def noted_here(signum: int) -> bool:
-    """Whether this process noted ``signum`` in a held block (a forked child checks this at start)."""
-    return (os.getpid(), signum) in noted
-
-
 def watch(pid: int) -> Callable[[float | None], bool]:
     """``ended(timeout)``: whether process ``pid`` has ended, waiting up to ``timeout`` s (None: until it has).
 

@@ -27,6 +27,8 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
+from simlib import _validate as check
+
 SPAN_KINDS = ("compute", "send", "recv", "wait", "down")
 
 
@@ -73,8 +75,7 @@ _NUMPY = {"i": "int32", "b": "int8", "d": "float64", "q": "int64"}  # array.arra
 
 def _kind_code(kind: str) -> int:
     """The code of a span kind (its place in SPAN_KINDS); ValueError naming the kinds otherwise."""
-    if kind not in SPAN_KINDS:
-        raise ValueError(f"span kind must be one of {SPAN_KINDS}, got {kind!r}")
+    check.one_of("span kind", kind, SPAN_KINDS)
     return _KIND_CODE[kind]
 
 
@@ -313,8 +314,7 @@ class Trace:
     def network_load(self, bins: int = 1000) -> tuple[Any, Any]:
         """(bin start times, bytes per second on the wire in each bin): every send and recv span's bytes
         spread evenly over its time (:meth:`link_load`), summed over workers. Zero bins are an idle network."""
-        if not isinstance(bins, int) or bins < 1:
-            raise ValueError(f"bins must be a positive integer, got {bins!r}")
+        check.positive_int("bins", bins)
         makespan = self.makespan
         starts, load = self.link_load(makespan / bins if makespan > 0 else 1.0, ("send", "recv"), bins)
         return starts, load.sum(axis=0)
@@ -331,8 +331,7 @@ class Trace:
         """
         import numpy as np
 
-        if not (isinstance(width, (int, float)) and width > 0):
-            raise ValueError(f"width must be a positive number of seconds, got {width!r}")
+        check.positive("width", width)
         bins = bins or max(1, int(np.ceil(self.makespan / width)))
         load = np.zeros((self.n_workers, bins))
         edges = np.arange(bins + 1) * width

@@ -29,6 +29,7 @@ effects). A compressor (:mod:`simlib.compress`) encodes each push in the worker,
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, NamedTuple
@@ -37,7 +38,7 @@ import numpy as np
 
 from simlib import _validate as check
 from simlib.compress import parse_spec
-from simlib.managed import Pending
+from simlib.managed import MESSAGE_ENTRIES, Pending
 from simlib.protocol import MAX_BUCKET_BYTES, MAX_STEPS
 
 
@@ -262,14 +263,17 @@ def encode(compressor: Any, keys: Any, deltas: Any) -> tuple[Any, Any, int]:
     return np.asarray(k), np.asarray(d, dtype=np.float64), int(nbytes)
 
 
+# The transport's method that performs each effect; an effect a transport has no method for does nothing (Early
+# without a budget, InPlace off the in-place path).
+METHODS = {Gate: "gate", Pull: "pull", Compute: "compute", Early: "early", Push: "push", AllReduce: "all_reduce",
+           Bucket: "bucket", Reduced: "reduced", InPlace: "in_place"}
+
+
 def drive(program: Program, transport: Any) -> None:
     """Run ``program`` on a transport that performs each effect at once (``transport.gate(effect)``, ...)."""
     value = None
     send = program.send
-    perform = {Gate: getattr(transport, "gate", None), Pull: transport.pull, Compute: transport.compute,
-               Push: getattr(transport, "push", None), Early: getattr(transport, "early", _ignore),
-               InPlace: getattr(transport, "in_place", _ignore), AllReduce: getattr(transport, "all_reduce", None),
-               Bucket: getattr(transport, "bucket", None), Reduced: getattr(transport, "reduced", None)}
+    perform = {effect: getattr(transport, name, _ignore) for effect, name in METHODS.items()}
     while True:
         try:
             effect = send(value)
@@ -282,10 +286,7 @@ def drive_rounds(programs: list[Program], transport: Any) -> None:
     """Run the workers' programs in lock-step rounds (device rounds): every worker's effects up to its push (or, under
     all-reduce, up to its Reduced), then the round's ends in worker order, then ``transport.round_end(the round's last
     step)``. Transport methods take (worker, effect)."""
-    perform = {Gate: getattr(transport, "gate", None), Pull: transport.pull, Compute: transport.compute,
-               InPlace: getattr(transport, "in_place", None), AllReduce: getattr(transport, "all_reduce", None),
-               Bucket: getattr(transport, "bucket", None)}
-    ends = {Push: getattr(transport, "push", None), Reduced: getattr(transport, "reduced", None)}
+    perform = {effect: getattr(transport, name, _ignore) for effect, name in METHODS.items()}
     sends, values = [p.send for p in programs], [None] * len(programs)
     while True:
         pushes = []
@@ -295,18 +296,57 @@ def drive_rounds(programs: list[Program], transport: Any) -> None:
                     effect = send(values[i])
                 except StopIteration:
                     break
-                if type(effect) in ends:
+                if type(effect) in (Push, Reduced):
                     pushes.append((i, effect))
                     break
                 values[i] = perform[type(effect)](i, effect)
         if not pushes:
             return
         for i, effect in pushes:
-            values[i] = ends[type(effect)](i, effect)
+            values[i] = perform[type(effect)](i, effect)
         transport.round_end(pushes[0][1].step)
 
 
-def _ignore(effect: Any) -> None:
+class Timed:
+    """What every real transport shares: the problem's math timed as a 'compute' span (worker ``straggler[0]``
+    sleeps ``straggler[1]`` s after it: a slow machine), and managed communication's pacing (at most one early
+    message per gap between mini-batches, and none sooner than n / ``budget`` s after one of n bytes).
+
+    A subclass gives ``span(kind, start, end, nbytes, step)``, times as ``clock()`` reads them, and
+    ``send_early(step, keys, deltas, now)``, which sends an early message and returns its bytes."""
+
+    clock = staticmethod(time.perf_counter)
+
+    def __init__(self, i: int, straggler: tuple[int, float] | None = None, budget: float | None = None):
+        self.i, self.straggler, self.budget = i, straggler, budget
+        self.mark = self.next_send = 0.0  # the end of the last effect; the earliest start of the next early message
+
+    def gate(self, effect: Gate) -> int:
+        return 1  # a server's transport: the server holds the pull's reply until the protocol lets the step read
+
+    def compute(self, effect: Compute) -> Any:
+        start = self.clock()
+        out = effect.fn(*effect.args)
+        self.straggle()  # before the push: a slow machine's steps take longer
+        self.mark = self.clock()
+        self.span("compute", start, self.mark, 0, effect.step)
+        return out
+
+    def straggle(self) -> None:
+        """Sleep ``straggler[1]`` seconds if this is the straggling worker."""
+        if self.straggler is not None and self.straggler[0] == self.i:
+            time.sleep(self.straggler[1])
+
+    def early(self, effect: Early) -> None:
+        now = self.clock()
+        if self.budget is None or now < self.next_send:
+            return
+        keys, deltas = effect.pending.take(MESSAGE_ENTRIES)
+        if len(keys):
+            self.next_send = now + self.send_early(effect.step, keys, deltas, now) / self.budget
+
+
+def _ignore(*effect: Any) -> None:
     """An effect a transport has nothing to do for (Early without a budget)."""
     return None
 

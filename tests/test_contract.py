@@ -261,7 +261,7 @@ def test_every_substrate_applies_pushes_through_the_one_step_rule(tiny, substrat
 
 @pytest.mark.parametrize("substrate", list(SUBSTRATES))
 def test_bsp_pushes_are_never_stale_so_the_aware_rule_leaves_bsp_alone(tiny, substrate):
-    """Under BSP a round's pushes make one update (the seeds' hard-synchronous case): tau = 0 for every push
+    """Under BSP a round's pushes make one update (the lectures' hard-synchronous case): tau = 0 for every push
     on every substrate (it counted the round's earlier pushes, 0 .. n-1, so alpha0/tau damped fresh gradients);
     where a run is deterministic the staleness-aware rule then changes nothing."""
     opts = dict(substrate=substrate, n_workers=3, steps=6, batch_size=8, lr=0.5, **SUBSTRATES[substrate])

@@ -160,6 +160,8 @@ def test_same_seed_same_trace(small_problem):
     (dict(protocol="ssp:2", clock_batches=2, managed_bandwidth=1e5, sites=2), "managed_bandwidth: sites"),
     (dict(protocol="ssp:2", clock_batches=2, managed_bandwidth=1e5,
           stragglers=Stragglers(fail_worker=0, fail_time=1.0)), "managed_bandwidth: stragglers.fail_worker"),
+    (dict(protocol="ssp:2", clock_batches=2, managed_bandwidth=1e5, stragglers="none"),
+     "stragglers must be a Stragglers"),  # was an AttributeError from the managed check
     (dict(clock_batches=0), "clock_batches must be an integer"),
     (dict(steps=100, clock_batches=10_001), "clock_batches: steps x clock_batches = 100 x 10,001 = 1,000,100 mini"),
     (dict(protocol="essp:2", clock_batches=2), "clock_batches > 1 is modelled without worker caches, and protocol "

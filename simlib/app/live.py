@@ -282,27 +282,22 @@ class LivePanel:
             if gen != self._gen:
                 raise Superseded()
             now = time.perf_counter()
-            if now - self._last_progress > 0.05:  # a widget message per report would flood the browser
+            # The bar once a run has taken a moment; a widget message per report would flood the browser.
+            if now - t0 >= self.progress_after and now - self._last_progress > 0.05:
                 self._last_progress = now
-                loop.call_soon_threadsafe(self._show_progress, gen, frac, label, now - t0)
+                loop.call_soon_threadsafe(self._show_bar, frac, label, gen)
 
         # Until the worker processes have started, simulate in this process's worker thread.
         fut = self._executor.submit(lambda: self.runner.run(settings.configs(self.runner.nnz_per_row), progress,
                                                             pool=self.runner.warm))
-        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._done, f, gen, t0))
+        then = functools.partial(self._finish_draw, t0=t0)
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._finished, f, then, gen))
 
-    def _show_progress(self, gen: int, frac: float, label: str, elapsed: float) -> None:
-        """Show the progress bar once a run has taken a moment."""
-        if gen == self._gen and elapsed >= self.progress_after:
-            self._show_bar(frac, label)
-
-    def _done(self, fut: concurrent.futures.Future, gen: int, t0: float) -> None:
-        """The worker thread finished: draw if this is still the newest run."""
-        if gen == self._gen:
-            self._finished(fut, lambda traces: self._finish_draw(traces, t0))
-
-    def _finished(self, fut: concurrent.futures.Future, then: Callable[[Any], None]) -> None:
-        """Hide the progress bar, then pass the result on (a run or an export) or say what went wrong."""
+    def _finished(self, fut: concurrent.futures.Future, then: Callable[[Any], None], gen: int | None = None) -> None:
+        """Hide the progress bar, then pass the result on (a run or an export) or say what went wrong; a run
+        (``gen``) that is no longer the newest is dropped."""
+        if gen is not None and gen != self._gen:
+            return
         self.progress.layout.visibility = "hidden"
         exc = fut.exception()
         if exc is None:
@@ -470,8 +465,11 @@ class LivePanel:
         fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._export_finished, f))
         return path
 
-    def _show_bar(self, frac: float, label: str) -> None:
-        """Show the progress bar at ``frac``, labelled with what it measures (a run, or the export)."""
+    def _show_bar(self, frac: float, label: str, gen: int | None = None) -> None:
+        """Show the progress bar at ``frac``, labelled with what it measures (a run ``gen`` while newest, or the
+        export)."""
+        if gen is not None and gen != self._gen:
+            return
         self.progress.layout.visibility = "visible"
         self.progress.description = label
         self.progress.value = frac

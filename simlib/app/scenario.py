@@ -54,7 +54,7 @@ def extra_options() -> tuple[Option, ...]:
 def _extra(given: Any) -> tuple[tuple[str, Any], ...]:
     """Extra settings (a mapping or (name, value) pairs) checked by name against their options; as sorted pairs,
     the ones at their default left out."""
-    pairs = dict(given.items() if isinstance(given, Mapping) else given)
+    pairs = dict(given)
     known = {o.name: o for o in extra_options()}
     for name, value in pairs.items():
         if name not in known:
@@ -134,15 +134,11 @@ class LiveSettings:
 
     def configs(self, nnz_per_row: float = 20.0) -> list[SimConfig]:
         """One validated SimConfig per runnable protocol."""
-        common = dict(
-            n_workers=self.n_workers, steps=self.steps, topology=self.topology, latency=self.latency,
-            bandwidth=self.bandwidth, stragglers=self.stragglers(nnz_per_row), seed=self.seed,
-            n_servers=self.n_servers if self.topology == "ps" else 1,
-            compression=None if self.compression == "none" else self.compression,
-            # One loss point per two rounds keeps evaluation cheap; curves stay smooth at 100 steps.
-            eval_every=max(1, self.steps // 50),
-        )
-        common.update(self.extra)
+        common = {f: getattr(self, f) for f in ("n_workers", "steps", "topology", "latency", "bandwidth", "seed")}
+        # One loss point per two rounds keeps evaluation cheap; curves stay smooth at 100 steps.
+        common.update(stragglers=self.stragglers(nnz_per_row), n_servers=self.n_servers if self.topology == "ps" else 1,
+                      compression=None if self.compression == "none" else self.compression,
+                      eval_every=max(1, self.steps // 50), **dict(self.extra))
         return [SimConfig(protocol=p, staleness=self.staleness if p in ("ssp", "essp") else 0, **common)
                 for p in self.runnable()]
 
@@ -157,9 +153,8 @@ class LiveSettings:
         unknown name is refused by name)."""
         own = {f.name for f in fields(cls)}
         given = {k: v for k, v in settings.items() if k in own}
-        extra = dict(_extra(given.pop("extra", ())))
-        extra.update({k: v for k, v in settings.items() if k not in own})
-        return cls(**given, extra=extra)
+        extra = {**dict(given.pop("extra", ())), **{k: v for k, v in settings.items() if k not in own}}
+        return cls(**given, extra=extra)  # __post_init__ checks the extra settings by name
 
 
 class Superseded(Exception):

@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from simlib import _validate as check
+
 HOST = "127.0.0.1"
 # A Jupyter data folder holding the panel's Voilà template (the lab page, less its CDN stylesheets).
 TEMPLATE_ROOT = Path(__file__).resolve().parent
@@ -61,8 +63,7 @@ def has_voila() -> bool:
 def build_command(args: argparse.Namespace) -> list[str]:
     """The server command line for ``args`` (validated: port range, server availability, notebook present)."""
     port = args.port
-    if not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ValueError(f"port must be an integer in [1, 65535], got {port!r}")
+    check.positive_int("port", port, most=65535)
     server = args.server
     if server == "auto":
         server = "voila" if has_voila() else "lab"

@@ -1,6 +1,6 @@
 """Model averaging: train copies on parts of the data, then combine them by averaging.
 
-One-shot averaging (the seeds' "process 0 finds w1 on one half, process 1 finds w2 on the other:
+One-shot averaging (the lectures' "process 0 finds w1 on one half, process 1 finds w2 on the other:
 how to combine them?") trains each part to the end and returns mean(w_p). Iterative parameter
 mixing, the MapReduce way, averages after every round and restarts each part from the mean:
 each round is one map (train on a part) and one reduce (average). Example::

@@ -53,28 +53,26 @@ def cached_sgd(problem: Any, n_workers: int, steps: int, batch_size: int, lr: fl
     w = problem.init_params()
     shards = problem.shards(n_workers)
     writes = np.zeros(problem.n_params, dtype=np.int64)  # updates that touched each row so far
-    caches: list[dict[str, np.ndarray]] = [{} for _ in range(n_workers)]
+    # Per worker: its cached values, each row's writes when fetched (-1: not cached), its own writes since.
+    caches: list[Any] = [None] * n_workers
     reads = hits = pulled = age = 0
     for t in range(steps):
         i, c = t % n_workers, t // n_workers
         if c % refresh == 0:
-            caches[i] = {"value": np.zeros_like(w), "seen": np.full(problem.n_params, -1, dtype=np.int64),
-                         "own": np.zeros(problem.n_params, dtype=np.int64)}
-        cache = caches[i]
+            caches[i] = (np.zeros_like(w), np.full_like(writes, -1), np.zeros_like(writes))
+        value, seen, own = caches[i]
         batch = problem.batch(shards[i], c, batch_size)
         keys = problem.keys(batch)
-        miss = keys[cache["seen"][keys] < 0]
-        cache["value"][miss] = w[miss]
-        cache["seen"][miss] = writes[miss]
-        cache["own"][miss] = 0
-        hit = np.setdiff1d(keys[cache["seen"][keys] >= 0], miss, assume_unique=True)
+        miss = keys[seen[keys] < 0]
+        value[miss], seen[miss], own[miss] = w[miss], writes[miss], 0
+        hit = np.setdiff1d(keys[seen[keys] >= 0], miss, assume_unique=True)
         reads += len(keys)
         hits += len(hit)
         pulled += len(miss)
-        age += int((writes[hit] - cache["seen"][hit] - cache["own"][hit]).sum())
-        keys, deltas = problem.step(cache["value"][keys], batch, keys, lr)
+        age += int((writes[hit] - seen[hit] - own[hit]).sum())
+        keys, deltas = problem.step(value[keys], batch, keys, lr)
         w[keys] += deltas
         writes[keys] += 1
-        cache["value"][keys] += deltas  # write-through: the worker sees its own update
-        cache["own"][keys] += 1
+        value[keys] += deltas  # write-through: the worker sees its own update
+        own[keys] += 1
     return w, CacheStats(reads, hits, pulled, age)

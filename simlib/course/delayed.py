@@ -4,7 +4,7 @@ Every gradient is computed on the parameters as they were ``delay`` updates ago,
 
     w_{t+1} = w_t + step(w_{t - delay}),
 
-which is exactly a push with staleness tau = delay. The seeds' regret bound for this model grows
+which is exactly a push with staleness tau = delay. The lectures' regret bound for this model grows
 like sqrt(tau T) in general, while for i.i.d. data and smooth losses the delay enters only a
 lower-order term: small steps hide it, large steps expose it. Example::
 

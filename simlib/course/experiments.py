@@ -1,6 +1,6 @@
 """Ready-made experiments: the default straggler cluster and a protocol comparison on it.
 
-The default is tuned so that the seeds' qualitative results come out of it (see
+The default is tuned so that the lectures' qualitative results come out of it (see
 ``tests/test_cli.py``): with transient stragglers SSP reaches the target loss sooner than BSP
 in simulated time, and async has the shortest step but needs more steps than BSP.
 """

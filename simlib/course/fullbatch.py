@@ -18,26 +18,22 @@ from typing import Any, Callable
 import numpy as np
 
 from simlib import _validate as check
+from simlib.problems.logistic import sigmoid
 
 History = list[tuple[int, float]]  # (rounds of communication so far, objective) after each iteration
-
-
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    """sigma(z) = 1 / (1 + exp(-z)), without overflow."""
-    return np.exp(-np.logaddexp(0.0, -z))
 
 
 def part_loss_grad(part: tuple[Any, np.ndarray], w: np.ndarray) -> tuple[float, np.ndarray]:
     """One partition's sums: sum_i log(1 + exp(-y_i x_i.w)) and its gradient -sum_i sigma(-y_i m_i) y_i x_i."""
     X, y = part
     m = y * (X @ w)
-    return float(np.logaddexp(0.0, -m).sum()), X.T @ (-y * _sigmoid(-m))
+    return float(np.logaddexp(0.0, -m).sum()), X.T @ (-y * sigmoid(-m))
 
 
 def part_hess_vec(part: tuple[Any, np.ndarray], w: np.ndarray, v: np.ndarray) -> np.ndarray:
     """One partition's Hessian-vector product: sum_i s_i (1 - s_i) (x_i.v) x_i, s_i = sigma(x_i.w)."""
     X, _ = part
-    s = _sigmoid(X @ w)
+    s = sigmoid(X @ w)
     return X.T @ (s * (1 - s) * (X @ v))
 
 
@@ -69,7 +65,7 @@ class Objective:
         self.rounds += 1
         total = np.zeros((self.d, self.d))
         for X, _ in self.parts:
-            s = _sigmoid(X @ w)
+            s = sigmoid(X @ w)
             total += (X.T @ X.multiply((s * (1 - s))[:, None])).toarray()
         return total / self.n + self.l2 * np.eye(self.d)
 
@@ -117,21 +113,6 @@ def minibatch_sgd(obj: Objective, batch_size: int, lr: float, iters: int, eval_e
     return out
 
 
-def _conjugate_gradient(hv: Callable[[np.ndarray], np.ndarray], b: np.ndarray, iters: int, tol: float) -> np.ndarray:
-    """Approximately solve H x = b by conjugate gradient, one H-vector product per iteration."""
-    x, r = np.zeros_like(b), b.copy()
-    p, rr = r.copy(), float(r @ r)
-    for _ in range(iters):
-        hp = hv(p)
-        a = rr / float(p @ hp)
-        x, r = x + a * p, r - a * hp
-        rr_new = float(r @ r)
-        if rr_new ** 0.5 < tol * float(b @ b) ** 0.5:
-            break
-        p, rr = r + rr_new / rr * p, rr_new
-    return x
-
-
 def newton(obj: Objective, iters: int) -> History:
     """w <- w - H^-1 g with the explicit Hessian: two rounds per iteration, one of them d x d floats."""
     check.positive_int("iters", iters)
@@ -140,9 +121,16 @@ def newton(obj: Objective, iters: int) -> History:
 
 def newton_cg(obj: Objective, iters: int, cg_iters: int = 10, tol: float = 0.1) -> History:
     """w <- w - H^-1 g, H^-1 g by at most ``cg_iters`` Hessian-vector rounds (no d x d matrix is moved)."""
+    from scipy.sparse.linalg import LinearOperator, cg
+
     check.positive_int("iters", iters)
     check.positive_int("cg_iters", cg_iters)
-    return _descend(obj, iters, lambda w, g: _conjugate_gradient(lambda v: obj.hess_vec(w, v), g, cg_iters, tol))
+
+    def direction(w: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """H^-1 g by conjugate gradient, stopped once ||r|| < tol ||g||: one Hessian-vector round per iteration."""
+        hess = LinearOperator((obj.d, obj.d), matvec=lambda v: obj.hess_vec(w, v), dtype=np.float64)
+        return cg(hess, g, rtol=tol, maxiter=cg_iters)[0]
+    return _descend(obj, iters, direction)
 
 
 def lbfgs(obj: Objective, iters: int, memory: int = 10) -> History:

@@ -35,8 +35,7 @@ def predict_speedup(cooc: Cooccurrence, config: GloveConfig, updates_per_second:
         steps = max(1, int(round(epochs * cooc.nnz / (n * batch_size))))
         trace = simlib.run(problem, protocol, n_workers=n, steps=steps, batch_size=batch_size,
                            eval_every=max(1, steps // 10), **{**SHARED_MEMORY, **cluster},
-                           compute_per_unit=1.0 / updates_per_second, compute_overhead=0.0, value_bytes=4,
-                           key_bytes=4).trace
+                           compute_per_unit=1.0 / updates_per_second, compute_overhead=0.0).trace
         out[n] = {"updates_per_s": steps * n * batch_size / trace.makespan, "trace": trace}
     base = out[workers[0]]["updates_per_s"]
     for n in workers:

@@ -23,7 +23,7 @@ Example::
 """
 from __future__ import annotations
 
-import time
+import timeit
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -164,10 +164,5 @@ def step_seconds(problem: Any, batch: int, n_workers: int, latency: float = 5e-5
     check.positive("bandwidth", bandwidth)
     check.positive_int("repeats", repeats)
     theta, rows = problem.init_params(), np.arange(max(1, batch // n_workers))
-    best = np.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in problem.backward_layers(theta, rows):
-            pass
-        best = min(best, time.perf_counter() - start)
+    best = min(timeit.repeat(lambda: list(problem.backward_layers(theta, rows)), number=1, repeat=repeats))
     return best, ring_allreduce_time(n_workers, 8.0 * problem.n_params, latency, bandwidth)

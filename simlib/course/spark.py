@@ -18,8 +18,8 @@ The partitions run one after another in this process: the model, not a cluster. 
 """
 from __future__ import annotations
 
+import functools
 import os
-from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
@@ -53,17 +53,7 @@ class RDD:
         ``capacity`` partitions (None: all), the least recently used evicted first, as Spark's memory store does."""
         if capacity is not None:
             check.positive_int("capacity", capacity)
-        kept: OrderedDict[int, Any] = OrderedDict()
-
-        def cached(i: int) -> Any:
-            if i in kept:
-                kept.move_to_end(i)
-            else:
-                kept[i] = self._compute(i)
-                if capacity is not None and len(kept) > capacity:
-                    kept.popitem(last=False)
-            return kept[i]
-        return RDD(cached, self.n_parts, self.reads)
+        return RDD(functools.lru_cache(maxsize=capacity)(self._compute), self.n_parts, self.reads)
 
     def reduce(self, op: Callable[[Any, Any], Any]) -> Any:
         """An action: compute every partition through the chain and combine the results with ``op``."""

@@ -13,7 +13,6 @@ boundaries that co-occurrence windows never cross (a chapter, a line of a text f
 from __future__ import annotations
 
 import gzip
-import io
 import re
 import zlib
 from collections import Counter
@@ -70,7 +69,7 @@ def _open_text(path: str | Path) -> IO[str]:
         if head != b"\x1f\x8b":  # gzip's magic number
             raise ValueError(f"path: {str(path)!r} ends in .gz but is not gzip (it starts with {head!r}); "
                              "compress it with gzip, or drop the .gz suffix")
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", errors="replace")
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace")
     return open(path, encoding="utf-8", errors="replace")
 
 
@@ -195,5 +194,3 @@ class Vocabulary:
             pairs = [line.split() for line in f]
         return cls([w for w, _ in pairs], np.array([int(c) for _, c in pairs], dtype=np.int64))
 
-
-__all__ = ["Corpus", "Vocabulary", "load_kjv", "iter_text_file", "iter_text8", "tokenize", "KJV_PATH"]

@@ -25,16 +25,6 @@ from simlib.grade.gradebook import Refused, grade_class, part_totals
 from simlib.grade.sandbox import FLAGS, Interrupted, Limits
 
 COMMANDS = ("generate",)
-LIMIT_HELP = {  # Limits field -> (metavar, meaning); the flag is sandbox.FLAGS[field], the type its default's
-    "cell_s": ("S", "seconds one cell may run"),
-    "wall_s": ("S", "seconds a whole submission may run"),
-    "memory_mb": ("MB", "memory of all a submission's processes together where a cgroup can be made (as root), else "
-                        "twice this resident; address space per process"),
-    "max_procs": ("N", "processes a submission may run at once; with a cgroup, its pids.max, which counts threads "
-                       "and the sandbox's own 2 or 3"),
-    "output_mb": ("MB", "output one cell may print"),
-    "disk_mb": ("MB", "scratch space, and /dev/shm space, of a submission"),
-}
 
 
 class Usage(ValueError):
@@ -130,9 +120,9 @@ def grade(argv: list[str]) -> int:
     ap.add_argument("--solutions", type=Path, default=None,
                     help="where ASSIGNMENT is looked up (default: solutions, here if there is one, else the "
                          "course's own beside the simlib package)")
-    for name, (metavar, meaning) in LIMIT_HELP.items():
+    for name, (flag, metavar, meaning) in FLAGS.items():
         default = getattr(Limits(), name)
-        ap.add_argument(FLAGS[name], dest=name, type=type(default), default=default, metavar=metavar,
+        ap.add_argument(flag, dest=name, type=type(default), default=default, metavar=metavar,
                         help=f"{meaning} (default: {default:g})")
     ap.add_argument("--jobs", type=int, default=None, metavar="N",
                     help="submissions graded side by side (default: 2 in bubblewrap or as root, else 1)")
@@ -142,7 +132,7 @@ def grade(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     master = find_master(a.assignment, a.solutions if a.solutions is not None else course_folder("solutions"))
     out = a.out if a.out is not None else Path("grades") / master.stem
-    limits = Limits(**{name: getattr(a, name) for name in LIMIT_HELP})
+    limits = Limits(**{name: getattr(a, name) for name in FLAGS})
     rows = grade_class(master, a.submissions, out, limits, jobs=a.jobs, sandbox=a.sandbox)
     # grade_class lists each student's rows together
     for student, parts in groupby(rows, key=lambda r: r["student"]):

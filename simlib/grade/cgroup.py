@@ -23,10 +23,14 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 PREFIX = "simlib-grade-"
 FREEZE_S = 2.0  # how long to wait for a freeze, then for the cgroup to empty
 _serial = itertools.count()
+# per cgroup version: the freezer's state file, its frozen and thawed values, the file that shows it frozen and the text
+FREEZER = {2: ("cgroup.freeze", "1", "0", "cgroup.events", "frozen 1"),
+           1: ("freezer.state", "FROZEN", "THAWED", "freezer.state", "FROZEN")}
 
 
 @dataclass(frozen=True)
@@ -37,18 +41,14 @@ class Layout:
     version: int
     parents: dict[str, Path]
 
-    def describe(self) -> str:
-        return f"cgroup v{self.version}"
-
 
 def _own_paths(text: str) -> dict[str, str]:
     """/proc/self/cgroup -> {controller: path}; the v2 line ('0::/path') under 'unified'."""
     out = {}
     for line in text.splitlines():
         parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        out.update(dict.fromkeys(parts[1].split(",") if parts[1] else ["unified"], parts[2]))
+        if len(parts) == 3:
+            out.update(dict.fromkeys(parts[1].split(",") if parts[1] else ["unified"], parts[2]))
     return out
 
 
@@ -61,11 +61,8 @@ def _mounts(text: str) -> dict[str, tuple[str, str]]:
         if len(fields) < 5 or len(tail) < 3:
             continue
         root, point = fields[3], fields[4].replace("\\040", " ")
-        if tail[0] == "cgroup2":
-            out.setdefault("unified", (point, root))
-        elif tail[0] == "cgroup":
-            for opt in tail[2].split(","):
-                out.setdefault(opt, (point, root))
+        for name in ["unified"] if tail[0] == "cgroup2" else tail[2].split(",") if tail[0] == "cgroup" else []:
+            out.setdefault(name, (point, root))
     return out
 
 
@@ -74,11 +71,9 @@ def _folder(controller: str, own: dict[str, str], mounts: dict[str, tuple[str, s
     if controller not in own or controller not in mounts:
         return None
     point, root = mounts[controller]
-    path = own[controller]
-    if root != "/" and not (path == root or path.startswith(root.rstrip("/") + "/")):
+    if os.path.commonpath([own[controller], root]) != root:  # not below the mount's root: not visible here
         return None
-    rel = path[len(root.rstrip("/")):] if root != "/" else path
-    folder = Path(point) / rel.lstrip("/")
+    folder = Path(point) / os.path.relpath(own[controller], root)
     return folder if folder.is_dir() else None
 
 
@@ -161,7 +156,7 @@ def problem() -> str:
 def kind() -> str:
     """'cgroup v1', 'cgroup v2' or 'no cgroup': part of what a grade depends on."""
     found = layout()[0]
-    return found.describe() if found is not None else "no cgroup"
+    return f"cgroup v{found.version}" if found is not None else "no cgroup"
 
 
 def _read(path: Path) -> str:
@@ -203,18 +198,15 @@ class Cgroup:
         self.pids = self.dirs.get("pids", self.dirs.get("unified"))
         self.memory = self.dirs.get("memory", self.dirs.get("unified"))
         v2, limit = found.version == 2, str(memory_mb * 1024 * 1024)
-        made = []
         try:
             for folder in self.dirs.values():
                 folder.mkdir()
-                made.append(folder)
             (self.pids / "pids.max").write_text(str(max_procs))
             (self.memory / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(limit)
             # no swap beyond the limit (v1: where swap is accounted)
             _write(self.memory / ("memory.swap.max" if v2 else "memory.memsw.limit_in_bytes"), "0" if v2 else limit)
         except OSError:
-            for folder in made:
-                _rmdir(folder)
+            self.remove()  # those made (the others are gone already)
             raise
 
     def launcher(self, cmd: list[str]) -> list[str]:
@@ -252,56 +244,53 @@ class Cgroup:
     def kill(self) -> None:
         """SIGKILL every process in the cgroup at once (cgroup.kill, or freeze, kill, thaw), until it is empty."""
         deadline = time.monotonic() + FREEZE_S
-        while True:
-            self._kill_once(deadline)
-            if not self.members() or time.monotonic() > deadline:
-                return
-            time.sleep(0.005)
+        until(lambda: self._kill_once(deadline) or not self.members(), FREEZE_S)
 
     def _kill_once(self, deadline: float) -> None:
-        if self.layout.version == 2:
-            if not _write(self.pids / "cgroup.kill", "1"):  # kernels before 5.14 have no cgroup.kill
-                group = self.pids
-                self._frozen_kill(group / "cgroup.freeze", "1", "0", group / "cgroup.events", "frozen 1", deadline)
-        elif "freezer" in self.dirs:
-            state = self.dirs["freezer"] / "freezer.state"
-            self._frozen_kill(state, "FROZEN", "THAWED", state, "FROZEN", deadline)
-        else:
-            self._signal_all()
-
-    def _frozen_kill(self, state: Path, freeze: str, thaw: str, shows: Path, frozen: str, deadline: float) -> None:
-        """Freeze (so nothing forks between the listing and the kill), SIGKILL every member, thaw so they die."""
-        if _write(state, freeze):
-            while frozen not in _read(shows) and time.monotonic() < deadline:
-                time.sleep(0.002)
-        self._signal_all()
-        _write(state, thaw)
-
-    def _signal_all(self) -> None:
+        """cgroup.kill (v2, kernels from 5.14), else: freeze where a freezer is (so nothing forks between the listing
+        and the kill), SIGKILL every member, thaw so they die."""
+        v2 = self.layout.version == 2
+        if v2 and _write(self.pids / "cgroup.kill", "1"):
+            return
+        folder = self.pids if v2 else self.dirs.get("freezer")
+        state, freeze, thaw, shows, frozen = FREEZER[self.layout.version]
+        if folder is not None and _write(folder / state, freeze):
+            until(lambda: frozen in _read(folder / shows), deadline - time.monotonic(), 0.002)
         for pid in self.members():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+            signal_quietly(pid, signal.SIGKILL)
+        if folder is not None:
+            _write(folder / state, thaw)
 
     def remove(self) -> None:
         """Kill whatever is left in the cgroup and remove it from every hierarchy."""
         self.kill()
         for folder in self.dirs.values():
-            _rmdir(folder)
+            until(lambda: _rmdir(folder), FREEZE_S, 0.01)  # it fails while its last processes are being released
 
 
-def _rmdir(folder: Path) -> None:
-    """Remove a cgroup folder, waiting briefly for its last processes to be released."""
-    deadline = time.monotonic() + FREEZE_S
-    while True:
-        try:
-            folder.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.01)
+def _rmdir(folder: Path) -> bool:
+    """Remove a cgroup folder; whether it is gone."""
+    try:
+        folder.rmdir()
+    except OSError as exc:
+        return isinstance(exc, FileNotFoundError)
+    return True
+
+
+def until(done: Callable[[], Any], seconds: float, step: float = 0.005) -> bool:
+    """Call ``done`` every ``step`` s until it returns true (True) or ``seconds`` have passed (False)."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(step)
+    return True
+
+
+def signal_quietly(pid: int, sig: int) -> None:
+    """Send a signal to a process that may already be gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
 
 
 def create(max_procs: int, memory_mb: int) -> Cgroup | None:

@@ -10,7 +10,7 @@ unit, tests as compiled code) in one frame, moves the control pipe off stdin (wh
 /dev/null), and runs unit after unit, each on a "go" byte, answering each on the result pipe with
 ok or the error's type and message and the unit's nonce. A probe unit's calls (:mod:`simlib.grade.probe`)
 come after its "go" byte, once every cell has run; its answer carries their plain values. Each answer also
-says where the student's code read one of the library's reference answers (:func:`watch`), however its
+says where the student's code read one of the library's reference answers (:func:`know`), however its
 name was built (``importlib.import_module("simlib." + "protocol")``, ``__import__``, ``getattr`` chains),
 and where the student's code ran one (:func:`_profile`), however it was reached (``vars(module)[...]``,
 ``sys.modules[...].__dict__``, ``globals()``, the garbage collector, a clone of its code, another library
@@ -25,6 +25,7 @@ import contextlib
 import builtins
 import ctypes
 import fcntl
+import functools
 import importlib
 import json
 import marshal
@@ -48,25 +49,24 @@ SYS_LANDLOCK = {"create": 444, "add": 445, "restrict": 446}
 # Landlock filesystem rights (ABI 1..5), network rights (ABI 4) and scopes (ABI 6).
 FS_FILE = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # execute, write, read, truncate, ioctl
 FS_READ = (1 << 0) | (1 << 2) | (1 << 3)  # execute, read file, read dir
-FS_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 4: (1 << 15) - 1}
-FS_ALL_LATEST = (1 << 16) - 1
+FS_BITS = {1: 13, 2: 14, 3: 15, 4: 15}  # ABI -> how many filesystem rights it has (16 from ABI 5 on)
 NET_TCP = 1 | 2  # bind, connect
 SCOPES = 1 | 2  # abstract unix sockets, signals to processes outside the sandbox
 MESSAGE_CHARS = 600
 MAX_FRAME = 1 << 20  # the grader refuses larger replies
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.syscall.restype = ctypes.c_long
 
 
 def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -> int:
     """Confine this process (and its children) to the given paths; returns the ABI used (0 = unavailable)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    abi = libc.syscall(SYS_LANDLOCK["create"], None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    abi = LIBC.syscall(SYS_LANDLOCK["create"], None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     if abi < 1:
         return 0
-    fs = FS_ABI.get(abi, FS_ALL_LATEST)
-    fields = [fs, NET_TCP if abi >= 4 else 0, SCOPES if abi >= 6 else 0][: 1 if abi < 4 else (2 if abi < 6 else 3)]
+    fs = (1 << FS_BITS.get(abi, 16)) - 1
+    fields = [fs, NET_TCP, SCOPES][:1 + (abi >= 4) + (abi >= 6)]
     attr = struct.pack(f"{len(fields)}Q", *fields)
-    ruleset = libc.syscall(SYS_LANDLOCK["create"], ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    ruleset = LIBC.syscall(SYS_LANDLOCK["create"], ctypes.c_char_p(attr), ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
     if ruleset < 0:
         return 0
     rules = [(path, FS_READ if os.path.isdir(path) else FS_READ & FS_FILE) for path in read_only]
@@ -76,10 +76,10 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
         except OSError:
             continue
         rule = struct.pack("=Qi", access & fs, fd)
-        libc.syscall(SYS_LANDLOCK["add"], ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0))
+        LIBC.syscall(SYS_LANDLOCK["add"], ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_char_p(rule), ctypes.c_uint32(0))
         os.close(fd)
-    confined = (libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-                and libc.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) == 0)
+    confined = (LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+                and LIBC.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) == 0)
     os.close(ruleset)  # on either outcome: the submission's code must not find it open
     return int(abi) if confined else 0
 
@@ -93,16 +93,10 @@ def limit_resources(cfg: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def cut_network() -> bool:
-    """A new, empty network namespace (loopback down) when permitted; True if that worked."""
-    return ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) == 0
-
-
 def private_shm() -> bool:
     """A fresh tmpfs on /dev/shm in a new mount namespace (root only): segments vanish with the sandbox."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    return (libc.unshare(CLONE_NEWNS) == 0 and libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
-            and libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0)
+    return (LIBC.unshare(CLONE_NEWNS) == 0 and LIBC.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) == 0
+            and LIBC.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0)
 
 
 def refuse_inet(event: str, args: tuple) -> None:
@@ -114,10 +108,7 @@ def refuse_inet(event: str, args: tuple) -> None:
 def read_frame(fd: int) -> Any:
     """One length-prefixed JSON frame, or None at end of input."""
     head = read_exact(fd, 4)
-    if head is None:
-        return None
-    (n,) = struct.unpack(">I", head)
-    body = read_exact(fd, n)
+    body = None if head is None else read_exact(fd, int.from_bytes(head, "big"))
     return None if body is None else json.loads(body.decode("utf-8"))
 
 
@@ -157,13 +148,13 @@ def private_control(fd: int) -> int:
 
 
 class Watched(types.ModuleType):
-    """A library module whose reads of the reference answers (:func:`watch`) by the student's code are noted."""
+    """A library module whose reads of the reference answers (:func:`know`) by the student's code are noted."""
 
     def __getattribute__(self, name: str) -> Any:
         value = types.ModuleType.__getattribute__(self, name)
         ref = WATCHED.get(id(self), {}).get(name)
         if ref is not None:
-            _note(ref)
+            _note(sys._getframe(1), ref)
         return value
 
 
@@ -183,9 +174,10 @@ def _asker(frame: types.FrameType | None) -> types.FrameType | None:
     return frame
 
 
-def _note(ref: str) -> None:
-    """Note a read of ``ref`` when the code that asked for it (the standard library passed over) is the student's."""
-    frame = _asker(sys._getframe(2))
+def _note(start: types.FrameType | None, ref: str) -> None:
+    """Note a read or a run of ``ref`` when the code that asked for it, from frame ``start`` outward (the standard
+    library passed over), is the student's."""
+    frame = _asker(start)
     if frame is not None and _mine(frame) and len(NOTED) < MAX_NOTED:
         NOTED[(frame.f_code.co_filename, frame.f_lineno, ref)] = None
 
@@ -207,12 +199,10 @@ def _resolve(ref: str) -> Any:
     parts = ref.split(".")
     for k in range(len(parts) - 1, 0, -1):
         try:
-            obj = importlib.import_module(".".join(parts[:k]))
+            module = importlib.import_module(".".join(parts[:k]))
         except ImportError:
             continue
-        for attr in parts[k:]:
-            obj = getattr(obj, attr)
-        return obj
+        return functools.reduce(getattr, parts[k:], module)
     raise LookupError(ref)
 
 
@@ -232,8 +222,10 @@ def _fingerprint(code: types.CodeType) -> tuple:
 
 
 def know(refs: list[str]) -> None:
-    """Resolve the references (again when modules were loaded): their objects, code objects and fingerprints, for :func:`_profile` and :func:`named`;
-    for a keyword ('staleness_aware'), the code of every library function and class that takes it."""
+    """Resolve the references (again when modules were loaded): their objects, code objects and fingerprints, for
+    :func:`_profile` and :func:`named`; for a keyword ('staleness_aware'), the code of every library function and class
+    that takes it. Then watch every library module that holds one of the objects, under any name (:class:`Watched`):
+    the library's reference answers, read at run time by name."""
     for ref in [r for r in refs if "." in r]:
         with contextlib.suppress(Exception):  # a reference the library no longer has is nothing to watch
             obj = _resolve(ref)
@@ -242,8 +234,13 @@ def know(refs: list[str]) -> None:
                 REF_CODES[id(code)] = (code, ref)
                 REF_PRINTS[_fingerprint(code)] = ref
     keywords = {r for r in refs if "." not in r}
-    for module in [m for name, m in list(sys.modules.items()) if keywords and name.split(".")[0] == "simlib"]:
-        for obj in list(vars(module).values()):
+    for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "simlib"]:
+        with contextlib.suppress(Exception):  # an entry the submission put there need not be a module
+            found = {k: REF_OBJECTS[id(v)][1] for k, v in list(vars(module).items()) if id(v) in REF_OBJECTS}
+            if found and type(module) in (types.ModuleType, Watched):
+                WATCHED[id(module)] = found
+                module.__class__ = Watched
+        for obj in list(vars(module).values()) if keywords else []:
             for code in _codes(obj) if getattr(obj, "__module__", None) == module.__name__ else []:
                 taken = keywords & set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
                 REF_CODES.update({id(code): (code, min(taken))} if taken else {})
@@ -275,12 +272,9 @@ def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
 
 
 def _ran(start: types.FrameType | None, ref: str) -> None:
-    """A reference ran, called from frame ``start``: noted where the student's code called it (the asking code past
-    the standard library, as in :func:`_note`); kept in RAN with the innermost student line on the stack, however
-    many of the library's frames lie between."""
-    caller = _asker(start)
-    if caller is not None and _mine(caller) and len(NOTED) < MAX_NOTED:
-        NOTED[(caller.f_code.co_filename, caller.f_lineno, ref)] = None
+    """A reference ran, called from frame ``start``: noted where the student's code called it (:func:`_note`); kept
+    in RAN with the innermost student line on the stack, however many of the library's frames lie between."""
+    _note(start, ref)
     if ref not in RAN:  # the frames past serve's are the child's start (``python -c``), nobody's code
         while start is not None and start.f_code is not serve.__code__ and not _mine(start):
             start = start.f_back
@@ -344,22 +338,6 @@ def _hook(on: bool) -> None:
     _THREAD_SETPROFILE(_profile if on else None)
 
 
-def watch(refs: list[str]) -> None:
-    """Watch every library module that holds one of ``refs`` (dotted: 'simlib.protocol.may_read'), under any name,
-    modules loaded since the last call included; the library's reference answers, read at run time by name."""
-    targets = {}
-    for ref in refs:
-        module, _, attr = ref.rpartition(".")
-        with contextlib.suppress(Exception):  # a reference the library no longer has is nothing to watch
-            targets[id(getattr(importlib.import_module(module), attr))] = ref
-    for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "simlib"]:
-        with contextlib.suppress(Exception):  # an entry the submission put there need not be a module
-            found = {k: targets[id(v)] for k, v in list(vars(module).items()) if id(v) in targets}
-            if found and type(module) in (types.ModuleType, Watched):
-                WATCHED[id(module)] = found
-                module.__class__ = Watched
-
-
 def noted() -> list[list[Any]]:
     """The reads noted since the last call, as [file, line, reference]."""
     out = [list(k) for k in NOTED]
@@ -376,9 +354,8 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
         if _READ(control, 1) != b"g":
             return
         unit, plan[seq] = plan[seq], {}
-        code = None
+        code = values = None
         if refs and len(sys.modules) != loaded:  # a module loaded since may hold a reference too
-            watch(refs)
             know(refs)
             loaded = len(sys.modules)
         hooked = bool(REF_CODES) and bool(unit.get("student") or unit.get("late"))  # the student's code runs
@@ -391,16 +368,16 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
                 named(calls, namespace)
                 values = [_answer(call, namespace, kept) for call in calls]
                 del kept
-                reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": "", "values": values}
             else:
                 code = (marshal.loads(base64.b64decode(unit.pop("code"))) if "code" in unit
                         else compile(unit.pop("source"), f"<{unit['name']}>", "exec"))
                 exec(code, namespace)
-                reply = {"seq": seq, "nonce": unit["nonce"], "ok": True, "error": ""}
+            ok, error = True, ""
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
-            reply = {"seq": seq, "nonce": unit["nonce"], "ok": False, "error": describe(exc)}
+            ok, error = False, describe(exc)
         if hooked:
             _hook(False)
+        reply = {"seq": seq, "nonce": unit["nonce"], "ok": ok, "error": error, "values": values}
         del code, unit
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()
@@ -433,9 +410,10 @@ def main() -> None:
 
     import simlib  # noqa: F401
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.realpath(cfg["root"])]
-    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    netns = cut_network() if os.getuid() == 0 else False
-    shm = private_shm() if os.getuid() == 0 else False
+    LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    as_root = os.getuid() == 0  # then a new, empty network namespace (loopback down) and a private /dev/shm
+    netns = as_root and LIBC.unshare(CLONE_NEWNET) == 0
+    shm = as_root and private_shm()
     limit_resources(cfg)
     proc = ["/proc"] if cfg["own_proc"] else [f"/proc/{os.getpid()}", "/proc/stat", "/proc/cpuinfo", "/proc/meminfo"]
     read_only = cfg["read_only"] + proc + ["/sys/devices/system/cpu"]

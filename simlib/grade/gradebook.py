@@ -52,17 +52,16 @@ class Refused(Exception):
 
 
 def build_units(master: dict[str, Any], student: dict[str, Any],
-                drawn: dict[str, list[dict[str, Any]]] | None = None) -> tuple[list[Unit], dict[int, str]]:
+                drawn: dict[str, list[dict[str, Any]]] | None = None) -> list[Unit]:
     """What runs: the student's cells ('answer' units), with locked and test cells taken from the master.
 
-    Returns the units and, for test units, the grade_id of the part each belongs to. Test cells
-    run as two units (visible, then hidden) so feedback can say which failed; a part with calls in
-    ``drawn`` (see :mod:`simlib.grade.probe`) sends those calls in place of its hidden tests. Locked
-    cells the student deleted are appended at the end.
+    A test unit names the part (grade_id) it belongs to. Test cells run as two units (visible, then
+    hidden) so feedback can say which failed; a part with calls in ``drawn`` (see
+    :mod:`simlib.grade.probe`) sends those calls in place of its hidden tests. Locked cells the
+    student deleted are appended at the end.
     """
     by_id = {str(nbm.meta(c)["grade_id"]): c for c in master["cells"] if nbm.meta(c).get("grade_id")}
     units: list[Unit] = []
-    part_of: dict[int, str] = {}
     used: set[str] = set()
 
     def add_master(gid: str, cell: dict[str, Any]) -> None:
@@ -73,8 +72,7 @@ def build_units(master: dict[str, Any], student: dict[str, Any],
             hidden_unit = (hidden, "test") if calls is None else (json.dumps(probe.sent(calls)), "probe")
             for label, (code, kind) in (("visible tests", (visible, "test")), ("hidden tests", hidden_unit)):
                 if code.strip():
-                    part_of[len(units)] = gid
-                    units.append(Unit(f"{gid}: {label}", code, kind))
+                    units.append(Unit(f"{gid}: {label}", code, kind, gid))
         else:
             units.append(Unit(gid, nbm.source(cell), "code"))
 
@@ -95,11 +93,10 @@ def build_units(master: dict[str, Any], student: dict[str, Any],
         if gid not in used and mcell.get("cell_type") == "code" and not nbm.is_answer(mcell):
             add_master(gid, mcell)
     # probes last: no cell of the student's runs after one, so nothing it saw can reach the feedback
-    order = sorted(range(len(units)), key=lambda i: units[i].kind == "probe")
-    return [units[i] for i in order], {new: part_of[old] for new, old in enumerate(order) if old in part_of}
+    return sorted(units, key=lambda u: u.kind == "probe")
 
 
-def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], outcomes: list[Outcome]) -> list[dict[str, Any]]:
+def score(master: dict[str, Any], units: list[Unit], outcomes: list[Outcome]) -> list[dict[str, Any]]:
     """One row per part: full points if every test unit of the part passed, else 0 and the messages."""
     rows = []
     for part in nbm.parts(master):
@@ -107,7 +104,7 @@ def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], ou
         if part.kind == "manual":
             row["status"] = "needs manual grading"
         else:
-            mine = [i for i, gid in part_of.items() if gid == part.grade_id]
+            mine = [i for i, unit in enumerate(units) if unit.part == part.grade_id]
             failed = [i for i in mine if not outcomes[i].ok]
             if mine and not failed:
                 row.update(points=part.points, status="passed")
@@ -120,24 +117,23 @@ def score(master: dict[str, Any], units: list[Unit], part_of: dict[int, str], ou
 
 def hidden_lines(master: dict[str, Any]) -> list[str]:
     """The hidden tests' lines worth looking for in a message (long enough not to match by chance)."""
-    return [ln.strip() for cell in master["cells"] if nbm.is_test(cell)
-            for ln in nbm.split_hidden(nbm.source(cell))[1].splitlines() if len(ln.strip()) >= 10]
+    return [ln.strip() for _, hidden in nbm.hidden_tests(master) for ln in hidden.splitlines() if len(ln.strip()) >= 10]
 
 
-def clean(text: str, secret: list[str]) -> str:
+def clean(text: str, secret: list[str] = ()) -> str:
     """A message fit for feedback: one printable line, at most MESSAGE_CHARS, never quoting hidden tests; invisible
     characters shown escaped ('s02\\u200b'), so a name never looks like another."""
-    text = "".join(ch if ch.isprintable() else " " if ch.isspace() else ascii(ch)[1:-1] for ch in str(text))
-    if any(line in text for line in secret) or any(line in " ".join(text.split()) for line in secret):
+    printable = "".join(ch if ch.isprintable() else " " if ch.isspace() else ascii(ch)[1:-1] for ch in str(text))
+    text = " ".join(printable.split())
+    if any(line in printable or line in text for line in secret):
         return "(message withheld: it quotes the hidden tests)"
-    text = " ".join(text.split())
     return text if len(text) <= MESSAGE_CHARS else text[:MESSAGE_CHARS] + " ..."
 
 
 def refused(master: dict[str, Any], reason: str) -> dict[str, Any]:
     """The result of a submission that was not run: 0 for every autograded part, with the reason."""
-    reason = clean(reason, [])
-    rows = score(master, [], {}, [])
+    reason = clean(reason)
+    rows = score(master, [], [])
     for row in rows:
         if row["status"] != "needs manual grading":
             row.update(status=f"not graded: {reason}", messages=[])
@@ -165,29 +161,29 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     master = nbm.load(master_path)
     try:
         student = nbm.loads(data)
-        units, part_of = build_units(master, student, drawn)
+        units = build_units(master, student, drawn)
     except (nbm.NotebookError, ValueError, RecursionError, TypeError) as exc:
         return refused(master, str(exc))
     refs = nbm.references(master)
     report = run_units(units, data, limits, numba_cache, warm, sandbox, stop, sorted(refs))
     secret = hidden_lines(master)
-    outcomes = [Outcome(o.ok, clean(o.error, secret), o.fatal) for o in report.outcomes]
+    outcomes = [Outcome(o.ok, clean(o.error, secret)) for o in report.outcomes]
     replies, ran = {}, []
     heads = {str(c.get("call", c.get("name", ""))).split(".")[0] for calls in (drawn or {}).values() for c in _calls_in(calls)}
     known = {f"<{u.name}>" for u in units if u.kind == "answer"} | {"<string>", "the submission's code"} | {
         f"the name {h!r} the grader calls" for h in heads}  # the code names the sandbox may report, none of its own
-    checks = {gid: probe.functions(hidden) for gid, hidden in hidden_blocks(master).items() if gid in (drawn or {})}
+    checks = {gid: probe.functions(hidden) for gid, hidden in nbm.hidden_tests(master) if gid in (drawn or {})}
     for i, (unit, got) in enumerate(zip(units, report.outcomes)):
         if unit.kind == "probe" and got.ok:
             replies[unit.name] = got.values
             want = got.values if expected is None else expected.get(unit.name, [])  # the master: every call answered
-            why = probe.verdict(got.values, want, drawn[part_of[i]], checks[part_of[i]])
+            why = probe.verdict(got.values, want, drawn[unit.part], checks[unit.part])
             outcomes[i] = Outcome(not why, why)
-            ran += probe.ran_beyond(got.values, want, drawn[part_of[i]], refs | {TAMPER}, unit.name, known)
+            ran += probe.ran_beyond(got.values, want, drawn[unit.part], refs | {TAMPER}, unit.name, known)
     errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind in ("code", "answer") and o.ok is False]
     if len(errors) > MAX_CELL_ERRORS:
         errors = errors[:MAX_CELL_ERRORS] + [f"... and {len(errors) - MAX_CELL_ERRORS} more"]
-    return {"parts": score(master, units, part_of, outcomes), "cell_errors": errors, "notes": report.notes,
+    return {"parts": score(master, units, outcomes), "cell_errors": errors, "notes": report.notes,
             "flags": flags(refs, units, [Outcome(used=[(f if f in known else "<code built at run time>", line, ref)
                                                        for o in report.outcomes for f, line, ref in o.used] + ran)],
                            nbm.declared(master))} | (
@@ -205,9 +201,9 @@ def flags(refs: set[str], units: list[Unit], outcomes: list[Outcome], declared: 
     for name, line, ref in sorted(found, key=lambda f: (order.get(f[0], len(order)), f[0], f[1], f[2])):
         lines = mine[name].source.splitlines() if name in mine else []
         text = lines[line - 1].strip() if 0 < line <= len(lines) else "(code the submission built at run time)"
-        where = clean(mine[name].name if name in mine else f"code named {name}" if line else name, [])[:80] + (f" line {line}: {clean(text, [])[:200]}"
-                                                                             if line or name in mine else "")
-        what = (f"uses {clean(ref, [])}, the library's reference answer" if ref != TAMPER else
+        where = clean(mine[name].name if name in mine else f"code named {name}" if line else name)[:80]
+        where += f" line {line}: {clean(text)[:200]}" if line or name in mine else ""
+        what = (f"uses {clean(ref)}, the library's reference answer" if ref != TAMPER else
                 "replaces or removes the grader's call watch, sys.setprofile: what its code ran is not known")
         out.append(f"{where} ({what})")
     return out[:MAX_CELL_ERRORS]
@@ -259,100 +255,92 @@ def shown(name: str) -> str:
     return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder",
+          stat.S_IFREG: "a regular file"}
+
+
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder")):
-        if test(mode):
-            return name
-    return "a regular file" if stat.S_ISREG(mode) else "a special file"
+    return _KINDS.get(stat.S_IFMT(mode), "a special file")
+
+
+def _no_follow(path: str, flags: int) -> int:
+    """open(2) that fails on a link (ELOOP) and never waits (on a FIFO)."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
 
 
 def read_notebook(path: Path) -> tuple[bytes, str]:
     """(bytes, '') of a regular file of at most MAX_NOTEBOOK_MB, else (b'', why not); never follows links."""
+    cap = MAX_NOTEBOOK_MB * 1024 * 1024
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        link = exc.errno == errno.ELOOP
-        return b"", "the notebook is a symbolic link" if link else f"the notebook cannot be read ({exc.strerror})"
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return b"", f"the notebook is {_kind(st.st_mode)}, not a regular file"
-        cap = MAX_NOTEBOOK_MB * 1024 * 1024
-        with os.fdopen(os.dup(fd), "rb") as f:
+        with open(path, "rb", opener=_no_follow) as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                return b"", f"the notebook is {_kind(mode)}, not a regular file"
             data = f.read(cap + 1)
-        if len(data) > cap:
-            return b"", f"the notebook is larger than {MAX_NOTEBOOK_MB} MB"
-        return data, ""
-    except OSError as exc:
-        return b"", f"the notebook cannot be read ({exc.strerror})"
-    finally:
-        os.close(fd)
+    except OSError as exc:  # open() refuses a folder itself
+        why = {errno.ELOOP: "is a symbolic link", errno.EISDIR: "is a folder, not a regular file"}
+        return b"", f"the notebook {why.get(exc.errno, f'cannot be read ({exc.strerror})')}"
+    return (b"", f"the notebook is larger than {MAX_NOTEBOOK_MB} MB") if len(data) > cap else (data, "")
 
 
 def _notebooks_in(folder: Path, assignment: str) -> tuple[list[Path], str]:
     """The notebooks in a student's folder, the one to grade first (ASSIGNMENT.ipynb, else the first by path),
     or why none; files and folders are counted against MAX_FILES."""
-    found: list[tuple[bool, str, Path]] = []
+    found: list[Path] = []
     seen = 0
     for here, dirs, files in os.walk(folder, followlinks=False):
         if os.path.relpath(here, folder).count(os.sep) >= MAX_DEPTH:
             return [], f"the folder holds folders nested more than {MAX_DEPTH} deep"
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         seen += len(files) + len(dirs)
-        found += [(name != f"{assignment}.ipynb", os.path.join(here, name), Path(here) / name)
-                  for name in files if name.endswith(".ipynb") and not name.startswith(".")]
+        found += [Path(here) / name for name in files if name.endswith(".ipynb") and not name.startswith(".")]
         if seen > MAX_FILES:
             return [], f"the folder holds more than {MAX_FILES} files and folders"
     if not found:
         return [], "no notebook found in the submission"
-    return [path for *_, path in sorted(found)], ""
+    return sorted(found, key=lambda path: (path.name != f"{assignment}.ipynb", str(path))), ""
 
 
-def _unique(names: list[str]) -> list[str]:
-    """The names, later repeats suffixed ' (2)', ' (3)', ... (an entry and a clash's entry name may meet)."""
-    taken: dict[str, None] = {}  # a dict: the names in order
-    for name in names:
-        candidate, k = name, 1
-        while candidate in taken:
-            k += 1
-            candidate = f"{name} ({k})"
-        taken[candidate] = None
-    return list(taken)
+def _fresh(name: str, taken: set[str], suffix: str, key: Callable[[str], str] = str) -> str:
+    """``name``, else the first of ``name + suffix.format(2)``, ``(3)``, ... whose key is not yet taken; now taken."""
+    candidate, k = name, 1
+    while key(candidate) in taken:
+        k += 1
+        candidate = name + suffix.format(k)
+    taken.add(key(candidate))
+    return candidate
 
 
-def _entry(entry: os.DirEntry, assignment: str) -> tuple[Submission | None, str]:
+def _entry(entry: os.DirEntry, assignment: str) -> Submission | str:
     """One entry of the class folder: its submission, or a note saying why it is not one."""
     name = shown(entry.name)
     if name.startswith("."):
-        return None, f"ignored {name!r}: a hidden entry (its name starts with '.'); rename it to grade it"
+        return f"ignored {name!r}: a hidden entry (its name starts with '.'); rename it to grade it"
     try:
         mode = entry.stat(follow_symlinks=False).st_mode
     except OSError as exc:
-        return Submission(name, name, problem=f"{name} cannot be read ({exc.strerror})"), ""
+        return Submission(name, name, problem=f"{name} cannot be read ({exc.strerror})")
     if stat.S_ISDIR(mode):
         paths, problem = _notebooks_in(Path(entry.path), assignment)
-        sub = Submission(name, name + "/", problem=problem)
-        if paths:
-            sub.data, sub.problem = read_notebook(paths[0])
-            rel = [shown(str(p.relative_to(entry.path))) for p in paths]
-            if len(rel) > 1:
-                sub.notes.append(f"{name}/: graded {rel[0]}; not graded: {', '.join(rel[1:6])}"
-                                 + (f" and {len(rel) - 6} more" if len(rel) > 6 else ""))
-        return sub, ""
+        data, problem = read_notebook(paths[0]) if paths else (b"", problem)
+        sub = Submission(name, name + "/", data, problem)
+        rel = [shown(str(p.relative_to(entry.path))) for p in paths]
+        if len(rel) > 1:
+            sub.notes.append(f"{name}/: graded {rel[0]}; not graded: {', '.join(rel[1:6])}"
+                             + (f" and {len(rel) - 6} more" if len(rel) > 6 else ""))
+        return sub
     archive = next((a for a in ARCHIVES if name.lower().endswith(a)), "")
     if archive and stat.S_ISREG(mode):
         stem = name[: -len(archive)] or name
         return Submission(stem, name, problem=f"{name} is an archive, not a notebook: unpack it into {stem}/ "
-                                              "and grade again"), ""
-    if name.endswith(".ipynb") or not stat.S_ISREG(mode):  # links and special files are refused by name
-        sub = Submission(name.removesuffix(".ipynb") or name, name)
-        if stat.S_ISREG(mode):
-            sub.data, sub.problem = read_notebook(Path(entry.path))
-        else:
-            sub.problem = f"{name} is {_kind(mode)}, not a notebook or a folder"
-        return sub, ""
-    return None, f"ignored {name!r}: {_kind(mode)}, neither a notebook nor a folder"
+                                              "and grade again")
+    if not stat.S_ISREG(mode):  # links and special files are refused by name
+        return Submission(name.removesuffix(".ipynb") or name, name,
+                          problem=f"{name} is {_kind(mode)}, not a notebook or a folder")
+    if name.endswith(".ipynb"):
+        return Submission(name.removesuffix(".ipynb") or name, name, *read_notebook(Path(entry.path)))
+    return f"ignored {name!r}: {_kind(mode)}, neither a notebook nor a folder"
 
 
 def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], list[str]]:
@@ -366,12 +354,9 @@ def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], l
         raise ValueError(f"submissions-dir: {folder} does not exist")
     if not folder.is_dir():
         raise ValueError(f"submissions-dir: {folder} is not a folder")
-    subs: list[Submission] = []
-    notes: list[str] = []
-    for entry in sorted(os.scandir(folder), key=lambda e: os.fsencode(e.name)):
-        sub, note = _entry(entry, assignment)
-        subs += [sub] if sub is not None else []
-        notes += [note] if note else []
+    entries = [_entry(entry, assignment) for entry in sorted(os.scandir(folder), key=lambda e: os.fsencode(e.name))]
+    subs = [e for e in entries if isinstance(e, Submission)]
+    notes = [e for e in entries if isinstance(e, str)]
     if not subs:
         raise ValueError(f"submissions-dir: {folder} holds no submissions (NAME.ipynb files or NAME/ folders)")
     clash: dict[str, list[Submission]] = {}
@@ -386,8 +371,9 @@ def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], l
                 sub.notes.append(f"{entries} name the same student up to case, width or accents (or invisible "
                                  "characters): each is graded "
                                  "under its entry's name; check which is whose")
-    for sub, name in zip(subs, _unique([s.student for s in subs])):
-        sub.student = name
+    taken: set[str] = set()
+    for sub in subs:  # later repeats suffixed ' (2)', ' (3)', ... (an entry and a clash's entry name may meet)
+        sub.student = _fresh(sub.student, taken, " ({})")
     return subs, notes
 
 
@@ -399,12 +385,7 @@ def feedback_names(students: list[str]) -> dict[str, str]:
     for student in students:
         stem = student if _PLAIN.fullmatch(student) else (
             f"{_SAFE.sub('_', student)[:60].strip('._-') or 'student'}-{hashlib.sha256(student.encode()).hexdigest()[:10]}")
-        k = 1
-        while f"{stem}.txt".casefold() in taken:
-            k += 1
-            stem = f"{stem}-{k}"
-        taken.add(f"{stem}.txt".casefold())
-        out[student] = f"{stem}.txt"
+        out[student] = _fresh(stem, taken, "-{}", str.casefold) + ".txt"
     return out
 
 
@@ -421,8 +402,8 @@ def check_hidden(master_path: Path, out_dir: Path, submissions: Path) -> None:
         root = exposed(path)
         if root is not None:
             raise ValueError(f"{what}: {path} lies inside {root}, which submissions may read; move it elsewhere")
-    out, subs = os.path.realpath(out_dir), os.path.realpath(submissions)
-    if out == subs or out.startswith(subs.rstrip("/") + "/"):
+    subs = os.path.realpath(submissions)
+    if os.path.commonpath([os.path.realpath(out_dir), subs]) == subs:
         raise ValueError(f"--out: {out_dir} lies inside submissions-dir {submissions}, where the next run would "
                          "take it for a student; put it elsewhere")
 
@@ -439,10 +420,10 @@ class Progress:
     def step(self, student: str, points: float, max_points: float, cached: bool) -> None:
         """Count one student done."""
         self.done += 1
-        student, note = clean(student, []), " (cached)" if cached else ""
+        student, note = clean(student), " (cached)" if cached else ""
         if self.bar.disable:
-            self.stream.write(f"graded {self.done}/{self.total}: {student} {points:g}/{max_points:g}{note}\n")
-            self.stream.flush()
+            print(f"graded {self.done}/{self.total}: {student} {points:g}/{max_points:g}{note}", file=self.stream,
+                  flush=True)
             return
         self.bar.set_postfix_str(student[:20], refresh=False)
         self.bar.update(1)
@@ -486,7 +467,7 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
     notes += [n for sub in found for n in sub.notes]
     notes += [f"removed {len(stale)} scratch folder(s) of graders that were killed"] if stale else []
     for line in notes:
-        print(f"note: {clean(line, [])}", file=log)
+        print(f"note: {clean(line)}", file=log)
     names = feedback_names([s.student for s in found])
     (out_dir / ".cache").mkdir(parents=True, exist_ok=True)
     (out_dir / "feedback").mkdir(exist_ok=True)
@@ -504,9 +485,9 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
         try:
             write_feedback(out_dir / "feedback" / names[sub.student], master_path.stem, sub.student, result)
         except OSError as exc:
-            print(f"note: feedback for {clean(sub.student, [])} not written ({exc.strerror})", file=log)
+            print(f"note: feedback for {clean(sub.student)} not written ({exc.strerror})", file=log)
         for flag in result.get("flags", []):
-            print(f"flag: {clean(sub.student, [])}: {flag}", file=log)
+            print(f"flag: {clean(sub.student)}: {flag}", file=log)
         if bar is not None:
             bar.step(sub.student, *part_totals(result["parts"]), cached)
 
@@ -537,11 +518,11 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
             finish(sub, done.result(), False, hit)
     missing = [sub.student for sub in found if sub.student not in results]
     results.update({student: refused(master, INTERRUPTED) for student in missing})  # not cached, no feedback
+    flagged = {"status": "passed; flagged (notes.txt)"}
     rows = [{"assignment": master_path.stem, "student": sub.student} | {k: row[k] for k in export.COLUMNS[2:]}
+            | (flagged if row["status"] == "passed" and results[sub.student].get("flags") else {})
             for sub in found for row in results[sub.student]["parts"]]
     notes += [f"{sub.student}: flagged: {flag}" for sub in found for flag in results[sub.student].get("flags", [])]
-    rows = [r | {"status": "passed; flagged (notes.txt)"} if r["status"] == "passed" and results[r["student"]].get("flags")
-            else r for r in rows]
     write_outputs(out_dir, master, found, rows, filled, notes + [f"{s}: {INTERRUPTED}" for s in missing])
     if missing:
         raise Interrupted(f"{len(found) - len(missing)} of {len(found)} submissions graded, written to "
@@ -563,7 +544,7 @@ def write_outputs(out_dir: Path, master: dict[str, Any], found: list[Submission]
     rows = export.merge_manual(rows, filled)
     export.write_gradebook(out_dir / "gradebook.csv", rows)
     export.write_wide(out_dir / "gradebook-wide.csv", rows, {sub.student: sub.entry for sub in found})
-    (out_dir / "notes.txt").write_text("".join(f"{clean(n, [])}\n" for n in notes), encoding="utf-8")
+    (out_dir / "notes.txt").write_text("".join(f"{clean(n)}\n" for n in notes), encoding="utf-8")
 
 
 def _grade_one(master: dict[str, Any], master_path: Path, data: bytes, limits: Limits, kernels: Path,
@@ -601,7 +582,7 @@ def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str,
                                   probes=Probes(drawn or {}))
     except SandboxError as exc:
         shutil.rmtree(kernels, ignore_errors=True)
-        raise Refused(f"the master notebook {master_path.name} could not run in the sandbox: {clean(str(exc), [])} "
+        raise Refused(f"the master notebook {master_path.name} could not run in the sandbox: {clean(str(exc))} "
                       f"(is --memory-mb {limits.memory_mb} too low?)") from None
     short = [r for r in result["parts"] if r["status"] not in ("passed", "needs manual grading")]
     if short or result["cell_errors"]:
@@ -610,7 +591,7 @@ def check_master(master_path: Path, out_dir: Path, limits: Limits, sandbox: str,
         why = result["cell_errors"][0] if result["cell_errors"] else (
             f"{short[0]['part']}: {(short[0]['messages'] or [short[0]['status']])[0]}")
         raise Refused(f"the master notebook {master_path.name} scores {got:g}/{of:g} in the sandbox"
-                      f"{' with errors' if result['cell_errors'] else ''}, so students would lose points ({clean(why, [])}); "
+                      f"{' with errors' if result['cell_errors'] else ''}, so students would lose points ({clean(why)}); "
                       f"check that {sys.executable} has every package the notebook imports and that --cell-timeout "
                       f"{limits.cell_s:g}, --timeout {limits.wall_s:g} and --memory-mb {limits.memory_mb} are enough")
     passed.write_text(json.dumps(result, indent=1, sort_keys=True))
@@ -624,13 +605,8 @@ def drawn_calls(master: dict[str, Any], out_dir: Path) -> dict[str, list[Any]]:
     if not path.is_file():
         path.write_text(str(secrets.randbits(63)))
     seed = int(path.read_text())
-    drawn = {gid: probe.calls(hidden, seed) for gid, hidden in hidden_blocks(master).items()}
+    drawn = {gid: probe.calls(hidden, seed) for gid, hidden in nbm.hidden_tests(master)}
     return {gid: calls for gid, calls in drawn.items() if calls is not None}
-
-
-def hidden_blocks(master: dict[str, Any]) -> dict[str, str]:
-    """grade_id -> the hidden-test code of each test cell."""
-    return {str(nbm.meta(c)["grade_id"]): nbm.split_hidden(nbm.source(c))[1] for c in master["cells"] if nbm.is_test(c)}
 
 
 def write_feedback(path: Path, assignment: str, student: str, result: dict[str, Any]) -> None:
@@ -638,7 +614,7 @@ def write_feedback(path: Path, assignment: str, student: str, result: dict[str, 
     errors raised by the student's own cells; bounded (see MESSAGE_CHARS, MAX_CELL_ERRORS)."""
     total, auto_max = part_totals(result["parts"])
     manual = sum(r["max_points"] for r in result["parts"] if r["status"] == "needs manual grading")
-    lines = [f"{assignment}: feedback for {clean(student, [])}", "",
+    lines = [f"{assignment}: feedback for {clean(student)}", "",
              f"Autograded: {total:g} / {auto_max:g} points" + (f"; {manual:g} more points are graded by hand." if manual else ""), ""]
     if result.get("refused"):
         lines += [f"Your submission was not graded: {result['refused']}", ""]

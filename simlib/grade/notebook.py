@@ -63,11 +63,6 @@ def is_answer(cell: dict[str, Any]) -> bool:
     return bool(meta(cell).get("solution"))
 
 
-def is_manual(cell: dict[str, Any]) -> bool:
-    """A hand-graded answer: graded and a solution cell."""
-    return bool(meta(cell).get("grade")) and is_answer(cell)
-
-
 def load(path: Path | str) -> dict[str, Any]:
     """Read a notebook's JSON; NotebookError saying what is wrong if it is not one."""
     try:
@@ -122,8 +117,8 @@ def dump(nb: dict[str, Any]) -> str:
 
 
 def parts(nb: dict[str, Any]) -> list[Part]:
-    """The graded parts, in notebook order."""
-    return [Part(str(meta(c)["grade_id"]), float(meta(c).get("points", 0)), "manual" if is_manual(c) else "tests")
+    """The graded parts, in notebook order; a graded solution cell is a hand-graded answer."""
+    return [Part(str(meta(c)["grade_id"]), float(meta(c).get("points", 0)), "manual" if is_answer(c) else "tests")
             for c in nb["cells"] if meta(c).get("grade")]
 
 
@@ -156,10 +151,14 @@ _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 REFERENCES = "_REFERENCES"  # in a hidden-test block: the library's names that answer the part ('simlib.costs.place')
 
 
+def hidden_tests(master: dict[str, Any]) -> list[tuple[str, str]]:
+    """(grade_id, the hidden-test code) of each test cell."""
+    return [(str(meta(c)["grade_id"]), split_hidden(source(c))[1]) for c in master["cells"] if is_test(c)]
+
+
 def declared(master: dict[str, Any]) -> set[str]:
     """The library's names the hidden tests declare answers: ``_REFERENCES = ["simlib.compress.make_compressor"]``."""
-    hidden = _trees([split_hidden(source(c))[1] for c in master["cells"] if c.get("cell_type") == "code"
-                     and is_test(c)])
+    hidden = _trees([code for _, code in hidden_tests(master)])
     with AST_LOCK:
         return {ref for tree in hidden for node in tree.body if isinstance(node, ast.Assign)
                 and [getattr(t, "id", "") for t in node.targets] == [REFERENCES] for ref in ast.literal_eval(node.value)}
@@ -169,9 +168,9 @@ def references(master: dict[str, Any]) -> set[str]:
     """What the hidden tests take from the library as the answer: the names they import from simlib
     ('simlib.protocol.may_read') or declare (:func:`declared`), and the keywords they pass to simlib's calls
     that no other cell passes ('staleness_aware')."""
-    code = [c for c in master["cells"] if c.get("cell_type") == "code"]
-    hidden = _trees([split_hidden(source(c))[1] for c in code if is_test(c)])
-    shown = _trees([split_hidden(source(c))[0] if is_test(c) else source(c) for c in code])
+    hidden = _trees([code for _, code in hidden_tests(master)])
+    shown = _trees([split_hidden(source(c))[0] if is_test(c) else source(c) for c in master["cells"]
+                    if c.get("cell_type") == "code"])
     found: set[str] = set(declared(master))
     # the functions a hidden block defines (the grader's checks: simlib.grade.probe) are not the tests' answer
     for node in (n for tree in hidden for top in tree.body if not isinstance(top, _DEFS) for n in ast.walk(top)):
@@ -187,7 +186,7 @@ def uses(text: str, refs: set[str], names: set[str] = frozenset()) -> list[tuple
     """(line, reference) for each place the code names one of ``refs`` (see :func:`references`): an import of it,
     an attribute or keyword of its name, or its name as a string (getattr); for those in ``names`` (declared:
     never the student's own function's name), its bare name too (taken from the set-up's import). A static
-    look: a name built at run time is seen by the sandbox (:func:`simlib.grade.child.watch`)."""
+    look: a name built at run time is seen by the sandbox (:func:`simlib.grade.child.know`)."""
     last = {r.rsplit(".", 1)[-1]: r for r in refs}
     hits: set[tuple[int, str]] = set()
     if not refs:

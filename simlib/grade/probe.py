@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import json
 import math
 from typing import Any
@@ -92,10 +93,7 @@ def _lookup(name: str, namespace: dict[str, Any], kept: dict[str, Any]) -> Any:
     scope = kept if head.startswith("$") else namespace
     if head not in scope and (scope is kept or not hasattr(builtins, head)):
         raise NameError(f"name {head!r} is not defined")
-    value = scope[head] if head in scope else getattr(builtins, head)
-    for attr in rest:
-        value = getattr(value, attr)
-    return value
+    return functools.reduce(getattr, rest, scope[head] if head in scope else getattr(builtins, head))
 
 
 def _take(value: Any, path: str | list[str]) -> Any:

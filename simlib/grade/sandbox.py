@@ -55,7 +55,6 @@ import shutil
 import re
 import signal
 import stat
-import struct
 import subprocess
 import sys
 import sysconfig
@@ -69,7 +68,7 @@ from typing import Any
 import simlib
 from simlib.grade import cgroup as cgroups
 from simlib.grade import probe
-from simlib.grade.child import frame
+from simlib.grade.child import MAX_FRAME, frame
 
 SHM = Path("/dev/shm")
 # Read-only trees besides Python's own; /etc, /proc of others and /sys are left out on purpose.
@@ -77,10 +76,17 @@ SYSTEM_READ = ["/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32
 DEVICES = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full"]
 MAX_RESTARTS = 3
 SETTLE_S = 1.0  # how long a unit's end waits for the processes it left behind to stop multiplying
-MAX_FRAME = 1 << 20
 INSIDE_SCRATCH = "/tmp"
-FLAGS = {"cell_s": "--cell-timeout", "wall_s": "--timeout", "memory_mb": "--memory-mb", "max_procs": "--max-procs",
-         "output_mb": "--output-mb", "disk_mb": "--disk-mb"}
+FLAGS = {  # Limits field -> its command-line flag, metavar and meaning (the flag's type is its default's)
+    "cell_s": ("--cell-timeout", "S", "seconds one cell may run"),
+    "wall_s": ("--timeout", "S", "seconds a whole submission may run"),
+    "memory_mb": ("--memory-mb", "MB", "memory of all a submission's processes together where a cgroup can be made "
+                                       "(as root), else twice this resident; address space per process"),
+    "max_procs": ("--max-procs", "N", "processes a submission may run at once; with a cgroup, its pids.max, which "
+                                      "counts threads and the sandbox's own 2 or 3"),
+    "output_mb": ("--output-mb", "MB", "output one cell may print"),
+    "disk_mb": ("--disk-mb", "MB", "scratch space, and /dev/shm space, of a submission"),
+}
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ class Limits:
     disk_mb: int = 512
 
     def __post_init__(self) -> None:
-        for name, flag in FLAGS.items():
+        for name, (flag, _, _) in FLAGS.items():
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{flag} ({name}) must be a number > 0, got {value!r}")
@@ -104,11 +110,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class Unit:
-    """One piece of code to run: a cell, or the visible or hidden half of a test cell."""
+    """One piece of code to run: a cell, or the visible or hidden half of a test cell (of the part ``part``)."""
 
     name: str
     source: str
     kind: str  # 'code' (the master's set-up), 'answer' (the student's cells), 'test', or 'probe' (calls as JSON)
+    part: str = ""
 
 
 @dataclass
@@ -117,7 +124,6 @@ class Outcome:
 
     ok: bool | None = None
     error: str = ""
-    fatal: bool = False
     values: Any = None
     used: list[tuple[str, int, str]] = field(default_factory=list)  # (code name, line, reference) read at run time
 
@@ -128,6 +134,9 @@ class Report:
 
     outcomes: list[Outcome]
     notes: list[str] = field(default_factory=list)
+
+
+TAMPERED = "the submission wrote into the grader's result channel"
 
 
 class Fatal(Exception):
@@ -184,10 +193,8 @@ def readable_roots() -> list[str]:
 def exposed(path: Path | str) -> str | None:
     """The readable root that contains ``path``, if any (hidden tests or grades must not be inside one)."""
     real = os.path.realpath(path)
-    for root in map(os.path.realpath, readable_roots()):
-        if real == root or real.startswith(root.rstrip("/") + "/"):
-            return root
-    return None
+    return next((root for root in map(os.path.realpath, readable_roots()) if os.path.commonpath([real, root]) == root),
+                None)
 
 
 # -- choosing the sandbox -------------------------------------------------------------------------
@@ -210,11 +217,26 @@ def bwrap_args(scratch: Path, kernels: Path, warm: bool, limits: Limits, uid: in
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    for root in python_roots():
-        args += ["--ro-bind", root, root]
+    args += [a for root in python_roots() for a in ("--ro-bind", root, root)]
     args += ["--ro-bind", os.path.abspath(scratch / "submission.ipynb"), f"{INSIDE_SCRATCH}/submission.ipynb"]
     bind, at = ("--bind", f"{INSIDE_SCRATCH}/numba-cache") if warm else ("--ro-bind", "/run/numba-cache")
     return args + [bind, os.path.abspath(kernels), at, "--chdir", INSIDE_SCRATCH]
+
+
+def _bwrap_problem(code: str, uid: int, want: str) -> str:
+    """'' if ``code`` prints ``want`` in a bubblewrap sandbox (as ``uid`` where not 0), else why not (one phrase)."""
+    tmp = scratch_dir()
+    try:
+        (tmp / "submission.ipynb").write_text("{}")
+        res = subprocess.run(bwrap_args(tmp, tmp, False, Limits(), uid) + ["--", sys.executable, "-E", "-s", "-c", code,
+                             str(uid)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap did not run ({exc})"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if res.returncode != 0 or res.stdout.strip() != want:
+        return f"bwrap did not run a sandbox here ({(res.stderr.strip().splitlines() or ['no message'])[-1]})"
+    return ""
 
 
 @functools.lru_cache(maxsize=None)
@@ -222,19 +244,7 @@ def bwrap_problem() -> str:
     """'' if bubblewrap runs a Python here, else why not (one phrase)."""
     if shutil.which("bwrap") is None:
         return "bwrap is not installed (apt-get install bubblewrap)"
-    tmp = scratch_dir()
-    try:
-        (tmp / "submission.ipynb").write_text("{}")
-        args = bwrap_args(tmp, tmp, False, Limits())
-        res = subprocess.run(args + ["--", sys.executable, "-E", "-s", "-c", "import os; print(os.getpid())"],
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bwrap did not run ({exc})"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    if res.returncode != 0 or res.stdout.strip() != "2":
-        return f"bwrap did not run a sandbox here ({(res.stderr.strip().splitlines() or ['no message'])[-1]})"
-    return ""
+    return _bwrap_problem("import os; print(os.getpid())", 0, "2")
 
 
 DROP = "import os, sys; u = int(sys.argv[1]); os.setgroups([]); os.setresgid(u, u, u); os.setresuid(u, u, u)"
@@ -247,17 +257,8 @@ def uid_problem() -> str:
     """'' if a bubblewrap sandbox started as root can become an unprivileged user of its own here, else why not."""
     if os.geteuid() != 0:
         return "the grader is not root"
-    tmp = scratch_dir()
-    try:
-        (tmp / "submission.ipynb").write_text("{}")
-        code = f"{DROP}; open('/tmp/x', 'w'); open('/dev/shm/x', 'w'); print(os.getuid())"
-        res = subprocess.run(bwrap_args(tmp, tmp, False, Limits(), UID_BASE) + ["--", sys.executable, "-E", "-s", "-c",
-                             code, str(UID_BASE)], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bwrap did not run ({exc})"
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return "" if res.stdout.strip() == str(UID_BASE) else (res.stderr.strip().splitlines() or ["no message"])[-1]
+    code = f"{DROP}; open('/tmp/x', 'w'); open('/dev/shm/x', 'w'); print(os.getuid())"
+    return _bwrap_problem(code, UID_BASE, str(UID_BASE))
 
 
 def sandbox_uid(kind: str) -> int:
@@ -337,11 +338,11 @@ class Child:
         except BaseException:  # no child: its pipes go too, or each failed start would leak descriptors
             if self.cgroup is not None:
                 self.cgroup.remove()
-            for fd in (r, *fds):
-                os.close(fd)
+            os.close(r)
             raise
-        for fd in fds:
-            os.close(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
         os.set_blocking(self.proc.stdin.fileno(), False)  # written with a deadline (:meth:`_write`)
         self.results = r
         self.buffer = b""
@@ -363,18 +364,13 @@ class Child:
     def _read_output(self) -> None:
         """Drain stdout/stderr; past ``output_mb`` in one unit, stop the sandbox."""
         cap = self.limits.output_mb * 1024 * 1024
-        while True:
-            try:
-                chunk = self.proc.stdout.read1(65536)
-            except (OSError, ValueError):
-                return
-            if not chunk:
-                return
-            self.output += len(chunk)
-            self.tail = (self.tail + chunk)[-4096:]
-            if self.output > cap and not self.violation:
-                self.violation = f"the cell printed more than {self.limits.output_mb} MB"
-                self.kill()
+        with contextlib.suppress(OSError, ValueError):  # the pipe closed under the read
+            for chunk in iter(lambda: self.proc.stdout.read1(65536), b""):
+                self.output += len(chunk)
+                self.tail = (self.tail + chunk)[-4096:]
+                if self.output > cap and not self.violation:
+                    self.violation = f"the cell printed more than {self.limits.output_mb} MB"
+                    self.kill()
 
     def _watch(self) -> None:
         while not self._stop.wait(self.watch_every):
@@ -444,14 +440,14 @@ class Child:
         for _ in range(50):
             fresh = [pid for pid in self.tree() if pid not in self._stopped]
             for pid in fresh:
-                _signal(pid, signal.SIGSTOP)
+                cgroups.signal_quietly(pid, signal.SIGSTOP)
             self._stopped.update(fresh)
             if not fresh:
                 break
         for _ in range(200):
             alive = self.tree()
             for pid in alive:
-                _signal(pid, signal.SIGKILL)
+                cgroups.signal_quietly(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.poll()
@@ -479,19 +475,16 @@ class Child:
     def receive(self, deadline: float) -> dict[str, Any]:
         """The next frame from the child, or Fatal (died, timed out, or garbled the channel)."""
         while True:
-            if len(self.buffer) >= 4:
-                (n,) = struct.unpack(">I", self.buffer[:4])
-                if n > MAX_FRAME:
-                    raise Fatal("the submission wrote into the grader's result channel")
-                if len(self.buffer) >= 4 + n:
-                    data, self.buffer = self.buffer[4:4 + n], self.buffer[4 + n:]
-                    try:
-                        frame = json.loads(data.decode("utf-8"))
-                    except (ValueError, RecursionError, MemoryError):
-                        frame = None
-                    if not isinstance(frame, dict):
-                        raise Fatal("the submission wrote into the grader's result channel")
-                    return frame
+            n = int.from_bytes(self.buffer[:4], "big") if len(self.buffer) >= 4 else MAX_FRAME  # short: wait
+            if n > MAX_FRAME or len(self.buffer) >= 4 + n:
+                data, self.buffer = self.buffer[4:4 + n], self.buffer[4 + n:]
+                try:
+                    reply = json.loads(data.decode("utf-8")) if n <= MAX_FRAME else None
+                except (ValueError, RecursionError, MemoryError):
+                    reply = None
+                if not isinstance(reply, dict):
+                    raise Fatal(TAMPERED)
+                return reply
             wait = deadline - time.monotonic()
             if self.stop is not None and self.stop.is_set():
                 raise Interrupted("grading was interrupted")
@@ -550,7 +543,7 @@ class Child:
         self._write(b"g" + (frame({"calls": self.late[k]}) if k in self.late else b""), deadline)
         reply = self.receive(deadline)
         if reply.get("seq") != k or reply.get("nonce") != self.nonces[k] or not isinstance(reply.get("ok"), bool):
-            raise Fatal("the submission wrote into the grader's result channel")
+            raise Fatal(TAMPERED)
         # The unit that leaves a crowd of processes behind is the one to blame, however late the
         # watcher (a thread polling every watch_every s, later on a busy machine) would have looked: checked
         # here, before the next unit starts, a regrade blames the same unit; and a crowd still growing
@@ -575,9 +568,9 @@ def _reap_children(processes: set[tuple[int, int]], skip: int, patience: float =
     """Collect the exit status of those (pid, start time) that are this process's children: a submission's
     clone(CLONE_PARENT) processes are, and killed they stay zombies of the grader until reaped. The start
     time guards against a reused pid (another sandbox's own process, whose status its Popen must get)."""
-    deadline = time.monotonic() + patience
     waiting = {pid for pid, start in processes if pid != skip and _start_time(pid) == start and start}
-    while waiting:
+
+    def reaped() -> bool:
         for pid in list(waiting):
             try:
                 done, _ = os.waitpid(pid, os.WNOHANG)
@@ -585,9 +578,9 @@ def _reap_children(processes: set[tuple[int, int]], skip: int, patience: float =
                 done = pid
             if done:
                 waiting.discard(pid)
-        if not waiting or time.monotonic() > deadline:
-            return
-        time.sleep(0.005)
+        return not waiting
+
+    cgroups.until(reaped, patience)
 
 
 def _stat_fields(pid: int | str) -> list[bytes]:
@@ -609,12 +602,6 @@ def _start_time(pid: int) -> int:
 def _compiled(unit: Unit) -> str:
     """A test unit as base64 marshalled bytecode (the master's code, so compiling it here is safe)."""
     return base64.b64encode(marshal.dumps(compile(unit.source, f"<{unit.name}>", "exec"))).decode("ascii")
-
-
-def _signal(pid: int, sig: int) -> None:
-    """Send a signal to a process that may already be gone."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
 
 
 def _proc_stats() -> dict[int, tuple[int, int, int]]:
@@ -692,7 +679,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             reason = _timeout_reason(start, limits) if str(exc) == "timeout" else str(exc)
             skip.add(current)
             if current == i:
-                report.outcomes[i] = Outcome(False, f"stopped: {reason}", fatal=True)
+                report.outcomes[i] = Outcome(False, f"stopped: {reason}")
                 i += 1
             restarts += 1
             report.notes.append(f"restarted after '{units[current].name}': {reason}")
@@ -703,9 +690,8 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
             if not own_shm:
                 _unlink_new_shm(shm_before)
         if restarts > MAX_RESTARTS or time.monotonic() - start >= limits.wall_s:
-            for k in range(i, len(units)):
-                report.outcomes[k] = Outcome(False, "not run: the submission stopped the grader too often "
-                                                    "(time, memory, processes or exit)")
+            report.outcomes[i:] = [Outcome(False, "not run: the submission stopped the grader too often "
+                                                  "(time, memory, processes or exit)") for _ in units[i:]]
             break
     return report
 
@@ -719,7 +705,7 @@ def _timeout_reason(start: float, limits: Limits) -> str:
 def _describe_isolation(kind: str, hello: dict[str, Any], cgroup: cgroups.Cgroup | None, limits: Limits) -> str:
     abi = hello.get("landlock", 0)
     files = f"Landlock ABI {abi}" if abi else "no Landlock"
-    group = (f"{cgroup.layout.describe()} (pids.max {limits.max_procs}, memory {limits.memory_mb} MB)"
+    group = (f"{cgroups.kind()} (pids.max {limits.max_procs}, memory {limits.memory_mb} MB)"
              if cgroup is not None else "no cgroup")
     if kind == "bwrap":
         user = f"uid {hello['uid']}" if hello.get("uid") else "uid 0 (root)"

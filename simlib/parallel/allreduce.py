@@ -175,12 +175,13 @@ class Ring:
         self.sent = 0
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """sum over processes of x: ring reduce-scatter, then all-gather."""
+        """sum over processes of x (any shape): ring reduce-scatter, then all-gather."""
         out, n, i = np.array(x, dtype=np.float64), self.n, self.rank
         if n == 1:
             return out
-        bounds = np.linspace(0, len(out), n + 1).astype(int)
-        part = [out[bounds[k]:bounds[k + 1]] for k in range(n)]
+        flat = out.reshape(-1)  # a view: the copy above is contiguous
+        bounds = np.linspace(0, len(flat), n + 1).astype(int)
+        part = [flat[bounds[k]:bounds[k + 1]] for k in range(n)]
         buf = np.empty(int(np.diff(bounds).max()))
         for s in range(n - 1):  # part (i + 1) mod n ends as the full sum here
             got = self._exchange(part[(i - s) % n], buf[:len(part[(i - s - 1) % n])])
@@ -216,10 +217,8 @@ class ReplicaWorker:
         return self.w[effect.keys], 0
 
     def compute(self, effect: Compute) -> Any:
-        s = time.perf_counter()
-        out = effect.fn(*effect.args)
-        self.ctx.span("compute", s, time.perf_counter(), step=effect.step)
-        return out
+        with self.ctx.timed("compute", effect.step):
+            return effect.fn(*effect.args)
 
     def all_reduce(self, effect: AllReduce) -> None:
         self.bucket(dense_bucket(effect, len(self.w)))
@@ -231,10 +230,8 @@ class ReplicaWorker:
 
     def _summed(self, c: int, x: np.ndarray) -> np.ndarray:
         """The bucket's sum over every worker, its all-reduce recorded as one send span."""
-        s = time.perf_counter()
-        out = self.reduce(x)
-        self.ctx.span("send", s, time.perf_counter(), nbytes=x.nbytes, step=c)
-        return out
+        with self.ctx.timed("send", c, x.nbytes):
+            return self.reduce(x)
 
     def reduced(self, effect: Reduced) -> None:
         straggle(self.straggler, self.i)  # a slow machine's steps take longer: every replica waits for its buckets

@@ -39,7 +39,6 @@ from simlib import _validate as check
 from simlib.diverged import Diverged
 from simlib.parallel import log as _log
 from simlib import signals as _signals
-from simlib.signals import watch
 from simlib.parallel import worker as _worker
 from simlib.parallel.channel import Channel, channel_pair
 from simlib.parallel.shm import SharedArray
@@ -72,9 +71,7 @@ class WorkerDied(WorkerError):
 
 def _set_parent_death_signal() -> None:
     """Linux: have the kernel SIGKILL this process when its parent dies (no orphans)."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # an exotic libc
+    with contextlib.suppress(OSError, AttributeError):  # no prctl (not Linux), or an exotic libc
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
@@ -95,9 +92,6 @@ class _Later:
     """Stands in a spawned worker's arguments for one sent after it started (they come in the order they stand)."""
 
 
-_LATER_BYTES = 32 * 1024  # a spawned worker's argument that pickles larger than this is sent after it starts
-
-
 class _NoHandles(ForkingPickler):
     """Refuses connections and sockets: pickled outside a spawn they hand a file descriptor to a sharer thread
     that waits for a process to collect it, which a value kept for spawn time never does."""
@@ -108,8 +102,8 @@ class _NoHandles(ForkingPickler):
         return NotImplemented
 
 
-def _defer_large(values: tuple[Any, ...], blobs: list[bytes]) -> tuple[Any, ...]:
-    """``values`` with each one that pickles to over _LATER_BYTES replaced by a _Later, its bytes added to ``blobs``.
+def _defer(values: tuple[Any, ...], blobs: list[bytes]) -> tuple[Any, ...]:
+    """``values`` with each one that pickles here replaced by a _Later, its bytes added to ``blobs``.
 
     Why: spawn writes a new process's pickled arguments down a pipe whose reading end the parent
     holds until the write ends, so a worker that dies before reading them (its copy of the main
@@ -120,27 +114,19 @@ def _defer_large(values: tuple[Any, ...], blobs: list[bytes]) -> tuple[Any, ...]
     out = []
     for value in values:
         try:
-            blob = _NoHandles.dumps(value)
+            blobs.append(bytes(_NoHandles.dumps(value)))
+            value = _Later()
         except Exception:  # noqa: BLE001 - inheritance-only, or unpicklable: start() raises or passes it
-            out.append(value)
-            continue
-        if len(blob) <= _LATER_BYTES:
-            out.append(value)
-            continue
-        out.append(_Later())
-        blobs.append(bytes(blob))
+            pass
+        out.append(value)
     return tuple(out)
 
 
 def _send_later(conn: Connection, blobs: list[bytes]) -> None:
     """The sending thread: ``blobs`` down ``conn`` in order, then close it; a worker gone first ends it quietly."""
-    try:
+    with conn, contextlib.suppress(OSError):  # OSError: the worker died or was stopped, which the run reports
         for blob in blobs:
             conn.send_bytes(blob)
-    except OSError:  # the worker died or was stopped: the run reports that
-        pass
-    finally:
-        conn.close()
 
 
 def _take_later(inbox: Connection, values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -152,15 +138,13 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
                inbox: Connection | None = None) -> None:
     """Entry point of every worker: run ``fn`` and send ("ok", result, records) or ("error", ...).
 
-    ``inbox``: under spawn, where the large arguments come once the worker is running (see :func:`_defer_large`).
+    ``inbox``: under spawn, where the arguments that pickle come once the worker is running (see :func:`_defer`).
     """
     fn, n_workers, t0, parent_pid, log_queue, verbose, args = launch
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # _exit_on_sigterm's last resort
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # not the parent's handlers, inherited under fork
-    _sigmask(signal.SIG_UNBLOCK, _CHILD_SIGNALS)  # blocked by the parent around the fork: one sent since arrives now
-    if _signals.noted_here(signal.SIGTERM):  # terminated while it was being forked
-        raise SystemExit(128 + signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHILD_SIGNALS)  # blocked around the fork: one sent since arrives now
     _signals.forked()
     _set_parent_death_signal()
     if os.getppid() != parent_pid:  # a forkserver's worker: its parent is the server, which outlives the group
@@ -188,9 +172,7 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
 def _exit_with(pid: int) -> None:
     """End this worker when process ``pid`` ends (at once if it has): the parent-death signal covers only a
     worker's own parent, and a forkserver worker's parent is the server, not the group's process."""
-    ended = watch(pid)
-    if ended(0):  # it died before the worker got here
-        os._exit(1)
+    ended = _signals.watch(pid)
 
     def wait_for_it() -> None:
         ended(None)
@@ -239,8 +221,7 @@ class WorkerGroup:
         self.verbose = bool(verbose)
         self.poll_interval = float(poll_interval)
         self.grace = float(grace)
-        self.trace = Trace(label=label, substrate="parallel", n_workers=self.n_workers)
-        self.trace.meta["start_method"] = self.start_method
+        self.trace = Trace(label, "parallel", self.n_workers, meta={"start_method": self.start_method})
         self.t0: float | None = None
         self._arrays: list[SharedArray] = []
         self._procs: list[BaseProcess] = []
@@ -249,17 +230,14 @@ class WorkerGroup:
     def zeros(self, shape: int | tuple[int, ...], dtype: Any = np.float64) -> SharedArray:
         """A zero-filled shared array that this group unlinks when it closes or fails."""
         with _signals.held():  # no Ctrl-C between making the segment and owning it
-            return self.adopt(SharedArray.zeros(shape, dtype))
+            self._arrays.append(SharedArray.zeros(shape, dtype))
+        return self._arrays[-1]
 
     def copy_of(self, a: np.ndarray) -> SharedArray:
         """A shared copy of ``a`` that this group unlinks when it closes or fails."""
         with _signals.held():
-            return self.adopt(SharedArray.copy_of(a))
-
-    def adopt(self, a: SharedArray) -> SharedArray:
-        """Make the group responsible for unlinking ``a``."""
-        self._arrays.append(a)
-        return a
+            self._arrays.append(SharedArray.copy_of(a))
+        return self._arrays[-1]
 
     def lock(self) -> Any:
         """A process lock from this group's start-method context."""
@@ -304,12 +282,12 @@ class WorkerGroup:
         shared: list[bytes] = []
         spawn = self.start_method == "spawn"
         launch = _Launch(fn, self.n_workers, self.t0, os.getpid(), handler.queue, self.verbose,
-                         _defer_large(args, shared) if spawn else args)
+                         _defer(args, shared) if spawn else args)
         try:
             for i in range(self.n_workers):
                 extra = tuple(worker_args[i]) if worker_args is not None else ()
                 blobs = list(shared)
-                extra = _defer_large(extra, blobs) if spawn else extra
+                extra = _defer(extra, blobs) if spawn else extra
                 reader, writer = self.ctx.Pipe(duplex=False)
                 inbox, outbox = self.ctx.Pipe(duplex=False) if blobs else (None, None)
                 proc = self.ctx.Process(target=_bootstrap, args=(launch, i, writer, extra, inbox), name=f"worker-{i}",
@@ -401,16 +379,14 @@ class WorkerGroup:
         """Terminate, then kill, then join every process this group started."""
         procs, self._procs = self._procs, []
         for p in procs:
-            if p.is_alive():
-                p.terminate()
+            p.terminate()  # a no-op for one already reaped
         deadline = time.monotonic() + self.grace
         for p in procs:
-            p.join(min(_RESEND, max(0.0, deadline - time.monotonic())))
             while p.is_alive() and time.monotonic() < deadline:
+                p.join(min(_RESEND, max(0.0, deadline - time.monotonic())))
                 # NOTE: a child that got SIGTERM before it had run since fork() loses it (Python
                 # clears signals caught at that point), so the signal is sent again until it sticks.
                 p.terminate()
-                p.join(min(_RESEND, max(0.0, deadline - time.monotonic())))
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -418,7 +394,7 @@ class WorkerGroup:
 
     # -- lifecycle -------------------------------------------------------------------------
     def unlink_all(self) -> None:
-        """Unlink every shared array this group made or adopted."""
+        """Unlink every shared array this group made."""
         with _signals.held():  # a Ctrl-C midway would leave the rest of the list to no one
             arrays, self._arrays = self._arrays, []
             for a in arrays:
@@ -478,23 +454,16 @@ def _start_deferring_signals(proc: BaseProcess, started: list[BaseProcess]) -> N
     # this thread while it forks; the child inherits the mask, and its _bootstrap unblocks them
     # once its own handlers are in place, when a signal sent meanwhile (kept pending) arrives.
     with _signals.held():
-        old = _sigmask(signal.SIG_BLOCK, _CHILD_SIGNALS)
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, _CHILD_SIGNALS)
         try:
             proc.start()
         finally:
-            _sigmask(signal.SIG_SETMASK, old)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         started.append(proc)
 
 
 _EXIT_GRACE = 2.0  # seconds a worker told to stop has to report before SIGALRM's default action ends it
 _CHILD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-def _sigmask(how: int, signals: Any) -> Any:
-    """``signal.pthread_sigmask`` for this thread; the previous mask (a no-op where there is none)."""
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - Windows
-        return set()
-    return signal.pthread_sigmask(how, signals)
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:

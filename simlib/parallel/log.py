@@ -24,18 +24,16 @@ _handlers: dict[tuple[int, str], "_ContextHandler"] = {}
 
 
 class _ContextHandler(MultiProcessingHandler):
-    """A MultiProcessingHandler whose queue belongs to a chosen start-method context.
+    """A MultiProcessingHandler to stderr in LOG_FORMAT, whose queue belongs to a chosen start-method context.
 
     The package's own handler makes its queue from the default context, which a ``spawn`` child
     on Linux cannot receive; this builds the same parts with the group's context instead.
     """
 
-    def __init__(self, name: str, sub_handler: logging.Handler, ctx: BaseContext):
+    def __init__(self, name: str, ctx: BaseContext):
         logging.Handler.__init__(self)
-        self.sub_handler = sub_handler
-        self.setLevel(sub_handler.level)
-        self.setFormatter(sub_handler.formatter)
-        self.filters = sub_handler.filters
+        self.sub_handler = logging.StreamHandler(sys.stderr)
+        self.setFormatter(logging.Formatter(LOG_FORMAT))  # the sub-handler's too
         self.queue = ctx.Queue(-1)
         self._is_closed = False
         self._receive_thread = threading.Thread(target=self._receive, name=name, daemon=True)
@@ -52,9 +50,7 @@ def parent_handler(ctx: BaseContext) -> _ContextHandler:
     key = (os.getpid(), ctx.get_start_method())
     handler = _handlers.get(key)
     if handler is None:
-        stream = logging.StreamHandler(sys.stderr)
-        stream.setFormatter(logging.Formatter(LOG_FORMAT))
-        handler = _handlers[key] = _ContextHandler(f"simlib-log-{key[1]}", stream, ctx)
+        handler = _handlers[key] = _ContextHandler(f"simlib-log-{key[1]}", ctx)
     _use(handler, instead_of=_ContextHandler)
     return handler
 

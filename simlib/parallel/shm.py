@@ -70,9 +70,9 @@ def _open_untracked(name: str) -> shared_memory.SharedMemory:
 def _release(shm: shared_memory.SharedMemory, owner_pid: int) -> None:
     """Unlink (in the owner process only) and close the descriptor; safe to call twice."""
     if os.getpid() == owner_pid:
-        with held():  # unlink and the resource tracker's unregister go together
-            with contextlib.suppress(FileNotFoundError):  # already gone: unlink is idempotent here by design
-                shm.unlink()
+        # held: unlink and the resource tracker's unregister go together; already gone: unlink is idempotent here
+        with held(), contextlib.suppress(FileNotFoundError):
+            shm.unlink()
     shm.close()
 
 

@@ -131,10 +131,7 @@ def count_pairs_kernel(corpus, table, at, end_doc, limit):
                 return d, p, used
             a = ids[p]
             if a >= 0:
-                q0 = p - window
-                if q0 < lo:
-                    q0 = lo
-                for q in range(q0, p):
+                for q in range(max(p - window, lo), p):
                     b = ids[q]
                     if b < 0:
                         continue
@@ -158,8 +155,10 @@ def count_pairs_kernel(corpus, table, at, end_doc, limit):
 
 
 @njit(nogil=True, cache=True)
-def drain_kernel(keys, vals, out_keys, out_vals) -> int:
-    """Move the used slots of the table into ``out_*`` (unsorted) and empty the table; returns the count."""
+def drain_kernel(keys, vals, used):
+    """The table's ``used`` filled slots as (keys, values), unsorted; the table is left empty."""
+    out_keys = np.empty(used, dtype=np.int64)
+    out_vals = np.empty(used, dtype=np.float64)
     n = 0
     for h in range(keys.shape[0]):
         if keys[h] != _EMPTY:
@@ -168,39 +167,28 @@ def drain_kernel(keys, vals, out_keys, out_vals) -> int:
             keys[h] = _EMPTY
             vals[h] = 0.0
             n += 1
-    return n
+    return out_keys, out_vals
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _merged(a, b, x, y):  # pragma: no cover - compiled
+    """The next entry of the merge of the key-sorted runs a and b, read at x and y (equal keys summed): (key, value,
+    x, y after it)."""
+    ka, va = a
+    kb, vb = b
+    if y >= kb.shape[0] or (x < ka.shape[0] and ka[x] < kb[y]):
+        return ka[x], va[x], x + 1, y
+    if x >= ka.shape[0] or kb[y] < ka[x]:
+        return kb[y], vb[y], x, y + 1
+    return ka[x], va[x] + vb[y], x + 1, y + 1
 
 
 @njit(nogil=True, cache=True)
-def merge_sorted_kernel(ka, va, kb, vb, out_k, out_v) -> int:
-    """Merge two key-sorted runs, summing the values of equal keys; returns the merged length."""
-    i = 0
-    j = 0
-    n = 0
-    while i < ka.shape[0] and j < kb.shape[0]:
-        if ka[i] < kb[j]:
-            out_k[n] = ka[i]
-            out_v[n] = va[i]
-            i += 1
-        elif kb[j] < ka[i]:
-            out_k[n] = kb[j]
-            out_v[n] = vb[j]
-            j += 1
-        else:
-            out_k[n] = ka[i]
-            out_v[n] = va[i] + vb[j]
-            i += 1
-            j += 1
-        n += 1
-    while i < ka.shape[0]:
-        out_k[n] = ka[i]
-        out_v[n] = va[i]
-        i += 1
-        n += 1
-    while j < kb.shape[0]:
-        out_k[n] = kb[j]
-        out_v[n] = vb[j]
-        j += 1
+def merge_sorted_kernel(a, b, out_k, out_v) -> int:
+    """Merge two key-sorted runs (keys, values) into ``out_*``, summing the values of equal keys; returns the length."""
+    x = y = n = 0
+    while x < a[0].shape[0] or y < b[0].shape[0]:
+        out_k[n], out_v[n], x, y = _merged(a, b, x, y)
         n += 1
     return n
 
@@ -223,7 +211,7 @@ def merge_runs(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray
     """Merge two sorted (keys, values) runs into one, summing equal keys."""
     out_k = np.empty(a[0].shape[0] + b[0].shape[0], dtype=np.int64)
     out_v = np.empty(out_k.shape[0], dtype=np.float64)
-    n = merge_sorted_kernel(a[0], a[1], b[0], b[1], out_k, out_v)
+    n = merge_sorted_kernel(a, b, out_k, out_v)
     return out_k[:n], out_v[:n]  # views: a copy would move every entry once more
 
 
@@ -247,10 +235,7 @@ def count_runs(ids: np.ndarray, offsets: np.ndarray, n_words: int, window: int, 
     doc, pos, used = doc_lo, 0, 0
     while True:
         doc, pos, used = count_pairs_kernel((ids, offsets, n_words, window), (keys, vals), (doc, pos, 0), doc_hi, limit)
-        out_k = np.empty(used, dtype=np.int64)
-        out_v = np.empty(used, dtype=np.float64)
-        drain_kernel(keys, vals, out_k, out_v)
-        run = sort_run(out_k, out_v)
+        run = sort_run(*drain_kernel(keys, vals, used))
         merged = run if merged[0].shape[0] == 0 else merge_runs(merged, run)
         if doc >= doc_hi:
             return merged
@@ -285,23 +270,11 @@ def symmetric_kernel(a, b, n_words):  # pragma: no cover - compiled
 def _symmetric_walk(a, b, n_words, out, first):  # pragma: no cover - compiled
     """Walk the merge of the runs a and b; where ``first`` >= 0, write entry n at n and its mirror at first + m.
     Returns (n, m): the merged entries and the off-diagonal ones among them."""
-    ka, va = a
-    kb, vb = b
     rows, cols, values = out
-    na, nb = ka.shape[0], kb.shape[0]
     x = y = n = m = 0
     row, row_start = 0, 0  # the row of the key: keys i * n_words + j rise, so i only grows
-    while x < na or y < nb:
-        if y >= nb or (x < na and ka[x] < kb[y]):
-            k, v = ka[x], va[x]
-            x += 1
-        elif x >= na or kb[y] < ka[x]:
-            k, v = kb[y], vb[y]
-            y += 1
-        else:
-            k, v = ka[x], va[x] + vb[y]
-            x += 1
-            y += 1
+    while x < a[0].shape[0] or y < b[0].shape[0]:
+        k, v, x, y = _merged(a, b, x, y)
         while k >= row_start + n_words:
             row += 1
             row_start += n_words

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils

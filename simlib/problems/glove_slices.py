@@ -85,15 +85,6 @@ class GloveSlices(PassRecords):
         self.n_params = self.glove.n_params + max_workers * max_batch
         self._passes: dict[DimSlice, dict[int, list[float]]] = {}  # worker 0's slice -> pass -> [cost sum, entries]
 
-    @property
-    def lr(self) -> float:
-        """Its own step size, ``config.lr``, as :attr:`GloveProblem.lr`."""
-        return self.config.lr
-
-    def validate(self) -> None:
-        """Check the co-occurrences again (they may have changed since): the kernels index them unchecked."""
-        self.glove.validate()
-
     def check_run(self, protocol: Any, substrate: str) -> None:
         """Refuse a protocol without the step barrier, and substrates that do not run the steps in shared memory."""
         if not protocol.rounds:
@@ -149,13 +140,11 @@ class GloveSlices(PassRecords):
         epoch, start, stop, _ = self._position(step, batch_size)
         return self.glove._order(epoch)[start:stop]
 
-    def keys(self, batch: np.ndarray) -> np.ndarray:
-        """Refused: the steps run only in place (see the module docs)."""
+    def keys(self, *args: Any) -> Any:
+        """Refused, as :meth:`step`: the steps run only in place (see the module docs)."""
         raise ValueError("GloveSlices has no get / step / add: its steps run in place on substrate 'shm'")
 
-    def step(self, values: np.ndarray, batch: np.ndarray, keys: np.ndarray, lr: float) -> tuple[np.ndarray, np.ndarray]:
-        """Refused: the steps run only in place (see the module docs)."""
-        raise ValueError("GloveSlices has no get / step / add: its steps run in place on substrate 'shm'")
+    step = keys
 
     def partials(self, w: np.ndarray, n_workers: int) -> np.ndarray:
         """The partials region of a table: row p holds worker p's partial dots of the current batch."""
@@ -193,9 +182,8 @@ class GloveSlices(PassRecords):
         if not parts or not parts[0]:
             raise ValueError("result: it holds no costs per pass; pass the result of simlib.run(GloveSlices(...), "
                              "'bsp', substrate='shm', ...) with at least one batch's update")
-        record, done = parts[0], 0
-        while done in record and record[done][1] == self.cooc.nnz:
-            done += 1
+        record = parts[0]  # passes complete in order
+        done = sum(m == self.cooc.nnz for _, m in record.values())
         return [record[p][0] / self.cooc.nnz for p in range(done)]
 
     def quality(self, w: np.ndarray) -> float:

@@ -60,6 +60,15 @@ class PassRecords:
     # storage elsewhere only holds float32 values), so the in-place kernel moves half the bytes.
     table_dtype = np.float32
 
+    @property
+    def lr(self) -> float:
+        """Its own step size, ``config.lr``: simlib.run trains with it where lr= is left out, and refuses another."""
+        return self.config.lr
+
+    def validate(self) -> None:
+        """Check the co-occurrences again (they may have changed since): the AdaGrad kernels index them unchecked."""
+        validate_training(self.cooc, self.config)
+
     def work(self, batch: np.ndarray) -> int:
         """One unit per co-occurrence entry updated."""
         return len(batch)
@@ -83,11 +92,6 @@ class GloveProblem(PassRecords):
     # B in flight on CuPy; on NumPy entries are applied one after another in every case).
     device_kernel = "auto"
 
-    @property
-    def lr(self) -> float:
-        """Its own step size, ``config.lr``: simlib.run trains with it where lr= is left out, and refuses another."""
-        return self.config.lr
-
     def __init__(self, cooc: Cooccurrence, config: GloveConfig, eval_entries: int = 20_000):
         validate_training(cooc, config)
         check.positive_int("eval_entries", eval_entries)
@@ -103,10 +107,6 @@ class GloveProblem(PassRecords):
         self._passes: dict[tuple[int, int], dict[int, list[float]]] = {}  # shard -> pass -> [cost sum, entries]
         rng = np.random.default_rng(config.seed + 1)
         self.eval_idx = np.sort(rng.choice(cooc.nnz, min(eval_entries, cooc.nnz), replace=False))
-
-    def validate(self) -> None:
-        """Check the co-occurrences again (they may have changed since): the AdaGrad kernels index them unchecked."""
-        validate_training(self.cooc, self.config)
 
     def init_params(self, xp: Any = np) -> np.ndarray:
         """The flat table, initialised as :meth:`GloveParams.init` does (float64 storage)."""

@@ -92,10 +92,8 @@ class LDACorpus:
             if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
                 raise ValueError(f"docs must be 1-D integer word-id arrays; document {i} is not")
         offsets = np.concatenate([[0], np.cumsum([p.size for p in parts], dtype=np.int64)])
-        words = np.concatenate([p.astype(np.int64) for p in parts]) if offsets[-1] else np.zeros(0, np.int64)
-        check.positive_int("n_words", n_words)
-        _check_word_ids(words, offsets, n_words)
-        return cls(words.astype(np.int32), offsets, n_words, vocab, titles)
+        words = np.concatenate([p.astype(np.int64) for p in parts])  # to int32 and checked by the constructor
+        return cls(words, offsets, n_words, vocab, titles)
 
     @property
     def n_docs(self) -> int:
@@ -148,9 +146,7 @@ def check_corpus(corpus: Any) -> LDACorpus:
 
 def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:
     """Document boundaries (n_workers + 1) giving each worker a contiguous block with about N / n_workers tokens."""
-    check.positive_int("n_workers", n_workers)
-    if n_workers > corpus.n_docs:
-        raise ValueError(f"n_workers must be <= the number of documents ({corpus.n_docs}), got {n_workers}")
+    check.positive_int("n_workers", n_workers, corpus.n_docs)  # at most one worker per document
     targets = corpus.n_tokens * np.arange(1, n_workers) / n_workers
     cuts = np.searchsorted(corpus.offsets, targets)
     bounds = np.concatenate([[0], cuts, [corpus.n_docs]]).astype(np.int64)
@@ -190,9 +186,12 @@ def random_assignments(corpus: LDACorpus, n_topics: int, seed: int = 0) -> np.nd
 
 def count_tables(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(n_dk, n_wk, n_k) recomputed from the assignments z, as int32 tables."""
-    n_dk = doc_topic_counts(corpus, z, n_topics)
-    return n_dk, _count_pairs(corpus.words, z, corpus.n_words, n_topics), \
-        np.bincount(z, minlength=n_topics).astype(np.int32)
+    return doc_topic_counts(corpus, z, n_topics), *word_counts(corpus.words, z, corpus.n_words, n_topics)
+
+
+def word_counts(ids: np.ndarray, z: np.ndarray, n: int, n_topics: int) -> tuple[np.ndarray, np.ndarray]:
+    """(n_wk, n_k) of tokens with words ``ids`` in [0, n) and topics z, as int32 tables (n, K) and (K,)."""
+    return _count_pairs(ids, z, np.zeros((n, n_topics), np.int32)), np.bincount(z, minlength=n_topics).astype(np.int32)
 
 
 def doc_topic_counts(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> np.ndarray:
@@ -202,16 +201,15 @@ def doc_topic_counts(corpus: LDACorpus, z: np.ndarray, n_topics: int) -> np.ndar
         raise ValueError(f"z must have one topic per token ({corpus.n_tokens}), got shape {z.shape}")
     if z.size and (z.min() < 0 or z.max() >= n_topics):
         raise ValueError(f"z must lie in [0, n_topics={n_topics})")
-    return _count_pairs(corpus.doc_of, z, corpus.n_docs, n_topics)
+    return _count_pairs(corpus.doc_of, z, np.zeros((corpus.n_docs, n_topics), np.int32))
 
 
 @njit(cache=True, nogil=True)
-def _count_pairs(ids: np.ndarray, z: np.ndarray, n: int, K: int) -> np.ndarray:
-    """out[i, k] = the number of tokens with id i and topic k, as int32 (n, K)."""
+def _count_pairs(ids: np.ndarray, z: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out[i, k] += the number of tokens with id i and topic k; returns out."""
     # NOTE: replaces np.bincount(ids * K + z, minlength=n * K).reshape(n, K).astype(np.int32), whose int64
     # counts and int32 copy (12 bytes per entry at once) set the peak memory at K = 10,000 on the KJV (1.44 GB);
-    # the zeroed table here is 4 bytes per entry, and pages no token writes are not touched.
-    out = np.zeros((n, K), np.int32)
+    # a zeroed int32 table is 4 bytes per entry, and pages no token writes are not touched.
     for i in range(ids.shape[0]):
         out[ids[i], z[i]] += 1
     return out
@@ -352,8 +350,7 @@ def _stopped_corpus(docs: list, titles: list, n_stop: int, min_count: int, max_d
     """Documents of tokens as an LDACorpus: the ``n_stop`` most frequent words and the rare ones dropped."""
     from simlib.data import Vocabulary
 
-    check.non_negative_int("n_stop", n_stop)
-    check.positive_int("min_count", min_count)
+    check.non_negative_int("n_stop", n_stop)  # min_count: checked by Vocabulary.build
     if max_docs is not None:
         check.positive_int("max_docs", max_docs)
     full = Vocabulary.build(docs, min_count=min_count)  # over every document, also past max_docs
@@ -382,7 +379,6 @@ def _fold_in(words: np.ndarray, offsets: np.ndarray, phi: np.ndarray, alpha: flo
             k = np.random.randint(K)
             z[i - a] = k
             n[k] += 1
-        kept = 0
         for it in range(n_iter):
             for i in range(a, b):
                 n[z[i - a]] -= 1
@@ -397,11 +393,9 @@ def _fold_in(words: np.ndarray, offsets: np.ndarray, phi: np.ndarray, alpha: flo
                 z[i - a] = k
                 n[k] += 1
             if it >= n_iter // 2:
-                kept += 1
                 for k in range(K):
                     theta[d, k] += (n[k] + alpha) / (b - a + K * alpha)
-        for k in range(K):
-            theta[d, k] /= kept
+        theta[d] /= n_iter - n_iter // 2  # the sweeps kept
     return theta
 
 
@@ -430,6 +424,6 @@ def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: floa
 
 
 __all__ = ["LDACorpus", "shard_documents", "deal_documents", "check_hyper", "random_assignments", "count_tables",
-           "doc_topic_counts", "conditional",
+           "word_counts", "doc_topic_counts", "conditional",
            "word_log_likelihood", "doc_log_likelihood", "log_likelihood", "topic_word", "top_words", "topic_match",
            "make_synthetic_corpus", "kjv_corpus", "perplexity", "KJV_N_STOP", "KJV_MIN_COUNT"]

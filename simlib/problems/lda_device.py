@@ -43,6 +43,7 @@ import numpy as np
 from numba import njit
 
 from simlib.backend import array_module, cuda_kernels, segment_sum, use_fused
+from simlib.problems.lda_gibbs import blocks
 
 
 @dataclass
@@ -73,14 +74,9 @@ def resample_batch(shard: DeviceShard, idx: Any, n_wk: Any, n_k: Any, alpha: flo
     D, K = n_dk.shape
     V = n_wk.shape[0]
     w, d, old = words[idx], docs[idx], z[idx]
-    rows = xp.arange(idx.shape[0])
-    # Gather the snapshot and take each token out of its own rows (the other tokens stay in).
-    ndk = n_dk[d].astype(xp.float32)
-    nwk = n_wk[w].astype(xp.float32)
-    nk = xp.broadcast_to(n_k.astype(xp.float32), ndk.shape).copy()
-    ndk[rows, old] -= 1
-    nwk[rows, old] -= 1
-    nk[rows, old] -= 1
+    # Gather the snapshot in float32 and take each token out of its own rows (the other tokens stay in).
+    own = xp.arange(K) == old[:, None]
+    ndk, nwk, nk = (a.astype(xp.float32) - own for a in (n_dk[d], n_wk[w], n_k))
     p = (ndk + alpha) * (nwk + beta) / (nk + V * beta)
     cdf = xp.cumsum(p, axis=1)
     # NOTE: inverse CDF with one uniform per token (count of cdf entries below u * total);
@@ -150,10 +146,10 @@ def resample_fused(shard: DeviceShard, idx: Any, n_wk: Any, n_k: Any, alpha: flo
     draw, move = cuda_kernels(_FUSED_SOURCE, ("lda_draw", "lda_move"))
     K = np.int32(n_dk.shape[1])
     n = np.int64(idx.shape[0])
-    blocks = (-(-int(n) // 256),)
-    draw(blocks, (256,), (idx, n, words, docs, z, n_dk, n_wk, n_k, K, np.float32(alpha), np.float32(beta),
+    grid = (-(-int(n) // 256),)
+    draw(grid, (256,), (idx, n, words, docs, z, n_dk, n_wk, n_k, K, np.float32(alpha), np.float32(beta),
                           np.float32(n_wk.shape[0] * beta), u, newz))
-    move(blocks, (256,), (idx, n, words, docs, z, newz, n_dk, n_wk, n_k, K))
+    move(grid, (256,), (idx, n, words, docs, z, newz, n_dk, n_wk, n_k, K))
 
 
 def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, batch_size: int) -> None:
@@ -167,19 +163,18 @@ def device_sweeps(problem: Any, table: Any, shard: Any, first: int, count: int, 
     if shard.device is None or shard.device.xp is not xp:
         shard.device = DeviceShard.of(shard.state, xp)
     dev = shard.device
-    K = n_k.shape[0]
-    if problem.device_kernel == "hogwild" or (problem.device_kernel == "auto" and K <= MAX_CHAIN_TOPICS):
-        for clock in range(first, first + count):
-            shard.clock = clock
-            chain_sweep(dev, n_wk, n_k, (problem.alpha, problem.beta), shard.sweep_seed(), batch_size)
-        return
-    fused = use_fused(problem.device_kernel, xp)  # 'auto' past MAX_CHAIN_TOPICS: the batches, fused on CuPy
-    resample = resample_fused if fused else resample_batch
     n = int(dev.z.shape[0])
+    kernel = problem.device_kernel
+    chains = kernel == "hogwild" or (kernel == "auto" and n_k.shape[0] <= MAX_CHAIN_TOPICS)
+    fused = not chains and use_fused(kernel, xp)  # 'auto' past MAX_CHAIN_TOPICS: the batches, fused on CuPy
+    resample = resample_fused if fused else resample_batch
     if fused and (dev.newz is None or dev.newz.shape[0] < min(batch_size, n)):  # pragma: no cover - needs a GPU
         dev.newz = xp.empty(min(batch_size, n), dtype=np.int64)
     for clock in range(first, first + count):
         shard.clock = clock
+        if chains:
+            chain_sweep(dev, n_wk, n_k, (problem.alpha, problem.beta), shard.sweep_seed(), batch_size)
+            continue
         rng = np.random.default_rng(shard.sweep_seed())
         order = xp.asarray(rng.permutation(n))
         uniforms = xp.asarray(rng.random(n, dtype=np.float32))
@@ -309,7 +304,6 @@ def _chains_kernel(n_topics: int) -> tuple[Any, int]:  # pragma: no cover - need
 
 def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float], seed: int, warps: int) -> None:
     """One lock-free sweep of a shard: ``warps`` tokens of each document in flight (1 to 32), the counts exact."""
-    xp = dev.xp
     D, K = dev.n_dk.shape
     if K > MAX_CHAIN_TOPICS:
         raise ValueError(f"n_topics: device_kernel='hogwild' keeps a document's counts in shared memory, so at most "
@@ -318,9 +312,7 @@ def chain_sweep(dev: DeviceShard, n_wk: Any, n_k: Any, prior: tuple[float, float
     warps = max(1, min(int(warps), 32))
     alpha, beta = prior
     vbeta, seed = n_wk.shape[0] * beta, np.uint64(seed % 2**64)
-    if xp is np:  # a compiled call per block of documents (lda_gibbs.BLOCK tokens): Ctrl-C is answered between them
-        from simlib.problems.lda_gibbs import blocks
-
+    if dev.xp is np:  # a compiled call per block of documents (lda_gibbs.BLOCK tokens): Ctrl-C is answered between them
         ptr = np.concatenate([[0], np.cumsum(offsets[order + 1] - offsets[order])])
         cuts = blocks(ptr, 0, len(order))
         for a, b in zip(cuts[:-1], cuts[1:]):

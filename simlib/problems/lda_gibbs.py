@@ -88,8 +88,8 @@ import numpy as np
 from numba import njit
 
 from simlib import _validate as check
-from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, check_hyper, count_tables, doc_topic_counts,
-                                log_likelihood, random_assignments)
+from simlib.problems.lda import (LDACorpus, check_corpus, check_hyper, count_tables, doc_topic_counts, log_likelihood,
+                                random_assignments, word_counts)
 
 KERNELS = ("sparse", "dense", "mh", "alias")
 # The kernels' arguments travel in tuples (numba unpacks them at no cost), grouped by what they describe:
@@ -163,8 +163,10 @@ def _uniform(state: np.uint64) -> tuple[np.uint64, float]:
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sweep_dense(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo: int, w_hi: int,
-                 rng: np.uint64) -> np.uint64:
-    """Words w_lo..w_hi-1 of one O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b), invert it."""
+                 rng: np.uint64, carry: None = None) -> np.uint64:
+    """Words w_lo..w_hi-1 of one O(K)-per-token sweep: build the cumulative (n_dk + a)(n_wk + b)/(n_k + V b), invert it.
+
+    ``carry`` is unused: the other sweeps' state carried between calls (GibbsState.sweep_words calls them alike)."""
     word_ptr, doc, z = tokens[:3]
     (n_wk, n_k), (alpha, beta) = table, prior
     V, K = n_wk.shape
@@ -201,15 +203,9 @@ def blocks(ptr: np.ndarray, lo: int, hi: int, size: int | None = None) -> list[i
     return [lo, *sorted({c for c in cuts if lo < c < hi}), hi]
 
 
-def check_mh_steps(mh_steps: int) -> None:
-    """ValueError naming mh_steps unless an integer in [1, MAX_MH_STEPS]."""
-    if not check._is_int(mh_steps) or not 1 <= mh_steps <= MAX_MH_STEPS:
-        raise ValueError(f"mh_steps must be an integer in [1, {MAX_MH_STEPS}] (the mh kernel's cycles per token; "
-                         f"past {MAX_MH_STEPS} use kernel 'sparse', exact Gibbs), got {mh_steps!r}")
-
-
-def check_prior(kernel: str, n_topics: int, alpha: float, beta: float) -> None:
-    """ValueError naming the field: K >= 2, alpha, beta > 0 (>= MIN_MH_PRIOR for mh and alias), a known kernel."""
+def check_prior(kernel: str, n_topics: int, alpha: float, beta: float, mh_steps: int = MH_STEPS) -> None:
+    """ValueError naming the field: K >= 2, alpha, beta > 0 (>= MIN_MH_PRIOR for mh and alias), a known kernel,
+    mh_steps an integer in [1, MAX_MH_STEPS]."""
     check_hyper(n_topics, alpha, beta)
     check.one_of("kernel", kernel, KERNELS)
     if kernel in ("mh", "alias"):
@@ -218,6 +214,9 @@ def check_prior(kernel: str, n_topics: int, alpha: float, beta: float) -> None:
                 raise ValueError(f"{name} must be >= {MIN_MH_PRIOR:g} with kernel {kernel!r}, got {value:g}: its "
                                  "Metropolis-Hastings test multiplies probabilities of that order, which underflow "
                                  "below; kernel 'sparse' (exact) takes any positive value")
+    if not check._is_int(mh_steps) or not 1 <= mh_steps <= MAX_MH_STEPS:
+        raise ValueError(f"mh_steps must be an integer in [1, {MAX_MH_STEPS}] (the mh kernel's cycles per token; "
+                         f"past {MAX_MH_STEPS} use kernel 'sparse', exact Gibbs), got {mh_steps!r}")
 
 
 def _rng_state(seed: int) -> np.uint64:
@@ -326,8 +325,9 @@ def _sweep_sparse(tokens: Tokens, lists: Lists, table: Table, prior: Prior, w_lo
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _alias_build(weight: np.ndarray, n: int, prob: np.ndarray, alias: np.ndarray, small: np.ndarray,
-                 large: np.ndarray) -> None:
-    """Vose's alias table for weight[:n]: slot i keeps i with probability prob[i], else gives alias[i]."""
+                 large: np.ndarray) -> float:
+    """Vose's alias table for weight[:n]: slot i keeps i with probability prob[i], else gives alias[i]; returns
+    the weights' sum."""
     total = 0.0
     for i in range(n):
         total += weight[i]
@@ -356,18 +356,16 @@ def _alias_build(weight: np.ndarray, n: int, prob: np.ndarray, alias: np.ndarray
         prob[large[i]] = 1.0
     for i in range(ns):  # rounding leftovers
         prob[small[i]] = 1.0
+    return total
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _beta_table(n0: np.ndarray, beta: float, vbeta: float, bufs: Buffers) -> float:
     """The b-part of q_w, shared by every word: alias table over K with weights b / (n0_k + V b); returns their sum."""
     weight, prob, _, alias, _, _, small, large, _ = bufs
-    total = 0.0
     for k in range(n0.shape[0]):
         weight[k] = beta / (n0[k] + vbeta)
-        total += weight[k]
-    _alias_build(weight, n0.shape[0], prob, alias, small, large)
-    return total
+    return _alias_build(weight, n0.shape[0], prob, alias, small, large)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -378,18 +376,14 @@ def _word_table(row: np.ndarray, n0: np.ndarray, vbeta: float, bufs: Buffers) ->
     """
     weight, _, prob, _, alias, topic, small, large, snap = bufs
     m = 0
-    total = 0.0
     for k in range(row.shape[0]):
         c = row[k]
         snap[k] = c
         if c > 0:
             topic[m] = k
             weight[m] = c / (n0[k] + vbeta)
-            total += weight[m]
             m += 1
-    if m > 0:
-        _alias_build(weight, m, prob, alias, small, large)
-    return m, total
+    return m, _alias_build(weight, m, prob, alias, small, large) if m > 0 else 0.0
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
@@ -542,7 +536,7 @@ def _sweep_mh(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo
               rng: np.uint64, prop: Proposal) -> np.uint64:
     """Words w_lo..w_hi-1 of a LightLDA sweep: per word an alias table of the counts at its run's start, then MH per token.
 
-    ``tokens`` ends with ``z_doc``, the topics in document order (:func:`_doc_order`), for the doc proposal;
+    ``tokens`` ends with ``z_doc``, the topics in document order (:meth:`GibbsState.begin_sweep`), for the doc proposal;
     ``prop``'s n0 holds the topic totals the tables are built with (:meth:`GibbsState.sweep_words`)."""
     word_ptr, n_wk, beta = tokens[0], table[0], prior[1]
     vbeta = n_wk.shape[0] * beta
@@ -559,13 +553,6 @@ def _sweep_mh(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_lo
         m, S = _word_table(n_wk[w], n0, vbeta, bufs)
         rng = _mh_run((a, b, w, (m, S, B)), tokens, n_dk, table, prior, prop, rng)
     return rng
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _doc_order(z: np.ndarray, order: np.ndarray, z_doc: np.ndarray) -> None:
-    """z_doc[order[j]] = z[j]: the topics in document order, for the mh kernel's doc proposal."""
-    for j in range(z.shape[0]):
-        z_doc[order[j]] = z[j]
 
 
 # NOTE: fast math without reassociation: with it, LLVM regrouped the stale word proposal's sums and at beta < 1e-16 the
@@ -681,28 +668,27 @@ def _token_chain(token: Run, docs: tuple, table: Table, prior: Prior, stale: tup
 
     ``token`` = (p, its document d, its word w); ``docs`` = (offsets, z_doc, n_dk, d's topic lists).
     ``sampler`` = (alias, steps): one draw is one token's step of the mh kernel (n_dk, z_doc) or, with ``alias``,
-    of the alias kernel (the topic lists), each of ``steps`` proposal cycles. ``stale`` = (tab_wk, tab_k, s_tab, rebuild): with ``rebuild`` the tables
-    are rebuilt before every draw from the counts with the token in (as a sweep does); otherwise they
-    are built once from (tab_wk, tab_k), which count it under s_tab.
+    of the alias kernel (the topic lists), each of ``steps`` proposal cycles. ``stale`` = (tab_wk, tab_k, s_tab,
+    rebuild): the tables are built from (tab_wk, tab_k), which count the token under s_tab, before the first draw;
+    with ``rebuild`` they are views of the counts (n_wk's row of w, n_k) and the tables are rebuilt before every
+    draw, from the counts with the token in (as a sweep does).
     """
     (p, d, w), (offsets, z_doc, n_dk, lists), (n_wk, n_k), (alias, steps) = token, docs, table, sampler
     tab_wk, tab_k, s_tab, rebuild = stale
     V, K = n_wk.shape
     vbeta = V * prior[1]
     bufs = _table_buffers(n_wk)
-    n0 = tab_k.copy()
-    B = _beta_table(n0, prior[1], vbeta, bufs)
-    m, S = _word_table(tab_wk, n0, vbeta, bufs)
+    n0 = np.empty_like(tab_k)
     z = np.full(1, z_doc[p], np.int32)
     tokens = (np.zeros(2, np.int64), np.full(1, d, np.int64), z, np.full(1, p, np.int64), offsets, z_doc)
     seen = np.zeros(K, np.int64)
     prop = (bufs, n0, -1 if rebuild else s_tab, steps)
     work = (np.empty(K), np.empty(K), np.empty(K))  # the alias kernel's scratch; [1] = 1 / (n_k + V beta) per draw
-    for _ in range(n_draws):
-        if rebuild:
-            n0[:] = n_k
+    for i in range(n_draws):
+        if rebuild or i == 0:
+            n0[:] = tab_k
             B = _beta_table(n0, prior[1], vbeta, bufs)
-            m, S = _word_table(n_wk[w], n0, vbeta, bufs)
+            m, S = _word_table(tab_wk, n0, vbeta, bufs)
         if alias:
             work[1][:] = 1.0 / (n_k + vbeta)
             _, rng = _alias_run((0, 1, w, (m, S, B)), tokens, lists, table, prior, prop, work, rng)
@@ -756,15 +742,11 @@ class GibbsState:
         defaults to the counts of z (pass a worker's copy of the table to share it).
 
         ``mh_steps``: the mh kernel's word-then-doc cycles per token (LightLDA's MH steps; ignored by the others)."""
-        check_prior(kernel, n_topics, alpha, beta)
-        check_mh_steps(mh_steps)
+        check_prior(kernel, n_topics, alpha, beta, mh_steps)
         self.corpus, self.n_topics, self.alpha, self.beta, self.kernel = corpus, n_topics, float(alpha), float(beta), kernel
         self.n_dk = doc_topic_counts(corpus, z, n_topics)
         # a worker's copy of the table is used as given: its own V x K counts would be built only to be dropped
-        if counts is None:
-            counts = (_count_pairs(corpus.words, z, corpus.n_words, n_topics),
-                      np.bincount(z, minlength=n_topics).astype(np.int32))
-        self.n_wk, self.n_k = counts
+        self.n_wk, self.n_k = word_counts(corpus.words, z, corpus.n_words, n_topics) if counts is None else counts
         self.order = np.argsort(corpus.words, kind="stable").astype(np.int64)
         self.word_ptr = np.concatenate([[0], np.cumsum(np.bincount(corpus.words, minlength=corpus.n_words))])
         self.doc_wm = corpus.doc_of[self.order]
@@ -798,7 +780,7 @@ class GibbsState:
     def begin_sweep(self) -> None:
         """Before a sweep's first :meth:`sweep_words`: the mh kernel's topics in document order."""
         if self.kernel == "mh":
-            _doc_order(self.z_wm, self.order, self._z_doc)
+            self._z_doc[self.order] = self.z_wm
 
     def sweep_words(self, w_lo: int, w_hi: int, rng: np.uint64) -> np.uint64:
         """Resample the tokens of words w_lo..w_hi-1 once, drawing from the xorshift state ``rng``; the state after.
@@ -807,25 +789,20 @@ class GibbsState:
         go to the kernel in blocks of about BLOCK tokens (whole words), the same chain as one call."""
         tokens, table, prior = (self.word_ptr, self.doc_wm, self.z_wm), (self.n_wk, self.n_k), (self.alpha, self.beta)
         kernel = self.kernel
+        docs = (self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos) if kernel in ("sparse", "alias") else self.n_dk
+        carry = self._cdf if kernel == "sparse" else None  # sparse's scratch cdf; dense carries nothing
         if kernel in ("mh", "alias"):
             # the stale tables' state, carried from block to block as one call carried it from word to word
-            prop = (_table_buffers(self.n_wk), self.n_k.copy(), -1, self.mh_steps if kernel == "mh" else _ALIAS_STEPS)
+            carry = (_table_buffers(self.n_wk), self.n_k.copy(), -1, self.mh_steps if kernel == "mh" else _ALIAS_STEPS)
         if kernel == "mh":
             tokens += (self.order, self.corpus.offsets, self._z_doc)
-        lists = (self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos) if kernel in ("sparse", "alias") else None
+        sweep = {"sparse": _sweep_sparse, "dense": _sweep_dense, "mh": _sweep_mh, "alias": _sweep_alias}[kernel]
         # a block of mh costs its cycles per token: as many tokens as cost what BLOCK tokens cost at MH_STEPS
         bounds = blocks(self.word_ptr, w_lo, w_hi, BLOCK * MH_STEPS // self.mh_steps if kernel == "mh" else BLOCK)
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            if kernel == "dense":
-                rng = _sweep_dense(tokens, self.n_dk, table, prior, lo, hi, rng)
-            elif kernel == "mh":
-                rng = _sweep_mh(tokens, self.n_dk, table, prior, lo, hi, rng, prop)
-            elif kernel == "alias":
-                rng = _sweep_alias(tokens, lists, table, prior, lo, hi, rng, prop)
-            else:
-                rng = _sweep_sparse(tokens, lists, table, prior, lo, hi, rng, self._cdf)
-            rng = np.uint64(rng)  # numba hands a uint64 back as a Python int, which it would then read as int64
-        return np.uint64(rng)
+            # numba hands a uint64 back as a Python int, which it would then read as int64
+            rng = np.uint64(sweep(tokens, docs, table, prior, lo, hi, rng, carry))
+        return rng
 
     def end_sweep(self) -> None:
         """After a sweep's last :meth:`sweep_words`: n_dk from the sparse and alias kernels' topic lists."""

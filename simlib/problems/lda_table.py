@@ -35,7 +35,6 @@ Example::
 """
 from __future__ import annotations
 
-import collections
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -47,26 +46,18 @@ from simlib import _validate as check
 from simlib.backend import to_numpy
 from simlib.problems.atomic import atomic_add, compare_swap
 from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, deal_documents, doc_topic_counts,
-                                log_likelihood, random_assignments, word_log_likelihood)
-from simlib.problems.lda_gibbs import MH_STEPS, GibbsState, _rng_state, check_mh_steps, check_prior
+                                log_likelihood, random_assignments, word_counts, word_log_likelihood)
+from simlib.problems.lda_gibbs import MH_STEPS, GibbsState, _rng_state, blocks, check_prior
 
-_SEED_STRIDE = (1_000_003, 10_007)
 #: In place with several workers: each worker's tokens per block, between two syncs of n_k (see LDAProblem.local_steps).
 # NOTE: the rows are the table's own, so a block's size bounds only how stale n_k gets. KJV, K = 1,000, 2 workers,
 # BSP, 30 sweeps, sparse, log p per token against one process's -9.0935: blocks of 256 tokens -9.0876, -9.0895;
 # 1,024: -9.0822 to -9.1061; 4,096: -9.0953, -9.0849, with 2 workers' CPU 2.33-2.38 s, 2.36-2.42 s and 2.19-2.24 s
 # (the calls, the n_k reads and the 1 / (n_k + V b) each block takes cost K each).
 SYNC_EVERY = 4096
-
-
-def default_sync_every(n_topics: int) -> int:
-    """max(SYNC_EVERY, 2^20 / K) tokens: a block's calls stay ~1% of its sampling where K is small."""
-    return max(SYNC_EVERY, 2**20 // n_topics)
-
-
 # Bytes per topic: the float64 table (V + 1 rows) and the count tables n_dk, n_wk, counted as
 # int64 then kept as int32 (D + V rows); and each worker's int32 copy of n_wk and n_k.
-_TABLE_BYTES_PER_ROW, _COUNT_BYTES_PER_ROW, _COPY_BYTES_PER_ROW = 8, 12, 4  # sweep seed = seed * 1_000_003 + worker * 10_007 + clock
+_TABLE_BYTES_PER_ROW, _COUNT_BYTES_PER_ROW, _COPY_BYTES_PER_ROW = 8, 12, 4
 
 
 @dataclass
@@ -89,7 +80,7 @@ class LDAShard:
 
     def sweep_seed(self) -> int:
         """seed * 1_000_003 + worker * 10_007 + clock: one stream per worker and clock."""
-        return self.seed * _SEED_STRIDE[0] + self.worker * _SEED_STRIDE[1] + self.clock
+        return self.seed * 1_000_003 + self.worker * 10_007 + self.clock
 
 
 class LDAProblem:
@@ -109,9 +100,9 @@ class LDAProblem:
     def __init__(self, corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01,
                  seed: int = 0, kernel: str = "sparse", sync_every: int | None = None, mh_steps: int = MH_STEPS):
         check_corpus(corpus)
-        check_mh_steps(mh_steps)
-        check_prior(kernel, n_topics, alpha, beta)
-        sync_every = default_sync_every(n_topics) if sync_every is None else sync_every
+        check_prior(kernel, n_topics, alpha, beta, mh_steps)
+        # by default max(SYNC_EVERY, 2^20 / K) tokens: a block's calls stay ~1% of its sampling where K is small
+        sync_every = max(SYNC_EVERY, 2**20 // n_topics) if sync_every is None else sync_every
         check.positive_int("sync_every", sync_every)
         self.corpus, self.K, self.alpha, self.beta = corpus, int(n_topics), float(alpha), float(beta)
         self.seed, self.kernel, self.sync_every, self.mh_steps = int(seed), kernel, int(sync_every), int(mh_steps)
@@ -130,10 +121,9 @@ class LDAProblem:
         """The same problem on its first two documents, their words renumbered (same topics): what a warm-up compiles on."""
         # NOTE: the kernels compile per argument type, not shape; the two documents' own vocabulary keeps the
         # warm-up's tables small (at K = 10,000 on the KJV the full vocabulary's float64 table was 418 MB).
-        c = self.corpus
-        words = c.words[: c.offsets[min(2, c.n_docs)]]
-        used, ids = np.unique(words, return_inverse=True)
-        mini = LDACorpus(ids.astype(np.int32), c.offsets[: min(2, c.n_docs) + 1].copy(), len(used))
+        two = self.corpus.subset(range(min(2, self.corpus.n_docs)))
+        used, ids = np.unique(two.words, return_inverse=True)
+        mini = LDACorpus(ids, two.offsets, len(used))
         return LDAProblem(mini, self.K, self.alpha, self.beta, self.seed, self.kernel, self.sync_every, self.mh_steps)
 
     def init_params(self) -> np.ndarray:
@@ -143,19 +133,18 @@ class LDAProblem:
     def init_table(self, dtype: Any = np.int32) -> np.ndarray:
         """init_params in ``dtype`` (int32: the shm table), built without a float64 copy."""
         out = np.zeros(self.n_params, dtype)
-        _count_words(self.corpus.words, self.z0, self.K, out)
+        _count_pairs(self.corpus.words, self.z0, out[:-self.K].reshape(self.V, self.K))
+        out[-self.K:] = np.bincount(self.z0, minlength=self.K)
         return out
 
     def shards(self, n_workers: int) -> list[LDAShard]:
         """One worker-local state per worker: about N / n_workers tokens, in runs of documents from all over the
         corpus (:func:`~simlib.problems.lda.deal_documents`)."""
-        if not isinstance(n_workers, int) or not 1 <= n_workers <= self.corpus.n_docs:
-            raise ValueError(f"n_workers must be an integer in [1, {self.corpus.n_docs}] (one document each at least), "
-                             f"got {n_workers!r}")
+        check.positive_int("n_workers", n_workers, self.corpus.n_docs)  # one document each at least
         per_worker = _COPY_BYTES_PER_ROW * (self.V + 1) * self.K
         check.fits_memory("n_workers", n_workers, n_workers * per_worker, per_worker,
                           f"each worker's copy of the counts of {self.V} words x {self.K} topics")
-        blocks = self._word_blocks(n_workers)
+        word_blocks = self._word_blocks(n_workers)
         n_k = np.bincount(self.z0, minlength=self.K).astype(np.int32)
         out = []
         dealt = deal_documents(self.corpus, n_workers)
@@ -171,7 +160,7 @@ class LDAProblem:
             # step cost more than the Gibbs sweep itself (84 ms against 66 ms for 10 steps of 150 k tokens).
             words, local = (a.astype(np.int64) for a in np.unique(docs.words, return_inverse=True))
             out.append(LDAShard(state, i, words, None, self.seed, local=local, n_workers=n_workers,
-                                blocks=blocks))
+                                blocks=word_blocks))
         return out
 
     def batch(self, shard: LDAShard, step: int, batch_size: int) -> LDAShard:
@@ -195,8 +184,7 @@ class LDAProblem:
         """(keys, deltas): one Gibbs sweep against the counts read; the deltas are the tokens it moved."""
         st, K = batch.state, self.K
         if batch.own_wk is None:  # the shard's own counts: n_wk rows of its words, and n_k, from its assignments
-            batch.own_wk = _count_pairs(batch.local, st.z, len(batch.words), K)  # int32 at once (see its NOTE)
-            batch.own_k = np.bincount(st.z, minlength=K).astype(np.int32)
+            batch.own_wk, batch.own_k = word_counts(batch.local, st.z, len(batch.words), K)
         # NOTE: a read holds the worker's own tokens whenever its last push was applied before its
         # next pull (every substrate, without accumulation); the maximum binds only for a read that
         # does not (pushes held back by accumulation, or an empty warm-up read), where the sweep
@@ -207,10 +195,7 @@ class LDAProblem:
         before = np.empty(len(keys), np.int32)
         _load_counts(values, batch.own_wk, batch.own_k, batch.words, st.n_wk, st.n_k, before)
         st.sweep(seed=batch.sweep_seed())
-        out_keys = np.empty(len(keys), np.int64)
-        deltas = np.empty(len(keys), np.float64)
-        m = _moved_counts((st.n_wk, st.n_k), batch.words, before, keys, (batch.own_wk, batch.own_k), out_keys, deltas)
-        return out_keys[:m], deltas[:m]
+        return _moved_counts((st.n_wk, st.n_k), batch.words, before, keys, (batch.own_wk, batch.own_k))
 
     def local_steps(self, table: np.ndarray, shard: LDAShard, first: int, count: int, batch_size: int,
                     lr: float, locks: np.ndarray | None = None) -> None:
@@ -255,19 +240,18 @@ class LDAProblem:
             if alone:
                 st.sweep_words(0, V, rng)
             else:
-                todo, missed = collections.deque(own), 0
+                todo = own
                 while todo:
-                    j = todo.popleft()
-                    if not _take_block(locks, j, shard.worker + 1, tab_k, st.n_k, n0):
-                        todo.append(j)
-                        missed += 1
-                        if missed >= len(todo):  # every block left is held: let the others run
-                            os.sched_yield()
-                            missed = 0
-                        continue
-                    missed = 0
-                    rng = st.sweep_words(shard.blocks[j], shard.blocks[j + 1], rng)
-                    _give_block(locks, j, shard.worker + 1, table, V * K, st.n_k, n0)
+                    held = []
+                    for j in todo:
+                        if _take_block(locks, j, shard.worker + 1, tab_k, st.n_k, n0):
+                            rng = st.sweep_words(shard.blocks[j], shard.blocks[j + 1], rng)
+                            _give_block(locks, j, shard.worker + 1, table, V * K, st.n_k, n0)
+                        else:
+                            held.append(j)
+                    if len(held) == len(todo):  # every block left is held: let the others run
+                        os.sched_yield()
+                    todo = held
             st.end_sweep()
 
     def in_place_locks(self, n_workers: int) -> int:
@@ -279,9 +263,8 @@ class LDAProblem:
         fewer where that would leave under 4 blocks a worker (the words permitting): a worker that finds the next
         block held takes another. They cut the word-major tokens into runs of about ``tokens`` each."""
         word_ptr = np.concatenate([[0], np.cumsum(np.bincount(self.corpus.words, minlength=self.V))])
-        tokens = max(1, min(self.sync_every * n_workers, self.corpus.n_tokens // (4 * n_workers)))
-        cuts = np.searchsorted(word_ptr, np.arange(tokens, word_ptr[-1], tokens), side="left")
-        return np.unique(np.concatenate([[0], cuts, [self.V]])).astype(np.int64)
+        tokens = min(self.sync_every * n_workers, self.corpus.n_tokens // (4 * n_workers))
+        return np.array(blocks(word_ptr, 0, self.V, tokens), np.int64)
 
     def device_steps(self, table: Any, shard: LDAShard, first: int, count: int, batch_size: int, lr: float) -> None:
         """The gpu substrate's hook: sweeps first .. first+count-1 with ``batch_size`` tokens of each document in
@@ -309,11 +292,8 @@ class LDAProblem:
 
     def _tokens(self, dealt: list[np.ndarray]) -> list[np.ndarray]:
         """The corpus positions of each worker's tokens, in its shard's order (``dealt``: each worker's documents)."""
-        out, off = [], self.corpus.offsets
-        for own in dealt:
-            lengths = off[own + 1] - off[own]  # document i's tokens: its start - the tokens before it here + 0, 1, ...
-            out.append(np.repeat(off[own] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum()))
-        return out
+        off = self.corpus.offsets
+        return [np.concatenate([np.arange(off[d], off[d + 1]) for d in own]) for own in dealt]
 
     def log_likelihood(self, params: np.ndarray, z: np.ndarray) -> float:
         """The full log p(w, z): the table's word part plus the doc part of the assignments ``z``."""
@@ -340,15 +320,6 @@ class LDAProblem:
 
 
 @njit(cache=True, nogil=True)
-def _count_words(words, z, K, out):  # pragma: no cover - compiled
-    """out[w * K + k] += tokens of word w in topic k, out[V * K + k] += tokens in topic k (out: the flat table)."""
-    V = out.shape[0] // K - 1
-    for i in range(words.shape[0]):
-        out[words[i] * K + z[i]] += 1
-        out[V * K + z[i]] += 1
-
-
-@njit(cache=True, nogil=True)
 def _take_block(locks, j, me, tab_k, n_k, n0):  # pragma: no cover - compiled
     """Take block j's lock for worker ``me`` (>= 1) if it is free, then read n_k (into n_k and n0); False if held."""
     if not compare_swap(locks, j, 0, me):
@@ -370,45 +341,36 @@ def _give_block(locks, j, me, table, at, n_k, n0):  # pragma: no cover - compile
 @njit(cache=True, nogil=True)
 def _load_counts(values, own_wk, own_k, words, n_wk, n_k, before):  # pragma: no cover - compiled
     """Load a read into the worker's tables: n_wk[words[i]] = max(read row i, own row i), n_k likewise; ``before`` = the loaded counts."""
-    n, k_topics = own_wk.shape
-    for i in range(n):
-        w = words[i]
-        for k in range(k_topics):
-            c = max(np.int32(values[i * k_topics + k]), own_wk[i, k])
-            n_wk[w, k] = c
-            before[i * k_topics + k] = c
-    for k in range(k_topics):
-        c = max(np.int32(values[n * k_topics + k]), own_k[k])
-        n_k[k] = c
-        before[n * k_topics + k] = c
+    n, K = own_wk.shape
+    for i in range(n + 1):  # the rows of the shard's words, then n_k
+        row, own = (n_wk[words[i]], own_wk[i]) if i < n else (n_k, own_k)
+        for k in range(K):
+            c = max(np.int32(values[i * K + k]), own[k])
+            row[k] = c
+            before[i * K + k] = c
 
 
 @njit(cache=True, nogil=True)
-def _moved_counts(table, words, before, keys, own, out_keys, deltas):  # pragma: no cover - compiled
-    """The sweep's moves: (keys, count deltas) where the tables changed, also added to the own counts; returns how many.
+def _moved_counts(table, words, before, keys, own):  # pragma: no cover - compiled
+    """The sweep's moves: (keys, count deltas) where the tables changed, also added to the own counts.
 
     ``table`` = (n_wk, n_k) after the sweep, ``own`` = the worker's own (rows, n_k), updated here.
     """
     (n_wk, n_k), (own_wk, own_k) = table, own
-    n, k_topics = own_wk.shape
+    n, K = own_wk.shape
+    out_keys = np.empty(len(keys), np.int64)
+    deltas = np.empty(len(keys), np.float64)
     m = 0
-    for i in range(n):
-        w = words[i]
-        for k in range(k_topics):
-            d = n_wk[w, k] - before[i * k_topics + k]
+    for i in range(n + 1):  # the rows of the shard's words, then n_k
+        row, mine = (n_wk[words[i]], own_wk[i]) if i < n else (n_k, own_k)
+        for k in range(K):
+            d = row[k] - before[i * K + k]
             if d != 0:
-                own_wk[i, k] += d
-                out_keys[m] = keys[i * k_topics + k]
+                mine[k] += d
+                out_keys[m] = keys[i * K + k]
                 deltas[m] = d
                 m += 1
-    for k in range(k_topics):
-        d = n_k[k] - before[n * k_topics + k]
-        if d != 0:
-            own_k[k] += d
-            out_keys[m] = keys[n * k_topics + k]
-            deltas[m] = d
-            m += 1
-    return m
+    return out_keys[:m], deltas[:m]
 
 
 __all__ = ["LDAProblem", "LDAShard"]

@@ -169,7 +169,11 @@ class MLPProblem:
                              f"({data.n_rows} rows), got {eval_fraction}")
         self.data, self.hidden, self.seed = data, tuple(int(h) for h in hidden), seed
         self.sizes = (data.X.shape[1], *self.hidden, data.n_classes)
-        self._layout()
+        pairs = list(zip(self.sizes, self.sizes[1:]))  # each layer's (n_in, n_out)
+        # each layer's W (n_in x n_out, row-major) and b, together in the flat vector: the unit of backward_layers
+        ends = np.cumsum([n_in * n_out + n_out for n_in, n_out in pairs]).tolist()
+        self.layers = [slice(a, b) for a, b in zip([0, *ends], ends)]
+        self.n_params, self._macs = ends[-1], sum(a * b for a, b in pairs)
         per_copy = 8.0 * self.n_params
         if per_copy * 8 > check.available_memory() / 2:  # the table, its gradient, workers' copies: a few of each
             raise ValueError(f"hidden: layers {self.sizes} make {self.n_params} parameters "
@@ -182,16 +186,6 @@ class MLPProblem:
         self._all = np.arange(self.n_params, dtype=np.int64)
         self._all.setflags(write=False)  # shared by every step's keys
 
-    def _layout(self) -> None:
-        """Offsets of each layer's W (n_in x n_out, row-major) and b in the flat vector, in layer order."""
-        self.layers: list[slice] = []  # layer l's W and b together: the unit of backward_layers
-        offset = 0
-        for n_in, n_out in zip(self.sizes, self.sizes[1:]):
-            self.layers.append(slice(offset, offset + n_in * n_out + n_out))
-            offset += n_in * n_out + n_out
-        self.n_params = offset
-        self._macs = sum(a * b for a, b in zip(self.sizes, self.sizes[1:]))
-
     def weights(self, params: Any, layer: int) -> tuple[Any, Any]:
         """(W, b) of layer ``layer`` (0-based) as views of the flat vector."""
         sl, n_in, n_out = self.layers[layer], self.sizes[layer], self.sizes[layer + 1]
@@ -202,19 +196,14 @@ class MLPProblem:
         """He initialisation, W_l ~ N(0, 2 / n_in), b_l = 0, drawn from ``seed`` (the same every call)."""
         rng = np.random.default_rng(self.seed)
         w = np.zeros(self.n_params)
-        for layer, (n_in, n_out) in enumerate(zip(self.sizes, self.sizes[1:])):
+        for layer in range(len(self.layers)):
             W, _ = self.weights(w, layer)
-            W[:] = rng.normal(0.0, np.sqrt(2.0 / n_in), size=(n_in, n_out))
+            W[:] = rng.normal(0.0, np.sqrt(2.0 / W.shape[0]), size=W.shape)
         return xp.asarray(w)
 
     def shards(self, n_workers: int) -> list[tuple[int, int]]:
         """Ranges [start, stop) of the training rows, one contiguous near-equal part per worker."""
-        check.positive_int("n_workers", n_workers)
-        n = len(self._train[1])
-        if n_workers > n:
-            raise ValueError(f"n_workers ({n_workers}) must be <= the number of training rows ({n})")
-        bounds = np.linspace(0, n, n_workers + 1).astype(int)
-        return [(int(bounds[i]), int(bounds[i + 1])) for i in range(n_workers)]
+        return check.even_ranges(n_workers, len(self._train[1]), "training rows")
 
     def epoch_steps(self, n_workers: int, batch_size: int) -> int:
         """Steps per worker for one pass over the training rows: ceil(largest shard / batch_size)."""

@@ -223,11 +223,11 @@ class SimConfig(_FieldsOnly):
             raise ValueError("topology 'allreduce' runs only with protocol 'bsp' (a ring all-reduce is a barrier)")
         if self.topology == "allreduce" and (self.n_servers != 1 or self.n_summation):
             raise ValueError("n_servers and n_summation apply to topology 'ps' only")
+        if not isinstance(self.stragglers, Stragglers):  # before the checks below read its fields
+            raise ValueError(f"stragglers must be a Stragglers(...) instance, got {type(self.stragglers).__name__}")
         self._validate_sites()
         self._validate_cost_only()
         self._validate_managed()
-        if not isinstance(self.stragglers, Stragglers):
-            raise ValueError(f"stragglers must be a Stragglers(...) instance, got {type(self.stragglers).__name__}")
         if self.stragglers.slow_workers > self.n_workers:
             raise ValueError(f"stragglers.slow_workers ({self.stragglers.slow_workers}) must be <= n_workers "
                              f"({self.n_workers})")
@@ -360,31 +360,22 @@ class SimConfig(_FieldsOnly):
     @property
     def label(self) -> str:
         """'BSP', 'SSP(3)', 'ESSP(3)', 'Async', with mitigation suffixes such as ' b=1' (' cache': SSP's cache)."""
-        base = KIND_LABELS[self.protocol].format(s=self.staleness)
-        if self.cache is True and self.protocol != "essp":
-            base += " cache"
-        if self.topology == "allreduce" and self.protocol != "allreduce":
-            base += " all-reduce"
-        if self.sites > 1:
-            base += f" {self.sites} sites"
-        if self.hierarchy == "per-site":
-            base += " per-site" + ("" if self.significance is None else f" sig={self.significance:g}")
-            base += "" if self.mirror_clock is None else f" mirror={self.mirror_clock}"
-        if self.backup_workers:
-            base += f" b={self.backup_workers}"
-        if self.timeout is not None:
-            base += f" T={self.timeout:g}s"
-        if self.clock_batches > 1:
-            base += f" {self.clock_batches}/clock"
-        if self.managed_bandwidth is not None:
-            base += f" managed {self.managed_bandwidth / 1e6:g} MB/s"
-        if self.staleness_aware:
-            base += " a0/tau"
-        if self.compression and self.compression != "none":
-            base += f" [{_name(self.compression)}]"
-        if self.cost_only:
-            base += " cost-only"
-        return base
+        per_site = self.hierarchy == "per-site"
+        parts = (KIND_LABELS[self.protocol].format(s=self.staleness),
+                 "cache" if self.cache is True and self.protocol != "essp" else "",
+                 "all-reduce" if self.topology == "allreduce" and self.protocol != "allreduce" else "",
+                 f"{self.sites} sites" if self.sites > 1 else "",
+                 "per-site" if per_site else "",
+                 f"sig={self.significance:g}" if per_site and self.significance is not None else "",
+                 f"mirror={self.mirror_clock}" if per_site and self.mirror_clock is not None else "",
+                 f"b={self.backup_workers}" if self.backup_workers else "",
+                 f"T={self.timeout:g}s" if self.timeout is not None else "",
+                 f"{self.clock_batches}/clock" if self.clock_batches > 1 else "",
+                 f"managed {self.managed_bandwidth / 1e6:g} MB/s" if self.managed_bandwidth is not None else "",
+                 "a0/tau" if self.staleness_aware else "",
+                 f"[{_name(self.compression)}]" if self.compression and self.compression != "none" else "",
+                 "cost-only" if self.cost_only else "")
+        return " ".join(part for part in parts if part)
 
     def replace(self, **changes: Any) -> "SimConfig":
         """A copy with some fields changed (validated again)."""

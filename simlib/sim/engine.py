@@ -114,7 +114,6 @@ class _Run:
         cfg, env = self.cfg, self.env
         if not cfg.cost_only:
             record_start(self.trace, self.problem, self.w)
-        body = self._worker
         # all-reduce: per step (or per (step, bucket)), its ring's end and the gradients
         self.rings: dict[Any, tuple[simpy.Event, list]] = {}
         self.ring_free = 0.0  # when the links are free of the last ring started: rings take turns
@@ -130,7 +129,7 @@ class _Run:
                 self.procs = []
                 fastcost.run(self)
             else:
-                self.procs = [env.process(body(i)) for i in range(cfg.n_workers)]
+                self.procs = [env.process(self._worker(i)) for i in range(cfg.n_workers)]
                 st = cfg.stragglers
                 if st.fail_worker is not None:
                     env.process(self._failure(st.fail_worker, st.fail_time))
@@ -344,8 +343,7 @@ class _Run:
         self.wan_links = ([[Link() for _ in range(cfg.sites)] for _ in range(cfg.sites)]
                           if cfg.sites > 1 or self.per_site else None)
         # The flat servers sit at site 0; per site, site s has its own nodes, table and server.
-        self.nodes = [[Node(f"site{s}.server{k}" if s else f"server{k}") for k in range(self.n_shards)]
-                      for s in range(cfg.sites if self.per_site else 1)]
+        self.nodes = [[Node() for _ in range(self.n_shards)] for _ in range(cfg.sites if self.per_site else 1)]
         self.outboxes: list[Outbox] | None = None
         self.flushed = False
         # Per receiving site: {step: messages from other sites' updates of that step still on the WAN}, and the

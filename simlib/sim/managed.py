@@ -35,7 +35,7 @@ class Sender:
         self.run, self.i, self.budget = run, i, cfg.managed_bandwidth
         self.log = run.trace.meta.setdefault("managed", {"messages": 0, "bytes": 0, "entries": 0,
                                                          "pushed_entries": 0, "log": []}) if self.budget else None
-        self.next_send = [0.0]  # the budget's clock: no early message starts before this time
+        self.next_send = 0.0  # the budget's clock: no early message starts before this time
         self.fresh = run.__dict__.setdefault("_unseen", _Unseen(cfg.n_workers, run.trace))
         self.pending: Pending | None = None
 
@@ -50,8 +50,7 @@ class Sender:
             return
         if pending is not self.pending:
             self.pending = pending
-            self.run.env.process(_sender(self.run, self.i, c, pending, self.budget, self.next_send, self.log,
-                                         self.fresh))
+            self.run.env.process(self._sender(c, pending))
         else:
             _wake(pending)
 
@@ -72,6 +71,42 @@ class Sender:
         """The clock's push reached the table."""
         self.fresh.flying[self.i] -= float(np.abs(rest).sum())
 
+    def _sender(self, c: int, pending: Pending):
+        """While clock c computes: send the largest pending changes, at most ``budget`` bytes/s on average."""
+        run, i, log = self.run, self.i, self.log
+        cfg, env = run.cfg, run.env
+        while not pending.closed:
+            if self.next_send > env.now:
+                yield env.timeout(self.next_send - env.now)
+                continue
+            keys, deltas = pending.take(MESSAGE_ENTRIES)
+            if not len(keys):
+                pending.wake = env.event()
+                yield pending.wake
+                continue
+            # One early message, queued on each shard's in-link now (so the clock's push, sent later, lands after it).
+            nbytes = len(keys) * cfg.entry_bytes
+            t0 = arrive = env.now
+            for k, sel in run._split(keys):
+                part = nbytes * (sel.stop - sel.start) / len(keys)
+                done = run.nodes[0][k].inlink.reserve(t0, part, cfg.bandwidth, cfg.server_time) + cfg.latency
+                run.lan_bytes += part
+                env.process(self._land(done - t0, keys[sel], deltas[sel]))
+                arrive = max(arrive, done)
+            run.trace.span(i, "send", t0, arrive, nbytes=nbytes, step=c)
+            log["messages"] += 1
+            log["bytes"] += nbytes
+            log["entries"] += len(keys)
+            log["log"].append([t0, arrive, nbytes, i, c])
+            self.fresh.flying[i] += float(np.abs(deltas).sum())
+            self.next_send = t0 + nbytes / self.budget
+
+    def _land(self, delay: float, keys: np.ndarray, deltas: np.ndarray):
+        """An early message reaches its shard: the server adds it to the table (the plain step rule: as it is)."""
+        yield self.run.env.timeout(delay)
+        self.run.server.add_early(keys, deltas)
+        self.fresh.flying[self.i] -= float(np.abs(deltas).sum())
+
 
 def _wake(pending: Pending) -> None:
     """Wake a sender waiting for something to send from ``pending``."""
@@ -79,44 +114,6 @@ def _wake(pending: Pending) -> None:
     if wake is not None:
         pending.wake = None
         wake.succeed()
-
-
-def _sender(run: Any, i: int, c: int, pending: Pending, budget: float, next_send: list[float], log: dict,
-            fresh: "_Unseen"):
-    """While clock c computes: send the largest pending changes, at most ``budget`` bytes/s on average."""
-    cfg, env = run.cfg, run.env
-    while not pending.closed:
-        if next_send[0] > env.now:
-            yield env.timeout(next_send[0] - env.now)
-            continue
-        keys, deltas = pending.take(MESSAGE_ENTRIES)
-        if not len(keys):
-            pending.wake = env.event()
-            yield pending.wake
-            continue
-        # One early message, queued on each shard's in-link now (so the clock's push, sent later, lands after it).
-        nbytes = len(keys) * cfg.entry_bytes
-        t0 = arrive = env.now
-        for k, sel in run._split(keys):
-            part = nbytes * (sel.stop - sel.start) / len(keys)
-            done = run.nodes[0][k].inlink.reserve(t0, part, cfg.bandwidth, cfg.server_time) + cfg.latency
-            run.lan_bytes += part
-            env.process(_land(run, done - t0, keys[sel], deltas[sel], i, fresh))
-            arrive = max(arrive, done)
-        run.trace.span(i, "send", t0, arrive, nbytes=nbytes, step=c)
-        log["messages"] += 1
-        log["bytes"] += nbytes
-        log["entries"] += len(keys)
-        log["log"].append([t0, arrive, nbytes, i, c])
-        fresh.flying[i] += float(np.abs(deltas).sum())
-        next_send[0] = t0 + nbytes / budget
-
-
-def _land(run: Any, delay: float, keys: np.ndarray, deltas: np.ndarray, i: int, fresh: "_Unseen"):
-    """An early message reaches its shard: the server adds it to the table (the plain step rule: as it is)."""
-    yield run.env.timeout(delay)
-    run.server.add_early(keys, deltas)
-    fresh.flying[i] -= float(np.abs(deltas).sum())
 
 
 class _Unseen:

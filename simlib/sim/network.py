@@ -52,10 +52,9 @@ class Link:
 class Node:
     """A machine with one in-link and one out-link."""
 
-    __slots__ = ("name", "inlink", "outlink")
+    __slots__ = ("inlink", "outlink")
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self) -> None:
         self.inlink = Link()
         self.outlink = Link()
 

@@ -32,8 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from simlib.sim.config import HIERARCHIES, NETWORKS  # noqa: F401  (re-exported: the presets live with the fields)
-
 
 def site_of(n_workers: int, sites: int) -> list[int]:
     """Worker i's site: floor(i * sites / n_workers), contiguous blocks as even as they can be."""

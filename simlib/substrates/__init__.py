@@ -27,7 +27,7 @@ from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from simlib import _validate as check
-from simlib.protocol import Protocol, StepRule, read_allowed
+from simlib.protocol import MAX_REAL_WORKERS, MAX_WORKERS, Protocol, StepRule, read_allowed
 
 if TYPE_CHECKING:
     from simlib.contract import Result
@@ -115,7 +115,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     (replacing the SSP read rule); the rest go to the substrate (e.g. the simulator's network, stragglers
     and ``compression``, the real substrates' ``start_method``).
     """
-    from simlib.contract import Training, capabilities, check_problem, check_real_workers
+    from simlib.contract import Training, capabilities, check_problem
 
     check_problem(problem)  # the optional hooks too, once (simlib.contract.capabilities)
     caps = capabilities(problem)
@@ -137,9 +137,7 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
     if rule.staleness_aware and not caps.linear_step:
         raise ValueError(f"staleness_aware: {type(problem).__name__}'s updates are not gradient steps, "
                          "so they cannot be scaled by 1/tau")
-    if substrate != "sim":
-        check_real_workers(training.n_workers, substrate)
-    proto.check_workers(training.n_workers)
+    _check_workers(substrate, proto, training.n_workers)
     _refuse(substrate, proto, training, options)
     # check_run: protocols and substrates the problem cannot run on; check_training: settings its math cannot run
     if caps.check_run is not None:
@@ -158,6 +156,22 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         check_clocks(training.steps, clocks)  # the work a run's clocks imply
         check_managed(proto, clocks, options.get("managed_bandwidth"), rule.plain)
     return runner(problem, proto, training, **options)
+
+
+def _check_workers(substrate: str, proto: Protocol, n: int) -> None:
+    """ValueError naming n_workers or backup_workers where the run cannot have ``n`` workers: a real substrate starts
+    a process or an actor each (at most MAX_REAL_WORKERS), and shm and pipes start theirs on this machine."""
+    proto.check_workers(n)
+    if substrate == "sim":
+        return
+    if n > MAX_REAL_WORKERS:
+        raise ValueError(f"n_workers must be <= {MAX_REAL_WORKERS} on substrate {substrate!r} (a process or actor per "
+                         f"worker), got {n}; the simulator (substrate 'sim') takes up to {MAX_WORKERS}")
+    if substrate in ("shm", "pipes"):
+        from simlib.parallel.group import check_processes
+
+        server = substrate == "pipes" and proto.kind != "allreduce"
+        check_processes(n + server, f"substrate {substrate!r} (a process per worker{' and its server' * server})")
 
 
 def _check_allreduce(problem: Any, proto: Protocol, training: Any, substrate: str, options: dict[str, Any],

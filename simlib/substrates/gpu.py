@@ -90,17 +90,16 @@ class _Rounds:
     the round's end), then the pushes go through the contract's server in worker order (worker i's on top of i
     others: tau = i under async and SSP, 0 under BSP)."""
 
-    def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any):
-        # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
-        self.server = ParamServer(mod.asarray(problem.init_params()), training.n_workers, protocol, training.rule,
-                                  read_rule=training.read_rule)
-        self._begin(problem, protocol, training, mod, shards, path="get / step / add")
+    path = "get / step / add"  # the trace's meta['path']
 
-    def _begin(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, **meta: Any) -> None:
-        """What every round transport starts with once its table exists: the trace, its first metric, the clock."""
+    def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any,
+                 table: Any = None, **meta: Any):
+        # The contract's server on the device table: the read rule, the step rule and tau, as on every substrate.
+        self.server = ParamServer(mod.asarray(problem.init_params()) if table is None else table, training.n_workers,
+                                  protocol, training.rule, read_rule=training.read_rule)
         self.problem, self.protocol, self.training, self.mod, self.shards = problem, protocol, training, mod, shards
         self.trace = new_trace(problem, protocol, training, "gpu", f"on {'CuPy' if mod is not np else 'NumPy'}",
-                               unit="batch", xp=mod.__name__, **meta)
+                               unit="batch", xp=mod.__name__, path=self.path, **meta)
         self.t0 = time.perf_counter()
         record_start(self.trace, problem, self.table)
         self.start = 0.0
@@ -148,17 +147,19 @@ class _Rounds:
         self.server.finish()
 
     def result(self) -> Result:
-        return Result(self.trace, to_numpy(self.table), {"wall_seconds": time.perf_counter() - self.t0})
+        return Result(self.trace, to_numpy(self.table), {"wall_seconds": time.perf_counter() - self.t0,
+                                                         "local": [local_result(self.problem, s) for s in self.shards]})
 
 
 class _AllReduceRounds(_Rounds):
     """All-reduce in device rounds: every worker's replica is the one device table (they are equal at every step's
     start); round c sums every worker's gradient (bucket by bucket) and adds the sum to it once."""
 
+    path = "all-reduce"
+
     def __init__(self, *args: Any):
         super().__init__(*args)
         self.total = self.mod.zeros_like(self.table)
-        self.trace.meta["path"] = "all-reduce"
 
     def pull(self, i: int, effect: Pull) -> tuple[Any, int]:
         if i == 0:  # the round starts
@@ -180,30 +181,23 @@ class _AllReduceRounds(_Rounds):
             self.total[...] = 0
             self.taus = [0] * self.training.n_workers
 
-    def result(self) -> Result:
-        res = super().result()
-        res.measured["local"] = [local_result(self.problem, s) for s in self.shards]
-        return res
-
 
 class _InPlace(_Rounds):
     """The fast path: the problem's ``hook`` on the device table, on the get / step / add path's schedule (one
     worker: every step up to the next evaluation in one call)."""
 
+    path = "in place"
+
     def __init__(self, problem: Any, protocol: Protocol, training: Training, mod: Any, shards: list, caps: Any):
         n, self.hook = training.n_workers, caps.in_place
-        self.device_table = mod.asarray(np.asarray(problem.init_params()).astype(caps.table_dtype))
+        super().__init__(problem, protocol, training, mod, shards, caps,
+                         mod.asarray(np.asarray(problem.init_params()).astype(caps.table_dtype)),
+                         update_unit="one step" if n > 1 else f"a chunk of up to {training.eval_every} steps")
         self.inflight = InFlight()
         # a device hook that reads one table and adds to another needs no scratch copy per worker
         self.apart = n > 1 and mod is not np and caps.device_reads_apart
-        self.snapshot = mod.empty_like(self.device_table) if n > 1 else None
-        self.scratch = mod.empty_like(self.device_table) if n > 1 and not self.apart else None
-        self._begin(problem, protocol, training, mod, shards, path="in place",
-                    update_unit="one step" if n > 1 else f"a chunk of up to {training.eval_every} steps")
-
-    @property
-    def table(self) -> Any:
-        return self.device_table
+        self.snapshot = mod.empty_like(self.table) if n > 1 else None
+        self.scratch = mod.empty_like(self.table) if n > 1 and not self.apart else None
 
     def gate(self, i: int, effect: Gate) -> int:
         c, tr = effect.step, self.training
@@ -239,11 +233,10 @@ class _InPlace(_Rounds):
         """Nothing is held back: every step landed in the table."""
 
     def result(self) -> Result:
-        trace, inflight = self.trace, self.inflight
+        res, inflight = super().result(), self.inflight
         if inflight.items:
-            trace.meta["in_flight"] = {"items": inflight.items, "missed_mean": inflight.missed_mean,
-                                       "missed_max": inflight.missed_max}
-        train = sum(span.end - span.start for span in trace.spans if span.worker == 0)  # evaluations excluded
-        return Result(trace, to_numpy(self.table), {"wall_seconds": time.perf_counter() - self.t0,
-                                                    "train_seconds": train,
-                                                    "local": [local_result(self.problem, s) for s in self.shards]})
+            res.trace.meta["in_flight"] = {"items": inflight.items, "missed_mean": inflight.missed_mean,
+                                           "missed_max": inflight.missed_max}
+        # evaluations excluded
+        res.measured["train_seconds"] = sum(span.end - span.start for span in res.trace.spans if span.worker == 0)
+        return res

@@ -43,16 +43,15 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training, local_result, new_trace, real_result, record_metric
+from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric
 from simlib.contract import served_trace, warm_up as contract_warm_up
-from simlib.managed import MESSAGE_ENTRIES
 from simlib.parallel.allreduce import Ring, run_replicas
 from simlib.parallel.channel import Channel
-from simlib.parallel.group import WorkerGroup, check_processes
-from simlib.parallel.worker import check_straggler, current, record_span, straggle
+from simlib.parallel.group import WorkerGroup
+from simlib.parallel.worker import check_straggler, current
 from simlib.protocol import Protocol
 from simlib.compress import worker_compressor
-from simlib.worker import Compute, Early, Gate, Plan, Pull, Push, WorkerOptions, drive, ps_worker
+from simlib.worker import Plan, Pull, Push, Timed, WorkerOptions, drive, ps_worker
 from simlib.trace import Trace
 
 PUSH_DTYPE = np.dtype([("key", "<i4"), ("grad", "<f8")])  # 12 bytes per touched key
@@ -108,8 +107,6 @@ class PipesOptions(WorkerOptions):
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="pipes")``); ``options``: :class:`PipesOptions`."""
     opts = check.options(PipesOptions, options, "substrate 'pipes'")
-    server = protocol.kind != "allreduce"
-    check_processes(training.n_workers + server, f"substrate 'pipes' (a process per worker{' and its server' * server})")
     if protocol.kind == "allreduce":  # every worker a replica; each bucket summed around a ring of pipes
         return run_replicas(problem, protocol, training, opts, "pipes", "over a ring of pipes", _ring)
     n_workers = training.n_workers
@@ -135,8 +132,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     if opts.managed_bandwidth is not None:  # each worker returned (its local result, its early messages)
         trace.meta["managed"] = {"budget": opts.managed_bandwidth, **early,
                                  "log": [[t, n, i] for i, (_, log) in enumerate(out[1:]) for t, n in log]}
-    return real_result(problem, trace, w, [local for local, _ in out[1:]], wall_seconds=wall,
-                       worker_seconds=worker_seconds)
+    return Result(trace, w, {"wall_seconds": wall, "worker_seconds": worker_seconds,
+                             "local": [local for local, _ in out[1:]]})
 
 
 run.options = PipesOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
@@ -163,39 +160,23 @@ def _member(member: int, n_members: int, job: tuple[Any, list, Protocol, Trainin
     return local_result(problem, shard), transport.log
 
 
-class _PipeWorker:
+class _PipeWorker(Timed):
     """Worker i's end of its pipe as the worker program's transport; the server gates reads and records updates."""
 
     def __init__(self, i: int, ch: Channel, opts: PipesOptions):
-        self.i, self.ch, self.straggler, self.budget = i, ch, opts.straggler, opts.managed_bandwidth
-        self.t0 = getattr(current(), "t0", time.perf_counter())
+        super().__init__(i, opts.straggler, opts.managed_bandwidth)
+        self.ch, self.ctx = ch, current()
+        self.span = self.ctx.span
         self.log: list[tuple[float, int]] = []  # early messages: (seconds since the run started, bytes sent)
-        self.next_send = 0.0  # perf_counter reading before which no early message starts
-
-    def gate(self, effect: Gate) -> int:
-        return 1  # the server holds the pull's reply until the protocol allows the read
 
     def pull(self, effect: Pull) -> tuple[np.ndarray, None]:
         self.ch.send_array(effect.keys)
         return self.ch.recv_array(), None
 
-    def compute(self, effect: Compute) -> Any:
-        s = time.perf_counter()
-        out = effect.fn(*effect.args)
-        straggle(self.straggler, self.i)  # a slow machine's steps take longer
-        record_span("compute", s, time.perf_counter(), step=effect.step)
-        return out
-
-    def early(self, effect: Early) -> None:
-        """At most one early message per gap, and none sooner than n / budget after one of n bytes."""
-        now = time.perf_counter()
-        if self.budget is None or now < self.next_send:
-            return
-        keys, deltas = effect.pending.take(MESSAGE_ENTRIES)
-        if len(keys):
-            n = self.ch.send_array(_records(keys, deltas), tag=EARLY)
-            self.next_send = now + n / self.budget
-            self.log.append((now - self.t0, n))
+    def send_early(self, step: int, keys: np.ndarray, deltas: np.ndarray, now: float) -> int:
+        n = self.ch.send_array(_records(keys, deltas), tag=EARLY)
+        self.log.append((now - self.ctx.t0, n))
+        return n
 
     def push(self, effect: Push) -> tuple[bool, int]:
         self.ch.send_array(_records(effect.keys, effect.deltas))
@@ -223,11 +204,9 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     Returns the table, a trace of its updates and metric points, and its counts of early messages."""
     n, steps = len(chans), training.steps
     server = ParamServer(problem.init_params(), n, protocol, training.rule, read_rule=training.read_rule)
-    clock = [0] * n  # the step each worker's next pull belongs to
-    read_version = [0] * n
-    lag = [0] * n
-    expecting_push = [False] * n
-    deferred: list[tuple[int, np.ndarray]] = []  # (worker, keys) pulls the protocol holds back
+    clock = [-1] * n  # the step of each worker's last pull
+    read_version, lag = [0] * n, [0] * n
+    held: list[tuple[int, np.ndarray]] = []  # (worker, keys): pulls the protocol holds back
     now = getattr(current(), "now", time.perf_counter)
     served = Trace("pipe parameter server", "pipes", n)  # updates with the pushing worker's id, metric points
     record_metric(served, problem, now(), 0, server.params, training.lr)
@@ -235,25 +214,27 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     done = 0
     early = {"messages": 0, "entries": 0}
 
-    def answer(j: int, keys: np.ndarray) -> None:
-        values, read_version[j] = server.pull(keys)
-        lag[j] = server.clocks.clock_lag(clock[j] - 1)
-        chans[j].send_array(values)
+    def answer(pulls: list[tuple[int, np.ndarray]]) -> list[tuple[int, np.ndarray]]:
+        """Answer the pulls the protocol allows now; the rest, held back."""
+        later = []
+        for j, keys in pulls:
+            if not server.may_read(clock[j]):
+                later.append((j, keys))
+                continue
+            values, read_version[j] = server.pull(keys)
+            lag[j] = server.clocks.clock_lag(clock[j])
+            chans[j].send_array(values)
+        return later
 
     while done < n:
         for ch in wait(chans):
             i = chans.index(ch)  # type: ignore[arg-type]
             msg = ch.recv_array()
-            if not expecting_push[i]:
+            if msg.dtype.kind != "V":  # a pull's int32 keys; a push's (key, delta) records travel as raw 'V12' bytes
                 clock[i] += 1
-                expecting_push[i] = True
-                if server.may_read(clock[i] - 1):
-                    answer(i, msg)
-                else:
-                    deferred.append((i, msg))
+                held += answer([(i, msg)])
                 continue
-            c = clock[i] - 1
-            rec = msg.view(PUSH_DTYPE)  # a record dtype travels as raw 'V12' bytes
+            c, rec = clock[i], msg.view(PUSH_DTYPE)
             if ch.tag == EARLY:  # part of clock c's push, before its end: into the table, no update yet
                 server.add_early(rec["key"], rec["grad"])
                 early["messages"] += 1
@@ -261,14 +242,10 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
                 continue
             applied, tau = server.push(c, rec["key"], rec["grad"], read_version[i])
             served.update(now(), i, c, tau, applied, lag[i])
-            expecting_push[i] = False
             done += c == steps - 1
             if evaluate and len(served.updates) % period == 0 and len(served.updates) < n * steps:
                 record_metric(served, problem, now(), len(served.updates), server.params, training.lr)
-            ready = [(j, k) for j, k in deferred if server.may_read(clock[j] - 1)]
-            deferred = [(j, k) for j, k in deferred if not server.may_read(clock[j] - 1)]
-            for j, k in ready:
-                answer(j, k)
+            held = answer(held)
     server.finish()
     record_metric(served, problem, now(), n * steps, server.params, training.lr)
     return server.params, served, early

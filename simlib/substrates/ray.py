@@ -76,8 +76,7 @@ from simlib.compress import worker_compressor
 from simlib.contract import ParamServer, Result, Training, new_trace, served_trace
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
-from simlib.managed import MESSAGE_ENTRIES
-from simlib.worker import AllReduce, Bucket, Compute, Early, Gate, Plan, Pull, Push, Reduced, WorkerOptions
+from simlib.worker import AllReduce, Bucket, Plan, Pull, Push, Reduced, Timed, WorkerOptions
 from simlib.worker import allreduce_worker, dense_bucket, drive, ps_worker
 
 KEY_BYTES, VALUE_BYTES = 4, 8  # on the wire, as the pipes substrate and the simulator count them
@@ -141,13 +140,12 @@ class _Recorder:
 
     ping = _whereabouts
 
-    async def evaluate_start(self) -> None:
-        """The initial quality, off the clock (the first call loads compiled kernels); recorded at time 0."""
+    async def start(self) -> float:
+        """The initial quality, off the clock (the first call loads compiled kernels) and recorded at time 0; then
+        the run's clock starts: its wall time t0, returned."""
         await self._evaluate(0, at=0.0)
-
-    def start(self, t0: float) -> None:
-        """The run's clock starts at wall time ``t0``."""
-        self.t0 = t0
+        self.t0 = time.time()
+        return self.t0
 
     async def _record(self, worker: int, c: int, tau: int, applied: bool, lag: int) -> int:
         """One update now, and the quality where it is due; returns the update's sequence number."""
@@ -164,6 +162,11 @@ class _Recorder:
 
     async def _table(self) -> np.ndarray:
         raise NotImplementedError
+
+    async def finish(self) -> tuple[np.ndarray, Trace]:
+        """(the whole table, a trace of the updates and the quality points)."""
+        await self._evaluate(len(self.served.updates))
+        return await self._table(), self.served
 
 
 class RayPSCoordinator(_Recorder):
@@ -217,8 +220,7 @@ class RayPSCoordinator(_Recorder):
     async def finish(self) -> tuple[np.ndarray, Trace]:
         """Apply what the step rule still holds; (the table, a trace of the updates and the quality points)."""
         self.server.finish()
-        await self._evaluate(len(self.served.updates))
-        return await self._table(), self.served
+        return await super().finish()
 
 
 class RayPSShard:
@@ -257,19 +259,19 @@ class RayPSShard:
         self._changed.notify()
 
 
-class RayPSWorker:
+class RayPSWorker(Timed):
     """Worker i: pull, compute the problem's step on the values read, push; records its spans."""
+
+    clock = staticmethod(time.time)  # read on each actor's machine: as good as the nodes' clock synchronisation
 
     def __init__(self, index: int, problem: Any, shard: Any, coordinator: Any, shards: list, bounds: np.ndarray,
                  training: Training, opts: WorkerOptions):
+        super().__init__(index, budget=opts.managed_bandwidth)
         # The shard arrives as read-only views of the object store; worker-local state must be writable.
-        self.i, self.problem, self.shard = index, problem, copy.deepcopy(shard)
-        self.coordinator, self.shards, self.bounds = coordinator, shards, bounds
-        self.training = training
+        self.problem, self.shard, self.training, self.opts = problem, copy.deepcopy(shard), training, opts
+        self.coordinator, self.servers, self.bounds = coordinator, [coordinator, *shards], bounds
         self.compressor = worker_compressor(opts.compression, problem.n_params, training.seed, index, KEY_BYTES,
                                             VALUE_BYTES)
-        self.clock_batches, self.budget, self.next_send = opts.clock_batches, opts.managed_bandwidth, 0.0
-        self.opts = opts
         self.early_refs: list = []  # managed communication: early adds the clock's push waits for
 
     def ready(self) -> tuple[int, str]:
@@ -285,79 +287,61 @@ class RayPSWorker:
     def run(self, t0: float) -> list[tuple]:
         """All steps of the worker program, this actor its transport; returns the spans (kind, start, end, bytes,
         step) in run seconds."""
-        import ray
-
-        self.ray, self.t0, self.spans, self.mark = ray, t0, [], 0.0
+        self._start(t0)
         tr = self.training
-        plan = Plan(tr.steps, tr.batch_size, tr.lr, clock_batches=self.clock_batches, entry_bytes=KEY_BYTES + VALUE_BYTES)
+        plan = Plan(tr.steps, tr.batch_size, tr.lr, clock_batches=self.opts.clock_batches,
+                    entry_bytes=KEY_BYTES + VALUE_BYTES)
         drive(ps_worker(self.problem, self.shard, plan, self.compressor), self)
         return self.spans
 
-    def gate(self, effect: Gate) -> int:
-        return 1  # the coordinator holds the pull until the protocol lets the step read
+    def _start(self, t0: float) -> None:
+        """The run starts at wall time ``t0``: no spans yet."""
+        import ray
+
+        self.ray, self.t0, self.spans = ray, t0, []
+
+    def span(self, kind: str, start: float, end: float, nbytes: int, step: int) -> None:
+        self.spans.append((kind, start - self.t0, end - self.t0, nbytes, step))
 
     def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
-        start = time.time() - self.t0
-        values, (version, _, _, held) = self._pull(self.ray, effect.step, effect.keys)
-        self.mark = time.time() - self.t0
-        self.spans.append(("wait", start, start + held, 0, effect.step))
-        self.spans.append(("recv", start + held, self.mark, (KEY_BYTES + VALUE_BYTES) * len(effect.keys), effect.step))
+        """The coordinator gates; the other shards answer once its reply (an object ref) is ready."""
+        start, keys, parts = self.clock(), effect.keys, owners(effect.keys, self.bounds)
+        coord, *shards = self.servers
+        values_ref, meta_ref = coord.pull.options(num_returns=2).remote(self.i, effect.step, keys[parts[0]])
+        refs = [s.pull.remote(keys[part], meta_ref) for s, part in zip(shards, parts[1:])]
+        got = self.ray.get([values_ref, meta_ref, *refs])
+        values = np.empty(len(keys))
+        values[np.concatenate(parts)] = np.concatenate([got[0], *got[2:]])  # the coordinator's range, then each shard's
+        version, _, _, held = got[1]
+        self.mark = self.clock()
+        self.span("wait", start, start + held, 0, effect.step)
+        self.span("recv", start + held, self.mark, (KEY_BYTES + VALUE_BYTES) * len(keys), effect.step)
         return values, version
 
-    def compute(self, effect: Compute) -> Any:
-        out = effect.fn(*effect.args)
-        now = time.time() - self.t0
-        self.spans.append(("compute", self.mark, now, 0, effect.step))
-        self.mark = now
-        return out
-
-    def early(self, effect: Early) -> None:
-        """Managed communication: between a clock's mini-batches, the largest pending changes go to their servers,
-        added there as they are (the clock's push completes the clock), at most ``budget`` bytes/s on average."""
-        now = time.perf_counter()
-        if self.budget is None or now < self.next_send:
-            return
-        keys, deltas = effect.pending.take(MESSAGE_ENTRIES)
-        if len(keys):
-            # not waited for here (they overlap the next mini-batch); the clock's push waits for them first, so they
-            # land before it, as on a FIFO link (an async actor may run one caller's calls out of order)
-            parts = owners(keys, self.bounds) if self.shards else [np.arange(len(keys))]
-            self.early_refs += [server.add_early.remote(keys[part], deltas[part])
-                                for server, part in zip([self.coordinator, *self.shards], parts) if len(part)]
-            nbytes = len(keys) * (KEY_BYTES + VALUE_BYTES)
-            self.next_send = now + nbytes / self.budget
-            start = time.time() - self.t0
-            self.spans.append(("send", start, start + 1e-6, nbytes, effect.step))
+    def send_early(self, step: int, keys: np.ndarray, deltas: np.ndarray, now: float) -> int:
+        """Managed communication: the largest pending changes go to their servers, added there as they are (the
+        clock's push completes the clock)."""
+        # not waited for here (they overlap the next mini-batch); the clock's push waits for them first, so they
+        # land before it, as on a FIFO link (an async actor may run one caller's calls out of order)
+        self.early_refs += [server.add_early.remote(keys[part], deltas[part])
+                            for server, part in zip(self.servers, owners(keys, self.bounds)) if len(part)]
+        nbytes = len(keys) * (KEY_BYTES + VALUE_BYTES)
+        self.span("send", now, now + 1e-6, nbytes, step)
+        return nbytes
 
     def push(self, effect: Push) -> tuple[bool, int]:
+        """The coordinator decides (applied, tau); the other shards apply their part with that decision."""
         if self.early_refs:
             self.ray.get(self.early_refs)
             self.early_refs = []
         keys, deltas = np.asarray(effect.keys), np.asarray(effect.deltas, dtype=np.float64)
-        applied, _, _, completed = self._push(self.ray, effect.step, keys, deltas, effect.version)
-        self.spans.append(("send", self.mark, time.time() - self.t0, effect.nbytes, effect.step))
+        parts = owners(keys, self.bounds)
+        coord, *shards = self.servers
+        decision = coord.push.remote(self.i, effect.step, keys[parts[0]], deltas[parts[0]], effect.version)
+        adds = [s.add.remote(decision, keys[part], deltas[part]) for s, part in zip(shards, parts[1:])]
+        applied, _, _, completed = self.ray.get([decision, *adds])[0]
+        self.span("send", self.mark, self.clock(), effect.nbytes, effect.step)
         return applied, completed
-
-    def _pull(self, ray: Any, c: int, keys: np.ndarray) -> tuple[np.ndarray, tuple]:
-        """The coordinator gates; the other shards answer once its reply (an object ref) is ready."""
-        if not self.shards:
-            return ray.get(self.coordinator.pull.remote(self.i, c, keys))
-        parts = owners(keys, self.bounds)
-        values_ref, meta_ref = self.coordinator.pull.options(num_returns=2).remote(self.i, c, keys[parts[0]])
-        refs = [s.pull.remote(keys[parts[k + 1]], meta_ref) for k, s in enumerate(self.shards)]
-        got = ray.get([values_ref, meta_ref, *refs])
-        values = np.empty(len(keys))
-        values[np.concatenate(parts)] = np.concatenate([got[0], *got[2:]])  # the coordinator's range, then each shard's
-        return values, got[1]
-
-    def _push(self, ray: Any, c: int, keys: np.ndarray, deltas: np.ndarray, version: int) -> tuple:
-        """The coordinator decides (applied, tau); the other shards apply their part with that decision."""
-        if not self.shards:
-            return ray.get(self.coordinator.push.remote(self.i, c, keys, deltas, version))
-        parts = owners(keys, self.bounds)
-        decision = self.coordinator.push.remote(self.i, c, keys[parts[0]], deltas[parts[0]], version)
-        adds = [s.add.remote(decision, keys[parts[k + 1]], deltas[parts[k + 1]]) for k, s in enumerate(self.shards)]
-        return ray.get([decision, *adds])[0]
 
 
 class RayReducer(_Recorder):
@@ -395,11 +379,6 @@ class RayReducer(_Recorder):
         """The replica."""
         return self.w
 
-    async def finish(self) -> tuple[np.ndarray, Trace]:
-        """(the replica, a trace of the updates and the quality points)."""
-        await self._evaluate(len(self.served.updates))
-        return self.w, self.served
-
 
 class RayReplicaWorker(RayPSWorker):
     """Worker i under all-reduce: its own replica; each bucket goes to the reducer as soon as the backward pass has
@@ -407,18 +386,16 @@ class RayReplicaWorker(RayPSWorker):
 
     def run(self, t0: float) -> list[tuple]:
         """All steps of the all-reduce worker program; returns the spans (kind, start, end, bytes, step)."""
-        import ray
-
-        self.ray, self.t0, self.spans, self.mark, self.pending, self.done = ray, t0, [], 0.0, [], []
+        self._start(t0)
+        self.pending, self.done = [], []
         self.w = np.array(self.problem.init_params(), dtype=np.float64)
         tr = self.training
         drive(allreduce_worker(self.problem, self.shard, Plan(tr.steps, tr.batch_size, tr.lr),
                                bucket_bytes=self.opts.bucket_bytes), self)
-        ray.get(self.done)  # every update recorded before the driver asks for the trace
+        self.ray.get(self.done)  # every update recorded before the driver asks for the trace
         return self.spans
 
     def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
-        self.mark = time.time() - self.t0
         return self.w[effect.keys], 0
 
     def all_reduce(self, effect: AllReduce) -> None:
@@ -426,8 +403,8 @@ class RayReplicaWorker(RayPSWorker):
 
     def bucket(self, effect: Bucket) -> None:
         x = np.asarray(effect.deltas, dtype=np.float64)
-        start = time.time() - self.t0
-        self.pending.append((effect, self.coordinator.reduce.remote(effect.step, effect.index, effect.keys, x), start))
+        self.pending.append((effect, self.coordinator.reduce.remote(effect.step, effect.index, effect.keys, x),
+                             self.clock()))
         if not self.opts.overlap:
             self._land()
 
@@ -439,8 +416,7 @@ class RayReplicaWorker(RayPSWorker):
         """Each pending bucket's sum, in order, into the replica; its all-reduce recorded as one send span."""
         for bucket, ref, start in self.pending:
             self.w[bucket.keys] += self.ray.get(ref)
-            self.mark = time.time() - self.t0
-            self.spans.append(("send", start, self.mark, int(bucket.deltas.nbytes), bucket.step))
+            self.span("send", start, self.clock(), int(bucket.deltas.nbytes), bucket.step)
         self.pending = []
 
 
@@ -448,11 +424,8 @@ def connect(address: str | None, num_cpus: int | None) -> bool:
     """Connect to Ray; True if this call started a local instance (to be shut down after the run)."""
     import ray
 
-    named = address is not None and address != "auto" and "://" not in address
-    host, sep, port = (address or "").rpartition(":")
-    if named and not (sep and host and port.isdigit() and 0 < int(port) < 65536):
-        raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
-                         f"got {address!r}")
+    named = address is not None and address != "auto" and "://" not in address  # RayOptions checked its form
+    host, _, port = (address or "").rpartition(":")
     if ray.is_initialized():
         here = ray.get_runtime_context().gcs_address
         if named and not _same_endpoint(here, address, {ray.util.get_node_ip_address()}):
@@ -686,8 +659,12 @@ class RayOptions(WorkerOptions):
         check.one_of("placement", self.placement, PLACEMENTS)
         if self.timeout is not None:
             check.positive("timeout", self.timeout)
-        if self.address is not None and not isinstance(self.address, str):
-            raise ValueError(f"address must be 'host:port' of a Ray head node or 'auto', got {self.address!r}")
+        host, sep, port = str(self.address).rpartition(":")
+        if self.address is not None and not (isinstance(self.address, str) and (
+                self.address == "auto" or "://" in self.address or sep and host and port.isdigit()
+                and 0 < int(port) < 65536)):
+            raise ValueError(f"address must be 'host:port' of a Ray head node (e.g. '10.0.0.1:6379') or 'auto', "
+                             f"got {self.address!r}")
         check.boolean("evaluate", self.evaluate)
         if self.num_cpus is not None:  # Ray took -1 and "2" and failed three starts later, blaming the machine's load
             check.positive_int("num_cpus", self.num_cpus)
@@ -725,30 +702,33 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         bounds = key_bounds(problem.n_params, opts.n_servers)
         table = np.asarray(problem.init_params(), dtype=np.float64)
         prob_ref = ray.put(problem)
-        shard_cls = ray.remote(RayPSShard).options(num_cpus=0, resources=server_res, max_restarts=0)
+
+        def actor(cls: type, resources: dict) -> Any:  # no CPU reservation, no restart (module docstring)
+            return ray.remote(cls).options(num_cpus=0, resources=resources, max_restarts=0)
+
+        shard_cls = actor(RayPSShard, server_res)
         shards = [shard_cls.remote(table[bounds[k]:bounds[k + 1]], int(bounds[k]), training.rule)
                   for k in range(1, opts.n_servers)]
         actors += shards
-        server = ray.remote(RayReducer if ring else RayPSCoordinator).options(num_cpus=0, resources=server_res,
-                                                                             max_restarts=0)
-        coord = (server.remote(table, prob_ref, training, opts.evaluate) if ring else
-                 server.remote(table[:bounds[1]], prob_ref, protocol, training, shards, opts.evaluate))
+        coord = (actor(RayReducer, server_res).remote(table, prob_ref, training, opts.evaluate) if ring else
+                 actor(RayPSCoordinator, server_res).remote(table[:bounds[1]], prob_ref, protocol, training, shards,
+                                                            opts.evaluate))
         actors.append(coord)
-        worker_cls = ray.remote(RayReplicaWorker if ring else RayPSWorker).options(num_cpus=0, resources=worker_res,
-                                                                                   max_restarts=0)
+        worker_cls = actor(RayReplicaWorker if ring else RayPSWorker, worker_res)
         workers = [worker_cls.remote(i, prob_ref, data_shards[i], coord, shards, bounds, training, opts)
                    for i in range(n)]
         actors += workers
-        placing = time.perf_counter()  # timeout= bounds the run from here: its actors' start included
-        pids, local = _ready(ray, coord, shards, workers, opts.timeout)
-        setup = time.perf_counter() - placing
-        _call(ray, coord.evaluate_start.remote(), COORDINATOR)
-        t0, started = time.time(), time.perf_counter()
-        _call(ray, coord.start.remote(t0), COORDINATOR)
-        runs = [w.run.remote(t0) for w in workers]
-        spans = _await_workers(ray, runs, [coord, *shards], placing, opts.timeout, local)
-        params, served = _call(ray, coord.finish.remote(), COORDINATOR)
-        wall = time.perf_counter() - started
+        servers, names = [coord, *shards], [COORDINATOR, *(f"server shard {k}" for k in range(1, opts.n_servers))]
+        placing = time.monotonic()  # timeout= bounds the run from here: its actors' start included
+        pids, local = _ready(ray, servers, names, workers, placing, opts.timeout)
+        setup = time.monotonic() - placing
+        t0 = _call(ray, coord.start.remote(), COORDINATOR, servers)
+        started = time.monotonic()
+        spans = _wait(ray, [w.run.remote(t0) for w in workers], [f"worker {i}" for i in range(n)],
+                      None if opts.timeout is None else placing + opts.timeout, servers, local,
+                      f"did not finish within timeout={opts.timeout} s")
+        params, served = _call(ray, coord.finish.remote(), COORDINATOR, servers)
+        wall = time.monotonic() - started
     except BaseException:
         if _terminated:
             raise SystemExit(128 + signal.SIGTERM) from None
@@ -778,28 +758,20 @@ def _kill(ray: Any, actors: list) -> None:
             ray.kill(a, no_restart=True)
 
 
-def _ready(ray: Any, coord: Any, shards: list, workers: list,
+def _ready(ray: Any, servers: list, names: list[str], workers: list, placing: float,
            timeout: float | None) -> tuple[dict[str, list], dict[int, str]]:
-    """Wait, up to ``timeout`` s (None: READY_TIMEOUT), for every actor to be placed and warmed up: their (pid,
-    node id) by role, and the actors on this machine (the driver's node) as pid -> the name an error gives it."""
-    refs = [coord.ping.remote(), *[s.ping.remote() for s in shards], *[w.ready.remote() for w in workers]]
-    names = [COORDINATOR, *[f"server shard {k + 1}" for k in range(len(shards))],
-             *[f"worker {i}" for i in range(len(workers))]]
-    got: dict[Any, tuple[int, str]] = {}
-    limit = READY_TIMEOUT if timeout is None else timeout
-    pending, deadline = list(refs), time.monotonic() + limit
-    while pending:  # one at a time: an actor that died while the others still load fails the run at once
-        done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-        if not done:
-            late = ", ".join(names[refs.index(r)] for r in pending)
-            within = f"{READY_TIMEOUT:g} s" if timeout is None else f"timeout={timeout:g} s"
-            raise TimeoutError(f"ray: {late} not placed and started within {within}; does the cluster have the "
-                               "resources placement asks for? (ray.cluster_resources())")
-        got[done[0]] = _call(ray, done[0], names[refs.index(done[0])])
-    pids = [got[r] for r in refs]
+    """Wait, up to ``timeout`` s from ``placing`` (None: READY_TIMEOUT), for every actor to be placed and warmed up:
+    their (pid, node id) by role, and the actors on this machine (the driver's node) as pid -> the name an error
+    gives it."""
+    names = [*names, *(f"worker {i}" for i in range(len(workers)))]
+    within = f"{READY_TIMEOUT:g} s" if timeout is None else f"timeout={timeout:g} s"
+    pids = _wait(ray, [s.ping.remote() for s in servers] + [w.ready.remote() for w in workers], names,
+                 placing + (READY_TIMEOUT if timeout is None else timeout), [], {},
+                 f"not placed and started within {within}; does the cluster have the resources placement asks for? "
+                 "(ray.cluster_resources())")
     here = ray.get_runtime_context().get_node_id()
     local = {pid: name for name, (pid, node) in zip(["server shard 0", *names[1:]], pids) if node == here}
-    return {"servers": pids[:1 + len(shards)], "workers": pids[1 + len(shards):]}, local
+    return {"servers": pids[:len(servers)], "workers": pids[len(servers):]}, local
 
 
 def _gone(pid: int) -> bool:
@@ -808,30 +780,31 @@ def _gone(pid: int) -> bool:
     return state in ([], [b"Z"])
 
 
-def _await_workers(ray: Any, runs: list, servers: list, started: float,
-                   timeout: float | None, local: dict[int, str] | None = None) -> list[list[tuple]]:
-    """The workers' spans; fails fast naming the first worker or server shard that died.
+def _wait(ray: Any, refs: list, names: list[str], deadline: float | None, servers: list, local: dict[int, str],
+          late: str) -> list:
+    """The answers to ``refs`` (``names[k]`` answers the k-th), looked at one at a time, so that the first actor
+    that died or raised fails the run at once, naming it; past ``deadline`` (time.monotonic(); None: none) a
+    TimeoutError naming those not done, ``late``.
 
-    The servers are pinged every WATCH_S seconds as well: a worker blocked on a dead server learns of
+    The ``servers`` are pinged every WATCH_S seconds as well: a worker blocked on a dead server learns of
     the death only as fast as Ray tells it (seconds on a busy machine), and the run should not wait.
     The actor processes on this machine (``local``: pid -> name) are looked at as often: on a loaded
     machine Ray took up to 15 s to report an actor killed by a signal, a look at /proc takes none.
     """
-    spans: dict[Any, list[tuple]] = {}  # each finished run's spans
+    got: dict[Any, Any] = {}
     pings: dict[Any, int] = {}  # an unanswered ping -> the server shard it went to
     due = [0.0] * len(servers)  # when each shard is pinged next
-    pending = list(runs)
+    pending = list(refs)
     while pending:
         now = time.monotonic()
         for k, s in enumerate(servers):
             if due[k] <= now and k not in pings.values():
                 pings[s.ping.remote()] = k
                 due[k] = now + WATCH_S
-        left = float("inf") if timeout is None else timeout - (time.perf_counter() - started)
+        left = float("inf") if deadline is None else deadline - now
         if left <= 0:
-            raise TimeoutError(f"ray: workers {sorted(runs.index(r) for r in pending)} did not finish within "
-                               f"timeout={timeout:g} s")
-        for pid, name in (local or {}).items():
+            raise TimeoutError(f"ray: {', '.join(names[refs.index(r)] for r in pending)} {late}")
+        for pid, name in local.items():
             if _gone(pid):
                 raise _died(name, f" (its actor process {pid} ended)")
         done, _ = ray.wait(pending + list(pings), num_returns=1, timeout=min(left, WATCH_S))
@@ -846,23 +819,8 @@ def _await_workers(ray: Any, runs: list, servers: list, started: float,
                     raise _died(f"server shard {k}") from e
             else:
                 pending.remove(ref)
-                spans[ref] = _worker_result(ray, ref, runs.index(ref), servers)
-    return [spans[r] for r in runs]
-
-
-def _worker_result(ray: Any, ref: Any, i: int, servers: list) -> list[tuple]:
-    """ray.get of worker i's run, turning a death into an error that names who died."""
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as e:  # the worker ran and raised: a server died, or the problem failed
-        for k, s in enumerate(servers):
-            try:
-                ray.get(s.ping.remote(), timeout=10)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                raise _died(f"server shard {k}") from e
-        raise RuntimeError(f"ray: worker {i} failed: {_cause(e)}\n{e}") from e
-    except ray.exceptions.RayActorError as e:
-        raise _died(f"worker {i}", " (its actor process ended)") from e
+                got[ref] = _call(ray, ref, names[refs.index(ref)], servers)
+    return [got[r] for r in refs]
 
 
 def _died(name: str, how: str = "") -> RuntimeError:
@@ -872,14 +830,22 @@ def _died(name: str, how: str = "") -> RuntimeError:
     return RuntimeError(f"ray: {name} died mid-run{how}; {why}")
 
 
-def _call(ray: Any, ref: Any, who: str) -> Any:
-    """ray.get that names ``who`` if its actor died or raised."""
+def _call(ray: Any, ref: Any, who: str, servers: list = ()) -> Any:
+    """ray.get that names ``who`` if its actor died or raised; where it raised, a dead one of ``servers`` (called by
+    a worker) is named instead."""
     try:
         return ray.get(ref)
-    except ray.exceptions.RayActorError as e:
-        raise RuntimeError(f"ray: {who} died mid-run; the run cannot continue") from e
-    except ray.exceptions.RayTaskError as e:
+    # NOTE: first, as Ray raises an actor's error as a subclass of both RayTaskError and its cause: a worker whose
+    # server died raised an ActorDiedError, a RayActorError too, and was named as the one that died
+    except ray.exceptions.RayTaskError as e:  # the actor ran and raised: a server it called died, or the problem failed
+        for k, s in enumerate(servers):
+            try:
+                ray.get(s.ping.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                raise _died(f"server shard {k}") from e
         raise RuntimeError(f"ray: {who} failed: {_cause(e)}\n{e}") from e
+    except ray.exceptions.RayActorError as e:
+        raise _died(who, " (its actor process ended)") from e
 
 
 def _cause(error: Any) -> str:

@@ -61,15 +61,14 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import Result, Training, capabilities, local_result, new_trace, real_result, record_metric
+from simlib.contract import Result, Training, capabilities, local_result, new_trace, record_metric
 from simlib.contract import warm_up
 from simlib.parallel.allreduce import ShmAllReduce, run_replicas
-from simlib.parallel.group import START_METHODS, WorkerGroup, check_processes
-from simlib.parallel.worker import check_straggler, current, spin_until, straggle
+from simlib.parallel.group import START_METHODS, WorkerGroup
+from simlib.parallel.worker import check_straggler, current, spin_until
 from simlib.protocol import Protocol, may_read, read_allowed, staleness
-from simlib.worker import Compute, Early, Gate, InPlace, Plan, Pull, Push, WorkerOptions, drive, ps_worker
+from simlib.worker import Gate, InPlace, Plan, Pull, Push, Timed, WorkerOptions, drive, ps_worker
 from simlib.compress import worker_compressor
-from simlib.managed import MESSAGE_ENTRIES
 
 _SPIN = 5e-4  # seconds a worker held back by the protocol looks again at once (yielding its core) before it sleeps
 
@@ -115,11 +114,10 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
 
     Records the metric every ``monitor_every`` s. ``measured`` holds ``wall_seconds``, ``train_seconds``
     (first compute span's start to the last's end), ``cpu_seconds`` (the CPU time the workers' loops got,
-    summed), and ``local`` where the problem keeps part of a worker's state
-    (:func:`simlib.contract.local_result`).
+    summed), and ``local``, each worker's :func:`simlib.contract.local_result` (None where the problem keeps no
+    part of a worker's state).
     """
     opts = check.options(ShmOptions, options, "substrate 'shm'")
-    check_processes(training.n_workers, "substrate 'shm' (a process per worker)")
     if protocol.kind == "allreduce":  # every worker a replica; each bucket summed through shared segments
         for name, value in (("locked", opts.locked), ("hot_keys", opts.hot_keys)):
             if value:
@@ -184,8 +182,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     trace.spans, trace.updates, trace.quality = group.trace.spans, group.trace.updates, group.trace.quality
     compute = [s for s in trace.spans if s.kind == "compute"]
     train = max(s.end for s in compute) - min(s.start for s in compute) if compute else 0.0
-    return real_result(problem, trace, params, [local for _, local in out], wall_seconds=wall, train_seconds=train,
-                       cpu_seconds=float(sum(cpu for cpu, _ in out)))
+    return Result(trace, params, {"wall_seconds": wall, "train_seconds": train,
+                                  "cpu_seconds": float(sum(cpu for cpu, _ in out)),
+                                  "local": [local for _, local in out]})
 
 
 run.options = ShmOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
@@ -262,7 +261,7 @@ def _wait_to_read(read_rule: Any, clock: int, fin: np.ndarray, bound: float) -> 
     return min(fin.tolist()), True
 
 
-class _ShmWorker:
+class _ShmWorker(Timed):
     """Worker i's transport over the shared table: the clocks gate reads, get and add hold one short lock.
 
     ``opts.locked``: one lock held from the read to the write (the locked baseline Hogwild! is measured against).
@@ -270,7 +269,9 @@ class _ShmWorker:
     tau per chunk is the other workers' steps completed during it per step of this one."""
 
     def __init__(self, i: int, problem: Any, setup: _Setup, version: Any):
-        self.i, self.problem, self.setup, self.ctx = i, problem, setup, current()
+        super().__init__(i, setup.opts.straggler, setup.opts.managed_bandwidth)
+        self.problem, self.setup, self.ctx = problem, setup, current()
+        self.span = self.ctx.span
         self.training, self.bound, self.shard = setup.training, setup.bound, setup.shards[i]
         self.w, self.fin, self.ver = setup.table.array, setup.clocks.array, version.array
         self.read_rule = setup.training.read_rule
@@ -281,10 +282,8 @@ class _ShmWorker:
         if setup.step_locks is not None:
             self.shared["locks"] = setup.step_locks.array
         self.completed = self.others = 0
-        self.mark = 0.0  # perf_counter at the end of the last effect: the next span starts here
         # the steps complete: every worker's finished clock, or with backup workers the count of the quorums reached
         self.steps_done = self.fin if setup.done is None else setup.done.array[:1]
-        self.budget, self.next_send = setup.opts.managed_bandwidth, 0.0  # managed: early writes' budget, its clock
 
     def gate(self, effect: Gate) -> int:
         c, setup = effect.step, self.setup
@@ -311,14 +310,6 @@ class _ShmWorker:
                       step=effect.step)
         return values, version
 
-    def compute(self, effect: Compute) -> Any:
-        s = time.perf_counter()
-        out = effect.fn(*effect.args)
-        straggle(self.setup.opts.straggler, self.i)  # before the push: a slow machine's steps take longer
-        self.mark = time.perf_counter()
-        self.ctx.span("compute", s, self.mark, step=effect.step)
-        return out
-
     def in_place(self, effect: InPlace) -> None:
         tr, c, k = self.training, effect.step, effect.count
         if not self.setup.opts.locked:
@@ -327,21 +318,16 @@ class _ShmWorker:
             for j in range(c, c + k):  # NOTE: one call per step, because the lock must cover each single update
                 with self.setup.lock:
                     self.problem.local_steps(self.w, self.shard, j, 1, tr.batch_size, tr.lr)
-        straggle(self.setup.opts.straggler, self.i)
+        self.straggle()
 
-    def early(self, effect: Early) -> None:
-        """Managed communication: between a clock's mini-batches, the largest pending changes written to the table
-        as they are (not an update: the clock's push completes the clock), at most ``budget`` bytes/s on average."""
-        now = time.perf_counter()
-        if self.budget is None or now < self.next_send:
-            return
-        keys, deltas = effect.pending.take(MESSAGE_ENTRIES)
-        if len(keys):
-            with self.inner:
-                self.training.rule.land(self.w, keys, deltas, 0)
-            nbytes = len(keys) * (4 + self.w.itemsize)
-            self.next_send = now + nbytes / self.budget
-            self.ctx.span("send", now, time.perf_counter(), nbytes=nbytes, step=effect.step)
+    def send_early(self, step: int, keys: np.ndarray, deltas: np.ndarray, now: float) -> int:
+        """Managed communication: the largest pending changes written to the table as they are (not an update:
+        the clock's push completes the clock)."""
+        with self.inner:
+            self.training.rule.land(self.w, keys, deltas, 0)
+        nbytes = len(keys) * (4 + self.w.itemsize)
+        self.ctx.span("send", now, time.perf_counter(), nbytes=nbytes, step=step)
+        return nbytes
 
     def push(self, effect: Push) -> tuple[bool, int]:
         c = effect.step

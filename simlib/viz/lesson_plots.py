@@ -61,10 +61,8 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
     label, e.g. '90% interval over 12 seeds'); series named in ``dashed`` are drawn dashed without
     markers (a reference such as an ideal line).
     """
-    _need_title(title)
+    _need_title(title, "series", series, "curve")
     opts = check.options(CurveOptions, options, "plot_curves")
-    if not series:
-        raise ValueError("series must hold at least one curve")
     spread, dashed = dict(opts.spread or {}), opts.dashed
     unknown = [k for k in [*spread, *dashed] if k not in series]
     if unknown:

@@ -46,9 +46,7 @@ MAX_YTICKS = 16
 
 def new_axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
     """Return ``ax``, or the axes of a new figure (made without pyplot, so nothing is shown by accident)."""
-    if ax is not None:
-        return ax
-    return Figure(figsize=figsize, layout="constrained").add_subplot()
+    return ax if ax is not None else Figure(figsize=figsize, layout="constrained").add_subplot()
 
 
 def _as_list(traces: Trace | Iterable[Trace]) -> list[Trace]:
@@ -62,12 +60,6 @@ def _as_list(traces: Trace | Iterable[Trace]) -> list[Trace]:
         if not isinstance(t, Trace):
             raise ValueError(f"traces must be Trace objects, got {type(t).__name__}")
     return out
-
-
-def _time_axis_label(traces: Sequence[Trace]) -> str:
-    """One unit for the shared time axis; say so when simulated and real runs are mixed."""
-    labels = {time_label(t) for t in traces}
-    return labels.pop() if len(labels) == 1 else "time (seconds; simulated and wall)"
 
 
 # -- timeline -------------------------------------------------------------------------------
@@ -129,9 +121,8 @@ def legend_handles(axes: Sequence[Axes], labels: Mapping[str, str] = KIND_LABELS
             *(Line2D([], [], color=OKABE_ITO["black"], **kw) for gid, kw in LINE_HANDLES.items() if gid in gids)]
 
 
-def _message_segments(trace: Trace, cols: dict[str, np.ndarray], n_shown: int, server_y: float) -> np.ndarray:
+def _message_segments(topology: str, cols: dict[str, np.ndarray], n_shown: int, server_y: float) -> np.ndarray:
     """Message paths as (n, 2, 2) segments: push worker -> server (or ring neighbour), pull server -> worker."""
-    topology = str(trace.meta.get("config", {}).get("topology", trace.meta.get("topology", "ps")))
     segs = []
     # A ring has no pull: each worker sends to its neighbour.
     for kind in ("send", "recv") if topology != "allreduce" else ("send",):
@@ -170,7 +161,8 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t
                                     gid=f"span:{kind}", label=KIND_LABELS[kind], **KIND_STYLES[kind]))
 
         server_y = -1.0 - BAR_HEIGHT / 2
-        segs = _message_segments(trace, cols, n_shown, server_y)
+        topology = str(trace.meta.get("config", {}).get("topology", trace.meta.get("topology", "ps")))
+        segs = _message_segments(topology, cols, n_shown, server_y)
         draw_arrows = (len(segs) <= MAX_ARROWS) if arrows is None else arrows
         has_server_row = draw_arrows and len(segs) > 0 and server_y in set(segs[:, :, 1].ravel())
         if draw_arrows and len(segs):
@@ -198,8 +190,7 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t
         ticks = list(range(0, n_shown, stride))
         labels = [str(w) for w in ticks]
         if has_server_row:
-            topo = trace.meta.get("config", {}).get("topology", "ps")
-            ticks, labels = [server_y] + ticks, ["servers" if topo == "ps" else "network"] + labels
+            ticks, labels = [server_y] + ticks, ["servers" if topology == "ps" else "network"] + labels
         ax.set_yticks(ticks, labels)
         ax.grid(False)
         shown = f" (first {n_shown} of {trace.n_workers})" if n_shown < trace.n_workers else ""
@@ -231,37 +222,31 @@ def _reached(tr: Trace, target: float, x: str) -> float | None:
     return steps / tr.n_workers if steps is not None and x == "rounds" else steps
 
 
-def _x_label(runs: list[Trace], x: str) -> str:
-    return {"time": _time_axis_label(runs), "steps": "steps (updates applied)",
-            "rounds": "rounds (one step of every worker)"}[x]
-
-
 def metric_name(metric: str) -> str:
     """A trace's metric as words for a reader: 'log_likelihood' -> 'log likelihood'."""
     return metric.replace("_", " ")
 
 
 def plot_loss(traces: Trace | Iterable[Trace], x: str = "time", ax: Axes | None = None, target: float | None = None,
-              title: str | None = None, t_max: float | None = None) -> Axes:
+              title: str | None = None) -> Axes:
     """The metric of each run against time (``x='time'``), applied updates (``x='steps'``) or rounds of every
     worker (``x='rounds'``, steps / workers: the table's rounds).
 
     With ``target`` a dashed horizontal line is drawn and each run's first crossing is marked,
-    its time (or step) quoted in the legend. ``t_max`` cuts the curves there (animations).
+    its time (or step) quoted in the legend.
     """
     one_of("x", x, X_AXES)
     runs = _as_list(traces)
     with style():
         ax = new_axes(ax, (9, 5.5))
         for color, tr in zip(cycle(RUN_COLORS), runs):
-            pts = [q for q in tr.quality if t_max is None or q.time <= t_max]
             per = tr.n_workers if x == "rounds" else 1
-            xs = [q.time if x == "time" else q.step / per for q in pts]
-            ys = [q.value for q in pts]
+            xs = [q.time if x == "time" else q.step / per for q in tr.quality]
+            ys = [q.value for q in tr.quality]
             label = run_label(tr)
             if target is not None:
                 reached = _reached(tr, target, x)
-                if reached is None or (t_max is not None and x == "time" and reached > t_max):
+                if reached is None:
                     label += " (not reached)"
                 else:
                     label += f" (at {_fmt_at(reached, x)})"
@@ -272,11 +257,13 @@ def plot_loss(traces: Trace | Iterable[Trace], x: str = "time", ax: Axes | None 
         if target is not None:
             ax.axhline(target, color=OKABE_ITO["black"], linestyle="--", linewidth=1.8,
                        label=f"target {metric_name(runs[0].metric)} {target:.3g}", gid="target")
-        if t_max is not None and x == "time":
-            ax.set_xlim(0.0, t_max)
         if title is None:
             title = finding(runs, target, x=x) if target is not None else f"{metric_name(runs[0].metric)} against {x}"
-        ax.set(xlabel=_x_label(runs, x), ylabel=metric_name(runs[0].metric), title=title)
+        # One unit for a shared time axis; it says so when simulated and real runs are mixed.
+        times = {time_label(t) for t in runs}
+        x_label = {"time": times.pop() if len(times) == 1 else "time (seconds; simulated and wall)",
+                   "steps": "steps (updates applied)", "rounds": "rounds (one step of every worker)"}[x]
+        ax.set(xlabel=x_label, ylabel=metric_name(runs[0].metric), title=title)
         ax.legend(loc="upper right")
     return ax
 
