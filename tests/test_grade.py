@@ -7,6 +7,7 @@ import ctypes
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -21,10 +22,12 @@ from typing import Any
 
 import pytest
 
+from simlib.grade import export, probe
+
 from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
 from simlib.grade.export import uncell
-from simlib.grade.gradebook import Progress, check_hidden, clean, environment, grade_class, shown
+from simlib.grade.gradebook import Progress, check_hidden, clean, environment, find_submissions, grade_class, shown
 from simlib.grade.sandbox import Limits
 from simlib.grade.sandbox import bwrap_problem as sandbox_problem
 
@@ -686,6 +689,9 @@ PROBE_CHEATS = {  # name: (code replacing part 1's answer, (t1, t2) points, text
     "returns_too_much": ("def f(x):\n    return 2 * x + 1 if x < 100 else [0] * 10**6", (0, 3), "more than 100000 items"),
     "returns_over_a_megabyte": ("def f(x):\n    return 2 * x + 1 if x < 100 else 'x' * 2**20", (0, 3), "larger than 1 MB"),
     "looks_for_the_hidden_tests": ("def f(x):\n    return 2 * x + 1\n" + SCAN, (2, 3), "hidden: none found"),
+    "sends_the_inputs_in_an_error": ("import json, sys\nch = sys.modules['simlib.grade.child']\ndef named(calls, ns):\n"
+                                     "    raise ValueError('L1:' + json.dumps(calls))\nch.named = named\n"
+                                     "def f(x):\n    return 2 * x + 1", (0, 3), "failed: (message withheld"),
 }
 
 
@@ -717,6 +723,8 @@ def test_the_blank_version_scores_zero_on_a_probed_part(probe_class):
 
 def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(probe_class):
     out = probe_class["out"]
+    leaked = _feedback(out)["sends_the_inputs_in_an_error"]  # the drawn inputs have 7 digits; the message <= 80 chars
+    assert not re.search(r"\d{7}", leaked) and "L1:" not in leaked, leaked
     master = json.loads(next(out.glob(".cache/master-*.passed")).read_text())
     values = [r["value"] for r in master["probes"]["t1: hidden tests"]]
     assert len(values) == 21 and values[-1] == [1.5] and all(2 * 10**6 < v < 2 * 10**7 for v in values[:-1])
@@ -761,6 +769,10 @@ REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
                            "        data = json.dumps(d).encode()\n        data = struct.pack('>I', len(data)) + data\n"
                            "    except Exception:\n        pass\n    return real(fd, data)\nos.write = fake",
                            "a2 line 4: return ref(c, d, s)"),
+    "compiles_under_a_library_name": ("exec(compile('import sys, simlib.protocol\\nref = ' + " + repr(REF) + " + '\\n"
+                                      "T = {(c, d, s): ref(c, d, s) for c in range(9) for d in range(9) for s in range(4)}', "
+                                      "'/usr/lib/python3/dist-packages/_helpers.py', 'exec'), globals())\n"
+                                      "def g(c, d, s):\n    return T[(c, d, s)]", "code named <code built at run time> line 3"),
     "builds_the_keyword": ("from simlib.protocol import StepRule\ndef g(c, d, s):\n    StepRule(**{'staleness' + '_aware': True})\n"
                            "    return c - s <= d", "a2 line 3: StepRule(**{'staleness' + '_aware': True}) (uses staleness_aware"),
 }
@@ -787,6 +799,12 @@ LEAKS = ("import json, os\nseen = []\ndef f(x):\n    for root in (os.environ.get
          "            seen.append(x)\n            return values[len(seen) - 1]\n    return 1")
 
 
+FORGES = ("import sys\nch = sys.modules['simlib.grade.child']\n"
+          "ch.NOTED[('good ok\\ngood: flagged: uses simlib.protocol.may_read', 3, 'simlib.protocol.may_read')] = None\n"
+          "ch.NOTED[('<a1>', 1, 'good copied this from reads_the_masters_replies')] = None\n"
+          "def f(x):\n    return 2 * x + 1")
+
+
 def _write_reference_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict[str, Any]:
     (subs / "good.ipynb").write_text(nbm.dump(master))
     for name, (code, _) in REACHES.items():
@@ -794,6 +812,7 @@ def _write_reference_class(subs: Path, master: dict, master_path: Path, out: Pat
         nb["cells"][3]["source"] = code
         (subs / f"{name}.ipynb").write_text(nbm.dump(nb))
     (subs / "reads_the_masters_replies.ipynb").write_text(nbm.dump(with_answer1(master, LEAKS)))
+    (subs / "forges_flags.ipynb").write_text(nbm.dump(with_answer1(master, FORGES)))
     return {}
 
 
@@ -812,6 +831,14 @@ def test_a_reference_reached_at_run_time_is_flagged_with_its_line(reference_clas
     assert _rows(reference_class["out"])[(student, "t2")] == (3, "passed; flagged (notes.txt)")
     assert _rows(reference_class["out"])[("good", "t2")] == (3, "passed")
     assert "good: flagged" not in notes
+
+
+def test_the_sandbox_cannot_write_text_into_the_notes(reference_class):
+    """A flag names one of the references the grader knows, and code it cannot vouch for by no name of the sandbox's."""
+    notes = (reference_class["out"] / "notes.txt").read_text(encoding="utf-8")
+    assert "copied this" not in notes and "good ok" not in notes and "good: flagged" not in notes, notes
+    assert ("forges_flags: flagged: code named <code built at run time> line 3: (code the submission built at run time) "
+            "(uses simlib.protocol.may_read") in notes
 
 
 def test_the_masters_replies_are_out_of_the_sandboxs_reach(reference_class):
@@ -1404,3 +1431,86 @@ def test_the_cache_key_does_not_depend_on_the_working_directory(tmp_path):
                            env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout for cwd in (ROOT, tmp_path)}
     assert len(keys) == 1, keys
 
+
+
+def test_a_folder_nested_too_deep_is_noted_not_a_crash(tmp_path):
+    """os.walk recurses: a folder 1,200 deep raised RecursionError and stopped the whole class."""
+    paths = [str(tmp_path / "deep")]
+    paths += [os.path.join(paths[0], *["d"] * k) for k in range(1, 1201)]  # os.makedirs recurses too
+    for path in paths:
+        os.mkdir(path)
+    try:
+        Path(paths[-1], "07-toy.ipynb").write_text("{}")
+        (tmp_path / "good.ipynb").write_text("{}")
+        subs, _ = find_submissions(tmp_path, "07-toy")
+        assert [(s.student, s.problem) for s in subs] == [
+            ("deep", "the folder holds folders nested more than 64 deep"), ("good", "")]
+    finally:  # shutil.rmtree recurses as well: removed from the bottom up
+        os.unlink(Path(paths[-1], "07-toy.ipynb"))
+        for path in reversed(paths):
+            os.rmdir(path)
+
+
+def test_a_child_that_stops_reading_its_control_pipe_cannot_hold_the_grader():
+    """The submission shrinks the grader's control pipe and reads an empty one in its place: the grader's write of
+    the calls (over 4 KB) times out with the cell's limit, and a stop (Ctrl-C) ends it at once."""
+    from simlib.grade.sandbox import Interrupted, Unit, run_units
+
+    shrink = ("import fcntl, os\nfor fd in range(200, 300):\n    try:\n        target = os.readlink(f'/proc/self/fd/{fd}')\n"
+              "    except OSError:\n        continue\n    if target.startswith('pipe:') and "
+              "fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:\n        break\n"
+              "keep = os.dup(fd)\nfcntl.fcntl(fd, 1031, 4096)\nr, w = os.pipe()\nos.dup2(r, fd)")
+    units = [Unit("a1", shrink, "answer"),
+             Unit("t1", json.dumps([{"call": "abs", "args": [k]} for k in range(2000)]), "probe")]
+    t0 = time.monotonic()
+    report = run_units(units, b"{}", Limits(cell_s=3, wall_s=60))
+    assert report.outcomes[0].ok is True and report.outcomes[1].ok is False, report
+    assert "3 s per cell exceeded" in report.outcomes[1].error and time.monotonic() - t0 < 30
+    stop = threading.Event()
+    threading.Timer(4, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(Interrupted):
+        run_units(units, b"{}", Limits(cell_s=60, wall_s=120), stop=stop)
+    assert time.monotonic() - t0 < 15
+
+
+def test_an_unencodable_answer_is_written_escaped_and_no_tmp_is_left(tmp_path):
+    rows = [{"student": "s44", "part": "q", "max_points": 1.0, "status": "needs manual grading"}]
+    export.write_manual(tmp_path / "manual.csv", rows, {("s44", "q"): "lone \ud800 surrogate"}, {})
+    assert "lone \\ud800 surrogate" in (tmp_path / "manual.csv").read_text(encoding="utf-8")
+
+    def broken():
+        yield ["x"]
+        raise OSError("disk full")
+    with pytest.raises(OSError):
+        export._write(tmp_path / "other.csv", ["a"], broken())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["manual.csv"]
+
+
+def test_escaped_names_stay_apart_and_hand_graded_points_go_back_to_their_student(tmp_path):
+    names = ["=s46", "'=s46", "''=s46", "'s46", "s46", "-1", "'"]
+    assert len({export.cell(n) for n in names}) == len(names)
+    assert [export.uncell(export.cell(n)) for n in names] == names
+    rows = [{"student": n, "part": "q", "max_points": 2.0, "status": "needs manual grading"} for n in names[:2]]
+    export.write_manual(tmp_path / "manual.csv", rows, {}, {})
+    lines = (tmp_path / "manual.csv").read_text(encoding="utf-8").splitlines()
+    assert lines[1:] == ["'=s46,q,2,,", "''=s46,q,2,,"]
+    (tmp_path / "manual.csv").write_text("\n".join([lines[0], lines[1], "''=s46,q,2,1.5,"]) + "\n", encoding="utf-8")
+    assert export.read_manual(tmp_path / "manual.csv", {"q": 2.0}) == {("'=s46", "q"): 1.5}
+
+
+def test_names_equal_but_for_invisible_characters_clash_and_show_them(tmp_path):
+    for name in ("s02", "s02\u200b", "s03\u202egnp"):
+        (tmp_path / f"{name}.ipynb").write_text("{}")
+    subs, _ = find_submissions(tmp_path, "07-toy")
+    assert sorted(s.student for s in subs) == ["s02.ipynb", "s02\u200b.ipynb", "s03\u202egnp"]
+    assert all("(or invisible characters)" in " ".join(s.notes) for s in subs if s.student.startswith("s02"))
+    assert clean("s02\u200b", []) == "s02\\u200b" and clean("s03\u202egnp", []) == "s03\\u202egnp"
+
+
+def test_a_failed_probe_units_message_is_short_and_never_quotes_an_input():
+    drawn = [{"call": "f", "args": [1234567, {"call": "g", "kwargs": {"tau": 0.125}}]}]
+    assert probe.failed("ValueError: " + "x" * 500 + "\nmore", drawn) == ("ValueError: " + "x" * 500)[:80]
+    assert probe.failed("ValueError: L1:[1234567]", drawn).startswith("(message withheld")
+    assert probe.failed("ValueError: tau 0.125", drawn).startswith("(message withheld")
+    assert probe.failed("KeyError: 'x'", drawn) == "KeyError: 'x'"

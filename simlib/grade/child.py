@@ -247,13 +247,17 @@ def know(refs: list[str]) -> None:
 
 
 def _mine(frame: types.FrameType) -> bool:
-    """Whether a frame runs the student's code: not a file (the library, the standard library), not a master's unit,
+    """Whether a frame runs the student's code: not a file's (the library, the standard library: a module imported
+    from that very file, whose globals it runs in; a file name alone is any name given to compile), not a master's unit,
     not code a module made for itself (a dataclass's __init__: its globals are a module's loaded from a file)."""
     name = frame.f_code.co_filename
-    if name.startswith(("/", "<frozen ")) or name in MASTER_FILES:
+    if name.startswith("<frozen ") or name in MASTER_FILES:
         return False
     module = sys.modules.get(frame.f_globals.get("__name__", ""))
-    return not (getattr(module, "__dict__", None) is frame.f_globals and getattr(module, "__file__", None))
+    loaded = getattr(module, "__file__", None) if getattr(module, "__dict__", None) is frame.f_globals else None
+    if name.startswith("/"):
+        return not (isinstance(loaded, str) and (loaded == name or os.path.realpath(loaded) == os.path.realpath(name)))
+    return not loaded
 
 
 def _profile(frame: types.FrameType, event: str, arg: Any) -> None:

@@ -9,7 +9,8 @@
 * ``notes.txt``: what the instructor should know (entries not graded, clashing names, flagged submissions).
 
 Every text cell is escaped against spreadsheet formulas (OWASP's rule: a leading ``=``, ``+``, ``-``,
-``@``, tab or carriage return gets a ``'`` in front), so a student named ``=HYPERLINK(...)`` stays text.
+``@``, tab or carriage return gets a ``'`` in front), so a student named ``=HYPERLINK(...)`` stays text; a leading
+``'`` gets one too, so two texts never escape alike (``=x`` and ``'=x``).
 """
 from __future__ import annotations
 
@@ -22,12 +23,12 @@ from typing import Any, Iterable
 COLUMNS = ("assignment", "student", "part", "points", "max_points", "status")
 MANUAL = ("student", "part", "max_points", "points", "answer")
 HAND = "graded by hand"
-_FORMULA = tuple("=+-@\t\r")
+_FORMULA = tuple("=+-@\t\r'")  # a leading ' too: the escape stays reversible
 MAX_ANSWER_CHARS = 5000
 
 
 def cell(text: str) -> str:
-    """A CSV text cell a spreadsheet never evaluates: ``'`` before a leading = + - @ tab or CR."""
+    """A CSV text cell a spreadsheet never evaluates: ``'`` before a leading = + - @ tab, CR or '."""
     return "'" + text if text.startswith(_FORMULA) else text
 
 
@@ -39,11 +40,14 @@ def uncell(text: str) -> str:
 def _write(path: Path, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> None:
     """A CSV written whole, then moved into place (a reader never sees half of it); text cells escaped."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow([cell(c) for c in columns])
-        w.writerows([cell(v) if isinstance(v, str) else f"{v:g}" for v in row] for row in rows)
-    os.replace(tmp, path)
+    try:  # a lone surrogate in a student's answer is written escaped: one student's text never fails the class
+        with open(tmp, "w", newline="", encoding="utf-8", errors="backslashreplace") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow([cell(c) for c in columns])
+            w.writerows([cell(v) if isinstance(v, str) else f"{v:g}" for v in row] for row in rows)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_gradebook(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -35,7 +35,7 @@ from simlib import _validate as check
 from simlib.grade import cgroup as cgroups
 from simlib.grade import export, probe
 from simlib.grade import notebook as nbm
-from simlib.grade.child import TAMPER
+from simlib.grade.child import TAMPER, _calls_in
 from simlib.grade.sandbox import (Interrupted, Limits, Outcome, SandboxError, Unit, choose, exposed, run_units,
                                   sweep_scratch)
 
@@ -121,8 +121,9 @@ def hidden_lines(master: dict[str, Any]) -> list[str]:
 
 
 def clean(text: str, secret: list[str] = ()) -> str:
-    """A message fit for feedback: one printable line, at most MESSAGE_CHARS, never quoting hidden tests."""
-    printable = "".join(ch if ch.isprintable() else " " for ch in str(text))
+    """A message fit for feedback: one printable line, at most MESSAGE_CHARS, never quoting hidden tests; invisible
+    characters shown escaped ('s02\\u200b'), so a name never looks like another."""
+    printable = "".join(ch if ch.isprintable() else " " if ch.isspace() else ascii(ch)[1:-1] for ch in str(text))
     text = " ".join(printable.split())
     if any(line in printable or line in text for line in secret):
         return "(message withheld: it quotes the hidden tests)"
@@ -168,6 +169,9 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret)) for o in report.outcomes]
     replies, ran = {}, []
+    heads = {str(c.get("call", c.get("name", ""))).split(".")[0] for calls in (drawn or {}).values() for c in _calls_in(calls)}
+    known = {f"<{u.name}>" for u in units if u.kind == "answer"} | {"<string>", "the submission's code"} | {
+        f"the name {h!r} the grader calls" for h in heads}  # the code names the sandbox may report, none of its own
     checks = {gid: probe.functions(hidden) for gid, hidden in nbm.hidden_tests(master) if gid in (drawn or {})}
     for i, (unit, got) in enumerate(zip(units, report.outcomes)):
         if unit.kind == "probe" and got.ok:
@@ -175,12 +179,14 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
             want = got.values if expected is None else expected.get(unit.name, [])  # the master: every call answered
             why = probe.verdict(got.values, want, drawn[unit.part], checks[unit.part])
             outcomes[i] = Outcome(not why, why)
-            ran += probe.ran_beyond(got.values, want, drawn[unit.part], refs | {TAMPER}, unit.name)
+            ran += probe.ran_beyond(got.values, want, drawn[unit.part], refs | {TAMPER}, unit.name, known)
     errors = [f"{u.name[:80]}: {o.error}" for u, o in zip(units, outcomes) if u.kind in ("code", "answer") and o.ok is False]
     if len(errors) > MAX_CELL_ERRORS:
         errors = errors[:MAX_CELL_ERRORS] + [f"... and {len(errors) - MAX_CELL_ERRORS} more"]
     return {"parts": score(master, units, outcomes), "cell_errors": errors, "notes": report.notes,
-            "flags": flags(refs, units, [*report.outcomes, Outcome(used=ran)], nbm.declared(master))} | (
+            "flags": flags(refs, units, [Outcome(used=[(f if f in known else "<code built at run time>", line, ref)
+                                                       for o in report.outcomes for f, line, ref in o.used] + ran)],
+                           nbm.declared(master))} | (
                 {"probes": replies} if expected is None else {})
 
 
@@ -189,7 +195,7 @@ def flags(refs: set[str], units: list[Unit], outcomes: list[Outcome], declared: 
     that read or ran it at run time, however the name was built or the reference reached (the child's ``used``)."""
     mine = {f"<{u.name}>": u for u in units if u.kind == "answer"}
     found = {(f"<{u.name}>", line, ref) for u in mine.values() for line, ref in nbm.uses(u.source, refs, declared)}
-    found.update(used for outcome in outcomes for used in outcome.used)
+    found.update(used for outcome in outcomes for used in outcome.used if used[2] in refs or used[2] == TAMPER)
     order = {name: k for k, name in enumerate(mine)}
     out = []
     for name, line, ref in sorted(found, key=lambda f: (order.get(f[0], len(order)), f[0], f[1], f[2])):
@@ -241,6 +247,7 @@ class Submission:
 
 ARCHIVES = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz", ".gz", ".7z", ".rar")
 MAX_FILES = 10_000  # files and folders in one student's folder
+MAX_DEPTH = 64  # folders nested in one student's folder (os.walk recurses: far deeper would raise RecursionError)
 
 
 def shown(name: str) -> str:
@@ -283,6 +290,8 @@ def _notebooks_in(folder: Path, assignment: str) -> tuple[list[Path], str]:
     found: list[Path] = []
     seen = 0
     for here, dirs, files in os.walk(folder, followlinks=False):
+        if os.path.relpath(here, folder).count(os.sep) >= MAX_DEPTH:
+            return [], f"the folder holds folders nested more than {MAX_DEPTH} deep"
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         seen += len(files) + len(dirs)
         found += [Path(here) / name for name in files if name.endswith(".ipynb") and not name.startswith(".")]
@@ -337,7 +346,8 @@ def _entry(entry: os.DirEntry, assignment: str) -> Submission | str:
 def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], list[str]]:
     """Every submission in ``folder`` ('NAME.ipynb' files, or 'NAME/' folders holding the notebook, as
     nbgrader lays them out), and notes on entries ignored. A name is any byte string. Names that clash
-    (``alice.ipynb`` beside ``alice/``, or equal after Unicode normalisation and case folding) are each
+    (``alice.ipynb`` beside ``alice/``, or equal after Unicode normalisation, case folding and the removal of
+    invisible characters) are each
     graded under its entry's name, with a note; symbolic links and special files are refused; archives
     get a row saying to unpack them; nothing is dropped silently."""
     if not folder.exists():
@@ -351,13 +361,15 @@ def find_submissions(folder: Path, assignment: str) -> tuple[list[Submission], l
         raise ValueError(f"submissions-dir: {folder} holds no submissions (NAME.ipynb files or NAME/ folders)")
     clash: dict[str, list[Submission]] = {}
     for sub in subs:
-        clash.setdefault(unicodedata.normalize("NFKC", sub.student).casefold(), []).append(sub)
+        visible = "".join(ch for ch in sub.student if unicodedata.category(ch) != "Cf")  # no zero-width characters
+        clash.setdefault(unicodedata.normalize("NFKC", visible).casefold(), []).append(sub)
     for group in clash.values():
         if len(group) > 1:
             entries = ", ".join(s.entry for s in group)
             for sub in group:
                 sub.student = sub.entry
-                sub.notes.append(f"{entries} name the same student up to case, width or accents: each is graded "
+                sub.notes.append(f"{entries} name the same student up to case, width or accents (or invisible "
+                                 "characters): each is graded "
                                  "under its entry's name; check which is whose")
     taken: set[str] = set()
     for sub in subs:  # later repeats suffixed ' (2)', ' (3)', ... (an entry and a clash's entry name may meet)

@@ -188,10 +188,11 @@ def _passes(got: dict[str, Any], want: dict[str, Any], call: dict[str, Any], che
 
 
 def ran_beyond(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[str, Any]], refs: set[str],
-               where: str) -> list[tuple[str, int, str]]:
+               where: str, known: set[str] | None = None) -> list[tuple[str, int, str]]:
     """(file, line, reference) for each reference that ran while the sandbox answered a call (the reply's 'ran',
     :func:`simlib.grade.child._answer`) and not while the master's run answered it: the student's code reached it,
-    directly or through the library; where the student's line is not known, the first such call is named."""
+    directly or through the library; where the student's line is not known (or its code name is not in ``known``:
+    the sandbox may write anything there), the first such call is named."""
     out, seen = [], set()
     for k, (got, want, call) in enumerate(zip(replies if isinstance(replies, list) else [], expected, drawn), 1):
         theirs = {r[0] for r in want.get("ran", []) if isinstance(r, list) and r} if isinstance(want, dict) else set()
@@ -200,8 +201,24 @@ def ran_beyond(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[st
             if (isinstance(r, list) and len(r) == 3 and r[0] in refs and r[0] not in theirs and isinstance(r[1], str)
                     and type(r[2]) is int and (r[0], r[1], r[2]) not in seen):
                 seen.add((r[0], r[1], r[2]))
-                out.append((r[1] or f"{where}, call {k} of {len(drawn)} ({_innermost(call)[:40]})", r[2], r[0]))
+                name = r[1] if known is None or r[1] in known else ""
+                out.append((name or f"{where}, call {k} of {len(drawn)} ({_innermost(call)[:40]})", r[2], r[0]))
     return out
+
+
+def failed(text: str, drawn: list[dict[str, Any]], chars: int = 80) -> str:
+    """A failed probe unit's message (the sandbox's text, so the student's to choose): one line of at most ``chars``,
+    withheld where it holds an input drawn for the calls (so the inputs cannot be sent out through feedback)."""
+    text = " ".join(str(text).split())[:chars]
+    inputs = {str(v) for v in _leaves([[c.get("args", []), c.get("kwargs", {})] for c in drawn])}
+    return "(message withheld: it quotes the calls' inputs)" if [v for v in inputs if len(v) >= 3 and v in text] else text
+
+
+def _leaves(arg: Any) -> list[Any]:
+    """The plain values in a call's arguments, those of the calls in them included."""
+    if isinstance(arg, dict):
+        return [v for x in arg.values() for v in _leaves(x)]
+    return [v for x in arg for v in _leaves(x)] if isinstance(arg, list) else [arg]
 
 
 def verdict(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[str, Any]],

@@ -47,6 +47,7 @@ import functools
 import itertools
 import json
 import marshal
+import math
 import os
 import secrets
 import select
@@ -66,6 +67,7 @@ from typing import Any
 
 import simlib
 from simlib.grade import cgroup as cgroups
+from simlib.grade import probe
 from simlib.grade.child import MAX_FRAME, frame
 
 SHM = Path("/dev/shm")
@@ -341,6 +343,7 @@ class Child:
         finally:
             for fd in fds:
                 os.close(fd)
+        os.set_blocking(self.proc.stdin.fileno(), False)  # written with a deadline (:meth:`_write`)
         self.results = r
         self.buffer = b""
         self.seen: dict[int, int] = {}  # pid -> start time, every process of the tree ever seen
@@ -503,7 +506,7 @@ class Child:
                     raise Fatal(f"the grading process {how} (did the submission call exit, or run out of CPU time?)")
                 self.buffer += chunk
 
-    def send_plan(self, units: list[Unit], watch: list[str] = ()) -> None:
+    def send_plan(self, units: list[Unit], watch: list[str] = (), deadline: float = math.inf) -> None:
         """Every unit in one frame, before any of them runs: tests compiled here, never as text; ``watch``: the
         library's reference answers whose reads by the student's code the child notes."""
         self.nonces = [secrets.token_hex(16) for _ in units]
@@ -513,18 +516,31 @@ class Child:
                                                  {"late": True} if u.kind == "probe" else {"source": u.source}),
                  **({"student": True} if u.kind == "answer" else {})}
                 for u, n in zip(units, self.nonces)]
-        self._write(frame({"units": plan, "watch": list(watch)}))
+        self._write(frame({"units": plan, "watch": list(watch)}), deadline)
 
-    def _write(self, data: bytes) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError, ValueError):  # the child is gone; receive() says how
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
+    def _write(self, data: bytes, deadline: float) -> None:
+        """Write to the child's control pipe by ``deadline`` (Fatal 'timeout' past it: a child that stops reading it,
+        or shrinks it, cannot hold the grader); Interrupted once ``stop`` is set; a child gone: receive() says how."""
+        view, fd = memoryview(data), self.proc.stdin.fileno()
+        while view:
+            if self.stop is not None and self.stop.is_set():
+                raise Interrupted("grading was interrupted")
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                raise Fatal("timeout")
+            try:
+                if select.select([], [fd], [], min(wait, 0.1))[1]:
+                    view = view[os.write(fd, view):]
+            except BlockingIOError:
+                continue
+            except (OSError, ValueError):
+                return
 
     def run(self, k: int, deadline: float) -> Outcome:
         """Let unit ``k`` of the plan run; wait for its answer until ``deadline``."""
         self.output = 0
         before = self._processes()
-        self._write(b"g" + (frame({"calls": self.late[k]}) if k in self.late else b""))
+        self._write(b"g" + (frame({"calls": self.late[k]}) if k in self.late else b""), deadline)
         reply = self.receive(deadline)
         if reply.get("seq") != k or reply.get("nonce") != self.nonces[k] or not isinstance(reply.get("ok"), bool):
             raise Fatal(TAMPERED)
@@ -535,7 +551,10 @@ class Child:
         self._settle(before)
         if self.violation or self._over_limit():
             raise Fatal(self.violation)
-        return Outcome(reply["ok"], str(reply.get("error", ""))[:1000], values=reply.get("values"), used=_used(reply))
+        error = str(reply.get("error", ""))[:1000]
+        if k in self.late and not reply["ok"]:  # the sandbox's text, where it has seen the calls: short, no input
+            error = probe.failed(error, self.late[k])
+        return Outcome(reply["ok"], error, values=reply.get("values"), used=_used(reply))
 
 
 def _used(reply: dict[str, Any]) -> list[tuple[str, int, str]]:
@@ -649,7 +668,7 @@ def run_units(units: list[Unit], notebook: bytes, limits: Limits = Limits(), num
                 report.notes.append(_describe_isolation(kind, hello, child.cgroup, limits))
             # the earlier code units replayed (all but those that stopped a child), then the rest
             plan = [j for j in range(i) if units[j].kind in ("code", "answer") and j not in skip] + list(range(i, len(units)))
-            child.send_plan([units[j] for j in plan], watch)
+            child.send_plan([units[j] for j in plan], watch, min(time.monotonic() + limits.cell_s, start + limits.wall_s))
             for k, j in enumerate(plan):
                 current = j
                 outcome = child.run(k, min(time.monotonic() + limits.cell_s, start + limits.wall_s))
