@@ -213,6 +213,10 @@ class Calibration:
         kernels = {k: dataclasses.replace(c, contention=slowdowns.get(k, c.contention)) for k, c in self.kernels.items()}
         return dataclasses.replace(self, kernels=kernels)
 
+    def with_null_ps(self, ps_step: dict[int, Spread]) -> "Calibration":
+        """The same costs with the pipe PS's null step on 1 and 2 workers measured again (:func:`measure_null_ps`)."""
+        return dataclasses.replace(self, ps_step={**self.ps_step, **ps_step})
+
     def busy_note(self, threshold: float = BUSY_SHARE) -> str:
         """'' if the CPU share measured during calibration was at least ``threshold``, else why the machine was busy."""
         return busy_note(self.cpu_share, threshold)
@@ -487,6 +491,37 @@ def measure_contention(kinds: Sequence[str], repeats: int = 2, window: float = 0
     return {kind: _slowdowns(raw, kind) for kind in kinds}
 
 
+def measure_null_ps(prob: LogisticProblem, repeats: int = 1,
+                    start_method: str | None = None) -> tuple[dict[int, list[float]], list[float]]:
+    """The real pipe PS on a null workload (NULL_PS: 1-row batches of ``prob``) on 1 and on 2 workers, ``repeats``
+    times: ({workers: typical step seconds per run}, one-off warm-up seconds per 1-worker run).
+
+    What the model leaves out of a pipe PS step (:func:`~simlib.calibration.validate.pipe_ps_residual`) is read
+    from it; on 2 workers it moves between calibrations (271-421 us a step here), so a check of predictions
+    measures it again between its real runs too.
+    """
+    check.positive_int("repeats", repeats)
+    null_steps: dict[int, list[float]] = {1: [], 2: []}
+    warmups: list[float] = []
+    for _ in range(repeats):
+        for n in null_steps:
+            run = simlib.run(prob, "bsp", substrate="pipes", n_workers=n, **NULL_PS, start_method=start_method,
+                             evaluate=False)
+            # A round ends with its last update. The median time between round ends is a typical
+            # step, not skewed by one stall (a page-fault storm or a descheduled process can
+            # double a short run's total).
+            ends: dict[int, float] = {}
+            for u in run.trace.updates:
+                ends[u.step] = max(ends.get(u.step, 0.0), u.time)
+            times = [ends[k] for k in sorted(ends)]
+            step = float(np.median(np.diff(times)))
+            null_steps[n].append(step)
+            if n == 1:
+                first = min(sp.start for sp in run.trace.spans)
+                warmups.append(max(times[-1] - first - NULL_PS["steps"] * step, 0.0))
+    return null_steps, warmups
+
+
 def _pingpong_member(worker: int, n: int, sizes: tuple[int, ...], repeats: int, calls: int,
                      ch: Channel) -> list[list[float]]:
     """Worker 0 sends and times round trips of each size; worker 1 echoes. Returns one-way times."""
@@ -653,25 +688,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
                 touch.extend(group.run(_touch_member, seg))
             locks.extend(group.run(_lock_member, group.lock(), 1000 if quick else 2000))
 
-    # The real pipe PS on a null workload: 1-row batches on 1 and on 2 workers, on its own problem.
-    null_steps: dict[int, list[float]] = {1: [], 2: []}
-    warmups: list[float] = []
-    for _ in range(repeats):
-        for n in null_steps:
-            run = simlib.run(prob, "bsp", substrate="pipes", n_workers=n, **NULL_PS, start_method=start_method,
-                             evaluate=False)
-            # A round ends with its last update. The median time between round ends is a typical
-            # step, not skewed by one stall (a page-fault storm or a descheduled process can
-            # double a short run's total).
-            ends: dict[int, float] = {}
-            for u in run.trace.updates:
-                ends[u.step] = max(ends.get(u.step, 0.0), u.time)
-            times = [ends[k] for k in sorted(ends)]
-            step = float(np.median(np.diff(times)))
-            null_steps[n].append(step)
-            if n == 1:
-                first = min(sp.start for sp in run.trace.spans)
-                warmups.append(max(times[-1] - first - NULL_PS["steps"] * step, 0.0))
+    null_steps, warmups = measure_null_ps(prob, repeats, start_method)
 
     process_start = {n: Spread.of(v[1:]) for n, v in starts.items()}  # the first group warms imports
     setups: list[float] = []

@@ -40,7 +40,7 @@ import simlib
 from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, Calibration, Spread, busy_note, calibrate,
-                                          kernel_problem, measure_contention, measure_load)
+                                          kernel_problem, measure_contention, measure_load, measure_null_ps)
 from simlib.substrates.pipes import DenseKeys
 from simlib.sim.config import SimConfig
 from simlib.substrates.sim import run_args
@@ -341,19 +341,25 @@ def compare(workloads: Sequence[Workload] | None = None, workers: Sequence[int] 
         workload_problem(w)  # build the data outside every timed region
         times: dict[int, list[tuple[float, Trace]]] = {n: [] for n in workers}
         slow: dict[str, list[float]] = {k: [] for k in WORKLOAD_KERNELS[w.substrate] + ("ps_dense",) * w.dense}
+        null: dict[int, list[float]] = {1: [], 2: []}
+        quick = bool(cal.context.get("quick", False))  # the calibration's own problem sizes
         before = measure_load(load_seconds)
         for _ in range(repeats):
             if max(workers) > 1:
-                for kind, ratios in measure_contention(slow, quick=quick_calibration).items():
+                for kind, ratios in measure_contention(slow, quick=quick).items():
                     slow[kind] += ratios
+            if w.substrate == "pipe_ps":
+                for n, steps in measure_null_ps(kernel_problem(quick))[0].items():
+                    null[n] += steps
             for n in workers:
                 times[n].append(measure(w, n))
         after = measure_load(load_seconds)
         # The machine's free CPU is measured right before and after this workload's runs, and its kernels'
-        # two-process slowdowns before each repeat, so a neighbour's burst and the cost of sharing cache
-        # lines at the time are priced in (other costs come from the one calibration).
+        # two-process slowdowns (and the pipe PS's null step) before each repeat, so a neighbour's burst and
+        # the cost of sharing cache lines at the time are priced in (other costs come from the one calibration).
         cal_w = cal.with_load({n: Spread.of([before[n].median, after[n].median]) for n in before})
         cal_w = cal_w.with_contention({kind: Spread.of(r) for kind, r in slow.items() if r})
+        cal_w = cal_w.with_null_ps({n: Spread.of(v) for n, v in null.items() if v})
         out.loads[w.name] = cal_w.cpu_share
         for n in workers:
             pred, ptrace = predict(w, n, cal_w)
