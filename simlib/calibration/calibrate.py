@@ -18,9 +18,9 @@ What is measured, each in real worker processes and repeated so the spread is kn
 * shared-memory first touch: seconds per byte for a worker to map the pages of data its parent
   wrote (one page fault per 4 KiB page), which a shared-memory run pays once on its shard;
 * the real substrates on null workloads: the pipe PS's typical step and warm-up, and the
-  shared-memory substrate's set-up (from process start to its first step) and its BSP step on
-  1 and 2 workers (clock reads, trace records and, with 2 workers, the wait for the other's
-  clock; next to nothing to compute).
+  shared-memory substrate's set-up (from process start to its first step) and the part of its
+  BSP step on 1 and 2 workers outside the step's compute span (clock reads, trace records and,
+  with 2 workers, the wait for the other's clock and the wake-up).
 
 Every figure is a :class:`Spread` (median, quartiles, count). Example::
 
@@ -146,9 +146,9 @@ class Calibration:
     ps_warmup: Spread = field(default_factory=Spread.unmeasured)
     shm_first_touch: Spread = field(default_factory=Spread.unmeasured)  # s/byte
     # BSP on substrate 'shm' on NULL_SHM: seconds from process start to its first step (1 worker),
-    # and its typical step by number of workers.
+    # and by number of workers the seconds a step spends outside its compute span (measure_null_shm).
     shm_setup: Spread = field(default_factory=Spread.unmeasured)
-    bsp_step: dict[int, Spread] = field(default_factory=dict)
+    bsp_sync: dict[int, Spread] = field(default_factory=dict)
 
     # -- into the simulator ------------------------------------------------------------------
     def pipe_time(self, nbytes: float) -> float:
@@ -213,9 +213,12 @@ class Calibration:
         kernels = {k: dataclasses.replace(c, contention=slowdowns.get(k, c.contention)) for k, c in self.kernels.items()}
         return dataclasses.replace(self, kernels=kernels)
 
-    def with_null_ps(self, ps_step: dict[int, Spread]) -> "Calibration":
-        """The same costs with the pipe PS's null step on 1 and 2 workers measured again (:func:`measure_null_ps`)."""
-        return dataclasses.replace(self, ps_step={**self.ps_step, **ps_step})
+    def with_null(self, **figures: dict[int, Spread]) -> "Calibration":
+        """The same costs with null-run figures by workers measured again: ``ps_step`` (:func:`measure_null_ps`),
+        ``bsp_sync`` (:func:`measure_null_shm`)."""
+        for name in figures:
+            check.one_of("figure", name, ("ps_step", "bsp_sync"))
+        return dataclasses.replace(self, **{name: {**getattr(self, name), **v} for name, v in figures.items()})
 
     def busy_note(self, threshold: float = BUSY_SHARE) -> str:
         """'' if the CPU share measured during calibration was at least ``threshold``, else why the machine was busy."""
@@ -279,7 +282,7 @@ _ROWS = (("pipe latency (fit)", "pipe_latency", 1e6, "us"), ("pipe bandwidth (fi
          ("process start, {n} process{es}", "process_start", 1e3, "ms"),
          ("shared-memory copy", "shm_copy_bandwidth", 2**-30, "GiB/s"), ("lock acquire + release", "lock_cost", 1e6, "us"),
          ("shared-memory first touch", "shm_first_touch", 1e6 * 2**20, "us/MiB"),
-         ("shm set-up, null workload", "shm_setup", 1e3, "ms"), ("shm BSP step, null, {n} worker{s}", "bsp_step", 1e6, "us"),
+         ("shm set-up, null workload", "shm_setup", 1e3, "ms"), ("shm BSP step beyond compute, {n} worker{s}", "bsp_sync", 1e6, "us"),
          ("CPU share, {n} busy process{es}", "cpu_share", 1.0, "cores each"),
          ("pipe PS step, null, {n} worker{s}", "ps_step", 1e6, "us"), ("pipe PS warm-up per run", "ps_warmup", 1e3, "ms"))
 
@@ -688,16 +691,8 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             locks.extend(group.run(_lock_member, group.lock(), 1000 if quick else 2000))
 
     null_steps, warmups = measure_null_ps(prob, repeats, start_method)
-
+    bsp_sync, firsts = measure_null_shm(repeats, start_method)
     process_start = {n: Spread.of(v[1:]) for n, v in starts.items()}  # the first group warms imports
-    setups: list[float] = []
-    bsp_steps: dict[int, list[float]] = {1: [], 2: []}
-    for _ in range(repeats):
-        for n in bsp_steps:
-            first, step = null_shm_run(n, start_method)
-            if n == 1:
-                setups.append(max(first - process_start[1].median, 0.0))
-            bsp_steps[n].append(step)
 
     share = measure_load(0.1 if quick else 0.3, 2, start_method)
     return Calibration(
@@ -716,34 +711,42 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         ps_step={n: Spread.of(v) for n, v in null_steps.items()},
         ps_warmup=Spread.of(warmups),
         shm_first_touch=Spread.of(touch),
-        shm_setup=Spread.of(setups),
-        bsp_step={n: Spread.of(v) for n, v in bsp_steps.items()},
+        shm_setup=Spread.of([max(first - process_start[1].median, 0.0) for first in firsts]),
+        bsp_sync={n: Spread.of(v) for n, v in bsp_sync.items()},
     )
 
 
-def null_shm_run(n_workers: int = 1, start_method: str | None = None) -> tuple[float, float]:
-    """(seconds from the group's start to the first step, typical step) of BSP on substrate 'shm' on NULL_SHM.
+def measure_null_shm(repeats: int = 1, start_method: str | None = None) -> tuple[dict[int, list[float]], list[float]]:
+    """BSP on substrate 'shm' on NULL_SHM on 1 and on 2 workers, ``repeats`` times: ({workers: seconds a typical
+    step spends outside its compute span, per run}, seconds from the group's start to the first step per 1-worker run).
 
-    A step there is the in-place path's bookkeeping (clock reads, trace records, one call of the
-    compiled local step on one row of one nonzero) and, with 2 workers, the wait until the other
-    worker has published its clock. A step starts when its first worker starts computing it; the
-    typical step is the mean time between step starts over the middle 80% of the run.
+    Outside the compute span a step reads the clocks, records the trace and, with 2 workers, waits for the other's
+    clock and wakes up to it; a shared-memory BSP twin adds it to each step
+    (:func:`~simlib.calibration.validate.bsp_sync`). Both sides are wall time in the same run, so the figure keeps
+    the load it was measured under: a check of predictions measures it again between its real runs.
     """
-    check.positive_int("n_workers", n_workers)
+    check.positive_int("repeats", repeats)
     data = make_sparse_classification(NULL_SHM["rows"], NULL_SHM["features"], 1, seed=3)
     null = LogisticProblem(data, l2=1e-4, eval_rows=10, l2_on="all")
-    res = simlib.run(null, "bsp", substrate="shm", n_workers=n_workers, batch_size=1, lr=0.1,
-                     steps=null.epoch_steps(n_workers, 1), monitor_every=60.0, start_method=start_method)
-    first: dict[int, float] = {}
-    for sp in res.trace.spans:
-        if sp.kind == "compute":
-            first[sp.step] = min(first.get(sp.step, math.inf), sp.start)
-    starts = sorted(first.values())
-    # NOTE: a mean, not the median step: a waiting worker sleeps 50 us between looks at the clocks,
-    # so on 2 workers one sleeps while the other runs two steps, and the gaps between step starts
-    # alternate short and long (the median was 57 or 111 us from one calibration to the next).
-    lo, hi = len(starts) // 10, len(starts) - 1 - len(starts) // 10
-    return starts[0], (starts[hi] - starts[lo]) / (hi - lo)
+    sync: dict[int, list[float]] = {1: [], 2: []}
+    firsts: list[float] = []
+    for _ in range(repeats):
+        for n in sync:
+            res = simlib.run(null, "bsp", substrate="shm", n_workers=n, batch_size=1, lr=0.1,
+                             steps=null.epoch_steps(n, 1), monitor_every=60.0, start_method=start_method)
+            compute = [sp for sp in res.trace.spans if sp.kind == "compute"]
+            starts: dict[int, float] = {}
+            for sp in compute:
+                starts[sp.step] = min(starts.get(sp.step, math.inf), sp.start)
+            # A step starts when its first worker starts computing it. NOTE: the mean step over the middle 80% of
+            # the run, not the median: on 2 workers the gaps between step starts alternate short and long (the
+            # median was 57 or 111 us from one calibration to the next).
+            lo, hi = len(starts) // 10, len(starts) - 1 - len(starts) // 10
+            middle = [sp.end - sp.start for sp in compute if lo <= sp.step < hi]
+            sync[n].append((starts[hi] - starts[lo]) / (hi - lo) - float(np.mean(middle)))
+            if n == 1:
+                firsts.append(starts[0])
+    return sync, firsts
 
 
 @functools.lru_cache(maxsize=2)

@@ -23,9 +23,10 @@ it removes, see ``benchmarks/calibration.py``):
 * a dense model's per-parameter gradient work goes into ``compute_overhead``;
 * shared-memory BSP is the engine's BSP with free messages: each worker computes its batch step
   in place (``bsp_step`` per nonzero, plus ``bsp_call`` per feature of the table for the call
-  and its scratch gradient) and waits at the next step for the slowest; the step's
-  bookkeeping and, with 2 workers, the wait's wake-up (:func:`bsp_sync`, from the null runs) go
-  into ``compute_overhead``. There is no barrier and no dense apply to price.
+  and its scratch gradient) and waits at the next step for the slowest; what a step spends
+  outside its compute span (its bookkeeping and, with 2 workers, the wait's wake-up:
+  :func:`bsp_sync`, from the null runs) goes into ``compute_overhead``. There is no barrier and
+  no dense apply to price.
 * Hogwild is async with free messages (latency 0): workers only read and write shared memory;
   a simulated step is one chunk of ``global_batch`` one-row steps, as the real trace records it.
 """
@@ -40,7 +41,8 @@ import simlib
 from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, Calibration, Spread, busy_note, calibrate,
-                                          kernel_problem, measure_contention, measure_load, measure_null_ps)
+                                          kernel_problem, measure_contention, measure_load, measure_null_ps,
+                                          measure_null_shm)
 from simlib.substrates.pipes import DenseKeys
 from simlib.sim.config import SimConfig
 from simlib.substrates.sim import run_args
@@ -50,6 +52,8 @@ SUBSTRATES = ("pipe_ps", "hogwild", "bsp_shm")
 # The calibrated kernels that price each substrate's compute (their two-process slowdowns are measured again
 # between a comparison's real runs).
 WORKLOAD_KERNELS = {"pipe_ps": ("ps_step", "ps_apply"), "hogwild": ("hogwild_sgd",), "bsp_shm": ("bsp_step", "bsp_call")}
+# The null run's figure that compare() measures again before each repeat (Calibration.with_null).
+NULL_FIGURE = {"pipe_ps": "ps_step", "bsp_shm": "bsp_sync"}
 FREE_BANDWIDTH = 1e18  # bytes/s for messages that do not exist (shared memory)
 
 
@@ -153,16 +157,10 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
 
 
 def bsp_sync(cal: Calibration, n_workers: int) -> float:
-    """Seconds per shared-memory BSP step beyond its arithmetic: clock reads, trace records, the wait's wake-up.
-
-    The null run's typical step on this many workers (1 or 2) less that step's own arithmetic (the
-    local step on one row of one nonzero, priced as ``hogwild_sgd``); 0 where it was not measured.
-    A waiting worker polls the clocks every 50 us, so on 2 workers the step also pays the time
-    from the slower worker's clock to the faster one waking up and seeing it.
-    """
-    n = min(n_workers, 2)
-    null_step = cal.bsp_step.get(n, Spread.unmeasured()).median_or(math.nan)
-    return 0.0 if math.isnan(null_step) else max(null_step - cal.compute_time("hogwild_sgd", 1, n), 0.0)
+    """Seconds a shared-memory BSP step on ``n_workers`` (2 stands for more) spends outside its compute span: clock
+    reads, trace records and, on 2 workers, the wait's wake-up; the null run's figure (:func:`measure_null_shm`),
+    0 where it was not measured."""
+    return max(cal.bsp_sync.get(min(n_workers, 2), Spread.unmeasured()).median_or(0.0), 0.0)
 
 
 def _pipe_ps_config(cal: Calibration, busy: int, n_workers: int, steps: int, batch_size: int, lr: float,
@@ -341,25 +339,28 @@ def compare(workloads: Sequence[Workload] | None = None, workers: Sequence[int] 
         workload_problem(w)  # build the data outside every timed region
         times: dict[int, list[tuple[float, Trace]]] = {n: [] for n in workers}
         slow: dict[str, list[float]] = {k: [] for k in WORKLOAD_KERNELS[w.substrate] + ("ps_dense",) * w.dense}
-        null: dict[int, list[float]] = {1: [], 2: []}
+        null: dict[int, list[float]] = {1: [], 2: []}  # the null run's figure by workers (pipes and BSP shm)
         quick = bool(cal.context.get("quick", False))  # the calibration's own problem sizes
         before = measure_load(load_seconds)
         for _ in range(repeats):
             if max(workers) > 1:
                 for kind, ratios in measure_contention(slow, quick=quick).items():
                     slow[kind] += ratios
-            if w.substrate == "pipe_ps":
-                for n, steps in measure_null_ps(kernel_problem(quick))[0].items():
-                    null[n] += steps
+            if w.substrate in NULL_FIGURE:
+                runs = measure_null_ps(kernel_problem(quick)) if w.substrate == "pipe_ps" else measure_null_shm()
+                for n, figures in runs[0].items():
+                    null[n] += figures
             for n in workers:
                 times[n].append(measure(w, n))
         after = measure_load(load_seconds)
         # The machine's free CPU is measured right before and after this workload's runs, and its kernels'
-        # two-process slowdowns (and the pipe PS's null step) before each repeat, so a neighbour's burst and
-        # the cost of sharing cache lines at the time are priced in (other costs come from the one calibration).
+        # two-process slowdowns (and the null run's step of the pipe PS or shared-memory BSP) before each repeat, so
+        # a neighbour's burst and the cost of sharing cache lines at the time are priced in (other costs come from
+        # the one calibration).
         cal_w = cal.with_load({n: Spread.of([before[n].median, after[n].median]) for n in before})
         cal_w = cal_w.with_contention({kind: Spread.of(r) for kind, r in slow.items() if r})
-        cal_w = cal_w.with_null_ps({n: Spread.of(v) for n, v in null.items() if v})
+        if w.substrate in NULL_FIGURE:
+            cal_w = cal_w.with_null(**{NULL_FIGURE[w.substrate]: {n: Spread.of(v) for n, v in null.items() if v}})
         out.loads[w.name] = cal_w.cpu_share
         for n in workers:
             pred, ptrace = predict(w, n, cal_w)
