@@ -69,9 +69,9 @@ class ShmAllReduce:
     # NOTE: above 1 MB 2 processes reduce in place, not by the direct sum of both slots (one barrier, not two): it moves
     # 2 copies' worth of memory a byte, not 2.5, and the 2 processes' vectors, results and shared parts take 20 MB at
     # 4 MB, not the 24 MB that crowded the measured machine's 32 MB L3. Both ways interleaved in one run, 2 processes
-    # on 2 cores at load 15-17 from other work, in place against direct (median over 21 rounds): 2 MB 1.10x, 4 MB
-    # 1.22x, 16 MB 0.94x-1.11x, 64 MB 1.29-1.36x; at 0.25-1 MB it measured 0.74-0.88x (its second barrier costs more
-    # than the bytes it saves), so smaller vectors stay direct.
+    # on 2 cores at load 14-17 from other work, in place against direct (median round of 21, two runs): 2 MB
+    # 1.10-1.35x, 4 MB 1.22-1.37x, 16 MB 0.94-1.11x, 64 MB 1.29-1.36x; at 0.25 and 1 MB 0.74x and 0.88x (its second
+    # barrier costs more than the bytes it saves), so smaller vectors stay direct.
 
     def __init__(self, group: WorkerGroup, n: int, capacity: int):
         self.n, self.rank, self.gen = n, 0, 0
