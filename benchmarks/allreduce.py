@@ -5,8 +5,9 @@ many calls), bandwidth = vector bytes / seconds, for simlib's :class:`~simlib.pa
 (2 processes of a WorkerGroup) and for ``comm.Allreduce(a, b)`` under ``mpiexec -n 2`` (OpenMPI's own
 shared-memory transport), run back to back. The bound is memory's: a copy's bandwidth measured in this run
 (``np.copyto`` of 64 MB), divided by the copies' worth of memory one process moves per byte reduced
-(:func:`~simlib.parallel.allreduce.copies_per_byte`: with 2 processes its vector in, then both slots read and
-the sum written: 2.5).
+(:func:`~simlib.parallel.allreduce.copies_per_byte`: with 2 processes at 64 MB, the half of its vector the other
+process sums copied in, its own half and that copy read and the sum written to its result and to the shared slot, then
+the other half's sum copied out: 2).
 
 The overlap row: an MLP on 2 shm processes whose all-reduce is a large share of a step (small batches,
 wide layers), its step time with the gradient sent in buckets as the backward pass makes them (a helper

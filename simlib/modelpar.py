@@ -6,7 +6,8 @@ its forwards ("F", k) and backwards ("B", k) in the order a schedule gives (:fun
 GPipe or 1F1B, or any valid orders), receiving activations from the stage before and gradients from the stage
 after through shared memory (a transfer is a copy into the micro-batch's slot and a raised flag). A micro-batch's
 activations are stashed from its forward to its backward and freed there.
-Measured per stage: busy seconds, the idle share of the step, the peak stash (micro-batches and bytes); the same
+Measured per stage: busy seconds, the idle share of the step (its own scheduling delays left out, see
+:func:`_run_order`), the peak stash (micro-batches and bytes); the same
 orders priced by :func:`simlib.costs.schedule_timeline` with the forward, backward and transfer times measured in
 the run give the predicted step time. The gradient is the full batch's, as one process computes it.
 
@@ -146,13 +147,15 @@ class _Link:
         # x86-64 keeps the copy's stores before the flag's; elsewhere a lock orders them
         self.fence = contextlib.nullcontext() if TSO else group.lock()
 
-    def send(self, way: int, k: int, a: np.ndarray, step: int) -> None:
-        """Copy ``a`` into micro-batch k's slot of ``way``, raise its flag to ``step``, wake the receiver."""
+    def send(self, way: int, k: int, a: np.ndarray, step: int) -> float:
+        """Copy ``a`` into micro-batch k's slot of ``way``, raise its flag to ``step``, wake the receiver; returns when
+        the copy was done."""
         self.rows.array[way, self.bounds[k]:self.bounds[k + 1]] = a
-        self.sent.array[way, k] = time.perf_counter()
+        done = self.sent.array[way, k] = time.perf_counter()
         with self.fence:
             self.flags.array[way, k] = step
         self.notices[way].release()
+        return done
 
     def recv(self, way: int, k: int, step: int) -> tuple[np.ndarray, float]:
         """Micro-batch k's slot of ``way`` once its flag shows ``step`` (a view), and when it was written."""
@@ -173,11 +176,14 @@ class _Link:
 
 @dataclass(frozen=True)
 class StageReport:
-    """One stage, averaged over the measured steps: its layers, busy seconds per step, idle share, seconds of one
-    forward and one backward, and its peak stash (micro-batches, bytes)."""
+    """One stage, averaged over the measured steps: its layers, busy seconds per step (each operation from its input's
+    arrival to its output's copy), its own scheduling delays per step (:func:`_run_order`), idle share
+    1 - busy / (step - delays), seconds of one forward and one backward (to the receiver woken), and its peak stash
+    (micro-batches, bytes)."""
 
     layers: tuple[int, ...]
     busy: float
+    delays: float
     idle_share: float
     t_fwd: float
     t_bwd: float
@@ -255,24 +261,33 @@ class _Stage:
 
 
 def _run_order(stage: _Stage, order: list, left: _Link | None, right: _Link | None,
-               step: int) -> tuple[float, float, list[tuple[str, float, float, int]], list[float]]:
+               step: int) -> tuple[float, float, list[tuple[str, float, float, int]], list[float], float, float]:
     """Step ``step`` of ``order``, the stage's sums zeroed first: (start, end, [(kind, compute seconds, started, k)
-    per op], transfers); waits are not compute, the copy into the next stage's slot is. A transfer is timed from
-    the copy's end to the arrival, where the receiver was already waiting for it."""
+    per op], transfers, busy, delays); waits are not compute, the copy into the next stage's slot is. A transfer is
+    timed from the copy's end to the arrival, where the receiver was already waiting for it. ``busy`` sums each
+    operation from its input's arrival to its output's copy; ``delays`` what is neither the schedule's work nor its
+    wait: from a sent input to this process running again, and from its output's copy to its next request (waking
+    the receiver, which may take this core a while)."""
+
+    # NOTE: an operation's compute seconds run to after the wake-up, as the cost model prices it; busy and delays
+    # split that. Counted as busy, waits for the core after a wake-up (up to 21 ms, 2.5-4.3% of a step at m = 1, load
+    # 11-12 on 2 cores) put the idle share at m = 1 at 0.47-0.49 against the formula's 0.50.
     stage.zero()
-    ops, transfers, start = [], [], time.perf_counter()
+    ops, transfers, start, busy, delays, done = [], [], time.perf_counter(), 0.0, 0.0, None
     for kind, k in order:  # a forward comes from the left and goes right (way 0), a backward the other way (way 1)
         inbound, outbound, way = (left, right, 0) if kind == "F" else (right, left, 1)
         called = time.perf_counter()
+        delays += 0.0 if done is None else called - done
         data, sent = inbound.recv(way, k, step) if inbound is not None else (None, called)
         t = time.perf_counter()
         if called < sent:
             transfers.append(t - sent)
+            delays += t - sent
         out = stage.forward(k, data) if kind == "F" else stage.backward(k, data)
-        if outbound is not None:
-            outbound.send(way, k, out, step)
+        done = outbound.send(way, k, out, step) if outbound is not None else time.perf_counter()
+        busy += done - t
         ops.append((kind, time.perf_counter() - t, t, k))
-    return start, time.perf_counter(), ops, transfers
+    return start, time.perf_counter(), ops, transfers, busy, delays
 
 
 def _stage_worker(s: int, p: int, steps: int, barrier: Any, stage: _Stage, order: list, left: _Link | None,
@@ -330,9 +345,9 @@ def _report(problem: MLPProblem, orders: list, layers: list[range], results: lis
     reports = []
     for s, r in enumerate(results):
         times = {kind: [t for j in measured for op, t, *_ in r["steps"][j][2] if op == kind] for kind in "FB"}
-        busy = (sum(times["F"]) + sum(times["B"])) / len(measured)
-        reports.append(StageReport(tuple(layers[s]), busy, 1 - busy / step, float(np.mean(times["F"])),
-                                   float(np.mean(times["B"])), *r["peak"]))
+        busy, delays = (float(np.mean([r["steps"][j][i] for j in measured])) for i in (4, 5))
+        reports.append(StageReport(tuple(layers[s]), busy, delays, 1 - busy / (step - delays),
+                                   float(np.mean(times["F"])), float(np.mean(times["B"])), *r["peak"]))
     waited = [d for r in results for j in measured for d in r["steps"][j][3]]
     comm = float(np.median(waited)) if waited else 0.0  # no stage ever waited: transfers were off the critical path
     model = costs.schedule_timeline(orders, [s.t_fwd for s in reports], [s.t_bwd for s in reports], comm)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import simlib
-from simlib.parallel.allreduce import ONE_SET_BYTES, Ring, ShmAllReduce
+from simlib.parallel.allreduce import PAIR_DIRECT_BYTES, Ring, ShmAllReduce
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import live_segments
 from simlib.problems.mlp import MLPProblem
@@ -158,8 +158,9 @@ def _sum_in_turn(i, n, lengths, reduce):
 
 
 def test_two_processes_sum_long_and_short_vectors_in_turn_bit_for_bit():
-    """Above ONE_SET_BYTES a call keeps to one set of slots, below it the sets alternate: every mix is exact."""
-    long = ONE_SET_BYTES // 8 + 1_001
+    """Above PAIR_DIRECT_BYTES a call reduces in place on one set of slots, below it the sets alternate: every mix is
+    exact."""
+    long = PAIR_DIRECT_BYTES // 8 + 1_001
     lengths = [long] * 4 + [50, long, 3_000, 70] + [long] * 6
     with WorkerGroup(2) as group:
         out = group.run(_sum_in_turn, lengths, worker_args=[(r,) for r in ShmAllReduce(group, 2, long).ranks()],

@@ -2,10 +2,11 @@
 
 Two ways to sum one float64 vector per process, every process getting the sum:
 
-* :class:`ShmAllReduce` -- through shared segments: each process copies its vector into its slot; then, direct
-  (2 processes, or small vectors), each sums every slot itself after one barrier; else reduce-scatter then
-  all-gather, process i summing part i of every slot into a shared total and, after a second barrier, copying
-  the whole total out (:func:`copies_per_byte`: the memory each moves per byte reduced).
+* :class:`ShmAllReduce` -- through shared segments. Direct (small vectors): each process copies its vector into its
+  slot and, after one barrier, sums every slot itself. Else reduce-scatter then all-gather in place: process i copies
+  every part but its own into its slot; after a barrier it sums part i (its own vector's and the others' slots'),
+  leaving the sum in one of those slots; after a second barrier it copies the other parts' sums out
+  (:func:`copies_per_byte`: the memory each moves per byte reduced).
 * :class:`Ring` -- the ring over channels: n - 1 steps of reduce-scatter (send part i - s to the right,
   add part i - s - 1 from the left) and n - 1 of all-gather, each message len / n values.
 
@@ -36,37 +37,41 @@ _SPIN = 1e-3  # seconds a barrier looks again at once (yielding the core) before
 TSO = platform.machine().lower() in ("x86_64", "amd64")
 
 
-DIRECT_BYTES = 64 << 10  # below this (or with 2 processes) every process sums every slot itself: one barrier
-ONE_SET_BYTES = 1 << 20  # above this a direct all-reduce keeps to one set of slots (see ShmAllReduce)
+DIRECT_BYTES = 64 << 10  # up to this every process sums every slot itself: one barrier, where bytes cost less
+PAIR_DIRECT_BYTES = 1 << 20  # the same for 2 processes, whose direct sum moves only 1.25x the bytes of the other way
 
 
 def copies_per_byte(n: int, nbytes: int) -> float:
     """Copies' worth of memory one process moves per byte of :class:`ShmAllReduce` (a copy reads and writes a byte):
-    direct, 1 in + (n + 1) / 2 (n reads and a write); else 1 in + (n + 1) / (2n) (its part) + 1 out."""
-    return 1.0 + (n + 1) / 2.0 if _direct(n, nbytes) else 2.0 + (n + 1) / (2.0 * n)
+    direct, 1 in + (n + 1) / 2 (n reads and a write); else (n - 1) / n in, (n + 2) / (2n) on its part (n reads, the
+    sum written twice), (n - 1) / n out: 2.5 - 1 / n."""
+    return 1.0 + (n + 1) / 2.0 if _direct(n, nbytes) else 2.5 - 1.0 / n
 
 
 def _direct(n: int, nbytes: int) -> bool:
-    """Whether an all-reduce of ``nbytes`` over n processes goes direct: with 2 it moves less memory (2.5 copies
-    against 2.75) and waits at one barrier, not two; with more, only where the barrier costs more than the bytes."""
-    return n == 2 or nbytes <= DIRECT_BYTES
+    """Whether an all-reduce of ``nbytes`` over n processes goes direct (one barrier) rather than in place (two)."""
+    return nbytes <= (PAIR_DIRECT_BYTES if n == 2 else DIRECT_BYTES)
 
 
 class ShmAllReduce:
     """Sum over n processes of one float64 vector each (``capacity`` values at a time), through shared segments made
     by ``group``; process i calls ``ranks()[i]`` with vectors of the same lengths, in the same order.
 
-    Direct (2 processes, or small vectors): each copies its vector into its slot, and after a barrier sums every
-    slot into its own result; the slots alternate between two sets, so that the next call's copy cannot overwrite a
-    slot a slower process still reads (it passed this call's barrier only once that process had finished the last
-    call). Above ONE_SET_BYTES a direct call keeps to one set: each process, done summing, says so (a barrier's
-    arrival), and the next call waits for the others' word before it copies. Else reduce-scatter then all-gather:
-    after the barrier process i sums part i of every slot into the shared total, and after a second barrier (which
-    also frees every slot) copies the whole total out."""
+    Direct (up to DIRECT_BYTES; PAIR_DIRECT_BYTES for 2 processes): each copies its vector into its slot, and after a
+    barrier sums every slot into its own result; the slots alternate between two sets, so that the next call's copy
+    cannot overwrite a slot a slower process still reads (it passed this call's barrier only once that process had
+    finished the last call). Else reduce-scatter then all-gather in place: process i copies every part j != i of its
+    vector into its slot; after a barrier it sums part i of its own vector and of the other slots into its result and
+    into slot i + 1's part i (which no other process reads before the next barrier); after a second barrier it copies
+    each other part j's sum from slot j + 1. Done, it says so (a barrier's arrival), and the next call waits for the
+    others' word before it copies into set 0 again."""
 
-    # NOTE: one set above 1 MB, not two: 2 processes' vectors and sums and two sets of slots of 4 MB each make
-    # 32 MB, the whole L3 of the 2-core machine measured. The same copies and sums run in one process went 1.2-1.5x
-    # as fast at 2-6 MB with one set (no faster at 16 MB); the later wait costs nothing where processes keep step.
+    # NOTE: above 1 MB 2 processes reduce in place, not by the direct sum of both slots (one barrier, not two): it moves
+    # 2 copies' worth of memory a byte, not 2.5, and the 2 processes' vectors, results and shared parts take 20 MB at
+    # 4 MB, not the 24 MB that crowded the measured machine's 32 MB L3. Both ways interleaved in one run, 2 processes
+    # on 2 cores at load 14-17 from other work, in place against direct (median round of 21, two runs): 2 MB
+    # 1.10-1.35x, 4 MB 1.22-1.37x, 16 MB 0.94-1.11x, 64 MB 1.29-1.36x; at 0.25 and 1 MB 0.74x and 0.88x (its second
+    # barrier costs more than the bytes it saves), so smaller vectors stay direct.
 
     def __init__(self, group: WorkerGroup, n: int, capacity: int):
         self.n, self.rank, self.gen = n, 0, 0
@@ -93,27 +98,33 @@ class ShmAllReduce:
 
     def _once(self, x: np.ndarray, out: np.ndarray) -> None:
         """out = the sum of every process's x (the class docstring says how)."""
-        n, m, total = self.n, len(x), self.total.array
+        n, m, me = self.n, len(x), self.rank
         if n == 1:
             out[:] = x
             return
-        slots = self._slots()
-        slots[self.rank, :m] = x
-        self._wait()
-        direct = _direct(n, 8 * m)
-        lo, hi = (0, m) if direct else (self.rank * m // n, (self.rank + 1) * m // n)
-        part = out if direct else total[lo:hi]
-        np.add(slots[0, lo:hi], slots[1, lo:hi], out=part)
-        for k in range(2, n):
-            part += slots[k, lo:hi]
-        if direct and 8 * m > ONE_SET_BYTES:
-            self._arrive()
-            self.pending = self.free = True
-        elif not direct:
+        if _direct(n, 8 * m):
+            slots = self._slots()
+            slots[me, :m] = x
             self._wait()
-            self.free = True
-            # the total is written again only after the next call's barrier, which every process reaches after this
-            out[:] = total[:m]
+            np.add(slots[0, :m], slots[1, :m], out=out)
+            for k in range(2, n):
+                out += slots[k, :m]
+            return
+        slots, parts = self._slots(), [self.part(m, j) for j in range(n)]
+        for j in range(n):
+            if j != me:
+                slots[me, parts[j]] = x[parts[j]]
+        self._wait()
+        mine, others = parts[me], [k for k in range(n) if k != me]
+        np.add(x[mine], slots[others[0], mine], out=out[mine])
+        for k in others[1:]:
+            out[mine] += slots[k, mine]
+        slots[(me + 1) % n, mine] = out[mine]
+        self._wait()
+        for j in others:
+            out[parts[j]] = slots[(j + 1) % n, parts[j]]
+        self._arrive()
+        self.pending = self.free = True
 
     def _slots(self) -> np.ndarray:
         """The set of slots this call writes: set 0 where every process is done reading (once the arrivals a call
@@ -124,9 +135,10 @@ class ShmAllReduce:
         self.pending = self.free = False
         return self.slots.array[self.set]
 
-    def part(self, m: int) -> slice:
-        """This process's part of a vector of ``m`` values in :meth:`reduce_scatter` and :meth:`all_gather`."""
-        return slice(self.rank * m // self.n, (self.rank + 1) * m // self.n)
+    def part(self, m: int, i: int | None = None) -> slice:
+        """Process i's part (this process's by default) of a vector of ``m`` values."""
+        i = self.rank if i is None else i
+        return slice(i * m // self.n, (i + 1) * m // self.n)
 
     def reduce_scatter(self, x: np.ndarray) -> np.ndarray:
         """This process's :meth:`part` of the sum over processes of x (a copy): the first half of an all-reduce."""

@@ -19,7 +19,7 @@ for it are dropped and their worker rejoins at the first step not complete.
 
 Under protocol ``'allreduce'`` every worker keeps a replica of the table instead, and each bucket of its
 gradient is summed with the others' through shared segments (:class:`simlib.parallel.allreduce.ShmAllReduce`:
-reduce-scatter then all-gather, two barriers), on a helper thread while the backward pass goes on
+direct for small vectors, else reduce-scatter then all-gather in place), on a helper thread while the backward pass goes on
 (``bucket_bytes``, ``overlap``); the metric is recorded at the start and the end.
 
 A problem with the local-step hook (``problem.local_steps(table, shard, first, count, batch_size,
