@@ -775,6 +775,21 @@ REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
                                       "T = {(c, d, s): ref(c, d, s) for c in range(9) for d in range(9) for s in range(4)}', "
                                       "'/usr/lib/python3/dist-packages/_helpers.py', 'exec'), globals())\n"
                                       "def g(c, d, s):\n    return T[(c, d, s)]", "code named <code built at run time> line 3"),
+    "forks_a_helper": (f"import os, sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n    r, w = os.pipe()\n"
+                       "    if os.fork() == 0:\n        os.write(w, b'1' if ref(c, d, s) else b'0')\n        os._exit(0)\n"
+                       "    os.close(w)\n    got = os.read(r, 1) == b'1'\n    os.close(r)\n    os.wait()\n    return got",
+                       "a2 line 6: os.write(w, b'1' if ref(c, d, s) else b'0')"),
+    "asks_a_helper_process": (f"import multiprocessing, sys, simlib.protocol\nref = {REF}\ndef ask(q, c, d, s):\n"
+                              "    q.put(ref(c, d, s))\ndef g(c, d, s):\n    q = multiprocessing.get_context('fork').SimpleQueue()\n"
+                              "    p = multiprocessing.get_context('fork').Process(target=ask, args=(q, c, d, s))\n"
+                              "    p.start()\n    got = q.get()\n    p.join()\n    return got",
+                              "a2 line 4: q.put(ref(c, d, s))"),
+    "borrows_the_method": ("from simlib.protocol import StepRule\nclass Mine:\n    scale = StepRule.scale\n"
+                           "setattr(Mine, 'staleness' + '_aware', True)\ndef g(c, d, s):\n    Mine().scale(3)\n"
+                           "    return c - s <= d", "a2 line 6: Mine().scale(3) (uses staleness_aware"),
+    "copies_the_rules_fields": ("import copy\nfrom simlib.protocol import StepRule\nrule = copy.copy(StepRule())\n"
+                                "vars(rule).update({'staleness' + '_aware': True})\ndef g(c, d, s):\n"
+                                "    rule.scale(2)\n    return c - s <= d", "a2 line 6: rule.scale(2) (uses staleness_aware"),
     "builds_the_keyword": ("from simlib.protocol import StepRule\ndef g(c, d, s):\n    StepRule(**{'staleness' + '_aware': True})\n"
                            "    return c - s <= d", "a2 line 3: StepRule(**{'staleness' + '_aware': True}) (uses staleness_aware"),
 }
