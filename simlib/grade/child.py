@@ -16,7 +16,11 @@ and where the student's code ran one (:func:`_profile`), however it was reached 
 ``sys.modules[...].__dict__``, ``globals()``, the garbage collector, a clone of its code, another library
 function): while the student's cells and the grader's calls run, a profile hook notes each call into a
 reference's code objects, and each reply to a call lists the references that ran during it, which the
-grader compares with the master's replies (:func:`simlib.grade.gradebook.flags`).
+grader compares with the master's replies (:func:`simlib.grade.gradebook.flags`). A reference keyword
+(``staleness_aware``) counts where a library function takes it as True, and where library code that reads
+it as an attribute runs on an object that has it True, however that object was made (the student's class
+borrowing ``StepRule.scale``, a rule's fields copied onto a fresh object). Processes the submission forks
+inherit the hook and send what they note up a pipe (:func:`_up`), which each reply takes in first.
 """
 from __future__ import annotations
 
@@ -27,11 +31,13 @@ import ctypes
 import fcntl
 import functools
 import importlib
+import inspect
 import json
 import marshal
 import os
 import shutil
 import resource
+import select
 import socket
 import struct
 import sys
@@ -179,7 +185,41 @@ def _note(start: types.FrameType | None, ref: str) -> None:
     library passed over), is the student's."""
     frame = _asker(start)
     if frame is not None and _mine(frame) and len(NOTED) < MAX_NOTED:
-        NOTED[(frame.f_code.co_filename, frame.f_lineno, ref)] = None
+        key = (frame.f_code.co_filename[:200], frame.f_lineno, ref)
+        if key not in NOTED:
+            NOTED[key] = None
+            _up(["used", *key])
+
+
+UP: list[int] = []  # [the serving process's pid, the read end, the write end] of the pipe forked processes note into
+
+
+def _up(record: list[Any]) -> None:
+    """In a process the submission forked (os.fork, multiprocessing), where the hook runs on but its notes would die
+    with it: send a note up to the serving process, one line no longer than a pipe writes whole."""
+    if UP and os.getpid() != UP[0]:
+        line = json.dumps(record).encode() + b"\n"
+        with contextlib.suppress(OSError):  # the pipe full, or closed by the submission
+            if len(line) <= select.PIPE_BUF:
+                _WRITE(UP[2], line)
+
+
+def _gather() -> None:
+    """Take in the notes forked processes sent up (:func:`_up`): reads into NOTED, references run into RAN."""
+    data = b""
+    for _ in range(16) if UP else ():
+        try:
+            chunk = _READ(UP[1], 65536)
+        except OSError:  # empty (non-blocking), or closed by the submission
+            break
+        data += chunk
+    for line in data.splitlines():
+        with contextlib.suppress(ValueError, TypeError, LookupError):  # a line the submission wrote may be anything
+            kind, *rest = json.loads(line)
+            if kind == "used" and len(NOTED) < MAX_NOTED:
+                NOTED[tuple(rest)] = None
+            elif kind == "ran" and len(RAN) < MAX_NOTED:
+                RAN.setdefault(rest[0], (rest[1], rest[2]))
 
 
 # The hook's own functions and the channel's, taken before any submitted code runs (a submission may replace
@@ -233,7 +273,7 @@ def know(refs: list[str]) -> None:
             for code in _codes(obj):
                 REF_CODES[id(code)] = (code, ref)
                 REF_PRINTS[_fingerprint(code)] = ref
-    keywords = {r for r in refs if "." not in r}
+    keywords = {r for r in refs if "." not in r}  # with the code of each library function taking or reading one
     for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "simlib"]:
         with contextlib.suppress(Exception):  # an entry the submission put there need not be a module
             found = {k: REF_OBJECTS[id(v)][1] for k, v in list(vars(module).items()) if id(v) in REF_OBJECTS}
@@ -243,6 +283,7 @@ def know(refs: list[str]) -> None:
         for obj in list(vars(module).values()) if keywords else []:
             for code in _codes(obj) if getattr(obj, "__module__", None) == module.__name__ else []:
                 taken = keywords & set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+                taken |= keywords & set(code.co_names) if code.co_argcount else set()
                 REF_CODES.update({id(code): (code, min(taken))} if taken else {})
 
 
@@ -265,10 +306,23 @@ def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
     reference keyword set True (``StepRule(**{"staleness" + "_aware": True})``), or a replacement of this hook."""
     if event == "call":
         ref = REF_CODES.get(id(frame.f_code))
-        if ref is not None and ref[0] is frame.f_code and ("." in ref[1] or frame.f_locals.get(ref[1]) is True):
+        if ref is not None and ref[0] is frame.f_code and ("." in ref[1] or _set(frame, ref[1])):
             _ran(frame.f_back, ref[1])
     elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals():
         _ran(frame, TAMPER)
+
+
+def _set(frame: types.FrameType, keyword: str) -> bool:
+    """Whether a library function runs with a reference keyword set: passed True, or True on its first argument
+    (``self``), or replaced there by a descriptor of the submission's (a property); looked up without running any
+    of the submission's code."""
+    if frame.f_locals.get(keyword) is True:
+        return True
+    try:
+        value = inspect.getattr_static(frame.f_locals.get(frame.f_code.co_varnames[0]), keyword, None)
+    except Exception:  # noqa: BLE001 - the object is the submission's
+        return False
+    return value is True or hasattr(type(value), "__get__") and not isinstance(value, (bool, int, type(None)))
 
 
 def _ran(start: types.FrameType | None, ref: str) -> None:
@@ -279,7 +333,8 @@ def _ran(start: types.FrameType | None, ref: str) -> None:
         while start is not None and start.f_code is not serve.__code__ and not _mine(start):
             start = start.f_back
         start = None if start is not None and start.f_code is serve.__code__ else start
-        RAN[ref] = ("", 0) if start is None else (start.f_code.co_filename, start.f_lineno)
+        RAN[ref] = ("", 0) if start is None else (start.f_code.co_filename[:200], start.f_lineno)
+        _up(["ran", ref, *RAN[ref]])
 
 
 def _reference_in(value: Any) -> tuple[str, types.CodeType | None] | None:
@@ -381,6 +436,7 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
         del code, unit
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()
+        _gather()
         reply["used"] = noted()
         data = frame(reply)
         if len(data) > MAX_FRAME:
@@ -392,6 +448,7 @@ def _answer(call: dict[str, Any], namespace: dict[str, Any], kept: dict[str, Any
     """One call's reply (:func:`simlib.grade.probe.answer`), with the references that ran during it: [name, file, line]."""
     RAN.clear()
     reply = probe.answer(call, namespace, kept)
+    _gather()
     if RAN:
         reply["ran"] = [[ref, *where] for ref, where in RAN.items()]
     return reply
@@ -426,6 +483,7 @@ def main() -> None:
     if plan is None:
         return
     control = private_control(0)
+    UP[:] = [os.getpid(), *os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)]
     serve(plan["units"], control, cfg["result_fd"], plan.get("watch", []))
 
 
