@@ -3,9 +3,10 @@
 Started by the grader (inside bubblewrap, or alone under the watcher) with a JSON config as its one
 argument. It imports what every assignment needs, then, before any submitted code runs: limits its
 address space, CPU time and file sizes; cuts off the network (a fresh network namespace where
-permitted, Landlock's TCP rules, and a refusal of AF_INET/AF_INET6 sockets); and confines the
+permitted, Landlock's TCP rules, and a refusal of AF_INET/AF_INET6 sockets); confines the
 filesystem with Landlock (read-only: Python, its packages, the ``simlib`` package, system
-libraries; read-write: the scratch directory and /dev/shm). Then it reads the whole plan (every
+libraries; read-write: the scratch directory and /dev/shm); and installs a seccomp filter
+(:func:`syscall_filter`: no kernel keyrings, no AF_VSOCK sockets, no io_uring). Then it reads the whole plan (every
 unit, tests as compiled code) in one frame, moves the control pipe off stdin (which becomes
 /dev/null), and runs unit after unit, each on a "go" byte, answering each on the result pipe with
 ok or the error's type and message and the unit's nonce. A probe unit's calls (:mod:`simlib.grade.probe`)
@@ -28,6 +29,7 @@ import base64
 import contextlib
 import builtins
 import ctypes
+import errno
 import fcntl
 import functools
 import importlib
@@ -35,6 +37,7 @@ import inspect
 import json
 import marshal
 import os
+import platform
 import shutil
 import resource
 import select
@@ -58,6 +61,12 @@ FS_READ = (1 << 0) | (1 << 2) | (1 << 3)  # execute, read file, read dir
 FS_BITS = {1: 13, 2: 14, 3: 15, 4: 15}  # ABI -> how many filesystem rights it has (16 from ABI 5 on)
 NET_TCP = 1 | 2  # bind, connect
 SCOPES = 1 | 2  # abstract unix sockets, signals to processes outside the sandbox
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # seccomp_data.arch of each machine's native calls
+SYSCALLS = {"x86_64": {"socket": 41, "add_key": 248, "request_key": 249, "keyctl": 250},
+            "aarch64": {"socket": 198, "add_key": 217, "request_key": 218, "keyctl": 219}}
+IO_URING = (425, 426, 427)  # io_uring_setup, _enter, _register: one number on every machine
+X32_BIT, AF_VSOCK = 0x40000000, 40
 MESSAGE_CHARS = 600
 MAX_FRAME = 1 << 20  # the grader refuses larger replies
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -88,6 +97,36 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
                 and LIBC.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) == 0)
     os.close(ruleset)  # on either outcome: the submission's code must not find it open
     return int(abi) if confined else 0
+
+
+def syscall_filter(machine: str = platform.machine()) -> bytes | None:
+    """The seccomp program (struct sock_filter[]: code, jt, jf, k) run on each system call: EPERM for the kernel
+    keyrings (add_key, request_key, keyctl: not namespaced, so a key outlives the sandbox and reaches the next one
+    with its uid), for socket(AF_VSOCK, ...) (to the hypervisor: no network namespace holds it), for io_uring (which
+    opens sockets past this filter) and for calls of another ABI (x32, int 0x80); anything else runs. None on a
+    machine whose numbers it does not know."""
+    if machine not in SYSCALLS:
+        return None
+    nr = SYSCALLS[machine]
+    load, equal, at_least, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    code = [(load, 0, 0, 4), (equal, 0, "deny", AUDIT_ARCH[machine]), (load, 0, 0, 0), (at_least, "deny", 0, X32_BIT)]
+    code += [(equal, "deny", 0, n) for n in (nr["add_key"], nr["request_key"], nr["keyctl"], *IO_URING)]
+    code += [(equal, 0, "allow", nr["socket"]), (load, 0, 0, 16), (equal, "deny", "allow", AF_VSOCK)]  # args[0]: int
+    code += [(ret, 0, 0, 0x7FFF0000), (ret, 0, 0, 0x00050000 | errno.EPERM)]  # SECCOMP_RET_ALLOW, _ERRNO | EPERM
+    where = {"allow": len(code) - 2, "deny": len(code) - 1}
+    return b"".join(struct.pack("=HBBI", op, *(where[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf)), k)
+                    for i, (op, jt, jf, k) in enumerate(code))
+
+
+def seccomp(program: bytes | None) -> bool:
+    """Install the filter on this process and every process it starts from now (no new privileges first)."""
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    zero = ctypes.c_ulong(0)
+    return program is not None and LIBC.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), zero, zero, zero) == 0 and (
+        LIBC.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(Program(len(program) // 8, program)),
+                   zero, zero) == 0)
 
 
 def limit_resources(cfg: dict[str, Any]) -> None:
@@ -475,10 +514,11 @@ def main() -> None:
     proc = ["/proc"] if cfg["own_proc"] else [f"/proc/{os.getpid()}", "/proc/stat", "/proc/cpuinfo", "/proc/meminfo"]
     read_only = cfg["read_only"] + proc + ["/sys/devices/system/cpu"]
     abi = landlock(read_only, cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
+    filtered = seccomp(syscall_filter())
     sys.addaudithook(refuse_inet)
     fcntl.fcntl(cfg["result_fd"], fcntl.F_SETFD, fcntl.FD_CLOEXEC)
     os.write(cfg["result_fd"], frame({"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm,
-                                      "uid": os.getuid()}))
+                                      "uid": os.getuid(), "seccomp": filtered}))
     plan = read_frame(0)
     if plan is None:
         return

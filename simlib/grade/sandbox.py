@@ -704,7 +704,8 @@ def _timeout_reason(start: float, limits: Limits) -> str:
 
 def _describe_isolation(kind: str, hello: dict[str, Any], cgroup: cgroups.Cgroup | None, limits: Limits) -> str:
     abi = hello.get("landlock", 0)
-    files = f"Landlock ABI {abi}" if abi else "no Landlock"
+    files = (f"Landlock ABI {abi}" if abi else "no Landlock") + (
+        "; seccomp (no keyrings, AF_VSOCK, io_uring)" if hello.get("seccomp") else "; no seccomp filter")
     group = (f"{cgroups.kind()} (pids.max {limits.max_procs}, memory {limits.memory_mb} MB)"
              if cgroup is not None else "no cgroup")
     if kind == "bwrap":
