@@ -593,6 +593,35 @@ def test_no_kernel_key_outlives_a_submission(hostile_class):
     assert [libc.syscall(search, 10, ctypes.c_int(ring), b"user", KEY, 0) for ring in (-3, -4, -5)] == [-1] * 3
 
 
+def test_the_syscall_filter_refuses_what_it_names_and_nothing_else():
+    """In a forked process under the filter: EPERM for socket(AF_VSOCK) (high bits of the family ignored, as the
+    kernel does), io_uring_setup, add_key and an x32 call; AF_UNIX sockets and files as before."""
+    if FILTER_PROBLEM:
+        pytest.skip(FILTER_PROBLEM)
+    from simlib.grade.child import seccomp
+
+    nr = {"x86_64": (41, 248), "aarch64": (198, 217)}[platform.machine()]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
+            got = [seccomp(syscall_filter())]
+            for call in [(nr[0], ctypes.c_long(40 | 1 << 32), 1, 0), (425, 8, None),
+                         (nr[1], b"user", KEY, b"x", 1, ctypes.c_int(-3)), (0x40000000 | 41, 40, 1, 0)]:
+                got.append((libc.syscall(*call), ctypes.get_errno()))
+            got.append(libc.syscall(nr[0], 1, 1, 0) >= 0 and os.path.exists(os.devnull))
+            os.write(w, json.dumps(got).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = json.loads(os.read(r, 4096) or b"null")
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == [True, [-1, 1], [-1, 1], [-1, 1], [-1, 1], True]
+
+
 def test_feedback_is_bounded_and_never_shows_hidden_tests_or_the_host(hostile_class):
     texts = _feedback(hostile_class["out"])
     for student, text in texts.items():
