@@ -856,6 +856,9 @@ REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
     "borrows_the_method": ("from simlib.protocol import StepRule\nclass Mine:\n    scale = StepRule.scale\n"
                            "setattr(Mine, 'staleness' + '_aware', True)\ndef g(c, d, s):\n    Mine().scale(3)\n"
                            "    return c - s <= d", "a2 line 6: Mine().scale(3) (uses staleness_aware"),
+    "borrows_it_with_a_property": ("from simlib.protocol import StepRule\nclass Mine:\n    scale = StepRule.scale\n"
+                                   "setattr(Mine, 'staleness' + '_aware', property(lambda self: 1 < 2))\ndef g(c, d, s):\n"
+                                   "    Mine().scale(3)\n    return c - s <= d", "a2 line 6: Mine().scale(3) (uses staleness_aware"),
     "copies_the_rules_fields": ("import copy\nfrom simlib.protocol import StepRule\nrule = copy.copy(StepRule())\n"
                                 "vars(rule).update({'staleness' + '_aware': True})\ndef g(c, d, s):\n"
                                 "    rule.scale(2)\n    return c - s <= d", "a2 line 6: rule.scale(2) (uses staleness_aware"),

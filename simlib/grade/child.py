@@ -359,9 +359,9 @@ def _set(frame: types.FrameType, keyword: str) -> bool:
         return True
     try:
         value = inspect.getattr_static(frame.f_locals.get(frame.f_code.co_varnames[0]), keyword, None)
+        return value is True or inspect.getattr_static(type(value), "__get__", None) is not None
     except Exception:  # noqa: BLE001 - the object is the submission's
         return False
-    return value is True or hasattr(type(value), "__get__") and not isinstance(value, (bool, int, type(None)))
 
 
 def _ran(start: types.FrameType | None, ref: str) -> None:
