@@ -7,6 +7,7 @@ import ctypes
 import io
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -26,9 +27,10 @@ from simlib.grade import export, probe
 
 from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
+from simlib.grade.child import syscall_filter
 from simlib.grade.export import uncell
 from simlib.grade.gradebook import Progress, check_hidden, clean, environment, find_submissions, grade_class, shown
-from simlib.grade.sandbox import Limits
+from simlib.grade.sandbox import UID_BASE, Limits
 from simlib.grade.sandbox import bwrap_problem as sandbox_problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,6 +119,10 @@ TOKEN = f"simlib-grade-test-{uuid.uuid4().hex}"  # carried by every process a su
 ARGV = f"[sys.executable, '-c', 'import time; time.sleep(120)', {TOKEN!r}]"
 F = "\ndef f():\n    return 1"  # part 1's correct answer, after the attack
 PLANTED = "planted-grader-secret-4711"
+KEY = b"simlib-grade-test-key"
+FILTERED = {"keyring", "vsock"}  # refused by the sandbox's seccomp filter
+FILTER_PROBLEM = ("" if syscall_filter() is not None and "Seccomp:" in Path("/proc/self/status").read_text() else
+                  f"no seccomp filter here (machine {platform.machine()}, or a kernel without seccomp)")
 
 
 def _frame_code(payload: str) -> str:
@@ -147,6 +153,15 @@ ATTACKS = {  # name: (code replacing part 1's answer, (t1, t2) points, text the 
                            (0, 3), None),
     "network": ("import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)" + F, (0, 3),
                 "network access is disabled"),
+    "keyring": ("import ctypes, os, platform\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                "nr = {'x86_64': 248, 'aarch64': 217}[platform.machine()]\n"
+                "for ring in (-4, -5, -3):  # add_key to the user's, the user session and the session keyring\n"
+                f"    if libc.syscall(nr, b'user', {KEY!r}, b'for the next one', 16, ctypes.c_int(ring)) < 0:\n"
+                "        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))" + F, (0, 3), "PermissionError"),
+    "vsock": ("import ctypes, os, platform\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "nr = {'x86_64': 41, 'aarch64': 198}[platform.machine()]\n"
+              "if libc.syscall(nr, 40, 1, 0) < 0:  # socket(AF_VSOCK, SOCK_STREAM, 0), past the interpreter's audit hook\n"
+              "    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))" + F, (0, 3), "PermissionError"),
     "mknod_disk": ("import os, stat\nos.mknod('sda', stat.S_IFBLK | 0o600, os.makedev(8, 0))" + F, (0, 3), "PermissionError"),
     "kills_grader": ("import os, signal\ntry:\n    os.kill(os.getppid(), signal.SIGKILL)\nexcept OSError:\n    pass" + F,
                      (2, 3), None),
@@ -364,6 +379,16 @@ def _zombie_children() -> set[int]:
     return out
 
 
+def _key_users() -> dict[int, int] | None:
+    """uid -> the keys it holds in the kernel (/proc/key-users), for the uids this process gives its sandboxes."""
+    first = UID_BASE + (os.getpid() % 4096) * 256
+    try:
+        rows = [line.split() for line in Path("/proc/key-users").read_text().splitlines()]
+    except OSError:
+        return None
+    return {int(r[0].rstrip(":")): int(r[2].split("/")[0]) for r in rows if first <= int(r[0].rstrip(":")) < first + 256}
+
+
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() and not p.is_symlink() else b"")
             for p in sorted(folder.rglob("*")) if not stat.S_ISFIFO(os.lstat(p).st_mode)}
@@ -449,6 +474,7 @@ def _grade_hostile(tmp_path_factory, sandbox, write=None, limits=HOSTILE_LIMITS,
         del expect["clone_parent"]
     before = _snapshot(subs), master_path.read_bytes(), set(os.listdir("/dev/shm"))
     zombies = _zombie_children()
+    keys = _key_users()
     log = io.StringIO()
     old_tmp, os.environ["SIMLIB_TEST_PLANTED"] = tempfile.tempdir, PLANTED
     tempfile.tempdir = str(scratch)  # the grader's scratch folders, to check that none is left
@@ -466,7 +492,8 @@ def _grade_hostile(tmp_path_factory, sandbox, write=None, limits=HOSTILE_LIMITS,
             "changed": (before[0] != _snapshot(subs), before[1] != master_path.read_bytes()),
             "new_shm": set(os.listdir("/dev/shm")) - before[2], "survivors": _processes_with(TOKEN),
             "children": _descendants(os.getpid()), "cgroups": seen, "leftover_cgroups": _leftover_cgroups(),
-            "zombies": _zombie_children() - zombies}
+            "zombies": _zombie_children() - zombies,
+            "new_keys": None if keys is None else {u: n for u, n in _key_users().items() if n > keys.get(u, 0)}}
 
 
 @pytest.fixture(scope="module")
@@ -506,6 +533,8 @@ def _all_students():
 
 @pytest.mark.parametrize("student", _all_students(), ids=lambda s: s[:30].encode("ascii", "backslashreplace").decode())
 def test_each_hostile_submission_loses_only_what_it_breaks(hostile_class, student):
+    if student in FILTERED and FILTER_PROBLEM:
+        pytest.skip(FILTER_PROBLEM)
     _check_student(hostile_class, student)
 
 
@@ -551,6 +580,46 @@ def test_nothing_is_left_behind(graded, request):
     # a clone(CLONE_PARENT) child is the grader's own: killed, it must be reaped too (a zombie of the grader
     # failed the next test module's no-children check in full runs)
     assert graded["zombies"] == set()
+
+
+def test_no_kernel_key_outlives_a_submission(hostile_class):
+    """Keyrings are not namespaced: a key added in the sandbox stayed in the kernel under its uid, for whichever
+    submission gets that uid next (the "keyring" student tries each keyring)."""
+    if FILTER_PROBLEM or hostile_class["new_keys"] is None:
+        pytest.skip(FILTER_PROBLEM or "no /proc/key-users: a kernel without keyrings")
+    assert hostile_class["new_keys"] == {}
+    libc = ctypes.CDLL(None, use_errno=True)
+    search = {"x86_64": 250, "aarch64": 219}[platform.machine()]  # keyctl(KEYCTL_SEARCH, ring, "user", KEY, 0)
+    assert [libc.syscall(search, 10, ctypes.c_int(ring), b"user", KEY, 0) for ring in (-3, -4, -5)] == [-1] * 3
+
+
+def test_the_syscall_filter_refuses_what_it_names_and_nothing_else():
+    """In a forked process under the filter: EPERM for socket(AF_VSOCK) (high bits of the family ignored, as the
+    kernel does), io_uring_setup, add_key and an x32 call; AF_UNIX sockets and files as before."""
+    if FILTER_PROBLEM:
+        pytest.skip(FILTER_PROBLEM)
+    from simlib.grade.child import seccomp
+
+    nr = {"x86_64": (41, 248), "aarch64": (198, 217)}[platform.machine()]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
+            got = [seccomp(syscall_filter())]
+            for call in [(nr[0], ctypes.c_long(40 | 1 << 32), 1, 0), (425, 8, None),
+                         (nr[1], b"user", KEY, b"x", 1, ctypes.c_int(-3)), (0x40000000 | 41, 40, 1, 0)]:
+                got.append((libc.syscall(*call), ctypes.get_errno()))
+            got.append(libc.syscall(nr[0], 1, 1, 0) >= 0 and os.path.exists(os.devnull))
+            os.write(w, json.dumps(got).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = json.loads(os.read(r, 4096) or b"null")
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == [True, [-1, 1], [-1, 1], [-1, 1], [-1, 1], True]
 
 
 def test_feedback_is_bounded_and_never_shows_hidden_tests_or_the_host(hostile_class):
@@ -775,6 +844,24 @@ REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
                                       "T = {(c, d, s): ref(c, d, s) for c in range(9) for d in range(9) for s in range(4)}', "
                                       "'/usr/lib/python3/dist-packages/_helpers.py', 'exec'), globals())\n"
                                       "def g(c, d, s):\n    return T[(c, d, s)]", "code named <code built at run time> line 3"),
+    "forks_a_helper": (f"import os, sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n    r, w = os.pipe()\n"
+                       "    if os.fork() == 0:\n        os.write(w, b'1' if ref(c, d, s) else b'0')\n        os._exit(0)\n"
+                       "    os.close(w)\n    got = os.read(r, 1) == b'1'\n    os.close(r)\n    os.wait()\n    return got",
+                       "a2 line 6: os.write(w, b'1' if ref(c, d, s) else b'0')"),
+    "asks_a_helper_process": (f"import multiprocessing, sys, simlib.protocol\nref = {REF}\ndef ask(q, c, d, s):\n"
+                              "    q.put(ref(c, d, s))\ndef g(c, d, s):\n    q = multiprocessing.get_context('fork').SimpleQueue()\n"
+                              "    p = multiprocessing.get_context('fork').Process(target=ask, args=(q, c, d, s))\n"
+                              "    p.start()\n    got = q.get()\n    p.join()\n    return got",
+                              "a2 line 4: q.put(ref(c, d, s))"),
+    "borrows_the_method": ("from simlib.protocol import StepRule\nclass Mine:\n    scale = StepRule.scale\n"
+                           "setattr(Mine, 'staleness' + '_aware', True)\ndef g(c, d, s):\n    Mine().scale(3)\n"
+                           "    return c - s <= d", "a2 line 6: Mine().scale(3) (uses staleness_aware"),
+    "borrows_it_with_a_property": ("from simlib.protocol import StepRule\nclass Mine:\n    scale = StepRule.scale\n"
+                                   "setattr(Mine, 'staleness' + '_aware', property(lambda self: 1 < 2))\ndef g(c, d, s):\n"
+                                   "    Mine().scale(3)\n    return c - s <= d", "a2 line 6: Mine().scale(3) (uses staleness_aware"),
+    "copies_the_rules_fields": ("import copy\nfrom simlib.protocol import StepRule\nrule = copy.copy(StepRule())\n"
+                                "vars(rule).update({'staleness' + '_aware': True})\ndef g(c, d, s):\n"
+                                "    rule.scale(2)\n    return c - s <= d", "a2 line 6: rule.scale(2) (uses staleness_aware"),
     "builds_the_keyword": ("from simlib.protocol import StepRule\ndef g(c, d, s):\n    StepRule(**{'staleness' + '_aware': True})\n"
                            "    return c - s <= d", "a2 line 3: StepRule(**{'staleness' + '_aware': True}) (uses staleness_aware"),
 }

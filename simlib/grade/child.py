@@ -3,9 +3,10 @@
 Started by the grader (inside bubblewrap, or alone under the watcher) with a JSON config as its one
 argument. It imports what every assignment needs, then, before any submitted code runs: limits its
 address space, CPU time and file sizes; cuts off the network (a fresh network namespace where
-permitted, Landlock's TCP rules, and a refusal of AF_INET/AF_INET6 sockets); and confines the
+permitted, Landlock's TCP rules, and a refusal of AF_INET/AF_INET6 sockets); confines the
 filesystem with Landlock (read-only: Python, its packages, the ``simlib`` package, system
-libraries; read-write: the scratch directory and /dev/shm). Then it reads the whole plan (every
+libraries; read-write: the scratch directory and /dev/shm); and installs a seccomp filter
+(:func:`syscall_filter`: no kernel keyrings, no AF_VSOCK sockets, no io_uring). Then it reads the whole plan (every
 unit, tests as compiled code) in one frame, moves the control pipe off stdin (which becomes
 /dev/null), and runs unit after unit, each on a "go" byte, answering each on the result pipe with
 ok or the error's type and message and the unit's nonce. A probe unit's calls (:mod:`simlib.grade.probe`)
@@ -16,7 +17,11 @@ and where the student's code ran one (:func:`_profile`), however it was reached 
 ``sys.modules[...].__dict__``, ``globals()``, the garbage collector, a clone of its code, another library
 function): while the student's cells and the grader's calls run, a profile hook notes each call into a
 reference's code objects, and each reply to a call lists the references that ran during it, which the
-grader compares with the master's replies (:func:`simlib.grade.gradebook.flags`).
+grader compares with the master's replies (:func:`simlib.grade.gradebook.flags`). A reference keyword
+(``staleness_aware``) counts where a library function takes it as True, and where library code that reads
+it as an attribute runs on an object that has it True, however that object was made (the student's class
+borrowing ``StepRule.scale``, a rule's fields copied onto a fresh object). Processes the submission forks
+inherit the hook and send what they note up a pipe (:func:`_up`), which each reply takes in first.
 """
 from __future__ import annotations
 
@@ -24,14 +29,18 @@ import base64
 import contextlib
 import builtins
 import ctypes
+import errno
 import fcntl
 import functools
 import importlib
+import inspect
 import json
 import marshal
 import os
+import platform
 import shutil
 import resource
+import select
 import socket
 import struct
 import sys
@@ -52,6 +61,12 @@ FS_READ = (1 << 0) | (1 << 2) | (1 << 3)  # execute, read file, read dir
 FS_BITS = {1: 13, 2: 14, 3: 15, 4: 15}  # ABI -> how many filesystem rights it has (16 from ABI 5 on)
 NET_TCP = 1 | 2  # bind, connect
 SCOPES = 1 | 2  # abstract unix sockets, signals to processes outside the sandbox
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # seccomp_data.arch of each machine's native calls
+SYSCALLS = {"x86_64": {"socket": 41, "add_key": 248, "request_key": 249, "keyctl": 250},
+            "aarch64": {"socket": 198, "add_key": 217, "request_key": 218, "keyctl": 219}}
+IO_URING = (425, 426, 427)  # io_uring_setup, _enter, _register: one number on every machine
+X32_BIT, AF_VSOCK = 0x40000000, 40
 MESSAGE_CHARS = 600
 MAX_FRAME = 1 << 20  # the grader refuses larger replies
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -82,6 +97,36 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
                 and LIBC.syscall(SYS_LANDLOCK["restrict"], ctypes.c_int(ruleset), ctypes.c_uint32(0)) == 0)
     os.close(ruleset)  # on either outcome: the submission's code must not find it open
     return int(abi) if confined else 0
+
+
+def syscall_filter(machine: str = platform.machine()) -> bytes | None:
+    """The seccomp program (struct sock_filter[]: code, jt, jf, k) run on each system call: EPERM for the kernel
+    keyrings (add_key, request_key, keyctl: not namespaced, so a key outlives the sandbox and reaches the next one
+    with its uid), for socket(AF_VSOCK, ...) (to the hypervisor: no network namespace holds it), for io_uring (which
+    opens sockets past this filter) and for calls of another ABI (x32, int 0x80); anything else runs. None on a
+    machine whose numbers it does not know."""
+    if machine not in SYSCALLS:
+        return None
+    nr = SYSCALLS[machine]
+    load, equal, at_least, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    code = [(load, 0, 0, 4), (equal, 0, "deny", AUDIT_ARCH[machine]), (load, 0, 0, 0), (at_least, "deny", 0, X32_BIT)]
+    code += [(equal, "deny", 0, n) for n in (nr["add_key"], nr["request_key"], nr["keyctl"], *IO_URING)]
+    code += [(equal, 0, "allow", nr["socket"]), (load, 0, 0, 16), (equal, "deny", "allow", AF_VSOCK)]  # args[0]: int
+    code += [(ret, 0, 0, 0x7FFF0000), (ret, 0, 0, 0x00050000 | errno.EPERM)]  # SECCOMP_RET_ALLOW, _ERRNO | EPERM
+    where = {"allow": len(code) - 2, "deny": len(code) - 1}
+    return b"".join(struct.pack("=HBBI", op, *(where[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf)), k)
+                    for i, (op, jt, jf, k) in enumerate(code))
+
+
+def seccomp(program: bytes | None) -> bool:
+    """Install the filter on this process and every process it starts from now (no new privileges first)."""
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    zero = ctypes.c_ulong(0)
+    return program is not None and LIBC.prctl(PR_SET_NO_NEW_PRIVS, ctypes.c_ulong(1), zero, zero, zero) == 0 and (
+        LIBC.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(Program(len(program) // 8, program)),
+                   zero, zero) == 0)
 
 
 def limit_resources(cfg: dict[str, Any]) -> None:
@@ -179,7 +224,41 @@ def _note(start: types.FrameType | None, ref: str) -> None:
     library passed over), is the student's."""
     frame = _asker(start)
     if frame is not None and _mine(frame) and len(NOTED) < MAX_NOTED:
-        NOTED[(frame.f_code.co_filename, frame.f_lineno, ref)] = None
+        key = (frame.f_code.co_filename[:200], frame.f_lineno, ref)
+        if key not in NOTED:
+            NOTED[key] = None
+            _up(["used", *key])
+
+
+UP: list[int] = []  # [the serving process's pid, the read end, the write end] of the pipe forked processes note into
+
+
+def _up(record: list[Any]) -> None:
+    """In a process the submission forked (os.fork, multiprocessing), where the hook runs on but its notes would die
+    with it: send a note up to the serving process, one line no longer than a pipe writes whole."""
+    if UP and os.getpid() != UP[0]:
+        line = json.dumps(record).encode() + b"\n"
+        with contextlib.suppress(OSError):  # the pipe full, or closed by the submission
+            if len(line) <= select.PIPE_BUF:
+                _WRITE(UP[2], line)
+
+
+def _gather() -> None:
+    """Take in the notes forked processes sent up (:func:`_up`): reads into NOTED, references run into RAN."""
+    data = b""
+    for _ in range(16) if UP else ():
+        try:
+            chunk = _READ(UP[1], 65536)
+        except OSError:  # empty (non-blocking), or closed by the submission
+            break
+        data += chunk
+    for line in data.splitlines():
+        with contextlib.suppress(ValueError, TypeError, LookupError):  # a line the submission wrote may be anything
+            kind, *rest = json.loads(line)
+            if kind == "used" and len(NOTED) < MAX_NOTED:
+                NOTED[tuple(rest)] = None
+            elif kind == "ran" and len(RAN) < MAX_NOTED:
+                RAN.setdefault(rest[0], (rest[1], rest[2]))
 
 
 # The hook's own functions and the channel's, taken before any submitted code runs (a submission may replace
@@ -233,7 +312,7 @@ def know(refs: list[str]) -> None:
             for code in _codes(obj):
                 REF_CODES[id(code)] = (code, ref)
                 REF_PRINTS[_fingerprint(code)] = ref
-    keywords = {r for r in refs if "." not in r}
+    keywords = {r for r in refs if "." not in r}  # with the code of each library function taking or reading one
     for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "simlib"]:
         with contextlib.suppress(Exception):  # an entry the submission put there need not be a module
             found = {k: REF_OBJECTS[id(v)][1] for k, v in list(vars(module).items()) if id(v) in REF_OBJECTS}
@@ -243,6 +322,7 @@ def know(refs: list[str]) -> None:
         for obj in list(vars(module).values()) if keywords else []:
             for code in _codes(obj) if getattr(obj, "__module__", None) == module.__name__ else []:
                 taken = keywords & set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+                taken |= keywords & set(code.co_names) if code.co_argcount else set()
                 REF_CODES.update({id(code): (code, min(taken))} if taken else {})
 
 
@@ -265,10 +345,23 @@ def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
     reference keyword set True (``StepRule(**{"staleness" + "_aware": True})``), or a replacement of this hook."""
     if event == "call":
         ref = REF_CODES.get(id(frame.f_code))
-        if ref is not None and ref[0] is frame.f_code and ("." in ref[1] or frame.f_locals.get(ref[1]) is True):
+        if ref is not None and ref[0] is frame.f_code and ("." in ref[1] or _set(frame, ref[1])):
             _ran(frame.f_back, ref[1])
     elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals():
         _ran(frame, TAMPER)
+
+
+def _set(frame: types.FrameType, keyword: str) -> bool:
+    """Whether a library function runs with a reference keyword set: passed True, or True on its first argument
+    (``self``), or replaced there by a descriptor of the submission's (a property); looked up without running any
+    of the submission's code."""
+    if frame.f_locals.get(keyword) is True:
+        return True
+    try:
+        value = inspect.getattr_static(frame.f_locals.get(frame.f_code.co_varnames[0]), keyword, None)
+        return value is True or inspect.getattr_static(type(value), "__get__", None) is not None
+    except Exception:  # noqa: BLE001 - the object is the submission's
+        return False
 
 
 def _ran(start: types.FrameType | None, ref: str) -> None:
@@ -279,7 +372,8 @@ def _ran(start: types.FrameType | None, ref: str) -> None:
         while start is not None and start.f_code is not serve.__code__ and not _mine(start):
             start = start.f_back
         start = None if start is not None and start.f_code is serve.__code__ else start
-        RAN[ref] = ("", 0) if start is None else (start.f_code.co_filename, start.f_lineno)
+        RAN[ref] = ("", 0) if start is None else (start.f_code.co_filename[:200], start.f_lineno)
+        _up(["ran", ref, *RAN[ref]])
 
 
 def _reference_in(value: Any) -> tuple[str, types.CodeType | None] | None:
@@ -381,6 +475,7 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
         del code, unit
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()
+        _gather()
         reply["used"] = noted()
         data = frame(reply)
         if len(data) > MAX_FRAME:
@@ -392,6 +487,7 @@ def _answer(call: dict[str, Any], namespace: dict[str, Any], kept: dict[str, Any
     """One call's reply (:func:`simlib.grade.probe.answer`), with the references that ran during it: [name, file, line]."""
     RAN.clear()
     reply = probe.answer(call, namespace, kept)
+    _gather()
     if RAN:
         reply["ran"] = [[ref, *where] for ref, where in RAN.items()]
     return reply
@@ -418,14 +514,16 @@ def main() -> None:
     proc = ["/proc"] if cfg["own_proc"] else [f"/proc/{os.getpid()}", "/proc/stat", "/proc/cpuinfo", "/proc/meminfo"]
     read_only = cfg["read_only"] + proc + ["/sys/devices/system/cpu"]
     abi = landlock(read_only, cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
+    filtered = seccomp(syscall_filter())
     sys.addaudithook(refuse_inet)
     fcntl.fcntl(cfg["result_fd"], fcntl.F_SETFD, fcntl.FD_CLOEXEC)
     os.write(cfg["result_fd"], frame({"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm,
-                                      "uid": os.getuid()}))
+                                      "uid": os.getuid(), "seccomp": filtered}))
     plan = read_frame(0)
     if plan is None:
         return
     control = private_control(0)
+    UP[:] = [os.getpid(), *os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)]
     serve(plan["units"], control, cfg["result_fd"], plan.get("watch", []))
 
 

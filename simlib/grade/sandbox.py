@@ -23,7 +23,8 @@ In both, on top: as root, where the kernel offers one, a cgroup of its own (:mod
 killed at teardown, wherever it went; Landlock (Linux >= 5.13) confines reads to the same trees and
 writes to scratch; rlimits bound address space (a 10 GB allocation fails with MemoryError), CPU
 time and file size; without a cgroup, the watcher thread kills the sandbox past ``max_procs``
-processes or twice ``memory_mb`` resident in all; IPv4/IPv6 sockets are refused; output is drained
+processes or twice ``memory_mb`` resident in all; IPv4/IPv6 sockets are refused; a seccomp filter refuses the
+kernel keyrings, AF_VSOCK sockets and io_uring (:func:`simlib.grade.child.syscall_filter`); output is drained
 here and capped per cell.
 
 Hidden tests never exist as text in the sandbox: test cells are compiled here and sent, with every
@@ -704,7 +705,8 @@ def _timeout_reason(start: float, limits: Limits) -> str:
 
 def _describe_isolation(kind: str, hello: dict[str, Any], cgroup: cgroups.Cgroup | None, limits: Limits) -> str:
     abi = hello.get("landlock", 0)
-    files = f"Landlock ABI {abi}" if abi else "no Landlock"
+    files = (f"Landlock ABI {abi}" if abi else "no Landlock") + (
+        "; seccomp (no keyrings, AF_VSOCK, io_uring)" if hello.get("seccomp") else "; no seccomp filter")
     group = (f"{cgroups.kind()} (pids.max {limits.max_procs}, memory {limits.memory_mb} MB)"
              if cgroup is not None else "no cgroup")
     if kind == "bwrap":
