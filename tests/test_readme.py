@@ -55,3 +55,15 @@ def test_the_material_moved_out_of_the_readme_is_in_the_docs():
                         "benchmarks.md": "A larger corpus", "tests.md": "fault matrix", "ray.md": "Placement"}.items():
         assert words in (ROOT / "docs" / page).read_text(), page
         assert f"(docs/{page})" in readme, page
+
+
+def test_the_coverage_table_is_one_table_with_a_row_for_every_lecture_topic():
+    """Every row of the coverage table sits in one block under its header (a blank line once cut two rows off, which
+    then rendered as loose text), and Spark, TensorFlow's programming model and second-order methods have rows."""
+    coverage = (ROOT / "docs" / "students.md").read_text().split("**Coverage of the course's topics.**", 1)[1]
+    table = coverage.split("| topic | lesson(s) |\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    rows = [line for line in table[1:] if line.startswith("| ")]
+    assert table[0].startswith("|---") and rows == table[1:], table[:2]
+    assert [int(row[2:].split(".", 1)[0]) for row in rows] == list(range(1, len(rows) + 1))
+    for topic in ("Spark", "TensorFlow's programming model", "Second-order methods"):
+        assert any(topic in row for row in rows), topic
