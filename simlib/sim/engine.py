@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
-from simlib.contract import ParamServer, check_problem, record_metric, record_start
+from simlib.contract import ParamServer, check_problem, key_bounds, record_metric, record_start
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim import fastcost
 from simlib.sim.clocks import ClockTable, wake_ready
@@ -94,7 +94,7 @@ class _Run:
         )
         self.n_shards = cfg.n_servers + cfg.n_summation
         self._init_sites(cfg)
-        self.key_bounds = np.linspace(0, problem.n_params, self.n_shards + 1).astype(np.int64)
+        self.key_bounds = key_bounds(problem.n_params, self.n_shards)
         self.compressors = _make_compressors(cfg, problem.n_params, comp_seq)
         self.applied = 0
         self.finished = [False] * cfg.n_workers

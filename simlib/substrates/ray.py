@@ -73,7 +73,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib import signals
 from simlib.compress import worker_compressor
-from simlib.contract import ParamServer, Result, Training, new_trace, served_trace
+from simlib.contract import ParamServer, Result, Training, key_bounds, new_trace, served_trace
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
 from simlib.worker import AllReduce, Bucket, Plan, Pull, Push, Reduced, Timed, WorkerOptions
@@ -90,11 +90,6 @@ START_ATTEMPTS = 3  # local starts tried before the run is refused
 _SESSION = re.compile(rb"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+")  # a Ray start's session name
 WATCHDOG_EVERY = 0.25  # seconds between the watchdog's looks at the Ray processes of the driver (see watch_driver)
 COORDINATOR = "server shard 0 (the coordinator)"  # as errors name shard 0
-
-
-def key_bounds(n_params: int, n_servers: int) -> np.ndarray:
-    """b_k = floor(k n / S), k = 0..S: shard k owns the key range [b_k, b_k+1)."""
-    return (np.arange(n_servers + 1) * n_params) // n_servers
 
 
 def owners(keys: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
