@@ -284,7 +284,7 @@ class LDAProblem:
         """Every token's topic after a run on a real substrate (the workers' topics, put back in corpus order)."""
         parts = result.measured.get("local")
         if not parts:
-            raise ValueError("result: it holds no workers' assignments; run on a real substrate ('shm' or 'pipes')")
+            raise ValueError("result: it holds no workers' assignments; run on a real substrate (pipes, shm, gpu or ray)")
         z = np.empty(self.corpus.n_tokens, np.int32)
         for tokens, part in zip(self._tokens(deal_documents(self.corpus, len(parts))), parts):
             z[tokens] = part
