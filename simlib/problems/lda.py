@@ -36,6 +36,7 @@ from scipy.special import gammaln
 
 from simlib import _validate as check
 from simlib.backend import array_module, to_numpy
+from simlib.data.corpus import shard_documents
 
 #: Stop-word rule for the shipped corpus: drop the most frequent words (function words, and
 #: "lord", "god", "israel", which appear in nearly every chapter) and the rare ones.
@@ -144,17 +145,6 @@ def check_corpus(corpus: Any) -> LDACorpus:
     return corpus
 
 
-def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:
-    """Document boundaries (n_workers + 1) giving each worker a contiguous block with about N / n_workers tokens."""
-    check.positive_int("n_workers", n_workers, corpus.n_docs)  # at most one worker per document
-    targets = corpus.n_tokens * np.arange(1, n_workers) / n_workers
-    cuts = np.searchsorted(corpus.offsets, targets)
-    bounds = np.concatenate([[0], cuts, [corpus.n_docs]]).astype(np.int64)
-    for i in range(1, n_workers):  # at least one document each, even beside a very long one
-        bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), corpus.n_docs - (n_workers - i))
-    return bounds
-
-
 def deal_documents(corpus: LDACorpus, n_workers: int, pieces: int = 16) -> list[np.ndarray]:
     """Each worker's documents (sorted ids): the corpus cut into ``pieces`` runs a worker of about equal tokens,
     dealt round-robin, so every worker holds some of every part of an ordered corpus, in even shares of tokens."""
@@ -163,7 +153,7 @@ def deal_documents(corpus: LDACorpus, n_workers: int, pieces: int = 16) -> list[
     # 8% of the run; dealt in 2 x 16 runs, the two cost the same to 1%.
     check.positive_int("pieces", pieces)
     runs = n_workers * max(1, min(pieces, corpus.n_docs // n_workers))
-    bounds = shard_documents(corpus, runs)
+    bounds = shard_documents(corpus.offsets, runs)
     return [np.concatenate([np.arange(bounds[r], bounds[r + 1]) for r in range(i, runs, n_workers)])
             for i in range(n_workers)]
 
@@ -423,7 +413,7 @@ def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: floa
     return float(np.exp(-np.log(p).sum() / w.size))
 
 
-__all__ = ["LDACorpus", "shard_documents", "deal_documents", "check_hyper", "random_assignments", "count_tables",
+__all__ = ["LDACorpus", "deal_documents", "check_hyper", "random_assignments", "count_tables",
            "word_counts", "doc_topic_counts", "conditional",
            "word_log_likelihood", "doc_log_likelihood", "log_likelihood", "topic_word", "top_words", "topic_match",
            "make_synthetic_corpus", "kjv_corpus", "perplexity", "KJV_N_STOP", "KJV_MIN_COUNT"]
