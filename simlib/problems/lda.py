@@ -14,7 +14,8 @@ Gibbs sampling removes a token from the counts and redraws its topic from
 
 Documents are int32 word-id arrays, stored flat (``words``, ``offsets``) like CSR rows. Workers
 own documents and their assignments; the word-topic table is what they share (see
-:mod:`simlib.problems.lda_table`, which runs on every substrate). The fast single-process sampler is in ``simlib.problems.lda_gibbs``.
+:mod:`simlib.problems.lda_table`, which runs on every substrate). The fast single-process sampler is in
+``simlib.problems.lda_gibbs``.
 
 Example::
 
@@ -354,7 +355,8 @@ def _stopped_corpus(docs: list, titles: list, n_stop: int, min_count: int, max_d
 
 
 @njit(cache=True, nogil=True)
-def _fold_in(words: np.ndarray, offsets: np.ndarray, phi: np.ndarray, alpha: float, n_iter: int, seed: int) -> np.ndarray:
+def _fold_in(words: np.ndarray, offsets: np.ndarray, phi: np.ndarray, alpha: float, n_iter: int,
+             seed: int) -> np.ndarray:
     """Gibbs over each document's topics with phi fixed; returns theta averaged over the second half of sweeps."""
     np.random.seed(seed)
     D = len(offsets) - 1
@@ -401,7 +403,8 @@ def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: floa
     check.positive_int("n_iter", n_iter)
     phi = topic_word(n_wk, n_k, beta)
     if heldout.n_words != phi.shape[1]:
-        raise ValueError(f"heldout.n_words must equal the trained vocabulary size {phi.shape[1]}, got {heldout.n_words}")
+        raise ValueError(f"heldout.n_words must equal the trained vocabulary size {phi.shape[1]}, "
+                         f"got {heldout.n_words}")
     pos = np.arange(heldout.n_tokens) - heldout.offsets[heldout.doc_of]
     seen, scored = pos % 2 == 0, pos % 2 == 1
     seen_offsets = np.concatenate([[0], np.cumsum(np.bincount(heldout.doc_of[seen], minlength=heldout.n_docs))])

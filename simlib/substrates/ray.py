@@ -673,7 +673,8 @@ class RayOptions(WorkerOptions):
             raise ValueError("accumulation: averaging pushes over several server shards is not supported; "
                              "use n_servers=1")
         if protocol.kind == "allreduce" and self.n_servers > 1:
-            raise ValueError("n_servers: protocol 'allreduce' has no server shards (one reducer actor); use n_servers=1")
+            raise ValueError("n_servers: protocol 'allreduce' has no server shards (one reducer actor); "
+                             "use n_servers=1")
 
 
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
