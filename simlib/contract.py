@@ -215,6 +215,11 @@ class Training:
         check_read_rule(self.read_rule)
 
 
+def key_bounds(n_params: int, n_servers: int) -> np.ndarray:
+    """b_k = floor(k n / S), k = 0..S: server shard k owns the key range [b_k, b_k+1) on every substrate."""
+    return (np.arange(n_servers + 1) * n_params) // n_servers
+
+
 class ParamServer:
     """The server's logic over a table held in ``params``: gate reads, apply pushes, measure tau.
 

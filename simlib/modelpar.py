@@ -44,7 +44,7 @@ from simlib.parallel.channel import Channel
 from simlib.parallel.group import WorkerGroup, check_processes
 from simlib.protocol import MAX_REAL_STEPS
 from simlib.problems.mlp import (MLPProblem, cross_entropy, cross_entropy_backward, dense_backward, dense_forward,
-                                 relu, relu_backward)
+                                 layers_backward, layers_forward, relu, relu_backward)
 
 Weights = list[tuple[np.ndarray, np.ndarray]]
 
@@ -52,28 +52,11 @@ Weights = list[tuple[np.ndarray, np.ndarray]]
 # -- layer math shared by stages and tensor-parallel ranks ----------------------------------------
 
 
-def layers_forward(weights: Weights, a: np.ndarray, relu_out: bool) -> tuple[list, list, np.ndarray]:
-    """(inputs, z, out): z_i = inputs_i W_i + b_i, inputs_{i+1} = relu(z_i); out = relu(z_last) if ``relu_out``."""
-    inputs, zs = [], []
-    for i, (W, b) in enumerate(weights):
-        inputs.append(a)
-        zs.append(dense_forward(a, W, b))
-        a = relu(zs[-1]) if relu_out or i < len(weights) - 1 else zs[-1]
-    return inputs, zs, a
-
-
-def layers_backward(weights: Weights, inputs: list, zs: list, d_out: np.ndarray, relu_out: bool,
-                    input_grad: bool) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray | None]:
-    """([(dW_i, db_i)], d inputs_0) from dL/d out, through each layer's dense and relu backward."""
-    dz = relu_backward(zs[-1], d_out) if relu_out else d_out
-    grads: list[Any] = [None] * len(weights)
-    da = None
-    for i in reversed(range(len(weights))):
-        dW, db, da = dense_backward(inputs[i], weights[i][0], dz, inputs=i > 0 or input_grad)
-        grads[i] = (dW, db)
-        if i:
-            dz = relu_backward(zs[i - 1], da)
-    return grads, da
+def _backward(weights: Weights, inputs: list, zs: list, d_out: np.ndarray, relu_out: bool,
+              input_grad: bool) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray | None]:
+    """([(dW_i, db_i)] in layer order, dL/d inputs_0) of :func:`~simlib.problems.mlp.layers_backward`."""
+    steps = list(layers_backward(weights, inputs, zs, d_out, relu_out, input_grad))[::-1]
+    return [(dW, db) for _, dW, db, _ in steps], steps[0][3]
 
 
 def split_layers(problem: MLPProblem, stages: int) -> list[range]:
@@ -253,7 +236,7 @@ class _Stage:
         if self.last:
             y = self.problem.rows(self.micro[k])[1]
             d_out = cross_entropy_backward(zs[-1], y) * (len(y) / self.rows)
-        grads, da = layers_backward(self.weights, inputs, zs, d_out, not self.last, input_grad=not self.first)
+        grads, da = _backward(self.weights, inputs, zs, d_out, not self.last, input_grad=not self.first)
         for (gW, gb), (dW, db) in zip(self.grads, grads):
             gW += dW
             gb += db
@@ -392,11 +375,11 @@ def _tensor_worker(rank: int, t: int, prob: MLPProblem, params: np.ndarray, batc
     z2 = summed(h @ W2) + b2
     post_in, post_z, logits = layers_forward(post, relu(z2), relu_out=False) if post else ([], [], z2)
     d = cross_entropy_backward(logits, y)
-    post_g, d = layers_backward(post, post_in, post_z, d, False, True) if post else ([], d)
+    post_g, d = _backward(post, post_in, post_z, d, False, True) if post else ([], d)
     dz2 = relu_backward(z2, d) if post else d
     dW2, db2, dh = dense_backward(h, W2, dz2)
     dW1, db1, da = dense_backward(a, W1, relu_backward(z1, dh), inputs=blk > 0)
-    pre_g = layers_backward(pre, pre_in, pre_z, summed(da), True, False)[0] if blk > 0 else []
+    pre_g = _backward(pre, pre_in, pre_z, summed(da), True, False)[0] if blk > 0 else []
     return {"loss": float(cross_entropy(logits, y)), "cols": cols, "block": (dW1, db1, dW2, db2),
             "replicated": pre_g + post_g, "bytes": summed.sent}
 

@@ -15,7 +15,7 @@ import pytest
 
 import simlib
 from simlib import substrates
-from simlib.contract import ParamServer, Result, Training, check_problem, serial_reference
+from simlib.contract import ParamServer, Result, Training, check_problem, key_bounds, serial_reference
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.protocol import Accumulator, Clocks, Protocol, StepRule
 from simlib.trace import SPAN_KINDS, Trace
@@ -156,6 +156,18 @@ def serial_loop(problem, protocol, training: Training, **options) -> Result:
     server.finish()
     trace.record_quality(training.steps, training.steps * training.n_workers, problem.quality(server.params))
     return Result(trace, server.params)
+
+
+def test_the_simulator_and_ray_cut_the_key_range_at_the_same_integer_bounds():
+    from simlib.sim.config import SimConfig
+    from simlib.sim.engine import _Run
+    from simlib.substrates import ray
+
+    # 7 * 122 / 14 = 61 exactly, where a float linspace gives 60.99999999999999 and floors it to 60.
+    assert key_bounds(122, 14).tolist() == [k * 122 // 14 for k in range(15)] and key_bounds(122, 14)[7] == 61
+    problem = LogisticProblem(make_sparse_classification(200, 122, 5, seed=1), eval_rows=None)
+    run = _Run(SimConfig(n_workers=1, steps=1, n_servers=14, seed=0), problem, None)
+    assert run.key_bounds.tolist() == key_bounds(122, 14).tolist() and ray.key_bounds is key_bounds
 
 
 @pytest.fixture(scope="module", autouse=True)

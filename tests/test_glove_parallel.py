@@ -10,7 +10,8 @@ import pytest
 import simlib
 from simlib.data import Vocabulary, load_kjv
 from simlib.parallel import WorkerDied, live_segments
-from simlib.parallel.glove_count import count_parallel, shard_documents
+from simlib.data.corpus import shard_documents
+from simlib.parallel.glove_count import count_parallel
 from simlib.problems.glove import GloveConfig, count_cooccurrences
 from simlib.problems.glove_slices import GloveSlices
 from simlib.problems.glove_table import GloveProblem
@@ -37,9 +38,13 @@ def my_segments() -> list[str]:
 
 def test_shards_cover_documents_with_balanced_tokens():
     offsets = np.array([0, 10, 20, 30, 40, 100])
-    shards = shard_documents(offsets, 2)
-    assert shards[0][0] == 0 and shards[-1][1] == 5 and shards[0][1] == shards[1][0]
-    assert shard_documents(offsets, 3)[-1] == (4, 5)  # the heavy last document sits alone
+    assert shard_documents(offsets, 2).tolist() == [0, 4, 5]
+    assert shard_documents(offsets, 3).tolist() == [0, 3, 4, 5]  # the heavy last document sits alone
+    # each cut at the first boundary at or after k N / n tokens, one document each at least
+    assert shard_documents(np.array([0, 12, 20, 30]), 2).tolist() == [0, 2, 3]  # at 20 tokens, not the nearer 12
+    assert shard_documents(np.array([0, 1, 2, 100]), 3).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match=r"n_workers must be an integer in \[1, 3\], got 4"):
+        shard_documents(np.array([0, 1, 2, 100]), 4)
 
 
 def test_parallel_counts_equal_single_process(corpus, cooc):

@@ -10,8 +10,9 @@ import pytest
 
 import simlib
 from simlib.parallel import WorkerDied, WorkerError
-from simlib.problems.lda import (count_tables, deal_documents, log_likelihood, make_synthetic_corpus, shard_documents,
-                                topic_match, topic_word)
+from simlib.data.corpus import shard_documents
+from simlib.problems.lda import (count_tables, deal_documents, log_likelihood, make_synthetic_corpus, topic_match,
+                                topic_word)
 from simlib.problems.lda_table import LDAProblem
 from simlib.protocol import Protocol
 
@@ -90,7 +91,7 @@ def test_over_pipes_the_contract_recovers_the_topics_and_counts_each_rows_bytes(
 
 def test_shards_cover_the_corpus_evenly(synthetic):
     corpus, _, _ = synthetic
-    b = shard_documents(corpus, 3)
+    b = shard_documents(corpus.offsets, 3)
     assert b[0] == 0 and b[-1] == corpus.n_docs and np.all(np.diff(b) > 0)
     tokens = np.diff(corpus.offsets[b])
     assert tokens.max() - tokens.min() < 3 * np.diff(corpus.offsets).max()

@@ -113,6 +113,9 @@ def test_managed_pipes_keep_to_the_budget(small_problem, budget):
             if len(mine):
                 assert np.bincount((mine[:, 0] // width).astype(int), weights=mine[:, 1]).max() <= budget * width + one_message
     assert max(u.clock_lag for u in res.trace.updates) <= 3
+    for i in (0, 1):  # the early messages are also the worker's send spans of their clock, as on shm, Ray and sim
+        early = [s for s in res.trace.spans if s.worker == i and s.kind == "send" and s.step >= 0]
+        assert sum(s.nbytes for s in early) == log[log[:, 2] == i, 1].sum() and {s.step for s in early} <= set(range(12))
 
 
 @pytest.mark.parametrize("kwargs, words", [

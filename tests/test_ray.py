@@ -24,7 +24,7 @@ from simlib.calibration.ray_cost import ray_message_cost, sim_options  # noqa: E
 from simlib.contract import serial_reference  # noqa: E402
 from simlib.problems.glove import GloveConfig  # noqa: E402
 from simlib.problems.glove_table import GloveProblem  # noqa: E402
-from simlib.problems.lda import make_synthetic_corpus  # noqa: E402
+from simlib.problems.lda import count_tables, make_synthetic_corpus  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
 from simlib.problems.mlp import MLPProblem  # noqa: E402
@@ -175,6 +175,9 @@ def test_lda_counts_are_conserved_on_sharded_servers(cluster):
     prob = LDAProblem(corpus, n_topics=4, alpha=0.5)
     res = simlib.run(prob, "ssp:1", substrate="ray", n_workers=2, steps=5, n_servers=2)
     prob.check_counts(res.params)
+    _, n_wk, n_k = count_tables(corpus, prob.assignments(res), 4)  # the workers' topics, in measured['local']
+    np.testing.assert_array_equal(prob.split(res.params)[0], n_wk)
+    np.testing.assert_array_equal(prob.split(res.params)[1], n_k)
     assert all(u.clock_lag <= 1 for u in res.trace.updates) and len(res.trace.updates) == 10
     assert res.quality > res.trace.quality[0].value  # log p(w | z) rises
     with pytest.raises(ValueError, match="compression: LDAProblem needs every push applied whole"):

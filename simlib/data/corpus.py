@@ -34,6 +34,18 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
+def shard_documents(offsets: np.ndarray, n_workers: int) -> np.ndarray:
+    """Document boundaries (n_workers + 1) giving each worker a contiguous block of at least one document and
+    about N / n_workers tokens: each cut at the first document boundary at or after k N / n_workers tokens."""
+    n_docs = len(offsets) - 1
+    positive_int("n_workers", n_workers, n_docs)  # at most one worker per document
+    cuts = np.searchsorted(offsets, offsets[-1] * np.arange(1, n_workers) / n_workers)
+    bounds = np.concatenate([[0], cuts, [n_docs]]).astype(np.int64)
+    for i in range(1, n_workers):  # at least one document each, even beside a very long one
+        bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), n_docs - (n_workers - i))
+    return bounds
+
+
 @dataclass
 class Corpus:
     """Documents (token lists) with one title each; ``docs[i]`` is titled ``titles[i]``."""

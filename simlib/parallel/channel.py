@@ -43,20 +43,20 @@ class Channel:
         """True if a message is waiting (after up to ``timeout`` seconds)."""
         return self.conn.poll(timeout)
 
-    def send(self, obj: Any) -> int:
-        """Pickle and send ``obj``; returns the bytes sent."""
-        return self._send_raw(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    def send(self, obj: Any, step: int = -1) -> int:
+        """Pickle and send ``obj``; returns the bytes sent (its span names ``step``)."""
+        return self._send_raw(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), step)
 
     def recv(self) -> Any:
         """Receive and unpickle one object."""
         return pickle.loads(self._recv_raw())
 
-    def send_array(self, a: np.ndarray, tag: str | None = None) -> int:
+    def send_array(self, a: np.ndarray, tag: str | None = None, step: int = -1) -> int:
         """Send an array as a small header plus its raw buffer (no pickling of the data); a ``tag``, if given,
-        rides in the header and the receiver reads it as :attr:`tag`."""
+        rides in the header and the receiver reads it as :attr:`tag`; the spans name ``step``."""
         a = np.ascontiguousarray(a)
-        n = self.send((a.dtype.str, a.shape) if tag is None else (a.dtype.str, a.shape, tag))
-        return n + self._send_raw(a.data)
+        n = self.send((a.dtype.str, a.shape) if tag is None else (a.dtype.str, a.shape, tag), step)
+        return n + self._send_raw(a.data, step)
 
     def recv_array(self) -> np.ndarray:
         """Receive an array sent with :meth:`send_array` (its tag, or None, in :attr:`tag`)."""
@@ -68,13 +68,13 @@ class Channel:
         """Close this end."""
         self.conn.close()
 
-    def _send_raw(self, payload: Any) -> int:
+    def _send_raw(self, payload: Any, step: int = -1) -> int:
         start = time.perf_counter()
         self.conn.send_bytes(payload)
         n = memoryview(payload).nbytes
         self.bytes_sent += n
         self.messages_sent += 1
-        _worker.record_span("send", start, time.perf_counter(), n)
+        _worker.record_span("send", start, time.perf_counter(), n, step)
         return n
 
     def _recv_raw(self) -> bytes:

@@ -16,23 +16,12 @@ from __future__ import annotations
 import numpy as np
 
 from simlib import _validate as check
+from simlib.data.corpus import shard_documents
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import SharedArray
 from simlib.parallel.worker import current
 from simlib.problems.glove import Cooccurrence, count_runs, merge_runs, runs_to_cooccurrence, validate_counting
 from simlib.trace import Trace
-
-
-def shard_documents(offsets: np.ndarray, n_shards: int) -> list[tuple[int, int]]:
-    """Split documents into ``n_shards`` contiguous ranges [lo, hi) of about equal token counts."""
-    n_docs = offsets.shape[0] - 1
-    targets = np.linspace(0, offsets[-1], n_shards + 1)[1:-1]
-    right = np.searchsorted(offsets, targets, side="left").clip(1, n_docs)
-    # Cut at whichever document boundary lies nearer the even split.
-    nearer_left = (targets - offsets[right - 1]) < (offsets[right] - targets)
-    cuts = np.maximum.accumulate(np.where(nearer_left, right - 1, right))
-    bounds = [0, *cuts.tolist(), n_docs]
-    return [(int(bounds[k]), int(bounds[k + 1])) for k in range(n_shards)]
 
 
 def _count_shard(worker_id: int, n_workers: int, ids: SharedArray, offsets: SharedArray, counting: tuple[int, int, int],
@@ -58,14 +47,14 @@ def count_parallel(
     validate_counting(ids, offsets, n_words, window)
     check.positive_int("n_workers", n_workers)
     check.positive_int("buffer_entries", buffer_entries)
-    shards = shard_documents(offsets, n_workers)
+    bounds = shard_documents(offsets, n_workers).tolist()
     # The counting kernels compiled here, once, on a 4-token document of the same dtypes: forked workers
     # compiling them at the same time on a fresh checkout can crash (see simlib.contract.warm_up).
     count_runs(np.zeros(4, ids.dtype), np.array([0, 4], offsets.dtype), n_words, window, 0, 1, 64)
     with WorkerGroup(n_workers, start_method, label="glove-count") as group:
         shared_ids, shared_offsets = group.copy_of(ids), group.copy_of(offsets)
         runs = group.run(_count_shard, shared_ids, shared_offsets, (n_words, window, buffer_entries),
-                         worker_args=shards)
+                         worker_args=list(zip(bounds[:-1], bounds[1:])))
         t = group.now()
         # Reduce pairwise (a tree), so each merge is linear; the last two are merged as they are expanded.
         while len(runs) > 2:

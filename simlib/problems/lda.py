@@ -14,7 +14,8 @@ Gibbs sampling removes a token from the counts and redraws its topic from
 
 Documents are int32 word-id arrays, stored flat (``words``, ``offsets``) like CSR rows. Workers
 own documents and their assignments; the word-topic table is what they share (see
-:mod:`simlib.problems.lda_table`, which runs on every substrate). The fast single-process sampler is in ``simlib.problems.lda_gibbs``.
+:mod:`simlib.problems.lda_table`, which runs on every substrate). The fast single-process sampler is in
+``simlib.problems.lda_gibbs``.
 
 Example::
 
@@ -36,6 +37,7 @@ from scipy.special import gammaln
 
 from simlib import _validate as check
 from simlib.backend import array_module, to_numpy
+from simlib.data.corpus import shard_documents
 
 #: Stop-word rule for the shipped corpus: drop the most frequent words (function words, and
 #: "lord", "god", "israel", which appear in nearly every chapter) and the rare ones.
@@ -144,17 +146,6 @@ def check_corpus(corpus: Any) -> LDACorpus:
     return corpus
 
 
-def shard_documents(corpus: LDACorpus, n_workers: int) -> np.ndarray:
-    """Document boundaries (n_workers + 1) giving each worker a contiguous block with about N / n_workers tokens."""
-    check.positive_int("n_workers", n_workers, corpus.n_docs)  # at most one worker per document
-    targets = corpus.n_tokens * np.arange(1, n_workers) / n_workers
-    cuts = np.searchsorted(corpus.offsets, targets)
-    bounds = np.concatenate([[0], cuts, [corpus.n_docs]]).astype(np.int64)
-    for i in range(1, n_workers):  # at least one document each, even beside a very long one
-        bounds[i] = min(max(bounds[i], bounds[i - 1] + 1), corpus.n_docs - (n_workers - i))
-    return bounds
-
-
 def deal_documents(corpus: LDACorpus, n_workers: int, pieces: int = 16) -> list[np.ndarray]:
     """Each worker's documents (sorted ids): the corpus cut into ``pieces`` runs a worker of about equal tokens,
     dealt round-robin, so every worker holds some of every part of an ordered corpus, in even shares of tokens."""
@@ -163,7 +154,7 @@ def deal_documents(corpus: LDACorpus, n_workers: int, pieces: int = 16) -> list[
     # 8% of the run; dealt in 2 x 16 runs, the two cost the same to 1%.
     check.positive_int("pieces", pieces)
     runs = n_workers * max(1, min(pieces, corpus.n_docs // n_workers))
-    bounds = shard_documents(corpus, runs)
+    bounds = shard_documents(corpus.offsets, runs)
     return [np.concatenate([np.arange(bounds[r], bounds[r + 1]) for r in range(i, runs, n_workers)])
             for i in range(n_workers)]
 
@@ -364,7 +355,8 @@ def _stopped_corpus(docs: list, titles: list, n_stop: int, min_count: int, max_d
 
 
 @njit(cache=True, nogil=True)
-def _fold_in(words: np.ndarray, offsets: np.ndarray, phi: np.ndarray, alpha: float, n_iter: int, seed: int) -> np.ndarray:
+def _fold_in(words: np.ndarray, offsets: np.ndarray, phi: np.ndarray, alpha: float, n_iter: int,
+             seed: int) -> np.ndarray:
     """Gibbs over each document's topics with phi fixed; returns theta averaged over the second half of sweeps."""
     np.random.seed(seed)
     D = len(offsets) - 1
@@ -411,7 +403,8 @@ def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: floa
     check.positive_int("n_iter", n_iter)
     phi = topic_word(n_wk, n_k, beta)
     if heldout.n_words != phi.shape[1]:
-        raise ValueError(f"heldout.n_words must equal the trained vocabulary size {phi.shape[1]}, got {heldout.n_words}")
+        raise ValueError(f"heldout.n_words must equal the trained vocabulary size {phi.shape[1]}, "
+                         f"got {heldout.n_words}")
     pos = np.arange(heldout.n_tokens) - heldout.offsets[heldout.doc_of]
     seen, scored = pos % 2 == 0, pos % 2 == 1
     seen_offsets = np.concatenate([[0], np.cumsum(np.bincount(heldout.doc_of[seen], minlength=heldout.n_docs))])
@@ -423,7 +416,7 @@ def perplexity(heldout: LDACorpus, n_wk: Any, n_k: Any, alpha: float, beta: floa
     return float(np.exp(-np.log(p).sum() / w.size))
 
 
-__all__ = ["LDACorpus", "shard_documents", "deal_documents", "check_hyper", "random_assignments", "count_tables",
+__all__ = ["LDACorpus", "deal_documents", "check_hyper", "random_assignments", "count_tables",
            "word_counts", "doc_topic_counts", "conditional",
            "word_log_likelihood", "doc_log_likelihood", "log_likelihood", "topic_word", "top_words", "topic_match",
            "make_synthetic_corpus", "kjv_corpus", "perplexity", "KJV_N_STOP", "KJV_MIN_COUNT"]

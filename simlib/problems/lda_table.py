@@ -118,7 +118,8 @@ class LDAProblem:
         check_corpus(self.corpus)
 
     def miniature(self) -> "LDAProblem":
-        """The same problem on its first two documents, their words renumbered (same topics): what a warm-up compiles on."""
+        """The same problem on its first two documents, their words renumbered (same topics): what a warm-up
+        compiles on."""
         # NOTE: the kernels compile per argument type, not shape; the two documents' own vocabulary keeps the
         # warm-up's tables small (at K = 10,000 on the KJV the full vocabulary's float64 table was 418 MB).
         two = self.corpus.subset(range(min(2, self.corpus.n_docs)))
@@ -213,7 +214,8 @@ class LDAProblem:
         """
         if not isinstance(table, np.ndarray) or table.dtype != np.int32 or table.shape != (self.n_params,):
             raise ValueError(f"table must be the int32 table of {self.n_params} counts, got "
-                             f"{getattr(table, 'dtype', type(table).__name__)} of shape {getattr(table, 'shape', None)}")
+                             f"{getattr(table, 'dtype', type(table).__name__)} of shape "
+                             f"{getattr(table, 'shape', None)}")
         st, K, V = shard.state, self.K, self.V
         tab_wk, tab_k = self.split(table)
         alone = shard.n_workers == 1
@@ -284,7 +286,8 @@ class LDAProblem:
         """Every token's topic after a run on a real substrate (the workers' topics, put back in corpus order)."""
         parts = result.measured.get("local")
         if not parts:
-            raise ValueError("result: it holds no workers' assignments; run on a real substrate ('shm' or 'pipes')")
+            raise ValueError("result: it holds no workers' assignments; run on a real substrate "
+                             "(pipes, shm, gpu or ray)")
         z = np.empty(self.corpus.n_tokens, np.int32)
         for tokens, part in zip(self._tokens(deal_documents(self.corpus, len(parts))), parts):
             z[tokens] = part
@@ -340,7 +343,8 @@ def _give_block(locks, j, me, table, at, n_k, n0):  # pragma: no cover - compile
 
 @njit(cache=True, nogil=True)
 def _load_counts(values, own_wk, own_k, words, n_wk, n_k, before):  # pragma: no cover - compiled
-    """Load a read into the worker's tables: n_wk[words[i]] = max(read row i, own row i), n_k likewise; ``before`` = the loaded counts."""
+    """Load a read into the worker's tables: n_wk[words[i]] = max(read row i, own row i), n_k likewise;
+    ``before`` = the loaded counts."""
     n, K = own_wk.shape
     for i in range(n + 1):  # the rows of the shard's words, then n_k
         row, own = (n_wk[words[i]], own_wk[i]) if i < n else (n_k, own_k)

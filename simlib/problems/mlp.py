@@ -139,6 +139,29 @@ def cross_entropy_backward(z: Any, y: Any) -> Any:
     return dz / len(y)
 
 
+def layers_forward(weights: Sequence[tuple[Any, Any]], a: Any, relu_out: bool = False) -> tuple[list, list, Any]:
+    """(inputs, z, out): z_i = inputs_i W_i + b_i, inputs_{i+1} = relu(z_i); out = relu(z_last) if ``relu_out``,
+    else z_last."""
+    inputs, zs = [], []
+    for i, (W, b) in enumerate(weights):
+        inputs.append(a)
+        zs.append(dense_forward(a, W, b))
+        a = relu(zs[-1]) if relu_out or i < len(weights) - 1 else zs[-1]
+    return inputs, zs, a
+
+
+def layers_backward(weights: Sequence[tuple[Any, Any]], inputs: list, zs: list, d_out: Any, relu_out: bool = False,
+                    input_grad: bool = False) -> Iterator[tuple[int, Any, Any, Any]]:
+    """(i, dW_i, db_i, dL/d inputs_i) from the last layer to the first, each as soon as the backward pass has it,
+    from dL/d out of :func:`layers_forward`; dL/d inputs_0 is None unless ``input_grad``."""
+    dz = relu_backward(zs[-1], d_out) if relu_out else d_out
+    for i in reversed(range(len(weights))):
+        dW, db, da = dense_backward(inputs[i], weights[i][0], dz, inputs=i > 0 or input_grad)
+        yield i, dW, db, da
+        if i:
+            dz = relu_backward(zs[i - 1], da)
+
+
 class MLPProblem:
     """A ReLU multi-layer perceptron with a softmax output, trained by SGD on the contract.
 
@@ -234,21 +257,16 @@ class MLPProblem:
         X, y = self._train
         return X[batch], y[batch]
 
-    def forward(self, params: Any, X: Any) -> tuple[list[Any], list[Any]]:
-        """(a, z): a[0] = X, z[l] = a[l] W_l + b_l, a[l + 1] = relu(z[l]); z[-1] is the output's logits."""
-        a, z = [X], []
-        for layer in range(len(self.layers)):
-            z.append(dense_forward(a[-1], *self.weights(params, layer)))
-            if layer < len(self.layers) - 1:
-                a.append(relu(z[-1]))
-        return a, z
+    def forward(self, params: Any, X: Any) -> tuple[list[Any], list[Any], Any]:
+        """(a, z, logits): a[0] = X, z[l] = a[l] W_l + b_l, a[l + 1] = relu(z[l]); the logits are z[-1]."""
+        return layers_forward([self.weights(params, layer) for layer in range(len(self.layers))], X)
 
     def batch_loss(self, params: Any, batch: np.ndarray) -> float:
         """L(theta): the batch's mean cross-entropy, whose gradient :meth:`backward_layers` gives."""
         xp = array_module(params)
         X, y = self._on(xp)[0]
         rows = xp.asarray(batch)
-        return float(cross_entropy(self.forward(params, X[rows])[1][-1], y[rows]))
+        return float(cross_entropy(self.forward(params, X[rows])[2], y[rows]))
 
     def backward_layers(self, params: Any, batch: np.ndarray) -> Iterator[tuple[slice, Any]]:
         """(layer's slice of the flat vector, dL/dtheta on it) for the last layer to the first, L the batch's
@@ -256,14 +274,10 @@ class MLPProblem:
         xp = array_module(params)
         X, y = self._on(xp)[0]
         rows = xp.asarray(batch)
-        a, z = self.forward(params, X[rows])
-        dz = cross_entropy_backward(z[-1], y[rows])
-        for layer in reversed(range(len(self.layers))):
-            W, _ = self.weights(params, layer)
-            dW, db, da = dense_backward(a[layer], W, dz, inputs=layer > 0)
+        weights = [self.weights(params, layer) for layer in range(len(self.layers))]
+        a, z, logits = layers_forward(weights, X[rows])
+        for layer, dW, db, _ in layers_backward(weights, a, z, cross_entropy_backward(logits, y[rows])):
             yield self.layers[layer], xp.concatenate([dW.ravel(), db])
-            if layer:
-                dz = relu_backward(z[layer - 1], da)
 
     def gradient(self, params: Any, batch: np.ndarray) -> Any:
         """dL/dtheta over the whole flat vector, assembled from :meth:`backward_layers`."""
@@ -280,9 +294,9 @@ class MLPProblem:
         """Mean cross-entropy of the held-out rows."""
         X, y = self._on(array_module(params))[1]
         with np.errstate(over="ignore", invalid="ignore"):  # a diverged theta: a loss not finite, named by the run
-            return float(cross_entropy(self.forward(params, X)[1][-1], y))
+            return float(cross_entropy(self.forward(params, X)[2], y))
 
     def accuracy(self, params: Any) -> float:
         """Share of held-out rows whose largest logit is their label."""
         X, y = self._on(array_module(params))[1]
-        return float((self.forward(params, X)[1][-1].argmax(axis=1) == y).mean())
+        return float((self.forward(params, X)[2].argmax(axis=1) == y).mean())

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
-from simlib.contract import ParamServer, check_problem, record_metric, record_start
+from simlib.contract import ParamServer, check_problem, key_bounds, record_metric, record_start
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.sim import fastcost
 from simlib.sim.clocks import ClockTable, wake_ready
@@ -38,7 +38,8 @@ from simlib.sim.sites import Outbox, site_of
 from simlib.sim.stragglers import ComputeModel
 from simlib.sim.kernel import Environment
 from simlib.trace import SPAN_KINDS, SpanLog, Trace, UpdateLog
-from simlib.worker import AllReduce, Bucket, Compute, Early, Gate, Plan, Pull, Push, Reduced, allreduce_worker, ps_worker
+from simlib.worker import AllReduce, Bucket, Compute, Early, Gate, Plan, Pull, Push, Reduced
+from simlib.worker import allreduce_worker, ps_worker
 
 COMPUTE, SEND, RECV, WAIT = (SPAN_KINDS.index(k) for k in ("compute", "send", "recv", "wait"))
 
@@ -46,7 +47,8 @@ Progress = Callable[[float], None]
 
 
 @functools.lru_cache(maxsize=4)
-def default_problem(n_rows: int = 20_000, n_features: int = 10_000, nnz_per_row: int = 20, seed: int = 0) -> LogisticProblem:
+def default_problem(n_rows: int = 20_000, n_features: int = 10_000, nnz_per_row: int = 20,
+                    seed: int = 0) -> LogisticProblem:
     """The default workload: sparse logistic regression, 20 k rows x 10 k features (cached)."""
     data = make_sparse_classification(n_rows, n_features, nnz_per_row, label_noise=0.05, seed=seed)
     return LogisticProblem(data, l2=1e-4, eval_rows=4_000, seed=seed)
@@ -78,7 +80,8 @@ class _Run:
         self.shards = problem.shards(cfg.n_workers) if cfg.step_keys is None else None
         if cfg.step_keys is not None:  # cost-only, a fixed step: step_keys keys spread evenly over the table
             if cfg.step_keys > problem.n_params:
-                raise ValueError(f"step_keys ({cfg.step_keys}) must be <= the problem's parameters ({problem.n_params})")
+                raise ValueError(f"step_keys ({cfg.step_keys}) must be <= the problem's parameters "
+                                 f"({problem.n_params})")
             self.fixed_keys = np.linspace(0, problem.n_params, cfg.step_keys, endpoint=False).astype(np.int64)
             self.fixed_units = cfg.step_keys if cfg.cost_unit == "nonzero" else cfg.batch_size
         self.clocks = ClockTable(self.env, cfg.n_workers, cfg.proto, cfg.read_rule)
@@ -94,7 +97,7 @@ class _Run:
         )
         self.n_shards = cfg.n_servers + cfg.n_summation
         self._init_sites(cfg)
-        self.key_bounds = np.linspace(0, problem.n_params, self.n_shards + 1).astype(np.int64)
+        self.key_bounds = key_bounds(problem.n_params, self.n_shards)
         self.compressors = _make_compressors(cfg, problem.n_params, comp_seq)
         self.applied = 0
         self.finished = [False] * cfg.n_workers
@@ -181,7 +184,7 @@ class _Run:
         shard = None if self.shards is None else self.shards[i]
         comp = None if self.compressors is None else self.compressors[i]
         ring = cfg.topology == "allreduce"
-        perform = _RING_EFFECTS if ring else _PS_EFFECTS  # effect -> the transport's method (unbound: no per-worker dict)
+        perform = _RING_EFFECTS if ring else _PS_EFFECTS  # effect -> transport method (unbound: no per-worker dict)
         # NOTE: on the plain path (one shard at the worker's site, no cache, compression or clocks) a pull's, a
         # compute's and a push's delays are taken right here (the same delays, in the same order, as the transport's
         # methods), without a generator per effect: 10^4 workers x 100 BSP steps cost 1.4x the hand-written loop's
@@ -234,7 +237,7 @@ class _Run:
                         transport.lag = lag if lag > 0 else 0
                         value = 1
                         continue
-                    if kind is Compute and not layered:  # charge the batch's work, then the real math on the values read
+                    if kind is Compute and not layered:  # charge the batch's work, then the math on the values read
                         t0 = env._now
                         yield work(i, queued.pop(0))
                         value = (effect[3][2], None) if cost_only else effect[2](*effect[3])
@@ -301,7 +304,8 @@ class _Run:
         return batch, p.keys(batch), p.work(batch) if self.cfg.cost_unit == "nonzero" else len(batch)
 
     def _pull(self, i: int, keys: np.ndarray, stamps: dict[int, tuple[int, int, int]] | None = None):
-        """Worker i pulls ``keys`` from their shards; ``stamps``, if given, receives each shard's :meth:`_stamp` at its read."""
+        """Worker i pulls ``keys`` from their shards; ``stamps``, if given, receives each shard's :meth:`_stamp` at
+        its read."""
         parts = self._split(keys)
         server = self.site_server[self.site_of[i]] if self.per_site else self.server
         values = np.empty(len(keys), dtype=self.w.dtype)
@@ -410,7 +414,8 @@ class _Run:
             clock = None if self.mirror is None else done  # with the mirror clock, every step's end is announced
             self._send_sites(s, done if first is None else first, keys, sums, clock)
 
-    def _send_sites(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray | None, clock: int | None = None) -> None:
+    def _send_sites(self, s: int, c: int, keys: np.ndarray, deltas: np.ndarray | None,
+                    clock: int | None = None) -> None:
         """Site s sends ``keys`` (sums of its steps >= c) to every other site, with its clock if one is given (a
         clock costs one key's bytes; alone when no key is sent)."""
         if not len(keys) and clock is None:

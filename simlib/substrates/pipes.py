@@ -174,7 +174,7 @@ class _PipeWorker(Timed):
         return self.ch.recv_array(), None
 
     def send_early(self, step: int, keys: np.ndarray, deltas: np.ndarray, now: float) -> int:
-        n = self.ch.send_array(_records(keys, deltas), tag=EARLY)
+        n = self.ch.send_array(_records(keys, deltas), tag=EARLY, step=step)  # send spans of clock ``step``
         self.log.append((now - self.ctx.t0, n))
         return n
 

@@ -73,7 +73,7 @@ import numpy as np
 from simlib import _validate as check
 from simlib import signals
 from simlib.compress import worker_compressor
-from simlib.contract import ParamServer, Result, Training, new_trace, served_trace
+from simlib.contract import ParamServer, Result, Training, key_bounds, local_result, new_trace, served_trace
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
 from simlib.worker import AllReduce, Bucket, Plan, Pull, Push, Reduced, Timed, WorkerOptions
@@ -90,11 +90,6 @@ START_ATTEMPTS = 3  # local starts tried before the run is refused
 _SESSION = re.compile(rb"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+")  # a Ray start's session name
 WATCHDOG_EVERY = 0.25  # seconds between the watchdog's looks at the Ray processes of the driver (see watch_driver)
 COORDINATOR = "server shard 0 (the coordinator)"  # as errors name shard 0
-
-
-def key_bounds(n_params: int, n_servers: int) -> np.ndarray:
-    """b_k = floor(k n / S), k = 0..S: shard k owns the key range [b_k, b_k+1)."""
-    return (np.arange(n_servers + 1) * n_params) // n_servers
 
 
 def owners(keys: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
@@ -284,15 +279,15 @@ class RayPSWorker(Timed):
         self.problem.step(values, batch, keys, self.training.lr)
         return _whereabouts()
 
-    def run(self, t0: float) -> list[tuple]:
+    def run(self, t0: float) -> tuple[list[tuple], Any]:
         """All steps of the worker program, this actor its transport; returns the spans (kind, start, end, bytes,
-        step) in run seconds."""
+        step) in run seconds and the worker's :func:`~simlib.contract.local_result`."""
         self._start(t0)
         tr = self.training
         plan = Plan(tr.steps, tr.batch_size, tr.lr, clock_batches=self.opts.clock_batches,
                     entry_bytes=KEY_BYTES + VALUE_BYTES)
         drive(ps_worker(self.problem, self.shard, plan, self.compressor), self)
-        return self.spans
+        return self.spans, local_result(self.problem, self.shard)
 
     def _start(self, t0: float) -> None:
         """The run starts at wall time ``t0``: no spans yet."""
@@ -384,8 +379,9 @@ class RayReplicaWorker(RayPSWorker):
     """Worker i under all-reduce: its own replica; each bucket goes to the reducer as soon as the backward pass has
     it (with ``overlap`` the pass goes on meanwhile), and the sums are added to the replica at the step's end."""
 
-    def run(self, t0: float) -> list[tuple]:
-        """All steps of the all-reduce worker program; returns the spans (kind, start, end, bytes, step)."""
+    def run(self, t0: float) -> tuple[list[tuple], Any]:
+        """All steps of the all-reduce worker program; returns the spans (kind, start, end, bytes, step) and the
+        worker's :func:`~simlib.contract.local_result`."""
         self._start(t0)
         self.pending, self.done = [], []
         self.w = np.array(self.problem.init_params(), dtype=np.float64)
@@ -393,7 +389,7 @@ class RayReplicaWorker(RayPSWorker):
         drive(allreduce_worker(self.problem, self.shard, Plan(tr.steps, tr.batch_size, tr.lr),
                                bucket_bytes=self.opts.bucket_bytes), self)
         self.ray.get(self.done)  # every update recorded before the driver asks for the trace
-        return self.spans
+        return self.spans, local_result(self.problem, self.shard)
 
     def pull(self, effect: Pull) -> tuple[np.ndarray, int]:
         return self.w[effect.keys], 0
@@ -677,7 +673,8 @@ class RayOptions(WorkerOptions):
             raise ValueError("accumulation: averaging pushes over several server shards is not supported; "
                              "use n_servers=1")
         if protocol.kind == "allreduce" and self.n_servers > 1:
-            raise ValueError("n_servers: protocol 'allreduce' has no server shards (one reducer actor); use n_servers=1")
+            raise ValueError("n_servers: protocol 'allreduce' has no server shards (one reducer actor); "
+                             "use n_servers=1")
 
 
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
@@ -724,9 +721,9 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         setup = time.monotonic() - placing
         t0 = _call(ray, coord.start.remote(), COORDINATOR, servers)
         started = time.monotonic()
-        spans = _wait(ray, [w.run.remote(t0) for w in workers], [f"worker {i}" for i in range(n)],
-                      None if opts.timeout is None else placing + opts.timeout, servers, local,
-                      f"did not finish within timeout={opts.timeout} s")
+        out = _wait(ray, [w.run.remote(t0) for w in workers], [f"worker {i}" for i in range(n)],
+                    None if opts.timeout is None else placing + opts.timeout, servers, local,
+                    f"did not finish within timeout={opts.timeout} s")
         params, served = _call(ray, coord.finish.remote(), COORDINATOR, servers)
         wall = time.monotonic() - started
     except BaseException:
@@ -742,10 +739,10 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
     trace = new_trace(problem, protocol, training, "ray", "on Ray", n_servers=opts.n_servers, wall_seconds=wall,
                       substrate_detail="Ray actors: parameter-server shards and workers")
     # a diverged run fails as on every substrate, at its first non-finite quality point
-    worker_seconds = served_trace(trace, ((i, *s) for i, worker in enumerate(spans) for s in worker), served, problem,
-                                  training.lr)
+    worker_seconds = served_trace(trace, ((i, *s) for i, (spans, _) in enumerate(out) for s in spans), served,
+                                  problem, training.lr)
     return Result(trace, params, {"wall_seconds": wall, "actors": pids, "setup_seconds": setup,
-                                  "worker_seconds": worker_seconds})
+                                  "worker_seconds": worker_seconds, "local": [local for _, local in out]})
 
 
 run.options = RayOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
