@@ -16,7 +16,7 @@ Peers, measured in the same run on the same documents, alpha = 0.1, beta = 0.01:
   1 and 2 processes with BSP (``simlib.run(LDAProblem(...), "bsp", substrate="shm")``).
 
 With ``--kernels`` each named kernel of ``simlib.problems.lda_gibbs`` (the exact sparse sampler,
-LightLDA's Metropolis-Hastings sampler ``mh``, AliasLDA's ``alias``, the dense one) runs through
+LightLDA's Metropolis-Hastings sampler ``mh``, AliasLDA's ``alias``, the ``word`` kernel, the dense one) runs through
 ``simlib.run(LDAProblem(..., kernel=...), "bsp", substrate="shm")`` at each ``--topics`` K, on the
 same documents from the same random start, in one table with each kernel's speed relative to the
 first; tomotopy with as many workers is the one peer kept there (when it is installed).
@@ -60,7 +60,8 @@ from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelih
 from simlib.problems.lda_gibbs import KERNELS, MH_STEPS, GibbsState  # noqa: E402
 
 ALPHA, BETA = 0.1, 0.01
-KERNEL_NAMES = {"mh": "Metropolis-Hastings", "alias": "AliasLDA", "word": "word-sparse MH"}  # the others are named as they are
+# the others are named as they are
+KERNEL_NAMES = {"mh": "Metropolis-Hastings", "alias": "AliasLDA", "word": "word-sparse MH"}
 
 
 def run_lda_package(c: LDACorpus, K: int, sweeps: int) -> tuple[float, float]:

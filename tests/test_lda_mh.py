@@ -1,5 +1,5 @@
-"""The Metropolis-Hastings kernels, LightLDA's ("mh"), AliasLDA's ("alias") and the word kernel: exact counts, the exact conditional
-per token, topic recovery, AD-LDA on real processes and on the simulator."""
+"""The Metropolis-Hastings kernels, LightLDA's ("mh"), AliasLDA's ("alias") and the word kernel: exact counts,
+the exact conditional per token, topic recovery, AD-LDA on real processes and on the simulator."""
 import numpy as np
 import pytest
 

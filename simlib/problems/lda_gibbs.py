@@ -65,9 +65,10 @@ Five compiled sweeps share one state (:class:`GibbsState`):
   1 / (n_k + V b), by the doc proposal of ``mh`` (no table). One MH step, accepted with
   min(1, p(t) q(s) / (p(s) q(t))), corrects the proposal where it differs from p: at the topics the word does not
   use, a share of order b of the mass, so nearly every proposal is taken and the chain keeps exact Gibbs's pace
-  per sweep (KJV, K = 1,000, 30 sweeps: log p per token -9.092 to -9.096 against sparse's -9.094) at under half the
-  alias kernel's CPU per token (30 sweeps on one busy core, one after the other: 1.8-2.4 against 4.3 s). Its tables are the
-  counts themselves, fresh, so it needs no stale-table bookkeeping; it reads n_dk dense, as ``mh`` does.
+  per sweep (KJV, K = 1,000, 30 sweeps: log p per token -9.092 to -9.096 against sparse's -9.094) at under half
+  the alias kernel's CPU per token (30 sweeps on one busy core, one after the other: 1.8-2.4 against 4.3 s). Its
+  tables are the counts themselves, fresh, so it needs no stale-table bookkeeping; it reads n_dk dense, as ``mh``
+  does. Timed to tomotopy's 30-sweep log p (``benchmarks/lda.py --time-to-target``) it is the fastest kernel here.
 
 Why sparse is the default (measured on the KJV chapters, 278 k tokens, one core of a busy 2-core
 machine): the dense sweep runs at ~13 M tokens/s at K = 20 but ~4.9 M at K = 100; the sparse
@@ -771,7 +772,7 @@ def _word_carry(K: int) -> tuple:
 @njit(cache=True, nogil=True, error_model="numpy")
 def _word_token_chain(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w: int, n_draws: int, carry: tuple,
                       rng: np.uint64) -> np.ndarray:
-    """Resample the one token of ``tokens`` (word w) n_draws times by the word kernel; the count of each topic it took."""
+    """Resample the one token of ``tokens`` (word w) n_draws times by the word kernel; how often it took each topic."""
     seen = np.zeros(table[1].shape[0], np.int64)
     for _ in range(n_draws):
         rng = _sweep_word(tokens, n_dk, table, prior, w, w + 1, rng, carry)
@@ -976,8 +977,8 @@ def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0
             raise ValueError("table: the word kernel builds no stale table (its proposal reads the counts as they are)")
         word_ptr = np.zeros(c.n_words + 1, np.int64)
         word_ptr[w + 1:] = 1
-        tokens = (word_ptr, np.full(1, d, np.int64), np.full(1, z_doc[position], np.int32), np.full(1, position, np.int64),
-                  c.offsets, z_doc)
+        one = (np.full(1, d, np.int64), np.full(1, z_doc[position], np.int32), np.full(1, position, np.int64))
+        tokens = (word_ptr, *one, c.offsets, z_doc)
         seen = _word_token_chain(tokens, state.n_dk, (state.n_wk, state.n_k), (state.alpha, state.beta), w, n_draws,
                                  _word_carry(K), _rng_state(seed))
         state.z_wm[:] = z_doc[state.order]
