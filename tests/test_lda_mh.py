@@ -1,5 +1,5 @@
-"""The Metropolis-Hastings kernels, LightLDA's ("mh") and AliasLDA's ("alias"): exact counts, the exact conditional
-per token, topic recovery, AD-LDA on real processes and on the simulator."""
+"""The Metropolis-Hastings kernels, LightLDA's ("mh"), AliasLDA's ("alias") and the word kernel: exact counts,
+the exact conditional per token, topic recovery, AD-LDA on real processes and on the simulator."""
 import numpy as np
 import pytest
 
@@ -11,7 +11,8 @@ from simlib.problems.lda_table import LDAProblem
 
 TINY = LDACorpus.from_docs([[0, 1, 1, 2, 3], [1, 4, 5, 5], [2, 3, 0, 4, 1, 5]], n_words=6)
 K, ALPHA, BETA = 3, 0.3, 0.2
-MH_KERNELS = ("mh", "alias")
+MH_KERNELS = ("mh", "alias", "word")
+STALE_KERNELS = ("mh", "alias")  # the kernels that draw from a stale word table
 
 
 def _counts_without(state: GibbsState, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -136,7 +137,7 @@ def _alias_proposal(state: GibbsState, position: int, wk_old: np.ndarray, k_old:
     return n_dk * (n_wk + BETA) / (n_k + TINY.n_words * BETA) + ALPHA * stale
 
 
-@pytest.mark.parametrize("kernel", MH_KERNELS)
+@pytest.mark.parametrize("kernel", STALE_KERNELS)
 @pytest.mark.parametrize("position", [1, 6, 12])
 def test_a_stale_word_table_is_corrected_by_the_acceptance_test(position, kernel):
     """A word table built from another assignment: the proposal is far from the target, the chain is not."""
@@ -156,6 +157,12 @@ def test_a_stale_word_table_is_corrected_by_the_acceptance_test(position, kernel
     state.check_counts()
 
 
+def test_the_word_kernel_takes_no_stale_table():
+    state = GibbsState.init(TINY, K, ALPHA, BETA, seed=4, kernel="word")
+    with pytest.raises(ValueError, match="^table: the word kernel"):
+        mh_token_draws(state, 1, 10, table=(state.n_wk[1], state.n_k, int(state.z[1])))
+
+
 @pytest.mark.parametrize("kernel", MH_KERNELS)
 def test_a_long_chain_recovers_the_planted_topics_like_the_sparse_sampler(kernel):
     # The MH chain mixes more slowly per sweep than exact Gibbs: with 2 cycles per token (LightLDA's
@@ -170,12 +177,13 @@ def test_a_long_chain_recovers_the_planted_topics_like_the_sparse_sampler(kernel
     assert ll_mh[0] < ll_mh[-1]
 
 
-def test_the_alias_kernel_reaches_the_sparse_samplers_likelihood_on_the_kjv_at_k_1000():
-    """Where AliasLDA is meant to run, many topics: after 10 sweeps from one start, log p within 0.5% of exact Gibbs."""
+def test_the_alias_and_word_kernels_reach_the_sparse_samplers_likelihood_on_the_kjv_at_k_1000():
+    """Where they are meant to run, many topics: after 10 sweeps from one start, log p within 0.5% of exact Gibbs."""
     corpus = kjv_corpus(max_docs=300)
     lls = {k: fit(corpus, 1_000, 0.1, 0.01, n_sweeps=10, seed=0, kernel=k, record_every=10)[1][-1]
-           for k in ("sparse", "alias", "mh")}
+           for k in ("sparse", "alias", "word", "mh")}
     assert abs(lls["alias"] - lls["sparse"]) < 0.005 * abs(lls["sparse"])  # -0.09% to +0.27% over seeds 0-3
+    assert abs(lls["word"] - lls["sparse"]) < 0.005 * abs(lls["sparse"])
     # The check can tell a chain that mixes more slowly: mh trails by 4.4-4.6% (seeds 0-3).
     assert lls["mh"] < lls["sparse"] - 0.02 * abs(lls["sparse"])
 

@@ -215,7 +215,7 @@ def test_ctrl_c_over_pipes_ends_promptly_and_cleanly():
     assert all(o.error == "KeyboardInterrupt" and o.seconds_after_fault < faultkit.PROMPT for o in outcomes)
 
 
-@pytest.mark.parametrize("kernel, mh_steps", [("sparse", 4), ("mh", 2)])
+@pytest.mark.parametrize("kernel, mh_steps", [("sparse", 4), ("mh", 2), ("word", 4)])
 def test_one_worker_in_place_is_the_serial_sampler(synthetic, kernel, mh_steps):
     """On shm, one worker samples on the shared table itself: the run is the serial sweep loop, token for token
     (benchmarks/lda.py --time-to-target counts a 1-process run's sweeps to a log-likelihood on the serial chain)."""
@@ -232,7 +232,7 @@ def test_one_worker_in_place_is_the_serial_sampler(synthetic, kernel, mh_steps):
     np.testing.assert_array_equal(problem.split(res.params)[0], state.n_wk)
 
 
-@pytest.mark.parametrize("kernel", ["sparse", "mh", "alias", "dense"])
+@pytest.mark.parametrize("kernel", ["sparse", "mh", "alias", "dense", "word"])
 @pytest.mark.parametrize("protocol", ["bsp", "async"])
 def test_in_place_syncs_within_a_sweep_and_keeps_the_counts_exact(synthetic, kernel, protocol):
     """Two workers sampling on the table's rows block by block, racing on n_k: the table is the recount of z."""
