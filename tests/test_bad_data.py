@@ -408,3 +408,17 @@ def test_a_process_substrates_options_are_checked_before_its_workers_are_made(su
     monkeypatch.setattr(f"simlib.substrates.{substrate}.WorkerGroup", no_group)
     with pytest.raises(ValueError if field else AssertionError, match=field or "the worker group was made"):
         simlib.run(LogisticProblem(_data()), "bsp", substrate=substrate, n_workers=2, steps=2, **options)
+
+
+def test_placement_resources_without_a_cluster_is_refused_before_ray_starts(monkeypatch):
+    """A local Ray of the run's own has no 'server' and 'worker' nodes: it was started (25-100 s at load 9-14) and then
+    the run refused."""
+    pytest.importorskip("ray")
+    import simlib
+
+    def no_start(*args, **kwargs):
+        raise AssertionError("a local Ray was started")
+
+    monkeypatch.setattr("simlib.substrates.ray.connect", no_start)
+    with pytest.raises(ValueError, match="placement='resources' needs a cluster"):
+        simlib.run(LogisticProblem(_data()), "bsp", substrate="ray", placement="resources", n_workers=2, steps=2)

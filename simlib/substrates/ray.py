@@ -691,6 +691,10 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
 
     # Decided before connecting: a Ctrl-C that lands just after a local Ray came up still shuts it down.
     started_here = opts.address is None and not ray.is_initialized()
+    if started_here and opts.placement == "resources":  # named before a start (25-100 s on a busy machine) in vain
+        raise ValueError("placement='resources' needs a cluster whose nodes carry the custom resources 'server' and "
+                         "'worker' (address= of one started with ray start --resources=...); the local Ray a run "
+                         "starts has none")
     before = _children()
     watchdog = _watchdog() if started_here else None
     actors: list = []
