@@ -649,7 +649,9 @@ class RayOptions(WorkerOptions):
     address: str | None = None  # a Ray cluster to join (None: a local Ray for this run)
     n_servers: int = 1  # server shards (key ranges)
     placement: str = "auto"  # 'auto' | 'resources' | 'any' (module docstring)
-    timeout: float | None = 120.0  # seconds for the whole run, its actors' start included (TimeoutError)
+    # seconds from the actors' placement to the run's end, their start included (TimeoutError); a local Ray's own
+    # start comes before and is not counted (its tries bound it: it took 100 s at load 12 on 2 cores)
+    timeout: float | None = 120.0
     evaluate: bool = True  # False: the metric at the start and the end only
     num_cpus: int | None = None  # the local Ray's CPUs (default: the machine's)
 
