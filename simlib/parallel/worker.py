@@ -83,7 +83,7 @@ def _install(ctx: WorkerContext | None) -> None:
 
 
 def check_straggler(straggler: Any, n_workers: int) -> None:
-    """ValueError naming 'straggler' unless it is None or (worker id in [0, n_workers), seconds in [0, MAX_STRAGGLE_S])."""
+    """ValueError naming 'straggler' unless None or (worker id in [0, n_workers), seconds in [0, MAX_STRAGGLE_S])."""
     ok = straggler is None or (
         isinstance(straggler, (tuple, list)) and len(straggler) == 2 and check._is_int(straggler[0])
         and 0 <= straggler[0] < n_workers and check._is_number(straggler[1]) and 0 <= straggler[1] <= MAX_STRAGGLE_S)
