@@ -221,6 +221,8 @@ def test_changes_in_an_event_loop_run_in_the_background_and_coalesce(tiny_proble
 
 
 def test_a_long_run_shows_progress_and_the_kernel_stays_responsive(tiny_problem):
+    """The run asked for (64 workers x 1,000 steps, the sliders' most) cannot end before the loop has turned and the
+    bar has shown: the test looks until it has seen both, then closes the panel, which stops the run."""
     async def scenario() -> tuple[int, set[str], float]:
         p = LivePanel(LiveSettings(n_workers=16, steps=60, protocols=("bsp",)), problem=tiny_problem, figsize=(8, 5),
                       debounce=0.0, processes=1, progress_after=0.0)
@@ -228,8 +230,8 @@ def test_a_long_run_shows_progress_and_the_kernel_stays_responsive(tiny_problem)
         try:
             await _first_figure(p)
             start, ticks = p.redraws, 0
-            p.c_steps.value = 300  # a run several times longer
-            while p.redraws == start:
+            p.c_workers.value, p.c_steps.value = 64, 1000  # a run far longer than what the loop below waits for
+            while p.redraws == start and not (ticks >= 3 and "visible" in shown and p.progress.value > 0.0):
                 await asyncio.sleep(0.01)  # the event loop (the kernel) keeps running during the run
                 ticks += 1
                 shown.add(p.progress.layout.visibility)

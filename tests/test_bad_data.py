@@ -383,3 +383,42 @@ def test_out_of_range_ids_never_reach_a_compiled_kernel():
     assert out.returncode == 0, f"the interpreter died (code {out.returncode}):\n{out.stderr[-2000:]}"
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 11 and all(" ValueError " in line for line in lines), out.stdout
+
+
+REAL_OPTIONS_BAD = [  # (substrate, options, the name the error must give): each named before the workers' group is made
+    ("pipes", {"straggler": (0, 1e9)}, "straggler"),  # a billion seconds' sleep a step: the run waited for its timeout
+    ("shm", {"straggler": (1, 1e300)}, "straggler"),  # OverflowError inside the worker's time.sleep
+    ("pipes", {"straggler": (np.int64(0), 0.5)}, None),  # a NumPy integer is a worker id like any other
+    ("shm", {"monitor_every": 0}, "monitor_every"),  # named by the worker group, after the warm-up
+    ("shm", {"timeout": -1}, "timeout"),
+    ("pipes", {"timeout": float("nan")}, "timeout"),
+    ("pipes", {"evaluate": "no"}, "evaluate"),  # a truthy string: the run evaluated all the same
+    ("pipes", {"start_method": "spoon"}, "start_method"),
+]
+
+
+@pytest.mark.parametrize("substrate, options, field", REAL_OPTIONS_BAD)
+def test_a_process_substrates_options_are_checked_before_its_workers_are_made(substrate, options, field, monkeypatch):
+    """Each option of pipes and shm is named before the warm-up and the worker group (a good one reaches the group)."""
+    import simlib
+
+    def no_group(*args, **kwargs):
+        raise AssertionError("the worker group was made")
+
+    monkeypatch.setattr(f"simlib.substrates.{substrate}.WorkerGroup", no_group)
+    with pytest.raises(ValueError if field else AssertionError, match=field or "the worker group was made"):
+        simlib.run(LogisticProblem(_data()), "bsp", substrate=substrate, n_workers=2, steps=2, **options)
+
+
+def test_placement_resources_without_a_cluster_is_refused_before_ray_starts(monkeypatch):
+    """A local Ray of the run's own has no 'server' and 'worker' nodes: it was started (25-100 s at load 9-14) and then
+    the run refused."""
+    pytest.importorskip("ray")
+    import simlib
+
+    def no_start(*args, **kwargs):
+        raise AssertionError("a local Ray was started")
+
+    monkeypatch.setattr("simlib.substrates.ray.connect", no_start)
+    with pytest.raises(ValueError, match="placement='resources' needs a cluster"):
+        simlib.run(LogisticProblem(_data()), "bsp", substrate="ray", placement="resources", n_workers=2, steps=2)

@@ -281,8 +281,10 @@ def test_forkserver_workers_run_though_their_parent_is_the_server(clean: None) -
 
 
 def sleep_noting_pid(worker_id: int, n_workers: int, path: str) -> None:
-    with open(f"{path}.{worker_id}", "w") as f:
+    """Note the pid in ``path.<worker_id>`` (whole once it exists: written aside, then renamed), then sleep."""
+    with open(f"{path}.{worker_id}.part", "w") as f:
         f.write(str(os.getpid()))
+    os.replace(f"{path}.{worker_id}.part", f"{path}.{worker_id}")
     time.sleep(60)
 
 
@@ -318,8 +320,7 @@ def test_a_forkserver_worker_ends_with_the_process_that_started_it(tmp_path) -> 
     note, deadline = tmp_path / "pid.0", time.monotonic() + 60
     while not note.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.1)
-    worker = int(note.read_text())
+    worker = int(note.read_text())  # the note appears whole, by a rename: no sleep for its write to land
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 10

@@ -134,3 +134,19 @@ def test_bad_arguments_are_refused_by_name(make, field) -> None:
     with pytest.raises(ValueError, match=field):
         make()
 
+
+
+def test_bad_layers_are_refused_before_the_digits_load() -> None:
+    """The digits' loader imports scikit-learn (4 s of a refusal on a busy machine): the arguments are named first."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys\nfrom simlib.problems.mlp import MLPProblem\n"
+            "for bad in ({'hidden': (0,)}, {'hidden': 'wide'}, {'eval_fraction': 2.0}, {'seed': -1}):\n"
+            "    try:\n        MLPProblem(**bad)\n    except ValueError as e:\n        print(str(e).split()[0])\n"
+            "print('sklearn' in sys.modules)")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert out.stdout.split() == ["hidden", "hidden", "eval_fraction", "seed", "False"], out.stdout + out.stderr

@@ -11,15 +11,18 @@ timelines line up with each other and with the parent's.
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from simlib import _validate as check
 from simlib.trace import SPAN_KINDS
 
+# A straggler's sleep after each step: an hour at most, as the simulator bounds a step's own times (a sleep of 1e9 s
+# per step was taken, and the run waited for its timeout= doing nothing)
+MAX_STRAGGLE_S = 3600.0
 POLL = 5e-5  # seconds between two looks once a wait has spun for its while (see spin_until)
 
 
@@ -80,14 +83,13 @@ def _install(ctx: WorkerContext | None) -> None:
 
 
 def check_straggler(straggler: Any, n_workers: int) -> None:
-    """ValueError naming 'straggler' unless it is None or (worker id in [0, n_workers), seconds >= 0)."""
+    """ValueError naming 'straggler' unless None or (worker id in [0, n_workers), seconds in [0, MAX_STRAGGLE_S])."""
     ok = straggler is None or (
-        isinstance(straggler, (tuple, list)) and len(straggler) == 2 and isinstance(straggler[0], int)
-        and not isinstance(straggler[0], bool) and 0 <= straggler[0] < n_workers
-        and isinstance(straggler[1], (int, float)) and math.isfinite(straggler[1]) and straggler[1] >= 0)
+        isinstance(straggler, (tuple, list)) and len(straggler) == 2 and check._is_int(straggler[0])
+        and 0 <= straggler[0] < n_workers and check._is_number(straggler[1]) and 0 <= straggler[1] <= MAX_STRAGGLE_S)
     if not ok:
-        raise ValueError(f"straggler must be (worker, seconds) with worker in [0, {n_workers}) and seconds >= 0 "
-                         f"(that worker sleeps so long after each step), got {straggler!r}")
+        raise ValueError(f"straggler must be (worker, seconds) with worker in [0, {n_workers}) and seconds in "
+                         f"[0, {MAX_STRAGGLE_S:g}] (that worker sleeps so long after each step), got {straggler!r}")
 
 
 def straggle(straggler: tuple[int, float] | None, worker: int) -> None:

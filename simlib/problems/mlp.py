@@ -177,15 +177,16 @@ class MLPProblem:
 
     def __init__(self, data: DenseDataset | None = None, hidden: Sequence[int] = (32,), eval_fraction: float = 0.2,
                  seed: int = 0):
-        data = digits_dataset() if data is None else data
-        if not isinstance(data, DenseDataset):
-            raise ValueError(f"data must be a DenseDataset (or None for digits), got {type(data).__name__}")
         if not isinstance(hidden, (tuple, list)):
             raise ValueError(f"hidden must be a tuple of layer widths, got {type(hidden).__name__}")
         for width in hidden:
             check.positive_int("hidden", width)
         check.probability("eval_fraction", eval_fraction)
         check.non_negative_int("seed", seed)
+        # (named before the digits load: scikit-learn's import took 4 s of a refusal on a busy machine)
+        data = digits_dataset() if data is None else data
+        if not isinstance(data, DenseDataset):
+            raise ValueError(f"data must be a DenseDataset (or None for digits), got {type(data).__name__}")
         n_eval = int(round(eval_fraction * data.n_rows))
         if not 1 <= n_eval < data.n_rows:
             raise ValueError(f"eval_fraction must leave at least one row held out and one to train on "

@@ -47,7 +47,7 @@ from simlib.contract import ParamServer, Result, Training, local_result, new_tra
 from simlib.contract import served_trace, warm_up as contract_warm_up
 from simlib.parallel.allreduce import Ring, run_replicas
 from simlib.parallel.channel import Channel
-from simlib.parallel.group import WorkerGroup
+from simlib.parallel.group import START_METHODS, WorkerGroup
 from simlib.parallel.worker import check_straggler, current
 from simlib.protocol import Protocol
 from simlib.compress import worker_compressor
@@ -103,6 +103,15 @@ class PipesOptions(WorkerOptions):
     evaluate: bool = True  # False: the metric at the start and the end only (for timing runs)
     straggler: tuple[int, float] | None = None  # (i, s): worker i sleeps s seconds after each step, a slow machine
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # named before the warm-up compiles anything (the worker group named these only once it was made, and 'yes'
+        # passed for evaluate)
+        if self.start_method is not None:
+            check.one_of("start_method", self.start_method, START_METHODS)
+        if self.timeout is not None:
+            check.positive("timeout", self.timeout)
+        check.boolean("evaluate", self.evaluate)
 
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
     """The substrate entry point (``simlib.run(..., substrate="pipes")``); ``options``: :class:`PipesOptions`."""

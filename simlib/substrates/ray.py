@@ -645,7 +645,9 @@ class RayOptions(WorkerOptions):
     address: str | None = None  # a Ray cluster to join (None: a local Ray for this run)
     n_servers: int = 1  # server shards (key ranges)
     placement: str = "auto"  # 'auto' | 'resources' | 'any' (module docstring)
-    timeout: float | None = 120.0  # seconds for the whole run, its actors' start included (TimeoutError)
+    # seconds from the actors' placement to the run's end, their start included (TimeoutError); a local Ray's own
+    # start comes before and is not counted (its tries bound it: it took 100 s at load 12 on 2 cores)
+    timeout: float | None = 120.0
     evaluate: bool = True  # False: the metric at the start and the end only
     num_cpus: int | None = None  # the local Ray's CPUs (default: the machine's)
 
@@ -688,6 +690,10 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
 
     # Decided before connecting: a Ctrl-C that lands just after a local Ray came up still shuts it down.
     started_here = opts.address is None and not ray.is_initialized()
+    if started_here and opts.placement == "resources":  # named before a start (25-100 s on a busy machine) in vain
+        raise ValueError("placement='resources' needs a cluster whose nodes carry the custom resources 'server' and "
+                         "'worker' (address= of one started with ray start --resources=...); the local Ray a run "
+                         "starts has none")
     before = _children()
     watchdog = _watchdog() if started_here else None
     actors: list = []

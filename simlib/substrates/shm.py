@@ -107,6 +107,9 @@ class ShmOptions(WorkerOptions):
         if self.start_method is not None:  # named before the warm-up compiles anything
             check.one_of("start_method", self.start_method, START_METHODS)
         check.non_negative_int("hot_keys", self.hot_keys)  # 0: no replica
+        check.positive("monitor_every", self.monitor_every)  # (the worker group named it only after the warm-up)
+        if self.timeout is not None:
+            check.positive("timeout", self.timeout)
 
 
 def run(problem: Any, protocol: Protocol, training: Training, **options: Any) -> Result:
