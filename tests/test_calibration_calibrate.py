@@ -34,7 +34,7 @@ def _spreads(c: Calibration) -> list[tuple[str, Spread]]:
     out += [("pipe_latency", c.pipe_latency), ("pipe_bandwidth", c.pipe_bandwidth),
             ("shm_copy_bandwidth", c.shm_copy_bandwidth), ("lock_cost", c.lock_cost)]
     out += [(f"process_start {n}", s) for n, s in c.process_start.items()]
-    out += [(f"null shm BSP step beyond compute, {n} workers", s) for n, s in c.bsp_sync.items()]
+    out += [(f"null shm BSP step, {n} workers", s) for n, s in c.bsp_step.items()]
     out += [(f"cpu_share {n}", s) for n, s in c.cpu_share.items()]
     return out
 

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from simlib.parallel.shm import PREFIX
-from simlib.calibration.calibrate import Spread, calibrate
+from simlib.calibration.calibrate import NULL_SHM, Spread, calibrate
 from simlib.calibration.validate import WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
 
 
@@ -37,12 +37,15 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
         call = cal.compute_time("bsp_call", w.n_features + 1, n)  # the table holds v and log s
         assert cfg.compute_overhead == pytest.approx(call + bsp_sync(cal, n))
     assert bsp1.batch_size == 400 and bsp2.batch_size == 200 and bsp1.steps == bsp2.steps == 300
-    # The sync is what the null run's step on as many workers (2 for more) spends outside its compute span.
-    slow = dataclasses.replace(cal, bsp_sync={1: Spread(1e-3, 1e-3, 1e-3, 1), 2: Spread(2e-3, 2e-3, 2e-3, 1)})
-    assert bsp_sync(slow, 1) == 1e-3 and bsp_sync(slow, 2) == 2e-3 == bsp_sync(slow, 3)
-    unmeasured = dataclasses.replace(cal, bsp_sync={})
+    # The sync is the null run's step on as many workers (2 for more) less what the kernels price for that step.
+    slow = dataclasses.replace(cal, bsp_step={1: Spread(1e-3, 1e-3, 1e-3, 1), 2: Spread(2e-3, 2e-3, 2e-3, 1)})
+    for n, step in ((1, 1e-3), (2, 2e-3), (3, 2e-3)):
+        priced = cal.unit_time("bsp_step", n) + cal.compute_time("bsp_call", NULL_SHM["features"] + 1, n)
+        assert 0 < priced < step and bsp_sync(slow, n) == pytest.approx(step - priced)
+    unmeasured = dataclasses.replace(cal, bsp_step={})
     assert bsp_sync(unmeasured, 1) == 0.0
-    assert twin_config(w, 2, slow).compute_overhead == pytest.approx(twin_config(w, 2, unmeasured).compute_overhead + 2e-3)
+    assert twin_config(w, 2, slow).compute_overhead == pytest.approx(twin_config(w, 2, unmeasured).compute_overhead
+                                                                     + bsp_sync(slow, 2))
 
 
 def test_compare_runs_real_processes_and_reports_errors(cal):
@@ -81,17 +84,17 @@ def test_compare_prices_shared_memory_bsp_with_the_null_run_measured_between_its
     monkeypatch.setattr(validate, "measure_null_shm", null_runs)
     res = compare([w], workers=(1,), repeats=2, cal=cal, load_seconds=0.02)
     assert len(calls) == 2  # before each repeat
-    assert res.rows[0].predicted == pytest.approx(predict(w, 1, dataclasses.replace(cal, bsp_sync={}))[0] + steps,
+    assert res.rows[0].predicted == pytest.approx(predict(w, 1, dataclasses.replace(cal, bsp_step={}))[0] + steps,
                                                   rel=0.05)
 
 
 def test_with_null_replaces_the_named_figures_only(cal):
     fresh = {2: Spread(0.5, 0.5, 0.5, 1)}
-    again = cal.with_null(bsp_sync=fresh)
-    assert again.bsp_sync == {**cal.bsp_sync, 2: fresh[2]} and again.ps_step == cal.ps_step
+    again = cal.with_null(bsp_step=fresh)
+    assert again.bsp_step == {**cal.bsp_step, 2: fresh[2]} and again.ps_step == cal.ps_step
     assert cal.with_null(ps_step=fresh).ps_step[2] == fresh[2]
     with pytest.raises(ValueError, match="figure"):
-        cal.with_null(bsp_step=fresh)
+        cal.with_null(bsp_sync=fresh)
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -175,5 +178,5 @@ def test_shared_memory_prediction_adds_the_first_touch_of_one_shard(cal):
     assert warmup(hog, unmeasured, 1) == pytest.approx(0.002)  # the set-up alone
     # measured, and sane (bounds that hold on a busy machine: these are checks, not benchmarks)
     assert cal.shm_setup.n > 0 and 0 <= cal.shm_setup.median < 1.0
-    assert set(cal.bsp_sync) == {1, 2} and all(0 < s.median < 1.0 for s in cal.bsp_sync.values())
+    assert set(cal.bsp_step) == {1, 2} and all(0 < s.median < 1.0 for s in cal.bsp_step.values())
     assert predict(hog, 1, fixed)[0] - predict(hog, 1, unmeasured)[0] == pytest.approx(shm_bytes_per_worker(hog, 1) * 1e-9, rel=1e-9)

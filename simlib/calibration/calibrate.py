@@ -18,9 +18,10 @@ What is measured, each in real worker processes and repeated so the spread is kn
 * shared-memory first touch: seconds per byte for a worker to map the pages of data its parent
   wrote (one page fault per 4 KiB page), which a shared-memory run pays once on its shard;
 * the real substrates on null workloads: the pipe PS's typical step and warm-up, and the
-  shared-memory substrate's set-up (from process start to its first step) and the part of its
-  BSP step on 1 and 2 workers outside the step's compute span (clock reads, trace records and,
-  with 2 workers, the wait for the other's clock and the wake-up).
+  shared-memory substrate's set-up (from process start to its first step) and its BSP step on
+  1 and 2 workers (the call of the compiled step through the worker program, clock reads, trace
+  records and, with 2 workers, the wait for the other's clock and the wake-up; next to nothing to
+  compute).
 
 Every figure is a :class:`Spread` (median, quartiles, count). Example::
 
@@ -146,9 +147,9 @@ class Calibration:
     ps_warmup: Spread = field(default_factory=Spread.unmeasured)
     shm_first_touch: Spread = field(default_factory=Spread.unmeasured)  # s/byte
     # BSP on substrate 'shm' on NULL_SHM: seconds from process start to its first step (1 worker),
-    # and by number of workers the seconds a step spends outside its compute span (measure_null_shm).
+    # and its typical step by number of workers (measure_null_shm).
     shm_setup: Spread = field(default_factory=Spread.unmeasured)
-    bsp_sync: dict[int, Spread] = field(default_factory=dict)
+    bsp_step: dict[int, Spread] = field(default_factory=dict)
 
     # -- into the simulator ------------------------------------------------------------------
     def pipe_time(self, nbytes: float) -> float:
@@ -215,9 +216,9 @@ class Calibration:
 
     def with_null(self, **figures: dict[int, Spread]) -> "Calibration":
         """The same costs with null-run figures by workers measured again: ``ps_step`` (:func:`measure_null_ps`),
-        ``bsp_sync`` (:func:`measure_null_shm`)."""
+        ``bsp_step`` (:func:`measure_null_shm`)."""
         for name in figures:
-            check.one_of("figure", name, ("ps_step", "bsp_sync"))
+            check.one_of("figure", name, ("ps_step", "bsp_step"))
         return dataclasses.replace(self, **{name: {**getattr(self, name), **v} for name, v in figures.items()})
 
     def busy_note(self, threshold: float = BUSY_SHARE) -> str:
@@ -282,7 +283,7 @@ _ROWS = (("pipe latency (fit)", "pipe_latency", 1e6, "us"), ("pipe bandwidth (fi
          ("process start, {n} process{es}", "process_start", 1e3, "ms"),
          ("shared-memory copy", "shm_copy_bandwidth", 2**-30, "GiB/s"), ("lock acquire + release", "lock_cost", 1e6, "us"),
          ("shared-memory first touch", "shm_first_touch", 1e6 * 2**20, "us/MiB"),
-         ("shm set-up, null workload", "shm_setup", 1e3, "ms"), ("shm BSP step beyond compute, {n} worker{s}", "bsp_sync", 1e6, "us"),
+         ("shm set-up, null workload", "shm_setup", 1e3, "ms"), ("shm BSP step, null, {n} worker{s}", "bsp_step", 1e6, "us"),
          ("CPU share, {n} busy process{es}", "cpu_share", 1.0, "cores each"),
          ("pipe PS step, null, {n} worker{s}", "ps_step", 1e6, "us"), ("pipe PS warm-up per run", "ps_warmup", 1e3, "ms"))
 
@@ -691,7 +692,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
             locks.extend(group.run(_lock_member, group.lock(), 1000 if quick else 2000))
 
     null_steps, warmups = measure_null_ps(prob, repeats, start_method)
-    bsp_sync, firsts = measure_null_shm(repeats, start_method)
+    bsp_steps, firsts = measure_null_shm(repeats, start_method)
     process_start = {n: Spread.of(v[1:]) for n, v in starts.items()}  # the first group warms imports
 
     share = measure_load(0.1 if quick else 0.3, 2, start_method)
@@ -712,41 +713,42 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
         ps_warmup=Spread.of(warmups),
         shm_first_touch=Spread.of(touch),
         shm_setup=Spread.of([max(first - process_start[1].median, 0.0) for first in firsts]),
-        bsp_sync={n: Spread.of(v) for n, v in bsp_sync.items()},
+        bsp_step={n: Spread.of(v) for n, v in bsp_steps.items()},
     )
 
 
 def measure_null_shm(repeats: int = 1, start_method: str | None = None) -> tuple[dict[int, list[float]], list[float]]:
-    """BSP on substrate 'shm' on NULL_SHM on 1 and on 2 workers, ``repeats`` times: ({workers: seconds a typical
-    step spends outside its compute span, per run}, seconds from the group's start to the first step per 1-worker run).
+    """BSP on substrate 'shm' on NULL_SHM on 1 and on 2 workers, ``repeats`` times: ({workers: the typical step's
+    seconds, per run}, seconds from the group's start to the first step per 1-worker run).
 
-    Outside the compute span a step reads the clocks, records the trace and, with 2 workers, waits for the other's
-    clock and wakes up to it; a shared-memory BSP twin adds it to each step
-    (:func:`~simlib.calibration.validate.bsp_sync`). Both sides are wall time in the same run, so the figure keeps
-    the load it was measured under: a check of predictions measures it again between its real runs.
+    A null step is the in-place path's fixed cost: the call of the compiled local step (one row of one nonzero)
+    through the worker program, clock reads, trace records and, with 2 workers, the wait for the other's clock and
+    the wake-up. A shared-memory BSP twin adds what of it the kernels' prices leave out to each step
+    (:func:`~simlib.calibration.validate.bsp_sync`). The figure keeps the load it was measured under: a check of
+    predictions measures it again between its real runs.
     """
     check.positive_int("repeats", repeats)
     data = make_sparse_classification(NULL_SHM["rows"], NULL_SHM["features"], 1, seed=3)
     null = LogisticProblem(data, l2=1e-4, eval_rows=10, l2_on="all")
-    sync: dict[int, list[float]] = {1: [], 2: []}
+    steps: dict[int, list[float]] = {1: [], 2: []}
     firsts: list[float] = []
     for _ in range(repeats):
-        for n in sync:
+        for n in steps:
             res = simlib.run(null, "bsp", substrate="shm", n_workers=n, batch_size=1, lr=0.1,
                              steps=null.epoch_steps(n, 1), monitor_every=60.0, start_method=start_method)
-            compute = [sp for sp in res.trace.spans if sp.kind == "compute"]
             starts: dict[int, float] = {}
-            for sp in compute:
-                starts[sp.step] = min(starts.get(sp.step, math.inf), sp.start)
+            for sp in res.trace.spans:
+                if sp.kind == "compute":
+                    starts[sp.step] = min(starts.get(sp.step, math.inf), sp.start)
             # A step starts when its first worker starts computing it. NOTE: the mean step over the middle 80% of
             # the run, not the median: on 2 workers the gaps between step starts alternate short and long (the
             # median was 57 or 111 us from one calibration to the next).
-            lo, hi = len(starts) // 10, len(starts) - 1 - len(starts) // 10
-            middle = [sp.end - sp.start for sp in compute if lo <= sp.step < hi]
-            sync[n].append((starts[hi] - starts[lo]) / (hi - lo) - float(np.mean(middle)))
+            first = sorted(starts.values())
+            lo, hi = len(first) // 10, len(first) - 1 - len(first) // 10
+            steps[n].append((first[hi] - first[lo]) / (hi - lo))
             if n == 1:
-                firsts.append(starts[0])
-    return sync, firsts
+                firsts.append(first[0])
+    return steps, firsts
 
 
 @functools.lru_cache(maxsize=2)

@@ -23,10 +23,10 @@ it removes, see ``benchmarks/calibration.py``):
 * a dense model's per-parameter gradient work goes into ``compute_overhead``;
 * shared-memory BSP is the engine's BSP with free messages: each worker computes its batch step
   in place (``bsp_step`` per nonzero, plus ``bsp_call`` per feature of the table for the call
-  and its scratch gradient) and waits at the next step for the slowest; what a step spends
-  outside its compute span (its bookkeeping and, with 2 workers, the wait's wake-up:
-  :func:`bsp_sync`, from the null runs) goes into ``compute_overhead``. There is no barrier and
-  no dense apply to price.
+  and its scratch gradient) and waits at the next step for the slowest; what the null run's step
+  costs beyond those prices (the worker program's call of the compiled step, its bookkeeping and,
+  with 2 workers, the wait's wake-up: :func:`bsp_sync`) goes into ``compute_overhead``. There is no
+  barrier and no dense apply to price.
 * Hogwild is async with free messages (latency 0): workers only read and write shared memory;
   a simulated step is one chunk of ``global_batch`` one-row steps, as the real trace records it.
 """
@@ -42,7 +42,7 @@ from simlib import _validate as check
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, Calibration, Spread, busy_note, calibrate,
                                           kernel_problem, measure_contention, measure_load, measure_null_ps,
-                                          measure_null_shm)
+                                          measure_null_shm, NULL_SHM)
 from simlib.substrates.pipes import DenseKeys
 from simlib.sim.config import SimConfig
 from simlib.substrates.sim import run_args
@@ -53,7 +53,7 @@ SUBSTRATES = ("pipe_ps", "hogwild", "bsp_shm")
 # between a comparison's real runs).
 WORKLOAD_KERNELS = {"pipe_ps": ("ps_step", "ps_apply"), "hogwild": ("hogwild_sgd",), "bsp_shm": ("bsp_step", "bsp_call")}
 # The null run's figure that compare() measures again before each repeat (Calibration.with_null).
-NULL_FIGURE = {"pipe_ps": "ps_step", "bsp_shm": "bsp_sync"}
+NULL_FIGURE = {"pipe_ps": "ps_step", "bsp_shm": "bsp_step"}
 FREE_BANDWIDTH = 1e18  # bytes/s for messages that do not exist (shared memory)
 
 
@@ -157,10 +157,14 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
 
 
 def bsp_sync(cal: Calibration, n_workers: int) -> float:
-    """Seconds a shared-memory BSP step on ``n_workers`` (2 stands for more) spends outside its compute span: clock
-    reads, trace records and, on 2 workers, the wait's wake-up; the null run's figure (:func:`measure_null_shm`),
-    0 where it was not measured."""
-    return max(cal.bsp_sync.get(min(n_workers, 2), Spread.unmeasured()).median_or(0.0), 0.0)
+    """Seconds per step a shared-memory BSP run on ``n_workers`` (2 stands for more) spends beyond the kernels'
+    prices: the null run's typical step (:func:`measure_null_shm`) less what the twin prices for that step (one
+    nonzero's ``bsp_step`` and a ``bsp_call`` on its table): the worker program's call of the compiled step, clock
+    reads, trace records and, on 2 workers, the wait's wake-up. 0 where it was not measured."""
+    busy = min(n_workers, 2)
+    measured = cal.bsp_step.get(busy, Spread.unmeasured()).median_or(0.0)
+    priced = cal.unit_time("bsp_step", busy) + cal.compute_time("bsp_call", NULL_SHM["features"] + 1, busy)
+    return max(measured - priced, 0.0) if measured else 0.0
 
 
 def _pipe_ps_config(cal: Calibration, busy: int, n_workers: int, steps: int, batch_size: int, lr: float,
