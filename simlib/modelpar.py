@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from simlib import _validate as check
 from simlib import costs
@@ -276,11 +275,10 @@ def _run_order(stage: _Stage, order: list, left: _Link | None, right: _Link | No
 def _stage_worker(s: int, p: int, steps: int, barrier: Any, stage: _Stage, order: list, left: _Link | None,
                   right: _Link | None) -> dict[str, Any]:
     """A stage's process: ``steps`` steps of its order, each started at a barrier."""
-    with threadpool_limits(1):  # one core per stage: BLAS threads of two stages would fight over the same cores
-        runs = []
-        for j in range(1, steps + 1):
-            barrier.wait()
-            runs.append(_run_order(stage, order, left, right, j))
+    runs = []  # one BLAS thread a stage (simlib.problems.mlp keeps it so): two stages' threads would fight for cores
+    for j in range(1, steps + 1):
+        barrier.wait()
+        runs.append(_run_order(stage, order, left, right, j))
     return {"steps": runs, "loss": stage.loss, "peak": (stage.peak, stage.peak_bytes),
             "grads": [np.concatenate([W.ravel(), b]) for W, b in stage.grads]}
 
