@@ -1,6 +1,6 @@
 """The contract every problem and every substrate shares: Problem, Table, the server, Result.
 
-The seeds' parameter server is a key-value table: workers ``get(keys)`` the rows a mini-batch
+The lectures' parameter server is a key-value table: workers ``get(keys)`` the rows a mini-batch
 touches and ``add(keys, deltas)`` back. A :class:`Problem` is the math on that table (no processes,
 no time); a substrate provides the table and the workers. :class:`ParamServer` is the server's
 logic, written once and free of SimPy: read gating by :class:`~simlib.protocol.Clocks`, the step
@@ -253,8 +253,8 @@ class ParamServer:
         """Deliver a push for step ``clock``; returns (applied, tau).
 
         tau = updates applied since the read at ``read_version`` (:attr:`version`). Under BSP every push
-        of a round was read with the round's table and lands before the round completes: tau = 0, the
-        seeds' hard-synchronous case (all of a round's gradients make one update, none is stale).
+        of a round was read with the round's table and lands before the round completes: tau = 0,
+        the lectures' hard-synchronous case (all of a round's gradients make one update, none is stale).
         """
         tau = self.version - read_version
         if not self.clocks.deliver(clock):

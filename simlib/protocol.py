@@ -10,7 +10,7 @@ rule. Nothing here knows about SimPy, processes or time sources: the caller pass
 * :func:`may_read` -- *the* SSP read rule: a worker at clock c may read once every step < c - s
   is complete.
 * :class:`Clocks` -- the bookkeeping that feeds it: pushes per step, complete steps, deadlines.
-* :class:`StepRule` -- the staleness-aware step size of the seeds (after arXiv 1511.05950):
+* :class:`StepRule` -- the staleness-aware step size the lectures teach (after arXiv 1511.05950):
   the server averages c = floor(lambda / n) pushes, each scaled by alpha0 / tau, where tau >= 1
   is the number of updates applied to the table between the push's read and its arrival.
 
@@ -69,7 +69,7 @@ ReadRule = Callable[[int, int, float], bool]
 
 def staleness(bound: float, version: int, read_version: int) -> int:
     """tau of a push: updates applied between its read and now; 0 under BSP (bound 0), where a round's pushes,
-    all read from the round's table, make one update (the seeds' hard-synchronous case)."""
+    all read from the round's table, make one update (the lectures' hard-synchronous case)."""
     return 0 if bound == 0 else version - read_version
 
 
@@ -292,7 +292,7 @@ class Clocks:
 
 @dataclass(frozen=True)
 class StepRule:
-    """How the server turns pushes into table updates (the seeds' staleness-aware SGD).
+    """How the server turns pushes into table updates (the lectures' staleness-aware SGD).
 
     ``accumulation`` is lambda: the server averages c = max(1, floor(lambda / n_workers)) pushes
     into one update (None: c = 1, every push is an update). With ``staleness_aware`` each push is

@@ -47,7 +47,7 @@ class Update(NamedTuple):
     """A push from ``worker`` at its clock ``step``.
 
     ``staleness`` is tau, the one staleness every substrate records: the number of updates applied
-    to the parameters between the worker's read and its push (the seeds' "skipped updates"; 0 for
+    to the parameters between the worker's read and its push (the lectures' "skipped updates"; 0 for
     serial SGD). ``clock_lag`` is the protocol's view, the worker's clock minus the complete steps
     at its read (-1 where a substrate has no clocks).
     """

@@ -1,4 +1,4 @@
-"""The main job, ``python -m simlib compare``: the seeds' results, the table, the figure, clean errors."""
+"""The main job, ``python -m simlib compare``: the lectures' results, the table, the figure, clean errors."""
 import io
 import os
 import subprocess

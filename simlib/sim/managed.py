@@ -2,7 +2,7 @@
 
 A clock spans ``SimConfig.clock_batches`` mini-batches. The worker reads the rows they touch once, at
 the clock's start (as fresh as the protocol allows), computes each mini-batch's real update on its
-copy (its own updates included: they are added locally first, the seeds' "combiner"), and sums them
+copy (its own updates included: they are added locally first, the lectures' "combiner"), and sums them
 in a pending buffer. Without a budget the whole sum goes at the clock's end: SSP's burst, with the
 network idle in between. With ``SimConfig.managed_bandwidth`` = B bytes/s, while the worker computes,
 a sender takes the pending keys of largest relative change |delta| / (|value| + eps) first, in
