@@ -103,17 +103,6 @@ def test_a_sparse_problem_is_summed_as_the_simulator_sums_it(small_problem, subs
         simlib.run(small_problem, "allreduce", substrate=substrate, bucket_bytes=1000, **opts, **QUIET[substrate])
 
 
-@pytest.mark.slow  # a local Ray's start: 20-40 s on a busy 2-core machine, the run itself under a second
-def test_ray_replicas_take_one_process_step(mlp):
-    pytest.importorskip("ray")
-    res = simlib.run(mlp, "allreduce", substrate="ray", n_workers=N, steps=2, batch_size=BATCH, lr=LR,
-                     bucket_bytes=2000, **QUIET["ray"])
-    expected = one_process(mlp, steps=2)
-    np.testing.assert_allclose(res.params, expected, rtol=1e-6, atol=1e-9 * np.abs(expected).max())
-    assert [len(sends(res, i, c)) for i in range(N) for c in range(2)] == [2] * 4
-    assert len(res.trace.updates) == N * 2
-
-
 def test_a_bucket_goes_out_before_the_backward_pass_reaches_the_first_layer(mlp):
     """The program's order: the forward and the last layers' backward, their bucket, then the first layer and its
     bucket (the last Compute finds the backward pass over)."""

@@ -192,6 +192,20 @@ def test_glove_one_worker_equals_the_serial_reference_and_its_trace_is_well_form
     assert res.trace.metric == "cost"
 
 
+def test_allreduce_replicas_take_one_process_step(cluster):
+    """Protocol 'allreduce' on Ray (on this module's cluster: a Ray of its own took 20 s of the suite): each bucket
+    summed by the coordinator and added to both replicas, the parameters one process's on the global batch."""
+    from test_allreduce import BATCH, LR, N, one_process, sends
+
+    mlp = MLPProblem(hidden=(32, 16))
+    res = simlib.run(mlp, "allreduce", substrate="ray", n_workers=N, steps=2, batch_size=BATCH, lr=LR,
+                     bucket_bytes=2000)
+    expected = one_process(mlp, steps=2)
+    np.testing.assert_allclose(res.params, expected, rtol=1e-6, atol=1e-9 * np.abs(expected).max())
+    assert [len(sends(res, i, c)) for i in range(N) for c in range(2)] == [2] * 4
+    assert len(res.trace.updates) == N * 2
+
+
 def test_mlp_one_worker_is_the_serial_reference_and_two_async_workers_learn_digits(cluster):
     prob = MLPProblem()  # dense: every push carries all 2,410 parameters, over two server shards
     res = simlib.run(prob, "bsp", substrate="ray", n_workers=1, steps=10, batch_size=32, lr=0.3, n_servers=2)
