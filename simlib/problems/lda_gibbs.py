@@ -467,6 +467,16 @@ def _word_mass(prop: Proposal, mass: Mass, s_tab: int, beta: float, vbeta: float
 
 
 @njit(cache=True, nogil=True, inline="always", error_model="numpy")
+def _doc_topic(x: float, n_other: int, lo: int, p: int, z_doc: np.ndarray, alpha: float, K: int) -> int:
+    """The doc proposal's topic for x uniform on [0, n_other + K alpha): another token's of the document (token p
+    skipped), or a uniform topic."""
+    if x < n_other:
+        q = lo + int(x)
+        return z_doc[q + 1 if q >= p else q]
+    return min(int((x - n_other) / alpha), K - 1)
+
+
+@njit(cache=True, nogil=True, inline="always", error_model="numpy")
 def _stale_q(k: int, snap: np.ndarray, n0: np.ndarray, s_tab: int, beta: float, vbeta: float) -> float:
     """The stale word proposal without the token, unnormalised: (snap_k - [k=s_tab] + b) / (n0_k - [k=s_tab] + V b)."""
     own = int(k == s_tab)
@@ -516,12 +526,7 @@ def _mh_run(run: Run, tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Pri
                     s, ps = t, pt
             # Doc proposal: another token's topic, or a uniform one; q_d(k) ∝ n_dk + a with fresh counts.
             rng, u = _uniform(rng)
-            x = u * (n_other + K * alpha)
-            if x < n_other:
-                q = lo + int(x)
-                t = z_doc[q + 1 if q >= p else q]
-            else:
-                t = min(int((x - n_other) / alpha), K - 1)
+            t = _doc_topic(u * (n_other + K * alpha), n_other, lo, p, z_doc, alpha, K)
             if t != s:
                 pt = (n_dk[d, t] + alpha) * (n_wk[w, t] + beta) / (n_k[t] + vbeta)
                 rng, u = _uniform(rng)
@@ -737,12 +742,7 @@ def _sweep_word(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_
                 if x < A:
                     t = wt[min(np.searchsorted(cdf[:m], x, side="right"), m - 1)]
                 else:
-                    x = (x - A) / bc
-                    if x < n_other:
-                        q = lo + int(x)
-                        t = z_doc[q + 1 if q >= p else q]
-                    else:
-                        t = min(int((x - n_other) / alpha), K - 1)
+                    t = _doc_topic((x - A) / bc, n_other, lo, p, z_doc, alpha, K)
                 if t != s:
                     pt = (n_dk[d, t] + alpha) * (row[t] + beta) * inv[t]
                     qt = (n_dk[d, t] + alpha) * (row[t] * inv[t] + bc)
