@@ -1454,9 +1454,9 @@ def test_the_reference_answers_are_read_from_the_hidden_tests():
         "simlib.course.large_batch._lamb"}  # the grader's checks' own imports are not
 
 
-# Two masters in the default run (one of the first assignment's kind, the newest), the rest with --heavy: nbgrader
-# reads every master's cells the same way, and five took 39 s of a quiet CI run.
-_NBGRADER_QUICK = ["01-ssp-rule.ipynb", "08-data-parallel.ipynb"]
+# One master in the default run (the first assignment's), the rest with --heavy: nbgrader reads every master's cells
+# the same way; five took 39 s of a quiet CI run, two 27 s.
+_NBGRADER_QUICK = ["01-ssp-rule.ipynb"]
 
 
 @pytest.mark.slow

@@ -22,7 +22,6 @@ from ray.cluster_utils import Cluster  # noqa: E402
 import simlib  # noqa: E402
 from simlib.calibration.ray_cost import ray_message_cost, sim_options  # noqa: E402
 from simlib.contract import serial_reference  # noqa: E402
-from simlib.diverged import Diverged  # noqa: E402
 from simlib.problems.glove import GloveConfig  # noqa: E402
 from simlib.problems.glove_table import GloveProblem  # noqa: E402
 from simlib.problems.lda import count_tables, make_synthetic_corpus  # noqa: E402
@@ -191,21 +190,6 @@ def test_glove_one_worker_equals_the_serial_reference_and_its_trace_is_well_form
     np.testing.assert_allclose(res.params, serial_reference(prob, 10, 16, 0.05), rtol=0, atol=1e-12)
     _assert_well_formed(res.trace, 1, 10, 0)  # includes: GloVe's cost falls
     assert res.trace.metric == "cost"
-
-
-def test_divergence_is_reported_with_its_step_and_value(cluster):
-    """tests/test_diverged.py's check of every other substrate, on this module's cluster (a Ray of its own took 11 s
-    of the suite): the server measures the loss after every N_WORKERS pushes and names the first that is not finite."""
-    from test_diverged import LR, MESSAGE, N_WORKERS, STEPS
-
-    prob = LogisticProblem(make_sparse_classification(400, 50, 5, seed=0), eval_rows=None)
-    with pytest.raises(Diverged) as info:
-        simlib.run(prob, "bsp", substrate="ray", n_workers=N_WORKERS, steps=STEPS, lr=LR, eval_every=1)
-    err = info.value
-    match = MESSAGE.match(str(err))
-    assert match, str(err)
-    assert int(match.group(1)) == err.step and not np.isfinite(err.value) and err.what == "loss"
-    assert 0 < err.step <= N_WORKERS * STEPS and err.step % N_WORKERS == 0
 
 
 def test_allreduce_replicas_take_one_process_step(cluster):
