@@ -313,8 +313,7 @@ def plot_speedup(results: SpeedupInput, ax: Axes | None = None, target: float | 
         for color, (label, times) in zip(cycle(RUN_COLORS), table.items()):
             s = speedups(times) if times else {}
             ns = sorted(s)
-            ax.plot(ns, [s[n] for n in ns], marker="o", color=color, label=label,
-                    gid=f"speedup:{label}")
+            ax.plot(ns, [s[n] for n in ns], marker="o", color=color, label=label, gid=f"speedup:{label}")
             if ns:
                 ends.append((ns[-1], s[ns[-1]], label))
         if all_n[-1] / all_n[0] >= 16:  # all_n is not empty: some run has a time
