@@ -117,12 +117,6 @@ class _Log:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self)} records)"
 
-    def __setstate__(self, cols: tuple) -> None:
-        self._cols = cols
-
-    def __reduce__(self) -> Any:
-        return (type(self), (), self._cols)
-
     @classmethod
     def from_columns(cls, columns: list) -> Any:
         """A log holding these columns (NumPy arrays of the column types, e.g. int32 for 'i'), copied once.

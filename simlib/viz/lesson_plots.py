@@ -23,11 +23,12 @@ from matplotlib.patches import Patch
 
 from simlib import _validate as check
 from simlib.trace import Trace
-from simlib.viz.plots import _as_list, new_axes, plot_loss, plot_timeline
+from simlib.viz.plots import _as_list, plot_loss, plot_timeline, styled_axes
 from simlib.viz.style import OKABE_ITO, RUN_COLORS, style
 
 Interval = tuple[float, float, str]
 IDLE_COLOR = "#D9D9D9"
+DARK_COLORS = (OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["black"])  # a label on them is white
 
 
 def _need_title(title: Any, name: str = "", items: Any = True, what: str = "") -> None:
@@ -68,8 +69,7 @@ def plot_curves(x: Sequence[float], series: Mapping[str, Sequence[float]], xlabe
     if unknown:
         raise ValueError(f"spread/dashed name series that do not exist: {unknown}")
     xs = np.asarray(x, dtype=float)
-    with style():
-        ax = new_axes(ax, (9, 5.5))
+    with styled_axes(ax, (9, 5.5)) as ax:
         for color, (label, ys) in zip(cycle(RUN_COLORS), series.items()):
             ys = np.asarray(ys, dtype=float)
             if ys.shape != xs.shape:
@@ -107,12 +107,11 @@ def plot_bars(values: Mapping[str, float], ylabel: str, title: str, ax: Axes | N
     names = list(values)
     heights = np.array([values[k] for k in names], dtype=float)
     colors = [OKABE_ITO["vermillion"] if k == highlight else OKABE_ITO["blue"] for k in names]
-    with style():
-        ax = new_axes(ax, (max(6.0, 1.6 * len(names) + 2), 5))
+    with styled_axes(ax, (max(6.0, 1.6 * len(names) + 2), 5)) as ax:
         bars = ax.bar(range(len(names)), np.nan_to_num(heights), color=colors, gid="bars")
         for b, h in zip(bars, heights):
-            ax.annotate("never" if not np.isfinite(h) else fmt.format(h), (b.get_x() + b.get_width() / 2, b.get_height()),
-                        ha="center", va="bottom", fontsize=14)
+            ax.annotate("never" if not np.isfinite(h) else fmt.format(h),
+                        (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=14)
         ax.set_xticks(range(len(names)), names)
         if ylim is not None:
             ax.set_ylim(*ylim)
@@ -133,8 +132,7 @@ def plot_staleness(traces: Sequence[Trace], title: str, field: str = "staleness"
         raise ValueError("traces must be runs with at least one update each")
     values = [np.array([getattr(u, field) for u in t.updates]) for t in traces]
     top = int(max(v.max() for v in values))
-    with style():
-        ax = new_axes(ax, (9, 5))
+    with styled_axes(ax, (9, 5)) as ax:
         for color, t, v in zip(cycle(RUN_COLORS), traces, values):
             share = np.bincount(v.clip(0), minlength=top + 1) / v.size
             ax.step(np.arange(top + 1), share, where="mid", color=color, linewidth=2.2,
@@ -156,8 +154,7 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
     labels = sorted({lab for iv in rows.values() for (_, _, lab) in iv if lab != idle})
     color_of = dict(zip(labels, cycle(RUN_COLORS)))
     span = max((end for iv in rows.values() for (_, end, _) in iv), default=1.0) or 1.0
-    with style():
-        ax = new_axes(ax, (12, 1.2 + 0.8 * len(names)))
+    with styled_axes(ax, (12, 1.2 + 0.8 * len(names))) as ax:
         for y, name in enumerate(names):
             for start, end, lab in rows[name]:
                 if end < start:
@@ -168,7 +165,7 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
                         gid="idle" if is_idle else f"op:{lab}")
                 if not is_idle and len(labels) <= 24 and (end - start) >= 0.04 * span:  # no label on slivers
                     ax.text((start + end) / 2, y, lab, ha="center", va="center", fontsize=14,
-                            color="#FFFFFF" if color_of[lab] in (OKABE_ITO["blue"], OKABE_ITO["vermillion"], OKABE_ITO["black"]) else "#000000")
+                            color="#FFFFFF" if color_of[lab] in DARK_COLORS else "#000000")
         ax.set_yticks(range(len(names)), names)
         ax.set_ylim(len(names) - 0.5, -0.5)
         ax.set(xlabel=xlabel, title=title)
@@ -179,7 +176,8 @@ def plot_gantt(rows: Mapping[str, Sequence[Interval]], xlabel: str, title: str, 
     return ax
 
 
-def schedule_rows(grid: np.ndarray, slot: float = 1.0, prefix: str = "stage ", item: str = "") -> dict[str, list[Interval]]:
+def schedule_rows(grid: np.ndarray, slot: float = 1.0, prefix: str = "stage ",
+                  item: str = "") -> dict[str, list[Interval]]:
     """Rows for :func:`plot_gantt` from grid[row, t] = item number or -1 (idle), each slot ``slot`` long."""
     grid = np.asarray(grid)
     if grid.ndim != 2:
@@ -235,6 +233,7 @@ def plot_link_load(traces: Sequence[Trace], width: float, title: str, worker: in
                 ax.legend(loc="upper right")
             ax.set_title(f"{tr.label}: nothing sent in {idle:.0%} of the run's {width * 1e3:g} ms bins", fontsize=14)
             ax.set_ylabel("MB/s sent")
-        axes[-1].set_xlabel("simulated time (ms), " + ("all workers' links" if worker is None else f"worker {worker}'s link"))
+        link = "all workers' links" if worker is None else f"worker {worker}'s link"
+        axes[-1].set_xlabel(f"simulated time (ms), {link}")
         fig.suptitle(title)
     return fig

@@ -18,8 +18,9 @@ trace: simulated seconds for the simulator, wall seconds for real runs. Example:
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import cycle
 from typing import Any, Union
 
@@ -44,9 +45,12 @@ MAX_ARROWS = 800
 MAX_YTICKS = 16
 
 
-def new_axes(ax: Axes | None, figsize: tuple[float, float]) -> Axes:
-    """Return ``ax``, or the axes of a new figure (made without pyplot, so nothing is shown by accident)."""
-    return ax if ax is not None else Figure(figsize=figsize, layout="constrained").add_subplot()
+@contextlib.contextmanager
+def styled_axes(ax: Axes | None, figsize: tuple[float, float]) -> Iterator[Axes]:
+    """In the projector style: ``ax``, or the axes of a new figure (made without pyplot, so nothing is shown by
+    accident)."""
+    with style():
+        yield ax if ax is not None else Figure(figsize=figsize, layout="constrained").add_subplot()
 
 
 def _as_list(traces: Trace | Iterable[Trace]) -> list[Trace]:
@@ -148,8 +152,7 @@ def plot_timeline(trace: Trace, ax: Axes | None = None, max_workers: int = 32, t
     if t_max is not None and not (isinstance(t_max, (int, float)) and t_max > 0):
         raise ValueError(f"t_max must be a number > 0 or None, got {t_max!r}")
     n_shown = min(trace.n_workers, max_workers)
-    with style():
-        ax = new_axes(ax, (12, 1.5 + 0.35 * n_shown))
+    with styled_axes(ax, (12, 1.5 + 0.35 * n_shown)) as ax:
         t_end = math.inf if t_max is None else t_max
         cols = _span_columns(trace, n_shown, t_end)
         for kind in SPAN_KINDS:
@@ -237,22 +240,17 @@ def plot_loss(traces: Trace | Iterable[Trace], x: str = "time", ax: Axes | None 
     """
     one_of("x", x, X_AXES)
     runs = _as_list(traces)
-    with style():
-        ax = new_axes(ax, (9, 5.5))
+    with styled_axes(ax, (9, 5.5)) as ax:
         for color, tr in zip(cycle(RUN_COLORS), runs):
             per = tr.n_workers if x == "rounds" else 1
             xs = [q.time if x == "time" else q.step / per for q in tr.quality]
             ys = [q.value for q in tr.quality]
-            label = run_label(tr)
-            if target is not None:
-                reached = _reached(tr, target, x)
-                if reached is None:
-                    label += " (not reached)"
-                else:
-                    label += f" (at {_fmt_at(reached, x)})"
-                    ax.plot([reached], [target], marker="o", markersize=11, color=color,
-                            markeredgecolor=OKABE_ITO["black"], linestyle="none", zorder=5,
-                            gid=f"reached:{run_label(tr)}")
+            reached = None if target is None else _reached(tr, target, x)
+            label = run_label(tr) + ("" if target is None else " (not reached)" if reached is None
+                                     else f" (at {_fmt_at(reached, x)})")
+            if reached is not None:
+                ax.plot([reached], [target], marker="o", markersize=11, color=color, markeredgecolor=OKABE_ITO["black"],
+                        linestyle="none", zorder=5, gid=f"reached:{run_label(tr)}")
             ax.plot(xs, ys, color=color, label=label, gid=f"loss:{run_label(tr)}")
         if target is not None:
             ax.axhline(target, color=OKABE_ITO["black"], linestyle="--", linewidth=1.8,
@@ -308,16 +306,14 @@ def plot_speedup(results: SpeedupInput, ax: Axes | None = None, target: float | 
     table = speedup_table(results, target)
     if not table or not any(table.values()):
         raise ValueError("results must hold at least one run time")
-    with style():
-        ax = new_axes(ax, (8, 6))
+    with styled_axes(ax, (8, 6)) as ax:
         all_n = sorted({n for times in table.values() for n in times})
         ax.plot(all_n, all_n, color=OKABE_ITO["black"], linestyle="--", linewidth=2, label="ideal (S = n)", gid="ideal")
         ends: list[tuple[int, float, str]] = []
         for color, (label, times) in zip(cycle(RUN_COLORS), table.items()):
             s = speedups(times) if times else {}
             ns = sorted(s)
-            ax.plot(ns, [s[n] for n in ns], marker="o", color=color, label=label,
-                    gid=f"speedup:{label}")
+            ax.plot(ns, [s[n] for n in ns], marker="o", color=color, label=label, gid=f"speedup:{label}")
             if ns:
                 ends.append((ns[-1], s[ns[-1]], label))
         if all_n[-1] / all_n[0] >= 16:  # all_n is not empty: some run has a time
