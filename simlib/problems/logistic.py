@@ -155,12 +155,6 @@ def sigmoid(z: Any) -> Any:
     return xp.where(z >= 0, 1.0 / (1.0 + ez), ez / (1.0 + ez))
 
 
-def log1pexp(z: Any) -> Any:
-    """log(1 + exp(z)) without overflow."""
-    xp = array_module(z)
-    return xp.maximum(z, 0) + xp.log1p(xp.exp(-xp.abs(z)))
-
-
 class Replica(NamedTuple):
     """A worker's private copy of the hot keys, and the data's rows split hot first (see :func:`_split_hot`)."""
 
@@ -451,7 +445,7 @@ class LogisticProblem:
         """L(w) on the evaluation rows: mean log-loss plus (l2 / 2) ||w||^2."""
         e, xp = self._eval, array_module(w)
         data_loss = (_mean_log_loss(e.indptr, e.indices, e.values, e.y, np.asarray(w, dtype=np.float64)) if xp is np
-                     else xp.mean(log1pexp(-xp.asarray(e.y, dtype=np.float64) * self._margins(w))))
+                     else xp.mean(xp.logaddexp(0.0, -xp.asarray(e.y, dtype=np.float64) * self._margins(w))))
         with np.errstate(over="ignore"):  # a diverged w: the loss is inf, and the caller says so by name
             return float(data_loss) + 0.5 * self.l2 * float(xp.dot(w, w))
 

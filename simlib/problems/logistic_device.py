@@ -23,9 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from simlib.backend import (QUEUE_SOURCE, InFlight, RowQueue, array_module, cuda_kernels, device_copies, scatter_add,
-                            segment_sum, use_fused)
-from simlib.problems.logistic import _ranges
+from simlib.backend import QUEUE_SOURCE, InFlight, RowQueue, array_module, cuda_kernels, device_copies, use_fused
 
 _SOURCE = r"""
 __device__ long long batch_row(long long start, long long n_rows, long long first_row, long long b) {
@@ -131,8 +129,7 @@ class DeviceData:
 
     def __init__(self, data: Any, xp: Any):
         self.xp = xp
-        self.host_indptr = np.asarray(data.indptr, dtype=np.int64)
-        self.indptr = xp.asarray(self.host_indptr)
+        self.indptr = xp.asarray(np.asarray(data.indptr, dtype=np.int64))
         self.indices = xp.asarray(np.asarray(data.indices, dtype=np.int64))
         self.values = xp.asarray(np.asarray(data.values, dtype=np.float64))
         self.y = xp.asarray(np.asarray(data.y, dtype=np.float64))
@@ -193,28 +190,19 @@ def hogwild_rows(problem: Any, w: Any, shard: tuple[int, int], first_row: int, r
 
 def array_steps(problem: Any, w: Any, shard: tuple[int, int], first: int, count: int, batch_size: int,
                 lr: float) -> None:
-    """The steps in array code on ``w``'s array module: the NumPy-tested reference of :class:`FusedSteps`."""
-    dev, l2, scaled = device_data(problem, array_module(w)), problem.l2, problem.l2_on == "all"
-    xp, ip = dev.xp, dev.host_indptr
-    keep = 1.0 - lr * l2
+    """The steps in array code on ``w``'s array module (:meth:`LogisticProblem.gradient_xp` at the batch's keys):
+    the NumPy-tested reference of :class:`FusedSteps`."""
+    xp, scaled = array_module(w), problem.l2_on == "all"
+    keep = 1.0 - lr * problem.l2
     log_s, pending = (float(w[-1]), 0.0) if scaled else (0.0, 0.0)
     for c in range(first, first + count):
         rows = problem.batch(shard, c, batch_size)
-        lens = ip[rows + 1] - ip[rows]
-        flat = xp.asarray(_ranges(ip[rows], lens))
-        row = xp.asarray(np.repeat(np.arange(batch_size), lens))
-        cols, vals = dev.indices[flat], dev.values[flat]
+        keys = problem.keys(rows)[:-1] if scaled else problem.keys(rows)
+        at = xp.asarray(keys)
         s = math.exp(log_s + pending)
-        margin = segment_sum(row, vals * w[cols], batch_size) * s
-        yb = dev.y[xp.asarray(rows)]
-        coef = -yb / (1.0 + xp.exp(yb * margin)) / batch_size
-        if scaled:
-            scatter_add(w, cols, (-lr / (s * keep)) * coef[row] * vals)
-            pending += math.log(keep)
-            continue
-        if l2:
-            w[xp.unique(cols)] *= keep  # each touched weight decays once
-        scatter_add(w, cols, -lr * coef[row] * vals)
+        _, g = problem.gradient_xp(w[at] * s, rows, keys, 0.0 if scaled else problem.l2)
+        w[at] += (-lr / (s * keep)) * g if scaled else -lr * g
+        pending += math.log(keep) if scaled else 0.0
     if scaled:
         w[-1] += pending
 
