@@ -6,7 +6,8 @@ import pytest
 
 from simlib.parallel.shm import PREFIX
 from simlib.calibration.calibrate import NULL_SHM, Spread, calibrate
-from simlib.calibration.validate import WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
+from simlib.calibration.validate import (WORKLOADS, Workload, bsp_sync, compare, predict, twin_config,
+                                        warmup)
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,10 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
     for n, step in ((1, 1e-3), (2, 2e-3), (3, 2e-3)):
         priced = cal.unit_time("bsp_step", n) + cal.compute_time("bsp_call", NULL_SHM["features"] + 1, n)
         assert 0 < priced < step and bsp_sync(slow, n) == pytest.approx(step - priced)
+    # On 2 workers each step waits for the slower of two steps jittered by the bsp_step kernel's two-process spread.
+    assert bsp1.stragglers.jitter == "none"
+    assert bsp2.stragglers.jitter == "lognormal"
+    assert bsp2.stragglers.jitter_sigma == cal.kernels["bsp_step"].jitter.median > 0
     unmeasured = dataclasses.replace(cal, bsp_step={})
     assert bsp_sync(unmeasured, 1) == 0.0
     assert twin_config(w, 2, slow).compute_overhead == pytest.approx(twin_config(w, 2, unmeasured).compute_overhead
@@ -86,6 +91,20 @@ def test_compare_prices_shared_memory_bsp_with_the_null_run_measured_between_its
     assert len(calls) == 2  # before each repeat
     assert res.rows[0].predicted == pytest.approx(predict(w, 1, dataclasses.replace(cal, bsp_step={}))[0] + steps,
                                                   rel=0.05)
+
+
+def test_shared_memory_bsp_on_two_workers_waits_for_the_slower_jittered_step(cal):
+    w = Workload("tiny bsp shm", "bsp_shm", n_rows=4_000, n_features=500, nnz_per_row=10, global_batch=20)
+
+    def with_sigma(sigma):
+        return cal.with_contention({}, {"bsp_step": Spread(sigma, sigma, sigma, 1)})
+
+    quiet, noisy = with_sigma(0.0), with_sigma(1.0)
+    assert predict(w, 1, noisy)[0] == predict(w, 1, quiet)[0]  # one worker waits for no one: mean-1 noise is moot
+    t_quiet, t_noisy = predict(w, 2, quiet)[0], predict(w, 2, noisy)[0]
+    # E[max of two mean-1 lognormals] = 2 Phi(sigma / sqrt 2) = 1.52 at sigma 1: the simulated part grows about so
+    start = cal.start_time(2) + warmup(w, cal, 2)
+    assert 1.3 < (t_noisy - start) / (t_quiet - start) < 1.75
 
 
 def test_with_null_replaces_the_named_figures_only(cal):
