@@ -80,11 +80,13 @@ def test_fit_line_recovers_a_known_line_and_names_bad_input():
         fit_line([1, 2], [1.0, 0.0])
 
 
-def test_step_jitter_is_the_spread_of_log_times_about_each_sizes_median():
-    e = math.e
-    # two sizes: log ratios (0, 1, -1) about 1 us and (0, 0, 1, -1) about 1 ms; the single call of a third is left out
-    walls = [[1e-6, e * 1e-6, 1e-6 / e], [1e-3, 1e-3, e * 1e-3, 1e-3 / e], [5.0]]
-    assert step_jitter(walls) == pytest.approx(np.std([0, 1, -1, 0, 0, 1, -1]))
+def test_step_jitter_is_the_lognormal_with_the_calls_expected_max_of_two():
+    # calls of 1 and 3 us (mean 2): the slower of two distinct calls is 1.5 times the mean = 2 Phi(sigma / sqrt 2)
+    assert step_jitter([[1e-6, 3e-6], [5.0]]) == pytest.approx(math.sqrt(2) * 0.6744897501960817)
+    rng = np.random.default_rng(0)
+    for sigma in (0.2, 0.6):  # mean-1 lognormal calls of two sizes: their sigma comes back
+        walls = [size * np.exp(sigma * rng.standard_normal(5_000) - sigma**2 / 2) for size in (1e-6, 1e-3)]
+        assert step_jitter(walls) == pytest.approx(sigma, abs=0.02)
     assert step_jitter([[2e-6] * 5, [3e-3] * 4]) == 0.0  # every call alike: no noise, whatever the sizes
     assert math.isnan(step_jitter([[1e-6]]))
 

@@ -41,6 +41,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -117,7 +118,7 @@ class KernelCost:
     per_unit: Spread
     overhead: Spread
     contention: Spread  # per-unit time with 2 concurrent processes / alone
-    # sigma of log(a call's wall time / its size's median) with 2 processes at once, one per window (step_jitter)
+    # the spread of a call's wall time with 2 processes at once, one per window (step_jitter)
     jitter: Spread = field(default_factory=Spread.unmeasured)
 
     def time(self, units: float, busy: int = 1) -> float:
@@ -419,13 +420,19 @@ def _kernel_fit(timed: list[tuple[float, Callable[[], Any]]], calls: int) -> tup
 
 
 def step_jitter(walls: Sequence[Sequence[float]]) -> float:
-    """sigma = std of log(t / median) over every call time t, each against the median of its own size's calls.
+    """sigma of the mean-1 lognormal whose expected max of two draws, 2 Phi(sigma / sqrt 2), equals that of two of
+    the calls' wall times, each over the mean of its own size's calls (``walls``: one sequence per call size).
 
-    ``walls`` holds one sequence of wall times per call size; sizes with fewer than 2 calls are left out
-    (NaN when none is left). The simulator's lognormal jitter with this sigma prices a step's noise.
+    The slower of two workers' steps is what a BSP step waits for. Sizes with fewer than 2 calls are left out
+    (NaN when none is left).
     """
-    logs = [np.log(np.asarray(w, np.float64) / np.median(w)) for w in walls if len(w) >= 2 and min(w) > 0]
-    return float(np.std(np.concatenate(logs))) if logs else math.nan
+    ratios = [np.asarray(w, np.float64) / np.mean(w) for w in walls if len(w) >= 2 and min(w) > 0]
+    if not ratios:
+        return math.nan
+    x = np.sort(np.concatenate(ratios))
+    # E[max of two distinct calls]: the k-th smallest is the larger of k pairs
+    e_max = float(np.dot(x, np.arange(x.size))) / (x.size * (x.size - 1) / 2)
+    return max(math.sqrt(2) * NormalDist().inv_cdf(min(e_max, 2 - 1e-12) / 2), 0.0)
 
 
 def _kernel_window(timed: list[tuple[float, Callable[[], Any]]], seconds: float) -> tuple[float, float]:
