@@ -105,6 +105,7 @@ def test_shared_memory_bsp_on_two_workers_waits_for_the_slower_jittered_step(cal
     # E[max of two mean-1 lognormals] = 2 Phi(sigma / sqrt 2) = 1.52 at sigma 1: the simulated part grows about so
     start = cal.start_time(2) + warmup(w, cal, 2)
     assert 1.3 < (t_noisy - start) / (t_quiet - start) < 1.75
+    assert twin_config(w, 2, with_sigma(50.0)).stragglers.jitter_sigma == 5.0  # the simulator's largest
 
 
 def test_with_null_replaces_the_named_figures_only(cal):
