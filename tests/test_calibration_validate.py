@@ -36,7 +36,9 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
         assert cfg.protocol == "bsp" and cfg.topology == "ps" and cfg.latency == 0.0
         assert cfg.compute_per_unit == pytest.approx(cal.unit_time("bsp_step", n))
         call = cal.compute_time("bsp_call", w.n_features + 1, n)  # the table holds v and log s
-        assert cfg.compute_overhead == pytest.approx(call + bsp_sync(cal, n))
+        assert cfg.compute_overhead == pytest.approx(call)
+        sync = bsp_sync(cal, n)  # a stall every step, outside the jitter
+        assert cfg.stragglers.pause_time == pytest.approx(sync) and cfg.stragglers.pause_prob == float(sync > 0)
     assert bsp1.batch_size == 400 and bsp2.batch_size == 200 and bsp1.steps == bsp2.steps == 300
     # The sync is the null run's step on as many workers (2 for more) less what the kernels price for that step.
     slow = dataclasses.replace(cal, bsp_step={1: Spread(1e-3, 1e-3, 1e-3, 1), 2: Spread(2e-3, 2e-3, 2e-3, 1)})
@@ -49,8 +51,8 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
     assert bsp2.stragglers.jitter_sigma == cal.kernels["bsp_step"].jitter.median > 0
     unmeasured = dataclasses.replace(cal, bsp_step={})
     assert bsp_sync(unmeasured, 1) == 0.0
-    assert twin_config(w, 2, slow).compute_overhead == pytest.approx(twin_config(w, 2, unmeasured).compute_overhead
-                                                                     + bsp_sync(slow, 2))
+    assert twin_config(w, 2, slow).stragglers.pause_time == pytest.approx(bsp_sync(slow, 2))
+    assert twin_config(w, 2, unmeasured).stragglers.pause_prob == 0.0
 
 
 def test_compare_runs_real_processes_and_reports_errors(cal):
@@ -96,8 +98,8 @@ def test_compare_prices_shared_memory_bsp_with_the_null_run_measured_between_its
 def test_shared_memory_bsp_on_two_workers_waits_for_the_slower_jittered_step(cal):
     w = Workload("tiny bsp shm", "bsp_shm", n_rows=4_000, n_features=500, nnz_per_row=10, global_batch=20)
 
-    def with_sigma(sigma):
-        return cal.with_contention({}, {"bsp_step": Spread(sigma, sigma, sigma, 1)})
+    def with_sigma(sigma):  # and no stall (the null run unmeasured): each simulated step is all compute
+        return dataclasses.replace(cal, bsp_step={}).with_contention({}, {"bsp_step": Spread(sigma, sigma, sigma, 1)})
 
     quiet, noisy = with_sigma(0.0), with_sigma(1.0)
     assert predict(w, 1, noisy)[0] == predict(w, 1, quiet)[0]  # one worker waits for no one: mean-1 noise is moot

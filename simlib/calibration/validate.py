@@ -23,11 +23,11 @@ it removes, see ``benchmarks/calibration.py``):
 * a dense model's per-parameter gradient work goes into ``compute_overhead``;
 * shared-memory BSP is the engine's BSP with free messages: each worker computes its batch step
   in place (``bsp_step`` per nonzero, plus ``bsp_call`` per feature of the table for the call
-  and its scratch gradient) and waits at the next step for the slowest, each step jittered by the
-  kernel's measured two-process spread (:func:`step_noise`); what the null run's step
-  costs beyond those prices (the worker program's call of the compiled step, its bookkeeping and,
-  with 2 workers, the wait's wake-up: :func:`bsp_sync`) goes into ``compute_overhead``. There is no
-  barrier and no dense apply to price.
+  and its scratch gradient) and waits at the next step for the slowest, each step's compute jittered
+  by the kernel's measured two-process spread; what the null run's step costs beyond those prices
+  (the worker program's call of the compiled step, its bookkeeping and, with 2 workers, the wait's
+  wake-up: :func:`bsp_sync`) is a stall every step (:func:`bsp_stragglers`). There is no barrier and
+  no dense apply to price.
 * Hogwild is async with free messages (latency 0): workers only read and write shared memory;
   a simulated step is one chunk of ``global_batch`` one-row steps, as the real trace records it.
 """
@@ -154,19 +154,23 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
                               eval_every=chunks, **shm)
     # bsp_shm: the batch step, then the wait for the slowest at the next step's read
     cfg = cal.sim_config("bsp_step", protocol="bsp", steps=steps, batch_size=b, eval_every=steps, **shm)
-    return cfg.replace(compute_overhead=cal.compute_time("bsp_call", prob.n_params, busy) + bsp_sync(cal, n_workers),
-                       stragglers=step_noise(cal, n_workers))
+    return cfg.replace(compute_overhead=cal.compute_time("bsp_call", prob.n_params, busy),
+                       stragglers=bsp_stragglers(cal, n_workers))
 
 
-def step_noise(cal: Calibration, n_workers: int) -> Stragglers:
-    """Shared-memory BSP's step noise: on 2 or more workers, lognormal jitter (mean 1) with the ``bsp_step`` kernel's
-    two-process sigma, so that each step waits for the slowest of the workers' jittered steps (for two:
-    2 Phi(sigma / sqrt 2) times the mean step). None on 1 worker, where a mean-1 noise changes nothing in
-    expectation, or where the jitter was not measured."""
+def bsp_stragglers(cal: Calibration, n_workers: int) -> Stragglers:
+    """A shared-memory BSP step beyond its kernels' mean prices, as the simulator's stragglers: a stall of
+    :func:`bsp_sync` every step, and on 2 or more workers lognormal jitter (mean 1) of the computed part with the
+    ``bsp_step`` kernel's two-process sigma, so that each step waits for the slowest of the workers' jittered steps
+    (for two: 2 Phi(sigma / sqrt 2) times the mean). The stall is not jittered: on 2 workers the null run it comes
+    from already waited for the slower of two null steps. No jitter on 1 worker, where a mean-1 noise changes
+    nothing in expectation, nor where it was not measured."""
+    sync = bsp_sync(cal, n_workers)
     sigma = cal.kernels["bsp_step"].jitter.median_or(0.0) if n_workers > 1 else 0.0
     # at most the simulator's largest sigma, which a window whose one call was descheduled for most of it can pass
     most = Stragglers.__dataclass_fields__["jitter_sigma"].metadata["max"]
-    return Stragglers(jitter="lognormal", jitter_sigma=min(sigma, most)) if sigma > 0 else Stragglers()
+    noise = dict(jitter="lognormal", jitter_sigma=min(sigma, most)) if sigma > 0 else {}
+    return Stragglers(**noise, **(dict(pause_prob=1.0, pause_time=sync) if sync > 0 else {}))
 
 
 def bsp_sync(cal: Calibration, n_workers: int) -> float:
