@@ -10,7 +10,8 @@ What is measured, each in real worker processes and repeated so the spread is kn
   (BSP, per nonzero) and the per-call cost of a batch step by table size (per feature: its
   scratch gradient). Each is timed alone and then with two processes running it at once: the
   ratio is the *contention* (two cores sharing a memory bus, or fewer than two free cores on a
-  busy machine);
+  busy machine), and the spread of the calls' wall times together is the *jitter*
+  (:func:`step_jitter`), which a BSP twin's steps are drawn with;
 * process start: seconds from a group's start until its last worker runs user code;
 * pipes: one-way time of a ``Channel.send_array`` message by size (half a ping-pong), fitted by
   least squares in relative error as ``latency + size / bandwidth``;
