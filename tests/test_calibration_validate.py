@@ -95,6 +95,28 @@ def test_compare_prices_shared_memory_bsp_with_the_null_run_measured_between_its
                                                   rel=0.05)
 
 
+def test_compare_prices_the_jitter_measured_between_its_runs(cal, monkeypatch):
+    from simlib.calibration import validate
+
+    w = Workload("tiny bsp shm", "bsp_shm", n_rows=2_000, n_features=500, nnz_per_row=10, global_batch=100)
+    jitters = iter([[0.5, 0.7], [0.9, 1.1]])  # as if two windows each, before each of 2 repeats
+
+    def contention(kinds, quick):
+        js = next(jitters)
+        return {k: {"slowdown": [1.0] * len(js), "jitter": js} for k in kinds}
+
+    priced = []
+
+    def predict(w, n, c):  # what compare() prices each worker count with
+        priced.append(c)
+        return 1.0, None
+
+    monkeypatch.setattr(validate, "measure_contention", contention)
+    monkeypatch.setattr(validate, "predict", predict)
+    compare([w], workers=(1, 2), repeats=2, cal=cal, load_seconds=0.02)
+    assert [c.kernels["bsp_step"].jitter.median for c in priced] == [0.8, 0.8]  # the median of the 4 windows
+
+
 def test_shared_memory_bsp_on_two_workers_waits_for_the_slower_jittered_step(cal):
     w = Workload("tiny bsp shm", "bsp_shm", n_rows=4_000, n_features=500, nnz_per_row=10, global_batch=20)
 
