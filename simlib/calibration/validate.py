@@ -170,7 +170,8 @@ def bsp_stragglers(cal: Calibration, n_workers: int) -> Stragglers:
     # at most the simulator's largest sigma, which a window whose one call was descheduled for most of it can pass
     most = Stragglers.__dataclass_fields__["jitter_sigma"].metadata["max"]
     noise = dict(jitter="lognormal", jitter_sigma=min(sigma, most)) if sigma > 0 else {}
-    return Stragglers(**noise, **(dict(pause_prob=1.0, pause_time=sync) if sync > 0 else {}))
+    stall = dict(pause_prob=1.0, pause_time=sync) if sync > 0 else {}
+    return Stragglers(**noise, **stall)
 
 
 def bsp_sync(cal: Calibration, n_workers: int) -> float:
