@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from simlib.parallel.shm import PREFIX
-from simlib.calibration.calibrate import Calibration, Spread, busy_note, calibrate, fit_line, measure_load
+from simlib.calibration.calibrate import (Calibration, Spread, busy_note, calibrate, fit_line, measure_contention,
+                                          measure_load, step_jitter)
 from simlib.sim.config import SimConfig
 
 
@@ -31,6 +32,7 @@ def cal():
 
 def _spreads(c: Calibration) -> list[tuple[str, Spread]]:
     out = [(f"kernel {k} {f}", getattr(v, f)) for k, v in c.kernels.items() for f in ("per_unit", "contention")]
+    out += [("kernel bsp_step jitter", c.kernels["bsp_step"].jitter)]  # the spread a BSP twin's steps are drawn with
     out += [("pipe_latency", c.pipe_latency), ("pipe_bandwidth", c.pipe_bandwidth),
             ("shm_copy_bandwidth", c.shm_copy_bandwidth), ("lock_cost", c.lock_cost)]
     out += [(f"process_start {n}", s) for n, s in c.process_start.items()]
@@ -76,6 +78,23 @@ def test_fit_line_recovers_a_known_line_and_names_bad_input():
     assert a == pytest.approx(5e-5, rel=1e-9) and b == pytest.approx(1e-9, rel=1e-9)
     with pytest.raises(ValueError, match="y must be positive"):
         fit_line([1, 2], [1.0, 0.0])
+
+
+def test_step_jitter_is_the_lognormal_with_the_calls_expected_max_of_two():
+    # calls of 1 and 3 us (mean 2): the slower of two distinct calls is 1.5 times the mean = 2 Phi(sigma / sqrt 2)
+    assert step_jitter([[1e-6, 3e-6], [5.0]]) == pytest.approx(math.sqrt(2) * 0.6744897501960817)
+    rng = np.random.default_rng(0)
+    for sigma in (0.2, 0.6):  # mean-1 lognormal calls of two sizes: their sigma comes back
+        walls = [size * np.exp(sigma * rng.standard_normal(5_000) - sigma**2 / 2) for size in (1e-6, 1e-3)]
+        assert step_jitter(walls) == pytest.approx(sigma, abs=0.02)
+    assert step_jitter([[2e-6] * 5, [3e-3] * 4]) == 0.0  # every call alike: no noise, whatever the sizes
+    assert math.isnan(step_jitter([[1e-6]]))
+
+
+def test_contention_is_measured_with_its_jitter():
+    got = measure_contention(["bsp_step"], repeats=1, window=0.02)
+    assert set(got) == {"bsp_step"} and len(got["bsp_step"]["slowdown"]) == len(got["bsp_step"]["jitter"]) == 2
+    assert all(math.isfinite(j) and j > 0 for j in got["bsp_step"]["jitter"])
 
 
 def test_sim_config_is_priced_by_the_calibration(cal):

@@ -6,7 +6,8 @@ import pytest
 
 from simlib.parallel.shm import PREFIX
 from simlib.calibration.calibrate import NULL_SHM, Spread, calibrate
-from simlib.calibration.validate import WORKLOADS, Workload, bsp_sync, compare, predict, twin_config
+from simlib.calibration.validate import (WORKLOADS, Workload, bsp_sync, compare, predict, twin_config,
+                                        warmup)
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +36,23 @@ def test_twin_prices_each_substrate_from_the_calibration(cal):
         assert cfg.protocol == "bsp" and cfg.topology == "ps" and cfg.latency == 0.0
         assert cfg.compute_per_unit == pytest.approx(cal.unit_time("bsp_step", n))
         call = cal.compute_time("bsp_call", w.n_features + 1, n)  # the table holds v and log s
-        assert cfg.compute_overhead == pytest.approx(call + bsp_sync(cal, n))
+        assert cfg.compute_overhead == pytest.approx(call)
+        sync = bsp_sync(cal, n)  # a stall every step, outside the jitter
+        assert cfg.stragglers.pause_time == pytest.approx(sync) and cfg.stragglers.pause_prob == float(sync > 0)
     assert bsp1.batch_size == 400 and bsp2.batch_size == 200 and bsp1.steps == bsp2.steps == 300
     # The sync is the null run's step on as many workers (2 for more) less what the kernels price for that step.
     slow = dataclasses.replace(cal, bsp_step={1: Spread(1e-3, 1e-3, 1e-3, 1), 2: Spread(2e-3, 2e-3, 2e-3, 1)})
     for n, step in ((1, 1e-3), (2, 2e-3), (3, 2e-3)):
         priced = cal.unit_time("bsp_step", n) + cal.compute_time("bsp_call", NULL_SHM["features"] + 1, n)
         assert 0 < priced < step and bsp_sync(slow, n) == pytest.approx(step - priced)
+    # On 2 workers each step waits for the slower of two steps jittered by the bsp_step kernel's two-process spread.
+    assert bsp1.stragglers.jitter == "none"
+    assert bsp2.stragglers.jitter == "lognormal"
+    assert bsp2.stragglers.jitter_sigma == cal.kernels["bsp_step"].jitter.median > 0
     unmeasured = dataclasses.replace(cal, bsp_step={})
     assert bsp_sync(unmeasured, 1) == 0.0
-    assert twin_config(w, 2, slow).compute_overhead == pytest.approx(twin_config(w, 2, unmeasured).compute_overhead
-                                                                     + bsp_sync(slow, 2))
+    assert twin_config(w, 2, slow).stragglers.pause_time == pytest.approx(bsp_sync(slow, 2))
+    assert twin_config(w, 2, unmeasured).stragglers.pause_prob == 0.0
 
 
 def test_compare_runs_real_processes_and_reports_errors(cal):
@@ -86,6 +93,43 @@ def test_compare_prices_shared_memory_bsp_with_the_null_run_measured_between_its
     assert len(calls) == 2  # before each repeat
     assert res.rows[0].predicted == pytest.approx(predict(w, 1, dataclasses.replace(cal, bsp_step={}))[0] + steps,
                                                   rel=0.05)
+
+
+def test_compare_prices_the_jitter_measured_between_its_runs(cal, monkeypatch):
+    from simlib.calibration import validate
+
+    w = Workload("tiny bsp shm", "bsp_shm", n_rows=2_000, n_features=500, nnz_per_row=10, global_batch=100)
+    jitters = iter([[0.5, 0.7], [0.9, 1.1]])  # as if two windows each, before each of 2 repeats
+
+    def contention(kinds, quick):
+        js = next(jitters)
+        return {k: {"slowdown": [1.0] * len(js), "jitter": js} for k in kinds}
+
+    priced = []
+
+    def predict(w, n, c):  # what compare() prices each worker count with
+        priced.append(c)
+        return 1.0, None
+
+    monkeypatch.setattr(validate, "measure_contention", contention)
+    monkeypatch.setattr(validate, "predict", predict)
+    compare([w], workers=(1, 2), repeats=2, cal=cal, load_seconds=0.02)
+    assert [c.kernels["bsp_step"].jitter.median for c in priced] == [0.8, 0.8]  # the median of the 4 windows
+
+
+def test_shared_memory_bsp_on_two_workers_waits_for_the_slower_jittered_step(cal):
+    w = Workload("tiny bsp shm", "bsp_shm", n_rows=4_000, n_features=500, nnz_per_row=10, global_batch=20)
+
+    def with_sigma(sigma):  # and no stall (the null run unmeasured): each simulated step is all compute
+        return dataclasses.replace(cal, bsp_step={}).with_contention({}, {"bsp_step": Spread(sigma, sigma, sigma, 1)})
+
+    quiet, noisy = with_sigma(0.0), with_sigma(1.0)
+    assert predict(w, 1, noisy)[0] == predict(w, 1, quiet)[0]  # one worker waits for no one: mean-1 noise is moot
+    t_quiet, t_noisy = predict(w, 2, quiet)[0], predict(w, 2, noisy)[0]
+    # E[max of two mean-1 lognormals] = 2 Phi(sigma / sqrt 2) = 1.52 at sigma 1: the simulated part grows about so
+    start = cal.start_time(2) + warmup(w, cal, 2)
+    assert 1.3 < (t_noisy - start) / (t_quiet - start) < 1.75
+    assert twin_config(w, 2, with_sigma(50.0)).stragglers.jitter_sigma == 5.0  # the simulator's largest
 
 
 def test_with_null_replaces_the_named_figures_only(cal):

@@ -10,7 +10,8 @@ What is measured, each in real worker processes and repeated so the spread is kn
   (BSP, per nonzero) and the per-call cost of a batch step by table size (per feature: its
   scratch gradient). Each is timed alone and then with two processes running it at once: the
   ratio is the *contention* (two cores sharing a memory bus, or fewer than two free cores on a
-  busy machine);
+  busy machine), and the spread of the calls' wall times together is the *jitter*
+  (:func:`step_jitter`), which a BSP twin's steps are drawn with;
 * process start: seconds from a group's start until its last worker runs user code;
 * pipes: one-way time of a ``Channel.send_array`` message by size (half a ping-pong), fitted by
   least squares in relative error as ``latency + size / bandwidth``;
@@ -41,6 +42,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -117,6 +119,8 @@ class KernelCost:
     per_unit: Spread
     overhead: Spread
     contention: Spread  # per-unit time with 2 concurrent processes / alone
+    # the spread of a call's wall time with 2 processes at once, one per window (step_jitter)
+    jitter: Spread = field(default_factory=Spread.unmeasured)
 
     def time(self, units: float, busy: int = 1) -> float:
         """CPU seconds for ``units`` (medians), times the two-process slowdown when ``busy`` >= 2."""
@@ -209,9 +213,11 @@ class Calibration:
         """The same costs on a machine whose free CPU is now ``cpu_share`` (see :func:`measure_load`)."""
         return dataclasses.replace(self, cpu_share=dict(cpu_share))
 
-    def with_contention(self, slowdowns: dict[str, Spread]) -> "Calibration":
-        """The same costs with the two-process slowdowns of the kernels named in ``slowdowns`` measured again."""
-        kernels = {k: dataclasses.replace(c, contention=slowdowns.get(k, c.contention)) for k, c in self.kernels.items()}
+    def with_contention(self, slowdowns: dict[str, Spread], jitters: dict[str, Spread] | None = None) -> "Calibration":
+        """The same costs with the two-process slowdowns (and jitters) of the kernels named measured again."""
+        jitters = jitters or {}
+        kernels = {k: dataclasses.replace(c, contention=slowdowns.get(k, c.contention), jitter=jitters.get(k, c.jitter))
+                   for k, c in self.kernels.items()}
         return dataclasses.replace(self, kernels=kernels)
 
     def with_null(self, **figures: dict[int, Spread]) -> "Calibration":
@@ -258,6 +264,7 @@ class Calibration:
             out += [(f"{name}: per {k.unit}", _scaled(k.per_unit, 1e9), "ns"),
                     (f"{name}: overhead per call", _scaled(k.overhead, 1e6), "us"),
                     (f"{name}: 2-process slowdown", k.contention, "x")]
+            out += [(f"{name}: 2-process jitter (sigma)", k.jitter, "log")] if k.jitter.n else []
         for label, name, scale, unit in _ROWS:
             value = getattr(self, name)  # a Spread, or one per count of processes or workers
             for n, s in sorted(value.items()) if isinstance(value, dict) else [(1, value)]:
@@ -413,26 +420,46 @@ def _kernel_fit(timed: list[tuple[float, Callable[[], Any]]], calls: int) -> tup
     return max(a, 0.0), b
 
 
-def _kernel_window(timed: list[tuple[float, Callable[[], Any]]], seconds: float) -> float:
-    """CPU seconds per unit of work, calling every size in turn until ``seconds`` of wall time have passed."""
+def step_jitter(walls: Sequence[Sequence[float]]) -> float:
+    """sigma of the mean-1 lognormal whose expected max of two draws, 2 Phi(sigma / sqrt 2), equals that of two of
+    the calls' wall times, each over the mean of its own size's calls (``walls``: one sequence per call size).
+
+    The slower of two workers' steps is what a BSP step waits for. Sizes with fewer than 2 calls are left out
+    (NaN when none is left).
+    """
+    ratios = [np.asarray(w, np.float64) / np.mean(w) for w in walls if len(w) >= 2 and min(w) > 0]
+    if not ratios:
+        return math.nan
+    x = np.sort(np.concatenate(ratios))
+    # E[max of two distinct calls]: the k-th smallest is the larger of k pairs
+    e_max = float(np.dot(x, np.arange(x.size))) / (x.size * (x.size - 1) / 2)
+    return max(math.sqrt(2) * NormalDist().inv_cdf(min(e_max, 2 - 1e-12) / 2), 0.0)
+
+
+def _kernel_window(timed: list[tuple[float, Callable[[], Any]]], seconds: float) -> tuple[float, float]:
+    """(CPU seconds per unit of work, :func:`step_jitter` of the calls' wall times), calling every size in turn
+    until ``seconds`` of wall time have passed."""
     # A fixed window, not a fixed number of calls: the two processes' windows then overlap for all
     # but the barrier's wake-up skew (tens of microseconds against 0.1 s), where a few milliseconds
     # of short calls each could run mostly apart and miss the other's cache-line traffic.
     units, cpu, end = 0.0, 0.0, time.perf_counter() + seconds
+    walls: list[list[float]] = [[] for _ in timed]
     while time.perf_counter() < end:
-        for u, f in timed:
-            s = time.thread_time()
+        for (u, f), wall in zip(timed, walls):
+            s, w0 = time.thread_time(), time.perf_counter()
             f()
+            wall.append(time.perf_counter() - w0)
             cpu += time.thread_time() - s
             units += u
-    return cpu / units
+    return cpu / units, step_jitter(walls)
 
 
 def _kernels_member(worker: int, n: int, cache: dict[str, Any], kinds: tuple[str, ...], repeats: int, calls: int,
                     window: float, fit: bool) -> dict:
     """Fit each kernel's line alone (worker 0, the other waits; with ``fit``), then time a window of it alone and
-    one with both workers at once: the cost per unit together over alone is the two-process slowdown."""
-    out: dict[str, dict[str, list]] = {k: {"fit": [], "alone": [], "together": []} for k in kinds}
+    one with both workers at once: the cost per unit together over alone is the two-process slowdown, and the spread
+    of the calls' wall times together is the two-process jitter."""
+    out: dict[str, dict[str, list]] = {k: {"fit": [], "alone": [], "together": [], "jitter": []} for k in kinds}
     barrier = cache["barrier"]
     for _ in range(repeats):
         for kind in kinds:
@@ -441,9 +468,11 @@ def _kernels_member(worker: int, n: int, cache: dict[str, Any], kinds: tuple[str
             if worker == 0:
                 if fit:
                     out[kind]["fit"].append(_kernel_fit(timed, calls))
-                out[kind]["alone"].append(_kernel_window(timed, window))
+                out[kind]["alone"].append(_kernel_window(timed, window)[0])
             barrier.wait()
-            out[kind]["together"].append(_kernel_window(timed, window))
+            per_unit, jitter = _kernel_window(timed, window)
+            out[kind]["together"].append(per_unit)
+            out[kind]["jitter"].append(jitter)
     return out
 
 
@@ -451,6 +480,11 @@ def _slowdowns(raw: list[dict], kind: str) -> list[float]:
     """Each worker's cost per unit in each window together over worker 0's median alone."""
     alone = float(np.median(raw[0][kind]["alone"]))
     return [t / alone for r in raw for t in r[kind]["together"]]
+
+
+def _jitters(raw: list[dict], kind: str) -> list[float]:
+    """Each worker's two-process jitter (:func:`step_jitter`) in each window together."""
+    return [j for r in raw for j in r[kind]["jitter"]]
 
 
 def _kernel_cache(group: WorkerGroup, prob: LogisticProblem, quick: bool) -> dict[str, Any]:
@@ -477,8 +511,9 @@ def _kernel_cache(group: WorkerGroup, prob: LogisticProblem, quick: bool) -> dic
 
 
 def measure_contention(kinds: Sequence[str], repeats: int = 2, window: float = 0.05, quick: bool = False,
-                       start_method: str | None = None) -> dict[str, list[float]]:
-    """Two-process slowdowns of ``kinds`` measured now (``repeats`` windows each), as :func:`calibrate` does.
+                       start_method: str | None = None) -> dict[str, dict[str, list[float]]]:
+    """Two-process slowdowns and jitters of ``kinds`` measured now (``repeats`` windows each), as :func:`calibrate`
+    does: {kind: {"slowdown": [...], "jitter": [...]}}.
 
     What two cores pay for sharing cache lines changes from minute to minute on a virtual machine (it depends
     on where the host places the two virtual CPUs), so a check of predictions measures it between its real
@@ -491,7 +526,7 @@ def measure_contention(kinds: Sequence[str], repeats: int = 2, window: float = 0
     with WorkerGroup(2, start_method, label="contention") as group:
         raw = group.run(_kernels_member, _kernel_cache(group, kernel_problem(quick), quick), tuple(kinds), repeats,
                         3, window, False)
-    return {kind: _slowdowns(raw, kind) for kind in kinds}
+    return {kind: {"slowdown": _slowdowns(raw, kind), "jitter": _jitters(raw, kind)} for kind in kinds}
 
 
 def measure_null_ps(prob: LogisticProblem, repeats: int = 1,
@@ -647,7 +682,7 @@ def calibrate(quick: bool = False, repeats: int | None = None, start_method: str
     for kind, unit in KERNEL_UNITS.items():
         fits = raw[0][kind]["fit"]
         kernels[kind] = KernelCost(unit, Spread.of([b for _, b in fits]), Spread.of([a for a, _ in fits]),
-                                   Spread.of(_slowdowns(raw, kind)))
+                                   Spread.of(_slowdowns(raw, kind)), Spread.of(_jitters(raw, kind)))
 
     # Pipes: half a ping-pong between two workers, by size.
     # Dense above 1 MiB: here a pipe message's cost jumps several-fold between 1 and 2 MiB, and a

@@ -23,10 +23,11 @@ it removes, see ``benchmarks/calibration.py``):
 * a dense model's per-parameter gradient work goes into ``compute_overhead``;
 * shared-memory BSP is the engine's BSP with free messages: each worker computes its batch step
   in place (``bsp_step`` per nonzero, plus ``bsp_call`` per feature of the table for the call
-  and its scratch gradient) and waits at the next step for the slowest; what the null run's step
-  costs beyond those prices (the worker program's call of the compiled step, its bookkeeping and,
-  with 2 workers, the wait's wake-up: :func:`bsp_sync`) goes into ``compute_overhead``. There is no
-  barrier and no dense apply to price.
+  and its scratch gradient) and waits at the next step for the slowest, each step's compute jittered
+  by the kernel's measured two-process spread; what the null run's step costs beyond those prices
+  (the worker program's call of the compiled step, its bookkeeping and, with 2 workers, the wait's
+  wake-up: :func:`bsp_sync`) is a stall every step (:func:`bsp_stragglers`). There is no barrier and
+  no dense apply to price.
 * Hogwild is async with free messages (latency 0): workers only read and write shared memory;
   a simulated step is one chunk of ``global_batch`` one-row steps, as the real trace records it.
 """
@@ -44,7 +45,7 @@ from simlib.calibration.calibrate import (BUSY_SHARE, NULL_PS, Calibration, Spre
                                           kernel_problem, measure_contention, measure_load, measure_null_ps,
                                           measure_null_shm, NULL_SHM)
 from simlib.substrates.pipes import DenseKeys
-from simlib.sim.config import SimConfig
+from simlib.sim.config import SimConfig, Stragglers
 from simlib.substrates.sim import run_args
 from simlib.trace import Trace
 
@@ -153,7 +154,24 @@ def twin_config(w: Workload, n_workers: int, cal: Calibration) -> SimConfig:
                               eval_every=chunks, **shm)
     # bsp_shm: the batch step, then the wait for the slowest at the next step's read
     cfg = cal.sim_config("bsp_step", protocol="bsp", steps=steps, batch_size=b, eval_every=steps, **shm)
-    return cfg.replace(compute_overhead=cal.compute_time("bsp_call", prob.n_params, busy) + bsp_sync(cal, n_workers))
+    return cfg.replace(compute_overhead=cal.compute_time("bsp_call", prob.n_params, busy),
+                       stragglers=bsp_stragglers(cal, n_workers))
+
+
+def bsp_stragglers(cal: Calibration, n_workers: int) -> Stragglers:
+    """A shared-memory BSP step beyond its kernels' mean prices, as the simulator's stragglers: a stall of
+    :func:`bsp_sync` every step, and on 2 or more workers lognormal jitter (mean 1) of the computed part with the
+    ``bsp_step`` kernel's two-process sigma, so that each step waits for the slowest of the workers' jittered steps
+    (for two: 2 Phi(sigma / sqrt 2) times the mean). The stall is not jittered: on 2 workers the null run it comes
+    from already waited for the slower of two null steps. No jitter on 1 worker, where a mean-1 noise changes
+    nothing in expectation, nor where it was not measured."""
+    sync = bsp_sync(cal, n_workers)
+    sigma = cal.kernels["bsp_step"].jitter.median_or(0.0) if n_workers > 1 else 0.0
+    # at most the simulator's largest sigma, which a window whose one call was descheduled for most of it can pass
+    most = Stragglers.__dataclass_fields__["jitter_sigma"].metadata["max"]
+    noise = dict(jitter="lognormal", jitter_sigma=min(sigma, most)) if sigma > 0 else {}
+    stall = dict(pause_prob=1.0, pause_time=sync) if sync > 0 else {}
+    return Stragglers(**noise, **stall)
 
 
 def bsp_sync(cal: Calibration, n_workers: int) -> float:
@@ -343,13 +361,15 @@ def compare(workloads: Sequence[Workload] | None = None, workers: Sequence[int] 
         workload_problem(w)  # build the data outside every timed region
         times: dict[int, list[tuple[float, Trace]]] = {n: [] for n in workers}
         slow: dict[str, list[float]] = {k: [] for k in WORKLOAD_KERNELS[w.substrate] + ("ps_dense",) * w.dense}
+        jitter: dict[str, list[float]] = {k: [] for k in slow}
         null: dict[int, list[float]] = {1: [], 2: []}  # the null run's figure by workers (pipes and BSP shm)
         quick = bool(cal.context.get("quick", False))  # the calibration's own problem sizes
         before = measure_load(load_seconds)
         for _ in range(repeats):
             if max(workers) > 1:
-                for kind, ratios in measure_contention(slow, quick=quick).items():
-                    slow[kind] += ratios
+                for kind, measured in measure_contention(slow, quick=quick).items():
+                    slow[kind] += measured["slowdown"]
+                    jitter[kind] += measured["jitter"]
             if w.substrate in NULL_FIGURE:
                 runs = measure_null_ps(kernel_problem(quick)) if w.substrate == "pipe_ps" else measure_null_shm()
                 for n, figures in runs[0].items():
@@ -362,7 +382,8 @@ def compare(workloads: Sequence[Workload] | None = None, workers: Sequence[int] 
         # a neighbour's burst and the cost of sharing cache lines at the time are priced in (other costs come from
         # the one calibration).
         cal_w = cal.with_load({n: Spread.of([before[n].median, after[n].median]) for n in before})
-        cal_w = cal_w.with_contention({kind: Spread.of(r) for kind, r in slow.items() if r})
+        cal_w = cal_w.with_contention({kind: Spread.of(r) for kind, r in slow.items() if r},
+                                      {kind: Spread.of(j) for kind, j in jitter.items() if j})
         if w.substrate in NULL_FIGURE:
             cal_w = cal_w.with_null(**{NULL_FIGURE[w.substrate]: {n: Spread.of(v) for n, v in null.items() if v}})
         out.loads[w.name] = cal_w.cpu_share
