@@ -9,10 +9,11 @@ shared-memory transport), run back to back. The bound is memory's: a copy's band
 process sums copied in, its own half and that copy read and the sum written to its result and to the shared slot, then
 the other half's sum copied out: 2).
 
-The overlap row: an MLP on 2 shm processes whose all-reduce is a large share of a step (small batches,
-wide layers), its step time with the gradient sent in buckets as the backward pass makes them (a helper
-thread sums bucket k while the pass computes layer k - 1) over its step time with one all-reduce after the
-backward pass. Where the helper thread finds no idle core (2 busy processes on 2 cores) it cannot help.
+The overlap rows: an MLP on 2 shm processes, small batches and wide layers, its step time with the gradient sent in
+buckets as the backward pass makes them (a helper thread sums bucket k while the pass computes layer k - 1) over its
+step time with one all-reduce of the whole gradient after the backward pass (one bucket, no helper thread); the
+all-reduce's share of that step is measured in the same run, and the ratio that counts is the first model's where it
+is at least 30%. Where the helper thread finds no idle core (2 busy processes on 2 cores) it can hide only the waits.
 
 MPI is a benchmark-only peer, not in requirements.txt::
 
@@ -22,22 +23,16 @@ MPI is a benchmark-only peer, not in requirements.txt::
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-# NOTE: one BLAS thread per process: two processes on two cores, as the lessons run them; the helper thread of the
-# overlap is then the only extra one
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 KB, MB = 1 << 10, 1 << 20
 SIZES = [KB, 4 * KB, 16 * KB, 64 * KB, 256 * KB, MB, 4 * MB, 16 * MB, 64 * MB, 256 * MB]
@@ -121,15 +116,17 @@ def copy_bandwidth(nbytes: int = 64 * MB) -> float:
 
 
 def overlap_row(hidden: tuple[int, ...], batch: int, bucket_bytes: int, steps: int) -> dict[str, float]:
-    """Step seconds of 2 shm processes on an MLP: one all-reduce after the backward pass, and bucketed overlap;
-    the all-reduce's share of the first run's step (its send spans over its training time, worker 0)."""
+    """Step seconds of 2 shm processes on an MLP (each worker limits its BLAS to one thread): one all-reduce of the
+    whole gradient after the backward pass, and buckets of ``bucket_bytes`` overlapped with it; the all-reduce's
+    share of the first run's step (worker 0's send spans over its training time). Best of two runs each, alternating:
+    the load drifts."""
     import simlib
     from simlib.problems.mlp import MLPProblem
 
     prob = MLPProblem(hidden=hidden)
     times = {}
-    for name, opts in (("after", {}), ("overlap", {"bucket_bytes": bucket_bytes}), ("after", {}),
-                       ("overlap", {"bucket_bytes": bucket_bytes})):  # twice, alternating: the load drifts
+    for name, opts in 2 * [("after", {"bucket_bytes": 8 * prob.n_params, "overlap": False}),
+                           ("overlap", {"bucket_bytes": bucket_bytes, "overlap": True})]:
         res = simlib.run(prob, "allreduce", substrate="shm", n_workers=2, steps=steps, batch_size=batch, lr=0.01,
                          eval_every=steps, **opts)
         step = res.measured["train_seconds"] / steps
@@ -138,6 +135,29 @@ def overlap_row(hidden: tuple[int, ...], batch: int, bucket_bytes: int, steps: i
             times[name] = (step, comm / res.measured["train_seconds"])
     return {"params": prob.n_params, "after": times["after"][0], "overlap": times["overlap"][0],
             "comm share": times["after"][1]}
+
+
+def overlap_table(models: list[tuple[tuple[int, ...], int, int, int]], keep: bool) -> None:
+    """Print each model's overlap row; record (where ``keep``) the first one whose all-reduce is >= 30% of its step."""
+    print(f"\n{'overlap: MLP hidden':<28}{'params':>9}{'batch':>6}{'bucket':>8}{'comm share':>11}{'after ms':>9}"
+          f"{'overlap ms':>11}{'ratio':>7}")
+    chosen = None
+    for hidden, batch, bucket, steps in models:
+        r = overlap_row(hidden, batch, bucket, steps)
+        print(f"{str(hidden):<28}{r['params']:>9,}{batch:>6}{bucket // KB:>6}KB{r['comm share']:>11.0%}"
+              f"{r['after'] * 1e3:>9.2f}{r['overlap'] * 1e3:>11.2f}{r['overlap'] / r['after']:>7.2f}")
+        if chosen is None and r["comm share"] >= 0.3:
+            chosen = (hidden, batch, r)
+    if chosen is None:
+        print("no model's all-reduce reached 30% of its step after the backward pass")
+        return
+    hidden, batch, r = chosen
+    print(f"communication {r['comm share']:.0%} of the step after the backward pass ({hidden}, batch {batch}): "
+          f"overlapped step / that step = {r['overlap'] / r['after']:.2f} (at most 0.8 is the aim)")
+    if keep:
+        record(__file__, f"bucketed overlap, MLP {hidden} batch {batch}, 2 shm processes",
+               "the same run, one all-reduce after the backward pass", r["after"] / r["overlap"], "steps / s",
+               comm_share=round(r["comm share"], 2))
 
 
 def main() -> None:
@@ -173,18 +193,9 @@ def main() -> None:
     if not args.quick:
         record(__file__, "all-reduce of 64 MB, 2 processes, against memory", f"memory-copy bound (copy / {per_byte})",
                64 * MB / shm[64 * MB] / bound, "bandwidth (vector bytes / s)")
-    models = [((256, 256, 256), 8, 256 * KB, 60)] if args.quick else [
-        ((256, 256, 256), 8, 256 * KB, 100), ((512, 512, 512, 512), 4, 1 * MB, 60)]
-    print(f"\n{'overlap: MLP hidden':<28}{'params':>9}{'batch':>6}{'bucket':>8}{'comm share':>11}{'after ms':>9}"
-          f"{'overlap ms':>11}{'ratio':>7}")
-    for hidden, batch, bucket, steps in models:
-        r = overlap_row(hidden, batch, bucket, steps)
-        print(f"{str(hidden):<28}{r['params']:>9,}{batch:>6}{bucket // KB:>6}KB{r['comm share']:>11.0%}"
-              f"{r['after'] * 1e3:>9.2f}{r['overlap'] * 1e3:>11.2f}{r['overlap'] / r['after']:>7.2f}")
-        if not args.quick:
-            record(__file__, f"bucketed overlap, MLP {hidden} batch {batch}, 2 shm processes",
-                   "the same run, one all-reduce after the backward pass", r["after"] / r["overlap"],
-                   "steps / s", comm_share=round(r["comm share"], 2))
+    models = [((256, 256, 256), 8, 256 * KB, 100), ((512, 512, 512, 512), 4, 1 * MB, 60),
+              ((1024, 1024, 1024), 2, 2 * MB, 40)]
+    overlap_table(models[:1] if args.quick else models, keep=not args.quick)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

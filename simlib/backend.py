@@ -1,11 +1,12 @@
 """Array-module selection: the same array code runs on NumPy (CPU, CI) and CuPy (GPU)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -50,6 +51,22 @@ def synchronize(xp: ModuleType) -> None:
     """Wait for the device's queued work, so that a wall-clock reading means something (NumPy: nothing to wait for)."""
     if xp is not np:  # pragma: no cover - needs a GPU
         xp.cuda.Device().synchronize()
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """BLAS limited to one thread within ``with one_blas_thread():`` (or a function decorated ``@one_blas_thread()``).
+
+    NOTE: the course's products are small (layers of 64 to 512 units, batches of 8 to 1,024 rows) and its processes
+    share the cores: with BLAS's own threads fighting workers and other programs for them, lesson 12 took 85 s cold
+    beside two busy loops (its large-batch cell 60 to 76 s) against 15 s (3.4 s) on one thread, on 2 cores; 40 steps
+    of a dataflow graph's two towers took 9.7 s, not 1.3 s. Each worker of a group runs in it, as does serial
+    training; importing simlib changes no program's BLAS.
+    """
+    from threadpoolctl import threadpool_limits  # imported when first needed: most runs never call it
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 def scatter_add(target: Any, index: Any, values: Any) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import simlib
-from simlib.parallel.allreduce import PAIR_DIRECT_BYTES, Ring, ShmAllReduce
+from simlib.parallel.allreduce import PAIR_DIRECT_BYTES, TSO, Ring, ShmAllReduce
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import live_segments
 from simlib.problems.mlp import MLPProblem
@@ -121,8 +121,10 @@ def test_a_bucket_goes_out_before_the_backward_pass_reaches_the_first_layer(mlp)
 
 
 def _sum_three(i, n, x, reduce):
-    """A long vector, then a short one and the long one again (shm: reduce-scatter, direct, reduce-scatter)."""
-    return reduce(x * (i + 1)), reduce(x[:100] * (i + 1)), reduce(x * (i + 1))
+    """A long vector, then a short one and the long one again, summed over itself as the replicas sum their buckets
+    (shm: reduce-scatter, direct, reduce-scatter)."""
+    again = x * (i + 1)
+    return reduce(x * (i + 1)), reduce(x[:100] * (i + 1)), again, reduce(again, again) is again
 
 
 @pytest.mark.parametrize("collective", ["shm", "ring"])
@@ -135,10 +137,11 @@ def test_three_processes_sum_a_vector_longer_than_a_pipe_and_the_shared_segment(
             pairs = [group.channel_pair() for _ in range(3)]
             ranks = [Ring(i, 3, pairs[i - 1][1], pairs[i][0]) for i in range(3)]
         out = group.run(_sum_three, x, worker_args=[(r,) for r in ranks], timeout=60)
-    for long, short, again in out:
+    for long, short, again, in_place in out:
         np.testing.assert_array_equal(long, 6 * x)
         np.testing.assert_array_equal(short, 6 * x[:100])
         np.testing.assert_array_equal(again, 6 * x)
+        assert in_place
 
 
 def _sum_in_turn(i, n, lengths, reduce):
@@ -146,14 +149,16 @@ def _sum_in_turn(i, n, lengths, reduce):
     return [reduce(np.random.default_rng([c, i]).standard_normal(m)) for c, m in enumerate(lengths)]
 
 
-def test_two_processes_sum_long_and_short_vectors_in_turn_bit_for_bit():
+@pytest.mark.parametrize("blocking", [False, True])
+def test_two_processes_sum_long_and_short_vectors_in_turn_bit_for_bit(blocking):
     """Above PAIR_DIRECT_BYTES a call reduces in place on one set of slots, below it the sets alternate: every mix is
-    exact."""
+    exact, at the flags' barrier and at the semaphore one an overlapping helper thread waits at."""
     long = PAIR_DIRECT_BYTES // 8 + 1_001
     lengths = [long] * 4 + [50, long, 3_000, 70] + [long] * 6
     with WorkerGroup(2) as group:
-        out = group.run(_sum_in_turn, lengths, worker_args=[(r,) for r in ShmAllReduce(group, 2, long).ranks()],
-                        timeout=60)
+        ranks = ShmAllReduce(group, 2, long, blocking=blocking).ranks()
+        assert all((r.barrier is not None) == (blocking or not TSO) for r in ranks)
+        out = group.run(_sum_in_turn, lengths, worker_args=[(r,) for r in ranks], timeout=60)
     for c, m in enumerate(lengths):
         want = np.random.default_rng([c, 0]).standard_normal(m) + np.random.default_rng([c, 1]).standard_normal(m)
         assert np.array_equal(out[0][c], want) and np.array_equal(out[1][c], want)

@@ -150,3 +150,26 @@ def test_bad_layers_are_refused_before_the_digits_load() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert out.stdout.split() == ["hidden", "hidden", "eval_fraction", "seed", "False"], out.stdout + out.stderr
+
+
+def test_importing_the_mlp_leaves_the_programs_blas_alone() -> None:
+    """A program's BLAS threads are its own: importing simlib's MLP and its large-batch trainer keeps them as they were;
+    only a scoped one_blas_thread lowers them, and gives them back."""
+    import ast
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from threadpoolctl import threadpool_info, threadpool_limits\nimport numpy\n"
+            "threadpool_limits(limits=3, user_api='blas')\n"
+            "blas = lambda: [i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']\n"
+            "before = blas()\nimport simlib\nfrom simlib.problems.mlp import MLPProblem\n"
+            "from simlib.backend import one_blas_thread\nimport simlib.course.large_batch\n"
+            "with one_blas_thread():\n    inside = blas()\n"
+            "print(before, blas(), inside, sep='\\n')")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    before, after, inside = map(ast.literal_eval, out.stdout.splitlines()) if out.returncode == 0 else (None, None, None)
+    assert before and set(before) == {3}, out.stdout + out.stderr
+    assert after == before and set(inside) == {1}, out.stdout

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from simlib.backend import one_blas_thread
+
 # kind -> (forward, vector-Jacobian product: (grad of output, output, inputs) -> grads of inputs)
 _RULES: dict[str, tuple[Any, Any]] = {
     "matmul": (lambda a, b: a @ b, lambda g, out, a, b: (g @ b.T, a.T @ g)),
@@ -40,17 +42,6 @@ class Node:
     name: str
     inputs: tuple["Node", ...] = ()
     value: Any = None
-
-
-def _one_thread() -> Any:
-    """One BLAS thread while a graph runs.
-
-    NOTE: its products are small; on a shared 2-core machine under load, BLAS's threads fought over the cores
-    and 40 training steps of the lesson's two towers took 9.7 s instead of 1.3 s on one thread.
-    """
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _unbroadcast(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -107,13 +98,13 @@ class Graph:
 
     def run(self, fetch: Node, feed: dict[Node, Any]) -> np.ndarray:
         """Evaluate ``fetch`` for ``feed`` (placeholder -> array), computing only what it needs."""
-        with _one_thread():
+        with one_blas_thread():  # small products: see one_blas_thread
             return self._forward(fetch, feed)[fetch]
 
     def gradients(self, loss: Node, wrt: list[Node], feed: dict[Node, Any]) -> list[np.ndarray | None]:
         """d loss / d x for each x in ``wrt`` (None where loss does not depend on x, as in TensorFlow): one forward
         pass, then the VJPs in reverse build order."""
-        with _one_thread():
+        with one_blas_thread():  # small products: see one_blas_thread
             return self._backward(loss, wrt, self._forward(loss, feed))
 
     def _backward(self, loss: Node, wrt: list[Node], vals: dict[Node, np.ndarray]) -> list[np.ndarray | None]:

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from simlib import _validate as check
+from simlib.backend import one_blas_thread
 from simlib.protocol import MAX_REAL_STEPS
 from simlib.sim.network import ring_allreduce_time
 
@@ -116,6 +117,7 @@ def _lamb(state: dict, theta: Any, sl: slice, g: Any, lr: float, rule: Rule, t: 
     step(theta[sl], g, m, v, t, lr, rule.betas, rule.eps)
 
 
+@one_blas_thread()  # one process, small products: see one_blas_thread
 def epochs_to(problem: Any, batch: int, rule: Rule, target: float, max_epochs: float = 30,
               evals_per_epoch: int = 4, seed: int = 0, layer_step: Callable[..., Any] = lamb_step) -> Run:
     """Train ``problem`` (an MLPProblem) by ``rule`` on shuffled global batches of ``batch`` rows until the held-out
@@ -153,6 +155,7 @@ def epochs_to(problem: Any, batch: int, rule: Rule, target: float, max_epochs: f
     return Run(batch, rule, acc >= target, t / steps_per_epoch, t, acc, curve)
 
 
+@one_blas_thread()  # timed as epochs_to trains
 def step_seconds(problem: Any, batch: int, n_workers: int, latency: float = 5e-5, bandwidth: float = 1.25e9,
                  repeats: int = 5) -> tuple[float, float]:
     """(compute, all-reduce) seconds of one synchronous step of global batch ``batch`` on ``n_workers``: the

@@ -64,7 +64,16 @@ class ShmAllReduce:
     vector into its slot; after a barrier it sums part i of its own vector and of the other slots into its result and
     into slot i + 1's part i (which no other process reads before the next barrier); after a second barrier it copies
     each other part j's sum from slot j + 1. Done, it says so (a barrier's arrival), and the next call waits for the
-    others' word before it copies into set 0 again."""
+    others' word before it copies into set 0 again.
+
+    ``blocking``: every barrier is the group's semaphore barrier, whose waiter sleeps in the kernel, holding neither
+    a core nor the GIL: for the helper thread of an overlapped all-reduce, whose process computes meanwhile."""
+
+    # NOTE: the flags' barrier spins (yielding the core), then polls every POLL s, taking the GIL at each look: on a
+    # helper thread beside the backward pass, 2 processes on 2 cores, it took the time the overlap was to hide. MLP
+    # (512, 512, 512, 512), batch 4, 1 MB buckets, 2 shm processes, load 9-13 from other work: 17.8 ms a step (best of
+    # 3; median 20.7) at the semaphore barrier, 42.7 (44.6) at the flags. On its own thread a semaphore barrier costs
+    # about as much as the flags: a 1 KB all-reduce took 32 us with it, 21-37 us with the flags (load 8).
 
     # NOTE: above 1 MB 2 processes reduce in place, not by the direct sum of both slots (one barrier, not two): it moves
     # 2 copies' worth of memory a byte, not 2.5, and the 2 processes' vectors, results and shared parts take 20 MB at
@@ -73,13 +82,13 @@ class ShmAllReduce:
     # 1.10-1.35x, 4 MB 1.22-1.37x, 16 MB 0.94-1.11x, 64 MB 1.29-1.36x; at 0.25 and 1 MB 0.74x and 0.88x (its second
     # barrier costs more than the bytes it saves), so smaller vectors stay direct.
 
-    def __init__(self, group: WorkerGroup, n: int, capacity: int):
+    def __init__(self, group: WorkerGroup, n: int, capacity: int, blocking: bool = False):
         self.n, self.rank, self.gen = n, 0, 0
         self.set, self.pending, self.free = 1, False, True  # the set last written; an arrival to await; all sets free
         self.slots = group.zeros((2, n, max(capacity, 1)))
         self.total = group.zeros(max(capacity, 1))
         self.flags = group.zeros((n, 8), np.int64)  # a cache line per process: raising one moves no other's line
-        self.barrier = None if TSO else group.barrier(n)
+        self.barrier = group.barrier(n) if blocking or not TSO else None
 
     def ranks(self) -> list["ShmAllReduce"]:
         """This collective as each process calls it (process i: the i-th)."""
@@ -186,9 +195,12 @@ class Ring:
         self.rank, self.n, self.left, self.right = rank, n, left, right
         self.sent = 0
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """sum over processes of x (any shape): ring reduce-scatter, then all-gather."""
-        out, n, i = np.array(x, dtype=np.float64), self.n, self.rank
+    def __call__(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """sum over processes of x (any shape), into ``out`` where given (x itself may be it): ring reduce-scatter,
+        then all-gather."""
+        out, n, i = np.array(x, dtype=np.float64) if out is None else out, self.n, self.rank
+        if out is not x:
+            out[...] = x
         if n == 1:
             return out
         flat = out.reshape(-1)  # a view: the copy above is contiguous
@@ -219,7 +231,7 @@ class ReplicaWorker:
     """Worker i's transport under all-reduce: pulls read its replica, each bucket is summed by ``reduce`` (on a
     helper thread with ``overlap``), and the sums are added to the replica at :class:`Reduced`."""
 
-    def __init__(self, i: int, replica: np.ndarray, reduce: Callable[[np.ndarray], np.ndarray], overlap: bool,
+    def __init__(self, i: int, replica: np.ndarray, reduce: Callable[..., np.ndarray], overlap: bool,
                  straggler: tuple[int, float] | None = None):
         self.i, self.w, self.reduce, self.ctx, self.straggler = i, replica, reduce, current(), straggler
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="all-reduce") if overlap else None
@@ -241,9 +253,11 @@ class ReplicaWorker:
         self.pending.append((effect.keys, total))
 
     def _summed(self, c: int, x: np.ndarray) -> np.ndarray:
-        """The bucket's sum over every worker, its all-reduce recorded as one send span."""
+        """The bucket's sum over every worker, written over the bucket, its all-reduce recorded as one send span."""
+        # NOTE: a fresh result faulted its pages in on every call: two fresh 6.6 MB arrays took 4.0 ms (1,142 page
+        # faults) against 0.6 ms where the memory was reused, on the measured 2-core virtual machine under load
         with self.ctx.timed("send", c, x.nbytes):
-            return self.reduce(x)
+            return self.reduce(x, x)
 
     def reduced(self, effect: Reduced) -> None:
         straggle(self.straggler, self.i)  # a slow machine's steps take longer: every replica waits for its buckets
@@ -261,9 +275,11 @@ class ReplicaWorker:
 
 def run_replicas(problem: Any, protocol: Protocol, training: Training, opts: Any, substrate: str, where: str,
                  links: Callable[[WorkerGroup, int], list[Any]]) -> Result:
-    """N workers, each with a replica, on the collective ``links(group, n)`` gives (one callable per worker, which
-    sums a vector over the workers); ``opts``: the substrate's WorkerOptions (bucket_bytes, overlap, start_method,
-    timeout, straggler: that worker sleeps so long after each step's backward pass). Result.params is worker 0's replica; ``measured['replica_spread']`` the largest |w_i - w_0|."""
+    """N workers, each with a replica, on the collective ``links(group, n)`` gives (one callable per worker,
+    ``reduce(x, out)``, which sums x over the workers into ``out``: here x itself); ``opts``: the substrate's
+    WorkerOptions (bucket_bytes, overlap, start_method, timeout, straggler: that worker sleeps so long after each
+    step's backward pass). Result.params is worker 0's replica; ``measured['replica_spread']`` the largest
+    |w_i - w_0|."""
     n = training.n_workers
     check_straggler(getattr(opts, "straggler", None), n)
     shards = problem.shards(n)
@@ -288,7 +304,7 @@ def run_replicas(problem: Any, protocol: Protocol, training: Training, opts: Any
 
 
 def _member(i: int, n: int, problem: Any, shards: list, training: Training, opts: Any, w0: np.ndarray,
-            reduce: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, Any]:
+            reduce: Callable[..., np.ndarray]) -> tuple[np.ndarray, Any]:
     """Worker i: the all-reduce worker program on its own replica; returns the replica at the end and the worker's
     local state (:func:`simlib.contract.local_result`: LDA's topics, which its counts are the counts of)."""
     transport = ReplicaWorker(i, w0.copy(), reduce, opts.overlap, getattr(opts, "straggler", None))

@@ -27,16 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from simlib import _validate as check
 from simlib.backend import array_module, device_copies
-
-# NOTE: importing the MLP keeps this process's BLAS to one thread. Its products are small (digits: 64-unit layers,
-# batches of 8 to 1,024 rows) and each worker of a run holds one core; with BLAS's own threads fighting the workers
-# and other programs for the cores, lesson 12 took 85 s cold beside two busy loops (its large-batch cell 60 s)
-# against 15 s (3.4 s) on one thread, on 2 cores.
-threadpool_limits(limits=1, user_api="blas")
 
 
 @dataclass

@@ -127,7 +127,8 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
                 raise ValueError(f"{name}: the shared table's option; under protocol 'allreduce' every worker has a "
                                  "replica of its own")
         return run_replicas(problem, protocol, training, opts, "shm", "on shared memory",
-                            lambda group, n: ShmAllReduce(group, n, problem.n_params).ranks())
+                            lambda group, n: ShmAllReduce(group, n, problem.n_params,
+                                                          blocking=bool(opts.overlap and opts.bucket_bytes)).ranks())
     if protocol.backup_workers and training.read_rule is not None:
         raise ValueError("read_rule: with backup_workers the shared table counts pushes only for the steps SSP's own "
                          "rule lets open (a ring of bound + 2); use the built-in read rule")
