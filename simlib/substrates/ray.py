@@ -764,6 +764,8 @@ def _kill(ray: Any, actors: list, within: float = KILL_WAIT) -> None:
     """
     from ray._private.state import actors as table  # the cluster's record of each actor: its machine and pid
 
+    if not actors:  # the run failed before it made any (Ray may not even be connected)
+        return
     here, running = ray.util.get_node_ip_address(), {}
     for a in actors:
         with contextlib.suppress(Exception):  # an actor Ray cannot reach is gone with its node; kill the rest
