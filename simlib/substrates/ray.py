@@ -36,8 +36,10 @@ Faults: a worker actor that dies mid-run fails the run at once with a RuntimeErr
 worker (no restart: its step would have to be replayed from a table that already moved on);
 a server shard that dies fails it with a RuntimeError naming the shard (the table is lost);
 Ctrl-C or ``timeout`` (which counts from the actors' start) kills every actor of the run before the
-exception leaves :func:`run`. A run that starts its own Ray also starts a watchdog of the driver's pid
-(:func:`watch_driver`): if the driver is killed outright, the Ray processes it started go within a second.
+exception leaves :func:`run`; however a run ends (Diverged included), its actors' processes on this machine have
+ended by then, on a cluster the driver keeps as on its own. A run that starts its own Ray also starts a watchdog
+of the driver's pid (:func:`watch_driver`): if the driver is killed outright, the Ray processes it started go within
+a second.
 Times in the trace are wall seconds since the start, read on each actor's machine (``time.time``),
 so across machines they are as good as the nodes' clock synchronisation.
 
