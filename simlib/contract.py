@@ -1,11 +1,12 @@
-"""The contract every problem and every substrate shares: Problem, Table, the server, Result.
+"""The contract every problem and every substrate shares: Problem, the server, Result.
 
 The lectures' parameter server is a key-value table: workers ``get(keys)`` the rows a mini-batch
 touches and ``add(keys, deltas)`` back. A :class:`Problem` is the math on that table (no processes,
-no time); a substrate provides the table and the workers. :class:`ParamServer` is the server's
-logic, written once and free of SimPy: read gating by :class:`~simlib.protocol.Clocks`, the step
-rule (staleness-aware, accumulation), and the staleness tau of every push, which it returns for the
-trace. :func:`serial_reference` is plain serial SGD on the same contract: what one worker must equal.
+no time); a substrate provides the table and the workers (a transport of :mod:`simlib.worker`).
+:class:`ParamServer` is the server's logic, written once and free of SimPy: read gating by
+:class:`~simlib.protocol.Clocks`, the step rule (staleness-aware, accumulation), and the staleness tau of every
+push, which it returns for the trace. :func:`serial_reference` is plain serial SGD on the same contract: what one
+worker must equal.
 
 Example::
 
@@ -161,16 +162,6 @@ def _is_dtype(value: Any) -> bool:
     except TypeError:
         return False
     return True
-
-
-class Table(TypingProtocol):
-    """The shared state of one run, as each substrate provides it."""
-
-    def get(self, keys: np.ndarray) -> Any:
-        """Values of ``keys``, as fresh as the protocol allows."""
-
-    def add(self, keys: np.ndarray, deltas: Any) -> None:
-        """table[keys] += deltas (commutative)."""
 
 
 def check_problem(problem: Any) -> None:

@@ -22,6 +22,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 import simlib  # noqa: E402
 from simlib.calibration.ray_cost import ray_message_cost, sim_options  # noqa: E402
 from simlib.contract import serial_reference  # noqa: E402
+from simlib.diverged import Diverged  # noqa: E402
 from simlib.problems.glove import GloveConfig  # noqa: E402
 from simlib.problems.glove_table import GloveProblem  # noqa: E402
 from simlib.problems.lda import count_tables, make_synthetic_corpus  # noqa: E402
@@ -29,7 +30,7 @@ from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
 from simlib.problems.mlp import MLPProblem  # noqa: E402
 from simlib.protocol import Protocol  # noqa: E402
-from simlib.substrates.ray import _read, _started, _tree  # noqa: E402
+from simlib.substrates.ray import _gone, _read, _started, _tree  # noqa: E402
 from simlib.trace import SPAN_KINDS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,6 +191,23 @@ def test_glove_one_worker_equals_the_serial_reference_and_its_trace_is_well_form
     np.testing.assert_allclose(res.params, serial_reference(prob, 10, 16, 0.05), rtol=0, atol=1e-12)
     _assert_well_formed(res.trace, 1, 10, 0)  # includes: GloVe's cost falls
     assert res.trace.metric == "cost"
+
+
+def test_a_run_that_diverges_on_a_cluster_the_driver_keeps_leaves_none_of_its_actors_alive(cluster):
+    """Diverged leaves the run after its teardown: by then every actor process the run created has ended (ray.kill
+    only asks; they went about 50 ms later, and nothing else stops them on a cluster the driver keeps). The Ray
+    cluster's own table of actors names those the run created, and their processes (all on this machine)."""
+    from ray._private.state import actors as actor_table
+    from test_diverged import LR, N_WORKERS, STEPS
+
+    before = set(actor_table())
+    prob = LogisticProblem(make_sparse_classification(400, 50, 5, seed=0), eval_rows=None)
+    with pytest.raises(Diverged):
+        simlib.run(prob, "bsp", substrate="ray", n_workers=N_WORKERS, steps=STEPS, lr=LR, eval_every=1)
+    created = [a for key, a in actor_table().items() if key not in before]
+    assert sorted(a["ActorClassName"] for a in created) == ["RayPSCoordinator", *["RayPSWorker"] * N_WORKERS]
+    assert all(a["Pid"] > 0 for a in created)
+    assert [a["ActorClassName"] for a in created if not _gone(a["Pid"])] == []
 
 
 def test_allreduce_replicas_take_one_process_step(cluster):

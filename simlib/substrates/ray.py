@@ -36,8 +36,10 @@ Faults: a worker actor that dies mid-run fails the run at once with a RuntimeErr
 worker (no restart: its step would have to be replayed from a table that already moved on);
 a server shard that dies fails it with a RuntimeError naming the shard (the table is lost);
 Ctrl-C or ``timeout`` (which counts from the actors' start) kills every actor of the run before the
-exception leaves :func:`run`. A run that starts its own Ray also starts a watchdog of the driver's pid
-(:func:`watch_driver`): if the driver is killed outright, the Ray processes it started go within a second.
+exception leaves :func:`run`; however a run ends (Diverged included), its actors' processes on this machine have
+ended by then, on a cluster the driver keeps as on its own. A run that starts its own Ray also starts a watchdog
+of the driver's pid (:func:`watch_driver`): if the driver is killed outright, the Ray processes it started go within
+a second.
 Times in the trace are wall seconds since the start, read on each actor's machine (``time.time``),
 so across machines they are as good as the nodes' clock synchronisation.
 
@@ -90,6 +92,7 @@ START_ATTEMPTS = 3  # local starts tried before the run is refused
 _SESSION = re.compile(rb"session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+")  # a Ray start's session name
 WATCHDOG_EVERY = 0.25  # seconds between the watchdog's looks at the Ray processes of the driver (see watch_driver)
 COORDINATOR = "server shard 0 (the coordinator)"  # as errors name shard 0
+KILL_WAIT = 10.0  # seconds a killed actor's process on this machine has to end before it is sent SIGKILL
 
 
 def owners(keys: np.ndarray, bounds: np.ndarray) -> list[np.ndarray]:
@@ -754,11 +757,35 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
 run.options = RayOptions  # type: ignore[attr-defined]  # simlib.run checks the option names against its fields
 
 
-def _kill(ray: Any, actors: list) -> None:
-    """Kill every actor of the run, even if Ray already lost some of them."""
+def _kill(ray: Any, actors: list, within: float = KILL_WAIT) -> None:
+    """Kill every actor of the run, even if Ray already lost some of them; the processes of those on this machine
+    have ended when it returns (SIGKILL for any still there ``within`` s after ray.kill).
+
+    NOTE: ray.kill only asks: right after it the processes still ran (they ended 50 ms later), so a run that
+    raised (Diverged) left them running for the caller, whose own Ray nothing else stops.
+    """
+    from ray._private.state import actors as table  # the cluster's record of each actor: its machine and pid
+
+    if not actors:  # the run failed before it made any (Ray may not even be connected)
+        return
+    here, running = ray.util.get_node_ip_address(), {}
     for a in actors:
         with contextlib.suppress(Exception):  # an actor Ray cannot reach is gone with its node; kill the rest
             ray.kill(a, no_restart=True)
+        with contextlib.suppress(Exception):  # (the record keeps the pid of an actor killed)
+            where = table(a._actor_id.hex())
+            if where["Address"]["IPAddress"] == here and where["Pid"] > 0:
+                running[where["Pid"]] = _started(where["Pid"])
+
+    def left() -> list[int]:  # the same processes (not later ones given their pids), not yet ended
+        return [p for p, t in running.items() if t and _started(p) == t and not _gone(p)]
+
+    deadline = time.monotonic() + within
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for pid in left():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _ready(ray: Any, servers: list, names: list[str], workers: list, placing: float,

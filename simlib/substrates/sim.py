@@ -56,11 +56,7 @@ def run(problem: Any, protocol: Protocol, training: Training, *,
     if progress is not None and not callable(progress):
         raise ValueError(f"progress must be a callable taking the fraction of steps done, got "
                          f"{type(progress).__name__}")
-    bad = sorted(set(cluster) - set(SimConfig.__dataclass_fields__))
-    if bad:
-        hint = check.nearest(bad[0], SimConfig.__dataclass_fields__)
-        raise ValueError(f"{bad[0]}: not an option of substrate 'sim'{'; ' + hint if hint else ''}"
-                         " (its options are progress and simlib.sim.SimConfig's fields)")
+    check.known_names(sorted(cluster), ["progress", *SimConfig.__dataclass_fields__], "substrate 'sim'")
     state = run_config(config_for(protocol, training, **cluster), problem, progress)
     measured: dict[str, Any] = {"simulated_seconds": state.trace.makespan}
     if state.outboxes is not None:  # a server per site: each site's table, and what each summed for the others
