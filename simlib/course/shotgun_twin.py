@@ -39,15 +39,9 @@ import numpy as np
 from simlib import _validate as check
 from simlib.problems.lasso import LassoProblem, ShotgunProblem, ShotgunRun, shotgun
 from simlib.sim.config import SimConfig
+from simlib.sim.network import allgather_time
 from simlib.sim.stragglers import ComputeModel
 from simlib.trace import Trace
-
-
-def allgather_time(n_workers: int, nbytes_per_worker: float, latency: float, bandwidth: float) -> float:
-    """Ring all-gather: (N - 1) phases, each forwarding one worker's block: (N-1)(lat + B_w / bw)."""
-    if n_workers <= 1:
-        return 0.0
-    return (n_workers - 1) * (latency + nbytes_per_worker / bandwidth)
 
 
 def simulate_shotgun(problem: LassoProblem, schedule: np.ndarray, cfg: SimConfig | None = None, record_every: int = 10,
