@@ -12,7 +12,8 @@ A round on N workers holding P coordinate slots (worker w owns slots w, w + N, .
 The round ends when the slowest worker finishes (a barrier), so the round time is
 max(compute) + all-gather + max(apply). Rounds are lock-step, so their event times have this
 closed form and need no event queue; the math runs :func:`simlib.problems.lasso.shotgun` (its rounds
-priced through its ``before_round`` hook) on the same schedule, so the objective per round equals the serial reference exactly.
+priced through its ``before_round`` hook) on the same schedule, so the objective per round equals the serial
+reference exactly.
 
 Why this is not a run of the engine (``simlib.run(ShotgunProblem(...), "bsp", substrate="sim")``,
 which works, on the engine's cost model): Shotgun is model-parallel, its workers exchange their

@@ -39,7 +39,8 @@ def eligible(run: Any) -> bool:
 
 @njit(cache=True)
 def _push(heap, n, t, s, w, k):  # pragma: no cover - compiled
-    """Add (t, s) -> (w, k) to the binary heap (ht, hs, hw, hk) of n entries ordered by (time, sequence); returns n + 1."""
+    """Add (t, s) -> (w, k) to the binary heap (ht, hs, hw, hk) of n entries ordered by (time, sequence); returns
+    n + 1."""
     ht, hs, hw, hk = heap
     j = n
     while j > 0:
@@ -238,8 +239,8 @@ def run(state: Any) -> float:
     finished = np.zeros(n, np.bool_)
     link = (float(keys * cfg.key_bytes), float(keys * cfg.value_bytes), float(keys * cfg.entry_bytes),
             float(cfg.latency), float(cfg.bandwidth), float(cfg.server_time))
-    compute = (float(state.compute.base(state.fixed_units)), int(st.slow_workers), float(st.slow_factor), jitter, pauses,
-               float(st.pause_prob), float(st.pause_time))
+    compute = (float(state.compute.base(state.fixed_units)), int(st.slow_workers), float(st.slow_factor), jitter,
+               pauses, float(st.pause_prob), float(st.pause_time))
     n_spans, n_updates, n_barriers, applied, skipped, end = _simulate(
         (n, steps, needs, cfg.proto.rounds, n - cfg.backup_workers), link, compute, tuple(cols), tuple(ucols), barriers,
         finished)
