@@ -39,11 +39,6 @@ def site_of(n_workers: int, sites: int) -> list[int]:
     return [i * sites // n_workers for i in range(n_workers)]
 
 
-def significant(acc: np.ndarray, values: np.ndarray, threshold: float) -> np.ndarray:
-    """Gaia's filter: |acc| > threshold * |value| (a key whose value is 0 passes whenever acc != 0)."""
-    return np.abs(acc) > threshold * np.abs(values)
-
-
 class Outbox:
     """One site server's updates not yet sent across the WAN: its workers' pushes summed per key.
 
@@ -94,7 +89,8 @@ class Outbox:
         self.summed[keys] += 1
         acc = self.acc[keys]
         if self.threshold is not None:
-            sig = significant(acc, values[keys], self.threshold)
+            # Gaia's filter: |acc| > threshold * |value| (a key whose value is 0 passes whenever acc != 0)
+            sig = np.abs(acc) > self.threshold * np.abs(values[keys])
             keys, acc = keys[sig], acc[sig]
         self.acc[keys] = 0.0
         self.sent[keys] += 1
