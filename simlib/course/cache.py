@@ -44,7 +44,8 @@ class CacheStats:
         return self.age_sum / self.reads if self.reads else 0.0
 
 
-def cached_sgd(problem: Any, n_workers: int, steps: int, batch_size: int, lr: float, refresh: int) -> tuple[Any, CacheStats]:
+def cached_sgd(problem: Any, n_workers: int, steps: int, batch_size: int, lr: float,
+               refresh: int) -> tuple[Any, CacheStats]:
     """SGD by N round-robin workers with write-through caches emptied every ``refresh`` own steps."""
     check_problem(problem)
     for name, value in (("n_workers", n_workers), ("steps", steps), ("batch_size", batch_size), ("refresh", refresh)):

@@ -48,7 +48,9 @@ def _unbroadcast(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """Sum ``g`` over the axes NumPy broadcast, so it has the input's ``shape`` again."""
     while g.ndim > len(shape):
         g = g.sum(axis=0)
-    return g.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1), keepdims=True) if shape else g.sum()
+    if not shape:
+        return g.sum()
+    return g.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1), keepdims=True)
 
 
 class Graph:

@@ -36,13 +36,12 @@ def default_cluster(**changes: Any) -> SimConfig:
     return SimConfig(**cluster_options(**changes))
 
 
-@functools.lru_cache(maxsize=2)
 def compare_problem(seed: int = 0) -> "LogisticProblem":
-    """20 k rows x 500 features, 10 nonzeros per row: dense enough that stale updates collide."""
-    from simlib.problems.logistic import LogisticProblem, make_sparse_classification
+    """20 k rows x 500 features, 10 nonzeros per row: dense enough that stale updates collide (the default problem's
+    make, cached with it)."""
+    from simlib.sim.engine import default_problem
 
-    data = make_sparse_classification(COMPARE_ROWS, COMPARE_FEATURES, COMPARE_NNZ, label_noise=0.05, seed=seed)
-    return LogisticProblem(data, l2=1e-4, eval_rows=4_000, seed=seed)
+    return default_problem(COMPARE_ROWS, COMPARE_FEATURES, COMPARE_NNZ, seed)
 
 
 def with_protocol(base: SimConfig, protocol: "str | Protocol") -> SimConfig:

@@ -12,7 +12,8 @@ A round on N workers holding P coordinate slots (worker w owns slots w, w + N, .
 The round ends when the slowest worker finishes (a barrier), so the round time is
 max(compute) + all-gather + max(apply). Rounds are lock-step, so their event times have this
 closed form and need no event queue; the math runs :func:`simlib.problems.lasso.shotgun` (its rounds
-priced through its ``before_round`` hook) on the same schedule, so the objective per round equals the serial reference exactly.
+priced through its ``before_round`` hook) on the same schedule, so the objective per round equals the serial
+reference exactly.
 
 Why this is not a run of the engine (``simlib.run(ShotgunProblem(...), "bsp", substrate="sim")``,
 which works, on the engine's cost model): Shotgun is model-parallel, its workers exchange their
@@ -39,15 +40,9 @@ import numpy as np
 from simlib import _validate as check
 from simlib.problems.lasso import LassoProblem, ShotgunProblem, ShotgunRun, shotgun
 from simlib.sim.config import SimConfig
+from simlib.sim.network import allgather_time
 from simlib.sim.stragglers import ComputeModel
 from simlib.trace import Trace
-
-
-def allgather_time(n_workers: int, nbytes_per_worker: float, latency: float, bandwidth: float) -> float:
-    """Ring all-gather: (N - 1) phases, each forwarding one worker's block: (N-1)(lat + B_w / bw)."""
-    if n_workers <= 1:
-        return 0.0
-    return (n_workers - 1) * (latency + nbytes_per_worker / bandwidth)
 
 
 def simulate_shotgun(problem: LassoProblem, schedule: np.ndarray, cfg: SimConfig | None = None, record_every: int = 10,

@@ -29,17 +29,16 @@ class ClockTable:
         """Steps 0 .. completed-1 are complete."""
         return self.rule.completed
 
-    def gate(self, clock: int, waiter: Any = None) -> Any:
-        """None if a worker at ``clock`` may read now, else an event that fires when it may: ``waiter`` if given
-        (anything with ``succeed()``: the kernel's process wake), else a new one."""
+    def gate(self, clock: int, waiter: Any) -> Any:
+        """None if a worker at ``clock`` may read now, else ``waiter`` (anything with ``succeed()``: the kernel's
+        process wake), to be succeeded when it may."""
         if self.rule.may_read(clock):
             return None
-        ev = self.env.event() if waiter is None else waiter
         if self._asking is not None:
-            self._asking.append((clock, ev))
+            self._asking.append((clock, waiter))
         else:
-            self._waiters[self.rule.needed(clock)].append(ev)
-        return ev
+            self._waiters[self.rule.needed(clock)].append(waiter)
+        return waiter
 
     def open(self, clock: int) -> None:
         """A worker starts step ``clock``: arm the step's deadline if it has one."""

@@ -35,7 +35,8 @@ TRACE_BYTES_PER_STEP, COST_ONLY_TRACE_BYTES_PER_STEP = 2_000, 300
 
 
 def _f(default: Any, help: str, **meta: Any) -> Any:
-    """A dataclass field whose metadata (help, flag, min, max, choices) drives validation, CLI flags and panel controls."""
+    """A dataclass field whose metadata (help, flag, min, max, choices) drives validation, CLI flags and panel
+    controls."""
     return field(default=default, metadata={"help": help, **meta})
 
 
@@ -123,8 +124,9 @@ class SimConfig(_FieldsOnly):
     bucket_bytes: int | None = _f(None, "ring all-reduce of a layered problem (backward_layers): the gradient goes "
                                         "in buckets of about this many bytes, each its own ring; off: one ring",
                                   min=1, max=MAX_BUCKET_BYTES)
-    overlap: bool = _f(True, "with bucket_bytes: each bucket's ring starts while the backward pass goes on (the step's "
-                             "compute a third forward, the rest per layer by its parameters); off: each ring waited for")
+    overlap: bool = _f(True, "with bucket_bytes: each bucket's ring starts while the backward pass goes on (the "
+                             "step's compute a third forward, the rest per layer by its parameters); off: each ring "
+                             "waited for")
     n_servers: int = _f(1, "parameter-server shards", flag="--servers", min=1, max=1_000_000)
     n_summation: int = _f(0, "BytePS-style extra summation nodes", flag="--summation-nodes", min=0, max=1_000_000)
     latency: float = _f(1e-4, "time per message", unit="s", min=0, max=3600)
@@ -141,10 +143,10 @@ class SimConfig(_FieldsOnly):
     significance: float | None = _f(None, "per-site servers send a key across the WAN only once its accumulated "
                                           "update passes |acc| > significance x |value| (Gaia); off: every update",
                                     min=0, max=1e6)
-    mirror_clock: int | None = _f(None, "Gaia's mirror clock (per-site servers): a site's workers start step c only once "
-                                        "every other site has announced the end of step c - 1 - mirror_clock and its "
-                                        "updates of those steps (the ones it sent) have arrived; bounds how far sites "
-                                        "drift apart under async; off: the protocol's bound alone", min=0,
+    mirror_clock: int | None = _f(None, "Gaia's mirror clock (per-site servers): a site's workers start step c only "
+                                        "once every other site has announced the end of step c - 1 - mirror_clock and "
+                                        "its updates of those steps (the ones it sent) have arrived; bounds how far "
+                                        "sites drift apart under async; off: the protocol's bound alone", min=0,
                                   max=MAX_STEPS)
     # Bosen's managed communication (simlib.sim.managed): a clock spans several mini-batches whose updates the
     # worker sums and pushes at the clock's end; with a budget it sends the largest relative changes early.
@@ -158,7 +160,8 @@ class SimConfig(_FieldsOnly):
     compute_per_unit: float = _f(5e-8, "time per nonzero (or sample)", unit="s", min=0, max=10)
     compute_overhead: float = _f(1e-4, "fixed time per step", unit="s", min=0, max=3600)
     cost_unit: str = _f("nonzero", "what compute is charged per", choices=COST_UNITS)
-    stragglers: Stragglers = field(default_factory=Stragglers, metadata={"help": "how workers are slower than the model"})
+    stragglers: Stragglers = field(default_factory=Stragglers,
+                                   metadata={"help": "how workers are slower than the model"})
     backup_workers: int = _f(0, "drop the slowest b pushes of each step", min=0, max=MAX_WORKERS)
     timeout: float | None = _f(None, "drop pushes later than this after a step opens", unit="s",
                                min=0, min_open=True, max=MAX_SECONDS)
@@ -186,7 +189,8 @@ class SimConfig(_FieldsOnly):
     rule: Any = _f(None, "a StepRule subclass instance replacing the built-in step rule", option=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.protocol, Protocol) or (isinstance(self.protocol, str) and self.protocol.lower() not in PROTOCOLS):
+        spelled = isinstance(self.protocol, str) and self.protocol.lower() not in PROTOCOLS  # 'ssp:3', 'SSP(3)'
+        if isinstance(self.protocol, Protocol) or spelled:
             given, p = self.protocol, Protocol.parse(self.protocol)
             if self.staleness not in (None, 0, p.staleness):
                 raise ValueError(f"staleness={self.staleness} contradicts protocol {given!r}")
@@ -243,7 +247,8 @@ class SimConfig(_FieldsOnly):
             if not isinstance(self.rule, StepRule):
                 raise ValueError(f"rule must be a StepRule (or subclass) instance, got {type(self.rule).__name__}")
             if self.staleness_aware or self.accumulation is not None:
-                raise ValueError("staleness_aware, accumulation: give them to the StepRule passed as rule=, not beside it")
+                raise ValueError("staleness_aware, accumulation: give them to the StepRule passed as rule=, not "
+                                 "beside it")
         if self.cached and self.step_rule.group_size(self.n_workers) != 1:
             raise ValueError("accumulation: worker caches (ESSP, cache=True) are not modelled with a server that "
                              "averages several pushes into one update; use accumulation < 2 x n_workers (c = 1) or "
@@ -291,8 +296,8 @@ class SimConfig(_FieldsOnly):
             if self.topology != "ps":
                 raise ValueError("hierarchy 'per-site' needs topology 'ps'")
             if self.cached:
-                raise ValueError("hierarchy 'per-site': worker caches (cache=True, ESSP) are not modelled with a server "
-                                 "per site; use 'bsp', 'ssp:S' or 'async' without cache")
+                raise ValueError("hierarchy 'per-site': worker caches (cache=True, ESSP) are not modelled with a "
+                                 "server per site; use 'bsp', 'ssp:S' or 'async' without cache")
             if not self.step_rule.plain:
                 raise ValueError("hierarchy 'per-site': staleness_aware, accumulation and rule= are not modelled with "
                                  "a server per site (each site's table takes every push as it is)")

@@ -603,19 +603,14 @@ class _Worker:
     tau and clock lag are recorded here, per effect.
     """
 
-    # NOTE: slots, and the trace's column appenders shared by every worker (run.span_columns): 10^4 workers each
-    # holding a dict and twelve bound methods of their own made every step reach colder memory.
-    __slots__ = ("run", "i", "env", "cfg", "clocks", "sw", "sk", "ss", "se", "sn", "sc", "ut", "uw", "uc", "us",
-                 "ua", "ul", "per_site", "cached", "direct", "inlink", "outlink", "server", "step", "lag", "units",
-                 "managed", "pending", "step_time")
+    # NOTE: slots: 10^4 workers each holding a dict made every step reach colder memory.
+    __slots__ = ("run", "i", "env", "cfg", "clocks", "per_site", "cached", "direct", "inlink", "outlink", "server",
+                 "step", "lag", "units", "managed", "pending", "step_time")
 
     def __init__(self, run: "_Run", i: int):
         cfg = run.cfg
         self.run, self.i, self.env, self.cfg = run, i, run.env, cfg
         self.clocks = run.clocks
-        # NOTE: the spans and updates appended column by column, not through span(): 3 % of a run.
-        self.sw, self.sk, self.ss, self.se, self.sn, self.sc = run.span_columns
-        self.ut, self.uw, self.uc, self.us, self.ua, self.ul = run.update_columns
         self.per_site, self.cached = run.per_site, run.caches is not None
         # NOTE: one shard, the servers at the worker's own site, no cache: the pull and push inlined (the
         # same delays, taken in the same order, as _pull / _push, without three generators per message).
@@ -652,10 +647,7 @@ class _Worker:
             values, version, req_bytes, resp_bytes = yield from run._pull(self.i, keys)
         else:  # the read's version and clock lag are what its copy holds, not the server's
             values, version, self.lag, req_bytes, resp_bytes = yield from run._read_cache(self.i, effect.step, keys)
-        t_comp = env._now
-        if t_comp > t_pull:  # span(i, RECV, t_pull, t_comp, req_bytes + resp_bytes, c)
-            self.sw(self.i); self.sk(RECV); self.ss(t_pull); self.se(t_comp)  # noqa: E702
-            self.sn(int(req_bytes + resp_bytes)); self.sc(effect.step)  # noqa: E702
+        run.trace.spans.add(self.i, RECV, t_pull, env._now, req_bytes + resp_bytes, effect.step)
         return values, version
 
     def early(self, effect: Early) -> None:
@@ -737,8 +729,7 @@ class _Worker:
         env, run, cfg, i, c = self.env, self.run, self.cfg, self.i, effect.step
         keys, g, nbytes = effect.keys, effect.deltas, effect.nbytes
         now = env._now
-        if now > t_push:  # span(i, SEND, t_push, now, nbytes, c)
-            self.sw(i); self.sk(SEND); self.ss(t_push); self.se(now); self.sn(int(nbytes)); self.sc(c)  # noqa: E702
+        run.trace.spans.add(i, SEND, t_push, now, nbytes, c)
         applied, tau = self.server.push(c, keys, g, effect.version)
         if self.managed is not None:
             self.managed.landed(g)
@@ -746,7 +737,8 @@ class _Worker:
             run.outboxes[run.site_of[i]].add(c, keys, g)  # summed into what goes to the other sites
         if applied and self.cached:
             run._share(i, c, keys, cfg.step_rule.scaled(g, tau))  # the update as the table took it
-        self.ut(now); self.uw(i); self.uc(c); self.us(tau); self.ua(applied); self.ul(self.lag)  # noqa: E702
+        for append, value in zip(run.update_columns, (now, i, c, tau, applied, self.lag)):
+            append(value)
         run._count_step(applied)
         # A dropped worker (backup workers, deadline) abandons the steps the others have already completed and
         # rejoins at the current one (the worker program's rule); its skipped steps count as done.

@@ -39,7 +39,8 @@ def eligible(run: Any) -> bool:
 
 @njit(cache=True)
 def _push(heap, n, t, s, w, k):  # pragma: no cover - compiled
-    """Add (t, s) -> (w, k) to the binary heap (ht, hs, hw, hk) of n entries ordered by (time, sequence); returns n + 1."""
+    """Add (t, s) -> (w, k) to the binary heap (ht, hs, hw, hk) of n entries ordered by (time, sequence); returns
+    n + 1."""
     ht, hs, hw, hk = heap
     j = n
     while j > 0:
@@ -75,10 +76,9 @@ def _pop(heap, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _send(heap, n, seq, i, now, free, cost, kind):  # pragma: no cover - compiled
-    """Worker i's message (event ``kind`` on arrival) queues at ``now`` on a link free at ``free``; cost = (hold,
-    latency): it holds the link ``hold``, then travels ``latency`` (as transmit does); returns (n, seq, free) after."""
-    hold, latency = cost
+def _send(heap, n, seq, i, now, free, hold, latency, kind):  # pragma: no cover - compiled
+    """Worker i's message (event ``kind`` on arrival) queues at ``now`` on a link free at ``free``: it holds the link
+    ``hold``, then travels ``latency`` (as transmit does); returns (n, seq, free) after."""
     fin = max(now, free) + hold
     n = _push(heap, n, now + ((fin - now) + latency), seq, i, kind)
     return n, seq + 1, fin
@@ -132,14 +132,14 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
     # Every worker starts at time 0, in order (SimPy's process starts are urgent): each opens step 0.
     for i in range(n_workers):
         # the gate at step 0 is open (needs[0] = 0): open the pull (lag and t_pull start at 0)
-        n, seq, in_free = _send(heap, n, seq, i, now, in_free, (req_hold, latency), _REQUEST)
+        n, seq, in_free = _send(heap, n, seq, i, now, in_free, req_hold, latency, _REQUEST)
     while n > 0:
         now, i, kind = ht[0], hw[0], hk[0]
         n = _pop(heap, n)
         c = clock[i]
         if kind == _REQUEST:  # the server reads: the version the push's tau counts from; the reply leaves
             version[i] = completed if rounds else acc_version
-            n, seq, out_free = _send(heap, n, seq, i, now, out_free, (resp_hold, latency), _REPLY)
+            n, seq, out_free = _send(heap, n, seq, i, now, out_free, resp_hold, latency, _REPLY)
             continue
         if kind == _REPLY:  # the values arrived: compute
             t_comp[i] = now
@@ -157,7 +157,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
         if kind == _COMPUTED:  # push
             n_spans = _span(spans, n_spans, i, _COMPUTE, t_comp[i], now, 0, c)
             t0[i] = now  # the push's start
-            n, seq, in_free = _send(heap, n, seq, i, now, in_free, (push_hold, latency), _PUSHED)
+            n, seq, in_free = _send(heap, n, seq, i, now, in_free, push_hold, latency, _PUSHED)
             continue
         if kind == _PUSHED:  # delivered: applied or dropped, waiters woken, the next step opened
             n_spans = _span(spans, n_spans, i, _SEND, t0[i], now, push_bytes, c)
@@ -214,7 +214,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
         # The gate is open: open the pull.
         lag[i] = max(c - completed, 0)
         t_pull[i] = now
-        n, seq, in_free = _send(heap, n, seq, i, now, in_free, (req_hold, latency), _REQUEST)
+        n, seq, in_free = _send(heap, n, seq, i, now, in_free, req_hold, latency, _REQUEST)
     return n_spans, n_updates, n_barriers, applied_total, skipped, now
 
 
@@ -238,8 +238,8 @@ def run(state: Any) -> float:
     finished = np.zeros(n, np.bool_)
     link = (float(keys * cfg.key_bytes), float(keys * cfg.value_bytes), float(keys * cfg.entry_bytes),
             float(cfg.latency), float(cfg.bandwidth), float(cfg.server_time))
-    compute = (float(state.compute.base(state.fixed_units)), int(st.slow_workers), float(st.slow_factor), jitter, pauses,
-               float(st.pause_prob), float(st.pause_time))
+    compute = (float(state.compute.base(state.fixed_units)), int(st.slow_workers), float(st.slow_factor), jitter,
+               pauses, float(st.pause_prob), float(st.pause_time))
     n_spans, n_updates, n_barriers, applied, skipped, end = _simulate(
         (n, steps, needs, cfg.proto.rounds, n - cfg.backup_workers), link, compute, tuple(cols), tuple(ucols), barriers,
         finished)

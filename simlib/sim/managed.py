@@ -117,7 +117,8 @@ def _wake(pending: Pending) -> None:
 
 
 class _Unseen:
-    """Per worker, the updates it computed that the table lacks: its open clock's pending sums and its messages in flight."""
+    """Per worker, the updates it computed that the table lacks: its open clock's pending sums and its messages in
+    flight."""
 
     def __init__(self, n_workers: int, trace: Any):
         self.pending: list[Pending | None] = [None] * n_workers

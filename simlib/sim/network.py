@@ -19,12 +19,17 @@ def message_time(nbytes: float, latency: float, bandwidth: float) -> float:
     return latency + nbytes / bandwidth
 
 
-def ring_allreduce_time(n_workers: int, nbytes: float, latency: float, bandwidth: float) -> float:
-    """Ring all-reduce: 2(N-1) lock-step phases, each moving nbytes/N per link: 2(N-1)/N * B/bw + 2(N-1) * lat."""
+def allgather_time(n_workers: int, nbytes_per_worker: float, latency: float, bandwidth: float) -> float:
+    """Ring all-gather: (N - 1) phases, each forwarding one worker's block: (N-1)(lat + B_w / bw)."""
     if n_workers <= 1:
         return 0.0
-    phases = 2 * (n_workers - 1)
-    return phases * (latency + nbytes / n_workers / bandwidth)
+    return (n_workers - 1) * (latency + nbytes_per_worker / bandwidth)
+
+
+def ring_allreduce_time(n_workers: int, nbytes: float, latency: float, bandwidth: float) -> float:
+    """Ring all-reduce: a reduce-scatter and an all-gather of nbytes/N blocks, 2(N-1) lock-step phases in all:
+    2(N-1)/N * B/bw + 2(N-1) * lat."""
+    return 2 * allgather_time(n_workers, nbytes / n_workers, latency, bandwidth)
 
 
 class Link:

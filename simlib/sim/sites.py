@@ -19,7 +19,8 @@ every update reaches every site and the tables agree (up to the order of floatin
 The clocks stay global and the protocol's bound holds across the WAN too: a worker's read at step c
 waits until its site holds what the other sites sent for updates of steps up to c - 1 - s (s = 0 for
 BSP, the bound for SSP, none for async); a message counts for the earliest step whose pushes it sums.
-With the filter that is what they sent, the significant sums: the small ones are the approximation (Gaia's ASP bounds them only by the threshold). Gaia's mirror clock
+With the filter that is what they sent, the significant sums: the small ones are the approximation (Gaia's ASP
+bounds them only by the threshold). Gaia's mirror clock
 (``mirror_clock`` m) bounds the sites against each other whatever the protocol: each site announces the end
 of each of its steps to the others (with that step's sums, or alone: one key's bytes), and a read at step c
 also waits until its site has heard that every other site ended step c - 1 - m. Without it an async site
@@ -36,11 +37,6 @@ import numpy as np
 def site_of(n_workers: int, sites: int) -> list[int]:
     """Worker i's site: floor(i * sites / n_workers), contiguous blocks as even as they can be."""
     return [i * sites // n_workers for i in range(n_workers)]
-
-
-def significant(acc: np.ndarray, values: np.ndarray, threshold: float) -> np.ndarray:
-    """Gaia's filter: |acc| > threshold * |value| (a key whose value is 0 passes whenever acc != 0)."""
-    return np.abs(acc) > threshold * np.abs(values)
 
 
 class Outbox:
@@ -93,14 +89,16 @@ class Outbox:
         self.summed[keys] += 1
         acc = self.acc[keys]
         if self.threshold is not None:
-            sig = significant(acc, values[keys], self.threshold)
+            # Gaia's filter: |acc| > threshold * |value| (a key whose value is 0 passes whenever acc != 0)
+            sig = np.abs(acc) > self.threshold * np.abs(values[keys])
             keys, acc = keys[sig], acc[sig]
         self.acc[keys] = 0.0
         self.sent[keys] += 1
         return keys, acc, first
 
     def rest(self) -> tuple[np.ndarray, np.ndarray]:
-        """Everything still held (the final flush): the nonzero sums and any key touched since the last take, now reset."""
+        """Everything still held (the final flush): the nonzero sums and any key touched since the last take, now
+        reset."""
         keys = np.flatnonzero(self.acc)
         if self.touched:
             keys = np.union1d(keys, np.concatenate(self.touched))
@@ -110,7 +108,8 @@ class Outbox:
         return keys, out
 
 
-def sent_by_frequency(outboxes: list[Outbox], shares: tuple[float, ...] = (0.01, 0.1, 0.5, 1.0)) -> list[dict[str, float]]:
+def sent_by_frequency(outboxes: list[Outbox],
+                      shares: tuple[float, ...] = (0.01, 0.1, 0.5, 1.0)) -> list[dict[str, float]]:
     """What a filter sent, by how often the keys were touched: keys ranked by the site steps that summed them.
 
     One row per group (the top ``shares[0]`` of the keys ever touched, then up to ``shares[1]``, ...):
