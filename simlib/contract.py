@@ -351,6 +351,28 @@ def record_metric(trace: Trace, problem: Any, t: float, step: int, params: Any, 
     check_metric(value, step, problem, lr)
 
 
+class ServerRecord:
+    """What a server substrate's server records (pipes and Ray alike): one update per push, its index the push's
+    sequence number, and the metric of the whole table at the start, after every ``eval_every`` x n updates and at
+    the end; :class:`~simlib.diverged.Diverged` at the first point that is not finite, so a run stops there."""
+
+    def __init__(self, problem: Any, training: Training, evaluate: bool, label: str, substrate: str):
+        n = training.n_workers
+        self.problem, self.lr, self.total = problem, training.lr, n * training.steps
+        self.period = training.eval_every * n if evaluate else 0
+        self.served = Trace(label, substrate, n)
+
+    def update(self, t: float, worker: int, clock: int, tau: int, applied: bool, lag: int) -> bool:
+        """One update at time ``t``; whether the metric is due after it (then :meth:`metric` the table)."""
+        self.served.update(t, worker, clock, tau, applied, lag)
+        done = len(self.served.updates)
+        return self.period > 0 and done % self.period == 0 and done < self.total
+
+    def metric(self, t: float, params: Any) -> None:
+        """The metric of the whole table ``params`` at time ``t``, after the updates recorded so far."""
+        record_metric(self.served, self.problem, t, len(self.served.updates), params, self.lr)
+
+
 def served_trace(trace: Trace, spans: Iterable[tuple], served: Trace, problem: Any, lr: float) -> float:
     """Fill a server substrate's ``trace``: the workers' ``spans`` (worker, kind, start, end, bytes, step), the
     server's updates and quality points (Diverged at the first non-finite one); returns the last span's end."""
