@@ -89,6 +89,9 @@ def test_the_server_record_of_pipes_and_ray_measures_every_eval_every_rounds_and
     with pytest.raises(Diverged) as info:
         record.metric(10.0, np.full(problem.n_params, np.nan))
     assert (info.value.step, info.value.what) == (10, "loss") and "lr=1e+06" in str(info.value)
+    with pytest.raises(Diverged) as again:  # a later push (another worker's, on Ray) ends at the same step
+        record.update(11.0, 0, 5, 0, True, 0)
+    assert again.value.step == 10 and len(record.served.updates) == 10
 
 
 def test_check_finite_names_the_metric_and_step():
