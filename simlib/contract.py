@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Protocol as TypingProtocol, runtime_
 import numpy as np
 
 from simlib import _validate as check
-from simlib.diverged import check_metric
+from simlib.diverged import Diverged, check_metric
 from simlib.protocol import MAX_BATCH, MAX_REAL_STEPS, MAX_WORKERS, Accumulator, Clocks, Protocol
 from simlib.protocol import ReadRule, StepRule, check_read_rule
 from simlib.trace import Trace
@@ -349,6 +349,36 @@ def record_metric(trace: Trace, problem: Any, t: float, step: int, params: Any, 
     value = float(problem.quality(params))
     trace.record_quality(t, step, value)
     check_metric(value, step, problem, lr)
+
+
+class ServerRecord:
+    """What a server substrate's server records (pipes and Ray alike): one update per push, its index the push's
+    sequence number, and the metric of the whole table at the start, after every ``eval_every`` x n updates and at
+    the end; :class:`~simlib.diverged.Diverged` at the first point that is not finite, so a run stops there (and the
+    same Diverged at every update after it: a server that goes on serving stops each worker at that step)."""
+
+    def __init__(self, problem: Any, training: Training, evaluate: bool, label: str, substrate: str):
+        n = training.n_workers
+        self.problem, self.lr, self.total = problem, training.lr, n * training.steps
+        self.period = training.eval_every * n if evaluate else 0
+        self.served = Trace(label, substrate, n)
+        self.diverged: Diverged | None = None
+
+    def update(self, t: float, worker: int, clock: int, tau: int, applied: bool, lag: int) -> bool:
+        """One update at time ``t``; whether the metric is due after it (then :meth:`metric` the table)."""
+        if self.diverged is not None:
+            raise self.diverged
+        self.served.update(t, worker, clock, tau, applied, lag)
+        done = len(self.served.updates)
+        return self.period > 0 and done % self.period == 0 and done < self.total
+
+    def metric(self, t: float, params: Any) -> None:
+        """The metric of the whole table ``params`` at time ``t``, after the updates recorded so far."""
+        try:
+            record_metric(self.served, self.problem, t, len(self.served.updates), params, self.lr)
+        except Diverged as e:
+            self.diverged = e
+            raise
 
 
 def served_trace(trace: Trace, spans: Iterable[tuple], served: Trace, problem: Any, lr: float) -> float:

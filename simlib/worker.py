@@ -223,7 +223,9 @@ def _buckets(problem: Any, c: int, batch: Any, values: Any, lr: float, bucket_by
         if held and (out is None or sum(g.nbytes for _, g in held) >= bucket_bytes):
             # layers come last first, so the bucket's keys run from the last layer's start to the first one's stop
             keys = slice(held[-1][0].start, held[0][0].stop)
-            yield Bucket(c, index, keys, -lr * np.concatenate([g for _, g in reversed(held)]))  # CuPy's own on CuPy
+            bucket = np.concatenate([g for _, g in reversed(held)])  # a new array (CuPy's own on CuPy): scaled in place
+            bucket *= -lr
+            yield Bucket(c, index, keys, bucket)
             held, index = [], index + 1
         if out is None:
             return

@@ -15,6 +15,7 @@ import pytest
 
 import simlib
 from fault_driver import children
+from simlib.contract import ServerRecord, Training
 from simlib.diverged import Diverged, check_finite
 from simlib.parallel.shm import PREFIX
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
@@ -73,6 +74,24 @@ def test_every_substrate_reports_divergence_with_its_step_and_value(problem, sim
         assert np.isfinite([q.value for q in shorter.trace.quality]).all()
     assert multiprocessing.active_children() == [] and _my_segments() == []
     assert set(children()) <= before  # no worker, server or Ray process outlives the run
+
+
+@pytest.mark.parametrize("evaluate", [True, False])
+def test_the_server_record_of_pipes_and_ray_measures_every_eval_every_rounds_and_stops_at_the_first_bad_one(
+        problem, evaluate):
+    """One ServerRecord serves the pipes server and Ray's coordinator: the metric is due after every eval_every x n
+    updates (not after the last, which the end records), and the first one not finite raises Diverged there."""
+    record = ServerRecord(problem, Training(n_workers=2, steps=5, eval_every=2, lr=LR), evaluate, "server", "pipes")
+    record.metric(0.0, problem.init_params())
+    due = [k for k in range(1, 11) if record.update(float(k), k % 2, (k - 1) // 2, 0, True, 0)]
+    assert due == ([4, 8] if evaluate else [])
+    assert [q.step for q in record.served.quality] == [0] and len(record.served.updates) == 10
+    with pytest.raises(Diverged) as info:
+        record.metric(10.0, np.full(problem.n_params, np.nan))
+    assert (info.value.step, info.value.what) == (10, "loss") and "lr=1e+06" in str(info.value)
+    with pytest.raises(Diverged) as again:  # a later push (another worker's, on Ray) ends at the same step
+        record.update(11.0, 0, 5, 0, True, 0)
+    assert again.value.step == 10 and len(record.served.updates) == 10
 
 
 def test_check_finite_names_the_metric_and_step():

@@ -107,6 +107,16 @@ def test_lock_free_sweep_recovers_the_topics_and_keeps_counts_exact(synthetic, w
     assert res.trace.meta["path"] == "in place"
 
 
+@pytest.mark.parametrize("kernel", ["dense", "mh", "alias", "word"])
+def test_a_cpu_sampler_asked_of_the_gpu_substrate_is_refused_by_name_before_any_work(synthetic, kernel, monkeypatch):
+    # the gpu substrate runs its device kernels, never LDAProblem(kernel=...): asking for one is refused, not ignored
+    prob = LDAProblem(synthetic[0], 8, alpha=0.5, beta=0.01, kernel=kernel)
+    monkeypatch.setattr(prob, "shards", lambda n: pytest.fail("work started before the refusal"))
+    with pytest.raises(ValueError, match=rf"^kernel='{kernel}': the gpu substrate does not run the CPU samplers .*"
+                                         r"device_kernel 'auto', 'hogwild', 'fused' or 'array'"):
+        simlib.run(prob, "bsp", substrate="gpu", xp="numpy", n_workers=1, steps=1)
+
+
 def test_auto_is_the_lock_free_sweep(synthetic):
     corpus = synthetic[0]
     params = []

@@ -47,7 +47,7 @@ from simlib.backend import to_numpy
 from simlib.problems.atomic import atomic_add, compare_swap
 from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, deal_documents, doc_topic_counts,
                                 log_likelihood, random_assignments, word_counts, word_log_likelihood)
-from simlib.problems.lda_gibbs import MH_STEPS, GibbsState, _rng_state, blocks, check_prior
+from simlib.problems.lda_gibbs import KERNELS, MH_STEPS, GibbsState, _rng_state, blocks, check_prior
 
 #: In place with several workers: each worker's tokens per block, between two syncs of n_k (see LDAProblem.local_steps).
 # NOTE: the rows are the table's own, so a block's size bounds only how stale n_k gets. KJV, K = 1,000, 2 workers,
@@ -116,6 +116,14 @@ class LDAProblem:
     def validate(self) -> None:
         """Check the corpus again (it may have changed since): the Gibbs kernels index it unchecked."""
         check_corpus(self.corpus)
+
+    def check_run(self, protocol: Any, substrate: str) -> None:
+        """Refuse a CPU sampler the substrate would not run: the gpu substrate samples with its own device kernels."""
+        if substrate == "gpu" and self.kernel != "sparse":
+            raise ValueError(f"kernel={self.kernel!r}: the gpu substrate does not run the CPU samplers "
+                             f"({', '.join(KERNELS)}); it samples with its device kernels, device_kernel 'auto', "
+                             "'hogwild', 'fused' or 'array' (an attribute of the problem), and takes only the "
+                             f"default kernel='sparse'; run kernel={self.kernel!r} on pipes, shm, ray or sim")
 
     def miniature(self) -> "LDAProblem":
         """The same problem on its first two documents, their words renumbered (same topics): what a warm-up

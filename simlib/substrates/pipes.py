@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from simlib import _validate as check
-from simlib.contract import ParamServer, Result, Training, local_result, new_trace, record_metric
+from simlib.contract import ParamServer, Result, ServerRecord, Training, local_result, new_trace
 from simlib.contract import served_trace, warm_up as contract_warm_up
 from simlib.parallel.allreduce import Ring, run_replicas
 from simlib.parallel.channel import Channel
@@ -217,9 +217,9 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
     read_version, lag = [0] * n, [0] * n
     held: list[tuple[int, np.ndarray]] = []  # (worker, keys): pulls the protocol holds back
     now = getattr(current(), "now", time.perf_counter)
-    served = Trace("pipe parameter server", "pipes", n)  # updates with the pushing worker's id, metric points
-    record_metric(served, problem, now(), 0, server.params, training.lr)
-    period = training.eval_every * n
+    # updates with the pushing worker's id, metric points
+    record = ServerRecord(problem, training, evaluate, "pipe parameter server", "pipes")
+    record.metric(now(), server.params)
     done = 0
     early = {"messages": 0, "entries": 0}
 
@@ -250,11 +250,10 @@ def _serve(problem: Any, chans: list[Channel], protocol: Protocol, training: Tra
                 early["entries"] += len(rec)
                 continue
             applied, tau = server.push(c, rec["key"], rec["grad"], read_version[i])
-            served.update(now(), i, c, tau, applied, lag[i])
+            if record.update(now(), i, c, tau, applied, lag[i]):
+                record.metric(now(), server.params)
             done += c == steps - 1
-            if evaluate and len(served.updates) % period == 0 and len(served.updates) < n * steps:
-                record_metric(served, problem, now(), len(served.updates), server.params, training.lr)
             held = answer(held)
     server.finish()
-    record_metric(served, problem, now(), n * steps, server.params, training.lr)
-    return server.params, served, early
+    record.metric(now(), server.params)
+    return server.params, record.served, early

@@ -75,7 +75,9 @@ import numpy as np
 from simlib import _validate as check
 from simlib import signals
 from simlib.compress import worker_compressor
-from simlib.contract import ParamServer, Result, Training, key_bounds, local_result, new_trace, served_trace
+from simlib.contract import ParamServer, Result, ServerRecord, Training, key_bounds, local_result, new_trace
+from simlib.contract import served_trace
+from simlib.diverged import Diverged
 from simlib.protocol import Protocol, StepRule
 from simlib.trace import Trace
 from simlib.worker import AllReduce, Bucket, Plan, Pull, Push, Reduced, Timed, WorkerOptions
@@ -126,14 +128,11 @@ class _Changed:
 
 
 class _Recorder:
-    """The actor that records the run (the coordinator, or the reducer): one update per push (its index is its
-    sequence number), and the quality of the whole table (:meth:`_table`) every ``eval_every`` updates per worker."""
+    """The actor that records the run (the coordinator, or the reducer) through a
+    :class:`~simlib.contract.ServerRecord`, as the pipes server does; the whole table is :meth:`_table`."""
 
     def __init__(self, problem: Any, training: Training, evaluate: bool, label: str):
-        n = training.n_workers
-        self.problem, self.total = problem, n * training.steps
-        self.evaluate_every = training.eval_every * n if evaluate else 0
-        self.served = Trace(label, "ray", n)
+        self.record = ServerRecord(problem, training, evaluate, label, "ray")
         self.t0 = 0.0
 
     ping = _whereabouts
@@ -141,30 +140,30 @@ class _Recorder:
     async def start(self) -> float:
         """The initial quality, off the clock (the first call loads compiled kernels) and recorded at time 0; then
         the run's clock starts: its wall time t0, returned."""
-        await self._evaluate(0, at=0.0)
+        await self._metric(at=0.0)
         self.t0 = time.time()
         return self.t0
 
     async def _record(self, worker: int, c: int, tau: int, applied: bool, lag: int) -> int:
-        """One update now, and the quality where it is due; returns the update's sequence number."""
-        seq = len(self.served.updates)
-        self.served.update(time.time() - self.t0, worker, c, tau, applied, lag)
-        if self.evaluate_every and (seq + 1) % self.evaluate_every == 0 and seq + 1 < self.total:
-            await self._evaluate(seq + 1)
+        """One update now, and the quality where it is due (Diverged, which ends the run, if it is not finite);
+        returns the update's sequence number."""
+        seq = len(self.record.served.updates)
+        if self.record.update(time.time() - self.t0, worker, c, tau, applied, lag):
+            await self._metric()
         return seq
 
-    async def _evaluate(self, n_updates: int, at: float | None = None) -> None:
-        """Record the quality of the whole table at run time ``at`` (default: now)."""
-        w = await self._table()
-        self.served.record_quality(time.time() - self.t0 if at is None else at, n_updates, self.problem.quality(w))
+    async def _metric(self, at: float | None = None) -> np.ndarray:
+        """Record the quality of the whole table at run time ``at`` (default: now); returns the table."""
+        table = await self._table()
+        self.record.metric(time.time() - self.t0 if at is None else at, table)
+        return table
 
     async def _table(self) -> np.ndarray:
         raise NotImplementedError
 
     async def finish(self) -> tuple[np.ndarray, Trace]:
         """(the whole table, a trace of the updates and the quality points)."""
-        await self._evaluate(len(self.served.updates))
-        return await self._table(), self.served
+        return await self._metric(), self.record.served
 
 
 class RayPSCoordinator(_Recorder):
@@ -192,7 +191,7 @@ class RayPSCoordinator(_Recorder):
             asyncio.get_running_loop().call_later(deadline - time.monotonic(), self._expire, c)
         values, version = self.server.pull(keys)
         self.lag[worker] = self.server.clocks.clock_lag(c)
-        return values, (version, self.lag[worker], len(self.served.updates), held)
+        return values, (version, self.lag[worker], len(self.record.served.updates), held)
 
     def add_early(self, keys: np.ndarray, deltas: np.ndarray) -> None:
         """Part of a clock's push sent before its end (managed communication): into the table as it is."""
@@ -868,6 +867,9 @@ def _call(ray: Any, ref: Any, who: str, servers: list = ()) -> Any:
     # NOTE: first, as Ray raises an actor's error as a subclass of both RayTaskError and its cause: a worker whose
     # server died raised an ActorDiedError, a RayActorError too, and was named as the one that died
     except ray.exceptions.RayTaskError as e:  # the actor ran and raised: a server it called died, or the problem failed
+        diverged = _diverged(e)
+        if diverged is not None:  # the run's result, as on every substrate: the recorder's Diverged, unwrapped
+            raise diverged from None
         for k, s in enumerate(servers):
             try:
                 ray.get(s.ping.remote(), timeout=10)
@@ -876,6 +878,13 @@ def _call(ray: Any, ref: Any, who: str, servers: list = ()) -> Any:
         raise RuntimeError(f"ray: {who} failed: {_cause(e)}\n{e}") from e
     except ray.exceptions.RayActorError as e:
         raise _died(who, " (its actor process ended)") from e
+
+
+def _diverged(error: Any) -> Diverged | None:
+    """The Diverged that ``error`` carries (an actor's error wraps the one it got from the recorder), or None."""
+    while error is not None and type(error) is not Diverged:
+        error = getattr(error, "cause", None)
+    return None if error is None else Diverged(*error.args)
 
 
 def _cause(error: Any) -> str:
