@@ -762,7 +762,13 @@ PROBE_CHEATS = {  # name: (code replacing part 1's answer, (t1, t2) points, text
     "looks_for_the_hidden_tests": ("def f(x):\n    return 2 * x + 1\n" + SCAN, (2, 3), "hidden: none found"),
     "sends_the_inputs_in_an_error": ("import json, sys\nch = sys.modules['simlib.grade.child']\ndef named(calls, ns):\n"
                                      "    raise ValueError('L1:' + json.dumps(calls))\nch.named = named\n"
-                                     "def f(x):\n    return 2 * x + 1", (0, 3), "failed: (message withheld"),
+                                     "def f(x):\n    return 2 * x + 1", (0, 3), "the sandbox did not answer the calls (it raised "
+                                     "ValueError)"),
+    "sends_the_inputs_encoded": ("import base64, json, sys, zlib\nimport simlib.grade.probe as p\ndef leak(call, ns, kept):\n"
+                                 "    f = sys._getframe(1)\n    while 'calls' not in f.f_locals:\n        f = f.f_back\n"
+                                 "    raise SystemExit('L2:' + base64.b85encode(zlib.compress(json.dumps(f.f_locals['calls'])"
+                                 ".encode())).decode())\np.answer = leak\ndef f(x):\n    return 2 * x + 1", (0, 3),
+                                 "the sandbox did not answer the calls (it raised SystemExit)"),
 }
 
 
@@ -796,6 +802,7 @@ def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(pr
     out = probe_class["out"]
     leaked = _feedback(out)["sends_the_inputs_in_an_error"]  # the drawn inputs have 7 digits; the message <= 80 chars
     assert not re.search(r"\d{7}", leaked) and "L1:" not in leaked, leaked
+    assert "L2:" not in _feedback(out)["sends_the_inputs_encoded"]  # compressed and encoded: no digit shows
     master = json.loads(next(out.glob(".cache/master-*.passed")).read_text())
     values = [r["value"] for r in master["probes"]["t1: hidden tests"]]
     assert len(values) == 21 and values[-1] == [1.5] and all(2 * 10**6 < v < 2 * 10**7 for v in values[:-1])
@@ -1597,9 +1604,8 @@ def test_names_equal_but_for_invisible_characters_clash_and_show_them(tmp_path):
     assert clean("s02\u200b", []) == "s02\\u200b" and clean("s03\u202egnp", []) == "s03\\u202egnp"
 
 
-def test_a_failed_probe_units_message_is_short_and_never_quotes_an_input():
-    drawn = [{"call": "f", "args": [1234567, {"call": "g", "kwargs": {"tau": 0.125}}]}]
-    assert probe.failed("ValueError: " + "x" * 500 + "\nmore", drawn) == ("ValueError: " + "x" * 500)[:80]
-    assert probe.failed("ValueError: L1:[1234567]", drawn).startswith("(message withheld")
-    assert probe.failed("ValueError: tau 0.125", drawn).startswith("(message withheld")
-    assert probe.failed("KeyError: 'x'", drawn) == "KeyError: 'x'"
+def test_a_failed_probe_units_message_keeps_only_a_builtin_exceptions_type():
+    assert probe.failed("ValueError: L1:[1234567]") == "the sandbox did not answer the calls (it raised ValueError)"
+    assert probe.failed("SystemExit: c-pO4TW+I35") == "the sandbox did not answer the calls (it raised SystemExit)"
+    assert probe.failed("LeakQ2x9: more") == "the sandbox did not answer the calls (it raised an exception)"
+    assert probe.failed(probe.TOO_LARGE) == probe.TOO_LARGE

@@ -479,7 +479,7 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
         reply["used"] = noted()
         data = frame(reply)
         if len(data) > MAX_FRAME:
-            data = frame({**reply, "values": [], "ok": False, "error": "the values are larger than 1 MB"})
+            data = frame({**reply, "values": [], "ok": False, "error": probe.TOO_LARGE})
         _WRITE(result_fd, data)
 
 

@@ -553,8 +553,8 @@ class Child:
         if self.violation or self._over_limit():
             raise Fatal(self.violation)
         error = str(reply.get("error", ""))[:1000]
-        if k in self.late and not reply["ok"]:  # the sandbox's text, where it has seen the calls: short, no input
-            error = probe.failed(error, self.late[k])
+        if k in self.late and not reply["ok"]:  # the sandbox's text, where it has seen the calls
+            error = probe.failed(error)
         return Outcome(reply["ok"], error, values=reply.get("values"), used=_used(reply))
 
 
