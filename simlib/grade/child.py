@@ -6,7 +6,8 @@ address space, CPU time and file sizes; cuts off the network (a fresh network na
 permitted, Landlock's TCP rules, and a refusal of AF_INET/AF_INET6 sockets); confines the
 filesystem with Landlock (read-only: Python, its packages, the ``simlib`` package, system
 libraries; read-write: the scratch directory and /dev/shm); and installs a seccomp filter
-(:func:`syscall_filter`: no kernel keyrings, no AF_VSOCK sockets, no io_uring). Then it reads the whole plan (every
+(:func:`syscall_filter`: no kernel keyrings, no program started, no AF_VSOCK sockets, no io_uring). Then it reads the
+whole plan (every
 unit, tests as compiled code) in one frame, moves the control pipe off stdin (which becomes
 /dev/null), and runs unit after unit, each on a "go" byte, answering each on the result pipe with
 ok or the error's type and message and the unit's nonce. A probe unit's calls (:mod:`simlib.grade.probe`)
@@ -26,6 +27,7 @@ inherit the hook and send what they note up a pipe (:func:`_up`), which each rep
 from __future__ import annotations
 
 import base64
+import _thread
 import contextlib
 import builtins
 import ctypes
@@ -47,6 +49,7 @@ import sys
 import sysconfig
 import threading
 import types
+from multiprocessing import resource_tracker
 from typing import Any
 
 from simlib.grade import probe
@@ -63,8 +66,9 @@ NET_TCP = 1 | 2  # bind, connect
 SCOPES = 1 | 2  # abstract unix sockets, signals to processes outside the sandbox
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # seccomp_data.arch of each machine's native calls
-SYSCALLS = {"x86_64": {"socket": 41, "add_key": 248, "request_key": 249, "keyctl": 250},
-            "aarch64": {"socket": 198, "add_key": 217, "request_key": 218, "keyctl": 219}}
+SYSCALLS = {"x86_64": {"socket": 41, "add_key": 248, "request_key": 249, "keyctl": 250, "execve": 59, "execveat": 322},
+            "aarch64": {"socket": 198, "add_key": 217, "request_key": 218, "keyctl": 219, "execve": 221,
+                        "execveat": 281}}
 IO_URING = (425, 426, 427)  # io_uring_setup, _enter, _register: one number on every machine
 X32_BIT, AF_VSOCK = 0x40000000, 40
 MESSAGE_CHARS = 600
@@ -102,15 +106,17 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
 def syscall_filter(machine: str = platform.machine()) -> bytes | None:
     """The seccomp program (struct sock_filter[]: code, jt, jf, k) run on each system call: EPERM for the kernel
     keyrings (add_key, request_key, keyctl: not namespaced, so a key outlives the sandbox and reaches the next one
-    with its uid), for socket(AF_VSOCK, ...) (to the hypervisor: no network namespace holds it), for io_uring (which
-    opens sockets past this filter) and for calls of another ABI (x32, int 0x80); anything else runs. None on a
-    machine whose numbers it does not know."""
+    with its uid), for execve and execveat (no program starts, so no fresh Python the call watch is not in: a
+    ``subprocess`` of ``sys.executable``, ``multiprocessing`` under spawn or forkserver), for socket(AF_VSOCK, ...)
+    (to the hypervisor: no network namespace holds it), for io_uring (which opens sockets past this filter) and for
+    calls of another ABI (x32, int 0x80); anything else runs. None on a machine whose numbers it does not know."""
     if machine not in SYSCALLS:
         return None
     nr = SYSCALLS[machine]
     load, equal, at_least, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
     code = [(load, 0, 0, 4), (equal, 0, "deny", AUDIT_ARCH[machine]), (load, 0, 0, 0), (at_least, "deny", 0, X32_BIT)]
-    code += [(equal, "deny", 0, n) for n in (nr["add_key"], nr["request_key"], nr["keyctl"], *IO_URING)]
+    code += [(equal, "deny", 0, nr[name]) for name in ("add_key", "request_key", "keyctl", "execve", "execveat")]
+    code += [(equal, "deny", 0, n) for n in IO_URING]
     code += [(equal, 0, "allow", nr["socket"]), (load, 0, 0, 16), (equal, "deny", "allow", AF_VSOCK)]  # args[0]: int
     code += [(ret, 0, 0, 0x7FFF0000), (ret, 0, 0, 0x00050000 | errno.EPERM)]  # SECCOMP_RET_ALLOW, _ERRNO | EPERM
     where = {"allow": len(code) - 2, "deny": len(code) - 1}
@@ -144,10 +150,13 @@ def private_shm() -> bool:
             and LIBC.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0)
 
 
-def refuse_inet(event: str, args: tuple) -> None:
-    """Audit hook: no IPv4/IPv6 sockets (Unix sockets, used by multiprocessing, stay allowed)."""
+def refuse(event: str, args: tuple) -> None:
+    """Audit hook: no IPv4/IPv6 sockets (Unix sockets, used by multiprocessing, stay allowed), and no subinterpreter
+    (``_xxsubinterpreters``: a fresh interpreter in this process, which the call watch is not in)."""
     if event == "socket.__new__" and len(args) > 1 and args[1] in (socket.AF_INET, socket.AF_INET6):
         raise PermissionError("network access is disabled while grading")
+    if event == "cpython.PyInterpreterState_New":
+        raise PermissionError("new interpreters are disabled while grading")
 
 
 def read_frame(fd: int) -> Any:
@@ -265,6 +274,7 @@ def _gather() -> None:
 # sys.setprofile, or os.write to strip what a reply says it used).
 _SETPROFILE, _GETPROFILE, _THREAD_SETPROFILE = sys.setprofile, sys.getprofile, threading.setprofile
 _READ, _WRITE = os.read, os.write
+_START_THREAD = _thread.start_new_thread
 REF_CODES: dict[int, tuple[types.CodeType, str]] = {}  # id(code object) -> (it, the reference whose code it is, or
 # the reference keyword it takes)
 REF_OBJECTS: dict[int, tuple[Any, str]] = {}  # id(reference) -> (it, its dotted name)
@@ -420,16 +430,29 @@ def _calls_in(arg: Any) -> list[dict[str, Any]]:
     return [arg, *_calls_in(arg.get("args", [])), *_calls_in(list(arg.get("kwargs", {}).values()))]
 
 
-def _hook(on: bool) -> None:
-    """Install the profile hook (this thread and threads started from now), or remove it, noting if it was replaced.
-
-    A hook found gone (None) is not noted: CPython removes a profile hook that raises, as the call into it does at
-    the recursion limit (an honest RecursionError in a cell), and a removal through ``sys.setprofile`` is noted as
-    the call happens (:func:`_profile`)."""
-    if not on and _GETPROFILE() not in (None, _profile) and len(NOTED) < MAX_NOTED:
+def _hook(on: bool, recursion: bool = False) -> None:
+    """Install the profile hook (this thread and threads started from now), or remove it, noting if it was replaced,
+    or removed where no RecursionError (``recursion``) explains it: CPython drops a profile hook that raises, as the
+    call into it does at the recursion limit; a removal through ``sys.setprofile`` is noted as the call happens
+    (:func:`_profile`), one through ``ctypes`` (``PyEval_SetProfile``) or a RecursionError caught is noted here."""
+    if not on and _GETPROFILE() is not _profile and (_GETPROFILE() is not None or not recursion) \
+            and len(NOTED) < MAX_NOTED:
         NOTED[("the submission's code", 0, TAMPER)] = None
     _SETPROFILE(_profile if on else None)
     _THREAD_SETPROFILE(_profile if on else None)
+
+
+def _start_new_thread(function: Any, args: tuple, kwargs: dict | None = None) -> int:
+    """``_thread.start_new_thread``, the new thread under the profile hook where the thread starting it is (a thread of
+    ``threading``'s gets it from ``threading.setprofile``; one started by ``_thread`` itself would run unwatched)."""
+    hooked = _GETPROFILE() is _profile
+
+    def run(*a: Any, **k: Any) -> Any:
+        if hooked:
+            _SETPROFILE(_profile)
+        return function(*a, **k)
+
+    return _START_THREAD(run, args, kwargs or {})
 
 
 def noted() -> list[list[Any]]:
@@ -470,7 +493,7 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
             ok, error = False, describe(exc)
         if hooked:
-            _hook(False)
+            _hook(False, error.startswith("RecursionError"))
         reply = {"seq": seq, "nonce": unit["nonce"], "ok": ok, "error": error, "values": values}
         del code, unit
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
@@ -487,6 +510,9 @@ def _answer(call: dict[str, Any], namespace: dict[str, Any], kept: dict[str, Any
     """One call's reply (:func:`simlib.grade.probe.answer`), with the references that ran during it: [name, file, line]."""
     RAN.clear()
     reply = probe.answer(call, namespace, kept)
+    if REF_CODES:  # the hook removed during the call is noted, and on again for the next call
+        _hook(False, reply.get("error") == "RecursionError")
+        _hook(True)
     _gather()
     if RAN:
         reply["ran"] = [[ref, *where] for ref, where in RAN.items()]
@@ -514,8 +540,9 @@ def main() -> None:
     proc = ["/proc"] if cfg["own_proc"] else [f"/proc/{os.getpid()}", "/proc/stat", "/proc/cpuinfo", "/proc/meminfo"]
     read_only = cfg["read_only"] + proc + ["/sys/devices/system/cpu"]
     abi = landlock(read_only, cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
+    resource_tracker.ensure_running()  # shared memory's tracker is a fresh Python: started now, as none starts later
     filtered = seccomp(syscall_filter())
-    sys.addaudithook(refuse_inet)
+    sys.addaudithook(refuse)
     fcntl.fcntl(cfg["result_fd"], fcntl.F_SETFD, fcntl.FD_CLOEXEC)
     os.write(cfg["result_fd"], frame({"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm,
                                       "uid": os.getuid(), "seccomp": filtered}))
@@ -524,6 +551,7 @@ def main() -> None:
         return
     control = private_control(0)
     UP[:] = [os.getpid(), *os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)]
+    _thread.start_new_thread = _thread.start_new = threading._start_new_thread = _start_new_thread
     serve(plan["units"], control, cfg["result_fd"], plan.get("watch", []))
 
 
