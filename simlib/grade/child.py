@@ -410,8 +410,7 @@ def _reference_in(value: Any) -> tuple[str, types.CodeType | None] | None:
 
 def named(calls: Any, namespace: dict[str, Any]) -> None:
     """Note each name the grader's calls look up in the notebook that is (or wraps, or copies) a reference."""
-    heads = {str(c.get("call", c.get("name", ""))).split(".")[0] for c in _calls_in(calls)}
-    for head in sorted(h for h in heads if h in namespace and not h.startswith("$")):
+    for head in sorted(h for h in heads(calls) if h in namespace and not h.startswith("$")):
         with contextlib.suppress(Exception):  # the student's objects may raise on any attribute
             found = _reference_in(namespace[head])
             if found is not None and len(NOTED) < MAX_NOTED:
@@ -421,13 +420,12 @@ def named(calls: Any, namespace: dict[str, Any]) -> None:
                 NOTED[(*where, ref)] = None
 
 
-def _calls_in(arg: Any) -> list[dict[str, Any]]:
-    """Every call or name in a probe's calls, those in arguments included."""
+def heads(arg: Any) -> set[str]:
+    """The first part of each name a probe's calls look up ('$w' of '$w.array'), those in arguments included."""
     if isinstance(arg, list):
-        return [c for a in arg for c in _calls_in(a)]
-    if not isinstance(arg, dict):
-        return []
-    return [arg, *_calls_in(arg.get("args", [])), *_calls_in(list(arg.get("kwargs", {}).values()))]
+        return {h for a in arg for h in heads(a)}
+    return {str(arg.get("call", arg.get("name", ""))).split(".")[0], *heads(arg.get("args", [])),
+            *heads(list(arg.get("kwargs", {}).values()))} if isinstance(arg, dict) else set()
 
 
 def _hook(on: bool, recursion: bool = False) -> None:
@@ -453,13 +451,6 @@ def _start_new_thread(function: Any, args: tuple, kwargs: dict | None = None) ->
         return function(*a, **k)
 
     return _START_THREAD(run, args, kwargs or {})
-
-
-def noted() -> list[list[Any]]:
-    """The reads noted since the last call, as [file, line, reference]."""
-    out = [list(k) for k in NOTED]
-    NOTED.clear()
-    return out
 
 
 def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[str] = ()) -> None:
@@ -499,7 +490,8 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()
         _gather()
-        reply["used"] = noted()
+        reply["used"] = [list(k) for k in NOTED]  # the reads noted since the last reply: [file, line, reference]
+        NOTED.clear()
         data = frame(reply)
         if len(data) > MAX_FRAME:
             data = frame({**reply, "values": [], "ok": False, "error": probe.TOO_LARGE})
