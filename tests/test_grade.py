@@ -867,6 +867,11 @@ REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
                                 "def g(c, d, s):\n    _thread.start_new_thread(lambda: q.put(ref(c, d, s)), ())\n"
                                 "    return q.get()",
                                 "a2 line 5: _thread.start_new_thread(lambda: q.put(ref(c, d, s)), ())"),
+    "calls_a_copy_of_its_module": ("import importlib.util\nspec = importlib.util.find_spec('simlib.' + 'protocol')\n"
+                                   "ns = {'__name__': spec.name}\n"
+                                   "exec(compile(open(spec.origin).read(), 'copy.py', 'exec'), ns)\n"
+                                   "h = ns['may' + '_read']\ndef g(c, d, s):\n    return h(c, d, s)",
+                                   "a2 line 7: return h(c, d, s)"),
     "strips_its_replies": (f"import json, os, struct, sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n    return ref(c, d, s)\n"
                            "real = os.write\ndef fake(fd, data):\n    try:\n        d = json.loads(data[4:])\n"
                            "        d.update(used=[], values=[{k: v for k, v in r.items() if k != 'ran'} for r in d.get('values', [])])\n"

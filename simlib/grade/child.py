@@ -279,6 +279,7 @@ REF_CODES: dict[int, tuple[types.CodeType, str]] = {}  # id(code object) -> (it,
 # the reference keyword it takes)
 REF_OBJECTS: dict[int, tuple[Any, str]] = {}  # id(reference) -> (it, its dotted name)
 REF_PRINTS: dict[tuple, str] = {}  # a reference function's code, as compared (:func:`_fingerprint`) -> its name
+COPIES: dict[int, tuple[types.CodeType, tuple[types.CodeType, str] | None]] = {}  # id(code) -> (it, _copy_of(it))
 RAN: dict[str, tuple[str, int]] = {}  # the references run since the last reset -> the student's (file, line) or ('', 0)
 TAMPER = "sys.setprofile"  # noted where the submission replaces or removes the profile hook
 
@@ -355,10 +356,21 @@ def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
     reference keyword set True (``StepRule(**{"staleness" + "_aware": True})``), or a replacement of this hook."""
     if event == "call":
         ref = REF_CODES.get(id(frame.f_code))
-        if ref is not None and ref[0] is frame.f_code and ("." in ref[1] or _set(frame, ref[1])):
+        ref = ref if ref is not None and ref[0] is frame.f_code else _copy_of(frame.f_code)
+        if ref is not None and ("." in ref[1] or _set(frame, ref[1])):
             _ran(frame.f_back, ref[1])
     elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals():
         _ran(frame, TAMPER)
+
+
+def _copy_of(code: types.CodeType) -> tuple[types.CodeType, str] | None:
+    """(code, reference) where ``code`` is a copy of a reference's, compiled from its source (the same bytecode,
+    constants and names: :func:`_fingerprint`), else None; each code object is looked at once."""
+    seen = COPIES.get(id(code))
+    if seen is None or seen[0] is not code:
+        ref = REF_PRINTS.get(_fingerprint(code)) if REF_PRINTS else None
+        seen = COPIES[id(code)] = (code, (code, ref) if ref else None)
+    return seen[1]
 
 
 def _set(frame: types.FrameType, keyword: str) -> bool:
