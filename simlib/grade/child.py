@@ -279,7 +279,8 @@ REF_CODES: dict[int, tuple[types.CodeType, str]] = {}  # id(code object) -> (it,
 # the reference keyword it takes)
 REF_OBJECTS: dict[int, tuple[Any, str]] = {}  # id(reference) -> (it, its dotted name)
 REF_PRINTS: dict[tuple, str] = {}  # a reference function's code, as compared (:func:`_fingerprint`) -> its name
-COPIES: dict[int, tuple[types.CodeType, tuple[types.CodeType, str] | None]] = {}  # id(code) -> (it, _copy_of(it))
+REF_SIZES: set[int] = set()  # the lengths of their bytecode: a code object of another length is no copy
+CALLED: dict[int, tuple[types.CodeType, str | None]] = {}  # id(code) -> (it, _reference_of(it)), for the code called
 RAN: dict[str, tuple[str, int]] = {}  # the references run since the last reset -> the student's (file, line) or ('', 0)
 TAMPER = "sys.setprofile"  # noted where the submission replaces or removes the profile hook
 
@@ -323,6 +324,7 @@ def know(refs: list[str]) -> None:
             for code in _codes(obj):
                 REF_CODES[id(code)] = (code, ref)
                 REF_PRINTS[_fingerprint(code)] = ref
+                REF_SIZES.add(len(code.co_code))
     keywords = {r for r in refs if "." not in r}  # with the code of each library function taking or reading one
     for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "simlib"]:
         with contextlib.suppress(Exception):  # an entry the submission put there need not be a module
@@ -335,6 +337,7 @@ def know(refs: list[str]) -> None:
                 taken = keywords & set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
                 taken |= keywords & set(code.co_names) if code.co_argcount else set()
                 REF_CODES.update({id(code): (code, min(taken))} if taken else {})
+    CALLED.clear()  # what was no reference before may be one now
 
 
 def _mine(frame: types.FrameType) -> bool:
@@ -355,22 +358,22 @@ def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
     """The profile hook: note a call into a reference's code (see :func:`_ran`), or of a library function with a
     reference keyword set True (``StepRule(**{"staleness" + "_aware": True})``), or a replacement of this hook."""
     if event == "call":
-        ref = REF_CODES.get(id(frame.f_code))
-        ref = ref if ref is not None and ref[0] is frame.f_code else _copy_of(frame.f_code)
-        if ref is not None and ("." in ref[1] or _set(frame, ref[1])):
-            _ran(frame.f_back, ref[1])
+        seen = CALLED.get(id(frame.f_code))
+        if seen is None or seen[0] is not frame.f_code:
+            seen = CALLED[id(frame.f_code)] = (frame.f_code, _reference_of(frame.f_code))
+        if seen[1] is not None and ("." in seen[1] or _set(frame, seen[1])):
+            _ran(frame.f_back, seen[1])
     elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals():
         _ran(frame, TAMPER)
 
 
-def _copy_of(code: types.CodeType) -> tuple[types.CodeType, str] | None:
-    """(code, reference) where ``code`` is a copy of a reference's, compiled from its source (the same bytecode,
-    constants and names: :func:`_fingerprint`), else None; each code object is looked at once."""
-    seen = COPIES.get(id(code))
-    if seen is None or seen[0] is not code:
-        ref = REF_PRINTS.get(_fingerprint(code)) if REF_PRINTS else None
-        seen = COPIES[id(code)] = (code, (code, ref) if ref else None)
-    return seen[1]
+def _reference_of(code: types.CodeType) -> str | None:
+    """The reference (or keyword) whose code ``code`` is, or is a copy of, compiled from its source (the same
+    bytecode, constants and names: :func:`_fingerprint`); else None. The profile hook asks once per code object."""
+    known = REF_CODES.get(id(code))
+    if known is not None and known[0] is code:
+        return known[1]
+    return REF_PRINTS.get(_fingerprint(code)) if len(code.co_code) in REF_SIZES else None
 
 
 def _set(frame: types.FrameType, keyword: str) -> bool:
@@ -544,7 +547,8 @@ def main() -> None:
     proc = ["/proc"] if cfg["own_proc"] else [f"/proc/{os.getpid()}", "/proc/stat", "/proc/cpuinfo", "/proc/meminfo"]
     read_only = cfg["read_only"] + proc + ["/sys/devices/system/cpu"]
     abi = landlock(read_only, cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
-    resource_tracker.ensure_running()  # shared memory's tracker is a fresh Python: started now, as none starts later
+    # shared memory's tracker would be a fresh Python, which cannot start here; this sandbox's /dev/shm goes with it
+    resource_tracker.register = resource_tracker.unregister = lambda name, rtype: None
     filtered = seccomp(syscall_filter())
     sys.addaudithook(refuse)
     fcntl.fcntl(cfg["result_fd"], fcntl.F_SETFD, fcntl.FD_CLOEXEC)
