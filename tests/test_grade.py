@@ -115,8 +115,15 @@ def test_invalid_notebooks_are_reported():
 # -- a hostile class ------------------------------------------------------------------------------
 # Every attack is one submission in one grading run (per sandbox kind); each test asserts its own
 # outcome and that the control student "good", graded in the same run, still gets full marks.
-TOKEN = f"simlib-grade-test-{uuid.uuid4().hex}"  # carried by every process a submission tries to leave behind
-ARGV = f"[sys.executable, '-c', 'import time; time.sleep(120)', {TOKEN!r}]"
+TOKEN = f"sg{uuid.uuid4().hex[:13]}"  # the name (comm) of every process a submission tries to leave behind
+
+
+def _left_behind(indent: str) -> str:
+    """Lines naming their process TOKEN, then sleeping two minutes (no program can be started in the sandbox)."""
+    lines = (f"ctypes.CDLL(None).prctl(15, {TOKEN.encode()!r})", "time.sleep(120)", "os._exit(0)")
+    return "".join(f"{indent}{line}\n" for line in lines)
+
+
 F = "\ndef f():\n    return 1"  # part 1's correct answer, after the attack
 PLANTED = "planted-grader-secret-4711"
 KEY = b"simlib-grade-test-key"
@@ -133,12 +140,20 @@ def _frame_code(payload: str) -> str:
 
 ATTACKS = {  # name: (code replacing part 1's answer, (t1, t2) points, text the feedback must contain)
     # escape
-    "setsid_double_fork": ("import os, sys\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-                           f"        os.execv(sys.executable, {ARGV})\n    os._exit(0)\nos.wait()" + F, (2, 3), None),
-    "clone_parent": ("import ctypes, os, platform, signal, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "setsid_double_fork": ("import ctypes, os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                           + _left_behind(" " * 8) + "    os._exit(0)\nos.wait()" + F, (2, 3), None),
+    "clone_parent": ("import ctypes, os, platform, signal, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
                      "nr = {'x86_64': 56, 'aarch64': 220}[platform.machine()]\n"
                      "if libc.syscall(nr, 0x8000 | signal.SIGCHLD, 0, 0, 0, 0) == 0:\n    os.setsid()\n"
-                     f"    os.execv(sys.executable, {ARGV})" + F, (2, 3), None),
+                     + _left_behind(" " * 4) + F, (2, 3), None),
+    "starts_a_python": ("import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'])" + F, (0, 3),
+                        "PermissionError: [Errno 1] Operation not permitted"),
+    "spawns_a_python": ("import multiprocessing\np = multiprocessing.get_context('spawn').Process(target=print)\n"
+                        "p.start()\np.join()\nif p.exitcode:\n"
+                        "    raise OSError(f'the spawned Python exited with {p.exitcode}')" + F,
+                        (0, 3), "the spawned Python exited with 255"),  # its exec failed
+    "starts_a_subinterpreter": ("import _xxsubinterpreters\n_xxsubinterpreters.create()" + F, (0, 3),
+                                "RuntimeError: interpreter creation failed"),
     "daemon_thread_spins": ("import threading\nthreading.Thread(target=lambda: [0 for _ in iter(int, 1)], daemon=True).start()"
                             + F, (2, 3), None),
     "reads_master": ("secret = open(MASTER).read()" + F, (0, 3), "No such file or directory"),
@@ -338,11 +353,11 @@ ODD_NAMES = (b"nina\xff", b"=1+2", b"@SUM(A1)", b"+1", b"-2", b"\tx")
 
 
 def _processes_with(token: str) -> list[int]:
-    """Processes on this machine whose command line carries ``token`` (only this test's submissions plant it)."""
+    """Processes on this machine named ``token`` (only this test's submissions name theirs so)."""
     out = []
     for name in os.listdir("/proc"):
         try:
-            if token.encode() in Path(f"/proc/{name}/cmdline").read_bytes():
+            if Path(f"/proc/{name}/comm").read_bytes().strip() == token.encode():
                 out.append(int(name))
         except OSError:
             pass
@@ -595,12 +610,12 @@ def test_no_kernel_key_outlives_a_submission(hostile_class):
 
 def test_the_syscall_filter_refuses_what_it_names_and_nothing_else():
     """In a forked process under the filter: EPERM for socket(AF_VSOCK) (high bits of the family ignored, as the
-    kernel does), io_uring_setup, add_key and an x32 call; AF_UNIX sockets and files as before."""
+    kernel does), io_uring_setup, add_key, execve, execveat and an x32 call; AF_UNIX sockets and files as before."""
     if FILTER_PROBLEM:
         pytest.skip(FILTER_PROBLEM)
     from simlib.grade.child import seccomp
 
-    nr = {"x86_64": (41, 248), "aarch64": (198, 217)}[platform.machine()]
+    nr = {"x86_64": (41, 248, 59, 322), "aarch64": (198, 217, 221, 281)}[platform.machine()]
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
@@ -609,7 +624,8 @@ def test_the_syscall_filter_refuses_what_it_names_and_nothing_else():
             libc.syscall.restype = ctypes.c_long
             got = [seccomp(syscall_filter())]
             for call in [(nr[0], ctypes.c_long(40 | 1 << 32), 1, 0), (425, 8, None),
-                         (nr[1], b"user", KEY, b"x", 1, ctypes.c_int(-3)), (0x40000000 | 41, 40, 1, 0)]:
+                         (nr[1], b"user", KEY, b"x", 1, ctypes.c_int(-3)), (0x40000000 | 41, 40, 1, 0),
+                         (nr[2], b"/no/such/program", None, None), (nr[3], -100, b"/no/such/program", None, None, 0)]:
                 got.append((libc.syscall(*call), ctypes.get_errno()))
             got.append(libc.syscall(nr[0], 1, 1, 0) >= 0 and os.path.exists(os.devnull))
             os.write(w, json.dumps(got).encode())
@@ -619,7 +635,7 @@ def test_the_syscall_filter_refuses_what_it_names_and_nothing_else():
     got = json.loads(os.read(r, 4096) or b"null")
     os.close(r)
     os.waitpid(pid, 0)
-    assert got == [True, [-1, 1], [-1, 1], [-1, 1], [-1, 1], True]
+    assert got == [True, [-1, 1], [-1, 1], [-1, 1], [-1, 1], [-1, 1], [-1, 1], True]  # EPERM, not ENOENT, for exec
 
 
 def test_feedback_is_bounded_and_never_shows_hidden_tests_or_the_host(hostile_class):
@@ -762,7 +778,13 @@ PROBE_CHEATS = {  # name: (code replacing part 1's answer, (t1, t2) points, text
     "looks_for_the_hidden_tests": ("def f(x):\n    return 2 * x + 1\n" + SCAN, (2, 3), "hidden: none found"),
     "sends_the_inputs_in_an_error": ("import json, sys\nch = sys.modules['simlib.grade.child']\ndef named(calls, ns):\n"
                                      "    raise ValueError('L1:' + json.dumps(calls))\nch.named = named\n"
-                                     "def f(x):\n    return 2 * x + 1", (0, 3), "failed: (message withheld"),
+                                     "def f(x):\n    return 2 * x + 1", (0, 3), "the sandbox did not answer the calls (it raised "
+                                     "ValueError)"),
+    "sends_the_inputs_encoded": ("import base64, json, sys, zlib\nimport simlib.grade.probe as p\ndef leak(call, ns, kept):\n"
+                                 "    f = sys._getframe(1)\n    while 'calls' not in f.f_locals:\n        f = f.f_back\n"
+                                 "    raise SystemExit('L2:' + base64.b85encode(zlib.compress(json.dumps(f.f_locals['calls'])"
+                                 ".encode())).decode())\np.answer = leak\ndef f(x):\n    return 2 * x + 1", (0, 3),
+                                 "the sandbox did not answer the calls (it raised SystemExit)"),
 }
 
 
@@ -796,6 +818,7 @@ def test_no_master_value_and_no_hidden_test_of_a_probed_part_reaches_feedback(pr
     out = probe_class["out"]
     leaked = _feedback(out)["sends_the_inputs_in_an_error"]  # the drawn inputs have 7 digits; the message <= 80 chars
     assert not re.search(r"\d{7}", leaked) and "L1:" not in leaked, leaked
+    assert "L2:" not in _feedback(out)["sends_the_inputs_encoded"]  # compressed and encoded: no digit shows
     master = json.loads(next(out.glob(".cache/master-*.passed")).read_text())
     values = [r["value"] for r in master["probes"]["t1: hidden tests"]]
     assert len(values) == 21 and values[-1] == [1.5] and all(2 * 10**6 < v < 2 * 10**7 for v in values[:-1])
@@ -834,6 +857,21 @@ REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
                           "code named <string> line 1"),
     "removes_the_watch": (f"import sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n    sys.setprofile(None)\n"
                           "    return ref(c, d, s)", "a2 line 4: sys.setprofile(None) (replaces or removes the grader's call watch"),
+    "unhooks_with_ctypes": (f"import ctypes, sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n"
+                            "    ctypes.pythonapi.PyEval_SetProfile(None, None)\n    return ref(c, d, s)",
+                            "replaces or removes the grader's call watch"),
+    "unhooks_by_recursion": (f"import sys, simlib.protocol\nref = {REF}\ndef deep(n):\n    return deep(n + 1)\n"
+                             "def g(c, d, s):\n    try:\n        deep(0)\n    except RecursionError:\n        pass\n"
+                             "    return ref(c, d, s)", "replaces or removes the grader's call watch"),
+    "runs_it_in_a_raw_thread": (f"import _thread, queue, sys, simlib.protocol\nref = {REF}\nq = queue.Queue()\n"
+                                "def g(c, d, s):\n    _thread.start_new_thread(lambda: q.put(ref(c, d, s)), ())\n"
+                                "    return q.get()",
+                                "a2 line 5: _thread.start_new_thread(lambda: q.put(ref(c, d, s)), ())"),
+    "calls_a_copy_of_its_module": ("import importlib.util\nspec = importlib.util.find_spec('simlib.' + 'protocol')\n"
+                                   "ns = {'__name__': spec.name}\n"
+                                   "exec(compile(open(spec.origin).read(), 'copy.py', 'exec'), ns)\n"
+                                   "h = ns['may' + '_read']\ndef g(c, d, s):\n    return h(c, d, s)",
+                                   "a2 line 7: return h(c, d, s)"),
     "strips_its_replies": (f"import json, os, struct, sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n    return ref(c, d, s)\n"
                            "real = os.write\ndef fake(fd, data):\n    try:\n        d = json.loads(data[4:])\n"
                            "        d.update(used=[], values=[{k: v for k, v in r.items() if k != 'ran'} for r in d.get('values', [])])\n"
@@ -1152,7 +1190,8 @@ def test_the_grader_runs_from_any_folder(tmp_path):
 
 def _slow_class(course: Path) -> None:
     """alice (correct) and zed, whose first answer starts a process carrying TOKEN, then sleeps a minute."""
-    slow = with_answer1(toy_master(), f"import subprocess, sys, time\nsubprocess.Popen({ARGV})\ntime.sleep(60)" + F)
+    slow = with_answer1(toy_master(), "import ctypes, os, time\nif os.fork() == 0:\n" + _left_behind("    ")
+                        + "time.sleep(60)" + F)
     (course / "submitted" / "zed.ipynb").write_text(nbm.dump(slow))
 
 
@@ -1597,9 +1636,8 @@ def test_names_equal_but_for_invisible_characters_clash_and_show_them(tmp_path):
     assert clean("s02\u200b", []) == "s02\\u200b" and clean("s03\u202egnp", []) == "s03\\u202egnp"
 
 
-def test_a_failed_probe_units_message_is_short_and_never_quotes_an_input():
-    drawn = [{"call": "f", "args": [1234567, {"call": "g", "kwargs": {"tau": 0.125}}]}]
-    assert probe.failed("ValueError: " + "x" * 500 + "\nmore", drawn) == ("ValueError: " + "x" * 500)[:80]
-    assert probe.failed("ValueError: L1:[1234567]", drawn).startswith("(message withheld")
-    assert probe.failed("ValueError: tau 0.125", drawn).startswith("(message withheld")
-    assert probe.failed("KeyError: 'x'", drawn) == "KeyError: 'x'"
+def test_a_failed_probe_units_message_keeps_only_a_builtin_exceptions_type():
+    assert probe.failed("ValueError: L1:[1234567]") == "the sandbox did not answer the calls (it raised ValueError)"
+    assert probe.failed("SystemExit: c-pO4TW+I35") == "the sandbox did not answer the calls (it raised SystemExit)"
+    assert probe.failed("LeakQ2x9: more") == "the sandbox did not answer the calls (it raised an exception)"
+    assert probe.failed(probe.TOO_LARGE) == probe.TOO_LARGE

@@ -6,7 +6,8 @@ address space, CPU time and file sizes; cuts off the network (a fresh network na
 permitted, Landlock's TCP rules, and a refusal of AF_INET/AF_INET6 sockets); confines the
 filesystem with Landlock (read-only: Python, its packages, the ``simlib`` package, system
 libraries; read-write: the scratch directory and /dev/shm); and installs a seccomp filter
-(:func:`syscall_filter`: no kernel keyrings, no AF_VSOCK sockets, no io_uring). Then it reads the whole plan (every
+(:func:`syscall_filter`: no kernel keyrings, no program started, no AF_VSOCK sockets, no io_uring). Then it reads the
+whole plan (every
 unit, tests as compiled code) in one frame, moves the control pipe off stdin (which becomes
 /dev/null), and runs unit after unit, each on a "go" byte, answering each on the result pipe with
 ok or the error's type and message and the unit's nonce. A probe unit's calls (:mod:`simlib.grade.probe`)
@@ -26,6 +27,7 @@ inherit the hook and send what they note up a pipe (:func:`_up`), which each rep
 from __future__ import annotations
 
 import base64
+import _thread
 import contextlib
 import builtins
 import ctypes
@@ -47,6 +49,7 @@ import sys
 import sysconfig
 import threading
 import types
+from multiprocessing import resource_tracker
 from typing import Any
 
 from simlib.grade import probe
@@ -63,8 +66,9 @@ NET_TCP = 1 | 2  # bind, connect
 SCOPES = 1 | 2  # abstract unix sockets, signals to processes outside the sandbox
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}  # seccomp_data.arch of each machine's native calls
-SYSCALLS = {"x86_64": {"socket": 41, "add_key": 248, "request_key": 249, "keyctl": 250},
-            "aarch64": {"socket": 198, "add_key": 217, "request_key": 218, "keyctl": 219}}
+SYSCALLS = {"x86_64": {"socket": 41, "add_key": 248, "request_key": 249, "keyctl": 250, "execve": 59, "execveat": 322},
+            "aarch64": {"socket": 198, "add_key": 217, "request_key": 218, "keyctl": 219, "execve": 221,
+                        "execveat": 281}}
 IO_URING = (425, 426, 427)  # io_uring_setup, _enter, _register: one number on every machine
 X32_BIT, AF_VSOCK = 0x40000000, 40
 MESSAGE_CHARS = 600
@@ -102,15 +106,17 @@ def landlock(read_only: list[str], read_write: list[str], rw_files: list[str]) -
 def syscall_filter(machine: str = platform.machine()) -> bytes | None:
     """The seccomp program (struct sock_filter[]: code, jt, jf, k) run on each system call: EPERM for the kernel
     keyrings (add_key, request_key, keyctl: not namespaced, so a key outlives the sandbox and reaches the next one
-    with its uid), for socket(AF_VSOCK, ...) (to the hypervisor: no network namespace holds it), for io_uring (which
-    opens sockets past this filter) and for calls of another ABI (x32, int 0x80); anything else runs. None on a
-    machine whose numbers it does not know."""
+    with its uid), for execve and execveat (no program starts, so no fresh Python the call watch is not in: a
+    ``subprocess`` of ``sys.executable``, ``multiprocessing`` under spawn or forkserver), for socket(AF_VSOCK, ...)
+    (to the hypervisor: no network namespace holds it), for io_uring (which opens sockets past this filter) and for
+    calls of another ABI (x32, int 0x80); anything else runs. None on a machine whose numbers it does not know."""
     if machine not in SYSCALLS:
         return None
     nr = SYSCALLS[machine]
     load, equal, at_least, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
     code = [(load, 0, 0, 4), (equal, 0, "deny", AUDIT_ARCH[machine]), (load, 0, 0, 0), (at_least, "deny", 0, X32_BIT)]
-    code += [(equal, "deny", 0, n) for n in (nr["add_key"], nr["request_key"], nr["keyctl"], *IO_URING)]
+    code += [(equal, "deny", 0, nr[name]) for name in ("add_key", "request_key", "keyctl", "execve", "execveat")]
+    code += [(equal, "deny", 0, n) for n in IO_URING]
     code += [(equal, 0, "allow", nr["socket"]), (load, 0, 0, 16), (equal, "deny", "allow", AF_VSOCK)]  # args[0]: int
     code += [(ret, 0, 0, 0x7FFF0000), (ret, 0, 0, 0x00050000 | errno.EPERM)]  # SECCOMP_RET_ALLOW, _ERRNO | EPERM
     where = {"allow": len(code) - 2, "deny": len(code) - 1}
@@ -144,10 +150,13 @@ def private_shm() -> bool:
             and LIBC.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g,mode=1777") == 0)
 
 
-def refuse_inet(event: str, args: tuple) -> None:
-    """Audit hook: no IPv4/IPv6 sockets (Unix sockets, used by multiprocessing, stay allowed)."""
+def refuse(event: str, args: tuple) -> None:
+    """Audit hook: no IPv4/IPv6 sockets (Unix sockets, used by multiprocessing, stay allowed), and no subinterpreter
+    (``_xxsubinterpreters``: a fresh interpreter in this process, which the call watch is not in)."""
     if event == "socket.__new__" and len(args) > 1 and args[1] in (socket.AF_INET, socket.AF_INET6):
         raise PermissionError("network access is disabled while grading")
+    if event == "cpython.PyInterpreterState_New":
+        raise PermissionError("new interpreters are disabled while grading")
 
 
 def read_frame(fd: int) -> Any:
@@ -265,10 +274,13 @@ def _gather() -> None:
 # sys.setprofile, or os.write to strip what a reply says it used).
 _SETPROFILE, _GETPROFILE, _THREAD_SETPROFILE = sys.setprofile, sys.getprofile, threading.setprofile
 _READ, _WRITE = os.read, os.write
+_START_THREAD = _thread.start_new_thread
 REF_CODES: dict[int, tuple[types.CodeType, str]] = {}  # id(code object) -> (it, the reference whose code it is, or
 # the reference keyword it takes)
 REF_OBJECTS: dict[int, tuple[Any, str]] = {}  # id(reference) -> (it, its dotted name)
 REF_PRINTS: dict[tuple, str] = {}  # a reference function's code, as compared (:func:`_fingerprint`) -> its name
+REF_SIZES: set[int] = set()  # the lengths of their bytecode: a code object of another length is no copy
+CALLED: dict[int, tuple[types.CodeType, str | None]] = {}  # id(code) -> (it, _reference_of(it)), for the code called
 RAN: dict[str, tuple[str, int]] = {}  # the references run since the last reset -> the student's (file, line) or ('', 0)
 TAMPER = "sys.setprofile"  # noted where the submission replaces or removes the profile hook
 
@@ -312,6 +324,7 @@ def know(refs: list[str]) -> None:
             for code in _codes(obj):
                 REF_CODES[id(code)] = (code, ref)
                 REF_PRINTS[_fingerprint(code)] = ref
+                REF_SIZES.add(len(code.co_code))
     keywords = {r for r in refs if "." not in r}  # with the code of each library function taking or reading one
     for module in [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "simlib"]:
         with contextlib.suppress(Exception):  # an entry the submission put there need not be a module
@@ -324,6 +337,7 @@ def know(refs: list[str]) -> None:
                 taken = keywords & set(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
                 taken |= keywords & set(code.co_names) if code.co_argcount else set()
                 REF_CODES.update({id(code): (code, min(taken))} if taken else {})
+    CALLED.clear()  # what was no reference before may be one now
 
 
 def _mine(frame: types.FrameType) -> bool:
@@ -344,11 +358,22 @@ def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
     """The profile hook: note a call into a reference's code (see :func:`_ran`), or of a library function with a
     reference keyword set True (``StepRule(**{"staleness" + "_aware": True})``), or a replacement of this hook."""
     if event == "call":
-        ref = REF_CODES.get(id(frame.f_code))
-        if ref is not None and ref[0] is frame.f_code and ("." in ref[1] or _set(frame, ref[1])):
-            _ran(frame.f_back, ref[1])
+        seen = CALLED.get(id(frame.f_code))
+        if seen is None or seen[0] is not frame.f_code:
+            seen = CALLED[id(frame.f_code)] = (frame.f_code, _reference_of(frame.f_code))
+        if seen[1] is not None and ("." in seen[1] or _set(frame, seen[1])):
+            _ran(frame.f_back, seen[1])
     elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals():
         _ran(frame, TAMPER)
+
+
+def _reference_of(code: types.CodeType) -> str | None:
+    """The reference (or keyword) whose code ``code`` is, or is a copy of, compiled from its source (the same
+    bytecode, constants and names: :func:`_fingerprint`); else None. The profile hook asks once per code object."""
+    known = REF_CODES.get(id(code))
+    if known is not None and known[0] is code:
+        return known[1]
+    return REF_PRINTS.get(_fingerprint(code)) if len(code.co_code) in REF_SIZES else None
 
 
 def _set(frame: types.FrameType, keyword: str) -> bool:
@@ -400,8 +425,7 @@ def _reference_in(value: Any) -> tuple[str, types.CodeType | None] | None:
 
 def named(calls: Any, namespace: dict[str, Any]) -> None:
     """Note each name the grader's calls look up in the notebook that is (or wraps, or copies) a reference."""
-    heads = {str(c.get("call", c.get("name", ""))).split(".")[0] for c in _calls_in(calls)}
-    for head in sorted(h for h in heads if h in namespace and not h.startswith("$")):
+    for head in sorted(h for h in heads(calls) if h in namespace and not h.startswith("$")):
         with contextlib.suppress(Exception):  # the student's objects may raise on any attribute
             found = _reference_in(namespace[head])
             if found is not None and len(NOTED) < MAX_NOTED:
@@ -411,32 +435,37 @@ def named(calls: Any, namespace: dict[str, Any]) -> None:
                 NOTED[(*where, ref)] = None
 
 
-def _calls_in(arg: Any) -> list[dict[str, Any]]:
-    """Every call or name in a probe's calls, those in arguments included."""
+def heads(arg: Any) -> set[str]:
+    """The first part of each name a probe's calls look up ('$w' of '$w.array'), those in arguments included."""
     if isinstance(arg, list):
-        return [c for a in arg for c in _calls_in(a)]
-    if not isinstance(arg, dict):
-        return []
-    return [arg, *_calls_in(arg.get("args", [])), *_calls_in(list(arg.get("kwargs", {}).values()))]
+        return {h for a in arg for h in heads(a)}
+    return {str(arg.get("call", arg.get("name", ""))).split(".")[0], *heads(arg.get("args", [])),
+            *heads(list(arg.get("kwargs", {}).values()))} if isinstance(arg, dict) else set()
 
 
-def _hook(on: bool) -> None:
-    """Install the profile hook (this thread and threads started from now), or remove it, noting if it was replaced.
-
-    A hook found gone (None) is not noted: CPython removes a profile hook that raises, as the call into it does at
-    the recursion limit (an honest RecursionError in a cell), and a removal through ``sys.setprofile`` is noted as
-    the call happens (:func:`_profile`)."""
-    if not on and _GETPROFILE() not in (None, _profile) and len(NOTED) < MAX_NOTED:
+def _hook(on: bool, recursion: bool = False) -> None:
+    """Install the profile hook (this thread and threads started from now), or remove it, noting if it was replaced,
+    or removed where no RecursionError (``recursion``) explains it: CPython drops a profile hook that raises, as the
+    call into it does at the recursion limit; a removal through ``sys.setprofile`` is noted as the call happens
+    (:func:`_profile`), one through ``ctypes`` (``PyEval_SetProfile``) or a RecursionError caught is noted here."""
+    if not on and _GETPROFILE() is not _profile and (_GETPROFILE() is not None or not recursion) \
+            and len(NOTED) < MAX_NOTED:
         NOTED[("the submission's code", 0, TAMPER)] = None
     _SETPROFILE(_profile if on else None)
     _THREAD_SETPROFILE(_profile if on else None)
 
 
-def noted() -> list[list[Any]]:
-    """The reads noted since the last call, as [file, line, reference]."""
-    out = [list(k) for k in NOTED]
-    NOTED.clear()
-    return out
+def _start_new_thread(function: Any, args: tuple, kwargs: dict | None = None) -> int:
+    """``_thread.start_new_thread``, the new thread under the profile hook where the thread starting it is (a thread of
+    ``threading``'s gets it from ``threading.setprofile``; one started by ``_thread`` itself would run unwatched)."""
+    hooked = _GETPROFILE() is _profile
+
+    def run(*a: Any, **k: Any) -> Any:
+        if hooked:
+            _SETPROFILE(_profile)
+        return function(*a, **k)
+
+    return _START_THREAD(run, args, kwargs or {})
 
 
 def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[str] = ()) -> None:
@@ -470,16 +499,17 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
             ok, error = False, describe(exc)
         if hooked:
-            _hook(False)
+            _hook(False, error.startswith("RecursionError"))
         reply = {"seq": seq, "nonce": unit["nonce"], "ok": ok, "error": error, "values": values}
         del code, unit
         with contextlib.suppress(BaseException):  # the submission may have closed or replaced stdout
             sys.stdout.flush()
         _gather()
-        reply["used"] = noted()
+        reply["used"] = [list(k) for k in NOTED]  # the reads noted since the last reply: [file, line, reference]
+        NOTED.clear()
         data = frame(reply)
         if len(data) > MAX_FRAME:
-            data = frame({**reply, "values": [], "ok": False, "error": "the values are larger than 1 MB"})
+            data = frame({**reply, "values": [], "ok": False, "error": probe.TOO_LARGE})
         _WRITE(result_fd, data)
 
 
@@ -487,6 +517,9 @@ def _answer(call: dict[str, Any], namespace: dict[str, Any], kept: dict[str, Any
     """One call's reply (:func:`simlib.grade.probe.answer`), with the references that ran during it: [name, file, line]."""
     RAN.clear()
     reply = probe.answer(call, namespace, kept)
+    if REF_CODES:  # the hook removed during the call is noted, and on again for the next call
+        _hook(False, reply.get("error") == "RecursionError")
+        _hook(True)
     _gather()
     if RAN:
         reply["ran"] = [[ref, *where] for ref, where in RAN.items()]
@@ -514,8 +547,10 @@ def main() -> None:
     proc = ["/proc"] if cfg["own_proc"] else [f"/proc/{os.getpid()}", "/proc/stat", "/proc/cpuinfo", "/proc/meminfo"]
     read_only = cfg["read_only"] + proc + ["/sys/devices/system/cpu"]
     abi = landlock(read_only, cfg["read_write"], cfg["rw_files"]) if cfg["landlock"] else 0
+    # shared memory's tracker would be a fresh Python, which cannot start here; this sandbox's /dev/shm goes with it
+    resource_tracker.register = resource_tracker.unregister = lambda name, rtype: None
     filtered = seccomp(syscall_filter())
-    sys.addaudithook(refuse_inet)
+    sys.addaudithook(refuse)
     fcntl.fcntl(cfg["result_fd"], fcntl.F_SETFD, fcntl.FD_CLOEXEC)
     os.write(cfg["result_fd"], frame({"seq": -1, "ok": True, "landlock": abi, "netns": netns, "private_shm": shm,
                                       "uid": os.getuid(), "seccomp": filtered}))
@@ -524,6 +559,7 @@ def main() -> None:
         return
     control = private_control(0)
     UP[:] = [os.getpid(), *os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)]
+    _thread.start_new_thread = _thread.start_new = threading._start_new_thread = _start_new_thread
     serve(plan["units"], control, cfg["result_fd"], plan.get("watch", []))
 
 

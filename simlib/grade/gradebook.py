@@ -35,7 +35,7 @@ from simlib import _validate as check
 from simlib.grade import cgroup as cgroups
 from simlib.grade import export, probe
 from simlib.grade import notebook as nbm
-from simlib.grade.child import TAMPER, _calls_in
+from simlib.grade.child import TAMPER, heads
 from simlib.grade.sandbox import (Interrupted, Limits, Outcome, SandboxError, Unit, choose, exposed, run_units,
                                   sweep_scratch)
 
@@ -169,9 +169,8 @@ def grade_submission(master_path: Path, data: bytes, limits: Limits = Limits(), 
     secret = hidden_lines(master)
     outcomes = [Outcome(o.ok, clean(o.error, secret)) for o in report.outcomes]
     replies, ran = {}, []
-    heads = {str(c.get("call", c.get("name", ""))).split(".")[0] for calls in (drawn or {}).values() for c in _calls_in(calls)}
     known = {f"<{u.name}>" for u in units if u.kind == "answer"} | {"<string>", "the submission's code"} | {
-        f"the name {h!r} the grader calls" for h in heads}  # the code names the sandbox may report, none of its own
+        f"the name {h!r} the grader calls" for h in heads(list((drawn or {}).values()))}  # what the sandbox may report
     checks = {gid: probe.functions(hidden) for gid, hidden in nbm.hidden_tests(master) if gid in (drawn or {})}
     for i, (unit, got) in enumerate(zip(units, report.outcomes)):
         if unit.kind == "probe" and got.ok:

@@ -206,19 +206,21 @@ def ran_beyond(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[st
     return out
 
 
-def failed(text: str, drawn: list[dict[str, Any]], chars: int = 80) -> str:
-    """A failed probe unit's message (the sandbox's text, so the student's to choose): one line of at most ``chars``,
-    withheld where it holds an input drawn for the calls (so the inputs cannot be sent out through feedback)."""
-    text = " ".join(str(text).split())[:chars]
-    inputs = {str(v) for v in _leaves([[c.get("args", []), c.get("kwargs", {})] for c in drawn])}
-    return "(message withheld: it quotes the calls' inputs)" if [v for v in inputs if len(v) >= 3 and v in text] else text
+TOO_LARGE = "the values are larger than 1 MB"  # the one message of the sandbox's own a failed probe unit keeps
 
 
-def _leaves(arg: Any) -> list[Any]:
-    """The plain values in a call's arguments, those of the calls in them included."""
-    if isinstance(arg, dict):
-        return [v for x in arg.values() for v in _leaves(x)]
-    return [v for x in arg for v in _leaves(x)] if isinstance(arg, list) else [arg]
+def failed(text: str) -> str:
+    """A failed probe unit's message. The sandbox's text is the submission's to choose, written after its code saw the
+    calls, so it could carry their inputs out, encoded: only the exception's type is kept, where it is a builtin one."""
+    text = str(text)
+    return text if text == TOO_LARGE else f"the sandbox did not answer the calls (it raised {_raised(text.split(':')[0])})"
+
+
+def _raised(name: str) -> str:
+    """An exception's type name fit for feedback: a builtin one's, else 'an exception' (a class's name is the
+    submission's to choose, so could carry anything)."""
+    known = isinstance(getattr(builtins, name, None), type) and issubclass(getattr(builtins, name), BaseException)
+    return name if known else "an exception"
 
 
 def verdict(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[str, Any]],
@@ -236,8 +238,7 @@ def verdict(replies: Any, expected: list[dict[str, Any]], drawn: list[dict[str, 
             name = str(got.get("error", "")) if isinstance(got, dict) else ""
             if name == TooLarge.__name__:
                 return f"{where} returned more than {MAX_ITEMS} items in one list"
-            known = isinstance(getattr(builtins, name, None), type) and issubclass(getattr(builtins, name), BaseException)
-            return f"{where} raised {name if known else 'an exception'}"  # a class's name could carry anything
+            return f"{where} raised {_raised(name)}"
         if not _passes(got, want, call, checks or {}):
             what = "fails this part's check" if "check" in call else "differs from the master's"
             return f"{where} gave a value that {what} on inputs drawn for this grading"

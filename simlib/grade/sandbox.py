@@ -24,8 +24,8 @@ killed at teardown, wherever it went; Landlock (Linux >= 5.13) confines reads to
 writes to scratch; rlimits bound address space (a 10 GB allocation fails with MemoryError), CPU
 time and file size; without a cgroup, the watcher thread kills the sandbox past ``max_procs``
 processes or twice ``memory_mb`` resident in all; IPv4/IPv6 sockets are refused; a seccomp filter refuses the
-kernel keyrings, AF_VSOCK sockets and io_uring (:func:`simlib.grade.child.syscall_filter`); output is drained
-here and capped per cell.
+kernel keyrings, execve (no program starts), AF_VSOCK sockets and io_uring
+(:func:`simlib.grade.child.syscall_filter`); output is drained here and capped per cell.
 
 Hidden tests never exist as text in the sandbox: test cells are compiled here and sent, with every
 other unit, in one frame before the submission's first cell runs; the child then closes that
@@ -553,8 +553,8 @@ class Child:
         if self.violation or self._over_limit():
             raise Fatal(self.violation)
         error = str(reply.get("error", ""))[:1000]
-        if k in self.late and not reply["ok"]:  # the sandbox's text, where it has seen the calls: short, no input
-            error = probe.failed(error, self.late[k])
+        if k in self.late and not reply["ok"]:  # the sandbox's text, where it has seen the calls
+            error = probe.failed(error)
         return Outcome(reply["ok"], error, values=reply.get("values"), used=_used(reply))
 
 
