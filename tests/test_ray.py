@@ -5,6 +5,7 @@ test; each run starts its own actors on it and kills them at the end.
 """
 import dataclasses
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -213,6 +214,20 @@ def test_mlp_one_worker_is_the_serial_reference_and_two_async_workers_learn_digi
     two = simlib.run(prob, "async", substrate="ray", n_workers=2, steps=100, batch_size=32, lr=0.3, eval_every=50)
     assert prob.accuracy(two.params) > 0.9 > 0.2 > prob.accuracy(prob.init_params())
     assert sorted((u.worker, u.step) for u in two.trace.updates) == [(i, c) for i in range(2) for c in range(100)]
+
+
+def test_divergence_ends_the_run_naming_its_step_and_value_and_leaves_no_actors(cluster):
+    """tests/test_diverged.py's check on this module's cluster, where it costs no Ray start of its own."""
+    from simlib.diverged import Diverged
+
+    prob = LogisticProblem(make_sparse_classification(400, 50, 5, seed=0), eval_rows=None)
+    with pytest.raises(Diverged) as info:
+        simlib.run(prob, "bsp", substrate="ray", n_workers=2, steps=150, lr=1e6, eval_every=1)
+    found = re.match(r"^training diverged: the loss at step (\d+) was (nan|inf|-inf) \(lr=1e\+06 is too large\?\)$",
+                     str(info.value))
+    assert found and int(found.group(1)) == info.value.step and not np.isfinite(info.value.value), str(info.value)
+    assert 0 < info.value.step <= 300 and info.value.step % 2 == 0  # the server measures after every 2 pushes
+    assert _wait_gone() == []
 
 
 def test_message_cost_under_two_callers_prices_a_queueing_server(cluster, tiny):
