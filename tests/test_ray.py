@@ -35,6 +35,9 @@ from simlib.trace import SPAN_KINDS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTOR_NAMES = ("RayPSCoordinator", "RayPSShard", "RayPSWorker")
+# How long a test waits for a run's actors: a local Ray's start (3 tries of Ray's fixed 30 s for a raylet to register),
+# then the run's wait for its actors (READY_TIMEOUT, 120 s), and more. Only a run that never gets there waits it out.
+START_BOUND = 400
 
 
 def _start_cluster(attempts: int = 3) -> Cluster:
@@ -323,7 +326,7 @@ def _kill_later(pid_of, delay: float):
     import threading
 
     def run():
-        deadline = time.monotonic() + 150  # as long as the run waits for its actors (READY_TIMEOUT), and more
+        deadline = time.monotonic() + START_BOUND
         while time.monotonic() < deadline:
             pid = pid_of()
             if pid:
@@ -350,7 +353,7 @@ def _pid_of(title: str):
 def test_a_killed_worker_fails_the_run_fast_naming_it(cluster, tiny):
     killer = _kill_later(_pid_of("RayPSWorker.run"), delay=0.5)
     with pytest.raises(RuntimeError, match=r"ray: worker \d died mid-run"):
-        simlib.run(tiny, "bsp", substrate="ray", n_workers=2, steps=100_000, batch_size=8, timeout=90)
+        simlib.run(tiny, "bsp", substrate="ray", n_workers=2, steps=100_000, batch_size=8, timeout=300)
     killer.join()
     assert _wait_gone() == []
 
@@ -359,7 +362,7 @@ def test_a_killed_server_fails_the_run_with_a_clear_error(cluster, tiny):
     find = _pid_of("RayPSCoordinator")
     killer = _kill_later(lambda: _pid_of("RayPSWorker.run")() and find(), delay=0.5)  # once the workers run
     with pytest.raises(RuntimeError, match="ray: server shard 0 died mid-run"):
-        simlib.run(tiny, "async", substrate="ray", n_workers=2, steps=100_000, batch_size=8, timeout=90)
+        simlib.run(tiny, "async", substrate="ray", n_workers=2, steps=100_000, batch_size=8, timeout=300)
     killer.join()
     assert _wait_gone() == []
 
@@ -393,7 +396,7 @@ def test_kill_9_of_a_driver_that_started_its_own_ray_leaves_none_of_its_processe
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", driver], env=env, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + START_BOUND
         while not any(b"ray::RayPSWorker.run" in _read(f"/proc/{p}/cmdline") for p in _tree(proc.pid)):
             assert time.monotonic() < deadline and proc.poll() is None, "the run's workers never started"
             time.sleep(0.1)
@@ -416,16 +419,17 @@ def test_ctrl_c_stops_the_run_and_leaves_no_actors(cluster):
         prob = LogisticProblem(make_sparse_classification(600, 60, 5, seed=1), eval_rows=None)
         print("starting", flush=True)
         simlib.run(prob, "bsp", substrate="ray", address={cluster.address!r}, n_workers=2, steps=100_000,
-                   batch_size=8, timeout=120)
+                   batch_size=8, timeout=300)
     """)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", driver], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        deadline = time.monotonic() + 150  # the run's own wait for its actors is 120 s (READY_TIMEOUT)
-        while not [p for p in _actor_processes() if "RayPSWorker.run" in p] and time.monotonic() < deadline:
+        deadline = time.monotonic() + START_BOUND
+        while not [p for p in _actor_processes() if "RayPSWorker.run" in p] and time.monotonic() < deadline \
+                and proc.poll() is None:
             time.sleep(0.1)
-        assert time.monotonic() < deadline, "the run's workers never started"
+        assert time.monotonic() < deadline and proc.poll() is None, "the run's workers never started"
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -484,8 +488,9 @@ def test_sigterm_ends_a_ray_run_with_status_143_as_on_the_other_substrates(momen
                              "--steps", "1000000", "--rows", "2000", "--features", "100"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 150
-        while not [p for p in faultkit.with_marker(marker, title) if p != proc.pid] and time.monotonic() < deadline:
+        deadline = time.monotonic() + START_BOUND
+        while not [p for p in faultkit.with_marker(marker, title) if p != proc.pid] and time.monotonic() < deadline \
+                and proc.poll() is None:
             time.sleep(0.05)
         assert time.monotonic() < deadline and proc.poll() is None, f"the run never reached {moment!r}"
         proc.send_signal(signal.SIGTERM)
