@@ -58,7 +58,7 @@ def voila(tmp_path_factory) -> Iterator[str]:
     base = f"http://127.0.0.1:{port}"
     kernels: set[int] = set()
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180  # Voilà's start, which a loaded machine stretches to a minute or more
         while True:
             try:  # a TCP connection, not a page: every page load starts a kernel
                 socket.create_connection(("127.0.0.1", port), timeout=2).close()
