@@ -431,7 +431,7 @@ def test_ctrl_c_stops_the_run_and_leaves_no_actors(cluster):
             time.sleep(0.1)
         assert time.monotonic() < deadline and proc.poll() is None, "the run's workers never started"
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
