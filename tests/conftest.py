@@ -53,7 +53,7 @@ def sigkill_a_worker():
     import time
 
     @contextlib.contextmanager
-    def killer(delay: float = 0.3, within: float = 20.0):
+    def killer(delay: float = 0.3, within: float = 120.0):  # within: a bound for a worker that never starts
         killed_at: list[float] = []
 
         def run() -> None:

@@ -162,7 +162,7 @@ def test_export_in_the_background_keeps_the_panel_live(panel, tmp_path):
         panel._loop = asyncio.get_running_loop()
         path = panel.export(str(tmp_path / "bg.html"), frames=4, wait=False)
         busy = panel.export_button.disabled  # the kernel got control back before the frames were drawn
-        for _ in range(600):
+        for _ in range(2400):
             await asyncio.sleep(0.05)
             if not panel.export_button.disabled:
                 break
@@ -206,7 +206,7 @@ def test_changes_in_an_event_loop_run_in_the_background_and_coalesce(tiny_proble
             start = p.redraws
             for sev in (4.0, 5.0, 6.0):  # three quick moves: one redraw, of the last value
                 p.c_severity.value = sev
-            for _ in range(500):
+            for _ in range(6000):  # three runs simulated: up to 60 s on a loaded machine
                 await asyncio.sleep(0.01)
                 if p.redraws > start:
                     break
@@ -276,6 +276,7 @@ def test_play_advances_figure_and_slider_together_and_stop_shows_the_whole_run(p
         panel.c_speed.value = 4.0  # 25 ms a frame: slower than drawing, so frames are skipped
         panel.play.value = True
         assert panel.play.description == "Pause"
+        assert panel.time_slider.value == 0 == _shown(panel)[0]  # from the end, Play starts over at once
         seen, paused = [], None
         while panel.play.value:
             await asyncio.sleep(0.02)
@@ -297,7 +298,7 @@ def test_play_advances_figure_and_slider_together_and_stop_shows_the_whole_run(p
     assert all(slider == frame for slider, frame, _ in seen), seen  # what the slider says is what is drawn
     assert all(t == pytest.approx(frame / 100 * t_end) for _, frame, t in seen)
     frames = [f for _, f, _ in seen]
-    assert frames == sorted(frames) and frames[0] < 50 and frames[-1] == 100  # it played to the end
+    assert frames == sorted(frames) and frames[-1] == 100  # it played to the end (a first look after a stall may be late)
     assert panel.play.description == "Play"
 
     panel.time_slider.value = 40

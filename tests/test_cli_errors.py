@@ -77,7 +77,7 @@ BAD: list[tuple[list[str], str]] = [
     (["compare", "--servers", "100000"], "--servers"),
     (["compare", "--summation-nodes", "100000"], "--summation-nodes"),
     (["compare", "--workers", "100000", "--steps", "1"], "--workers"),
-    (["compare", "--workers", "1000", "--batch-size", "1", "--steps", "1000000"], "--steps"),
+    (["compare", "--workers", "1000", "--batch-size", "1", "--steps", "50000", "--batch-size", "2000"], "--steps"),
     # protocols, choices, combinations (a refusal says what would work)
     (["compare", "--protocols", "ssp:99999999999999999999"], "--protocols"),
     (["compare", "--protocols", "ssp"], "--protocols"),
@@ -183,16 +183,19 @@ def test_console_script_names_itself_simlib(tmp_path):
 def test_ctrl_c_at_any_moment_is_one_line_and_status_130(moment, tmp_path):
     """Ctrl-C while importing, checking or simulating, at a delay the command cannot outrun.
 
-    3 runs of 2 workers x 50,000 steps take about 15 s on a fast quiet machine (the last delay was once 3.5 s into
-    a command of 5,000 steps, which such a machine finished in 3 s). Off a terminal the command prints nothing
-    until its table (its progress bar is for terminals only), so the moments are delays, not its word.
+    3 runs of 2 workers x 50,000 steps took 95 s at load average 10 and about 15 s on a fast quiet machine (a command of
+    5,000 steps once ended before a Ctrl-C sent at 3.5 s); batches of 2,000 rows make each step 2-3 times dearer (user
+    CPU of 10,000 steps: 12.2 s against 5.8 s) without a longer trace (more steps would need memory: 1,000,000 are
+    refused on a machine with 23 GB free). Off a terminal the command prints nothing until its
+    table (its progress bar is for terminals only), so the moments are delays, not its word.
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "simlib", "compare", "--no-plot", "--workers", "2",
-                             "--steps", "50000"],
+                             "--steps", "50000", "--batch-size", "2000"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(moment)
+        assert proc.poll() is None, f"the command ended before the Ctrl-C: {proc.communicate()}"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:

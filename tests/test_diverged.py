@@ -53,7 +53,9 @@ def _my_segments() -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
 
 
-@pytest.mark.parametrize("substrate", [s if s != "ray" else pytest.param(s, marks=pytest.mark.slow) for s in SUBSTRATES])
+# On Ray the run starts a local Ray of its own (seconds of the suite): heavy; tests/test_ray.py makes the same checks on
+# its module's cluster, and this one adds that the Ray the run started is gone after the error.
+@pytest.mark.parametrize("substrate", [s if s != "ray" else pytest.param(s, marks=pytest.mark.heavy) for s in SUBSTRATES])
 def test_every_substrate_reports_divergence_with_its_step_and_value(problem, simulated, substrate):
     if substrate == "ray":
         pytest.importorskip("ray")

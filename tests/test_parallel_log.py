@@ -38,7 +38,7 @@ def test_logging_is_quiet_by_default_and_names_the_worker(method: str) -> None:
     assert "worker-0 INFO simlib.parallel: info from 0" in sink.getvalue()
 
 
-def _wait_for(cond, seconds: float = 5.0) -> None:
+def _wait_for(cond, seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -133,11 +133,11 @@ def test_segment_is_removed_when_the_owner_is_sigkilled() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL
     name = proc.stdout.strip()
     assert name.startswith(PREFIX)
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + 60.0  # the tracker, another process, unlinks when it is scheduled
     while name in _ours() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert name not in _ours(), "the resource tracker should unlink a killed owner's segment"

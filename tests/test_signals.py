@@ -39,17 +39,15 @@ except KeyboardInterrupt:
 signal.raise_signal(signal.SIGTERM)  # the default action: this process ends here
 os.write(1, b"SIGTERM was lost")
 """
+SENT = 50_000  # about 1.6 s; the 3 s loop this count replaces sent 94,000 at load average 10
 
 
 def test_no_signal_is_lost_whatever_ctrl_c_interrupts_in_held():
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert child.stdout.read(1) == b"k"
-        sent = 0
-        end = time.monotonic() + 3.0
-        while time.monotonic() < end:
+        for _ in range(SENT):  # a count, not a time: a loaded machine sends as many, only later
             os.kill(child.pid, signal.SIGINT)
-            sent += 1
             assert child.stdout.read(1) == b"k", "the child ended: a Ctrl-C escaped held()"
         child.stdin.write(b"stop\n")
         child.stdin.flush()
@@ -59,7 +57,6 @@ def test_no_signal_is_lost_whatever_ctrl_c_interrupts_in_held():
         if child.poll() is None:
             child.kill()
             child.wait()
-    assert sent > 500, f"only {sent} Ctrl-Cs in 3 s: the test did not test"
     assert out == b"interrupted;", out
     assert child.returncode == -signal.SIGTERM, (child.returncode, out)
 
@@ -85,7 +82,7 @@ try:
             if pid == 0:
                 os._exit(0)
             os.waitpid(pid, 0)
-            time.sleep(2.0)  # the Ctrl-C arrives again in here
+            time.sleep(60)  # the Ctrl-C, sent again a moment after the fork, ends this wait: no race with it
     else:
         pid = os.fork()
         if pid == 0:
@@ -126,7 +123,7 @@ def test_a_handler_installed_inside_the_fork_guard_waits_out_fork_hooks_and_stay
             signal.raise_signal(signal.SIGTERM)
             assert got == []  # not handled inside the hook
             signals._after_fork_in_parent()  # sent again a moment after the fork
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 60  # the re-send comes 5 ms after the fork; the bound only ends a lost one
             while not got and time.monotonic() < deadline:
                 time.sleep(0.01)
             assert got == [signal.SIGTERM]
