@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import sys
 import time
 
 import pytest
@@ -43,3 +44,14 @@ def _wait_for(cond, seconds: float = 60.0) -> None:
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.02)
 
+
+
+def test_worker_lines_go_to_the_stderr_of_the_moment(monkeypatch) -> None:
+    """The parent's handler is made once per process; a program (or pytest) that replaces sys.stderr afterwards, and
+    closes the old one, still gets the workers' lines, and no 'I/O operation on closed file'."""
+    plog.parent_handler(multiprocessing.get_context("fork"))
+    sink = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", sink)
+    run_workers(log_lines, 1, start_method="fork")
+    _wait_for(lambda: "warning from 0" in sink.getvalue())
+    assert "worker-0 WARNING simlib.parallel: warning from 0" in sink.getvalue()

@@ -23,6 +23,21 @@ LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(name)s: %(message)s"
 _handlers: dict[tuple[int, str], "_ContextHandler"] = {}
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler to ``sys.stderr`` as it is when a record comes (a notebook, the CLI or pytest may have replaced it
+    since the handler was made, and closed the one it had then), or to a stream given by ``setStream``."""
+
+    _chosen: Any = None
+
+    @property
+    def stream(self) -> Any:  # type: ignore[override]
+        return sys.stderr if self._chosen is None else self._chosen
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        self._chosen = None if value is sys.stderr else value
+
+
 class _ContextHandler(MultiProcessingHandler):
     """A MultiProcessingHandler to stderr in LOG_FORMAT, whose queue belongs to a chosen start-method context.
 
@@ -32,7 +47,7 @@ class _ContextHandler(MultiProcessingHandler):
 
     def __init__(self, name: str, ctx: BaseContext):
         logging.Handler.__init__(self)
-        self.sub_handler = logging.StreamHandler(sys.stderr)
+        self.sub_handler = _Stderr()
         self.setFormatter(logging.Formatter(LOG_FORMAT))  # the sub-handler's too
         self.queue = ctx.Queue(-1)
         self._is_closed = False
