@@ -1,12 +1,24 @@
 """The multi-layer perceptron: gradients against finite differences, SGD on every substrate learns digits."""
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import simlib
 from simlib.contract import check_problem, serial_reference
 from simlib.problems.mlp import DenseDataset, MLPProblem, make_dense_classification
+
+def _fresh_python(code: str) -> subprocess.CompletedProcess:
+    """``code`` run by a new interpreter with this checkout on its path: what importing simlib does to a program."""
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+
 
 LR, BATCH, STEPS = 0.3, 32, 150  # 2 workers x 150 steps x 32 rows: about 6.7 passes over digits' 1,437 training rows
 
@@ -135,31 +147,19 @@ def test_bad_arguments_are_refused_by_name(make, field) -> None:
         make()
 
 
-
 def test_bad_layers_are_refused_before_the_digits_load() -> None:
     """The digits' loader imports scikit-learn (4 s of a refusal on a busy machine): the arguments are named first."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     code = ("import sys\nfrom simlib.problems.mlp import MLPProblem\n"
             "for bad in ({'hidden': (0,)}, {'hidden': 'wide'}, {'eval_fraction': 2.0}, {'seed': -1}):\n"
             "    try:\n        MLPProblem(**bad)\n    except ValueError as e:\n        print(str(e).split()[0])\n"
             "print('sklearn' in sys.modules)")
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
-                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    out = _fresh_python(code)
     assert out.stdout.split() == ["hidden", "hidden", "eval_fraction", "seed", "False"], out.stdout + out.stderr
 
 
 def test_importing_the_mlp_leaves_the_programs_blas_alone() -> None:
     """A program's BLAS threads are its own: importing simlib's MLP and its large-batch trainer keeps them as they were;
     only a scoped one_blas_thread lowers them, and gives them back."""
-    import ast
-    import subprocess
-    import sys
-    from pathlib import Path
-
     code = ("from threadpoolctl import threadpool_info, threadpool_limits\nimport numpy\n"
             "threadpool_limits(limits=3, user_api='blas')\n"
             "blas = lambda: [i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']\n"
@@ -167,9 +167,7 @@ def test_importing_the_mlp_leaves_the_programs_blas_alone() -> None:
             "from simlib.backend import one_blas_thread\nimport simlib.course.large_batch\n"
             "with one_blas_thread():\n    inside = blas()\n"
             "print(before, blas(), inside, sep='\\n')")
-    root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root,
-                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    out = _fresh_python(code)
     before, after, inside = map(ast.literal_eval, out.stdout.splitlines()) if out.returncode == 0 else (None, None, None)
     assert before and set(before) == {3}, out.stdout + out.stderr
     assert after == before and set(inside) == {1}, out.stdout
