@@ -76,9 +76,10 @@ def _pop(heap, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, inline="always")
-def _send(heap, n, seq, i, now, free, hold, latency, kind):  # pragma: no cover - compiled
-    """Worker i's message (event ``kind`` on arrival) queues at ``now`` on a link free at ``free``: it holds the link
-    ``hold``, then travels ``latency`` (as transmit does); returns (n, seq, free) after."""
+def _send(heap, n, seq, i, now, free, cost, kind):  # pragma: no cover - compiled
+    """Worker i's message (event ``kind`` on arrival) queues at ``now`` on a link free at ``free``; cost = (hold,
+    latency): it holds the link ``hold``, then travels ``latency`` (as transmit does); returns (n, seq, free) after."""
+    hold, latency = cost
     fin = max(now, free) + hold
     n = _push(heap, n, now + ((fin - now) + latency), seq, i, kind)
     return n, seq + 1, fin
@@ -132,14 +133,14 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
     # Every worker starts at time 0, in order (SimPy's process starts are urgent): each opens step 0.
     for i in range(n_workers):
         # the gate at step 0 is open (needs[0] = 0): open the pull (lag and t_pull start at 0)
-        n, seq, in_free = _send(heap, n, seq, i, now, in_free, req_hold, latency, _REQUEST)
+        n, seq, in_free = _send(heap, n, seq, i, now, in_free, (req_hold, latency), _REQUEST)
     while n > 0:
         now, i, kind = ht[0], hw[0], hk[0]
         n = _pop(heap, n)
         c = clock[i]
         if kind == _REQUEST:  # the server reads: the version the push's tau counts from; the reply leaves
             version[i] = completed if rounds else acc_version
-            n, seq, out_free = _send(heap, n, seq, i, now, out_free, resp_hold, latency, _REPLY)
+            n, seq, out_free = _send(heap, n, seq, i, now, out_free, (resp_hold, latency), _REPLY)
             continue
         if kind == _REPLY:  # the values arrived: compute
             t_comp[i] = now
@@ -157,7 +158,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
         if kind == _COMPUTED:  # push
             n_spans = _span(spans, n_spans, i, _COMPUTE, t_comp[i], now, 0, c)
             t0[i] = now  # the push's start
-            n, seq, in_free = _send(heap, n, seq, i, now, in_free, push_hold, latency, _PUSHED)
+            n, seq, in_free = _send(heap, n, seq, i, now, in_free, (push_hold, latency), _PUSHED)
             continue
         if kind == _PUSHED:  # delivered: applied or dropped, waiters woken, the next step opened
             n_spans = _span(spans, n_spans, i, _SEND, t0[i], now, push_bytes, c)
@@ -214,7 +215,7 @@ def _simulate(shape, link, compute, spans, updates, barriers, finished):  # prag
         # The gate is open: open the pull.
         lag[i] = max(c - completed, 0)
         t_pull[i] = now
-        n, seq, in_free = _send(heap, n, seq, i, now, in_free, req_hold, latency, _REQUEST)
+        n, seq, in_free = _send(heap, n, seq, i, now, in_free, (req_hold, latency), _REQUEST)
     return n_spans, n_updates, n_barriers, applied_total, skipped, now
 
 
