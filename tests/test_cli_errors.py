@@ -77,7 +77,7 @@ BAD: list[tuple[list[str], str]] = [
     (["compare", "--servers", "100000"], "--servers"),
     (["compare", "--summation-nodes", "100000"], "--summation-nodes"),
     (["compare", "--workers", "100000", "--steps", "1"], "--workers"),
-    (["compare", "--workers", "1000", "--batch-size", "1", "--steps", "50000", "--batch-size", "2000"], "--steps"),
+    (["compare", "--workers", "1000", "--batch-size", "1", "--steps", "1000000"], "--steps"),
     # protocols, choices, combinations (a refusal says what would work)
     (["compare", "--protocols", "ssp:99999999999999999999"], "--protocols"),
     (["compare", "--protocols", "ssp"], "--protocols"),
