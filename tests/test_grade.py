@@ -353,13 +353,16 @@ ODD_NAMES = (b"nina\xff", b"=1+2", b"@SUM(A1)", b"+1", b"-2", b"\tx")
 
 
 def _processes_with(token: str) -> list[int]:
-    """Processes on this machine named ``token`` (only this test's submissions name theirs so)."""
+    """Live processes on this machine named ``token`` (only this test's submissions name theirs so). A zombie keeps
+    its name until whoever inherited it reaps it, but it has ended: it holds no pipe, no memory, no CPU."""
     out = []
     for name in os.listdir("/proc"):
         try:
-            if Path(f"/proc/{name}/comm").read_bytes().strip() == token.encode():
+            stat_text = Path(f"/proc/{name}/stat").read_text()
+            if Path(f"/proc/{name}/comm").read_bytes().strip() == token.encode() \
+                    and stat_text[stat_text.rfind(")") + 2:].split()[0] != "Z":
                 out.append(int(name))
-        except OSError:
+        except (OSError, IndexError):
             pass
     return out
 
