@@ -45,13 +45,6 @@ def record_work(worker_id: int, n_workers: int) -> int:
     return worker_id
 
 
-def blas_threads(worker_id: int, n_workers: int) -> list[int]:
-    """The BLAS thread counts threadpoolctl reports in this worker."""
-    from threadpoolctl import threadpool_info
-
-    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
-
-
 def raise_in_one(worker_id: int, n_workers: int, pids: SharedArray) -> None:
     """Worker 1 raises; the others would wait for a minute."""
     pids.array[worker_id] = os.getpid()
@@ -159,17 +152,6 @@ def test_worker_records_land_in_the_trace(method: str, clean: None) -> None:
         assert all(0.0 <= s.start < s.end and s.end - s.start >= 0.009 for s in spans)
     assert sorted((u.worker, u.staleness) for u in trace.updates) == [(0, 0), (0, 0), (1, 1), (1, 1)]
     assert len(trace.quality) == 2
-
-
-def test_each_worker_runs_with_one_blas_thread_and_leaves_the_parents_alone(clean: None) -> None:
-    """Workers share the cores, so each limits its own BLAS to one thread; a forked worker would otherwise inherit
-    the parent's 3, and the parent keeps them."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=3, user_api="blas"):
-        assert set(blas_threads(0, 1)) == {3}
-        assert [set(threads) for threads in run_workers(blas_threads, 2, start_method="fork")[0]] == [{1}, {1}]
-        assert set(blas_threads(0, 1)) == {3}
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -36,7 +36,6 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from simlib import _validate as check
-from simlib.backend import one_blas_thread
 from simlib.diverged import Diverged
 from simlib.parallel import log as _log
 from simlib import signals as _signals
@@ -157,8 +156,7 @@ def _bootstrap(launch: _Launch, worker_id: int, conn: Connection, own_args: tupl
     ctx = _worker.WorkerContext(worker_id, n_workers, t0)
     _worker._install(ctx)
     try:
-        with one_blas_thread():  # the workers share the cores: BLAS threads of their own would fight them
-            message: tuple[Any, ...] = ("ok", fn(worker_id, n_workers, *args, *own_args), ctx.records())
+        message: tuple[Any, ...] = ("ok", fn(worker_id, n_workers, *args, *own_args), ctx.records())
     except BaseException as exc:  # noqa: BLE001 - everything is reported to the parent
         # Divergence is the run's result, not a crash: the parent raises the same Diverged.
         message = ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(),
