@@ -60,9 +60,10 @@ def one_blas_thread() -> Iterator[None]:
     NOTE: the course's products are small (layers of 64 to 512 units, batches of 8 to 1,024 rows) and its processes
     share the cores: with BLAS's own threads fighting workers and other programs for them, lesson 12 took 85 s cold
     beside two busy loops (its large-batch cell 60 to 76 s) against 15 s (3.4 s) on one thread, on 2 cores; 40 steps
-    of a dataflow graph's two towers took 9.7 s, not 1.3 s. The course's serial training runs in it; importing
-    simlib changes no program's BLAS. A worker group's processes do not: set to one thread in a forked worker,
-    OpenBLAS made each step of a 2-worker BSP run on shared memory about 1 ms slower (100 steps: 0.003 s -> 0.10 s).
+    of a dataflow graph's two towers took 9.7 s, not 1.3 s. The course's serial training runs in it, and a worker
+    group's parent for the run (its forked workers inherit one thread: set inside a forked child instead, OpenBLAS
+    starts a pool that spins, and 100 steps of a 2-worker BSP run on shared memory took 0.10 s, not 0.003 s);
+    importing simlib changes no program's BLAS.
     """
     from threadpoolctl import threadpool_limits  # imported when first needed: most runs never call it
 

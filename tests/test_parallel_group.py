@@ -389,3 +389,22 @@ def test_spawned_workers_that_die_before_reading_large_arguments_are_reported_no
                                                                   'worker")', "pass"))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0 and proc.stdout.strip() == "[8080000, 8100000]", proc.stderr[-2000:]
+
+
+def blas_threads(worker_id: int, n_workers: int) -> list[int]:
+    """The BLAS thread counts threadpoolctl reports in this worker."""
+    from threadpoolctl import threadpool_info
+
+    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+
+def test_forked_workers_inherit_one_blas_thread_and_the_parent_gets_its_own_back(clean: None) -> None:
+    """Workers share the cores, so a forked worker starts with one BLAS thread (the parent holds its BLAS at one for
+    the run: set inside a forked child instead, OpenBLAS's spinning pool slowed every BSP step); afterwards the
+    parent has its 3 again."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=3, user_api="blas"):
+        assert set(blas_threads(0, 1)) == {3}
+        assert [set(threads) for threads in run_workers(blas_threads, 2, start_method="fork")[0]] == [{1}, {1}]
+        assert set(blas_threads(0, 1)) == {3}
