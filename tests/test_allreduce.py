@@ -12,23 +12,14 @@ from simlib.parallel.shm import live_segments
 from simlib.problems.mlp import MLPProblem
 from simlib.worker import Bucket, Compute, Plan, Pull, Reduced, allreduce_worker
 
-STEPS, BATCH, LR, N = 4, 16, 0.2, 2
+from allreduce_kit import BATCH, LR, N, STEPS, one_process, sends
+
 QUIET = {"sim": {}, "pipes": {}, "shm": {}, "gpu": {"xp": "numpy"}, "ray": {"num_cpus": 2}}
 
 
 @pytest.fixture(scope="module")
 def mlp():
     return MLPProblem(hidden=(32, 16))  # layers of 2080, 528 and 170 parameters
-
-
-def one_process(prob, steps=STEPS, n=N):
-    """One process on the global batch (every worker's mini-batch): theta -= n lr grad of the mean loss over it,
-    which is the sum of the workers' -lr grad (an all-reduce sums, as BSP's pushes do)."""
-    w = prob.init_params()
-    for c in range(steps):
-        rows = np.concatenate([prob.batch(s, c, BATCH) for s in prob.shards(n)])
-        w = w - n * LR * prob.gradient(w, rows)
-    return w
 
 
 def bucket_sizes(prob, bucket_bytes):
@@ -39,10 +30,6 @@ def bucket_sizes(prob, bucket_bytes):
         if held * 8 >= bucket_bytes:
             sizes, held = sizes + [held], 0
     return sizes + ([held] if held else [])
-
-
-def sends(res, worker, step):
-    return [s for s in res.trace.spans if s.kind == "send" and s.worker == worker and s.step == step]
 
 
 @pytest.mark.parametrize("substrate", ["sim", "pipes", "shm", "gpu"])

@@ -217,7 +217,7 @@ def test_a_run_that_diverges_on_a_cluster_the_driver_keeps_leaves_none_of_its_ac
 def test_allreduce_replicas_take_one_process_step(cluster):
     """Protocol 'allreduce' on Ray (on this module's cluster: a Ray of its own took 20 s of the suite): each bucket
     summed by the coordinator and added to both replicas, the parameters one process's on the global batch."""
-    from test_allreduce import BATCH, LR, N, one_process, sends
+    from allreduce_kit import BATCH, LR, N, one_process, sends
 
     mlp = MLPProblem(hidden=(32, 16))
     res = simlib.run(mlp, "allreduce", substrate="ray", n_workers=N, steps=2, batch_size=BATCH, lr=LR,
