@@ -26,6 +26,7 @@ from simlib import options as opts
 from simlib._validate import available_memory, gb as _gb
 from simlib.app import serve
 from simlib.protocol import Protocol
+from simlib.signals import ctrl_c_unwrapped
 from simlib.sim.config import COST_ONLY_TRACE_BYTES_PER_STEP, TRACE_BYTES_PER_STEP, SimConfig, Stragglers
 from simlib.course.experiments import (COMPARE_FEATURES, COMPARE_NNZ, COMPARE_ROWS, DEFAULT_PROTOCOLS, DEFAULT_TARGET,
                                     default_cluster)
@@ -526,7 +527,8 @@ def _ctrl_c() -> Iterator[None]:
     previous, hook = signal.signal(signal.SIGINT, handler), sys.unraisablehook
     sys.unraisablehook = quiet
     try:
-        yield
+        with ctrl_c_unwrapped():
+            yield
     finally:
         if signal.getsignal(signal.SIGINT) is handler:
             signal.signal(signal.SIGINT, previous)

@@ -7,6 +7,7 @@ delivered to the real handler.
 """
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -132,3 +133,48 @@ def test_a_handler_installed_inside_the_fork_guard_waits_out_fork_hooks_and_stay
         assert got == [signal.SIGTERM, signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+
+
+# Timer 'Ctrl-C's landing in a loop of a compiled function that returns an array (the LDA tables' counting kernel);
+# the child prints the kinds of exception they raised out of ``wrap()``.
+INTERRUPTED_LOOP = """
+import contextlib, signal, sys
+import numpy as np
+from simlib.problems.lda import _count_pairs
+from simlib.signals import ctrl_c_unwrapped
+
+def ctrl_c(signum, frame):
+    raise KeyboardInterrupt
+
+wrap = ctrl_c_unwrapped if sys.argv[1] == "unwrapped" else contextlib.nullcontext
+ids = np.random.default_rng(0).integers(0, 2000, 5000)
+z = np.random.default_rng(1).integers(0, 32, 5000).astype(np.int32)
+out = np.zeros((2000, 32), np.int32)
+_count_pairs(ids, z, out)
+seen = set()
+signal.signal(signal.SIGALRM, ctrl_c)
+for trial in range(60):
+    signal.setitimer(signal.ITIMER_REAL, 3e-4 + 1e-4 * (trial % 13))
+    try:
+        with wrap():
+            while True:
+                _count_pairs(ids, z, out)
+    except BaseException as exc:
+        seen.add(type(exc).__name__)
+print(sorted(seen))
+"""
+
+
+def _interrupted_compiled_calls(wrap: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_LOOP, wrap], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return ast.literal_eval(done.stdout)
+
+
+def test_a_ctrl_c_that_lands_as_a_compiled_function_returns_is_a_keyboard_interrupt():
+    """numba hands such a Ctrl-C back as a SystemError caused by it (296 of 300 in a loop like this one); simlib.run and
+    the CLI let it out as itself."""
+    assert "SystemError" in _interrupted_compiled_calls("as raised")
+    assert _interrupted_compiled_calls("unwrapped") == ["KeyboardInterrupt"]

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from simlib import _validate as check
 from simlib.protocol import MAX_REAL_WORKERS, MAX_WORKERS, Protocol, StepRule, read_allowed
+from simlib.signals import ctrl_c_unwrapped
 
 if TYPE_CHECKING:
     from simlib.contract import Result
@@ -155,7 +156,8 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         check.positive_int("clock_batches", clocks)
         check_clocks(training.steps, clocks)  # the work a run's clocks imply
         check_managed(proto, clocks, options.get("managed_bandwidth"), rule.plain)
-    return runner(problem, proto, training, **options)
+    with ctrl_c_unwrapped():
+        return runner(problem, proto, training, **options)
 
 
 def _check_workers(substrate: str, proto: Protocol, n: int) -> None:
