@@ -32,8 +32,9 @@ sampler's final assignments, so the numbers compare like for like. tomotopy's ow
 quantity (its document part plus its topic-word part, over the words it keeps): on the KJV, where every word of the
 vocabulary occurs, it agrees with this formula on its topics to 1e-4 per token (printed by ``--time-to-target``); on
 a subset that leaves words unused it does not, as tomotopy then counts V over the words used. Sampling time excludes
-model construction and the random initialisation. Goals: tokens/s >= tomotopy's
-with the same number of workers at K = 100; log-likelihood within 1% of the `lda` package's.
+model construction and the random initialisation. Goals at K = 100, through simlib.run: tokens/s 1.09x tomotopy's on
+1 worker, 1.2x on 2 workers (the records' rows; the bare serial loop is printed, not recorded); log-likelihood within 1%
+of the `lda` package's.
 """
 from __future__ import annotations
 
@@ -409,14 +410,16 @@ def main() -> None:
         for name, w, speed, ll in rows:
             ratio = "" if name == "tomotopy" else f"{speed / tomo[w]:.2f}x"
             print(f"{K:>4} {name:<26} {w:>7} {speed / 1e6:>11.2f} {ll:>14,.0f} {ratio:>12} {(ll - peer_ll) / abs(peer_ll):>+10.2%}")
-        ours = {w: max(r[2] for r in rows if r[0].startswith("simlib") and r[1] == w) for w in (1, 2)}
+        # the records' rows are simlib.run's (the bare serial loop is printed beside them, not recorded)
+        ours = {w: best[("simlib AD-LDA BSP", w)][0] for w in (1, 2)}
         worst_ll = max(abs(r[3] - peer_ll) / abs(peer_ll) for r in rows if r[0].startswith("simlib"))
         for w in (1, 2):
             record(__file__, f"LDA K = {K}, {w} worker{'s' if w > 1 else ''}" + (f" ({name})" if args.corpus else ""),
                    f"tomotopy, {w} worker{'s' if w > 1 else ''}", ours[w] / tomo[w], "tokens/s",
                    headline=K == 100 and not args.corpus)
-        print(f"     goals at K={K}: speed vs tomotopy 1 worker {ours[1] / tomo[1]:.2f}x, 2 workers "
-              f"{ours[2] / tomo[2]:.2f}x (goal >= 1); largest log-likelihood gap to lda {worst_ll:.2%} (goal < 1%)")
+        print(f"     goals at K={K}: simlib.run against tomotopy, 1 worker {ours[1] / tomo[1]:.2f}x (goal >= 1.09x at "
+              f"K = 100), 2 workers {ours[2] / tomo[2]:.2f}x (>= 1.2x); largest log-likelihood gap to lda {worst_ll:.2%} "
+              "(goal < 1%)")
     print("Measured on a shared, busy machine: compare rows of one run, not across runs.")
 
 

@@ -93,9 +93,19 @@ def test_memory_counts_the_tables_that_grow_with_k(kernel):
     V, D = corpus.n_words, corpus.n_docs
     assert large["n_wk, n_k"] == 4 * (V + 1) * 50 and large["n_dk"] == 4 * D * 50
     assert ("topic lists" in large) == (kernel in ("sparse", "alias"))
-    if "topic lists" in large:  # three D x K int32 tables, the lengths, the K-long cdf
-        assert large["topic lists"] == 4 * (3 * D * 50 + D) + 8 * 50
+    if "topic lists" in large:  # three D x K int16 tables (K and the documents' lengths fit) and the int32 lengths
+        assert large["topic lists"] == 2 * 3 * D * 50 + 4 * D
     assert large["per token"] == small["per token"]  # nothing per token depends on K
+
+
+@pytest.mark.parametrize("kernel", ["sparse", "alias"])
+def test_a_document_too_long_for_int16_lists_keeps_exact_counts(kernel):
+    """The topic lists are int16 only where every count fits: a 40,000-token document under one topic would wrap."""
+    corpus = LDACorpus.from_docs([[0, 1, 2] * 13_334, [1, 2]], n_words=3)
+    state = GibbsState(corpus, 2, 0.1, 0.01, np.zeros(corpus.n_tokens, np.int32), kernel=kernel)
+    assert state.dk_cnt.dtype == np.int32 and state.dk_cnt.max() == 40_002
+    state.sweep(seed=0)
+    state.check_counts()
 
 
 def test_cpu_per_token_times_the_sweeps_after_the_first():
