@@ -167,6 +167,36 @@ def forked() -> None:
     _real.clear()
 
 
+_compiler_hold: Any = None  # the numba listener hold_while_compiling registered, once per process
+
+
+def hold_while_compiling() -> None:
+    """From now on, hold SIGINT / SIGTERM back (as :func:`held` does) while numba holds its compiler lock.
+
+    A Ctrl-C that landed inside numba's compiler (a first call compiles for seconds) left numba broken for the rest
+    of the process: in one run 26 of 30 later compiles failed with KeyError, a notebook's kernel until restarted."""
+    global _compiler_hold
+    if _compiler_hold is not None:
+        return
+    from numba.core import event
+
+    class Hold(event.Listener):
+        blocks: list[Any] = []  # the held() blocks open, one per nested acquisition (main thread only)
+
+        def on_start(self, ev: Any) -> None:
+            if threading.current_thread() is threading.main_thread():
+                block = held()
+                block.__enter__()
+                self.blocks.append(block)
+
+        def on_end(self, ev: Any) -> None:
+            if threading.current_thread() is threading.main_thread() and self.blocks:
+                self.blocks.pop().__exit__(None, None, None)  # a noted Ctrl-C is raised here, the lock released
+
+    _compiler_hold = Hold()
+    event.register("numba:compiler_lock", _compiler_hold)
+
+
 @contextmanager
 def ctrl_c_unwrapped() -> Iterator[None]:
     """Let a Ctrl-C out as the KeyboardInterrupt it is.

@@ -178,3 +178,27 @@ def test_a_ctrl_c_that_lands_as_a_compiled_function_returns_is_a_keyboard_interr
     the CLI let it out as itself."""
     assert "SystemError" in _interrupted_compiled_calls("as raised")
     assert _interrupted_compiled_calls("unwrapped") == ["KeyboardInterrupt"]
+
+
+def test_a_ctrl_c_inside_numbas_compiler_lock_waits_until_the_lock_is_released():
+    """A Ctrl-C that landed inside numba's compiler could leave it broken for the process (later compiles failed with
+    KeyError) or abort it (llvmlite's 'double free'); importing simlib's kernels holds it back until the lock is let go."""
+    import importlib
+
+    from numba.core.compiler_lock import global_compiler_lock
+
+    importlib.import_module("simlib.problems")  # registers the hold
+
+    reached = []
+    try:
+        with global_compiler_lock:
+            with global_compiler_lock:  # numba takes it again inside a compile
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(10_000):  # Python code: an unheld Ctrl-C is raised here
+                    pass
+                reached.append("inner")
+            reached.append("outer")
+    except KeyboardInterrupt:
+        reached.append("interrupted")
+    assert reached == ["inner", "outer", "interrupted"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

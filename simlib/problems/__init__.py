@@ -18,7 +18,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from simlib.problems.logistic import LogisticProblem, SparseDataset, make_sparse_classification
+from simlib.signals import hold_while_compiling
+
+hold_while_compiling()  # before the first kernel compiles: a Ctrl-C inside numba's compiler waits until it is done
+from simlib.problems.logistic import LogisticProblem, SparseDataset, make_sparse_classification  # noqa: E402
 
 _LAZY = {
     "GloveConfig": "glove", "GloveParams": "glove", "Cooccurrence": "glove", "count_cooccurrences": "glove",

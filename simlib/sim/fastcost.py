@@ -20,7 +20,10 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from simlib.signals import hold_while_compiling
 from simlib.trace import _NUMPY, SpanLog, UpdateLog
+
+hold_while_compiling()  # the kernel below compiles on a run's first call
 
 # Event kinds: a gate opened (a woken waiter), the request reached the server, the reply reached the
 # worker, the computation ended, the push reached the server.
