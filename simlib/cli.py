@@ -356,7 +356,7 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--problem", choices=("logistic",), default="logistic", help="the problem to train")
     p.add_argument("--protocol", type=_protocol, default="ssp:3",
-                   help="bsp, ssp:S, essp:S (eager SSP: substrate sim only) or async")
+                   help="bsp, ssp:S, essp:S (eager SSP), async or allreduce, on every substrate")
     p.add_argument("--substrate", choices=substrates.names(), default="sim", help="where the run happens")
     opts.add_arguments(p.add_argument_group("problem size"), opts.options(ProblemSize))
     training = [o for o in opts.options(SimConfig) if o.name in TRAINING_FIELDS]

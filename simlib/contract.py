@@ -118,6 +118,7 @@ HOOKS: dict[str, tuple[str, Any]] = {
     "miniature": ("method", None),  # the same problem on a few documents, to warm the kernels up cheaply
     "local_result": ("method", None),  # what a worker sends back of its local state (LDA's assignments)
     "lr": ("rate", None),  # the problem's own step size (GloVe's config.lr): simlib.run's lr unless it differs
+    "epochs": ("count", None),  # passes over its data (GloVe's config.epochs): simlib.run's steps where none are given
     "backward_layers": ("method", None),  # (params, batch) -> each layer's (slice, gradient), last first: buckets
 }
 

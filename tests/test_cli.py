@@ -79,6 +79,16 @@ def test_help_explains_every_flag():
         assert flag in proc.stdout
 
 
+def test_run_help_names_every_protocol_and_no_substrate_it_is_refused_on():
+    """It said essp:S ran on substrate sim only (every substrate runs it) and left allreduce out."""
+    from simlib.substrates import REFUSED
+
+    proc = subprocess.run([sys.executable, "-m", "simlib", "run", "--help"], capture_output=True, text=True, timeout=60)
+    text = " ".join(proc.stdout.split())
+    assert "essp:S (eager SSP), async or allreduce, on every substrate" in text
+    assert not any(feature in ("essp", "allreduce") for feature, _ in REFUSED)
+
+
 def test_with_protocol_reads_protocol_specs():
     base = default_cluster(backup_workers=1)
     assert with_protocol(base, "SSP(4)").label == "SSP(4) b=1"

@@ -110,9 +110,12 @@ def test_every_fault_ten_times_ends_the_run_promptly_and_cleanly(algorithm):
     _assert_all_clean(_inject_all(algorithm, reps=10, seed=1919), algorithm)
 
 
-def test_a_stopped_worker_ends_a_spinning_all_reduce_at_its_timeout():
-    """SIGSTOP for good of one worker: its peer's helper thread spins at the shared-memory barrier for a partner
-    that never comes; the run's timeout= (2 s) ends it with TimeoutError, nothing left (twice: seconds each)."""
-    outcomes = _inject_all("allreduce-shm", 0, seed=23, plan=[("stop-worker", {})] * 2, timeout=2.0)
-    assert [p for o in outcomes for p in faultkit.check(o, "allreduce-shm")] == []
+@pytest.mark.parametrize("algorithm", ["allreduce-shm", "lda-shm-mh", "run-pipes-managed"])
+def test_a_stopped_worker_ends_the_run_at_its_timeout(algorithm):
+    """SIGSTOP for good of one worker, which only the run's timeout= (2 s) can end: with TimeoutError, nothing left
+    (twice: seconds each). All-reduce: its peer's helper thread spins at the shared-memory barrier for a partner that
+    never comes; LDA's MH sampler: the stopped worker may hold a block lock its peer waits for; managed communication:
+    the pipe server waits for a clock that never ends while early updates keep arriving."""
+    outcomes = _inject_all(algorithm, 0, seed=23, plan=[("stop-worker", {})] * 2, timeout=2.0)
+    assert [p for o in outcomes for p in faultkit.check(o, algorithm)] == []
     assert [o.error for o in outcomes] == ["TimeoutError"] * 2

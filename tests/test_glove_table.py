@@ -111,6 +111,16 @@ def test_simulated_run_lowers_the_cost(cooc):
     assert trace.summary()["bytes_sent"] > 0
 
 
+def test_the_problems_own_epochs_are_the_runs_steps_unless_steps_are_given(cooc):
+    """GloveConfig(epochs=...) was ignored: epochs=1 and epochs=50 both trained simlib.run's default 50 steps."""
+    run = dict(substrate="sim", n_workers=2, batch_size=512)
+    prob = GloveProblem(cooc, GloveConfig(dim=4, epochs=2))
+    res = simlib.run(prob, "bsp", **run)
+    assert res.trace.summary()["steps_per_worker"] == 2 * prob.epoch_steps(2, 512)
+    np.testing.assert_array_equal(res.params, simlib.run(prob, "bsp", steps=2 * prob.epoch_steps(2, 512), **run).params)
+    assert simlib.run(prob, "bsp", steps=3, **run).trace.summary()["steps_per_worker"] == 3  # steps= given: that many
+
+
 @pytest.mark.parametrize("substrate", ["sim", "shm"])
 def test_the_problems_own_lr_is_the_runs_unless_another_is_given(cooc, substrate):
     """GloveConfig(lr=...) was ignored: lr=1e6 and lr=0.05 gave the same parameters, trained at simlib.run's 0.5."""

@@ -54,8 +54,8 @@ class GloveConfig:
     alpha: float = 0.75
     lr: float = 0.05
     grad_clip: float = 100.0
-    # passes over the entries: simlib.run reads steps=, not this field (GloveConfig(epochs=1) and epochs=50 trained
-    # alike); pass steps=config.epochs * problem.epoch_steps(n_workers, batch_size), as the lessons do
+    # passes over the entries: simlib.run trains epochs x problem.epoch_steps(n_workers, batch_size) steps where it is
+    # given no steps= (it trained 50 steps whatever the epochs: epochs=1 and epochs=50 gave the same parameters)
     epochs: int = 5
     seed: int = 0
 

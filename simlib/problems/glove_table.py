@@ -65,6 +65,11 @@ class PassRecords:
         """Its own step size, ``config.lr``: simlib.run trains with it where lr= is left out, and refuses another."""
         return self.config.lr
 
+    @property
+    def epochs(self) -> int:
+        """Its own run length, ``config.epochs`` passes: simlib.run's steps where steps= is left out."""
+        return self.config.epochs
+
     def validate(self) -> None:
         """Check the co-occurrences again (they may have changed since): the AdaGrad kernels index them unchecked."""
         validate_training(self.cooc, self.config)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from simlib import _validate as check
@@ -109,7 +109,8 @@ def get(name: str) -> Runner:
 def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", **options: Any) -> "Result":
     """Train ``problem`` under ``protocol`` on ``substrate``; every substrate returns the same Result.
 
-    Options shared by all substrates: ``n_workers``, ``steps`` (per worker), ``batch_size``, ``lr`` (default
+    Options shared by all substrates: ``n_workers``, ``steps`` (per worker; default 50, or the problem's own
+    ``epochs`` passes where it has them, as GloVe's ``GloveConfig(epochs=...)``), ``batch_size``, ``lr`` (default
     0.5, or the problem's own ``lr`` where it has one, as GloVe's ``GloveConfig(lr=...)``: an ``lr=`` that
     differs from the problem's own is refused, naming both), ``eval_every``, ``seed``, ``staleness_aware``,
     ``accumulation`` (or ``rule``: a StepRule, or a subclass with its own ``scale(tau)``), ``read_rule``
@@ -130,8 +131,10 @@ def run(problem: Any, protocol: Protocol | str = "bsp", substrate: str = "sim", 
         raise ValueError(f"{sorted(given)[0]}: give it to the StepRule passed as rule=, not beside it")
     shared = {f.name for f in fields(Training)} - {"rule"}
     # Training refuses a rule that is not a StepRule (or a subclass's instance)
-    training = Training(rule=StepRule(**given) if rule is None else rule,
-                        **{k: options.pop(k) for k in list(options) if k in shared})
+    settings = {k: options.pop(k) for k in list(options) if k in shared}
+    training = Training(rule=StepRule(**given) if rule is None else rule, **settings)
+    if caps.epochs is not None and "steps" not in settings:  # the problem's own run length (GloveConfig(epochs=...))
+        training = replace(training, steps=caps.epochs * problem.epoch_steps(training.n_workers, training.batch_size))
     rule = training.rule
     if caps.exact_deltas:
         _refuse_lossy(problem, proto, options.get("compression"), rule)
