@@ -402,8 +402,7 @@ class LogisticProblem:
         change (at least 1 / n_workers): workers stepping the hot keys from the same values would otherwise
         add n steps computed for one (2 workers at 2,000-row chunks in lock-step: loss 0.583 against 0.5045
         without replicas; averaged, as HogWild++ does, 0.5055), while a chunk no other push overlapped
-        (workers taking turns on one core) keeps its whole change. Workers in lock-step add 1 / 2 each after
-        their first push. One worker takes the same steps as without a replica.
+        (workers taking turns on one core) keeps its whole change. One worker takes the same steps as without one.
         """
         check.positive_int("hot_keys", n_keys)
         if n_keys > self.data.n_features:
@@ -718,15 +717,13 @@ def _push_replica(w, rep, seen, log_s, pending):  # pragma: no cover - compiled
     # l2 doubled on every replicated key; pushes without the token lost each other's rescaling (both push their
     # 100,000 keys at once in lock-step). 2 workers, every key replicated, had ended 1-2.5 % above scikit-learn's
     # loss; with both, -0.4 % (lock-step) to +0.8 % (chunks' quarters interleaved at random) in emulations.
-    pushes, f = rep.pushes, w.shape[0] - 1
-    c = _take(pushes)
-    g = np.exp(pending)
-    part, inv_g = max(1.0 / (1.0 + (c - seen) // 2), rep.least) * (np.exp(log_s - w[f]) if pending != 0.0 else 1.0), 1.0 / g
+    c, f, g = _take(rep.pushes), w.shape[0] - 1, np.exp(pending)
+    part = max(1.0 / (1.0 + (c - seen) // 2), rep.least) * (np.exp(log_s - w[f]) if pending != 0.0 else 1.0)
     for q in range(rep.hot.shape[0]):
-        w[rep.hot[q]] = (w[rep.hot[q]] + part * (g * rep.values[q] - rep.base[q])) * inv_g
+        w[rep.hot[q]] = (w[rep.hot[q]] + part * (g * rep.values[q] - rep.base[q])) * (1.0 / g)
     if pending != 0.0:  # else w[-1] is a feature, written by other workers meanwhile
         w[f] += pending  # under the token: no other replica adds to it now
-    compare_swap(pushes, 0, c + 1, c + 2)
+    compare_swap(rep.pushes, 0, c + 1, c + 2)
 
 
 @njit(cache=True, nogil=True)
