@@ -166,7 +166,7 @@ def co_running(data, lr: float, l2: float, start_method: str, hot_keys: int, rep
 def main() -> None:
     """Print one table: throughput, ratio to scikit-learn, final loss and its gap to scikit-learn's."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="20 k rows x 10 k features, one repeat")
+    ap.add_argument("--quick", action="store_true", help="20 k rows x 10 k features, one repeat, replica chunks of 4 k")
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--features", type=int, default=100_000)
     ap.add_argument("--draws", type=int, default=60, help="feature draws per row (repeats dropped: ~50 unique)")
@@ -176,12 +176,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--start-method", default="fork", choices=["fork", "spawn"])
     ap.add_argument("--hot-keys", type=int, default=0, help="features each process keeps a replica of (0: all)")
-    ap.add_argument("--replica-chunk", type=int, default=40_000, help="rows between two pushes of a replica")
+    ap.add_argument("--replica-chunk", type=int, default=40_000, help="rows between two pushes of a replica (0.4 shard)")
     ap.add_argument("--headline", action="store_true",
                     help="only scikit-learn, serial and the two 2-process Hogwild rows (for long runs: --epochs 80)")
     args = ap.parse_args()
     if args.quick:
-        args.rows, args.features, args.repeats = 20_000, 10_000, 1
+        args.rows, args.features, args.repeats, args.replica_chunk = 20_000, 10_000, 1, 4_000
     data = make_sparse_classification(args.rows, args.features, args.draws, zipf=1.0, seed=0)
     full = LogisticProblem(data, l2=args.l2, eval_rows=None)
     nnz = data.nnz * args.epochs
