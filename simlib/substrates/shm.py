@@ -33,9 +33,10 @@ workers' steps completed during it per step of this worker, and the trace holds 
 
 With ``hot_keys=K`` (a problem with ``replica``, LogisticProblem at one row per step), each worker
 also keeps a private replica of the K most frequent keys: read from the table at a chunk's start,
-updated there during the chunk, 1 / n of its change added to the table at the chunk's end (the
-replicas averaged, as in HogWild++: they stepped the hot keys from the same values, so their whole
-changes added would overshoot), one read or push at a time. Under Hogwild! the frequent features
+updated there during the chunk, its change added to the table at the chunk's end, 1 / (1 + m) of it
+where m other replicas pushed meanwhile (overlapping replicas' changes averaged, as in HogWild++:
+they stepped the hot keys from the same values, so their whole changes added would overshoot), one
+read or push at a time (a token). Under Hogwild! the frequent features
 are written by every worker on nearly every row, and each such write takes the cache line from the
 other cores; with the replica they move once per chunk (with K = every key, no line moves between
 two pushes). The price is staleness: a worker sees the others' changes to them once per chunk. One update of
@@ -86,8 +87,8 @@ class ShmOptions(WorkerOptions):
     and write (the locked baseline Hogwild! is measured against). ``straggler=(i, s)``: worker i sleeps
     s seconds after each step (after each chunk on the fast path), a slow machine. ``hot_keys=K`` (fast
     path, problems with ``replica``): each worker keeps a private replica of the problem's K hot keys,
-    updates it during a chunk, and adds 1 / n of its change to the table at the chunk's end (the replicas
-    averaged); every other key is written in place as before. The
+    updates it during a chunk, and adds its change to the table at the chunk's end (1 / (1 + m) of it
+    where m other replicas pushed during the chunk); every other key is written in place as before. The
     trace's update per chunk is then also the push of that chunk's replica.
     """
 
