@@ -9,10 +9,11 @@ shared 2-core machine other programs steal whole time slices. The loss is the fu
 over all rows. Every simlib row is ``simlib.run(LogisticProblem(...), protocol, substrate="shm")``, one row per
 step: the in-place path of the contract. Hogwild runs twice: with every weight decayed every step
 (``l2_on='all'``, scikit-learn's objective and its shared scale) and with L2 on the touched
-features only (``l2_on='touched'``, the parameter server's sparse L2), each also with hot-key replicas
-(``hot_keys=``: every process updates a private copy of the most frequent features and adds its
-change to the table once per chunk, so their cache lines stop moving between the cores on every
-row). 'cores' is CPU seconds per training second: how many cores a method really got
+features only (``l2_on='touched'``, the parameter server's sparse L2), each also with replicas
+(``hot_keys=``: every process updates a private copy of the weights, of every feature unless
+``--hot-keys`` names how many of the most frequent, and adds its share of the change to the table
+once per chunk of ``--replica-chunk`` rows, so no cache line moves between the cores in between:
+HogWild++'s replicas). 'cores' is CPU seconds per training second: how many cores a method really got
 (fewer than its processes when other programs compete), and 'M nnz/CPU-s' is the throughput
 per CPU second, which the competition does not dilute. Run::
 
@@ -34,9 +35,6 @@ from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import SharedArray
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
 from record import record
-
-
-HOT_KEYS = 1_000  # the most frequent features (Zipf 1.0: 55 % of the nonzeros) each process keeps a replica of
 
 
 def on_shm(data, protocol: str, n_workers: int, lr: float, l2: float, epochs: int, batch_size: int = 1,
@@ -168,7 +166,7 @@ def co_running(data, lr: float, l2: float, start_method: str, hot_keys: int, rep
 def main() -> None:
     """Print one table: throughput, ratio to scikit-learn, final loss and its gap to scikit-learn's."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="20 k rows x 10 k features, one repeat")
+    ap.add_argument("--quick", action="store_true", help="20 k rows x 10 k features, one repeat, replica chunks of 4 k")
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--features", type=int, default=100_000)
     ap.add_argument("--draws", type=int, default=60, help="feature draws per row (repeats dropped: ~50 unique)")
@@ -177,12 +175,13 @@ def main() -> None:
     ap.add_argument("--l2", type=float, default=1e-5, help="L2 weight")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--start-method", default="fork", choices=["fork", "spawn"])
-    ap.add_argument("--hot-keys", type=int, default=HOT_KEYS, help="features each process keeps a replica of")
+    ap.add_argument("--hot-keys", type=int, default=0, help="features each process keeps a replica of (0: all)")
+    ap.add_argument("--replica-chunk", type=int, default=40_000, help="rows between two pushes of a replica (0.4 shard)")
     ap.add_argument("--headline", action="store_true",
                     help="only scikit-learn, serial and the two 2-process Hogwild rows (for long runs: --epochs 80)")
     args = ap.parse_args()
     if args.quick:
-        args.rows, args.features, args.repeats = 20_000, 10_000, 1
+        args.rows, args.features, args.repeats, args.replica_chunk = 20_000, 10_000, 1, 4_000
     data = make_sparse_classification(args.rows, args.features, args.draws, zipf=1.0, seed=0)
     full = LogisticProblem(data, l2=args.l2, eval_rows=None)
     nnz = data.nnz * args.epochs
@@ -192,22 +191,22 @@ def main() -> None:
         f"best of {args.repeats}" + (" (headline rows only)" if args.headline else "")
     )
 
-    sm = args.start_method
+    sm, hot = args.start_method, args.hot_keys or args.features
     common = dict(lr=args.lr, l2=args.l2, epochs=args.epochs, start_method=sm)
+    replicas = dict(hot_keys=hot, chunk=args.replica_chunk, **common)
     methods: list[tuple[str, int, Callable[[], tuple]]] = [
         ("serial (in place)", 1, lambda: on_shm(data, "async", 1, **common)),
         ("locked", 2, lambda: on_shm(data, "async", 2, locked=True, **common)),
         ("hogwild", 2, lambda: on_shm(data, "async", 2, **common)),
-        ("hogwild, hot-key replicas", 2, lambda: on_shm(data, "async", 2, hot_keys=args.hot_keys, **common)),
+        ("hogwild, replicas", 2, lambda: on_shm(data, "async", 2, **replicas)),
         ("hogwild, touched L2", 1, lambda: on_shm(data, "async", 1, l2_on="touched", **common)),
         ("hogwild, touched L2", 2, lambda: on_shm(data, "async", 2, l2_on="touched", **common)),
-        ("hogwild, touched, hot keys", 2,
-         lambda: on_shm(data, "async", 2, l2_on="touched", hot_keys=args.hot_keys, **common)),
+        ("hogwild, touched, replicas", 2, lambda: on_shm(data, "async", 2, l2_on="touched", **replicas)),
         ("bsp, batch 256/worker", 2, lambda: on_shm(data, "bsp", 2, batch_size=256, **common)),
         ("gpu substrate (NumPy), B=256", 1, lambda: batched(data, args.lr, args.l2, args.epochs, 256)),
     ]
     if args.headline:
-        methods = [m for m in methods if m[0] in ("serial (in place)", "hogwild", "hogwild, hot-key replicas")]
+        methods = [m for m in methods if m[0] in ("serial (in place)", "hogwild", "hogwild, replicas")]
     fits: list[tuple[np.ndarray, float, float]] = []
     runs: list[list[tuple]] = [[] for _ in methods]
     for _ in range(args.repeats):  # take turns, so a busy spell hurts every method alike
@@ -249,10 +248,10 @@ def main() -> None:
     if args.headline:
         return
     loss_of = {(name, workers): loss for name, workers, *_, loss in rows}
-    for name, serial in (("hogwild", "serial (in place)"), ("hogwild, hot-key replicas", "serial (in place)"),
-                         ("hogwild, touched, hot keys", "hogwild, touched L2")):
+    for name, serial in (("hogwild", "serial (in place)"), ("hogwild, replicas", "serial (in place)"),
+                         ("hogwild, touched, replicas", "hogwild, touched L2")):
         rate[(name, 1)], per_cpu[(name, 1)] = rate[(serial, 1)], per_cpu[(serial, 1)]
-    for name in ("hogwild", "hogwild, hot-key replicas", "hogwild, touched L2", "hogwild, touched, hot keys"):
+    for name in ("hogwild", "hogwild, replicas", "hogwild, touched L2", "hogwild, touched, replicas"):
         h1, h2 = rate[(name, 1)], rate[(name, 2)]
         gap = 100 * abs(loss_of[(name, 2)] - sk_loss) / sk_loss
         ideal = 2 * per_cpu[(name, 2)]
@@ -261,14 +260,14 @@ def main() -> None:
         print(f"{name}, 2 procs / 1 proc       : {h2 / h1:.2f}x   (stretch goal >= 1.5x)")
         print(f"{name}, 2 procs loss vs sklearn: {gap:.2f}%  (goal <= 0.5%)")
         record(__file__, f"Hogwild!, 2 processes{name.removeprefix('hogwild')}", "scikit-learn SGDClassifier(log_loss)",
-               h2 / sk, "nonzeros/s", headline=name == "hogwild, hot-key replicas")
+               h2 / sk, "nonzeros/s", headline=name == "hogwild, replicas")
         print(
             f"  on two whole cores ({ideal / 1e6:.0f} M nnz/s = 2 x its rate per CPU second): "
             f"{ideal / (nnz / sk_cpu):.2f}x scikit-learn's rate per CPU second, "
             f"{ideal / per_cpu[(name, 1)]:.2f}x its own 1-process rate per CPU second"
         )
     coherence_probe(args.features, sm)
-    co_running(data, args.lr, args.l2, sm, args.hot_keys, repeats=6 * args.repeats, peer_per_cpu=nnz / sk_cpu)
+    co_running(data, args.lr, args.l2, sm, hot, repeats=6 * args.repeats, chunk=10_000, peer_per_cpu=nnz / sk_cpu)
 
 
 if __name__ == "__main__":

@@ -245,17 +245,31 @@ def test_two_workers_with_hot_key_replicas_reach_the_serial_loss(data, method: s
     assert res.params[-1] == pytest.approx(2 * steps * math.log(1 - 0.2 * 1e-5), rel=1e-9)  # every worker's decay folded in
 
 
-@pytest.mark.parametrize("others, part", [(0, 1.0), (1, 0.5), (2, 1 / 3), (9, 0.25)])
-def test_a_replica_push_adds_one_over_one_plus_the_other_pushes_of_its_change(others: int, part: float) -> None:
-    """m other pushes since the read: 1 / (1 + m) of the change lands, at least 1 / n_workers (here 4); none: all."""
-    from simlib.problems.logistic import _push_replica
+@pytest.mark.parametrize("decay, others", [(0.0, 0.0), (-0.3, 0.0), (-0.3, -0.2)])
+@pytest.mark.parametrize("pushed, share", [(0, 1.0), (1, 0.5), (2, 1 / 3), (9, 0.25)])
+def test_a_replica_push_adds_its_share_of_the_change_of_the_weights_holding_the_token(decay: float, others: float,
+                                                                                      pushed: int, share: float):
+    """m other pushes since the read: s * v of the hot keys moves by 1 / (1 + m) of its change in the replica (at
+    least 1 / n_workers, here 4), whatever the other workers' decay of s meanwhile (``others``); log s then takes
+    the chunk's decay; the token counts the push and is free again. A push waits while another worker holds it."""
+    from simlib.problems.logistic import Replica, _push_replica
 
-    w = np.arange(10.0)
-    hot, rep, base = np.array([1, 4, 7]), np.array([3.0, -2.0, 9.5]), np.array([1.0, 4.0, 7.0])
-    pushes = np.array([5 + others])
-    _push_replica(w, hot, rep, base, 0.25, pushes, 5)
-    np.testing.assert_allclose(w[hot], base + part * (rep - base), rtol=1e-15)
-    assert np.array_equal(np.delete(w, hot), np.delete(np.arange(10.0), hot)) and pushes[0] == 6 + others
+    w, log_s = np.arange(11.0), 10.0 - others  # w[-1] is log s; it was log_s at the read
+    hot, values, base = np.array([1, 4, 7]), np.array([3.0, -2.0, 9.5]), np.array([1.0, 4.0, 7.0])
+    seen = 10 - 2 * pushed  # the token's count at the read: 2 per push
+    rep = Replica(hot, values, base, np.zeros(1, np.int64), np.zeros(1, np.int32), np.zeros(1, np.float32), 0.25,
+                  np.array([11]))  # odd: another worker holds the token
+    pusher = threading.Thread(target=_push_replica, args=(w, rep, seen, log_s, decay), daemon=True)
+    pusher.start()
+    pusher.join(0.2)
+    assert pusher.is_alive() and np.array_equal(w, np.arange(11.0))  # waiting for the token
+    rep.pushes[0] = 10  # the other worker gives it back
+    pusher.join(30)
+    assert not pusher.is_alive()
+    moved = np.exp(10.0 + decay) * w[hot] - np.exp(10.0) * np.arange(11.0)[hot]
+    np.testing.assert_allclose(moved, share * np.exp(log_s) * (np.exp(decay) * values - base), rtol=1e-12)
+    assert w[-1] == 10.0 + decay and rep.pushes[0] == 12
+    assert np.array_equal(np.delete(w[:-1], hot), np.delete(np.arange(10.0), hot))
 
 
 class _NoReplica(LogisticProblem):

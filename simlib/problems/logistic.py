@@ -29,7 +29,7 @@ from numba import njit
 
 from simlib import _validate as check
 from simlib.backend import array_module
-from simlib.problems.atomic import atomic_add
+from simlib.problems.atomic import atomic_add, compare_swap
 
 # NOTE: rows per compiled call of LogisticProblem.local_steps on a NumPy table (whole steps): a signal handler runs only
 # between compiled calls, and the gpu substrate (in the caller's process) hands one worker every step up to the next
@@ -165,7 +165,7 @@ class Replica(NamedTuple):
     ids: np.ndarray  # int32 per nonzero: its replica slot (hot), else its feature id
     vals: np.ndarray  # float32 per nonzero, in that order
     least: float  # 1 / n_workers: the least part of its change a worker adds (see LogisticProblem.replica)
-    pushes: np.ndarray  # int64, one: the replicas' pushes so far (the substrate shares it between its workers)
+    pushes: np.ndarray  # int64, one: 2 x the replicas' pushes, + 1 while one holds it (the workers share it: a token)
 
 
 L2_ON = ("touched", "all")
@@ -383,25 +383,26 @@ class LogisticProblem:
             self._scale(float(w[-1]) + count * math.log(self._keep(lr)))
         d, rows, end = self.data, self._rows() if replica is None else replica, first + count
         hyper, per = (float(lr), self.l2, self.l2_on == "all"), max(1, BLOCK // batch_size)
-        seen, decay = _read_replica(w, rows), np.zeros(1)
+        (seen, log_s), decay = _read_replica(w, rows), np.zeros(1)
         try:  # a compiled call per block of steps, not per chunk: Ctrl-C (and the run's timeout) is answered between
             for c in range(first, end, per):
                 _local_sgd((d.indptr, d.indices, d.values, d.y), w, (shard[0], shard[1], c, min(per, end - c),
                                                                     batch_size), hyper, rows, decay)
         finally:  # the steps taken land whole: their decay of log s, the replica's change
-            _end_chunk(w, rows, seen, decay[0])
+            _end_chunk(w, rows, seen, log_s, decay[0])
 
     def replica(self, n_keys: int, batch_size: int, n_workers: int = 1) -> "Replica":
         """A private replica of the ``n_keys`` most frequent features (ties: lower id first), for :meth:`local_steps`.
 
         Under Hogwild! the frequent features are written by every worker on nearly every row, so each
         write takes the cache line from the other cores; a worker that updates its own copy of them and
-        adds the change to the table once per chunk moves those lines once per chunk instead. A worker
-        whose chunk saw m pushes of other replicas adds 1 / (1 + m) of its change (at least 1 / n_workers):
-        workers stepping the hot keys from the same values would otherwise add n steps computed for one
-        (2 workers at 2,000-row chunks in lock-step: loss 0.583 against 0.5045 without replicas; averaged,
-        as HogWild++ does, 0.5055), while a chunk no other push overlapped (workers taking turns on one
-        core) keeps its whole change. One worker takes the same steps as without a replica.
+        adds the change to the table once per chunk moves those lines once per chunk instead; with every
+        feature replicated (``n_keys = n_features``) no line moves between two pushes. Holding a token (one
+        push or read at a time), a worker whose chunk saw m pushes of other replicas adds 1 / (1 + m) of its
+        change (at least 1 / n_workers): workers stepping the hot keys from the same values would otherwise
+        add n steps computed for one (2 workers at 2,000-row chunks in lock-step: loss 0.583 against 0.5045
+        without replicas; averaged, as HogWild++ does, 0.5055), while a chunk no other push overlapped
+        (workers taking turns on one core) keeps its whole change. One worker takes the same steps as without one.
         """
         check.positive_int("hot_keys", n_keys)
         if n_keys > self.data.n_features:
@@ -602,23 +603,36 @@ def _local_sgd(data, w, chunk, hyper, rep, decay):  # pragma: no cover - compile
     decay[0] = pending if scaled else 0.0
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _take(pushes):  # pragma: no cover - compiled
+    """Wait for the replicas' token and take it: pushes[0] = 2 x the pushes so far, + 1 while a worker holds it."""
+    while True:
+        c = pushes[0]
+        if c % 2 == 0 and compare_swap(pushes, 0, c, c + 1):
+            return c
+
+
 @njit(cache=True, nogil=True)
 def _read_replica(w, rep):  # pragma: no cover - compiled
-    """A chunk's start: the replica's values and base read from w[hot]; the replicas' pushes so far."""
+    """A chunk's start: the replica's values and base read from w[hot] holding the token (no push half seen);
+    (the token's count, w[-1]: log s with l2_on='all') then."""
+    c = _take(rep.pushes)
     for q in range(rep.hot.shape[0]):
         rep.values[q] = w[rep.hot[q]]
         rep.base[q] = rep.values[q]
-    return rep.pushes[0]
+    log_s = w[w.shape[0] - 1]
+    compare_swap(rep.pushes, 0, c + 1, c)
+    return c, log_s
 
 
 @njit(cache=True, nogil=True)
-def _end_chunk(w, rep, seen, pending):  # pragma: no cover - compiled
-    """A chunk's end: its decay ``pending`` added to log s (w[-1], l2_on='all' only: else 0), the replica's change
-    to w[hot] (:func:`_push_replica`)."""
-    if pending != 0.0:
-        atomic_add(w, w.shape[0] - 1, pending)  # other workers add theirs meanwhile: a plain += lost one now and then
+def _end_chunk(w, rep, seen, log_s, pending):  # pragma: no cover - compiled
+    """A chunk's end: the replica's change to w[hot] and the chunk's decay ``pending`` to log s (w[-1], l2_on='all'
+    only: else 0), as :func:`_push_replica` adds them."""
     if rep.hot.shape[0]:
-        _push_replica(w, rep.hot, rep.values, rep.base, rep.least, rep.pushes, seen)
+        _push_replica(w, rep, seen, log_s, pending)
+    elif pending != 0.0:
+        atomic_add(w, w.shape[0] - 1, pending)  # other workers add theirs meanwhile: a plain += lost one now and then
 
 
 @njit(cache=True, nogil=True)
@@ -651,9 +665,8 @@ def _rows_sgd(indptr, y, w, chunk, hyper, rep, pending):  # pragma: no cover - c
 
     rep.values = rep.base = w[hot] at the chunk's start (:func:`_read_replica`); a row's hot nonzeros (first, see
     :func:`_split_hot`) read and write rep.values, the others w; at its end (:func:`_end_chunk`) w[hot] +=
-    share * (values - base), share = max(1 / (1 + m), least), where m is the other replicas' pushes since the
-    read (and log s += the chunk's decay). One worker (m = 0) computes what it computes without a replica, up
-    to the order of each margin's sum and the rounding of base + (values - base).
+    share * (values - base) (:func:`_push_replica`; and log s += the chunk's decay). One worker (share 1) computes
+    what it computes without a replica, up to the order of each margin's sum and the rounding of the push.
     """
     # NOTE: a branch per nonzero (hot or not) cost 3x the time per nonzero (mispredicted half the time);
     # rows split hot first once per run make both loops branch-free.
@@ -694,12 +707,23 @@ def _rows_sgd(indptr, y, w, chunk, hyper, rep, pending):  # pragma: no cover - c
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _push_replica(w, hot, rep, base, least, pushes, seen):  # pragma: no cover - compiled
-    """w[hot] += share * (rep - base), share = max(1 / (1 + m), least), m = pushes[0] - seen other pushes since the read."""
-    share = max(1.0 / (1.0 + (pushes[0] - seen)), least)
-    for q in range(hot.shape[0]):
-        w[hot[q]] += (rep[q] - base[q]) * share
-    pushes[0] += 1  # unlocked, like every write here: two pushes at once may count as one
+def _push_replica(w, rep, seen, log_s, pending):  # pragma: no cover - compiled
+    """Holding the token, share = max(1 / (1 + m), least) of the replica's change of the weights s * v added to
+    w[hot], m the other pushes since the read (at token count ``seen``):
+    v[hot] = (v[hot] + share * a * (g * values - base)) / g, g = exp(pending) the chunk's decay of s, a = exp(log_s -
+    w[-1]) the other workers' decay since the read; then log s += pending. Without l2_on='all' (pending = 0):
+    w[hot] += share * (values - base). So the hot keys decay by the share of each worker's decay, as they step."""
+    # NOTE: v[hot] += share * (values - base) decayed them by every worker's decay but stepped them by the share:
+    # l2 doubled on every replicated key; pushes without the token lost each other's rescaling (both push their
+    # 100,000 keys at once in lock-step). 2 workers, every key replicated, had ended 1-2.5 % above scikit-learn's
+    # loss; with both, -0.4 % (lock-step) to +0.8 % (chunks' quarters interleaved at random) in emulations.
+    c, f, g = _take(rep.pushes), w.shape[0] - 1, np.exp(pending)
+    part = max(1.0 / (1.0 + (c - seen) // 2), rep.least) * (np.exp(log_s - w[f]) if pending != 0.0 else 1.0)
+    for q in range(rep.hot.shape[0]):
+        w[rep.hot[q]] = (w[rep.hot[q]] + part * (g * rep.values[q] - rep.base[q])) * (1.0 / g)
+    if pending != 0.0:  # else w[-1] is a feature, written by other workers meanwhile
+        w[f] += pending  # under the token: no other replica adds to it now
+    compare_swap(rep.pushes, 0, c + 1, c + 2)
 
 
 @njit(cache=True, nogil=True)

@@ -33,13 +33,14 @@ workers' steps completed during it per step of this worker, and the trace holds 
 
 With ``hot_keys=K`` (a problem with ``replica``, LogisticProblem at one row per step), each worker
 also keeps a private replica of the K most frequent keys: read from the table at a chunk's start,
-updated there during the chunk, its change added to the table at the chunk's end; 1 / (1 + m) of it
+updated there during the chunk, its change added to the table at the chunk's end, 1 / (1 + m) of it
 where m other replicas pushed meanwhile (overlapping replicas' changes averaged, as in HogWild++:
-they stepped the hot keys from the same values, so their whole changes added would overshoot).
-Under Hogwild! the frequent features are written by every worker on nearly every row, and each such
-write takes the cache line from the other cores; with the replica they move once per chunk. The
-price is staleness: a worker sees the others' changes to the hot keys once per chunk. One update of
-the trace is then also the push of that chunk's replica (its count is in the table's version key).
+they stepped the hot keys from the same values, so their whole changes added would overshoot), one
+read or push at a time (a token). Under Hogwild! the frequent features are written by every worker
+on nearly every row, and each such write takes the cache line from the other cores; with the replica
+they move once per chunk (with K = every key, no line moves between two pushes). The price is
+staleness: a worker sees the others' changes to them once per chunk. One update of the trace is
+then also the push of that chunk's replica (its count is in the table's version key).
 
 Example::
 
