@@ -16,6 +16,6 @@ fi
 nvidia-smi -L 2>&1 | tee "$logs/device.txt"
 python3 -c "import cupy, numba, numpy; print('cupy', cupy.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__)" \
   | tee -a "$logs/device.txt"
-python3 -m pytest -q -p no:cacheprovider tests/test_hogwild_gpu.py tests/test_glove_gpu.py tests/test_lda_gpu.py \
+python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_hogwild_gpu.py tests/test_glove_gpu.py tests/test_lda_gpu.py \
   tests/test_backend.py 2>&1 | tee "$logs/tests.log" | tail -15
 python3 benchmarks/gpu.py "$@" 2>&1 | tee "$logs/gpu.log"
