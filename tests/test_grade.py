@@ -662,7 +662,8 @@ def test_collisions_are_kept_apart(hostile_class):
     assert "feedback for José" in texts["José"] and "feedback for Josи" in texts["Josи"]
     notes = (hostile_class["out"] / "notes.txt").read_text(encoding="utf-8")
     for group in ("alice/, alice.ipynb", "Bob.ipynb, bob.ipynb", "dave.ipynb, \uff44\uff41\uff56\uff45.ipynb"):
-        assert f"{group} name the same student up to case, width or accents" in notes, notes
+        assert notes.count(f"{group} name the same student up to case, width or accents") == 1, notes
+        assert hostile_class["log"].count(f"{group} name the same student up to case, width or accents") == 1
     assert "alice.ipynb" not in texts["alice/"] and "dave" not in texts["\uff44\uff41\uff56\uff45.ipynb"]  # not told the others
 
 
@@ -889,6 +890,19 @@ REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
                        "    if os.fork() == 0:\n        os.write(w, b'1' if ref(c, d, s) else b'0')\n        os._exit(0)\n"
                        "    os.close(w)\n    got = os.read(r, 1) == b'1'\n    os.close(r)\n    os.wait()\n    return got",
                        "a2 line 6: os.write(w, b'1' if ref(c, d, s) else b'0')"),
+    "unhooks_in_a_forked_helper": (f"import ctypes, os, sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n"
+                                   "    r, w = os.pipe()\n    if os.fork() == 0:\n"
+                                   "        ctypes.pythonapi.PyEval_SetProfile(None, None)\n"
+                                   "        os.write(w, b'1' if ref(c, d, s) else b'0')\n        os._exit(0)\n"
+                                   "    os.close(w)\n    got = os.read(r, 1) == b'1'\n    os.close(r)\n    os.wait()\n"
+                                   "    return got", "replaces or removes the grader's call watch"),
+    "unhooks_by_recursion_in_a_forked_helper": (  # one helper, forked as the cell runs, answers every call
+        f"import json, os, sys, simlib.protocol\nref = {REF}\ndef deep(n):\n    return deep(n + 1)\nr, w = os.pipe()\n"
+        "if os.fork() == 0:\n    try:\n        deep(0)\n    except RecursionError:\n        pass\n"
+        "    T = [[c, d, s, ref(c, d, s)] for c in range(9) for d in range(9) for s in range(4)]\n"
+        "    os.write(w, json.dumps(T).encode())\n    os._exit(0)\nos.close(w)\ndata = b''\nwhile chunk := os.read(r, 65536):\n"
+        "    data += chunk\nos.wait()\nT = {(c, d, s): got for c, d, s, got in json.loads(data)}\ndef g(c, d, s):\n"
+        "    return T[(c, d, s)]", "replaces or removes the grader's call watch"),
     "asks_a_helper_process": (f"import multiprocessing, sys, simlib.protocol\nref = {REF}\ndef ask(q, c, d, s):\n"
                               "    q.put(ref(c, d, s))\ndef g(c, d, s):\n    q = multiprocessing.get_context('fork').SimpleQueue()\n"
                               "    p = multiprocessing.get_context('fork').Process(target=ask, args=(q, c, d, s))\n"

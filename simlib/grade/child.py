@@ -22,7 +22,9 @@ grader compares with the master's replies (:func:`simlib.grade.gradebook.flags`)
 (``staleness_aware``) counts where a library function takes it as True, and where library code that reads
 it as an attribute runs on an object that has it True, however that object was made (the student's class
 borrowing ``StepRule.scale``, a rule's fields copied onto a fresh object). Processes the submission forks
-inherit the hook and send what they note up a pipe (:func:`_up`), which each reply takes in first.
+inherit the hook and send what they note up a pipe (:func:`_up`), which each reply takes in first; there, where no
+reply checks the hook, it is checked at every audited event and at ``os._exit``, and ``ctypes`` used by the student's
+code counts as removing it (:func:`_watch_forks`).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import json
 import marshal
 import os
 import platform
+import posix
 import shutil
 import resource
 import select
@@ -273,7 +276,7 @@ def _gather() -> None:
 # The hook's own functions and the channel's, taken before any submitted code runs (a submission may replace
 # sys.setprofile, or os.write to strip what a reply says it used).
 _SETPROFILE, _GETPROFILE, _THREAD_SETPROFILE = sys.setprofile, sys.getprofile, threading.setprofile
-_READ, _WRITE = os.read, os.write
+_READ, _WRITE, _EXIT = os.read, os.write, os._exit
 _START_THREAD = _thread.start_new_thread
 REF_CODES: dict[int, tuple[types.CodeType, str]] = {}  # id(code object) -> (it, the reference whose code it is, or
 # the reference keyword it takes)
@@ -455,6 +458,39 @@ def _hook(on: bool, recursion: bool = False) -> None:
     _THREAD_SETPROFILE(_profile if on else None)
 
 
+FORK: list[bool] = []  # in a process the submission forked: [whether the watch was on in the thread that forked]
+
+
+def _forked() -> None:
+    """``os.register_at_fork``'s hook in each new process: whether the watch it inherited was on."""
+    FORK[:] = [_GETPROFILE() is _profile]
+
+
+def _still_watched() -> None:
+    """In a forked process that inherited the watch, which no reply checks (:func:`serve` does in its own): if it was
+    removed (``ctypes``, a caught RecursionError), send that up (:func:`_up`) and put it back."""
+    if UP and os.getpid() != UP[0] and FORK[:1] != [False] and _GETPROFILE() is not _profile:
+        _up(["used", "the submission's code", 0, TAMPER])
+        _SETPROFILE(_profile)
+
+
+def _watch_forks(event: str, args: tuple) -> None:
+    """Audit hook (no submission removes one): in a forked process, the watch is checked at each audited event, and
+    ``ctypes`` used by the student's code (the tool that removes the watch unseen) counts as removing it."""
+    if UP and os.getpid() != UP[0]:
+        if event.startswith("ctypes.") and FORK[:1] != [False]:
+            asker = _asker(sys._getframe(1))
+            if asker is not None and _mine(asker):
+                _up(["used", "the submission's code", 0, TAMPER])
+        _still_watched()
+
+
+def _exit(status: int) -> None:
+    """``os._exit``, the watch checked first (:func:`_still_watched`): how forked processes end (multiprocessing too)."""
+    _still_watched()
+    _EXIT(status)
+
+
 def _start_new_thread(function: Any, args: tuple, kwargs: dict | None = None) -> int:
     """``_thread.start_new_thread``, the new thread under the profile hook where the thread starting it is (a thread of
     ``threading``'s gets it from ``threading.setprofile``; one started by ``_thread`` itself would run unwatched)."""
@@ -560,6 +596,9 @@ def main() -> None:
     control = private_control(0)
     UP[:] = [os.getpid(), *os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)]
     _thread.start_new_thread = _thread.start_new = threading._start_new_thread = _start_new_thread
+    os.register_at_fork(after_in_child=_forked)
+    os._exit = posix._exit = _exit
+    sys.addaudithook(_watch_forks)
     serve(plan["units"], control, cfg["result_fd"], plan.get("watch", []))
 
 
