@@ -29,7 +29,7 @@ from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
 from simlib.grade.child import syscall_filter
 from simlib.grade.export import uncell
-from simlib.grade.gradebook import Progress, check_hidden, clean, environment, find_submissions, grade_class, shown
+from simlib.grade.gradebook import Progress, check_hidden, clean, find_submissions, grade_class, shown
 from simlib.grade.sandbox import UID_BASE, Limits
 from simlib.grade.sandbox import bwrap_problem as sandbox_problem
 
@@ -1448,11 +1448,24 @@ OWN_CHEATS = {
 }
 
 
+# Answers a ready-made trainer gives, flagged to the instructor with the line (their values are right): 8 of 8 unflagged
+# before 02 declared scikit-learn's and the library's trainers as _REFERENCES.
+TRAINERS = {"02-hogwild.ipynb": {"trains_with_sklearn": {  # serial SGD from the shared weights, in worker 0
+    "part3-answer": "def hogwild_worker(worker_id, n_workers, data, w, epochs, lr, l2):\n    if worker_id == 0:\n"
+                    "        clf = SGDClassifier(loss='log_loss', alpha=l2, learning_rate='constant', eta0=lr, "
+                    "fit_intercept=False,\n                            shuffle=False, max_iter=epochs, tol=None)\n"
+                    "        with warnings.catch_warnings():\n            warnings.simplefilter('ignore')\n"
+                    "            clf.fit(data.to_scipy().astype(np.float64), data.y, coef_init=w.array.copy())\n"
+                    "        w.array[:] = clf.coef_.ravel()\n"
+                    "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
+}}}
+
+
 def cheat_notebook(master: str, cheat: str) -> dict[str, Any]:
     """The student version of ``master`` with ``cheat`` (a key of CHEATS or OWN_CHEATS[master]) in its answers."""
     nb = nbm.load(ASSIGNMENTS / master)
     answers = [c for c in nb["cells"] if c["cell_type"] == "code" and nbm.is_answer(c)]
-    own = OWN_CHEATS.get(master, {}).get(cheat)
+    own = {**OWN_CHEATS.get(master, {}), **TRAINERS.get(master, {})}.get(cheat)
     if own is None:
         answers[0]["source"] = CHEATS[cheat] + nbm.source(answers[0])
     for cell in answers if own else []:
@@ -1468,7 +1481,7 @@ def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
     subs.mkdir()
     shutil.copy(SOLUTIONS / master, subs / "solution.ipynb")
     shutil.copy(ASSIGNMENTS / master, subs / "blank.ipynb")
-    for cheat in [*CHEATS, *OWN_CHEATS.get(master, {})]:
+    for cheat in [*CHEATS, *OWN_CHEATS.get(master, {}), *TRAINERS.get(master, {})]:
         (subs / f"{cheat}.ipynb").write_text(nbm.dump(cheat_notebook(master, cheat)))
     course = tmp_path / "solutions"
     course.mkdir()
@@ -1478,13 +1491,20 @@ def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
     auto = [r for r in rows if r["status"] != "needs manual grading"]
     manual = [r for r in rows if r["status"] == "needs manual grading"]
     assert auto and manual
-    assert {r["student"] for r in rows} == {"solution", "blank", *CHEATS, *OWN_CHEATS.get(master, {})}
+    trainers = TRAINERS.get(master, {})
+    assert {r["student"] for r in rows} == {"solution", "blank", *CHEATS, *OWN_CHEATS.get(master, {}), *trainers}
     for r in auto:
+        if r["student"] in trainers:  # right values from a ready-made trainer: the points, flagged
+            assert r["points"] == "0" or r["status"] == "passed; flagged (notes.txt)", r
+            continue
         want = r["max_points"] if r["student"] == "solution" else "0"
         assert r["points"] == want, (r, (tmp_path / "out" / "feedback" / f"{r['student']}.txt").read_text())
     assert all(r["points"] == "0" and float(r["max_points"]) > 0 for r in manual)
     notes = (tmp_path / "out" / "notes.txt").read_text(encoding="utf-8")
     assert "solution: flagged" not in notes and "blank: flagged" not in notes, notes  # the watch flags no honest code
+    for cheat in trainers:
+        assert [r for r in auto if r["student"] == cheat and r["status"] == "passed; flagged (notes.txt)"], rows
+        assert f"{cheat}: flagged: " in notes and "the library's reference answer" in notes, notes
 
 
 def test_the_reference_answers_are_read_from_the_hidden_tests():
@@ -1507,7 +1527,10 @@ def test_the_reference_answers_are_read_from_the_hidden_tests():
         "simlib.costs.place", "simlib.costs.pipeline_orders", "simlib.costs.stash_peaks", "simlib.costs.schedule_timeline",
         "simlib.sim.network.ring_allreduce_time", "simlib.worker._buckets",
         "simlib.parallel.allreduce.Ring", "simlib.parallel.allreduce.ShmAllReduce", "simlib.course.large_batch.lamb_step",
-        "simlib.course.large_batch._lamb"}  # the grader's checks' own imports are not
+        "simlib.course.large_batch._lamb", "sklearn.linear_model._stochastic_gradient.fit_binary",
+        "sklearn.linear_model._stochastic_gradient.BaseSGDRegressor._fit_regressor",
+        "sklearn.linear_model._logistic._logistic_regression_path", "simlib.problems.logistic.LogisticProblem.local_steps",
+        "simlib.problems.logistic.LogisticProblem._keep"}  # the grader's checks' own imports are not
 
 
 # One master in the default run (the first assignment's), the rest with --heavy: nbgrader reads every master's cells

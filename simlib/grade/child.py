@@ -44,6 +44,7 @@ import os
 import platform
 import posix
 import shutil
+import signal
 import resource
 import select
 import socket
@@ -276,7 +277,7 @@ def _gather() -> None:
 # The hook's own functions and the channel's, taken before any submitted code runs (a submission may replace
 # sys.setprofile, or os.write to strip what a reply says it used).
 _SETPROFILE, _GETPROFILE, _THREAD_SETPROFILE = sys.setprofile, sys.getprofile, threading.setprofile
-_READ, _WRITE, _EXIT = os.read, os.write, os._exit
+_READ, _WRITE, _EXIT, _SIGNAL = os.read, os.write, os._exit, signal.signal
 _START_THREAD = _thread.start_new_thread
 REF_CODES: dict[int, tuple[types.CodeType, str]] = {}  # id(code object) -> (it, the reference whose code it is, or
 # the reference keyword it takes)
@@ -359,15 +360,43 @@ def _mine(frame: types.FrameType) -> bool:
 
 def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
     """The profile hook: note a call into a reference's code (see :func:`_ran`), or of a library function with a
-    reference keyword set True (``StepRule(**{"staleness" + "_aware": True})``), or a replacement of this hook."""
-    if event == "call":
-        seen = CALLED.get(id(frame.f_code))
-        if seen is None or seen[0] is not frame.f_code:
-            seen = CALLED[id(frame.f_code)] = (frame.f_code, _reference_of(frame.f_code))
-        if seen[1] is not None and ("." in seen[1] or _set(frame, seen[1])):
-            _ran(frame.f_back, seen[1])
-    elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals():
-        _ran(frame, TAMPER)
+    reference keyword set True (``StepRule(**{"staleness" + "_aware": True})``), or a replacement of this hook.
+    An exception raised in it (a signal handler's: a worker's SIGTERM) drops it; that is kept in RAISED, but for a
+    RecursionError."""
+    try:
+        if event == "call":
+            seen = CALLED.get(id(frame.f_code))
+            if seen is None or seen[0] is not frame.f_code:
+                seen = CALLED[id(frame.f_code)] = (frame.f_code, _reference_of(frame.f_code))
+            if seen[1] is not None and ("." in seen[1] or _set(frame, seen[1])):
+                _ran(frame.f_back, seen[1])
+        elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals():
+            _ran(frame, TAMPER)
+    except RecursionError:  # the recursion limit reached in here: a drop that a submission can cause at will
+        raise
+    except BaseException:
+        RAISED[:] = [True]
+        raise
+
+
+RAISED: list[bool] = []  # [True] once an exception went through the hook, which CPython then drops (or a signal
+# handler raised one, which may go through the hook as it starts, before its body can say so)
+
+
+def _signal(signum: int, handler: Any) -> Any:
+    """``signal.signal``, a Python handler wrapped to note in RAISED an exception it raises (a worker's SIGTERM)."""
+    if not callable(handler):
+        return _SIGNAL(signum, handler)
+
+    @functools.wraps(handler)
+    def noted(*args: Any) -> Any:
+        try:
+            return handler(*args)
+        except BaseException:
+            RAISED[:] = [True]
+            raise
+
+    return _SIGNAL(signum, noted)
 
 
 def _reference_of(code: types.CodeType) -> str | None:
@@ -468,16 +497,18 @@ def _forked() -> None:
 
 def _still_watched() -> None:
     """In a forked process that inherited the watch, which no reply checks (:func:`serve` does in its own): if it was
-    removed (``ctypes``, a caught RecursionError), send that up (:func:`_up`) and put it back."""
+    removed (``ctypes``, a caught RecursionError), send that up (:func:`_up`) and put it back. Dropped by an exception
+    that went through it (:data:`RAISED`: a SIGTERM's SystemExit, where a group stops its workers), it is put back."""
     if UP and os.getpid() != UP[0] and FORK[:1] != [False] and _GETPROFILE() is not _profile:
-        _up(["used", "the submission's code", 0, TAMPER])
+        if not (RAISED and _GETPROFILE() is None):
+            _up(["used", "the submission's code", 0, TAMPER])
         _SETPROFILE(_profile)
 
 
 def _watch_forks(event: str, args: tuple) -> None:
     """Audit hook (no submission removes one): in a forked process, the watch is checked at each audited event, and
     ``ctypes`` used by the student's code (the tool that removes the watch unseen) counts as removing it."""
-    if UP and os.getpid() != UP[0]:
+    if UP and os.getpid() != UP[0] and event != "sys.setprofile":  # which putting the watch back raises
         if event.startswith("ctypes.") and FORK[:1] != [False]:
             asker = _asker(sys._getframe(1))
             if asker is not None and _mine(asker):
@@ -598,6 +629,7 @@ def main() -> None:
     _thread.start_new_thread = _thread.start_new = threading._start_new_thread = _start_new_thread
     os.register_at_fork(after_in_child=_forked)
     os._exit = posix._exit = _exit
+    signal.signal = _signal
     sys.addaudithook(_watch_forks)
     serve(plan["units"], control, cfg["result_fd"], plan.get("watch", []))
 
