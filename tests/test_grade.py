@@ -690,11 +690,14 @@ def test_a_submission_using_the_reference_answer_is_flagged_with_its_line(hostil
     notes = (hostile_class["out"] / "notes.txt").read_text(encoding="utf-8")
     flagged = [line for line in notes.splitlines() if ": flagged: " in line]
     uses = "(uses simlib.protocol.may_read, the library's reference answer)"
+    watch = "(replaces or removes the grader's call watch, sys.setprofile: what its code ran is not known)"
     assert flagged == [  # the literal import, and the names built at run time (noted in the sandbox as they are read)
         f"builds_the_reference_name: flagged: a1 line 3: ref = getattr(importlib.import_module(name), 'may_' + 'read') {uses}",
         "builds_the_reference_name: flagged: a1 line 4: via = operator.attrgetter('may_' + 'read')(__import__(name, "
         f"fromlist=[''])) {uses}",
-        f"imports_reference: flagged: a1 line 2: from simlib.protocol import may_read {uses}"]
+        f"clone_parent: flagged: the submission's code {watch}",  # ctypes in a forked process: the watch counts as removed
+        f"imports_reference: flagged: a1 line 2: from simlib.protocol import may_read {uses}",
+        f"setsid_double_fork: flagged: the submission's code {watch}"]
     assert _rows(hostile_class["out"])[("imports_reference", "t1")] == (2, "passed; flagged (notes.txt)")
     assert _rows(hostile_class["out"])[("builds_the_reference_name", "t1")] == (2, "passed; flagged (notes.txt)")
     assert _rows(hostile_class["out"])[("good", "t1")] == (2, "passed")
