@@ -952,8 +952,19 @@ FORGES = ("import sys\nch = sys.modules['simlib.grade.child']\n"
           "def f(x):\n    return 2 * x + 1")
 
 
+# Honest: part 2 answered through a thread, and a forked helper that answers from a thread of its own; no flag.
+THREADS = ("import os, queue, threading\ndef g(c, d, s):\n    q = queue.Queue()\n"
+           "    threading.Thread(target=lambda: q.put(c - s <= d)).start()\n    got = q.get()\n    r, w = os.pipe()\n"
+           "    if os.fork() == 0:\n        t = threading.Thread(target=lambda: os.write(w, b'1' if got else b'0'))\n"
+           "        t.start()\n        t.join()\n        os._exit(0)\n    os.close(w)\n    out = os.read(r, 1) == b'1'\n"
+           "    os.close(r)\n    os.wait()\n    return out")
+
+
 def _write_reference_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict[str, Any]:
     (subs / "good.ipynb").write_text(nbm.dump(master))
+    honest = json.loads(json.dumps(master))
+    honest["cells"][3]["source"] = THREADS
+    (subs / "threads_and_a_helper.ipynb").write_text(nbm.dump(honest))
     for name, (code, _) in REACHES.items():
         nb = json.loads(json.dumps(master))
         nb["cells"][3]["source"] = code
@@ -978,6 +989,13 @@ def test_a_reference_reached_at_run_time_is_flagged_with_its_line(reference_clas
     assert _rows(reference_class["out"])[(student, "t2")] == (3, "passed; flagged (notes.txt)")
     assert _rows(reference_class["out"])[("good", "t2")] == (3, "passed")
     assert "good: flagged" not in notes
+
+
+def test_threads_and_forked_helpers_of_honest_code_are_not_flagged(reference_class):
+    """A thread of threading's sets its profile hook as it starts: once flagged as replacing the watch."""
+    notes = (reference_class["out"] / "notes.txt").read_text(encoding="utf-8")
+    assert "threads_and_a_helper: flagged" not in notes, notes
+    assert _rows(reference_class["out"])[("threads_and_a_helper", "t2")] == (3, "passed")
 
 
 def test_the_sandbox_cannot_write_text_into_the_notes(reference_class):

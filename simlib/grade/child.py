@@ -279,6 +279,7 @@ def _gather() -> None:
 _SETPROFILE, _GETPROFILE, _THREAD_SETPROFILE = sys.setprofile, sys.getprofile, threading.setprofile
 _READ, _WRITE, _EXIT, _SIGNAL = os.read, os.write, os._exit, signal.signal
 _START_THREAD = _thread.start_new_thread
+_THREAD_START = threading.Thread._bootstrap_inner.__code__  # where a thread of threading's sets its profile hook
 REF_CODES: dict[int, tuple[types.CodeType, str]] = {}  # id(code object) -> (it, the reference whose code it is, or
 # the reference keyword it takes)
 REF_OBJECTS: dict[int, tuple[Any, str]] = {}  # id(reference) -> (it, its dotted name)
@@ -370,7 +371,8 @@ def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
                 seen = CALLED[id(frame.f_code)] = (frame.f_code, _reference_of(frame.f_code))
             if seen[1] is not None and ("." in seen[1] or _set(frame, seen[1])):
                 _ran(frame.f_back, seen[1])
-        elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals():
+        elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals() and not (
+                frame.f_code is _THREAD_START and threading._profile_hook is _profile):  # a thread taking the hook
             _ran(frame, TAMPER)
     except RecursionError:  # the recursion limit reached in here: a drop that a submission can cause at will
         raise
@@ -499,7 +501,8 @@ def _still_watched() -> None:
     """In a forked process that inherited the watch, which no reply checks (:func:`serve` does in its own): if it was
     removed (``ctypes``, a caught RecursionError), send that up (:func:`_up`) and put it back. Dropped by an exception
     that went through it (:data:`RAISED`: a SIGTERM's SystemExit, where a group stops its workers), it is put back."""
-    if UP and os.getpid() != UP[0] and FORK[:1] != [False] and _GETPROFILE() is not _profile:
+    if (UP and os.getpid() != UP[0] and FORK[:1] != [False] and threading.current_thread() is threading.main_thread()
+            and _GETPROFILE() is not _profile):  # the thread that forked, not threads started since
         if not (RAISED and _GETPROFILE() is None):
             _up(["used", "the submission's code", 0, TAMPER])
         _SETPROFILE(_profile)
