@@ -565,9 +565,15 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
                 code = (marshal.loads(base64.b64decode(unit.pop("code"))) if "code" in unit
                         else compile(unit.pop("source"), f"<{unit['name']}>", "exec"))
                 exec(code, namespace)
-            ok, error = True, ""
+            ok, error, status = True, "", 0
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
             ok, error = False, describe(exc)
+            status = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+        if UP and os.getpid() != UP[0]:  # a forked process unwound into this loop (sys.exit in a child, a worker's
+            try:  # SIGTERM raised as it called os._exit): it ends here, and never replies as this process
+                _exit(status)
+            finally:
+                _EXIT(status)
         if hooked:
             _hook(False, error.startswith("RecursionError"))
         reply = {"seq": seq, "nonce": unit["nonce"], "ok": ok, "error": error, "values": values}
