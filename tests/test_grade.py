@@ -29,7 +29,7 @@ from simlib.grade import cgroup as cgroups
 from simlib.grade import notebook as nbm
 from simlib.grade.child import syscall_filter
 from simlib.grade.export import uncell
-from simlib.grade.gradebook import Progress, check_hidden, clean, environment, find_submissions, grade_class, shown
+from simlib.grade.gradebook import Progress, check_hidden, clean, find_submissions, grade_class, shown
 from simlib.grade.sandbox import UID_BASE, Limits
 from simlib.grade.sandbox import bwrap_problem as sandbox_problem
 
@@ -662,7 +662,8 @@ def test_collisions_are_kept_apart(hostile_class):
     assert "feedback for José" in texts["José"] and "feedback for Josи" in texts["Josи"]
     notes = (hostile_class["out"] / "notes.txt").read_text(encoding="utf-8")
     for group in ("alice/, alice.ipynb", "Bob.ipynb, bob.ipynb", "dave.ipynb, \uff44\uff41\uff56\uff45.ipynb"):
-        assert f"{group} name the same student up to case, width or accents" in notes, notes
+        assert notes.count(f"{group} name the same student up to case, width or accents") == 1, notes
+        assert hostile_class["log"].count(f"{group} name the same student up to case, width or accents") == 1
     assert "alice.ipynb" not in texts["alice/"] and "dave" not in texts["\uff44\uff41\uff56\uff45.ipynb"]  # not told the others
 
 
@@ -689,11 +690,14 @@ def test_a_submission_using_the_reference_answer_is_flagged_with_its_line(hostil
     notes = (hostile_class["out"] / "notes.txt").read_text(encoding="utf-8")
     flagged = [line for line in notes.splitlines() if ": flagged: " in line]
     uses = "(uses simlib.protocol.may_read, the library's reference answer)"
+    watch = "(replaces or removes the grader's call watch, sys.setprofile: what its code ran is not known)"
     assert flagged == [  # the literal import, and the names built at run time (noted in the sandbox as they are read)
         f"builds_the_reference_name: flagged: a1 line 3: ref = getattr(importlib.import_module(name), 'may_' + 'read') {uses}",
         "builds_the_reference_name: flagged: a1 line 4: via = operator.attrgetter('may_' + 'read')(__import__(name, "
         f"fromlist=[''])) {uses}",
-        f"imports_reference: flagged: a1 line 2: from simlib.protocol import may_read {uses}"]
+        f"clone_parent: flagged: the submission's code {watch}",  # ctypes in a forked process: the watch counts as removed
+        f"imports_reference: flagged: a1 line 2: from simlib.protocol import may_read {uses}",
+        f"setsid_double_fork: flagged: the submission's code {watch}"]
     assert _rows(hostile_class["out"])[("imports_reference", "t1")] == (2, "passed; flagged (notes.txt)")
     assert _rows(hostile_class["out"])[("builds_the_reference_name", "t1")] == (2, "passed; flagged (notes.txt)")
     assert _rows(hostile_class["out"])[("good", "t1")] == (2, "passed")
@@ -889,6 +893,19 @@ REACHES = {  # name: (part 2's answer, a fragment the flag must hold)
                        "    if os.fork() == 0:\n        os.write(w, b'1' if ref(c, d, s) else b'0')\n        os._exit(0)\n"
                        "    os.close(w)\n    got = os.read(r, 1) == b'1'\n    os.close(r)\n    os.wait()\n    return got",
                        "a2 line 6: os.write(w, b'1' if ref(c, d, s) else b'0')"),
+    "unhooks_in_a_forked_helper": (f"import ctypes, os, sys, simlib.protocol\nref = {REF}\ndef g(c, d, s):\n"
+                                   "    r, w = os.pipe()\n    if os.fork() == 0:\n"
+                                   "        ctypes.pythonapi.PyEval_SetProfile(None, None)\n"
+                                   "        os.write(w, b'1' if ref(c, d, s) else b'0')\n        os._exit(0)\n"
+                                   "    os.close(w)\n    got = os.read(r, 1) == b'1'\n    os.close(r)\n    os.wait()\n"
+                                   "    return got", "replaces or removes the grader's call watch"),
+    "unhooks_by_recursion_in_a_forked_helper": (  # one helper, forked as the cell runs, answers every call
+        f"import json, os, sys, simlib.protocol\nref = {REF}\ndef deep(n):\n    return deep(n + 1)\nr, w = os.pipe()\n"
+        "if os.fork() == 0:\n    try:\n        deep(0)\n    except RecursionError:\n        pass\n"
+        "    T = [[c, d, s, ref(c, d, s)] for c in range(9) for d in range(9) for s in range(4)]\n"
+        "    os.write(w, json.dumps(T).encode())\n    os._exit(0)\nos.close(w)\ndata = b''\nwhile chunk := os.read(r, 65536):\n"
+        "    data += chunk\nos.wait()\nT = {(c, d, s): got for c, d, s, got in json.loads(data)}\ndef g(c, d, s):\n"
+        "    return T[(c, d, s)]", "replaces or removes the grader's call watch"),
     "asks_a_helper_process": (f"import multiprocessing, sys, simlib.protocol\nref = {REF}\ndef ask(q, c, d, s):\n"
                               "    q.put(ref(c, d, s))\ndef g(c, d, s):\n    q = multiprocessing.get_context('fork').SimpleQueue()\n"
                               "    p = multiprocessing.get_context('fork').Process(target=ask, args=(q, c, d, s))\n"
@@ -935,8 +952,25 @@ FORGES = ("import sys\nch = sys.modules['simlib.grade.child']\n"
           "def f(x):\n    return 2 * x + 1")
 
 
+# Honest: part 2 answered through a thread, and a forked helper that answers from a thread of its own; no flag.
+THREADS = ("import os, queue, threading\ndef g(c, d, s):\n    q = queue.Queue()\n"
+           "    threading.Thread(target=lambda: q.put(c - s <= d)).start()\n    got = q.get()\n    r, w = os.pipe()\n"
+           "    if os.fork() == 0:\n        t = threading.Thread(target=lambda: os.write(w, b'1' if got else b'0'))\n"
+           "        t.start()\n        t.join()\n        os._exit(0)\n    os.close(w)\n    out = os.read(r, 1) == b'1'\n"
+           "    os.close(r)\n    os.wait()\n    return out")
+
+
+# Honest: a child forked as the cell runs ends with sys.exit, whose SystemExit unwinds the child's stack into the
+# grader's loop (as a worker's SIGTERM does when it lands in os._exit): it replied as the serving process before.
+EXITS = ("import os, sys\nif os.fork() == 0:\n    sys.exit(0)\nos.wait()\ndef g(c, d, s):\n    return c - s <= d")
+
+
 def _write_reference_class(subs: Path, master: dict, master_path: Path, out: Path) -> dict[str, Any]:
     (subs / "good.ipynb").write_text(nbm.dump(master))
+    for name, code in (("threads_and_a_helper", THREADS), ("exits_a_forked_child", EXITS)):
+        honest = json.loads(json.dumps(master))
+        honest["cells"][3]["source"] = code
+        (subs / f"{name}.ipynb").write_text(nbm.dump(honest))
     for name, (code, _) in REACHES.items():
         nb = json.loads(json.dumps(master))
         nb["cells"][3]["source"] = code
@@ -961,6 +995,14 @@ def test_a_reference_reached_at_run_time_is_flagged_with_its_line(reference_clas
     assert _rows(reference_class["out"])[(student, "t2")] == (3, "passed; flagged (notes.txt)")
     assert _rows(reference_class["out"])[("good", "t2")] == (3, "passed")
     assert "good: flagged" not in notes
+
+
+@pytest.mark.parametrize("student", ["threads_and_a_helper", "exits_a_forked_child"])
+def test_threads_and_forked_helpers_of_honest_code_are_not_flagged(reference_class, student):
+    """A thread of threading's sets its profile hook as it starts: once flagged as replacing the watch."""
+    notes = (reference_class["out"] / "notes.txt").read_text(encoding="utf-8")
+    assert f"{student}: flagged" not in notes, notes
+    assert _rows(reference_class["out"])[(student, "t2")] == (3, "passed")
 
 
 def test_the_sandbox_cannot_write_text_into_the_notes(reference_class):
@@ -1434,11 +1476,24 @@ OWN_CHEATS = {
 }
 
 
+# Answers a ready-made trainer gives, flagged to the instructor with the line (their values are right): 8 of 8 unflagged
+# before 02 declared scikit-learn's and the library's trainers as _REFERENCES.
+TRAINERS = {"02-hogwild.ipynb": {"trains_with_sklearn": {  # serial SGD from the shared weights, in worker 0
+    "part3-answer": "def hogwild_worker(worker_id, n_workers, data, w, epochs, lr, l2):\n    if worker_id == 0:\n"
+                    "        clf = SGDClassifier(loss='log_loss', alpha=l2, learning_rate='constant', eta0=lr, "
+                    "fit_intercept=False,\n                            shuffle=False, max_iter=epochs, tol=None)\n"
+                    "        with warnings.catch_warnings():\n            warnings.simplefilter('ignore')\n"
+                    "            clf.fit(data.to_scipy().astype(np.float64), data.y, coef_init=w.array.copy())\n"
+                    "        w.array[:] = clf.coef_.ravel()\n"
+                    "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
+}}}
+
+
 def cheat_notebook(master: str, cheat: str) -> dict[str, Any]:
     """The student version of ``master`` with ``cheat`` (a key of CHEATS or OWN_CHEATS[master]) in its answers."""
     nb = nbm.load(ASSIGNMENTS / master)
     answers = [c for c in nb["cells"] if c["cell_type"] == "code" and nbm.is_answer(c)]
-    own = OWN_CHEATS.get(master, {}).get(cheat)
+    own = {**OWN_CHEATS.get(master, {}), **TRAINERS.get(master, {})}.get(cheat)
     if own is None:
         answers[0]["source"] = CHEATS[cheat] + nbm.source(answers[0])
     for cell in answers if own else []:
@@ -1454,7 +1509,7 @@ def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
     subs.mkdir()
     shutil.copy(SOLUTIONS / master, subs / "solution.ipynb")
     shutil.copy(ASSIGNMENTS / master, subs / "blank.ipynb")
-    for cheat in [*CHEATS, *OWN_CHEATS.get(master, {})]:
+    for cheat in [*CHEATS, *OWN_CHEATS.get(master, {}), *TRAINERS.get(master, {})]:
         (subs / f"{cheat}.ipynb").write_text(nbm.dump(cheat_notebook(master, cheat)))
     course = tmp_path / "solutions"
     course.mkdir()
@@ -1464,13 +1519,20 @@ def test_solution_scores_full_marks_and_student_version_zero(tmp_path, master):
     auto = [r for r in rows if r["status"] != "needs manual grading"]
     manual = [r for r in rows if r["status"] == "needs manual grading"]
     assert auto and manual
-    assert {r["student"] for r in rows} == {"solution", "blank", *CHEATS, *OWN_CHEATS.get(master, {})}
+    trainers = TRAINERS.get(master, {})
+    assert {r["student"] for r in rows} == {"solution", "blank", *CHEATS, *OWN_CHEATS.get(master, {}), *trainers}
     for r in auto:
+        if r["student"] in trainers:  # right values from a ready-made trainer: the points, flagged
+            assert r["points"] == "0" or r["status"] == "passed; flagged (notes.txt)", r
+            continue
         want = r["max_points"] if r["student"] == "solution" else "0"
         assert r["points"] == want, (r, (tmp_path / "out" / "feedback" / f"{r['student']}.txt").read_text())
     assert all(r["points"] == "0" and float(r["max_points"]) > 0 for r in manual)
     notes = (tmp_path / "out" / "notes.txt").read_text(encoding="utf-8")
     assert "solution: flagged" not in notes and "blank: flagged" not in notes, notes  # the watch flags no honest code
+    for cheat in trainers:
+        assert [r for r in auto if r["student"] == cheat and r["status"] == "passed; flagged (notes.txt)"], rows
+        assert f"{cheat}: flagged: " in notes and "the library's reference answer" in notes, notes
 
 
 def test_the_reference_answers_are_read_from_the_hidden_tests():
@@ -1493,7 +1555,10 @@ def test_the_reference_answers_are_read_from_the_hidden_tests():
         "simlib.costs.place", "simlib.costs.pipeline_orders", "simlib.costs.stash_peaks", "simlib.costs.schedule_timeline",
         "simlib.sim.network.ring_allreduce_time", "simlib.worker._buckets",
         "simlib.parallel.allreduce.Ring", "simlib.parallel.allreduce.ShmAllReduce", "simlib.course.large_batch.lamb_step",
-        "simlib.course.large_batch._lamb"}  # the grader's checks' own imports are not
+        "simlib.course.large_batch._lamb", "sklearn.linear_model._stochastic_gradient.fit_binary",
+        "sklearn.linear_model._stochastic_gradient.BaseSGDRegressor._fit_regressor",
+        "sklearn.linear_model._logistic._logistic_regression_path", "simlib.problems.logistic.LogisticProblem.local_steps",
+        "simlib.problems.logistic.LogisticProblem.gradient"}  # the grader's checks' own imports are not
 
 
 # One master in the default run (the first assignment's), the rest with --heavy: nbgrader reads every master's cells

@@ -22,7 +22,9 @@ grader compares with the master's replies (:func:`simlib.grade.gradebook.flags`)
 (``staleness_aware``) counts where a library function takes it as True, and where library code that reads
 it as an attribute runs on an object that has it True, however that object was made (the student's class
 borrowing ``StepRule.scale``, a rule's fields copied onto a fresh object). Processes the submission forks
-inherit the hook and send what they note up a pipe (:func:`_up`), which each reply takes in first.
+inherit the hook and send what they note up a pipe (:func:`_up`), which each reply takes in first; there, where no
+reply checks the hook, it is checked at every audited event and at ``os._exit``, and ``ctypes`` used by the student's
+code counts as removing it (:func:`_watch_forks`).
 """
 from __future__ import annotations
 
@@ -40,7 +42,9 @@ import json
 import marshal
 import os
 import platform
+import posix
 import shutil
+import signal
 import resource
 import select
 import socket
@@ -273,8 +277,9 @@ def _gather() -> None:
 # The hook's own functions and the channel's, taken before any submitted code runs (a submission may replace
 # sys.setprofile, or os.write to strip what a reply says it used).
 _SETPROFILE, _GETPROFILE, _THREAD_SETPROFILE = sys.setprofile, sys.getprofile, threading.setprofile
-_READ, _WRITE = os.read, os.write
+_READ, _WRITE, _EXIT, _SIGNAL = os.read, os.write, os._exit, signal.signal
 _START_THREAD = _thread.start_new_thread
+_THREAD_START = threading.Thread._bootstrap_inner.__code__  # where a thread of threading's sets its profile hook
 REF_CODES: dict[int, tuple[types.CodeType, str]] = {}  # id(code object) -> (it, the reference whose code it is, or
 # the reference keyword it takes)
 REF_OBJECTS: dict[int, tuple[Any, str]] = {}  # id(reference) -> (it, its dotted name)
@@ -356,15 +361,44 @@ def _mine(frame: types.FrameType) -> bool:
 
 def _profile(frame: types.FrameType, event: str, arg: Any) -> None:
     """The profile hook: note a call into a reference's code (see :func:`_ran`), or of a library function with a
-    reference keyword set True (``StepRule(**{"staleness" + "_aware": True})``), or a replacement of this hook."""
-    if event == "call":
-        seen = CALLED.get(id(frame.f_code))
-        if seen is None or seen[0] is not frame.f_code:
-            seen = CALLED[id(frame.f_code)] = (frame.f_code, _reference_of(frame.f_code))
-        if seen[1] is not None and ("." in seen[1] or _set(frame, seen[1])):
-            _ran(frame.f_back, seen[1])
-    elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals():
-        _ran(frame, TAMPER)
+    reference keyword set True (``StepRule(**{"staleness" + "_aware": True})``), or a replacement of this hook.
+    An exception raised in it (a signal handler's: a worker's SIGTERM) drops it; that is kept in RAISED, but for a
+    RecursionError."""
+    try:
+        if event == "call":
+            seen = CALLED.get(id(frame.f_code))
+            if seen is None or seen[0] is not frame.f_code:
+                seen = CALLED[id(frame.f_code)] = (frame.f_code, _reference_of(frame.f_code))
+            if seen[1] is not None and ("." in seen[1] or _set(frame, seen[1])):
+                _ran(frame.f_back, seen[1])
+        elif event == "c_call" and arg is _SETPROFILE and frame.f_globals is not globals() and not (
+                frame.f_code is _THREAD_START and threading._profile_hook is _profile):  # a thread taking the hook
+            _ran(frame, TAMPER)
+    except RecursionError:  # the recursion limit reached in here: a drop that a submission can cause at will
+        raise
+    except BaseException:
+        RAISED[:] = [True]
+        raise
+
+
+RAISED: list[bool] = []  # [True] once an exception went through the hook, which CPython then drops (or a signal
+# handler raised one, which may go through the hook as it starts, before its body can say so)
+
+
+def _signal(signum: int, handler: Any) -> Any:
+    """``signal.signal``, a Python handler wrapped to note in RAISED an exception it raises (a worker's SIGTERM)."""
+    if not callable(handler):
+        return _SIGNAL(signum, handler)
+
+    @functools.wraps(handler)
+    def noted(*args: Any) -> Any:
+        try:
+            return handler(*args)
+        except BaseException:
+            RAISED[:] = [True]
+            raise
+
+    return _SIGNAL(signum, noted)
 
 
 def _reference_of(code: types.CodeType) -> str | None:
@@ -455,6 +489,42 @@ def _hook(on: bool, recursion: bool = False) -> None:
     _THREAD_SETPROFILE(_profile if on else None)
 
 
+FORK: list[bool] = []  # in a process the submission forked: [whether the watch was on in the thread that forked]
+
+
+def _forked() -> None:
+    """``os.register_at_fork``'s hook in each new process: whether the watch it inherited was on."""
+    FORK[:] = [_GETPROFILE() is _profile]
+
+
+def _still_watched() -> None:
+    """In a forked process that inherited the watch, which no reply checks (:func:`serve` does in its own): if it was
+    removed (``ctypes``, a caught RecursionError), send that up (:func:`_up`) and put it back. Dropped by an exception
+    that went through it (:data:`RAISED`: a SIGTERM's SystemExit, where a group stops its workers), it is put back."""
+    if (UP and os.getpid() != UP[0] and FORK[:1] != [False] and threading.current_thread() is threading.main_thread()
+            and _GETPROFILE() is not _profile):  # the thread that forked, not threads started since
+        if not (RAISED and _GETPROFILE() is None):
+            _up(["used", "the submission's code", 0, TAMPER])
+        _SETPROFILE(_profile)
+
+
+def _watch_forks(event: str, args: tuple) -> None:
+    """Audit hook (no submission removes one): in a forked process, the watch is checked at each audited event, and
+    ``ctypes`` used by the student's code (the tool that removes the watch unseen) counts as removing it."""
+    if UP and os.getpid() != UP[0] and event != "sys.setprofile":  # which putting the watch back raises
+        if event.startswith("ctypes.") and FORK[:1] != [False]:
+            asker = _asker(sys._getframe(1))
+            if asker is not None and _mine(asker):
+                _up(["used", "the submission's code", 0, TAMPER])
+        _still_watched()
+
+
+def _exit(status: int) -> None:
+    """``os._exit``, the watch checked first (:func:`_still_watched`): how forked processes end (multiprocessing too)."""
+    _still_watched()
+    _EXIT(status)
+
+
 def _start_new_thread(function: Any, args: tuple, kwargs: dict | None = None) -> int:
     """``_thread.start_new_thread``, the new thread under the profile hook where the thread starting it is (a thread of
     ``threading``'s gets it from ``threading.setprofile``; one started by ``_thread`` itself would run unwatched)."""
@@ -495,9 +565,15 @@ def serve(plan: list[dict[str, Any]], control: int, result_fd: int, refs: list[s
                 code = (marshal.loads(base64.b64decode(unit.pop("code"))) if "code" in unit
                         else compile(unit.pop("source"), f"<{unit['name']}>", "exec"))
                 exec(code, namespace)
-            ok, error = True, ""
+            ok, error, status = True, "", 0
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt are the submission's too
             ok, error = False, describe(exc)
+            status = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+        if UP and os.getpid() != UP[0]:  # a forked process unwound into this loop (sys.exit in a child, a worker's
+            try:  # SIGTERM raised as it called os._exit): it ends here, and never replies as this process
+                _exit(status)
+            finally:
+                _EXIT(status)
         if hooked:
             _hook(False, error.startswith("RecursionError"))
         reply = {"seq": seq, "nonce": unit["nonce"], "ok": ok, "error": error, "values": values}
@@ -560,6 +636,10 @@ def main() -> None:
     control = private_control(0)
     UP[:] = [os.getpid(), *os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)]
     _thread.start_new_thread = _thread.start_new = threading._start_new_thread = _start_new_thread
+    os.register_at_fork(after_in_child=_forked)
+    os._exit = posix._exit = _exit
+    signal.signal = _signal
+    sys.addaudithook(_watch_forks)
     serve(plan["units"], control, cfg["result_fd"], plan.get("watch", []))
 
 

@@ -463,7 +463,7 @@ def grade_class(master_path: Path, submissions: Path, out_dir: Path, limits: Lim
     if note:  # after every check of the arguments, so a bad one is still answered in one line
         print(note, file=log)
     stale = sweep_scratch()
-    notes += [n for sub in found for n in sub.notes]
+    notes += list(dict.fromkeys(n for sub in found for n in sub.notes))  # a clash's note is on each of its entries
     notes += [f"removed {len(stale)} scratch folder(s) of graders that were killed"] if stale else []
     for line in notes:
         print(f"note: {clean(line)}", file=log)
