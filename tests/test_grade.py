@@ -1487,6 +1487,13 @@ TRAINERS = {"02-hogwild.ipynb": {"trains_with_sklearn": {  # serial SGD from the
                     "        w.array[:] = clf.coef_.ravel()\n"
                     "    return epochs * (data.n_rows * (worker_id + 1) // n_workers - data.n_rows * worker_id // n_workers)",
 }}}
+# The same, its worker first silencing the grader's watch from inside the sandbox (its note pipe closed, its functions
+# replaced): two held-out cheats that scored full marks unflagged; the trainer's name in the answer is flagged.
+TRAINERS["02-hogwild.ipynb"]["trains_with_sklearn_unwatched"] = {"part3-answer": TRAINERS["02-hogwild.ipynb"][
+    "trains_with_sklearn"]["part3-answer"].replace(
+    "    if worker_id == 0:\n", "    import os, sys\n    ch = sys.modules['simlib.grade.child']\n"
+    "    ch._up = ch._note = lambda *a: None\n    ch.RAN.clear()\n    for fd in ch.UP[1:]:\n        os.close(fd)\n"
+    "    if worker_id == 0:\n", 1)}
 
 
 def cheat_notebook(master: str, cheat: str) -> dict[str, Any]:
