@@ -1071,10 +1071,12 @@ CGROUP_ATTACKS = {  # name: (code replacing part 1's answer, (t1, t2) points, te
                        "    except OSError:\n        break\nif os.getpid() != pid0:\n    time.sleep(30)\n    os._exit(0)" + F,
                        (0, 3), "more than 32 processes at once (--max-procs, the cgroup's pids.max"),
     # one child that goes on forking after its cell has returned (a fork every 5 ms): still growing at the
-    # cell's end, the crowd is that cell's, not the next one's, whenever it reaches the limit
-    "slow_fork_bomb": ("import os, time\nif os.fork() == 0:\n    for _ in range(60):\n        time.sleep(0.005)\n"
-                       "        try:\n            if os.fork() == 0:\n                time.sleep(30)\n"
-                       "                os._exit(0)\n        except OSError:\n            break\n    os._exit(0)" + F,
+    # cell's end, the crowd is that cell's, not the next one's, whenever it reaches the limit; f (called by the
+    # tests' cell) waits for the child's loop to end, so the limit is reached however slowly the machine forks
+    "slow_fork_bomb": ("import os, time\nr, w = os.pipe()\nif os.fork() == 0:\n    for _ in range(60):\n"
+                       "        time.sleep(0.005)\n        try:\n            if os.fork() == 0:\n                os.close(w)\n"
+                       "                time.sleep(30)\n                os._exit(0)\n        except OSError:\n            break\n"
+                       "    os._exit(0)\nos.close(w)\ndef f():\n    os.read(r, 1)\n    return 1",
                        (0, 3), "more than 32 processes at once (--max-procs, the cgroup's pids.max"),
     # two processes of 240 MB each (each under the 400 MB per process, 480 MB with the interpreter
     # together: over --memory-mb, yet under the watcher's 800 MB resident in all)
