@@ -530,7 +530,8 @@ def _check_student(graded, student):
     points, reason = graded["expect"][student]
     rows, texts = _rows(graded["out"]), _feedback(graded["out"])
     text = texts[clean(student, [])]
-    assert (rows[(student, "t1")][0], rows[(student, "t2")][0]) == points, text
+    got = (rows[(student, "t1")][0], rows[(student, "t2")][0])
+    assert all(g in (want if isinstance(want, tuple) else (want,)) for g, want in zip(got, points)), text
     assert rows[(student, "q")] == (0, "needs manual grading")
     if reason is not None:
         assert reason in text, text
@@ -1072,12 +1073,13 @@ CGROUP_ATTACKS = {  # name: (code replacing part 1's answer, (t1, t2) points, te
                        (0, 3), "more than 32 processes at once (--max-procs, the cgroup's pids.max"),
     # one child that goes on forking after its cell has returned (a fork every 5 ms): still growing at the
     # cell's end, the crowd is that cell's, not the next one's, whenever it reaches the limit; f (called by the
-    # tests' cell) waits for the child's loop to end, so the limit is reached however slowly the machine forks
+    # tests' cell) waits for the child's loop to end, so the limit is reached however slowly the machine forks.
+    # Part 2 keeps its points or is stopped with the crowd, as the load orders the two (0 beside 4 busy loops)
     "slow_fork_bomb": ("import os, time\nr, w = os.pipe()\nif os.fork() == 0:\n    for _ in range(60):\n"
                        "        time.sleep(0.005)\n        try:\n            if os.fork() == 0:\n                os.close(w)\n"
                        "                time.sleep(30)\n                os._exit(0)\n        except OSError:\n            break\n"
                        "    os._exit(0)\nos.close(w)\ndef f():\n    os.read(r, 1)\n    return 1",
-                       (0, 3), "more than 32 processes at once (--max-procs, the cgroup's pids.max"),
+                       (0, (0, 3)), "more than 32 processes at once (--max-procs, the cgroup's pids.max"),
     # two processes of 240 MB each (each under the 400 MB per process, 480 MB with the interpreter
     # together: over --memory-mb, yet under the watcher's 800 MB resident in all)
     "two_processes_over_memory": ("import os, time\nn = 240 * 2**20\npid = os.fork()\nif pid == 0:\n    a = b'x' * n\n"
@@ -1564,7 +1566,8 @@ def test_the_reference_answers_are_read_from_the_hidden_tests():
         "simlib.costs.place", "simlib.costs.pipeline_orders", "simlib.costs.stash_peaks", "simlib.costs.schedule_timeline",
         "simlib.sim.network.ring_allreduce_time", "simlib.worker._buckets",
         "simlib.parallel.allreduce.Ring", "simlib.parallel.allreduce.ShmAllReduce", "simlib.course.large_batch.lamb_step",
-        "simlib.course.large_batch._lamb", "sklearn.linear_model._stochastic_gradient.fit_binary",
+        "simlib.course.large_batch._lamb", "sklearn.linear_model.SGDClassifier", "sklearn.linear_model.LogisticRegression",
+        "sklearn.linear_model._stochastic_gradient.fit_binary",
         "sklearn.linear_model._stochastic_gradient.BaseSGDRegressor._fit_regressor",
         "sklearn.linear_model._logistic._logistic_regression_path", "simlib.problems.logistic.LogisticProblem.local_steps",
         "simlib.problems.logistic.LogisticProblem.gradient"}  # the grader's checks' own imports are not
