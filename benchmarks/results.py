@@ -35,10 +35,12 @@ def _when(row: dict[str, Any]) -> str:
 
 
 def short_table(rows: Sequence[dict[str, Any]]) -> str:
-    """One line per workload: its latest ratio against its peer (the README's table)."""
+    """One line per headline workload: its latest ratio against its peer (the README's table); a workload that a
+    later record ``replaces`` (the same script's figure, measured another way) is left out."""
+    gone = {(r["script"], r["replaces"]) for r in rows if r.get("replaces")}
     lines = ["| workload | against | simlib / peer | measured |", "|---|---|---|---|"]
     lines += [f"| {r['workload']} | {r['peer']} | {_ratio(r)} {r['measure']} | {r['date']}, {r['commit']} |"
-              for r in latest(rows) if r.get("headline")]
+              for r in latest(rows) if r.get("headline") and (r["script"], r["workload"]) not in gone]
     return "\n".join(lines)
 
 

@@ -43,6 +43,16 @@ def test_the_latest_record_of_each_workload_is_the_one_shown(tmp_path):
     assert with_table(f"a\n{BEGIN}\nold\n{END}\nb\n", table) == f"a\n{BEGIN}\n{table}\n{END}\nb\n"
 
 
+def test_a_workload_a_later_record_replaces_leaves_the_readme_table(tmp_path):
+    row = {"peer": "sklearn", "measure": "nonzeros/s", "machine": "m", "load": 1, "commit": "abc", "headline": True}
+    with (tmp_path / "hogwild.jsonl").open("w") as f:
+        f.write(json.dumps({**row, "workload": "async", "ratio": 1.6, "date": "2026-11-20"}) + "\n")
+        f.write(json.dumps({**row, "workload": "ssp", "ratio": 1.5, "date": "2026-11-21", "replaces": "async"}) + "\n")
+    (tmp_path / "lda.jsonl").write_text(json.dumps({**row, "workload": "async", "ratio": 2.0, "date": "2026-11-20"}))
+    assert short_table(load(tmp_path)).splitlines()[2:] == ["| ssp | sklearn | **1.5x** nonzeros/s | 2026-11-21, abc |",
+                                                            "| async | sklearn | **2x** nonzeros/s | 2026-11-20, abc |"]
+
+
 def test_a_record_missing_a_field_is_refused(tmp_path):
     (tmp_path / "x.jsonl").write_text(json.dumps({"workload": "w", "peer": "p", "ratio": 1.0}) + "\n")
     with pytest.raises(ValueError, match="x.jsonl, line 1: a record needs measure, machine, load, commit, date"):
@@ -55,8 +65,11 @@ def test_the_readme_table_and_the_results_page_are_the_records():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     readme = (ROOT / "README.md").read_text()
     shown = readme.split(BEGIN, 1)[1].split(END, 1)[0]
-    headline = [r for r in latest(load()) if r.get("headline")]
+    rows = load()
+    gone = {(r["script"], r["replaces"]) for r in rows if r.get("replaces")}
+    headline = [r for r in latest(rows) if r.get("headline") and (r["script"], r["workload"]) not in gone]
     assert len(headline) >= 10 and all(f"| {r['workload']} |" in shown for r in headline)
+    assert not any(f"| {workload} |" in shown for _, workload in gone)
 
 
 def test_every_benchmark_with_a_peer_writes_a_record():
