@@ -13,13 +13,14 @@ N = 2_000_000
 
 
 @njit(nogil=True)
-def _add_many(arr, ones, atomic):  # pragma: no cover - compiled
+def _add_many(arr, ones, atomic, passes=1):  # pragma: no cover - compiled
     # ``ones`` may alias ``arr`` as far as the compiler knows, so the plain adds stay one load and store each
-    for i in range(ones.shape[0]):
-        if atomic:
-            atomic_add(arr, 0, ones[i])
-        else:
-            arr[0] += ones[i]
+    for _ in range(passes):
+        for i in range(ones.shape[0]):
+            if atomic:
+                atomic_add(arr, 0, ones[i])
+            else:
+                arr[0] += ones[i]
 
 
 @njit(nogil=True)
@@ -55,13 +56,17 @@ def test_atomic_adds_from_two_threads_lose_nothing(dtype):
 
 
 def test_the_same_adds_without_atomics_lose_some():
-    """The check above can fail: two threads' plain read-modify-writes lose updates (it tries a few times)."""
+    """The check above can fail: two threads' plain read-modify-writes lose updates (it tries a few times).
+
+    Each thread adds 25 x N times (~0.1 s): where the machine is busy and both threads share one core, a thread
+    preempted between its load and its store writes back a stale count, which only a run of many time slices
+    makes sure to happen (at N adds, a few ms, 20 tries once lost nothing beside the suite)."""
     lost = False
     for _ in range(20):
         arr = np.zeros(1, np.int64)
         ones = np.ones(N, np.int64)
-        _two_threads(_add_many, (arr, ones, False), (arr, ones, False))
-        if arr[0] < 2 * N:
+        _two_threads(_add_many, (arr, ones, False, 25), (arr, ones, False, 25))
+        if arr[0] < 2 * 25 * N:
             lost = True
             break
     assert lost
