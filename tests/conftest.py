@@ -1,17 +1,5 @@
 """Shared fixtures: small problems that build in milliseconds; the ``--heavy`` option."""
-import os
-from pathlib import Path
-
 import pytest
-
-# NOTE: numba's on-disk cache is not safe for two processes writing one kernel's entries at once, and on a fresh
-# checkout the suite's two processes compile the same kernels side by side: each can overwrite the other's cache
-# file, and a process may then load a kernel under another signature's entry. Beside two busy loops a forked-worker
-# test found GloVe's kernel without the signature its warm-up had just compiled ("No matching definition"), the
-# likely cause. Each xdist process keeps its own cache (set before any test module imports numba).
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    _base = os.environ.get("NUMBA_CACHE_DIR") or str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "numba")
-    os.environ["NUMBA_CACHE_DIR"] = os.path.join(_base, os.environ["PYTEST_XDIST_WORKER"])
 
 
 def pytest_configure(config):

@@ -83,34 +83,41 @@ def test_model_parallel_lowers_the_cost_and_records_it_per_epoch(cooc):
 
 
 @pytest.mark.parametrize("how", ["model", "async", "bsp"])
-def test_forked_workers_never_compile_a_kernel(cooc, how):
+def test_forked_workers_never_compile_a_kernel(cooc, how, monkeypatch):
     """The parent compiles every kernel the workers call, with their argument types. Two workers
     compiling at once on a fresh checkout (writing numba's cache together) died with SIGSEGV in CI.
-    With compiling switched off after the warm-up, forked workers needing a new signature would fail."""
+    With compiling switched off in the parent as it forks the workers, one needing a new signature would fail."""
     from numba.core.registry import CPUDispatcher
 
     import simlib.problems.glove as problems_glove
     import simlib.problems.glove_slices as glove_slices
     import simlib.problems.glove_table as glove_table
+    from simlib.parallel.group import WorkerGroup
 
-    # the warm-up runs in the parent; this run compiles what it needs there (model: batches of 1,000 and a last,
-    # shorter one, as below)
-    (split(cooc, 1, batch=1000) if how == "model" else on_shm(cooc, how, 1))
-    if how == "model":
-        assert glove_slices.partial_dots_kernel.signatures and glove_slices.slice_update_kernel.signatures
-    kernels = [k for m in (glove_slices, problems_glove, glove_table) for k in vars(m).values()
-               if isinstance(k, CPUDispatcher) and k.signatures]  # compiled here (the others: never called)
-    for k in kernels:
-        k.disable_compile()
+    # NOTE: switched off as the group starts, not after an earlier run of the same problem: the parent's warm-up may
+    # compile, the workers may not (switched off after an earlier run, the warm-up found a signature that run had
+    # compiled missing, twice in fresh-clone runs of the suite; why is not known)
+    kernels, run = [], WorkerGroup.run
+
+    def run_switched_off(group, *args, **kwargs):
+        kernels.extend(k for m in (glove_slices, problems_glove, glove_table) for k in vars(m).values()
+                       if isinstance(k, CPUDispatcher) and k.signatures)  # compiled here (the others: never called)
+        for k in kernels:
+            k.disable_compile()
+        return run(group, *args, **kwargs)
+
+    monkeypatch.setattr(WorkerGroup, "run", run_switched_off)
     try:
         # forked: the switched-off compiler is inherited
         prob, res = (split(cooc, 1, batch=1000, start_method="fork") if how == "model"
                      else on_shm(cooc, how, 1, start_method="fork"))
-        costs = prob.epoch_costs(res)
     finally:
         for k in kernels:
             k.disable_compile(False)
-    assert len(costs) == 1 and np.isfinite(costs).all()
+    costs = prob.epoch_costs(res)
+    assert kernels and len(costs) == 1 and np.isfinite(costs).all()
+    if how == "model":  # the parent compiled the model-parallel kernels before the workers forked
+        assert glove_slices.partial_dots_kernel in kernels and glove_slices.slice_update_kernel in kernels
 
 
 def test_model_parallel_does_not_depend_on_worker_count(cooc):
