@@ -82,6 +82,17 @@ def test_bsp_waits_for_the_slower_worker_and_learns(data) -> None:
     assert res.trace.quality[-1].value < res.trace.quality[0].value
 
 
+def test_ssp_in_place_a_worker_at_its_bound_waits_for_a_whole_chunk(data) -> None:
+    """Worker 1 sleeps after each chunk, so worker 0 reaches the bound (2 chunks ahead) again and again; it waits until
+    a whole chunk may run, not running chunks of a step or two, each with its replica's push, meanwhile."""
+    _, res = sgd(data, "ssp:100", n_workers=2, epochs=1, chunk=50, hot_keys=100, straggler=(1, 0.002),
+                 start_method="fork", timeout=60)
+    per_worker = np.bincount([u.worker for u in res.trace.updates], minlength=2)
+    assert per_worker.tolist() == [2_000 // 50] * 2  # every chunk whole: 2,000 rows a worker
+    assert max(u.clock_lag for u in res.trace.updates) <= 100
+    assert res.trace.busy_time("wait") > 0  # the bound did bind
+
+
 def _broken(data, **changes):
     """A copy of ``data`` with fields replaced after construction (skipping its own checks)."""
     bad = dataclasses.replace(data)

@@ -293,7 +293,14 @@ class _ShmWorker(Timed):
     def gate(self, effect: Gate) -> int:
         c, setup = effect.step, self.setup
         t0 = time.perf_counter()
-        self.completed, waited = _wait_to_read(self.read_rule or may_read, c, self.steps_done, self.bound)
+        # NOTE: in place under a bound (SSP) a worker ahead waits until a whole chunk may run, not only its first
+        # step: each chunk ends in a look at the clocks and a replica's push (hot_keys: every replicated key), and a
+        # worker at its bound ran chunks of a step or two back to back (2 Hogwild! processes with replicas under
+        # SSP: median 1.29-1.44x scikit-learn against async's 1.59-1.61x). Waiting longer than the bound asks is
+        # allowed; the worker's own clock lets it, so nobody waits for a worker that waits (chunk - 1 <= bound).
+        want = min(setup.chunk, self.training.steps - c) if setup.fast and not self.read_rule else 1
+        last = c + want - 1 if want - 1 <= self.bound else c
+        self.completed, waited = _wait_to_read(self.read_rule or may_read, last, self.steps_done, self.bound)
         t1 = time.perf_counter()
         if waited or not setup.fast:
             self.ctx.span("wait", t0, t1, step=c)
