@@ -34,10 +34,16 @@ def _when(row: dict[str, Any]) -> str:
     return f"{row['date']}, {row['commit']}, load {row['load']}{source}"
 
 
+def replaced(rows: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(script, workload) of every workload a record ``replaces`` (one name, or a list of them)."""
+    return {(r["script"], name) for r in rows if r.get("replaces")
+            for name in ([r["replaces"]] if isinstance(r["replaces"], str) else r["replaces"])}
+
+
 def short_table(rows: Sequence[dict[str, Any]]) -> str:
     """One line per headline workload: its latest ratio against its peer (the README's table); a workload that a
-    later record ``replaces`` (the same script's figure, measured another way) is left out."""
-    gone = {(r["script"], r["replaces"]) for r in rows if r.get("replaces")}
+    later record ``replaces`` (a name or a list of names: the same script's figure, measured another way) is left out."""
+    gone = replaced(rows)
     lines = ["| workload | against | simlib / peer | measured |", "|---|---|---|---|"]
     lines += [f"| {r['workload']} | {r['peer']} | {_ratio(r)} {r['measure']} | {r['date']}, {r['commit']} |"
               for r in latest(rows) if r.get("headline") and (r["script"], r["workload"]) not in gone]
