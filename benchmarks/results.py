@@ -42,7 +42,8 @@ def replaced(rows: Sequence[dict[str, Any]]) -> set[tuple[str, str]]:
 
 def short_table(rows: Sequence[dict[str, Any]]) -> str:
     """One line per headline workload: its latest ratio against its peer (the README's table); a workload that a
-    later record ``replaces`` (a name or a list of names: the same script's figure, measured another way) is left out."""
+    later record ``replaces`` (a name or a list of names: the same script's figure, measured another way) is left
+    out."""
     gone = replaced(rows)
     lines = ["| workload | against | simlib / peer | measured |", "|---|---|---|---|"]
     lines += [f"| {r['workload']} | {r['peer']} | {_ratio(r)} {r['measure']} | {r['date']}, {r['commit']} |"

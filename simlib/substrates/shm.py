@@ -26,8 +26,9 @@ A problem with the local-step hook (``problem.local_steps(table, shard, first, c
 lr)``, which applies a chunk of steps to the table in place, compiled) runs on the fast path
 instead whenever every push lands as it is (the plain step rule): each worker reads the clocks,
 applies as many steps as the protocol allows (at most ``chunk`` of them; under a bound of at least
-``chunk`` - 1 steps a worker waits until a whole chunk is allowed) straight to the shared table, unlocked (a problem that names ``in_place_locks`` gets that many shared lock words as
-``locks=``, LDA's blocks of rows), and publishes its clock. Under async that is Hogwild!. Reads
+``chunk`` - 1 steps a worker waits until a whole chunk is allowed) straight to the shared table,
+unlocked (a problem that names ``in_place_locks`` gets that many shared lock words as ``locks=``,
+LDA's blocks of rows), and publishes its clock. Under async that is Hogwild!. Reads
 then race with other workers' writes (the lesson), so tau is measured per chunk, as the other
 workers' steps completed during it per step of this worker, and the trace holds one update per chunk.
 
