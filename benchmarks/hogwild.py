@@ -227,7 +227,7 @@ def main() -> None:
                     help="rows one of 2 processes may run ahead of the other (SSP's bound; 0: async; "
                          "default: 4 x --replica-chunk)")
     ap.add_argument("--headline", action="store_true",
-                    help="only scikit-learn, serial and the 2-process Hogwild rows (each run >= 2 s: --epochs 100), "
+                    help="only scikit-learn, serial and the 2-process Hogwild rows (each run >= 2 s: --epochs 120), "
                          "and each round scikit-learn on each half of the rows in two processes at once (the ceiling)")
     args = ap.parse_args()
     if args.quick:
