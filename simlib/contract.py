@@ -112,7 +112,7 @@ HOOKS: dict[str, tuple[str, Any]] = {
     "table_dtype": ("dtype", np.float64),  # the table's type where a substrate keeps it in place (shm, gpu)
     "init_table": ("method", None),  # the initial table in a given dtype, without a float64 copy
     "in_place_chunk": ("count", None),  # shm: the most steps between two looks at the clocks (1: a step is a sweep)
-    "in_place_locks": ("method", None),  # shm: how many int32 lock words the in-place steps of n workers share
+    "in_place_words": ("method", None),  # shm: how many int32 words the in-place steps of n workers share
     "in_place_only": ("flag", False),  # the steps exist only in place (keys and step refuse)
     "replica": ("method", None),  # shm's hot_keys: a private replica of the hot keys
     "miniature": ("method", None),  # the same problem on a few documents, to warm the kernels up cheaply

@@ -92,10 +92,30 @@ def test_memory_counts_the_tables_that_grow_with_k(kernel):
     small, large = (GibbsState.init(corpus, K, kernel=kernel).memory() for K in (5, 50))
     V, D = corpus.n_words, corpus.n_docs
     assert large["n_wk, n_k"] == 4 * (V + 1) * 50 and large["n_dk"] == 4 * D * 50
-    assert ("topic lists" in large) == (kernel in ("sparse", "alias"))
-    if "topic lists" in large:  # three D x K int16 tables (K and the documents' lengths fit) and the int32 lengths
+    assert ("topic lists" in large) == (kernel in ("sparse", "alias", "word"))
+    if kernel in ("sparse", "alias"):  # three D x K int16 tables (K and the documents' lengths fit) and the int32 lengths
         assert large["topic lists"] == 2 * 3 * D * 50 + 4 * D
+    if kernel == "word":  # each word's topics, V x K int16, and their int32 counts
+        assert large["topic lists"] == 2 * V * 50 + 4 * V
     assert large["per token"] == small["per token"]  # nothing per token depends on K
+
+
+def test_the_word_kernel_lists_each_words_topics_again_after_its_counts_change_from_outside():
+    """The word kernel keeps each word's topics from sweep to sweep; counts replaced from outside (a read of the
+    table, as the get / step / add path does) are listed afresh, and the lists stay the rows' topics."""
+    corpus, _, _ = make_synthetic_corpus(n_docs=30, n_topics=3, n_words=40, doc_length=20, seed=0)
+    state, other = (GibbsState.init(corpus, 6, kernel="word", seed=s) for s in (0, 1))
+    state.sweep(0)
+    listed = state._carry[1]
+    assert (listed[np.unique(corpus.words)] > 0).all()
+    state.check_counts()
+    for mine, theirs in ((state.n_wk, other.n_wk), (state.n_k, other.n_k), (state.n_dk, other.n_dk),
+                         (state.z_wm, other.z_wm)):
+        mine[:] = theirs
+    state.counts_changed()
+    assert not listed.any()
+    state.sweep(1)
+    state.check_counts()  # the counts and the lists
 
 
 @pytest.mark.parametrize("kernel", ["sparse", "alias"])

@@ -247,6 +247,24 @@ def test_in_place_syncs_within_a_sweep_and_keeps_the_counts_exact(synthetic, ker
     assert problem.log_likelihood(res.params, z) > problem.log_likelihood(problem.init_params(), problem.z0)
 
 
+def test_in_place_the_word_kernels_shared_lists_are_each_words_topics(synthetic):
+    """Two workers (taking turns here, in one process) keep one list of each word's topics beside the table, each
+    word's kept by the worker holding its block: after their sweeps every word is listed, with exactly its topics."""
+    from simlib.problems.lda_gibbs import check_word_lists
+
+    corpus, _, _ = synthetic
+    problem = LDAProblem(corpus, 8, alpha=0.5, beta=0.01, kernel="word", sync_every=300)
+    table, shards = problem.init_table(), problem.shards(2)
+    shared = np.zeros(problem.in_place_words(2), np.int32)
+    for c in range(3):
+        for shard in shards:
+            problem.local_steps(table, shard, c, 1, 1, 0.0, shared=shared)
+    problem.check_counts(table)
+    lists, listed = problem._word_lists(shared[len(shards[0].blocks) - 1:])
+    assert (listed[np.unique(corpus.words)] > 0).all()
+    check_word_lists(lists, listed, problem.split(table)[0])
+
+
 def test_in_place_a_held_block_is_left_alone_until_its_lock_is_free(synthetic):
     """A block another worker holds: its rows stay as they are while the sweep does the rest, then it is swept too."""
     import threading
@@ -255,13 +273,14 @@ def test_in_place_a_held_block_is_left_alone_until_its_lock_is_free(synthetic):
     problem = LDAProblem(corpus, 8, alpha=0.5, beta=0.01, sync_every=300)
     shard = problem.shards(2)[0]
     table, K = problem.init_table(), problem.K
-    locks = np.zeros(problem.in_place_locks(2), np.int32)
+    shared = np.zeros(problem.in_place_words(2), np.int32)
+    locks = shared[:len(shard.blocks) - 1]
     ptr = shard.state.word_ptr[shard.blocks]
     j = int(np.flatnonzero(np.diff(ptr) > 0)[1])  # a block the shard has tokens in, not its first
     held = slice(shard.blocks[j] * K, shard.blocks[j + 1] * K)
     before = table.copy()
     locks[j] = 2  # held by worker 1
-    sweep = threading.Thread(target=problem.local_steps, args=(table, shard, 0, 1, 1, 0.0), kwargs={"locks": locks})
+    sweep = threading.Thread(target=problem.local_steps, args=(table, shard, 0, 1, 1, 0.0), kwargs={"shared": shared})
     sweep.start()
     others = [slice(shard.blocks[b] * K, shard.blocks[b + 1] * K) for b in np.flatnonzero(np.diff(ptr) > 0) if b != j]
     for _ in range(600):  # until every other block's rows have moved (the sweep cannot end while the lock is held)

@@ -696,12 +696,13 @@ def _sweep_word(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_
     p(k) = (n_dk + a)(n_wk + b) / (n_k + V b) is proposed from q(k) = (n_dk + a)(n_wk / (n_k + V b) + b c), c the
     mean of 1 / (n_k + V b): its first part is over the topics with n_wk > 0 (a list kept for the word's run), fresh,
     built per token; the second is a doc proposal (another token's topic, or a uniform one) with no table.
-    ``carry`` = (the word's topics, their slots (-1 if absent), a cdf, 1 / (n_k + V b), the MH steps per token, each
-    listed topic's n_wk / (n_k + V b)).
+    ``carry`` = (each word's topics with n_wk > 0 (V x K), their number + 1 per word (0: not listed yet), the slots of
+    a word's topics (-1 if absent), a cdf, 1 / (n_k + V b), the MH steps per token, each listed topic's n_wk / (n_k +
+    V b)). The lists persist from call to call: whoever changes n_wk outside the kernel zeroes the word's count.
     """
     word_ptr, doc, z, order, offsets, z_doc = tokens
     (n_wk, n_k), (alpha, beta) = table, prior
-    wt, wpos, cdf, inv, n_steps, coef = carry
+    lists, listed, wpos, cdf, inv, n_steps, coef = carry
     V, K = n_wk.shape
     vbeta = V * beta
     n = 0.0
@@ -713,13 +714,21 @@ def _sweep_word(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_
         a, b = word_ptr[w], word_ptr[w + 1]
         if a == b:
             continue
-        row = n_wk[w]
-        m = 0
-        for k in range(K):
-            if row[k] > 0:
-                wt[m], wpos[k] = k, m
-                coef[m] = row[k] * inv[k]
-                m += 1
+        row, wt = n_wk[w], lists[w]
+        # NOTE: the word's topics are kept from sweep to sweep, not found by a pass over its K counts each time: with
+        # 2 workers each passed over the rows of nearly every word (KJV, K = 1,000: 5.2 M counts a sweep), a cost
+        # one worker pays once and two pay twice.
+        m = listed[w] - 1
+        if m < 0:
+            m = 0
+            for k in range(K):
+                if row[k] > 0:
+                    wt[m] = k
+                    m += 1
+        for i in range(m):
+            k = wt[i]
+            wpos[k] = i
+            coef[i] = row[k] * inv[k]
         for j in range(a, b):
             d, s, p, lo = doc[j], z[j], order[j], offsets[doc[j]]
             n_dk[d, s] -= 1
@@ -764,14 +773,22 @@ def _sweep_word(tokens: Tokens, n_dk: np.ndarray, table: Table, prior: Prior, w_
             n_k[s] += 1
             inv[s] = 1.0 / (n_k[s] + vbeta)
             coef[wpos[s]] = row[s] * inv[s]
+        listed[w] = m + 1
         for i in range(m):
             wpos[wt[i]] = -1
     return rng
 
 
-def _word_carry(K: int) -> tuple:
-    """The word kernel's work arrays, empty (the word's topics none: slots -1), and its MH steps per token."""
-    return np.empty(K, np.int32), np.full(K, -1, np.int32), np.empty(K), np.empty(K), _WORD_STEPS, np.empty(K)
+def _list_dtype(K: int) -> np.dtype:
+    """The type of the word kernel's lists of topics: int16 where K topics fit."""
+    return np.dtype(np.int16 if K <= np.iinfo(np.int16).max else np.int32)
+
+
+def _word_carry(V: int, K: int) -> tuple:
+    """The word kernel's lists of V words' topics (none listed yet) and work arrays (slots -1), its MH steps per
+    token."""
+    return (np.empty((V, K), _list_dtype(K)), np.zeros(V, np.int32), np.full(K, -1, np.int32), np.empty(K), np.empty(K), _WORD_STEPS,
+            np.empty(K))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -887,7 +904,7 @@ class GibbsState:
         if kernel in ("sparse", "alias"):  # D x K lists: the other kernels read n_dk itself
             self.dk_idx, self.dk_cnt, self.dk_len, self.dk_pos = _doc_lists(self.n_dk)
         # the word kernel's work arrays, made once: a block of the in-place path is a call, ~70 a sweep at K = 1,000
-        self._carry = _word_carry(n_topics) if kernel == "word" else None
+        self._carry = _word_carry(corpus.n_words, n_topics) if kernel == "word" else None
         self._z_doc = np.empty_like(self.z_wm)  # the mh and word kernels' topics in corpus order (each sweep)
         self.mh_steps = int(mh_steps)
 
@@ -910,6 +927,18 @@ class GibbsState:
         self.begin_sweep()
         self.sweep_words(0, self.corpus.n_words, _rng_state(seed))
         self.end_sweep()
+
+    def counts_changed(self, lists: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """n_wk was changed or replaced from outside the sweeps: the word kernel lists each word's topics again.
+
+        ``lists`` = (V x K topics, V counts), the lists to keep instead of the state's own: those of the workers that
+        sample on the same n_wk (shared memory), each word's changed only by the worker holding the word."""
+        if self._carry is None:
+            return
+        if lists is None:
+            self._carry[1][:] = 0
+        else:
+            self._carry = (*lists, *self._carry[2:])
 
     def begin_sweep(self) -> None:
         """Before a sweep's first :meth:`sweep_words`: the mh and word kernels' topics in document order."""
@@ -946,10 +975,13 @@ class GibbsState:
 
     def memory(self) -> dict[str, int]:
         """Bytes held, by structure: the word-topic counts (V x K and K), the document-topic counts (D x K),
-        the per-document topic lists of the sparse and alias kernels (3 D x K), the per-token arrays."""
+        the per-document topic lists of the sparse and alias kernels (3 D x K) or the word kernel's per-word lists
+        (V x K), the per-token arrays."""
         out = {"n_wk, n_k": self.n_wk.nbytes + self.n_k.nbytes, "n_dk": self.n_dk.nbytes}
         if self.kernel in ("sparse", "alias"):
             out["topic lists"] = sum(a.nbytes for a in (self.dk_idx, self.dk_cnt, self.dk_pos, self.dk_len))
+        if self.kernel == "word":
+            out["topic lists"] = self._carry[0].nbytes + self._carry[1].nbytes
         out["per token"] = sum(a.nbytes for a in (self.order, self.word_ptr, self.doc_wm, self.z_wm, self._z_doc))
         return out
 
@@ -962,6 +994,16 @@ class GibbsState:
         counted = count_tables(self.corpus, self.z, self.n_topics)
         for name, mine, expected in zip(("n_dk", "n_wk", "n_k"), (self.n_dk, self.n_wk, self.n_k), counted):
             assert np.array_equal(expected, mine), f"{name} differs from the counts of z"
+        if self._carry is not None:
+            check_word_lists(*self._carry[:2], self.n_wk)
+
+
+def check_word_lists(lists: np.ndarray, listed: np.ndarray, n_wk: np.ndarray) -> None:
+    """Raise AssertionError unless every listed word's list (the word kernel's) holds exactly its topics with
+    n_wk > 0, each once."""
+    for w in np.flatnonzero(listed):
+        mine = lists[w, :listed[w] - 1]
+        assert sorted(mine.tolist()) == np.flatnonzero(n_wk[w]).tolist(), f"word {w}'s list is not its topics"
 
 
 def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0,
@@ -993,7 +1035,7 @@ def mh_token_draws(state: GibbsState, position: int, n_draws: int, seed: int = 0
         one = (np.full(1, d, np.int64), np.full(1, z_doc[position], np.int32), np.full(1, position, np.int64))
         tokens = (word_ptr, *one, c.offsets, z_doc)
         seen = _word_token_chain(tokens, state.n_dk, (state.n_wk, state.n_k), (state.alpha, state.beta), w, n_draws,
-                                 _word_carry(K), _rng_state(seed))
+                                 _word_carry(c.n_words, K), _rng_state(seed))
         state.z_wm[:] = z_doc[state.order]
         return seen
     alias = state.kernel == "alias"
@@ -1044,4 +1086,4 @@ def fit(corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01
     return state, lls
 
 
-__all__ = ["GibbsState", "fit", "cpu_per_token", "mh_token_draws", "check_prior", "KERNELS", "MIN_MH_PRIOR", "MH_STEPS"]
+__all__ = ["GibbsState", "fit", "cpu_per_token", "mh_token_draws", "check_prior", "check_word_lists", "KERNELS", "MIN_MH_PRIOR", "MH_STEPS"]

@@ -47,7 +47,7 @@ from simlib.backend import to_numpy
 from simlib.problems.atomic import atomic_add, compare_swap
 from simlib.problems.lda import (LDACorpus, _count_pairs, check_corpus, deal_documents, doc_topic_counts,
                                 log_likelihood, random_assignments, word_counts, word_log_likelihood)
-from simlib.problems.lda_gibbs import KERNELS, MH_STEPS, GibbsState, _rng_state, blocks, check_prior
+from simlib.problems.lda_gibbs import KERNELS, MH_STEPS, GibbsState, _list_dtype, _rng_state, blocks, check_prior
 
 #: In place with several workers: each worker's tokens per block, between two syncs of n_k (see LDAProblem.local_steps).
 # NOTE: the rows are the table's own, so a block's size bounds only how stale n_k gets. KJV, K = 1,000, 2 workers,
@@ -56,7 +56,8 @@ from simlib.problems.lda_gibbs import KERNELS, MH_STEPS, GibbsState, _rng_state,
 # (the calls, the n_k reads and the 1 / (n_k + V b) each block takes cost K each).
 SYNC_EVERY = 4096
 # Bytes per topic: the float64 table (V + 1 rows) and the count tables n_dk, n_wk, counted as
-# int64 then kept as int32 (D + V rows); and each worker's int32 copy of n_wk and n_k.
+# int64 then kept as int32 (D + V rows) (and the word kernel's lists of topics, V rows); and each worker's int32 copy of
+# n_wk and n_k.
 _TABLE_BYTES_PER_ROW, _COUNT_BYTES_PER_ROW, _COPY_BYTES_PER_ROW = 8, 12, 4
 
 
@@ -108,6 +109,7 @@ class LDAProblem:
         self.seed, self.kernel, self.sync_every, self.mh_steps = int(seed), kernel, int(sync_every), int(mh_steps)
         self.V = corpus.n_words
         per_topic = _TABLE_BYTES_PER_ROW * (self.V + 1) + _COUNT_BYTES_PER_ROW * (corpus.n_docs + self.V)
+        per_topic += _list_dtype(self.K).itemsize * self.V if kernel == "word" else 0  # the word kernel's lists
         check.fits_memory("n_topics", self.K, self.K * per_topic, per_topic,
                           f"the word-topic table and counts of {self.V} words and {corpus.n_docs} documents")
         self.n_params = self.V * self.K + self.K
@@ -203,19 +205,20 @@ class LDAProblem:
         # KJV they cost more than the sweep itself.
         before = np.empty(len(keys), np.int32)
         _load_counts(values, batch.own_wk, batch.own_k, batch.words, st.n_wk, st.n_k, before)
+        st.counts_changed()
         st.sweep(seed=batch.sweep_seed())
         return _moved_counts((st.n_wk, st.n_k), batch.words, before, keys, (batch.own_wk, batch.own_k))
 
     def local_steps(self, table: np.ndarray, shard: LDAShard, first: int, count: int, batch_size: int,
-                    lr: float, locks: np.ndarray | None = None) -> None:
+                    lr: float, shared: np.ndarray | None = None) -> None:
         """Sweeps first .. first+count-1 against the shared table (shm in place); ``batch_size``, ``lr`` unused.
 
         Alone (one worker), the sweep samples on the table itself. Otherwise the vocabulary is cut into
         the same blocks of words for every worker (about ``sync_every`` of each worker's tokens each),
         and a worker samples a block's words on the table's own rows while it holds the block's lock
-        (``locks``: one int32 word per block, shared by the workers; :meth:`in_place_locks` says how
-        many): no copy of a row, no push of a row, and no other worker writes those rows meanwhile, so
-        the counts stay exact. n_k is the worker's own copy, read from the table when it takes a block
+        (``shared``: int32 words shared by the workers, :meth:`in_place_words` of them: a lock per block,
+        then for the word kernel its lists of each word's topics, which the block's holder keeps): no copy
+        of a row, no push of a row, and no other worker writes those rows meanwhile, so the counts stay exact. n_k is the worker's own copy, read from the table when it takes a block
         and its net change added back, atomically, before it lets the block go. A block held by another
         worker is put off until the worker has swept the others. Staleness is then the other workers'
         moves within a block, in n_k only.
@@ -227,6 +230,10 @@ class LDAProblem:
         st, K, V = shard.state, self.K, self.V
         tab_wk, tab_k = self.split(table)
         alone = shard.n_workers == 1
+        if not alone:
+            shared = np.zeros(self.in_place_words(shard.n_workers), np.int32) if shared is None else shared
+            nb = len(shard.blocks) - 1
+            locks = shared[:nb]
         if shard.table is not table:
             # NOTE: one worker is the table's only writer: sampling on it in place is the bare serial sweep (no
             # read, no push; at K = 1,000 on the KJV, reading and diffing 5.2 M counts per sweep cost ~40% of it).
@@ -234,11 +241,12 @@ class LDAProblem:
             # and pushing its moves by atomic adds cost 2 workers 17% more CPU than 1 at K = 1,000).
             st.n_wk, shard.table = tab_wk, table
             st.n_k = tab_k if alone else st.n_k
+            # the word kernel's lists of each word's topics, kept by whoever holds the word's block
+            lists = None if alone or self.kernel != "word" else self._word_lists(shared[nb:])
+            st.counts_changed(lists)
         if not alone:
-            locks = np.zeros(len(shard.blocks) - 1, np.int32) if locks is None else locks
             # NOTE: worker i starts its sweep i / n of the way through the blocks, so the workers rarely want the
             # same block at the same time; the blocks it holds no tokens of it skips without their locks.
-            nb = len(shard.blocks) - 1
             start = shard.worker * nb // shard.n_workers
             ptr = st.word_ptr[shard.blocks]
             own = [j for j in (*range(start, nb), *range(start)) if ptr[j + 1] > ptr[j]]
@@ -264,9 +272,16 @@ class LDAProblem:
                     todo = held
             st.end_sweep()
 
-    def in_place_locks(self, n_workers: int) -> int:
-        """How many lock words :meth:`local_steps` needs shared between ``n_workers`` workers (one per block)."""
-        return len(self._word_blocks(n_workers)) - 1
+    def in_place_words(self, n_workers: int) -> int:
+        """How many int32 words :meth:`local_steps` needs shared between ``n_workers`` workers: a lock per block, and
+        for the word kernel its lists of each word's topics (V x K topics, then V counts)."""
+        lists = -(-self.V * self.K * _list_dtype(self.K).itemsize // 4) + self.V if self.kernel == "word" else 0
+        return len(self._word_blocks(n_workers)) - 1 + lists
+
+    def _word_lists(self, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The word kernel's lists (V x K topics, V counts) laid out in the int32 ``words`` (see in_place_words)."""
+        V, K = self.V, self.K
+        return words[:-V].view(_list_dtype(K))[:V * K].reshape(V, K), words[-V:]
 
     def _word_blocks(self, n_workers: int) -> np.ndarray:
         """Word boundaries of the in-place blocks: about ``sync_every`` tokens of each of ``n_workers`` workers,

@@ -27,9 +27,9 @@ lr)``, which applies a chunk of steps to the table in place, compiled) runs on t
 instead whenever every push lands as it is (the plain step rule): each worker reads the clocks,
 applies as many steps as the protocol allows (at most ``chunk`` of them; under a bound of at least
 ``chunk`` - 1 steps a worker waits until a whole chunk is allowed) straight to the shared table,
-unlocked (a problem that names ``in_place_locks`` gets that many shared lock words as ``locks=``,
-LDA's blocks of rows), and publishes its clock. Under async that is Hogwild!. Reads
-then race with other workers' writes (the lesson), so tau is measured per chunk, as the other
+unlocked (a problem that names ``in_place_words`` gets that many shared int32 words as ``shared=``:
+LDA's locks on blocks of rows and its word kernel's lists), and publishes its clock. Under async
+that is Hogwild!. Reads then race with other workers' writes (the lesson), so tau is measured per chunk, as the other
 workers' steps completed during it per step of this worker, and the trace holds one update per chunk.
 
 With ``hot_keys=K`` (a problem with ``replica``, LogisticProblem at one row per step), each worker
@@ -164,12 +164,12 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         version = group.zeros(1, np.int64)
         lock = group.lock()
         ready = group.zeros(n, np.int64)
-        # the in-place steps' own shared words (LDA's block locks), where the problem names how many it needs
-        n_locks = caps.in_place_locks(n) if fast and n > 1 and caps.in_place_locks is not None else 0
-        step_locks = group.zeros(n_locks, np.int32) if n_locks else None
+        # the in-place steps' own shared words (LDA's block locks and word lists), where the problem names how many it needs
+        n_words = caps.in_place_words(n) if fast and n > 1 and caps.in_place_words is not None else 0
+        step_words = group.zeros(n_words, np.int32) if n_words else None
         # backup workers: [steps complete, then the pushes counted for each open step, a ring of bound + 2]
         done = group.zeros(int(protocol.bound) + 3, np.int64) if protocol.backup_workers else None
-        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, opts, chunk, replica, step_locks,
+        setup = _Setup(shards, protocol.bound, training, table, clocks, ready, lock, opts, chunk, replica, step_words,
                        fast, n - protocol.backup_workers, done)
 
         def monitor(elapsed: float) -> None:
@@ -210,7 +210,7 @@ class _Setup:
     opts: ShmOptions  # its ``locked`` (one lock around each whole step: the locked baseline) and ``straggler``
     chunk: int  # fast path: the most steps between two looks at the clocks
     replica: Any  # fast path: the problem's replica of its hot keys, or None
-    step_locks: Any  # fast path: SharedArray of the lock words the problem's in-place steps take, or None
+    step_words: Any  # fast path: SharedArray of the words the problem's in-place steps share (LDA's locks), or None
     fast: bool  # the in-place path (local_steps), else get / step / add
     quorum: int  # pushes that complete a step: n - backup workers
     done: Any  # with backup workers, SharedArray [steps complete, pushes counted per open step (a ring)]; else None
@@ -285,8 +285,8 @@ class _ShmWorker(Timed):
         self.shared = {}  # what the problem's in-place steps share besides the table
         if setup.replica is not None:  # the replicas count their pushes in the version key, unused in place
             self.shared["replica"] = setup.replica._replace(pushes=version.array)
-        if setup.step_locks is not None:
-            self.shared["locks"] = setup.step_locks.array
+        if setup.step_words is not None:
+            self.shared["shared"] = setup.step_words.array
         self.completed = self.others = 0
         # the steps complete: every worker's finished clock, or with backup workers the count of the quorums reached
         self.steps_done = self.fin if setup.done is None else setup.done.array[:1]
