@@ -31,8 +31,6 @@ one's rate), printed beside the Hogwild rows and kept in their record. Run::
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import queue
 import time
 from typing import Callable
 
@@ -44,7 +42,7 @@ import simlib
 from simlib.parallel.group import WorkerGroup
 from simlib.parallel.shm import SharedArray
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification
-from record import record
+from record import at_once, record
 
 
 # the rows the headline row replaces in the README: the async one (its final loss was 1.35% above the peer's), and a
@@ -91,27 +89,8 @@ def sklearn_halves(x, y: np.ndarray, lr: float, l2: float, epochs: int) -> float
     """scikit-learn on each half of the rows, in two processes at once, sharing nothing: the slower fit's seconds.
     Against one fit of every row, what a perfect 2-process split of the peer itself reaches on this machine now."""
     half = len(y) // 2
-    ctx = mp.get_context("fork")
-    done = ctx.Queue()
-    procs = [ctx.Process(target=lambda rows=rows: done.put(sklearn_fit(x[rows], y[rows], lr, l2, epochs)[1]))
-             for rows in (slice(0, half), slice(half, None))]
-    for proc in procs:
-        proc.start()
-    seconds: list[float] = []
-    try:
-        while len(seconds) < len(procs):
-            try:
-                seconds.append(done.get(timeout=1.0))
-            except queue.Empty:
-                if any(proc.exitcode not in (None, 0) for proc in procs):
-                    raise RuntimeError(f"a scikit-learn fit on half the rows died: exit codes "
-                                       f"{[proc.exitcode for proc in procs]}") from None
-    finally:
-        for proc in procs:
-            proc.join(timeout=5.0)
-            if proc.is_alive():
-                proc.kill()
-    return max(seconds)
+    return max(at_once(*(lambda rows=rows: sklearn_fit(x[rows], y[rows], lr, l2, epochs)[1]
+                         for rows in (slice(0, half), slice(half, None)))))
 
 
 @njit(nogil=True, cache=True)

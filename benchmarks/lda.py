@@ -25,6 +25,8 @@ With ``--time-to-target SWEEPS`` the race is to a log-likelihood, not a number o
 runs SWEEPS sweeps one at a time, and its log p(w, z) per token after the last is the target; each kernel's
 serial chain (the chain of ``simlib.run`` on 1 process) finds the first sweep that reaches it, the fastest kernel's
 2-process runs the fewest sweeps that do, and runs of exactly those sweeps are timed against tomotopy's, interleaved.
+Two of its 1-process runs at once, sharing nothing, are timed with them: the most 2 processes can gain on this
+machine at that moment (two cores of a shared host do not run two programs at twice one's rate).
 A kernel that needs more than ``--budget`` sweeps says so. ``mh:N`` names the mh kernel with N MH cycles per token.
 
 Every row's log-likelihood is the joint log p(w, z) computed by ``simlib.problems.lda`` from that
@@ -55,7 +57,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
 import simlib  # noqa: E402
-from benchmarks.record import record  # noqa: E402
+from benchmarks.record import at_once, record  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelihood, text_corpus  # noqa: E402
 from simlib.problems.lda_gibbs import KERNELS, MH_STEPS, GibbsState  # noqa: E402
@@ -276,6 +278,9 @@ def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, bud
 
     def timed(key: Any, n: int) -> tuple[float, float, float]:
         """(wall seconds, log p per token, CPU seconds) of n sweeps: tomotopy's or a simlib.run's."""
+        if key == "ceiling":  # two 1-process runs at once, sharing nothing: the slower one's
+            runs = at_once(*[lambda: run_to(c, K, fastest[0], 1, n)] * 2)
+            return max(r[0] for r in runs), min(r[1] for r in runs), sum(r[2] for r in runs)
         if key != "tomotopy":
             return run_to(c, K, key[0], key[1], n)
         model = _tomotopy_model(c, K, 1)
@@ -296,10 +301,12 @@ def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, bud
     reach["tomotopy"] = n_tomo
     time_all([k for k, n in reach.items() if n is not None])
     fastest = min((k for k in reach if k != "tomotopy" and reach[k] is not None), key=lambda k: best[k][0], default=None)
-    if fastest is not None:  # the fastest on 2 processes, timed back to back with its 1-process run
+    if fastest is not None:  # the fastest on 2 processes, timed back to back with its 1-process run and the ceiling
         two = (fastest[0], 2)
         reach[two] = parallel_sweeps_to_target(c, K, fastest[0], 2, target, reach[fastest], budget)
-        time_all([fastest, two] if reach[two] is not None else [])
+        reach["ceiling"] = reach[fastest]
+        time_all([fastest, two, "ceiling"] if reach[two] is not None else [])
+    ceiling = 2 * best[fastest][0] / best["ceiling"][0] if "ceiling" in best else None
     tomo = best["tomotopy"][0]
     header = (f"{'sampler':<10} {'workers':>7} {'sweeps':>6} {'seconds':>8} {'log p/token':>12} {'vs tomotopy':>11} "
               f"{'vs 1 proc':>9} {'cores got':>9}")
@@ -308,7 +315,7 @@ def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, bud
     print(f"{'tomotopy':<10} {1:>7} {n_tomo:>6} {tomo:>8.2f} {best['tomotopy'][1]:>12.4f} {'':>21} "
           f"{best['tomotopy'][2] / tomo:>9.2f}")
     for key, n in reach.items():
-        if key == "tomotopy":
+        if key in ("tomotopy", "ceiling"):
             continue
         spec, w = key
         if n is None:
@@ -326,7 +333,12 @@ def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, bud
                    "word-sparse MH", 1))
         if vs_one:
             record(__file__, f"{name}, 2 processes against 1", f"simlib {spec}, 1 process", one / seconds,
-                   "time to log-likelihood", sweeps=n, reached=ll >= target)
+                   "time to log-likelihood", sweeps=n, reached=ll >= target,
+                   **({"ceiling": round(ceiling, 3)} if ceiling else {}))
+    if ceiling:
+        print(f"the machine's ceiling now: two {fastest[0]} runs on 1 process at once, sharing nothing, the slower "
+              f"{best['ceiling'][0]:.2f} s against one alone {best[fastest][0]:.2f} s: 2 processes can be at most "
+              f"{ceiling:.2f}x sooner than 1 here")
     print(f"* the timed run ended below the target. Load average (1 min) during the runs: {min(loads):.1f}-"
           f"{max(loads):.1f} on {os.cpu_count()} cores; best of {repeat} interleaved timed runs each. 'cores got': "
           "CPU seconds per wall second of the timed run; where other sessions load the machine the scheduler shares "

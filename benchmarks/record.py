@@ -11,11 +11,13 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import multiprocessing as mp
 import os
 import platform
+import queue
 import subprocess
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 RECORDS = Path(__file__).resolve().parent / "records"
 FIELDS = ("workload", "peer", "ratio", "measure", "machine", "load", "commit", "date")
@@ -24,6 +26,32 @@ FIELDS = ("workload", "peer", "ratio", "measure", "machine", "load", "commit", "
 def machine() -> str:
     """This machine in a few words: cores, architecture, system, Python."""
     return f"{os.cpu_count()} cores {platform.machine()}, {platform.system()}, Python {platform.python_version()}"
+
+
+def at_once(*calls: Callable[[], Any]) -> list[Any]:
+    """Each call in a forked process of its own, all at once, sharing nothing: their results, in order (RuntimeError
+    if one dies). What the machine gives that many processes at this moment: a benchmark's ceiling."""
+    ctx = mp.get_context("fork")
+    done = ctx.Queue()
+    procs = [ctx.Process(target=lambda i=i, call=call: done.put((i, call()))) for i, call in enumerate(calls)]
+    for proc in procs:
+        proc.start()
+    out: dict[int, Any] = {}
+    try:
+        while len(out) < len(procs):
+            try:
+                i, value = done.get(timeout=1.0)
+                out[i] = value
+            except queue.Empty:
+                if any(proc.exitcode not in (None, 0) for proc in procs):
+                    raise RuntimeError(f"a process running at once with others died: exit codes "
+                                       f"{[proc.exitcode for proc in procs]}") from None
+    finally:
+        for proc in procs:
+            proc.join(timeout=5.0)
+            if proc.is_alive():
+                proc.kill()
+    return [out[i] for i in range(len(procs))]
 
 
 def commit() -> str:
