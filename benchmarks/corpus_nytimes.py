@@ -13,6 +13,9 @@ Seeded (NumPy's PCG64: the same seed and ``chunk_tokens`` give the same corpus),
 and one chunk (~60 bytes a token). Run::
 
     python benchmarks/corpus_nytimes.py --scale 0.01      # its shape and how long it took
+
+:func:`load_corpus` gives the LDA benchmarks (``lda.py``, ``gpu.py``) their ``--corpus``: the KJV's chapters, a text
+file, or ``nytimes:SCALE``, this corpus at SCALE.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from simlib import _validate as check  # noqa: E402
-from simlib.problems.lda import LDACorpus  # noqa: E402
+from simlib.problems.lda import LDACorpus, kjv_corpus, text_corpus  # noqa: E402
 
 NYTIMES = {"documents": 299_752, "words": 102_660, "tokens": 99_542_125}
 
@@ -74,6 +77,24 @@ def nytimes_like(scale: float = 1.0, n_topics: int = 100, alpha: float = 0.1, be
         words[offsets[first]:offsets[last]] = categorical(phi_cdf, z, rng.random(doc.size))
         first = last
     return LDACorpus(words, offsets, V), phi
+
+
+def load_corpus(spec: str | None, max_docs: int | None = None) -> tuple[LDACorpus, str]:
+    """(corpus, its name) for a benchmark's ``--corpus``: None for the KJV's chapters, ``nytimes:SCALE`` for
+    :func:`nytimes_like` at SCALE (100 topics, seed 0), else a plain or gzipped text file, one document per line
+    (:func:`~simlib.problems.lda.text_corpus`); at most ``max_docs`` documents (the first)."""
+    if spec is None:
+        return kjv_corpus(max_docs=max_docs), "KJV chapters"
+    if spec.startswith("nytimes:"):
+        try:
+            scale = float(spec.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"--corpus: nytimes:SCALE takes a number for SCALE, got {spec!r}") from None
+        c, _ = nytimes_like(scale)
+        if max_docs is not None and max_docs < c.n_docs:
+            c = c.subset(range(max_docs))
+        return c, f"NYTimes-shaped corpus at scale {scale:g} (drawn from LDA, 100 topics)"
+    return text_corpus(spec, max_docs=max_docs), Path(spec).name
 
 
 def main() -> None:

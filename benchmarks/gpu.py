@@ -29,9 +29,10 @@ from simlib.data import Vocabulary, load_kjv  # noqa: E402
 import simlib  # noqa: E402
 from simlib.problems.glove import GloveConfig, count_cooccurrences  # noqa: E402
 from simlib.problems.glove_table import GloveProblem  # noqa: E402
-from simlib.problems.lda import LDACorpus, kjv_corpus  # noqa: E402
+from simlib.problems.lda import LDACorpus  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
 from simlib.problems.logistic import LogisticProblem, make_sparse_classification  # noqa: E402
+from benchmarks.corpus_nytimes import load_corpus  # noqa: E402
 from benchmarks.record import record  # noqa: E402
 
 NO_GPU = "(no CUDA device)"
@@ -114,7 +115,6 @@ def hogwild_section(args: argparse.Namespace) -> None:
     data = make_sparse_classification(args.rows, args.features, 60, zipf=1.0, seed=0)
     full = LogisticProblem(data, l2=1e-5, eval_rows=None)
     nnz = data.nnz * args.epochs
-    common = dict(lr=0.2, l2=1e-5, epochs=args.epochs)
     x = data.to_scipy().astype(np.float64)
     clf = SGDClassifier(loss="log_loss", penalty="l2", alpha=1e-5, learning_rate="constant", eta0=0.2,
                         fit_intercept=False, shuffle=False, max_iter=args.epochs, tol=None)
@@ -198,12 +198,12 @@ def glove_section(args: argparse.Namespace) -> None:
 
 
 def lda_section(args: argparse.Namespace) -> None:
-    c = kjv_corpus(max_docs=400 if args.quick else None)
+    c, name = load_corpus(args.corpus, max_docs=400 if args.quick else None)
     for K in args.lda_topics:
-        lda_rows(c, K, args, dense=K <= 100)
+        lda_rows(c, name, K, args, dense=K <= 100)
 
 
-def lda_rows(c: LDACorpus, K: int, args: argparse.Namespace, dense: bool) -> None:
+def lda_rows(c: LDACorpus, name: str, K: int, args: argparse.Namespace, dense: bool) -> None:
     """One CPU process (and two, where ``dense``) against the gpu substrate's batched and lock-free sweeps at K topics."""
     sweeps = args.sweeps
     rows: list[tuple[str, float | None, float | None]] = []
@@ -228,7 +228,7 @@ def lda_rows(c: LDACorpus, K: int, args: argparse.Namespace, dense: bool) -> Non
 
     rows += gpu_rows(runs, lambda kernel, n: f"W={n} per doc" if kernel == "hogwild" else f"{n} batches/sweep", lda)
     problem.device_kernel = "auto"
-    print(f"\nLDA: KJV chapters, {c.n_docs:,} documents, {c.n_tokens:,} tokens, K = {K}, {sweeps} sweeps")
+    print(f"\nLDA: {name}, {c.n_docs:,} documents, {c.n_tokens:,} tokens, K = {K}, {sweeps} sweeps")
     # per token (dense in K): its word's and its document's count rows read, a few counts written; hogwild keeps the
     # document's row in shared memory (read and written once per sweep), so its word's row alone
     table("collapsed Gibbs (quality = log p(w, z) per token, higher is better; hogwild: a block per document, "
@@ -244,6 +244,9 @@ def main() -> None:
     ap.add_argument("--only", default="hogwild,glove,lda", help="sections to run, comma-separated")
     ap.add_argument("--topics", default="100,1000", help="LDA's numbers of topics, comma-separated")
     ap.add_argument("--skip", default="", help="leave out the gpu substrate's rows on these array modules, e.g. numpy")
+    ap.add_argument("--corpus", default=None,
+                    help="LDA's corpus: the KJV's chapters (default), a text file, or nytimes:SCALE, a corpus of "
+                         "NYTimes' shape at SCALE drawn from LDA (benchmarks/corpus_nytimes.py; 1: ~100 M tokens)")
     args = ap.parse_args()
     SKIP.update(x for x in args.skip.split(",") if x)
     big = not args.quick

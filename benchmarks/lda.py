@@ -57,9 +57,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
 import simlib  # noqa: E402
+from benchmarks.corpus_nytimes import load_corpus  # noqa: E402
 from benchmarks.record import at_once, record  # noqa: E402
 from simlib.problems.lda_table import LDAProblem  # noqa: E402
-from simlib.problems.lda import LDACorpus, count_tables, kjv_corpus, log_likelihood, text_corpus  # noqa: E402
+from simlib.problems.lda import LDACorpus, count_tables, log_likelihood  # noqa: E402
 from simlib.problems.lda_gibbs import KERNELS, MH_STEPS, GibbsState  # noqa: E402
 
 ALPHA, BETA = 0.1, 0.01
@@ -369,7 +370,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=None, help="with --time-to-target: sweeps allowed (default 4 x SWEEPS)")
     ap.add_argument("--corpus", default=None,
                     help="a plain or gzipped text file, one document per line, instead of the KJV chapters "
-                         "(the same stop-word rule: simlib.problems.lda.text_corpus)")
+                         "(the same stop-word rule: simlib.problems.lda.text_corpus), or nytimes:SCALE, a corpus of "
+                         "NYTimes' shape at SCALE drawn from LDA (benchmarks/corpus_nytimes.py; 1: ~100 M tokens)")
     args = ap.parse_args()
     sweeps = args.sweeps or (20 if args.quick else 100)
     repeat = args.repeat or (1 if args.quick else 3)
@@ -383,9 +385,10 @@ def main() -> None:
                 or (args.budget is not None and args.budget < 1)):
             ap.error(f"--kernels must name kernels of {KERNELS} (mh:N with N >= 1 MH cycles); --topics, --workers, "
                      "--sync-every, --time-to-target and --budget positive integers, one K with --time-to-target")
-    max_docs = 400 if args.quick else None
-    c = text_corpus(args.corpus, max_docs=max_docs) if args.corpus else kjv_corpus(max_docs=max_docs)
-    name = Path(args.corpus).name if args.corpus else "KJV chapters"
+    try:
+        c, name = load_corpus(args.corpus, max_docs=400 if args.quick else None)
+    except ValueError as e:
+        ap.error(str(e))
     if args.kernels and args.time_to_target:
         print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; K = {topics[0]}; "
               f"alpha={ALPHA}, beta={BETA}; simlib through simlib.run (shm, BSP)")

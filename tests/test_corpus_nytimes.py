@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from benchmarks.corpus_nytimes import NYTIMES, categorical, nytimes_like
+from benchmarks.corpus_nytimes import NYTIMES, categorical, load_corpus, nytimes_like
 
 
 def test_a_small_draw_has_nytimes_shape_at_its_scale_and_repeats_for_its_seed():
@@ -36,3 +36,18 @@ def test_with_one_topic_the_words_follow_its_row():
 def test_bad_input_is_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
         nytimes_like(**{"scale": 1e-3, field: value})
+
+
+def test_load_corpus_names_the_benchmarks_corpora_and_refuses_a_bad_scale():
+    """The LDA benchmarks' --corpus: nytimes:SCALE is the generator's corpus at SCALE (cut to max_docs documents
+    where asked); a SCALE that is not a number is an error naming the form."""
+    c, name = load_corpus("nytimes:0.001")
+    drawn, _ = nytimes_like(0.001)
+    np.testing.assert_array_equal(c.words, drawn.words)
+    assert "0.001" in name and c.n_words == drawn.n_words
+    cut, _ = load_corpus("nytimes:0.001", max_docs=5)
+    assert cut.n_docs == 5 and cut.n_words == drawn.n_words
+    with pytest.raises(ValueError, match="nytimes:SCALE"):
+        load_corpus("nytimes:big")
+    with pytest.raises(ValueError, match="scale"):
+        load_corpus("nytimes:-1")
