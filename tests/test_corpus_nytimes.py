@@ -44,7 +44,7 @@ def test_load_corpus_names_the_benchmarks_corpora_and_refuses_a_bad_scale():
     c, name = load_corpus("nytimes:0.001")
     drawn, _ = nytimes_like(0.001)
     np.testing.assert_array_equal(c.words, drawn.words)
-    assert "0.001" in name and c.n_words == drawn.n_words
+    assert "0.001" in name and c.n_words == drawn.n_words and len(set(c.vocab)) == c.n_words  # a name per word
     cut, _ = load_corpus("nytimes:0.001", max_docs=5)
     assert cut.n_docs == 5 and cut.n_words == drawn.n_words
     with pytest.raises(ValueError, match="nytimes:SCALE"):
