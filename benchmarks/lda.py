@@ -137,7 +137,8 @@ def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int, kernel:
     """(tokens/s, log-likelihood, CPU seconds per token) of AD-LDA with BSP on ``workers`` processes (shared memory)."""
     kernel, steps = _kernel_spec(kernel)
     problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel, sync_every=sync_every, mh_steps=steps)
-    res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0)
+    res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0,
+                     timeout=None)  # a large corpus may run longer than the substrate's default guard
     return (c.n_tokens * sweeps / res.seconds, problem.log_likelihood(res.params, problem.assignments(res)),
             res.measured["cpu_seconds"] / (c.n_tokens * sweeps))
 
@@ -241,7 +242,8 @@ def run_to(c: LDACorpus, K: int, spec: str, workers: int, sweeps: int) -> tuple[
     shm with BSP."""
     kernel, steps = _kernel_spec(spec)
     problem = LDAProblem(c, K, ALPHA, BETA, kernel=kernel, mh_steps=steps)
-    res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0)
+    res = simlib.run(problem, "bsp", substrate="shm", n_workers=workers, steps=sweeps, monitor_every=60.0,
+                     timeout=None)  # a large corpus may run longer than the substrate's default guard
     return (res.seconds, problem.log_likelihood(res.params, problem.assignments(res)) / c.n_tokens,
             res.measured["cpu_seconds"])
 
