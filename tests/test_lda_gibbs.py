@@ -93,7 +93,7 @@ def test_memory_counts_the_tables_that_grow_with_k(kernel):
     V, D = corpus.n_words, corpus.n_docs
     assert large["n_wk, n_k"] == 4 * (V + 1) * 50 and large["n_dk"] == 4 * D * 50
     assert ("topic lists" in large) == (kernel in ("sparse", "alias", "word"))
-    if kernel in ("sparse", "alias"):  # three D x K int16 tables (K and the documents' lengths fit) and the int32 lengths
+    if kernel in ("sparse", "alias"):  # three D x K int16 tables (K and the documents' lengths fit), int32 lengths
         assert large["topic lists"] == 2 * 3 * D * 50 + 4 * D
     if kernel == "word":  # each word's topics, V x K int16, and their int32 counts
         assert large["topic lists"] == 2 * V * 50 + 4 * V

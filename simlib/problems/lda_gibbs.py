@@ -787,8 +787,8 @@ def _list_dtype(K: int) -> np.dtype:
 def _word_carry(V: int, K: int) -> tuple:
     """The word kernel's lists of V words' topics (none listed yet) and work arrays (slots -1), its MH steps per
     token."""
-    return (np.empty((V, K), _list_dtype(K)), np.zeros(V, np.int32), np.full(K, -1, np.int32), np.empty(K), np.empty(K), _WORD_STEPS,
-            np.empty(K))
+    return (np.empty((V, K), _list_dtype(K)), np.zeros(V, np.int32), np.full(K, -1, np.int32), np.empty(K),
+            np.empty(K), _WORD_STEPS, np.empty(K))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -1086,4 +1086,5 @@ def fit(corpus: LDACorpus, n_topics: int, alpha: float = 0.1, beta: float = 0.01
     return state, lls
 
 
-__all__ = ["GibbsState", "fit", "cpu_per_token", "mh_token_draws", "check_prior", "check_word_lists", "KERNELS", "MIN_MH_PRIOR", "MH_STEPS"]
+__all__ = ["GibbsState", "fit", "cpu_per_token", "mh_token_draws", "check_prior", "check_word_lists", "KERNELS",
+           "MIN_MH_PRIOR", "MH_STEPS"]

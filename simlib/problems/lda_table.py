@@ -218,8 +218,9 @@ class LDAProblem:
         and a worker samples a block's words on the table's own rows while it holds the block's lock
         (``shared``: int32 words shared by the workers, :meth:`in_place_words` of them: a lock per block,
         then for the word kernel its lists of each word's topics, which the block's holder keeps): no copy
-        of a row, no push of a row, and no other worker writes those rows meanwhile, so the counts stay exact. n_k is the worker's own copy, read from the table when it takes a block
-        and its net change added back, atomically, before it lets the block go. A block held by another
+        of a row, no push of a row, and no other worker writes those rows meanwhile, so the counts stay
+        exact. n_k is the worker's own copy, read from the table when it takes a block and its net change
+        added back, atomically, before it lets the block go. A block held by another
         worker is put off until the worker has swept the others. Staleness is then the other workers'
         moves within a block, in n_k only.
         """

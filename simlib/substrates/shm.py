@@ -164,7 +164,7 @@ def run(problem: Any, protocol: Protocol, training: Training, **options: Any) ->
         version = group.zeros(1, np.int64)
         lock = group.lock()
         ready = group.zeros(n, np.int64)
-        # the in-place steps' own shared words (LDA's block locks and word lists), where the problem names how many it needs
+        # the in-place steps' own shared words (LDA's block locks and word lists), where the problem names how many
         n_words = caps.in_place_words(n) if fast and n > 1 and caps.in_place_words is not None else 0
         step_words = group.zeros(n_words, np.int32) if n_words else None
         # backup workers: [steps complete, then the pushes counted for each open step, a ring of bound + 2]
