@@ -94,7 +94,7 @@ def load_corpus(spec: str | None, max_docs: int | None = None) -> tuple[LDACorpu
         if max_docs is not None and max_docs < c.n_docs:
             c = c.subset(range(max_docs))
         c.vocab = [f"w{i}" for i in range(c.n_words)]  # names for the peers that take words as strings (tomotopy)
-        return c, f"NYTimes-shaped corpus at scale {scale:g} (drawn from LDA, 100 topics)"
+        return c, f"NYTimes-shaped corpus, scale {scale:g}, drawn from LDA"
     return text_corpus(spec, max_docs=max_docs), Path(spec).name
 
 

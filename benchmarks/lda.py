@@ -144,8 +144,9 @@ def run_simlib_parallel(c: LDACorpus, K: int, sweeps: int, workers: int, kernel:
 
 
 def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps: int, workers: list[int], repeat: int,
-                    sync_every: int | None = None, bare: bool = False) -> None:
-    """One table: each kernel through simlib.run at each K and number of processes, tomotopy beside.
+                    sync_every: int | None = None, bare: bool = False, where: str = "") -> None:
+    """One table: each kernel through simlib.run at each K and number of processes, tomotopy beside (``where``: the
+    corpus, as the records' workloads name it; empty for the KJV).
 
     M tokens/s (wall, best of the interleaved repetitions), CPU ns per token (the workers' CPU, summed),
     log p(w, z) per token after ``sweeps``; each row against the first kernel's 1-process row (speed) and
@@ -183,7 +184,7 @@ def compare_kernels(c: LDACorpus, kernels: list[str], topics: list[int], sweeps:
             vs_one = f"{speed / one[0]:.2f}x" if one and w != 1 and k != "tomotopy" else ""
             ll_one = f"{(ll - one[1]) / abs(one[1]):+.2%}" if one and w != 1 and k != "tomotopy" else ""
             if tomo and k != "tomotopy":
-                record(__file__, f"LDA K = {K:,}, {_label(k)}, {w} process{'es' if w > 1 else ''}",
+                record(__file__, f"LDA K = {K:,}, {_label(k)}, {w} process{'es' if w > 1 else ''}{where}",
                        f"tomotopy, {max(w, 1)} worker{'s' if w > 1 else ''}", speed / tomo[0], "tokens/s",
                        headline=(K, k, w) == (1000, "mh", 1) or (K, k) == (100, "sparse") and w in (1, 2))
             print(f"{K:>5} {k:<8} {w:>7} {speed / 1e6:>11.2f} {cpu * 1e9:>10.0f} {vs_tomo:>11} {vs_one:>9} "
@@ -263,7 +264,8 @@ def parallel_sweeps_to_target(c: LDACorpus, K: int, spec: str, workers: int, tar
     return None
 
 
-def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, budget: int, repeat: int) -> None:
+def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, budget: int, repeat: int,
+                   where: str = "") -> None:
     """Time to tomotopy's ``peer_sweeps``-sweep log p(w, z): each kernel on 1 process, the fastest on 2.
 
     Sweeps to the target come from each chain's trajectory (1 process: the serial chain, which is simlib.run's;
@@ -333,11 +335,11 @@ def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, bud
         print(f"{spec:<10} {w:>7} {n:>6} {seconds:>8.2f} {ll:>11.4f}{mark} {tomo / seconds:>10.2f}x {vs_one:>9} "
               f"{cpu / seconds:>9.2f}")
         name = f"LDA K = {K:,}, time to tomotopy's {peer_sweeps}-sweep log p, {_label(spec)}"
-        record(__file__, f"{name}, {w} process{'es' if w > 1 else ''}", "tomotopy, 1 worker", tomo / seconds,
+        record(__file__, f"{name}, {w} process{'es' if w > 1 else ''}{where}", "tomotopy, 1 worker", tomo / seconds,
                "time to log-likelihood", sweeps=n, reached=ll >= target, headline=(_label(spec), w) == (
                    "word-sparse MH", 1))
         if vs_one:
-            record(__file__, f"{name}, 2 processes against 1", f"simlib {spec}, 1 process", one / seconds,
+            record(__file__, f"{name}, 2 processes against 1{where}", f"simlib {spec}, 1 process", one / seconds,
                    "time to log-likelihood", sweeps=n, reached=ll >= target,
                    **({"ceiling": round(ceiling, 3)} if ceiling else {}))
     if ceiling:
@@ -392,15 +394,17 @@ def main() -> None:
         c, name = load_corpus(args.corpus, max_docs=400 if args.quick else None)
     except ValueError as e:
         ap.error(str(e))
+    where = f" ({name})" if args.corpus else ""  # the records' workloads name any corpus but the KJV
     if args.kernels and args.time_to_target:
         print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; K = {topics[0]}; "
               f"alpha={ALPHA}, beta={BETA}; simlib through simlib.run (shm, BSP)")
-        time_to_target(c, topics[0], kernels, args.time_to_target, args.budget or 4 * args.time_to_target, repeat)
+        time_to_target(c, topics[0], kernels, args.time_to_target, args.budget or 4 * args.time_to_target, repeat,
+                       where)
         return
     if args.kernels:
         print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; {sweeps} sweeps; "
               f"alpha={ALPHA}, beta={BETA}; AD-LDA BSP through simlib.run, best of {repeat} interleaved runs")
-        compare_kernels(c, kernels, topics, sweeps, workers, repeat, args.sync_every, args.bare)
+        compare_kernels(c, kernels, topics, sweeps, workers, repeat, args.sync_every, args.bare, where)
         return
     print(f"{name}: {c.n_docs} documents, {c.n_tokens:,} tokens, {c.n_words:,} words; "
           f"{sweeps} sweeps; alpha={ALPHA}, beta={BETA}; best of {repeat} interleaved runs (lda package: 1 run)")
@@ -434,7 +438,7 @@ def main() -> None:
         ours = {w: best[("simlib AD-LDA BSP", w)][0] for w in (1, 2)}
         worst_ll = max(abs(r[3] - peer_ll) / abs(peer_ll) for r in rows if r[0].startswith("simlib"))
         for w in (1, 2):
-            record(__file__, f"LDA K = {K}, {w} worker{'s' if w > 1 else ''}" + (f" ({name})" if args.corpus else ""),
+            record(__file__, f"LDA K = {K}, {w} worker{'s' if w > 1 else ''}{where}",
                    f"tomotopy, {w} worker{'s' if w > 1 else ''}", ours[w] / tomo[w], "tokens/s",
                    headline=False)  # the README's K = 100 figures: --kernels sparse through simlib.run
         print(f"     goals at K={K}: simlib.run against tomotopy, 1 worker {ours[1] / tomo[1]:.2f}x (goal >= 1.09x at "

@@ -91,7 +91,9 @@ def test_memory_counts_the_tables_that_grow_with_k(kernel):
     corpus, _, _ = make_synthetic_corpus(n_docs=30, n_topics=3, n_words=40, doc_length=20, seed=0)
     small, large = (GibbsState.init(corpus, K, kernel=kernel).memory() for K in (5, 50))
     V, D = corpus.n_words, corpus.n_docs
-    assert large["n_wk, n_k"] == 4 * (V + 1) * 50 and large["n_dk"] == 4 * D * 50
+    # n_dk in int16 where the sweep reads it (the documents' lengths fit), int32 where the kernel keeps topic lists
+    n_dk_bytes = 4 if kernel in ("sparse", "alias") else 2
+    assert large["n_wk, n_k"] == 4 * (V + 1) * 50 and large["n_dk"] == n_dk_bytes * D * 50
     assert ("topic lists" in large) == (kernel in ("sparse", "alias", "word"))
     if kernel in ("sparse", "alias"):  # three D x K int16 tables (K and the documents' lengths fit), int32 lengths
         assert large["topic lists"] == 2 * 3 * D * 50 + 4 * D
@@ -118,12 +120,14 @@ def test_the_word_kernel_lists_each_words_topics_again_after_its_counts_change_f
     state.check_counts()  # the counts and the lists
 
 
-@pytest.mark.parametrize("kernel", ["sparse", "alias"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_a_document_too_long_for_int16_lists_keeps_exact_counts(kernel):
-    """The topic lists are int16 only where every count fits: a 40,000-token document under one topic would wrap."""
+    """The topic lists (sparse, alias) and n_dk (the others) are int16 only where every count fits: a 40,000-token
+    document under one topic would wrap."""
     corpus = LDACorpus.from_docs([[0, 1, 2] * 13_334, [1, 2]], n_words=3)
     state = GibbsState(corpus, 2, 0.1, 0.01, np.zeros(corpus.n_tokens, np.int32), kernel=kernel)
-    assert state.dk_cnt.dtype == np.int32 and state.dk_cnt.max() == 40_002
+    counts = state.dk_cnt if kernel in ("sparse", "alias") else state.n_dk
+    assert counts.dtype == np.int32 and counts.max() == 40_002
     state.sweep(seed=0)
     state.check_counts()
 
