@@ -152,7 +152,8 @@ class LDAProblem:
         """One worker-local state per worker: about N / n_workers tokens, in runs of documents from all over the
         corpus (:func:`~simlib.problems.lda.deal_documents`)."""
         check.positive_int("n_workers", n_workers, self.corpus.n_docs)  # one document each at least
-        per_worker = _COPY_BYTES_PER_ROW * (self.V + 1) * self.K
+        lists = _list_dtype(self.K).itemsize if self.kernel == "word" else 0  # and the word kernel's lists of topics
+        per_worker = (_COPY_BYTES_PER_ROW + lists) * (self.V + 1) * self.K
         check.fits_memory("n_workers", n_workers, n_workers * per_worker, per_worker,
                           f"each worker's copy of the counts of {self.V} words x {self.K} topics")
         word_blocks = self._word_blocks(n_workers)
