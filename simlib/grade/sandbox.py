@@ -15,8 +15,10 @@ Two sandboxes, chosen once per run (:func:`choose`):
   any submitted code runs, so the per-user limits it can exhaust (128 inotify instances, processes)
   are its own, not root's nor another student's; it then holds no capability at all.
 * **the watcher** (fallback where ``bwrap`` cannot run): its own process session, the child a
-  subreaper, and a thread here that watches the process tree and kills it at the end. A process
-  that leaves the tree (``clone(CLONE_PARENT)``) can escape it; the grader says so once.
+  subreaper, and a thread here that watches the process tree and kills it at the end; if the grader
+  itself dies, a shell outside the sandbox holding a pipe from it kills the session's process group
+  (:func:`_watchdog`). A process that leaves the tree (``clone(CLONE_PARENT)``) can escape it; the
+  grader says so once.
 
 In both, on top: as root, where the kernel offers one, a cgroup of its own (:mod:`simlib.grade.cgroup`):
 ``pids.max`` = ``max_procs``, ``memory_mb`` for all its processes together, every process in it
@@ -290,6 +292,17 @@ def choose(kind: str = "auto") -> tuple[str, str]:
 
 
 # -- the child ------------------------------------------------------------------------------------
+def _watchdog(group: int) -> subprocess.Popen | None:
+    """A shell outside the sandbox that SIGKILLs process group ``group`` once the pipe from this process closes (this
+    process died); None where no shell starts (the watcher's teardown still runs while the grader lives)."""
+    try:
+        return subprocess.Popen(["/bin/sh", "-c", 'while read -r _; do :; done; kill -9 "-$0"', str(group)],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError:
+        return None
+
+
 class Child:
     """One sandboxed interpreter, its pipes, and a watcher over its processes and output."""
 
@@ -344,6 +357,10 @@ class Child:
         finally:
             for fd in fds:
                 os.close(fd)
+        # NOTE: bubblewrap's --die-with-parent ends its sandbox with the grader; under the watcher a grader killed by
+        # SIGKILL left a submission's processes running (a fork sleeping for a minute). A shell of the grader's holds a
+        # pipe from it: when the grader dies the pipe closes and the shell kills the sandbox's process group.
+        self.watchdog = None if kind == "bwrap" else _watchdog(self.proc.pid)
         os.set_blocking(self.proc.stdin.fileno(), False)  # written with a deadline (:meth:`_write`)
         self.results = r
         self.buffer = b""
@@ -464,6 +481,10 @@ class Child:
         self.kill()  # orphans re-parented when the child itself died
         self._watcher.join()
         _reap_children(self.known | set(self.seen.items()), self.proc.pid)
+        if self.watchdog is not None:  # killed, not told: the group's id may be another's by now
+            self.watchdog.kill()
+            self.watchdog.wait()
+            self.watchdog.stdin.close()
         for stream in (self.proc.stdin, self.proc.stdout):
             with contextlib.suppress(OSError):
                 stream.close()
