@@ -8,6 +8,7 @@ next to the CPU run's. Throughput excludes data loading and one warm-up launch. 
 
     python benchmarks/gpu.py            # 200 k x 100 k Hogwild data, KJV GloVe and LDA
     python benchmarks/gpu.py --quick    # small sizes, for a smoke test on a laptop
+    python benchmarks/gpu.py --only lda --topics 1000 --corpus nytimes:0.1 --lda-sweeps 10   # a corpus past the caches
 """
 from __future__ import annotations
 
@@ -247,7 +248,11 @@ def main() -> None:
     ap.add_argument("--corpus", default=None,
                     help="LDA's corpus: the KJV's chapters (default), a text file, or nytimes:SCALE, a corpus of "
                          "NYTimes' shape at SCALE drawn from LDA (benchmarks/corpus_nytimes.py; 1: ~100 M tokens)")
+    ap.add_argument("--lda-sweeps", type=int, default=None,
+                    help="LDA's sweeps per run, the CPU rows' and the gpu substrate's (default 50, 5 with --quick)")
     args = ap.parse_args()
+    if args.lda_sweeps is not None and args.lda_sweeps < 1:
+        ap.error(f"--lda-sweeps must be a positive integer, got {args.lda_sweeps}")
     SKIP.update(x for x in args.skip.split(",") if x)
     big = not args.quick
     args.rows, args.features = (200_000, 100_000) if big else (20_000, 10_000)
@@ -258,7 +263,7 @@ def main() -> None:
     args.lock_free = [64, 256, 512, 1024, 4096]
     args.glove_epochs = 10 if big else 2
     args.glove_batches = [1024, 8192, 65536]
-    args.sweeps = 50 if big else 5
+    args.sweeps = args.lda_sweeps or (50 if big else 5)
     args.lda_batches = [8, 32, 128, 512]
     args.lda_warps = [4, 8, 16, 32]
     args.lda_topics = [int(k) for k in args.topics.split(",")]
