@@ -271,8 +271,7 @@ def time_to_target(c: LDACorpus, K: int, specs: list[str], peer_sweeps: int, bud
     Sweeps to the target come from each chain's trajectory (1 process: the serial chain, which is simlib.run's;
     2 processes: the fewest sweeps whose run reaches it); then runs of exactly that many sweeps, interleaved with
     tomotopy's, are timed ``repeat`` times and the best kept (the best of those that reach the target, where any
-    does). A kernel that does not reach it in ``budget`` sweeps
-    says so.
+    does). A kernel that does not reach it in ``budget`` sweeps says so.
     """
     for spec in specs:
         GibbsState.init(c.subset(np.arange(2)), 2, kernel=_kernel_spec(spec)[0]).sweep(0)  # compile before timing
