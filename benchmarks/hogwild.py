@@ -289,7 +289,7 @@ def main() -> None:
                    best=round(ratios[-1], 3), loss_gap_pct=[round(gaps[0], 2), round(gaps[-1], 2)],
                    **({"replaces": REPLACED} if name == "hogwild, replicas" else {}),
                    train_seconds=round(float(np.median([r[1] for r in done])), 2), epochs=args.epochs,
-                   peer_halves_ceiling=round(float(np.median(ceiling)), 3))
+                   **({"peer_halves_ceiling": round(float(np.median(ceiling)), 3)} if ceiling else {}))
     if args.headline:
         return
     loss_of = {(name, workers): loss for name, workers, *_, loss in rows}

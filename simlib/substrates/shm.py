@@ -210,7 +210,7 @@ class _Setup:
     opts: ShmOptions  # its ``locked`` (one lock around each whole step: the locked baseline) and ``straggler``
     chunk: int  # fast path: the most steps between two looks at the clocks
     replica: Any  # fast path: the problem's replica of its hot keys, or None
-    step_words: Any  # fast path: SharedArray of the words the problem's in-place steps share (LDA's locks), or None
+    step_words: Any  # fast path: SharedArray of the words the problem's in-place steps share (LDA's locks, lists) or None
     fast: bool  # the in-place path (local_steps), else get / step / add
     quorum: int  # pushes that complete a step: n - backup workers
     done: Any  # with backup workers, SharedArray [steps complete, pushes counted per open step (a ring)]; else None
